@@ -1,0 +1,1013 @@
+// Config loading: YAML text -> validated plain structs. The only file that
+// includes yaml-cpp.
+//
+// Reading is strict: every map is checked against the keys it may hold, every
+// value against its type and range, and every error names where the value came
+// from (FILE:LINE or --set) and its key path.
+#include "configs/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string_view>
+#include <tuple>
+#include <utility>
+
+namespace vtrain::config {
+namespace {
+
+namespace fs = std::filesystem;
+
+using Keys = std::vector<std::string>;
+
+std::string join(const Keys& items, std::string_view separator = ", ") {
+  std::string out;
+  for (const auto& item : items) {
+    if (!out.empty()) out += separator;
+    out += item;
+  }
+  return out;
+}
+
+// Shortest text that reads back as the same value ("0.05", not
+// "0.050000000000000003").
+template <typename Float>
+std::string format_number(Float value) {
+  char buffer[64];
+  auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
+}
+
+// Where values come from, for messages and for resolving relative paths.
+struct Source {
+  std::string file;                     // the config file name as given
+  fs::path file_dir;                    // relative paths in the file resolve here
+  std::vector<std::string> overridden;  // key paths written (or created) by --set
+
+  // A value is from --set when its path or an enclosing one was set.
+  bool from_override(const std::string& path) const {
+    for (const auto& key : overridden) {
+      if (path == key) return true;
+      if (path.size() > key.size() && path.starts_with(key) &&
+          (path[key.size()] == '.' || path[key.size()] == '[')) {
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+// 1-based line of a node parsed from the file, or `fallback` for nodes that
+// were built in memory (no mark).
+int line_of(const YAML::Node& node, int fallback) {
+  const YAML::Mark mark = node.Mark();
+  return mark.is_null() ? fallback : mark.line + 1;
+}
+
+// What a node holds, for "expected X, got Y" messages.
+std::string describe_node(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar: return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a map";
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined: break;
+  }
+  return "nothing";
+}
+
+// A value at a key path, or the absence of one (then `line` is that of the
+// enclosing key, where the missing key belongs). Knows how to report an error
+// about itself.
+class Field {
+ public:
+  Field(const Source& source, YAML::Node node, bool present, std::string path, int line)
+      : source_(&source),
+        node_(std::move(node)),
+        present_(present),
+        path_(std::move(path)),
+        line_(line) {}
+
+  explicit operator bool() const { return present_; }
+  const YAML::Node& node() const { return node_; }
+  const std::string& path() const { return path_; }
+  const Source& source() const { return *source_; }
+  int line() const { return line_; }
+  bool from_override() const { return source_->from_override(path_); }
+  // The line to record in specs; 0 for values from --set (no file line).
+  int file_line() const { return from_override() ? 0 : line_; }
+
+  [[noreturn]] void fail(const std::string& message) const {
+    std::string where;
+    if (from_override()) {
+      where = "--set ";
+    } else {
+      where = source_->file + (line_ > 0 ? ":" + std::to_string(line_) : std::string()) + ": ";
+    }
+    throw ConfigError(where + (path_.empty() ? "" : path_ + ": ") + message);
+  }
+
+  // The items of a list; fails with `expected` for anything else.
+  std::vector<Field> items(const std::string& expected) const {
+    if (!node_.IsSequence()) fail("expected " + expected + ", got " + describe_node(node_));
+    std::vector<Field> out;
+    for (size_t i = 0; i < node_.size(); ++i) {
+      const YAML::Node item = node_[i];
+      out.emplace_back(*source_, item, true, path_ + "[" + std::to_string(i) + "]",
+                       line_of(item, line_));
+    }
+    return out;
+  }
+
+ private:
+  const Source* source_;
+  YAML::Node node_;
+  bool present_;
+  std::string path_;
+  int line_;
+};
+
+// A map of keys. The constructor rejects non-maps and duplicate keys; allow()
+// rejects keys outside the given set, so callers can read a key that decides
+// the schema (data.kind, a layer's type) before checking the rest.
+class Section {
+ public:
+  explicit Section(Field field) : field_(std::move(field)) {
+    const YAML::Node& node = field_.node();
+    if (node.IsNull()) return;  // `train:` with nothing under it: all defaults
+    if (!node.IsMap()) field_.fail("expected a map of keys, got " + describe_node(node));
+    for (const auto& entry : node) {
+      const int line = line_of(entry.first, line_of(node, 0));
+      if (!entry.first.IsScalar()) {
+        key_field("?", line).fail("expected a key name, got " + describe_node(entry.first));
+      }
+      const std::string key = entry.first.Scalar();
+      if (const Entry* first = find(key)) {
+        key_field(key, line).fail("duplicate key (first at line " + std::to_string(first->line) +
+                                  ")");
+      }
+      entries_.push_back({key, line, entry.second});
+    }
+  }
+
+  // `context` qualifies the message, e.g. "for kind idx".
+  void allow(const Keys& allowed, const std::string& context = "") const {
+    for (const auto& entry : entries_) {
+      if (std::find(allowed.begin(), allowed.end(), entry.key) == allowed.end()) {
+        const std::string qualifier = context.empty() ? "" : " " + context;
+        key_field(entry.key, entry.line)
+            .fail("unknown key" + qualifier + " (allowed: " + join(allowed) + ")");
+      }
+    }
+  }
+
+  Field operator[](const std::string& key) const {
+    if (const Entry* entry = find(key)) {
+      return Field(field_.source(), entry->value, true, child_path(key), entry->line);
+    }
+    // A missing key is reported at the line of the section's own key.
+    return key_field(key, field_.line());
+  }
+
+  // Fails with "missing (why)" when absent.
+  Field required(const std::string& key, const std::string& why) const {
+    Field field = (*this)[key];
+    if (!field) field.fail("missing (" + why + ")");
+    return field;
+  }
+
+ private:
+  struct Entry {
+    std::string key;
+    int line;
+    YAML::Node value;
+  };
+
+  const Entry* find(const std::string& key) const {
+    for (const auto& entry : entries_) {
+      if (entry.key == key) return &entry;
+    }
+    return nullptr;
+  }
+  std::string child_path(const std::string& key) const {
+    return field_.path().empty() ? key : field_.path() + "." + key;
+  }
+  Field key_field(const std::string& key, int line) const {
+    return Field(field_.source(), YAML::Node(), false, child_path(key), line);
+  }
+
+  Field field_;
+  std::vector<Entry> entries_;
+};
+
+// Allowed range of a number, for checks and for the message.
+struct Bounds {
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  double lo = -kInf, hi = kInf;
+  bool lo_open = false, hi_open = false;
+
+  bool contains(double v) const {
+    return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  }
+  // " >= 1", " > 0", " in [0, 1)", or "" when unbounded.
+  std::string describe() const {
+    if (hi == kInf) {
+      if (lo == -kInf) return "";
+      return (lo_open ? " > " : " >= ") + format_number(lo);
+    }
+    if (lo == -kInf) return (hi_open ? " < " : " <= ") + format_number(hi);
+    return std::string(" in ") + (lo_open ? "(" : "[") + format_number(lo) + ", " +
+           format_number(hi) + (hi_open ? ")" : "]");
+  }
+};
+
+Bounds at_least(double lo) { return {lo, Bounds::kInf, false, false}; }
+Bounds above(double lo) { return {lo, Bounds::kInf, true, false}; }
+Bounds between(double lo, double hi, bool lo_open, bool hi_open) {
+  return {lo, hi, lo_open, hi_open};
+}
+
+// Integers are parsed by hand: yaml-cpp's conversions accept surprises and
+// wrap negatives into unsigned types. Fails unless the whole scalar is one.
+template <typename Int>
+Int parse_integer(const Field& field, const std::string& expected) {
+  const YAML::Node& node = field.node();
+  if (!node.IsScalar()) field.fail(expected + ", got " + describe_node(node));
+  const std::string& text = node.Scalar();
+  const char* last = text.data() + text.size();
+  Int value = 0;
+  const auto [end, error] = std::from_chars(text.data(), last, value);
+  if (error == std::errc::result_out_of_range && end == last) {
+    field.fail(expected + ", got " + text + " (out of range)");
+  }
+  if (error != std::errc() || end != last) field.fail(expected + ", got '" + text + "'");
+  return value;
+}
+
+int64_t to_int(const Field& field, const Bounds& bounds = {}) {
+  const std::string expected = "expected an integer" + bounds.describe();
+  const int64_t value = parse_integer<int64_t>(field, expected);
+  if (!bounds.contains(static_cast<double>(value))) {
+    field.fail(expected + ", got " + field.node().Scalar());
+  }
+  return value;
+}
+
+// The full uint64 range (seeds).
+uint64_t to_uint64(const Field& field) {
+  const std::string expected = "expected an integer >= 0";
+  const YAML::Node& node = field.node();
+  if (node.IsScalar() && node.Scalar().starts_with('-')) {
+    // A negative integer is out of range, anything else is not an integer.
+    parse_integer<int64_t>(field, expected);
+    field.fail(expected + ", got " + node.Scalar());
+  }
+  return parse_integer<uint64_t>(field, expected);
+}
+
+double to_number(const Field& field, const Bounds& bounds = {}) {
+  const std::string expected = "expected a number" + bounds.describe();
+  const YAML::Node& node = field.node();
+  if (!node.IsScalar()) field.fail(expected + ", got " + describe_node(node));
+  const std::string& text = node.Scalar();
+  const char* last = text.data() + text.size();
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), last, value);
+  if (error != std::errc() || end != last || !std::isfinite(value)) {
+    field.fail(expected + ", got '" + text + "'");
+  }
+  if (!bounds.contains(value)) field.fail(expected + ", got " + text);
+  return value;
+}
+
+bool to_bool(const Field& field) {
+  bool value = false;
+  if (!field.node().IsScalar() || !YAML::convert<bool>::decode(field.node(), value)) {
+    field.fail("expected true or false, got " + describe_node(field.node()));
+  }
+  return value;
+}
+
+// A non-empty string; `what` names it in the message ("a layer name").
+std::string to_string(const Field& field, const std::string& what = "a string") {
+  const YAML::Node& node = field.node();
+  if (!node.IsScalar() || node.Scalar().empty()) {
+    field.fail("expected " + what + ", got " + describe_node(node));
+  }
+  return node.Scalar();
+}
+
+std::string to_choice(const Field& field, const Keys& allowed) {
+  const std::string value = to_string(field, "one of " + join(allowed));
+  if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
+    field.fail("unknown value '" + value + "' (allowed: " + join(allowed) + ")");
+  }
+  return value;
+}
+
+// Relative paths in the file resolve against its folder; those given with
+// --set against the current directory, as a shell user expects.
+std::string to_path(const Field& field) {
+  fs::path path = to_string(field, "a file path");
+  if (path.is_relative()) {
+    const fs::path base = field.from_override() ? fs::current_path() : field.source().file_dir;
+    path = base / path;
+  }
+  return path.lexically_normal().string();
+}
+
+std::vector<std::string> to_paths(const Field& field) {
+  std::vector<std::string> paths;
+  for (const Field& item : field.items("a list of file paths")) paths.push_back(to_path(item));
+  if (paths.empty()) field.fail("expected a non-empty list of file paths, got an empty list");
+  return paths;
+}
+
+uint64_t to_size(const Field& field) {
+  const YAML::Node& node = field.node();
+  if (!node.IsScalar()) {
+    field.fail("expected a size such as 64MiB, 1.5GB or 4096, got " + describe_node(node));
+  }
+  try {
+    return parse_size(node.Scalar());
+  } catch (const ConfigError& error) {
+    field.fail(error.what());
+  }
+}
+
+std::vector<float> to_floats(const Field& field, const Bounds& bounds) {
+  std::vector<float> values;
+  for (const Field& item : field.items("a list of numbers")) {
+    values.push_back(static_cast<float>(to_number(item, bounds)));
+  }
+  return values;
+}
+
+// kernel / stride / pad: one integer for both dimensions, or [h, w].
+std::pair<int64_t, int64_t> to_pair(const Field& field, const Bounds& bounds) {
+  const YAML::Node& node = field.node();
+  if (node.IsSequence()) {
+    if (node.size() != 2) {
+      field.fail("expected an integer" + bounds.describe() + " or a list [h, w], got a list of " +
+                 std::to_string(node.size()));
+    }
+    const std::vector<Field> items = field.items("[h, w]");
+    return {to_int(items[0], bounds), to_int(items[1], bounds)};
+  }
+  const int64_t value = to_int(field, bounds);
+  return {value, value};
+}
+
+// ---- sections ---------------------------------------------------------------
+
+// Per-sample channels of a data source (for mean/std lengths).
+int64_t data_channels(const DataConfig& data) {
+  if (data.kind == "idx") return 1;      // IDX images are greyscale
+  if (data.kind == "cifar10") return 3;  // RGB
+  return data.shape.c;
+}
+
+DataConfig read_data(const Field& field) {
+  const Section section(field);
+  DataConfig data;
+  if (Field kind = section["kind"]) data.kind = to_choice(kind, {"idx", "cifar10", "synthetic"});
+
+  Keys kind_keys;
+  if (data.kind == "idx") {
+    kind_keys = {"train_images", "train_labels", "test_images", "test_labels"};
+  } else if (data.kind == "cifar10") {
+    kind_keys = {"train_files", "test_files"};
+  } else {
+    kind_keys = {"shape", "classes", "train_size", "test_size"};
+  }
+  Keys allowed = {"kind"};
+  allowed.insert(allowed.end(), kind_keys.begin(), kind_keys.end());
+  allowed.insert(allowed.end(), {"mean", "std"});
+  section.allow(allowed, "for kind " + data.kind);
+
+  if (data.kind == "idx") {
+    const std::string why =
+        "kind idx needs train_images, train_labels, test_images and test_labels";
+    data.train_images = to_path(section.required("train_images", why));
+    data.train_labels = to_path(section.required("train_labels", why));
+    data.test_images = to_path(section.required("test_images", why));
+    data.test_labels = to_path(section.required("test_labels", why));
+  } else if (data.kind == "cifar10") {
+    const std::string why = "kind cifar10 needs train_files and test_files";
+    data.train_files = to_paths(section.required("train_files", why));
+    data.test_files = to_paths(section.required("test_files", why));
+  } else {
+    if (Field shape = section["shape"]) {
+      const std::vector<Field> dims = shape.items("a list [C, H, W]");
+      if (dims.size() != 3) {
+        shape.fail("expected a list [C, H, W], got a list of " + std::to_string(dims.size()));
+      }
+      data.shape = worker::Shape{1, to_int(dims[0], at_least(1)), to_int(dims[1], at_least(1)),
+                                 to_int(dims[2], at_least(1))};
+    }
+    if (Field classes = section["classes"]) data.classes = to_int(classes, at_least(2));
+    if (Field size = section["train_size"]) data.train_size = to_int(size, at_least(1));
+    if (Field size = section["test_size"]) data.test_size = to_int(size, at_least(1));
+  }
+
+  const Field mean = section["mean"];
+  const Field stddev = section["std"];
+  if (mean && !stddev) stddev.fail("missing (mean and std go together)");
+  if (stddev && !mean) mean.fail("missing (mean and std go together)");
+  if (mean) {
+    data.mean = to_floats(mean, {});
+    data.stddev = to_floats(stddev, above(0));
+    const int64_t channels = data_channels(data);
+    for (const Field* f : {&mean, &stddev}) {
+      const size_t count = f->node().size();
+      if (static_cast<int64_t>(count) != channels) {
+        f->fail("expected " + std::to_string(channels) + " value" + (channels == 1 ? "" : "s") +
+                " (one per channel), got " + std::to_string(count));
+      }
+    }
+  }
+  return data;
+}
+
+// Keys each layer type takes besides name, type and inputs.
+Keys layer_keys(worker::LayerType type) {
+  using worker::LayerType;
+  switch (type) {
+    case LayerType::kInput: return {};
+    case LayerType::kConv: return {"out", "kernel", "stride", "pad", "bias"};
+    case LayerType::kRelu: return {};
+    case LayerType::kPool: return {"mode", "kernel", "stride", "pad", "global"};
+    case LayerType::kFc: return {"out", "bias"};
+    case LayerType::kBatchNorm: return {"eps", "momentum"};
+    case LayerType::kAdd: return {};
+    case LayerType::kConcat: return {};
+  }
+  return {};
+}
+
+// Every layer type, in the order messages list them.
+constexpr worker::LayerType kLayerTypes[] = {
+    worker::LayerType::kInput, worker::LayerType::kConv,   worker::LayerType::kRelu,
+    worker::LayerType::kPool,  worker::LayerType::kFc,     worker::LayerType::kBatchNorm,
+    worker::LayerType::kAdd,   worker::LayerType::kConcat,
+};
+
+worker::LayerType to_layer_type(const Field& field) {
+  Keys known;
+  for (worker::LayerType type : kLayerTypes) known.push_back(worker::layer_type_name(type));
+  const std::string name = to_string(field, "a layer type (" + join(known) + ")");
+  for (worker::LayerType type : kLayerTypes) {
+    if (name == worker::layer_type_name(type)) return type;
+  }
+  field.fail("unknown layer type '" + name + "' (known: " + join(known) + ")");
+}
+
+// One layer of `model.layers`. Its explicit input fields are returned through
+// `input_fields` so that names can be checked once every layer is known.
+worker::LayerSpec read_layer(const Field& item, const std::string& previous,
+                             std::vector<Field>& input_fields) {
+  using worker::LayerType;
+  if (!item.node().IsMap()) {
+    item.fail("expected a map such as {name: conv1, type: conv, ...}, got " +
+              describe_node(item.node()));
+  }
+  const Section section(item);
+  worker::LayerSpec layer;
+  layer.source_line = item.file_line();
+  layer.type = to_layer_type(section.required("type", "every layer needs a type"));
+  const std::string type_name = worker::layer_type_name(layer.type);
+
+  Keys allowed = {"name", "type"};
+  if (layer.type != LayerType::kInput) allowed.push_back("inputs");
+  const Keys extra = layer_keys(layer.type);
+  allowed.insert(allowed.end(), extra.begin(), extra.end());
+  section.allow(allowed, "for a " + type_name + " layer");
+
+  layer.name = to_string(section.required("name", "every layer needs a name"), "a layer name");
+
+  if (layer.type != LayerType::kInput) {
+    if (Field inputs = section["inputs"]) {
+      // A single name may stand for a one-item list.
+      if (inputs.node().IsScalar()) {
+        layer.inputs.push_back(to_string(inputs, "a layer name"));
+        input_fields.push_back(inputs);
+      } else {
+        for (const Field& input : inputs.items("a list of layer names")) {
+          layer.inputs.push_back(to_string(input, "a layer name"));
+          input_fields.push_back(input);
+        }
+      }
+    } else if (!previous.empty()) {
+      layer.inputs.push_back(previous);
+    } else {
+      inputs.fail("missing (the first layer has no previous layer to take as input)");
+    }
+  }
+
+  if (layer.type == LayerType::kConv || layer.type == LayerType::kFc) {
+    layer.out = to_int(section.required("out", "a " + type_name + " layer needs out"), at_least(1));
+  }
+  if (Field bias = section["bias"]) layer.bias = to_bool(bias);
+
+  if (layer.type == LayerType::kPool) {
+    if (Field mode = section["mode"]) {
+      layer.pool = to_choice(mode, {"max", "avg"}) == "max" ? worker::PoolKind::kMax
+                                                            : worker::PoolKind::kAverage;
+    }
+    if (Field global = section["global"]) layer.global = to_bool(global);
+  }
+  if (layer.type == LayerType::kConv || layer.type == LayerType::kPool) {
+    if (layer.global) {
+      // A global window is the whole input plane: nothing to size.
+      for (const char* key : {"kernel", "stride", "pad"}) {
+        if (Field field = section[key]) field.fail("not used with global: true");
+      }
+    } else {
+      const Field kernel = section.required("kernel", "a " + type_name + " layer needs kernel");
+      std::tie(layer.kernel_h, layer.kernel_w) = to_pair(kernel, at_least(1));
+      // Pooling windows default to not overlapping (stride = kernel), the
+      // usual choice; convolutions default to stride 1.
+      if (layer.type == LayerType::kPool) {
+        std::tie(layer.stride_h, layer.stride_w) = std::pair(layer.kernel_h, layer.kernel_w);
+      }
+      if (Field stride = section["stride"]) {
+        std::tie(layer.stride_h, layer.stride_w) = to_pair(stride, at_least(1));
+      }
+      if (Field pad = section["pad"]) {
+        std::tie(layer.pad_h, layer.pad_w) = to_pair(pad, at_least(0));
+      }
+    }
+  }
+
+  if (Field eps = section["eps"]) layer.bn_eps = static_cast<float>(to_number(eps, above(0)));
+  if (Field momentum = section["momentum"]) {
+    layer.bn_momentum = static_cast<float>(to_number(momentum, between(0, 1, true, false)));
+  }
+  return layer;
+}
+
+std::vector<worker::LayerSpec> read_layers(const Field& field) {
+  std::vector<worker::LayerSpec> layers;
+  std::vector<Field> input_fields;
+  const std::vector<Field> items = field.items("a list of layers");
+  if (items.empty()) field.fail("expected a list of layers, got an empty list");
+  std::vector<std::string> names;
+  for (size_t i = 0; i < items.size(); ++i) {
+    layers.push_back(read_layer(items[i], layers.empty() ? "" : layers.back().name, input_fields));
+    const std::string& name = layers.back().name;
+    const auto first = std::find(names.begin(), names.end(), name);
+    if (first != names.end()) {
+      const Section section(items[i]);
+      section["name"].fail("duplicate layer name '" + name + "' (first at " + field.path() + "[" +
+                           std::to_string(first - names.begin()) + "])");
+    }
+    names.push_back(name);
+  }
+  for (const Field& input : input_fields) {
+    const std::string name = input.node().Scalar();
+    if (std::find(names.begin(), names.end(), name) == names.end()) {
+      input.fail("unknown layer '" + name + "' (layers: " + join(names) + ")");
+    }
+  }
+  return layers;
+}
+
+ModelConfig read_model(const Field& field, const DataConfig& data) {
+  const Section section(field);
+  section.allow({"preset", "classes", "layers"});
+  const Field preset = section["preset"];
+  const Field layers = section["layers"];
+  const Field classes = section["classes"];
+  const Keys known = worker::preset_names();
+
+  ModelConfig model;
+  // Synthetic data says how many classes it has; the IDX and CIFAR-10
+  // datasets we read have ten.
+  model.classes = data.kind == "synthetic" ? data.classes : 10;
+  if (preset && layers) {
+    // Blame a --set that caused the clash, else the section.
+    const Field& culprit = layers.from_override()   ? layers
+                           : preset.from_override() ? preset
+                                                    : field;
+    culprit.fail("give either preset or layers, not both");
+  }
+  if (!preset && !layers) {
+    field.fail("missing preset or layers (known presets: " + join(known) + ")");
+  }
+
+  if (preset) {
+    model.preset = to_string(preset, "a preset name");
+    if (std::find(known.begin(), known.end(), model.preset) == known.end()) {
+      preset.fail("unknown preset '" + model.preset + "' (known: " + join(known) + ")");
+    }
+    if (classes) {
+      model.classes = to_int(classes, at_least(2));
+      if (data.kind == "synthetic" && model.classes != data.classes) {
+        classes.fail(std::to_string(model.classes) + " classes, but data.classes is " +
+                     std::to_string(data.classes));
+      }
+    }
+  } else {
+    if (classes) {
+      classes.fail("only used with a preset (with layers, the last layer's out sets the classes)");
+    }
+    model.layers = read_layers(layers);
+  }
+  return model;
+}
+
+TrainConfig read_train(const Field& field) {
+  const Section section(field);
+  section.allow({"batch", "epochs", "max_steps", "seed", "log_every", "evaluate"});
+  TrainConfig train;
+  if (Field f = section["batch"]) train.batch = to_int(f, at_least(1));
+  if (Field f = section["epochs"]) train.epochs = to_int(f, at_least(1));
+  if (Field f = section["max_steps"]) train.max_steps = to_int(f, at_least(0));
+  if (Field f = section["seed"]) train.seed = to_uint64(f);
+  if (Field f = section["log_every"]) train.log_every = to_int(f, at_least(1));
+  if (Field f = section["evaluate"]) train.evaluate = to_bool(f);
+  return train;
+}
+
+OptimizerConfig read_optimizer(const Field& field) {
+  const Section section(field);
+  section.allow(
+      {"lr", "momentum", "weight_decay", "schedule", "step_epochs", "gamma", "warmup_steps"});
+  OptimizerConfig opt;
+  if (Field f = section["lr"]) opt.lr = to_number(f, above(0));
+  if (Field f = section["momentum"]) opt.momentum = to_number(f, between(0, 1, false, true));
+  if (Field f = section["weight_decay"]) opt.weight_decay = to_number(f, at_least(0));
+  if (Field f = section["schedule"]) opt.schedule = to_choice(f, {"none", "step", "cosine"});
+  if (Field f = section["step_epochs"]) opt.step_epochs = to_int(f, at_least(1));
+  if (Field f = section["gamma"]) opt.gamma = to_number(f, between(0, 1, true, false));
+  if (Field f = section["warmup_steps"]) opt.warmup_steps = to_int(f, at_least(0));
+  return opt;
+}
+
+DeviceConfig read_device(const Field& field) {
+  const Section section(field);
+  section.allow({"backend", "threads", "memory_limit"});
+  DeviceConfig device;
+  if (Field f = section["backend"]) device.backend = to_choice(f, {"auto", "cpu", "cuda"});
+  if (Field f = section["threads"]) {
+    device.threads =
+        static_cast<int>(to_int(f, between(0, std::numeric_limits<int>::max(), false, false)));
+  }
+  if (Field f = section["memory_limit"]) device.memory_limit = to_size(f);
+  return device;
+}
+
+ConvConfig read_conv(const Field& field) {
+  const Section section(field);
+  section.allow({"algorithm"});
+  ConvConfig conv;
+  if (Field f = section["algorithm"]) {
+    conv.algorithm = to_choice(f, {"auto", "direct", "winograd", "im2col_gemm"});
+  }
+  return conv;
+}
+
+OutputConfig read_output(const Field& field) {
+  const Section section(field);
+  section.allow({"metrics", "progress"});
+  OutputConfig output;
+  // An empty value (`--set output.metrics=`) turns metrics off.
+  if (Field f = section["metrics"];
+      f && !(f.node().IsNull() || (f.node().IsScalar() && f.node().Scalar().empty()))) {
+    output.metrics = to_path(f);
+  }
+  if (Field f = section["progress"]) output.progress = to_choice(f, {"auto", "line", "off"});
+  return output;
+}
+
+// ---- overrides --------------------------------------------------------------
+
+// Applies "a.b.c=value" to the tree, creating missing sections. The key
+// path is checked later with the rest of the config, so an unknown key gets
+// the same message (with --set as its origin).
+void apply_override(YAML::Node& root, const std::string& arg,
+                    std::vector<std::string>& overridden) {
+  const size_t eq = arg.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw ConfigError("--set " + arg + ": expected KEY.PATH=VALUE, e.g. train.batch=32");
+  }
+  const std::string key = arg.substr(0, eq);
+  std::vector<std::string> parts;
+  std::stringstream stream(key);
+  for (std::string part; std::getline(stream, part, '.');) parts.push_back(part);
+  if (key.back() == '.' ||
+      std::any_of(parts.begin(), parts.end(), [](const auto& p) { return p.empty(); })) {
+    throw ConfigError("--set " + key + ": empty name in key path");
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(arg.substr(eq + 1));
+  } catch (const YAML::Exception& error) {
+    throw ConfigError("--set " + key + ": invalid YAML value: " + error.msg);
+  }
+
+  // yaml-cpp nodes are references and `operator=` writes through them, so
+  // walking uses reset() to rebind the cursor instead.
+  YAML::Node cursor;
+  cursor.reset(root);
+  std::string path;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!cursor.IsMap() && !cursor.IsNull()) {
+      const std::string what = path.empty() ? "the config" : path;
+      throw ConfigError("--set " + key + ": " + what + " is not a map of keys");
+    }
+    path += (path.empty() ? "" : ".") + parts[i];
+    if (i + 1 == parts.size()) {
+      cursor[parts[i]] = value;
+      break;
+    }
+    YAML::Node next = cursor[parts[i]];
+    if (!next.IsDefined()) {
+      cursor[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      next.reset(cursor[parts[i]]);
+      overridden.push_back(path);  // a section the file does not have
+    }
+    cursor.reset(next);
+  }
+  overridden.push_back(key);
+}
+
+Config parse(const std::string& text, const std::string& file, const fs::path& file_dir,
+             const std::vector<std::string>& overrides) {
+  Source source{file, file_dir, {}};
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& error) {
+    throw ConfigError(file + ":" + std::to_string(error.mark.line + 1) + ":" +
+                      std::to_string(error.mark.column + 1) + ": YAML syntax error: " + error.msg);
+  }
+  for (const auto& arg : overrides) apply_override(root, arg, source.overridden);
+
+  const Section top(Field(source, root, true, "", 0));
+  top.allow({"model", "data", "train", "optimizer", "device", "conv", "output"});
+  Config config;
+  config.path = file;
+  const std::string why = "every config needs model and data sections";
+  config.data = read_data(top.required("data", why));
+  config.model = read_model(top.required("model", why), config.data);
+  if (Field f = top["train"]) config.train = read_train(f);
+  if (Field f = top["optimizer"]) config.optimizer = read_optimizer(f);
+  if (Field f = top["device"]) config.device = read_device(f);
+  if (Field f = top["conv"]) config.conv = read_conv(f);
+  if (Field f = top["output"]) config.output = read_output(f);
+  return config;
+}
+
+// ---- dump -------------------------------------------------------------------
+
+// Sizes in the largest binary unit that divides them exactly, so the dump
+// reads back to the same number.
+std::string format_size(uint64_t bytes) {
+  static const std::pair<const char*, int> kUnits[] = {
+      {"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}};
+  if (bytes == 0) return "0";
+  for (const auto& [unit, shift] : kUnits) {
+    if (bytes % (uint64_t{1} << shift) == 0) return std::to_string(bytes >> shift) + unit;
+  }
+  return std::to_string(bytes);
+}
+
+void emit_pair(YAML::Emitter& out, int64_t h, int64_t w) {
+  if (h == w) {
+    out << h;
+  } else {
+    out << YAML::Flow << YAML::BeginSeq << h << w << YAML::EndSeq;
+  }
+}
+
+void emit_layer(YAML::Emitter& out, const worker::LayerSpec& layer) {
+  using worker::LayerType;
+  out << YAML::Flow << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << layer.name;
+  out << YAML::Key << "type" << YAML::Value << worker::layer_type_name(layer.type);
+  if (layer.type != LayerType::kInput) {
+    out << YAML::Key << "inputs" << YAML::Value << YAML::Flow << layer.inputs;
+  }
+  if (layer.type == LayerType::kConv || layer.type == LayerType::kFc) {
+    out << YAML::Key << "out" << YAML::Value << layer.out;
+  }
+  if (layer.type == LayerType::kPool) {
+    out << YAML::Key << "mode" << YAML::Value
+        << (layer.pool == worker::PoolKind::kMax ? "max" : "avg");
+    if (layer.global) out << YAML::Key << "global" << YAML::Value << true;
+  }
+  if ((layer.type == LayerType::kConv || layer.type == LayerType::kPool) && !layer.global) {
+    out << YAML::Key << "kernel" << YAML::Value;
+    emit_pair(out, layer.kernel_h, layer.kernel_w);
+    out << YAML::Key << "stride" << YAML::Value;
+    emit_pair(out, layer.stride_h, layer.stride_w);
+    out << YAML::Key << "pad" << YAML::Value;
+    emit_pair(out, layer.pad_h, layer.pad_w);
+  }
+  if (layer.type == LayerType::kConv || layer.type == LayerType::kFc) {
+    out << YAML::Key << "bias" << YAML::Value << layer.bias;
+  }
+  if (layer.type == LayerType::kBatchNorm) {
+    out << YAML::Key << "eps" << YAML::Value << format_number(layer.bn_eps);
+    out << YAML::Key << "momentum" << YAML::Value << format_number(layer.bn_momentum);
+  }
+  out << YAML::EndMap;
+}
+
+void emit_floats(YAML::Emitter& out, const std::vector<float>& values) {
+  out << YAML::Flow << YAML::BeginSeq;
+  for (float v : values) out << format_number(v);
+  out << YAML::EndSeq;
+}
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ignored;
+  if (fs::is_directory(path, ignored)) {
+    throw ConfigError("cannot open config " + path + ": is a directory");
+  }
+  std::ifstream in(path);
+  if (!in) throw ConfigError("cannot open config " + path + ": " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError("cannot read config " + path + ": " + std::strerror(errno));
+  return parse(text.str(), path, fs::absolute(path).parent_path(), overrides);
+}
+
+Config parse_config(const std::string& yaml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides) {
+  return parse(yaml_text, origin, fs::current_path(), overrides);
+}
+
+// Units are case-insensitive. Decimal: B, k/kB (1000), M/MB, G/GB, T/TB;
+// binary: KiB (1024), MiB, GiB, TiB. "2k" and "2K" are both 2000: a lone
+// letter follows the SI prefix, and anyone who means 1024 writes KiB.
+uint64_t parse_size(const std::string& text) {
+  const auto fail = [&](const std::string& why) {
+    return ConfigError("invalid size '" + text + "': " + why);
+  };
+  const std::string units =
+      "B, k, kB, M, MB, G, GB, T, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)";
+
+  std::string_view s = text;
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  if (s.starts_with('-')) throw fail("sizes cannot be negative");
+  if (s.empty() || !std::isdigit(static_cast<unsigned char>(s.front()))) {
+    throw fail("expected a number of bytes with an optional unit, e.g. 64MiB, 1.5GB or 4096");
+  }
+
+  // Exact integer arithmetic: "1.5GB" is 1500000000, not a rounded double.
+  using Wide = unsigned __int128;
+  constexpr Wide kMax = std::numeric_limits<uint64_t>::max();
+  Wide whole = 0;
+  size_t i = 0;
+  for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) {
+    whole = whole * 10 + static_cast<unsigned>(s[i] - '0');
+    if (whole > kMax) throw fail("too large (the limit is 2^64 - 1 bytes)");
+  }
+  std::string fraction;
+  if (i < s.size() && s[i] == '.') {
+    for (++i; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) fraction += s[i];
+    if (fraction.empty()) throw fail("expected digits after the decimal point");
+  }
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+
+  std::string unit(s.substr(i));
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  static const std::pair<const char*, uint64_t> kUnits[] = {
+      {"", 1},
+      {"b", 1},
+      {"k", 1000},
+      {"kb", 1000},
+      {"m", 1000'000},
+      {"mb", 1000'000},
+      {"g", 1000'000'000},
+      {"gb", 1000'000'000},
+      {"t", 1000'000'000'000},
+      {"tb", 1000'000'000'000},
+      {"kib", uint64_t{1} << 10},
+      {"mib", uint64_t{1} << 20},
+      {"gib", uint64_t{1} << 30},
+      {"tib", uint64_t{1} << 40},
+  };
+  const auto* match = std::find_if(std::begin(kUnits), std::end(kUnits),
+                                   [&](const auto& entry) { return unit == entry.first; });
+  if (match == std::end(kUnits)) {
+    throw fail("unknown unit '" + std::string(s.substr(i)) + "' (known: " + units + ")");
+  }
+  const Wide multiplier = match->second;
+
+  while (!fraction.empty() && fraction.back() == '0') fraction.pop_back();
+  // Beyond 19 significant decimals no multiplier here gives whole bytes.
+  if (fraction.size() > 19) throw fail("not a whole number of bytes");
+  Wide numerator = 0, denominator = 1;
+  for (char digit : fraction) {
+    numerator = numerator * 10 + static_cast<unsigned>(digit - '0');
+    denominator *= 10;
+  }
+  if (numerator * multiplier % denominator != 0) throw fail("not a whole number of bytes");
+  const Wide bytes = whole * multiplier + numerator * multiplier / denominator;
+  if (bytes > kMax) throw fail("too large (the limit is 2^64 - 1 bytes)");
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string to_yaml(const Config& config) {
+  YAML::Emitter out;
+  if (!config.path.empty()) {
+    out << YAML::Comment("effective configuration of " + config.path) << YAML::Newline;
+  }
+  out << YAML::BeginMap;
+
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  if (!config.model.preset.empty()) {
+    out << YAML::Key << "preset" << YAML::Value << config.model.preset;
+    out << YAML::Key << "classes" << YAML::Value << config.model.classes;
+  } else {
+    out << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
+    for (const auto& layer : config.model.layers) emit_layer(out, layer);
+    out << YAML::EndSeq;
+  }
+  out << YAML::EndMap;
+
+  const DataConfig& data = config.data;
+  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "kind" << YAML::Value << data.kind;
+  if (data.kind == "idx") {
+    out << YAML::Key << "train_images" << YAML::Value << data.train_images;
+    out << YAML::Key << "train_labels" << YAML::Value << data.train_labels;
+    out << YAML::Key << "test_images" << YAML::Value << data.test_images;
+    out << YAML::Key << "test_labels" << YAML::Value << data.test_labels;
+  } else if (data.kind == "cifar10") {
+    out << YAML::Key << "train_files" << YAML::Value << data.train_files;
+    out << YAML::Key << "test_files" << YAML::Value << data.test_files;
+  } else {
+    out << YAML::Key << "shape" << YAML::Value << YAML::Flow << YAML::BeginSeq << data.shape.c
+        << data.shape.h << data.shape.w << YAML::EndSeq;
+    out << YAML::Key << "classes" << YAML::Value << data.classes;
+    out << YAML::Key << "train_size" << YAML::Value << data.train_size;
+    out << YAML::Key << "test_size" << YAML::Value << data.test_size;
+  }
+  if (!data.mean.empty()) {
+    out << YAML::Key << "mean" << YAML::Value;
+    emit_floats(out, data.mean);
+    out << YAML::Key << "std" << YAML::Value;
+    emit_floats(out, data.stddev);
+  }
+  out << YAML::EndMap;
+
+  const TrainConfig& train = config.train;
+  out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "batch" << YAML::Value << train.batch;
+  out << YAML::Key << "epochs" << YAML::Value << train.epochs;
+  out << YAML::Key << "max_steps" << YAML::Value << train.max_steps;
+  out << YAML::Key << "seed" << YAML::Value << train.seed;
+  out << YAML::Key << "log_every" << YAML::Value << train.log_every;
+  out << YAML::Key << "evaluate" << YAML::Value << train.evaluate;
+  out << YAML::EndMap;
+
+  const OptimizerConfig& opt = config.optimizer;
+  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "lr" << YAML::Value << format_number(opt.lr);
+  out << YAML::Key << "momentum" << YAML::Value << format_number(opt.momentum);
+  out << YAML::Key << "weight_decay" << YAML::Value << format_number(opt.weight_decay);
+  out << YAML::Key << "schedule" << YAML::Value << opt.schedule;
+  out << YAML::Key << "step_epochs" << YAML::Value << opt.step_epochs;
+  out << YAML::Key << "gamma" << YAML::Value << format_number(opt.gamma);
+  out << YAML::Key << "warmup_steps" << YAML::Value << opt.warmup_steps;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "device" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "backend" << YAML::Value << config.device.backend;
+  out << YAML::Key << "threads" << YAML::Value << config.device.threads;
+  out << YAML::Key << "memory_limit" << YAML::Value << format_size(config.device.memory_limit);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "conv" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "algorithm" << YAML::Value << config.conv.algorithm;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "output" << YAML::Value << YAML::BeginMap;
+  if (!config.output.metrics.empty()) {
+    out << YAML::Key << "metrics" << YAML::Value << config.output.metrics;
+  }
+  out << YAML::Key << "progress" << YAML::Value << config.output.progress;
+  out << YAML::EndMap;
+
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace vtrain::config

@@ -1,0 +1,109 @@
+// The run configuration: YAML parsed into plain structs and validated up
+// front. Only config.cpp knows YAML.
+//
+// Errors throw ConfigError with "FILE:LINE: KEY: what was expected" (for a
+// --set override: "--set KEY: ..."). Unknown keys are errors.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "worker/graph.h"
+
+namespace vtrain::config {
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelConfig {
+  std::string preset;                          // a preset name, or empty when `layers` is given
+  // Explicit layers (`model.layers`). Empty with a preset: its layers depend
+  // on the data shape, known only once the data is opened, so the trainer
+  // expands it with worker::preset_layers(preset, {shape, classes}).
+  std::vector<worker::LayerSpec> layers;
+  int64_t classes = 10;                        // model.classes (presets); default data.classes or 10
+};
+
+struct DataConfig {
+  std::string kind = "idx";                    // "idx", "cifar10" or "synthetic"
+  // idx
+  std::string train_images, train_labels, test_images, test_labels;
+  // cifar10: the five data_batch_N.bin files and test_batch.bin
+  std::vector<std::string> train_files;
+  std::vector<std::string> test_files;
+  // synthetic
+  worker::Shape shape{1, 1, 28, 28};           // data.shape: [C, H, W]
+  int64_t classes = 10;
+  int64_t train_size = 1024;
+  int64_t test_size = 256;
+  // Standardisation; empty = the training set's per-channel statistics.
+  std::vector<float> mean, stddev;
+};
+
+struct TrainConfig {
+  int64_t batch = 64;          // global mini-batch B (all ranks together)
+  int64_t epochs = 1;
+  int64_t max_steps = 0;       // stop after this many steps; 0 = no limit
+  uint64_t seed = 1;           // initialisation and shuffling
+  int64_t log_every = 50;      // steps between progress lines / metric records
+  bool evaluate = true;        // test accuracy after every epoch
+};
+
+struct OptimizerConfig {
+  double lr = 0.01;
+  double momentum = 0.0;
+  double weight_decay = 0.0;
+  std::string schedule = "none";  // "none", "step" or "cosine"
+  int64_t step_epochs = 1;        // step: multiply lr by gamma every step_epochs epochs
+  double gamma = 0.1;
+  int64_t warmup_steps = 0;       // linear warm-up from 0 over this many steps
+};
+
+struct DeviceConfig {
+  std::string backend = "auto";   // "auto", "cpu" or "cuda"
+  int threads = 0;                // CPU threads; 0 = all cores
+  uint64_t memory_limit = 0;      // bytes; 0 = the device's memory
+};
+
+struct ConvConfig {
+  std::string algorithm = "auto";  // "auto" or a backend algorithm name (cpu: direct, winograd, im2col_gemm)
+};
+
+struct OutputConfig {
+  std::string metrics;            // JSON-lines metrics file; empty = none
+  std::string progress = "auto";  // "auto" (live line on a TTY), "line" (log lines), "off"
+};
+
+struct Config {
+  std::string path;               // the file it came from
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimizerConfig optimizer;
+  DeviceConfig device;
+  ConvConfig conv;
+  OutputConfig output;
+};
+
+// Loads and validates `path`, applying `overrides` ("key.path=value", the
+// value parsed as YAML) before validation. Relative data paths are resolved
+// against the config file's folder. Throws ConfigError.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The same from YAML text (`origin` stands for the file name in messages).
+Config parse_config(const std::string& yaml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides = {});
+
+// "64MiB", "1.5GB", "4096", "2k" -> bytes. Binary (KiB, MiB, GiB) and decimal
+// (kB, MB, GB) units. Throws ConfigError (without location) otherwise.
+uint64_t parse_size(const std::string& text);
+
+// A readable YAML dump of the effective configuration (for logs).
+std::string to_yaml(const Config& config);
+
+}  // namespace vtrain::config

@@ -1,0 +1,140 @@
+#include "launcher/cli.h"
+
+namespace vtrain::launcher {
+namespace {
+
+const char* kCommands[] = {"train", "check", "help", "version"};
+
+bool is_command(const std::string& s) {
+  for (const char* c : kCommands) {
+    if (s == c) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+CliArgs parse_cli(const std::vector<std::string>& args) {
+  CliArgs cli;
+  size_t i = 0;
+  if (args.empty()) throw UsageError("no command or config given");
+  if (args[0] == "--help" || args[0] == "-h") {
+    cli.command = "help";
+    return cli;
+  }
+  if (args[0] == "--version") {
+    cli.command = "version";
+    return cli;
+  }
+  if (is_command(args[0])) {
+    cli.command = args[0];
+    i = 1;
+  } else if (!args[0].empty() && args[0][0] == '-') {
+    throw UsageError("unknown option '" + args[0] + "' before the command");
+  } else {
+    cli.command = "train";  // `vtrain CONFIG`
+  }
+  if (cli.command == "help") {
+    if (i < args.size()) cli.help_topic = args[i++];
+    if (i < args.size()) throw UsageError("help takes at most one topic");
+    return cli;
+  }
+  if (cli.command == "version") {
+    if (i < args.size()) throw UsageError("version takes no arguments");
+    return cli;
+  }
+  auto value = [&](const std::string& flag) -> std::string {
+    if (i + 1 >= args.size()) throw UsageError(flag + " needs a value");
+    return args[++i];
+  };
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      cli.help_topic = cli.command;
+      cli.command = "help";
+      return cli;
+    } else if (a == "--set") {
+      cli.overrides.push_back(value(a));
+    } else if (a.rfind("--set=", 0) == 0) {
+      cli.overrides.push_back(a.substr(6));
+    } else if (a == "--metrics") {
+      cli.metrics = value(a);
+    } else if (a == "--progress") {
+      cli.progress = value(a);
+    } else if (!a.empty() && a[0] == '-') {
+      throw UsageError("unknown option '" + a + "' for '" + cli.command +
+                       "' (see vtrain " + cli.command + " --help)");
+    } else if (cli.config.empty()) {
+      cli.config = a;
+    } else {
+      throw UsageError("unexpected argument '" + a + "': the config is already '" + cli.config + "'");
+    }
+  }
+  for (const std::string& o : cli.overrides) {
+    if (o.find('=') == std::string::npos || o.front() == '=') {
+      throw UsageError("--set expects key.path=value, got '" + o + "'");
+    }
+  }
+  if (cli.config.empty()) throw UsageError("'" + cli.command + "' needs a CONFIG file");
+  return cli;
+}
+
+std::string help_text(const std::string& topic) {
+  if (topic.empty() || topic == "help") {
+    return R"(vtrain - data-parallel CNN training for mixed devices
+
+Usage:
+  vtrain CONFIG [options]          same as `vtrain train CONFIG`
+  vtrain train CONFIG [options]    train the model the config describes
+  vtrain check CONFIG [options]    validate the config, build the model, print a summary
+  vtrain help [COMMAND]            this help, or a command's
+  vtrain --version
+
+Options for train and check:
+  --set KEY.PATH=VALUE   override a config value (repeatable; VALUE is YAML,
+                         e.g. --set train.batch=32 --set data.mean=[0.5])
+  --metrics FILE         write JSON-lines metrics to FILE (output.metrics)
+  --progress MODE        auto | line | off (output.progress)
+  -h, --help             help for the command
+
+Exit codes: 0 success, 1 runtime failure, 2 usage or config error.
+Configs: see configs/*.yaml and README.md.
+)";
+  }
+  if (topic == "train") {
+    return R"(vtrain train CONFIG [--set KEY=VALUE]... [--metrics FILE] [--progress MODE]
+
+Trains the model in CONFIG on its data: every epoch draws a seeded shuffle,
+runs SGD steps over mini-batches of train.batch samples, and evaluates the
+test set (train.evaluate). Progress goes to stdout: a live line on a terminal,
+a log line every train.log_every steps otherwise.
+
+Metrics (JSON lines, --metrics or output.metrics): one object per logged step
+({"event": "step", ...}), one per epoch ({"event": "epoch", ...,
+"test_accuracy"}), and a final {"event": "end", "test_accuracy",
+"images_per_second", "peak_device_bytes", "steps", "final_loss"}.
+
+Options:
+  --set KEY.PATH=VALUE   override any config value, e.g. --set optimizer.lr=0.1
+  --metrics FILE         JSON-lines metrics file
+  --progress MODE        auto (live line on a TTY) | line | off
+
+Exit codes: 0 success, 1 runtime failure (bad data file, out of memory, ...),
+2 usage or config error.
+)";
+  }
+  if (topic == "check") {
+    return R"(vtrain check CONFIG [--set KEY=VALUE]...
+
+Validates CONFIG (every key, type and value), loads the data files' headers
+and data, builds the model graph, and prints the layers with their output
+shapes, the parameter count and the effective configuration. Nothing is
+trained. Exit code 0 if the run would start, 2 for a config error, 1 for a
+data or model error.
+)";
+  }
+  if (topic == "version") return "vtrain --version: prints the version\n";
+  throw UsageError("no help for '" + topic + "' (commands: train, check, help, version)");
+}
+
+}  // namespace vtrain::launcher

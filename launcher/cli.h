@@ -1,0 +1,34 @@
+// Command-line parsing and help for the `vtrain` executable.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace vtrain::launcher {
+
+// A malformed command line: exit code 2 with the message and a usage hint.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Exit codes, documented in `vtrain --help` and the README.
+enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2 };
+
+struct CliArgs {
+  std::string command;                 // "train", "check", "help", "version"
+  std::string help_topic;              // for "help": a command name or empty
+  std::string config;                  // CONFIG path
+  std::vector<std::string> overrides;  // --set key.path=value, in order
+  std::string metrics;                 // --metrics FILE (overrides output.metrics)
+  std::string progress;                // --progress MODE (overrides output.progress)
+};
+
+// Throws UsageError. `vtrain CONFIG` means `vtrain train CONFIG`.
+CliArgs parse_cli(const std::vector<std::string>& args);
+
+// Help for `vtrain --help` (topic empty) or `vtrain COMMAND --help`.
+std::string help_text(const std::string& topic);
+
+}  // namespace vtrain::launcher

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine for vtrain and builds it into build/.
+#
+#   bash scripts/setup.sh          install packages (if missing) and build build/vtrain
+#   bash scripts/setup.sh --test   the same, then run the whole test suite (ctest)
+#
+# Idempotent: packages already present are not reinstalled, and the build is
+# incremental. Needs root or sudo for apt-get. Environment: VTRAIN_CUDA
+# (AUTO|ON|OFF, default AUTO), VTRAIN_BUILD_TYPE (default Release),
+# VTRAIN_JOBS (default: number of cores).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+run_tests=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) run_tests=1 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libyaml-cpp-dev libsqlite3-dev sqlite3 libglpk-dev glpk-utils
+  libopenmpi-dev openmpi-bin libdnnl-dev libgtest-dev zlib1g-dev
+  dataset-fashion-mnist
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+launcher=()
+if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+cmake -S . -B build -G Ninja \
+  -DCMAKE_BUILD_TYPE="${VTRAIN_BUILD_TYPE:-Release}" \
+  -DVTRAIN_CUDA="${VTRAIN_CUDA:-AUTO}" "${launcher[@]}" >/dev/null
+cmake --build build -j "${VTRAIN_JOBS:-$(nproc)}"
+echo "setup: built build/vtrain"
+
+if ((run_tests)); then
+  # Open MPI refuses root unless told; CI runs as root.
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  ctest --test-dir build --output-on-failure -j "${VTRAIN_JOBS:-$(nproc)}" --timeout 1200
+fi

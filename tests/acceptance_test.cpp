@@ -1,0 +1,68 @@
+// Acceptance runs: real data, full recipes, minutes each (ctest label slow).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace vtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string source_dir() {
+  const char* dir = std::getenv("VTRAIN_SOURCE_DIR");
+  return dir ? dir : fs::path(__FILE__).parent_path().parent_path().string();
+}
+
+std::string binary() {
+  const char* bin = std::getenv("VTRAIN_BINARY");
+  return bin ? bin : (fs::path(source_dir()) / "build" / "vtrain").string();
+}
+
+// Runs vtrain with `args`; returns the exit code and combined output.
+int run_vtrain(const std::string& args, std::string& output) {
+  FILE* pipe = popen((binary() + " " + args + " 2>&1").c_str(), "r");
+  if (!pipe) return -1;
+  char buf[4096];
+  while (size_t got = std::fread(buf, 1, sizeof buf, pipe)) output.append(buf, got);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The acceptance run of the foundation issue: LeNet, batch 64, SGD lr 0.05
+// momentum 0.9 on Fashion-MNIST reaches >= 88% test accuracy within 10 epochs.
+TEST(Slow, FashionMnistLenetReaches88Percent) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Debian package dataset-fashion-mnist is not installed";
+  }
+  const std::string metrics =
+      (fs::temp_directory_path() / ("vtrain_fmnist_" + std::to_string(getpid()) + ".jsonl")).string();
+  std::string output;
+  const int code = run_vtrain(source_dir() + "/configs/fmnist-lenet.yaml --progress line "
+                              "--set train.log_every=1000 --metrics " + metrics, output);
+  ASSERT_EQ(code, 0) << output;
+  std::ifstream in(metrics);
+  std::string line;
+  double best = 0;
+  int epochs = 0;
+  while (std::getline(in, line)) {
+    const size_t at = line.find("\"test_accuracy\": ");
+    if (line.find("\"event\": \"epoch\"") == std::string::npos || at == std::string::npos) continue;
+    ++epochs;
+    best = std::max(best, std::atof(line.c_str() + at + 17));
+  }
+  EXPECT_LE(epochs, 10);
+  fs::remove(metrics);
+  EXPECT_GE(best, 0.88) << output;
+  std::printf("best test accuracy %.4f in %d epochs\n", best, epochs);
+}
+
+}  // namespace
+}  // namespace vtrain

@@ -1,0 +1,758 @@
+// The config loader: good configs and their fields, every class of bad config
+// with its exact message, parse_size, to_yaml, and the shipped examples.
+#include "configs/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "worker/graph.h"
+
+namespace vtrain::config {
+namespace {
+
+namespace fs = std::filesystem;
+using worker::LayerType;
+
+// A fresh folder for config files, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "vtrain_config_test.XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  fs::path write(const std::string& name, const std::string& text) const {
+    const fs::path file = path_ / name;
+    fs::create_directories(file.parent_path());
+    std::ofstream(file) << text;
+    return file;
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// The smallest valid config; tests append sections from line 5 on.
+constexpr const char* kMinimal =
+    "model:\n"              // 1
+    "  preset: lenet\n"     // 2
+    "data:\n"               // 3
+    "  kind: synthetic\n";  // 4
+
+Config parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return parse_config(text, "t.yaml", overrides);
+}
+
+// The message of the ConfigError that parsing `text` throws.
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse(text, overrides);
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "no error for:\n" << text;
+  return "";
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+// The repository root: CTest sets VTRAIN_SOURCE_DIR; a manual run of the
+// binary falls back to this file's location.
+fs::path source_dir() {
+  if (const char* dir = std::getenv("VTRAIN_SOURCE_DIR"); dir != nullptr && *dir != '\0') {
+    return dir;
+  }
+  return fs::path(__FILE__).parent_path().parent_path();
+}
+
+// ---- good configs -----------------------------------------------------------
+
+TEST(ConfigTest, MinimalConfigTakesDefaults) {
+  const Config c = parse(kMinimal);
+  EXPECT_EQ(c.path, "t.yaml");
+  EXPECT_EQ(c.model.preset, "lenet");
+  EXPECT_TRUE(c.model.layers.empty());
+  EXPECT_EQ(c.model.classes, 10);
+  EXPECT_EQ(c.data.kind, "synthetic");
+  EXPECT_EQ(c.data.shape, (worker::Shape{1, 1, 28, 28}));
+  EXPECT_EQ(c.data.classes, 10);
+  EXPECT_EQ(c.data.train_size, 1024);
+  EXPECT_EQ(c.data.test_size, 256);
+  EXPECT_TRUE(c.data.mean.empty());
+  EXPECT_TRUE(c.data.stddev.empty());
+  EXPECT_EQ(c.train.batch, 64);
+  EXPECT_EQ(c.train.epochs, 1);
+  EXPECT_EQ(c.train.max_steps, 0);
+  EXPECT_EQ(c.train.seed, 1u);
+  EXPECT_EQ(c.train.log_every, 50);
+  EXPECT_TRUE(c.train.evaluate);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.01);
+  EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.0);
+  EXPECT_EQ(c.optimizer.schedule, "none");
+  EXPECT_EQ(c.device.backend, "auto");
+  EXPECT_EQ(c.device.threads, 0);
+  EXPECT_EQ(c.device.memory_limit, 0u);
+  EXPECT_EQ(c.conv.algorithm, "auto");
+  EXPECT_EQ(c.output.metrics, "");
+  EXPECT_EQ(c.output.progress, "auto");
+}
+
+TEST(ConfigTest, EveryKeyIsRead) {
+  const Config c = parse(R"(
+model:
+  preset: vgg-small
+  classes: 5
+data:
+  kind: synthetic
+  shape: [3, 32, 16]
+  classes: 5
+  train_size: 100
+  test_size: 20
+  mean: [0.5, 0.25, 0]
+  std: [1, 2, 0.5]
+train: {batch: 32, epochs: 3, max_steps: 7, seed: 18446744073709551615,
+        log_every: 5, evaluate: false}
+optimizer:
+  lr: 1e-3
+  momentum: 0.5
+  weight_decay: 5e-4
+  schedule: step
+  step_epochs: 2
+  gamma: 0.5
+  warmup_steps: 10
+device: {backend: cpu, threads: 4, memory_limit: 1.5GB}
+conv: {algorithm: winograd}
+output: {metrics: /tmp/m.jsonl, progress: line}
+)");
+  EXPECT_EQ(c.model.preset, "vgg-small");
+  EXPECT_EQ(c.model.classes, 5);
+  EXPECT_EQ(c.data.shape, (worker::Shape{1, 3, 32, 16}));
+  EXPECT_EQ(c.data.classes, 5);
+  EXPECT_EQ(c.data.train_size, 100);
+  EXPECT_EQ(c.data.test_size, 20);
+  EXPECT_EQ(c.data.mean, (std::vector<float>{0.5f, 0.25f, 0.0f}));
+  EXPECT_EQ(c.data.stddev, (std::vector<float>{1.0f, 2.0f, 0.5f}));
+  EXPECT_EQ(c.train.batch, 32);
+  EXPECT_EQ(c.train.epochs, 3);
+  EXPECT_EQ(c.train.max_steps, 7);
+  EXPECT_EQ(c.train.seed, 18446744073709551615u);
+  EXPECT_EQ(c.train.log_every, 5);
+  EXPECT_FALSE(c.train.evaluate);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.5);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 5e-4);
+  EXPECT_EQ(c.optimizer.schedule, "step");
+  EXPECT_EQ(c.optimizer.step_epochs, 2);
+  EXPECT_DOUBLE_EQ(c.optimizer.gamma, 0.5);
+  EXPECT_EQ(c.optimizer.warmup_steps, 10);
+  EXPECT_EQ(c.device.backend, "cpu");
+  EXPECT_EQ(c.device.threads, 4);
+  EXPECT_EQ(c.device.memory_limit, 1'500'000'000u);
+  EXPECT_EQ(c.conv.algorithm, "winograd");
+  EXPECT_EQ(c.output.metrics, "/tmp/m.jsonl");
+  EXPECT_EQ(c.output.progress, "line");
+}
+
+TEST(ConfigTest, PresetClassesFollowSyntheticData) {
+  const Config c = parse(std::string(kMinimal) + "  classes: 4\n");
+  EXPECT_EQ(c.model.classes, 4);
+}
+
+TEST(ConfigTest, EmptySectionMeansDefaults) {
+  const Config c = parse(std::string(kMinimal) + "train:\noutput:\n");
+  EXPECT_EQ(c.train.batch, 64);
+}
+
+TEST(ConfigTest, MemoryLimitTakesUnitsOrBytes) {
+  EXPECT_EQ(parse(std::string(kMinimal) + "device: {memory_limit: 64MiB}\n").device.memory_limit,
+            64u << 20);
+  EXPECT_EQ(parse(std::string(kMinimal) + "device: {memory_limit: 4096}\n").device.memory_limit,
+            4096u);
+  EXPECT_EQ(parse(std::string(kMinimal) + "device: {memory_limit: 2k}\n").device.memory_limit,
+            2000u);
+}
+
+TEST(ConfigTest, ExplicitLayers) {
+  const Config c = parse(R"(model:
+  layers:
+    - {name: data, type: input}
+    - {name: conv1, type: conv, out: 8, kernel: [3, 5], stride: 2, pad: [1, 2], bias: false}
+    - {name: bn1, type: batchnorm, eps: 1e-3, momentum: 0.2}
+    - name: r1
+      type: relu
+    - {name: pool1, type: pool, mode: avg, kernel: 2}
+    - {name: side, type: conv, out: 8, kernel: 1, inputs: [r1]}
+    - {name: sum, type: add, inputs: [pool1, side]}
+    - {name: cat, type: concat, inputs: [sum, pool1]}
+    - {name: gap, type: pool, mode: max, global: true}
+    - {name: fc, type: fc, out: 10, inputs: gap}
+data:
+  kind: synthetic
+)");
+  EXPECT_TRUE(c.model.preset.empty());
+  const auto& layers = c.model.layers;
+  ASSERT_EQ(layers.size(), 10u);
+
+  EXPECT_EQ(layers[0].name, "data");
+  EXPECT_EQ(layers[0].type, LayerType::kInput);
+  EXPECT_TRUE(layers[0].inputs.empty());
+  EXPECT_EQ(layers[0].source_line, 3);
+
+  const auto& conv = layers[1];
+  EXPECT_EQ(conv.type, LayerType::kConv);
+  EXPECT_EQ(conv.inputs, (std::vector<std::string>{"data"}));  // the previous layer
+  EXPECT_EQ(conv.out, 8);
+  EXPECT_EQ(conv.kernel_h, 3);
+  EXPECT_EQ(conv.kernel_w, 5);
+  EXPECT_EQ(conv.stride_h, 2);
+  EXPECT_EQ(conv.stride_w, 2);
+  EXPECT_EQ(conv.pad_h, 1);
+  EXPECT_EQ(conv.pad_w, 2);
+  EXPECT_FALSE(conv.bias);
+  EXPECT_EQ(conv.source_line, 4);
+
+  EXPECT_EQ(layers[2].type, LayerType::kBatchNorm);
+  EXPECT_FLOAT_EQ(layers[2].bn_eps, 1e-3f);
+  EXPECT_FLOAT_EQ(layers[2].bn_momentum, 0.2f);
+
+  EXPECT_EQ(layers[3].type, LayerType::kRelu);
+  EXPECT_EQ(layers[3].source_line, 6);  // block-style item: its first line
+
+  const auto& pool = layers[4];
+  EXPECT_EQ(pool.pool, worker::PoolKind::kAverage);
+  EXPECT_EQ(pool.kernel_h, 2);
+  EXPECT_EQ(pool.stride_h, 2);  // pooling stride defaults to the kernel
+  EXPECT_EQ(pool.stride_w, 2);
+  EXPECT_EQ(pool.pad_h, 0);
+
+  EXPECT_EQ(layers[5].inputs, (std::vector<std::string>{"r1"}));
+  EXPECT_EQ(layers[5].stride_h, 1);  // convolution stride defaults to 1
+  EXPECT_TRUE(layers[5].bias);
+  EXPECT_EQ(layers[6].type, LayerType::kAdd);
+  EXPECT_EQ(layers[6].inputs, (std::vector<std::string>{"pool1", "side"}));
+  EXPECT_EQ(layers[7].type, LayerType::kConcat);
+  EXPECT_EQ(layers[7].inputs, (std::vector<std::string>{"sum", "pool1"}));
+  EXPECT_TRUE(layers[8].global);
+  EXPECT_EQ(layers[8].pool, worker::PoolKind::kMax);
+  EXPECT_EQ(layers[9].type, LayerType::kFc);
+  EXPECT_EQ(layers[9].inputs, (std::vector<std::string>{"gap"}));  // a single name
+  EXPECT_EQ(layers[9].out, 10);
+}
+
+TEST(ConfigTest, RelativePathsResolveAgainstTheConfigFolder) {
+  const TempDir dir;
+  const fs::path file = dir.write("sub/run.yaml", R"(model: {preset: lenet}
+data:
+  kind: idx
+  train_images: train-images.gz
+  train_labels: ../labels/train.gz
+  test_images: ./t10k-images.gz
+  test_labels: /abs/t10k-labels.gz
+output: {metrics: out/metrics.jsonl}
+)");
+  const Config c = load_config(file.string());
+  const fs::path sub = dir.path() / "sub";
+  EXPECT_EQ(c.path, file.string());
+  EXPECT_EQ(c.data.train_images, (sub / "train-images.gz").string());
+  EXPECT_EQ(c.data.train_labels, (dir.path() / "labels/train.gz").string());
+  EXPECT_EQ(c.data.test_images, (sub / "t10k-images.gz").string());
+  EXPECT_EQ(c.data.test_labels, "/abs/t10k-labels.gz");
+  EXPECT_EQ(c.output.metrics, (sub / "out/metrics.jsonl").string());
+}
+
+TEST(ConfigTest, Cifar10FilesResolveAgainstTheConfigFolder) {
+  const TempDir dir;
+  const fs::path file = dir.write("c.yaml", R"(model: {preset: resnet18}
+data:
+  kind: cifar10
+  train_files: [a.bin, b.bin]
+  test_files: [t.bin]
+  mean: [0.1, 0.2, 0.3]
+  std: [1, 1, 1]
+)");
+  const Config c = load_config(file.string());
+  EXPECT_EQ(c.data.train_files, (std::vector<std::string>{(dir.path() / "a.bin").string(),
+                                                          (dir.path() / "b.bin").string()}));
+  EXPECT_EQ(c.data.test_files, (std::vector<std::string>{(dir.path() / "t.bin").string()}));
+  EXPECT_EQ(c.model.classes, 10);
+}
+
+TEST(ConfigTest, ParsedTextResolvesAgainstTheCurrentDirectory) {
+  const Config c = parse(std::string(kMinimal) + "output: {metrics: m.jsonl}\n");
+  EXPECT_EQ(c.output.metrics, (fs::current_path() / "m.jsonl").string());
+}
+
+TEST(ConfigTest, OverridesApplyBeforeValidation) {
+  const TempDir dir;
+  const fs::path file = dir.write("run.yaml", std::string(kMinimal) + "train: {batch: 0}\n");
+  const Config c =
+      load_config(file.string(), {
+                                     "train.batch=32",  // fixes the invalid 0
+                                     "data.mean=[0.5]",
+                                     "data.std=[0.25]",
+                                     "optimizer={lr: 0.1, schedule: cosine}",  // a whole section
+                                     "device.threads=4",  // creates the section
+                                     "device.threads=2",  // the last one wins
+                                     "output.metrics=m.jsonl",
+                                 });
+  EXPECT_EQ(c.train.batch, 32);
+  EXPECT_EQ(c.data.mean, (std::vector<float>{0.5f}));
+  EXPECT_EQ(c.data.stddev, (std::vector<float>{0.25f}));
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.1);
+  EXPECT_EQ(c.optimizer.schedule, "cosine");
+  EXPECT_EQ(c.device.threads, 2);
+  // Paths typed on the command line are relative to where the user is.
+  EXPECT_EQ(c.output.metrics, (fs::current_path() / "m.jsonl").string());
+}
+
+TEST(ConfigTest, EmptyMetricsOverrideTurnsMetricsOff) {
+  const Config c =
+      parse(std::string(kMinimal) + "output: {metrics: m.jsonl}\n", {"output.metrics="});
+  EXPECT_EQ(c.output.metrics, "");
+}
+
+TEST(ConfigTest, OverriddenLayersHaveNoSourceLine) {
+  const Config c = parse("model: {preset: lenet}\ndata: {kind: synthetic}\n",
+                         {"model={layers: [{name: d, type: input}, {name: f, type: fc, out: 3}]}"});
+  ASSERT_EQ(c.model.layers.size(), 2u);
+  EXPECT_EQ(c.model.layers[1].source_line, 0);
+  EXPECT_EQ(c.model.layers[1].inputs, (std::vector<std::string>{"d"}));
+}
+
+TEST(ConfigTest, ToYamlReadsBackToTheSameConfig) {
+  const Config a = parse(R"(model:
+  layers:
+    - {name: data, type: input}
+    - {name: conv1, type: conv, out: 8, kernel: [3, 5], stride: [1, 2], pad: 1, bias: false}
+    - {name: bn, type: batchnorm, eps: 1e-5, momentum: 0.1}
+    - {name: pool, type: pool, mode: avg, kernel: 2}
+    - {name: gap, type: pool, global: true}
+    - {name: fc, type: fc, out: 10}
+data: {kind: synthetic, shape: [3, 8, 8], mean: [0.1, 0.2, 0.3], std: [1, 2, 3]}
+train: {batch: 16, seed: 7, evaluate: false}
+optimizer: {lr: 0.05, momentum: 0.9, weight_decay: 5e-4, schedule: cosine}
+device: {backend: cpu, memory_limit: 64MiB}
+output: {metrics: /tmp/x.jsonl, progress: off}
+)");
+  const std::string text = to_yaml(a);
+  const Config b = parse(text);
+  SCOPED_TRACE(text);
+  EXPECT_EQ(to_yaml(b), text);
+  ASSERT_EQ(b.model.layers.size(), a.model.layers.size());
+  for (size_t i = 0; i < a.model.layers.size(); ++i) {
+    const auto& x = a.model.layers[i];
+    const auto& y = b.model.layers[i];
+    EXPECT_EQ(x.name, y.name);
+    EXPECT_EQ(x.type, y.type);
+    EXPECT_EQ(x.inputs, y.inputs);
+    EXPECT_EQ(x.out, y.out);
+    EXPECT_EQ(x.bias, y.bias);
+    EXPECT_EQ(std::tie(x.kernel_h, x.kernel_w, x.stride_h, x.stride_w, x.pad_h, x.pad_w),
+              std::tie(y.kernel_h, y.kernel_w, y.stride_h, y.stride_w, y.pad_h, y.pad_w));
+    EXPECT_EQ(x.pool, y.pool);
+    EXPECT_EQ(x.global, y.global);
+    EXPECT_EQ(x.bn_eps, y.bn_eps);
+    EXPECT_EQ(x.bn_momentum, y.bn_momentum);
+  }
+  EXPECT_EQ(b.data.shape, a.data.shape);
+  EXPECT_EQ(b.data.mean, a.data.mean);
+  EXPECT_EQ(b.data.stddev, a.data.stddev);
+  EXPECT_EQ(b.train.seed, 7u);
+  EXPECT_FALSE(b.train.evaluate);
+  EXPECT_EQ(b.optimizer.lr, a.optimizer.lr);
+  EXPECT_EQ(b.optimizer.weight_decay, a.optimizer.weight_decay);
+  EXPECT_EQ(b.device.memory_limit, 64u << 20);
+  EXPECT_EQ(b.output.metrics, "/tmp/x.jsonl");
+  EXPECT_EQ(b.output.progress, "off");
+  EXPECT_NE(text.find("lr: 0.05\n"), std::string::npos) << "numbers print in their shortest form";
+}
+
+// ---- bad configs: each message names the place, the key and what was expected
+
+TEST(ConfigErrorTest, UnknownTopLevelKey) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "trian:\n  batch: 3\n"),
+            "t.yaml:5: trian: unknown key (allowed: model, data, train, optimizer, device, conv, "
+            "output)");
+}
+
+TEST(ConfigErrorTest, UnknownNestedKey) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: 3\n  bach: 3\n"),
+            "t.yaml:7: train.bach: unknown key (allowed: batch, epochs, max_steps, seed, "
+            "log_every, evaluate)");
+}
+
+TEST(ConfigErrorTest, KeyOfAnotherDataKind) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "  train_images: x.gz\n"),
+            "t.yaml:5: data.train_images: unknown key for kind synthetic "
+            "(allowed: kind, shape, classes, train_size, test_size, mean, std)");
+}
+
+TEST(ConfigErrorTest, KeyOfAnotherLayerType) {
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: d, type: input}\n    - {name: r, type: relu, "
+                     "kernel: 3}\n"
+                     "data: {kind: synthetic}\n"),
+            "t.yaml:4: model.layers[1].kernel: unknown key for a relu layer (allowed: name, type, "
+            "inputs)");
+}
+
+TEST(ConfigErrorTest, WrongTypes) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  epochs: abc\n"),
+            "t.yaml:6: train.epochs: expected an integer >= 1, got 'abc'");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  epochs: 1.5\n"),
+            "t.yaml:6: train.epochs: expected an integer >= 1, got '1.5'");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "optimizer:\n  lr: fast\n"),
+            "t.yaml:6: optimizer.lr: expected a number > 0, got 'fast'");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  evaluate: maybe\n"),
+            "t.yaml:6: train.evaluate: expected true or false, got 'maybe'");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train: [1, 2]\n"),
+            "t.yaml:5: train: expected a map of keys, got a list");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch:\n"),
+            "t.yaml:6: train.batch: expected an integer >= 1, got nothing");
+}
+
+TEST(ConfigErrorTest, NegativeBatch) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: -3\n"),
+            "t.yaml:6: train.batch: expected an integer >= 1, got -3");
+}
+
+TEST(ConfigErrorTest, OutOfRangeNumbers) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "optimizer: {momentum: 1}\n"),
+            "t.yaml:5: optimizer.momentum: expected a number in [0, 1), got 1");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "optimizer: {gamma: 0}\n"),
+            "t.yaml:5: optimizer.gamma: expected a number in (0, 1], got 0");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "optimizer: {weight_decay: -1e-4}\n"),
+            "t.yaml:5: optimizer.weight_decay: expected a number >= 0, got -1e-4");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "device: {threads: -1}\n"),
+            "t.yaml:5: device.threads: expected an integer in [0, 2147483647], got -1");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train: {log_every: 0}\n"),
+            "t.yaml:5: train.log_every: expected an integer >= 1, got 0");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train: {max_steps: 99999999999999999999}\n"),
+            "t.yaml:5: train.max_steps: expected an integer >= 0, got 99999999999999999999 (out of "
+            "range)");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train: {seed: -1}\n"),
+            "t.yaml:5: train.seed: expected an integer >= 0, got -1");
+}
+
+TEST(ConfigErrorTest, BadEnumValue) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "optimizer:\n  schedule: linear\n"),
+            "t.yaml:6: optimizer.schedule: unknown value 'linear' (allowed: none, step, cosine)");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "device: {backend: tpu}\n"),
+            "t.yaml:5: device.backend: unknown value 'tpu' (allowed: auto, cpu, cuda)");
+}
+
+TEST(ConfigErrorTest, BadSizeString) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "device:\n  memory_limit: 64XB\n"),
+            "t.yaml:6: device.memory_limit: invalid size '64XB': unknown unit 'XB' (known: B, k, "
+            "kB, M, MB, G, GB, "
+            "T, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024))");
+}
+
+TEST(ConfigErrorTest, MissingIdxFileKey) {
+  EXPECT_EQ(error_of("model:\n  preset: lenet\ndata:\n  kind: idx\n  train_images: a.gz\n  "
+                     "train_labels: b.gz\n"
+                     "  test_images: c.gz\n"),
+            "t.yaml:3: data.test_labels: missing "
+            "(kind idx needs train_images, train_labels, test_images and test_labels)");
+}
+
+TEST(ConfigErrorTest, MissingSection) {
+  EXPECT_EQ(error_of("model: {preset: lenet}\n"),
+            "t.yaml: data: missing (every config needs model and data sections)");
+  EXPECT_EQ(error_of(""), "t.yaml: data: missing (every config needs model and data sections)");
+  EXPECT_EQ(error_of("just text\n"), "t.yaml: expected a map of keys, got 'just text'");
+}
+
+TEST(ConfigErrorTest, DuplicateKey) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: 3\n  batch: 4\n"),
+            "t.yaml:7: train.batch: duplicate key (first at line 6)");
+}
+
+TEST(ConfigErrorTest, MeanAndStdGoTogether) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "  mean: [0.5]\n"),
+            "t.yaml:3: data.std: missing (mean and std go together)");
+  EXPECT_EQ(
+      error_of(std::string(kMinimal) + "  shape: [3, 8, 8]\n  mean: [0.5]\n  std: [1, 1, 1]\n"),
+      "t.yaml:6: data.mean: expected 3 values (one per channel), got 1");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "  mean: [0.5]\n  std: [0]\n"),
+            "t.yaml:6: data.std[0]: expected a number > 0, got 0");
+}
+
+TEST(ConfigErrorTest, PresetAndLayersBothGiven) {
+  EXPECT_EQ(error_of("model:\n  preset: lenet\n  layers:\n    - {name: data, type: input}\ndata: "
+                     "{kind: synthetic}\n"),
+            "t.yaml:1: model: give either preset or layers, not both");
+}
+
+TEST(ConfigErrorTest, LayersSetOverAPreset) {
+  EXPECT_EQ(error_of(kMinimal, {"model.layers=[{name: d, type: input}]"}),
+            "--set model.layers: give either preset or layers, not both");
+}
+
+TEST(ConfigErrorTest, NeitherPresetNorLayers) {
+  EXPECT_EQ(error_of("model: {}\ndata: {kind: synthetic}\n"),
+            "t.yaml:1: model: missing preset or layers (known presets: " +
+                join(worker::preset_names()) + ")");
+}
+
+TEST(ConfigErrorTest, UnknownPresetListsKnownOnes) {
+  const std::string message = error_of("model:\n  preset: lenet5\ndata:\n  kind: synthetic\n");
+  EXPECT_EQ(message, "t.yaml:2: model.preset: unknown preset 'lenet5' (known: " +
+                         join(worker::preset_names()) + ")");
+  for (const char* name : {"lenet", "vgg-small", "resnet18"}) {
+    EXPECT_NE(message.find(name), std::string::npos) << name;
+  }
+}
+
+TEST(ConfigErrorTest, PresetClassesDisagreeWithData) {
+  EXPECT_EQ(error_of("model:\n  preset: lenet\n  classes: 5\ndata:\n  kind: synthetic\n"),
+            "t.yaml:3: model.classes: 5 classes, but data.classes is 10");
+}
+
+TEST(ConfigErrorTest, DuplicateLayerName) {
+  EXPECT_EQ(
+      error_of(R"(model:
+  layers:
+    - {name: data, type: input}
+    - {name: conv1, type: conv, out: 4, kernel: 3}
+    - {name: conv1, type: relu}
+data: {kind: synthetic}
+)"),
+      "t.yaml:5: model.layers[2].name: duplicate layer name 'conv1' (first at model.layers[1])");
+}
+
+TEST(ConfigErrorTest, UnknownLayerTypeListsKnownOnes) {
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: data, type: input}\n    - {name: fc1, type: "
+                     "dense, out: 10}\n"
+                     "data: {kind: synthetic}\n"),
+            "t.yaml:4: model.layers[1].type: unknown layer type 'dense' "
+            "(known: input, conv, relu, pool, fc, batchnorm, add, concat)");
+}
+
+TEST(ConfigErrorTest, BadKernelListLength) {
+  EXPECT_EQ(
+      error_of("model:\n  layers:\n    - {name: data, type: input}\n"
+               "    - {name: c, type: conv, out: 4, kernel: [3, 3, 3]}\ndata: {kind: synthetic}\n"),
+      "t.yaml:4: model.layers[1].kernel: expected an integer >= 1 or a list [h, w], got a list of "
+      "3");
+}
+
+TEST(ConfigErrorTest, LayerProblems) {
+  const std::string data = "data: {kind: synthetic}\n";
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: data, type: input}\n    - {name: c, type: "
+                     "conv, kernel: 3}\n" +
+                     data),
+            "t.yaml:4: model.layers[1].out: missing (a conv layer needs out)");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: data, type: input}\n    - {name: a, type: "
+                     "add, inputs: [data, x]}\n" +
+                     data),
+            "t.yaml:4: model.layers[1].inputs[1]: unknown layer 'x' (layers: data, a)");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: r, type: relu}\n" + data),
+            "t.yaml:3: model.layers[0].inputs: missing (the first layer has no previous layer to "
+            "take as input)");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: data, type: input}\n"
+                     "    - {name: p, type: pool, global: true, kernel: 2}\n" +
+                     data),
+            "t.yaml:4: model.layers[1].kernel: not used with global: true");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {type: input}\n" + data),
+            "t.yaml:3: model.layers[0].name: missing (every layer needs a name)");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - data\n" + data),
+            "t.yaml:3: model.layers[0]: expected a map such as {name: conv1, type: conv, ...}, got "
+            "'data'");
+  EXPECT_EQ(error_of("model:\n  layers: []\n" + data),
+            "t.yaml:2: model.layers: expected a list of layers, got an empty list");
+}
+
+TEST(ConfigErrorTest, SetWithUnknownKey) {
+  EXPECT_EQ(error_of(kMinimal, {"train.bogus=1"}),
+            "--set train.bogus: unknown key (allowed: batch, epochs, max_steps, seed, log_every, "
+            "evaluate)");
+  EXPECT_EQ(
+      error_of(kMinimal, {"bogus.x=1"}),
+      "--set bogus: unknown key (allowed: model, data, train, optimizer, device, conv, output)");
+}
+
+TEST(ConfigErrorTest, SetValueIsValidatedLikeTheFile) {
+  EXPECT_EQ(error_of(kMinimal, {"train.batch=-3"}),
+            "--set train.batch: expected an integer >= 1, got -3");
+  EXPECT_EQ(error_of(kMinimal, {"optimizer={lr: 0}"}),
+            "--set optimizer.lr: expected a number > 0, got 0");
+}
+
+TEST(ConfigErrorTest, MalformedSet) {
+  EXPECT_EQ(error_of(kMinimal, {"train.batch"}),
+            "--set train.batch: expected KEY.PATH=VALUE, e.g. train.batch=32");
+  EXPECT_EQ(error_of(kMinimal, {"train..batch=3"}), "--set train..batch: empty name in key path");
+  EXPECT_EQ(error_of(kMinimal, {"model.preset.x=3"}),
+            "--set model.preset.x: model.preset is not a map of keys");
+  EXPECT_EQ(error_of(kMinimal, {"data.mean=[0.5"}),
+            "--set data.mean: invalid YAML value: end of sequence flow not found");
+}
+
+TEST(ConfigErrorTest, YamlSyntaxError) {
+  EXPECT_EQ(error_of("model:\n  preset: [lenet\ndata:\n  kind: idx\n"),
+            "t.yaml:3:5: YAML syntax error: end of sequence flow not found");
+}
+
+TEST(ConfigErrorTest, YamlSyntaxErrorInAFileNamesTheFile) {
+  const TempDir dir;
+  const fs::path file = dir.write("bad.yaml", "model:\n  preset: lenet\n data: 1\n");
+  try {
+    load_config(file.string());
+    FAIL() << "no error";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              file.string() + ":3:2: YAML syntax error: end of map not found");
+  }
+}
+
+TEST(ConfigErrorTest, MissingFile) {
+  try {
+    load_config("/nonexistent/vtrain.yaml");
+    FAIL() << "no error";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              "cannot open config /nonexistent/vtrain.yaml: No such file or directory");
+  }
+}
+
+TEST(ConfigErrorTest, ErrorsInAFileNameTheFileAndLine) {
+  const TempDir dir;
+  const fs::path file = dir.write("x.yaml", std::string(kMinimal) + "\n\ntrain:\n  batch: -3\n");
+  try {
+    load_config(file.string());
+    FAIL() << "no error";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              file.string() + ":8: train.batch: expected an integer >= 1, got -3");
+  }
+}
+
+// ---- parse_size ---------------------------------------------------------------
+
+TEST(ParseSizeTest, AcceptsBytesAndUnits) {
+  EXPECT_EQ(parse_size("0"), 0u);
+  EXPECT_EQ(parse_size("4096"), 4096u);
+  EXPECT_EQ(parse_size("12B"), 12u);
+  EXPECT_EQ(parse_size("2k"), 2000u);
+  EXPECT_EQ(parse_size("2K"), 2000u);
+  EXPECT_EQ(parse_size("2kB"), 2000u);
+  EXPECT_EQ(parse_size("2KiB"), 2048u);
+  EXPECT_EQ(parse_size("64MiB"), 64u << 20);
+  EXPECT_EQ(parse_size("64mib"), 64u << 20);
+  EXPECT_EQ(parse_size("1.5GB"), 1'500'000'000u);
+  EXPECT_EQ(parse_size("1.5GiB"), 3u << 29);
+  EXPECT_EQ(parse_size(" 1 GiB "), 1u << 30);
+  EXPECT_EQ(parse_size("2TB"), 2'000'000'000'000u);
+  EXPECT_EQ(parse_size("0.5KiB"), 512u);
+  EXPECT_EQ(parse_size("1.000k"), 1000u);
+  EXPECT_EQ(parse_size("18446744073709551615"), 18446744073709551615u);
+  EXPECT_EQ(parse_size("16777215TiB"), 16777215ull << 40);
+}
+
+TEST(ParseSizeTest, RejectsNegativesGarbageAndOverflow) {
+  const auto message = [](const std::string& text) -> std::string {
+    try {
+      parse_size(text);
+    } catch (const ConfigError& error) {
+      return error.what();
+    }
+    return "no error for '" + text + "'";
+  };
+  EXPECT_EQ(message("-1"), "invalid size '-1': sizes cannot be negative");
+  EXPECT_EQ(message("-1MiB"), "invalid size '-1MiB': sizes cannot be negative");
+  EXPECT_EQ(message(""),
+            "invalid size '': expected a number of bytes with an optional unit, e.g. 64MiB, 1.5GB "
+            "or 4096");
+  EXPECT_EQ(message("abc"),
+            "invalid size 'abc': expected a number of bytes with an optional unit, e.g. 64MiB, "
+            "1.5GB or 4096");
+  EXPECT_EQ(message("MiB"),
+            "invalid size 'MiB': expected a number of bytes with an optional unit, e.g. 64MiB, "
+            "1.5GB or 4096");
+  EXPECT_EQ(message("12XB").rfind("invalid size '12XB': unknown unit 'XB' (known: B, k, kB", 0),
+            0u);
+  EXPECT_EQ(message("1.2.3k").rfind("invalid size '1.2.3k': unknown unit '.3k'", 0), 0u);
+  EXPECT_EQ(message("1.k"), "invalid size '1.k': expected digits after the decimal point");
+  EXPECT_EQ(message("1.5"), "invalid size '1.5': not a whole number of bytes");
+  EXPECT_EQ(message("0.0001k"), "invalid size '0.0001k': not a whole number of bytes");
+  EXPECT_EQ(message("18446744073709551616"),
+            "invalid size '18446744073709551616': too large (the limit is 2^64 - 1 bytes)");
+  EXPECT_EQ(message("16777216TiB"),
+            "invalid size '16777216TiB': too large (the limit is 2^64 - 1 bytes)");
+  EXPECT_EQ(message("99999999999999999999999"),
+            "invalid size '99999999999999999999999': too large (the limit is 2^64 - 1 bytes)");
+}
+
+// ---- the shipped examples -------------------------------------------------------
+
+// Per-sample input shape of a config's data, for building its graph.
+worker::Shape input_shape(const DataConfig& data) {
+  if (data.kind == "cifar10") return {1, 3, 32, 32};
+  if (data.kind == "idx") return {1, 1, 28, 28};  // (Fashion-)MNIST
+  return data.shape;
+}
+
+TEST(ExampleConfigsTest, EveryExampleParsesAndBuildsItsGraph) {
+  const fs::path dir = source_dir() / "configs";
+  ASSERT_TRUE(fs::is_directory(dir)) << dir;
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(entry.path().string());
+    ++count;
+    Config config;
+    ASSERT_NO_THROW(config = load_config(entry.path().string()));
+    std::vector<worker::LayerSpec> layers = config.model.layers;
+    if (!config.model.preset.empty()) {
+      layers = worker::preset_layers(config.model.preset,
+                                     {input_shape(config.data), config.model.classes});
+    }
+    EXPECT_NO_THROW(worker::Graph::build(layers, input_shape(config.data)));
+  }
+  EXPECT_GE(count, 5);
+}
+
+TEST(ExampleConfigsTest, ExamplesSayWhatTheyPromise) {
+  const fs::path dir = source_dir() / "configs";
+  const Config lenet = load_config((dir / "fmnist-lenet.yaml").string());
+  EXPECT_EQ(lenet.model.preset, "lenet");
+  EXPECT_EQ(lenet.data.kind, "idx");
+  EXPECT_EQ(lenet.data.train_images,
+            "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+  EXPECT_EQ(lenet.train.batch, 64);
+  EXPECT_EQ(lenet.train.epochs, 10);
+  EXPECT_DOUBLE_EQ(lenet.optimizer.lr, 0.05);
+  EXPECT_DOUBLE_EQ(lenet.optimizer.momentum, 0.9);
+  EXPECT_EQ(lenet.output.metrics, "");
+
+  const Config resnet = load_config((dir / "cifar10-resnet18.yaml").string());
+  EXPECT_EQ(resnet.data.train_files.size(), 5u);
+  EXPECT_EQ(resnet.data.test_files.front(),
+            (fs::absolute(dir).parent_path() / "data/cifar-10-batches-bin/test_batch.bin")
+                .lexically_normal()
+                .string());
+  EXPECT_EQ(resnet.optimizer.schedule, "cosine");
+  EXPECT_DOUBLE_EQ(resnet.optimizer.weight_decay, 5e-4);
+
+  const Config custom = load_config((dir / "custom-dag.yaml").string());
+  EXPECT_TRUE(custom.model.preset.empty());
+  EXPECT_FALSE(custom.model.layers.empty());
+}
+
+}  // namespace
+}  // namespace vtrain::config

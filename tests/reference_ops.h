@@ -1,0 +1,74 @@
+// Naive reference implementations of every Backend op, on plain NCHW (OIHW
+// for weights) float vectors in host memory, computed in double where it
+// matters. They are the oracle the backends are tested against: written for
+// obviousness, not speed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "worker/backend.h"
+
+namespace vtrain::reference {
+
+using worker::ConvProblem;
+using worker::PoolParams;
+using worker::Shape;
+using Vec = std::vector<float>;
+
+// y = conv(x, w) + bias (bias may be empty). Shapes from p (layouts ignored).
+Vec conv_forward(const ConvProblem& p, const Vec& x, const Vec& w, const Vec& bias);
+Vec conv_backward_data(const ConvProblem& p, const Vec& dy, const Vec& w);
+// Returns dw; fills dbias (k entries) if non-null.
+Vec conv_backward_filter(const ConvProblem& p, const Vec& x, const Vec& dy, Vec* dbias);
+
+Vec relu_forward(const Vec& x);
+Vec relu_backward(const Vec& y, const Vec& dy);
+
+// Max pooling ties pick the first maximum in row-major window order; average
+// pooling divides by the number of window elements inside the input.
+Vec pooling_forward(const PoolParams& p, const Shape& x_shape, const Vec& x);
+Vec pooling_backward(const PoolParams& p, const Shape& x_shape, const Vec& x, const Vec& dy);
+
+// w is {out, in} with in = x.c * x.h * x.w.
+Vec inner_product_forward(const Shape& x_shape, const Vec& x, int64_t out, const Vec& w,
+                          const Vec& bias);
+Vec inner_product_backward_data(const Shape& x_shape, int64_t out, const Vec& dy, const Vec& w);
+Vec inner_product_backward_weights(const Shape& x_shape, int64_t out, const Vec& x,
+                                   const Vec& dy, Vec* dbias);
+
+struct BatchNormForward {
+  Vec y;
+  Vec mean;  // batch mean per channel
+  Vec var;   // biased batch variance per channel
+};
+BatchNormForward batch_norm_forward_training(const Shape& s, const Vec& x, const Vec& gamma,
+                                             const Vec& beta, float eps);
+Vec batch_norm_forward_inference(const Shape& s, const Vec& x, const Vec& gamma, const Vec& beta,
+                                 const Vec& mean, const Vec& var, float eps);
+struct BatchNormBackward {
+  Vec dx;
+  Vec dgamma;
+  Vec dbeta;
+};
+BatchNormBackward batch_norm_backward(const Shape& s, const Vec& x, const Vec& dy,
+                                      const Vec& gamma, const Vec& mean, const Vec& var,
+                                      float eps);
+
+Vec add(const Vec& a, const Vec& b);
+// Concatenation along channels of NCHW tensors with equal n, h, w.
+Vec concat(const std::vector<Shape>& shapes, const std::vector<Vec>& xs);
+std::vector<Vec> concat_backward(const std::vector<Shape>& shapes, const Vec& dy);
+
+struct SoftmaxXent {
+  double loss_sum = 0;
+  int64_t correct = 0;
+  Vec dlogits;  // (softmax - onehot) * scale
+};
+SoftmaxXent softmax_cross_entropy(int64_t n, int64_t classes, const Vec& logits,
+                                  const std::vector<int32_t>& labels, float scale);
+
+// In place: v = momentum * v + g + wd * w; w -= lr * v.
+void sgd_update(Vec& w, const Vec& g, Vec& v, const worker::SgdStep& step);
+
+}  // namespace vtrain::reference

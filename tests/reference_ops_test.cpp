@@ -1,0 +1,488 @@
+// Tests of the reference ops themselves: the oracle must be right before it
+// can judge a backend. Each backward is checked against central differences
+// of its forward, and each forward against small answers computed by hand.
+#include "tests/reference_ops.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace vtrain::reference {
+namespace {
+
+using worker::PoolKind;
+using worker::SgdStep;
+using worker::TensorDesc;
+
+Vec random_vec(std::mt19937& rng, int64_t count, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Vec v(static_cast<size_t>(count));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Uniform values in [-1, 1] kept at least `margin` away from zero, so that a
+// finite-difference step never crosses the relu kink.
+Vec random_away_from_zero(std::mt19937& rng, int64_t count, float margin) {
+  Vec v = random_vec(rng, count, margin, 1.0f);
+  std::bernoulli_distribution negative(0.5);
+  for (float& x : v)
+    if (negative(rng)) x = -x;
+  return v;
+}
+
+// Distinct values spaced `gap` apart in random order, so that a step smaller
+// than gap / 2 never changes which element a max-pooling window selects.
+Vec random_distinct(std::mt19937& rng, int64_t count, float gap) {
+  Vec v(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) v[i] = gap * static_cast<float>(i - count / 2);
+  std::shuffle(v.begin(), v.end(), rng);
+  return v;
+}
+
+// The scalar every gradient check differentiates: L = sum(y * r), in double.
+double weighted_sum(const Vec& y, const Vec& r) {
+  EXPECT_EQ(y.size(), r.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < y.size(); ++i) sum += double(y[i]) * r[i];
+  return sum;
+}
+
+// Compares `analytic` = dL/d(input) with central differences of `loss`. The
+// step is measured after rounding to float, so the quotient uses the step the
+// forward actually saw. Tolerance: rtol relative to the element, plus rtol
+// relative to the largest gradient element (absorbs the float rounding of the
+// forward outputs, which is amplified by 1 / step).
+void expect_gradient(const std::string& what, const std::function<double(const Vec&)>& loss,
+                     const Vec& input, const Vec& analytic, float step, double rtol) {
+  ASSERT_EQ(input.size(), analytic.size()) << what;
+  double largest = 0.0;
+  for (float g : analytic) largest = std::max(largest, double(std::fabs(g)));
+  const double atol = rtol * std::max(largest, 1e-3);
+  Vec probe = input;
+  int failures = 0;
+  for (size_t i = 0; i < probe.size() && failures < 5; ++i) {
+    const float original = probe[i];
+    probe[i] = original + step;
+    const double up_at = probe[i];
+    const double up = loss(probe);
+    probe[i] = original - step;
+    const double down_at = probe[i];
+    const double down = loss(probe);
+    probe[i] = original;
+    const double numeric = (up - down) / (up_at - down_at);
+    const double tolerance = rtol * std::fabs(analytic[i]) + atol;
+    if (std::fabs(numeric - analytic[i]) > tolerance) {
+      ++failures;
+      ADD_FAILURE() << what << "[" << i << "]: analytic " << analytic[i] << ", numeric " << numeric
+                    << ", tolerance " << tolerance;
+    }
+  }
+}
+
+void expect_vec_near(const Vec& actual, const std::vector<double>& expected, double tol) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i)
+    EXPECT_NEAR(actual[i], expected[i], tol) << "element " << i;
+}
+
+ConvProblem make_conv(Shape x, int64_t k, int64_t r, int64_t s, int64_t pad_h, int64_t pad_w,
+                      int64_t stride_h, int64_t stride_w) {
+  ConvProblem p{.x = TensorDesc{.shape = x},
+                .y = {},
+                .k = k,
+                .r = r,
+                .s = s,
+                .pad_h = pad_h,
+                .pad_w = pad_w,
+                .stride_h = stride_h,
+                .stride_w = stride_w};
+  p.y.shape = p.output_shape();
+  return p;
+}
+
+// --------------------------------------------------- known small answers
+
+TEST(ReferenceConv, OneChannel3x3WithPaddingSumsTheCross) {
+  const ConvProblem p = make_conv({1, 1, 3, 3}, 1, 3, 3, 1, 1, 1, 1);
+  const Vec x = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const Vec cross = {0, 1, 0, 1, 1, 1, 0, 1, 0};
+  expect_vec_near(conv_forward(p, x, cross, {}), {7, 11, 11, 17, 25, 23, 19, 29, 23}, 0);
+  // A bias is added once per output element.
+  expect_vec_near(conv_forward(p, x, cross, {0.5f}),
+                  {7.5, 11.5, 11.5, 17.5, 25.5, 23.5, 19.5, 29.5, 23.5}, 0);
+}
+
+TEST(ReferenceConv, IsCrossCorrelationNotFlipped) {
+  // Only the top-left tap is set: output (i, j) reads input (i - 1, j - 1).
+  const ConvProblem p = make_conv({1, 1, 3, 3}, 1, 3, 3, 1, 1, 1, 1);
+  const Vec x = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const Vec corner = {1, 0, 0, 0, 0, 0, 0, 0, 0};
+  expect_vec_near(conv_forward(p, x, corner, {}), {0, 0, 0, 0, 1, 2, 0, 4, 5}, 0);
+}
+
+TEST(ReferenceConv, StrideTwoSumsDisjointBlocks) {
+  const ConvProblem p = make_conv({1, 1, 4, 4}, 1, 2, 2, 0, 0, 2, 2);
+  Vec x(16);
+  std::iota(x.begin(), x.end(), 0.0f);
+  expect_vec_near(conv_forward(p, x, {1, 1, 1, 1}, {}), {10, 18, 42, 50}, 0);
+}
+
+TEST(ReferenceConv, MultiChannelSumsOverInputChannelsPerOutputChannel) {
+  // Two input channels of 1x1, two 1x1 filters: a 2x2 matrix product.
+  const ConvProblem p = make_conv({1, 2, 1, 1}, 2, 1, 1, 0, 0, 1, 1);
+  // w[k][c]: k = 0 -> (1, 2), k = 1 -> (3, 4).
+  expect_vec_near(conv_forward(p, {10, 100}, {1, 2, 3, 4}, {0, 1}), {210, 431}, 0);
+}
+
+TEST(ReferenceConv, BackwardDataScattersTheFilter) {
+  const ConvProblem p = make_conv({1, 1, 3, 3}, 1, 2, 2, 0, 0, 1, 1);
+  const Vec w = {1, 2, 3, 4};
+  expect_vec_near(conv_backward_data(p, {1, 0, 0, 0}, w), {1, 2, 0, 3, 4, 0, 0, 0, 0}, 0);
+  expect_vec_near(conv_backward_data(p, {1, 1, 1, 1}, w), {1, 3, 2, 4, 10, 6, 3, 7, 4}, 0);
+}
+
+TEST(ReferenceConv, BackwardFilterCorrelatesInputWithGradient) {
+  const ConvProblem p = make_conv({1, 1, 3, 3}, 1, 2, 2, 0, 0, 1, 1);
+  const Vec x = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  Vec dbias;
+  expect_vec_near(conv_backward_filter(p, x, {1, 1, 1, 1}, &dbias), {12, 16, 24, 28}, 0);
+  expect_vec_near(dbias, {4}, 0);
+}
+
+TEST(ReferenceConv, RejectsWrongSizes) {
+  const ConvProblem p = make_conv({1, 1, 3, 3}, 1, 2, 2, 0, 0, 1, 1);
+  EXPECT_THROW(conv_forward(p, Vec(8), Vec(4), {}), std::invalid_argument);
+  EXPECT_THROW(conv_forward(p, Vec(9), Vec(3), {}), std::invalid_argument);
+  EXPECT_THROW(conv_forward(p, Vec(9), Vec(4), Vec(2)), std::invalid_argument);
+}
+
+TEST(ReferenceRelu, ClampsNegativesAndMasksGradient) {
+  expect_vec_near(relu_forward({-2, -0.5, 0, 0.5, 3}), {0, 0, 0, 0.5, 3}, 0);
+  expect_vec_near(relu_backward({0, 0, 0.5, 3}, {1, 2, 3, 4}), {0, 0, 3, 4}, 0);
+}
+
+TEST(ReferencePooling, MaxAndAverageWithPaddingExcluded) {
+  const Shape xs{1, 1, 3, 3};
+  const Vec x = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  PoolParams p{.kind = PoolKind::kAverage,
+               .kh = 3,
+               .kw = 3,
+               .stride_h = 2,
+               .stride_w = 2,
+               .pad_h = 1,
+               .pad_w = 1};
+  // Every window holds four in-bounds elements: divide by 4, not 9.
+  expect_vec_near(pooling_forward(p, xs, x), {3, 4, 6, 7}, 1e-6);
+  expect_vec_near(pooling_backward(p, xs, x, {4, 4, 4, 4}), {1, 2, 1, 2, 4, 2, 1, 2, 1}, 1e-6);
+  p.kind = PoolKind::kMax;
+  expect_vec_near(pooling_forward(p, xs, x), {5, 6, 8, 9}, 0);
+  expect_vec_near(pooling_backward(p, xs, x, {1, 2, 3, 4}), {0, 0, 0, 0, 1, 2, 0, 3, 4}, 0);
+}
+
+TEST(ReferencePooling, MaxTiesPickTheFirstInRowMajorOrder) {
+  const PoolParams p;  // max, 2x2, stride 2
+  const Shape xs{1, 1, 2, 2};
+  expect_vec_near(pooling_backward(p, xs, {7, 7, 7, 7}, {1}), {1, 0, 0, 0}, 0);
+  expect_vec_near(pooling_backward(p, xs, {1, 3, 3, 2}, {1}), {0, 1, 0, 0}, 0);
+}
+
+TEST(ReferencePooling, OddInputDropsTheLastRowAndColumn) {
+  const PoolParams p;  // 2x2 stride 2 over 3x3 gives 1x1
+  const Shape xs{1, 1, 3, 3};
+  const Vec x = {1, 2, 30, 4, 5, 60, 70, 80, 90};
+  expect_vec_near(pooling_forward(p, xs, x), {5}, 0);
+  expect_vec_near(pooling_backward(p, xs, x, {1}), {0, 0, 0, 0, 1, 0, 0, 0, 0}, 0);
+}
+
+TEST(ReferenceInnerProduct, KnownAnswers) {
+  const Shape xs{1, 2, 1, 1};
+  const Vec w = {1, 1, 2, -1};  // {out = 2, in = 2}
+  expect_vec_near(inner_product_forward(xs, {1, 2}, 2, w, {0.5f, 0}), {3.5, 0}, 0);
+  expect_vec_near(inner_product_backward_data(xs, 2, {1, 10}, w), {21, -9}, 0);
+  Vec dbias;
+  expect_vec_near(inner_product_backward_weights(xs, 2, {1, 2}, {1, 10}, &dbias), {1, 2, 10, 20},
+                  0);
+  expect_vec_near(dbias, {1, 10}, 0);
+}
+
+TEST(ReferenceInnerProduct, FlattensSpatialInputInNchwOrder) {
+  // x is {n = 1, c = 2, h = 1, w = 2}: the flat input is c-major.
+  const Shape xs{1, 2, 1, 2};
+  expect_vec_near(inner_product_forward(xs, {1, 2, 3, 4}, 1, {1, 10, 100, 1000}, {}), {4321}, 0);
+}
+
+TEST(ReferenceBatchNorm, NormalisesWithBiasedVariance) {
+  const Shape s{2, 1, 1, 2};
+  const BatchNormForward bn = batch_norm_forward_training(s, {1, 3, 5, 7}, {2}, {1}, 0.0f);
+  expect_vec_near(bn.mean, {4}, 0);
+  expect_vec_near(bn.var, {5}, 1e-6);  // (9 + 1 + 1 + 9) / 4, not / 3
+  const double inv = 1.0 / std::sqrt(5.0);
+  expect_vec_near(bn.y, {1 - 6 * inv, 1 - 2 * inv, 1 + 2 * inv, 1 + 6 * inv}, 1e-6);
+  // Inference with the same statistics computes the same y.
+  expect_vec_near(batch_norm_forward_inference(s, {1, 3, 5, 7}, {2}, {1}, bn.mean, bn.var, 0.0f),
+                  {1 - 6 * inv, 1 - 2 * inv, 1 + 2 * inv, 1 + 6 * inv}, 1e-6);
+}
+
+TEST(ReferenceBatchNorm, StatisticsArePerChannel) {
+  // n = 2, c = 2, 1x1: channel 0 holds {1, 3}, channel 1 holds {10, 30}.
+  const BatchNormForward bn =
+      batch_norm_forward_training({2, 2, 1, 1}, {1, 10, 3, 30}, {1, 1}, {0, 0}, 0.0f);
+  expect_vec_near(bn.mean, {2, 20}, 0);
+  expect_vec_near(bn.var, {1, 100}, 1e-5);
+  expect_vec_near(bn.y, {-1, -1, 1, 1}, 1e-6);
+}
+
+TEST(ReferenceBatchNorm, ConstantGradientOnlyReachesBeta) {
+  // dy = 1 everywhere: the normalised output has zero mean, so dx = 0 and
+  // dgamma = sum(xhat) = 0.
+  const Shape s{2, 1, 1, 2};
+  const Vec x = {1, 3, 5, 7};
+  const BatchNormForward bn = batch_norm_forward_training(s, x, {2}, {1}, 1e-5f);
+  const BatchNormBackward back =
+      batch_norm_backward(s, x, {1, 1, 1, 1}, {2}, bn.mean, bn.var, 1e-5f);
+  expect_vec_near(back.dx, {0, 0, 0, 0}, 1e-6);
+  expect_vec_near(back.dgamma, {0}, 1e-6);
+  expect_vec_near(back.dbeta, {4}, 0);
+}
+
+TEST(ReferenceAdd, AddsElementwise) {
+  expect_vec_near(add({1, 2, 3}, {10, 20, 30}), {11, 22, 33}, 0);
+  EXPECT_THROW(add({1, 2}, {1}), std::invalid_argument);
+}
+
+TEST(ReferenceConcat, InterleavesChannelsPerSample) {
+  const std::vector<Shape> shapes = {{2, 1, 1, 1}, {2, 2, 1, 1}};
+  const Vec y = concat(shapes, {{1, 2}, {10, 11, 20, 21}});
+  expect_vec_near(y, {1, 10, 11, 2, 20, 21}, 0);
+  const std::vector<Vec> dxs = concat_backward(shapes, y);
+  ASSERT_EQ(dxs.size(), 2u);
+  expect_vec_near(dxs[0], {1, 2}, 0);
+  expect_vec_near(dxs[1], {10, 11, 20, 21}, 0);
+  EXPECT_THROW(concat({{2, 1, 1, 1}, {2, 1, 2, 1}}, {{1, 2}, {1, 2, 3, 4}}), std::invalid_argument);
+}
+
+TEST(ReferenceSoftmaxXent, KnownAnswers) {
+  // Equal logits: loss log 2 each; the tie resolves to class 0.
+  SoftmaxXent out = softmax_cross_entropy(2, 2, {0, 0, 0, 0}, {0, 1}, 1.0f);
+  EXPECT_NEAR(out.loss_sum, 2 * std::log(2.0), 1e-12);
+  EXPECT_EQ(out.correct, 1);
+  expect_vec_near(out.dlogits, {-0.5, 0.5, 0.5, -0.5}, 1e-7);
+  // The scale multiplies the gradient only.
+  out = softmax_cross_entropy(1, 2, {0, 0}, {1}, 0.25f);
+  EXPECT_NEAR(out.loss_sum, std::log(2.0), 1e-12);
+  expect_vec_near(out.dlogits, {0.125, -0.125}, 1e-7);
+}
+
+TEST(ReferenceSoftmaxXent, LargeLogitsStayFinite) {
+  const SoftmaxXent out = softmax_cross_entropy(1, 3, {1000, 0, -1000}, {1}, 1.0f);
+  EXPECT_NEAR(out.loss_sum, 1000.0, 1e-9);
+  EXPECT_EQ(out.correct, 0);
+  expect_vec_near(out.dlogits, {1, -1, 0}, 1e-7);
+  EXPECT_THROW(softmax_cross_entropy(1, 3, {0, 0, 0}, {3}, 1.0f), std::invalid_argument);
+}
+
+TEST(ReferenceSgd, TwoStepsWithMomentumAndWeightDecay) {
+  Vec w = {1.0f};
+  Vec v = {0.0f};
+  const SgdStep step{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.1f};
+  sgd_update(w, {0.5f}, v, step);
+  EXPECT_NEAR(v[0], 0.6, 1e-6);   // 0 + 0.5 + 0.1 * 1
+  EXPECT_NEAR(w[0], 0.94, 1e-6);  // 1 - 0.1 * 0.6
+  sgd_update(w, {0.5f}, v, step);
+  EXPECT_NEAR(v[0], 1.134, 1e-6);   // 0.9 * 0.6 + 0.5 + 0.1 * 0.94
+  EXPECT_NEAR(w[0], 0.8266, 1e-6);  // 0.94 - 0.1 * 1.134
+}
+
+// ------------------------------------------------ finite-difference checks
+
+// Convolutions with and without padding and stride, square and not.
+std::vector<ConvProblem> gradient_conv_problems() {
+  return {
+      make_conv({2, 3, 5, 5}, 4, 3, 3, 1, 1, 1, 1),
+      make_conv({1, 2, 6, 5}, 3, 3, 2, 0, 1, 2, 1),
+      make_conv({2, 2, 7, 7}, 2, 3, 3, 1, 1, 2, 2),
+      make_conv({1, 1, 6, 6}, 2, 5, 5, 2, 2, 1, 1),
+  };
+}
+
+TEST(ReferenceGradient, ConvData) {
+  std::mt19937 rng(1);
+  for (const ConvProblem& p : gradient_conv_problems()) {
+    SCOPED_TRACE(p.str());
+    const Vec x = random_vec(rng, p.x.shape.elements());
+    const Vec w = random_vec(rng, p.weight_shape().elements());
+    const Vec r = random_vec(rng, p.y.shape.elements());
+    expect_gradient(
+        "dx", [&](const Vec& xv) { return weighted_sum(conv_forward(p, xv, w, {}), r); }, x,
+        conv_backward_data(p, r, w), 1e-2f, 1e-3);
+  }
+}
+
+TEST(ReferenceGradient, ConvFilterAndBias) {
+  std::mt19937 rng(2);
+  for (const ConvProblem& p : gradient_conv_problems()) {
+    SCOPED_TRACE(p.str());
+    const Vec x = random_vec(rng, p.x.shape.elements());
+    const Vec w = random_vec(rng, p.weight_shape().elements());
+    const Vec b = random_vec(rng, p.k);
+    const Vec r = random_vec(rng, p.y.shape.elements());
+    Vec dbias;
+    const Vec dw = conv_backward_filter(p, x, r, &dbias);
+    expect_gradient(
+        "dw", [&](const Vec& wv) { return weighted_sum(conv_forward(p, x, wv, b), r); }, w, dw,
+        1e-2f, 1e-3);
+    expect_gradient(
+        "dbias", [&](const Vec& bv) { return weighted_sum(conv_forward(p, x, w, bv), r); }, b,
+        dbias, 1e-2f, 1e-3);
+  }
+}
+
+TEST(ReferenceGradient, Relu) {
+  std::mt19937 rng(3);
+  const Vec x = random_away_from_zero(rng, 64, 0.05f);
+  const Vec r = random_vec(rng, 64);
+  expect_gradient(
+      "dx", [&](const Vec& xv) { return weighted_sum(relu_forward(xv), r); }, x,
+      relu_backward(relu_forward(x), r), 1e-2f, 1e-3);
+}
+
+TEST(ReferenceGradient, Pooling) {
+  std::mt19937 rng(4);
+  const PoolParams k2s2{.kind = PoolKind::kMax, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2};
+  const PoolParams k3s2p1{.kind = PoolKind::kMax,
+                          .kh = 3,
+                          .kw = 3,
+                          .stride_h = 2,
+                          .stride_w = 2,
+                          .pad_h = 1,
+                          .pad_w = 1};
+  for (PoolKind kind : {PoolKind::kMax, PoolKind::kAverage}) {
+    for (PoolParams p : {k2s2, k3s2p1}) {
+      p.kind = kind;
+      for (const Shape xs : {Shape{2, 2, 4, 4}, Shape{1, 3, 5, 5}, Shape{1, 2, 6, 7}}) {
+        SCOPED_TRACE(std::string(kind == PoolKind::kMax ? "max " : "avg ") + "k" +
+                     std::to_string(p.kh) + " x " + xs.str());
+        const Vec x = random_distinct(rng, xs.elements(), 0.05f);
+        const Shape ys{xs.n, xs.c, worker::window_output(xs.h, p.kh, p.stride_h, p.pad_h),
+                       worker::window_output(xs.w, p.kw, p.stride_w, p.pad_w)};
+        const Vec r = random_vec(rng, ys.elements());
+        expect_gradient(
+            "dx", [&](const Vec& xv) { return weighted_sum(pooling_forward(p, xs, xv), r); }, x,
+            pooling_backward(p, xs, x, r), 1e-2f, 1e-3);
+      }
+    }
+  }
+}
+
+TEST(ReferenceGradient, InnerProduct) {
+  std::mt19937 rng(5);
+  const int64_t out = 5;
+  for (const Shape xs : {Shape{3, 7, 1, 1}, Shape{2, 3, 2, 2}}) {
+    SCOPED_TRACE(xs.str());
+    const Vec x = random_vec(rng, xs.elements());
+    const Vec w = random_vec(rng, out * xs.per_sample());
+    const Vec b = random_vec(rng, out);
+    const Vec r = random_vec(rng, xs.n * out);
+    const auto loss = [&](const Vec& xv, const Vec& wv, const Vec& bv) {
+      return weighted_sum(inner_product_forward(xs, xv, out, wv, bv), r);
+    };
+    expect_gradient(
+        "dx", [&](const Vec& xv) { return loss(xv, w, b); }, x,
+        inner_product_backward_data(xs, out, r, w), 1e-2f, 1e-3);
+    Vec dbias;
+    const Vec dw = inner_product_backward_weights(xs, out, x, r, &dbias);
+    expect_gradient(
+        "dw", [&](const Vec& wv) { return loss(x, wv, b); }, w, dw, 1e-2f, 1e-3);
+    expect_gradient(
+        "dbias", [&](const Vec& bv) { return loss(x, w, bv); }, b, dbias, 1e-2f, 1e-3);
+  }
+}
+
+TEST(ReferenceGradient, BatchNorm) {
+  std::mt19937 rng(6);
+  const float eps = 1e-5f;
+  for (const Shape s : {Shape{4, 3, 1, 1}, Shape{2, 2, 3, 3}}) {
+    SCOPED_TRACE(s.str());
+    // Inputs offset from zero mean with a spread near 1, like real activations.
+    const Vec x = random_vec(rng, s.elements(), -1.0f, 2.0f);
+    const Vec gamma = random_vec(rng, s.c, 0.5f, 1.5f);
+    const Vec beta = random_vec(rng, s.c);
+    const Vec r = random_vec(rng, s.elements());
+    const auto loss = [&](const Vec& xv, const Vec& g, const Vec& b) {
+      return weighted_sum(batch_norm_forward_training(s, xv, g, b, eps).y, r);
+    };
+    const BatchNormForward fwd = batch_norm_forward_training(s, x, gamma, beta, eps);
+    const BatchNormBackward back = batch_norm_backward(s, x, r, gamma, fwd.mean, fwd.var, eps);
+    // The normalisation is not linear: a smaller step keeps the truncation
+    // error of the central difference below the tolerance.
+    expect_gradient(
+        "dx", [&](const Vec& xv) { return loss(xv, gamma, beta); }, x, back.dx, 3e-3f, 1e-2);
+    expect_gradient(
+        "dgamma", [&](const Vec& g) { return loss(x, g, beta); }, gamma, back.dgamma, 1e-2f, 1e-3);
+    expect_gradient(
+        "dbeta", [&](const Vec& b) { return loss(x, gamma, b); }, beta, back.dbeta, 1e-2f, 1e-3);
+  }
+}
+
+TEST(ReferenceGradient, Concat) {
+  std::mt19937 rng(7);
+  const std::vector<Shape> shapes = {{2, 3, 2, 2}, {2, 5, 2, 2}, {2, 1, 2, 2}};
+  std::vector<Vec> xs;
+  for (const Shape& s : shapes) xs.push_back(random_vec(rng, s.elements()));
+  const Vec r = random_vec(rng, 2 * 9 * 2 * 2);
+  const std::vector<Vec> dxs = concat_backward(shapes, r);
+  ASSERT_EQ(dxs.size(), shapes.size());
+  for (size_t t = 0; t < shapes.size(); ++t) {
+    expect_gradient(
+        "dx" + std::to_string(t),
+        [&](const Vec& xv) {
+          std::vector<Vec> inputs = xs;
+          inputs[t] = xv;
+          return weighted_sum(concat(shapes, inputs), r);
+        },
+        xs[t], dxs[t], 1e-2f, 1e-3);
+  }
+}
+
+TEST(ReferenceGradient, SoftmaxCrossEntropy) {
+  std::mt19937 rng(8);
+  const int64_t n = 4;
+  const int64_t classes = 6;
+  const float scale = 1.0f / n;
+  const Vec logits = random_vec(rng, n * classes, -3.0f, 3.0f);
+  const std::vector<int32_t> labels = {0, 5, 2, 2};
+  const SoftmaxXent out = softmax_cross_entropy(n, classes, logits, labels, scale);
+  expect_gradient(
+      "dlogits",
+      [&](const Vec& z) {
+        return scale * softmax_cross_entropy(n, classes, z, labels, 1).loss_sum;
+      },
+      logits, out.dlogits, 1e-2f, 1e-3);
+}
+
+TEST(ReferenceSoftmaxXent, CountsArgMaxHits) {
+  std::mt19937 rng(9);
+  const int64_t n = 16;
+  const int64_t classes = 10;
+  const Vec logits = random_vec(rng, n * classes);
+  std::vector<int32_t> labels(n);
+  int64_t expected_correct = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto row = logits.begin() + i * classes;
+    const int32_t arg_max = static_cast<int32_t>(std::max_element(row, row + classes) - row);
+    // Half the samples are labelled with their arg-max, half with another class.
+    labels[i] = i % 2 == 0 ? arg_max : (arg_max + 1) % classes;
+    if (i % 2 == 0) ++expected_correct;
+  }
+  EXPECT_EQ(softmax_cross_entropy(n, classes, logits, labels, 1.0f).correct, expected_correct);
+}
+
+}  // namespace
+}  // namespace vtrain::reference

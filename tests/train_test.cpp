@@ -1,0 +1,183 @@
+// End-to-end tests: training through the library, and the `vtrain`
+// executable run the way users run it (exit codes, messages, metrics file).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <string>
+
+#include "configs/config.h"
+#include "worker/backend.h"
+#include "worker/data.h"
+#include "worker/graph.h"
+#include "worker/trainer.h"
+
+namespace vtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string source_dir() {
+  const char* dir = std::getenv("VTRAIN_SOURCE_DIR");
+  return dir ? dir : fs::path(__FILE__).parent_path().parent_path().string();
+}
+
+std::string binary() {
+  const char* bin = std::getenv("VTRAIN_BINARY");
+  return bin ? bin : (fs::path(source_dir()) / "build" / "vtrain").string();
+}
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+RunResult run_vtrain(const std::string& args) {
+  const std::string cmd = binary() + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return {};
+  RunResult r;
+  char buf[4096];
+  while (size_t got = std::fread(buf, 1, sizeof buf, pipe)) r.output.append(buf, got);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("vtrain_train_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name, const std::string& content = "") const {
+    const fs::path p = path_ / name;
+    if (!content.empty()) std::ofstream(p) << content;
+    return p.string();
+  }
+
+ private:
+  fs::path path_;
+  static inline int counter_ = 0;
+};
+
+double mean(const std::vector<double>& v, size_t first, size_t count) {
+  return std::accumulate(v.begin() + first, v.begin() + first + count, 0.0) / count;
+}
+
+TEST(Train, LossFallsOnSyntheticData) {
+  const worker::Dataset all = worker::make_synthetic({1, 1, 16, 16}, 4, 768, 3);
+  worker::Dataset train = all;
+  const worker::Graph graph = worker::Graph::build(
+      worker::preset_layers("lenet", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
+  auto backend = worker::make_backend({.kind = "cpu"});
+  worker::TrainerOptions options;
+  options.batch = 32;
+  options.epochs = 2;
+  options.schedule.base_lr = 0.05;
+  options.momentum = 0.9f;
+  options.evaluate = false;
+  options.progress = worker::Progress::Mode::kOff;
+  const worker::TrainResult r =
+      worker::train(graph, *backend, train, worker::Dataset{}, worker::channel_stats(train), options);
+  ASSERT_EQ(r.steps, 48);
+  const double first = mean(r.step_losses, 0, 8);
+  const double last = mean(r.step_losses, r.step_losses.size() - 8, 8);
+  EXPECT_LT(last, 0.5 * first) << "loss did not fall: first " << first << ", last " << last;
+  EXPECT_GT(r.peak_device_bytes, 0u);
+}
+
+TEST(Cli, HelpAndVersion) {
+  RunResult r = run_vtrain("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("vtrain train CONFIG"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Exit codes"), std::string::npos);
+  r = run_vtrain("train --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--metrics FILE"), std::string::npos) << r.output;
+  r = run_vtrain("check --help");
+  EXPECT_EQ(r.exit_code, 0);
+  r = run_vtrain("--version");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("vtrain "), std::string::npos);
+}
+
+TEST(Cli, UsageErrorsExitWithTwo) {
+  RunResult r = run_vtrain("");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = run_vtrain("train");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("needs a CONFIG"), std::string::npos) << r.output;
+  r = run_vtrain("train x.yaml --frobnicate");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("unknown option '--frobnicate'"), std::string::npos) << r.output;
+  r = run_vtrain("train x.yaml --set novalue");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("key.path=value"), std::string::npos) << r.output;
+}
+
+TEST(Cli, ConfigErrorNamesFileLineAndKey) {
+  TempDir dir;
+  const std::string cfg = dir.file("bad.yaml",
+                                   "model:\n  preset: lenet\ndata:\n  kind: synthetic\ntrain:\n"
+                                   "  batch: -3\n");
+  const RunResult r = run_vtrain(cfg);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(cfg + ":6: train.batch"), std::string::npos) << r.output;
+}
+
+TEST(Cli, MissingDataFileIsARuntimeErrorNamingIt) {
+  TempDir dir;
+  const std::string cfg = dir.file(
+      "missing.yaml",
+      "model: {preset: lenet}\ndata:\n  kind: idx\n  train_images: nope-images.gz\n"
+      "  train_labels: nope-labels.gz\n  test_images: nope-images.gz\n"
+      "  test_labels: nope-labels.gz\n");
+  const RunResult r = run_vtrain(cfg);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("nope-images.gz"), std::string::npos) << r.output;
+}
+
+TEST(Cli, TrainsSyntheticAndWritesMetrics) {
+  TempDir dir;
+  const std::string metrics = dir.file("m.jsonl");
+  const RunResult r = run_vtrain(source_dir() + "/configs/synthetic-lenet.yaml --set train.epochs=1 "
+                                 "--progress line --metrics " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("test loss"), std::string::npos) << r.output;
+  std::ifstream in(metrics);
+  std::string line, last;
+  int steps = 0, epochs = 0;
+  while (std::getline(in, line)) {
+    steps += line.find("\"event\": \"step\"") != std::string::npos;
+    epochs += line.find("\"event\": \"epoch\"") != std::string::npos;
+    last = line;
+  }
+  EXPECT_GT(steps, 0);
+  EXPECT_EQ(epochs, 1);
+  ASSERT_NE(last.find("\"event\": \"end\""), std::string::npos) << last;
+  for (const char* key : {"\"test_accuracy\": ", "\"images_per_second\": ", "\"peak_device_bytes\": "}) {
+    const size_t at = last.find(key);
+    ASSERT_NE(at, std::string::npos) << key << " missing in " << last;
+    const double value = std::atof(last.c_str() + at + std::strlen(key));
+    EXPECT_GT(value, 0.0) << key;
+    if (std::string(key).find("accuracy") != std::string::npos) EXPECT_LE(value, 1.0);
+  }
+}
+
+TEST(Cli, CheckPrintsTheModel) {
+  const RunResult r = run_vtrain("check " + source_dir() + "/configs/custom-dag.yaml");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("parameters"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace vtrain

@@ -1,0 +1,61 @@
+// Progress output and the JSON-lines metrics file.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace vtrain::worker {
+
+// One JSON object: keys in insertion order, numbers or strings.
+class JsonRecord {
+ public:
+  JsonRecord& add(const std::string& key, const std::string& value);
+  JsonRecord& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
+  JsonRecord& add(const std::string& key, double value);
+  JsonRecord& add(const std::string& key, int64_t value);
+  JsonRecord& add(const std::string& key, int value) { return add(key, static_cast<int64_t>(value)); }
+  std::string str() const;
+
+ private:
+  std::vector<std::pair<std::string, std::string>> fields_;  // value already JSON-encoded
+};
+
+// Appends records to a JSON-lines file, one flushed line per record, so a
+// reader (or a crash) never sees half a record.
+class MetricsFile {
+ public:
+  MetricsFile() = default;
+  // Creates or truncates `path`; throws std::runtime_error naming it.
+  explicit MetricsFile(const std::string& path);
+  bool enabled() const { return out_.is_open(); }
+  void write(const JsonRecord& record);
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+// Step progress: a live line rewritten in place on a terminal, or plain log
+// lines every `every` steps otherwise.
+class Progress {
+ public:
+  enum class Mode { kLive, kLines, kOff };
+  // "auto" picks kLive when stdout is a terminal.
+  static Mode parse_mode(const std::string& mode);
+  explicit Progress(Mode mode, FILE* out = stdout) : mode_(mode), out_(out) {}
+  // A step line ("epoch 1/10 step 120/937 loss 0.512 acc 0.83 1234 img/s").
+  void step(const std::string& line, bool log_point);
+  // A line that must stay on screen (epoch summaries); ends a live line first.
+  void line(const std::string& text);
+
+ private:
+  Mode mode_;
+  FILE* out_;
+  bool live_open_ = false;
+};
+
+}  // namespace vtrain::worker

@@ -1,0 +1,557 @@
+#include "worker/network.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace vtrain::worker {
+namespace {
+
+// splitmix64: a small, portable generator, so initial weights are identical
+// on every platform and rank.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-bound, bound).
+  float uniform(float bound) {
+    const double u = static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0);
+    return static_cast<float>((2.0 * u - 1.0) * bound);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+Tensor view(const TensorDesc& max_desc, float* data, int64_t n) {
+  Tensor t{max_desc, data};
+  t.desc.shape.n = n;
+  return t;
+}
+
+}  // namespace
+
+// What a layer sees during one forward or backward call.
+struct StepContext {
+  Backend& backend;
+  int64_t n;
+  std::vector<Tensor> in;   // input activations
+  Tensor out;               // output activation
+  Tensor dout;              // gradient of the output (backward)
+  void* workspace;
+  size_t workspace_bytes;
+  // Writes the gradient of input i through `op(dst, beta)`. Ops that can
+  // accumulate get beta = 1 when the gradient already holds a value from
+  // another consumer; the others write a scratch tensor that is added.
+  std::function<void(int, bool, const std::function<void(const Tensor&, float)>&)> emit_grad;
+  std::function<bool(int)> needs_grad;
+  std::function<Tensor(const Tensor&)> scratch_like;  // a scratch tensor with like's descriptor
+  std::function<void()> gradients_ready;  // the layer's parameter gradients are final
+};
+
+struct Network::Layer {
+  explicit Layer(const LayerSpec& s) : spec(s) {}
+  virtual ~Layer() = default;
+  virtual int64_t param_count() const { return 0; }
+  virtual int64_t buffer_count() const { return 0; }
+  virtual void bind(float* params, float* grads, float* buffers) {}
+  virtual void init(Rng& rng, Backend& backend) {}
+  virtual size_t state_bytes() { return 0; }     // device memory kept from forward to backward
+  virtual void bind_state(void* state) {}
+  virtual size_t workspace_bytes() { return 0; }  // shared workspace at max batch
+  virtual void forward(StepContext& ctx, bool training) = 0;
+  virtual void backward(StepContext& ctx) = 0;
+  virtual std::string algorithms(Backend& backend) const { return ""; }
+
+  LayerSpec spec;
+  float* params = nullptr;
+  float* grads = nullptr;
+};
+
+namespace {
+
+using Layer = Network::Layer;
+
+void upload_floats(Backend& backend, const std::vector<float>& host, float* device) {
+  if (host.empty()) return;
+  backend.upload(host.data(), Tensor{{{static_cast<int64_t>(host.size()), 1, 1, 1}}, device});
+}
+
+std::vector<float> download_floats(Backend& backend, const float* device, int64_t count) {
+  std::vector<float> host(static_cast<size_t>(count));
+  if (count > 0) {
+    backend.download(Tensor{{{count, 1, 1, 1}}, const_cast<float*>(device)}, host.data());
+  }
+  return host;
+}
+
+class InputLayer final : public Layer {
+ public:
+  using Layer::Layer;
+  void forward(StepContext&, bool) override {}
+  void backward(StepContext&) override {}
+};
+
+class ConvLayer final : public Layer {
+ public:
+  ConvLayer(const LayerSpec& s, Backend& backend, const TensorDesc& x, const TensorDesc& y,
+            const std::string& algorithm)
+      : Layer(s) {
+    problem_.x = x;
+    problem_.y = y;
+    problem_.k = s.out;
+    problem_.r = s.kernel_h;
+    problem_.s = s.kernel_w;
+    problem_.pad_h = s.pad_h;
+    problem_.pad_w = s.pad_w;
+    problem_.stride_h = s.stride_h;
+    problem_.stride_w = s.stride_w;
+    for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
+      const auto algos = backend.conv_algorithms(kind, problem_, accumulate(kind));
+      if (algos.empty()) {
+        throw std::runtime_error("layer '" + s.name + "': no " + conv_kind_name(kind) +
+                                 " convolution algorithm for " + problem_.str());
+      }
+      const std::string want = algorithm == "auto" ? "direct" : algorithm;
+      auto it = std::find_if(algos.begin(), algos.end(),
+                             [&](const ConvAlgoInfo& a) { return a.name == want; });
+      const ConvAlgoInfo& chosen = it != algos.end() ? *it : algos.front();
+      algo_[static_cast<int>(kind)] = chosen.algo;
+      workspace_ = std::max(workspace_, chosen.workspace_bytes);
+    }
+  }
+  int64_t param_count() const override {
+    return problem_.weight_shape().elements() + (spec.bias ? spec.out : 0);
+  }
+  void bind(float* p, float* g, float*) override {
+    params = p;
+    grads = g;
+  }
+  void init(Rng& rng, Backend& backend) override {
+    const Shape w = problem_.weight_shape();
+    const float bound = 1.0f / std::sqrt(static_cast<float>(w.per_sample()));
+    std::vector<float> host(static_cast<size_t>(param_count()));
+    for (float& v : host) v = rng.uniform(bound);
+    upload_floats(backend, host, params);
+  }
+  size_t workspace_bytes() override { return workspace_; }
+  void forward(StepContext& ctx, bool) override {
+    ctx.backend.conv_forward(algo(ConvKind::kForward), problem_.with_batch(ctx.n), ctx.in[0],
+                             params, bias(params), ctx.out, 0.0f, ctx.workspace,
+                             ctx.workspace_bytes);
+  }
+  void backward(StepContext& ctx) override {
+    const ConvProblem p = problem_.with_batch(ctx.n);
+    ctx.backend.conv_backward_filter(algo(ConvKind::kBackwardFilter), p, ctx.in[0], ctx.dout,
+                                     grads, bias(grads), 0.0f, ctx.workspace,
+                                     ctx.workspace_bytes);
+    ctx.gradients_ready();
+    ctx.emit_grad(0, true, [&](const Tensor& dx, float beta) {
+      ctx.backend.conv_backward_data(algo(ConvKind::kBackwardData), p, ctx.dout, params, dx,
+                                     beta, ctx.workspace, ctx.workspace_bytes);
+    });
+  }
+  std::string algorithms(Backend& backend) const override {
+    std::string out;
+    for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
+      if (!out.empty()) out += " ";
+      out += std::string(conv_kind_name(kind)) + "=" + backend.conv_algorithm_name(kind, algo(kind));
+    }
+    return out;
+  }
+
+ private:
+  // Backward-data may have to add into a gradient another consumer wrote.
+  static bool accumulate(ConvKind kind) { return kind == ConvKind::kBackwardData; }
+  ConvAlgo algo(ConvKind kind) const { return algo_[static_cast<int>(kind)]; }
+  float* bias(float* base) const {
+    return spec.bias ? base + problem_.weight_shape().elements() : nullptr;
+  }
+
+  ConvProblem problem_;
+  ConvAlgo algo_[3] = {0, 0, 0};
+  size_t workspace_ = 0;
+};
+
+class ReluLayer final : public Layer {
+ public:
+  using Layer::Layer;
+  void forward(StepContext& ctx, bool) override { ctx.backend.relu_forward(ctx.in[0], ctx.out); }
+  void backward(StepContext& ctx) override {
+    ctx.emit_grad(0, false, [&](const Tensor& dx, float) {
+      ctx.backend.relu_backward(ctx.out, ctx.dout, dx);
+    });
+  }
+};
+
+class PoolLayer final : public Layer {
+ public:
+  PoolLayer(const LayerSpec& s, const TensorDesc& x, const TensorDesc& y) : Layer(s), x_(x), y_(y) {
+    params_.kind = s.pool;
+    if (s.global) {
+      params_.kh = x.shape.h;
+      params_.kw = x.shape.w;
+      params_.stride_h = params_.stride_w = 1;
+      params_.pad_h = params_.pad_w = 0;
+    } else {
+      params_.kh = s.kernel_h;
+      params_.kw = s.kernel_w;
+      params_.stride_h = s.stride_h;
+      params_.stride_w = s.stride_w;
+      params_.pad_h = s.pad_h;
+      params_.pad_w = s.pad_w;
+    }
+  }
+  size_t state_bytes() override { return state_bytes_; }
+  void measure_state(Backend& backend) { state_bytes_ = backend.pooling_state_bytes(params_, x_, y_); }
+  void bind_state(void* state) override { state_ = state; }
+  void forward(StepContext& ctx, bool) override {
+    ctx.backend.pooling_forward(params_, ctx.in[0], ctx.out, state_);
+  }
+  void backward(StepContext& ctx) override {
+    ctx.emit_grad(0, false, [&](const Tensor& dx, float) {
+      ctx.backend.pooling_backward(params_, ctx.in[0], ctx.out, ctx.dout, dx, state_);
+    });
+  }
+
+ private:
+  PoolParams params_;
+  TensorDesc x_, y_;
+  size_t state_bytes_ = 0;
+  void* state_ = nullptr;
+};
+
+class FcLayer final : public Layer {
+ public:
+  FcLayer(const LayerSpec& s, const Shape& x) : Layer(s), in_(x.per_sample()) {}
+  int64_t param_count() const override { return spec.out * in_ + (spec.bias ? spec.out : 0); }
+  void bind(float* p, float* g, float*) override {
+    params = p;
+    grads = g;
+  }
+  void init(Rng& rng, Backend& backend) override {
+    const float bound = 1.0f / std::sqrt(static_cast<float>(in_));
+    std::vector<float> host(static_cast<size_t>(param_count()));
+    for (float& v : host) v = rng.uniform(bound);
+    upload_floats(backend, host, params);
+  }
+  void forward(StepContext& ctx, bool) override {
+    ctx.backend.inner_product_forward(ctx.in[0], params, bias(params), ctx.out);
+  }
+  void backward(StepContext& ctx) override {
+    ctx.backend.inner_product_backward_weights(ctx.in[0], ctx.dout, grads, bias(grads), 0.0f);
+    ctx.gradients_ready();
+    ctx.emit_grad(0, false, [&](const Tensor& dx, float) {
+      ctx.backend.inner_product_backward_data(ctx.dout, params, dx);
+    });
+  }
+
+ private:
+  float* bias(float* base) const { return spec.bias ? base + spec.out * in_ : nullptr; }
+  int64_t in_;
+};
+
+class BatchNormLayer final : public Layer {
+ public:
+  BatchNormLayer(const LayerSpec& s, int64_t channels) : Layer(s), c_(channels) {}
+  int64_t param_count() const override { return 2 * c_; }   // gamma, beta
+  int64_t buffer_count() const override { return 2 * c_; }  // running mean, running var
+  void bind(float* p, float* g, float* b) override {
+    params = p;
+    grads = g;
+    running_ = b;
+  }
+  size_t state_bytes() override { return 2 * c_ * sizeof(float); }  // batch mean, var
+  void bind_state(void* state) override { saved_ = static_cast<float*>(state); }
+  void init(Rng&, Backend& backend) override {
+    std::vector<float> ss(2 * c_, 0.0f), running(2 * c_, 0.0f);
+    std::fill(ss.begin(), ss.begin() + c_, 1.0f);
+    std::fill(running.begin() + c_, running.end(), 1.0f);
+    upload_floats(backend, ss, params);
+    upload_floats(backend, running, running_);
+  }
+  void forward(StepContext& ctx, bool training) override {
+    if (training) {
+      ctx.backend.batch_norm_forward_training(ctx.in[0], ctx.out, params, saved_, saved_ + c_,
+                                              running_, running_ + c_, spec.bn_momentum,
+                                              spec.bn_eps);
+    } else {
+      ctx.backend.batch_norm_forward_inference(ctx.in[0], ctx.out, params, running_,
+                                               running_ + c_, spec.bn_eps);
+    }
+  }
+  void backward(StepContext& ctx) override {
+    auto op = [&](const Tensor& dx, float) {
+      ctx.backend.batch_norm_backward(ctx.in[0], ctx.dout, params, saved_, saved_ + c_, dx, grads,
+                                      0.0f, spec.bn_eps);
+    };
+    // gamma and beta need gradients even where the input does not, and
+    // batch norm has no weights-only backward: then dx goes to scratch.
+    if (ctx.needs_grad(0)) {
+      ctx.emit_grad(0, false, op);
+    } else {
+      op(ctx.scratch_like(ctx.in[0]), 0.0f);
+    }
+    ctx.gradients_ready();
+  }
+
+ private:
+  int64_t c_;
+  float* running_ = nullptr;
+  float* saved_ = nullptr;
+};
+
+class AddLayer final : public Layer {
+ public:
+  using Layer::Layer;
+  void forward(StepContext& ctx, bool) override {
+    ctx.backend.add(ctx.in[0], ctx.in[1], ctx.out);
+    for (size_t i = 2; i < ctx.in.size(); ++i) ctx.backend.add(ctx.out, ctx.in[i], ctx.out);
+  }
+  void backward(StepContext& ctx) override {
+    for (int i = 0; i < static_cast<int>(ctx.in.size()); ++i) {
+      ctx.emit_grad(i, true, [&](const Tensor& dx, float beta) {
+        ctx.backend.accumulate(ctx.dout, dx, beta);
+      });
+    }
+  }
+};
+
+class ConcatLayer final : public Layer {
+ public:
+  using Layer::Layer;
+  void forward(StepContext& ctx, bool) override { ctx.backend.concat_forward(ctx.in, ctx.out); }
+  void backward(StepContext& ctx) override {
+    int64_t offset = 0;
+    for (int i = 0; i < static_cast<int>(ctx.in.size()); ++i) {
+      ctx.emit_grad(i, true, [&](const Tensor& dx, float beta) {
+        ctx.backend.concat_backward(ctx.dout, offset, dx, beta);
+      });
+      offset += ctx.in[i].shape().c;
+    }
+  }
+};
+
+}  // namespace
+
+// --------------------------------------------------------------- Network
+
+Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& options)
+    : graph_(graph), backend_(backend), options_(options) {
+  if (options.max_batch < 1) throw std::invalid_argument("Network: max_batch must be >= 1");
+  const int count = graph.size();
+  out_desc_.resize(count);
+  for (int i = 0; i < count; ++i) {
+    const LayerSpec& spec = graph.layer(i);
+    Shape shape = graph.output_shape(i);
+    shape.n = options.max_batch;
+    Layout layout = Layout::kPlain;
+    const std::vector<int>& in = graph.inputs(i);
+    switch (spec.type) {
+      case LayerType::kInput:
+      case LayerType::kFc: layout = Layout::kPlain; break;
+      // Element-wise layers keep their input's layout: no reorder between them.
+      case LayerType::kRelu:
+      case LayerType::kBatchNorm:
+      case LayerType::kPool: layout = out_desc_[in[0]].layout; break;
+      case LayerType::kConv:
+      case LayerType::kAdd:
+      case LayerType::kConcat: layout = backend.preferred_layout(shape.c); break;
+    }
+    out_desc_[i] = {shape, layout};
+  }
+
+  // Operators.
+  for (int i = 0; i < count; ++i) {
+    const LayerSpec& spec = graph.layer(i);
+    const std::vector<int>& in = graph.inputs(i);
+    const TensorDesc* x = in.empty() ? nullptr : &out_desc_[in[0]];
+    std::unique_ptr<Layer> layer;
+    try {
+      switch (spec.type) {
+        case LayerType::kInput: layer = std::make_unique<InputLayer>(spec); break;
+        case LayerType::kConv:
+          layer = std::make_unique<ConvLayer>(spec, backend, *x, out_desc_[i],
+                                              options.conv_algorithm);
+          break;
+        case LayerType::kRelu: layer = std::make_unique<ReluLayer>(spec); break;
+        case LayerType::kPool: {
+          auto pool = std::make_unique<PoolLayer>(spec, *x, out_desc_[i]);
+          pool->measure_state(backend);
+          layer = std::move(pool);
+          break;
+        }
+        case LayerType::kFc: layer = std::make_unique<FcLayer>(spec, x->shape); break;
+        case LayerType::kBatchNorm:
+          layer = std::make_unique<BatchNormLayer>(spec, x->shape.c);
+          break;
+        case LayerType::kAdd: layer = std::make_unique<AddLayer>(spec); break;
+        case LayerType::kConcat: layer = std::make_unique<ConcatLayer>(spec); break;
+      }
+    } catch (const BackendError& e) {
+      throw BackendError("layer '" + spec.name + "': " + e.what());
+    }
+    layers_.push_back(std::move(layer));
+  }
+
+  // Storage: one allocation per tensor, made once (the baseline policy).
+  auto alloc = [&](size_t bytes) {
+    void* p = backend.allocate_device(bytes);
+    allocations_.push_back(p);
+    return p;
+  };
+  try {
+    size_t largest = 0;
+    out_.assign(count, nullptr);
+    grad_.assign(count, nullptr);
+    for (int i = 0; i < count; ++i) {
+      out_[i] = static_cast<float*>(alloc(out_desc_[i].bytes()));
+      if (i != graph.input_index()) {
+        grad_[i] = static_cast<float*>(alloc(out_desc_[i].bytes()));
+      }
+      largest = std::max(largest, out_desc_[i].bytes());
+      if (size_t state = layers_[i]->state_bytes()) layers_[i]->bind_state(alloc(state));
+      workspace_bytes_ = std::max(workspace_bytes_, layers_[i]->workspace_bytes());
+    }
+    scratch_grad_ = static_cast<float*>(alloc(largest));
+    labels_ = static_cast<int32_t*>(alloc(options.max_batch * sizeof(int32_t)));
+    for (int i = 0; i < count; ++i) {
+      if (const int64_t c = layers_[i]->param_count()) {
+        param_ranges_.push_back({i, param_count_, c});
+        param_count_ += c;
+      }
+      buffer_count_ += layers_[i]->buffer_count();
+    }
+    params_ = static_cast<float*>(alloc(std::max<int64_t>(param_count_, 1) * sizeof(float)));
+    grads_ = static_cast<float*>(alloc(std::max<int64_t>(param_count_, 1) * sizeof(float)));
+    buffers_ = static_cast<float*>(alloc(std::max<int64_t>(buffer_count_, 1) * sizeof(float)));
+    if (workspace_bytes_ > 0) workspace_ = alloc(workspace_bytes_);
+  } catch (...) {
+    for (void* p : allocations_) backend.free_device(p);
+    throw;
+  }
+  int64_t p = 0, b = 0;
+  for (int i = 0; i < count; ++i) {
+    layers_[i]->bind(params_ + p, grads_ + p, buffers_ + b);
+    p += layers_[i]->param_count();
+    b += layers_[i]->buffer_count();
+  }
+  grad_written_.assign(count, false);
+}
+
+Network::~Network() {
+  for (void* p : allocations_) backend_.free_device(p);
+}
+
+void Network::init_parameters(uint64_t seed) {
+  Rng rng(seed);
+  for (auto& layer : layers_) layer->init(rng, backend_);
+}
+
+Tensor Network::input(int64_t n) const {
+  return view(out_desc_[graph_.input_index()], out_[graph_.input_index()], n);
+}
+
+void Network::forward(int64_t n, bool training) {
+  if (n < 1 || n > options_.max_batch) {
+    throw std::invalid_argument("Network: batch " + std::to_string(n) + " outside [1, " +
+                                std::to_string(options_.max_batch) + "]");
+  }
+  for (int i = 0; i < graph_.size(); ++i) {
+    StepContext ctx{backend_, n, {}, view(out_desc_[i], out_[i], n), {}, workspace_,
+                    workspace_bytes_, {}, {}, {}, {}};
+    for (int in : graph_.inputs(i)) ctx.in.push_back(view(out_desc_[in], out_[in], n));
+    layers_[i]->forward(ctx, training);
+  }
+}
+
+void Network::backward(int64_t n) {
+  std::fill(grad_written_.begin(), grad_written_.end(), false);
+  grad_written_[graph_.sink_index()] = true;  // written by the loss
+  for (int i = graph_.size() - 1; i > graph_.input_index(); --i) {
+    const std::vector<int>& inputs = graph_.inputs(i);
+    StepContext ctx{backend_, n, {}, view(out_desc_[i], out_[i], n),
+                    view(out_desc_[i], grad_[i], n), workspace_, workspace_bytes_,
+                    {}, {}, {}, {}};
+    for (int in : inputs) ctx.in.push_back(view(out_desc_[in], out_[in], n));
+    ctx.needs_grad = [&](int k) { return inputs[k] != graph_.input_index(); };
+    ctx.scratch_like = [&](const Tensor& like) { return Tensor{like.desc, scratch_grad_}; };
+    ctx.emit_grad = [&](int k, bool can_accumulate,
+                        const std::function<void(const Tensor&, float)>& op) {
+      const int producer = inputs[k];
+      if (producer == graph_.input_index()) return;  // the data needs no gradient
+      const Tensor dx = view(out_desc_[producer], grad_[producer], n);
+      if (!grad_written_[producer]) {
+        op(dx, 0.0f);
+      } else if (can_accumulate) {
+        op(dx, 1.0f);
+      } else {
+        const Tensor tmp{dx.desc, scratch_grad_};
+        op(tmp, 0.0f);
+        backend_.accumulate(tmp, dx, 1.0f);
+      }
+      grad_written_[producer] = true;
+    };
+    ctx.gradients_ready = [&, i] {
+      if (!on_gradients_ready) return;
+      for (const ParamRange& r : param_ranges_) {
+        if (r.layer == i) on_gradients_ready(r);
+      }
+    };
+    layers_[i]->backward(ctx);
+  }
+}
+
+LossStats Network::train_step(int64_t n, float loss_scale) {
+  forward(n, /*training=*/true);
+  const int sink = graph_.sink_index();
+  const Tensor dlogits = view(out_desc_[sink], grad_[sink], n);
+  const LossStats stats = backend_.softmax_cross_entropy(view(out_desc_[sink], out_[sink], n),
+                                                         labels_, loss_scale, &dlogits);
+  backward(n);
+  return stats;
+}
+
+LossStats Network::evaluate(int64_t n) {
+  forward(n, /*training=*/false);
+  const int sink = graph_.sink_index();
+  return backend_.softmax_cross_entropy(view(out_desc_[sink], out_[sink], n), labels_, 1.0f,
+                                        nullptr);
+}
+
+std::vector<float> Network::download_parameters() const {
+  return download_floats(backend_, params_, param_count_);
+}
+void Network::upload_parameters(const std::vector<float>& values) {
+  if (static_cast<int64_t>(values.size()) != param_count_) {
+    throw std::invalid_argument("upload_parameters: " + std::to_string(values.size()) +
+                                " values for " + std::to_string(param_count_) + " parameters");
+  }
+  upload_floats(backend_, values, params_);
+}
+std::vector<float> Network::download_buffers() const {
+  return download_floats(backend_, buffers_, buffer_count_);
+}
+void Network::upload_buffers(const std::vector<float>& values) {
+  if (static_cast<int64_t>(values.size()) != buffer_count_) {
+    throw std::invalid_argument("upload_buffers: " + std::to_string(values.size()) +
+                                " values for " + std::to_string(buffer_count_) + " buffers");
+  }
+  upload_floats(backend_, values, buffers_);
+}
+
+std::vector<std::string> Network::algorithm_summary() const {
+  std::vector<std::string> lines;
+  for (const auto& layer : layers_) {
+    const std::string a = layer->algorithms(backend_);
+    if (!a.empty()) lines.push_back(layer->spec.name + ": " + a);
+  }
+  return lines;
+}
+
+}  // namespace vtrain::worker

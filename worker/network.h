@@ -1,0 +1,114 @@
+// A network instantiated on a backend: per-layer operators over a Graph,
+// device storage for activations, gradients and parameters, and one
+// training step (forward, softmax cross-entropy, backward).
+//
+// Parameters and their gradients each live in one flat device buffer, laid
+// out layer by layer in graph order, so an optimizer or an allreduce can work
+// on the whole model (or on contiguous per-layer ranges) at once.
+//
+// Storage policy: every activation and gradient is allocated once for the
+// largest batch (the vDNN paper's network-wide baseline); smaller batches use
+// the leading samples. The memory part replaces this policy later.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/backend.h"
+#include "worker/graph.h"
+
+namespace vtrain::worker {
+
+struct NetworkOptions {
+  int64_t max_batch = 64;                  // largest batch a step or evaluation will use
+  std::string conv_algorithm = "auto";     // "auto" (backend default) or an algorithm name,
+                                           // used wherever the backend offers it
+};
+
+// A contiguous range of the flat parameter buffer owned by one layer.
+struct ParamRange {
+  int layer = 0;           // graph index
+  int64_t offset = 0;      // in floats, into parameters() / gradients()
+  int64_t count = 0;
+};
+
+class Network {
+ public:
+  Network(const Graph& graph, Backend& backend, const NetworkOptions& options);
+  ~Network();
+  Network(const Network&) = delete;
+  Network& operator=(const Network&) = delete;
+
+  const Graph& graph() const { return graph_; }
+  Backend& backend() { return backend_; }
+
+  // Kaiming-uniform weights and uniform biases as PyTorch's defaults
+  // (bound 1/sqrt(fan_in)), batch norm gamma = 1, beta = 0, running stats
+  // 0 / 1. Deterministic in the seed.
+  void init_parameters(uint64_t seed);
+
+  // Where the caller writes a batch of n samples (plain NCHW) and labels.
+  Tensor input(int64_t n) const;
+  int32_t* labels() const { return labels_; }
+
+  // One training step on the first n samples of input()/labels(): forward,
+  // loss = scale * sum of per-sample losses, backward. Gradients are
+  // overwritten (not accumulated across steps). on_gradients_ready, if set,
+  // is called during backward once a layer's parameter gradients are final.
+  LossStats train_step(int64_t n, float loss_scale);
+  // Forward in inference mode (batch norm uses running statistics).
+  LossStats evaluate(int64_t n);
+
+  std::function<void(const ParamRange&)> on_gradients_ready;
+
+  // Flat device buffers of parameters and gradients (parameter_count() floats).
+  float* parameters() const { return params_; }
+  float* gradients() const { return grads_; }
+  int64_t parameter_count() const { return param_count_; }
+  const std::vector<ParamRange>& param_ranges() const { return param_ranges_; }
+  // Non-learned state saved with the model (batch-norm running statistics).
+  float* buffers() const { return buffers_; }
+  int64_t buffer_count() const { return buffer_count_; }
+
+  // Host copies (for checkpoints and tests).
+  std::vector<float> download_parameters() const;
+  void upload_parameters(const std::vector<float>& values);
+  std::vector<float> download_buffers() const;
+  void upload_buffers(const std::vector<float>& values);
+
+  // Bytes of the shared convolution workspace.
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  // "conv1: Forward=direct BackwardData=direct BackwardFilter=direct" lines.
+  std::vector<std::string> algorithm_summary() const;
+
+  struct Layer;  // internal operator of one graph node
+
+ private:
+  void forward(int64_t n, bool training);
+  void backward(int64_t n);
+
+  const Graph& graph_;
+  Backend& backend_;
+  NetworkOptions options_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<TensorDesc> out_desc_;  // per layer, at max batch
+  std::vector<float*> out_;           // activations
+  std::vector<float*> grad_;          // gradients of activations (null for the input)
+  std::vector<bool> grad_written_;    // per step: gradient holds a value already
+  float* scratch_grad_ = nullptr;     // for ops that cannot accumulate in place
+  int32_t* labels_ = nullptr;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  float* buffers_ = nullptr;
+  int64_t param_count_ = 0;
+  int64_t buffer_count_ = 0;
+  std::vector<ParamRange> param_ranges_;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::vector<void*> allocations_;
+};
+
+}  // namespace vtrain::worker

@@ -1,0 +1,65 @@
+// Tensor descriptors and views shared by every backend.
+//
+// A Tensor is a non-owning view: a descriptor plus a pointer into device
+// memory that some owner (the network's storage, later the memory part's
+// pool) keeps alive. Shapes are logical NCHW; how the elements are laid out in
+// memory is the descriptor's Layout, which a backend may choose per tensor so
+// that consecutive layers exchange data in the library's preferred format
+// without a reorder at every call.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace vtrain::worker {
+
+// Logical 4-D shape. Fully connected activations use {n, c, 1, 1}.
+struct Shape {
+  int64_t n = 1;  // batch (or output channels for weights)
+  int64_t c = 1;  // channels (or input channels for weights)
+  int64_t h = 1;  // height
+  int64_t w = 1;  // width
+
+  int64_t elements() const { return n * c * h * w; }
+  int64_t per_sample() const { return c * h * w; }
+  bool operator==(const Shape&) const = default;
+  std::string str() const;  // "64x20x12x12"
+};
+
+// Memory layout of a tensor's elements.
+enum class Layout : uint8_t {
+  kPlain,      // row-major NCHW (weights: OIHW); what reference code and files use
+  kBlocked8,   // nChw8c: channels in blocks of 8, padded with zeros (CPU, AVX2)
+  kBlocked16,  // nChw16c: channels in blocks of 16, padded with zeros (CPU, AVX-512)
+};
+
+const char* layout_name(Layout layout);
+
+// Channel block of a layout: 1 for kPlain.
+int64_t channel_block(Layout layout);
+
+struct TensorDesc {
+  Shape shape;
+  Layout layout = Layout::kPlain;
+
+  // Elements in storage, channel padding included.
+  int64_t storage_elements() const;
+  size_t bytes() const { return static_cast<size_t>(storage_elements()) * sizeof(float); }
+  bool operator==(const TensorDesc&) const = default;
+};
+
+// A non-owning float32 view of device memory. Cheap to copy.
+struct Tensor {
+  TensorDesc desc;
+  float* data = nullptr;
+
+  const Shape& shape() const { return desc.shape; }
+  size_t bytes() const { return desc.bytes(); }
+  // Samples [first, first + count) of a tensor whose layout keeps each sample
+  // contiguous (every Layout above does).
+  Tensor samples(int64_t first, int64_t count) const;
+};
+
+}  // namespace vtrain::worker
