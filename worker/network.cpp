@@ -1,6 +1,7 @@
 #include "worker/network.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 
@@ -112,17 +113,69 @@ class ConvLayer final : public Layer {
     problem_.stride_h = s.stride_h;
     problem_.stride_w = s.stride_w;
     for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
-      const auto algos = backend.conv_algorithms(kind, problem_, accumulate(kind));
-      if (algos.empty()) {
+      auto& options = candidates_[static_cast<int>(kind)];
+      options = backend.conv_algorithms(kind, problem_, accumulate(kind));
+      if (options.empty()) {
         throw std::runtime_error("layer '" + s.name + "': no " + conv_kind_name(kind) +
                                  " convolution algorithm for " + problem_.str());
       }
-      const std::string want = algorithm == "auto" ? "direct" : algorithm;
-      auto it = std::find_if(algos.begin(), algos.end(),
-                             [&](const ConvAlgoInfo& a) { return a.name == want; });
-      const ConvAlgoInfo& chosen = it != algos.end() ? *it : algos.front();
-      algo_[static_cast<int>(kind)] = chosen.algo;
-      workspace_ = std::max(workspace_, chosen.workspace_bytes);
+      // A named algorithm applies where the backend offers it; elsewhere,
+      // and for "auto" until tune() has measured, the backend's first one.
+      auto it = std::find_if(options.begin(), options.end(),
+                             [&](const ConvAlgoInfo& a) { return a.name == algorithm; });
+      choose(kind, it != options.end() ? *it : options.front());
+      if (algorithm != "auto") options = {it != options.end() ? *it : options.front()};
+    }
+  }
+  // Workspace that every candidate algorithm fits in (for tuning).
+  size_t candidate_workspace() const {
+    size_t bytes = 0;
+    for (const auto& options : candidates_) {
+      for (const ConvAlgoInfo& a : options) bytes = std::max(bytes, a.workspace_bytes);
+    }
+    return bytes;
+  }
+  // Times every candidate of every kind on the network's own buffers and
+  // keeps the fastest (the cudnnFind approach). `input_is_data`: the
+  // backward-data kernel never runs, so it is not measured.
+  void tune(Backend& backend, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx,
+            void* workspace, size_t workspace_bytes, bool input_is_data) {
+    for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
+      auto& options = candidates_[static_cast<int>(kind)];
+      if (options.size() < 2 || (kind == ConvKind::kBackwardData && input_is_data)) continue;
+      double best = 0;
+      for (const ConvAlgoInfo& a : options) {
+        auto run = [&] {
+          switch (kind) {
+            case ConvKind::kForward:
+              backend.conv_forward(a.algo, problem_, x, params, bias(params), y, 0.0f, workspace,
+                                   workspace_bytes);
+              break;
+            case ConvKind::kBackwardData:
+              backend.conv_backward_data(a.algo, problem_, dy, params, dx, 0.0f, workspace,
+                                         workspace_bytes);
+              break;
+            case ConvKind::kBackwardFilter:
+              backend.conv_backward_filter(a.algo, problem_, x, dy, grads, bias(grads), 0.0f,
+                                           workspace, workspace_bytes);
+              break;
+          }
+          backend.synchronize(StreamKind::kCompute);
+        };
+        run();  // creates the primitive, warms caches
+        double fastest = 0;
+        for (int rep = 0; rep < 2; ++rep) {
+          const auto start = std::chrono::steady_clock::now();
+          run();
+          const double t =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          fastest = rep == 0 ? t : std::min(fastest, t);
+        }
+        if (&a == &options.front() || fastest < best) {
+          best = fastest;
+          choose(kind, a);
+        }
+      }
     }
   }
   int64_t param_count() const override {
@@ -139,7 +192,11 @@ class ConvLayer final : public Layer {
     for (float& v : host) v = rng.uniform(bound);
     upload_floats(backend, host, params);
   }
-  size_t workspace_bytes() override { return workspace_; }
+  size_t workspace_bytes() override {
+    size_t bytes = 0;
+    for (const ConvAlgoInfo& a : chosen_) bytes = std::max(bytes, a.workspace_bytes);
+    return bytes;
+  }
   void forward(StepContext& ctx, bool) override {
     ctx.backend.conv_forward(algo(ConvKind::kForward), problem_.with_batch(ctx.n), ctx.in[0],
                              params, bias(params), ctx.out, 0.0f, ctx.workspace,
@@ -168,14 +225,15 @@ class ConvLayer final : public Layer {
  private:
   // Backward-data may have to add into a gradient another consumer wrote.
   static bool accumulate(ConvKind kind) { return kind == ConvKind::kBackwardData; }
-  ConvAlgo algo(ConvKind kind) const { return algo_[static_cast<int>(kind)]; }
+  ConvAlgo algo(ConvKind kind) const { return chosen_[static_cast<int>(kind)].algo; }
+  void choose(ConvKind kind, const ConvAlgoInfo& a) { chosen_[static_cast<int>(kind)] = a; }
   float* bias(float* base) const {
     return spec.bias ? base + problem_.weight_shape().elements() : nullptr;
   }
 
   ConvProblem problem_;
-  ConvAlgo algo_[3] = {0, 0, 0};
-  size_t workspace_ = 0;
+  std::vector<ConvAlgoInfo> candidates_[3];
+  ConvAlgoInfo chosen_[3];
 };
 
 class ReluLayer final : public Layer {
@@ -416,7 +474,6 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
       }
       largest = std::max(largest, out_desc_[i].bytes());
       if (size_t state = layers_[i]->state_bytes()) layers_[i]->bind_state(alloc(state));
-      workspace_bytes_ = std::max(workspace_bytes_, layers_[i]->workspace_bytes());
     }
     scratch_grad_ = static_cast<float*>(alloc(largest));
     labels_ = static_cast<int32_t*>(alloc(options.max_batch * sizeof(int32_t)));
@@ -430,18 +487,54 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
     params_ = static_cast<float*>(alloc(std::max<int64_t>(param_count_, 1) * sizeof(float)));
     grads_ = static_cast<float*>(alloc(std::max<int64_t>(param_count_, 1) * sizeof(float)));
     buffers_ = static_cast<float*>(alloc(std::max<int64_t>(buffer_count_, 1) * sizeof(float)));
+    int64_t p = 0, b = 0;
+    for (int i = 0; i < count; ++i) {
+      layers_[i]->bind(params_ + p, grads_ + p, buffers_ + b);
+      p += layers_[i]->param_count();
+      b += layers_[i]->buffer_count();
+    }
+    if (options.conv_algorithm == "auto") tune_convolutions();
+    workspace_bytes_ = 0;
+    for (const auto& layer : layers_) {
+      workspace_bytes_ = std::max(workspace_bytes_, layer->workspace_bytes());
+    }
     if (workspace_bytes_ > 0) workspace_ = alloc(workspace_bytes_);
   } catch (...) {
     for (void* p : allocations_) backend.free_device(p);
     throw;
   }
-  int64_t p = 0, b = 0;
-  for (int i = 0; i < count; ++i) {
-    layers_[i]->bind(params_ + p, grads_ + p, buffers_ + b);
-    p += layers_[i]->param_count();
-    b += layers_[i]->buffer_count();
-  }
   grad_written_.assign(count, false);
+}
+
+void Network::tune_convolutions() {
+  size_t bytes = 0;
+  for (const auto& layer : layers_) {
+    if (auto* conv = dynamic_cast<ConvLayer*>(layer.get())) {
+      bytes = std::max(bytes, conv->candidate_workspace());
+    }
+  }
+  void* workspace = bytes > 0 ? backend_.allocate_device(bytes) : nullptr;
+  try {
+    // Timing runs on the network's own buffers; give them finite contents.
+    for (int i = 0; i < graph_.size(); ++i) {
+      backend_.fill(Tensor{out_desc_[i], out_[i]}, 0.01f);
+      if (grad_[i]) backend_.fill(Tensor{out_desc_[i], grad_[i]}, 0.01f);
+    }
+    const int64_t params = std::max<int64_t>(param_count_, 1);
+    backend_.fill(Tensor{{{params, 1, 1, 1}}, params_}, 0.01f);
+    for (int i = 0; i < graph_.size(); ++i) {
+      auto* conv = dynamic_cast<ConvLayer*>(layers_[i].get());
+      if (!conv) continue;
+      const int in = graph_.inputs(i)[0];
+      const Tensor dx = grad_[in] ? Tensor{out_desc_[in], grad_[in]} : Tensor{};
+      conv->tune(backend_, {out_desc_[in], out_[in]}, {out_desc_[i], out_[i]},
+                 {out_desc_[i], grad_[i]}, dx, workspace, bytes, in == graph_.input_index());
+    }
+  } catch (...) {
+    if (workspace) backend_.free_device(workspace);
+    throw;
+  }
+  if (workspace) backend_.free_device(workspace);
 }
 
 Network::~Network() {

@@ -24,7 +24,8 @@ namespace vtrain::worker {
 
 struct NetworkOptions {
   int64_t max_batch = 64;                  // largest batch a step or evaluation will use
-  std::string conv_algorithm = "auto";     // "auto" (backend default) or an algorithm name,
+  std::string conv_algorithm = "auto";     // "auto": time every algorithm per layer and kind at
+                                           // construction and keep the fastest; or a name,
                                            // used wherever the backend offers it
 };
 
@@ -87,6 +88,7 @@ class Network {
   struct Layer;  // internal operator of one graph node
 
  private:
+  void tune_convolutions();
   void forward(int64_t n, bool training);
   void backward(int64_t n);
 

@@ -104,6 +104,8 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
                        mib(backend.device_bytes_in_use()).c_str(),
                        mib(net.workspace_bytes()).c_str()));
 
+  for (const std::string& line : net.algorithm_summary()) progress.line("  " + line);
+
   TrainResult result;
   Staging stage;
   double train_seconds = 0;

@@ -1,0 +1,228 @@
+// The performance database: one SQLite file that every rank of a cluster
+// shares (often over NFS). Benchmarks record per-kernel times (for the
+// micro-batch / workspace optimiser) and whole-step times (for the balancer);
+// the balancer and the what-if tools read them back. perfdb/README.md has the
+// tables and how to inspect a file with the sqlite3 shell.
+//
+// Sharing. Many processes on many hosts may open the same file at once: every
+// write is one short transaction that takes the write lock up front, waits
+// for a busy lock and then retries the whole transaction with backoff, and
+// upserts rows on their natural key, so a retried or repeated write never
+// duplicates a row and concurrent writers never lose one. The file uses a
+// rollback journal (never WAL, which does not work over NFS); its directory
+// must be on a file system with working POSIX locks.
+//
+// Thread-safety. A PerfDb is not thread-safe: use one object per thread (each
+// holds its own SQLite connection). Any number of objects in any number of
+// threads and processes may use the same file. Do not carry an open PerfDb
+// across fork(); open a new one in the child.
+//
+// Errors. Failures throw PerfDbError naming the file and the operation
+// ("perf DB FILE: OPERATION: what went wrong"). Expected misses are not
+// errors: a lookup returns std::nullopt or an empty vector.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace vtrain::perfdb {
+
+class PerfDbError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The schema version this code creates and writes. Opening a file with an
+// older version upgrades it in place; a newer version is an error.
+inline constexpr int kSchemaVersion = 2;
+
+// ------------------------------------------------------------------ records
+
+// A device as the backend describes it. Identity is (name, backend,
+// library_version, threads, host): a new library version or thread count is a
+// new device, because its measurements differ. memory_bytes is an attribute,
+// updated when the same device is registered again.
+struct Device {
+  std::string name;             // CPU model name or GPU name, e.g. "NVIDIA H200"
+  std::string backend;          // "cpu" or "cuda"
+  uint64_t memory_bytes = 0;    // device memory capacity the backend serves
+  std::string library_version;  // e.g. "oneDNN 3.0.0" or "cuDNN 9.1.0"
+  int threads = 1;              // CPU threads used (1 for a GPU)
+  std::string host;             // hostname
+};
+
+struct DeviceId {
+  int64_t value = 0;
+  friend bool operator==(DeviceId, DeviceId) = default;
+};
+
+struct DeviceRecord {
+  DeviceId id;
+  Device device;
+};
+
+enum class KernelKind { kForward, kBackwardData, kBackwardFilter };
+// "Forward", "BackwardData", "BackwardFilter": the names stored in the file.
+const char* kernel_kind_name(KernelKind kind);
+
+// One convolution kernel (groups 1, dilation 1). Two signatures name the same
+// kernel when every field is equal.
+struct KernelSignature {
+  KernelKind kind = KernelKind::kForward;
+  int64_t n = 1, c = 1, h = 1, w = 1;  // input: (mini-)batch the layer runs with, channels, height, width
+  int64_t k = 1, r = 1, s = 1;         // filters: output channels, height, width
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t stride_h = 1, stride_w = 1;
+  std::string dtype = "f32";           // element type
+  std::string layout = "NCHW";         // activation layout the kernel ran on
+};
+
+// One algorithm of one kernel at one micro-batch size on one device.
+struct KernelMeasurement {
+  std::string algorithm;               // the backend's stable algorithm name
+  int64_t micro_batch = 1;             // images per call, 1..n
+  double time_ms = 0;                  // median time of one call
+  // Interquartile range (75th minus 25th percentile) of the timed calls.
+  // nullopt for rows written before schema 2, which did not store it.
+  std::optional<double> time_iqr_ms;
+  uint64_t workspace_bytes = 0;        // scratch memory the call needs
+  int64_t measured_at = 0;             // seconds since the Unix epoch; 0 when recording = now
+};
+
+// A kernel measurement together with the kernel it measures (for recording).
+struct KernelSample {
+  KernelSignature kernel;
+  KernelMeasurement measurement;
+};
+
+// Forward plus backward of a whole model on one device at one batch size.
+// Key: (device, model, batch, memory_policy, workspace_plan).
+struct StepMeasurement {
+  std::string model;            // model signature (stable text naming layers and shapes)
+  int64_t batch = 1;            // per-rank batch
+  std::string memory_policy;    // e.g. "none", "vdnn-all", "vdnn-conv", "dsa"
+  std::string workspace_plan;   // signature of the workspace/micro-batch plan; "" = none
+  double time_ms = 0;           // forward + backward, ms
+  uint64_t peak_device_bytes = 0;
+  int64_t measured_at = 0;      // seconds since the Unix epoch; 0 when recording = now
+};
+
+// ------------------------------------------------------------------ queries
+
+struct DeviceStats {
+  DeviceRecord device;
+  int64_t kernel_measurements = 0;
+  int64_t step_measurements = 0;
+};
+
+struct Stats {
+  int schema_version = 0;
+  int64_t devices = 0;              // row counts per table
+  int64_t kernels = 0;
+  int64_t kernel_measurements = 0;
+  int64_t step_measurements = 0;
+  std::vector<DeviceStats> per_device;  // ordered by device id
+};
+
+enum class Table { kDevices, kKernels, kKernelMeasurements, kStepMeasurements };
+// The SQL table name: "devices", "kernels", "kernel_measurements", "step_measurements".
+const char* table_name(Table table);
+// The table with that SQL name; nullopt when there is none.
+std::optional<Table> table_from_name(std::string_view name);
+
+enum class ExportFormat {
+  kCsv,        // a header line, then one RFC 4180 line per row
+  kJsonLines,  // one flat JSON object per row; NULL -> null
+};
+
+// ---------------------------------------------------------------- the database
+
+struct PerfDbOptions {
+  // How long SQLite itself waits for a lock held by another process before a
+  // statement reports busy.
+  std::chrono::milliseconds busy_timeout{2000};
+  // Whole-transaction attempts on a busy or locked file before giving up.
+  int max_attempts = 10;
+  // Sleep between attempts: random in [0, d] where d doubles from
+  // backoff_initial up to backoff_max (the randomness keeps writers that
+  // collided from colliding again).
+  std::chrono::milliseconds backoff_initial{10};
+  std::chrono::milliseconds backoff_max{1000};
+};
+
+class PerfDb {
+ public:
+  // Opens `path`, creating the file if it does not exist; ":memory:" opens a
+  // private in-memory database (for tests). An existing file is checked
+  // read-only first (SQLite header, PRAGMA quick_check, our schema_version
+  // table) and is upgraded to kSchemaVersion in one transaction. Throws
+  // PerfDbError, leaving the file's bytes untouched, when the file is not a
+  // valid perf DB (garbage, truncated, or an SQLite file of someone else's)
+  // or has a newer schema than this code knows. An SQLite file with no
+  // tables at all counts as empty and is initialised.
+  explicit PerfDb(const std::string& path, const PerfDbOptions& options = {});
+  ~PerfDb();
+  PerfDb(PerfDb&&) noexcept;
+  PerfDb& operator=(PerfDb&&) noexcept;
+  PerfDb(const PerfDb&) = delete;
+  PerfDb& operator=(const PerfDb&) = delete;
+
+  const std::string& path() const;
+
+  // Registers a device (or updates memory_bytes of a known one) and returns
+  // its id. Ids are stable for the life of the file.
+  DeviceId upsert_device(const Device& device);
+
+  // Records all samples in one transaction: each kernel is registered if new,
+  // and each measurement replaces any earlier one with the same (device,
+  // kernel, algorithm, micro_batch). Throws for an unknown device or an
+  // invalid field (e.g. micro_batch outside 1..n, negative or non-finite time),
+  // recording nothing.
+  void record_kernel_measurements(DeviceId device, std::span<const KernelSample> samples);
+
+  // Records all steps in one transaction; each replaces any earlier one with
+  // the same (device, model, batch, memory_policy, workspace_plan).
+  void record_step_measurements(DeviceId device, std::span<const StepMeasurement> steps);
+
+  // One measurement; nullopt when it was never recorded.
+  std::optional<KernelMeasurement> find_kernel_measurement(DeviceId device,
+                                                           const KernelSignature& kernel,
+                                                           std::string_view algorithm,
+                                                           int64_t micro_batch);
+
+  // Every measurement of one kernel on one device, ordered by (algorithm,
+  // micro_batch); empty when there is none.
+  std::vector<KernelMeasurement> kernel_measurements(DeviceId device, const KernelSignature& kernel);
+
+  // Every step of a model under a memory policy on one device, ordered by
+  // (batch, workspace_plan); empty when there is none.
+  std::vector<StepMeasurement> step_measurements(DeviceId device, std::string_view model,
+                                                 std::string_view memory_policy);
+
+  // All devices, ordered by id.
+  std::vector<DeviceRecord> devices();
+
+  // Devices with exactly this name (one per host / library version / thread
+  // count), ordered by id; empty when there is none.
+  std::vector<DeviceRecord> find_devices(std::string_view name);
+
+  Stats stats();
+
+  // Writes every row of `table`, ordered by id, with the columns as stored.
+  // Throws if the stream fails.
+  void export_table(Table table, ExportFormat format, std::ostream& out);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace vtrain::perfdb
