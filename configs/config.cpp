@@ -627,7 +627,8 @@ ModelConfig read_model(const Field& field, const DataConfig& data) {
 
 TrainConfig read_train(const Field& field) {
   const Section section(field);
-  section.allow({"batch", "epochs", "max_steps", "seed", "log_every", "evaluate"});
+  section.allow({"batch", "epochs", "max_steps", "seed", "log_every", "evaluate",
+                 "allreduce_bucket"});
   TrainConfig train;
   if (Field f = section["batch"]) train.batch = to_int(f, at_least(1));
   if (Field f = section["epochs"]) train.epochs = to_int(f, at_least(1));
@@ -635,7 +636,48 @@ TrainConfig read_train(const Field& field) {
   if (Field f = section["seed"]) train.seed = to_uint64(f);
   if (Field f = section["log_every"]) train.log_every = to_int(f, at_least(1));
   if (Field f = section["evaluate"]) train.evaluate = to_bool(f);
+  if (Field f = section["allreduce_bucket"]) {
+    train.allreduce_bucket = to_size(f);
+    if (train.allreduce_bucket == 0) f.fail("expected a size > 0");
+  }
   return train;
+}
+
+BalanceConfig read_balance(const Field& field, const TrainConfig& train) {
+  const Section section(field);
+  section.allow({"split", "manual"});
+  BalanceConfig balance;
+  if (Field f = section["split"]) balance.split = to_choice(f, {"even", "manual"});
+  const Field manual = section["manual"];
+  if (balance.split == "manual") {
+    if (!manual) field.fail("missing manual (split: manual needs the per-rank batch sizes)");
+    int64_t sum = 0;
+    for (const Field& item : manual.items("a list of per-rank batch sizes")) {
+      balance.manual.push_back(to_int(item, at_least(0)));
+      sum += balance.manual.back();
+    }
+    if (sum != train.batch) {
+      manual.fail("the per-rank batches sum to " + std::to_string(sum) + " but train.batch is " +
+                  std::to_string(train.batch));
+    }
+  } else if (manual) {
+    manual.fail("only used with split: manual");
+  }
+  return balance;
+}
+
+CheckpointConfig read_checkpoint(const Field& field) {
+  const Section section(field);
+  section.allow({"dir", "every", "keep", "resume"});
+  CheckpointConfig ckpt;
+  if (Field f = section["dir"]) ckpt.dir = to_path(f);
+  if (Field f = section["every"]) ckpt.every = to_int(f, at_least(0));
+  if (Field f = section["keep"]) ckpt.keep = to_int(f, at_least(1));
+  if (Field f = section["resume"]) {
+    ckpt.resume = to_choice(f, {"never", "auto"});
+    if (ckpt.resume == "auto" && ckpt.dir.empty()) f.fail("resume: auto needs checkpoint.dir");
+  }
+  return ckpt;
 }
 
 OptimizerConfig read_optimizer(const Field& field) {
@@ -754,7 +796,8 @@ Config parse(const std::string& text, const std::string& file, const fs::path& f
   for (const auto& arg : overrides) apply_override(root, arg, source.overridden);
 
   const Section top(Field(source, root, true, "", 0));
-  top.allow({"model", "data", "train", "optimizer", "device", "conv", "output"});
+  top.allow({"model", "data", "train", "optimizer", "device", "conv", "output", "balance",
+             "checkpoint"});
   Config config;
   config.path = file;
   const std::string why = "every config needs model and data sections";
@@ -765,6 +808,8 @@ Config parse(const std::string& text, const std::string& file, const fs::path& f
   if (Field f = top["device"]) config.device = read_device(f);
   if (Field f = top["conv"]) config.conv = read_conv(f);
   if (Field f = top["output"]) config.output = read_output(f);
+  if (Field f = top["balance"]) config.balance = read_balance(f, config.train);
+  if (Field f = top["checkpoint"]) config.checkpoint = read_checkpoint(f);
   return config;
 }
 
@@ -976,6 +1021,7 @@ std::string to_yaml(const Config& config) {
   out << YAML::Key << "seed" << YAML::Value << train.seed;
   out << YAML::Key << "log_every" << YAML::Value << train.log_every;
   out << YAML::Key << "evaluate" << YAML::Value << train.evaluate;
+  out << YAML::Key << "allreduce_bucket" << YAML::Value << format_size(train.allreduce_bucket);
   out << YAML::EndMap;
 
   const OptimizerConfig& opt = config.optimizer;
@@ -1004,6 +1050,22 @@ std::string to_yaml(const Config& config) {
     out << YAML::Key << "metrics" << YAML::Value << config.output.metrics;
   }
   out << YAML::Key << "progress" << YAML::Value << config.output.progress;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "balance" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "split" << YAML::Value << config.balance.split;
+  if (!config.balance.manual.empty()) {
+    out << YAML::Key << "manual" << YAML::Value << YAML::Flow << config.balance.manual;
+  }
+  out << YAML::EndMap;
+
+  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
+  if (!config.checkpoint.dir.empty()) {
+    out << YAML::Key << "dir" << YAML::Value << config.checkpoint.dir;
+  }
+  out << YAML::Key << "every" << YAML::Value << config.checkpoint.every;
+  out << YAML::Key << "keep" << YAML::Value << config.checkpoint.keep;
+  out << YAML::Key << "resume" << YAML::Value << config.checkpoint.resume;
   out << YAML::EndMap;
 
   out << YAML::EndMap;

@@ -52,6 +52,19 @@ struct TrainConfig {
   uint64_t seed = 1;           // initialisation and shuffling
   int64_t log_every = 50;      // steps between progress lines / metric records
   bool evaluate = true;        // test accuracy after every epoch
+  uint64_t allreduce_bucket = 4 << 20;  // bytes of gradients per allreduce (several ranks)
+};
+
+struct BalanceConfig {
+  std::string split = "even";  // "even" (B / ranks, remainder to the first ranks) or "manual"
+  std::vector<int64_t> manual; // split: manual — per-rank batch sizes, summing to train.batch
+};
+
+struct CheckpointConfig {
+  std::string dir;                // where checkpoints go; empty = none
+  int64_t every = 0;              // steps between checkpoints; 0 = only at the end and on a signal
+  int64_t keep = 3;               // newest checkpoints kept
+  std::string resume = "never";   // "auto": continue from the newest checkpoint in dir, if any
 };
 
 struct OptimizerConfig {
@@ -88,6 +101,8 @@ struct Config {
   DeviceConfig device;
   ConvConfig conv;
   OutputConfig output;
+  BalanceConfig balance;
+  CheckpointConfig checkpoint;
 };
 
 // Loads and validates `path`, applying `overrides` ("key.path=value", the

@@ -61,6 +61,8 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
       cli.metrics = value(a);
     } else if (a == "--progress") {
       cli.progress = value(a);
+    } else if (a == "--resume") {
+      cli.resume = true;
     } else if (!a.empty() && a[0] == '-') {
       throw UsageError("unknown option '" + a + "' for '" + cli.command +
                        "' (see vtrain " + cli.command + " --help)");
@@ -95,19 +97,37 @@ Options for train and check:
                          e.g. --set train.batch=32 --set data.mean=[0.5])
   --metrics FILE         write JSON-lines metrics to FILE (output.metrics)
   --progress MODE        auto | line | off (output.progress)
+  --resume               continue from the newest checkpoint in checkpoint.dir
   -h, --help             help for the command
 
-Exit codes: 0 success, 1 runtime failure, 2 usage or config error.
+Several ranks: `mpirun -np N vtrain train CONFIG` (rank 0 logs and writes
+checkpoints and metrics). On SLURM: `sbatch scripts/vtrain.sbatch CONFIG`.
+
+Exit codes: 0 success, 1 runtime failure, 2 usage or config error,
+3 stopped by SIGTERM/SIGUSR1 after writing a checkpoint (requeue to resume).
 Configs: see configs/*.yaml and README.md.
 )";
   }
   if (topic == "train") {
-    return R"(vtrain train CONFIG [--set KEY=VALUE]... [--metrics FILE] [--progress MODE]
+    return R"(vtrain train CONFIG [--set KEY=VALUE]... [--metrics FILE] [--progress MODE] [--resume]
+mpirun -np N vtrain train CONFIG ...
 
 Trains the model in CONFIG on its data: every epoch draws a seeded shuffle,
 runs SGD steps over mini-batches of train.batch samples, and evaluates the
-test set (train.evaluate). Progress goes to stdout: a live line on a terminal,
-a log line every train.log_every steps otherwise.
+test set (train.evaluate). Progress goes to stdout (rank 0 only): a live line
+on a terminal, a log line every train.log_every steps otherwise.
+
+With N ranks each global batch is cut into contiguous per-rank slices
+(balance.split: even, or manual with balance.manual: [b0, b1, ...]); the
+gradients are summed over ranks in buckets of train.allreduce_bucket bytes
+while backward still runs, so the update equals single-process training on
+the whole batch.
+
+Checkpoints (checkpoint.dir, every checkpoint.every steps and at the end,
+newest checkpoint.keep kept) hold the model, optimizer state and data
+position; --resume (checkpoint.resume: auto) continues from the newest. On
+SIGTERM or SIGUSR1 the run finishes its step, writes a checkpoint and exits
+with code 3.
 
 Metrics (JSON lines, --metrics or output.metrics): one object per logged step
 ({"event": "step", ...}), one per epoch ({"event": "epoch", ...,
@@ -118,9 +138,11 @@ Options:
   --set KEY.PATH=VALUE   override any config value, e.g. --set optimizer.lr=0.1
   --metrics FILE         JSON-lines metrics file
   --progress MODE        auto (live line on a TTY) | line | off
+  --resume               continue from the newest checkpoint in checkpoint.dir
 
-Exit codes: 0 success, 1 runtime failure (bad data file, out of memory, ...),
-2 usage or config error.
+Exit codes: 0 success, 1 runtime failure (bad data file, out of memory, a
+failed rank, ...), 2 usage or config error, 3 stopped by a signal after
+writing a checkpoint.
 )";
   }
   if (topic == "check") {

@@ -14,7 +14,7 @@ class UsageError : public std::runtime_error {
 };
 
 // Exit codes, documented in `vtrain --help` and the README.
-enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2 };
+enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2, kExitStopped = 3 };
 
 struct CliArgs {
   std::string command;                 // "train", "check", "help", "version"
@@ -23,6 +23,7 @@ struct CliArgs {
   std::vector<std::string> overrides;  // --set key.path=value, in order
   std::string metrics;                 // --metrics FILE (overrides output.metrics)
   std::string progress;                // --progress MODE (overrides output.progress)
+  bool resume = false;                 // --resume (checkpoint.resume=auto)
 };
 
 // Throws UsageError. `vtrain CONFIG` means `vtrain train CONFIG`.

@@ -1,13 +1,19 @@
 // The `vtrain` executable: parses the command line, loads the config and
 // data, builds the model, and runs the requested phase.
+#include <signal.h>
+
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "configs/config.h"
 #include "launcher/cli.h"
 #include "worker/backend.h"
+#include "worker/communicator.h"
 #include "worker/data.h"
 #include "worker/graph.h"
 #include "worker/trainer.h"
@@ -18,6 +24,31 @@ namespace {
 using config::Config;
 
 constexpr const char* kVersion = "0.1.0";
+
+// Set by SIGTERM / SIGUSR1 (SLURM pre-emption and time limits): the trainer
+// checkpoints at the next step boundary and the job exits with kExitStopped.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGUSR1, &action, nullptr);
+}
+
+// A testing aid: VTRAIN_FAIL_RANK=r VTRAIN_FAIL_AT_STEP=s makes rank r throw
+// at step s, to check that one failing rank ends the whole job.
+int64_t injected_failure_step(int rank) {
+  const char* at = std::getenv("VTRAIN_FAIL_AT_STEP");
+  const char* who = std::getenv("VTRAIN_FAIL_RANK");
+  if (!at || (who && std::atoi(who) != rank)) return -1;
+  return std::atoll(at);
+}
 
 struct Datasets {
   worker::Dataset train;
@@ -110,18 +141,57 @@ int run_check(const CliArgs& cli) {
   return kExitOk;
 }
 
-int run_train(const CliArgs& cli) {
+// Rank 0 prints one line per rank: what each device is.
+void print_cluster(worker::Communicator& comm, const worker::DeviceInfo& info,
+                   const std::vector<int64_t>& split) {
+  const std::string mine = info.backend + "|" + info.name + "|" +
+                           std::to_string(info.memory_bytes) + "|" + std::to_string(info.threads) +
+                           "|" + info.library_version + "|" + info.host;
+  const std::vector<std::string> all = comm.gather(mine, 0);
+  if (comm.rank() != 0) return;
+  std::printf("cluster: %d rank%s\n", comm.size(), comm.size() == 1 ? "" : "s");
+  std::printf("  %-4s %-7s %-6s %-9s %-7s %-14s %-12s %s\n", "rank", "backend", "batch",
+              "memory", "threads", "library", "host", "device");
+  for (size_t r = 0; r < all.size(); ++r) {
+    std::vector<std::string> f;
+    size_t start = 0;
+    for (size_t bar; (bar = all[r].find('|', start)) != std::string::npos; start = bar + 1) {
+      f.push_back(all[r].substr(start, bar - start));
+    }
+    f.push_back(all[r].substr(start));
+    if (f.size() != 6) continue;
+    std::printf("  %-4zu %-7s %-6lld %-9s %-7s %-14s %-12s %s\n", r, f[0].c_str(),
+                static_cast<long long>(split[r]),
+                (std::to_string(std::stoull(f[2]) >> 20) + "MiB").c_str(), f[3].c_str(),
+                f[4].c_str(), f[5].c_str(), f[1].c_str());
+  }
+}
+
+int run_train(const CliArgs& cli, worker::Communicator& comm) {
   const Config cfg = load(cli);
   const Datasets data = load_data(cfg);
   const worker::Graph graph = build_graph(cfg, data.train.sample);
   const worker::ChannelStats norm = normalisation(cfg, data.train);
+  std::vector<int64_t> split = worker::even_split(cfg.train.batch, comm.size());
+  if (cfg.balance.split == "manual") {
+    if (static_cast<int>(cfg.balance.manual.size()) != comm.size()) {
+      throw config::ConfigError(cfg.path + ": balance.manual: has " +
+                                std::to_string(cfg.balance.manual.size()) +
+                                " per-rank batches but the job has " +
+                                std::to_string(comm.size()) + " ranks");
+    }
+    split = cfg.balance.manual;
+  }
   auto backend = worker::make_backend(backend_options(cfg));
 
-  std::printf("vtrain %s: %s\n", kVersion, cfg.path.c_str());
-  print_device(backend->device_info());
-  std::printf("data: %s, %lld train / %lld test samples of %s\n", cfg.data.kind.c_str(),
-              static_cast<long long>(data.train.count), static_cast<long long>(data.test.count),
-              data.train.sample.str().c_str());
+  if (comm.rank() == 0) {
+    std::printf("vtrain %s: %s\n", kVersion, cfg.path.c_str());
+    std::printf("data: %s, %lld train / %lld test samples of %s\n", cfg.data.kind.c_str(),
+                static_cast<long long>(data.train.count), static_cast<long long>(data.test.count),
+                data.train.sample.str().c_str());
+  }
+  print_cluster(comm, backend->device_info(), split);
+  std::fflush(stdout);
 
   worker::TrainerOptions options;
   options.batch = cfg.train.batch;
@@ -140,13 +210,48 @@ int run_train(const CliArgs& cli) {
   options.conv_algorithm = cfg.conv.algorithm;
   options.metrics_path = cfg.output.metrics;
   options.progress = worker::Progress::parse_mode(cfg.output.progress);
-  worker::train(graph, *backend, data.train, data.test, norm, options);
+  options.comm = &comm;
+  options.split = split;
+  options.allreduce_bucket = cfg.train.allreduce_bucket;
+  options.checkpoint_dir = cfg.checkpoint.dir;
+  options.checkpoint_every = cfg.checkpoint.every;
+  options.checkpoint_keep = static_cast<int>(cfg.checkpoint.keep);
+  options.resume = cli.resume || cfg.checkpoint.resume == "auto";
+  options.stop_signal = &g_stop_signal;
+  options.fail_at_step = injected_failure_step(comm.rank());
+  const worker::TrainResult result =
+      worker::train(graph, *backend, data.train, data.test, norm, options);
+  if (result.stopped_by_signal != 0) {
+    if (comm.rank() == 0) {
+      std::printf("vtrain: stopped by a signal after checkpointing %s; exit code %d (requeue to "
+                  "resume)\n",
+                  result.last_checkpoint.empty() ? "(no checkpoint.dir set)"
+                                                 : result.last_checkpoint.c_str(),
+                  kExitStopped);
+    }
+    return kExitStopped;
+  }
   return kExitOk;
 }
 
-int run(const std::vector<std::string>& args) {
+// Prints an error the way every rank of a job does, then ends the job: with
+// several ranks one failing rank aborts them all, so none is left waiting.
+int fail(const char* kind, const char* what, int code, int rank, int ranks) {
+  std::fflush(stdout);
+  if (ranks > 1) {
+    std::fprintf(stderr, "[rank %d] %s: %s\n", rank, kind, what);
+    std::fflush(stderr);
+    worker::abort_job_if_parallel(code);
+  } else {
+    std::fprintf(stderr, "vtrain: %s: %s\n", kind, what);
+  }
+  return code;
+}
+
+int run(int argc, char** argv) {
+  CliArgs cli;
   try {
-    const CliArgs cli = parse_cli(args);
+    cli = parse_cli(std::vector<std::string>(argv + 1, argv + argc));
     if (cli.command == "help") {
       std::fputs(help_text(cli.help_topic).c_str(), stdout);
       return kExitOk;
@@ -155,27 +260,38 @@ int run(const std::vector<std::string>& args) {
       std::printf("vtrain %s\n", kVersion);
       return kExitOk;
     }
-    if (cli.command == "check") return run_check(cli);
-    return run_train(cli);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "vtrain: usage error: %s\n(run `vtrain --help` for usage)\n", e.what());
     return kExitUsage;
+  }
+
+  int rank = 0, ranks = 1;
+  std::optional<worker::MpiRuntime> mpi;
+  if (cli.command == "train") {
+    install_stop_handlers();
+    try {
+      mpi.emplace(&argc, &argv);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "vtrain: error: %s\n", e.what());
+      return kExitFailure;
+    }
+    rank = mpi->rank();
+    ranks = mpi->size();
+  }
+  try {
+    if (cli.command == "check") return run_check(cli);
+    auto comm = worker::make_mpi_communicator();
+    return run_train(cli, *comm);
   } catch (const config::ConfigError& e) {
-    std::fprintf(stderr, "vtrain: config error: %s\n", e.what());
-    return kExitUsage;
+    return fail("config error", e.what(), kExitUsage, rank, ranks);
   } catch (const worker::GraphError& e) {
-    std::fprintf(stderr, "vtrain: model error: %s\n", e.what());
-    return kExitUsage;
+    return fail("model error", e.what(), kExitUsage, rank, ranks);
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "vtrain: error: %s\n", e.what());
-    return kExitFailure;
+    return fail("error", e.what(), kExitFailure, rank, ranks);
   }
 }
 
 }  // namespace
 }  // namespace vtrain::launcher
 
-int main(int argc, char** argv) {
-  return vtrain::launcher::run(std::vector<std::string>(argv + 1, argv + argc));
-}
+int main(int argc, char** argv) { return vtrain::launcher::run(argc, argv); }

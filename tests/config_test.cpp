@@ -387,13 +387,13 @@ output: {metrics: /tmp/x.jsonl, progress: off}
 TEST(ConfigErrorTest, UnknownTopLevelKey) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "trian:\n  batch: 3\n"),
             "t.yaml:5: trian: unknown key (allowed: model, data, train, optimizer, device, conv, "
-            "output)");
+            "output, balance, checkpoint)");
 }
 
 TEST(ConfigErrorTest, UnknownNestedKey) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: 3\n  bach: 3\n"),
             "t.yaml:7: train.bach: unknown key (allowed: batch, epochs, max_steps, seed, "
-            "log_every, evaluate)");
+            "log_every, evaluate, allreduce_bucket)");
 }
 
 TEST(ConfigErrorTest, KeyOfAnotherDataKind) {
@@ -580,10 +580,11 @@ TEST(ConfigErrorTest, LayerProblems) {
 TEST(ConfigErrorTest, SetWithUnknownKey) {
   EXPECT_EQ(error_of(kMinimal, {"train.bogus=1"}),
             "--set train.bogus: unknown key (allowed: batch, epochs, max_steps, seed, log_every, "
-            "evaluate)");
+            "evaluate, allreduce_bucket)");
   EXPECT_EQ(
       error_of(kMinimal, {"bogus.x=1"}),
-      "--set bogus: unknown key (allowed: model, data, train, optimizer, device, conv, output)");
+      "--set bogus: unknown key (allowed: model, data, train, optimizer, device, conv, output, "
+      "balance, checkpoint)");
 }
 
 TEST(ConfigErrorTest, SetValueIsValidatedLikeTheFile) {
@@ -752,6 +753,52 @@ TEST(ExampleConfigsTest, ExamplesSayWhatTheyPromise) {
   const Config custom = load_config((dir / "custom-dag.yaml").string());
   EXPECT_TRUE(custom.model.preset.empty());
   EXPECT_FALSE(custom.model.layers.empty());
+}
+
+}  // namespace
+}  // namespace vtrain::config
+
+namespace vtrain::config {
+namespace {
+
+TEST(ConfigSections, BalanceAndCheckpoint) {
+  const std::string base =
+      "model:\n  preset: lenet\ndata:\n  kind: synthetic\ntrain:\n  batch: 64\n";
+  Config c = parse_config(base + "balance:\n  split: manual\n  manual: [24, 40]\n"
+                                 "checkpoint:\n  dir: ck\n  every: 10\n  keep: 2\n  resume: auto\n",
+                          "t.yaml");
+  EXPECT_EQ(c.balance.split, "manual");
+  EXPECT_EQ(c.balance.manual, (std::vector<int64_t>{24, 40}));
+  EXPECT_EQ(c.checkpoint.every, 10);
+  EXPECT_EQ(c.checkpoint.keep, 2);
+  EXPECT_EQ(c.checkpoint.resume, "auto");
+  EXPECT_FALSE(c.checkpoint.dir.empty());
+  c = parse_config(base, "t.yaml", {"train.allreduce_bucket=1MiB"});
+  EXPECT_EQ(c.train.allreduce_bucket, 1u << 20);
+}
+
+std::string error_text(const std::string& text) {
+  try {
+    parse_config(text, "t.yaml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ConfigSections, BalanceAndCheckpointErrors) {
+  const std::string base =
+      "model:\n  preset: lenet\ndata:\n  kind: synthetic\ntrain:\n  batch: 64\n";
+  EXPECT_EQ(error_text(base + "balance:\n  split: manual\n  manual: [24, 30]\n"),
+            "t.yaml:9: balance.manual: the per-rank batches sum to 54 but train.batch is 64");
+  EXPECT_EQ(error_text(base + "balance:\n  split: manual\n"),
+            "t.yaml:7: balance: missing manual (split: manual needs the per-rank batch sizes)");
+  EXPECT_EQ(error_text(base + "balance:\n  split: fast\n"),
+            "t.yaml:8: balance.split: unknown value 'fast' (allowed: even, manual)");
+  EXPECT_EQ(error_text(base + "checkpoint:\n  resume: auto\n"),
+            "t.yaml:8: checkpoint.resume: resume: auto needs checkpoint.dir");
+  EXPECT_EQ(error_text(base + "checkpoint:\n  keep: 0\n"),
+            "t.yaml:8: checkpoint.keep: expected an integer >= 1, got 0");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "worker/checkpoint.h"
 #include "worker/network.h"
 
 namespace vtrain::worker {
@@ -47,28 +48,80 @@ struct Evaluation {
   double accuracy = 0;
 };
 
-Evaluation evaluate(Network& net, const Dataset& data, const ChannelStats& norm, int64_t batch,
-                    Staging& stage) {
-  double loss = 0;
-  int64_t correct = 0;
-  for (int64_t first = 0; first < data.count; first += batch) {
-    const int64_t n = std::min(batch, data.count - first);
+// Each rank evaluates a contiguous share of the test set; the sums are added.
+Evaluation evaluate(Network& net, const Dataset& data, const ChannelStats& norm, int64_t chunk,
+                    Staging& stage, Communicator* comm) {
+  const int rank = comm ? comm->rank() : 0, ranks = comm ? comm->size() : 1;
+  const int64_t first = data.count * rank / ranks, last = data.count * (rank + 1) / ranks;
+  std::vector<double> sums{0.0, 0.0};  // loss, correct
+  for (int64_t at = first; at < last; at += chunk) {
+    const int64_t n = std::min(chunk, last - at);
     stage.indices.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) stage.indices[i] = first + i;
+    for (int64_t i = 0; i < n; ++i) stage.indices[i] = at + i;
     load_batch(net, data, norm, stage, n);
     const LossStats s = net.evaluate(n);
-    loss += s.loss_sum;
-    correct += s.correct;
+    sums[0] += s.loss_sum;
+    sums[1] += static_cast<double>(s.correct);
   }
-  return {loss / static_cast<double>(data.count),
-          static_cast<double>(correct) / static_cast<double>(data.count)};
+  if (comm) comm->allreduce_sum(sums);
+  return {sums[0] / static_cast<double>(data.count), sums[1] / static_cast<double>(data.count)};
 }
 
+// Gradient buckets: consecutive parameter ranges in the order backward
+// finishes them (reverse graph order), cut every `bucket_bytes`. Every rank
+// derives the same buckets from the same graph, so the allreduce sequences
+// match.
+struct Bucket {
+  int64_t offset = 0;  // floats into the gradient buffer
+  int64_t count = 0;
+};
+
+struct BucketPlan {
+  std::vector<Bucket> buckets;               // in launch order
+  std::vector<int> launch_after;             // per param range index: bucket to launch, or -1
+};
+
+BucketPlan plan_buckets(const std::vector<ParamRange>& ranges, uint64_t bucket_bytes) {
+  BucketPlan plan;
+  plan.launch_after.assign(ranges.size(), -1);
+  const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / sizeof(float)));
+  Bucket open;
+  for (int i = static_cast<int>(ranges.size()) - 1; i >= 0; --i) {
+    // Ranges are laid out in graph order, so walking backwards each one ends
+    // where the open bucket begins.
+    open.offset = ranges[i].offset;
+    open.count += ranges[i].count;
+    if (open.count >= limit || i == 0) {
+      plan.launch_after[i] = static_cast<int>(plan.buckets.size());
+      plan.buckets.push_back(open);
+      open = Bucket{};
+    }
+  }
+  return plan;
+}
+
+// Signals, loss and accuracy of one step, summed over ranks in one call.
+struct StepTotals {
+  double loss_sum = 0;
+  double correct = 0;
+  bool stop = false;
+};
+
 }  // namespace
+
+std::vector<int64_t> even_split(int64_t batch, int ranks) {
+  std::vector<int64_t> split(static_cast<size_t>(ranks), batch / ranks);
+  for (int64_t r = 0; r < batch % ranks; ++r) ++split[r];
+  return split;
+}
 
 TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set,
                   const Dataset& test_set, const ChannelStats& norm,
                   const TrainerOptions& options) {
+  Communicator* comm = options.comm;
+  const int rank = comm ? comm->rank() : 0;
+  const int ranks = comm ? comm->size() : 1;
+  const bool leader = rank == 0;
   if (!(train_set.sample == graph.output_shape(graph.input_index()))) {
     throw std::invalid_argument("the model expects samples of " +
                                 graph.output_shape(graph.input_index()).str() +
@@ -80,6 +133,22 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
                                 " outputs");
   }
   const int64_t batch = options.batch;
+  const std::vector<int64_t> split = options.split.empty() ? even_split(batch, ranks) : options.split;
+  if (static_cast<int>(split.size()) != ranks) {
+    throw std::invalid_argument("the batch split has " + std::to_string(split.size()) +
+                                " entries but the job has " + std::to_string(ranks) + " ranks");
+  }
+  int64_t split_sum = 0, my_offset = 0;
+  for (int r = 0; r < ranks; ++r) {
+    if (split[r] < 0) throw std::invalid_argument("negative batch in the split");
+    if (r < rank) my_offset += split[r];
+    split_sum += split[r];
+  }
+  if (split_sum != batch) {
+    throw std::invalid_argument("the batch split sums to " + std::to_string(split_sum) +
+                                " but the batch is " + std::to_string(batch));
+  }
+  const int64_t my_batch = split[rank];
   const int64_t steps_per_epoch = train_set.count / batch;
   if (steps_per_epoch < 1) {
     throw std::invalid_argument("the training set has " + std::to_string(train_set.count) +
@@ -88,87 +157,215 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
   int64_t total_steps = steps_per_epoch * options.epochs;
   if (options.max_steps > 0) total_steps = std::min(total_steps, options.max_steps);
 
-  Network net(graph, backend, {.max_batch = batch, .conv_algorithm = options.conv_algorithm});
+  // A rank with no samples still needs a network for the parameter buffers
+  // and for its share of the evaluation.
+  const int64_t eval_chunk = std::max<int64_t>(my_batch, std::min<int64_t>(batch, 64));
+  Network net(graph, backend,
+              {.max_batch = std::max(my_batch, eval_chunk), .conv_algorithm = options.conv_algorithm});
   net.init_parameters(options.seed);
   Sgd sgd(backend, net.parameter_count(), options.momentum, options.weight_decay);
   LrSchedule schedule = options.schedule;
   schedule.steps_per_epoch = steps_per_epoch;
   schedule.total_steps = total_steps;
 
-  Progress progress(options.progress);
-  MetricsFile metrics = options.metrics_path.empty() ? MetricsFile() : MetricsFile(options.metrics_path);
-  progress.line(format("model: %d layers, %lld parameters; batch %lld, %lld steps/epoch; "
-                       "device memory %s in use (workspace %s)",
+  Progress progress(leader ? options.progress : Progress::Mode::kOff);
+  MetricsFile metrics = (leader && !options.metrics_path.empty()) ? MetricsFile(options.metrics_path)
+                                                                  : MetricsFile();
+  std::string split_text;
+  for (int64_t b : split) split_text += (split_text.empty() ? "" : ",") + std::to_string(b);
+  progress.line(format("model: %d layers, %lld parameters; batch %lld (per rank: %s), %lld "
+                       "steps/epoch; device memory %s in use (workspace %s)",
                        graph.size(), static_cast<long long>(net.parameter_count()),
-                       static_cast<long long>(batch), static_cast<long long>(steps_per_epoch),
+                       static_cast<long long>(batch), split_text.c_str(),
+                       static_cast<long long>(steps_per_epoch),
                        mib(backend.device_bytes_in_use()).c_str(),
                        mib(net.workspace_bytes()).c_str()));
-
   for (const std::string& line : net.algorithm_summary()) progress.line("  " + line);
 
   TrainResult result;
+  int64_t start_epoch = 0, start_in_epoch = 0, step = 0;
+  if (options.resume && !options.checkpoint_dir.empty()) {
+    // Rank 0 reads and checks the file; everyone gets the same state.
+    std::string path;
+    std::vector<float> params, buffers, velocity, position;
+    if (leader) {
+      if (auto latest = latest_checkpoint(options.checkpoint_dir)) {
+        path = *latest;
+        Checkpoint ckpt = load_checkpoint(path);
+        check_checkpoint_matches(ckpt, path, graph.signature(), net.parameter_count(),
+                                 net.buffer_count());
+        if (ckpt.global_batch != batch || ckpt.seed != options.seed) {
+          throw CheckpointError(path + " was written by a run with batch " +
+                                std::to_string(ckpt.global_batch) + " and seed " +
+                                std::to_string(ckpt.seed) + "; this run has batch " +
+                                std::to_string(batch) + " and seed " +
+                                std::to_string(options.seed));
+        }
+        params = std::move(ckpt.parameters);
+        buffers = std::move(ckpt.buffers);
+        velocity = std::move(ckpt.velocity);
+        position = {static_cast<float>(ckpt.step), static_cast<float>(ckpt.epoch),
+                    static_cast<float>(ckpt.step_in_epoch)};
+      }
+    }
+    if (comm) comm->broadcast(path, 0);
+    if (!path.empty()) {
+      if (comm) {
+        comm->broadcast(params, 0);
+        comm->broadcast(buffers, 0);
+        comm->broadcast(velocity, 0);
+        comm->broadcast(position, 0);
+      }
+      net.upload_parameters(params);
+      net.upload_buffers(buffers);
+      sgd.upload_velocity(velocity);
+      step = static_cast<int64_t>(position[0]);
+      start_epoch = static_cast<int64_t>(position[1]);
+      start_in_epoch = static_cast<int64_t>(position[2]);
+      result.resumed_from = path;
+      progress.line(format("resumed from %s (step %lld, epoch %lld)", path.c_str(),
+                           static_cast<long long>(step), static_cast<long long>(start_epoch + 1)));
+    }
+  }
+
+  auto write_checkpoint = [&](int64_t epoch, int64_t in_epoch) {
+    if (options.checkpoint_dir.empty()) return;
+    // Batch-norm running statistics follow each rank's own samples; the
+    // checkpoint (like evaluation) uses rank 0's.
+    if (!leader) return;
+    Checkpoint ckpt;
+    ckpt.model_signature = graph.signature();
+    ckpt.step = step;
+    ckpt.epoch = epoch;
+    ckpt.step_in_epoch = in_epoch;
+    ckpt.seed = options.seed;
+    ckpt.world_size = ranks;
+    ckpt.global_batch = batch;
+    ckpt.parameters = net.download_parameters();
+    ckpt.buffers = net.download_buffers();
+    ckpt.velocity = sgd.download_velocity();
+    result.last_checkpoint =
+        save_checkpoint(options.checkpoint_dir, ckpt, options.checkpoint_keep);
+    progress.line("checkpoint: wrote " + result.last_checkpoint);
+  };
+
+  const BucketPlan buckets = plan_buckets(net.param_ranges(), options.allreduce_bucket);
+  if (comm && ranks > 1) {
+    net.on_gradients_ready = [&](const ParamRange& r) {
+      const auto& ranges = net.param_ranges();
+      const size_t index = static_cast<size_t>(&r - ranges.data());
+      if (const int b = buckets.launch_after[index]; b >= 0) {
+        comm->allreduce_async(net.gradients() + buckets.buckets[b].offset, buckets.buckets[b].count);
+      }
+    };
+  }
+
   Staging stage;
   double train_seconds = 0;
   int64_t timed_images = 0;
-  int64_t step = 0;
-  for (int64_t epoch = 0; epoch < options.epochs && step < total_steps; ++epoch) {
+  bool stop = false;
+  const int64_t first_step = step;
+  for (int64_t epoch = start_epoch; epoch < options.epochs && step < total_steps && !stop;
+       ++epoch) {
     const std::vector<int64_t> order = epoch_permutation(options.seed, epoch, train_set.count);
-    double epoch_loss = 0;
-    int64_t epoch_correct = 0, epoch_seen = 0;
+    double epoch_loss = 0, epoch_correct = 0;
+    int64_t epoch_seen = 0;
     const auto epoch_start = Clock::now();
-    for (int64_t i = 0; i < steps_per_epoch && step < total_steps; ++i, ++step) {
+    int64_t i = epoch == start_epoch ? start_in_epoch : 0;
+    for (; i < steps_per_epoch && step < total_steps; ++i) {
+      if (step == options.fail_at_step) {
+        throw std::runtime_error("injected failure at step " + std::to_string(step) +
+                                 " (VTRAIN_FAIL_AT_STEP)");
+      }
       const auto step_start = Clock::now();
-      stage.indices.assign(order.begin() + i * batch, order.begin() + (i + 1) * batch);
-      load_batch(net, train_set, norm, stage, batch);
-      const LossStats s = net.train_step(batch, 1.0f / static_cast<float>(batch));
+      StepTotals totals;
+      if (my_batch > 0) {
+        const auto slice = order.begin() + i * batch + my_offset;
+        stage.indices.assign(slice, slice + my_batch);
+        load_batch(net, train_set, norm, stage, my_batch);
+        const LossStats s = net.train_step(my_batch, 1.0f / static_cast<float>(batch));
+        totals.loss_sum = s.loss_sum;
+        totals.correct = static_cast<double>(s.correct);
+      } else {
+        // No samples: contribute zero gradients to the same allreduces.
+        backend.fill(Tensor{{{std::max<int64_t>(net.parameter_count(), 1), 1, 1, 1}},
+                            net.gradients()},
+                     0.0f);
+        if (comm && ranks > 1) {
+          for (const Bucket& b : buckets.buckets) {
+            comm->allreduce_async(net.gradients() + b.offset, b.count);
+          }
+        }
+      }
+      if (comm) comm->wait();
+      totals.stop = options.stop_signal && options.stop_signal->load() != 0;
+      if (comm && ranks > 1) {
+        std::vector<double> sums{totals.loss_sum, totals.correct, totals.stop ? 1.0 : 0.0};
+        comm->allreduce_sum(sums);
+        totals = {sums[0], sums[1], sums[2] > 0};
+      }
       const double lr = schedule.at(step);
       sgd.step(net.parameters(), net.gradients(), static_cast<float>(lr));
+      ++step;
       const double elapsed = seconds_since(step_start);
-      if (step > 0) {  // the first step also creates every primitive
+      if (step > first_step + 1) {  // the first step also creates every primitive
         train_seconds += elapsed;
         timed_images += batch;
       }
-      const double loss = s.loss_sum / static_cast<double>(batch);
+      const double loss = totals.loss_sum / static_cast<double>(batch);
+      const double accuracy = totals.correct / static_cast<double>(batch);
       result.step_losses.push_back(loss);
-      epoch_loss += s.loss_sum;
-      epoch_correct += s.correct;
+      epoch_loss += totals.loss_sum;
+      epoch_correct += totals.correct;
       epoch_seen += batch;
       const double ips = train_seconds > 0 ? static_cast<double>(timed_images) / train_seconds : 0;
-      const bool log_point = (step + 1) % options.log_every == 0 || step + 1 == total_steps;
+      const bool log_point = step % options.log_every == 0 || step == total_steps;
       progress.step(format("epoch %lld/%lld step %lld/%lld loss %.4f acc %.3f lr %.4g %.0f img/s",
                            static_cast<long long>(epoch + 1), static_cast<long long>(options.epochs),
                            static_cast<long long>(i + 1), static_cast<long long>(steps_per_epoch),
-                           loss, static_cast<double>(s.correct) / static_cast<double>(batch), lr,
-                           ips),
+                           loss, accuracy, lr, ips),
                     log_point);
       if (log_point) {
         metrics.write(JsonRecord()
                           .add("event", "step")
-                          .add("step", step + 1)
+                          .add("step", step)
                           .add("epoch", epoch + 1)
                           .add("loss", loss)
-                          .add("accuracy", static_cast<double>(s.correct) / batch)
+                          .add("accuracy", accuracy)
                           .add("lr", lr)
                           .add("images_per_second", ips)
                           .add("device_bytes", static_cast<int64_t>(backend.device_bytes_in_use())));
       }
+      if (totals.stop) {
+        stop = true;
+        write_checkpoint(i + 1 == steps_per_epoch ? epoch + 1 : epoch,
+                         i + 1 == steps_per_epoch ? 0 : i + 1);
+        result.stopped_by_signal = options.stop_signal ? options.stop_signal->load() : 0;
+        if (result.stopped_by_signal == 0) result.stopped_by_signal = -1;  // another rank's
+        ++i;
+        break;
+      }
+      if (options.checkpoint_every > 0 && step % options.checkpoint_every == 0 &&
+          step < total_steps) {
+        write_checkpoint(i + 1 == steps_per_epoch ? epoch + 1 : epoch,
+                         i + 1 == steps_per_epoch ? 0 : i + 1);
+      }
     }
+    if (stop) break;
+    const double seen = static_cast<double>(std::max<int64_t>(epoch_seen, 1));
     JsonRecord record;
     record.add("event", "epoch")
         .add("epoch", epoch + 1)
         .add("step", step)
-        .add("train_loss", epoch_loss / static_cast<double>(std::max<int64_t>(epoch_seen, 1)))
-        .add("train_accuracy",
-             static_cast<double>(epoch_correct) / static_cast<double>(std::max<int64_t>(epoch_seen, 1)))
+        .add("train_loss", epoch_loss / seen)
+        .add("train_accuracy", epoch_correct / seen)
         .add("seconds", seconds_since(epoch_start));
     std::string summary = format("epoch %lld/%lld: train loss %.4f acc %.4f",
                                  static_cast<long long>(epoch + 1),
-                                 static_cast<long long>(options.epochs),
-                                 epoch_loss / static_cast<double>(std::max<int64_t>(epoch_seen, 1)),
-                                 static_cast<double>(epoch_correct) /
-                                     static_cast<double>(std::max<int64_t>(epoch_seen, 1)));
+                                 static_cast<long long>(options.epochs), epoch_loss / seen,
+                                 epoch_correct / seen);
     if (options.evaluate && test_set.count > 0) {
-      const Evaluation e = evaluate(net, test_set, norm, batch, stage);
+      const Evaluation e = evaluate(net, test_set, norm, eval_chunk, stage, comm);
       result.test_accuracy = e.accuracy;
       result.test_loss = e.loss;
       record.add("test_loss", e.loss).add("test_accuracy", e.accuracy);
@@ -178,28 +375,49 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
     progress.line(summary);
     metrics.write(record);
   }
+  if (!stop) write_checkpoint(step / steps_per_epoch, step % steps_per_epoch);
 
   result.steps = step;
   result.final_loss = result.step_losses.empty() ? 0 : result.step_losses.back();
   result.images_per_second =
       train_seconds > 0 ? static_cast<double>(timed_images) / train_seconds : 0;
   result.peak_device_bytes = backend.device_bytes_peak();
+  if (comm) {
+    result.allreduce_seconds = comm->allreduce_seconds();
+    result.allreduce_exposed_seconds = comm->wait_seconds();
+  }
+  if (result.stopped_by_signal != 0) {
+    progress.line(format("stopped at step %lld by a signal; resume with --resume",
+                         static_cast<long long>(step)));
+    return result;  // no "end" record: the run is not finished
+  }
   JsonRecord end;
   end.add("event", "end")
       .add("steps", result.steps)
       .add("final_loss", result.final_loss)
       .add("images_per_second", result.images_per_second)
-      .add("peak_device_bytes", static_cast<int64_t>(result.peak_device_bytes));
+      .add("peak_device_bytes", static_cast<int64_t>(result.peak_device_bytes))
+      .add("ranks", static_cast<int64_t>(ranks))
+      .add("allreduce_seconds", result.allreduce_seconds)
+      .add("allreduce_exposed_seconds", result.allreduce_exposed_seconds);
   if (result.test_accuracy >= 0) {
     end.add("test_accuracy", result.test_accuracy).add("test_loss", result.test_loss);
   }
   metrics.write(end);
-  progress.line(format("done: %lld steps, %.0f img/s, peak device memory %s%s",
+  std::string comm_text;
+  if (ranks > 1 && result.allreduce_seconds > 0) {
+    comm_text = format(", allreduce %.2f s of which %.0f%% hidden behind backward",
+                       result.allreduce_seconds,
+                       100.0 * std::max(0.0, 1.0 - result.allreduce_exposed_seconds /
+                                                       result.allreduce_seconds));
+  }
+  progress.line(format("done: %lld steps, %.0f img/s, peak device memory %s%s%s",
                        static_cast<long long>(result.steps), result.images_per_second,
                        mib(result.peak_device_bytes).c_str(),
                        result.test_accuracy >= 0
                            ? format(", test accuracy %.4f", result.test_accuracy).c_str()
-                           : ""));
+                           : "",
+                       comm_text.c_str()));
   return result;
 }
 

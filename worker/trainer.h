@@ -2,11 +2,13 @@
 // progress and metrics.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "worker/backend.h"
+#include "worker/communicator.h"
 #include "worker/data.h"
 #include "worker/graph.h"
 #include "worker/metrics.h"
@@ -25,9 +27,31 @@ struct TrainerOptions {
   float momentum = 0.0f;
   float weight_decay = 0.0f;
   std::string conv_algorithm = "auto";
-  std::string metrics_path;      // JSON lines; empty = none
-  Progress::Mode progress = Progress::Mode::kLines;
+  std::string metrics_path;      // JSON lines; empty = none (written by rank 0)
+  Progress::Mode progress = Progress::Mode::kLines;  // rank 0; other ranks stay quiet
+
+  // Data parallelism. Each global batch of B samples is cut into contiguous
+  // per-rank slices of split[r] samples (sum = B); each rank's loss is its
+  // sum over samples divided by B, so the allreduce SUM of gradients is the
+  // full-batch gradient whatever the split. A rank with 0 samples only takes
+  // part in the allreduce.
+  Communicator* comm = nullptr;  // null: a single process
+  std::vector<int64_t> split;    // per-rank batch sizes; empty = even_split(B, ranks)
+  uint64_t allreduce_bucket = 4 << 20;  // gradient bytes per allreduce
+
+  // Checkpoints (rank 0 writes; every rank resumes from the same file).
+  std::string checkpoint_dir;    // empty = no checkpoints
+  int64_t checkpoint_every = 0;  // steps; 0 = only at the end and on a stop signal
+  int checkpoint_keep = 3;
+  bool resume = false;           // continue from the newest checkpoint in checkpoint_dir
+  // Non-zero (a signal number) asks every rank to stop at the next step
+  // boundary, after a checkpoint.
+  const std::atomic<int>* stop_signal = nullptr;
+  int64_t fail_at_step = -1;     // testing aid: this rank throws at this step
 };
+
+// B / ranks each, the remainder to the first ranks.
+std::vector<int64_t> even_split(int64_t batch, int ranks);
 
 struct TrainResult {
   int64_t steps = 0;
@@ -36,11 +60,17 @@ struct TrainResult {
   double test_loss = -1;
   double images_per_second = 0;       // training steps only (evaluation excluded)
   size_t peak_device_bytes = 0;
-  std::vector<double> step_losses;    // mean loss of every step
+  std::vector<double> step_losses;    // global mean loss of every step run
+  int stopped_by_signal = 0;          // the signal that stopped the run early, or 0
+  std::string resumed_from;           // checkpoint the run continued from, if any
+  std::string last_checkpoint;        // newest checkpoint written, if any
+  double allreduce_seconds = 0;       // time the communication side spent in allreduces
+  double allreduce_exposed_seconds = 0;  // time the step waited for them
 };
 
-// Trains `graph` on `backend`. `test` may have count 0 (then no evaluation).
-// Throws on any failure; the metrics file then has no "end" record.
+// Trains `graph` on `backend`, as this rank's part of the job when
+// options.comm is set. `test` may have count 0 (then no evaluation). Throws
+// on any failure; the metrics file then has no "end" record.
 TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set,
                   const Dataset& test_set, const ChannelStats& norm, const TrainerOptions& options);
 

@@ -1,0 +1,431 @@
+// Checkpoint files: the on-disk format, atomic saves and pruning, picking the
+// latest, and validation of torn, corrupt and foreign files. Each test works in
+// a fresh temporary directory.
+#include "worker/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <bit>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace vtrain::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<uint8_t>;
+
+#define EXPECT_CONTAINS(text, part)                          \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) \
+      << "message \"" << (text) << "\" does not contain \"" << (part) << "\""
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "vtrain_checkpoint_test.XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  std::string path(const std::string& name = "") const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// The message of the CheckpointError `fn` throws; a test failure if it throws
+// nothing or something else.
+std::string checkpoint_error(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected CheckpointError, got another exception: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected CheckpointError, nothing was thrown";
+  return {};
+}
+
+Bytes read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return Bytes(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const Bytes& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+}
+
+void put_le(Bytes& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
+}
+
+void store_le(Bytes& out, size_t offset, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out[offset + i] = static_cast<uint8_t>(value >> (8 * i));
+}
+
+// Rewrites the CRC trailer to match the rest, so a test can reach the checks
+// that come after it.
+void fix_crc(Bytes& file) {
+  const size_t body = file.size() - 4;
+  store_le(file, body, crc32_z(0, file.data(), body), 4);
+}
+
+std::vector<uint32_t> bits(const std::vector<float>& values) {
+  std::vector<uint32_t> out;
+  for (float v : values) out.push_back(std::bit_cast<uint32_t>(v));
+  return out;
+}
+
+std::set<std::string> names_in(const std::string& dir) {
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.insert(entry.path().filename());
+  return names;
+}
+
+Checkpoint small_checkpoint(int64_t step = 7) {
+  Checkpoint c;
+  c.model_signature = "lenet:abc";
+  c.step = step;
+  c.epoch = 2;
+  c.step_in_epoch = 3;
+  c.seed = 42;
+  c.world_size = 2;
+  c.global_batch = 64;
+  c.parameters = {1.0f, -2.5f, 0.125f};
+  c.buffers = {0.5f, 4.0f};
+  c.velocity = {0.0f, -0.0f, 3.0f};
+  return c;
+}
+
+// Byte offsets of small_checkpoint()'s fields in its file.
+struct SmallLayout {
+  static constexpr size_t kSignatureLength = 12;
+  static constexpr size_t kParameterCount = 20 + 9 + 6 * 8;
+  static constexpr size_t kBufferCount = kParameterCount + 8 + 3 * 4;
+  static constexpr size_t kVelocityCount = kBufferCount + 8 + 2 * 4;
+  static constexpr size_t kSize = kVelocityCount + 8 + 3 * 4 + 4;
+};
+
+TEST(Checkpoint, RoundTripIsBitExact) {
+  const TempDir dir;
+  Checkpoint c;
+  c.model_signature = "resnet18:0123456789abcdef";
+  c.step = 123;
+  c.epoch = (int64_t{1} << 40) + 3;
+  c.step_in_epoch = -5;  // not meaningful, but every bit of an i64 must survive
+  c.seed = 0xFEDCBA9876543210ULL;
+  c.world_size = 8;
+  c.global_batch = std::numeric_limits<int64_t>::min();
+  for (uint32_t pattern : {0x7FC00001u, 0x7F800001u, 0xFFC12345u, 0x80000000u, 0x00000001u,
+                           0x7F800000u, 0xFF800000u, 0x7F7FFFFFu}) {
+    c.parameters.push_back(std::bit_cast<float>(pattern));
+  }
+  // More than one 1 MiB I/O chunk, so chunk boundaries are crossed.
+  for (uint32_t i = 0; i < 300'000; ++i) c.buffers.push_back(std::bit_cast<float>(i * 2654435761u));
+  c.velocity = {-0.0f, 1e-30f};
+
+  const std::string path = save_checkpoint(dir.path("run"), c, 3);
+  EXPECT_EQ(path, dir.path("run/ckpt-0000000123.vtc"));
+  const Checkpoint back = load_checkpoint(path);
+  EXPECT_EQ(back.model_signature, c.model_signature);
+  EXPECT_EQ(back.step, c.step);
+  EXPECT_EQ(back.epoch, c.epoch);
+  EXPECT_EQ(back.step_in_epoch, c.step_in_epoch);
+  EXPECT_EQ(back.seed, c.seed);
+  EXPECT_EQ(back.world_size, c.world_size);
+  EXPECT_EQ(back.global_batch, c.global_batch);
+  EXPECT_EQ(bits(back.parameters), bits(c.parameters));
+  EXPECT_EQ(bits(back.buffers), bits(c.buffers));
+  EXPECT_EQ(bits(back.velocity), bits(c.velocity));
+}
+
+TEST(Checkpoint, FileIsTheDocumentedLittleEndianLayout) {
+  const TempDir dir;
+  Checkpoint c;
+  c.model_signature = "ab";
+  c.step = 0x0102030405;
+  c.epoch = -1;
+  c.seed = 0x1122334455667788ULL;
+  c.parameters = {1.0f};
+  c.velocity = {-2.0f};
+
+  Bytes expected = {'V', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
+  put_le(expected, 1, 4);
+  put_le(expected, 2, 8);
+  expected.push_back('a');
+  expected.push_back('b');
+  for (int64_t v : {c.step, c.epoch, c.step_in_epoch}) {
+    put_le(expected, static_cast<uint64_t>(v), 8);
+  }
+  put_le(expected, c.seed, 8);
+  for (int64_t v : {c.world_size, c.global_batch}) {
+    put_le(expected, static_cast<uint64_t>(v), 8);
+  }
+  put_le(expected, 1, 8);
+  put_le(expected, 0x3F800000, 4);
+  put_le(expected, 0, 8);
+  put_le(expected, 1, 8);
+  put_le(expected, 0xC0000000, 4);
+  put_le(expected, crc32_z(0, expected.data(), expected.size()), 4);
+
+  EXPECT_EQ(read_bytes(save_checkpoint(dir.path(), c, 1)), expected);
+}
+
+TEST(Checkpoint, KeepRemovesTheOldest) {
+  const TempDir dir;
+  write_bytes(dir.path("notes.txt"), {'h', 'i'});
+  save_checkpoint(dir.path(), small_checkpoint(1), 2);
+  save_checkpoint(dir.path(), small_checkpoint(2), 2);
+  EXPECT_EQ(names_in(dir.path()), (std::set<std::string>{"ckpt-0000000001.vtc",
+                                                         "ckpt-0000000002.vtc", "notes.txt"}));
+  save_checkpoint(dir.path(), small_checkpoint(3), 2);
+  EXPECT_EQ(names_in(dir.path()), (std::set<std::string>{"ckpt-0000000002.vtc",
+                                                         "ckpt-0000000003.vtc", "notes.txt"}));
+}
+
+TEST(Checkpoint, TheFileJustWrittenSurvivesPruning) {
+  const TempDir dir;
+  save_checkpoint(dir.path(), small_checkpoint(100), 1);
+  const std::string written = save_checkpoint(dir.path(), small_checkpoint(50), 1);
+  EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"ckpt-0000000050.vtc"});
+  EXPECT_EQ(load_checkpoint(written).step, 50);
+}
+
+TEST(Checkpoint, SavingAStepAgainReplacesIt) {
+  const TempDir dir;
+  Checkpoint c = small_checkpoint(7);
+  save_checkpoint(dir.path(), c, 2);
+  c.epoch = 9;
+  const std::string path = save_checkpoint(dir.path(), c, 2);
+  EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"ckpt-0000000007.vtc"});
+  EXPECT_EQ(load_checkpoint(path).epoch, 9);
+}
+
+TEST(Checkpoint, LatestIsTheHighestStepAndIgnoresOtherFiles) {
+  const TempDir dir;
+  EXPECT_EQ(latest_checkpoint(dir.path("missing")), std::nullopt);
+  EXPECT_EQ(latest_checkpoint(dir.path()), std::nullopt);
+  for (int64_t step : {5, 40, 12}) save_checkpoint(dir.path(), small_checkpoint(step), 10);
+  write_bytes(dir.path(".ckpt-99.tmp.123"), {1});
+  write_bytes(dir.path("notes.txt"), {1});
+  write_bytes(dir.path("ckpt-99.vtc"), {1});               // not 10 digits
+  write_bytes(dir.path("ckpt-0000000099.vtc.bak"), {1});   // not the full name
+  write_bytes(dir.path("ckpt-00000000x9.vtc"), {1});       // not all digits
+  EXPECT_EQ(latest_checkpoint(dir.path()), dir.path("ckpt-0000000040.vtc"));
+}
+
+TEST(Checkpoint, LatestReportsADirectoryItCannotList) {
+  const TempDir dir;
+  write_bytes(dir.path("file"), {1});
+  EXPECT_CONTAINS(checkpoint_error([&] { latest_checkpoint(dir.path("file")); }), dir.path("file"));
+}
+
+TEST(Checkpoint, EveryTruncationIsReported) {
+  const TempDir dir;
+  const Bytes file = read_bytes(save_checkpoint(dir.path(), small_checkpoint(), 1));
+  ASSERT_EQ(file.size(), SmallLayout::kSize);
+  const std::string path = dir.path("cut.vtc");
+  for (size_t length = 0; length < file.size(); ++length) {
+    SCOPED_TRACE("truncated to " + std::to_string(length) + " bytes");
+    write_bytes(path, Bytes(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(length)));
+    EXPECT_CONTAINS(checkpoint_error([&] { load_checkpoint(path); }), path);
+  }
+}
+
+TEST(Checkpoint, EveryFlippedByteIsReported) {
+  const TempDir dir;
+  const Bytes file = read_bytes(save_checkpoint(dir.path(), small_checkpoint(), 1));
+  ASSERT_EQ(file.size(), SmallLayout::kSize);
+  // Bytes that steer the parse (magic, version, lengths) may give a
+  // structural error; every other byte is covered by the CRC alone.
+  const auto structural = [](size_t offset) {
+    const auto in = [&](size_t start, size_t size) {
+      return offset >= start && offset < start + size;
+    };
+    return in(0, 12) || in(SmallLayout::kSignatureLength, 8) ||
+           in(SmallLayout::kParameterCount, 8) || in(SmallLayout::kBufferCount, 8) ||
+           in(SmallLayout::kVelocityCount, 8);
+  };
+  const std::string path = dir.path("flipped.vtc");
+  for (size_t offset = 0; offset < file.size(); ++offset) {
+    SCOPED_TRACE("byte " + std::to_string(offset) + " flipped");
+    Bytes corrupt = file;
+    corrupt[offset] ^= 0xFF;
+    write_bytes(path, corrupt);
+    const std::string message = checkpoint_error([&] { load_checkpoint(path); });
+    EXPECT_CONTAINS(message, path);
+    if (!structural(offset)) {
+      EXPECT_CONTAINS(message, "CRC mismatch (file corrupt)");
+    }
+  }
+}
+
+TEST(Checkpoint, WrongMagicIsNotACheckpoint) {
+  const TempDir dir;
+  const std::string path = dir.path("other.vtc");
+  write_bytes(path, Bytes(64, 'x'));
+  EXPECT_EQ(checkpoint_error([&] { load_checkpoint(path); }),
+            path + ": not a vtrain checkpoint (bad magic)");
+}
+
+TEST(Checkpoint, NewerVersionIsRefused) {
+  const TempDir dir;
+  const std::string path = save_checkpoint(dir.path(), small_checkpoint(), 1);
+  Bytes file = read_bytes(path);
+  store_le(file, 8, 9, 4);
+  fix_crc(file);
+  write_bytes(path, file);
+  EXPECT_EQ(checkpoint_error([&] { load_checkpoint(path); }),
+            path + ": version 9 is newer than this vtrain's 1");
+}
+
+TEST(Checkpoint, CorruptLengthIsCheckedBeforeAllocating) {
+  const TempDir dir;
+  const std::string path = save_checkpoint(dir.path(), small_checkpoint(), 1);
+  Bytes file = read_bytes(path);
+  store_le(file, SmallLayout::kParameterCount, uint64_t{1} << 61, 8);
+  fix_crc(file);
+  write_bytes(path, file);
+  const size_t left = SmallLayout::kSize - 4 - (SmallLayout::kParameterCount + 8);
+  EXPECT_EQ(checkpoint_error([&] { load_checkpoint(path); }),
+            path + ": truncated: field parameters declares 2305843009213693952 floats but only " +
+                std::to_string(left) + " bytes remain");
+}
+
+TEST(Checkpoint, TrailingGarbageIsRefused) {
+  const TempDir dir;
+  const std::string path = save_checkpoint(dir.path(), small_checkpoint(), 1);
+  Bytes file = read_bytes(path);
+  file.insert(file.end(), {0, 0, 0, 0, 0});
+  write_bytes(path, file);
+  EXPECT_EQ(checkpoint_error([&] { load_checkpoint(path); }),
+            path + ": 5 bytes of trailing garbage after the last field");
+}
+
+TEST(Checkpoint, MissingFileIsReported) {
+  const TempDir dir;
+  const std::string path = dir.path("ckpt-0000000001.vtc");
+  EXPECT_EQ(checkpoint_error([&] { load_checkpoint(path); }),
+            path + ": cannot open: No such file or directory");
+}
+
+TEST(Checkpoint, MatchChecksNameWhatDiffers) {
+  const Checkpoint c = small_checkpoint();
+  const std::string path = "run/ckpt-0000000007.vtc";
+  EXPECT_NO_THROW(check_checkpoint_matches(c, path, "lenet:abc", 3, 2));
+  EXPECT_EQ(checkpoint_error([&] { check_checkpoint_matches(c, path, "vgg:def", 3, 2); }),
+            path + " was written for another model (signature lenet:abc, this model vgg:def)");
+  EXPECT_EQ(checkpoint_error([&] { check_checkpoint_matches(c, path, "lenet:abc", 4, 2); }),
+            path + " holds 3 parameter values, this model has 4");
+  EXPECT_EQ(checkpoint_error([&] { check_checkpoint_matches(c, path, "lenet:abc", 3, 1); }),
+            path + " holds 2 buffer values, this model has 1");
+  Checkpoint short_velocity = c;
+  short_velocity.velocity.pop_back();
+  EXPECT_EQ(checkpoint_error(
+                [&] { check_checkpoint_matches(short_velocity, path, "lenet:abc", 3, 2); }),
+            path + " holds 2 velocity values, this model has 3");
+}
+
+TEST(Checkpoint, BadArgumentsWriteNothing) {
+  const TempDir dir;
+  EXPECT_THROW(save_checkpoint(dir.path("a"), small_checkpoint(), 0), std::invalid_argument);
+  EXPECT_THROW(save_checkpoint(dir.path("b"), small_checkpoint(-1), 1), std::invalid_argument);
+  EXPECT_THROW(save_checkpoint(dir.path("c"), small_checkpoint(10'000'000'000), 1),
+               std::invalid_argument);
+  EXPECT_TRUE(names_in(dir.path()).empty());
+}
+
+// A directory below a regular file cannot be created, even by root (for whom
+// permission bits would not stop anything).
+TEST(Checkpoint, UnwritableDirectoryIsReported) {
+  const TempDir dir;
+  write_bytes(dir.path("file"), {1});
+  const std::string target = dir.path("file/sub");
+  EXPECT_CONTAINS(checkpoint_error([&] { save_checkpoint(target, small_checkpoint(), 1); }),
+                  target);
+  EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"file"});
+}
+
+// Lowers RLIMIT_FSIZE for its lifetime, so writes past `bytes` fail with
+// EFBIG (SIGXFSZ, which would kill the process, is ignored meanwhile).
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    getrlimit(RLIMIT_FSIZE, &old_);
+    rlimit lowered = old_;
+    lowered.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &lowered);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &old_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  rlimit old_{};
+  void (*old_handler_)(int) = SIG_DFL;
+};
+
+TEST(Checkpoint, FailedWriteLeavesNoFileBehind) {
+  const TempDir dir;
+  const std::string previous = save_checkpoint(dir.path(), small_checkpoint(1), 5);
+  Checkpoint big = small_checkpoint(2);
+  big.parameters.assign(10'000, 1.0f);
+  std::string message;
+  {
+    // The first write is cut short at the limit, the retry of the rest fails.
+    const FileSizeLimit limit(1000);
+    message = checkpoint_error([&] { save_checkpoint(dir.path(), big, 5); });
+  }
+  EXPECT_CONTAINS(message, dir.path(".ckpt-2.tmp."));
+  EXPECT_CONTAINS(message, "write failed");
+  EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"ckpt-0000000001.vtc"});
+  EXPECT_EQ(load_checkpoint(previous).step, 1);
+}
+
+TEST(Checkpoint, FailedRenameLeavesNoTemporary) {
+  const TempDir dir;
+  // A non-empty directory under the final name makes rename() fail.
+  fs::create_directories(dir.path("ckpt-0000000007.vtc/x"));
+  const std::string message =
+      checkpoint_error([&] { save_checkpoint(dir.path(), small_checkpoint(7), 1); });
+  EXPECT_CONTAINS(message, dir.path("ckpt-0000000007.vtc"));
+  EXPECT_CONTAINS(message, "rename");
+  EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"ckpt-0000000007.vtc"});
+  EXPECT_TRUE(fs::is_directory(dir.path("ckpt-0000000007.vtc")));
+}
+
+TEST(Checkpoint, PruneFailureIsReportedAfterTheNewFileIsSafe) {
+  const TempDir dir;
+  // A non-empty directory with a checkpoint's name cannot be removed.
+  fs::create_directories(dir.path("ckpt-0000000001.vtc/x"));
+  const std::string message =
+      checkpoint_error([&] { save_checkpoint(dir.path(), small_checkpoint(2), 1); });
+  EXPECT_CONTAINS(message, dir.path("ckpt-0000000002.vtc") + " was saved");
+  EXPECT_CONTAINS(message, dir.path("ckpt-0000000001.vtc"));
+  EXPECT_EQ(load_checkpoint(dir.path("ckpt-0000000002.vtc")).step, 2);
+}
+
+}  // namespace
+}  // namespace vtrain::worker

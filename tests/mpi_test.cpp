@@ -1,0 +1,245 @@
+// Multi-rank tests, run through mpirun the way users run vtrain (ctest label
+// mpi): gradient equivalence for any split, failure of one rank, checkpoint
+// resume, and the stop signal.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "worker/checkpoint.h"
+
+extern char** environ;
+
+namespace vtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string source_dir() {
+  const char* dir = std::getenv("VTRAIN_SOURCE_DIR");
+  return dir ? dir : fs::path(__FILE__).parent_path().parent_path().string();
+}
+
+std::string binary() {
+  const char* bin = std::getenv("VTRAIN_BINARY");
+  return bin ? bin : (fs::path(source_dir()) / "build" / "vtrain").string();
+}
+
+class TempDir {
+ public:
+  TempDir() : path_(fs::temp_directory_path() / ("vtrain_mpi_" + std::to_string(getpid()) + "_" +
+                                                 std::to_string(counter_++))) {
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+  static inline int counter_ = 0;
+};
+
+// mpirun as these tests need it: root allowed (CI), more ranks than cores.
+std::string mpirun(int ranks) {
+  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
+         "mpirun --oversubscribe -np " + std::to_string(ranks) + " ";
+}
+
+int run(const std::string& command, std::string* output = nullptr) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return -1;
+  char buf[4096];
+  std::string out;
+  while (size_t got = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, got);
+  const int status = pclose(pipe);
+  if (output) *output = out;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// LeNet on small synthetic data, fixed algorithms (bitwise reproducible).
+std::string train_args(const std::string& ckpt_dir, int steps, const std::string& extra = "") {
+  return binary() + " " + source_dir() + "/configs/synthetic-lenet.yaml --progress off" +
+         " --set train.batch=48 --set train.max_steps=" + std::to_string(steps) +
+         " --set train.evaluate=false --set conv.algorithm=direct --set device.threads=1" +
+         " --set checkpoint.dir=" + ckpt_dir + " " + extra;
+}
+
+std::vector<float> final_parameters(const std::string& dir) {
+  const auto latest = worker::latest_checkpoint(dir);
+  if (!latest) return {};
+  return worker::load_checkpoint(*latest).parameters;
+}
+
+struct Difference {
+  double max_abs = 0;   // max |a - b|
+  double relative = 0;  // max |a - b| / max |a|: relative to the weights' scale
+};
+
+Difference compare(const std::vector<float>& a, const std::vector<float>& b) {
+  Difference d;
+  double scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d.max_abs = std::max(d.max_abs, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
+  }
+  d.relative = scale > 0 ? d.max_abs / scale : d.max_abs;
+  return d;
+}
+
+void expect_equivalent_splits(const std::string& optimizer) {
+  TempDir dir;
+  std::string out;
+  ASSERT_EQ(run(train_args(dir / "one", 20, optimizer), &out), 0) << out;
+  ASSERT_EQ(run(mpirun(2) + train_args(dir / "two", 20, optimizer), &out), 0) << out;
+  // An odd uneven split with an idle rank: 7 + 0 + 41 = 48.
+  ASSERT_EQ(run(mpirun(3) + train_args(dir / "three", 20,
+                                       optimizer + " --set balance.split=manual"
+                                                   " --set balance.manual=[7,0,41]"),
+                &out),
+            0)
+      << out;
+  const std::vector<float> one = final_parameters(dir / "one");
+  const std::vector<float> two = final_parameters(dir / "two");
+  const std::vector<float> three = final_parameters(dir / "three");
+  ASSERT_FALSE(one.empty());
+  ASSERT_EQ(one.size(), two.size());
+  ASSERT_EQ(one.size(), three.size());
+  const Difference d2 = compare(one, two), d3 = compare(one, three);
+  std::printf("after 20 steps vs 1 rank: 2 ranks max abs diff %.3g (relative %.3g), "
+              "3 ranks 7/0/41 max abs diff %.3g (relative %.3g)\n",
+              d2.max_abs, d2.relative, d3.max_abs, d3.relative);
+  EXPECT_LE(d2.relative, 1e-5);
+  EXPECT_LE(d3.relative, 1e-5);
+}
+
+TEST(Mpi, PlainSgdWeightsAgreeForOneTwoAndThreeRanks) {
+  expect_equivalent_splits("--set optimizer.momentum=0");
+}
+
+TEST(Mpi, MomentumAndWeightDecayWeightsAgreeForOneTwoAndThreeRanks) {
+  expect_equivalent_splits("--set optimizer.momentum=0.9 --set optimizer.weight_decay=5e-4");
+}
+
+TEST(Mpi, OneFailingRankEndsTheJobQuickly) {
+  TempDir dir;
+  std::string out;
+  const auto start = std::chrono::steady_clock::now();
+  const int code = run("VTRAIN_FAIL_RANK=1 VTRAIN_FAIL_AT_STEP=5 timeout 60 " + mpirun(2) +
+                           train_args(dir / "ck", 50),
+                       &out);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(code, 124) << "the job hung until timeout killed it:\n" << out;
+  EXPECT_LT(seconds, 30.0) << out;
+  EXPECT_NE(out.find("[rank 1] error: injected failure at step 5"), std::string::npos) << out;
+}
+
+// The losses of the "step" records of a metrics file, as printed.
+std::vector<std::string> logged_losses(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> losses;
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t at = line.find("\"loss\": ");
+    if (line.find("\"event\": \"step\"") == std::string::npos || at == std::string::npos) continue;
+    losses.push_back(line.substr(at + 8, line.find(',', at) - at - 8));
+  }
+  return losses;
+}
+
+TEST(Mpi, ResumedRunRepeatsTheUninterruptedLossesBitwise) {
+  for (int ranks : {1, 2}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    TempDir dir;
+    const std::string launch = ranks > 1 ? mpirun(ranks) : "";
+    std::string out;
+    ASSERT_EQ(run(launch + train_args(dir / "full", 24, "--set train.log_every=1 --metrics " +
+                                                            dir / "full.jsonl"),
+                  &out),
+              0)
+        << out;
+    ASSERT_EQ(run(launch + train_args(dir / "part", 10, "--set train.log_every=1 --metrics " +
+                                                            dir / "a.jsonl"),
+                  &out),
+              0)
+        << out;
+    ASSERT_EQ(run(launch + train_args(dir / "part", 24, "--resume --set train.log_every=1 "
+                                                        "--progress line --metrics " +
+                                                            dir / "b.jsonl"),
+                  &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
+    std::vector<std::string> pieced = logged_losses(dir / "a.jsonl");
+    for (const std::string& l : logged_losses(dir / "b.jsonl")) pieced.push_back(l);
+    EXPECT_EQ(pieced, logged_losses(dir / "full.jsonl"));
+    EXPECT_EQ(final_parameters(dir / "part"), final_parameters(dir / "full"));
+  }
+}
+
+TEST(Mpi, MismatchedCheckpointIsAClearError) {
+  TempDir dir;
+  std::string out;
+  ASSERT_EQ(run(train_args(dir / "ck", 3), &out), 0) << out;
+  // Another model in the same checkpoint directory.
+  const int code = run(binary() + " " + source_dir() + "/configs/synthetic-lenet.yaml "
+                       "--progress off --set train.batch=48 --set model.preset=vgg-small "
+                       "--set train.max_steps=1 --resume --set checkpoint.dir=" + dir / "ck",
+                       &out);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("was written for another model"), std::string::npos) << out;
+}
+
+TEST(Mpi, StopSignalCheckpointsAndExitsWithThree) {
+  TempDir dir;
+  const std::string log = dir / "log.txt";
+  const std::string command = mpirun(2) + train_args(dir / "ck", 100000,
+                                                     "--set checkpoint.every=5 --set train.epochs=1000 "
+                                                     "--progress line") +
+                              " > " + log + " 2>&1";
+  pid_t pid = 0;
+  const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
+  ASSERT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  // Wait (bounded) for training to be under way: the first checkpoint.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!worker::latest_checkpoint(dir / "ck") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(worker::latest_checkpoint(dir / "ck")) << "no checkpoint within 60 s";
+  // sh -c runs mpirun as its only child; signal the whole process group of
+  // the shell is not ours to take, so find mpirun by parent pid.
+  std::string out;
+  run("pkill -USR1 -P " + std::to_string(pid) + " mpirun", &out);
+  int status = 0;
+  const auto stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  pid_t done = 0;
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < stop_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "the job did not stop within 60 s of SIGUSR1";
+  }
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 3) << text;
+  EXPECT_NE(text.find("stopped by a signal after checkpointing"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace vtrain

@@ -1,0 +1,68 @@
+// Checkpoints: the model, optimizer state and data position, written so a
+// crash never leaves a torn file, and validated on load.
+//
+// File format (version 1, little-endian): magic "VTRAINCK", u32 version,
+// the fields of Checkpoint in order (strings and arrays length-prefixed with
+// u64), then a CRC-32 (zlib) of every byte before it. Files are named
+// ckpt-<step, 10 digits>.vtc inside the checkpoint directory.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace vtrain::worker {
+
+// A checkpoint file is missing, torn, corrupt or does not match the run.
+// The message names the file and what is wrong.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Checkpoint {
+  std::string model_signature;   // Graph::signature() of the model it belongs to
+  int64_t step = 0;              // optimizer steps completed
+  int64_t epoch = 0;             // epoch of the next step (0-based)
+  int64_t step_in_epoch = 0;     // steps of that epoch already done
+  uint64_t seed = 0;             // the run's seed: shuffles are a pure function of (seed, epoch)
+  int64_t world_size = 1;        // ranks of the run that wrote it (informational)
+  int64_t global_batch = 0;      // B of the run that wrote it
+  std::vector<float> parameters;  // Network::download_parameters()
+  std::vector<float> buffers;     // Network::download_buffers()
+  std::vector<float> velocity;    // Sgd::download_velocity()
+};
+
+// Writes `ckpt` as DIR/ckpt-<step>.vtc: a temporary file in DIR, fsync,
+// rename over the final name, fsync of DIR. Creates DIR if missing. Then
+// removes older checkpoints so that at most `keep` (>= 1) remain: the file
+// just written always stays, with the highest-numbered others. Returns the
+// path written. Throws CheckpointError; a failed write leaves no partial
+// ckpt-*.vtc behind (temporaries are named .ckpt-*.tmp and ignored by
+// readers). A failure to remove an old checkpoint is thrown only once the new
+// one is in place, and names the files left behind. Throws
+// std::invalid_argument for keep < 1 or a step outside [0, 9999999999].
+std::string save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int keep);
+
+// The newest complete checkpoint in DIR by step number, or nullopt if DIR
+// is missing or holds none. Only names are considered; load_checkpoint
+// validates the content. Throws CheckpointError if DIR exists but cannot be
+// listed (rather than let a run restart from scratch over its checkpoints).
+std::optional<std::string> latest_checkpoint(const std::string& dir);
+
+// Reads and validates a checkpoint: magic, version, lengths against the file
+// size, CRC. Throws CheckpointError naming the file and the problem
+// ("truncated", "CRC mismatch", "not a vtrain checkpoint", "version 9 is
+// newer than this vtrain's 1").
+Checkpoint load_checkpoint(const std::string& path);
+
+// Throws CheckpointError naming `path` when `ckpt` does not belong to a
+// model with `signature` and these parameter/buffer counts (the velocity must
+// hold one value per parameter).
+void check_checkpoint_matches(const Checkpoint& ckpt, const std::string& path,
+                              const std::string& signature, int64_t parameters,
+                              int64_t buffers);
+
+}  // namespace vtrain::worker
