@@ -11,29 +11,16 @@
 #include <fstream>
 #include <string>
 
+#include "tests/test_support.h"
+
 namespace vtrain {
 namespace {
 
 namespace fs = std::filesystem;
+using test_support::source_dir;
 
-std::string source_dir() {
-  const char* dir = std::getenv("VTRAIN_SOURCE_DIR");
-  return dir ? dir : fs::path(__FILE__).parent_path().parent_path().string();
-}
-
-std::string binary() {
-  const char* bin = std::getenv("VTRAIN_BINARY");
-  return bin ? bin : (fs::path(source_dir()) / "build" / "vtrain").string();
-}
-
-// Runs vtrain with `args`; returns the exit code and combined output.
 int run_vtrain(const std::string& args, std::string& output) {
-  FILE* pipe = popen((binary() + " " + args + " 2>&1").c_str(), "r");
-  if (!pipe) return -1;
-  char buf[4096];
-  while (size_t got = std::fread(buf, 1, sizeof buf, pipe)) output.append(buf, got);
-  const int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return test_support::run_command(test_support::vtrain_binary() + " " + args, &output);
 }
 
 // The acceptance run of the foundation issue: LeNet, batch 64, SGD lr 0.05

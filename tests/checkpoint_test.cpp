@@ -1,6 +1,7 @@
 // Checkpoint files: the on-disk format, atomic saves and pruning, picking the
 // latest, and validation of torn, corrupt and foreign files. Each test works in
 // a fresh temporary directory.
+#include "tests/test_support.h"
 #include "worker/checkpoint.h"
 
 #include <gtest/gtest.h>
@@ -26,40 +27,10 @@ namespace {
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
 
-#define EXPECT_CONTAINS(text, part)                          \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) \
-      << "message \"" << (text) << "\" does not contain \"" << (part) << "\""
+using test_support::TempDir;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "vtrain_checkpoint_test.XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  std::string path(const std::string& name = "") const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
-// The message of the CheckpointError `fn` throws; a test failure if it throws
-// nothing or something else.
 std::string checkpoint_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const CheckpointError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected CheckpointError, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected CheckpointError, nothing was thrown";
-  return {};
+  return test_support::error_message<CheckpointError>(fn);
 }
 
 Bytes read_bytes(const std::string& path) {

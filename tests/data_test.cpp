@@ -1,6 +1,7 @@
 // Dataset loading, synthetic data, normalisation, batch gathering and epoch
 // shuffling. Files are written into a fresh temporary directory per test; the
 // last test reads the real Fashion-MNIST when the Debian package is installed.
+#include "tests/test_support.h"
 #include "worker/data.h"
 
 #include <gtest/gtest.h>
@@ -23,23 +24,8 @@ namespace {
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
 
-#define EXPECT_CONTAINS(text, part)                          \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) \
-      << "message \"" << (text) << "\" does not contain \"" << (part) << "\""
-
-// The message of the DataError `load` throws; a test failure if it throws
-// nothing or something else.
 std::string data_error(const std::function<void()>& load) {
-  try {
-    load();
-  } catch (const DataError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected DataError, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected DataError, nothing was thrown";
-  return {};
+  return test_support::error_message<DataError>(load);
 }
 
 void put_u32(Bytes& out, uint32_t v) {

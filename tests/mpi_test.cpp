@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/test_support.h"
 #include "worker/checkpoint.h"
 
 extern char** environ;
@@ -26,28 +27,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string source_dir() {
-  const char* dir = std::getenv("VTRAIN_SOURCE_DIR");
-  return dir ? dir : fs::path(__FILE__).parent_path().parent_path().string();
-}
+using test_support::source_dir;
 
-std::string binary() {
-  const char* bin = std::getenv("VTRAIN_BINARY");
-  return bin ? bin : (fs::path(source_dir()) / "build" / "vtrain").string();
-}
+std::string binary() { return test_support::vtrain_binary(); }
 
 class TempDir {
  public:
-  TempDir() : path_(fs::temp_directory_path() / ("vtrain_mpi_" + std::to_string(getpid()) + "_" +
-                                                 std::to_string(counter_++))) {
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+  std::string operator/(const std::string& name) const { return dir_.path(name); }
 
  private:
-  fs::path path_;
-  static inline int counter_ = 0;
+  test_support::TempDir dir_;
 };
 
 // mpirun as these tests need it: root allowed (CI), more ranks than cores.
@@ -57,14 +46,7 @@ std::string mpirun(int ranks) {
 }
 
 int run(const std::string& command, std::string* output = nullptr) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return -1;
-  char buf[4096];
-  std::string out;
-  while (size_t got = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, got);
-  const int status = pclose(pipe);
-  if (output) *output = out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return test_support::run_command(command, output);
 }
 
 // LeNet on small synthetic data, fixed algorithms (bitwise reproducible).

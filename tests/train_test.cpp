@@ -13,6 +13,7 @@
 #include <string>
 
 #include "configs/config.h"
+#include "tests/test_support.h"
 #include "worker/backend.h"
 #include "worker/data.h"
 #include "worker/graph.h"
@@ -22,16 +23,7 @@ namespace vtrain {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string source_dir() {
-  const char* dir = std::getenv("VTRAIN_SOURCE_DIR");
-  return dir ? dir : fs::path(__FILE__).parent_path().parent_path().string();
-}
-
-std::string binary() {
-  const char* bin = std::getenv("VTRAIN_BINARY");
-  return bin ? bin : (fs::path(source_dir()) / "build" / "vtrain").string();
-}
+using test_support::source_dir;
 
 struct RunResult {
   int exit_code = -1;
@@ -39,34 +31,21 @@ struct RunResult {
 };
 
 RunResult run_vtrain(const std::string& args) {
-  const std::string cmd = binary() + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return {};
   RunResult r;
-  char buf[4096];
-  while (size_t got = std::fread(buf, 1, sizeof buf, pipe)) r.output.append(buf, got);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.exit_code = test_support::run_command(test_support::vtrain_binary() + " " + args, &r.output);
   return r;
 }
 
 class TempDir {
  public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("vtrain_train_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
   std::string file(const std::string& name, const std::string& content = "") const {
-    const fs::path p = path_ / name;
-    if (!content.empty()) std::ofstream(p) << content;
-    return p.string();
+    const std::string path = dir_.path(name);
+    if (!content.empty()) std::ofstream(path) << content;
+    return path;
   }
 
  private:
-  fs::path path_;
-  static inline int counter_ = 0;
+  test_support::TempDir dir_;
 };
 
 double mean(const std::vector<double>& v, size_t first, size_t count) {
@@ -169,7 +148,9 @@ TEST(Cli, TrainsSyntheticAndWritesMetrics) {
     ASSERT_NE(at, std::string::npos) << key << " missing in " << last;
     const double value = std::atof(last.c_str() + at + std::strlen(key));
     EXPECT_GT(value, 0.0) << key;
-    if (std::string(key).find("accuracy") != std::string::npos) EXPECT_LE(value, 1.0);
+    if (std::string(key).find("accuracy") != std::string::npos) {
+      EXPECT_LE(value, 1.0);
+    }
   }
 }
 

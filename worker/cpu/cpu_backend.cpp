@@ -123,8 +123,6 @@ struct ConvPlan {
   Stage in0, in1;        // fwd: src, weights; bwd-data: diff_dst, weights; bwd-filter: src, diff_dst
   Stage out;             // dst, diff_src or diff_weights
   Stage out_bias;        // diff_bias (bwd-filter with accumulate)
-  bool has_bias = false;
-  bool sum_post_op = false;
   // im2col path
   bool im2col = false;
   Im2colGeometry geometry{};
@@ -229,6 +227,10 @@ class CpuBackend final : public Backend {
   ConvPlan build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvProblem& p, bool accumulate,
                            bool has_bias);
   ConvPlan build_im2col_conv(ConvKind kind, const ConvProblem& p, bool accumulate, bool has_bias);
+  // Runs a oneDNN convolution plan: in0/in1/out as in ConvPlan's stages;
+  // bias is the forward bias, dbias the backward-filter bias gradient.
+  void run_dnnl_conv(ConvKind kind, const ConvPlan& plan, char* ws, const void* in0,
+                     const void* in1, void* out, const float* bias, float* dbias);
   void run_im2col(ConvKind kind, const ConvPlan& plan, const ConvProblem& p, const Tensor* x,
                   const float* w, const float* bias, const Tensor* dy, const Tensor* out,
                   float* dw, float* dbias, float beta, char* ws);
@@ -525,7 +527,6 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
   const memory::desc b_md = has_bias ? vector_md(p.k) : memory::desc();
 
   ConvPlan plan;
-  plan.has_bias = has_bias;
   size_t cursor = 0;
   auto stage = [&](Stage& s, const memory::desc& user, const memory::desc& prim, bool out,
                    bool force) {
@@ -560,12 +561,12 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
                       ? dnnl::convolution_forward::primitive_desc(fwd_desc,
                                                                   user_scratchpad_attr(true), engine_)
                       : fwd_pd;
-        plan.sum_post_op = fwd_sum && dst_matches;
         plan.prim = dnnl::convolution_forward(pd);
         plan.scratch_md = pd.scratchpad_desc();
         stage(plan.in0, md_of(p.x), pd.src_desc(), false, false);
         stage(plan.in1, plain_md(w_shape), pd.weights_desc(), false, false);
         stage(plan.out, md_of(p.y), pd.dst_desc(), true, false);
+        plan.out_bias.user_md = b_md;  // the forward bias is an input, never staged
         break;
       }
       case ConvKind::kBackwardData: {
@@ -607,7 +608,6 @@ ConvPlan CpuBackend::build_im2col_conv(ConvKind kind, const ConvProblem& p, bool
                                        bool has_bias) {
   ConvPlan plan;
   plan.im2col = true;
-  plan.has_bias = has_bias;
   const Shape y = p.output_shape();
   plan.geometry = {p.x.shape.n, p.x.shape.c, p.x.shape.h, p.x.shape.w, p.r, p.s, p.pad_h,
                    p.pad_w, p.stride_h, p.stride_w, y.h, y.w};
@@ -732,6 +732,44 @@ void check_beta(const char* op, float beta) {
 
 }  // namespace
 
+void CpuBackend::run_dnnl_conv(ConvKind kind, const ConvPlan& plan, char* ws, const void* in0,
+                               const void* in1, void* out, const float* bias, float* dbias) {
+  // Argument ids of the two inputs and the output, per kind.
+  static constexpr int kArgs[3][3] = {
+      {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
+      {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC},
+      {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS},
+  };
+  const int* ids = kArgs[static_cast<int>(kind)];
+  std::unordered_map<int, memory> args;
+  auto input = [&](const Stage& s, const void* user, int arg) {
+    if (s.active) {
+      run_reorder(s.reorder, mem(s.user_md, user), mem(s.prim_md, ws + s.offset));
+      args[arg] = mem(s.prim_md, ws + s.offset);
+    } else {
+      args[arg] = mem(s.user_md, user);
+    }
+  };
+  // An output staged in the workspace is reordered (and, when
+  // accumulating, summed) into place after the primitive.
+  auto output = [&](const Stage& s, void* user, int arg) {
+    args[arg] = s.active ? mem(s.prim_md, ws + s.offset) : mem(s.user_md, user);
+  };
+  auto finish = [&](const Stage& s, void* user) {
+    if (s.active) run_reorder(s.reorder, mem(s.prim_md, ws + s.offset), mem(s.user_md, user));
+  };
+  input(plan.in0, in0, ids[0]);
+  input(plan.in1, in1, ids[1]);
+  output(plan.out, out, ids[2]);
+  if (bias) args[DNNL_ARG_BIAS] = mem(plan.out_bias.user_md, bias);
+  if (dbias) output(plan.out_bias, dbias, DNNL_ARG_DIFF_BIAS);
+  args[DNNL_ARG_SCRATCHPAD] = mem(plan.scratch_md, ws + plan.scratch_offset);
+  plan.prim.execute(stream_, args);
+  finish(plan.out, out);
+  if (dbias) finish(plan.out_bias, dbias);
+  stream_.wait();
+}
+
 void CpuBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const float* w,
                               const float* bias, const Tensor& y, float beta, void* workspace,
                               size_t workspace_bytes) {
@@ -739,33 +777,12 @@ void CpuBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor&
   const ConvPlan& plan = conv_plan(ConvKind::kForward, algo, p, beta != 0.0f, bias != nullptr);
   check_workspace("conv_forward", workspace_bytes, plan.workspace, p);
   char* ws = static_cast<char*>(workspace);
-  if (plan.im2col) {
-    run_im2col(ConvKind::kForward, plan, p, &x, w, bias, nullptr, &y, nullptr, nullptr, beta, ws);
-    return;
-  }
   try {
-    std::unordered_map<int, memory> args;
-    auto input = [&](const Stage& s, const void* user, int arg) {
-      if (s.active) {
-        run_reorder(s.reorder, mem(s.user_md, user), mem(s.prim_md, ws + s.offset));
-        args[arg] = mem(s.prim_md, ws + s.offset);
-      } else {
-        args[arg] = mem(s.user_md, user);
-      }
-    };
-    input(plan.in0, x.data, DNNL_ARG_SRC);
-    input(plan.in1, w, DNNL_ARG_WEIGHTS);
-    if (bias) args[DNNL_ARG_BIAS] = mem(vector_md(p.k), bias);
-    args[DNNL_ARG_DST] = plan.out.active ? mem(plan.out.prim_md, ws + plan.out.offset)
-                                         : mem(plan.out.user_md, y.data);
-    args[DNNL_ARG_SCRATCHPAD] = mem(plan.scratch_md, ws + plan.scratch_offset);
-    plan.prim.execute(stream_, args);
-    if (plan.out.active) {
-      // The output reorder carries the sum post-op when accumulating.
-      run_reorder(plan.out.reorder, mem(plan.out.prim_md, ws + plan.out.offset),
-                               mem(plan.out.user_md, y.data));
+    if (plan.im2col) {
+      run_im2col(ConvKind::kForward, plan, p, &x, w, bias, nullptr, &y, nullptr, nullptr, beta, ws);
+    } else {
+      run_dnnl_conv(ConvKind::kForward, plan, ws, x.data, w, y.data, bias, nullptr);
     }
-    stream_.wait();
   } catch (const dnnl::error& e) {
     rethrow("conv_forward " + p.str(), e);
   }
@@ -778,32 +795,13 @@ void CpuBackend::conv_backward_data(ConvAlgo algo, const ConvProblem& p, const T
   const ConvPlan& plan = conv_plan(ConvKind::kBackwardData, algo, p, beta != 0.0f, true);
   check_workspace("conv_backward_data", workspace_bytes, plan.workspace, p);
   char* ws = static_cast<char*>(workspace);
-  if (plan.im2col) {
-    run_im2col(ConvKind::kBackwardData, plan, p, nullptr, w, nullptr, &dy, &dx, nullptr, nullptr,
-               beta, ws);
-    return;
-  }
   try {
-    std::unordered_map<int, memory> args;
-    auto input = [&](const Stage& s, const void* user, int arg) {
-      if (s.active) {
-        run_reorder(s.reorder, mem(s.user_md, user), mem(s.prim_md, ws + s.offset));
-        args[arg] = mem(s.prim_md, ws + s.offset);
-      } else {
-        args[arg] = mem(s.user_md, user);
-      }
-    };
-    input(plan.in0, dy.data, DNNL_ARG_DIFF_DST);
-    input(plan.in1, w, DNNL_ARG_WEIGHTS);
-    args[DNNL_ARG_DIFF_SRC] = plan.out.active ? mem(plan.out.prim_md, ws + plan.out.offset)
-                                              : mem(plan.out.user_md, dx.data);
-    args[DNNL_ARG_SCRATCHPAD] = mem(plan.scratch_md, ws + plan.scratch_offset);
-    plan.prim.execute(stream_, args);
-    if (plan.out.active) {
-      run_reorder(plan.out.reorder, mem(plan.out.prim_md, ws + plan.out.offset),
-                               mem(plan.out.user_md, dx.data));
+    if (plan.im2col) {
+      run_im2col(ConvKind::kBackwardData, plan, p, nullptr, w, nullptr, &dy, &dx, nullptr, nullptr,
+                 beta, ws);
+    } else {
+      run_dnnl_conv(ConvKind::kBackwardData, plan, ws, dy.data, w, dx.data, nullptr, nullptr);
     }
-    stream_.wait();
   } catch (const dnnl::error& e) {
     rethrow("conv_backward_data " + p.str(), e);
   }
@@ -817,41 +815,13 @@ void CpuBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const
       conv_plan(ConvKind::kBackwardFilter, algo, p, beta != 0.0f, dbias != nullptr);
   check_workspace("conv_backward_filter", workspace_bytes, plan.workspace, p);
   char* ws = static_cast<char*>(workspace);
-  if (plan.im2col) {
-    run_im2col(ConvKind::kBackwardFilter, plan, p, &x, nullptr, nullptr, &dy, nullptr, dw, dbias,
-               beta, ws);
-    return;
-  }
   try {
-    std::unordered_map<int, memory> args;
-    auto input = [&](const Stage& s, const void* user, int arg) {
-      if (s.active) {
-        run_reorder(s.reorder, mem(s.user_md, user), mem(s.prim_md, ws + s.offset));
-        args[arg] = mem(s.prim_md, ws + s.offset);
-      } else {
-        args[arg] = mem(s.user_md, user);
-      }
-    };
-    input(plan.in0, x.data, DNNL_ARG_SRC);
-    input(plan.in1, dy.data, DNNL_ARG_DIFF_DST);
-    args[DNNL_ARG_DIFF_WEIGHTS] = plan.out.active ? mem(plan.out.prim_md, ws + plan.out.offset)
-                                                  : mem(plan.out.user_md, dw);
-    if (dbias) {
-      args[DNNL_ARG_DIFF_BIAS] = plan.out_bias.active
-                                     ? mem(plan.out_bias.prim_md, ws + plan.out_bias.offset)
-                                     : mem(plan.out_bias.user_md, dbias);
+    if (plan.im2col) {
+      run_im2col(ConvKind::kBackwardFilter, plan, p, &x, nullptr, nullptr, &dy, nullptr, dw, dbias,
+                 beta, ws);
+    } else {
+      run_dnnl_conv(ConvKind::kBackwardFilter, plan, ws, x.data, dy.data, dw, nullptr, dbias);
     }
-    args[DNNL_ARG_SCRATCHPAD] = mem(plan.scratch_md, ws + plan.scratch_offset);
-    plan.prim.execute(stream_, args);
-    if (plan.out.active) {
-      run_reorder(plan.out.reorder, mem(plan.out.prim_md, ws + plan.out.offset),
-                               mem(plan.out.user_md, dw));
-    }
-    if (dbias && plan.out_bias.active) {
-      run_reorder(plan.out_bias.reorder, mem(plan.out_bias.prim_md, ws + plan.out_bias.offset),
-                                    mem(plan.out_bias.user_md, dbias));
-    }
-    stream_.wait();
   } catch (const dnnl::error& e) {
     rethrow("conv_backward_filter " + p.str(), e);
   }
