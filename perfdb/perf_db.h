@@ -83,6 +83,8 @@ struct KernelSignature {
   int64_t stride_h = 1, stride_w = 1;
   std::string dtype = "f32";           // element type
   std::string layout = "NCHW";         // activation layout the kernel ran on
+
+  friend bool operator==(const KernelSignature&, const KernelSignature&) = default;
 };
 
 // One algorithm of one kernel at one micro-batch size on one device.
@@ -146,11 +148,13 @@ enum class ExportFormat {
 // ---------------------------------------------------------------- the database
 
 struct PerfDbOptions {
-  // How long SQLite itself waits for a lock held by another process before a
-  // statement reports busy.
-  std::chrono::milliseconds busy_timeout{2000};
-  // Whole-transaction attempts on a busy or locked file before giving up.
-  int max_attempts = 10;
+  // How long one statement waits, polling at short random intervals, for a
+  // lock another process holds before it reports busy.
+  std::chrono::milliseconds busy_timeout{5000};
+  // Whole-transaction attempts on a busy file before PerfDbError. With the
+  // defaults a write waits about a minute for a busy file before failing:
+  // benchmark results are expensive, so waiting beats losing them.
+  int max_attempts = 12;
   // Sleep between attempts: random in [0, d] where d doubles from
   // backoff_initial up to backoff_max (the randomness keeps writers that
   // collided from colliding again).

@@ -1,8 +1,10 @@
 #include "perfdb/internal/sqlite.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cstdio>
 #include <memory>
+#include <thread>
 #include <utility>
 
 namespace vtrain::perfdb::internal {
@@ -27,15 +29,37 @@ Connection::Connection(std::string path, int flags) : path_(std::move(path)) {
     std::string detail = db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
     sqlite3_close(db_);
     db_ = nullptr;
-    throw SqliteError(message(detail), rc);
+    throw SqliteError(message(detail), detail, rc);
   }
   // Extended codes tell "busy because of a recovery" and "read-only because a
   // hot journal needs rolling back" apart from the plain codes.
   if (const int ext = sqlite3_extended_result_codes(db_, 1); ext != SQLITE_OK) {
     sqlite3_close(db_);
     db_ = nullptr;
-    throw SqliteError(message(sqlite3_errstr(ext)), ext);
+    throw SqliteError(message(sqlite3_errstr(ext)), sqlite3_errstr(ext), ext);
   }
+}
+
+void Connection::set_busy_timeout(std::chrono::milliseconds timeout) {
+  busy_timeout_ = timeout;
+  busy_random_.seed(std::random_device{}());
+  if (const int rc = sqlite3_busy_handler(db_, &Connection::on_busy, this); rc != SQLITE_OK) fail(rc);
+}
+
+int Connection::on_busy(void* self, int count) {
+  auto& connection = *static_cast<Connection*>(self);
+  const auto now = std::chrono::steady_clock::now();
+  // count restarts at 0 for every lock the connection waits for.
+  if (count == 0) connection.busy_since_ = now;
+  // Giving up makes the statement report busy.
+  if (now - connection.busy_since_ >= connection.busy_timeout_) return 0;
+  // Sleep a random time in [d/2, d], d doubling from 100 us to 20 ms: short
+  // enough to catch the gap between two transactions of another process, long
+  // enough not to flood an NFS lock server with lock requests.
+  const int64_t ceiling_us = std::min<int64_t>(20000, int64_t{100} << std::min(count, 8));
+  std::uniform_int_distribution<int64_t> pick(ceiling_us / 2, ceiling_us);
+  std::this_thread::sleep_for(std::chrono::microseconds(pick(connection.busy_random_)));
+  return 1;
 }
 
 Connection::~Connection() {
@@ -58,7 +82,8 @@ std::string Connection::message(std::string_view detail) const {
 void Connection::fail(int rc) const {
   // sqlite3_errmsg describes the last failed call on this connection, which
   // is the one that returned rc.
-  throw SqliteError(message(sqlite3_errmsg(db_)), rc);
+  std::string detail = sqlite3_errmsg(db_);
+  throw SqliteError(message(detail), detail, rc);
 }
 
 void Connection::exec(std::string_view script) {

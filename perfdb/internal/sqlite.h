@@ -6,10 +6,13 @@
 
 #include <sqlite3.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "perfdb/perf_db.h"
 
@@ -17,14 +20,17 @@ namespace vtrain::perfdb::internal {
 
 class SqliteError : public PerfDbError {
  public:
-  SqliteError(const std::string& message, int code) : PerfDbError(message), code_(code) {}
-  int code() const { return code_; }  // SQLite's extended result code
+  SqliteError(const std::string& message, std::string detail, int code)
+      : PerfDbError(message), detail_(std::move(detail)), code_(code) {}
+  int code() const { return code_; }                       // SQLite's extended result code
+  const std::string& detail() const { return detail_; }   // SQLite's own message
   // Another connection holds the lock: the whole transaction may be retried.
   bool busy() const;
   // The file is not an SQLite database or its pages are damaged.
   bool corrupt() const;
 
  private:
+  std::string detail_;
   int code_;
 };
 
@@ -41,11 +47,18 @@ class Connection {
 
   // The operation that error messages name ("record kernel measurements").
   void set_operation(std::string_view operation) { operation_ = operation; }
-  const std::string& operation() const { return operation_; }
 
   // "perf DB FILE: OPERATION: detail".
   std::string message(std::string_view detail) const;
   [[noreturn]] void fail(int rc) const;  // throws SqliteError with SQLite's message
+
+  // How long a statement waits for another connection's lock before it
+  // reports busy. Replaces SQLite's own busy handler, whose sleeps grow to
+  // 100 ms: a waiter that sleeps that long rarely sees the lock free, because
+  // a process that has just committed begins its next transaction at once.
+  // Shorter, randomised sleeps keep waiters in the race (in a test with 8
+  // writing processes, SQLite's handler starved some writers for 20 s).
+  void set_busy_timeout(std::chrono::milliseconds timeout);
 
   // Runs every statement of a constant script (DDL, BEGIN/COMMIT); any rows
   // produced are discarded.
@@ -54,8 +67,13 @@ class Connection {
   bool in_transaction() const { return sqlite3_get_autocommit(db_) == 0; }
 
  private:
+  static int on_busy(void* self, int count);
+
   std::string path_;
   std::string operation_ = "open";
+  std::chrono::milliseconds busy_timeout_{0};
+  std::chrono::steady_clock::time_point busy_since_;
+  std::minstd_rand busy_random_;
   sqlite3* db_ = nullptr;
 };
 
@@ -109,6 +127,7 @@ class StatementUse {
   StatementUse(const StatementUse&) = delete;
   StatementUse& operator=(const StatementUse&) = delete;
   Statement* operator->() { return &statement_; }
+  Statement& operator*() { return statement_; }
 
  private:
   Statement& statement_;

@@ -1,0 +1,180 @@
+#include "perfdb/internal/schema.h"
+
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace vtrain::perfdb::internal {
+namespace {
+
+// A step from version `to - 1` to `to`. Released migrations never change:
+// files in the field were written by them. A new layout is a new entry.
+struct Migration {
+  int to;
+  const char* sql;
+};
+
+// The comments inside CREATE TABLE are kept by SQLite, so `.schema` in the
+// sqlite3 shell shows them.
+constexpr Migration kMigrations[] = {
+    {1, R"sql(
+CREATE TABLE devices (
+  id INTEGER PRIMARY KEY,
+  name TEXT NOT NULL,                -- CPU model or GPU name
+  backend TEXT NOT NULL,             -- 'cpu' or 'cuda'
+  memory_bytes INTEGER NOT NULL,     -- device memory the backend serves
+  library_version TEXT NOT NULL,     -- oneDNN or cuDNN version string
+  threads INTEGER NOT NULL,          -- CPU threads used (1 for a GPU)
+  host TEXT NOT NULL,
+  UNIQUE (name, backend, library_version, threads, host)
+);
+CREATE TABLE kernels (
+  id INTEGER PRIMARY KEY,
+  kind TEXT NOT NULL CHECK (kind IN ('Forward', 'BackwardData', 'BackwardFilter')),
+  n INTEGER NOT NULL,                -- input batch, channels, height, width
+  c INTEGER NOT NULL,
+  h INTEGER NOT NULL,
+  w INTEGER NOT NULL,
+  k INTEGER NOT NULL,                -- filters: output channels, height, width
+  r INTEGER NOT NULL,
+  s INTEGER NOT NULL,
+  pad_h INTEGER NOT NULL,
+  pad_w INTEGER NOT NULL,
+  stride_h INTEGER NOT NULL,
+  stride_w INTEGER NOT NULL,
+  dtype TEXT NOT NULL,
+  layout TEXT NOT NULL,
+  UNIQUE (kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, dtype, layout)
+);
+CREATE TABLE kernel_measurements (
+  id INTEGER PRIMARY KEY,
+  device_id INTEGER NOT NULL REFERENCES devices (id),
+  kernel_id INTEGER NOT NULL REFERENCES kernels (id),
+  algorithm TEXT NOT NULL,           -- the backend's stable algorithm name
+  micro_batch INTEGER NOT NULL,      -- images per call
+  time_ms REAL NOT NULL,             -- median time of one call
+  workspace_bytes INTEGER NOT NULL,
+  -- measured_at: Unix seconds, readable as datetime(measured_at, 'unixepoch')
+  measured_at INTEGER NOT NULL,
+  UNIQUE (device_id, kernel_id, algorithm, micro_batch)
+);
+CREATE TABLE step_measurements (
+  id INTEGER PRIMARY KEY,
+  device_id INTEGER NOT NULL REFERENCES devices (id),
+  model TEXT NOT NULL,               -- model signature
+  batch INTEGER NOT NULL,            -- per-rank batch
+  memory_policy TEXT NOT NULL,
+  time_ms REAL NOT NULL,             -- forward + backward
+  peak_device_bytes INTEGER NOT NULL,
+  measured_at INTEGER NOT NULL,      -- Unix seconds
+  UNIQUE (device_id, model, batch, memory_policy)
+);
+)sql"},
+    // Version 2: the spread of kernel times (so the optimiser can tell a
+    // stable winner from noise), and the workspace plan a step ran with, which
+    // becomes part of the step's key. SQLite cannot change a UNIQUE constraint
+    // in place, so step_measurements is rebuilt; old rows keep their ids and
+    // get the plan '' (none recorded).
+    {2, R"sql(
+ALTER TABLE kernel_measurements ADD COLUMN time_iqr_ms REAL;  -- NULL: written before version 2
+ALTER TABLE step_measurements RENAME TO step_measurements_v1;
+CREATE TABLE step_measurements (
+  id INTEGER PRIMARY KEY,
+  device_id INTEGER NOT NULL REFERENCES devices (id),
+  model TEXT NOT NULL,               -- model signature
+  batch INTEGER NOT NULL,            -- per-rank batch
+  memory_policy TEXT NOT NULL,
+  workspace_plan TEXT NOT NULL,      -- workspace-plan signature; '' = none
+  time_ms REAL NOT NULL,             -- forward + backward
+  peak_device_bytes INTEGER NOT NULL,
+  measured_at INTEGER NOT NULL,      -- Unix seconds
+  UNIQUE (device_id, model, batch, memory_policy, workspace_plan)
+);
+INSERT INTO step_measurements
+  (id, device_id, model, batch, memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at)
+  SELECT id, device_id, model, batch, memory_policy, '', time_ms, peak_device_bytes, measured_at
+  FROM step_measurements_v1;
+DROP TABLE step_measurements_v1;
+)sql"},
+};
+
+static_assert(std::size(kMigrations) == static_cast<size_t>(kSchemaVersion),
+              "one migration per schema version");
+
+[[noreturn]] void not_valid(const Connection& connection, const std::string& why) {
+  throw PerfDbError(connection.path() + " is not a valid vtrain perf DB: " + why);
+}
+
+}  // namespace
+
+std::optional<int> inspect_schema(Connection& connection, bool quick_check) {
+  try {
+    if (quick_check) {
+      Statement check(connection, "PRAGMA quick_check");
+      std::vector<std::string> problems;
+      while (check.step()) problems.push_back(check.column_text(0));
+      if (problems.size() != 1 || problems[0] != "ok") {
+        // quick_check lists up to 100 problems; the first few say enough.
+        std::string why = "quick_check found damage:";
+        for (size_t i = 0; i < problems.size() && i < 3; ++i) why += " " + problems[i] + ";";
+        if (problems.size() > 3) why += " ...";
+        not_valid(connection, why);
+      }
+    }
+    Statement ours(connection,
+                   "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'");
+    ours.step();
+    if (ours.column_int(0) == 0) {
+      Statement objects(connection, "SELECT count(*) FROM sqlite_master");
+      objects.step();
+      if (objects.column_int(0) == 0) return std::nullopt;
+      not_valid(connection, "an SQLite database without a schema_version table (not created by vtrain)");
+    }
+    Statement version(connection, "SELECT version, typeof(version) FROM schema_version");
+    std::vector<std::pair<int64_t, std::string>> rows;
+    while (version.step()) rows.emplace_back(version.column_int(0), version.column_text(1));
+    if (rows.size() != 1 || rows[0].second != "integer" || rows[0].first < 1) {
+      not_valid(connection, "schema_version must hold one positive integer, found " +
+                                std::to_string(rows.size()) + " row(s)");
+    }
+    return static_cast<int>(rows[0].first);
+  } catch (const SqliteError& e) {
+    if (e.corrupt()) not_valid(connection, e.detail());
+    throw;
+  }
+}
+
+void check_schema_version(const Connection& connection, int version, bool allow_older) {
+  if (version > kSchemaVersion) {
+    throw PerfDbError("perf DB " + connection.path() + " has schema version " + std::to_string(version) +
+                      "; this vtrain knows up to " + std::to_string(kSchemaVersion));
+  }
+  if (version < kSchemaVersion && !allow_older) {
+    // Versions only go up, so this file was replaced after it was opened.
+    throw PerfDbError("perf DB " + connection.path() + " has schema version " + std::to_string(version) +
+                      " but was opened at version " + std::to_string(kSchemaVersion) +
+                      " (was the file replaced?); open it again");
+  }
+}
+
+void migrate(Connection& connection, std::optional<int> version) {
+  int at = 0;
+  if (version) {
+    at = *version;
+  } else {
+    // Version 0, an empty schema, exists only inside this transaction.
+    connection.exec(
+        "CREATE TABLE schema_version (version INTEGER NOT NULL);"
+        "INSERT INTO schema_version (version) VALUES (0);");
+  }
+  for (const Migration& migration : kMigrations) {
+    if (migration.to <= at) continue;
+    connection.exec(migration.sql);
+    Statement set(connection, "UPDATE schema_version SET version = ?1");
+    set.bind(1, int64_t{migration.to});
+    set.run();
+  }
+}
+
+}  // namespace vtrain::perfdb::internal

@@ -1,0 +1,605 @@
+#include "perfdb/perf_db.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <ostream>
+#include <random>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+
+#include "perfdb/internal/schema.h"
+#include "perfdb/internal/sqlite.h"
+#include "perfdb/internal/table_export.h"
+
+namespace vtrain::perfdb {
+
+using internal::Connection;
+using internal::SqliteError;
+using internal::Statement;
+using internal::StatementUse;
+
+const char* kernel_kind_name(KernelKind kind) {
+  switch (kind) {
+    case KernelKind::kForward: return "Forward";
+    case KernelKind::kBackwardData: return "BackwardData";
+    case KernelKind::kBackwardFilter: return "BackwardFilter";
+  }
+  return "?";
+}
+
+const char* table_name(Table table) {
+  switch (table) {
+    case Table::kDevices: return "devices";
+    case Table::kKernels: return "kernels";
+    case Table::kKernelMeasurements: return "kernel_measurements";
+    case Table::kStepMeasurements: return "step_measurements";
+  }
+  return "?";
+}
+
+std::optional<Table> table_from_name(std::string_view name) {
+  for (Table table :
+       {Table::kDevices, Table::kKernels, Table::kKernelMeasurements, Table::kStepMeasurements}) {
+    if (name == table_name(table)) return table;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+enum class Txn { kRead, kWrite };
+
+constexpr uint64_t kMaxStoredUnsigned = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Runs `body` until it gets through without a busy/locked file, sleeping a
+// random, growing time between attempts. Only whole transactions (or
+// statements outside one) are retried, so a retry redoes complete work.
+template <class Body>
+auto with_retry(Connection& connection, const PerfDbOptions& options, std::mt19937_64& rng, Body&& body)
+    -> decltype(body()) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return body();
+    } catch (const SqliteError& e) {
+      if (!e.busy()) throw;
+      if (attempt >= options.max_attempts) {
+        throw PerfDbError(connection.message(
+            "the file stayed locked through " + std::to_string(attempt) + " attempts (" + e.detail() +
+            "); another process may be holding a long transaction, or the file system's locks do not work"));
+      }
+      const int doublings = std::min(attempt - 1, 20);
+      const auto ceiling = std::min(options.backoff_max, options.backoff_initial * (int64_t{1} << doublings));
+      std::uniform_int_distribution<int64_t> pick(0, ceiling.count());
+      std::this_thread::sleep_for(std::chrono::milliseconds(pick(rng)));
+    }
+  }
+}
+
+// One transaction around `body`: committed when body returns, rolled back
+// when anything throws. Writes take the write lock up front (BEGIN
+// IMMEDIATE): a deferred transaction that upgrades from reading to writing can
+// deadlock with another writer, which SQLite reports as busy at once.
+template <class Body>
+auto in_transaction(Connection& connection, Txn kind, Body&& body) -> decltype(body()) {
+  connection.exec(kind == Txn::kWrite ? "BEGIN IMMEDIATE" : "BEGIN");
+  try {
+    if constexpr (std::is_void_v<decltype(body())>) {
+      body();
+      connection.exec("COMMIT");
+    } else {
+      auto result = body();
+      connection.exec("COMMIT");
+      return result;
+    }
+  } catch (const std::exception& e) {
+    // A failed COMMIT (busy) leaves the transaction open; some I/O errors
+    // have already rolled it back.
+    if (connection.in_transaction()) {
+      try {
+        connection.exec("ROLLBACK");
+      } catch (const PerfDbError& rollback) {
+        throw PerfDbError(std::string(e.what()) + "; rolling back also failed: " + rollback.what());
+      }
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ Impl
+
+class PerfDb::Impl {
+ public:
+  Impl(const std::string& path, const PerfDbOptions& options);
+
+  const std::string& path() const { return connection_->path(); }
+
+  // Names the public operation in error messages until the next one starts.
+  void begin(std::string_view operation) { connection_->set_operation(operation); }
+  [[noreturn]] void invalid(const std::string& what) const { throw PerfDbError(connection_->message(what)); }
+
+  // A retried transaction that first checks the file still has our schema
+  // version: another vtrain may have upgraded it since we opened it.
+  template <class Body>
+  auto transact(Txn kind, Body&& body) -> decltype(body()) {
+    return with_retry(*connection_, options_, rng_, [&] {
+      return in_transaction(*connection_, kind, [&] {
+        StatementUse version(cached("SELECT version FROM schema_version"));
+        if (!version->step()) invalid("schema_version is empty");
+        internal::check_schema_version(*connection_, static_cast<int>(version->column_int(0)), false);
+        return body();
+      });
+    });
+  }
+
+  // Prepared once per connection and kept: statements are the same each call.
+  Statement& cached(const char* sql) {
+    auto found = statements_.find(sql);
+    if (found == statements_.end()) found = statements_.emplace(sql, Statement(*connection_, sql)).first;
+    return found->second;
+  }
+
+  void require_device(DeviceId device);
+  int64_t upsert_kernel(const KernelSignature& kernel);
+
+  PerfDbOptions options_;
+  std::mt19937_64 rng_;
+  // Declared before the statements so that they are finalized first.
+  std::unique_ptr<Connection> connection_;
+  std::unordered_map<std::string, Statement> statements_;
+};
+
+PerfDb::Impl::Impl(const std::string& path, const PerfDbOptions& options)
+    : options_(options), rng_(std::random_device{}()) {
+  if (options.max_attempts < 1 || options.busy_timeout.count() < 0 ||
+      options.busy_timeout.count() > std::numeric_limits<int>::max() || options.backoff_initial.count() < 0 ||
+      options.backoff_max.count() < 0) {
+    throw PerfDbError("perf DB " + path +
+                      ": open: invalid options (max_attempts must be >= 1; times must be >= 0, "
+                      "busy_timeout at most INT_MAX ms)");
+  }
+
+  // Check an existing file on a read-only connection, so that nothing can be
+  // written to a file that turns out to be damaged, someone else's, or newer.
+  bool checked = false;
+  std::optional<int> version;
+  std::error_code ignored;  // a path we cannot stat fails to open below, with SQLite's message
+  if (path != ":memory:" && std::filesystem::exists(path, ignored)) {
+    try {
+      Connection reader(path, SQLITE_OPEN_READONLY);
+      reader.set_operation("open (checking the file)");
+      reader.set_busy_timeout(options_.busy_timeout);
+      version = with_retry(reader, options_, rng_, [&] {
+        return in_transaction(reader, Txn::kRead, [&] { return internal::inspect_schema(reader, true); });
+      });
+      if (version) internal::check_schema_version(reader, *version, true);
+      checked = true;
+    } catch (const SqliteError& e) {
+      // A writer died mid-transaction and left a hot journal, which only a
+      // writable connection may roll back (SQLite's normal recovery). The
+      // file is then checked on that connection, under the write lock.
+      if (e.code() != SQLITE_READONLY_ROLLBACK) throw;
+    }
+  }
+
+  connection_ = std::make_unique<Connection>(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  Connection& db = *connection_;
+  db.set_busy_timeout(options_.busy_timeout);
+  // Rollback journal: WAL needs shared memory between processes, which NFS
+  // does not provide. Switching a file out of WAL needs the lock, hence the
+  // retry.
+  const std::string mode = with_retry(db, options_, rng_, [&] {
+    Statement pragma(db, "PRAGMA journal_mode = DELETE");
+    if (!pragma.step()) throw PerfDbError(db.message("PRAGMA journal_mode returned nothing"));
+    return pragma.column_text(0);
+  });
+  if (mode != "delete" && !(path == ":memory:" && mode == "memory")) {
+    throw PerfDbError(db.message("cannot use a rollback journal; journal_mode is " + mode));
+  }
+  // FULL: a commit is on disk (and on the NFS server) before it returns, so a
+  // node that crashes after a commit cannot take the row with it.
+  db.exec("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;");
+
+  if (checked && version == kSchemaVersion) return;
+  // Create or upgrade under the write lock, looking again: another process
+  // may have done it since the check above.
+  with_retry(db, options_, rng_, [&] {
+    in_transaction(db, Txn::kWrite, [&] {
+      const std::optional<int> now = internal::inspect_schema(db, !checked);
+      if (now) internal::check_schema_version(db, *now, true);
+      if (now != kSchemaVersion) internal::migrate(db, now);
+    });
+  });
+}
+
+void PerfDb::Impl::require_device(DeviceId device) {
+  StatementUse known(cached("SELECT 1 FROM devices WHERE id = ?1"));
+  known->bind(1, device.value);
+  if (known->step()) return;
+  StatementUse all(cached("SELECT id FROM devices ORDER BY id LIMIT 21"));
+  std::string ids;
+  int listed = 0;
+  while (all->step()) {
+    if (++listed > 20) {
+      ids += ", ...";
+      break;
+    }
+    if (!ids.empty()) ids += ", ";
+    ids += std::to_string(all->column_int(0));
+  }
+  invalid("unknown device id " + std::to_string(device.value) + " (known ids: " +
+          (ids.empty() ? "none" : ids) + "); register it with upsert_device first");
+}
+
+namespace {
+
+constexpr const char* kKernelWhere =
+    "kind = ?1 AND n = ?2 AND c = ?3 AND h = ?4 AND w = ?5 AND k = ?6 AND r = ?7 AND s = ?8 AND "
+    "pad_h = ?9 AND pad_w = ?10 AND stride_h = ?11 AND stride_w = ?12 AND dtype = ?13 AND layout = ?14";
+
+// Binds a kernel signature to parameters ?1..?14, in the order of the
+// kernels table (every kernel statement below uses that order).
+void bind_kernel(Statement& statement, const KernelSignature& kernel) {
+  statement.bind(1, std::string_view(kernel_kind_name(kernel.kind)));
+  const int64_t numbers[] = {kernel.n, kernel.c,     kernel.h,     kernel.w,        kernel.k,       kernel.r,
+                             kernel.s, kernel.pad_h, kernel.pad_w, kernel.stride_h, kernel.stride_w};
+  for (int i = 0; i < 11; ++i) statement.bind(2 + i, numbers[i]);
+  statement.bind(13, std::string_view(kernel.dtype));
+  statement.bind(14, std::string_view(kernel.layout));
+}
+
+KernelMeasurement read_kernel_measurement(const Statement& row) {
+  KernelMeasurement m;
+  m.algorithm = row.column_text(0);
+  m.micro_batch = row.column_int(1);
+  m.time_ms = row.column_double(2);
+  m.time_iqr_ms = row.column_optional_double(3);
+  m.workspace_bytes = static_cast<uint64_t>(row.column_int(4));
+  m.measured_at = row.column_int(5);
+  return m;
+}
+
+DeviceRecord read_device(const Statement& row) {
+  DeviceRecord record;
+  record.id.value = row.column_int(0);
+  record.device.name = row.column_text(1);
+  record.device.backend = row.column_text(2);
+  record.device.memory_bytes = static_cast<uint64_t>(row.column_int(3));
+  record.device.library_version = row.column_text(4);
+  record.device.threads = static_cast<int>(row.column_int(5));
+  record.device.host = row.column_text(6);
+  return record;
+}
+
+// Field checks before anything is written; each returns a complaint or "".
+std::string complaint_about(const KernelSignature& k) {
+  const std::pair<const char*, int64_t> at_least_one[] = {
+      {"n", k.n}, {"c", k.c}, {"h", k.h}, {"w", k.w}, {"k", k.k},
+      {"r", k.r}, {"s", k.s}, {"stride_h", k.stride_h}, {"stride_w", k.stride_w}};
+  for (const auto& [name, value] : at_least_one) {
+    if (value < 1) return std::string("kernel.") + name + " must be >= 1, got " + std::to_string(value);
+  }
+  if (k.pad_h < 0 || k.pad_w < 0) return "kernel padding must be >= 0";
+  if (k.dtype.empty() || k.layout.empty()) return "kernel.dtype and kernel.layout must not be empty";
+  return {};
+}
+
+bool valid_time(double ms) { return std::isfinite(ms) && ms >= 0; }
+
+std::string complaint_about(const KernelSample& sample) {
+  if (std::string kernel = complaint_about(sample.kernel); !kernel.empty()) return kernel;
+  const KernelMeasurement& m = sample.measurement;
+  if (m.algorithm.empty()) return "algorithm must not be empty";
+  if (m.micro_batch < 1 || m.micro_batch > sample.kernel.n) {
+    return "micro_batch must be in 1.." + std::to_string(sample.kernel.n) + " (the kernel's n), got " +
+           std::to_string(m.micro_batch);
+  }
+  if (!valid_time(m.time_ms)) return "time_ms must be finite and >= 0, got " + std::to_string(m.time_ms);
+  if (m.time_iqr_ms && !valid_time(*m.time_iqr_ms)) return "time_iqr_ms must be finite and >= 0";
+  if (m.workspace_bytes > kMaxStoredUnsigned) return "workspace_bytes does not fit a 64-bit signed integer";
+  if (m.measured_at < 0) return "measured_at must be >= 0";
+  return {};
+}
+
+std::string complaint_about(const StepMeasurement& step) {
+  if (step.model.empty()) return "model must not be empty";
+  if (step.batch < 1) return "batch must be >= 1, got " + std::to_string(step.batch);
+  if (step.memory_policy.empty()) return "memory_policy must not be empty";
+  if (!valid_time(step.time_ms)) {
+    return "time_ms must be finite and >= 0, got " + std::to_string(step.time_ms);
+  }
+  if (step.peak_device_bytes > kMaxStoredUnsigned) {
+    return "peak_device_bytes does not fit a 64-bit signed integer";
+  }
+  if (step.measured_at < 0) return "measured_at must be >= 0";
+  return {};
+}
+
+}  // namespace
+
+int64_t PerfDb::Impl::upsert_kernel(const KernelSignature& kernel) {
+  {
+    StatementUse insert(cached(
+        "INSERT INTO kernels (kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, dtype, layout) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) ON CONFLICT DO NOTHING"));
+    bind_kernel(*insert, kernel);
+    insert->run();
+  }
+  static const std::string kSelect = std::string("SELECT id FROM kernels WHERE ") + kKernelWhere;
+  StatementUse select(cached(kSelect.c_str()));
+  bind_kernel(*select, kernel);
+  if (!select->step()) invalid("internal error: a kernel vanished right after it was inserted");
+  return select->column_int(0);
+}
+
+// ------------------------------------------------------------------ PerfDb
+
+PerfDb::PerfDb(const std::string& path, const PerfDbOptions& options)
+    : impl_(std::make_unique<Impl>(path, options)) {}
+PerfDb::~PerfDb() = default;
+PerfDb::PerfDb(PerfDb&&) noexcept = default;
+PerfDb& PerfDb::operator=(PerfDb&&) noexcept = default;
+
+const std::string& PerfDb::path() const { return impl_->path(); }
+
+DeviceId PerfDb::upsert_device(const Device& device) {
+  impl_->begin("upsert device");
+  if (device.name.empty() || device.backend.empty()) {
+    impl_->invalid("device name and backend must not be empty");
+  }
+  if (device.memory_bytes > kMaxStoredUnsigned) {
+    impl_->invalid("memory_bytes does not fit a 64-bit signed integer");
+  }
+  if (device.threads < 1) impl_->invalid("threads must be >= 1, got " + std::to_string(device.threads));
+  return impl_->transact(Txn::kWrite, [&] {
+    auto bind_identity = [&](Statement& s) {
+      s.bind(1, std::string_view(device.name));
+      s.bind(2, std::string_view(device.backend));
+      s.bind(3, std::string_view(device.library_version));
+      s.bind(4, int64_t{device.threads});
+      s.bind(5, std::string_view(device.host));
+    };
+    {
+      StatementUse insert(impl_->cached(
+          "INSERT INTO devices (name, backend, library_version, threads, host, memory_bytes) "
+          "VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
+          "ON CONFLICT (name, backend, library_version, threads, host) "
+          "DO UPDATE SET memory_bytes = excluded.memory_bytes"));
+      bind_identity(*insert);
+      insert->bind(6, static_cast<int64_t>(device.memory_bytes));
+      insert->run();
+    }
+    // last_insert_rowid is not set when the upsert took the update path.
+    StatementUse select(impl_->cached(
+        "SELECT id FROM devices WHERE name = ?1 AND backend = ?2 AND library_version = ?3 AND threads = ?4 "
+        "AND host = ?5"));
+    bind_identity(*select);
+    if (!select->step()) impl_->invalid("internal error: the device vanished right after it was inserted");
+    return DeviceId{select->column_int(0)};
+  });
+}
+
+void PerfDb::record_kernel_measurements(DeviceId device, std::span<const KernelSample> samples) {
+  impl_->begin("record kernel measurements");
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (std::string why = complaint_about(samples[i]); !why.empty()) {
+      impl_->invalid("sample " + std::to_string(i) + ": " + why);
+    }
+  }
+  if (samples.empty()) return;
+  const int64_t now = unix_now();
+  impl_->transact(Txn::kWrite, [&] {
+    impl_->require_device(device);
+    const KernelSignature* previous = nullptr;
+    int64_t kernel_id = 0;
+    for (const KernelSample& sample : samples) {
+      // Benchmarks record many algorithms and micro-batches of one kernel in
+      // a row; look its id up once.
+      if (previous == nullptr || !(*previous == sample.kernel)) {
+        kernel_id = impl_->upsert_kernel(sample.kernel);
+      }
+      previous = &sample.kernel;
+      const KernelMeasurement& m = sample.measurement;
+      StatementUse insert(impl_->cached(
+          "INSERT INTO kernel_measurements (device_id, kernel_id, algorithm, micro_batch, time_ms, "
+          "time_iqr_ms, workspace_bytes, measured_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
+          "ON CONFLICT (device_id, kernel_id, algorithm, micro_batch) DO UPDATE SET "
+          "time_ms = excluded.time_ms, time_iqr_ms = excluded.time_iqr_ms, "
+          "workspace_bytes = excluded.workspace_bytes, measured_at = excluded.measured_at"));
+      insert->bind(1, device.value);
+      insert->bind(2, kernel_id);
+      insert->bind(3, std::string_view(m.algorithm));
+      insert->bind(4, m.micro_batch);
+      insert->bind(5, m.time_ms);
+      insert->bind(6, m.time_iqr_ms);
+      insert->bind(7, static_cast<int64_t>(m.workspace_bytes));
+      insert->bind(8, m.measured_at != 0 ? m.measured_at : now);
+      insert->run();
+    }
+  });
+}
+
+void PerfDb::record_step_measurements(DeviceId device, std::span<const StepMeasurement> steps) {
+  impl_->begin("record step measurements");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (std::string why = complaint_about(steps[i]); !why.empty()) {
+      impl_->invalid("step " + std::to_string(i) + ": " + why);
+    }
+  }
+  if (steps.empty()) return;
+  const int64_t now = unix_now();
+  impl_->transact(Txn::kWrite, [&] {
+    impl_->require_device(device);
+    for (const StepMeasurement& step : steps) {
+      StatementUse insert(impl_->cached(
+          "INSERT INTO step_measurements (device_id, model, batch, memory_policy, workspace_plan, time_ms, "
+          "peak_device_bytes, measured_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
+          "ON CONFLICT (device_id, model, batch, memory_policy, workspace_plan) DO UPDATE SET "
+          "time_ms = excluded.time_ms, peak_device_bytes = excluded.peak_device_bytes, "
+          "measured_at = excluded.measured_at"));
+      insert->bind(1, device.value);
+      insert->bind(2, std::string_view(step.model));
+      insert->bind(3, step.batch);
+      insert->bind(4, std::string_view(step.memory_policy));
+      insert->bind(5, std::string_view(step.workspace_plan));
+      insert->bind(6, step.time_ms);
+      insert->bind(7, static_cast<int64_t>(step.peak_device_bytes));
+      insert->bind(8, step.measured_at != 0 ? step.measured_at : now);
+      insert->run();
+    }
+  });
+}
+
+std::optional<KernelMeasurement> PerfDb::find_kernel_measurement(DeviceId device,
+                                                                 const KernelSignature& kernel,
+                                                                 std::string_view algorithm,
+                                                                 int64_t micro_batch) {
+  impl_->begin("find kernel measurement");
+  return impl_->transact(Txn::kRead, [&]() -> std::optional<KernelMeasurement> {
+    static const std::string kSql =
+        std::string(
+            "SELECT algorithm, micro_batch, time_ms, time_iqr_ms, workspace_bytes, measured_at "
+            "FROM kernel_measurements WHERE device_id = ?15 AND algorithm = ?16 AND micro_batch = ?17 AND "
+            "kernel_id = (SELECT id FROM kernels WHERE ") +
+        kKernelWhere + ")";
+    StatementUse select(impl_->cached(kSql.c_str()));
+    bind_kernel(*select, kernel);
+    select->bind(15, device.value);
+    select->bind(16, algorithm);
+    select->bind(17, micro_batch);
+    if (!select->step()) return std::nullopt;
+    return read_kernel_measurement(*select);
+  });
+}
+
+std::vector<KernelMeasurement> PerfDb::kernel_measurements(DeviceId device, const KernelSignature& kernel) {
+  impl_->begin("list kernel measurements");
+  return impl_->transact(Txn::kRead, [&] {
+    static const std::string kSql =
+        std::string(
+            "SELECT algorithm, micro_batch, time_ms, time_iqr_ms, workspace_bytes, measured_at "
+            "FROM kernel_measurements WHERE device_id = ?15 AND kernel_id = (SELECT id FROM kernels WHERE ") +
+        kKernelWhere + ") ORDER BY algorithm, micro_batch";
+    StatementUse select(impl_->cached(kSql.c_str()));
+    bind_kernel(*select, kernel);
+    select->bind(15, device.value);
+    std::vector<KernelMeasurement> found;
+    while (select->step()) found.push_back(read_kernel_measurement(*select));
+    return found;
+  });
+}
+
+std::vector<StepMeasurement> PerfDb::step_measurements(DeviceId device, std::string_view model,
+                                                       std::string_view memory_policy) {
+  impl_->begin("list step measurements");
+  return impl_->transact(Txn::kRead, [&] {
+    StatementUse select(impl_->cached(
+        "SELECT model, batch, memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at "
+        "FROM step_measurements WHERE device_id = ?1 AND model = ?2 AND memory_policy = ?3 "
+        "ORDER BY batch, workspace_plan"));
+    select->bind(1, device.value);
+    select->bind(2, model);
+    select->bind(3, memory_policy);
+    std::vector<StepMeasurement> found;
+    while (select->step()) {
+      StepMeasurement& step = found.emplace_back();
+      step.model = select->column_text(0);
+      step.batch = select->column_int(1);
+      step.memory_policy = select->column_text(2);
+      step.workspace_plan = select->column_text(3);
+      step.time_ms = select->column_double(4);
+      step.peak_device_bytes = static_cast<uint64_t>(select->column_int(5));
+      step.measured_at = select->column_int(6);
+    }
+    return found;
+  });
+}
+
+std::vector<DeviceRecord> PerfDb::devices() {
+  impl_->begin("list devices");
+  return impl_->transact(Txn::kRead, [&] {
+    StatementUse select(impl_->cached(
+        "SELECT id, name, backend, memory_bytes, library_version, threads, host FROM devices ORDER BY id"));
+    std::vector<DeviceRecord> found;
+    while (select->step()) found.push_back(read_device(*select));
+    return found;
+  });
+}
+
+std::vector<DeviceRecord> PerfDb::find_devices(std::string_view name) {
+  impl_->begin("find devices");
+  return impl_->transact(Txn::kRead, [&] {
+    StatementUse select(impl_->cached(
+        "SELECT id, name, backend, memory_bytes, library_version, threads, host FROM devices "
+        "WHERE name = ?1 ORDER BY id"));
+    select->bind(1, name);
+    std::vector<DeviceRecord> found;
+    while (select->step()) found.push_back(read_device(*select));
+    return found;
+  });
+}
+
+Stats PerfDb::stats() {
+  impl_->begin("stats");
+  return impl_->transact(Txn::kRead, [&] {
+    Stats stats;
+    stats.schema_version = kSchemaVersion;  // transact() has just checked it
+    StatementUse counts(impl_->cached(
+        "SELECT (SELECT count(*) FROM devices), (SELECT count(*) FROM kernels), "
+        "(SELECT count(*) FROM kernel_measurements), (SELECT count(*) FROM step_measurements)"));
+    if (!counts->step()) impl_->invalid("internal error: counting rows returned nothing");
+    stats.devices = counts->column_int(0);
+    stats.kernels = counts->column_int(1);
+    stats.kernel_measurements = counts->column_int(2);
+    stats.step_measurements = counts->column_int(3);
+    StatementUse per_device(impl_->cached(
+        "SELECT d.id, d.name, d.backend, d.memory_bytes, d.library_version, d.threads, d.host, "
+        "(SELECT count(*) FROM kernel_measurements m WHERE m.device_id = d.id), "
+        "(SELECT count(*) FROM step_measurements s WHERE s.device_id = d.id) "
+        "FROM devices d ORDER BY d.id"));
+    while (per_device->step()) {
+      DeviceStats& entry = stats.per_device.emplace_back();
+      entry.device = read_device(*per_device);
+      entry.kernel_measurements = per_device->column_int(7);
+      entry.step_measurements = per_device->column_int(8);
+    }
+    return stats;
+  });
+}
+
+void PerfDb::export_table(Table table, ExportFormat format, std::ostream& out) {
+  impl_->begin(std::string("export ") + table_name(table));
+  // One constant statement per table: the name never comes from input.
+  const char* sql = nullptr;
+  switch (table) {
+    case Table::kDevices: sql = "SELECT * FROM devices ORDER BY id"; break;
+    case Table::kKernels: sql = "SELECT * FROM kernels ORDER BY id"; break;
+    case Table::kKernelMeasurements: sql = "SELECT * FROM kernel_measurements ORDER BY id"; break;
+    case Table::kStepMeasurements: sql = "SELECT * FROM step_measurements ORDER BY id"; break;
+  }
+  if (sql == nullptr) impl_->invalid("unknown table");
+  // Rendered whole inside the transaction and written after it, so a retried
+  // transaction never writes a partial copy to the stream.
+  const std::string text = impl_->transact(Txn::kRead, [&] {
+    StatementUse rows(impl_->cached(sql));
+    return internal::render_rows(*rows, format);
+  });
+  out << text;
+  out.flush();
+  if (!out) impl_->invalid("writing the export to the stream failed");
+}
+
+}  // namespace vtrain::perfdb
