@@ -666,6 +666,25 @@ BalanceConfig read_balance(const Field& field, const TrainConfig& train) {
   return balance;
 }
 
+ProfileConfig read_profile(const Field& field) {
+  const Section section(field);
+  section.allow({"db", "batches", "micro_batches", "warmup", "repeats", "steps"});
+  ProfileConfig profile;
+  if (Field f = section["db"]) profile.db = to_path(f);
+  if (Field f = section["batches"]) {
+    for (const Field& item : f.items("a list of per-rank batch sizes")) {
+      profile.batches.push_back(to_int(item, at_least(1)));
+    }
+  }
+  if (Field f = section["micro_batches"]) {
+    profile.micro_batches = to_choice(f, {"all", "powerOfTwo", "undivided"});
+  }
+  if (Field f = section["warmup"]) profile.warmup = to_int(f, at_least(0));
+  if (Field f = section["repeats"]) profile.repeats = to_int(f, at_least(1));
+  if (Field f = section["steps"]) profile.steps = to_bool(f);
+  return profile;
+}
+
 CheckpointConfig read_checkpoint(const Field& field) {
   const Section section(field);
   section.allow({"dir", "every", "keep", "resume"});
@@ -797,7 +816,7 @@ Config parse(const std::string& text, const std::string& file, const fs::path& f
 
   const Section top(Field(source, root, true, "", 0));
   top.allow({"model", "data", "train", "optimizer", "device", "conv", "output", "balance",
-             "checkpoint"});
+             "checkpoint", "profile"});
   Config config;
   config.path = file;
   const std::string why = "every config needs model and data sections";
@@ -810,6 +829,10 @@ Config parse(const std::string& text, const std::string& file, const fs::path& f
   if (Field f = top["output"]) config.output = read_output(f);
   if (Field f = top["balance"]) config.balance = read_balance(f, config.train);
   if (Field f = top["checkpoint"]) config.checkpoint = read_checkpoint(f);
+  if (Field f = top["profile"]) config.profile = read_profile(f);
+  if (config.profile.db.empty()) {
+    config.profile.db = (file_dir / "perf.db").lexically_normal().string();
+  }
   return config;
 }
 
@@ -1066,6 +1089,18 @@ std::string to_yaml(const Config& config) {
   out << YAML::Key << "every" << YAML::Value << config.checkpoint.every;
   out << YAML::Key << "keep" << YAML::Value << config.checkpoint.keep;
   out << YAML::Key << "resume" << YAML::Value << config.checkpoint.resume;
+  out << YAML::EndMap;
+
+  const ProfileConfig& profile = config.profile;
+  out << YAML::Key << "profile" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "db" << YAML::Value << profile.db;
+  if (!profile.batches.empty()) {
+    out << YAML::Key << "batches" << YAML::Value << YAML::Flow << profile.batches;
+  }
+  out << YAML::Key << "micro_batches" << YAML::Value << profile.micro_batches;
+  out << YAML::Key << "warmup" << YAML::Value << profile.warmup;
+  out << YAML::Key << "repeats" << YAML::Value << profile.repeats;
+  out << YAML::Key << "steps" << YAML::Value << profile.steps;
   out << YAML::EndMap;
 
   out << YAML::EndMap;

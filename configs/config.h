@@ -60,6 +60,15 @@ struct BalanceConfig {
   std::vector<int64_t> manual; // split: manual — per-rank batch sizes, summing to train.batch
 };
 
+struct ProfileConfig {
+  std::string db;                   // perf DB file (SQLite); empty = perf.db beside the config
+  std::vector<int64_t> batches;     // per-rank batch sizes to profile; empty = train.batch / ranks
+  std::string micro_batches = "undivided";  // "all", "powerOfTwo" or "undivided" (mu-cuDNN)
+  int64_t warmup = 1;               // untimed runs before the timed ones
+  int64_t repeats = 5;              // timed runs; the median is recorded
+  bool steps = true;                // also time whole fwd+bwd steps
+};
+
 struct CheckpointConfig {
   std::string dir;                // where checkpoints go; empty = none
   int64_t every = 0;              // steps between checkpoints; 0 = only at the end and on a signal
@@ -103,6 +112,7 @@ struct Config {
   OutputConfig output;
   BalanceConfig balance;
   CheckpointConfig checkpoint;
+  ProfileConfig profile;
 };
 
 // Loads and validates `path`, applying `overrides` ("key.path=value", the

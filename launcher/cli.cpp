@@ -3,7 +3,7 @@
 namespace vtrain::launcher {
 namespace {
 
-const char* kCommands[] = {"train", "check", "help", "version"};
+const char* kCommands[] = {"train", "profile", "check", "db", "help", "version"};
 
 bool is_command(const std::string& s) {
   for (const char* c : kCommands) {
@@ -43,6 +43,13 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
     if (i < args.size()) throw UsageError("version takes no arguments");
     return cli;
   }
+  if (cli.command == "db") {
+    if (i >= args.size() || (args[i] != "stats" && args[i] != "export" && args[i] != "--help" &&
+                             args[i] != "-h")) {
+      throw UsageError("db needs an action: stats or export (see vtrain db --help)");
+    }
+    if (args[i] != "--help" && args[i] != "-h") cli.db_action = args[i++];
+  }
   auto value = [&](const std::string& flag) -> std::string {
     if (i + 1 >= args.size()) throw UsageError(flag + " needs a value");
     return args[++i];
@@ -61,11 +68,22 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
       cli.metrics = value(a);
     } else if (a == "--progress") {
       cli.progress = value(a);
-    } else if (a == "--resume") {
+    } else if (a == "--resume" && cli.command == "train") {
       cli.resume = true;
+    } else if (a == "--db" && cli.command != "train" && cli.command != "check") {
+      cli.db = value(a);
+    } else if (a == "--table" && cli.command == "db") {
+      cli.table = value(a);
+    } else if (a == "--format" && cli.command == "db") {
+      cli.format = value(a);
+      if (cli.format != "csv" && cli.format != "jsonl") {
+        throw UsageError("--format must be csv or jsonl, got '" + cli.format + "'");
+      }
     } else if (!a.empty() && a[0] == '-') {
       throw UsageError("unknown option '" + a + "' for '" + cli.command +
                        "' (see vtrain " + cli.command + " --help)");
+    } else if (cli.command == "db") {
+      throw UsageError("unexpected argument '" + a + "' for db " + cli.db_action);
     } else if (cli.config.empty()) {
       cli.config = a;
     } else {
@@ -76,6 +94,14 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
     if (o.find('=') == std::string::npos || o.front() == '=') {
       throw UsageError("--set expects key.path=value, got '" + o + "'");
     }
+  }
+  if (cli.command == "db") {
+    if (cli.db.empty()) throw UsageError("db " + cli.db_action + " needs --db FILE");
+    if (cli.db_action == "export" && cli.table.empty()) {
+      throw UsageError("db export needs --table NAME (devices, kernels, kernel_measurements, "
+                       "step_measurements)");
+    }
+    return cli;
   }
   if (cli.config.empty()) throw UsageError("'" + cli.command + "' needs a CONFIG file");
   return cli;
@@ -88,6 +114,9 @@ std::string help_text(const std::string& topic) {
 Usage:
   vtrain CONFIG [options]          same as `vtrain train CONFIG`
   vtrain train CONFIG [options]    train the model the config describes
+  vtrain profile CONFIG [--db FILE] measure kernels and steps into the perf DB
+  vtrain db stats --db FILE        what the perf DB holds
+  vtrain db export --db FILE --table NAME [--format csv|jsonl]
   vtrain check CONFIG [options]    validate the config, build the model, print a summary
   vtrain help [COMMAND]            this help, or a command's
   vtrain --version
@@ -145,6 +174,35 @@ failed rank, ...), 2 usage or config error, 3 stopped by a signal after
 writing a checkpoint.
 )";
   }
+  if (topic == "profile") {
+    return R"(vtrain profile CONFIG [--db FILE] [--set KEY=VALUE]...
+mpirun -np N vtrain profile CONFIG ...
+
+Measures what the balancer needs and the performance database does not hold
+yet for this device, and records it (SQLite, profile.db, default perf.db
+beside the config; share one file between all nodes):
+  - every convolution kernel of the model (layer x Forward, BackwardData,
+    BackwardFilter) with every available algorithm at every micro-batch size
+    of profile.micro_batches (all | powerOfTwo | undivided), for each
+    per-rank batch in profile.batches: median of profile.repeats runs after
+    profile.warmup, and the workspace it needs;
+  - one whole forward + backward step per batch (profile.steps), with its
+    peak device memory.
+Measurements the DB already has for this device and library version are not
+taken again. Under mpirun every rank profiles its own device; ranks with
+identical devices on one host split the work.
+)";
+  }
+  if (topic == "db") {
+    return R"(vtrain db stats --db FILE
+vtrain db export --db FILE --table NAME [--format csv|jsonl]
+
+stats: the schema version, row counts and measurements per device.
+export: one table (devices, kernels, kernel_measurements, step_measurements)
+to stdout as CSV (default) or JSON lines. The file is plain SQLite: the
+sqlite3 shell reads it too (see perfdb/README.md for the tables).
+)";
+  }
   if (topic == "check") {
     return R"(vtrain check CONFIG [--set KEY=VALUE]...
 
@@ -156,7 +214,8 @@ data or model error.
 )";
   }
   if (topic == "version") return "vtrain --version: prints the version\n";
-  throw UsageError("no help for '" + topic + "' (commands: train, check, help, version)");
+  throw UsageError("no help for '" + topic +
+                   "' (commands: train, profile, check, db, help, version)");
 }
 
 }  // namespace vtrain::launcher

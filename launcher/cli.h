@@ -17,13 +17,17 @@ class UsageError : public std::runtime_error {
 enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2, kExitStopped = 3 };
 
 struct CliArgs {
-  std::string command;                 // "train", "check", "help", "version"
+  std::string command;                 // "train", "profile", "check", "db", "help", "version"
   std::string help_topic;              // for "help": a command name or empty
   std::string config;                  // CONFIG path
   std::vector<std::string> overrides;  // --set key.path=value, in order
   std::string metrics;                 // --metrics FILE (overrides output.metrics)
   std::string progress;                // --progress MODE (overrides output.progress)
   bool resume = false;                 // --resume (checkpoint.resume=auto)
+  std::string db;                      // --db FILE (profile.db; required for `db`)
+  std::string db_action;               // db: "stats" or "export"
+  std::string table;                   // db export: --table NAME
+  std::string format = "csv";          // db export: --format csv|jsonl
 };
 
 // Throws UsageError. `vtrain CONFIG` means `vtrain train CONFIG`.

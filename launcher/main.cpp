@@ -7,15 +7,22 @@
 #include <cstdlib>
 #include <exception>
 #include <optional>
+#include <tuple>
+#include <utility>
 #include <string>
 #include <vector>
 
+#include <filesystem>
+#include <iostream>
+
 #include "configs/config.h"
 #include "launcher/cli.h"
+#include "perfdb/perf_db.h"
 #include "worker/backend.h"
 #include "worker/communicator.h"
 #include "worker/data.h"
 #include "worker/graph.h"
+#include "worker/profiler.h"
 #include "worker/trainer.h"
 
 namespace vtrain::launcher {
@@ -104,6 +111,7 @@ Config load(const CliArgs& cli) {
   std::vector<std::string> overrides = cli.overrides;
   if (!cli.metrics.empty()) overrides.push_back("output.metrics=" + cli.metrics);
   if (!cli.progress.empty()) overrides.push_back("output.progress=" + cli.progress);
+  if (!cli.db.empty()) overrides.push_back("profile.db=" + cli.db);
   return config::load_config(cli.config, overrides);
 }
 
@@ -234,6 +242,101 @@ int run_train(const CliArgs& cli, worker::Communicator& comm) {
   return kExitOk;
 }
 
+// Ranks whose devices are identical and on one host split the profiling
+// work: this rank's index among them and their number.
+std::pair<int, int> profile_share(worker::Communicator& comm, const worker::DeviceInfo& info) {
+  const std::string key = info.host + "|" + info.name + "|" + info.backend + "|" +
+                          info.library_version + "|" + std::to_string(info.threads);
+  std::vector<std::string> keys = comm.gather(key, 0);
+  std::string joined;
+  for (const std::string& k : keys) joined += k + "\n";
+  comm.broadcast(joined, 0);
+  int index = 0, count = 0, r = 0;
+  size_t start = 0;
+  for (size_t nl; (nl = joined.find('\n', start)) != std::string::npos; start = nl + 1, ++r) {
+    if (joined.substr(start, nl - start) != key) continue;
+    if (r < comm.rank()) ++index;
+    ++count;
+  }
+  return {index, std::max(count, 1)};
+}
+
+int run_profile(const CliArgs& cli, worker::Communicator& comm) {
+  const Config cfg = load(cli);
+  const Datasets data = load_data(cfg);
+  const worker::Graph graph = build_graph(cfg, data.train.sample);
+  auto backend = worker::make_backend(backend_options(cfg));
+  const worker::DeviceInfo info = backend->device_info();
+  print_cluster(comm, info, worker::even_split(cfg.train.batch, comm.size()));
+
+  worker::ProfileOptions options;
+  options.batches = cfg.profile.batches;
+  if (options.batches.empty()) {
+    options.batches = {(cfg.train.batch + comm.size() - 1) / comm.size()};
+  }
+  options.micro_batches = worker::parse_micro_batch_policy(cfg.profile.micro_batches);
+  options.warmup = static_cast<int>(cfg.profile.warmup);
+  options.repeats = static_cast<int>(cfg.profile.repeats);
+  options.steps = cfg.profile.steps;
+  std::tie(options.share_index, options.share_count) = profile_share(comm, info);
+
+  perfdb::PerfDb db(cfg.profile.db);
+  const perfdb::DeviceId device = db.upsert_device(worker::perfdb_device(info));
+  const worker::ProfileReport r = worker::profile(graph, *backend, db, device, options);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "rank %d (%s, share %d/%d): %lld kernel items measured, %lld cached; %lld steps "
+                "measured, %lld cached; %.1f s",
+                comm.rank(), info.name.c_str(), options.share_index + 1, options.share_count,
+                static_cast<long long>(r.kernel_measured), static_cast<long long>(r.kernel_cached),
+                static_cast<long long>(r.step_measured), static_cast<long long>(r.step_cached),
+                r.seconds);
+  const std::vector<std::string> lines = comm.gather(line, 0);
+  comm.barrier();
+  if (comm.rank() == 0) {
+    std::printf("profile: %s, micro-batches %s, batches", cfg.profile.db.c_str(),
+                cfg.profile.micro_batches.c_str());
+    for (int64_t b : options.batches) std::printf(" %lld", static_cast<long long>(b));
+    std::printf("\n");
+    for (const std::string& l : lines) std::printf("  %s\n", l.c_str());
+  }
+  return kExitOk;
+}
+
+int run_db(const CliArgs& cli) {
+  if (!std::filesystem::exists(cli.db)) {
+    throw std::runtime_error("perf DB " + cli.db + " does not exist (create it with vtrain profile)");
+  }
+  perfdb::PerfDb db(cli.db);
+  if (cli.db_action == "export") {
+    const auto table = perfdb::table_from_name(cli.table);
+    if (!table) {
+      throw UsageError("unknown table '" + cli.table +
+                       "' (known: devices, kernels, kernel_measurements, step_measurements)");
+    }
+    db.export_table(*table,
+                    cli.format == "jsonl" ? perfdb::ExportFormat::kJsonLines : perfdb::ExportFormat::kCsv,
+                    std::cout);
+    return kExitOk;
+  }
+  const perfdb::Stats st = db.stats();
+  std::printf("perf DB %s (schema version %d)\n", cli.db.c_str(), st.schema_version);
+  std::printf("  %lld devices, %lld kernels, %lld kernel measurements, %lld step measurements\n",
+              static_cast<long long>(st.devices), static_cast<long long>(st.kernels),
+              static_cast<long long>(st.kernel_measurements),
+              static_cast<long long>(st.step_measurements));
+  for (const perfdb::DeviceStats& d : st.per_device) {
+    std::printf("  device %lld: %s (%s, %s, %d threads, host %s): %lld kernel, %lld step "
+                "measurements\n",
+                static_cast<long long>(d.device.id.value), d.device.device.name.c_str(),
+                d.device.device.backend.c_str(), d.device.device.library_version.c_str(),
+                d.device.device.threads, d.device.device.host.c_str(),
+                static_cast<long long>(d.kernel_measurements),
+                static_cast<long long>(d.step_measurements));
+  }
+  return kExitOk;
+}
+
 // Prints an error the way every rank of a job does, then ends the job: with
 // several ranks one failing rank aborts them all, so none is left waiting.
 int fail(const char* kind, const char* what, int code, int rank, int ranks) {
@@ -267,8 +370,8 @@ int run(int argc, char** argv) {
 
   int rank = 0, ranks = 1;
   std::optional<worker::MpiRuntime> mpi;
-  if (cli.command == "train") {
-    install_stop_handlers();
+  if (cli.command == "train" || cli.command == "profile") {
+    if (cli.command == "train") install_stop_handlers();
     try {
       mpi.emplace(&argc, &argv);
     } catch (const std::exception& e) {
@@ -280,8 +383,12 @@ int run(int argc, char** argv) {
   }
   try {
     if (cli.command == "check") return run_check(cli);
+    if (cli.command == "db") return run_db(cli);
     auto comm = worker::make_mpi_communicator();
+    if (cli.command == "profile") return run_profile(cli, *comm);
     return run_train(cli, *comm);
+  } catch (const UsageError& e) {
+    return fail("usage error", e.what(), kExitUsage, rank, ranks);
   } catch (const config::ConfigError& e) {
     return fail("config error", e.what(), kExitUsage, rank, ranks);
   } catch (const worker::GraphError& e) {

@@ -184,6 +184,22 @@ TEST(Mpi, MismatchedCheckpointIsAClearError) {
   EXPECT_NE(out.find("was written for another model"), std::string::npos) << out;
 }
 
+TEST(Mpi, IdenticalDevicesOnOneHostSplitTheProfilingWork) {
+  TempDir dir;
+  const std::string args = binary() + " profile " + source_dir() +
+                           "/configs/synthetic-lenet.yaml --set profile.repeats=1 --set device.threads=1 --set profile.batches=[32] "
+                           "--set profile.micro_batches=powerOfTwo --db " + dir / "p.db";
+  std::string out;
+  ASSERT_EQ(run(mpirun(2) + args, &out), 0) << out;
+  EXPECT_NE(out.find("share 1/2"), std::string::npos) << out;
+  EXPECT_NE(out.find("share 2/2"), std::string::npos) << out;
+  EXPECT_NE(out.find(", 0 cached"), std::string::npos) << out;
+  // Both ranks wrote into the one file: a single process now finds it all.
+  ASSERT_EQ(run(args, &out), 0) << out;
+  EXPECT_NE(out.find(": 0 kernel items measured"), std::string::npos) << out;
+  EXPECT_NE(out.find("0 steps measured, 1 cached"), std::string::npos) << out;
+}
+
 TEST(Mpi, StopSignalCheckpointsAndExitsWithThree) {
   TempDir dir;
   const std::string log = dir / "log.txt";

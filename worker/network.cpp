@@ -399,30 +399,33 @@ class ConcatLayer final : public Layer {
 
 // --------------------------------------------------------------- Network
 
-Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& options)
-    : graph_(graph), backend_(backend), options_(options) {
-  if (options.max_batch < 1) throw std::invalid_argument("Network: max_batch must be >= 1");
-  const int count = graph.size();
-  out_desc_.resize(count);
-  for (int i = 0; i < count; ++i) {
-    const LayerSpec& spec = graph.layer(i);
+std::vector<TensorDesc> activation_descs(const Graph& graph, const Backend& backend, int64_t n) {
+  std::vector<TensorDesc> descs(graph.size());
+  for (int i = 0; i < graph.size(); ++i) {
     Shape shape = graph.output_shape(i);
-    shape.n = options.max_batch;
+    shape.n = n;
     Layout layout = Layout::kPlain;
-    const std::vector<int>& in = graph.inputs(i);
-    switch (spec.type) {
+    switch (graph.layer(i).type) {
       case LayerType::kInput:
       case LayerType::kFc: layout = Layout::kPlain; break;
       // Element-wise layers keep their input's layout: no reorder between them.
       case LayerType::kRelu:
       case LayerType::kBatchNorm:
-      case LayerType::kPool: layout = out_desc_[in[0]].layout; break;
+      case LayerType::kPool: layout = descs[graph.inputs(i)[0]].layout; break;
       case LayerType::kConv:
       case LayerType::kAdd:
       case LayerType::kConcat: layout = backend.preferred_layout(shape.c); break;
     }
-    out_desc_[i] = {shape, layout};
+    descs[i] = {shape, layout};
   }
+  return descs;
+}
+
+Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& options)
+    : graph_(graph), backend_(backend), options_(options) {
+  if (options.max_batch < 1) throw std::invalid_argument("Network: max_batch must be >= 1");
+  const int count = graph.size();
+  out_desc_ = activation_descs(graph, backend, options.max_batch);
 
   // Operators.
   for (int i = 0; i < count; ++i) {

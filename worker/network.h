@@ -29,6 +29,11 @@ struct NetworkOptions {
                                            // used wherever the backend offers it
 };
 
+// Descriptors of every layer's output at batch n: the layout each gets on
+// `backend` (conv/add/concat outputs in the backend's preferred layout,
+// element-wise layers keep their input's, data and fc outputs plain).
+std::vector<TensorDesc> activation_descs(const Graph& graph, const Backend& backend, int64_t n);
+
 // A contiguous range of the flat parameter buffer owned by one layer.
 struct ParamRange {
   int layer = 0;           // graph index

@@ -1,0 +1,140 @@
+// The profiler: micro-batch policies, what it records, cache hits, and the
+// split of work between identical devices; and the profile/db commands.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "perfdb/perf_db.h"
+#include "tests/test_support.h"
+#include "worker/backend.h"
+#include "worker/graph.h"
+#include "worker/profiler.h"
+
+namespace vtrain::worker {
+namespace {
+
+using test_support::TempDir;
+
+Graph small_graph() {
+  return Graph::build(preset_layers("lenet", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
+}
+
+TEST(Profiler, MicroBatchPolicies) {
+  EXPECT_EQ(micro_batch_sizes(6, MicroBatchPolicy::kAll), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(micro_batch_sizes(6, MicroBatchPolicy::kPowerOfTwo), (std::vector<int64_t>{1, 2, 4, 6}));
+  EXPECT_EQ(micro_batch_sizes(8, MicroBatchPolicy::kPowerOfTwo), (std::vector<int64_t>{1, 2, 4, 8}));
+  EXPECT_EQ(micro_batch_sizes(6, MicroBatchPolicy::kUndivided), (std::vector<int64_t>{6}));
+  EXPECT_EQ(parse_micro_batch_policy("powerOfTwo"), MicroBatchPolicy::kPowerOfTwo);
+  EXPECT_THROW(parse_micro_batch_policy("some"), std::invalid_argument);
+}
+
+TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
+  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  perfdb::PerfDb db(":memory:");
+  const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
+  const Graph graph = small_graph();
+  ProfileOptions options{.batches = {4, 6}, .micro_batches = MicroBatchPolicy::kPowerOfTwo,
+                         .warmup = 0, .repeats = 2};
+  const ProfileReport first = profile(graph, *backend, db, device, options);
+  // LeNet: conv1 (Forward, BackwardFilter; its input is the data) and conv2
+  // (all three kinds) = 5 kernels; micro-batches {1, 2, 4} u {1, 2, 4, 6}.
+  EXPECT_EQ(first.kernel_measured, 5 * 4);
+  EXPECT_EQ(first.kernel_cached, 0);
+  EXPECT_EQ(first.step_measured, 2);
+  const perfdb::Stats stats = db.stats();
+  EXPECT_EQ(stats.step_measurements, 2);
+  // Every measurement is positive and its workspace is what the backend
+  // reports for that algorithm and micro-batch.
+  const auto steps = db.step_measurements(device, graph.signature(), "none");
+  ASSERT_EQ(steps.size(), 2u);
+  for (const auto& s : steps) {
+    EXPECT_GT(s.time_ms, 0);
+    EXPECT_GT(s.peak_device_bytes, 0u);
+  }
+  ConvProblem conv2;
+  conv2.x = {{6, 20, 6, 6}, backend->preferred_layout(20)};
+  conv2.k = 50;
+  conv2.r = conv2.s = 5;
+  conv2.y = {conv2.output_shape(), backend->preferred_layout(50)};
+  const auto measured = db.kernel_measurements(device, kernel_signature(ConvKind::kForward, conv2));
+  std::set<int64_t> micro;
+  for (const auto& m : measured) {
+    micro.insert(m.micro_batch);
+    EXPECT_GT(m.time_ms, 0);
+    const ConvProblem piece = conv2.with_batch(m.micro_batch);
+    for (const ConvAlgoInfo& a : backend->conv_algorithms(ConvKind::kForward, piece, false)) {
+      if (a.name == m.algorithm) EXPECT_EQ(m.workspace_bytes, a.workspace_bytes) << a.name;
+    }
+  }
+  EXPECT_EQ(micro, (std::set<int64_t>{1, 2, 4, 6}));
+
+  const ProfileReport second = profile(graph, *backend, db, device, options);
+  EXPECT_EQ(second.kernel_measured, 0);
+  EXPECT_EQ(second.kernel_cached, 20);
+  EXPECT_EQ(second.step_measured, 0);
+  EXPECT_EQ(second.step_cached, 2);
+  EXPECT_EQ(db.stats().kernel_measurements, stats.kernel_measurements);
+}
+
+TEST(Profiler, IdenticalDevicesSplitTheWork) {
+  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  TempDir dir;
+  const Graph graph = small_graph();
+  ProfileOptions options{.batches = {4}, .micro_batches = MicroBatchPolicy::kAll, .warmup = 0,
+                         .repeats = 1};
+  int64_t measured = 0, steps = 0;
+  for (int share = 0; share < 2; ++share) {
+    perfdb::PerfDb db(dir.path("split.db"));
+    const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
+    options.share_index = share;
+    options.share_count = 2;
+    const ProfileReport r = profile(graph, *backend, db, device, options);
+    EXPECT_EQ(r.kernel_cached, 0) << "shares must not overlap";
+    measured += r.kernel_measured;
+    steps += r.step_measured;
+  }
+  EXPECT_EQ(measured, 5 * 4);
+  EXPECT_EQ(steps, 1);
+  perfdb::PerfDb db(dir.path("split.db"));
+  const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
+  options.share_index = 0;
+  options.share_count = 1;
+  const ProfileReport all = profile(graph, *backend, db, device, options);
+  EXPECT_EQ(all.kernel_measured, 0);
+  EXPECT_EQ(all.kernel_cached, 20);
+}
+
+TEST(ProfileCli, ProfileStatsAndExport) {
+  TempDir dir;
+  const std::string vtrain = test_support::vtrain_binary();
+  const std::string cfg = test_support::source_dir() + "/configs/synthetic-lenet.yaml";
+  std::string out;
+  ASSERT_EQ(test_support::run_command(vtrain + " profile " + cfg + " --db " + dir.path("p.db") +
+                                          " --set profile.repeats=1 --set profile.batches=[8]",
+                                      &out),
+            0)
+      << out;
+  EXPECT_CONTAINS(out, "kernel items measured");
+  ASSERT_EQ(test_support::run_command(vtrain + " db stats --db " + dir.path("p.db"), &out), 0)
+      << out;
+  EXPECT_CONTAINS(out, "1 devices, 5 kernels");
+  ASSERT_EQ(test_support::run_command(vtrain + " db export --db " + dir.path("p.db") +
+                                          " --table step_measurements --format jsonl",
+                                      &out),
+            0)
+      << out;
+  EXPECT_CONTAINS(out, "\"batch\":8");
+  EXPECT_EQ(test_support::run_command(vtrain + " db export --db " + dir.path("p.db") +
+                                          " --table nope",
+                                      &out),
+            2)
+      << out;
+  EXPECT_CONTAINS(out, "unknown table 'nope' (known: devices, kernels");
+  EXPECT_EQ(test_support::run_command(vtrain + " db stats --db " + dir.path("missing.db"), &out), 1);
+  EXPECT_CONTAINS(out, "missing.db does not exist");
+  EXPECT_EQ(test_support::run_command(vtrain + " db stats", &out), 2);
+  EXPECT_CONTAINS(out, "needs --db FILE");
+}
+
+}  // namespace
+}  // namespace vtrain::worker

@@ -1,0 +1,57 @@
+// The profiler: measures what the balancer needs and the perf DB does not
+// have yet for this device (mu-cuDNN Sec. III-E): every convolution kernel of
+// a model (layer x Forward/BackwardData/BackwardFilter) with every available
+// algorithm at every micro-batch size of a policy, and one whole training
+// step per candidate per-rank batch size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "perfdb/perf_db.h"
+#include "worker/backend.h"
+#include "worker/graph.h"
+
+namespace vtrain::worker {
+
+// mu-cuDNN's micro-batch sets: every size 1..b, powers of two up to b (and b
+// itself), or b alone.
+enum class MicroBatchPolicy { kAll, kPowerOfTwo, kUndivided };
+// "all", "powerOfTwo", "undivided"; throws std::invalid_argument listing them.
+MicroBatchPolicy parse_micro_batch_policy(const std::string& name);
+std::vector<int64_t> micro_batch_sizes(int64_t batch, MicroBatchPolicy policy);
+
+struct ProfileOptions {
+  std::vector<int64_t> batches{64};  // candidate per-rank batch sizes
+  MicroBatchPolicy micro_batches = MicroBatchPolicy::kUndivided;
+  int warmup = 1;                    // untimed runs before the timed ones
+  int repeats = 5;                   // timed runs; the median is recorded
+  bool steps = true;                 // also time a whole fwd+bwd step per batch
+  // This process's share when several identical devices on one host split
+  // the work: work item j is measured here iff j % share_count == share_index.
+  int share_index = 0;
+  int share_count = 1;
+};
+
+struct ProfileReport {
+  int64_t kernel_measured = 0;  // (kernel, micro-batch) items measured now
+  int64_t kernel_cached = 0;    // items the DB already held for this device
+  int64_t step_measured = 0;
+  int64_t step_cached = 0;
+  double seconds = 0;
+};
+
+// The perf DB's description of a backend's device.
+perfdb::Device perfdb_device(const DeviceInfo& info);
+
+// The kernel signature of a convolution problem (n = the layer's batch).
+perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& problem);
+
+// Measures what `db` lacks for `device` and records it, one transaction per
+// work item. Every measurement runs on `backend` with freshly allocated
+// buffers; nothing of a training run is touched.
+ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
+                      perfdb::DeviceId device, const ProfileOptions& options);
+
+}  // namespace vtrain::worker
