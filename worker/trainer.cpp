@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <sstream>
 #include <stdexcept>
 
 #include "worker/checkpoint.h"
@@ -186,8 +187,8 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
   int64_t start_epoch = 0, start_in_epoch = 0, step = 0;
   if (options.resume && !options.checkpoint_dir.empty()) {
     // Rank 0 reads and checks the file; everyone gets the same state.
-    std::string path;
-    std::vector<float> params, buffers, velocity, position;
+    std::string path, position;  // position: "step epoch step_in_epoch"
+    std::vector<float> params, buffers, velocity;
     if (leader) {
       if (auto latest = latest_checkpoint(options.checkpoint_dir)) {
         path = *latest;
@@ -204,8 +205,8 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
         params = std::move(ckpt.parameters);
         buffers = std::move(ckpt.buffers);
         velocity = std::move(ckpt.velocity);
-        position = {static_cast<float>(ckpt.step), static_cast<float>(ckpt.epoch),
-                    static_cast<float>(ckpt.step_in_epoch)};
+        position = std::to_string(ckpt.step) + " " + std::to_string(ckpt.epoch) + " " +
+                   std::to_string(ckpt.step_in_epoch);
       }
     }
     if (comm) comm->broadcast(path, 0);
@@ -219,9 +220,7 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
       net.upload_parameters(params);
       net.upload_buffers(buffers);
       sgd.upload_velocity(velocity);
-      step = static_cast<int64_t>(position[0]);
-      start_epoch = static_cast<int64_t>(position[1]);
-      start_in_epoch = static_cast<int64_t>(position[2]);
+      std::istringstream(position) >> step >> start_epoch >> start_in_epoch;
       result.resumed_from = path;
       progress.line(format("resumed from %s (step %lld, epoch %lld)", path.c_str(),
                            static_cast<long long>(step), static_cast<long long>(start_epoch + 1)));
@@ -365,6 +364,13 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
                                  static_cast<long long>(options.epochs), epoch_loss / seen,
                                  epoch_correct / seen);
     if (options.evaluate && test_set.count > 0) {
+      // Batch-norm running statistics follow each rank's own samples:
+      // evaluate every share with rank 0's, as checkpoints do.
+      if (comm && ranks > 1 && net.buffer_count() > 0) {
+        std::vector<float> buffers = net.download_buffers();
+        comm->broadcast(buffers, 0);
+        net.upload_buffers(buffers);
+      }
       const Evaluation e = evaluate(net, test_set, norm, eval_chunk, stage, comm);
       result.test_accuracy = e.accuracy;
       result.test_loss = e.loss;
