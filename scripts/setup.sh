@@ -25,6 +25,7 @@ packages=(
   libyaml-cpp-dev libsqlite3-dev sqlite3 libglpk-dev glpk-utils
   libopenmpi-dev openmpi-bin libdnnl-dev libgtest-dev zlib1g-dev
   dataset-fashion-mnist
+  munge slurmctld slurmd slurm-client
 )
 missing=()
 for p in "${packages[@]}"; do
