@@ -102,16 +102,7 @@ class ConvLayer final : public Layer {
  public:
   ConvLayer(const LayerSpec& s, Backend& backend, const TensorDesc& x, const TensorDesc& y,
             const std::string& algorithm)
-      : Layer(s) {
-    problem_.x = x;
-    problem_.y = y;
-    problem_.k = s.out;
-    problem_.r = s.kernel_h;
-    problem_.s = s.kernel_w;
-    problem_.pad_h = s.pad_h;
-    problem_.pad_w = s.pad_w;
-    problem_.stride_h = s.stride_h;
-    problem_.stride_w = s.stride_w;
+      : Layer(s), problem_(conv_problem(s, x, y)) {
     for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
       auto& options = candidates_[static_cast<int>(kind)];
       options = backend.conv_algorithms(kind, problem_, accumulate(kind));
@@ -398,6 +389,20 @@ class ConcatLayer final : public Layer {
 }  // namespace
 
 // --------------------------------------------------------------- Network
+
+ConvProblem conv_problem(const LayerSpec& conv, const TensorDesc& x, const TensorDesc& y) {
+  ConvProblem p;
+  p.x = x;
+  p.y = y;
+  p.k = conv.out;
+  p.r = conv.kernel_h;
+  p.s = conv.kernel_w;
+  p.pad_h = conv.pad_h;
+  p.pad_w = conv.pad_w;
+  p.stride_h = conv.stride_h;
+  p.stride_w = conv.stride_w;
+  return p;
+}
 
 std::vector<TensorDesc> activation_descs(const Graph& graph, const Backend& backend, int64_t n) {
   std::vector<TensorDesc> descs(graph.size());

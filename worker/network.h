@@ -34,6 +34,9 @@ struct NetworkOptions {
 // element-wise layers keep their input's, data and fc outputs plain).
 std::vector<TensorDesc> activation_descs(const Graph& graph, const Backend& backend, int64_t n);
 
+// The convolution a conv layer runs, between activations x and y.
+ConvProblem conv_problem(const LayerSpec& conv, const TensorDesc& x, const TensorDesc& y);
+
 // A contiguous range of the flat parameter buffer owned by one layer.
 struct ParamRange {
   int layer = 0;           // graph index

@@ -67,16 +67,7 @@ std::vector<KernelSite> kernel_sites(const Graph& graph, const Backend& backend)
     const LayerSpec& l = graph.layer(i);
     if (l.type != LayerType::kConv) continue;
     const int in = graph.inputs(i)[0];
-    ConvProblem p;
-    p.x = descs[in];
-    p.y = descs[i];
-    p.k = l.out;
-    p.r = l.kernel_h;
-    p.s = l.kernel_w;
-    p.pad_h = l.pad_h;
-    p.pad_w = l.pad_w;
-    p.stride_h = l.stride_h;
-    p.stride_w = l.stride_w;
+    const ConvProblem p = conv_problem(l, descs[in], descs[i]);
     for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
       // The first layer's input is the data: no gradient is computed for it.
       if (kind == ConvKind::kBackwardData && in == graph.input_index()) continue;
