@@ -274,7 +274,7 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   if (options.batches.empty()) {
     options.batches = {(cfg.train.batch + comm.size() - 1) / comm.size()};
   }
-  options.micro_batches = worker::parse_micro_batch_policy(cfg.profile.micro_batches);
+  options.micro_batches = balancer::parse_micro_batch_policy(cfg.profile.micro_batches);
   options.warmup = static_cast<int>(cfg.profile.warmup);
   options.repeats = static_cast<int>(cfg.profile.repeats);
   options.steps = cfg.profile.steps;

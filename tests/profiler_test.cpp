@@ -19,13 +19,11 @@ Graph small_graph() {
   return Graph::build(preset_layers("lenet", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
 }
 
-TEST(Profiler, MicroBatchPolicies) {
-  EXPECT_EQ(micro_batch_sizes(6, MicroBatchPolicy::kAll), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
-  EXPECT_EQ(micro_batch_sizes(6, MicroBatchPolicy::kPowerOfTwo), (std::vector<int64_t>{1, 2, 4, 6}));
-  EXPECT_EQ(micro_batch_sizes(8, MicroBatchPolicy::kPowerOfTwo), (std::vector<int64_t>{1, 2, 4, 8}));
-  EXPECT_EQ(micro_batch_sizes(6, MicroBatchPolicy::kUndivided), (std::vector<int64_t>{6}));
-  EXPECT_EQ(parse_micro_batch_policy("powerOfTwo"), MicroBatchPolicy::kPowerOfTwo);
-  EXPECT_THROW(parse_micro_batch_policy("some"), std::invalid_argument);
+TEST(Profiler, MicroBatchPolicyNames) {
+  EXPECT_EQ(balancer::parse_micro_batch_policy("powerOfTwo"), MicroBatchPolicy::kPowerOfTwo);
+  EXPECT_EQ(balancer::parse_micro_batch_policy("all"), MicroBatchPolicy::kAll);
+  EXPECT_EQ(balancer::parse_micro_batch_policy("undivided"), MicroBatchPolicy::kUndivided);
+  EXPECT_THROW(balancer::parse_micro_batch_policy("some"), balancer::BalancerError);
 }
 
 TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {

@@ -84,29 +84,6 @@ bool accumulates(ConvKind kind) { return kind == ConvKind::kBackwardFilter; }
 
 }  // namespace
 
-MicroBatchPolicy parse_micro_batch_policy(const std::string& name) {
-  if (name == "all") return MicroBatchPolicy::kAll;
-  if (name == "powerOfTwo") return MicroBatchPolicy::kPowerOfTwo;
-  if (name == "undivided") return MicroBatchPolicy::kUndivided;
-  throw std::invalid_argument("unknown micro-batch policy '" + name +
-                              "' (known: all, powerOfTwo, undivided)");
-}
-
-std::vector<int64_t> micro_batch_sizes(int64_t batch, MicroBatchPolicy policy) {
-  std::vector<int64_t> sizes;
-  switch (policy) {
-    case MicroBatchPolicy::kAll:
-      for (int64_t m = 1; m <= batch; ++m) sizes.push_back(m);
-      break;
-    case MicroBatchPolicy::kPowerOfTwo:
-      for (int64_t m = 1; m < batch; m *= 2) sizes.push_back(m);
-      sizes.push_back(batch);
-      break;
-    case MicroBatchPolicy::kUndivided: sizes.push_back(batch); break;
-  }
-  return sizes;
-}
-
 perfdb::Device perfdb_device(const DeviceInfo& info) {
   return {info.name, info.backend, info.memory_bytes, info.library_version, info.threads,
           info.host};
@@ -140,7 +117,9 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
   std::map<int64_t, std::vector<int64_t>> batches_of;
   for (int64_t b : options.batches) {
     if (b < 1) throw std::invalid_argument("profile: batch sizes must be >= 1");
-    for (int64_t m : micro_batch_sizes(b, options.micro_batches)) batches_of[m].push_back(b);
+    for (int64_t m : balancer::micro_batch_sizes(options.micro_batches, b)) {
+      batches_of[m].push_back(b);
+    }
   }
   int64_t item = -1;
   auto mine = [&] { return ++item % options.share_count == options.share_index; };

@@ -9,18 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "balancer/workspace_plan.h"
 #include "perfdb/perf_db.h"
 #include "worker/backend.h"
 #include "worker/graph.h"
 
 namespace vtrain::worker {
 
-// mu-cuDNN's micro-batch sets: every size 1..b, powers of two up to b (and b
-// itself), or b alone.
-enum class MicroBatchPolicy { kAll, kPowerOfTwo, kUndivided };
-// "all", "powerOfTwo", "undivided"; throws std::invalid_argument listing them.
-MicroBatchPolicy parse_micro_batch_policy(const std::string& name);
-std::vector<int64_t> micro_batch_sizes(int64_t batch, MicroBatchPolicy policy);
+// Micro-batch policies are the balancer's (mu-cuDNN's all / powerOfTwo /
+// undivided): the profiler measures exactly the sizes the balancer combines.
+using balancer::MicroBatchPolicy;
 
 struct ProfileOptions {
   std::vector<int64_t> batches{64};  // candidate per-rank batch sizes

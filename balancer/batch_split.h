@@ -1,0 +1,112 @@
+// The uneven split of a global mini-batch over heterogeneous devices (mu-cuDNN,
+// Oyama et al., Sec. III-E): each device g gets b_g samples, sum b_g = B, so
+// that the slowest device finishes as early as possible:
+//
+//   min T  s.t.  T >= sum_b t[g,b] x[g,b]      for every device g
+//                sum_b x[g,b] <= 1              for every device g
+//                sum_g sum_b b x[g,b] = B
+//                x[g,b] binary
+//
+// over candidate sizes b that fit the device's memory. A device with no
+// x[g,b] = 1 gets 0 samples and does not train. Solved to optimality (see
+// BatchSplitSolver).
+//
+// Candidate sizes come from the caller's step measurements (forward plus
+// backward at a per-rank batch, with its peak memory), as the profiler
+// records them in the perf DB:
+//   kMeasured:      the measured sizes that are multiples of the granularity.
+//   kInterpolated:  every multiple of the granularity from the device's
+//                   smallest to its largest measured size; time and peak
+//                   memory are linear between the two nearest measured sizes
+//                   (exact at measured sizes, never extrapolated). Step time
+//                   and memory are close to affine in the batch, so this
+//                   finds splits the measured sizes alone cannot express.
+// A candidate is kept only when its (measured or interpolated) peak memory is
+// at most the device's capacity, and only up to B.
+//
+// Communication, which the paper leaves out: a device's allreduce_ms (its
+// exposed allreduce time, e.g. behind a slow link) is added to t[g,b] for
+// every b, and options.allreduce_ms (the part every step pays) is added to T.
+// An idle device adds nothing: the plan leaves it out of training.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "balancer/balancer_error.h"
+
+namespace vtrain::balancer {
+
+// One training step measured on a device at one per-rank batch.
+struct StepSample {
+  int64_t batch = 1;               // per-rank batch, >= 1
+  double time_ms = 0;              // forward + backward, finite and >= 0
+  uint64_t peak_memory_bytes = 0;  // peak device memory of that step
+};
+
+struct DeviceProfile {
+  std::string name;                   // for messages and the idle list, e.g. "rank 2 (Tesla K20Xm)"
+  std::vector<StepSample> steps;      // at most one per batch size, any order
+  uint64_t memory_capacity_bytes = 0; // a batch fits when its peak memory is at most this
+  double allreduce_ms = 0;            // this device's exposed allreduce time, added to
+                                      // its step time when it trains (>= 0)
+};
+
+enum class CandidateSizes { kMeasured, kInterpolated };
+
+// How the model is solved. Both are exact; among equally fast splits they
+// may return different ones.
+enum class BatchSplitSolver {
+  // The default: the optimal T is one of the candidates' times, so a binary
+  // search over them, each step a bit-parallel subset-sum test ("can every
+  // device stay at or below T and the sizes add up to B?"), finds it; the
+  // split is read back from the subset-sum tables, spreading the slack
+  // below T over the devices in proportion to the largest size each may
+  // take. Tens of milliseconds for 1024 devices; the tables take about
+  // devices * B / granularity / 8 bytes (1 MiB for 1024 devices, B = 65536,
+  // granularity 8), and more than 1 GiB is refused with a BalancerError
+  // asking for a coarser granularity.
+  kThresholdSearch,
+  // The ILP above handed to GLPK. A reference: fine for a few dozen devices,
+  // minutes for a few hundred.
+  kGlpk,
+};
+
+struct BatchSplitOptions {
+  int64_t granularity = 1;                         // every b_g is a multiple of this (>= 1)
+  CandidateSizes candidates = CandidateSizes::kMeasured;  // see the top of this file
+  double allreduce_ms = 0;                         // added to the step time of every split (>= 0)
+  bool allow_idle_devices = true;                  // false: every device gets one of its candidates
+  BatchSplitSolver solver = BatchSplitSolver::kThresholdSearch;
+  std::chrono::milliseconds time_limit{0};         // kGlpk only: limit of the solve; 0 = none
+};
+
+struct BatchSplit {
+  std::vector<int64_t> batch;             // per device, in input order; 0 = does not train
+  std::vector<double> time_ms;            // per device: predicted step time incl. its
+                                          // allreduce_ms; 0 for an idle device
+  double step_time_ms = 0;                // max of time_ms plus options.allreduce_ms
+  std::vector<std::string> idle_devices;  // names of the devices that get 0, in input order
+  // The step time of the even split B/n on every device, for comparison;
+  // nullopt when that split is not representable (n does not divide B, B/n
+  // is not a multiple of the granularity, or it is not a candidate of every
+  // device, e.g. it does not fit one's memory).
+  std::optional<double> even_split_time_ms;
+};
+
+// The optimal split of `global_batch` over `devices`. Throws InfeasibleError
+// when no split exists, saying why: the batch is not a multiple of the
+// granularity; it exceeds what the devices can hold together; no combination
+// of candidate sizes adds up to it (the message gives the nearest totals that
+// can be made); or, without idle devices, a device has no candidate or the
+// batch is smaller than the devices' smallest candidates together. Throws
+// BalancerError on invalid input (no devices, batch < 1, a duplicate or
+// malformed sample) or a solver failure.
+BatchSplit plan_batch_split(std::span<const DeviceProfile> devices, int64_t global_batch,
+                            const BatchSplitOptions& options = {});
+
+}  // namespace vtrain::balancer

@@ -1,0 +1,896 @@
+// The balancer's models against brute force on small random instances (the
+// batch split over every assignment, WR and the Pareto fronts over every
+// configuration, WD over every combination of front points), the GLPK
+// reference solvers against the fast ones, the solver wrapper's error
+// handling, and the messages users see when a plan is impossible.
+//
+// Times in random instances are multiples of 1/8 ms, so sums are exact in
+// floating point whatever the order of addition and results can be compared
+// for equality.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "balancer/batch_split.h"
+#include "balancer/internal/choice_knapsack.h"
+#include "balancer/internal/reachable_totals.h"
+#include "balancer/lp_model.h"
+#include "balancer/workspace_plan.h"
+#include "tests/test_support.h"
+
+namespace vtrain::balancer {
+
+// Readable gtest output for configurations.
+void PrintTo(const MicroBatch& call, std::ostream* os) { *os << call.algorithm << " x" << call.size; }
+
+namespace {
+
+using test_support::error_message;
+using test_support::TempDir;
+
+constexpr uint64_t kMiB = 1024 * 1024;
+
+int uniform(std::mt19937& rng, int low, int high) { return std::uniform_int_distribution<int>(low, high)(rng); }
+
+// A random time in [low, high] ms, a multiple of 1/8.
+double eighths(std::mt19937& rng, int low, int high) { return uniform(rng, low * 8, high * 8) / 8.0; }
+
+// ================================================================ LpModel
+
+TEST(LpModel, SolvesASmallIntegerProgramme) {
+  // max x + y  s.t.  2x + 2y <= 7, x - y = 0 (as min -x - y): x = y = 1.
+  LpModel model("small");
+  const int x = model.add_integer(0, 10, -1);
+  const int y = model.add_integer(0, 10, -1);
+  model.add_row("capacity", RowSense::kLessEqual, 7, std::vector<Term>{{x, 2}, {y, 2}});
+  model.add_row("equal", RowSense::kEqual, 0, std::vector<Term>{{x, 1}, {y, -1}});
+  const MipSolution solution = model.solve("unused");
+  EXPECT_DOUBLE_EQ(solution.objective, -2);
+  EXPECT_NEAR(solution.values[x], 1, 1e-9);
+  EXPECT_NEAR(solution.values[y], 1, 1e-9);
+}
+
+TEST(LpModel, MixesBinaryAndContinuousColumns) {
+  // min t  s.t.  t >= 3 b1 + 5 b2, b1 + b2 = 1: t = 3 with b1.
+  LpModel model("mixed");
+  const int t = model.add_continuous(0, kUnbounded, 1);
+  const int b1 = model.add_binary(0);
+  const int b2 = model.add_binary(0);
+  model.add_row("time", RowSense::kGreaterEqual, 0, std::vector<Term>{{t, 1}, {b1, -3}, {b2, -5}});
+  model.add_row("one", RowSense::kEqual, 1, std::vector<Term>{{b1, 1}, {b2, 1}});
+  const MipSolution solution = model.solve("unused");
+  EXPECT_NEAR(solution.objective, 3, 1e-9);
+  EXPECT_GT(solution.values[b1], 0.5);
+  EXPECT_LT(solution.values[b2], 0.5);
+}
+
+TEST(LpModel, InfeasibleModelThrowsTheCallersMessage) {
+  LpModel model("infeasible");
+  const int x = model.add_binary(1);
+  const int y = model.add_binary(1);
+  model.add_row("too_much", RowSense::kGreaterEqual, 3, std::vector<Term>{{x, 1}, {y, 1}});
+  const std::string message = error_message<InfeasibleError>([&] { model.solve("two bits cannot make 3"); });
+  EXPECT_EQ(message, "two bits cannot make 3");
+}
+
+TEST(LpModel, UnboundedModelIsAnErrorButNotInfeasible) {
+  LpModel model("unbounded");
+  const int x = model.add_continuous(-kUnbounded, kUnbounded, 1);
+  const int n = model.add_integer(0, 1, 0);
+  model.add_row("loose", RowSense::kLessEqual, 5, std::vector<Term>{{x, 1}, {n, 1}});
+  try {
+    model.solve("unused");
+    ADD_FAILURE() << "an unbounded model solved";
+  } catch (const InfeasibleError& e) {
+    ADD_FAILURE() << "unbounded reported as infeasible: " << e.what();
+  } catch (const BalancerError& e) {
+    EXPECT_CONTAINS(e.what(), "unbounded");
+  }
+}
+
+TEST(LpModel, RejectsInvalidInputInsteadOfAborting) {
+  LpModel model("invalid");
+  const int x = model.add_binary(0);
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { model.add_row("r", RowSense::kEqual, 1, std::vector<Term>{{7, 1}}); }),
+                  "names column 7 of 1");
+  EXPECT_CONTAINS(
+      error_message<BalancerError>([&] { model.add_row("r", RowSense::kEqual, 1, std::vector<Term>{{x, 1}, {x, 2}}); }),
+      "twice");
+  // A rejected row leaves no trace: the same column may be named again.
+  model.add_row("ok", RowSense::kLessEqual, 1, std::vector<Term>{{x, 1}});
+  EXPECT_EQ(model.row_count(), 1);
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { model.add_integer(2, 1, 0); }), "not an interval");
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { model.add_continuous(0, 1, std::nan("")); }), "not finite");
+  EXPECT_CONTAINS(error_message<BalancerError>(
+                      [&] { model.add_row("r", RowSense::kEqual, kUnbounded, std::vector<Term>{{x, 1}}); }),
+                  "non-finite");
+  LpModel empty("empty");
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { empty.solve("unused"); }), "no columns");
+}
+
+TEST(LpModel, MovesAndWritesAnLpFile) {
+  LpModel original("moved");
+  const int x = original.add_integer(0, 4, -1);
+  original.add_row("cap_row", RowSense::kLessEqual, 2.5, std::vector<Term>{{x, 1}});
+  LpModel model = std::move(original);
+  EXPECT_NEAR(model.solve("unused").values[x], 2, 1e-9);
+
+  TempDir dir;
+  const std::string path = (std::filesystem::path(dir.path()) / "model.lp").string();
+  model.write_lp(path);
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  EXPECT_CONTAINS(text.str(), "cap_row");
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { model.write_lp("/nonexistent-dir/x.lp"); }), "cannot write");
+}
+
+TEST(LpModel, TimeLimitIsAnError) {
+  // Even coefficients cannot add up to an odd total, but branch and bound
+  // only finds out by enumerating: far more than 50 ms for 40 columns.
+  std::mt19937 rng(3);
+  LpModel model("hard");
+  std::vector<Term> row;
+  for (int i = 0; i < 40; ++i) row.push_back({model.add_binary(0), 2.0 * uniform(rng, 100000, 999999)});
+  model.add_row("odd", RowSense::kEqual, 2 * 7000001.0 + 1, row);
+  try {
+    model.solve("no odd total", SolveOptions{std::chrono::milliseconds(50)});
+    ADD_FAILURE() << "solved";
+  } catch (const InfeasibleError&) {
+    GTEST_SKIP() << "GLPK proved infeasibility within the limit; the limit path is not exercised";
+  } catch (const BalancerError& e) {
+    EXPECT_CONTAINS(e.what(), "time limit of 50 ms");
+  }
+}
+
+// ========================================================== reachable totals
+
+TEST(ReachableTotals, MatchesNaiveSubsetSums) {
+  std::mt19937 rng(11);
+  for (int seed = 0; seed < 200; ++seed) {
+    const int limit = uniform(rng, 0, 300);
+    internal::ReachableTotals totals(limit);
+    std::set<int> naive = {0};
+    const int devices = uniform(rng, 1, 4);
+    for (int device = 0; device < devices; ++device) {
+      const bool idle = uniform(rng, 0, 1) == 1;
+      internal::ReachableTotals next = idle ? totals : totals.none();
+      std::set<int> naive_next = idle ? naive : std::set<int>{};
+      const int runs = uniform(rng, 0, 3);
+      for (int run = 0; run < runs; ++run) {
+        const int low = uniform(rng, 0, 150), high = low + uniform(rng, 0, 90);
+        totals.add_shifted(low, high, next);
+        for (int t : naive) {
+          for (int s = low; s <= high; ++s) {
+            if (t + s <= limit) naive_next.insert(t + s);
+          }
+        }
+      }
+      totals = next;
+      naive = naive_next;
+    }
+    for (int t = -1; t <= limit + 1; ++t) {
+      ASSERT_EQ(totals.contains(t), naive.count(t) == 1) << "seed " << seed << " total " << t;
+    }
+    EXPECT_EQ(totals.empty(), naive.empty());
+  }
+}
+
+// ================================================================ batch split
+
+struct TestCandidate {
+  int64_t batch;
+  double time_ms;
+};
+
+// Candidates the way batch_split.h documents them, written independently.
+std::vector<TestCandidate> expected_candidates(const DeviceProfile& device, int64_t global_batch,
+                                               const BatchSplitOptions& options) {
+  std::vector<StepSample> steps = device.steps;
+  std::sort(steps.begin(), steps.end(), [](const StepSample& a, const StepSample& b) { return a.batch < b.batch; });
+  std::vector<TestCandidate> out;
+  const int64_t g = options.granularity;
+  for (int64_t b = g; b <= global_batch; b += g) {
+    std::optional<std::pair<double, double>> point;  // time, memory
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (steps[i].batch == b) point = {steps[i].time_ms, static_cast<double>(steps[i].peak_memory_bytes)};
+    }
+    if (!point && options.candidates == CandidateSizes::kInterpolated) {
+      for (size_t i = 0; i + 1 < steps.size(); ++i) {
+        if (steps[i].batch < b && b < steps[i + 1].batch) {
+          const double f = double(b - steps[i].batch) / double(steps[i + 1].batch - steps[i].batch);
+          const double m0 = double(steps[i].peak_memory_bytes), m1 = double(steps[i + 1].peak_memory_bytes);
+          point = {steps[i].time_ms + f * (steps[i + 1].time_ms - steps[i].time_ms), std::ceil(m0 + f * (m1 - m0))};
+        }
+      }
+    }
+    if (point && point->second <= double(device.memory_capacity_bytes)) {
+      out.push_back({b, point->first + device.allreduce_ms});
+    }
+  }
+  return out;
+}
+
+// The optimal step time over every assignment; nullopt when none adds up.
+std::optional<double> brute_force_split(const std::vector<std::vector<TestCandidate>>& candidates,
+                                        int64_t global_batch, const BatchSplitOptions& options) {
+  std::optional<double> best;
+  std::function<void(size_t, int64_t, double)> visit = [&](size_t d, int64_t total, double slowest) {
+    if (total > global_batch) return;
+    if (d == candidates.size()) {
+      if (total == global_batch && (!best || slowest < *best)) best = slowest;
+      return;
+    }
+    if (options.allow_idle_devices) visit(d + 1, total, slowest);
+    for (const TestCandidate& c : candidates[d]) visit(d + 1, total + c.batch, std::max(slowest, c.time_ms));
+  };
+  visit(0, 0, 0.0);
+  if (best) *best += options.allreduce_ms;
+  return best;
+}
+
+DeviceProfile random_device(std::mt19937& rng, int index) {
+  DeviceProfile device;
+  device.name = "dev" + std::to_string(index);
+  const double fixed = eighths(rng, 1, 20), per_sample = eighths(rng, 0, 4) + 0.125;
+  const uint64_t base = uniform(rng, 100, 400) * kMiB, per_sample_memory = uniform(rng, 5, 30) * kMiB;
+  std::set<int64_t> sizes;
+  const int count = uniform(rng, 3, 5);
+  while (static_cast<int>(sizes.size()) < count) sizes.insert(uniform(rng, 1, 16) * 2);
+  for (int64_t b : sizes) {
+    // Mostly rising with the batch, sometimes not (measurement noise).
+    device.steps.push_back({b, fixed + per_sample * double(b) + eighths(rng, 0, 3), base + per_sample_memory * b});
+  }
+  device.memory_capacity_bytes = base + per_sample_memory * uniform(rng, 4, 40);
+  device.allreduce_ms = uniform(rng, 0, 3) == 0 ? eighths(rng, 0, 4) : 0;
+  return device;
+}
+
+// Checks a split against the candidates it must come from.
+void expect_valid_split(const BatchSplit& split, const std::vector<DeviceProfile>& devices,
+                        const std::vector<std::vector<TestCandidate>>& candidates, int64_t global_batch,
+                        const BatchSplitOptions& options) {
+  ASSERT_EQ(split.batch.size(), devices.size());
+  int64_t total = 0;
+  double slowest = 0;
+  std::vector<std::string> idle;
+  for (size_t d = 0; d < devices.size(); ++d) {
+    total += split.batch[d];
+    if (split.batch[d] == 0) {
+      EXPECT_TRUE(options.allow_idle_devices);
+      EXPECT_EQ(split.time_ms[d], 0);
+      idle.push_back(devices[d].name);
+      continue;
+    }
+    const auto it = std::find_if(candidates[d].begin(), candidates[d].end(),
+                                 [&](const TestCandidate& c) { return c.batch == split.batch[d]; });
+    ASSERT_NE(it, candidates[d].end()) << devices[d].name << " got " << split.batch[d] << ", not a candidate";
+    EXPECT_NEAR(split.time_ms[d], it->time_ms, 1e-9);
+    slowest = std::max(slowest, split.time_ms[d]);
+  }
+  EXPECT_EQ(total, global_batch);
+  EXPECT_NEAR(split.step_time_ms, slowest + options.allreduce_ms, 1e-9);
+  EXPECT_EQ(split.idle_devices, idle);
+}
+
+void check_split_against_brute_force(BatchSplitSolver solver, uint32_t first_seed, int seeds) {
+  int solved = 0, infeasible = 0;
+  for (uint32_t seed = first_seed; seed < first_seed + seeds; ++seed) {
+    std::mt19937 rng(seed);
+    std::vector<DeviceProfile> devices;
+    const int count = uniform(rng, 2, 4);
+    for (int d = 0; d < count; ++d) devices.push_back(random_device(rng, d));
+    BatchSplitOptions options;
+    options.solver = solver;
+    options.granularity = std::vector<int64_t>{1, 2, 4}[uniform(rng, 0, 2)];
+    options.candidates = uniform(rng, 0, 1) ? CandidateSizes::kInterpolated : CandidateSizes::kMeasured;
+    options.allow_idle_devices = uniform(rng, 0, 3) != 0;
+    options.allreduce_ms = uniform(rng, 0, 1) ? eighths(rng, 0, 5) : 0;
+    const int64_t global_batch = options.granularity * uniform(rng, 1, 80 / static_cast<int>(options.granularity));
+    std::vector<std::vector<TestCandidate>> candidates;
+    for (const DeviceProfile& device : devices) candidates.push_back(expected_candidates(device, global_batch, options));
+    const std::optional<double> best = brute_force_split(candidates, global_batch, options);
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", batch " + std::to_string(global_batch));
+    if (!best) {
+      error_message<InfeasibleError>([&] { plan_batch_split(devices, global_batch, options); });
+      ++infeasible;
+      continue;
+    }
+    const BatchSplit split = plan_batch_split(devices, global_batch, options);
+    EXPECT_NEAR(split.step_time_ms, *best, 1e-9);
+    expect_valid_split(split, devices, candidates, global_batch, options);
+    ++solved;
+  }
+  // The generator must exercise both outcomes.
+  EXPECT_GT(solved, seeds / 4);
+  EXPECT_GT(infeasible, seeds / 20);
+}
+
+TEST(BatchSplit, ThresholdSearchMatchesBruteForce) {
+  check_split_against_brute_force(BatchSplitSolver::kThresholdSearch, 1, 600);
+}
+
+TEST(BatchSplit, GlpkMatchesBruteForce) { check_split_against_brute_force(BatchSplitSolver::kGlpk, 1001, 300); }
+
+TEST(BatchSplit, SolversAgreeOnLargerClusters) {
+  for (uint32_t seed = 0; seed < 30; ++seed) {
+    std::mt19937 rng(seed);
+    std::vector<DeviceProfile> devices;
+    for (int d = 0; d < 10; ++d) devices.push_back(random_device(rng, d));
+    BatchSplitOptions options;
+    options.granularity = 2;
+    const int64_t global_batch = 2 * uniform(rng, 40, 120);
+    std::optional<double> fast, reference;
+    try {
+      fast = plan_batch_split(devices, global_batch, options).step_time_ms;
+    } catch (const InfeasibleError&) {
+    }
+    options.solver = BatchSplitSolver::kGlpk;
+    try {
+      reference = plan_batch_split(devices, global_batch, options).step_time_ms;
+    } catch (const InfeasibleError&) {
+    }
+    ASSERT_EQ(fast.has_value(), reference.has_value()) << "seed " << seed;
+    if (fast) {
+      EXPECT_NEAR(*fast, *reference, 1e-9) << "seed " << seed;
+    }
+  }
+}
+
+// Two devices measured at 32, 64, 128: `fast` takes 1 ms per sample, `slow`
+// 3 ms; both hold any of them.
+std::vector<DeviceProfile> two_devices() {
+  DeviceProfile fast{"fast", {}, 64 * kMiB, 0};
+  DeviceProfile slow{"slow", {}, 64 * kMiB, 0};
+  for (int64_t b : {32, 64, 128}) {
+    fast.steps.push_back({b, 1.0 * double(b), uint64_t(b) * 256 * 1024});
+    slow.steps.push_back({b, 3.0 * double(b), uint64_t(b) * 256 * 1024});
+  }
+  return {fast, slow};
+}
+
+TEST(BatchSplit, BeatsTheEvenSplitAndReportsIt) {
+  const std::vector<DeviceProfile> devices = two_devices();
+  const BatchSplit split = plan_batch_split(devices, 128, {});
+  // Even: 64 each, the slow one takes 192 ms. Best measured: 128 on fast.
+  EXPECT_EQ(split.batch, (std::vector<int64_t>{128, 0}));
+  EXPECT_DOUBLE_EQ(split.step_time_ms, 128);
+  ASSERT_TRUE(split.even_split_time_ms.has_value());
+  EXPECT_DOUBLE_EQ(*split.even_split_time_ms, 192);
+  EXPECT_EQ(split.idle_devices, std::vector<std::string>{"slow"});
+
+  // Interpolated at granularity 8: 96 + 32 gives max(96, 96) = 96 ms.
+  BatchSplitOptions interpolated;
+  interpolated.candidates = CandidateSizes::kInterpolated;
+  interpolated.granularity = 8;
+  const BatchSplit finer = plan_batch_split(devices, 128, interpolated);
+  EXPECT_EQ(finer.batch, (std::vector<int64_t>{96, 32}));
+  EXPECT_DOUBLE_EQ(finer.step_time_ms, 96);
+  EXPECT_TRUE(finer.idle_devices.empty());
+}
+
+TEST(BatchSplit, EvenSplitIsAbsentWhenNotRepresentable) {
+  const std::vector<DeviceProfile> devices = two_devices();
+  // 96 / 2 = 48 was not measured.
+  EXPECT_FALSE(plan_batch_split(devices, 96, {}).even_split_time_ms.has_value());
+  // 3 devices do not divide 128.
+  std::vector<DeviceProfile> three = devices;
+  three.push_back(devices[0]);
+  three.back().name = "fast2";
+  EXPECT_FALSE(plan_batch_split(three, 128, {}).even_split_time_ms.has_value());
+  // 64 each is measured but does not fit the slow device's memory.
+  std::vector<DeviceProfile> small = devices;
+  small[1].memory_capacity_bytes = 10 * kMiB;
+  EXPECT_FALSE(plan_batch_split(small, 128, {}).even_split_time_ms.has_value());
+}
+
+TEST(BatchSplit, CandidatesThatDoNotFitMemoryAreNeverChosen) {
+  std::vector<DeviceProfile> devices = two_devices();
+  // The fast device can hold 32 samples (8 MiB) but not 64 (16 MiB).
+  devices[0].memory_capacity_bytes = 12 * kMiB;
+  const BatchSplit split = plan_batch_split(devices, 96, {});
+  EXPECT_EQ(split.batch, (std::vector<int64_t>{32, 64}));
+  EXPECT_DOUBLE_EQ(split.step_time_ms, 192);
+}
+
+TEST(BatchSplit, AllreduceTimesAreAdded) {
+  std::vector<DeviceProfile> devices = two_devices();
+  devices[0].allreduce_ms = 100;  // the fast device sits behind a slow link
+  BatchSplitOptions options;
+  options.allreduce_ms = 5;
+  const BatchSplit split = plan_batch_split(devices, 128, options);
+  // 128 on fast: 228; 64 + 64: max(164, 192) = 192; 32 fast + 96: not
+  // measured. So 64 + 64, plus the constant 5.
+  EXPECT_EQ(split.batch, (std::vector<int64_t>{64, 64}));
+  EXPECT_DOUBLE_EQ(split.time_ms[0], 164);
+  EXPECT_DOUBLE_EQ(split.step_time_ms, 197);
+  EXPECT_DOUBLE_EQ(*split.even_split_time_ms, 197);
+}
+
+TEST(BatchSplit, WithoutIdleDevicesEveryDeviceTrains) {
+  const std::vector<DeviceProfile> devices = two_devices();
+  BatchSplitOptions options;
+  options.allow_idle_devices = false;
+  const BatchSplit split = plan_batch_split(devices, 160, options);
+  EXPECT_EQ(split.batch, (std::vector<int64_t>{128, 32}));
+  EXPECT_TRUE(split.idle_devices.empty());
+}
+
+TEST(BatchSplit, TooLargeABatchSaysWhatTheDevicesHold) {
+  std::vector<DeviceProfile> devices = two_devices();
+  devices[1].memory_capacity_bytes = 20 * kMiB;  // 64 samples need 16 MiB, 128 need 32
+  const std::string message = error_message<InfeasibleError>([&] { plan_batch_split(devices, 256, {}); });
+  EXPECT_CONTAINS(message, "batch 256 does not fit: the devices can hold at most 192 samples");
+  EXPECT_CONTAINS(message, "fast 128, slow 64");
+}
+
+TEST(BatchSplit, UnreachableTotalsNameTheNearestOnes) {
+  const std::vector<DeviceProfile> devices = two_devices();
+  const std::string message = error_message<InfeasibleError>([&] { plan_batch_split(devices, 200, {}); });
+  EXPECT_CONTAINS(message, "no combination of their candidate sizes");
+  EXPECT_CONTAINS(message, "the nearest totals are 192 and 256");
+  BatchSplitOptions coarse;
+  coarse.granularity = 64;
+  EXPECT_CONTAINS(error_message<InfeasibleError>([&] { plan_batch_split(devices, 100, coarse); }),
+                  "batch 100 is not a multiple of the granularity 64");
+}
+
+TEST(BatchSplit, DevicesThatCannotTrainAreExplained) {
+  std::vector<DeviceProfile> devices = two_devices();
+  devices[1].memory_capacity_bytes = 1 * kMiB;
+  BatchSplitOptions options;
+  options.allow_idle_devices = false;
+  EXPECT_CONTAINS(error_message<InfeasibleError>([&] { plan_batch_split(devices, 64, options); }),
+                  "device slow cannot train (idle devices are not allowed): no measured batch fits its memory "
+                  "(batch 32 needs 8 MiB, it has 1 MiB)");
+  // Allowed to idle, the slow device simply does not train.
+  options.allow_idle_devices = true;
+  EXPECT_EQ(plan_batch_split(devices, 64, options).idle_devices, std::vector<std::string>{"slow"});
+  // Too small a batch for every device to get its smallest size.
+  options.allow_idle_devices = false;
+  EXPECT_CONTAINS(error_message<InfeasibleError>([&] { plan_batch_split(two_devices(), 32, options); }),
+                  "batch 32 is too small to give every device work: their smallest candidate sizes add up to 64");
+}
+
+TEST(BatchSplit, RejectsMalformedInput) {
+  std::vector<DeviceProfile> devices = two_devices();
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { plan_batch_split({}, 64, {}); }), "no devices");
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { plan_batch_split(devices, 0, {}); }), "not positive");
+  devices[0].steps.push_back(devices[0].steps[0]);
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { plan_batch_split(devices, 64, {}); }),
+                  "device fast: step at batch 32: measured twice");
+  devices = two_devices();
+  devices[1].steps[0].time_ms = -1;
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { plan_batch_split(devices, 64, {}); }), "finite non-negative");
+}
+
+TEST(BatchSplit, SpreadsSlackInsteadOfIdlingDevices) {
+  // Eight identical devices, interpolated at granularity 1: 200 samples fit
+  // as 25 each; every device must train and no device may exceed 25.
+  std::vector<DeviceProfile> devices;
+  for (int d = 0; d < 8; ++d) {
+    devices.push_back({"device", {{1, 1, 1 * kMiB}, {64, 64, 64 * kMiB}}, 1024 * kMiB, 0});
+    devices.back().name += std::to_string(d);
+  }
+  BatchSplitOptions options;
+  options.candidates = CandidateSizes::kInterpolated;
+  const BatchSplit split = plan_batch_split(devices, 196, options);
+  EXPECT_DOUBLE_EQ(split.step_time_ms, 25);  // ceil(196 / 8)
+  for (int64_t b : split.batch) EXPECT_GE(b, 24);
+  EXPECT_TRUE(split.idle_devices.empty());
+}
+
+// ========================================================= WR and the fronts
+
+ConvKernel random_kernel(std::mt19937& rng, int64_t batch, int algorithms) {
+  ConvKernel kernel{"k", batch, {}};
+  std::set<int64_t> sizes = {batch};
+  const int extra_sizes = uniform(rng, 0, 4);
+  for (int i = 0; i < extra_sizes; ++i) sizes.insert(uniform(rng, 1, static_cast<int>(batch)));
+  for (int a = 0; a < algorithms; ++a) {
+    const std::string name = "algo" + std::to_string(a);
+    const double per_image = eighths(rng, 1, 6);
+    const uint64_t workspace_per_image = uniform(rng, 0, 3) == 0 ? 0 : uniform(rng, 1, 50);
+    for (int64_t m : sizes) {
+      if (uniform(rng, 0, 5) == 0) continue;  // not every algorithm supports every size
+      kernel.options.push_back({name, m, eighths(rng, 0, 4) + per_image * double(m),
+                                workspace_per_image * uint64_t(m) + uniform(rng, 0, 20)});
+    }
+  }
+  if (kernel.options.empty()) kernel.options.push_back({"fallback", batch, 100, 0});
+  return kernel;
+}
+
+struct Configuration {
+  double time = 0;
+  uint64_t workspace = 0;
+};
+
+// Every configuration of `kernel` (one per multiset of options summing to
+// the batch) whose calls fit `limit`.
+std::vector<Configuration> all_configurations(const ConvKernel& kernel, uint64_t limit) {
+  std::vector<Configuration> out;
+  std::function<void(int64_t, size_t, Configuration)> visit = [&](int64_t left, size_t first, Configuration c) {
+    if (left == 0) {
+      out.push_back(c);
+      return;
+    }
+    for (size_t o = first; o < kernel.options.size(); ++o) {
+      const AlgorithmOption& option = kernel.options[o];
+      if (option.micro_batch > left || option.workspace_bytes > limit) continue;
+      visit(left - option.micro_batch, o,
+            {c.time + option.time_ms, std::max(c.workspace, option.workspace_bytes)});
+    }
+  };
+  visit(kernel.batch, 0, {});
+  return out;
+}
+
+std::vector<Configuration> non_dominated(std::vector<Configuration> points) {
+  std::sort(points.begin(), points.end(), [](const Configuration& a, const Configuration& b) {
+    return a.workspace != b.workspace ? a.workspace < b.workspace : a.time < b.time;
+  });
+  std::vector<Configuration> front;
+  for (const Configuration& p : points) {
+    if (front.empty() || p.time < front.back().time) front.push_back(p);
+  }
+  return front;
+}
+
+// The configuration is what it claims: options of the kernel within the
+// limit, sizes adding up to the batch, the time and workspace they give.
+void expect_consistent(const ConvKernel& kernel, const KernelConfig& config, uint64_t limit) {
+  int64_t images = 0;
+  double time = 0;
+  uint64_t workspace = 0;
+  for (const MicroBatch& call : config.micro_batches) {
+    const auto it = std::find_if(kernel.options.begin(), kernel.options.end(), [&](const AlgorithmOption& o) {
+      return o.algorithm == call.algorithm && o.micro_batch == call.size;
+    });
+    ASSERT_NE(it, kernel.options.end()) << call.algorithm << " at " << call.size << " was not measured";
+    EXPECT_LE(it->workspace_bytes, limit);
+    images += call.size;
+    time += it->time_ms;
+    workspace = std::max(workspace, it->workspace_bytes);
+  }
+  EXPECT_EQ(images, kernel.batch);
+  EXPECT_EQ(config.time_ms, time);
+  EXPECT_EQ(config.workspace_bytes, workspace);
+  for (size_t i = 1; i < config.micro_batches.size(); ++i) {
+    EXPECT_GE(config.micro_batches[i - 1].size, config.micro_batches[i].size) << "largest call first";
+  }
+}
+
+TEST(WorkspaceReuse, MatchesBruteForce) {
+  int infeasible = 0;
+  for (uint32_t seed = 0; seed < 400; ++seed) {
+    std::mt19937 rng(seed);
+    const ConvKernel kernel = random_kernel(rng, uniform(rng, 1, 8), uniform(rng, 2, 3));
+    const uint64_t limit = uniform(rng, 0, 3) == 0 ? kNoWorkspaceLimit : uniform(rng, 0, 300);
+    const std::vector<Configuration> all = all_configurations(kernel, limit);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    if (all.empty()) {
+      error_message<InfeasibleError>([&] { plan_workspace_reuse(kernel, limit); });
+      ++infeasible;
+      continue;
+    }
+    // The fastest, and among the fastest the least workspace.
+    Configuration best = all.front();
+    for (const Configuration& c : all) {
+      if (c.time < best.time || (c.time == best.time && c.workspace < best.workspace)) best = c;
+    }
+    const KernelConfig config = plan_workspace_reuse(kernel, limit);
+    EXPECT_EQ(config.time_ms, best.time);
+    EXPECT_EQ(config.workspace_bytes, best.workspace);
+    expect_consistent(kernel, config, limit);
+  }
+  EXPECT_GT(infeasible, 10);
+}
+
+TEST(WorkspaceReuse, SplitsTheBatchWhenThatIsFaster) {
+  // A fast algorithm that fits the 100-byte limit only at 2 images.
+  const ConvKernel kernel{"conv1/Forward", 8,
+                          {{"gemm", 8, 40, 0}, {"fft", 8, 7, 400}, {"fft", 4, 4, 200}, {"fft", 2, 2, 100}}};
+  const KernelConfig config = plan_workspace_reuse(kernel, 100);
+  EXPECT_EQ(config.micro_batches, (std::vector<MicroBatch>{{"fft", 2}, {"fft", 2}, {"fft", 2}, {"fft", 2}}));
+  EXPECT_EQ(config.time_ms, 8);
+  EXPECT_EQ(config.workspace_bytes, 100u);
+  // Unlimited, one call at 8 is fastest; at 200 bytes, 4 + 4 ties 2 x 4 on
+  // time and needs more workspace, so 2 x 4 it stays.
+  EXPECT_EQ(plan_workspace_reuse(kernel, 200).micro_batches,
+            (std::vector<MicroBatch>{{"fft", 2}, {"fft", 2}, {"fft", 2}, {"fft", 2}}));
+  EXPECT_EQ(plan_workspace_reuse(kernel).micro_batches, (std::vector<MicroBatch>{{"fft", 8}}));
+  EXPECT_EQ(plan_workspace_reuse(kernel, 0).micro_batches, (std::vector<MicroBatch>{{"gemm", 8}}));
+}
+
+TEST(WorkspaceReuse, ImpossibleLimitsAreExplained) {
+  const ConvKernel kernel{"conv2/BackwardData", 6, {{"fft", 6, 1, 4096}, {"fft", 4, 1, 1024}}};
+  EXPECT_CONTAINS(error_message<InfeasibleError>([&] { plan_workspace_reuse(kernel, 100); }),
+                  "kernel conv2/BackwardData: no configuration covers its batch of 6 images within a workspace of "
+                  "100 B: every option needs more (the smallest needs 1 KiB)");
+  EXPECT_CONTAINS(error_message<InfeasibleError>([&] { plan_workspace_reuse(kernel, 2048); }),
+                  "the micro-batch sizes with an option that fits (4) do not add up to 6");
+  EXPECT_CONTAINS(error_message<BalancerError>([&] {
+                    plan_workspace_reuse(ConvKernel{"k", 4, {{"a", 5, 1, 0}}});
+                  }),
+                  "micro-batch is outside 1..4");
+  EXPECT_CONTAINS(error_message<BalancerError>([&] {
+                    plan_workspace_reuse(ConvKernel{"k", 4, {{"a", 4, 1, 0}, {"a", 4, 2, 0}}});
+                  }),
+                  "measured twice");
+}
+
+TEST(MicroBatchSizes, FollowThePolicies) {
+  EXPECT_EQ(micro_batch_sizes(MicroBatchPolicy::kAll, 4), (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(micro_batch_sizes(MicroBatchPolicy::kPowerOfTwo, 8), (std::vector<int64_t>{1, 2, 4, 8}));
+  EXPECT_EQ(micro_batch_sizes(MicroBatchPolicy::kPowerOfTwo, 12), (std::vector<int64_t>{1, 2, 4, 8, 12}));
+  EXPECT_EQ(micro_batch_sizes(MicroBatchPolicy::kUndivided, 12), (std::vector<int64_t>{12}));
+  EXPECT_CONTAINS(error_message<BalancerError>([] { micro_batch_sizes(MicroBatchPolicy::kAll, 0); }),
+                  "not positive");
+}
+
+TEST(ParetoFront, EqualsTheNonDominatedConfigurations) {
+  for (uint32_t seed = 0; seed < 400; ++seed) {
+    std::mt19937 rng(seed + 5000);
+    const ConvKernel kernel = random_kernel(rng, uniform(rng, 1, 8), uniform(rng, 2, 3));
+    const uint64_t limit = uniform(rng, 0, 2) == 0 ? uniform(rng, 50, 300) : kNoWorkspaceLimit;
+    const std::vector<Configuration> expected = non_dominated(all_configurations(kernel, limit));
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    if (expected.empty()) {
+      error_message<InfeasibleError>([&] { pareto_front(kernel, limit); });
+      continue;
+    }
+    const std::vector<KernelConfig> front = pareto_front(kernel, limit);
+    ASSERT_EQ(front.size(), expected.size());
+    for (size_t i = 0; i < front.size(); ++i) {
+      EXPECT_EQ(front[i].time_ms, expected[i].time);
+      EXPECT_EQ(front[i].workspace_bytes, expected[i].workspace);
+      expect_consistent(kernel, front[i], limit);
+      if (i > 0) {  // sorted, workspace up and time strictly down
+        EXPECT_GT(front[i].workspace_bytes, front[i - 1].workspace_bytes);
+        EXPECT_LT(front[i].time_ms, front[i - 1].time_ms);
+      }
+    }
+    // The fastest point is WR's answer.
+    EXPECT_EQ(front.back().time_ms, plan_workspace_reuse(kernel, limit).time_ms);
+  }
+}
+
+// ============================================================== WD
+
+struct Combination {
+  double time;
+  uint64_t workspace;
+};
+
+// The fastest combination of one front point per kernel within the budget.
+std::optional<Combination> brute_force_division(const std::vector<std::vector<KernelConfig>>& fronts,
+                                                uint64_t budget) {
+  std::optional<Combination> best;
+  std::function<void(size_t, double, uint64_t)> visit = [&](size_t k, double time, uint64_t workspace) {
+    if (workspace > budget) return;
+    if (k == fronts.size()) {
+      if (!best || time < best->time) best = Combination{time, workspace};
+      return;
+    }
+    for (const KernelConfig& c : fronts[k]) visit(k + 1, time + c.time_ms, workspace + c.workspace_bytes);
+  };
+  visit(0, 0.0, 0);
+  return best;
+}
+
+void expect_valid_division(const WorkspaceDivision& division, const std::vector<std::vector<KernelConfig>>& fronts,
+                           uint64_t budget) {
+  ASSERT_EQ(division.configs.size(), fronts.size());
+  ASSERT_EQ(division.offsets.size(), fronts.size());
+  double time = 0;
+  uint64_t offset = 0;
+  for (size_t k = 0; k < fronts.size(); ++k) {
+    const KernelConfig& chosen = division.configs[k];
+    EXPECT_TRUE(std::any_of(fronts[k].begin(), fronts[k].end(), [&](const KernelConfig& c) {
+      return c.time_ms == chosen.time_ms && c.workspace_bytes == chosen.workspace_bytes &&
+             c.micro_batches == chosen.micro_batches;
+    })) << "kernel " << k << ": not a front point";
+    EXPECT_EQ(division.offsets[k], offset);  // laid out back to back
+    offset += chosen.workspace_bytes;
+    time += chosen.time_ms;
+  }
+  EXPECT_EQ(division.total_workspace_bytes, offset);
+  EXPECT_LE(division.total_workspace_bytes, budget);
+  EXPECT_DOUBLE_EQ(division.total_time_ms, time);
+}
+
+void check_division_against_brute_force(WorkspaceDivisionSolver solver, uint32_t first_seed, int seeds) {
+  int solved = 0, infeasible = 0;
+  for (uint32_t seed = first_seed; seed < first_seed + seeds; ++seed) {
+    std::mt19937 rng(seed);
+    std::vector<ConvKernel> kernels;
+    const int count = uniform(rng, 1, 4);
+    for (int k = 0; k < count; ++k) {
+      kernels.push_back(random_kernel(rng, uniform(rng, 1, 8), uniform(rng, 2, 3)));
+      kernels.back().name = "kernel";
+      kernels.back().name += std::to_string(k);
+      // A slow undivided algorithm, so that every kernel has a configuration.
+      kernels.back().options.push_back({"direct", kernels.back().batch, 1000, uint64_t(uniform(rng, 0, 100))});
+    }
+    std::vector<std::vector<KernelConfig>> fronts;
+    uint64_t least = 0, fastest = 0;
+    for (const ConvKernel& kernel : kernels) {
+      fronts.push_back(pareto_front(kernel));
+      least += fronts.back().front().workspace_bytes;
+      fastest += fronts.back().back().workspace_bytes;
+    }
+    // Mostly between the least and the fastest total, sometimes outside.
+    const uint64_t budget = uniform(rng, 0, 9) == 0 ? least / 2 : least + uniform(rng, 0, 110) * (fastest - least) / 100;
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", budget " + std::to_string(budget));
+    WorkspaceDivisionOptions options;
+    options.solver = solver;
+    const std::optional<Combination> best = brute_force_division(fronts, budget);
+    if (!best) {
+      error_message<InfeasibleError>([&] { plan_workspace_division(kernels, budget, options); });
+      ++infeasible;
+      continue;
+    }
+    const WorkspaceDivision division = plan_workspace_division(kernels, budget, options);
+    EXPECT_EQ(division.total_time_ms, best->time);
+    // The fronts limited to the budget are the unlimited fronts cut at it.
+    std::vector<std::vector<KernelConfig>> limited;
+    for (const ConvKernel& kernel : kernels) limited.push_back(pareto_front(kernel, budget));
+    expect_valid_division(division, limited, budget);
+    ++solved;
+  }
+  EXPECT_GT(solved, seeds / 2);
+  EXPECT_GT(infeasible, 0);
+}
+
+TEST(WorkspaceDivision, MatchesBruteForce) {
+  check_division_against_brute_force(WorkspaceDivisionSolver::kKnapsack, 1, 500);
+}
+
+TEST(WorkspaceDivision, GlpkMatchesBruteForce) {
+  check_division_against_brute_force(WorkspaceDivisionSolver::kGlpk, 1, 250);
+}
+
+// Random Pareto fronts of `points` points each (dyadic times, distinct
+// workspaces), as the knapsack and the ILP see them.
+std::vector<std::vector<KernelConfig>> random_fronts(std::mt19937& rng, int kernels, int max_points) {
+  std::vector<std::vector<KernelConfig>> fronts;
+  for (int k = 0; k < kernels; ++k) {
+    std::vector<KernelConfig>& front = fronts.emplace_back();
+    double time = eighths(rng, 20, 200);
+    uint64_t workspace = uniform(rng, 0, 1) ? 0 : uniform(rng, 1, 100);
+    const int points = uniform(rng, 1, max_points);
+    for (int p = 0; p < points; ++p) {
+      front.push_back({{{"a", 1}}, time, workspace});
+      time -= eighths(rng, 1, 16);
+      workspace += uniform(rng, 1, 200);
+      if (time <= 0) break;
+    }
+  }
+  return fronts;
+}
+
+TEST(WorkspaceDivision, KnapsackMatchesBruteForceOnWiderFronts) {
+  for (uint32_t seed = 0; seed < 300; ++seed) {
+    std::mt19937 rng(seed + 9000);
+    const auto fronts = random_fronts(rng, uniform(rng, 1, 5), 6);
+    uint64_t least = 0, fastest = 0;
+    for (const auto& front : fronts) {
+      least += front.front().workspace_bytes;
+      fastest += front.back().workspace_bytes;
+    }
+    const uint64_t budget = least + uniform(rng, 0, 100) * (fastest - least) / 100;
+    const std::optional<Combination> best = brute_force_division(fronts, budget);
+    ASSERT_TRUE(best.has_value());
+    const WorkspaceDivision division = plan_workspace_division(fronts, {}, budget);
+    EXPECT_EQ(division.total_time_ms, best->time) << "seed " << seed;
+    expect_valid_division(division, fronts, budget);
+  }
+}
+
+TEST(WorkspaceDivision, KnapsackAgreesWithGlpkOnLargerInstances) {
+  for (uint32_t seed = 0; seed < 40; ++seed) {
+    std::mt19937 rng(seed + 7000);
+    const auto fronts = random_fronts(rng, uniform(rng, 10, 40), 8);
+    uint64_t least = 0, fastest = 0;
+    for (const auto& front : fronts) {
+      least += front.front().workspace_bytes;
+      fastest += front.back().workspace_bytes;
+    }
+    const uint64_t budget = least + uniform(rng, 5, 95) * (fastest - least) / 100;
+    WorkspaceDivisionOptions glpk;
+    glpk.solver = WorkspaceDivisionSolver::kGlpk;
+    const WorkspaceDivision reference = plan_workspace_division(fronts, {}, budget, glpk);
+    const WorkspaceDivision division = plan_workspace_division(fronts, {}, budget);
+    // GLPK proves optimality up to its tolerances, the knapsack exactly.
+    EXPECT_LE(division.total_time_ms, reference.total_time_ms + 1e-9) << "seed " << seed;
+    EXPECT_NEAR(division.total_time_ms, reference.total_time_ms, 1e-6 * reference.total_time_ms) << "seed " << seed;
+    expect_valid_division(division, fronts, budget);
+  }
+}
+
+TEST(WorkspaceDivision, TightAndLooseBudgets) {
+  const ConvKernel a{"a", 4, {{"slow", 4, 40, 0}, {"fast", 4, 10, 300}, {"fast", 2, 6, 150}}};
+  const ConvKernel b{"b", 4, {{"slow", 4, 30, 10}, {"fast", 4, 12, 200}}};
+  const std::vector<ConvKernel> kernels = {a, b};
+  // Everything fits: each kernel at its fastest.
+  WorkspaceDivision loose = plan_workspace_division(kernels, 10000);
+  EXPECT_EQ(loose.total_time_ms, 22);
+  EXPECT_EQ(loose.offsets, (std::vector<uint64_t>{0, 300}));
+  EXPECT_EQ(loose.total_workspace_bytes, 500u);
+  // 360 bytes: a splits into two calls (150) and b runs fast (200).
+  WorkspaceDivision tight = plan_workspace_division(kernels, 360);
+  EXPECT_EQ(tight.configs[0].micro_batches, (std::vector<MicroBatch>{{"fast", 2}, {"fast", 2}}));
+  EXPECT_EQ(tight.total_time_ms, 24);
+  EXPECT_EQ(tight.offsets, (std::vector<uint64_t>{0, 150}));
+  // Exactly the least: both slow.
+  EXPECT_EQ(plan_workspace_division(kernels, 10).total_time_ms, 70);
+  // The same fronts, unlimited: at 160 bytes a's two calls fill exactly
+  // what b's least leaves.
+  std::vector<std::vector<KernelConfig>> fronts = {pareto_front(a), pareto_front(b)};
+  EXPECT_EQ(plan_workspace_division(fronts, {}, 160).total_time_ms, 42);
+}
+
+TEST(WorkspaceDivision, BudgetBelowTheLeastIsExplained) {
+  const std::vector<ConvKernel> kernels = {{"conv1/Forward", 2, {{"gemm", 2, 1, 3 * kMiB}}},
+                                           {"conv2/Forward", 2, {{"gemm", 2, 1, 5 * kMiB}, {"fft", 1, 1, 4 * kMiB}}}};
+  const std::string message = error_message<InfeasibleError>([&] { plan_workspace_division(kernels, 6 * kMiB); });
+  EXPECT_CONTAINS(message, "workspace budget 6 MiB is below the least the 2 kernels can run in: 7 MiB");
+  EXPECT_CONTAINS(message, "the largest of those is kernel conv2/Forward with 4 MiB");
+}
+
+TEST(WorkspaceDivision, RejectsMalformedFronts) {
+  std::vector<std::vector<KernelConfig>> fronts = {{{{}, 5, 10}, {{}, 6, 20}}};
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { plan_workspace_division(fronts, {}, 100); }),
+                  "the front is not sorted");
+  fronts = {{}};
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { plan_workspace_division(fronts, {}, 100); }), "empty front");
+  const std::vector<std::string> names = {"x", "y"};
+  fronts = {{{{}, 5, 10}}};
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { plan_workspace_division(fronts, names, 100); }),
+                  "2 names for 1 kernels");
+}
+
+TEST(ChoiceKnapsack, MatchesBruteForceIncludingInfeasible) {
+  // Up to 8 groups of 5 items: enough open groups after fixing for the
+  // bounded DP and the deepening targets to matter.
+  for (uint32_t seed = 0; seed < 400; ++seed) {
+    std::mt19937 rng(seed + 12000);
+    const auto fronts = random_fronts(rng, uniform(rng, 1, 8), 5);
+    std::vector<std::vector<internal::KnapsackItem>> groups;
+    uint64_t least = 0;
+    for (const auto& front : fronts) {
+      auto& items = groups.emplace_back();
+      for (const KernelConfig& c : front) items.push_back({c.time_ms, c.workspace_bytes});
+      least += front.front().workspace_bytes;
+    }
+    const auto capacity = static_cast<uint64_t>(std::max<int64_t>(0, int64_t(least) + uniform(rng, -100, 800)));
+    const std::optional<Combination> best = brute_force_division(fronts, capacity);
+    const auto choice = internal::solve_choice_knapsack(groups, capacity);
+    ASSERT_EQ(choice.has_value(), best.has_value()) << "seed " << seed;
+    if (!choice) continue;
+    double time = 0;
+    uint64_t weight = 0;
+    for (size_t k = 0; k < groups.size(); ++k) {
+      time += groups[k][(*choice)[k]].time;
+      weight += groups[k][(*choice)[k]].weight;
+    }
+    EXPECT_EQ(time, best->time) << "seed " << seed;
+    EXPECT_LE(weight, capacity);
+  }
+}
+
+}  // namespace
+}  // namespace vtrain::balancer
