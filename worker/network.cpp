@@ -241,20 +241,14 @@ class ReluLayer final : public Layer {
 class PoolLayer final : public Layer {
  public:
   PoolLayer(const LayerSpec& s, const TensorDesc& x, const TensorDesc& y) : Layer(s), x_(x), y_(y) {
+    // Graph::build already gave global pools their whole-plane window.
     params_.kind = s.pool;
-    if (s.global) {
-      params_.kh = x.shape.h;
-      params_.kw = x.shape.w;
-      params_.stride_h = params_.stride_w = 1;
-      params_.pad_h = params_.pad_w = 0;
-    } else {
-      params_.kh = s.kernel_h;
-      params_.kw = s.kernel_w;
-      params_.stride_h = s.stride_h;
-      params_.stride_w = s.stride_w;
-      params_.pad_h = s.pad_h;
-      params_.pad_w = s.pad_w;
-    }
+    params_.kh = s.kernel_h;
+    params_.kw = s.kernel_w;
+    params_.stride_h = s.stride_h;
+    params_.stride_w = s.stride_w;
+    params_.pad_h = s.pad_h;
+    params_.pad_w = s.pad_w;
   }
   size_t state_bytes() override { return state_bytes_; }
   void measure_state(Backend& backend) { state_bytes_ = backend.pooling_state_bytes(params_, x_, y_); }
