@@ -1,7 +1,5 @@
 // The `vtrain` executable: parses the command line, loads the config and
 // data, builds the model, and runs the requested phase.
-#include <signal.h>
-
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +15,7 @@
 
 #include "configs/config.h"
 #include "launcher/cli.h"
+#include "launcher/stop_signals.h"
 #include "perfdb/perf_db.h"
 #include "worker/backend.h"
 #include "worker/communicator.h"
@@ -31,22 +30,6 @@ namespace {
 using config::Config;
 
 constexpr const char* kVersion = "0.1.0";
-
-// Set by SIGTERM / SIGUSR1 (SLURM pre-emption and time limits): the trainer
-// checkpoints at the next step boundary and the job exits with kExitStopped.
-std::atomic<int> g_stop_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free);
-
-extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
-
-void install_stop_handlers() {
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGUSR1, &action, nullptr);
-}
 
 // A testing aid: VTRAIN_FAIL_RANK=r VTRAIN_FAIL_AT_STEP=s makes rank r throw
 // at step s, to check that one failing rank ends the whole job.
@@ -121,13 +104,6 @@ worker::BackendOptions backend_options(const Config& cfg) {
           .memory_limit = static_cast<size_t>(cfg.device.memory_limit)};
 }
 
-void print_device(const worker::DeviceInfo& info) {
-  std::printf("device: %s backend, %s, %d thread%s, %s, memory %.1f GiB, host %s\n",
-              info.backend.c_str(), info.name.c_str(), info.threads, info.threads == 1 ? "" : "s",
-              info.library_version.c_str(),
-              static_cast<double>(info.memory_bytes) / (1ull << 30), info.host.c_str());
-}
-
 int run_check(const CliArgs& cli) {
   const Config cfg = load(cli);
   const Datasets data = load_data(cfg);
@@ -175,7 +151,8 @@ void print_cluster(worker::Communicator& comm, const worker::DeviceInfo& info,
   }
 }
 
-int run_train(const CliArgs& cli, worker::Communicator& comm) {
+int run_train(const CliArgs& cli, worker::Communicator& comm,
+              const std::atomic<int>& stop_signal) {
   const Config cfg = load(cli);
   const Datasets data = load_data(cfg);
   const worker::Graph graph = build_graph(cfg, data.train.sample);
@@ -225,7 +202,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm) {
   options.checkpoint_every = cfg.checkpoint.every;
   options.checkpoint_keep = static_cast<int>(cfg.checkpoint.keep);
   options.resume = cli.resume || cfg.checkpoint.resume == "auto";
-  options.stop_signal = &g_stop_signal;
+  options.stop_signal = &stop_signal;
   options.fail_at_step = injected_failure_step(comm.rank());
   const worker::TrainResult result =
       worker::train(graph, *backend, data.train, data.test, norm, options);
@@ -370,8 +347,10 @@ int run(int argc, char** argv) {
 
   int rank = 0, ranks = 1;
   std::optional<worker::MpiRuntime> mpi;
+  // Before MPI and every other library start their threads (see the class).
+  std::optional<StopSignalWatcher> stop_signals;
+  if (cli.command == "train") stop_signals.emplace();
   if (cli.command == "train" || cli.command == "profile") {
-    if (cli.command == "train") install_stop_handlers();
     try {
       mpi.emplace(&argc, &argv);
     } catch (const std::exception& e) {
@@ -386,7 +365,7 @@ int run(int argc, char** argv) {
     if (cli.command == "db") return run_db(cli);
     auto comm = worker::make_mpi_communicator();
     if (cli.command == "profile") return run_profile(cli, *comm);
-    return run_train(cli, *comm);
+    return run_train(cli, *comm, stop_signals->received());
   } catch (const UsageError& e) {
     return fail("usage error", e.what(), kExitUsage, rank, ranks);
   } catch (const config::ConfigError& e) {
