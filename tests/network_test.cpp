@@ -46,6 +46,13 @@ LayerSpec pool(const std::string& name, const std::string& in, PoolKind kind, in
   return s;
 }
 
+NetworkOptions options(int64_t max_batch, const std::string& algorithm = "auto") {
+  NetworkOptions o;
+  o.max_batch = max_batch;
+  o.conv_algorithm = algorithm;
+  return o;
+}
+
 class NetworkTest : public ::testing::Test {
  protected:
   void SetUp() override { backend_ = make_backend({.kind = "cpu", .threads = 2}); }
@@ -67,7 +74,7 @@ class NetworkTest : public ::testing::Test {
   // differences on a sample of its entries.
   void check_gradients(const Graph& graph, const std::string& algorithm = "auto",
                        int64_t n = 3) {
-    Network net(graph, *backend_, {.max_batch = n, .conv_algorithm = algorithm});
+    Network net(graph, *backend_, options(n, algorithm));
     net.init_parameters(7);
     fill_batch(net, n, 11);
     const float scale = 1.0f / static_cast<float>(n);
@@ -188,7 +195,7 @@ TEST_F(NetworkTest, SameSeedGivesBitwiseIdenticalTraining) {
                                {1, 1, 12, 12});
   auto run = [&] {
     // A fixed algorithm: `auto` chooses by timing, which may differ between runs.
-    Network net(g, *backend_, {.max_batch = 8, .conv_algorithm = "direct"});
+    Network net(g, *backend_, options(8, "direct"));
     net.init_parameters(5);
     Sgd sgd(*backend_, net.parameter_count(), 0.9f, 1e-4f);
     for (int step = 0; step < 5; ++step) {
@@ -205,7 +212,7 @@ TEST_F(NetworkTest, SmallerBatchUsesLeadingSamples) {
   const Graph g = Graph::build(
       {L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1), fc("fc", "c1", 3)},
       {1, 1, 5, 5});
-  Network net(g, *backend_, {.max_batch = 6});
+  Network net(g, *backend_, options(6));
   net.init_parameters(1);
   fill_batch(net, 6, 9);
   const double loss4 = net.evaluate(4).loss_sum;
@@ -218,7 +225,7 @@ TEST_F(NetworkTest, GradientHookSeesEveryParameterRangeOnce) {
   const Graph g = Graph::build({L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1),
                                 L("bn", LayerType::kBatchNorm, {"c1"}), fc("fc", "bn", 3)},
                                {1, 1, 5, 5});
-  Network net(g, *backend_, {.max_batch = 2});
+  Network net(g, *backend_, options(2));
   net.init_parameters(1);
   fill_batch(net, 2, 1);
   std::vector<int> seen;
@@ -226,6 +233,233 @@ TEST_F(NetworkTest, GradientHookSeesEveryParameterRangeOnce) {
   net.train_step(2, 0.5f);
   // Reverse graph order: fc, bn, c1.
   EXPECT_EQ(seen, (std::vector<int>{g.find("fc"), g.find("bn"), g.find("c1")}));
+}
+
+// ------------------------------------------------- micro-batched convolutions
+
+// Every kind of one convolution, run as the given calls, on fixed inputs.
+struct ConvResults {
+  std::vector<float> y, dx, dx_accumulated, dw;
+};
+
+class MicroBatchTest : public NetworkTest {
+ protected:
+  // 7 images of 16x9x9 -> 16 channels, 3x3, pad 1: every CPU algorithm applies.
+  ConvProblem problem() {
+    const Layout layout = backend_->preferred_layout(16);
+    ConvProblem p;
+    p.x = {{7, 16, 9, 9}, layout};
+    p.y = {{7, 16, 9, 9}, layout};
+    p.k = 16;
+    p.r = p.s = 3;
+    p.pad_h = p.pad_w = 1;
+    return p;
+  }
+  float* device_floats(const std::vector<float>& host, const TensorDesc& desc) {
+    float* d = static_cast<float*>(backend_->allocate_device(desc.bytes()));
+    owned_.push_back(d);
+    if (!host.empty()) backend_->upload(host.data(), Tensor{desc, d});
+    return d;
+  }
+  std::vector<float> random(int64_t count, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& x : v) x = dist(rng);
+    return v;
+  }
+  std::vector<float> download(const Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.shape().elements()));
+    backend_->download(t, v.data());
+    return v;
+  }
+  ConvResults run(const std::vector<ConvStep> (&steps)[3]) {
+    const ConvProblem p = problem();
+    const TensorDesc wdesc{p.weight_shape(), Layout::kPlain};
+    const TensorDesc bdesc{{p.k + p.weight_shape().elements(), 1, 1, 1}, Layout::kPlain};
+    ConvOperands o;
+    o.x = {p.x, device_floats(random(p.x.shape.elements(), 1), p.x)};
+    o.y = {p.y, device_floats({}, p.y)};
+    o.dy = {p.y, device_floats(random(p.y.shape.elements(), 2), p.y)};
+    o.dx = {p.x, device_floats({}, p.x)};
+    float* w = device_floats(random(bdesc.shape.elements(), 3), bdesc);
+    o.w = w;
+    o.bias = w + p.weight_shape().elements();
+    float* dw = device_floats(random(bdesc.shape.elements(), 4), bdesc);
+    o.dw = dw;
+    o.dbias = dw + p.weight_shape().elements();
+    size_t ws = 0;
+    for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
+      for (const ConvStep& s : steps[static_cast<int>(kind)]) {
+        for (bool accumulate : {false, true}) {
+          ws = std::max(ws, backend_->conv_workspace(kind, s.algo, p.with_batch(s.size),
+                                                     accumulate));
+        }
+      }
+    }
+    void* workspace = ws ? backend_->allocate_device(ws) : nullptr;
+    if (workspace) owned_.push_back(static_cast<float*>(workspace));
+    ConvResults r;
+    run_conv_kernel(*backend_, ConvKind::kForward, p, steps[0], o, 0.0f, workspace, ws);
+    r.y = download(o.y);
+    run_conv_kernel(*backend_, ConvKind::kBackwardData, p, steps[1], o, 0.0f, workspace, ws);
+    r.dx = download(o.dx);
+    run_conv_kernel(*backend_, ConvKind::kBackwardData, p, steps[1], o, 1.0f, workspace, ws);
+    r.dx_accumulated = download(o.dx);
+    // dW starts random: beta 0 must overwrite it on the first call only.
+    run_conv_kernel(*backend_, ConvKind::kBackwardFilter, p, steps[2], o, 0.0f, workspace, ws);
+    r.dw = download(Tensor{bdesc, dw});
+    return r;
+  }
+  void TearDown() override {
+    for (float* p : owned_) backend_->free_device(p);
+  }
+  std::vector<float*> owned_;
+};
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(double(a[i]) - b[i]) / (1.0 + std::abs(double(b[i]))));
+  }
+  EXPECT_LT(worst, 1e-4) << what;
+}
+
+TEST_F(MicroBatchTest, EveryKindAndAlgorithmMicroBatchedEqualsUndivided) {
+  const ConvProblem p = problem();
+  int compared = 0;
+  for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
+    const auto algos = backend_->conv_algorithms(kind, p, kind == ConvKind::kBackwardData);
+    ASSERT_GE(algos.size(), 2u) << conv_kind_name(kind);
+    for (const ConvAlgoInfo& a : algos) {
+      // The reference runs every kind undivided with the same algorithm;
+      // the other kinds keep the first algorithm in both runs.
+      std::vector<ConvStep> whole[3], split[3];
+      for (int k = 0; k < 3; ++k) {
+        const ConvAlgo algo = k == static_cast<int>(kind) ? a.algo : 0;
+        whole[k] = {{algo, 7}};
+        split[k] = {{algo, 3}, {algo, 2}, {algo, 2}};
+      }
+      const ConvResults ref = run(whole), got = run(split);
+      const std::string what = std::string(conv_kind_name(kind)) + " " + a.name;
+      expect_close(got.y, ref.y, (what + " y").c_str());
+      expect_close(got.dx, ref.dx, (what + " dx").c_str());
+      expect_close(got.dx_accumulated, ref.dx_accumulated, (what + " dx, beta 1").c_str());
+      expect_close(got.dw, ref.dw, (what + " dW and dbias").c_str());
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 6);
+}
+
+TEST_F(MicroBatchTest, MixedAlgorithmsAndRepeatedCallsCoverTheBatch) {
+  const ConvProblem p = problem();
+  std::vector<ConvStep> whole[3], mixed[3];
+  for (int k = 0; k < 3; ++k) {
+    const auto algos = backend_->conv_algorithms(static_cast<ConvKind>(k), p, k == 1);
+    whole[k] = {{algos[0].algo, 7}};
+    // 2 + 2 + 2 + 1: the pattern repeats and the last call is cut.
+    mixed[k] = {{algos.back().algo, 2}, {algos[0].algo, 2}};
+  }
+  const ConvResults ref = run(whole), got = run(mixed);
+  expect_close(got.y, ref.y, "y");
+  expect_close(got.dx, ref.dx, "dx");
+  expect_close(got.dw, ref.dw, "dW");
+}
+
+TEST_F(MicroBatchTest, TooSmallAWorkspaceIsAClearError) {
+  const ConvProblem p = problem();
+  for (const ConvAlgoInfo& a : backend_->conv_algorithms(ConvKind::kBackwardFilter, p, false)) {
+    if (a.workspace_bytes == 0) continue;
+    const std::vector<ConvStep> steps{{a.algo, 7}};
+    ConvOperands o;
+    const std::string msg = [&] {
+      try {
+        run_conv_kernel(*backend_, ConvKind::kBackwardFilter, p, steps, o, 0.0f, nullptr, 0);
+      } catch (const BackendError& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    }();
+    EXPECT_NE(msg.find("needs " + std::to_string(a.workspace_bytes) + " bytes"),
+              std::string::npos)
+        << msg;
+    return;
+  }
+  GTEST_SKIP() << "no CPU algorithm needs a workspace for this problem";
+}
+
+// A network run from a plan (micro-batches, each kernel in its own segment)
+// trains like the undivided network.
+TEST_F(NetworkTest, PlannedMicroBatchesTrainLikeUndivided) {
+  const Graph g = Graph::build({L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1),
+                                L("r1", LayerType::kRelu, {"c1"}), conv("c2", "r1", 16, 3, 1),
+                                pool("p", "c2", PoolKind::kMax, 2, 2), fc("fc", "p", 10)},
+                               {1, 3, 8, 8});
+  auto train = [&](const NetworkOptions& o) {
+    Network net(g, *backend_, o);
+    net.init_parameters(5);
+    Sgd sgd(*backend_, net.parameter_count(), 0.9f, 0.0f);
+    for (int step = 0; step < 3; ++step) {
+      fill_batch(net, 6, 200 + step);
+      net.train_step(6, 1.0f / 6);
+      sgd.step(net.parameters(), net.gradients(), 0.05f);
+    }
+    return net.download_parameters();
+  };
+  NetworkOptions planned = options(6, "direct");
+  uint64_t offset = 0;
+  for (const char* layer : {"c1", "c2"}) {
+    ConvLayerExecution e;
+    e.layer = layer;
+    for (auto& k : e.kernels) {
+      k.calls = {{"direct", 4}, {"im2col_gemm", 2}};
+      k.workspace_offset = offset;
+      k.workspace_bytes = 1 << 20;
+      offset += k.workspace_bytes;
+    }
+    planned.conv_executions.push_back(e);
+  }
+  planned.conv_workspace_bytes = offset;
+  const std::vector<float> ref = train(options(6, "direct")), got = train(planned);
+  expect_close(got, ref, "parameters after 3 steps");
+  Network net(g, *backend_, planned);
+  EXPECT_NE(net.algorithm_summary()[0].find("Forward=direct x4+im2col_gemm x2"),
+            std::string::npos)
+      << net.algorithm_summary()[0];
+}
+
+TEST_F(NetworkTest, PlanThatDoesNotMatchTheModelIsAClearError) {
+  const Graph g = Graph::build(
+      {L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1), fc("fc", "c1", 3)},
+      {1, 1, 5, 5});
+  auto error = [&](const NetworkOptions& o) {
+    try {
+      Network net(g, *backend_, o);
+    } catch (const BackendError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  NetworkOptions o = options(4, "direct");
+  ConvLayerExecution e;
+  e.layer = "c1";
+  for (auto& k : e.kernels) k = {{{"direct", 4}}, 0, 1 << 16};
+  o.conv_workspace_bytes = 1 << 16;
+  o.conv_executions = {e};
+  EXPECT_EQ(error(o), "no error");
+  o.conv_executions[0].layer = "fc";
+  EXPECT_NE(error(o).find("'fc', which is not a conv layer"), std::string::npos) << error(o);
+  o.conv_executions[0] = e;
+  o.conv_executions[0].kernels[2].calls[0].algorithm = "fft";
+  EXPECT_NE(error(o).find("algorithm 'fft' is not offered"), std::string::npos) << error(o);
+  o.conv_executions[0] = e;
+  o.conv_executions[0].kernels[1].workspace_offset = 1;
+  EXPECT_NE(error(o).find("lies outside the plan's workspace"), std::string::npos) << error(o);
+  o.conv_executions[0] = e;
+  o.conv_executions[0].kernels[0].calls[0].size = 9;
+  EXPECT_NE(error(o).find("a call of 9 images"), std::string::npos) << error(o);
 }
 
 TEST_F(NetworkTest, LrSchedules) {

@@ -37,6 +37,47 @@ Tensor view(const TensorDesc& max_desc, float* data, int64_t n) {
 
 }  // namespace
 
+void run_conv_kernel(Backend& backend, ConvKind kind, const ConvProblem& p,
+                     std::span<const ConvStep> steps, const ConvOperands& o, float beta,
+                     void* workspace, size_t workspace_bytes) {
+  if (steps.empty()) throw BackendError(std::string(conv_kind_name(kind)) + ": no calls");
+  const int64_t n = p.x.shape.n;
+  int64_t first = 0;
+  for (size_t call = 0; first < n; ++call) {
+    const ConvStep& step = steps[call % steps.size()];
+    if (step.size < 1) {
+      throw BackendError(std::string(conv_kind_name(kind)) + ": a call of " +
+                         std::to_string(step.size) + " images");
+    }
+    const int64_t m = std::min(step.size, n - first);
+    const ConvProblem q = p.with_batch(m);
+    const bool accumulate = beta != 0.0f || (kind == ConvKind::kBackwardFilter && first > 0);
+    const size_t need = backend.conv_workspace(kind, step.algo, q, accumulate);
+    if (need > workspace_bytes) {
+      throw BackendError(std::string(conv_kind_name(kind)) + " " + q.str() + " with " +
+                         backend.conv_algorithm_name(kind, step.algo) + " needs " +
+                         std::to_string(need) + " bytes of workspace, its segment has " +
+                         std::to_string(workspace_bytes));
+    }
+    switch (kind) {
+      case ConvKind::kForward:
+        backend.conv_forward(step.algo, q, o.x.samples(first, m), o.w, o.bias,
+                             o.y.samples(first, m), beta, workspace, workspace_bytes);
+        break;
+      case ConvKind::kBackwardData:
+        backend.conv_backward_data(step.algo, q, o.dy.samples(first, m), o.w,
+                                   o.dx.samples(first, m), beta, workspace, workspace_bytes);
+        break;
+      case ConvKind::kBackwardFilter:
+        backend.conv_backward_filter(step.algo, q, o.x.samples(first, m), o.dy.samples(first, m),
+                                     o.dw, o.dbias, first == 0 ? beta : 1.0f, workspace,
+                                     workspace_bytes);
+        break;
+    }
+    first += m;
+  }
+}
+
 // What a layer sees during one forward or backward call.
 struct StepContext {
   Backend& backend;
@@ -101,8 +142,12 @@ class InputLayer final : public Layer {
 class ConvLayer final : public Layer {
  public:
   ConvLayer(const LayerSpec& s, Backend& backend, const TensorDesc& x, const TensorDesc& y,
-            const std::string& algorithm)
+            const std::string& algorithm, const ConvLayerExecution* execution)
       : Layer(s), problem_(conv_problem(s, x, y)) {
+    if (execution) {
+      plan(backend, *execution);
+      return;
+    }
     for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
       auto& options = candidates_[static_cast<int>(kind)];
       options = backend.conv_algorithms(kind, problem_, accumulate(kind));
@@ -184,31 +229,49 @@ class ConvLayer final : public Layer {
     upload_floats(backend, host, params);
   }
   size_t workspace_bytes() override {
+    if (planned_) return 0;  // its segments lie in the plan's buffer
     size_t bytes = 0;
     for (const ConvAlgoInfo& a : chosen_) bytes = std::max(bytes, a.workspace_bytes);
     return bytes;
   }
   void forward(StepContext& ctx, bool) override {
-    ctx.backend.conv_forward(algo(ConvKind::kForward), problem_.with_batch(ctx.n), ctx.in[0],
-                             params, bias(params), ctx.out, 0.0f, ctx.workspace,
-                             ctx.workspace_bytes);
+    ConvOperands o;
+    o.x = ctx.in[0];
+    o.y = ctx.out;
+    o.w = params;
+    o.bias = bias(params);
+    run(ctx, ConvKind::kForward, o, 0.0f);
   }
   void backward(StepContext& ctx) override {
-    const ConvProblem p = problem_.with_batch(ctx.n);
-    ctx.backend.conv_backward_filter(algo(ConvKind::kBackwardFilter), p, ctx.in[0], ctx.dout,
-                                     grads, bias(grads), 0.0f, ctx.workspace,
-                                     ctx.workspace_bytes);
+    ConvOperands o;
+    o.x = ctx.in[0];
+    o.dy = ctx.dout;
+    o.w = params;
+    o.dw = grads;
+    o.dbias = bias(grads);
+    run(ctx, ConvKind::kBackwardFilter, o, 0.0f);
     ctx.gradients_ready();
-    ctx.emit_grad(0, true, [&](const Tensor& dx, float beta) {
-      ctx.backend.conv_backward_data(algo(ConvKind::kBackwardData), p, ctx.dout, params, dx,
-                                     beta, ctx.workspace, ctx.workspace_bytes);
+    // Planned kernels were measured writing dx (beta 0): a second consumer's
+    // share is added from a scratch tensor instead.
+    ctx.emit_grad(0, !planned_, [&](const Tensor& dx, float beta) {
+      o.dx = dx;
+      run(ctx, ConvKind::kBackwardData, o, beta);
     });
   }
   std::string algorithms(Backend& backend) const override {
     std::string out;
     for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
       if (!out.empty()) out += " ";
-      out += std::string(conv_kind_name(kind)) + "=" + backend.conv_algorithm_name(kind, algo(kind));
+      out += std::string(conv_kind_name(kind)) + "=";
+      if (!planned_) {
+        out += backend.conv_algorithm_name(kind, algo(kind));
+        continue;
+      }
+      const auto& steps = steps_[static_cast<int>(kind)];
+      for (size_t i = 0; i < steps.size(); ++i) {
+        out += (i ? "+" : "") + backend.conv_algorithm_name(kind, steps[i].algo) + " x" +
+               std::to_string(steps[i].size);
+      }
     }
     return out;
   }
@@ -222,9 +285,59 @@ class ConvLayer final : public Layer {
     return spec.bias ? base + problem_.weight_shape().elements() : nullptr;
   }
 
+  // Runs one kernel: undivided with the chosen algorithm in the shared
+  // workspace, or as the plan's calls in the kernel's segment of it.
+  void run(StepContext& ctx, ConvKind kind, const ConvOperands& o, float beta) {
+    const ConvProblem p = problem_.with_batch(ctx.n);
+    const int k = static_cast<int>(kind);
+    if (!planned_) {
+      const ConvStep whole{algo(kind), ctx.n};
+      run_conv_kernel(ctx.backend, kind, p, {&whole, 1}, o, beta, ctx.workspace,
+                      ctx.workspace_bytes);
+      return;
+    }
+    run_conv_kernel(ctx.backend, kind, p, steps_[k], o, beta,
+                    static_cast<char*>(ctx.workspace) + segment_[k].first, segment_[k].second);
+  }
+  // Resolves a plan's algorithm names and checks its segments and sizes.
+  void plan(Backend& backend, const ConvLayerExecution& execution) {
+    planned_ = true;
+    for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
+      const int k = static_cast<int>(kind);
+      const ConvKernelExecution& e = execution.kernels[k];
+      const std::string where = "layer '" + spec.name + "' " + conv_kind_name(kind);
+      if (e.calls.empty()) throw BackendError(where + ": the plan gives no calls");
+      int64_t total = 0;
+      for (const ConvCall& call : e.calls) {
+        if (call.size < 1 || call.size > problem_.x.shape.n) {
+          throw BackendError(where + ": a call of " + std::to_string(call.size) +
+                             " images (expected 1.." + std::to_string(problem_.x.shape.n) + ")");
+        }
+        const auto offered = backend.conv_algorithms(kind, problem_.with_batch(call.size),
+                                                     accumulate(kind));
+        auto it = std::find_if(offered.begin(), offered.end(),
+                               [&](const ConvAlgoInfo& a) { return a.name == call.algorithm; });
+        if (it == offered.end()) {
+          std::string names;
+          for (const ConvAlgoInfo& a : offered) names += (names.empty() ? "" : ", ") + a.name;
+          throw BackendError(where + ": algorithm '" + call.algorithm + "' is not offered for " +
+                             problem_.with_batch(call.size).str() + " (offered: " + names + ")");
+        }
+        steps_[k].push_back({it->algo, call.size});
+        total += call.size;
+      }
+      if (total < 1) throw BackendError(where + ": the plan's calls cover no images");
+      segment_[k] = {e.workspace_offset, e.workspace_bytes};
+      choose(kind, {steps_[k].front().algo, e.calls.front().algorithm, e.workspace_bytes});
+    }
+  }
+
   ConvProblem problem_;
   std::vector<ConvAlgoInfo> candidates_[3];
   ConvAlgoInfo chosen_[3];
+  bool planned_ = false;
+  std::vector<ConvStep> steps_[3];                // planned calls per kind
+  std::pair<uint64_t, uint64_t> segment_[3]{};    // planned (offset, bytes) per kind
 };
 
 class ReluLayer final : public Layer {
@@ -426,6 +539,31 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
   const int count = graph.size();
   out_desc_ = activation_descs(graph, backend, options.max_batch);
 
+  // A plan's executions: one per conv layer, each naming one.
+  auto execution_of = [&](const std::string& name) -> const ConvLayerExecution* {
+    if (options.conv_executions.empty()) return nullptr;
+    for (const ConvLayerExecution& e : options.conv_executions) {
+      if (e.layer == name) return &e;
+    }
+    throw BackendError("layer '" + name + "': the plan has no convolution configuration for it");
+  };
+  for (const ConvLayerExecution& e : options.conv_executions) {
+    const int i = graph.find(e.layer);
+    if (i < 0 || graph.layer(i).type != LayerType::kConv) {
+      throw BackendError("the plan configures '" + e.layer + "', which is not a conv layer of " +
+                         "the model");
+    }
+    for (const ConvKernelExecution& k : e.kernels) {
+      if (k.workspace_offset + k.workspace_bytes > options.conv_workspace_bytes) {
+        throw BackendError("layer '" + e.layer + "': workspace segment [" +
+                           std::to_string(k.workspace_offset) + ", " +
+                           std::to_string(k.workspace_offset + k.workspace_bytes) +
+                           ") lies outside the plan's workspace of " +
+                           std::to_string(options.conv_workspace_bytes) + " bytes");
+      }
+    }
+  }
+
   // Operators.
   for (int i = 0; i < count; ++i) {
     const LayerSpec& spec = graph.layer(i);
@@ -437,7 +575,7 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
         case LayerType::kInput: layer = std::make_unique<InputLayer>(spec); break;
         case LayerType::kConv:
           layer = std::make_unique<ConvLayer>(spec, backend, *x, out_desc_[i],
-                                              options.conv_algorithm);
+                                              options.conv_algorithm, execution_of(spec.name));
           break;
         case LayerType::kRelu: layer = std::make_unique<ReluLayer>(spec); break;
         case LayerType::kPool: {
@@ -496,7 +634,7 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
       b += layers_[i]->buffer_count();
     }
     if (options.conv_algorithm == "auto") tune_convolutions();
-    workspace_bytes_ = 0;
+    workspace_bytes_ = options.conv_executions.empty() ? 0 : options.conv_workspace_bytes;
     for (const auto& layer : layers_) {
       workspace_bytes_ = std::max(workspace_bytes_, layer->workspace_bytes());
     }

@@ -11,8 +11,10 @@
 // the leading samples. The memory part replaces this policy later.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,11 +24,71 @@
 
 namespace vtrain::worker {
 
+// ----------------------------------------------- micro-batched convolutions
+// A convolution kernel (a conv layer's Forward, BackwardData or
+// BackwardFilter) may run as several calls on micro-batches, each with its
+// own algorithm, inside its own segment of the network's workspace (mu-cuDNN;
+// the balancer's WR / WD plans).
+
+// One call: an algorithm (the backend's stable name) on `size` images.
+struct ConvCall {
+  std::string algorithm;
+  int64_t size = 1;
+};
+
+// How one kernel runs: its calls in order, sizes summing to the rank's
+// batch, within [workspace_offset, workspace_offset + workspace_bytes) of the
+// network's workspace.
+struct ConvKernelExecution {
+  std::vector<ConvCall> calls;
+  uint64_t workspace_offset = 0;
+  uint64_t workspace_bytes = 0;
+};
+
+// A conv layer's three kernels, indexed by ConvKind.
+struct ConvLayerExecution {
+  std::string layer;  // the conv layer's name
+  std::array<ConvKernelExecution, 3> kernels;
+};
+
+// A call resolved to the backend's algorithm id.
+struct ConvStep {
+  ConvAlgo algo = 0;
+  int64_t size = 1;
+};
+
+// The tensors a kernel reads and writes (the ones its kind uses).
+struct ConvOperands {
+  Tensor x, y;    // Forward: y = conv(x, w) (+ bias); BackwardFilter reads x
+  Tensor dy, dx;  // BackwardData: dx from dy; BackwardFilter reads dy
+  const float* w = nullptr;
+  const float* bias = nullptr;
+  float* dw = nullptr;
+  float* dbias = nullptr;
+};
+
+// Runs `kind` of problem p (p.x.shape.n images) as the calls `steps`, in
+// order, each on its slice of the samples; when the steps cover fewer images
+// than p has (a larger batch than planned) they repeat, and the last call is
+// cut to what is left. Forward and BackwardData write disjoint slices with
+// `beta`; BackwardFilter accumulates: `beta` on the first call, 1 after it,
+// so dW and dbias sum over every micro-batch. Throws BackendError when a
+// call's workspace exceeds workspace_bytes.
+void run_conv_kernel(Backend& backend, ConvKind kind, const ConvProblem& p,
+                     std::span<const ConvStep> steps, const ConvOperands& operands, float beta,
+                     void* workspace, size_t workspace_bytes);
+
 struct NetworkOptions {
   int64_t max_batch = 64;                  // largest batch a step or evaluation will use
   std::string conv_algorithm = "auto";     // "auto": time every algorithm per layer and kind at
                                            // construction and keep the fastest; or a name,
                                            // used wherever the backend offers it
+  // From a plan: how each conv layer's kernels run. Empty: conv_algorithm
+  // decides, every kernel runs undivided in one shared workspace. When set,
+  // every conv layer must be listed and conv_workspace_bytes is the size of
+  // the buffer the kernels' segments lie in.
+  std::vector<ConvLayerExecution> conv_executions;
+  uint64_t conv_workspace_bytes = 0;
 };
 
 // Descriptors of every layer's output at batch n: the layout each gets on

@@ -196,7 +196,9 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       const size_t base = backend.device_bytes_in_use();
       Timing t;
       {
-        Network net(graph, backend, {.max_batch = b, .conv_algorithm = "auto"});
+        NetworkOptions net_options;
+        net_options.max_batch = b;
+        Network net(graph, backend, net_options);
         net.init_parameters(1);
         backend.fill(net.input(b), 0.1f);
         const std::vector<int32_t> labels(static_cast<size_t>(b), 0);

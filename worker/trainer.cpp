@@ -161,8 +161,12 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
   // A rank with no samples still needs a network for the parameter buffers
   // and for its share of the evaluation.
   const int64_t eval_chunk = std::max<int64_t>(my_batch, std::min<int64_t>(batch, 64));
-  Network net(graph, backend,
-              {.max_batch = std::max(my_batch, eval_chunk), .conv_algorithm = options.conv_algorithm});
+  NetworkOptions net_options;
+  net_options.max_batch = std::max(my_batch, eval_chunk);
+  net_options.conv_algorithm = options.conv_algorithm;
+  net_options.conv_executions = options.conv_executions;
+  net_options.conv_workspace_bytes = options.conv_workspace_bytes;
+  Network net(graph, backend, net_options);
   net.init_parameters(options.seed);
   Sgd sgd(backend, net.parameter_count(), options.momentum, options.weight_decay);
   LrSchedule schedule = options.schedule;

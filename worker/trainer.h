@@ -12,6 +12,7 @@
 #include "worker/data.h"
 #include "worker/graph.h"
 #include "worker/metrics.h"
+#include "worker/network.h"
 #include "worker/optimizer.h"
 
 namespace vtrain::worker {
@@ -27,6 +28,10 @@ struct TrainerOptions {
   float momentum = 0.0f;
   float weight_decay = 0.0f;
   std::string conv_algorithm = "auto";
+  // This rank's convolution executions from a plan (see NetworkOptions);
+  // empty = conv_algorithm, undivided.
+  std::vector<ConvLayerExecution> conv_executions;
+  uint64_t conv_workspace_bytes = 0;
   std::string metrics_path;      // JSON lines; empty = none (written by rank 0)
   Progress::Mode progress = Progress::Mode::kLines;  // rank 0; other ranks stay quiet
 
