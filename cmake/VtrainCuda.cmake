@@ -34,6 +34,9 @@ endif()
 
 enable_language(CUDA)
 set(CMAKE_CUDA_ARCHITECTURES ${VTRAIN_CUDA_ARCHITECTURES})
+# The shared CUDA runtime for every target (also executables that only link
+# CUDA code): one runtime in the process, the one cuDNN, cuBLAS and NCCL use.
+set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 add_library(vtrain::cudnn UNKNOWN IMPORTED)
 set_target_properties(vtrain::cudnn PROPERTIES
   IMPORTED_LOCATION "${CUDNN_LIBRARY}" INTERFACE_INCLUDE_DIRECTORIES "${CUDNN_INCLUDE_DIR}")

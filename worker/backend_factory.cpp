@@ -1,14 +1,22 @@
-// The one place that knows which backends are built.
+// The one place that knows which backends are built: the CUDA backend
+// (worker/cuda) only where VTRAIN_HAVE_CUDA is defined.
 #include <string>
 
 #include "worker/backend.h"
+#include "worker/communicator.h"
 #include "worker/cpu/cpu_backend.h"
+#ifdef VTRAIN_HAVE_CUDA
+#include "worker/cuda/cuda_backend.h"
+#endif
 
 namespace vtrain::worker {
 
 bool gpu_available() {
-  // The CUDA backend (worker/cuda/) is not built yet; see README "GPUs".
+#ifdef VTRAIN_HAVE_CUDA
+  return cuda::cuda_device_visible();
+#else
   return false;
+#endif
 }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
@@ -16,9 +24,23 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
     return cpu::make_cpu_backend(options);
   }
   if (options.kind == "cuda" || options.kind == "auto") {
+#ifdef VTRAIN_HAVE_CUDA
+    return cuda::make_cuda_backend(options);  // a clear error when no GPU is visible
+#else
     throw BackendError("backend 'cuda' is not available in this build (built backends: cpu)");
+#endif
   }
   throw BackendError("unknown backend '" + options.kind + "' (known: auto, cpu, cuda)");
+}
+
+std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend) {
+  std::unique_ptr<Communicator> mpi = make_mpi_communicator();
+#ifdef VTRAIN_HAVE_CUDA
+  if (mpi->size() > 1 && backend.device_info().backend == "cuda") {
+    return cuda::make_nccl_communicator(backend);
+  }
+#endif
+  return mpi;
 }
 
 }  // namespace vtrain::worker

@@ -63,6 +63,14 @@ class MpiRuntime {
 // (the CPU backend). Requires a live MpiRuntime.
 std::unique_ptr<Communicator> make_mpi_communicator();
 
+class Backend;
+
+// The communicator for gradients in `backend`'s device memory: NCCL (see
+// worker/cuda/cuda_backend.h) when `backend` is the CUDA backend and the job
+// has several ranks, else MPI. Collective; requires a live MpiRuntime.
+// Defined with the backend factory, the one place that knows what is built.
+std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend);
+
 // Aborts the MPI job if MPI is running with more than one rank; returns
 // otherwise (for error paths that run before a communicator exists).
 void abort_job_if_parallel(int code);
