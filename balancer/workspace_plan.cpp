@@ -234,4 +234,16 @@ std::vector<KernelConfig> pareto_front(const ConvKernel& kernel, uint64_t worksp
   return front;
 }
 
+std::string describe_calls(const std::vector<MicroBatch>& calls) {
+  std::string out;
+  for (size_t i = 0; i < calls.size();) {
+    size_t j = i;
+    while (j < calls.size() && calls[j] == calls[i]) ++j;
+    out += (out.empty() ? "" : " + ") + calls[i].algorithm + " x" + std::to_string(calls[i].size);
+    if (j - i > 1) out += " (" + std::to_string(j - i) + " calls)";
+    i = j;
+  }
+  return out;
+}
+
 }  // namespace vtrain::balancer

@@ -82,6 +82,10 @@ struct KernelConfig {
   uint64_t workspace_bytes = 0;  // largest of the calls' workspaces
 };
 
+// "winograd x32 (2 calls) + direct x8": a configuration's calls for people,
+// runs of equal calls grouped.
+std::string describe_calls(const std::vector<MicroBatch>& calls);
+
 inline constexpr uint64_t kNoWorkspaceLimit = std::numeric_limits<uint64_t>::max();
 
 // WR: the fastest configuration of `kernel` whose calls each need at most

@@ -56,8 +56,13 @@ struct TrainConfig {
 };
 
 struct BalanceConfig {
-  std::string split = "even";  // "even" (B / ranks, remainder to the first ranks) or "manual"
+  std::string split = "even";  // "even" (B / ranks, remainder to the first ranks), "manual",
+                               // or "auto" (profile, then the batch-split ILP on rank 0)
   std::vector<int64_t> manual; // split: manual — per-rank batch sizes, summing to train.batch
+  int64_t granularity = 1;     // auto: every per-rank batch is a multiple of this
+  std::string candidates = "interpolated";  // auto: "measured" or "interpolated" batch sizes
+  std::string workspace = "undivided";      // conv workspace plan: "undivided", "wr", "wd"
+  uint64_t workspace_limit = 64ull << 20;   // wr: per kernel; wd: per rank in total (bytes)
 };
 
 struct ProfileConfig {
@@ -99,6 +104,7 @@ struct ConvConfig {
 struct OutputConfig {
   std::string metrics;            // JSON-lines metrics file; empty = none
   std::string progress = "auto";  // "auto" (live line on a TTY), "line" (log lines), "off"
+  std::string plan;               // write the plan a run solved for here; empty = don't
 };
 
 struct Config {

@@ -3,7 +3,7 @@
 namespace vtrain::launcher {
 namespace {
 
-const char* kCommands[] = {"train", "profile", "check", "db", "help", "version"};
+const char* kCommands[] = {"train", "profile", "balance", "check", "db", "help", "version"};
 
 bool is_command(const std::string& s) {
   for (const char* c : kCommands) {
@@ -72,6 +72,30 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
       cli.resume = true;
     } else if (a == "--db" && cli.command != "train" && cli.command != "check") {
       cli.db = value(a);
+    } else if (a == "--plan" && cli.command == "train") {
+      cli.plan = value(a);
+    } else if (a == "--config" && cli.command == "balance") {
+      cli.config = value(a);
+    } else if (a == "--batch" && cli.command == "balance") {
+      const std::string v = value(a);
+      try {
+        size_t used = 0;
+        cli.batch = std::stoll(v, &used);
+        if (used != v.size() || cli.batch < 1) throw std::invalid_argument(v);
+      } catch (const std::exception&) {
+        throw UsageError("--batch expects a positive integer, got '" + v + "'");
+      }
+    } else if (a == "--devices" && cli.command == "balance") {
+      cli.devices = value(a);
+    } else if (a == "--workspace" && cli.command == "balance") {
+      cli.workspace = value(a);
+    } else if (a == "--policy" && cli.command == "balance") {
+      cli.policy = value(a);
+      if (cli.policy != "undivided" && cli.policy != "wr" && cli.policy != "wd") {
+        throw UsageError("--policy must be undivided, wr or wd, got '" + cli.policy + "'");
+      }
+    } else if (a == "--out" && cli.command == "balance") {
+      cli.out = value(a);
     } else if (a == "--table" && cli.command == "db") {
       cli.table = value(a);
     } else if (a == "--format" && cli.command == "db") {
@@ -104,6 +128,9 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
     return cli;
   }
   if (cli.config.empty()) throw UsageError("'" + cli.command + "' needs a CONFIG file");
+  if (cli.command == "balance" && cli.db.empty()) {
+    throw UsageError("balance needs --db FILE (the perf DB that `vtrain profile` filled)");
+  }
   return cli;
 }
 
@@ -115,6 +142,8 @@ Usage:
   vtrain CONFIG [options]          same as `vtrain train CONFIG`
   vtrain train CONFIG [options]    train the model the config describes
   vtrain profile CONFIG [--db FILE] measure kernels and steps into the perf DB
+  vtrain balance CONFIG --db FILE [--batch B] [--devices "A,B,..."] [--policy P]
+                 [--workspace SIZE] [--out PLAN]   plan a split offline (what-if)
   vtrain db stats --db FILE        what the perf DB holds
   vtrain db export --db FILE --table NAME [--format csv|jsonl]
   vtrain check CONFIG [options]    validate the config, build the model, print a summary
@@ -127,6 +156,7 @@ Options for train and check:
   --metrics FILE         write JSON-lines metrics to FILE (output.metrics)
   --progress MODE        auto | line | off (output.progress)
   --resume               continue from the newest checkpoint in checkpoint.dir
+  --plan FILE            (train) follow this plan (from `vtrain balance --out`)
   -h, --help             help for the command
 
 Several ranks: `mpirun -np N vtrain train CONFIG` (rank 0 logs and writes
@@ -147,7 +177,11 @@ test set (train.evaluate). Progress goes to stdout (rank 0 only): a live line
 on a terminal, a log line every train.log_every steps otherwise.
 
 With N ranks each global batch is cut into contiguous per-rank slices
-(balance.split: even, or manual with balance.manual: [b0, b1, ...]); the
+(balance.split: even; manual with balance.manual: [b0, b1, ...]; or auto:
+every rank profiles its device into the perf DB (profile.*), rank 0 solves
+the batch-split ILP and the convolution workspace plan (balance.workspace:
+undivided | wr | wd, balance.workspace_limit) and broadcasts the plan, written
+to output.plan when set; --plan FILE follows a saved plan instead); the
 gradients are summed over ranks in buckets of train.allreduce_bucket bytes
 while backward still runs, so the update equals single-process training on
 the whole batch.
@@ -168,6 +202,9 @@ Options:
   --metrics FILE         JSON-lines metrics file
   --progress MODE        auto (live line on a TTY) | line | off
   --resume               continue from the newest checkpoint in checkpoint.dir
+  --plan FILE            follow a plan (`vtrain balance --out`, or output.plan of
+                         an earlier run); a plan for another model, rank count
+                         or batch is an error
 
 Exit codes: 0 success, 1 runtime failure (bad data file, out of memory, a
 failed rank, ...), 2 usage or config error, 3 stopped by a signal after
@@ -193,6 +230,30 @@ taken again. Under mpirun every rank profiles its own device; ranks with
 identical devices on one host split the work.
 )";
   }
+  if (topic == "balance") {
+    return R"(vtrain balance CONFIG --db FILE [--batch B] [--devices "NAME,NAME,..."]
+               [--policy undivided|wr|wd] [--workspace SIZE] [--out PLAN] [--set ...]
+
+Plans a job offline from the perf DB, without touching a device: the split
+of the global batch B (default train.batch) over the devices (the batch-split
+ILP of mu-cuDNN Sec. III-E, on the step times and peak memory the profiler
+recorded; balance.granularity, balance.candidates), and for each device every
+convolution kernel's micro-batches and algorithms under the workspace policy:
+  undivided  the fastest single call per kernel (within --workspace if given)
+  wr         per kernel, the fastest micro-batch configuration whose calls
+             each fit --workspace (workspace reuse)
+  wd         one buffer of --workspace bytes per device divided among all
+             kernels by the 0-1 ILP over their Pareto fronts (workspace
+             division)
+--devices names devices the DB knows (`vtrain db stats`), one entry per rank;
+repeat a name for several identical devices (what if I add a second one?).
+Default: every device in the DB that has step measurements of this model.
+
+Prints the split with each device's predicted step time, the speedup over an
+even split, and the per-kernel choices and workspace; --out writes the plan
+(YAML) for `vtrain train --plan`.
+)";
+  }
   if (topic == "db") {
     return R"(vtrain db stats --db FILE
 vtrain db export --db FILE --table NAME [--format csv|jsonl]
@@ -215,7 +276,7 @@ data or model error.
   }
   if (topic == "version") return "vtrain --version: prints the version\n";
   throw UsageError("no help for '" + topic +
-                   "' (commands: train, profile, check, db, help, version)");
+                   "' (commands: train, profile, balance, check, db, help, version)");
 }
 
 }  // namespace vtrain::launcher

@@ -1,6 +1,7 @@
 // Command-line parsing and help for the `vtrain` executable.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -17,7 +18,7 @@ class UsageError : public std::runtime_error {
 enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2, kExitStopped = 3 };
 
 struct CliArgs {
-  std::string command;                 // "train", "profile", "check", "db", "help", "version"
+  std::string command;                 // "train", "profile", "balance", "check", "db", "help", "version"
   std::string help_topic;              // for "help": a command name or empty
   std::string config;                  // CONFIG path
   std::vector<std::string> overrides;  // --set key.path=value, in order
@@ -28,6 +29,12 @@ struct CliArgs {
   std::string db_action;               // db: "stats" or "export"
   std::string table;                   // db export: --table NAME
   std::string format = "csv";          // db export: --format csv|jsonl
+  std::string plan;                    // train: --plan FILE (a plan to follow)
+  int64_t batch = 0;                   // balance: --batch B (default train.batch)
+  std::string devices;                 // balance: --devices "name,name,..." (default: the DB's)
+  std::string workspace;               // balance: --workspace SIZE (balance.workspace_limit)
+  std::string policy;                  // balance: --policy undivided|wr|wd (balance.workspace)
+  std::string out;                     // balance: --out FILE (write the plan)
 };
 
 // Throws UsageError. `vtrain CONFIG` means `vtrain train CONFIG`.

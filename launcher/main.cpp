@@ -15,12 +15,14 @@
 
 #include "configs/config.h"
 #include "launcher/cli.h"
+#include "launcher/job_plan.h"
 #include "launcher/stop_signals.h"
 #include "perfdb/perf_db.h"
 #include "worker/backend.h"
 #include "worker/communicator.h"
 #include "worker/data.h"
 #include "worker/graph.h"
+#include "worker/planning.h"
 #include "worker/profiler.h"
 #include "worker/trainer.h"
 
@@ -168,12 +170,21 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
     split = cfg.balance.manual;
   }
   auto backend = worker::make_backend(backend_options(cfg));
+  // Gradients go over NCCL when several ranks train on GPUs, else over MPI.
+  const auto gradient_comm = worker::make_gradient_communicator(*backend);
 
   if (comm.rank() == 0) {
     std::printf("vtrain %s: %s\n", kVersion, cfg.path.c_str());
     std::printf("data: %s, %lld train / %lld test samples of %s\n", cfg.data.kind.c_str(),
                 static_cast<long long>(data.train.count), static_cast<long long>(data.test.count),
                 data.train.sample.str().c_str());
+  }
+  std::fflush(stdout);
+  const std::optional<config::TrainingPlan> plan =
+      job_plan(cli, cfg, graph, *backend, comm, split);
+  if (plan) {
+    split.clear();
+    for (const config::RankPlan& r : plan->ranks) split.push_back(r.batch);
   }
   print_cluster(comm, backend->device_info(), split);
   std::fflush(stdout);
@@ -195,8 +206,13 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   options.conv_algorithm = cfg.conv.algorithm;
   options.metrics_path = cfg.output.metrics;
   options.progress = worker::Progress::parse_mode(cfg.output.progress);
-  options.comm = &comm;
+  options.comm = gradient_comm.get();
   options.split = split;
+  if (plan) {
+    const config::RankPlan& mine = plan->ranks[comm.rank()];
+    options.conv_executions = worker::conv_executions(mine);
+    options.conv_workspace_bytes = mine.workspace_bytes;
+  }
   options.allreduce_bucket = cfg.train.allreduce_bucket;
   options.checkpoint_dir = cfg.checkpoint.dir;
   options.checkpoint_every = cfg.checkpoint.every;
@@ -217,25 +233,6 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
     return kExitStopped;
   }
   return kExitOk;
-}
-
-// Ranks whose devices are identical and on one host split the profiling
-// work: this rank's index among them and their number.
-std::pair<int, int> profile_share(worker::Communicator& comm, const worker::DeviceInfo& info) {
-  const std::string key = info.host + "|" + info.name + "|" + info.backend + "|" +
-                          info.library_version + "|" + std::to_string(info.threads);
-  std::vector<std::string> keys = comm.gather(key, 0);
-  std::string joined;
-  for (const std::string& k : keys) joined += k + "\n";
-  comm.broadcast(joined, 0);
-  int index = 0, count = 0, r = 0;
-  size_t start = 0;
-  for (size_t nl; (nl = joined.find('\n', start)) != std::string::npos; start = nl + 1, ++r) {
-    if (joined.substr(start, nl - start) != key) continue;
-    if (r < comm.rank()) ++index;
-    ++count;
-  }
-  return {index, std::max(count, 1)};
 }
 
 int run_profile(const CliArgs& cli, worker::Communicator& comm) {
@@ -363,6 +360,11 @@ int run(int argc, char** argv) {
   try {
     if (cli.command == "check") return run_check(cli);
     if (cli.command == "db") return run_db(cli);
+    if (cli.command == "balance") {
+      const Config cfg = load(cli);
+      const Datasets data = load_data(cfg);
+      return run_balance(cli, cfg, build_graph(cfg, data.train.sample));
+    }
     auto comm = worker::make_mpi_communicator();
     if (cli.command == "profile") return run_profile(cli, *comm);
     return run_train(cli, *comm, stop_signals->received());

@@ -794,7 +794,7 @@ TEST(ConfigSections, BalanceAndCheckpointErrors) {
   EXPECT_EQ(error_text(base + "balance:\n  split: manual\n"),
             "t.yaml:7: balance: missing manual (split: manual needs the per-rank batch sizes)");
   EXPECT_EQ(error_text(base + "balance:\n  split: fast\n"),
-            "t.yaml:8: balance.split: unknown value 'fast' (allowed: even, manual)");
+            "t.yaml:8: balance.split: unknown value 'fast' (allowed: even, manual, auto)");
   EXPECT_EQ(error_text(base + "checkpoint:\n  resume: auto\n"),
             "t.yaml:8: checkpoint.resume: resume: auto needs checkpoint.dir");
   EXPECT_EQ(error_text(base + "checkpoint:\n  keep: 0\n"),

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tests/test_support.h"
+#include "configs/plan.h"
 #include "worker/checkpoint.h"
 
 extern char** environ;
@@ -237,6 +238,32 @@ TEST(Mpi, StopSignalCheckpointsAndExitsWithThree) {
   ASSERT_TRUE(WIFEXITED(status)) << text;
   EXPECT_EQ(WEXITSTATUS(status), 3) << text;
   EXPECT_NE(text.find("stopped by a signal after checkpointing"), std::string::npos) << text;
+}
+
+// balance.split: auto: every rank profiles in place, rank 0 solves the split
+// and a WD workspace plan and broadcasts it, every rank follows it.
+TEST(Mpi, AutoSplitProfilesSolvesAndFollowsThePlan) {
+  TempDir dir;
+  std::string out;
+  const std::string plan = dir / "plan.yaml";
+  ASSERT_EQ(run(mpirun(2) + train_args(dir / "ck", 4,
+                                       "--set balance.split=auto --set balance.workspace=wd "
+                                       "--set balance.workspace_limit=4MiB --set balance.granularity=8 "
+                                       "--set profile.db=" + std::string(dir / "perf.db") +
+                                       " --set profile.repeats=1 --set profile.warmup=0 "
+                                       "--set profile.micro_batches=powerOfTwo "
+                                       "--set output.plan=" + plan + " --progress line"),
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("plan: split "), std::string::npos) << out;
+  EXPECT_NE(out.find("of 48, workspace wd 4.0 MiB"), std::string::npos) << out;
+  EXPECT_NE(out.find("plan: wrote " + plan), std::string::npos) << out;
+  EXPECT_NE(out.find("done: 4 steps"), std::string::npos) << out;
+  const config::TrainingPlan p = config::load_plan(plan);
+  ASSERT_EQ(p.ranks.size(), 2u);
+  EXPECT_EQ(p.ranks[0].batch + p.ranks[1].batch, 48);
+  EXPECT_EQ(p.ranks[0].batch % 8, 0);
 }
 
 }  // namespace

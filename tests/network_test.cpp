@@ -275,7 +275,6 @@ class MicroBatchTest : public NetworkTest {
   }
   ConvResults run(const std::vector<ConvStep> (&steps)[3]) {
     const ConvProblem p = problem();
-    const TensorDesc wdesc{p.weight_shape(), Layout::kPlain};
     const TensorDesc bdesc{{p.k + p.weight_shape().elements(), 1, 1, 1}, Layout::kPlain};
     ConvOperands o;
     o.x = {p.x, device_floats(random(p.x.shape.elements(), 1), p.x)};
@@ -425,7 +424,7 @@ TEST_F(NetworkTest, PlannedMicroBatchesTrainLikeUndivided) {
   const std::vector<float> ref = train(options(6, "direct")), got = train(planned);
   expect_close(got, ref, "parameters after 3 steps");
   Network net(g, *backend_, planned);
-  EXPECT_NE(net.algorithm_summary()[0].find("Forward=direct x4+im2col_gemm x2"),
+  EXPECT_NE(net.algorithm_summary()[0].find("Forward=[direct x4 + im2col_gemm x2]"),
             std::string::npos)
       << net.algorithm_summary()[0];
 }

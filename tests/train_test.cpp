@@ -160,5 +160,49 @@ TEST(Cli, CheckPrintsTheModel) {
   EXPECT_NE(r.output.find("parameters"), std::string::npos) << r.output;
 }
 
+// The offline balancer the way users run it: profile into a DB, plan with
+// `vtrain balance --out`, train with `--plan`; plans that do not fit are
+// config errors naming the file.
+TEST(Train, BalanceWritesAPlanThatTrainingFollows) {
+  TempDir dir;
+  const std::string db = dir.file("perf.db"), plan = dir.file("plan.yaml");
+  const std::string config = source_dir() + "/configs/synthetic-lenet.yaml";
+  const std::string sets =
+      " --progress off --set train.batch=16 --set train.max_steps=3 --set train.evaluate=false"
+      " --set device.threads=1 --set profile.db=" + db +
+      " --set profile.batches=[8,16] --set profile.micro_batches=powerOfTwo"
+      " --set profile.repeats=1 --set profile.warmup=0";
+  RunResult r = run_vtrain("profile " + config + sets);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_vtrain("balance " + config + " --db " + db + " --policy wr --workspace 1MiB --out " +
+                 plan + sets);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("plan: split 16 of 16, workspace wr 1.0 MiB"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("conv2        BackwardFilter"), std::string::npos) << r.output;
+  ASSERT_TRUE(fs::exists(plan));
+
+  r = run_vtrain("train " + config + " --plan " + plan + sets + " --progress line");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("conv2: Forward=["), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: 3 steps"), std::string::npos) << r.output;
+
+  r = run_vtrain("train " + config + " --plan " + plan + sets + " --set train.batch=32");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(plan + ": the plan's global_batch is 16, the config's train.batch is 32"),
+            std::string::npos)
+      << r.output;
+  r = run_vtrain("train " + config + " --plan " + dir.file("bad.yaml", "vtrain_plan: 1\n") + sets);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("bad.yaml: model: missing"), std::string::npos) << r.output;
+
+  r = run_vtrain("balance " + config + " --db " + db + " --devices K20Xm" + sets);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--devices: no device named 'K20Xm'"), std::string::npos) << r.output;
+  r = run_vtrain("balance " + config + " --db " + db + " --batch 64" + sets);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("batch 64 does not fit"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace vtrain

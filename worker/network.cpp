@@ -1,5 +1,7 @@
 #include "worker/network.h"
 
+#include "balancer/workspace_plan.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -142,10 +144,11 @@ class InputLayer final : public Layer {
 class ConvLayer final : public Layer {
  public:
   ConvLayer(const LayerSpec& s, Backend& backend, const TensorDesc& x, const TensorDesc& y,
-            const std::string& algorithm, const ConvLayerExecution* execution)
+            const std::string& algorithm, const ConvLayerExecution* execution,
+            bool input_is_data)
       : Layer(s), problem_(conv_problem(s, x, y)) {
     if (execution) {
-      plan(backend, *execution);
+      plan(backend, *execution, input_is_data);
       return;
     }
     for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
@@ -267,11 +270,11 @@ class ConvLayer final : public Layer {
         out += backend.conv_algorithm_name(kind, algo(kind));
         continue;
       }
-      const auto& steps = steps_[static_cast<int>(kind)];
-      for (size_t i = 0; i < steps.size(); ++i) {
-        out += (i ? "+" : "") + backend.conv_algorithm_name(kind, steps[i].algo) + " x" +
-               std::to_string(steps[i].size);
+      std::vector<balancer::MicroBatch> calls;
+      for (const ConvStep& step : steps_[static_cast<int>(kind)]) {
+        calls.push_back({backend.conv_algorithm_name(kind, step.algo), step.size});
       }
+      out += calls.empty() ? "-" : "[" + balancer::describe_calls(calls) + "]";
     }
     return out;
   }
@@ -300,12 +303,17 @@ class ConvLayer final : public Layer {
                     static_cast<char*>(ctx.workspace) + segment_[k].first, segment_[k].second);
   }
   // Resolves a plan's algorithm names and checks its segments and sizes.
-  void plan(Backend& backend, const ConvLayerExecution& execution) {
+  // `input_is_data`: backward-data never runs, and the plan may omit it.
+  void plan(Backend& backend, const ConvLayerExecution& execution, bool input_is_data) {
     planned_ = true;
     for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
       const int k = static_cast<int>(kind);
       const ConvKernelExecution& e = execution.kernels[k];
       const std::string where = "layer '" + spec.name + "' " + conv_kind_name(kind);
+      if (kind == ConvKind::kBackwardData && input_is_data && e.calls.empty()) {
+        choose(kind, {0, "-", 0});
+        continue;
+      }
       if (e.calls.empty()) throw BackendError(where + ": the plan gives no calls");
       int64_t total = 0;
       for (const ConvCall& call : e.calls) {
@@ -512,6 +520,13 @@ ConvProblem conv_problem(const LayerSpec& conv, const TensorDesc& x, const Tenso
 }
 
 std::vector<TensorDesc> activation_descs(const Graph& graph, const Backend& backend, int64_t n) {
+  return activation_descs(
+      graph, [&](int64_t channels) { return backend.preferred_layout(channels); }, n);
+}
+
+std::vector<TensorDesc> activation_descs(const Graph& graph,
+                                         const std::function<Layout(int64_t)>& preferred_layout,
+                                         int64_t n) {
   std::vector<TensorDesc> descs(graph.size());
   for (int i = 0; i < graph.size(); ++i) {
     Shape shape = graph.output_shape(i);
@@ -526,7 +541,7 @@ std::vector<TensorDesc> activation_descs(const Graph& graph, const Backend& back
       case LayerType::kPool: layout = descs[graph.inputs(i)[0]].layout; break;
       case LayerType::kConv:
       case LayerType::kAdd:
-      case LayerType::kConcat: layout = backend.preferred_layout(shape.c); break;
+      case LayerType::kConcat: layout = preferred_layout(shape.c); break;
     }
     descs[i] = {shape, layout};
   }
@@ -575,7 +590,8 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
         case LayerType::kInput: layer = std::make_unique<InputLayer>(spec); break;
         case LayerType::kConv:
           layer = std::make_unique<ConvLayer>(spec, backend, *x, out_desc_[i],
-                                              options.conv_algorithm, execution_of(spec.name));
+                                              options.conv_algorithm, execution_of(spec.name),
+                                              in[0] == graph.input_index());
           break;
         case LayerType::kRelu: layer = std::make_unique<ReluLayer>(spec); break;
         case LayerType::kPool: {

@@ -95,6 +95,10 @@ struct NetworkOptions {
 // `backend` (conv/add/concat outputs in the backend's preferred layout,
 // element-wise layers keep their input's, data and fc outputs plain).
 std::vector<TensorDesc> activation_descs(const Graph& graph, const Backend& backend, int64_t n);
+// The same for a device known only by its layout rule (offline planning).
+std::vector<TensorDesc> activation_descs(const Graph& graph,
+                                         const std::function<Layout(int64_t)>& preferred_layout,
+                                         int64_t n);
 
 // The convolution a conv layer runs, between activations x and y.
 ConvProblem conv_problem(const LayerSpec& conv, const TensorDesc& x, const TensorDesc& y);

@@ -7,6 +7,7 @@
 #include "worker/cpu/cpu_backend.h"
 
 #include <omp.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -78,6 +79,22 @@ std::string cpu_model_name() {
     }
   }
   return "unknown CPU";
+}
+
+// " (cpus 0,2)" when this process may run on only some of the online CPUs
+// (a rankfile, taskset, a SLURM cpuset): such a device is not the whole CPU,
+// and the perf DB must keep its measurements apart.
+std::string affinity_suffix() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return "";
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  if (online <= 0 || CPU_COUNT(&set) >= online) return "";
+  std::string cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+  }
+  return " (cpus " + cpus + ")";
 }
 
 std::string host_name() {
@@ -281,7 +298,7 @@ CpuBackend::CpuBackend(const BackendOptions& options) {
   if (options.threads > 0) omp_set_num_threads(options.threads);
   const dnnl::version_t* v = dnnl::version();
   info_.backend = "cpu";
-  info_.name = cpu_model_name();
+  info_.name = cpu_model_name() + affinity_suffix();
   info_.threads = omp_get_max_threads();
   info_.library_version = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
                           "." + std::to_string(v->patch);

@@ -1,0 +1,100 @@
+#!/usr/bin/python3
+"""Heterogeneity end to end on one small box (issue 5's benchmark).
+
+Three ranks where two share one core and one has a core to itself (an Open
+MPI rankfile), so the lone rank is about twice as fast as each of the
+others. Every rank profiles in place into one perf DB; then training runs
+alternate between the even split and the balancer's split (balance.split:
+auto), and the script prints the medians of the measured step times, their
+ratio, and the balancer's predicted step time against the measured one.
+
+  /usr/bin/python3 bench/bench_hetero.py [--vtrain build/vtrain] [--rounds 3]
+
+Timings on a shared 2-vCPU VM are noisy: the runs alternate A/B and the
+medians are quoted.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd, env):
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        sys.exit("command failed (%d): %s\n%s" % (p.returncode, " ".join(cmd), p.stdout))
+    return p.stdout
+
+
+def step_ms(metrics_path, batch):
+    end = None
+    with open(metrics_path) as f:
+        for line in f:
+            record = json.loads(line)
+            if record.get("event") == "end":
+                end = record
+    if not end or end["images_per_second"] <= 0:
+        sys.exit("no end record with a throughput in " + metrics_path)
+    return 1000.0 * batch / end["images_per_second"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vtrain", default=os.path.join(ROOT, "build", "vtrain"))
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "synthetic-lenet.yaml"))
+    ap.add_argument("--batch", type=int, default=96)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_btl="self,vader")
+    work = tempfile.mkdtemp(prefix="vtrain-hetero.")
+    rankfile = os.path.join(work, "rankfile")
+    with open(rankfile, "w") as f:
+        f.write("rank 0=localhost slot=0\nrank 1=localhost slot=1\nrank 2=localhost slot=1\n")
+    db = os.path.join(work, "perf.db")
+    mpirun = ["mpirun", "-np", "3", "--rankfile", rankfile, "--oversubscribe"]
+    common = ["--progress", "off",
+              "--set", "train.batch=%d" % args.batch, "--set", "train.max_steps=%d" % args.steps,
+              "--set", "train.evaluate=false", "--set", "device.threads=1",
+              "--set", "conv.algorithm=direct", "--set", "profile.db=" + db,
+              "--set", "profile.batches=[8,16,24,32,40,48,56,64,72,80]",
+              "--set", "balance.granularity=8", "--set", "balance.candidates=interpolated"]
+
+    print("profiling 3 ranks (rank 0 alone on cpu 0, ranks 1 and 2 sharing cpu 1) ...", flush=True)
+    out = run(mpirun + [args.vtrain, "profile", args.config] + common, env)
+    print("\n".join("  " + l for l in out.splitlines() if "rank" in l and "share" in l))
+
+    even, balanced, predicted, split_text = [], [], None, None
+    for r in range(args.rounds):
+        for kind in ("even", "auto"):
+            metrics = os.path.join(work, "m-%s-%d.jsonl" % (kind, r))
+            plan = os.path.join(work, "plan.yaml")
+            extra = ["--set", "balance.split=" + kind, "--metrics", metrics]
+            if kind == "auto":
+                extra += ["--set", "output.plan=" + plan]
+            out = run(mpirun + [args.vtrain, "train", args.config] + common + extra, env)
+            ms = step_ms(metrics, args.batch)
+            (even if kind == "even" else balanced).append(ms)
+            if kind == "auto":
+                text = open(plan).read()
+                predicted = float(re.search(r"^split_ms: ([0-9.e+-]+)", text, re.M).group(1))
+                split_text = re.search(r"plan: split (\S+)", out).group(1)
+            print("  round %d %-8s %.2f ms/step" % (r + 1, kind, ms), flush=True)
+    e, b = statistics.median(even), statistics.median(balanced)
+    print("even split %s: median %.2f ms/step" % ("32+32+32" if args.batch == 96 else "even", e))
+    print("balanced split %s: median %.2f ms/step" % (split_text, b))
+    print("speedup of the balanced split: %.2fx" % (e / b))
+    print("balancer's predicted step time %.2f ms vs measured %.2f ms (%+.0f%%)"
+          % (predicted, b, 100.0 * (b - predicted) / predicted))
+
+
+if __name__ == "__main__":
+    main()

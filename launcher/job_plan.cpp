@@ -1,0 +1,248 @@
+#include "launcher/job_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "balancer/batch_split.h"
+#include "perfdb/perf_db.h"
+#include "worker/planning.h"
+#include "worker/profiler.h"
+
+namespace vtrain::launcher {
+namespace {
+
+std::vector<std::string> split_on(const std::string& text, char separator) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t at; (at = text.find(separator, start)) != std::string::npos; start = at + 1) {
+    out.push_back(text.substr(start, at - start));
+  }
+  out.push_back(text.substr(start));
+  return out;
+}
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t");
+  if (a == std::string::npos) return "";
+  return s.substr(a, s.find_last_not_of(" \t") - a + 1);
+}
+
+balancer::BatchSplitOptions split_options(const config::Config& cfg) {
+  balancer::BatchSplitOptions o;
+  o.granularity = cfg.balance.granularity;
+  o.candidates = cfg.balance.candidates == "measured" ? balancer::CandidateSizes::kMeasured
+                                                      : balancer::CandidateSizes::kInterpolated;
+  return o;
+}
+
+worker::WorkspaceRequest workspace_request(const std::string& policy, uint64_t limit) {
+  // Undivided kernels take their fastest algorithm, as plain cuDNN would.
+  return {policy, policy == "undivided" ? 0 : limit};
+}
+
+// Per-rank batch sizes the profiler measures for a split: around B / ranks,
+// from a quarter to twice it, on the granularity.
+std::vector<int64_t> candidate_batches(const config::Config& cfg, int ranks) {
+  if (!cfg.profile.batches.empty()) return cfg.profile.batches;
+  const int64_t g = cfg.balance.granularity;
+  const int64_t per = (cfg.train.batch + ranks - 1) / ranks;
+  std::set<int64_t> sizes;
+  for (double f : {0.25, 0.5, 1.0, 1.5, 2.0}) {
+    int64_t b = static_cast<int64_t>(f * static_cast<double>(per) / static_cast<double>(g) + 0.5) * g;
+    b = std::clamp<int64_t>(b, g, cfg.train.batch);
+    sizes.insert(b);
+  }
+  return {sizes.begin(), sizes.end()};
+}
+
+std::string join_batches(const std::vector<int64_t>& b) {
+  std::string s;
+  for (int64_t v : b) s += (s.empty() ? "" : ",") + std::to_string(v);
+  return s;
+}
+
+// Training: profile in place, solve on rank 0. Returns the plan's text on
+// rank 0, "" elsewhere.
+std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph,
+                           worker::Backend& backend, worker::Communicator& comm,
+                           const std::vector<int64_t>& fixed_split) {
+  const bool balance = cfg.balance.split == "auto";
+  const worker::DeviceInfo info = backend.device_info();
+  perfdb::PerfDb db(cfg.profile.db);
+  const perfdb::DeviceId id = db.upsert_device(worker::perfdb_device(info));
+
+  worker::ProfileOptions po;
+  po.batches = balance ? candidate_batches(cfg, comm.size())
+                       : std::vector<int64_t>{fixed_split[comm.rank()]};
+  po.batches.erase(std::remove(po.batches.begin(), po.batches.end(), 0), po.batches.end());
+  po.micro_batches = balancer::parse_micro_batch_policy(cfg.profile.micro_batches);
+  po.warmup = static_cast<int>(cfg.profile.warmup);
+  po.repeats = static_cast<int>(cfg.profile.repeats);
+  po.steps = balance;
+  std::tie(po.share_index, po.share_count) = profile_share(comm, info);
+  if (!po.batches.empty()) {
+    const worker::ProfileReport r = worker::profile(graph, backend, db, id, po);
+    if (comm.rank() == 0) {
+      std::printf("profile: batches %s: %lld kernel items measured, %lld cached; %lld steps "
+                  "measured, %lld cached (%.1f s, rank 0)\n",
+                  join_batches(po.batches).c_str(), static_cast<long long>(r.kernel_measured),
+                  static_cast<long long>(r.kernel_cached), static_cast<long long>(r.step_measured),
+                  static_cast<long long>(r.step_cached), r.seconds);
+      std::fflush(stdout);
+    }
+  }
+  comm.barrier();
+
+  // Rank 0 learns every rank's device.
+  const std::string mine = std::to_string(id.value) + "|" + std::to_string(info.memory_bytes) +
+                           "|" + info.backend + "|" + info.name;
+  const std::vector<std::string> all = comm.gather(mine, 0);
+  std::vector<worker::PlanDevice> devices;
+  std::string split_text;
+  balancer::BatchSplit split;
+  if (comm.rank() == 0) {
+    for (size_t r = 0; r < all.size(); ++r) {
+      const std::vector<std::string> f = split_on(all[r], '|');
+      worker::PlanDevice d;
+      d.id.value = std::stoll(f[0]);
+      d.memory_bytes = std::stoull(f[1]);
+      d.layout = worker::layout_rule(f[2]);
+      std::string name = f[3];  // the device name may itself hold '|'
+      for (size_t i = 4; i < f.size(); ++i) name += "|" + f[i];
+      d.name = name;
+      devices.push_back(std::move(d));
+    }
+    if (balance) {
+      split = worker::plan_split(graph, db, devices, cfg.train.batch, split_options(cfg));
+    } else {
+      split.batch = fixed_split;
+    }
+    split_text = join_batches(split.batch);
+  }
+  comm.broadcast(split_text, 0);
+  // A rank whose share was not a profiled batch measures its kernels there.
+  const std::vector<std::string> parts = split_on(split_text, ',');
+  const int64_t my_batch = std::stoll(parts.at(comm.rank()));
+  if (my_batch > 0 &&
+      std::find(po.batches.begin(), po.batches.end(), my_batch) == po.batches.end()) {
+    worker::ProfileOptions at = po;
+    at.batches = {my_batch};
+    at.steps = false;
+    at.share_index = 0;
+    at.share_count = 1;
+    worker::profile(graph, backend, db, id, at);
+  }
+  comm.barrier();
+  if (comm.rank() != 0) return "";
+  config::TrainingPlan plan = worker::plan_workspaces(
+      graph, db, devices, split, workspace_request(cfg.balance.workspace, cfg.balance.workspace_limit));
+  return config::plan_to_yaml(plan);
+}
+
+}  // namespace
+
+std::pair<int, int> profile_share(worker::Communicator& comm, const worker::DeviceInfo& info) {
+  const std::string key = info.host + "|" + info.name + "|" + info.backend + "|" +
+                          info.library_version + "|" + std::to_string(info.threads);
+  std::vector<std::string> keys = comm.gather(key, 0);
+  std::string joined;
+  for (const std::string& k : keys) joined += k + "\n";
+  comm.broadcast(joined, 0);
+  int index = 0, count = 0, r = 0;
+  size_t start = 0;
+  for (size_t nl; (nl = joined.find('\n', start)) != std::string::npos; start = nl + 1, ++r) {
+    if (joined.substr(start, nl - start) != key) continue;
+    if (r < comm.rank()) ++index;
+    ++count;
+  }
+  return {index, std::max(count, 1)};
+}
+
+std::optional<config::TrainingPlan> job_plan(const CliArgs& cli, const config::Config& cfg,
+                                             const worker::Graph& graph,
+                                             worker::Backend& backend,
+                                             worker::Communicator& comm,
+                                             const std::vector<int64_t>& fixed_split) {
+  std::string text, origin;
+  if (!cli.plan.empty()) {
+    origin = cli.plan;
+    if (comm.rank() == 0) text = config::plan_to_yaml(config::load_plan(cli.plan));
+  } else if (cfg.balance.split == "auto" || cfg.balance.workspace != "undivided") {
+    origin = "the plan solved at start";
+    text = solve_job_plan(cfg, graph, backend, comm, fixed_split);
+  } else {
+    return std::nullopt;
+  }
+  comm.broadcast(text, 0);
+  config::TrainingPlan plan = config::parse_plan(text, origin);
+  if (auto why = worker::plan_mismatch(plan, graph, comm.size(), cfg.train.batch)) {
+    throw config::ConfigError(origin + ": " + *why);
+  }
+  if (comm.rank() == 0) {
+    std::fputs(worker::describe_plan(plan).c_str(), stdout);
+    if (!cfg.output.plan.empty() && cli.plan.empty()) {
+      config::save_plan(plan, cfg.output.plan);
+      std::printf("plan: wrote %s\n", cfg.output.plan.c_str());
+    }
+    std::fflush(stdout);
+  }
+  return plan;
+}
+
+int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph) {
+  perfdb::PerfDb db(cli.db);
+  std::vector<worker::PlanDevice> devices;
+  auto add = [&](const perfdb::DeviceRecord& rec) {
+    worker::PlanDevice d;
+    d.id = rec.id;
+    d.memory_bytes = rec.device.memory_bytes;
+    d.layout = worker::layout_rule(rec.device.backend);
+    d.name = rec.device.name + " #" + std::to_string(devices.size());
+    devices.push_back(std::move(d));
+  };
+  if (!cli.devices.empty()) {
+    for (const std::string& raw : split_on(cli.devices, ',')) {
+      const std::string name = trim(raw);
+      const std::vector<perfdb::DeviceRecord> found = db.find_devices(name);
+      if (found.empty()) {
+        std::string known;
+        for (const perfdb::DeviceRecord& r : db.devices()) {
+          if (known.find("'" + r.device.name + "'") == std::string::npos) {
+            known += (known.empty() ? "'" : ", '") + r.device.name + "'";
+          }
+        }
+        throw UsageError("--devices: no device named '" + name + "' in " + cli.db +
+                         " (known: " + (known.empty() ? "none" : known) + ")");
+      }
+      add(found.back());  // the newest registration of that name
+    }
+  } else {
+    for (const perfdb::DeviceRecord& r : db.devices()) {
+      if (!db.step_measurements(r.id, graph.signature(), "none").empty()) add(r);
+    }
+    if (devices.empty()) {
+      throw std::runtime_error(cli.db + " has no step measurements of this model (run `vtrain "
+                               "profile` with this config first)");
+    }
+  }
+  const int64_t batch = cli.batch > 0 ? cli.batch : cfg.train.batch;
+  const std::string policy = cli.policy.empty() ? cfg.balance.workspace : cli.policy;
+  const uint64_t limit =
+      cli.workspace.empty() ? cfg.balance.workspace_limit : config::parse_size(cli.workspace);
+  const balancer::BatchSplit split =
+      worker::plan_split(graph, db, devices, batch, split_options(cfg));
+  config::TrainingPlan plan =
+      worker::plan_workspaces(graph, db, devices, split, workspace_request(policy, limit));
+  std::fputs(worker::describe_plan(plan).c_str(), stdout);
+  if (!cli.out.empty()) {
+    config::save_plan(plan, cli.out);
+    std::printf("plan: wrote %s\n", cli.out.c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace vtrain::launcher

@@ -1,0 +1,36 @@
+// The plan of a training job (balance.split: auto, a workspace policy, or
+// --plan FILE) and the offline `vtrain balance` command.
+#pragma once
+
+#include <optional>
+#include <utility>
+
+#include "configs/config.h"
+#include "configs/plan.h"
+#include "launcher/cli.h"
+#include "worker/backend.h"
+#include "worker/communicator.h"
+#include "worker/graph.h"
+
+namespace vtrain::launcher {
+
+// Ranks whose devices are identical and on one host split the profiling
+// work: this rank's index among them and their number. Collective.
+std::pair<int, int> profile_share(worker::Communicator& comm, const worker::DeviceInfo& info);
+
+// The plan every rank follows, or nullopt when the config asks for none
+// (split even/manual with undivided workspaces and no --plan). Collective:
+// with --plan rank 0 reads the file; otherwise every rank profiles its device
+// into the perf DB, rank 0 solves the split and the workspace plan, and the
+// plan's text is broadcast. Throws ConfigError when the plan does not fit
+// the model, the rank count or the batch.
+std::optional<config::TrainingPlan> job_plan(const CliArgs& cli, const config::Config& cfg,
+                                             const worker::Graph& graph,
+                                             worker::Backend& backend,
+                                             worker::Communicator& comm,
+                                             const std::vector<int64_t>& fixed_split);
+
+// `vtrain balance`: prints (and with --out writes) a plan from the perf DB.
+int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph);
+
+}  // namespace vtrain::launcher
