@@ -39,9 +39,11 @@ balancer::BatchSplitOptions split_options(const config::Config& cfg) {
   return o;
 }
 
+// Undivided kernels take the fastest algorithm whose workspace fits the
+// limit, as plain cuDNN with a workspace limit would; they run one after
+// another, so they share one buffer of at most the limit.
 worker::WorkspaceRequest workspace_request(const std::string& policy, uint64_t limit) {
-  // Undivided kernels take their fastest algorithm, as plain cuDNN would.
-  return {policy, policy == "undivided" ? 0 : limit};
+  return {policy, limit};
 }
 
 // Per-rank batch sizes the profiler measures for a split: around B / ranks,

@@ -1,0 +1,84 @@
+#!/usr/bin/python3
+"""Workspace division vs undivided convolutions at the same workspace (issue 5).
+
+For each model: profile every conv kernel at every power-of-two micro-batch
+into a fresh perf DB, plan with `vtrain balance --policy wd --workspace M`
+and with `--policy undivided --workspace M` (every kernel's fastest single
+call that fits M, the buffer shared as kernels run one after another), then
+train with each plan, alternating, and print the medians of the measured
+step times, their ratio, and the plans' predicted conv-kernel time.
+
+  /usr/bin/python3 bench/bench_wd.py [--rounds 3] [--models vgg-small,alexnet]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        sys.exit("command failed (%d): %s\n%s" % (p.returncode, " ".join(cmd), p.stdout))
+    return p.stdout
+
+
+def step_ms(metrics, batch):
+    end = [json.loads(l) for l in open(metrics) if '"end"' in l][-1]
+    return 1000.0 * batch / end["images_per_second"]
+
+
+def kernel_ms(plan):
+    return sum(float(t) for t in re.findall(r"time_ms: ([0-9.e+-]+)", open(plan).read()))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vtrain", default=os.path.join(ROOT, "build", "vtrain"))
+    ap.add_argument("--models", default="vgg-small:1x28x28,alexnet:3x32x32")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--workspace", default="2MiB,16MiB")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    config = os.path.join(ROOT, "configs", "synthetic-lenet.yaml")
+    work = tempfile.mkdtemp(prefix="vtrain-wd.")
+    for spec in args.models.split(","):
+        model, shape = spec.split(":")
+        c, h, w = shape.split("x")
+        db = os.path.join(work, model + ".db")
+        sets = ["--progress", "off", "--set", "model.preset=" + model,
+                "--set", "data.shape=[%s,%s,%s]" % (c, h, w), "--set", "train.batch=%d" % args.batch,
+                "--set", "train.max_steps=%d" % args.steps, "--set", "train.evaluate=false",
+                "--set", "profile.db=" + db, "--set", "profile.batches=[%d]" % args.batch,
+                "--set", "profile.micro_batches=powerOfTwo", "--set", "profile.repeats=3"]
+        print("%s %s, batch %d: profiling ..." % (model, shape, args.batch), flush=True)
+        run([args.vtrain, "profile", config] + sets)
+        for limit in args.workspace.split(","):
+            plans, times = {}, {"wd": [], "undivided": []}
+            for policy in times:
+                plans[policy] = os.path.join(work, "%s-%s-%s.yaml" % (model, policy, limit))
+                run([args.vtrain, "balance", config, "--db", db, "--policy", policy,
+                     "--workspace", limit, "--out", plans[policy]] + sets)
+            for r in range(args.rounds):
+                for policy in times:
+                    metrics = os.path.join(work, "m.jsonl")
+                    if os.path.exists(metrics):
+                        os.remove(metrics)
+                    run([args.vtrain, "train", config, "--plan", plans[policy], "--metrics", metrics] + sets)
+                    times[policy].append(step_ms(metrics, args.batch))
+            u, d = statistics.median(times["undivided"]), statistics.median(times["wd"])
+            print("  workspace %-6s undivided %.1f ms/step, wd %.1f ms/step: %.2fx measured; "
+                  "predicted conv kernels %.1f vs %.1f ms (%.2fx)"
+                  % (limit, u, d, u / d, kernel_ms(plans["undivided"]), kernel_ms(plans["wd"]),
+                     kernel_ms(plans["undivided"]) / kernel_ms(plans["wd"])), flush=True)
+
+
+if __name__ == "__main__":
+    main()
