@@ -23,7 +23,7 @@ done
 packages=(
   build-essential cmake ninja-build pkg-config
   libyaml-cpp-dev libsqlite3-dev sqlite3 libglpk-dev glpk-utils
-  libopenmpi-dev openmpi-bin libdnnl-dev libgtest-dev zlib1g-dev
+  libopenmpi-dev openmpi-bin libdnnl-dev ocl-icd-opencl-dev libgtest-dev zlib1g-dev
   dataset-fashion-mnist
   munge slurmctld slurmd slurm-client
 )
