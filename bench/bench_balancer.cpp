@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_timing.h"
 #include "balancer/batch_split.h"
 #include "balancer/workspace_plan.h"
 
@@ -33,16 +34,7 @@ struct Settings {
   std::chrono::milliseconds glpk_limit{2000};   // per GLPK solve
 };
 
-double median_ms(int repeats, const std::function<void()>& run) {
-  std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) {
-    const auto start = Clock::now();
-    run();
-    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
+using vtrain::bench::median_ms;
 
 // ------------------------------------------------------------ WD instances
 

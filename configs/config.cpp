@@ -747,6 +747,15 @@ ConvConfig read_conv(const Field& field) {
   return conv;
 }
 
+MemoryConfig read_memory(const Field& field) {
+  const Section section(field);
+  section.allow({"policy", "planner"});
+  MemoryConfig memory;
+  if (Field f = section["policy"]) memory.policy = to_choice(f, {"none", "all", "conv", "dyn"});
+  if (Field f = section["planner"]) memory.planner = to_choice(f, {"pool", "static"});
+  return memory;
+}
+
 OutputConfig read_output(const Field& field) {
   const Section section(field);
   section.allow({"metrics", "progress", "plan"});
@@ -830,7 +839,7 @@ Config parse(const std::string& text, const std::string& file, const fs::path& f
 
   const Section top(Field(source, root, true, "", 0));
   top.allow({"model", "data", "train", "optimizer", "device", "conv", "output", "balance",
-             "checkpoint", "profile"});
+             "checkpoint", "profile", "memory"});
   Config config;
   config.path = file;
   const std::string why = "every config needs model and data sections";
@@ -844,6 +853,7 @@ Config parse(const std::string& text, const std::string& file, const fs::path& f
   if (Field f = top["balance"]) config.balance = read_balance(f, config.train);
   if (Field f = top["checkpoint"]) config.checkpoint = read_checkpoint(f);
   if (Field f = top["profile"]) config.profile = read_profile(f);
+  if (Field f = top["memory"]) config.memory = read_memory(f);
   if (config.profile.db.empty()) {
     config.profile.db = (file_dir / "perf.db").lexically_normal().string();
   }
@@ -1080,6 +1090,11 @@ std::string to_yaml(const Config& config) {
 
   out << YAML::Key << "conv" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "algorithm" << YAML::Value << config.conv.algorithm;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "policy" << YAML::Value << config.memory.policy;
+  out << YAML::Key << "planner" << YAML::Value << config.memory.planner;
   out << YAML::EndMap;
 
   out << YAML::Key << "output" << YAML::Value << YAML::BeginMap;

@@ -101,6 +101,11 @@ struct ConvConfig {
   std::string algorithm = "auto";  // "auto" or a backend algorithm name (cpu: direct, winograd, im2col_gemm)
 };
 
+struct MemoryConfig {
+  std::string policy = "none";    // vDNN: "none" (everything allocated once), "all", "conv", "dyn"
+  std::string planner = "pool";   // "pool" (best fit as requests come) or "static" (DSA plan)
+};
+
 struct OutputConfig {
   std::string metrics;            // JSON-lines metrics file; empty = none
   std::string progress = "auto";  // "auto" (live line on a TTY), "line" (log lines), "off"
@@ -119,6 +124,7 @@ struct Config {
   BalanceConfig balance;
   CheckpointConfig checkpoint;
   ProfileConfig profile;
+  MemoryConfig memory;
 };
 
 // Loads and validates `path`, applying `overrides` ("key.path=value", the

@@ -74,6 +74,8 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
       cli.db = value(a);
     } else if (a == "--plan" && cli.command == "train") {
       cli.plan = value(a);
+    } else if (a == "--trace" && cli.command == "train") {
+      cli.trace = value(a);
     } else if (a == "--config" && cli.command == "balance") {
       cli.config = value(a);
     } else if (a == "--batch" && cli.command == "balance") {
@@ -157,6 +159,8 @@ Options for train and check:
   --progress MODE        auto | line | off (output.progress)
   --resume               continue from the newest checkpoint in checkpoint.dir
   --plan FILE            (train) follow this plan (from `vtrain balance --out`)
+  --trace FILE           (train) Chrome trace of the first 20 steps (compute and
+                         memory streams, one process per rank)
   -h, --help             help for the command
 
 Several ranks: `mpirun -np N vtrain train CONFIG` (rank 0 logs and writes
@@ -169,6 +173,7 @@ Configs: see configs/*.yaml and README.md.
   }
   if (topic == "train") {
     return R"(vtrain train CONFIG [--set KEY=VALUE]... [--metrics FILE] [--progress MODE] [--resume]
+             [--plan FILE] [--trace FILE]
 mpirun -np N vtrain train CONFIG ...
 
 Trains the model in CONFIG on its data: every epoch draws a seeded shuffle,
@@ -192,6 +197,13 @@ position; --resume (checkpoint.resume: auto) continues from the newest. On
 SIGTERM or SIGUSR1 the run finishes its step, writes a checkpoint and exits
 with code 3.
 
+Memory (memory.policy): none allocates every tensor once; all / conv (vDNN)
+allocate layer by layer, release dead tensors and offload layer inputs (of
+every layer / of conv layers) to host memory during forward, prefetching
+them back in backward; dyn picks the fastest of those, and the convolution
+algorithms, that fits the device (device.memory_limit on the CPU).
+memory.planner: pool (best fit) or static (a DSA plan of the step's trace).
+
 Metrics (JSON lines, --metrics or output.metrics): one object per logged step
 ({"event": "step", ...}), one per epoch ({"event": "epoch", ...,
 "test_accuracy"}), and a final {"event": "end", "test_accuracy",
@@ -205,6 +217,10 @@ Options:
   --plan FILE            follow a plan (`vtrain balance --out`, or output.plan of
                          an earlier run); a plan for another model, rank count
                          or batch is an error
+  --trace FILE           write a Chrome trace (chrome://tracing, ui.perfetto.dev)
+                         of the first 20 steps: per layer the compute spans and
+                         the memory stream's offloads, prefetches and releases,
+                         and device bytes in use; one process per rank
 
 Exit codes: 0 success, 1 runtime failure (bad data file, out of memory, a
 failed rank, ...), 2 usage or config error, 3 stopped by a signal after

@@ -204,6 +204,9 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   options.momentum = static_cast<float>(cfg.optimizer.momentum);
   options.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
   options.conv_algorithm = cfg.conv.algorithm;
+  options.memory_policy = memory::parse_policy(cfg.memory.policy);
+  options.memory_planner = memory::parse_planner(cfg.memory.planner);
+  options.trace_path = cli.trace;
   options.metrics_path = cfg.output.metrics;
   options.progress = worker::Progress::parse_mode(cfg.output.progress);
   options.comm = gradient_comm.get();

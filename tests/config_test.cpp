@@ -387,7 +387,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
 TEST(ConfigErrorTest, UnknownTopLevelKey) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "trian:\n  batch: 3\n"),
             "t.yaml:5: trian: unknown key (allowed: model, data, train, optimizer, device, conv, "
-            "output, balance, checkpoint, profile)");
+            "output, balance, checkpoint, profile, memory)");
 }
 
 TEST(ConfigErrorTest, UnknownNestedKey) {
@@ -584,7 +584,7 @@ TEST(ConfigErrorTest, SetWithUnknownKey) {
   EXPECT_EQ(
       error_of(kMinimal, {"bogus.x=1"}),
       "--set bogus: unknown key (allowed: model, data, train, optimizer, device, conv, output, "
-      "balance, checkpoint, profile)");
+      "balance, checkpoint, profile, memory)");
 }
 
 TEST(ConfigErrorTest, SetValueIsValidatedLikeTheFile) {

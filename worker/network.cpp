@@ -5,7 +5,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <stdexcept>
+
+#include "memory/dynamic_policy.h"
+#include "memory/memory_error.h"
+#include "memory/simulator.h"
 
 namespace vtrain::worker {
 namespace {
@@ -210,6 +215,7 @@ class ConvLayer final : public Layer {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           fastest = rep == 0 ? t : std::min(fastest, t);
         }
+        seconds_[static_cast<int>(kind)][a.name] = fastest;
         if (&a == &options.front() || fastest < best) {
           best = fastest;
           choose(kind, a);
@@ -230,6 +236,30 @@ class ConvLayer final : public Layer {
     std::vector<float> host(static_cast<size_t>(param_count()));
     for (float& v : host) v = rng.uniform(bound);
     upload_floats(backend, host, params);
+  }
+  // For the memory part: one kernel's workspace with its chosen algorithm
+  // (0 when planned: its segment lies in the plan's buffer), the kernel's
+  // candidates with their tuned seconds (0 where not timed), and a choice
+  // among them by name (the dynamic policy's downgrade).
+  bool planned() const { return planned_; }
+  size_t kernel_workspace(ConvKind kind) const {
+    return planned_ ? 0 : chosen_[static_cast<int>(kind)].workspace_bytes;
+  }
+  std::vector<std::pair<ConvAlgoInfo, double>> timed_candidates(ConvKind kind) const {
+    std::vector<std::pair<ConvAlgoInfo, double>> out;
+    const auto& seconds = seconds_[static_cast<int>(kind)];
+    for (const ConvAlgoInfo& a : candidates_[static_cast<int>(kind)]) {
+      auto it = seconds.find(a.name);
+      out.push_back({a, it == seconds.end() ? 0.0 : it->second});
+    }
+    return out;
+  }
+  void choose_algorithm(ConvKind kind, const std::string& name) {
+    for (const ConvAlgoInfo& a : candidates_[static_cast<int>(kind)]) {
+      if (a.name == name) return choose(kind, a);
+    }
+    throw BackendError("layer '" + spec.name + "': no " + conv_kind_name(kind) +
+                       " candidate named '" + name + "'");
   }
   size_t workspace_bytes() override {
     if (planned_) return 0;  // its segments lie in the plan's buffer
@@ -343,6 +373,7 @@ class ConvLayer final : public Layer {
   ConvProblem problem_;
   std::vector<ConvAlgoInfo> candidates_[3];
   ConvAlgoInfo chosen_[3];
+  std::map<std::string, double> seconds_[3];      // tuned time per candidate, per kind
   bool planned_ = false;
   std::vector<ConvStep> steps_[3];                // planned calls per kind
   std::pair<uint64_t, uint64_t> segment_[3]{};    // planned (offset, bytes) per kind
@@ -613,88 +644,227 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
     layers_.push_back(std::move(layer));
   }
 
-  // Storage: one allocation per tensor, made once (the baseline policy).
-  auto alloc = [&](size_t bytes) {
-    void* p = backend.allocate_device(bytes);
-    allocations_.push_back(p);
-    return p;
-  };
-  try {
-    size_t largest = 0;
-    out_.assign(count, nullptr);
-    grad_.assign(count, nullptr);
-    for (int i = 0; i < count; ++i) {
-      out_[i] = static_cast<float*>(alloc(out_desc_[i].bytes()));
-      if (i != graph.input_index()) {
-        grad_[i] = static_cast<float*>(alloc(out_desc_[i].bytes()));
-      }
-      largest = std::max(largest, out_desc_[i].bytes());
-      if (size_t state = layers_[i]->state_bytes()) layers_[i]->bind_state(alloc(state));
+  // Parameter layout (the memory part allocates the buffers below).
+  for (int i = 0; i < count; ++i) {
+    if (const int64_t c = layers_[i]->param_count()) {
+      param_ranges_.push_back({i, param_count_, c});
+      param_count_ += c;
     }
-    scratch_grad_ = static_cast<float*>(alloc(largest));
-    labels_ = static_cast<int32_t*>(alloc(options.max_batch * sizeof(int32_t)));
-    for (int i = 0; i < count; ++i) {
-      if (const int64_t c = layers_[i]->param_count()) {
-        param_ranges_.push_back({i, param_count_, c});
-        param_count_ += c;
-      }
-      buffer_count_ += layers_[i]->buffer_count();
-    }
-    params_ = static_cast<float*>(alloc(std::max<int64_t>(param_count_, 1) * sizeof(float)));
-    grads_ = static_cast<float*>(alloc(std::max<int64_t>(param_count_, 1) * sizeof(float)));
-    buffers_ = static_cast<float*>(alloc(std::max<int64_t>(buffer_count_, 1) * sizeof(float)));
-    int64_t p = 0, b = 0;
-    for (int i = 0; i < count; ++i) {
-      layers_[i]->bind(params_ + p, grads_ + p, buffers_ + b);
-      p += layers_[i]->param_count();
-      b += layers_[i]->buffer_count();
-    }
-    if (options.conv_algorithm == "auto") tune_convolutions();
-    workspace_bytes_ = options.conv_executions.empty() ? 0 : options.conv_workspace_bytes;
-    for (const auto& layer : layers_) {
-      workspace_bytes_ = std::max(workspace_bytes_, layer->workspace_bytes());
-    }
-    if (workspace_bytes_ > 0) workspace_ = alloc(workspace_bytes_);
-  } catch (...) {
-    for (void* p : allocations_) backend.free_device(p);
-    throw;
+    buffer_count_ += layers_[i]->buffer_count();
   }
+  if (options.conv_algorithm == "auto") tune_convolutions();
+  plan_memory();
   grad_written_.assign(count, false);
 }
 
-void Network::tune_convolutions() {
-  size_t bytes = 0;
-  for (const auto& layer : layers_) {
-    if (auto* conv = dynamic_cast<ConvLayer*>(layer.get())) {
-      bytes = std::max(bytes, conv->candidate_workspace());
+namespace {
+
+// The memory part's view of a layer: what its backward reads and how it
+// writes input gradients. It must match the operators above; the
+// use-after-release tests (poisoned pool) check that it does.
+memory::LayerNode memory_node(const Graph& graph, int i, const TensorDesc& out, Layer& layer) {
+  const LayerSpec& spec = graph.layer(i);
+  memory::LayerNode node;
+  node.name = spec.name;
+  node.is_input = spec.type == LayerType::kInput;
+  node.is_conv = spec.type == LayerType::kConv;
+  node.inputs = graph.inputs(i);
+  node.output_bytes = out.bytes();
+  node.state_bytes = layer.state_bytes();
+  switch (spec.type) {
+    case LayerType::kInput: break;
+    case LayerType::kConv: {
+      auto& conv = static_cast<ConvLayer&>(layer);
+      node.backward_reads_inputs = true;
+      node.backward_accumulates = !conv.planned();  // see ConvLayer::backward
+      node.forward_workspace = conv.kernel_workspace(ConvKind::kForward);
+      node.backward_workspace = conv.kernel_workspace(ConvKind::kBackwardFilter);
+      if (graph.inputs(i)[0] != graph.input_index()) {  // backward-data runs
+        node.backward_workspace =
+            std::max(node.backward_workspace, conv.kernel_workspace(ConvKind::kBackwardData));
+      }
+      break;
     }
+    case LayerType::kRelu:
+      node.backward_reads_output = true;
+      node.backward_accumulates = false;
+      break;
+    case LayerType::kPool:
+      node.backward_reads_inputs = node.backward_reads_output = true;
+      node.backward_accumulates = false;
+      break;
+    case LayerType::kFc:
+      node.backward_reads_inputs = true;
+      node.backward_accumulates = false;
+      break;
+    case LayerType::kBatchNorm:
+      node.backward_reads_inputs = true;
+      node.backward_accumulates = false;
+      node.backward_needs_input_grad = true;
+      break;
+    case LayerType::kAdd:
+    case LayerType::kConcat: break;
   }
-  void* workspace = bytes > 0 ? backend_.allocate_device(bytes) : nullptr;
-  try {
-    // Timing runs on the network's own buffers; give them finite contents.
-    for (int i = 0; i < graph_.size(); ++i) {
-      backend_.fill(Tensor{out_desc_[i], out_[i]}, 0.01f);
-      if (grad_[i]) backend_.fill(Tensor{out_desc_[i], grad_[i]}, 0.01f);
-    }
-    const int64_t params = std::max<int64_t>(param_count_, 1);
-    backend_.fill(Tensor{{{params, 1, 1, 1}}, params_}, 0.01f);
-    for (int i = 0; i < graph_.size(); ++i) {
+  return node;
+}
+
+constexpr int kTensorKinds = 7;
+
+}  // namespace
+
+void Network::plan_memory() {
+  using memory::TensorKind;
+  const int count = graph_.size();
+  const bool planned_convs = !options_.conv_executions.empty();
+  model_.persistent = {
+      {"params", static_cast<size_t>(std::max<int64_t>(param_count_, 1)) * sizeof(float)},
+      {"grads", static_cast<size_t>(std::max<int64_t>(param_count_, 1)) * sizeof(float)},
+      {"buffers", static_cast<size_t>(std::max<int64_t>(buffer_count_, 1)) * sizeof(float)},
+      {"labels", static_cast<size_t>(options_.max_batch) * sizeof(int32_t)}};
+  if (planned_convs && options_.conv_workspace_bytes > 0) {
+    model_.persistent.push_back({"conv_workspace", options_.conv_workspace_bytes});
+  }
+  for (int i = 0; i < count; ++i) {
+    model_.layers.push_back(memory_node(graph_, i, out_desc_[i], *layers_[i]));
+  }
+
+  // What the schedule must fit: the pool's capacity.
+  capacity_ = options_.memory_capacity;
+  if (capacity_ == 0) {
+    const size_t device = backend_.device_info().memory_bytes;
+    const size_t used = backend_.device_bytes_in_use();
+    capacity_ = device > used ? device - used : 0;
+  }
+  const memory::Policy policy = options_.memory_policy;
+  const memory::Planner planner = options_.memory_planner;
+  policy_label_ = memory::policy_name(policy);
+  if (policy == memory::Policy::kDyn) {
+    // The kernels' candidates with their tuned times (Sec. III-C).
+    std::vector<memory::KernelChoices> kernels;
+    for (int i = 0; i < count; ++i) {
       auto* conv = dynamic_cast<ConvLayer*>(layers_[i].get());
-      if (!conv) continue;
-      const int in = graph_.inputs(i)[0];
-      const Tensor dx = grad_[in] ? Tensor{out_desc_[in], grad_[in]} : Tensor{};
-      conv->tune(backend_, {out_desc_[in], out_[in]}, {out_desc_[i], out_[i]},
-                 {out_desc_[i], grad_[i]}, dx, workspace, bytes, in == graph_.input_index());
+      if (!conv || conv->planned()) continue;
+      for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
+        if (kind == ConvKind::kBackwardData && graph_.inputs(i)[0] == graph_.input_index()) continue;
+        memory::KernelChoices k{i, kind, {}};
+        for (const auto& [a, seconds] : conv->timed_candidates(kind)) {
+          k.options.push_back({a.name, a.workspace_bytes, seconds});
+        }
+        kernels.push_back(std::move(k));
+      }
     }
-  } catch (...) {
-    if (workspace) backend_.free_device(workspace);
-    throw;
+    memory::DynamicDecision d = memory::choose_dynamic(model_, kernels, capacity_, planner);
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      static_cast<ConvLayer&>(*layers_[kernels[k].layer])
+          .choose_algorithm(kernels[k].kind, kernels[k].options[d.choice[k]].name);
+    }
+    memory::apply_choice(model_, kernels, d.choice);
+    schedule_ = memory::layer_wise_schedule(model_, d.offload);
+    simulation_ = std::move(d.simulation);
+    dynamic_log_ = std::move(d.log);
+    policy_label_ = "dyn (" + d.pass + ")";
+  } else {
+    schedule_ = memory::make_schedule(model_, policy);
+    simulation_ = memory::simulate(model_, schedule_, capacity_, planner);
   }
-  if (workspace) backend_.free_device(workspace);
+  const std::string where = options_.memory_capacity > 0
+                                ? "memory capacity " + memory::format_bytes(capacity_)
+                                : "capacity " + memory::format_bytes(capacity_) +
+                                      " (device.memory_limit or the device's memory, less " +
+                                      "what is in use)";
+  if (!simulation_.fits) {
+    throw memory::OutOfMemoryError("memory.policy " + policy_label_ + ": " + simulation_.failure +
+                                   "; " + where);
+  }
+
+  memory::DevicePoolOptions pool_options;
+  pool_options.planner = planner;
+  pool_options.poison_freed = options_.poison_freed;
+  pool_options.capacity_note = where;
+  pool_ = std::make_unique<memory::DevicePool>(backend_, simulation_.reservation, pool_options);
+  pinned_ = std::make_unique<memory::PinnedPool>(backend_, simulation_.host_bytes);
+  device_.assign(kTensorKinds, std::vector<void*>(std::max<size_t>(count, model_.persistent.size()),
+                                                  nullptr));
+  host_.assign(count, nullptr);
+  for (const memory::TensorId& id : schedule_.persistent) {
+    slot(id.kind, id.layer) =
+        pool_->allocate(memory::tensor_bytes(model_, id), memory::tensor_name(model_, id));
+  }
+  auto persistent = [&](int k) { return device_[static_cast<int>(TensorKind::kPersistent)][k]; };
+  params_ = static_cast<float*>(persistent(0));
+  grads_ = static_cast<float*>(persistent(1));
+  buffers_ = static_cast<float*>(persistent(2));
+  labels_ = static_cast<int32_t*>(persistent(3));
+  int64_t p = 0, b = 0;
+  for (int i = 0; i < count; ++i) {
+    layers_[i]->bind(params_ + p, grads_ + p, buffers_ + b);
+    p += layers_[i]->param_count();
+    b += layers_[i]->buffer_count();
+    if (void* state = slot(TensorKind::kState, i)) layers_[i]->bind_state(state);
+  }
+  if (planned_convs) {
+    workspace_bytes_ = options_.conv_workspace_bytes;
+    workspace_ = workspace_bytes_ > 0 ? persistent(4) : nullptr;
+  } else if (!schedule_.layer_wise) {
+    workspace_bytes_ = memory::tensor_bytes(model_, {TensorKind::kWorkspace, -1});
+    workspace_ = shared_workspace_;
+  }
+  if (planner == memory::Planner::kStatic) pool_->plan_from_trace(simulation_.step_trace);
+}
+
+void*& Network::slot(memory::TensorKind kind, int layer) {
+  if (layer < 0) {
+    return kind == memory::TensorKind::kWorkspace ? shared_workspace_ : shared_scratch_;
+  }
+  return device_[static_cast<int>(kind)][layer];
+}
+
+void Network::tune_convolutions() {
+  // Each conv layer is timed on buffers of its own, allocated for the
+  // tuning only (before the pool exists: its size depends on the outcome).
+  struct Buffers {
+    Backend& backend;
+    std::vector<void*> held;
+    ~Buffers() {
+      for (void* p : held) backend.free_device(p);
+    }
+    float* get(size_t bytes) {
+      held.push_back(backend.allocate_device(std::max<size_t>(bytes, sizeof(float))));
+      return static_cast<float*>(held.back());
+    }
+  };
+  for (int i = 0; i < graph_.size(); ++i) {
+    auto* conv = dynamic_cast<ConvLayer*>(layers_[i].get());
+    if (!conv) continue;
+    Buffers buf{backend_, {}};
+    const int in = graph_.inputs(i)[0];
+    const bool input_is_data = in == graph_.input_index();
+    const Tensor x{out_desc_[in], buf.get(out_desc_[in].bytes())};
+    const Tensor y{out_desc_[i], buf.get(out_desc_[i].bytes())};
+    const Tensor dy{out_desc_[i], buf.get(out_desc_[i].bytes())};
+    const Tensor dx = input_is_data ? Tensor{} : Tensor{out_desc_[in], buf.get(out_desc_[in].bytes())};
+    const int64_t params = std::max<int64_t>(conv->param_count(), 1);
+    float* w = buf.get(params * sizeof(float));
+    float* dw = buf.get(params * sizeof(float));
+    const size_t ws_bytes = conv->candidate_workspace();
+    void* ws = ws_bytes > 0 ? buf.get(ws_bytes) : nullptr;
+    // Finite contents: timing must not run on NaNs or denormals.
+    for (const Tensor& t : {x, y, dy}) backend_.fill(t, 0.01f);
+    if (dx.data) backend_.fill(dx, 0.01f);
+    backend_.fill(Tensor{{{params, 1, 1, 1}}, w}, 0.01f);
+    conv->bind(w, dw, nullptr);
+    conv->tune(backend_, x, y, dy, dx, ws, ws_bytes, input_is_data);
+    conv->bind(nullptr, nullptr, nullptr);
+  }
 }
 
 Network::~Network() {
-  for (void* p : allocations_) backend_.free_device(p);
+  try {
+    backend_.synchronize(StreamKind::kMemory);
+  } catch (...) {
+    // A failed copy was reported by the step that issued it.
+  }
+  // The pools return their reservations.
 }
 
 void Network::init_parameters(uint64_t seed) {
@@ -703,74 +873,289 @@ void Network::init_parameters(uint64_t seed) {
 }
 
 Tensor Network::input(int64_t n) const {
-  return view(out_desc_[graph_.input_index()], out_[graph_.input_index()], n);
+  const int data = graph_.input_index();
+  return view(out_desc_[data],
+              static_cast<float*>(device_[static_cast<int>(memory::TensorKind::kOutput)][data]), n);
 }
 
-void Network::forward(int64_t n, bool training) {
+void Network::forward_layer(int i, int64_t n, bool training) {
+  using memory::TensorKind;
+  void* ws = workspace_;
+  size_t ws_bytes = workspace_bytes_;
+  if (schedule_.layer_wise && options_.conv_executions.empty()) {
+    ws = slot(TensorKind::kWorkspace, i);
+    ws_bytes = model_.layers[i].forward_workspace;
+  }
+  StepContext ctx{backend_, n, {}, view(out_desc_[i], out(i), n), {}, ws, ws_bytes,
+                  {}, {}, {}, {}};
+  for (int in : graph_.inputs(i)) ctx.in.push_back(view(out_desc_[in], out(in), n));
+  layers_[i]->forward(ctx, training);
+}
+
+void Network::backward_layer(int i, int64_t n) {
+  using memory::TensorKind;
+  const std::vector<int>& inputs = graph_.inputs(i);
+  void* ws = workspace_;
+  size_t ws_bytes = workspace_bytes_;
+  float* scratch = static_cast<float*>(shared_scratch_);
+  if (schedule_.layer_wise) {
+    if (options_.conv_executions.empty()) {
+      ws = slot(TensorKind::kBackwardWorkspace, i);
+      ws_bytes = model_.layers[i].backward_workspace;
+    }
+    scratch = static_cast<float*>(slot(TensorKind::kScratch, i));
+  }
+  StepContext ctx{backend_, n, {}, view(out_desc_[i], out(i), n),
+                  view(out_desc_[i], grad(i), n), ws, ws_bytes, {}, {}, {}, {}};
+  for (int in : inputs) ctx.in.push_back(view(out_desc_[in], out(in), n));
+  auto scratch_for = [&](const TensorDesc& desc) {
+    if (!scratch) {
+      throw std::logic_error("layer '" + graph_.layer(i).name +
+                             "': the memory schedule gave its backward no scratch gradient");
+    }
+    return Tensor{desc, scratch};
+  };
+  ctx.needs_grad = [&](int k) { return inputs[k] != graph_.input_index(); };
+  ctx.scratch_like = [&](const Tensor& like) { return scratch_for(like.desc); };
+  ctx.emit_grad = [&](int k, bool can_accumulate,
+                      const std::function<void(const Tensor&, float)>& op) {
+    const int producer = inputs[k];
+    if (producer == graph_.input_index()) return;  // the data needs no gradient
+    const Tensor dx = view(out_desc_[producer], grad(producer), n);
+    if (!grad_written_[producer]) {
+      op(dx, 0.0f);
+    } else if (can_accumulate) {
+      op(dx, 1.0f);
+    } else {
+      const Tensor tmp = scratch_for(dx.desc);
+      op(tmp, 0.0f);
+      backend_.accumulate(tmp, dx, 1.0f);
+    }
+    grad_written_[producer] = true;
+  };
+  ctx.gradients_ready = [&, i] {
+    if (!on_gradients_ready) return;
+    for (const ParamRange& r : param_ranges_) {
+      if (r.layer == i) on_gradients_ready(r);
+    }
+  };
+  layers_[i]->backward(ctx);
+}
+
+void Network::trace_memory_ops() {
+  if (!trace_) return;
+  const double now = trace_->now_us();
+  for (const PendingCopy& c : pending_copies_) {
+    trace_->span("memory stream", std::string(c.kind) + " " + c.name, c.kind, c.start_us,
+                 now - c.start_us);
+  }
+  pending_copies_.clear();
+}
+
+LossStats Network::run(const std::vector<memory::Event>& events, int64_t n, bool training,
+                       float loss_scale) {
+  using memory::Op;
+  using memory::TensorKind;
   if (n < 1 || n > options_.max_batch) {
     throw std::invalid_argument("Network: batch " + std::to_string(n) + " outside [1, " +
                                 std::to_string(options_.max_batch) + "]");
   }
-  for (int i = 0; i < graph_.size(); ++i) {
-    StepContext ctx{backend_, n, {}, view(out_desc_[i], out_[i], n), {}, workspace_,
-                    workspace_bytes_, {}, {}, {}, {}};
-    for (int in : graph_.inputs(i)) ctx.in.push_back(view(out_desc_[in], out_[in], n));
-    layers_[i]->forward(ctx, training);
+  // Each memory operation belongs to the next layer call (timeline labels).
+  std::vector<int> owner(events.size(), 0);
+  for (size_t k = events.size(), next = events.size(); k-- > 0;) {
+    const Op op = events[k].op;
+    if (op == Op::kForward || op == Op::kLoss || op == Op::kBackward) next = k;
+    owner[k] = static_cast<int>(next == events.size() ? k : next);
   }
+  auto label = [&](const memory::Event& e) {
+    const std::string& name = graph_.layer(e.tensor.layer).name;
+    switch (e.op) {
+      case Op::kForward: return name + " forward";
+      case Op::kBackward: return name + " backward";
+      default: return std::string("loss");
+    }
+  };
+  LossStats stats;
+  std::string current;
+  auto trace_counter = [&] {
+    if (trace_) trace_->counter("device bytes in use", trace_->now_us(),
+                                static_cast<double>(pool_->bytes_in_use()));
+  };
+  for (size_t k = 0; k < events.size(); ++k) {
+    const memory::Event& e = events[k];
+    const std::string& layer_label = label(events[owner[k]]);
+    if (layer_label != current) {
+      current = layer_label;
+      pool_->set_label(current);
+    }
+    const int t = e.tensor.layer;
+    switch (e.op) {
+      case Op::kAlloc: {
+        void* p = pool_->allocate(memory::tensor_bytes(model_, e.tensor),
+                                  memory::tensor_name(model_, e.tensor));
+        slot(e.tensor.kind, t) = p;
+        if (e.tensor.kind == TensorKind::kState) layers_[t]->bind_state(p);
+        trace_counter();
+        break;
+      }
+      case Op::kFree: {
+        void*& p = slot(e.tensor.kind, t);
+        pool_->release(p);
+        p = nullptr;
+        if (trace_) {
+          trace_->instant("memory stream", "release " + memory::tensor_name(model_, e.tensor),
+                          "release", trace_->now_us());
+        }
+        trace_counter();
+        break;
+      }
+      case Op::kOffload: {
+        const Tensor y = view(out_desc_[t], out(t), n);
+        host_[t] = pinned_->allocate(y.bytes(), memory::tensor_name(model_, e.tensor));
+        // The copy starts once the compute stream has produced Y.
+        backend_.wait_event(StreamKind::kMemory, backend_.record_event(StreamKind::kCompute));
+        backend_.copy_async(host_[t], y.data, y.bytes(), StreamKind::kMemory);
+        offloaded_bytes_ += y.bytes();
+        if (trace_) {
+          pending_copies_.push_back({memory::tensor_name(model_, e.tensor), "offload", trace_->now_us()});
+        }
+        break;
+      }
+      case Op::kPrefetch: {
+        void* p = pool_->allocate(memory::tensor_bytes(model_, e.tensor),
+                                  memory::tensor_name(model_, e.tensor));
+        slot(TensorKind::kOutput, t) = p;
+        // The block may have held a tensor the compute stream was still reading.
+        backend_.wait_event(StreamKind::kMemory, backend_.record_event(StreamKind::kCompute));
+        backend_.copy_async(p, host_[t], view(out_desc_[t], nullptr, n).bytes(),
+                            StreamKind::kMemory);
+        if (trace_) {
+          pending_copies_.push_back({memory::tensor_name(model_, e.tensor), "prefetch", trace_->now_us()});
+        }
+        trace_counter();
+        break;
+      }
+      case Op::kSyncMemory:
+        backend_.synchronize(StreamKind::kMemory);
+        trace_memory_ops();
+        break;
+      case Op::kFreeHost:
+        pinned_->release(host_[t]);
+        host_[t] = nullptr;
+        break;
+      case Op::kForward:
+      case Op::kBackward: {
+        const double start = trace_ ? trace_->now_us() : 0;
+        if (e.op == Op::kForward) {
+          forward_layer(t, n, training);
+        } else {
+          backward_layer(t, n);
+        }
+        if (trace_) {
+          backend_.synchronize(StreamKind::kCompute);  // the span covers the work, not its issue
+          trace_->span("compute", current, e.op == Op::kForward ? "forward" : "backward", start,
+                       trace_->now_us() - start);
+        }
+        break;
+      }
+      case Op::kLoss: {
+        const Tensor logits = view(out_desc_[t], out(t), n);
+        if (training) {
+          const Tensor dlogits = view(out_desc_[t], grad(t), n);
+          stats = backend_.softmax_cross_entropy(logits, labels_, loss_scale, &dlogits);
+          grad_written_[t] = true;
+        } else {
+          stats = backend_.softmax_cross_entropy(logits, labels_, loss_scale, nullptr);
+        }
+        break;
+      }
+    }
+  }
+  return stats;
 }
 
-void Network::backward(int64_t n) {
-  std::fill(grad_written_.begin(), grad_written_.end(), false);
-  grad_written_[graph_.sink_index()] = true;  // written by the loss
-  for (int i = graph_.size() - 1; i > graph_.input_index(); --i) {
-    const std::vector<int>& inputs = graph_.inputs(i);
-    StepContext ctx{backend_, n, {}, view(out_desc_[i], out_[i], n),
-                    view(out_desc_[i], grad_[i], n), workspace_, workspace_bytes_,
-                    {}, {}, {}, {}};
-    for (int in : inputs) ctx.in.push_back(view(out_desc_[in], out_[in], n));
-    ctx.needs_grad = [&](int k) { return inputs[k] != graph_.input_index(); };
-    ctx.scratch_like = [&](const Tensor& like) { return Tensor{like.desc, scratch_grad_}; };
-    ctx.emit_grad = [&](int k, bool can_accumulate,
-                        const std::function<void(const Tensor&, float)>& op) {
-      const int producer = inputs[k];
-      if (producer == graph_.input_index()) return;  // the data needs no gradient
-      const Tensor dx = view(out_desc_[producer], grad_[producer], n);
-      if (!grad_written_[producer]) {
-        op(dx, 0.0f);
-      } else if (can_accumulate) {
-        op(dx, 1.0f);
-      } else {
-        const Tensor tmp{dx.desc, scratch_grad_};
-        op(tmp, 0.0f);
-        backend_.accumulate(tmp, dx, 1.0f);
-      }
-      grad_written_[producer] = true;
-    };
-    ctx.gradients_ready = [&, i] {
-      if (!on_gradients_ready) return;
-      for (const ParamRange& r : param_ranges_) {
-        if (r.layer == i) on_gradients_ready(r);
-      }
-    };
-    layers_[i]->backward(ctx);
+void Network::abandon_step() {
+  try {
+    backend_.synchronize(StreamKind::kMemory);
+  } catch (...) {
+    // The step's own error is the one to report.
   }
+  pending_copies_.clear();
+  // Everything the schedule allocates per step goes back to the pools.
+  std::vector<std::vector<bool>> keep(kTensorKinds,
+                                      std::vector<bool>(device_[0].size(), false));
+  bool keep_shared_ws = false, keep_shared_scratch = false;
+  for (const memory::TensorId& id : schedule_.persistent) {
+    if (id.layer < 0) {
+      (id.kind == memory::TensorKind::kWorkspace ? keep_shared_ws : keep_shared_scratch) = true;
+    } else {
+      keep[static_cast<int>(id.kind)][id.layer] = true;
+    }
+  }
+  for (int kind = 0; kind < kTensorKinds; ++kind) {
+    for (size_t l = 0; l < device_[kind].size(); ++l) {
+      if (device_[kind][l] && !keep[kind][l]) {
+        pool_->release(device_[kind][l]);
+        device_[kind][l] = nullptr;
+      }
+    }
+  }
+  for (void*& h : host_) {
+    if (h) pinned_->release(h);
+    h = nullptr;
+  }
+  if (pool_->in_step()) pool_->end_step();
 }
 
 LossStats Network::train_step(int64_t n, float loss_scale) {
-  forward(n, /*training=*/true);
-  const int sink = graph_.sink_index();
-  const Tensor dlogits = view(out_desc_[sink], grad_[sink], n);
-  const LossStats stats = backend_.softmax_cross_entropy(view(out_desc_[sink], out_[sink], n),
-                                                         labels_, loss_scale, &dlogits);
-  backward(n);
+  std::fill(grad_written_.begin(), grad_written_.end(), false);
+  offloaded_bytes_ = 0;
+  pool_->begin_step();
+  LossStats stats;
+  try {
+    stats = run(schedule_.train, n, /*training=*/true, loss_scale);
+  } catch (...) {
+    abandon_step();
+    throw;
+  }
+  pool_->end_step();
   return stats;
 }
 
 LossStats Network::evaluate(int64_t n) {
-  forward(n, /*training=*/false);
-  const int sink = graph_.sink_index();
-  return backend_.softmax_cross_entropy(view(out_desc_[sink], out_[sink], n), labels_, 1.0f,
-                                        nullptr);
+  try {
+    return run(schedule_.evaluate, n, /*training=*/false, 1.0f);
+  } catch (...) {
+    abandon_step();
+    throw;
+  }
+}
+
+MemoryStats Network::memory_stats() const {
+  MemoryStats s;
+  s.policy = policy_label_;
+  s.offload = schedule_.layer_wise ? memory::offload_name(schedule_.offload) : "none";
+  s.planner = memory::planner_name(pool_->planner());
+  s.capacity = capacity_;
+  s.reservation = pool_->reservation();
+  s.persistent_bytes = simulation_.persistent_bytes;
+  s.in_use = pool_->bytes_in_use();
+  s.peak = pool_->peak_bytes();
+  s.step_peak = pool_->step_peak_bytes();
+  s.step_average = pool_->step_average_bytes();
+  s.host_reservation = pinned_->reservation();
+  s.offloaded_bytes = offloaded_bytes_;
+  s.dynamic_log = dynamic_log_;
+  s.static_plan = pool_->static_plan();
+  return s;
+}
+
+const std::vector<memory::TimelineSample>& Network::memory_timeline() const {
+  return pool_->timeline();
+}
+
+const std::vector<memory::DsaBlock>& Network::last_step_trace() const {
+  return pool_->last_step_trace();
 }
 
 std::vector<float> Network::download_parameters() const {

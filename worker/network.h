@@ -6,9 +6,15 @@
 // out layer by layer in graph order, so an optimizer or an allreduce can work
 // on the whole model (or on contiguous per-layer ranges) at once.
 //
-// Storage policy: every activation and gradient is allocated once for the
-// largest batch (the vDNN paper's network-wide baseline); smaller batches use
-// the leading samples. The memory part replaces this policy later.
+// Storage: every tensor (activations, their gradients, parameters,
+// gradients, workspace, state) comes from one device pool of the memory part
+// (memory/), reserved once at construction and sized by simulating the
+// step's schedule. Tensors are sized for the largest batch; smaller batches
+// use the leading samples. memory_policy chooses the schedule: `none`
+// allocates everything once (the vDNN paper's network-wide baseline); `all`,
+// `conv` and `dyn` allocate layer by layer, release dead tensors, offload
+// inputs to pinned host memory on the memory stream and prefetch them back
+// in backward (memory/vdnn_plan.h). Every policy computes the same numbers.
 #pragma once
 
 #include <array>
@@ -19,6 +25,11 @@
 #include <string>
 #include <vector>
 
+#include "memory/chrome_trace.h"
+#include "memory/device_pool.h"
+#include "memory/pinned_pool.h"
+#include "memory/simulator.h"
+#include "memory/vdnn_plan.h"
 #include "worker/backend.h"
 #include "worker/graph.h"
 
@@ -89,6 +100,32 @@ struct NetworkOptions {
   // the buffer the kernels' segments lie in.
   std::vector<ConvLayerExecution> conv_executions;
   uint64_t conv_workspace_bytes = 0;
+
+  // Memory (memory.policy, memory.planner in the config).
+  memory::Policy memory_policy = memory::Policy::kNone;
+  memory::Planner memory_planner = memory::Planner::kPool;
+  size_t memory_capacity = 0;  // device bytes the pool may reserve; 0 = the device's memory
+                               // (device.memory_limit on the CPU) less what is in use
+  bool poison_freed = false;   // tests: fill released memory with NaN so a read after
+                               // release changes the results
+};
+
+// What the memory part is doing for a network.
+struct MemoryStats {
+  std::string policy;           // "none", "all", "conv", or "dyn" with the pass it chose
+  std::string offload;          // what is offloaded: "none", "conv" or "all"
+  std::string planner;          // "pool" or "static"
+  size_t capacity = 0;          // bytes the schedule had to fit
+  size_t reservation = 0;       // device bytes the pool reserved
+  size_t persistent_bytes = 0;  // of it, allocated once (parameters, gradients, data, ...)
+  size_t in_use = 0;            // bytes in use now
+  size_t peak = 0;              // most bytes in use since construction
+  size_t step_peak = 0;         // most bytes in use during the last training step
+  double step_average = 0;      // bytes in use during it, time-weighted
+  size_t host_reservation = 0;  // pinned host bytes for offloads
+  size_t offloaded_bytes = 0;   // copied to the host in the last training step
+  std::vector<std::string> dynamic_log;  // dyn: one line per simulated pass
+  memory::StaticPlanReport static_plan;
 };
 
 // Descriptors of every layer's output at batch n: the layout each gets on
@@ -154,8 +191,21 @@ class Network {
   std::vector<float> download_buffers() const;
   void upload_buffers(const std::vector<float>& values);
 
-  // Bytes of the shared convolution workspace.
+  // Bytes of the shared convolution workspace (policy none, or a plan's
+  // buffer); under the layer-wise policies each conv call gets its own.
   size_t workspace_bytes() const { return workspace_bytes_; }
+
+  MemoryStats memory_stats() const;
+  // Every allocation and release of the last training step, labelled with
+  // the layer, for plots.
+  const std::vector<memory::TimelineSample>& memory_timeline() const;
+  const memory::MemoryModel& memory_model() const { return model_; }
+  const memory::Schedule& memory_schedule() const { return schedule_; }
+  // The alloc/free trace of the last training step (for the DSA planner).
+  const std::vector<memory::DsaBlock>& last_step_trace() const;
+  // Records compute and memory-stream events of the following steps into
+  // `trace` (null: stop). The trace must outlive the network's use of it.
+  void set_trace(memory::ChromeTrace* trace) { trace_ = trace; }
   // "conv1: Forward=direct BackwardData=direct BackwardFilter=direct" lines.
   std::vector<std::string> algorithm_summary() const;
 
@@ -163,18 +213,26 @@ class Network {
 
  private:
   void tune_convolutions();
-  void forward(int64_t n, bool training);
-  void backward(int64_t n);
+  void plan_memory();
+  // Executes a schedule's events: memory operations and layer calls.
+  LossStats run(const std::vector<memory::Event>& events, int64_t n, bool training,
+                float loss_scale);
+  void forward_layer(int i, int64_t n, bool training);
+  void backward_layer(int i, int64_t n);
+  // The device memory of a tensor now (null when it is not on the device).
+  void*& slot(memory::TensorKind kind, int layer);
+  float* out(int i) { return static_cast<float*>(slot(memory::TensorKind::kOutput, i)); }
+  float* grad(int i) { return static_cast<float*>(slot(memory::TensorKind::kGradient, i)); }
+  // Releases whatever a failed step left allocated.
+  void abandon_step();
+  void trace_memory_ops();
 
   const Graph& graph_;
   Backend& backend_;
   NetworkOptions options_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<TensorDesc> out_desc_;  // per layer, at max batch
-  std::vector<float*> out_;           // activations
-  std::vector<float*> grad_;          // gradients of activations (null for the input)
   std::vector<bool> grad_written_;    // per step: gradient holds a value already
-  float* scratch_grad_ = nullptr;     // for ops that cannot accumulate in place
   int32_t* labels_ = nullptr;
   float* params_ = nullptr;
   float* grads_ = nullptr;
@@ -182,9 +240,31 @@ class Network {
   int64_t param_count_ = 0;
   int64_t buffer_count_ = 0;
   std::vector<ParamRange> param_ranges_;
-  void* workspace_ = nullptr;
+  void* workspace_ = nullptr;         // shared: policy none, or a plan's buffer
   size_t workspace_bytes_ = 0;
-  std::vector<void*> allocations_;
+
+  // Memory part.
+  memory::MemoryModel model_;
+  memory::Schedule schedule_;
+  memory::Simulation simulation_;
+  std::string policy_label_;
+  std::vector<std::string> dynamic_log_;
+  size_t capacity_ = 0;
+  std::unique_ptr<memory::DevicePool> pool_;
+  std::unique_ptr<memory::PinnedPool> pinned_;
+  std::vector<std::vector<void*>> device_;  // per TensorKind, per layer (or persistent index)
+  void* shared_workspace_ = nullptr;        // TensorKind::kWorkspace, layer -1
+  void* shared_scratch_ = nullptr;          // TensorKind::kScratch, layer -1
+  std::vector<void*> host_;                 // per layer: its offloaded Y in pinned memory
+  size_t offloaded_bytes_ = 0;              // this step
+  // Memory-stream copies issued since the last sync (for the trace).
+  struct PendingCopy {
+    std::string name;
+    const char* kind;
+    double start_us;
+  };
+  std::vector<PendingCopy> pending_copies_;
+  memory::ChromeTrace* trace_ = nullptr;
 };
 
 }  // namespace vtrain::worker

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 
@@ -166,7 +168,15 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
   net_options.conv_algorithm = options.conv_algorithm;
   net_options.conv_executions = options.conv_executions;
   net_options.conv_workspace_bytes = options.conv_workspace_bytes;
+  net_options.memory_policy = options.memory_policy;
+  net_options.memory_planner = options.memory_planner;
   Network net(graph, backend, net_options);
+  std::unique_ptr<memory::ChromeTrace> trace;
+  if (!options.trace_path.empty()) {
+    trace = std::make_unique<memory::ChromeTrace>(
+        rank, format("rank %d (%s)", rank, backend.device_info().backend.c_str()));
+    net.set_trace(trace.get());
+  }
   net.init_parameters(options.seed);
   Sgd sgd(backend, net.parameter_count(), options.momentum, options.weight_decay);
   LrSchedule schedule = options.schedule;
@@ -186,6 +196,14 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
                        mib(backend.device_bytes_in_use()).c_str(),
                        mib(net.workspace_bytes()).c_str()));
   for (const std::string& line : net.algorithm_summary()) progress.line("  " + line);
+  {
+    const MemoryStats m = net.memory_stats();
+    progress.line(format("memory: policy %s, planner %s; pool %s reserved of %s (%s persistent), "
+                         "pinned host %s",
+                         m.policy.c_str(), m.planner.c_str(), mib(m.reservation).c_str(),
+                         mib(m.capacity).c_str(), mib(m.persistent_bytes).c_str(),
+                         mib(m.host_reservation).c_str()));
+  }
 
   TrainResult result;
   int64_t start_epoch = 0, start_in_epoch = 0, step = 0;
@@ -310,6 +328,7 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
       const double lr = schedule.at(step);
       sgd.step(net.parameters(), net.gradients(), static_cast<float>(lr));
       ++step;
+      if (trace && step - first_step == options.trace_steps) net.set_trace(nullptr);
       const double elapsed = seconds_since(step_start);
       if (step > first_step + 1) {  // the first step also creates every primitive
         train_seconds += elapsed;
@@ -337,7 +356,10 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
                           .add("accuracy", accuracy)
                           .add("lr", lr)
                           .add("images_per_second", ips)
-                          .add("device_bytes", static_cast<int64_t>(backend.device_bytes_in_use())));
+                          .add("device_bytes", static_cast<int64_t>(backend.device_bytes_in_use()))
+                          .add("memory_step_peak_bytes",
+                               static_cast<int64_t>(net.memory_stats().step_peak))
+                          .add("memory_step_average_bytes", net.memory_stats().step_average));
       }
       if (totals.stop) {
         stop = true;
@@ -392,6 +414,21 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
   result.images_per_second =
       train_seconds > 0 ? static_cast<double>(timed_images) / train_seconds : 0;
   result.peak_device_bytes = backend.device_bytes_peak();
+  result.memory = net.memory_stats();
+  if (trace) {
+    net.set_trace(nullptr);
+    // One file, one process per rank: rank 0 gathers and writes it.
+    std::vector<std::string> parts =
+        comm && ranks > 1 ? comm->gather(trace->events_json(), 0)
+                          : std::vector<std::string>{trace->events_json()};
+    if (leader) {
+      std::ofstream out(options.trace_path, std::ios::binary | std::ios::trunc);
+      out << memory::merge_chrome_traces(parts);
+      out.close();
+      if (!out) throw std::runtime_error("cannot write the trace file '" + options.trace_path + "'");
+      progress.line("trace: " + options.trace_path);
+    }
+  }
   if (comm) {
     result.allreduce_seconds = comm->allreduce_seconds();
     result.allreduce_exposed_seconds = comm->wait_seconds();
@@ -407,6 +444,9 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
       .add("final_loss", result.final_loss)
       .add("images_per_second", result.images_per_second)
       .add("peak_device_bytes", static_cast<int64_t>(result.peak_device_bytes))
+      .add("memory_policy", result.memory.policy)
+      .add("memory_step_peak_bytes", static_cast<int64_t>(result.memory.step_peak))
+      .add("memory_step_average_bytes", result.memory.step_average)
       .add("ranks", static_cast<int64_t>(ranks))
       .add("allreduce_seconds", result.allreduce_seconds)
       .add("allreduce_exposed_seconds", result.allreduce_exposed_seconds);
@@ -421,6 +461,11 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
                        100.0 * std::max(0.0, 1.0 - result.allreduce_exposed_seconds /
                                                        result.allreduce_seconds));
   }
+  progress.line(format("memory: last step peak %s, average %s, offloaded %s; pool reserved %s",
+                       mib(result.memory.step_peak).c_str(),
+                       mib(static_cast<size_t>(result.memory.step_average)).c_str(),
+                       mib(result.memory.offloaded_bytes).c_str(),
+                       mib(result.memory.reservation).c_str()));
   progress.line(format("done: %lld steps, %.0f img/s, peak device memory %s%s%s",
                        static_cast<long long>(result.steps), result.images_per_second,
                        mib(result.peak_device_bytes).c_str(),

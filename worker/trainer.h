@@ -32,6 +32,14 @@ struct TrainerOptions {
   // empty = conv_algorithm, undivided.
   std::vector<ConvLayerExecution> conv_executions;
   uint64_t conv_workspace_bytes = 0;
+  // Memory (memory.policy and memory.planner in the config; see network.h).
+  memory::Policy memory_policy = memory::Policy::kNone;
+  memory::Planner memory_planner = memory::Planner::kPool;
+  // Chrome trace (vtrain train --trace FILE): compute and memory-stream
+  // events of the first trace_steps steps of every rank, one process per
+  // rank, written by rank 0 at the end. Empty = none.
+  std::string trace_path;
+  int64_t trace_steps = 20;
   std::string metrics_path;      // JSON lines; empty = none (written by rank 0)
   Progress::Mode progress = Progress::Mode::kLines;  // rank 0; other ranks stay quiet
 
@@ -65,6 +73,7 @@ struct TrainResult {
   double test_loss = -1;
   double images_per_second = 0;       // training steps only (evaluation excluded)
   size_t peak_device_bytes = 0;
+  MemoryStats memory;                 // the network's memory part after the last step
   std::vector<double> step_losses;    // global mean loss of every step run
   int stopped_by_signal = 0;          // the signal that stopped the run early, or 0
   std::string resumed_from;           // checkpoint the run continued from, if any

@@ -1,0 +1,264 @@
+// Device memory and step time of the vDNN policies (memory/) on the CPU
+// backend, the figures of the vDNN paper's Sec. V-A and V-C at a small
+// batch: for each network, each policy's most and mean (time-weighted)
+// device bytes in use during a training step, its step time, and the
+// reduction against the network-wide baseline `none` (the paper reports an
+// 89-95% mean reduction; vDNN_conv close to the baseline's speed where the
+// copies hide behind compute). Then the DSA planner on the same step traces
+// (best fit vs the lower bound vs the pool), and the largest VGG (vgg416)
+// trained for a few steps under a memory limit far below its `none` need.
+//
+//   bench_memory [--nets alexnet,googlenet,vgg16,resnet50] [--size 224] [--batch 2]
+//                [--steps 3] [--algorithm direct] [--deep-size 32] [--deep-steps 3]
+//                [--trace-dir DIR]
+//
+// dyn runs under a capacity between vDNN_conv's and the baseline's need, so
+// that it has to choose. --trace-dir writes one Chrome trace per network and
+// policy (scripts/plot_memory.py draws their memory timelines). Exit status
+// 0 whatever the figures: a measurement, not a test.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "memory/chrome_trace.h"
+#include "memory/dsa.h"
+#include "memory/free_list.h"
+#include "memory/simulator.h"
+#include "worker/backend.h"
+#include "worker/graph.h"
+#include "worker/network.h"
+#include "worker/optimizer.h"
+
+namespace {
+
+using namespace vtrain;
+using Clock = std::chrono::steady_clock;
+
+struct Settings {
+  std::vector<std::string> nets = {"alexnet", "googlenet", "vgg16", "resnet50"};
+  int64_t size = 224;              // input side (3 x size x size)
+  int64_t batch = 2;
+  int steps = 3;                   // timed steps after one warm-up step
+  std::string algorithm = "direct";  // conv.algorithm ("auto" times every candidate)
+  int64_t deep_size = 64;          // vgg416's input side (0: skip it)
+  int64_t deep_batch = 1;
+  int deep_steps = 2;
+  std::string trace_dir;           // one Chrome trace per run; empty = none
+};
+
+double mib(double bytes) { return bytes / 1048576.0; }
+
+struct Run {
+  std::string policy;
+  size_t step_peak = 0;
+  double step_average = 0;
+  size_t reservation = 0;
+  size_t offloaded = 0;
+  double step_ms = 0;
+  std::vector<memory::DsaBlock> trace;
+};
+
+
+Run train(worker::Backend& backend, const worker::Graph& graph, const Settings& s,
+          memory::Policy policy, size_t capacity, int steps, const std::string& trace_path) {
+  worker::NetworkOptions o;
+  o.max_batch = s.batch;
+  o.conv_algorithm = s.algorithm;
+  o.memory_policy = policy;
+  o.memory_capacity = capacity;
+  worker::Network net(graph, backend, o);
+  net.init_parameters(1);
+  worker::Sgd sgd(backend, net.parameter_count(), 0.9f, 0.0f);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const worker::Tensor in = net.input(s.batch);
+  std::vector<float> x(static_cast<size_t>(in.shape().elements()));
+  for (float& v : x) v = dist(rng);
+  backend.upload(x.data(), in);
+  std::vector<int32_t> labels(static_cast<size_t>(s.batch));
+  for (auto& l : labels) l = static_cast<int32_t>(rng() % graph.classes());
+  backend.upload_labels(labels.data(), net.labels(), s.batch);
+  std::unique_ptr<memory::ChromeTrace> trace;
+  std::vector<double> times;
+  for (int step = 0; step <= steps; ++step) {
+    if (step == 1 && !trace_path.empty()) {
+      trace = std::make_unique<memory::ChromeTrace>(0, memory::policy_name(policy));
+      net.set_trace(trace.get());
+    }
+    const auto start = Clock::now();
+    net.train_step(s.batch, 1.0f / static_cast<float>(s.batch));
+    sgd.step(net.parameters(), net.gradients(), 0.01f);
+    backend.synchronize(worker::StreamKind::kCompute);
+    if (step > 0) {  // the first step creates every primitive
+      times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    }
+  }
+  if (trace) trace->write(trace_path);
+  std::sort(times.begin(), times.end());
+  const worker::MemoryStats st = net.memory_stats();
+  return {st.policy, st.step_peak, st.step_average, st.reservation, st.offloaded_bytes,
+          times[times.size() / 2], net.last_step_trace()};
+}
+
+// What the baseline would reserve, from the network's own memory model.
+size_t baseline_need(worker::Backend& backend, const worker::Graph& graph, const Settings& s) {
+  worker::NetworkOptions o;
+  o.max_batch = s.batch;
+  o.conv_algorithm = "direct";
+  o.memory_policy = memory::Policy::kAll;
+  const worker::Network net(graph, backend, o);
+  const memory::MemoryModel& m = net.memory_model();
+  return memory::simulate(m, memory::make_schedule(m, memory::Policy::kNone), 0,
+                          memory::Planner::kPool)
+      .reservation;
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings s;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--nets") {
+      s.nets = split_list(next());
+    } else if (arg == "--size") {
+      s.size = std::atoll(next().c_str());
+    } else if (arg == "--batch") {
+      s.batch = std::atoll(next().c_str());
+    } else if (arg == "--steps") {
+      s.steps = std::max(1, std::atoi(next().c_str()));
+    } else if (arg == "--algorithm") {
+      s.algorithm = next();
+    } else if (arg == "--deep-size") {
+      s.deep_size = std::atoll(next().c_str());
+    } else if (arg == "--deep-batch") {
+      s.deep_batch = std::atoll(next().c_str());
+    } else if (arg == "--deep-steps") {
+      s.deep_steps = std::atoi(next().c_str());
+    } else if (arg == "--trace-dir") {
+      s.trace_dir = next();
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_memory [--nets a,b] [--size N] [--batch B] [--steps N] "
+                   "[--algorithm NAME] [--deep-size N] [--deep-steps N] [--trace-dir DIR]\n");
+      return 2;
+    }
+  }
+  try {
+    const auto backend = worker::make_backend({.kind = "cpu"});
+    std::printf("vDNN policies on the CPU backend (%d threads), 3x%lldx%lld, batch %lld, "
+                "conv.algorithm %s; step time = median of %d steps\n",
+                backend->device_info().threads, static_cast<long long>(s.size),
+                static_cast<long long>(s.size), static_cast<long long>(s.batch),
+                s.algorithm.c_str(), s.steps);
+    std::vector<std::pair<std::string, std::vector<Run>>> all_runs;
+    for (const std::string& name : s.nets) {
+      const worker::Shape input{1, 3, s.size, s.size};
+      const worker::Graph graph =
+          worker::Graph::build(worker::preset_layers(name, {input, 1000}), input);
+      std::printf("\n%s (%d layers):\n", name.c_str(), graph.size());
+      std::vector<Run> runs;
+      size_t conv_need = 0, none_need = 0;
+      for (memory::Policy p : {memory::Policy::kNone, memory::Policy::kConv, memory::Policy::kAll,
+                               memory::Policy::kDyn}) {
+        size_t capacity = 0;
+        if (p == memory::Policy::kDyn) capacity = (conv_need + none_need) / 2;
+        const std::string trace_path =
+            s.trace_dir.empty() ? ""
+                                : s.trace_dir + "/" + name + "-" + memory::policy_name(p) + ".json";
+        Run r = train(*backend, graph, s, p, capacity, s.steps, trace_path);
+        if (p == memory::Policy::kNone) none_need = r.reservation;
+        if (p == memory::Policy::kConv) conv_need = r.reservation;
+        const Run& base = runs.empty() ? r : runs.front();
+        std::printf("  %-44s max %9.1f MiB (-%4.1f%%)  avg %9.1f MiB (-%4.1f%%)  step %8.1f ms "
+                    "(%5.2fx)  offloaded %8.1f MiB%s\n",
+                    r.policy.c_str(), mib(r.step_peak),
+                    100.0 * (1.0 - static_cast<double>(r.step_peak) / base.step_peak),
+                    mib(r.step_average), 100.0 * (1.0 - r.step_average / base.step_average),
+                    r.step_ms, r.step_ms / base.step_ms, mib(r.offloaded),
+                    p == memory::Policy::kDyn
+                        ? (" (capacity " + std::to_string(static_cast<long long>(mib(capacity))) +
+                           " MiB)")
+                              .c_str()
+                        : "");
+        runs.push_back(std::move(r));
+      }
+      all_runs.push_back({name, std::move(runs)});
+    }
+
+    std::printf("\nDSA static planning on the same step traces (bytes above the persistent "
+                "tensors):\n");
+    for (const auto& [name, runs] : all_runs) {
+      for (const Run& r : runs) {
+        if (r.trace.empty()) continue;
+        const auto start = Clock::now();
+        const std::vector<size_t> offsets = memory::dsa_best_fit(r.trace);
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+        const double lb = static_cast<double>(memory::dsa_lower_bound(r.trace));
+        const double peak = static_cast<double>(memory::dsa_peak(r.trace, offsets));
+        const double pool = static_cast<double>(memory::dsa_pool_span(r.trace));
+        std::printf("  %-10s %-44s %5zu blocks: lower bound %8.1f MiB, best fit %.3fx, pool "
+                    "%.3fx, plan %.2f ms\n",
+                    name.c_str(), r.policy.c_str(), r.trace.size(), mib(lb), peak / lb, pool / lb,
+                    ms);
+      }
+    }
+
+    // The largest VGG under a memory limit far below its baseline need.
+    const worker::Shape deep_input{1, 3, s.deep_size, s.deep_size};
+    const worker::Graph deep =
+        worker::Graph::build(worker::preset_layers("vgg416", {deep_input, 10}), deep_input);
+    Settings ds = s;
+    ds.size = s.deep_size;
+    const size_t need = baseline_need(*backend, deep, ds);
+    const size_t limit = need / 8;
+    std::printf("\nvgg416 (%d layers), 3x%lldx%lld, batch %lld: policy none needs %.1f MiB; "
+                "device.memory_limit %.1f MiB (1/8 of it):\n",
+                deep.size(), static_cast<long long>(ds.size), static_cast<long long>(ds.size),
+                static_cast<long long>(ds.batch), mib(need), mib(limit));
+    const auto limited = worker::make_backend({.kind = "cpu", .memory_limit = limit});
+    try {
+      worker::NetworkOptions o;
+      o.max_batch = ds.batch;
+      o.conv_algorithm = "direct";
+      worker::Network none(deep, *limited, o);
+      std::printf("  none: unexpectedly fits\n");
+    } catch (const std::exception& e) {
+      std::printf("  none: %s\n", e.what());
+    }
+    for (memory::Policy p : {memory::Policy::kAll, memory::Policy::kDyn}) {
+      const Run r = train(*limited, deep, ds, p, 0, ds.deep_steps, "");
+      std::printf("  %-44s trained %d steps: max %.1f MiB, avg %.1f MiB, pool %.1f MiB of the "
+                  "%.1f MiB limit, step %.0f ms, offloaded %.1f MiB per step\n",
+                  r.policy.c_str(), ds.deep_steps + 1, mib(r.step_peak), mib(r.step_average),
+                  mib(r.reservation), mib(limit), r.step_ms, mib(r.offloaded));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_memory: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

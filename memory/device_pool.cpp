@@ -1,0 +1,193 @@
+#include "memory/device_pool.h"
+
+#include <cstdio>
+#include <limits>
+
+#include "memory/memory_error.h"
+
+namespace vtrain::memory {
+
+const char* planner_name(Planner planner) {
+  return planner == Planner::kStatic ? "static" : "pool";
+}
+
+Planner parse_planner(const std::string& name) {
+  if (name == "pool") return Planner::kPool;
+  if (name == "static") return Planner::kStatic;
+  throw MemoryError("unknown memory planner '" + name + "' (known planners: pool, static)");
+}
+
+std::string format_bytes(size_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (size_t{1} << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  } else if (bytes >= (size_t{1} << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
+  } else if (bytes >= 1024) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024);
+  } else {
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  }
+  return buf;
+}
+
+DevicePool::DevicePool(worker::Backend& backend, size_t reservation,
+                       const DevicePoolOptions& options)
+    : backend_(backend), options_(options), free_(align_up(reservation)) {
+  if (free_.capacity() == 0) return;
+  try {
+    base_ = static_cast<char*>(backend.allocate_device(free_.capacity()));
+  } catch (const worker::BackendError& e) {
+    throw OutOfMemoryError("device memory pool: cannot reserve " +
+                           format_bytes(free_.capacity()) + " (" +
+                           std::to_string(free_.capacity()) + " bytes): " + e.what());
+  }
+}
+
+DevicePool::~DevicePool() {
+  if (base_) backend_.free_device(base_);
+}
+
+void* DevicePool::allocate(size_t bytes, const std::string& name) {
+  const size_t size = align_up(std::max<size_t>(bytes, 1));
+  std::optional<size_t> offset;
+  int trace_id = -1;
+  if (in_step_) {
+    trace_id = recorder_.allocate(size);
+    if (options_.planner == Planner::kStatic && report_.active && !deviated_) {
+      const auto k = static_cast<size_t>(trace_id);
+      if (k >= plan_.size() || size > plan_sizes_[k]) {
+        deviated_ = grew_ = true;  // Sec. 4.3: larger than recorded, re-plan at step end
+      } else if (free_.allocate_at(step_base_ + plan_[k], size)) {
+        offset = step_base_ + plan_[k];
+      } else {
+        deviated_ = true;
+      }
+    }
+  }
+  if (!offset) offset = free_.allocate(size);
+  if (!offset) {
+    if (trace_id >= 0) recorder_.release(trace_id);
+    throw OutOfMemoryError(
+        "device memory pool: out of memory allocating '" + name + "' (" + format_bytes(bytes) +
+        " = " + std::to_string(bytes) + " bytes): " + format_bytes(free_.bytes_in_use()) +
+        " in use of a " + format_bytes(free_.capacity()) + " pool, largest free range " +
+        format_bytes(free_.largest_free()) +
+        (options_.capacity_note.empty() ? "" : " (" + options_.capacity_note + ")"));
+  }
+  if (in_step_ && *offset + size > step_base_) {
+    step_span_ = std::max(step_span_, *offset + size - step_base_);
+  }
+  void* ptr = base_ + *offset;
+  blocks_[ptr] = {*offset, name, trace_id};
+  peak_ = std::max(peak_, free_.bytes_in_use());
+  if (in_step_) step_peak_ = std::max(step_peak_, free_.bytes_in_use());
+  sample("alloc " + name);
+  return ptr;
+}
+
+void DevicePool::release(void* ptr) {
+  auto it = blocks_.find(ptr);
+  if (it == blocks_.end()) {
+    throw MemoryError("device memory pool: release of a pointer it did not allocate");
+  }
+  const Block block = std::move(it->second);
+  blocks_.erase(it);
+  if (in_step_ && block.trace_id >= 0) recorder_.release(block.trace_id);
+  if (options_.poison_freed) {
+    const auto floats = static_cast<int64_t>(free_.block_size(block.offset) / sizeof(float));
+    backend_.fill(worker::Tensor{{{floats, 1, 1, 1}}, static_cast<float*>(ptr)},
+                  std::numeric_limits<float>::quiet_NaN());
+  }
+  free_.release(block.offset);
+  sample("free " + block.name);
+}
+
+void DevicePool::sample(const std::string& event) {
+  if (!in_step_) return;
+  const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count();
+  timeline_.push_back({t, free_.bytes_in_use(), label_, event});
+}
+
+void DevicePool::begin_step() {
+  if (in_step_) throw MemoryError("device memory pool: begin_step() inside a step");
+  in_step_ = true;
+  timeline_.clear();
+  step_start_ = std::chrono::steady_clock::now();
+  recorder_ = DsaTraceRecorder();
+  deviated_ = grew_ = false;
+  step_span_ = 0;
+  step_start_bytes_ = step_peak_ = free_.bytes_in_use();
+  // Planned offsets start above every block made outside steps; if more
+  // were made since the plan, it no longer applies.
+  if (!step_base_set_ || free_.top() > step_base_) {
+    if (step_base_set_ && report_.active) {
+      plan_.clear();
+      report_.active = false;
+    }
+    step_base_ = free_.top();
+    step_base_set_ = true;
+  }
+}
+
+void DevicePool::plan_from_trace(const std::vector<DsaBlock>& trace) {
+  if (in_step_) throw MemoryError("device memory pool: plan_from_trace() inside a step");
+  if (options_.planner != Planner::kStatic) return;
+  step_base_ = free_.top();
+  step_base_set_ = true;
+  plan_step(trace);
+}
+
+void DevicePool::end_step() {
+  if (!in_step_) throw MemoryError("device memory pool: end_step() outside a step");
+  last_trace_ = recorder_.finish();
+  last_span_ = step_span_;
+  step_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count();
+  // Bytes in use are piecewise constant between the samples.
+  double area = 0, t = 0;
+  size_t bytes = step_start_bytes_;
+  for (const TimelineSample& s : timeline_) {
+    area += static_cast<double>(bytes) * (s.seconds - t);
+    t = s.seconds;
+    bytes = s.bytes_in_use;
+  }
+  area += static_cast<double>(bytes) * (step_seconds_ - t);
+  step_average_ = step_seconds_ > 0 ? area / step_seconds_ : static_cast<double>(bytes);
+  for (auto& [ptr, block] : blocks_) block.trace_id = -1;  // ids are per step
+  if (options_.planner == Planner::kStatic) {
+    if (!report_.active) {
+      report_.pool_span = step_span_;
+      plan_step(last_trace_);
+    } else if (deviated_) {
+      report_.pool_span = step_span_;
+      if (grew_) ++report_.replans;
+      plan_step(last_trace_);
+    }
+  }
+  in_step_ = false;
+}
+
+void DevicePool::plan_step(const std::vector<DsaBlock>& trace) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<size_t> offsets = dsa_best_fit(trace);
+  report_.plan_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report_.plan_peak = dsa_peak(trace, offsets);
+  report_.lower_bound = dsa_lower_bound(trace);
+  report_.blocks = static_cast<int>(trace.size());
+  ++report_.plans;
+  // A plan that does not fit the reservation is not adopted: the pool keeps
+  // serving (and the next step is recorded and planned again).
+  report_.active = step_base_ + report_.plan_peak <= free_.capacity();
+  if (report_.active) {
+    plan_ = offsets;
+    plan_sizes_.clear();
+    for (const DsaBlock& b : trace) plan_sizes_.push_back(b.size);
+  } else {
+    plan_.clear();
+  }
+}
+
+}  // namespace vtrain::memory

@@ -1,0 +1,165 @@
+#include "memory/dynamic_policy.h"
+
+#include <algorithm>
+
+#include "memory/memory_error.h"
+
+namespace vtrain::memory {
+
+namespace {
+
+// Per kernel the index of the option that `better(a, b)` ranks first.
+template <typename Better>
+std::vector<int> choose_each(const std::vector<KernelChoices>& kernels, Better better) {
+  std::vector<int> choice;
+  for (const KernelChoices& k : kernels) {
+    int best = 0;
+    for (int o = 1; o < static_cast<int>(k.options.size()); ++o) {
+      if (better(k.options[o], k.options[best])) best = o;
+    }
+    choice.push_back(best);
+  }
+  return choice;
+}
+
+}  // namespace
+
+std::vector<int> fastest_choice(const std::vector<KernelChoices>& kernels) {
+  return choose_each(kernels, [](const KernelChoices::Option& a, const KernelChoices::Option& b) {
+    return a.seconds < b.seconds || (a.seconds == b.seconds && a.workspace < b.workspace);
+  });
+}
+
+std::vector<int> memory_optimal_choice(const std::vector<KernelChoices>& kernels) {
+  return choose_each(kernels, [](const KernelChoices::Option& a, const KernelChoices::Option& b) {
+    return a.workspace < b.workspace || (a.workspace == b.workspace && a.seconds < b.seconds);
+  });
+}
+
+void apply_choice(MemoryModel& model, const std::vector<KernelChoices>& kernels,
+                  const std::vector<int>& choice) {
+  for (const KernelChoices& k : kernels) {
+    model.layers.at(k.layer).forward_workspace = 0;
+    model.layers.at(k.layer).backward_workspace = 0;
+  }
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const KernelChoices& k = kernels[i];
+    if (k.options.empty()) {
+      throw MemoryError("dynamic policy: kernel of layer '" + model.layers[k.layer].name +
+                        "' has no algorithm to choose from");
+    }
+    const size_t ws = k.options.at(choice.at(i)).workspace;
+    LayerNode& l = model.layers[k.layer];
+    if (k.kind == worker::ConvKind::kForward) {
+      l.forward_workspace = std::max(l.forward_workspace, ws);
+    } else {
+      l.backward_workspace = std::max(l.backward_workspace, ws);
+    }
+  }
+}
+
+namespace {
+
+struct Attempt {
+  bool fits;
+  Simulation sim;
+};
+
+Attempt try_config(const MemoryModel& base, const std::vector<KernelChoices>& kernels,
+                   const std::vector<int>& choice, Offload offload, size_t capacity,
+                   Planner planner) {
+  MemoryModel model = base;
+  apply_choice(model, kernels, choice);
+  Simulation sim = simulate(model, layer_wise_schedule(model, offload), capacity, planner);
+  return {sim.fits, std::move(sim)};
+}
+
+// The fastest option of kernel k with a smaller workspace than its current
+// one; false when there is none.
+bool downgrade(const KernelChoices& k, int& current) {
+  int best = -1;
+  for (int o = 0; o < static_cast<int>(k.options.size()); ++o) {
+    if (k.options[o].workspace >= k.options[current].workspace) continue;
+    if (best < 0 || k.options[o].seconds < k.options[best].seconds) best = o;
+  }
+  if (best < 0) return false;
+  current = best;
+  return true;
+}
+
+}  // namespace
+
+DynamicDecision choose_dynamic(const MemoryModel& model, const std::vector<KernelChoices>& kernels,
+                               size_t capacity, Planner planner) {
+  DynamicDecision d;
+  const std::vector<int> fastest = fastest_choice(kernels);
+  const std::vector<int> lean = memory_optimal_choice(kernels);
+  auto note = [&](const std::string& pass, const Attempt& a) {
+    d.log.push_back(pass + ": " +
+                    (a.fits ? "fits, " + format_bytes(a.sim.reservation) : a.sim.failure));
+  };
+  auto take = [&](const std::string& pass, Offload offload, const std::vector<int>& choice,
+                  Attempt a) {
+    d.pass = pass;
+    d.offload = offload;
+    d.choice = choice;
+    d.simulation = std::move(a.sim);
+    return d;
+  };
+
+  const Attempt first = try_config(model, kernels, lean, Offload::kAll, capacity, planner);
+  note("1: vDNN_all, memory-optimal algorithms", first);
+  if (!first.fits) {
+    throw OutOfMemoryError("memory.policy dyn: the network cannot be trained even with vDNN_all "
+                           "and memory-optimal algorithms: " + first.sim.failure);
+  }
+  const Attempt fast = try_config(model, kernels, fastest, Offload::kNone, capacity, planner);
+  note("2: no offload, fastest algorithms", fast);
+  if (fast.fits) return take("2: no offload, fastest algorithms", Offload::kNone, fastest, fast);
+  for (Offload offload : {Offload::kConv, Offload::kAll}) {
+    const std::string pass = std::string("3: vDNN_") + offload_name(offload) + ", fastest algorithms";
+    const Attempt a = try_config(model, kernels, fastest, offload, capacity, planner);
+    note(pass, a);
+    if (a.fits) return take(pass, offload, fastest, a);
+  }
+  for (Offload offload : {Offload::kConv, Offload::kAll}) {
+    const std::string pass = std::string("4: vDNN_") + offload_name(offload) + ", greedy downgrade";
+    std::vector<int> choice = fastest;
+    while (true) {
+      Attempt a = try_config(model, kernels, choice, offload, capacity, planner);
+      if (a.fits) {
+        note(pass, a);
+        return take(pass, offload, choice, std::move(a));
+      }
+      // Downgrade the kernel whose workspace did not fit, if it was one.
+      const TensorId& t = a.sim.failed_tensor;
+      bool changed = false;
+      if (t.kind == TensorKind::kWorkspace || t.kind == TensorKind::kBackwardWorkspace) {
+        const bool backward = t.kind == TensorKind::kBackwardWorkspace;
+        // The candidate kernels of that call, largest current workspace first.
+        std::vector<int> candidates;
+        for (int k = 0; k < static_cast<int>(kernels.size()); ++k) {
+          const bool kernel_backward = kernels[k].kind != worker::ConvKind::kForward;
+          if (kernels[k].layer == t.layer && kernel_backward == backward) candidates.push_back(k);
+        }
+        std::sort(candidates.begin(), candidates.end(), [&](int x, int y) {
+          return kernels[x].options[choice[x]].workspace > kernels[y].options[choice[y]].workspace;
+        });
+        for (int k : candidates) {
+          if (downgrade(kernels[k], choice[k])) {
+            changed = true;
+            break;
+          }
+        }
+      }
+      if (!changed) {
+        note(pass, a);
+        break;
+      }
+    }
+  }
+  d.log.push_back("5: falling back to pass 1");
+  return take("5: vDNN_all, memory-optimal algorithms", Offload::kAll, lean, first);
+}
+
+}  // namespace vtrain::memory

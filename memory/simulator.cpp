@@ -1,0 +1,210 @@
+#include "memory/simulator.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+
+#include "memory/free_list.h"
+#include "memory/memory_error.h"
+
+namespace vtrain::memory {
+namespace {
+
+size_t key(const TensorId& id) {
+  return (static_cast<size_t>(id.kind) << 32) | static_cast<uint32_t>(id.layer);
+}
+
+class Replay {
+ public:
+  Replay(const MemoryModel& model, size_t capacity)
+      : model_(model),
+        device_(capacity > 0 ? capacity : std::numeric_limits<size_t>::max() / 2),
+        host_(std::numeric_limits<size_t>::max() / 2) {}
+
+  // False (and the failure recorded) when the request does not fit.
+  bool alloc(const TensorId& id, Simulation& sim, int layer, bool backward) {
+    const size_t bytes = tensor_bytes(model_, id);
+    const std::optional<size_t> offset = device_.allocate(bytes);
+    if (!offset) {
+      sim.fits = false;
+      sim.failed_tensor = id;
+      sim.failed_layer = layer;
+      sim.failed_in_backward = backward;
+      sim.failure = "out of memory allocating '" + tensor_name(model_, id) + "' (" +
+                    format_bytes(bytes) + " = " + std::to_string(bytes) + " bytes) " +
+                    (layer >= 0 ? std::string(backward ? "for the backward of '"
+                                                       : "for the forward of '") +
+                                      model_.layers[layer].name + "'"
+                                : std::string("before the first step")) +
+                    ": " + format_bytes(device_.bytes_in_use()) + " in use of " +
+                    format_bytes(device_.capacity()) + ", largest free range " +
+                    format_bytes(device_.largest_free());
+      return false;
+    }
+    device_at_[key(id)] = *offset;
+    if (recording_) trace_id_[key(id)] = recorder_.allocate(align_up(std::max<size_t>(bytes, 1)));
+    observe(sim);
+    return true;
+  }
+  void free(const TensorId& id, Simulation& sim) {
+    auto it = device_at_.find(key(id));
+    if (it == device_at_.end()) {
+      throw MemoryError("schedule frees '" + tensor_name(model_, id) + "', which is not allocated");
+    }
+    device_.release(it->second);
+    device_at_.erase(it);
+    if (recording_) recorder_.release(trace_id_.at(key(id)));
+    observe(sim);
+  }
+  void offload(const TensorId& id, Simulation& sim) {
+    const size_t bytes = tensor_bytes(model_, id);
+    host_at_[key(id)] = *host_.allocate(bytes);
+    sim.host_bytes = std::max(sim.host_bytes, host_.high_water());
+    sim.offloaded_bytes += bytes;
+  }
+  void free_host(const TensorId& id) {
+    auto it = host_at_.find(key(id));
+    if (it == host_at_.end()) {
+      throw MemoryError("schedule frees the host copy of '" + tensor_name(model_, id) +
+                        "', which has none");
+    }
+    host_.release(it->second);
+    host_at_.erase(it);
+  }
+
+  void start_recording() {
+    recording_ = true;
+    step_base_ = device_.top();
+    step_high_ = device_.top();
+    in_use_sum_ = 0;
+    samples_ = 0;
+  }
+  void stop_recording(Simulation& sim) {
+    recording_ = false;
+    sim.step_trace = recorder_.finish();
+    sim.pool_span = step_high_ - step_base_;
+    sim.average_bytes = samples_ > 0 ? in_use_sum_ / static_cast<double>(samples_)
+                                     : static_cast<double>(device_.bytes_in_use());
+  }
+  // Starts measuring the highest byte used from now on.
+  void begin_phase() { phase_high_ = device_.top(); }
+  size_t phase_high() const { return phase_high_; }
+  size_t top() const { return device_.top(); }
+  size_t in_use() const { return device_.bytes_in_use(); }
+
+ private:
+  void observe(Simulation& sim) {
+    sim.peak_bytes = std::max(sim.peak_bytes, device_.bytes_in_use());
+    phase_high_ = std::max(phase_high_, device_.top());
+    if (recording_) {
+      step_high_ = std::max(step_high_, device_.top());
+      in_use_sum_ += static_cast<double>(device_.bytes_in_use());
+      ++samples_;
+    }
+  }
+
+  const MemoryModel& model_;
+  FreeList device_;
+  FreeList host_;
+  std::map<size_t, size_t> device_at_, host_at_;
+  bool recording_ = false;
+  DsaTraceRecorder recorder_;
+  std::map<size_t, int> trace_id_;
+  size_t step_base_ = 0, step_high_ = 0, phase_high_ = 0;
+  double in_use_sum_ = 0;
+  int64_t samples_ = 0;
+};
+
+// Replays one event list; false at the first request that does not fit.
+bool replay(const std::vector<Event>& events, Replay& r, Simulation& sim) {
+  int layer = -1;
+  bool backward = false;
+  // The layer an allocation serves is the next compute event's.
+  std::vector<std::pair<int, bool>> owner(events.size(), {-1, false});
+  for (size_t k = events.size(); k-- > 0;) {
+    const Event& e = events[k];
+    if (e.op == Op::kForward || e.op == Op::kLoss || e.op == Op::kBackward) {
+      layer = e.tensor.layer;
+      backward = e.op == Op::kBackward;
+    }
+    owner[k] = {layer, backward};
+  }
+  for (size_t k = 0; k < events.size(); ++k) {
+    const Event& e = events[k];
+    switch (e.op) {
+      case Op::kAlloc:
+      case Op::kPrefetch:
+        if (!r.alloc(e.tensor, sim, owner[k].first, owner[k].second)) return false;
+        break;
+      case Op::kFree: r.free(e.tensor, sim); break;
+      case Op::kOffload: r.offload(e.tensor, sim); break;
+      case Op::kFreeHost: r.free_host(e.tensor); break;
+      case Op::kSyncMemory:
+      case Op::kForward:
+      case Op::kLoss:
+      case Op::kBackward: break;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+namespace {
+
+// One replay: persistent tensors, a training step, an evaluation.
+Simulation run(const MemoryModel& model, const Schedule& schedule, size_t capacity,
+               Planner planner) {
+  Simulation sim;
+  Replay r(model, capacity);
+  for (const TensorId& id : schedule.persistent) {
+    if (!r.alloc(id, sim, -1, false)) return sim;
+  }
+  sim.persistent_bytes = r.in_use();
+  const size_t base = r.top();
+  r.begin_phase();
+  r.start_recording();
+  const bool step_ok = replay(schedule.train, r, sim);
+  r.stop_recording(sim);
+  if (!step_ok) return sim;
+  const size_t step_need = r.phase_high();
+  sim.lower_bound = dsa_lower_bound(sim.step_trace);
+  r.begin_phase();
+  if (!replay(schedule.evaluate, r, sim)) return sim;
+  const size_t evaluate_need = r.phase_high();
+  size_t need = std::max(step_need, evaluate_need);
+  if (planner == Planner::kStatic) {
+    sim.static_peak = dsa_peak(sim.step_trace, dsa_best_fit(sim.step_trace));
+    // The pool serves the steps when the plan would span more than it does
+    // (DevicePool adopts a plan only if it fits the reservation).
+    need = std::max(evaluate_need, std::min(step_need, base + sim.static_peak));
+  }
+  sim.reservation = std::max(need, base);
+  return sim;
+}
+
+}  // namespace
+
+Simulation simulate(const MemoryModel& model, const Schedule& schedule, size_t capacity,
+                    Planner planner) {
+  Simulation sim = run(model, schedule, 0, planner);
+  if (capacity == 0 || sim.reservation <= capacity) return sim;
+  // Locate the first request that does not fit under the pool's placement.
+  const Simulation bounded = run(model, schedule, capacity, Planner::kPool);
+  sim.fits = false;
+  if (!bounded.fits) {
+    sim.failure = bounded.failure;
+    sim.failed_tensor = bounded.failed_tensor;
+    sim.failed_layer = bounded.failed_layer;
+    sim.failed_in_backward = bounded.failed_in_backward;
+  } else {
+    sim.failure = "the plan needs " + format_bytes(sim.reservation) + " = " +
+                  std::to_string(sim.reservation) + " bytes of a capacity of " +
+                  format_bytes(capacity);
+  }
+  return sim;
+}
+
+}  // namespace vtrain::memory

@@ -1,0 +1,873 @@
+// The memory part: the free list against a byte map, the DSA planner against
+// brute force and the MIP, the pools on the CPU backend, the vDNN schedule
+// checked by executing it symbolically on fork/join graphs, the simulator,
+// the dynamic policy and the trace writer.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "memory/chrome_trace.h"
+#include "memory/device_pool.h"
+#include "memory/dsa.h"
+#include "memory/dynamic_policy.h"
+#include "memory/free_list.h"
+#include "memory/memory_error.h"
+#include "memory/pinned_pool.h"
+#include "memory/simulator.h"
+#include "memory/vdnn_plan.h"
+#include "tests/test_support.h"
+#include "worker/backend.h"
+#include "worker/graph.h"
+#include "worker/network.h"
+#include "worker/optimizer.h"
+
+namespace vtrain::memory {
+namespace {
+
+using test_support::error_message;
+
+// ----------------------------------------------------------- free list
+
+TEST(FreeList, BestFitCoalescesAndTracksTheHighWater) {
+  FreeList f(64 * kAlignment);
+  const size_t a = *f.allocate(4 * kAlignment);
+  const size_t b = *f.allocate(1);  // rounded up to one unit
+  const size_t c = *f.allocate(2 * kAlignment);
+  const size_t d = *f.allocate(kAlignment);
+  EXPECT_EQ(a, 0u);
+  EXPECT_EQ(b, 4 * kAlignment);
+  EXPECT_EQ(c, 5 * kAlignment);
+  EXPECT_EQ(d, 7 * kAlignment);
+  EXPECT_EQ(f.high_water(), 8 * kAlignment);
+  f.release(a);  // hole of 4 units
+  f.release(c);  // hole of 2 units
+  // Best fit: the 2-unit hole, not the first (4-unit) one.
+  EXPECT_EQ(*f.allocate(2 * kAlignment), 5 * kAlignment);
+  f.release(b);  // merges with the 4-unit hole: 5 units at 0
+  EXPECT_EQ(*f.allocate(5 * kAlignment), 0u);
+  f.release(d);  // the top block: the top falls back
+  EXPECT_EQ(f.top(), 7 * kAlignment);
+  EXPECT_EQ(f.high_water(), 8 * kAlignment);
+  EXPECT_FALSE(f.allocate(60 * kAlignment).has_value());
+  EXPECT_EQ(f.largest_free(), 57 * kAlignment);
+  EXPECT_THROW(f.release(3 * kAlignment), MemoryError);
+}
+
+TEST(FreeList, AllocateAtTakesOnlyFreeRanges) {
+  FreeList f(16 * kAlignment);
+  EXPECT_TRUE(f.allocate_at(4 * kAlignment, kAlignment));  // above the top: a gap below
+  EXPECT_FALSE(f.allocate_at(4 * kAlignment, 1));          // taken
+  EXPECT_FALSE(f.allocate_at(3 * kAlignment, 2 * kAlignment));  // overlaps it
+  EXPECT_TRUE(f.allocate_at(kAlignment, 2 * kAlignment));  // inside the gap
+  EXPECT_FALSE(f.allocate_at(15 * kAlignment, 2 * kAlignment));  // past the capacity
+  EXPECT_EQ(*f.allocate(kAlignment), 0u);                  // the rest of the gap
+  EXPECT_EQ(*f.allocate(kAlignment), 3 * kAlignment);
+  EXPECT_EQ(f.bytes_in_use(), 5 * kAlignment);
+}
+
+// Random allocations and frees against a byte map: blocks never overlap,
+// the counters agree, and a capacity as large as the high-water mark of an
+// unbounded run reproduces its offsets exactly.
+TEST(FreeList, RandomOperationsNeverOverlapAndDoNotDependOnTheCapacity) {
+  std::mt19937 rng(5);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<std::pair<bool, size_t>> ops;  // (allocate, size or victim choice)
+    for (int k = 0; k < 300; ++k) ops.push_back({rng() % 3 != 0, 1 + rng() % 5000});
+    auto run = [&](size_t capacity, std::vector<size_t>* offsets) {
+      FreeList f(capacity);
+      std::map<size_t, size_t> live;  // offset -> size
+      for (const auto& [alloc, value] : ops) {
+        if (alloc || live.empty()) {
+          const auto off = f.allocate(value);
+          if (!off) return f.high_water();
+          const size_t size = align_up(value);
+          auto next = live.lower_bound(*off);
+          if (next != live.end()) {
+            EXPECT_LE(*off + size, next->first);
+          }
+          if (next != live.begin()) {
+            auto prev = std::prev(next);
+            EXPECT_LE(prev->first + prev->second, *off);
+          }
+          live[*off] = size;
+          offsets->push_back(*off);
+        } else {
+          auto victim = std::next(live.begin(), static_cast<long>(value % live.size()));
+          f.release(victim->first);
+          live.erase(victim);
+        }
+        size_t sum = 0;
+        for (const auto& [o, s] : live) sum += s;
+        EXPECT_EQ(sum, f.bytes_in_use());
+      }
+      return f.high_water();
+    };
+    std::vector<size_t> unbounded, exact;
+    const size_t need = run(size_t{1} << 40, &unbounded);
+    run(need, &exact);
+    EXPECT_EQ(unbounded, exact) << "round " << round;
+  }
+}
+
+// ----------------------------------------------------------------- DSA
+
+std::vector<DsaBlock> random_trace(std::mt19937& rng, int blocks, size_t max_size, bool nested) {
+  // Built through the recorder, like a profiled step: allocations and frees
+  // interleaved; `nested` frees mostly in LIFO order (a network's shape).
+  DsaTraceRecorder rec;
+  std::vector<int> live;
+  int made = 0;
+  while (made < blocks || !live.empty()) {
+    const bool alloc = made < blocks && (live.empty() || rng() % 100 < 55);
+    if (alloc) {
+      live.push_back(rec.allocate(1 + rng() % max_size));
+      ++made;
+    } else {
+      size_t k = nested && rng() % 4 != 0 ? live.size() - 1 : rng() % live.size();
+      rec.release(live[k]);
+      live.erase(live.begin() + static_cast<long>(k));
+    }
+  }
+  return rec.finish();
+}
+
+size_t brute_force_peak(const std::vector<DsaBlock>& blocks) {
+  std::vector<int> order(blocks.size());
+  std::iota(order.begin(), order.end(), 0);
+  size_t best = SIZE_MAX;
+  do {
+    best = std::min(best, dsa_peak(blocks, dsa_place_in_order(blocks, order)));
+  } while (std::next_permutation(order.begin(), order.end()));
+  return best;
+}
+
+TEST(Dsa, RecorderAndLowerBoundOnAKnownTrace) {
+  DsaTraceRecorder rec;
+  const int a = rec.allocate(10);  // t0
+  const int b = rec.allocate(20);  // t1
+  rec.release(a);                  // t2
+  const int c = rec.allocate(5);   // t3
+  rec.release(b);                  // t4
+  const int d = rec.allocate(7);   // t5, never released
+  const std::vector<DsaBlock> t = rec.finish();
+  ASSERT_EQ(t.size(), 4u);
+  EXPECT_EQ(t[a].start, 0);
+  EXPECT_EQ(t[a].end, 2);
+  EXPECT_EQ(t[b].end, 4);
+  EXPECT_EQ(t[c].start, 3);
+  EXPECT_EQ(t[c].end, 6);
+  EXPECT_EQ(t[d].end, 6);
+  EXPECT_EQ(dsa_lower_bound(t), 30u);  // a + b; b + c = 25; c + d = 12
+  EXPECT_THROW(rec.release(a), MemoryError);
+  EXPECT_THROW(dsa_best_fit({{0, 0, 1}}), MemoryError);
+}
+
+TEST(Dsa, BestFitNeverOverlapsLiveBlocks) {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 200; ++round) {
+    const auto trace = random_trace(rng, 5 + static_cast<int>(rng() % 150), 1 + rng() % 1000,
+                                    round % 2 == 0);
+    const std::vector<size_t> offsets = dsa_best_fit(trace);
+    const auto overlap = dsa_find_overlap(trace, offsets);
+    EXPECT_FALSE(overlap.has_value())
+        << "round " << round << ": blocks " << overlap->first << " and " << overlap->second;
+    EXPECT_GE(dsa_peak(trace, offsets), dsa_lower_bound(trace));
+  }
+}
+
+TEST(Dsa, FindOverlapDetectsACollision) {
+  const std::vector<DsaBlock> t = {{10, 0, 4}, {10, 2, 6}, {10, 4, 8}};
+  EXPECT_FALSE(dsa_find_overlap(t, {0, 10, 0}).has_value());  // a and c never meet
+  const auto hit = dsa_find_overlap(t, {0, 5, 20});
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(*hit, std::make_pair(0, 1));
+}
+
+TEST(Dsa, MipMatchesBruteForceOnTinyTraces) {
+  std::mt19937 rng(3);
+  for (int round = 0; round < 25; ++round) {
+    const auto trace = random_trace(rng, 3 + static_cast<int>(rng() % 4), 9, false);
+    const DsaMipResult mip = dsa_solve_mip(trace);
+    EXPECT_EQ(mip.peak, brute_force_peak(trace)) << "round " << round;
+    EXPECT_FALSE(dsa_find_overlap(trace, mip.offsets).has_value());
+    EXPECT_GE(mip.peak, dsa_lower_bound(trace));
+    EXPECT_LE(mip.peak, dsa_peak(trace, dsa_best_fit(trace)));
+  }
+}
+
+// The paper's claim (Sec. 5): the heuristic is close to optimal. On small
+// network-shaped traces it stays within a few percent of the MIP on average.
+TEST(Dsa, BestFitIsWithinAFewPercentOfTheMipOnSmallTraces) {
+  std::mt19937 rng(17);
+  double ratio_sum = 0;
+  const int rounds = 12;
+  for (int round = 0; round < rounds; ++round) {
+    const auto trace = random_trace(rng, 10, 64, true);
+    const size_t heuristic = dsa_peak(trace, dsa_best_fit(trace));
+    const size_t optimum = dsa_solve_mip(trace).peak;
+    ASSERT_LE(optimum, heuristic);
+    ratio_sum += static_cast<double>(heuristic) / static_cast<double>(optimum);
+  }
+  EXPECT_LE(ratio_sum / rounds, 1.05);
+}
+
+// ----------------------------------------------------------------- pools
+
+class PoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = worker::make_backend({.kind = "cpu", .threads = 1, .memory_limit = 8 << 20});
+  }
+  std::unique_ptr<worker::Backend> backend_;
+};
+
+TEST_F(PoolTest, ReservesOnceAndServesByOffset) {
+  {
+    DevicePool pool(*backend_, 1 << 20);
+    EXPECT_EQ(backend_->device_bytes_in_use(), size_t{1} << 20);
+    void* a = pool.allocate(1000, "a");
+    void* b = pool.allocate(3000, "b");
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);  // the backend's alignment
+    EXPECT_EQ(static_cast<char*>(b) - static_cast<char*>(a), 1024);
+    EXPECT_EQ(pool.bytes_in_use(), 1024u + 3072u);
+    pool.release(a);
+    EXPECT_EQ(pool.peak_bytes(), 1024u + 3072u);
+    EXPECT_EQ(pool.bytes_in_use(), 3072u);
+    EXPECT_EQ(backend_->device_bytes_in_use(), size_t{1} << 20);  // no device call per tensor
+    EXPECT_THROW(pool.release(a), MemoryError);
+    pool.release(b);
+  }
+  EXPECT_EQ(backend_->device_bytes_in_use(), 0u);
+}
+
+TEST_F(PoolTest, OutOfMemoryNamesTheTensorAndTheSizes) {
+  DevicePool pool(*backend_, 64 << 10, {.capacity_note = "device.memory_limit 64 KiB"});
+  pool.allocate(40 << 10, "conv1.y");
+  const std::string msg =
+      error_message<OutOfMemoryError>([&] { pool.allocate(30 << 10, "conv2.workspace"); });
+  EXPECT_CONTAINS(msg, "conv2.workspace");
+  EXPECT_CONTAINS(msg, "30720 bytes");
+  EXPECT_CONTAINS(msg, "40.0 KiB in use");
+  EXPECT_CONTAINS(msg, "64.0 KiB pool");
+  EXPECT_CONTAINS(msg, "largest free range 24.0 KiB");
+  EXPECT_CONTAINS(msg, "device.memory_limit");
+  // A reservation beyond the device's capacity is refused up front.
+  const std::string big =
+      error_message<OutOfMemoryError>([&] { DevicePool too_big(*backend_, 64 << 20); });
+  EXPECT_CONTAINS(big, "cannot reserve 64.0 MiB");
+}
+
+TEST_F(PoolTest, TimelineRecordsEveryEventOfTheStepWithItsLabel) {
+  DevicePool pool(*backend_, 1 << 20);
+  void* weights = pool.allocate(4096, "params");  // outside a step: not in the timeline
+  pool.begin_step();
+  pool.set_label("conv1 forward");
+  void* y = pool.allocate(2048, "conv1.y");
+  pool.set_label("conv1 backward");
+  pool.release(y);
+  pool.end_step();
+  const auto& t = pool.timeline();
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].label, "conv1 forward");
+  EXPECT_EQ(t[0].event, "alloc conv1.y");
+  EXPECT_EQ(t[0].bytes_in_use, 4096u + 2048u);
+  EXPECT_EQ(t[1].event, "free conv1.y");
+  EXPECT_EQ(t[1].bytes_in_use, 4096u);
+  EXPECT_LE(t[0].seconds, t[1].seconds);
+  pool.release(weights);
+}
+
+TEST_F(PoolTest, PoisonFillsFreedBlocksWithNan) {
+  DevicePoolOptions options;
+  options.poison_freed = true;
+  DevicePool pool(*backend_, 1 << 20, options);
+  auto* p = static_cast<float*>(pool.allocate(1024, "t"));
+  backend_->fill(worker::Tensor{{{256, 1, 1, 1}}, p}, 1.0f);
+  pool.release(p);
+  std::vector<float> host(256);
+  backend_->download(worker::Tensor{{{256, 1, 1, 1}}, p}, host.data());
+  EXPECT_TRUE(std::all_of(host.begin(), host.end(), [](float v) { return std::isnan(v); }));
+}
+
+// The static planner: step 1 is recorded, step 2 runs from the best-fit
+// plan (the same offsets every step), a larger request re-plans (Sec. 4.3).
+TEST_F(PoolTest, StaticPlannerReplaysFixedOffsetsAndReplansOnGrowth) {
+  DevicePoolOptions options;
+  options.planner = Planner::kStatic;
+  DevicePool pool(*backend_, 1 << 20, options);
+  void* persistent = pool.allocate(1000, "params");
+  auto step = [&](size_t grow) {
+    pool.begin_step();
+    void* a = pool.allocate(8192, "a");
+    void* b = pool.allocate(4096 + grow, "b");
+    pool.release(a);
+    void* c = pool.allocate(8192, "c");  // fits where a was
+    pool.release(b);
+    pool.release(c);
+    pool.end_step();
+    return std::vector<void*>{a, b, c};
+  };
+  step(0);
+  EXPECT_TRUE(pool.static_plan().active);
+  EXPECT_EQ(pool.static_plan().plans, 1);
+  EXPECT_EQ(pool.static_plan().blocks, 3);
+  EXPECT_EQ(pool.static_plan().lower_bound, 8192u + 4096u);
+  EXPECT_EQ(pool.static_plan().plan_peak, 8192u + 4096u);
+  const auto second = step(0);
+  const auto third = step(0);
+  EXPECT_EQ(second, third);
+  EXPECT_EQ(pool.static_plan().plans, 1);
+  // The planned offsets sit above the persistent block.
+  EXPECT_GE(static_cast<char*>(second[0]), static_cast<char*>(persistent) + 1024);
+  // A smaller request is served from the plan; a larger one re-plans.
+  step(4096);
+  EXPECT_EQ(pool.static_plan().plans, 2);
+  EXPECT_EQ(pool.static_plan().replans, 1);
+  EXPECT_EQ(pool.static_plan().lower_bound, 8192u + 8192u);
+  const auto after = step(4096);
+  EXPECT_EQ(after, step(4096));
+  EXPECT_EQ(pool.static_plan().plans, 2);
+  pool.release(persistent);
+}
+
+TEST_F(PoolTest, PinnedPoolReservesOnce) {
+  PinnedPool host(*backend_, 64 << 10);
+  void* a = host.allocate(10000, "conv1.y");
+  void* b = host.allocate(10000, "conv2.y");
+  EXPECT_NE(a, b);
+  host.release(a);
+  EXPECT_EQ(host.allocate(10000, "conv3.y"), a);
+  const std::string msg =
+      error_message<OutOfMemoryError>([&] { host.allocate(60 << 10, "fc1.y"); });
+  EXPECT_CONTAINS(msg, "fc1.y");
+}
+
+// -------------------------------------------------------- vDNN schedule
+
+LayerNode node(const std::string& name, std::vector<int> inputs, size_t bytes,
+               const std::string& type) {
+  LayerNode l;
+  l.name = name;
+  l.inputs = std::move(inputs);
+  l.output_bytes = bytes;
+  l.is_input = type == "input";
+  l.is_conv = type == "conv";
+  // What each layer type's backward reads in the engine.
+  l.backward_reads_inputs = type == "conv" || type == "pool" || type == "fc" || type == "bn";
+  l.backward_reads_output = type == "relu" || type == "pool";
+  l.backward_accumulates = type == "conv" || type == "add" || type == "concat";
+  l.backward_needs_input_grad = type == "bn";
+  if (type == "conv") l.forward_workspace = l.backward_workspace = bytes / 2;
+  if (type == "pool" || type == "bn") l.state_bytes = 512;
+  return l;
+}
+
+// A linear net: data, conv, relu, conv, relu, pool, fc.
+MemoryModel chain() {
+  MemoryModel m;
+  m.layers = {node("data", {}, 4096, "input"), node("conv1", {0}, 8192, "conv"),
+              node("relu1", {1}, 8192, "relu"), node("conv2", {2}, 8192, "conv"),
+              node("relu2", {3}, 8192, "relu"), node("pool", {4}, 2048, "pool"),
+              node("fc", {5}, 256, "fc")};
+  m.persistent = {{"params", 10000}, {"grads", 10000}};
+  return m;
+}
+
+// Fork and join: an inception-like block (concat of two branches, one of them
+// a pool that reads the fork's tensor too) and a residual add whose skip
+// input is read again after the join.
+MemoryModel fork_join() {
+  MemoryModel m;
+  m.layers = {
+      node("data", {}, 4096, "input"),      // 0
+      node("stem", {0}, 8192, "conv"),      // 1
+      node("bn", {1}, 8192, "bn"),          // 2
+      node("relu", {2}, 8192, "relu"),      // 3  fork: read by 4, 5, 6
+      node("b1", {3}, 4096, "conv"),        // 4
+      node("b2pool", {3}, 8192, "pool"),    // 5
+      node("b2", {5}, 4096, "conv"),        // 6
+      node("cat", {4, 6}, 8192, "concat"),  // 7
+      node("c", {7}, 8192, "conv"),         // 8
+      node("add", {8, 3}, 8192, "add"),     // 9  join with the skip from relu
+      node("relu2", {9}, 8192, "relu"),     // 10
+      node("conv_a", {10}, 4096, "conv"),   // 11
+      node("add2", {11, 10, 10}, 4096, "add"),  // 12 reads relu2 twice
+      node("fc", {12}, 256, "fc"),          // 13
+  };
+  // relu (3) is read by b1, b2pool and add: its last forward consumer is add.
+  // Bug bait: conv b1 reads relu's output in backward after add's backward.
+  m.persistent = {{"params", 20000}};
+  return m;
+}
+
+// Executes a schedule symbolically: every tensor a layer touches must be
+// on the device, nothing is used after its free, offloads happen only at the
+// last forward consumer, and a step ends with only the persistent tensors.
+void check_schedule(const MemoryModel& m, const Schedule& s, bool training) {
+  using Key = std::pair<int, int>;  // (kind, layer)
+  auto key = [](const TensorId& id) { return Key{static_cast<int>(id.kind), id.layer}; };
+  std::set<Key> device, host, persistent;
+  for (const TensorId& id : s.persistent) {
+    ASSERT_TRUE(persistent.insert(key(id)).second) << tensor_name(m, id) << " twice";
+  }
+  auto resident = [&](TensorKind kind, int layer) {
+    const Key k{static_cast<int>(kind), layer};
+    if (device.count(k) || persistent.count(k)) return true;
+    if (!s.layer_wise && (kind == TensorKind::kWorkspace || kind == TensorKind::kScratch)) {
+      return persistent.count({static_cast<int>(kind), -1}) > 0;
+    }
+    return false;
+  };
+  const int n = static_cast<int>(m.layers.size());
+  std::vector<int> last_consumer(n, -1);
+  for (int i = 0; i < n; ++i) {
+    for (int p : m.layers[i].inputs) last_consumer[p] = std::max(last_consumer[p], i);
+  }
+  int forward_done = 0;
+  const auto& events = training ? s.train : s.evaluate;
+  for (const Event& e : events) {
+    const std::string name = tensor_name(m, e.tensor);
+    const Key k = key(e.tensor);
+    const int i = e.tensor.layer;
+    switch (e.op) {
+      case Op::kAlloc:
+        ASSERT_TRUE(device.insert(k).second) << "double alloc " << name;
+        break;
+      case Op::kFree:
+        ASSERT_EQ(device.erase(k), 1u) << "free of " << name << ", not on the device";
+        break;
+      case Op::kOffload:
+        ASSERT_TRUE(training);
+        ASSERT_TRUE(device.count(k)) << "offload of " << name << ", not on the device";
+        ASSERT_EQ(last_consumer[i], forward_done + 1)
+            << name << " offloaded before its last forward consumer";
+        ASSERT_TRUE(host.insert(k).second);
+        break;
+      case Op::kPrefetch:
+        ASSERT_TRUE(host.count(k)) << "prefetch of " << name << ", which is not on the host";
+        ASSERT_TRUE(device.insert(k).second) << "prefetch of " << name << " onto itself";
+        break;
+      case Op::kFreeHost: ASSERT_EQ(host.erase(k), 1u) << name; break;
+      case Op::kSyncMemory: break;
+      case Op::kForward:
+        forward_done = i;
+        for (int p : m.layers[i].inputs) {
+          ASSERT_TRUE(resident(TensorKind::kOutput, p))
+              << m.layers[i].name << " forward reads " << m.layers[p].name << ".y, released";
+        }
+        ASSERT_TRUE(resident(TensorKind::kOutput, i));
+        if (m.layers[i].forward_workspace) {
+          ASSERT_TRUE(resident(TensorKind::kWorkspace, i));
+        }
+        if (m.layers[i].state_bytes) {
+          ASSERT_TRUE(resident(TensorKind::kState, i));
+        }
+        break;
+      case Op::kLoss:
+        ASSERT_TRUE(resident(TensorKind::kOutput, i));
+        if (training) {
+          ASSERT_TRUE(resident(TensorKind::kGradient, i));
+        }
+        break;
+      case Op::kBackward: {
+        const LayerNode& l = m.layers[i];
+        ASSERT_TRUE(resident(TensorKind::kGradient, i)) << l.name << ".dy";
+        if (l.backward_reads_output) {
+          ASSERT_TRUE(resident(TensorKind::kOutput, i)) << l.name;
+        }
+        for (int p : l.inputs) {
+          if (l.backward_reads_inputs) {
+            ASSERT_TRUE(resident(TensorKind::kOutput, p))
+                << l.name << " backward reads " << m.layers[p].name << ".y, not on the device";
+          }
+          if (!m.layers[p].is_input) {
+            ASSERT_TRUE(resident(TensorKind::kGradient, p)) << l.name << " writes "
+                                                            << m.layers[p].name << ".dy";
+          }
+        }
+        if (l.backward_workspace) {
+          ASSERT_TRUE(s.layer_wise ? resident(TensorKind::kBackwardWorkspace, i)
+                                   : resident(TensorKind::kWorkspace, i));
+        }
+        if (l.state_bytes) {
+          ASSERT_TRUE(resident(TensorKind::kState, i));
+        }
+        break;
+      }
+    }
+  }
+  EXPECT_TRUE(device.empty()) << tensor_name(m, {static_cast<TensorKind>(device.begin()->first),
+                                                 device.begin()->second})
+                              << " still allocated after the step";
+  EXPECT_TRUE(host.empty());
+}
+
+TEST(VdnnSchedule, EveryPolicyKeepsWhatLaterLayersRead) {
+  for (const MemoryModel& m : {chain(), fork_join()}) {
+    for (Policy p : {Policy::kNone, Policy::kAll, Policy::kConv}) {
+      SCOPED_TRACE(std::string(policy_name(p)) + " on " + m.layers[1].name);
+      const Schedule s = make_schedule(m, p);
+      check_schedule(m, s, true);
+      check_schedule(m, s, false);
+    }
+  }
+}
+
+TEST(VdnnSchedule, OffloadsAtTheLastForwardConsumerOnly) {
+  const MemoryModel m = fork_join();
+  const Schedule all = make_schedule(m, Policy::kAll);
+  // relu (3) is read by b1, b2pool and add; add is its last consumer.
+  EXPECT_EQ(all.offload_layer[3], 9);
+  // stem's output is read only by bn (whose backward reads it): offloaded at bn.
+  EXPECT_EQ(all.offload_layer[1], 2);
+  // bn's output: relu reads only its own output, so nothing reads it in backward.
+  EXPECT_EQ(all.offload_layer[2], -1);
+  const Schedule conv = make_schedule(m, Policy::kConv);
+  EXPECT_EQ(conv.offload_layer[3], -1);  // its last consumer (add) is not a conv
+  EXPECT_EQ(conv.offload_layer[5], 6);   // b2pool's output, read by conv b2
+  EXPECT_EQ(conv.offload_layer[10], -1);  // add2 is its last consumer
+  EXPECT_EQ(conv.offload_layer[1], -1);
+  // The baseline moves nothing.
+  const Schedule none = make_schedule(m, Policy::kNone);
+  EXPECT_TRUE(std::none_of(none.train.begin(), none.train.end(),
+                           [](const Event& e) { return e.op == Op::kOffload || e.op == Op::kAlloc; }));
+}
+
+TEST(VdnnSchedule, PrefetchWindowStopsAtTheNearestConv) {
+  // Fig. 10 on: conv0 relu1 pool2 conv3 relu4 conv5 (indices 1..6 after data).
+  std::vector<LayerNode> layers = {node("data", {}, 1, "input"), node("conv0", {0}, 1, "conv"),
+                                   node("relu1", {1}, 1, "relu"), node("pool2", {2}, 1, "pool"),
+                                   node("conv3", {3}, 1, "conv"), node("relu4", {4}, 1, "relu"),
+                                   node("conv5", {5}, 1, "conv")};
+  std::vector<bool> offloaded = {false, false, false, true, true, false, true};
+  std::vector<bool> prefetched(7, false);
+  EXPECT_EQ(find_prefetch_layer(6, layers, offloaded, prefetched), 4);  // conv3 itself
+  prefetched[4] = true;
+  // From relu4 the window ends at conv3, which is done: nothing.
+  EXPECT_EQ(find_prefetch_layer(5, layers, offloaded, prefetched), -1);
+  // From conv3: pool2 is the nearest pending one.
+  EXPECT_EQ(find_prefetch_layer(4, layers, offloaded, prefetched), 3);
+  prefetched[3] = true;
+  EXPECT_EQ(find_prefetch_layer(4, layers, offloaded, prefetched), -1);  // stops at conv0
+}
+
+TEST(VdnnSchedule, PrefetchesOverlapTheBackwardOfALaterLayer) {
+  const MemoryModel m = chain();
+  const Schedule s = make_schedule(m, Policy::kConv);
+  // conv2's input (relu1's output) is offloaded at conv2 and prefetched by
+  // the window during fc's or pool's backward, before conv2's own.
+  EXPECT_EQ(s.offload_layer[2], 3);
+  int prefetch = -1, conv2_backward = -1;
+  for (int k = 0; k < static_cast<int>(s.train.size()); ++k) {
+    const Event& e = s.train[k];
+    if (e.op == Op::kPrefetch && e.tensor.layer == 2) prefetch = k;
+    if (e.op == Op::kBackward && e.tensor.layer == 3) conv2_backward = k;
+  }
+  ASSERT_GE(prefetch, 0);
+  EXPECT_LT(prefetch, conv2_backward);
+  // It came from the window of a later layer, not on demand.
+  bool windowed = false;
+  for (int i = 4; i < 7; ++i) {
+    windowed |= std::find(s.prefetch_at[i].begin(), s.prefetch_at[i].end(), 3) !=
+                s.prefetch_at[i].end();
+  }
+  EXPECT_TRUE(windowed);
+}
+
+// ------------------------------------------------------------ simulator
+
+TEST(Simulator, LayerWisePoliciesNeedLessThanTheBaseline) {
+  for (const MemoryModel& m : {chain(), fork_join()}) {
+    const Simulation none = simulate(m, make_schedule(m, Policy::kNone), 0, Planner::kPool);
+    const Simulation conv = simulate(m, make_schedule(m, Policy::kConv), 0, Planner::kPool);
+    const Simulation all = simulate(m, make_schedule(m, Policy::kAll), 0, Planner::kPool);
+    EXPECT_TRUE(none.fits && conv.fits && all.fits);
+    EXPECT_LT(conv.peak_bytes, none.peak_bytes);
+    EXPECT_LE(all.peak_bytes, conv.peak_bytes);
+    EXPECT_GT(all.offloaded_bytes, 0u);
+    EXPECT_GE(all.host_bytes, all.offloaded_bytes / 4);
+    // The baseline's reservation is the sum of everything, aligned.
+    size_t sum = 0;
+    for (const TensorId& id : make_schedule(m, Policy::kNone).persistent) {
+      sum += align_up(tensor_bytes(m, id));
+    }
+    EXPECT_EQ(none.reservation, sum);
+    EXPECT_EQ(none.step_trace.size(), 0u);
+    // A step trace's lower bound never exceeds the pool's span.
+    EXPECT_LE(all.lower_bound, all.pool_span);
+    const Simulation fixed = simulate(m, make_schedule(m, Policy::kAll), 0, Planner::kStatic);
+    EXPECT_GE(fixed.static_peak, fixed.lower_bound);
+    EXPECT_LE(fixed.reservation, all.reservation);
+  }
+}
+
+TEST(Simulator, ReportsTheFirstRequestThatDoesNotFit) {
+  const MemoryModel m = chain();
+  const Simulation full = simulate(m, make_schedule(m, Policy::kConv), 0, Planner::kPool);
+  const Simulation tight =
+      simulate(m, make_schedule(m, Policy::kConv), full.reservation - kAlignment, Planner::kPool);
+  EXPECT_FALSE(tight.fits);
+  EXPECT_GE(tight.failed_layer, 1);
+  EXPECT_CONTAINS(tight.failure, "out of memory allocating '");
+  EXPECT_TRUE(simulate(m, make_schedule(m, Policy::kConv), full.reservation, Planner::kPool).fits);
+}
+
+// -------------------------------------------------------- dynamic policy
+
+std::vector<KernelChoices> kernels_of(const MemoryModel& m, size_t big_workspace) {
+  std::vector<KernelChoices> ks;
+  for (int i = 0; i < static_cast<int>(m.layers.size()); ++i) {
+    if (!m.layers[i].is_conv) continue;
+    for (auto kind : {worker::ConvKind::kForward, worker::ConvKind::kBackwardData,
+                      worker::ConvKind::kBackwardFilter}) {
+      // A fast algorithm with a big workspace, a middling one, and a slow one with none.
+      ks.push_back({i, kind, {{"fast", big_workspace, 1.0}, {"mid", big_workspace / 4, 2.0},
+                              {"lean", 0, 4.0}}});
+    }
+  }
+  return ks;
+}
+
+TEST(DynamicPolicy, PicksTheFastestConfigurationThatFits) {
+  const MemoryModel m = chain();
+  const auto kernels = kernels_of(m, 64 << 10);
+  // Unbounded: no offload with the fastest algorithms.
+  DynamicDecision roomy = choose_dynamic(m, kernels, 0, Planner::kPool);
+  EXPECT_EQ(roomy.pass, "2: no offload, fastest algorithms");
+  EXPECT_EQ(roomy.offload, Offload::kNone);
+  EXPECT_EQ(roomy.choice, fastest_choice(kernels));
+
+  // The sizes of the passes' configurations, to pick capacities in between.
+  auto need = [&](Offload offload, const std::vector<int>& choice) {
+    MemoryModel copy = m;
+    apply_choice(copy, kernels, choice);
+    return simulate(copy, layer_wise_schedule(copy, offload), 0, Planner::kPool).reservation;
+  };
+  const size_t lean_all = need(Offload::kAll, memory_optimal_choice(kernels));
+  const size_t fast_all = need(Offload::kAll, fastest_choice(kernels));
+  ASSERT_LT(lean_all, fast_all);
+
+  // Between the two: the greedy pass downgrades some kernels, not all.
+  const size_t between = (lean_all + fast_all) / 2;
+  const DynamicDecision squeezed = choose_dynamic(m, kernels, between, Planner::kPool);
+  EXPECT_EQ(squeezed.pass.substr(0, 2), "4:") << squeezed.pass;
+  EXPECT_LE(squeezed.simulation.reservation, between);
+  EXPECT_NE(squeezed.choice, fastest_choice(kernels));
+  EXPECT_NE(squeezed.choice, memory_optimal_choice(kernels));
+
+  // Exactly the leanest: pass 5 or a greedy result that reaches it.
+  const DynamicDecision tight = choose_dynamic(m, kernels, lean_all, Planner::kPool);
+  EXPECT_LE(tight.simulation.reservation, lean_all);
+
+  // Below the leanest: not trainable, and the error says what failed.
+  const std::string msg = error_message<OutOfMemoryError>(
+      [&] { choose_dynamic(m, kernels, lean_all - 4 * kAlignment, Planner::kPool); });
+  EXPECT_CONTAINS(msg, "cannot be trained even with vDNN_all");
+  EXPECT_CONTAINS(msg, "out of memory allocating");
+}
+
+// ------------------------------------------------------------------ trace
+
+TEST(ChromeTraceWriter, WritesSpansCountersAndOneProcessPerRank) {
+  ChromeTrace a(0, "rank 0 (cpu)"), b(1, "rank 1 (cpu)");
+  a.span("compute", "conv1 forward", "compute", 10, 5);
+  a.span("memory", "offload data.y", "offload", 11, 3, "4096 bytes");
+  a.instant("memory", "free conv1.y", "release", 16);
+  a.counter("device bytes", 16, 8192);
+  b.span("compute", "conv1 \"fwd\"", "compute", 0, 1);
+  EXPECT_EQ(a.event_count(), 4u);
+  const std::string json = merge_chrome_traces({a.events_json(), b.events_json()});
+  EXPECT_CONTAINS(json, "\"traceEvents\"");
+  EXPECT_CONTAINS(json, "\"name\":\"process_name\",\"args\":{\"name\":\"rank 1 (cpu)\"}");
+  EXPECT_CONTAINS(json, "\"thread_name\",\"args\":{\"name\":\"memory\"}");
+  EXPECT_CONTAINS(json, "\"ph\":\"X\",\"pid\":0,\"tid\":2,\"name\":\"offload data.y\"");
+  EXPECT_CONTAINS(json, "\"ph\":\"C\",\"pid\":0,\"name\":\"device bytes\"");
+  EXPECT_CONTAINS(json, "conv1 \\\"fwd\\\"");
+  test_support::TempDir dir;
+  a.write(dir.path("t.json"));
+  std::string out;
+  ASSERT_EQ(test_support::run_command("python3 -c \"import json,sys; d=json.load(open('" +
+                                          dir.path("t.json") +
+                                          "')); print(len(d['traceEvents']))\"",
+                                      &out),
+            0)
+      << out;
+  EXPECT_EQ(out, "7\n");  // process name, 2 track names, 4 events
+}
+
+
+// ------------------------------------------------ the engine on the pool
+
+// Trains a preset for a few steps on synthetic data and returns the
+// parameters and batch-norm statistics. Every run uses the same algorithm
+// ("direct"), so only the memory policy and planner differ.
+struct TrainRun {
+  std::vector<float> params, buffers;
+  worker::MemoryStats stats;
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override { backend_ = worker::make_backend({.kind = "cpu", .threads = 2}); }
+
+  worker::Graph graph(const std::string& preset, int64_t side) {
+    const worker::Shape input{1, 3, side, side};
+    return worker::Graph::build(worker::preset_layers(preset, {input, 10}), input);
+  }
+
+  worker::NetworkOptions options(Policy policy, Planner planner, size_t capacity = 0) {
+    worker::NetworkOptions o;
+    o.max_batch = 4;
+    o.conv_algorithm = "direct";
+    o.memory_policy = policy;
+    o.memory_planner = planner;
+    o.memory_capacity = capacity;
+    o.poison_freed = policy != Policy::kNone;  // a read after release turns into NaN
+    return o;
+  }
+
+  TrainRun train(const worker::Graph& g, const worker::NetworkOptions& o, int steps = 2) {
+    worker::Network net(g, *backend_, o);
+    net.init_parameters(3);
+    worker::Sgd sgd(*backend_, net.parameter_count(), 0.9f, 1e-4f);
+    std::mt19937 rng(9);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (int step = 0; step < steps; ++step) {
+      const int64_t n = step == steps - 1 ? 3 : 4;  // the last batch is a partial one
+      const worker::Tensor in = net.input(n);
+      std::vector<float> x(static_cast<size_t>(in.shape().elements()));
+      for (float& v : x) v = dist(rng);
+      backend_->upload(x.data(), in);
+      std::vector<int32_t> labels(static_cast<size_t>(n));
+      for (auto& l : labels) l = static_cast<int32_t>(rng() % 10);
+      backend_->upload_labels(labels.data(), net.labels(), n);
+      net.train_step(n, 1.0f / static_cast<float>(n));
+      sgd.step(net.parameters(), net.gradients(), 0.05f);
+      if (step == 0) net.evaluate(n);  // the evaluation schedule between steps
+    }
+    return {net.download_parameters(), net.download_buffers(), net.memory_stats()};
+  }
+
+  // Trains `preset` under none, all (pool), conv (static) and dyn (a
+  // capacity that forces offloading), and with `every_planner` also none and
+  // all with the static planner and conv with the pool; expects the weights
+  // of all of them bit-identical.
+  void expect_bit_identical(const std::string& preset, int64_t side, bool every_planner);
+
+  std::unique_ptr<worker::Backend> backend_;
+};
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Offloading, releasing and planning never change the numbers: every policy
+// and planner gives bit-identical weights, on a chain (vgg-small) and on
+// fork/join nets (GoogLeNet's concats, ResNet's adds), with released memory
+// poisoned so that a layer reading a released tensor would show.
+void EngineTest::expect_bit_identical(const std::string& preset, int64_t side, bool every_planner) {
+  {
+    SCOPED_TRACE(preset);
+    const worker::Graph g = graph(preset, side);
+    const TrainRun base = train(g, options(Policy::kNone, Planner::kPool));
+    const TrainRun all = train(g, options(Policy::kAll, Planner::kPool));
+    for (float v : base.params) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_TRUE(bitwise_equal(base.params, all.params)) << "all";
+    EXPECT_TRUE(bitwise_equal(base.buffers, all.buffers)) << "all";
+    EXPECT_GT(all.stats.offloaded_bytes, 0u);
+    EXPECT_LT(all.stats.step_peak, base.stats.step_peak);
+    EXPECT_LT(all.stats.reservation, base.stats.reservation);
+    const TrainRun conv = train(g, options(Policy::kConv, Planner::kStatic));
+    EXPECT_TRUE(bitwise_equal(base.params, conv.params)) << "conv, static";
+    EXPECT_TRUE(conv.stats.static_plan.active);
+    EXPECT_EQ(conv.stats.static_plan.plans, 1);  // planned once, never re-planned
+    // dyn under a capacity the no-offload pass exceeds: it has to offload.
+    const TrainRun dyn =
+        train(g, options(Policy::kDyn, Planner::kPool, all.stats.reservation + 4096));
+    EXPECT_TRUE(bitwise_equal(base.params, dyn.params)) << dyn.stats.policy;
+    EXPECT_NE(dyn.stats.offload, "none") << dyn.stats.policy;
+    EXPECT_LE(dyn.stats.reservation, all.stats.reservation + 4096);
+    if (!every_planner) return;
+    const TrainRun none_static = train(g, options(Policy::kNone, Planner::kStatic));
+    EXPECT_TRUE(bitwise_equal(base.params, none_static.params)) << "none, static";
+    const TrainRun all_static = train(g, options(Policy::kAll, Planner::kStatic));
+    EXPECT_TRUE(bitwise_equal(base.params, all_static.params)) << "all, static";
+    EXPECT_LE(all_static.stats.reservation, all.stats.reservation);
+    const TrainRun conv_pool = train(g, options(Policy::kConv, Planner::kPool));
+    EXPECT_TRUE(bitwise_equal(base.params, conv_pool.params)) << "conv, pool";
+  }
+}
+
+TEST_F(EngineTest, ChainTrainsToBitIdenticalWeightsUnderEveryPolicyAndPlanner) {
+  expect_bit_identical("vgg-small", 16, true);
+}
+TEST_F(EngineTest, GoogLeNetTrainsToBitIdenticalWeightsUnderEveryPolicy) {
+  expect_bit_identical("googlenet", 8, false);
+}
+TEST_F(EngineTest, ResNetTrainsToBitIdenticalWeightsUnderEveryPolicy) {
+  expect_bit_identical("resnet18", 8, false);
+}
+
+// The schedules of the real presets (their fork/join graphs as the engine
+// models them) keep every tensor a later layer reads.
+TEST_F(EngineTest, PresetSchedulesKeepWhatLaterLayersRead) {
+  for (const char* preset : {"alexnet", "googlenet", "resnet50", "vgg16"}) {
+    SCOPED_TRACE(preset);
+    const worker::Graph g = graph(preset, 32);
+    worker::Network net(g, *backend_, options(Policy::kAll, Planner::kPool));
+    const MemoryModel& m = net.memory_model();
+    for (Policy p : {Policy::kNone, Policy::kAll, Policy::kConv}) {
+      SCOPED_TRACE(policy_name(p));
+      const Schedule s = make_schedule(m, p);
+      check_schedule(m, s, true);
+      check_schedule(m, s, false);
+    }
+  }
+}
+
+TEST_F(EngineTest, TooSmallACapacityIsAClearErrorNamingTheTensor) {
+  const worker::Graph g = graph("vgg-small", 16);
+  const std::string msg = error_message<OutOfMemoryError>(
+      [&] { worker::Network net(g, *backend_, options(Policy::kConv, Planner::kPool, 64 << 10)); });
+  EXPECT_CONTAINS(msg, "memory.policy conv");
+  EXPECT_CONTAINS(msg, "out of memory allocating '");
+  EXPECT_CONTAINS(msg, " bytes)");
+  EXPECT_CONTAINS(msg, "memory capacity 64.0 KiB");
+  const std::string dyn = error_message<OutOfMemoryError>(
+      [&] { worker::Network net(g, *backend_, options(Policy::kDyn, Planner::kPool, 64 << 10)); });
+  EXPECT_CONTAINS(dyn, "cannot be trained even with vDNN_all");
+}
+
+TEST_F(EngineTest, TraceAndTimelineShowTheMemoryStream) {
+  const worker::Graph g = graph("vgg-small", 16);
+  worker::Network net(g, *backend_, options(Policy::kAll, Planner::kPool));
+  net.init_parameters(1);
+  ChromeTrace trace(0, "rank 0");
+  net.set_trace(&trace);
+  backend_->fill(net.input(4), 0.5f);
+  std::vector<int32_t> labels(4, 1);
+  backend_->upload_labels(labels.data(), net.labels(), 4);
+  net.train_step(4, 0.25f);
+  const std::string json = trace.json();
+  EXPECT_CONTAINS(json, "\"cat\":\"offload\"");
+  EXPECT_CONTAINS(json, "\"cat\":\"prefetch\"");
+  EXPECT_CONTAINS(json, "\"cat\":\"release\"");
+  EXPECT_CONTAINS(json, "conv1_1 forward");
+  EXPECT_CONTAINS(json, "device bytes in use");
+  const auto& timeline = net.memory_timeline();
+  ASSERT_FALSE(timeline.empty());
+  EXPECT_EQ(timeline.front().label, "conv1_1 forward");
+  EXPECT_EQ(timeline.back().bytes_in_use, net.memory_stats().persistent_bytes);
+  const worker::MemoryStats st = net.memory_stats();
+  EXPECT_GE(st.step_peak, static_cast<size_t>(st.step_average));
+  EXPECT_GT(st.step_average, static_cast<double>(st.persistent_bytes));
+}
+
+}  // namespace
+}  // namespace vtrain::memory
