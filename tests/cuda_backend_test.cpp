@@ -21,9 +21,14 @@
 #include <utility>
 #include <vector>
 
+#include "memory/device_pool.h"
+#include "memory/vdnn_plan.h"
+#include "tests/engine_runs.h"
 #include "tests/reference_ops.h"
 #include "tests/test_support.h"
 #include "worker/backend.h"
+#include "worker/checkpoint.h"
+#include "worker/communicator.h"
 #include "worker/graph.h"
 #include "worker/network.h"
 #include "worker/optimizer.h"
@@ -38,6 +43,9 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr double kSumRtol = 1e-4;
 // FFT and Winograd convolutions round more (transforms in float).
 constexpr double kTransformRtol = 1e-3;
+// Winograd on filters larger than 3x3 (cuDNN's nonfused F(2x2, 5x5) on the
+// H100: up to 2.4e-3 of the output's scale off the double reference).
+constexpr double kLargeWinogradRtol = 5e-3;
 
 #define SKIP_WITHOUT_GPU()                                                                  \
   do {                                                                                      \
@@ -381,7 +389,9 @@ TEST_P(CudaConvTest, EveryAlgorithmAndBetaMatchesTheReferenceAndTheCpuBackend) {
       EXPECT_EQ(gpu().conv_workspace(kind, info.algo, d.p, true), info.workspace_bytes);
       const bool transform = info.name.find("fft") != std::string::npos ||
                              info.name.find("winograd") != std::string::npos;
-      const double rtol = transform ? kTransformRtol : kSumRtol;
+      const bool large_winograd = info.name.find("winograd") != std::string::npos &&
+                                  std::max(d.p.r, d.p.s) > 3;
+      const double rtol = large_winograd ? kLargeWinogradRtol : transform ? kTransformRtol : kSumRtol;
       for (float beta : {0.0f, 1.0f}) {
         const std::string what = std::string(conv_kind_name(kind)) + "/" + info.name +
                                  " beta=" + std::to_string(static_cast<int>(beta));
@@ -813,6 +823,113 @@ TEST_F(CudaBackendTest, LeNetLossFallsAndStartsWhereTheCpuStarts) {
   }
   EXPECT_LT(last, 0.6 * first) << "mean loss of the first 5 steps " << first << ", last 5 " << last;
   EXPECT_FALSE(net.algorithm_summary().empty());
+}
+
+// ============================================================ memory part
+
+// Offloads and prefetches on the real memory stream (cudaMemcpyAsync on a
+// stream of its own, ordered by events), layer-wise release with freed
+// blocks poisoned, and the static planner never change the numbers: every
+// policy trains to the weights of the network-wide baseline, bit for bit.
+// Deterministic algorithms throughout (algo_1 for both backward kinds; the
+// forward algorithms are deterministic), so only the memory schedule differs.
+TEST_F(CudaBackendTest, MemoryPoliciesOnRealStreamsTrainToTheWeightsOfNone) {
+  using memory::Planner;
+  using memory::Policy;
+  using test_support::bitwise_equal;
+  const std::pair<const char*, int64_t> nets[] = {{"vgg-small", 16}, {"resnet18", 8}};
+  for (const auto& [preset, side] : nets) {
+    SCOPED_TRACE(preset);
+    const Graph g = test_support::preset_graph(preset, side);
+    auto options = [](Policy policy, Planner planner, size_t capacity = 0) {
+      NetworkOptions o;
+      o.max_batch = 4;
+      o.conv_algorithm = "algo_1";
+      o.memory_policy = policy;
+      o.memory_planner = planner;
+      o.memory_capacity = capacity;
+      o.poison_freed = policy != Policy::kNone;
+      return o;
+    };
+    const auto base = test_support::train_steps(gpu(), g, options(Policy::kNone, Planner::kPool));
+    for (float v : base.params) ASSERT_TRUE(std::isfinite(v));
+    const auto all = test_support::train_steps(gpu(), g, options(Policy::kAll, Planner::kPool));
+    EXPECT_TRUE(bitwise_equal(base.params, all.params)) << "all";
+    EXPECT_TRUE(bitwise_equal(base.buffers, all.buffers)) << "all";
+    EXPECT_GT(all.stats.offloaded_bytes, 0u);
+    EXPECT_LT(all.stats.step_peak, base.stats.step_peak);
+    const auto conv = test_support::train_steps(gpu(), g, options(Policy::kConv, Planner::kStatic));
+    EXPECT_TRUE(bitwise_equal(base.params, conv.params)) << "conv, static";
+    EXPECT_TRUE(conv.stats.static_plan.active);
+    const auto dyn = test_support::train_steps(
+        gpu(), g, options(Policy::kDyn, Planner::kPool, all.stats.reservation + 4096));
+    EXPECT_TRUE(bitwise_equal(base.params, dyn.params)) << dyn.stats.policy;
+    EXPECT_NE(dyn.stats.offload, "none") << dyn.stats.policy;
+  }
+}
+
+// ================================================================== NCCL
+
+// One MPI runtime for the process (a singleton without mpirun).
+MpiRuntime& mpi_runtime() {
+  static MpiRuntime runtime(nullptr, nullptr);
+  return runtime;
+}
+
+// The NCCL communicator's own machinery on one rank: the unique id travels,
+// an allreduce queued right after a fill on the compute stream sees the
+// filled values (ordered by the event), and wait() returns the sum, which on
+// one rank is the buffer itself.
+TEST_F(CudaBackendTest, NcclAllreduceIsOrderedAfterComputeOnOneRank) {
+  mpi_runtime();
+  Backend& b = gpu();
+  const std::unique_ptr<Communicator> comm = cuda::make_nccl_communicator(b);
+  ASSERT_EQ(comm->size(), 1);
+  const int64_t count = 1 << 20;
+  DeviceBuffer buffer(b, count * sizeof(float));
+  for (float value : {1.5f, -2.0f}) {
+    b.fill(flat(buffer.floats(), count), value);  // queued on the compute stream
+    comm->allreduce_async(buffer.floats(), count / 2);
+    comm->allreduce_async(buffer.floats() + count / 2, count / 2);
+    comm->wait();
+    const Vec host = from_device(b, buffer.floats(), count);
+    EXPECT_EQ(std::count(host.begin(), host.end(), value), count) << value;
+  }
+  EXPECT_GT(comm->allreduce_seconds(), 0.0);
+}
+
+// Uneven per-rank batches summed by NCCL give the full-batch gradient: 20
+// steps of vtrain on 2 GPUs with a 40/8 split end with the weights of one
+// GPU with the whole batch of 48. Needs one GPU per rank.
+TEST_F(CudaBackendTest, NcclUnevenSplitOnTwoGpusMatchesOneGpu) {
+  const int gpus = cuda::cuda_device_count();
+  if (gpus < 2) GTEST_SKIP() << "NCCL needs one GPU per rank; " << gpus << " visible";
+  test_support::TempDir dir;
+  auto command = [&](const std::string& launch, const std::string& ckpt,
+                     const std::string& extra) {
+    return launch + test_support::vtrain_binary() + " " + test_support::source_dir() +
+           "/configs/synthetic-lenet.yaml --progress off --set device.backend=cuda"
+           " --set conv.algorithm=algo_1 --set train.batch=48 --set train.max_steps=20"
+           " --set checkpoint.dir=" + dir.path(ckpt) + " " + extra;
+  };
+  std::string out;
+  ASSERT_EQ(test_support::run_command(command("", "one", ""), &out), 0) << out;
+  ASSERT_EQ(test_support::run_command(
+                command("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                        "mpirun --oversubscribe -np 2 ",
+                        "two", "--set balance.split=manual --set 'balance.manual=[40,8]'"),
+                &out),
+            0)
+      << out;
+  const auto one = load_checkpoint(*latest_checkpoint(dir.path("one"))).parameters;
+  const auto two = load_checkpoint(*latest_checkpoint(dir.path("two"))).parameters;
+  ASSERT_EQ(one.size(), two.size());
+  double max_abs = 0, scale = 0;
+  for (size_t i = 0; i < one.size(); ++i) {
+    max_abs = std::max(max_abs, double(std::fabs(one[i] - two[i])));
+    scale = std::max(scale, double(std::fabs(one[i])));
+  }
+  EXPECT_LE(max_abs, 1e-5 * scale) << "max |diff| " << max_abs << ", weights' scale " << scale;
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "memory/pinned_pool.h"
 #include "memory/simulator.h"
 #include "memory/vdnn_plan.h"
+#include "tests/engine_runs.h"
 #include "tests/test_support.h"
 #include "worker/backend.h"
 #include "worker/graph.h"
@@ -704,21 +705,17 @@ TEST(ChromeTraceWriter, WritesSpansCountersAndOneProcessPerRank) {
 
 // ------------------------------------------------ the engine on the pool
 
-// Trains a preset for a few steps on synthetic data and returns the
-// parameters and batch-norm statistics. Every run uses the same algorithm
-// ("direct"), so only the memory policy and planner differ.
-struct TrainRun {
-  std::vector<float> params, buffers;
-  worker::MemoryStats stats;
-};
+// Every run uses the same algorithm ("direct"), so only the memory policy
+// and planner differ.
+using test_support::bitwise_equal;
+using test_support::TrainRun;
 
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override { backend_ = worker::make_backend({.kind = "cpu", .threads = 2}); }
 
   worker::Graph graph(const std::string& preset, int64_t side) {
-    const worker::Shape input{1, 3, side, side};
-    return worker::Graph::build(worker::preset_layers(preset, {input, 10}), input);
+    return test_support::preset_graph(preset, side);
   }
 
   worker::NetworkOptions options(Policy policy, Planner planner, size_t capacity = 0) {
@@ -732,26 +729,8 @@ class EngineTest : public ::testing::Test {
     return o;
   }
 
-  TrainRun train(const worker::Graph& g, const worker::NetworkOptions& o, int steps = 2) {
-    worker::Network net(g, *backend_, o);
-    net.init_parameters(3);
-    worker::Sgd sgd(*backend_, net.parameter_count(), 0.9f, 1e-4f);
-    std::mt19937 rng(9);
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    for (int step = 0; step < steps; ++step) {
-      const int64_t n = step == steps - 1 ? 3 : 4;  // the last batch is a partial one
-      const worker::Tensor in = net.input(n);
-      std::vector<float> x(static_cast<size_t>(in.shape().elements()));
-      for (float& v : x) v = dist(rng);
-      backend_->upload(x.data(), in);
-      std::vector<int32_t> labels(static_cast<size_t>(n));
-      for (auto& l : labels) l = static_cast<int32_t>(rng() % 10);
-      backend_->upload_labels(labels.data(), net.labels(), n);
-      net.train_step(n, 1.0f / static_cast<float>(n));
-      sgd.step(net.parameters(), net.gradients(), 0.05f);
-      if (step == 0) net.evaluate(n);  // the evaluation schedule between steps
-    }
-    return {net.download_parameters(), net.download_buffers(), net.memory_stats()};
+  TrainRun train(const worker::Graph& g, const worker::NetworkOptions& o) {
+    return test_support::train_steps(*backend_, g, o);
   }
 
   // Trains `preset` under none, all (pool), conv (static) and dyn (a
@@ -762,10 +741,6 @@ class EngineTest : public ::testing::Test {
 
   std::unique_ptr<worker::Backend> backend_;
 };
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 // Offloading, releasing and planning never change the numbers: every policy
 // and planner gives bit-identical weights, on a chain (vgg-small) and on

@@ -1201,14 +1201,16 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   return std::make_unique<CudaBackend>(options);
 }
 
-bool cuda_device_visible() {
+int cuda_device_count() {
   int count = 0;
   // Without libcuda.so the runtime reports cudaErrorInsufficientDriver here.
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return 0;
   }
-  return count > 0;
+  return count;
 }
+
+bool cuda_device_visible() { return cuda_device_count() > 0; }
 
 }  // namespace vtrain::worker::cuda

@@ -38,6 +38,8 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
 // Whether a CUDA GPU is usable: the runtime finds a driver and at least one
 // device. Never throws and never aborts, also without libcuda.so.
 bool cuda_device_visible();
+// How many CUDA GPUs the runtime sees (0 without a driver). Never throws.
+int cuda_device_count();
 
 // Gradient allreduces with NCCL on device memory of `cuda_backend` (which
 // must come from make_cuda_backend and outlive the communicator), on a

@@ -1,0 +1,60 @@
+// Training a network for a few steps on seeded synthetic batches, the same
+// way on every backend: what the memory tests compare across policies and
+// planners (CPU) and across policies on real streams (CUDA).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "worker/backend.h"
+#include "worker/graph.h"
+#include "worker/network.h"
+#include "worker/optimizer.h"
+
+namespace vtrain::test_support {
+
+struct TrainRun {
+  std::vector<float> params, buffers;
+  worker::MemoryStats stats;
+};
+
+// A preset for 3 x side x side inputs and 10 classes.
+inline worker::Graph preset_graph(const std::string& preset, int64_t side) {
+  const worker::Shape input{1, 3, side, side};
+  return worker::Graph::build(worker::preset_layers(preset, {input, 10}), input);
+}
+
+// `steps` SGD steps (momentum 0.9, weight decay 1e-4) of batch max_batch,
+// the last one partial (max_batch - 1), and one evaluation pass after the
+// first step; returns the parameters, batch-norm buffers and memory stats.
+inline TrainRun train_steps(worker::Backend& backend, const worker::Graph& graph,
+                            const worker::NetworkOptions& options, int steps = 2) {
+  worker::Network net(graph, backend, options);
+  net.init_parameters(3);
+  worker::Sgd sgd(backend, net.parameter_count(), 0.9f, 1e-4f);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int step = 0; step < steps; ++step) {
+    const int64_t n = step == steps - 1 ? options.max_batch - 1 : options.max_batch;
+    const worker::Tensor in = net.input(n);
+    std::vector<float> x(static_cast<size_t>(in.shape().elements()));
+    for (float& v : x) v = dist(rng);
+    backend.upload(x.data(), in);
+    std::vector<int32_t> labels(static_cast<size_t>(n));
+    for (auto& l : labels) l = static_cast<int32_t>(rng() % 10);
+    backend.upload_labels(labels.data(), net.labels(), n);
+    net.train_step(n, 1.0f / static_cast<float>(n));
+    sgd.step(net.parameters(), net.gradients(), 0.05f);
+    if (step == 0) net.evaluate(n);  // the evaluation schedule between steps
+  }
+  return {net.download_parameters(), net.download_buffers(), net.memory_stats()};
+}
+
+inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace vtrain::test_support
