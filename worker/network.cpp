@@ -732,7 +732,8 @@ void Network::plan_memory() {
   capacity_ = options_.memory_capacity;
   if (capacity_ == 0) {
     const size_t device = backend_.device_info().memory_bytes;
-    const size_t used = backend_.device_bytes_in_use();
+    const size_t used = backend_.device_bytes_in_use() +
+                        static_cast<size_t>(param_count_) * options_.optimizer_bytes_per_parameter;
     capacity_ = device > used ? device - used : 0;
   }
   const memory::Policy policy = options_.memory_policy;

@@ -105,7 +105,11 @@ struct NetworkOptions {
   memory::Policy memory_policy = memory::Policy::kNone;
   memory::Planner memory_planner = memory::Planner::kPool;
   size_t memory_capacity = 0;  // device bytes the pool may reserve; 0 = the device's memory
-                               // (device.memory_limit on the CPU) less what is in use
+                               // (device.memory_limit on the CPU) less what is in use and
+                               // less the optimizer's state below
+  size_t optimizer_bytes_per_parameter = 0;  // device bytes per parameter the optimizer
+                                             // allocates after the network (Sgd: 4, its
+                                             // velocity), left free by the pool
   bool poison_freed = false;   // tests: fill released memory with NaN so a read after
                                // release changes the results
 };
