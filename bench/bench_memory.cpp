@@ -9,8 +9,8 @@
 // trained for a few steps under a memory limit far below its `none` need.
 //
 //   bench_memory [--nets alexnet,googlenet,vgg16,resnet50] [--size 224] [--batch 2]
-//                [--steps 3] [--algorithm direct] [--deep-size 32] [--deep-steps 3]
-//                [--trace-dir DIR]
+//                [--steps 3] [--algorithm direct] [--deep-size 64] [--deep-batch 8]
+//                [--deep-steps 2] [--deep-algorithm direct] [--trace-dir DIR] [--backend cpu|cuda]
 //
 // dyn runs under a capacity between vDNN_conv's and the baseline's need, so
 // that it has to choose. --trace-dir writes one Chrome trace per network and
@@ -48,9 +48,11 @@ struct Settings {
   int steps = 3;                   // timed steps after one warm-up step
   std::string algorithm = "direct";  // conv.algorithm ("auto" times every candidate)
   int64_t deep_size = 64;          // vgg416's input side (0: skip it)
-  int64_t deep_batch = 1;
+  int64_t deep_batch = 8;
   int deep_steps = 2;
   std::string trace_dir;           // one Chrome trace per run; empty = none
+  std::string backend = "cpu";     // device.backend: cpu or cuda
+  std::string deep_algorithm = "direct";  // conv.algorithm for vgg416 (cuda: a cuDNN name)
 };
 
 double mib(double bytes) { return bytes / 1048576.0; }
@@ -73,6 +75,7 @@ Run train(worker::Backend& backend, const worker::Graph& graph, const Settings& 
   o.conv_algorithm = s.algorithm;
   o.memory_policy = policy;
   o.memory_capacity = capacity;
+  o.optimizer_bytes_per_parameter = sizeof(float);
   worker::Network net(graph, backend, o);
   net.init_parameters(1);
   worker::Sgd sgd(backend, net.parameter_count(), 0.9f, 0.0f);
@@ -107,17 +110,44 @@ Run train(worker::Backend& backend, const worker::Graph& graph, const Settings& 
           times[times.size() / 2], net.last_step_trace()};
 }
 
-// What the baseline would reserve, from the network's own memory model.
-size_t baseline_need(worker::Backend& backend, const worker::Graph& graph, const Settings& s) {
+// Milliseconds per MiB of a device -> host plus host -> device copy of a
+// 64 MiB block between device and pinned memory on the memory stream (the
+// copies an offloaded byte costs), median of 5.
+double copy_ms_per_mib(worker::Backend& backend) {
+  const size_t bytes = size_t{64} << 20;
+  void* device = backend.allocate_device(bytes);
+  void* host = backend.allocate_pinned(bytes);
+  std::vector<double> times;
+  for (int i = 0; i < 6; ++i) {
+    const auto start = Clock::now();
+    backend.copy_async(host, device, bytes, worker::StreamKind::kMemory);
+    backend.copy_async(device, host, bytes, worker::StreamKind::kMemory);
+    backend.synchronize(worker::StreamKind::kMemory);
+    if (i > 0) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  }
+  backend.free_pinned(host);
+  backend.free_device(device);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2] / 64.0;
+}
+
+// What the baseline would reserve, and of it what every policy keeps
+// allocated (parameters, gradients, momentum, the data), from the network's
+// own memory model.
+std::pair<size_t, size_t> baseline_need(worker::Backend& backend, const worker::Graph& graph, const Settings& s) {
   worker::NetworkOptions o;
   o.max_batch = s.batch;
-  o.conv_algorithm = "direct";
+  o.conv_algorithm = s.algorithm;
   o.memory_policy = memory::Policy::kAll;
   const worker::Network net(graph, backend, o);
   const memory::MemoryModel& m = net.memory_model();
-  return memory::simulate(m, memory::make_schedule(m, memory::Policy::kNone), 0,
-                          memory::Planner::kPool)
-      .reservation;
+  const auto sim = [&](memory::Policy p) {
+    return memory::simulate(m, memory::make_schedule(m, p), 0, memory::Planner::kPool);
+  };
+  // Sgd's velocity comes on top: one float per parameter.
+  const size_t velocity = static_cast<size_t>(net.parameter_count()) * sizeof(float);
+  return {sim(memory::Policy::kNone).reservation + velocity,
+          sim(memory::Policy::kAll).persistent_bytes + velocity};
 }
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -160,20 +190,29 @@ int main(int argc, char** argv) {
       s.deep_steps = std::atoi(next().c_str());
     } else if (arg == "--trace-dir") {
       s.trace_dir = next();
+    } else if (arg == "--backend") {
+      s.backend = next();
+    } else if (arg == "--deep-algorithm") {
+      s.deep_algorithm = next();
     } else {
       std::fprintf(stderr,
                    "usage: bench_memory [--nets a,b] [--size N] [--batch B] [--steps N] "
-                   "[--algorithm NAME] [--deep-size N] [--deep-steps N] [--trace-dir DIR]\n");
+                   "[--algorithm NAME] [--deep-size N] [--deep-steps N] [--trace-dir DIR] "
+                   "[--backend cpu|cuda] [--deep-algorithm NAME]\n");
       return 2;
     }
   }
   try {
-    const auto backend = worker::make_backend({.kind = "cpu"});
-    std::printf("vDNN policies on the CPU backend (%d threads), 3x%lldx%lld, batch %lld, "
-                "conv.algorithm %s; step time = median of %d steps\n",
-                backend->device_info().threads, static_cast<long long>(s.size),
-                static_cast<long long>(s.size), static_cast<long long>(s.batch),
-                s.algorithm.c_str(), s.steps);
+    const auto backend = worker::make_backend({.kind = s.backend});
+    const worker::DeviceInfo device = backend->device_info();
+    const double copy_ms = copy_ms_per_mib(*backend);
+    std::printf("vDNN policies on %s (%s, %d threads), 3x%lldx%lld, batch %lld, "
+                "conv.algorithm %s; step time = median of %d steps; offload + prefetch copies "
+                "%.3f ms/MiB (%.1f GB/s each way)\n",
+                device.name.c_str(), device.backend.c_str(), device.threads,
+                static_cast<long long>(s.size), static_cast<long long>(s.size),
+                static_cast<long long>(s.batch), s.algorithm.c_str(), s.steps, copy_ms,
+                2.0 * 1.048576 / copy_ms);
     std::vector<std::pair<std::string, std::vector<Run>>> all_runs;
     for (const std::string& name : s.nets) {
       const worker::Shape input{1, 3, s.size, s.size};
@@ -193,8 +232,18 @@ int main(int argc, char** argv) {
         if (p == memory::Policy::kNone) none_need = r.reservation;
         if (p == memory::Policy::kConv) conv_need = r.reservation;
         const Run& base = runs.empty() ? r : runs.front();
+        // Of the copies' own time, the part the step did not grow by.
+        const double transfer_ms = mib(r.offloaded) * copy_ms;
+        const std::string hidden =
+            transfer_ms > 0
+                ? "  copies " + std::to_string(static_cast<int>(transfer_ms)) + " ms, " +
+                      std::to_string(static_cast<int>(std::clamp(
+                          100.0 * (1.0 - std::max(0.0, r.step_ms - base.step_ms) / transfer_ms),
+                          0.0, 100.0))) +
+                      "% hidden"
+                : "";
         std::printf("  %-44s max %9.1f MiB (-%4.1f%%)  avg %9.1f MiB (-%4.1f%%)  step %8.1f ms "
-                    "(%5.2fx)  offloaded %8.1f MiB%s\n",
+                    "(%5.2fx)  offloaded %8.1f MiB%s%s\n",
                     r.policy.c_str(), mib(r.step_peak),
                     100.0 * (1.0 - static_cast<double>(r.step_peak) / base.step_peak),
                     mib(r.step_average), 100.0 * (1.0 - r.step_average / base.step_average),
@@ -203,7 +252,8 @@ int main(int argc, char** argv) {
                         ? (" (capacity " + std::to_string(static_cast<long long>(mib(capacity))) +
                            " MiB)")
                               .c_str()
-                        : "");
+                        : "",
+                    hidden.c_str());
         runs.push_back(std::move(r));
       }
       all_runs.push_back({name, std::move(runs)});
@@ -228,22 +278,29 @@ int main(int argc, char** argv) {
     }
 
     // The largest VGG under a memory limit far below its baseline need.
+    if (s.deep_size <= 0) return 0;
     const worker::Shape deep_input{1, 3, s.deep_size, s.deep_size};
     const worker::Graph deep =
         worker::Graph::build(worker::preset_layers("vgg416", {deep_input, 10}), deep_input);
     Settings ds = s;
     ds.size = s.deep_size;
-    const size_t need = baseline_need(*backend, deep, ds);
-    const size_t limit = need / 8;
-    std::printf("\nvgg416 (%d layers), 3x%lldx%lld, batch %lld: policy none needs %.1f MiB; "
-                "device.memory_limit %.1f MiB (1/8 of it):\n",
+    ds.batch = s.deep_batch;
+    ds.algorithm = s.deep_algorithm;
+    const auto [need, persistent] = baseline_need(*backend, deep, ds);
+    // Parameters, gradients and Sgd's velocity must stay; of the rest, 1/8.
+    const size_t limit = persistent + (need - persistent) / 8;
+    std::printf("\nvgg416 (%d layers), 3x%lldx%lld, batch %lld: policy none needs %.1f MiB "
+                "(%.1f MiB of it persistent); device.memory_limit %.1f MiB (the persistent bytes "
+                "and 1/8 of the rest, %.0f%% of none's need):\n",
                 deep.size(), static_cast<long long>(ds.size), static_cast<long long>(ds.size),
-                static_cast<long long>(ds.batch), mib(need), mib(limit));
-    const auto limited = worker::make_backend({.kind = "cpu", .memory_limit = limit});
+                static_cast<long long>(ds.batch), mib(need), mib(persistent), mib(limit),
+                100.0 * static_cast<double>(limit) / static_cast<double>(need));
+    const auto limited = worker::make_backend({.kind = s.backend, .memory_limit = limit});
     try {
       worker::NetworkOptions o;
       o.max_batch = ds.batch;
-      o.conv_algorithm = "direct";
+      o.conv_algorithm = ds.algorithm;
+      o.optimizer_bytes_per_parameter = sizeof(float);
       worker::Network none(deep, *limited, o);
       std::printf("  none: unexpectedly fits\n");
     } catch (const std::exception& e) {

@@ -8,7 +8,12 @@ call that fits M, the buffer shared as kernels run one after another), then
 train with each plan, alternating, and print the medians of the measured
 step times, their ratio, and the plans' predicted conv-kernel time.
 
-  /usr/bin/python3 bench/bench_wd.py [--rounds 3] [--models vgg-small,alexnet]
+  /usr/bin/python3 bench/bench_wd.py [--rounds 3] [--models vgg-small:1x28x28,alexnet:3x32x32]
+      [--backend cpu|cuda] [--policies undivided,wr,wd] [--batch 32] [--workspace 2MiB,16MiB]
+
+`wr` plans each kernel's micro-batches under the limit per kernel (the
+paper's WR), `wd` divides one buffer of the limit among all kernels (WD);
+ratios are against `undivided` (the first policy).
 """
 import argparse
 import json
@@ -46,6 +51,9 @@ def main():
     ap.add_argument("--workspace", default="2MiB,16MiB")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--backend", default="cpu", help="device.backend (cpu or cuda)")
+    ap.add_argument("--policies", default="undivided,wd",
+                    help="balance policies; the first is the baseline of the ratios")
     args = ap.parse_args()
     config = os.path.join(ROOT, "configs", "synthetic-lenet.yaml")
     work = tempfile.mkdtemp(prefix="vtrain-wd.")
@@ -57,28 +65,33 @@ def main():
                 "--set", "data.shape=[%s,%s,%s]" % (c, h, w), "--set", "train.batch=%d" % args.batch,
                 "--set", "train.max_steps=%d" % args.steps, "--set", "train.evaluate=false",
                 "--set", "profile.db=" + db, "--set", "profile.batches=[%d]" % args.batch,
-                "--set", "profile.micro_batches=powerOfTwo", "--set", "profile.repeats=3"]
+                "--set", "profile.micro_batches=powerOfTwo", "--set", "profile.repeats=3",
+                "--set", "device.backend=" + args.backend]
         print("%s %s, batch %d: profiling ..." % (model, shape, args.batch), flush=True)
         run([args.vtrain, "profile", config] + sets)
         for limit in args.workspace.split(","):
-            plans, times = {}, {"wd": [], "undivided": []}
-            for policy in times:
+            policies = args.policies.split(",")
+            plans, times = {}, {p: [] for p in policies}
+            for policy in policies:
                 plans[policy] = os.path.join(work, "%s-%s-%s.yaml" % (model, policy, limit))
                 run([args.vtrain, "balance", config, "--db", db, "--policy", policy,
                      "--workspace", limit, "--out", plans[policy]] + sets)
             for r in range(args.rounds):
-                for policy in times:
+                for policy in policies:
                     metrics = os.path.join(work, "m.jsonl")
                     if os.path.exists(metrics):
                         os.remove(metrics)
                     run([args.vtrain, "train", config, "--plan", plans[policy], "--metrics", metrics] + sets)
                     times[policy].append(step_ms(metrics, args.batch))
-            u, d = statistics.median(times["undivided"]), statistics.median(times["wd"])
-            print("  workspace %-6s undivided %.1f ms/step, wd %.1f ms/step: %.2fx measured; "
-                  "predicted conv kernels %.1f vs %.1f ms (%.2fx)"
-                  % (limit, u, d, u / d, kernel_ms(plans["undivided"]), kernel_ms(plans["wd"]),
-                     kernel_ms(plans["undivided"]) / kernel_ms(plans["wd"])), flush=True)
-
+            base = policies[0]
+            b = statistics.median(times[base])
+            line = "  workspace %-6s %s %.2f ms/step" % (limit, base, b)
+            for policy in policies[1:]:
+                t = statistics.median(times[policy])
+                line += "; %s %.2f ms/step: %.2fx measured, predicted conv kernels %.2f vs %.2f ms (%.2fx)" % (
+                    policy, t, b / t, kernel_ms(plans[base]), kernel_ms(plans[policy]),
+                    kernel_ms(plans[base]) / kernel_ms(plans[policy]))
+            print(line, flush=True)
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,6 @@ import gzip
 import struct
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 
@@ -32,7 +31,49 @@ def vgg_small(classes=10):
         nn.Flatten(), nn.Linear(128 * 7 * 7, 256), nn.ReLU(), nn.Linear(256, classes))
 
 
+class BasicBlock(nn.Module):
+    # torchvision's ResNet basic block, as vtrain's basic_block: conv3x3 (no
+    # bias) + bn + relu, conv3x3 + bn, a 1x1 strided projection + bn where the
+    # shape changes, add, relu.
+    def __init__(self, inplanes, planes, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or inplanes != planes:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False),
+                                            nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return self.relu(y + (x if self.downsample is None else self.downsample(x)))
+
+
+def resnet18(classes=10, in_channels=3, small_input=True):
+    # vtrain's `resnet18` preset (torchvision's ResNet-18). small_input (a side
+    # below 64, e.g. 32x32 CIFAR): the CIFAR stem, conv1 3x3 stride 1 pad 1
+    # and no max pool; otherwise conv1 7x7 stride 2 pad 3 and a 3x3/2 max pool.
+    stem = (nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False) if small_input
+            else nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False))
+    layers = [stem, nn.BatchNorm2d(64), nn.ReLU(inplace=True)]
+    if not small_input:
+        layers.append(nn.MaxPool2d(3, 2, 1))
+    inplanes = 64
+    for stage in range(4):
+        planes = 64 << stage
+        for k in range(2):
+            layers.append(BasicBlock(inplanes, planes, 2 if stage > 0 and k == 0 else 1))
+            inplanes = planes
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes)]
+    return nn.Sequential(*layers)
+
+
 def load_idx(path):
+    import numpy as np  # here, so that importing the models needs no numpy
     with gzip.open(path, "rb") as f:
         data = f.read()
     magic, n = struct.unpack(">II", data[:8])
@@ -51,6 +92,7 @@ def main():
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     a = p.parse_args()
+    import numpy as np
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)

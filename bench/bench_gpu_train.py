@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Training throughput on one GPU: vtrain (CUDA backend, cuDNN) vs PyTorch,
+same model, batch, input shape and SGD recipe, on synthetic data.
+
+    python3 bench/bench_gpu_train.py [--models lenet:64,resnet18:128] [--runs 5]
+        [--steps 300] [--vtrain build/vtrain] [--conv-algorithm auto] [--json FILE]
+
+Each run is a fresh process: `vtrain train configs/synthetic-lenet.yaml` with
+the model, shape and batch set by --set, then this script in --torch-worker
+mode; the two alternate (A B A B ...) so drifting load hits both alike. The
+table shows per-model medians and the ratio vtrain / torch.
+
+Timing. vtrain: `images_per_second` of the metrics file's "end" record, which
+sums the per-step wall times of every training step but the first; a step
+gathers, normalizes and uploads a batch of the host-side synthetic samples
+(generated once, before training), runs forward and backward, reads the loss
+back and applies the SGD update. PyTorch: a fixed random batch already on the device, --warmup
+untimed steps (default 10), then the remaining steps timed between two
+torch.cuda.synchronize() calls. TF32 is off on the PyTorch side (vtrain
+computes in plain fp32) and cudnn.benchmark is on.
+
+Both sides are checked to build the same net: the PyTorch model's parameter
+count is printed beside the one `vtrain check` reports for the same preset.
+
+--device cpu --backend cpu runs the same comparison on the CPU (vtrain's
+oneDNN backend vs PyTorch's CPU path): for smoke-testing this script."""
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# Per-sample input shape [C, H, W] of each model; both sides use 10 classes.
+SHAPES = {"lenet": (1, 28, 28), "resnet18": (3, 32, 32)}
+CLASSES = 10
+LR = 0.01
+MOMENTUM = 0.9
+# The synthetic training set vtrain generates (and cycles through by epochs).
+TRAIN_SIZE = 2048
+
+
+def parse_models(text):
+    pairs = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, batch = item.partition(":")
+        if name not in SHAPES:
+            raise SystemExit(f"unknown model '{name}' (known: {', '.join(SHAPES)})")
+        pairs.append((name, int(batch) if batch else {"lenet": 64, "resnet18": 128}[name]))
+    return pairs
+
+
+# ---- PyTorch side (runs in a fresh process: --torch-worker) -----------------
+
+def torch_worker(a):
+    import torch
+    import torch.nn as nn
+    sys.path.insert(0, HERE)
+    import torch_train
+
+    c, h, w = SHAPES[a.model]
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(1)
+    device = torch.device(a.device)
+    torch.backends.cudnn.benchmark = True
+    # Plain fp32 like vtrain: no TF32 in matmuls or cuDNN convolutions.
+    try:  # PyTorch >= 2.9's API (the allow_tf32 flags are deprecated there)
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+    except (AttributeError, AssertionError):  # older: no fp32_precision
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    if a.model == "lenet":
+        model = torch_train.lenet(CLASSES)
+    else:
+        model = torch_train.resnet18(CLASSES, in_channels=c, small_input=min(h, w) < 64)
+    model = model.to(device).train()
+    parameters = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    loss_fn = nn.CrossEntropyLoss()
+
+    x_host = torch.randn(a.batch, c, h, w)
+    y_host = torch.randint(0, CLASSES, (a.batch,))
+    if a.torch_data == "host" and device.type == "cuda":
+        x_host, y_host = x_host.pin_memory(), y_host.pin_memory()
+    x, y = x_host.to(device), y_host.to(device)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def step():
+        if a.torch_data == "host":
+            xb = x_host.to(device, non_blocking=True)
+            yb = y_host.to(device, non_blocking=True)
+        else:
+            xb, yb = x, y
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(xb), yb)
+        loss.backward()
+        opt.step()
+        if a.sync_each_step:
+            loss.item()  # a host read-back per step, as vtrain does
+        return loss
+
+    warmup = max(0, min(a.warmup, a.steps - 1))
+    for _ in range(warmup):
+        step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(a.steps - warmup):
+        loss = step()
+    sync()
+    seconds = time.perf_counter() - start
+    print(json.dumps({
+        "images_per_second": (a.steps - warmup) * a.batch / seconds,
+        "parameters": parameters,
+        "final_loss": float(loss.item()),
+        "timed_steps": a.steps - warmup,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }))
+
+
+def run_torch(a, model, batch):
+    cmd = [a.python, os.path.abspath(__file__), "--torch-worker",
+           "--model", model, "--batch", str(batch), "--steps", str(a.steps),
+           "--warmup", str(a.warmup), "--device", a.device, "--threads", str(a.threads),
+           "--torch-data", a.torch_data] + (["--sync-each-step"] if a.sync_each_step else [])
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.stderr.write(out.stdout + out.stderr)
+        raise SystemExit(f"the PyTorch worker failed (exit {out.returncode}): {' '.join(cmd)}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---- vtrain side -------------------------------------------------------------
+
+def vtrain_sets(a, model, batch):
+    c, h, w = SHAPES[model]
+    train_size = max(TRAIN_SIZE, batch)
+    epochs = math.ceil(a.steps / (train_size // batch))
+    sets = [
+        f"model.preset={model}",
+        f"device.backend={a.backend}",
+        f"data.shape=[{c},{h},{w}]",
+        f"data.classes={CLASSES}",
+        f"data.train_size={train_size}",
+        f"train.batch={batch}",
+        f"train.epochs={epochs}",
+        f"train.max_steps={a.steps}",
+        "train.evaluate=false",
+        f"optimizer.lr={LR}",
+        f"optimizer.momentum={MOMENTUM}",
+        f"conv.algorithm={a.conv_algorithm}",
+    ]
+    if a.threads > 0:
+        sets.append(f"device.threads={a.threads}")
+    sets += a.vtrain_set
+    return [x for s in sets for x in ("--set", s)]
+
+
+def vtrain_check(a, model, batch):
+    cmd = [a.vtrain, "check", a.config] + vtrain_sets(a, model, batch)
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.stderr.write(out.stdout + out.stderr)
+        raise SystemExit(f"vtrain check failed (exit {out.returncode}): {' '.join(cmd)}")
+    m = re.search(r"^model: (\d+) layers, (\d+) parameters", out.stdout, re.M)
+    if not m:
+        raise SystemExit("no 'model: N layers, P parameters' line in vtrain check's output")
+    return int(m.group(1)), int(m.group(2))
+
+
+def run_vtrain(a, model, batch):
+    fd, metrics = tempfile.mkstemp(prefix="vtrain-bench-", suffix=".jsonl")
+    os.close(fd)
+    try:
+        cmd = [a.vtrain, a.config, "--progress", "off", "--metrics", metrics] + \
+            vtrain_sets(a, model, batch)
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.stderr.write(out.stdout + out.stderr)
+            raise SystemExit(f"vtrain failed (exit {out.returncode}): {' '.join(cmd)}")
+        end = None
+        with open(metrics) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    record = json.loads(line)
+                    if record.get("event") == "end":
+                        end = record
+        if end is None:
+            raise SystemExit(f"no \"end\" record in vtrain's metrics: {' '.join(cmd)}")
+        if end.get("steps") != a.steps:
+            raise SystemExit(f"vtrain ran {end.get('steps')} steps, not {a.steps}")
+        return end
+    finally:
+        os.unlink(metrics)
+
+
+# ---- driver ------------------------------------------------------------------
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="lenet:64,resnet18:128",
+                   help="comma-separated model:batch pairs (models: lenet, resnet18)")
+    p.add_argument("--runs", type=int, default=5, help="runs of each side per model")
+    p.add_argument("--steps", type=int, default=300, help="training steps per run")
+    p.add_argument("--warmup", type=int, default=10,
+                   help="PyTorch's untimed first steps (vtrain leaves out its first step)")
+    p.add_argument("--vtrain", default=os.path.join(ROOT, "build", "vtrain"),
+                   help="the vtrain binary (default: build/vtrain in the repo)")
+    p.add_argument("--config", default=os.path.join(ROOT, "configs", "synthetic-lenet.yaml"))
+    p.add_argument("--backend", default="cuda", choices=["cuda", "cpu"], help="vtrain's backend")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="PyTorch's device")
+    p.add_argument("--conv-algorithm", default="auto",
+                   choices=["auto", "direct", "winograd", "im2col_gemm"],
+                   help="vtrain's conv.algorithm")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for both sides (0: each side's default)")
+    p.add_argument("--torch-data", default="device", choices=["device", "host"],
+                   help="device: one batch resident on the device (default); host: copy a "
+                        "pinned host batch to the device every step, closer to vtrain")
+    p.add_argument("--sync-each-step", action="store_true",
+                   help="PyTorch reads the loss back every step, as vtrain does")
+    p.add_argument("--vtrain-set", action="append", default=[],
+                   help="extra --set for vtrain (repeatable), e.g. memory.policy=none")
+    p.add_argument("--python", default=sys.executable, help="python for the PyTorch worker")
+    p.add_argument("--json", help="write the medians (and every run) to this file")
+    # Worker mode (internal): one PyTorch run, one JSON line on stdout.
+    p.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.torch_worker:
+        return torch_worker(a)
+
+    if a.steps < 2:
+        raise SystemExit("--steps must be at least 2")
+    a.vtrain = os.path.abspath(a.vtrain)
+    models = parse_models(a.models)
+    if a.threads > 0:
+        os.environ["OMP_NUM_THREADS"] = str(a.threads)
+
+    print(f"vtrain {a.vtrain} (backend {a.backend}, conv.algorithm {a.conv_algorithm}) vs "
+          f"PyTorch on {a.device}; {a.runs} alternating runs of {a.steps} steps per model, "
+          f"SGD lr {LR} momentum {MOMENTUM}, fp32 (TF32 off), cudnn.benchmark on")
+    print("  vtrain: synthetic data on the host, gathered, normalized and uploaded every step "
+          "(in the timing); first step excluded")
+    data = ("a fixed random batch resident on the device" if a.torch_data == "device"
+            else "a pinned host batch copied to the device every step")
+    print(f"  torch:  {data}; first {min(a.warmup, a.steps - 1)} steps excluded"
+          + ("; loss read back every step" if a.sync_each_step else ""))
+    results = []
+    for model, batch in models:
+        layers, v_params = vtrain_check(a, model, batch)
+        c, h, w = SHAPES[model]
+        print(f"\n{model} batch {batch}, input {c}x{h}x{w}, {CLASSES} classes", flush=True)
+        v, t = [], []
+        t_params = None
+        for run in range(a.runs):
+            end = run_vtrain(a, model, batch)
+            v.append(end["images_per_second"])
+            tr = run_torch(a, model, batch)
+            t.append(tr["images_per_second"])
+            t_params = tr["parameters"]
+            if run == 0:
+                print(f"  torch {tr['torch']} on {tr['device']}")
+            print(f"  run {run + 1}: vtrain {v[-1]:10.1f} img/s (final loss {end['final_loss']:.4f})"
+                  f"   torch {t[-1]:10.1f} img/s (final loss {tr['final_loss']:.4f})", flush=True)
+        match = "match" if t_params == v_params else "MISMATCH"
+        print(f"  parameters: vtrain {v_params} ({layers} layers), torch {t_params}: {match}")
+        mv, mt = statistics.median(v), statistics.median(t)
+        results.append({"model": model, "batch": batch, "shape": [c, h, w],
+                        "vtrain_images_per_second": mv, "torch_images_per_second": mt,
+                        "ratio": mv / mt, "vtrain_runs": v, "torch_runs": t,
+                        "vtrain_parameters": v_params, "torch_parameters": t_params,
+                        "parameters_match": t_params == v_params})
+
+    print(f"\n{'model':10} {'batch':>6} {'vtrain img/s':>13} {'torch img/s':>12} "
+          f"{'vtrain/torch':>13} {'params':>9}")
+    for r in results:
+        print(f"{r['model']:10} {r['batch']:6d} {r['vtrain_images_per_second']:13.1f} "
+              f"{r['torch_images_per_second']:12.1f} {r['ratio']:13.3f} "
+              f"{'match' if r['parameters_match'] else 'MISMATCH':>9}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"backend": a.backend, "device": a.device,
+                       "conv_algorithm": a.conv_algorithm, "steps": a.steps, "runs": a.runs,
+                       "warmup": a.warmup, "torch_data": a.torch_data,
+                       "sync_each_step": a.sync_each_step, "results": results}, f, indent=2)
+            f.write("\n")
+    return 0 if all(r["parameters_match"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

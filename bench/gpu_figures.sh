@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The CUDA backend's tests and GPU figures in one go (issue 7), for a GPU
+# machine set up as docs/cuda.md describes. Writes one log per part to DIR.
+#
+#   bash bench/gpu_figures.sh BIN_DIR OUT_DIR [PART,PART,...]
+#
+# Parts (default all): gpu_tests train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
+# wr_wd_alexnet. Each takes one to three minutes on an H100.
+# BIN_DIR holds vtrain, cuda_backend_test and bench_memory built with
+# VTRAIN_CUDA=ON (e.g. build/ and build/tests, build/bench copied together).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=$1 out=$2 parts=${3:-all}
+mkdir -p "$out"
+. scripts/gpu_env.sh
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/device.txt"
+export VTRAIN_BINARY=$bin/vtrain VTRAIN_SOURCE_DIR=$PWD PYTHONUNBUFFERED=1
+part() {  # name, then the command
+  local name=$1; shift
+  [[ $parts == all || ,$parts, == *,$name,* ]] || return 0
+  echo "== $name: $*"
+  local start=$SECONDS
+  "$@" > "$out/$name.log" 2>&1
+  echo "   exit $?, $((SECONDS - start)) s"
+  tail -n 25 "$out/$name.log"
+}
+part gpu_tests "$bin/cuda_backend_test"
+part train_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 3 --steps 300 \
+  --models lenet:64,resnet18:128 --json "$out/train_vs_torch.json"
+part vdnn_vgg16_b64 "$bin/bench_memory" --backend cuda --nets vgg16 --size 224 --batch 64 \
+  --steps 3 --algorithm auto --deep-size 0
+part vdnn_vgg16_b128 "$bin/bench_memory" --backend cuda --nets vgg16 --size 224 --batch 128 \
+  --steps 3 --algorithm auto --deep-size 224 --deep-batch 16 --deep-steps 2 --deep-algorithm algo_1
+part wr_wd_alexnet python3 bench/bench_wd.py --vtrain "$bin/vtrain" --backend cuda \
+  --models alexnet:3x224x224 --batch 128 --workspace 8MiB,64MiB --policies undivided,wr,wd \
+  --steps 20 --rounds 3
