@@ -2,11 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <memory>
+#include <mutex>
+#include <span>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
+#include <utility>
 
 #include "worker/checkpoint.h"
 #include "worker/network.h"
@@ -35,16 +41,113 @@ struct Staging {
   std::vector<int64_t> indices;
 };
 
-void load_batch(Network& net, const Dataset& data, const ChannelStats& norm, Staging& stage,
-                int64_t n) {
-  const int64_t per_sample = data.sample.per_sample();
-  stage.images.resize(static_cast<size_t>(n * per_sample));
+// Gathers and normalises the samples of stage.indices into stage.
+void gather_staged(const Dataset& data, const ChannelStats& norm, Staging& stage) {
+  const auto n = static_cast<int64_t>(stage.indices.size());
+  stage.images.resize(static_cast<size_t>(n * data.sample.per_sample()));
   stage.labels.resize(static_cast<size_t>(n));
-  gather_batch(data, std::span<const int64_t>(stage.indices.data(), static_cast<size_t>(n)), norm,
-               stage.images.data(), stage.labels.data());
+  gather_batch(data, stage.indices, norm, stage.images.data(), stage.labels.data());
+}
+
+// Copies a gathered batch to the network's input and labels.
+void upload_staged(Network& net, const Staging& stage) {
+  const auto n = static_cast<int64_t>(stage.indices.size());
   net.backend().upload(stage.images.data(), net.input(n));
   net.backend().upload_labels(stage.labels.data(), net.labels(), n);
 }
+
+void load_batch(Network& net, const Dataset& data, const ChannelStats& norm, Staging& stage,
+                int64_t n) {
+  stage.indices.resize(static_cast<size_t>(n));
+  gather_staged(data, norm, stage);
+  upload_staged(net, stage);
+}
+
+// Gathers the next training batch on a thread of its own while the current
+// step computes, so that a step waits only for its upload. Worth it where
+// gathering takes longer than handing work to a thread: batches of at least
+// kMinPixels values (ImageNet-size inputs; not LeNet on 28x28), unless
+// TrainerOptions::gather_ahead says otherwise.
+class BatchGatherer {
+ public:
+  static constexpr int64_t kMinPixels = int64_t{1} << 20;
+
+  BatchGatherer(const Dataset& data, const ChannelStats& norm, bool ahead)
+      : data_(data), norm_(norm) {
+    if (ahead) worker_ = std::thread([this] { run(); });
+  }
+  ~BatchGatherer() {
+    if (!worker_.joinable()) return;
+    {
+      std::lock_guard lock(mutex_);
+      quit_ = true;
+    }
+    wake_.notify_all();
+    worker_.join();
+  }
+  BatchGatherer(const BatchGatherer&) = delete;
+  BatchGatherer& operator=(const BatchGatherer&) = delete;
+
+  // The batch of `indices`, gathered: the one gathered ahead when it is that
+  // batch, else gathered now. Valid until the next take().
+  const Staging& take(std::span<const int64_t> indices) {
+    if (worker_.joinable()) {
+      std::unique_lock lock(mutex_);
+      done_.wait(lock, [this] { return !busy_; });
+      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+      if (ahead_valid_ && std::equal(indices.begin(), indices.end(), ahead_.indices.begin(),
+                                     ahead_.indices.end())) {
+        std::swap(current_, ahead_);
+        ahead_valid_ = false;
+        return current_;
+      }
+      ahead_valid_ = false;
+    }
+    current_.indices.assign(indices.begin(), indices.end());
+    gather_staged(data_, norm_, current_);
+    return current_;
+  }
+  // Starts gathering `indices` for a later take() (no-op without a thread).
+  void gather_ahead(std::span<const int64_t> indices) {
+    if (!worker_.joinable()) return;
+    {
+      std::lock_guard lock(mutex_);
+      ahead_.indices.assign(indices.begin(), indices.end());
+      busy_ = true;
+    }
+    wake_.notify_one();
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [this] { return busy_ || quit_; });
+      if (quit_) return;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        gather_staged(data_, norm_, ahead_);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      error_ = error;
+      ahead_valid_ = !error;
+      busy_ = false;
+      done_.notify_all();
+    }
+  }
+
+  const Dataset& data_;
+  const ChannelStats& norm_;
+  Staging current_, ahead_;  // ahead_ belongs to the worker while busy_
+  std::thread worker_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  bool busy_ = false, quit_ = false, ahead_valid_ = false;
+  std::exception_ptr error_;
+};
 
 struct Evaluation {
   double loss = 0;
@@ -282,7 +385,11 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
     };
   }
 
-  Staging stage;
+  Staging stage;  // evaluation
+  BatchGatherer gatherer(train_set, norm,
+                         options.gather_ahead < 0
+                             ? my_batch * train_set.sample.per_sample() >= BatchGatherer::kMinPixels
+                             : options.gather_ahead > 0);
   double train_seconds = 0;
   int64_t timed_images = 0;
   bool stop = false;
@@ -302,9 +409,12 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
       const auto step_start = Clock::now();
       StepTotals totals;
       if (my_batch > 0) {
-        const auto slice = order.begin() + i * batch + my_offset;
-        stage.indices.assign(slice, slice + my_batch);
-        load_batch(net, train_set, norm, stage, my_batch);
+        auto slice = [&](int64_t at) {
+          return std::span<const int64_t>(order).subspan(static_cast<size_t>(at * batch + my_offset),
+                                                         static_cast<size_t>(my_batch));
+        };
+        upload_staged(net, gatherer.take(slice(i)));
+        if (i + 1 < steps_per_epoch && step + 1 < total_steps) gatherer.gather_ahead(slice(i + 1));
         const LossStats s = net.train_step(my_batch, 1.0f / static_cast<float>(batch));
         totals.loss_sum = s.loss_sum;
         totals.correct = static_cast<double>(s.correct);

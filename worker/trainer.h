@@ -61,6 +61,9 @@ struct TrainerOptions {
   // boundary, after a checkpoint.
   const std::atomic<int>* stop_signal = nullptr;
   int64_t fail_at_step = -1;     // testing aid: this rank throws at this step
+  // Gather the next batch on a thread while a step computes: -1 where the
+  // batch holds at least 2^20 values (where it pays), 0 never, 1 always.
+  int gather_ahead = -1;
 };
 
 // B / ranks each, the remainder to the first ranks.
