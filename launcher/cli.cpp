@@ -249,11 +249,13 @@ identical devices on one host split the work.
   if (topic == "balance") {
     return R"(vtrain balance CONFIG --db FILE [--batch B] [--devices "NAME,NAME,..."]
                [--policy undivided|wr|wd] [--workspace SIZE] [--out PLAN] [--set ...]
+(--config CONFIG is the same as the positional CONFIG.)
 
 Plans a job offline from the perf DB, without touching a device: the split
 of the global batch B (default train.batch) over the devices (the batch-split
 ILP of mu-cuDNN Sec. III-E, on the step times and peak memory the profiler
-recorded; balance.granularity, balance.candidates), and for each device every
+recorded under memory.policy; balance.granularity, balance.candidates; a
+batch must fit the device's memory), and for each device every
 convolution kernel's micro-batches and algorithms under the workspace policy:
   undivided  the fastest single call per kernel (within --workspace if given)
   wr         per kernel, the fastest micro-batch configuration whose calls

@@ -85,6 +85,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   po.warmup = static_cast<int>(cfg.profile.warmup);
   po.repeats = static_cast<int>(cfg.profile.repeats);
   po.steps = balance;
+  po.memory_policy = cfg.memory.policy;
   std::tie(po.share_index, po.share_count) = profile_share(comm, info);
   if (!po.batches.empty()) {
     const worker::ProfileReport r = worker::profile(graph, backend, db, id, po);
@@ -119,7 +120,8 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       devices.push_back(std::move(d));
     }
     if (balance) {
-      split = worker::plan_split(graph, db, devices, cfg.train.batch, split_options(cfg));
+      split = worker::plan_split(graph, db, devices, cfg.train.batch, split_options(cfg),
+                                 cfg.memory.policy);
     } else {
       split.batch = fixed_split;
     }
@@ -142,6 +144,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   if (comm.rank() != 0) return "";
   config::TrainingPlan plan = worker::plan_workspaces(
       graph, db, devices, split, workspace_request(cfg.balance.workspace, cfg.balance.workspace_limit));
+  plan.memory_policy = cfg.memory.policy;
   return config::plan_to_yaml(plan);
 }
 
@@ -181,7 +184,8 @@ std::optional<config::TrainingPlan> job_plan(const CliArgs& cli, const config::C
   }
   comm.broadcast(text, 0);
   config::TrainingPlan plan = config::parse_plan(text, origin);
-  if (auto why = worker::plan_mismatch(plan, graph, comm.size(), cfg.train.batch)) {
+  if (auto why =
+          worker::plan_mismatch(plan, graph, comm.size(), cfg.train.batch, cfg.memory.policy)) {
     throw config::ConfigError(origin + ": " + *why);
   }
   if (comm.rank() == 0) {
@@ -224,11 +228,12 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     }
   } else {
     for (const perfdb::DeviceRecord& r : db.devices()) {
-      if (!db.step_measurements(r.id, graph.signature(), "none").empty()) add(r);
+      if (!db.step_measurements(r.id, graph.signature(), cfg.memory.policy).empty()) add(r);
     }
     if (devices.empty()) {
-      throw std::runtime_error(cli.db + " has no step measurements of this model (run `vtrain "
-                               "profile` with this config first)");
+      throw std::runtime_error(cli.db + " has no step measurements of this model under "
+                               "memory.policy " + cfg.memory.policy +
+                               " (run `vtrain profile` with this config first)");
     }
   }
   const int64_t batch = cli.batch > 0 ? cli.batch : cfg.train.batch;
@@ -236,9 +241,10 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
   const uint64_t limit =
       cli.workspace.empty() ? cfg.balance.workspace_limit : config::parse_size(cli.workspace);
   const balancer::BatchSplit split =
-      worker::plan_split(graph, db, devices, batch, split_options(cfg));
+      worker::plan_split(graph, db, devices, batch, split_options(cfg), cfg.memory.policy);
   config::TrainingPlan plan =
       worker::plan_workspaces(graph, db, devices, split, workspace_request(policy, limit));
+  plan.memory_policy = cfg.memory.policy;
   std::fputs(worker::describe_plan(plan).c_str(), stdout);
   if (!cli.out.empty()) {
     config::save_plan(plan, cli.out);

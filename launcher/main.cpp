@@ -255,6 +255,7 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   options.warmup = static_cast<int>(cfg.profile.warmup);
   options.repeats = static_cast<int>(cfg.profile.repeats);
   options.steps = cfg.profile.steps;
+  options.memory_policy = cfg.memory.policy;
   std::tie(options.share_index, options.share_count) = profile_share(comm, info);
 
   perfdb::PerfDb db(cfg.profile.db);

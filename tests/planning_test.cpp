@@ -257,6 +257,8 @@ TEST_F(PlanningTest, MissingMeasurementsAndMismatchesAreClearErrors) {
   const config::TrainingPlan plan =
       worker::plan_workspaces(graph_, *db_, devices, split, {"undivided", 0});
   EXPECT_EQ(worker::plan_mismatch(plan, graph_, 3, 24), "the plan has 2 ranks, the job has 3");
+  EXPECT_EQ(worker::plan_mismatch(plan, graph_, 2, 24, "conv"),
+            "the plan was made for memory.policy none, the config's memory.policy is conv");
   EXPECT_EQ(worker::plan_mismatch(plan, graph_, 2, 32),
             "the plan's global_batch is 24, the config's train.batch is 32");
   config::TrainingPlan other = plan;

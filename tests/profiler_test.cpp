@@ -74,6 +74,28 @@ TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
   EXPECT_EQ(db.stats().kernel_measurements, stats.kernel_measurements);
 }
 
+// Steps are measured and recorded under the configured memory policy, so
+// the balancer checks that a batch fits the device under that policy:
+// layer-wise allocation with offloading needs less than the baseline.
+TEST(Profiler, StepsAreRecordedUnderTheirMemoryPolicy) {
+  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  perfdb::PerfDb db(":memory:");
+  const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
+  const Graph graph = Graph::build(preset_layers("vgg-small", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
+  ProfileOptions options{.batches = {16}, .warmup = 0, .repeats = 1};
+  for (const char* policy : {"none", "all"}) {
+    options.memory_policy = policy;
+    EXPECT_EQ(profile(graph, *backend, db, device, options).step_measured, 1) << policy;
+  }
+  const auto none = db.step_measurements(device, graph.signature(), "none");
+  const auto all = db.step_measurements(device, graph.signature(), "all");
+  ASSERT_EQ(none.size(), 1u);
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_LT(all[0].peak_device_bytes, none[0].peak_device_bytes);
+  options.memory_policy = "all";
+  EXPECT_EQ(profile(graph, *backend, db, device, options).step_cached, 1);
+}
+
 TEST(Profiler, IdenticalDevicesSplitTheWork) {
   auto backend = make_backend({.kind = "cpu", .threads = 1});
   TempDir dir;

@@ -60,19 +60,22 @@ std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind) {
 
 balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
                                 const std::vector<PlanDevice>& devices, int64_t global_batch,
-                                const balancer::BatchSplitOptions& options) {
+                                const balancer::BatchSplitOptions& options,
+                                const std::string& memory_policy) {
   std::vector<balancer::DeviceProfile> profiles;
   for (const PlanDevice& d : devices) {
     balancer::DeviceProfile p;
     p.name = d.name;
     p.memory_capacity_bytes = d.memory_bytes;
     std::map<int64_t, perfdb::StepMeasurement> by_batch;
-    for (const perfdb::StepMeasurement& s : db.step_measurements(d.id, graph.signature(), "none")) {
+    for (const perfdb::StepMeasurement& s :
+         db.step_measurements(d.id, graph.signature(), memory_policy)) {
       by_batch.emplace(s.batch, s);  // one per batch (the first workspace plan)
     }
     if (by_batch.empty()) {
-      throw std::runtime_error("device " + d.name + " has no step measurements of this model in " +
-                               db.path() + " (run `vtrain profile` on it first)");
+      throw std::runtime_error("device " + d.name + " has no step measurements of this model " +
+                               "under memory.policy " + memory_policy + " in " + db.path() +
+                               " (run `vtrain profile` on it with that policy first)");
     }
     for (const auto& [batch, s] : by_batch) {
       p.steps.push_back({batch, s.time_ms, s.peak_device_bytes});
@@ -176,13 +179,19 @@ config::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
 }
 
 std::optional<std::string> plan_mismatch(const config::TrainingPlan& plan, const Graph& graph,
-                                         int ranks, int64_t global_batch) {
+                                         int ranks, int64_t global_batch,
+                                         const std::string& memory_policy) {
   if (plan.model != graph.signature()) {
     return "the plan was made for another model (its signature differs from this config's)";
   }
   if (static_cast<int>(plan.ranks.size()) != ranks) {
     return "the plan has " + std::to_string(plan.ranks.size()) + " ranks, the job has " +
            std::to_string(ranks);
+  }
+  if (plan.memory_policy != memory_policy) {
+    // Its batches were chosen to fit the devices under that policy.
+    return "the plan was made for memory.policy " + plan.memory_policy +
+           ", the config's memory.policy is " + memory_policy;
   }
   if (plan.global_batch != global_batch) {
     return "the plan's global_batch is " + std::to_string(plan.global_batch) +

@@ -36,13 +36,14 @@ struct WorkspaceRequest {
   uint64_t limit = 0;                // bytes; 0 = no limit (not allowed for wd)
 };
 
-// The batch split from the devices' step measurements (memory policy
-// "none"). Throws balancer::InfeasibleError / BalancerError, and
+// The batch split from the devices' step measurements under
+// `memory_policy` (memory.policy: their time and peak memory). Throws balancer::InfeasibleError / BalancerError, and
 // std::runtime_error naming the device when it has no step measurements of
 // this model (profile it first).
 balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
                                 const std::vector<PlanDevice>& devices, int64_t global_batch,
-                                const balancer::BatchSplitOptions& options);
+                                const balancer::BatchSplitOptions& options,
+                                const std::string& memory_policy = "none");
 
 // The whole plan for a given split: per device with a batch, every conv
 // kernel's configuration under the workspace request, from its kernel
@@ -58,7 +59,8 @@ config::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
 
 // Why `plan` does not fit this model and job, or nullopt when it does.
 std::optional<std::string> plan_mismatch(const config::TrainingPlan& plan, const Graph& graph,
-                                         int ranks, int64_t global_batch);
+                                         int ranks, int64_t global_batch,
+                                         const std::string& memory_policy = "none");
 
 // One rank's part of a plan, for NetworkOptions / TrainerOptions.
 std::vector<ConvLayerExecution> conv_executions(const config::RankPlan& rank);

@@ -184,7 +184,9 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
 
   if (options.steps) {
     const std::string model = graph.signature();
-    const std::vector<perfdb::StepMeasurement> known = db.step_measurements(device, model, "none");
+    const std::vector<perfdb::StepMeasurement> known =
+        db.step_measurements(device, model, options.memory_policy);
+    const memory::Policy policy = memory::parse_policy(options.memory_policy);
     for (int64_t b : options.batches) {
       if (!mine()) continue;
       if (std::any_of(known.begin(), known.end(),
@@ -195,10 +197,14 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       backend.reset_peak();
       const size_t base = backend.device_bytes_in_use();
       Timing t;
+      size_t velocity_bytes = 0;  // Sgd's, allocated beside the network in training
       {
         NetworkOptions net_options;
         net_options.max_batch = b;
+        net_options.memory_policy = policy;
+        net_options.optimizer_bytes_per_parameter = sizeof(float);
         Network net(graph, backend, net_options);
+        velocity_bytes = static_cast<size_t>(net.parameter_count()) * sizeof(float);
         net.init_parameters(1);
         backend.fill(net.input(b), 0.1f);
         const std::vector<int32_t> labels(static_cast<size_t>(b), 0);
@@ -206,8 +212,8 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
         t = time_runs(backend, options.warmup, options.repeats,
                       [&] { net.train_step(b, 1.0f / static_cast<float>(b)); });
       }
-      const perfdb::StepMeasurement step{model, b, "none", "auto", t.median_ms,
-                                         backend.device_bytes_peak() - base, 0};
+      const perfdb::StepMeasurement step{model, b, options.memory_policy, "auto", t.median_ms,
+                                         backend.device_bytes_peak() - base + velocity_bytes, 0};
       db.record_step_measurements(device, std::span(&step, 1));
       ++report.step_measured;
     }
