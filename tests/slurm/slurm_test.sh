@@ -309,6 +309,32 @@ else
 fi
 log "$current: $(since "$t0") s"
 
+# 6. The profile form: both tasks profile into one perf DB.
+current="profile job"
+t0=$(now_ms)
+if jid=$(sbatch --parsable --chdir="$work" --output="$work/profile.out" \
+  "$repo/scripts/vtrain.sbatch" profile "$repo/configs/synthetic-lenet.yaml" --db "$work/perf.db" \
+  --set profile.repeats=1 --set 'profile.batches=[32]' --set profile.micro_batches=undivided); then
+  if wait_gone "$jid" 180; then
+    before=$failures
+    state=$(job_field "$jid" JobState)
+    [ "$state" = COMPLETED ] || fail "profile job $jid state is '$state', not COMPLETED"
+    grep -q "^vtrain.sbatch: .*mpirun.* profile " "$work/profile.out" ||
+      fail "the job did not run vtrain profile"
+    kernels=$(sqlite3 "$work/perf.db" "select count(*) from kernel_measurements" 2>&1)
+    steps=$(sqlite3 "$work/perf.db" "select count(*) from step_measurements" 2>&1)
+    ((${kernels:-0} > 0)) 2>/dev/null || fail "no kernel measurements in the perf DB ('$kernels')"
+    ((${steps:-0} > 0)) 2>/dev/null || fail "no step measurements in the perf DB ('$steps')"
+    ((failures == before)) || show_job "$jid" "$work/profile.out"
+  else
+    scancel "$jid"
+    show_job "$jid" "$work/profile.out"
+  fi
+else
+  fail "sbatch failed"
+fi
+log "$current: $(since "$t0") s"
+
 if ((failures)); then
   log "$failures check(s) failed"
   exit 1
