@@ -56,6 +56,11 @@ def load(path, rank):
         fail(path, f"no \"{COUNTER}\" counter (args.bytes) for rank {rank}{where}")
     origin = min(e["ts"] for e in mine)
     points = [((ts - origin) / 1000.0, b / MIB) for ts, b in samples]
+    # The last value holds until the trace's last event (a policy that
+    # allocates nothing during steps has one sample).
+    end = max(e["ts"] + e.get("dur", 0) for e in mine)
+    if (end - origin) / 1000.0 > points[-1][0]:
+        points.append(((end - origin) / 1000.0, points[-1][1]))
     spans = {cat: [] for cat in COPY_COLOURS}
     for e in mine:
         if e.get("ph") == "X" and e.get("cat") in spans and tracks.get(e.get("tid")) == MEMORY_TRACK:

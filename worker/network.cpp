@@ -868,6 +868,14 @@ Network::~Network() {
   // The pools return their reservations.
 }
 
+void Network::set_trace(memory::ChromeTrace* trace) {
+  trace_ = trace;
+  if (trace_) {
+    trace_->counter("device bytes in use", trace_->now_us(),
+                    static_cast<double>(pool_->bytes_in_use()));
+  }
+}
+
 void Network::init_parameters(uint64_t seed) {
   Rng rng(seed);
   for (auto& layer : layers_) layer->init(rng, backend_);

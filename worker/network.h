@@ -209,7 +209,9 @@ class Network {
   const std::vector<memory::DsaBlock>& last_step_trace() const;
   // Records compute and memory-stream events of the following steps into
   // `trace` (null: stop). The trace must outlive the network's use of it.
-  void set_trace(memory::ChromeTrace* trace) { trace_ = trace; }
+  // Also samples the bytes in use at once, so a policy that allocates
+  // nothing during steps (none) still has a memory line.
+  void set_trace(memory::ChromeTrace* trace);
   // "conv1: Forward=direct BackwardData=direct BackwardFilter=direct" lines.
   std::vector<std::string> algorithm_summary() const;
 

@@ -577,6 +577,15 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
                        mib(static_cast<size_t>(result.memory.step_average)).c_str(),
                        mib(result.memory.offloaded_bytes).c_str(),
                        mib(result.memory.reservation).c_str()));
+  if (const memory::StaticPlanReport& sp = result.memory.static_plan; sp.active) {
+    progress.line(format("memory: static plan of %d blocks spans %s above the persistent tensors: "
+                         "%.3fx the lower bound %s%s; %d plan(s), %d re-plan(s), %.2f ms to solve",
+                         sp.blocks, mib(sp.plan_peak).c_str(),
+                         sp.lower_bound > 0 ? static_cast<double>(sp.plan_peak) / sp.lower_bound : 1.0,
+                         mib(sp.lower_bound).c_str(),
+                         sp.pool_span > 0 ? (" (best fit as requests came: " + mib(sp.pool_span) + ")").c_str() : "",
+                         sp.plans, sp.replans, 1000.0 * sp.plan_seconds));
+  }
   progress.line(format("done: %lld steps, %.0f img/s, peak device memory %s%s%s",
                        static_cast<long long>(result.steps), result.images_per_second,
                        mib(result.peak_device_bytes).c_str(),
