@@ -13,7 +13,8 @@
 //                [--deep-steps 2] [--deep-algorithm direct] [--trace-dir DIR] [--backend cpu|cuda]
 //
 // dyn runs under a capacity between vDNN_conv's and the baseline's need, so
-// that it has to choose. --trace-dir writes one Chrome trace per network and
+// that it has to choose (under the device's own when the baseline does not
+// fit; ratios are then against the first policy that fitted). --trace-dir writes one Chrome trace per network and
 // policy (scripts/plot_memory.py draws their memory timelines). Exit status
 // 0 whatever the figures: a measurement, not a test.
 
@@ -224,11 +225,18 @@ int main(int argc, char** argv) {
       for (memory::Policy p : {memory::Policy::kNone, memory::Policy::kConv, memory::Policy::kAll,
                                memory::Policy::kDyn}) {
         size_t capacity = 0;
-        if (p == memory::Policy::kDyn) capacity = (conv_need + none_need) / 2;
+        // Between conv's need and none's (when none fitted), so dyn must choose.
+        if (p == memory::Policy::kDyn && none_need > 0) capacity = (conv_need + none_need) / 2;
         const std::string trace_path =
             s.trace_dir.empty() ? ""
                                 : s.trace_dir + "/" + name + "-" + memory::policy_name(p) + ".json";
-        Run r = train(*backend, graph, s, p, capacity, s.steps, trace_path);
+        Run r;
+        try {
+          r = train(*backend, graph, s, p, capacity, s.steps, trace_path);
+        } catch (const std::exception& e) {  // e.g. none on a batch only vDNN fits
+          std::printf("  %-44s does not fit: %s\n", memory::policy_name(p), e.what());
+          continue;
+        }
         if (p == memory::Policy::kNone) none_need = r.reservation;
         if (p == memory::Policy::kConv) conv_need = r.reservation;
         const Run& base = runs.empty() ? r : runs.front();
@@ -248,7 +256,7 @@ int main(int argc, char** argv) {
                     100.0 * (1.0 - static_cast<double>(r.step_peak) / base.step_peak),
                     mib(r.step_average), 100.0 * (1.0 - r.step_average / base.step_average),
                     r.step_ms, r.step_ms / base.step_ms, mib(r.offloaded),
-                    p == memory::Policy::kDyn
+                    p == memory::Policy::kDyn && capacity > 0
                         ? (" (capacity " + std::to_string(static_cast<long long>(mib(capacity))) +
                            " MiB)")
                               .c_str()
