@@ -54,7 +54,10 @@ def main():
     args = ap.parse_args()
 
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_btl="self,vader")
+               OMPI_MCA_btl="self,vader",
+               # Ranks 1 and 2 share a core: a rank waiting in MPI must yield it
+               # instead of spinning, or it steals the core from the other.
+               OMPI_MCA_mpi_yield_when_idle="1")
     work = tempfile.mkdtemp(prefix="vtrain-hetero.")
     rankfile = os.path.join(work, "rankfile")
     with open(rankfile, "w") as f:
