@@ -283,6 +283,9 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
   }
   net.init_parameters(options.seed);
   Sgd sgd(backend, net.parameter_count(), options.momentum, options.weight_decay);
+  // Peak device memory counts from here: what training holds, not the
+  // buffers conv.algorithm auto timed its candidates in (freed by now).
+  backend.reset_peak();
   LrSchedule schedule = options.schedule;
   schedule.steps_per_epoch = steps_per_epoch;
   schedule.total_steps = total_steps;
@@ -577,7 +580,7 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
                        mib(static_cast<size_t>(result.memory.step_average)).c_str(),
                        mib(result.memory.offloaded_bytes).c_str(),
                        mib(result.memory.reservation).c_str()));
-  if (const memory::StaticPlanReport& sp = result.memory.static_plan; sp.active) {
+  if (const memory::StaticPlanReport& sp = result.memory.static_plan; sp.active && sp.blocks > 0) {
     progress.line(format("memory: static plan of %d blocks spans %s above the persistent tensors: "
                          "%.3fx the lower bound %s%s; %d plan(s), %d re-plan(s), %.2f ms to solve",
                          sp.blocks, mib(sp.plan_peak).c_str(),
