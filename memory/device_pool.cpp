@@ -159,7 +159,8 @@ void DevicePool::end_step() {
   if (options_.planner == Planner::kStatic) {
     if (!report_.active) {
       report_.pool_span = step_span_;
-      plan_step(last_trace_);
+      // The same trace as a plan that did not fit would not fit again.
+      if (last_trace_ != rejected_trace_) plan_step(last_trace_);
     } else if (deviated_) {
       report_.pool_span = step_span_;
       if (grew_) ++report_.replans;
@@ -187,6 +188,7 @@ void DevicePool::plan_step(const std::vector<DsaBlock>& trace) {
     for (const DsaBlock& b : trace) plan_sizes_.push_back(b.size);
   } else {
     plan_.clear();
+    rejected_trace_ = trace;
   }
 }
 

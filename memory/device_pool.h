@@ -151,6 +151,7 @@ class DevicePool {
   size_t step_span_ = 0;       // highest byte of the current step (pool-placed) above step_base_
   std::vector<size_t> plan_;   // per request of a step: offset above step_base_
   std::vector<size_t> plan_sizes_;
+  std::vector<DsaBlock> rejected_trace_;  // the trace of the last plan that did not fit
   bool deviated_ = false;      // this step made a request the plan could not serve
   bool grew_ = false;          // ... because it was larger (or one more) than recorded
   StaticPlanReport report_;

@@ -20,6 +20,7 @@ struct DsaBlock {
   size_t size = 0;    // bytes
   int64_t start = 0;  // time of the allocation
   int64_t end = 0;    // time of the free (> start)
+  bool operator==(const DsaBlock&) const = default;
 };
 
 // Builds a trace the way Sec. 4.1 profiles one: allocate() returns the

@@ -838,6 +838,8 @@ TEST_F(EngineTest, TraceAndTimelineShowTheMemoryStream) {
   const auto& timeline = net.memory_timeline();
   ASSERT_FALSE(timeline.empty());
   EXPECT_EQ(timeline.front().label, "conv1_1 forward");
+  // The releases after the last backward belong to it.
+  EXPECT_EQ(timeline.back().label, "conv1_1 backward");
   EXPECT_EQ(timeline.back().bytes_in_use, net.memory_stats().persistent_bytes);
   const worker::MemoryStats st = net.memory_stats();
   EXPECT_GE(st.step_peak, static_cast<size_t>(st.step_average));

@@ -969,12 +969,18 @@ LossStats Network::run(const std::vector<memory::Event>& events, int64_t n, bool
     throw std::invalid_argument("Network: batch " + std::to_string(n) + " outside [1, " +
                                 std::to_string(options_.max_batch) + "]");
   }
-  // Each memory operation belongs to the next layer call (timeline labels).
+  // Each memory operation belongs to the next layer call (timeline labels);
+  // those after the last call (the releases after the last backward) to it.
+  auto is_call = [](Op op) { return op == Op::kForward || op == Op::kLoss || op == Op::kBackward; };
+  size_t last_call = events.size();
+  for (size_t k = 0; k < events.size(); ++k) {
+    if (is_call(events[k].op)) last_call = k;
+  }
   std::vector<int> owner(events.size(), 0);
   for (size_t k = events.size(), next = events.size(); k-- > 0;) {
-    const Op op = events[k].op;
-    if (op == Op::kForward || op == Op::kLoss || op == Op::kBackward) next = k;
-    owner[k] = static_cast<int>(next == events.size() ? k : next);
+    if (is_call(events[k].op)) next = k;
+    const size_t call = next != events.size() ? next : last_call != events.size() ? last_call : k;
+    owner[k] = static_cast<int>(call);
   }
   auto label = [&](const memory::Event& e) {
     const std::string& name = graph_.layer(e.tensor.layer).name;
