@@ -1306,26 +1306,29 @@ std::string plan_to_yaml(const TrainingPlan& plan) {
   return "# vtrain plan: see configs/plan.h for the format\n" + std::string(out.c_str()) + "\n";
 }
 
-void save_plan(const TrainingPlan& plan, const std::string& path) {
-  const std::string text = plan_to_yaml(plan);
+void write_file_whole(const std::string& path, const std::string& text, const std::string& what) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw ConfigError("cannot write plan " + tmp + ": " + std::strerror(errno));
+    if (!out) throw ConfigError("cannot write " + what + " " + tmp + ": " + std::strerror(errno));
     out << text;
     out.flush();
     if (!out) {
       std::error_code ignored;
       fs::remove(tmp, ignored);
-      throw ConfigError("cannot write plan " + tmp + ": " + std::strerror(errno));
+      throw ConfigError("cannot write " + what + " " + tmp + ": " + std::strerror(errno));
     }
   }
   std::error_code error;
   fs::rename(tmp, path, error);
   if (error) {
     fs::remove(tmp, error);
-    throw ConfigError("cannot write plan " + path + ": " + error.message());
+    throw ConfigError("cannot write " + what + " " + path + ": " + error.message());
   }
+}
+
+void save_plan(const TrainingPlan& plan, const std::string& path) {
+  write_file_whole(path, plan_to_yaml(plan), "plan");
 }
 
 }  // namespace vtrain::config

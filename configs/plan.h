@@ -76,5 +76,8 @@ TrainingPlan load_plan(const std::string& path);
 // Writes atomically (a temporary file renamed over `path`): a failed write
 // leaves no partial plan behind. Throws ConfigError.
 void save_plan(const TrainingPlan& plan, const std::string& path);
+// The same for any text file the job writes beside a plan: `text` goes to a
+// temporary file renamed over `path`. Throws ConfigError naming `what`.
+void write_file_whole(const std::string& path, const std::string& text, const std::string& what);
 
 }  // namespace vtrain::config

@@ -98,6 +98,8 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
       }
     } else if (a == "--out" && cli.command == "balance") {
       cli.out = value(a);
+    } else if (a == "--fronts" && cli.command == "balance") {
+      cli.fronts = value(a);
     } else if (a == "--table" && cli.command == "db") {
       cli.table = value(a);
     } else if (a == "--format" && cli.command == "db") {
@@ -248,7 +250,8 @@ identical devices on one host split the work.
   }
   if (topic == "balance") {
     return R"(vtrain balance CONFIG --db FILE [--batch B] [--devices "NAME,NAME,..."]
-               [--policy undivided|wr|wd] [--workspace SIZE] [--out PLAN] [--set ...]
+               [--policy undivided|wr|wd] [--workspace SIZE] [--out PLAN] [--fronts CSV]
+               [--set ...]
 (--config CONFIG is the same as the positional CONFIG.)
 
 Plans a job offline from the perf DB, without touching a device: the split
@@ -269,7 +272,9 @@ Default: every device in the DB that has step measurements of this model.
 
 Prints the split with each device's predicted step time, the speedup over an
 even split, and the per-kernel choices and workspace; --out writes the plan
-(YAML) for `vtrain train --plan`.
+(YAML) for `vtrain train --plan`; --fronts writes every kernel's Pareto front
+(time x workspace) as CSV with the chosen points marked
+(scripts/plot_balance.py draws the split and a front).
 )";
   }
   if (topic == "db") {

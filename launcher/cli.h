@@ -36,6 +36,7 @@ struct CliArgs {
   std::string workspace;               // balance: --workspace SIZE (balance.workspace_limit)
   std::string policy;                  // balance: --policy undivided|wr|wd (balance.workspace)
   std::string out;                     // balance: --out FILE (write the plan)
+  std::string fronts;                  // balance: --fronts FILE (Pareto fronts as CSV)
 };
 
 // Throws UsageError. `vtrain CONFIG` means `vtrain train CONFIG`.

@@ -15,6 +15,22 @@
 namespace vtrain::launcher {
 namespace {
 
+// `vtrain balance --fronts`: every kernel's Pareto front, one row a point.
+void write_fronts(const std::string& path, const std::vector<worker::FrontPoint>& fronts,
+                  const config::TrainingPlan& plan) {
+  std::string csv = "rank,device,kernel,workspace_bytes,time_ms,calls,chosen\n";
+  for (const worker::FrontPoint& p : fronts) {
+    std::string device = plan.ranks.at(static_cast<size_t>(p.rank)).device;
+    std::replace(device.begin(), device.end(), '"', '\'');
+    char time[32];
+    std::snprintf(time, sizeof time, "%.6g", p.time_ms);
+    csv += std::to_string(p.rank) + ",\"" + device + "\"," + p.kernel + "," +
+           std::to_string(p.workspace_bytes) + "," + time + ",\"" + p.calls + "\"," +
+           (p.chosen ? "1" : "0") + "\n";
+  }
+  config::write_file_whole(path, csv, "Pareto fronts");
+}
+
 std::vector<std::string> split_on(const std::string& text, char separator) {
   std::vector<std::string> out;
   size_t start = 0;
@@ -242,13 +258,19 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
       cli.workspace.empty() ? cfg.balance.workspace_limit : config::parse_size(cli.workspace);
   const balancer::BatchSplit split =
       worker::plan_split(graph, db, devices, batch, split_options(cfg), cfg.memory.policy);
-  config::TrainingPlan plan =
-      worker::plan_workspaces(graph, db, devices, split, workspace_request(policy, limit));
+  std::vector<worker::FrontPoint> fronts;
+  config::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split,
+                                                      workspace_request(policy, limit),
+                                                      cli.fronts.empty() ? nullptr : &fronts);
   plan.memory_policy = cfg.memory.policy;
   std::fputs(worker::describe_plan(plan).c_str(), stdout);
   if (!cli.out.empty()) {
     config::save_plan(plan, cli.out);
     std::printf("plan: wrote %s\n", cli.out.c_str());
+  }
+  if (!cli.fronts.empty()) {
+    write_fronts(cli.fronts, fronts, plan);
+    std::printf("fronts: wrote %s\n", cli.fronts.c_str());
   }
   return kExitOk;
 }

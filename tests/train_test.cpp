@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -201,13 +202,29 @@ TEST(Train, BalanceWritesAPlanThatTrainingFollows) {
       " --set profile.repeats=1 --set profile.warmup=0";
   RunResult r = run_vtrain("profile " + config + sets);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string fronts = dir.file("fronts.csv");
   r = run_vtrain("balance " + config + " --db " + db + " --policy wr --workspace 1MiB --out " +
-                 plan + sets);
+                 plan + " --fronts " + fronts + sets);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("plan: split 16 of 16, workspace wr 1.0 MiB"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("conv2        BackwardFilter"), std::string::npos) << r.output;
   ASSERT_TRUE(fs::exists(plan));
+  // Every kernel's front, the plan's choice marked once per kernel (LeNet:
+  // conv1 Forward and BackwardFilter, conv2 all three kinds).
+  std::ifstream csv(fronts);
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "rank,device,kernel,workspace_bytes,time_ms,calls,chosen");
+  std::set<std::string> kernels, chosen;
+  while (std::getline(csv, line)) {
+    const std::string kernel = line.substr(line.find("\",") + 2, line.find(',', line.find("\",") + 2) -
+                                                                       line.find("\",") - 2);
+    kernels.insert(kernel);
+    if (line.back() == '1') EXPECT_TRUE(chosen.insert(kernel).second) << line;
+  }
+  EXPECT_EQ(kernels.size(), 5u);
+  EXPECT_EQ(chosen, kernels);
 
   r = run_vtrain("train " + config + " --plan " + plan + sets + " --progress line");
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -88,7 +88,8 @@ balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
 config::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
                                      const std::vector<PlanDevice>& devices,
                                      const balancer::BatchSplit& split,
-                                     const WorkspaceRequest& workspace) {
+                                     const WorkspaceRequest& workspace,
+                                     std::vector<FrontPoint>* fronts) {
   if (split.batch.size() != devices.size()) {
     throw std::invalid_argument("plan_workspaces: the split has " +
                                 std::to_string(split.batch.size()) + " devices, not " +
@@ -154,6 +155,19 @@ config::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
       for (const balancer::ConvKernel& k : kernels) {
         configs.push_back(balancer::plan_workspace_reuse(k, limit));
         rank.workspace_bytes = std::max(rank.workspace_bytes, configs.back().workspace_bytes);
+      }
+    }
+    if (fronts) {
+      const uint64_t per_call = workspace.policy == "wr" && workspace.limit > 0
+                                    ? workspace.limit
+                                    : balancer::kNoWorkspaceLimit;
+      for (size_t i = 0; i < kernels.size(); ++i) {
+        for (const balancer::KernelConfig& c : balancer::pareto_front(kernels[i], per_call)) {
+          fronts->push_back({static_cast<int>(g), kernels[i].name, c.workspace_bytes, c.time_ms,
+                             balancer::describe_calls(c.micro_batches),
+                             c.workspace_bytes == configs[i].workspace_bytes &&
+                                 c.time_ms == configs[i].time_ms});
+        }
       }
     }
     double chosen = 0;

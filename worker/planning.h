@@ -36,10 +36,11 @@ struct WorkspaceRequest {
   uint64_t limit = 0;                // bytes; 0 = no limit (not allowed for wd)
 };
 
-// The batch split from the devices' step measurements under
-// `memory_policy` (memory.policy: their time and peak memory). Throws balancer::InfeasibleError / BalancerError, and
-// std::runtime_error naming the device when it has no step measurements of
-// this model (profile it first).
+// The batch split from the devices' step measurements under `memory_policy`
+// (memory.policy: their time and peak memory). Throws
+// balancer::InfeasibleError / BalancerError, and std::runtime_error naming
+// the device when it has no step measurements of this model (profile it
+// first).
 balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
                                 const std::vector<PlanDevice>& devices, int64_t global_batch,
                                 const balancer::BatchSplitOptions& options,
@@ -52,10 +53,24 @@ balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
 // are missing, and balancer::InfeasibleError when the workspace cannot hold
 // the kernels. `split` may come from plan_split or be fixed (its
 // time_ms/step_time_ms may be empty).
+// One configuration on a kernel's Pareto front (time x workspace) at its
+// rank's batch, for plots (`vtrain balance --fronts`).
+struct FrontPoint {
+  int rank = 0;
+  std::string kernel;           // "conv2/Forward"
+  uint64_t workspace_bytes = 0;
+  double time_ms = 0;
+  std::string calls;            // balancer::describe_calls: "direct x4 (8 calls)"
+  bool chosen = false;          // the plan's configuration for the kernel
+};
+
+// With `fronts`, also every kernel's Pareto front over the options the
+// workspace policy may use (wr: calls within the limit).
 config::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
                                      const std::vector<PlanDevice>& devices,
                                      const balancer::BatchSplit& split,
-                                     const WorkspaceRequest& workspace);
+                                     const WorkspaceRequest& workspace,
+                                     std::vector<FrontPoint>* fronts = nullptr);
 
 // Why `plan` does not fit this model and job, or nullopt when it does.
 std::optional<std::string> plan_mismatch(const config::TrainingPlan& plan, const Graph& graph,
