@@ -75,7 +75,7 @@ def main():
     out = run(mpirun + [args.vtrain, "profile", args.config] + common, env)
     print("\n".join("  " + l for l in out.splitlines() if "rank" in l and "share" in l))
 
-    even, balanced, predicted, split_text = [], [], None, None
+    even, balanced, predicted, split_text = [], [], [], None
     for r in range(args.rounds):
         for kind in ("even", "auto"):
             metrics = os.path.join(work, "m-%s-%d.jsonl" % (kind, r))
@@ -86,12 +86,18 @@ def main():
             out = run(mpirun + [args.vtrain, "train", args.config] + common + extra, env)
             ms = step_ms(metrics, args.batch)
             (even if kind == "even" else balanced).append(ms)
+            note = ""
             if kind == "auto":
                 text = open(plan).read()
-                predicted = float(re.search(r"^split_ms: ([0-9.e+-]+)", text, re.M).group(1))
+                predicted.append(float(re.search(r"^split_ms: ([0-9.e+-]+)", text, re.M).group(1)))
                 split_text = re.search(r"plan: split (\S+)", out).group(1)
-            print("  round %d %-8s %.2f ms/step" % (r + 1, kind, ms), flush=True)
+                allreduce = re.search(r"allreduce of \d+ gradients: ([0-9.]+) ms", out)
+                note = " (split %s, predicted %.2f ms%s)" % (
+                    split_text, predicted[-1],
+                    ", of it allreduce %s ms" % allreduce.group(1) if allreduce else "")
+            print("  round %d %-8s %.2f ms/step%s" % (r + 1, kind, ms, note), flush=True)
     e, b = statistics.median(even), statistics.median(balanced)
+    predicted = statistics.median(predicted)
     print("even split %s: median %.2f ms/step" % ("32+32+32" if args.batch == 96 else "even", e))
     print("balanced split %s: median %.2f ms/step" % (split_text, b))
     print("speedup of the balanced split: %.2fx" % (e / b))

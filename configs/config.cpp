@@ -646,7 +646,8 @@ TrainConfig read_train(const Field& field) {
 
 BalanceConfig read_balance(const Field& field, const TrainConfig& train) {
   const Section section(field);
-  section.allow({"split", "manual", "granularity", "candidates", "workspace", "workspace_limit"});
+  section.allow({"split", "manual", "granularity", "candidates", "workspace", "workspace_limit",
+                 "allreduce"});
   BalanceConfig balance;
   if (Field f = section["split"]) balance.split = to_choice(f, {"even", "manual", "auto"});
   if (Field f = section["granularity"]) balance.granularity = to_int(f, at_least(1));
@@ -655,6 +656,7 @@ BalanceConfig read_balance(const Field& field, const TrainConfig& train) {
   }
   if (Field f = section["workspace"]) balance.workspace = to_choice(f, {"undivided", "wr", "wd"});
   if (Field f = section["workspace_limit"]) balance.workspace_limit = to_size(f);
+  if (Field f = section["allreduce"]) balance.allreduce = to_choice(f, {"measure", "none"});
   if (balance.workspace == "wd" && balance.workspace_limit == 0) {
     section["workspace_limit"].fail("wd divides a total budget: expected a size > 0");
   }
@@ -1111,6 +1113,7 @@ std::string to_yaml(const Config& config) {
   out << YAML::Key << "candidates" << YAML::Value << config.balance.candidates;
   out << YAML::Key << "workspace" << YAML::Value << config.balance.workspace;
   out << YAML::Key << "workspace_limit" << YAML::Value << config.balance.workspace_limit;
+  out << YAML::Key << "allreduce" << YAML::Value << config.balance.allreduce;
   if (!config.balance.manual.empty()) {
     out << YAML::Key << "manual" << YAML::Value << YAML::Flow << config.balance.manual;
   }

@@ -63,6 +63,9 @@ struct BalanceConfig {
   std::string candidates = "interpolated";  // auto: "measured" or "interpolated" batch sizes
   std::string workspace = "undivided";      // conv workspace plan: "undivided", "wr", "wd"
   uint64_t workspace_limit = 64ull << 20;   // wr: per kernel; wd: per rank in total (bytes)
+  std::string allreduce = "measure";        // auto: "measure" times one allreduce of all
+                                            // gradients and adds it to every device's step
+                                            // time; "none" leaves communication out
 };
 
 struct ProfileConfig {

@@ -1,6 +1,7 @@
 #include "launcher/job_plan.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <set>
 #include <stdexcept>
@@ -85,8 +86,36 @@ std::string join_batches(const std::vector<int64_t>& b) {
 
 // Training: profile in place, solve on rank 0. Returns the plan's text on
 // rank 0, "" elsewhere.
+// Median of 5 allreduces of `count` floats over the gradient communicator
+// (after one untimed), in ms: what a step's gradient exchange costs when
+// nothing hides it. Collective: every rank calls it.
+double measure_allreduce_ms(worker::Backend& backend, worker::Communicator& gradient_comm,
+                            int64_t count) {
+  const int64_t n = std::max<int64_t>(count, 1);
+  void* buffer = backend.allocate_device(static_cast<size_t>(n) * sizeof(float));
+  std::vector<double> ms;
+  try {
+    backend.fill(worker::Tensor{{{n, 1, 1, 1}}, static_cast<float*>(buffer)}, 0.0f);
+    for (int i = 0; i < 6; ++i) {
+      backend.synchronize(worker::StreamKind::kCompute);
+      const auto start = std::chrono::steady_clock::now();
+      gradient_comm.allreduce_async(static_cast<float*>(buffer), n);
+      gradient_comm.wait();
+      const auto end = std::chrono::steady_clock::now();
+      if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+    }
+  } catch (...) {
+    backend.free_device(buffer);
+    throw;
+  }
+  backend.free_device(buffer);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph,
                            worker::Backend& backend, worker::Communicator& comm,
+                           worker::Communicator& gradient_comm,
                            const std::vector<int64_t>& fixed_split) {
   const bool balance = cfg.balance.split == "auto";
   const worker::DeviceInfo info = backend.device_info();
@@ -116,6 +145,18 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   }
   comm.barrier();
 
+  // The gradient exchange every step pays (rank 0's measurement of the
+  // collective), added to every device's step time.
+  double allreduce_ms = 0;
+  if (balance && cfg.balance.allreduce == "measure" && comm.size() > 1) {
+    allreduce_ms = measure_allreduce_ms(backend, gradient_comm, graph.parameter_count());
+    if (comm.rank() == 0) {
+      std::printf("profile: allreduce of %lld gradients: %.2f ms (balance.allreduce: measure)\n",
+                  static_cast<long long>(graph.parameter_count()), allreduce_ms);
+      std::fflush(stdout);
+    }
+  }
+
   // Rank 0 learns every rank's device.
   const std::string mine = std::to_string(id.value) + "|" + std::to_string(info.memory_bytes) +
                            "|" + info.backend + "|" + info.name;
@@ -133,6 +174,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       std::string name = f[3];  // the device name may itself hold '|'
       for (size_t i = 4; i < f.size(); ++i) name += "|" + f[i];
       d.name = name;
+      d.allreduce_ms = allreduce_ms;
       devices.push_back(std::move(d));
     }
     if (balance) {
@@ -187,6 +229,7 @@ std::optional<config::TrainingPlan> job_plan(const CliArgs& cli, const config::C
                                              const worker::Graph& graph,
                                              worker::Backend& backend,
                                              worker::Communicator& comm,
+                                             worker::Communicator& gradient_comm,
                                              const std::vector<int64_t>& fixed_split) {
   std::string text, origin;
   if (!cli.plan.empty()) {
@@ -194,7 +237,7 @@ std::optional<config::TrainingPlan> job_plan(const CliArgs& cli, const config::C
     if (comm.rank() == 0) text = config::plan_to_yaml(config::load_plan(cli.plan));
   } else if (cfg.balance.split == "auto" || cfg.balance.workspace != "undivided") {
     origin = "the plan solved at start";
-    text = solve_job_plan(cfg, graph, backend, comm, fixed_split);
+    text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, fixed_split);
   } else {
     return std::nullopt;
   }

@@ -28,6 +28,7 @@ std::optional<config::TrainingPlan> job_plan(const CliArgs& cli, const config::C
                                              const worker::Graph& graph,
                                              worker::Backend& backend,
                                              worker::Communicator& comm,
+                                             worker::Communicator& gradient_comm,
                                              const std::vector<int64_t>& fixed_split);
 
 // `vtrain balance`: prints (and with --out writes) a plan from the perf DB.

@@ -181,7 +181,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   }
   std::fflush(stdout);
   const std::optional<config::TrainingPlan> plan =
-      job_plan(cli, cfg, graph, *backend, comm, split);
+      job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, split);
   if (plan) {
     split.clear();
     for (const config::RankPlan& r : plan->ranks) split.push_back(r.batch);

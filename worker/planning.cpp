@@ -67,6 +67,7 @@ balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
     balancer::DeviceProfile p;
     p.name = d.name;
     p.memory_capacity_bytes = d.memory_bytes;
+    p.allreduce_ms = d.allreduce_ms;
     std::map<int64_t, perfdb::StepMeasurement> by_batch;
     for (const perfdb::StepMeasurement& s :
          db.step_measurements(d.id, graph.signature(), memory_policy)) {
