@@ -86,6 +86,9 @@ using Stream = Owned<cudaStream_t, cudaStreamDestroy>;
 using CudaEvent = std::shared_ptr<std::remove_pointer_t<cudaEvent_t>>;
 
 constexpr size_t kAlign = 256;  // what cudaMalloc guarantees, more than the contract's 64
+// Device memory left to cuDNN's and cuBLAS's own allocations and to the
+// backend's scratch when no device.memory_limit is given.
+constexpr size_t kLibraryHeadroom = size_t{512} << 20;
 
 size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -345,12 +348,9 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
   VTRAIN_CUDA_CHECK(cudaSetDevice(device_), where);
   cudaDeviceProp prop{};
   VTRAIN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_), where);
-  capacity_ = options.memory_limit > 0 ? options.memory_limit : prop.totalGlobalMem;
-
   const size_t version = cudnnGetVersion();
   info_.backend = "cuda";
   info_.name = prop.name;
-  info_.memory_bytes = capacity_;
   info_.threads = 1;
   info_.library_version = "cuDNN " + std::to_string(version / 10000) + "." +
                           std::to_string(version / 100 % 100) + "." + std::to_string(version % 100);
@@ -379,6 +379,18 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
   VTRAIN_CUDA_CHECK(cudnnSetActivationDescriptor(relu_.get(), CUDNN_ACTIVATION_RELU,
                                                  CUDNN_NOT_PROPAGATE_NAN, 0.0),
                     where);
+
+  // What this backend may allocate: device.memory_limit, else what is free
+  // now that the context and the cuDNN and cuBLAS handles exist, less
+  // kLibraryHeadroom for what the libraries and this backend's own scratch
+  // allocate outside the count later (a pool sized to the last byte of
+  // totalGlobalMem would fail in cudaMalloc).
+  size_t free_bytes = 0, total_bytes = 0;
+  VTRAIN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes), where);
+  capacity_ = options.memory_limit > 0
+                  ? options.memory_limit
+                  : (free_bytes > kLibraryHeadroom ? free_bytes - kLibraryHeadroom : 0);
+  info_.memory_bytes = capacity_;
 }
 
 CudaBackend::~CudaBackend() {
