@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -245,6 +246,41 @@ TEST(Mpi, StopSignalCheckpointsAndExitsWithThree) {
 
 // balance.split: auto: every rank profiles in place, rank 0 solves the split
 // and a WD workspace plan and broadcasts it, every rank follows it.
+// The memory part the way users run it: vDNN offloading with the static
+// planner on 2 ranks trains to the weights of the baseline, and --trace
+// writes one Chrome trace with a process per rank; a device too small for
+// the model is a runtime error naming what does not fit.
+TEST(Mpi, MemoryPolicyTrainsLikeNoneAndTracesEveryRank) {
+  TempDir dir;
+  std::string out;
+  ASSERT_EQ(run(mpirun(2) + train_args(dir / "none", 6), &out), 0) << out;
+  const std::string trace = dir / "trace.json";
+  ASSERT_EQ(run(mpirun(2) + train_args(dir / "conv", 6,
+                                       "--set memory.policy=conv --set memory.planner=static "
+                                       "--progress line --trace " + trace),
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("memory: policy conv, planner static"), std::string::npos) << out;
+  EXPECT_NE(out.find("trace: " + trace), std::string::npos) << out;
+  const std::vector<float> none = final_parameters(dir / "none");
+  ASSERT_FALSE(none.empty());
+  EXPECT_EQ(final_parameters(dir / "conv"), none);
+  std::ifstream in(trace);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(json.rfind("{\"traceEvents\":", 0), 0u) << json.substr(0, 80);
+  EXPECT_NE(json.find("\"pid\":0"), std::string::npos);
+  EXPECT_NE(json.find("\"pid\":1"), std::string::npos);
+  EXPECT_NE(json.find("\"cat\":\"offload\""), std::string::npos);
+
+  EXPECT_EQ(run(train_args(dir / "small", 2, "--set device.memory_limit=2MiB"), &out), 1) << out;
+  EXPECT_NE(out.find("out of memory allocating '"), std::string::npos) << out;
+  EXPECT_EQ(run(train_args(dir / "tiny", 2, "--set device.memory_limit=256KiB"), &out), 1) << out;
+  EXPECT_NE(out.find("no device memory left for the network: the device serves 256.0 KiB"),
+            std::string::npos)
+      << out;
+}
+
 TEST(Mpi, AutoSplitProfilesSolvesAndFollowsThePlan) {
   TempDir dir;
   std::string out;

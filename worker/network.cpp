@@ -732,9 +732,18 @@ void Network::plan_memory() {
   capacity_ = options_.memory_capacity;
   if (capacity_ == 0) {
     const size_t device = backend_.device_info().memory_bytes;
-    const size_t used = backend_.device_bytes_in_use() +
-                        static_cast<size_t>(param_count_) * options_.optimizer_bytes_per_parameter;
-    capacity_ = device > used ? device - used : 0;
+    const size_t in_use = backend_.device_bytes_in_use();
+    const size_t optimizer =
+        static_cast<size_t>(param_count_) * options_.optimizer_bytes_per_parameter;
+    if (device <= in_use + optimizer) {
+      // (A capacity of 0 would mean "unbounded" to the simulator.)
+      throw memory::OutOfMemoryError(
+          "no device memory left for the network: the device serves " +
+          memory::format_bytes(device) + " (device.memory_limit or its memory), " +
+          memory::format_bytes(in_use) + " are in use and the optimizer's state needs " +
+          memory::format_bytes(optimizer));
+    }
+    capacity_ = device - in_use - optimizer;
   }
   const memory::Policy policy = options_.memory_policy;
   const memory::Planner planner = options_.memory_planner;
@@ -825,19 +834,27 @@ void Network::tune_convolutions() {
   // tuning only (before the pool exists: its size depends on the outcome).
   struct Buffers {
     Backend& backend;
+    const std::string& layer;
     std::vector<void*> held;
     ~Buffers() {
       for (void* p : held) backend.free_device(p);
     }
     float* get(size_t bytes) {
-      held.push_back(backend.allocate_device(std::max<size_t>(bytes, sizeof(float))));
+      try {
+        held.push_back(backend.allocate_device(std::max<size_t>(bytes, sizeof(float))));
+      } catch (const BackendError& e) {
+        throw BackendError("timing the convolution algorithms of layer '" + layer +
+                           "' (conv.algorithm: auto) needs more device memory than there is; "
+                           "name an algorithm in conv.algorithm or give the device more: " +
+                           e.what());
+      }
       return static_cast<float*>(held.back());
     }
   };
   for (int i = 0; i < graph_.size(); ++i) {
     auto* conv = dynamic_cast<ConvLayer*>(layers_[i].get());
     if (!conv) continue;
-    Buffers buf{backend_, {}};
+    Buffers buf{backend_, graph_.layer(i).name, {}};
     const int in = graph_.inputs(i)[0];
     const bool input_is_data = in == graph_.input_index();
     const Tensor x{out_desc_[in], buf.get(out_desc_[in].bytes())};
