@@ -294,7 +294,10 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
   MetricsFile metrics = (leader && !options.metrics_path.empty()) ? MetricsFile(options.metrics_path)
                                                                   : MetricsFile();
   std::string split_text;
-  for (int64_t b : split) split_text += (split_text.empty() ? "" : ",") + std::to_string(b);
+  for (int64_t b : split) {
+    if (!split_text.empty()) split_text += ',';
+    split_text += std::to_string(b);
+  }
   progress.line(format("model: %d layers, %lld parameters; batch %lld (per rank: %s), %lld "
                        "steps/epoch; device memory %s in use (workspace %s)",
                        graph.size(), static_cast<long long>(net.parameter_count()),
