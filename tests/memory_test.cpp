@@ -819,6 +819,37 @@ TEST_F(EngineTest, TooSmallACapacityIsAClearErrorNamingTheTensor) {
   EXPECT_CONTAINS(dyn, "cannot be trained even with vDNN_all");
 }
 
+// conv.algorithm auto under a device too small for some algorithms'
+// workspace (im2col_gemm's grows with the batch) times only those that fit,
+// instead of failing to allocate the largest; dyn then picks what fits
+// together with the rest of the step.
+TEST_F(EngineTest, AutoTuningUnderAMemoryLimitSkipsAlgorithmsThatCannotFit) {
+  const worker::Graph g = graph("vgg-small", 16);
+  worker::NetworkOptions o = options(Policy::kDyn, Planner::kPool);
+  o.max_batch = 64;
+  o.poison_freed = false;
+  size_t need = 0, tuning_peak = 0;
+  {
+    auto fresh = worker::make_backend({.kind = "cpu", .threads = 2});
+    o.conv_algorithm = "direct";
+    need = worker::Network(g, *fresh, o).memory_stats().reservation;
+    fresh->reset_peak();
+    o.conv_algorithm = "auto";
+    const worker::Network tuned(g, *fresh, o);
+    tuning_peak = fresh->device_bytes_peak();  // timing every candidate, unlimited
+  }
+  const size_t limit = need + need / 2;
+  ASSERT_GT(tuning_peak, limit) << "the test needs an algorithm whose workspace cannot fit";
+  auto small = worker::make_backend({.kind = "cpu", .threads = 2, .memory_limit = limit});
+  worker::Network net(g, *small, o);
+  net.init_parameters(1);
+  small->fill(net.input(64), 0.5f);
+  std::vector<int32_t> labels(64, 1);
+  small->upload_labels(labels.data(), net.labels(), 64);
+  EXPECT_TRUE(std::isfinite(net.train_step(64, 1.0f / 64).loss_sum));
+  EXPECT_LE(small->device_bytes_peak(), limit);
+}
+
 TEST_F(EngineTest, TraceAndTimelineShowTheMemoryStream) {
   const worker::Graph g = graph("vgg-small", 16);
   worker::Network net(g, *backend_, options(Policy::kAll, Planner::kPool));

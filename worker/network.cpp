@@ -171,6 +171,25 @@ class ConvLayer final : public Layer {
       if (algorithm != "auto") options = {it != options.end() ? *it : options.front()};
     }
   }
+  // Drops the candidates that need more workspace than `bytes` (what the
+  // device has room for), keeping at least each kind's smallest, and
+  // re-chooses where the choice was dropped.
+  void keep_candidates_within(size_t bytes) {
+    for (int k = 0; k < 3; ++k) {
+      auto& options = candidates_[k];
+      if (options.empty()) continue;
+      const ConvAlgoInfo smallest =
+          *std::min_element(options.begin(), options.end(), [](const auto& a, const auto& b) {
+            return a.workspace_bytes < b.workspace_bytes;
+          });
+      std::erase_if(options, [&](const ConvAlgoInfo& a) { return a.workspace_bytes > bytes; });
+      if (options.empty()) options.push_back(smallest);
+      if (std::none_of(options.begin(), options.end(),
+                       [&](const ConvAlgoInfo& a) { return a.algo == chosen_[k].algo; })) {
+        chosen_[k] = options.front();
+      }
+    }
+  }
   // Workspace that every candidate algorithm fits in (for tuning).
   size_t candidate_workspace() const {
     size_t bytes = 0;
@@ -729,22 +748,7 @@ void Network::plan_memory() {
   }
 
   // What the schedule must fit: the pool's capacity.
-  capacity_ = options_.memory_capacity;
-  if (capacity_ == 0) {
-    const size_t device = backend_.device_info().memory_bytes;
-    const size_t in_use = backend_.device_bytes_in_use();
-    const size_t optimizer =
-        static_cast<size_t>(param_count_) * options_.optimizer_bytes_per_parameter;
-    if (device <= in_use + optimizer) {
-      // (A capacity of 0 would mean "unbounded" to the simulator.)
-      throw memory::OutOfMemoryError(
-          "no device memory left for the network: the device serves " +
-          memory::format_bytes(device) + " (device.memory_limit or its memory), " +
-          memory::format_bytes(in_use) + " are in use and the optimizer's state needs " +
-          memory::format_bytes(optimizer));
-    }
-    capacity_ = device - in_use - optimizer;
-  }
+  capacity_ = room();
   const memory::Policy policy = options_.memory_policy;
   const memory::Planner planner = options_.memory_planner;
   policy_label_ = memory::policy_name(policy);
@@ -829,6 +833,22 @@ void*& Network::slot(memory::TensorKind kind, int layer) {
   return device_[static_cast<int>(kind)][layer];
 }
 
+size_t Network::room() const {
+  if (options_.memory_capacity > 0) return options_.memory_capacity;
+  const size_t device = backend_.device_info().memory_bytes;
+  const size_t in_use = backend_.device_bytes_in_use();
+  const size_t optimizer = static_cast<size_t>(param_count_) * options_.optimizer_bytes_per_parameter;
+  if (device <= in_use + optimizer) {
+    // (A capacity of 0 would mean "unbounded" to the simulator.)
+    throw memory::OutOfMemoryError(
+        "no device memory left for the network: the device serves " +
+        memory::format_bytes(device) + " (device.memory_limit or its memory), " +
+        memory::format_bytes(in_use) + " are in use and the optimizer's state needs " +
+        memory::format_bytes(optimizer));
+  }
+  return device - in_use - optimizer;
+}
+
 void Network::tune_convolutions() {
   // Each conv layer is timed on buffers of its own, allocated for the
   // tuning only (before the pool exists: its size depends on the outcome).
@@ -864,6 +884,9 @@ void Network::tune_convolutions() {
     const int64_t params = std::max<int64_t>(conv->param_count(), 1);
     float* w = buf.get(params * sizeof(float));
     float* dw = buf.get(params * sizeof(float));
+    // Only algorithms whose workspace the device has room for are timed
+    // (and so can be chosen): under a memory limit the others cannot run.
+    conv->keep_candidates_within(room());
     const size_t ws_bytes = conv->candidate_workspace();
     void* ws = ws_bytes > 0 ? buf.get(ws_bytes) : nullptr;
     // Finite contents: timing must not run on NaNs or denormals.

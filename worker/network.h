@@ -219,6 +219,10 @@ class Network {
 
  private:
   void tune_convolutions();
+  // Device bytes the network may use now: memory_capacity, else the
+  // device's memory less what is in use and the optimizer's state. Throws
+  // OutOfMemoryError when nothing is left.
+  size_t room() const;
   void plan_memory();
   // Executes a schedule's events: memory operations and layer calls.
   LossStats run(const std::vector<memory::Event>& events, int64_t n, bool training,
