@@ -1,5 +1,9 @@
 #include "launcher/cli.h"
 
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
 namespace vtrain::launcher {
 namespace {
 
@@ -100,6 +104,13 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
       cli.out = value(a);
     } else if (a == "--fronts" && cli.command == "balance") {
       cli.fronts = value(a);
+    } else if (a == "--allreduce-ms" && cli.command == "balance") {
+      const std::string v = value(a);
+      char* end = nullptr;
+      cli.allreduce_ms = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(cli.allreduce_ms >= 0) || !std::isfinite(cli.allreduce_ms)) {
+        throw UsageError("--allreduce-ms must be a number of milliseconds >= 0, got '" + v + "'");
+      }
     } else if (a == "--table" && cli.command == "db") {
       cli.table = value(a);
     } else if (a == "--format" && cli.command == "db") {
@@ -251,7 +262,7 @@ identical devices on one host split the work.
   if (topic == "balance") {
     return R"(vtrain balance CONFIG --db FILE [--batch B] [--devices "NAME,NAME,..."]
                [--policy undivided|wr|wd] [--workspace SIZE] [--out PLAN] [--fronts CSV]
-               [--set ...]
+               [--allreduce-ms MS] [--set ...]
 (--config CONFIG is the same as the positional CONFIG.)
 
 Plans a job offline from the perf DB, without touching a device: the split
@@ -274,7 +285,9 @@ Prints the split with each device's predicted step time, the speedup over an
 even split, and the per-kernel choices and workspace; --out writes the plan
 (YAML) for `vtrain train --plan`; --fronts writes every kernel's Pareto front
 (time x workspace) as CSV with the chosen points marked
-(scripts/plot_balance.py draws the split and a front).
+(scripts/plot_balance.py draws the split and a front). --allreduce-ms adds
+the gradient allreduce every step pays to every device's step time (training
+with balance.split: auto measures it; offline it is yours to give, default 0).
 )";
   }
   if (topic == "db") {

@@ -37,6 +37,7 @@ struct CliArgs {
   std::string policy;                  // balance: --policy undivided|wr|wd (balance.workspace)
   std::string out;                     // balance: --out FILE (write the plan)
   std::string fronts;                  // balance: --fronts FILE (Pareto fronts as CSV)
+  double allreduce_ms = 0;             // balance: --allreduce-ms MS (added to every step)
 };
 
 // Throws UsageError. `vtrain CONFIG` means `vtrain train CONFIG`.

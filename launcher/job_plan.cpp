@@ -267,6 +267,7 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     d.memory_bytes = rec.device.memory_bytes;
     d.layout = worker::layout_rule(rec.device.backend);
     d.name = rec.device.name + " #" + std::to_string(devices.size());
+    d.allreduce_ms = cli.allreduce_ms;
     devices.push_back(std::move(d));
   };
   if (!cli.devices.empty()) {

@@ -8,12 +8,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <numeric>
+#include <set>
 #include <sstream>
 #include <string>
 
 #include "configs/config.h"
+#include "configs/plan.h"
 #include "tests/test_support.h"
 #include "worker/backend.h"
 #include "worker/data.h"
@@ -225,6 +226,13 @@ TEST(Train, BalanceWritesAPlanThatTrainingFollows) {
   }
   EXPECT_EQ(kernels.size(), 5u);
   EXPECT_EQ(chosen, kernels);
+  // An allreduce time given offline joins the predicted step.
+  const std::string plan2 = dir.file("plan2.yaml");
+  r = run_vtrain("balance " + config + " --db " + db + " --policy wr --workspace 1MiB "
+                 "--allreduce-ms 7.5 --out " + plan2 + sets);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NEAR(config::load_plan(plan2).predicted_step_ms,
+              config::load_plan(plan).predicted_step_ms + 7.5, 1e-6);
 
   r = run_vtrain("train " + config + " --plan " + plan + sets + " --progress line");
   ASSERT_EQ(r.exit_code, 0) << r.output;
