@@ -119,25 +119,20 @@ class Replay {
 
 // Replays one event list; false at the first request that does not fit.
 bool replay(const std::vector<Event>& events, Replay& r, Simulation& sim) {
-  int layer = -1;
-  bool backward = false;
   // The layer an allocation serves is the next compute event's.
-  std::vector<std::pair<int, bool>> owner(events.size(), {-1, false});
-  for (size_t k = events.size(); k-- > 0;) {
-    const Event& e = events[k];
-    if (e.op == Op::kForward || e.op == Op::kLoss || e.op == Op::kBackward) {
-      layer = e.tensor.layer;
-      backward = e.op == Op::kBackward;
-    }
-    owner[k] = {layer, backward};
-  }
+  const std::vector<int> owner = event_owners(events);
   for (size_t k = 0; k < events.size(); ++k) {
     const Event& e = events[k];
     switch (e.op) {
       case Op::kAlloc:
-      case Op::kPrefetch:
-        if (!r.alloc(e.tensor, sim, owner[k].first, owner[k].second)) return false;
+      case Op::kPrefetch: {
+        const Event* call = owner[k] >= 0 ? &events[owner[k]] : nullptr;
+        if (!r.alloc(e.tensor, sim, call ? call->tensor.layer : -1,
+                     call && call->op == Op::kBackward)) {
+          return false;
+        }
         break;
+      }
       case Op::kFree: r.free(e.tensor, sim); break;
       case Op::kOffload: r.offload(e.tensor, sim); break;
       case Op::kFreeHost: r.free_host(e.tensor); break;

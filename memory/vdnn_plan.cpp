@@ -178,6 +178,21 @@ Schedule network_wide_schedule(const MemoryModel& model) {
   return s;
 }
 
+std::vector<int> event_owners(const std::vector<Event>& events) {
+  auto is_call = [](Op op) { return op == Op::kForward || op == Op::kLoss || op == Op::kBackward; };
+  int last_call = -1;
+  for (size_t k = 0; k < events.size(); ++k) {
+    if (is_call(events[k].op)) last_call = static_cast<int>(k);
+  }
+  std::vector<int> owner(events.size(), last_call);
+  int next = -1;
+  for (size_t k = events.size(); k-- > 0;) {
+    if (is_call(events[k].op)) next = static_cast<int>(k);
+    if (next >= 0) owner[k] = next;
+  }
+  return owner;
+}
+
 int find_prefetch_layer(int current, const std::vector<LayerNode>& layers,
                         const std::vector<bool>& offloaded, const std::vector<bool>& prefetched) {
   for (int id = current - 1; id >= 0; --id) {

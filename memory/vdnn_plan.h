@@ -139,6 +139,11 @@ Schedule make_schedule(const MemoryModel& model, Policy policy);
 // offloaded inputs are not prefetched yet; the search stops (returns -1) at
 // the first conv layer that does not qualify. `offloaded[l]`: layer l
 // offloaded something; `prefetched[l]`: that has been prefetched.
+// Per event, the index of the layer call (kForward, kLoss, kBackward) it
+// belongs to: the next one, or for the events after the last call (the
+// releases after the last backward) that last call; -1 without any call.
+std::vector<int> event_owners(const std::vector<Event>& events);
+
 int find_prefetch_layer(int current, const std::vector<LayerNode>& layers,
                         const std::vector<bool>& offloaded, const std::vector<bool>& prefetched);
 

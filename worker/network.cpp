@@ -112,7 +112,6 @@ struct Network::Layer {
   virtual void init(Rng& rng, Backend& backend) {}
   virtual size_t state_bytes() { return 0; }     // device memory kept from forward to backward
   virtual void bind_state(void* state) {}
-  virtual size_t workspace_bytes() { return 0; }  // shared workspace at max batch
   virtual void forward(StepContext& ctx, bool training) = 0;
   virtual void backward(StepContext& ctx) = 0;
   virtual std::string algorithms(Backend& backend) const { return ""; }
@@ -279,12 +278,6 @@ class ConvLayer final : public Layer {
     }
     throw BackendError("layer '" + spec.name + "': no " + conv_kind_name(kind) +
                        " candidate named '" + name + "'");
-  }
-  size_t workspace_bytes() override {
-    if (planned_) return 0;  // its segments lie in the plan's buffer
-    size_t bytes = 0;
-    for (const ConvAlgoInfo& a : chosen_) bytes = std::max(bytes, a.workspace_bytes);
-    return bytes;
   }
   void forward(StepContext& ctx, bool) override {
     ConvOperands o;
@@ -748,10 +741,12 @@ void Network::plan_memory() {
   }
 
   // What the schedule must fit: the pool's capacity.
-  capacity_ = room();
+  const size_t capacity = room();
   const memory::Policy policy = options_.memory_policy;
   const memory::Planner planner = options_.memory_planner;
-  policy_label_ = memory::policy_name(policy);
+  MemoryStats& fixed = fixed_stats_;
+  fixed.policy = memory::policy_name(policy);
+  memory::Simulation simulation;
   if (policy == memory::Policy::kDyn) {
     // The kernels' candidates with their tuned times (Sec. III-C).
     std::vector<memory::KernelChoices> kernels;
@@ -767,36 +762,43 @@ void Network::plan_memory() {
         kernels.push_back(std::move(k));
       }
     }
-    memory::DynamicDecision d = memory::choose_dynamic(model_, kernels, capacity_, planner);
+    memory::DynamicDecision d = memory::choose_dynamic(model_, kernels, capacity, planner);
     for (size_t k = 0; k < kernels.size(); ++k) {
       static_cast<ConvLayer&>(*layers_[kernels[k].layer])
           .choose_algorithm(kernels[k].kind, kernels[k].options[d.choice[k]].name);
     }
     memory::apply_choice(model_, kernels, d.choice);
     schedule_ = memory::layer_wise_schedule(model_, d.offload);
-    simulation_ = std::move(d.simulation);
-    dynamic_log_ = std::move(d.log);
-    policy_label_ = "dyn (" + d.pass + ")";
+    simulation = std::move(d.simulation);
+    fixed.dynamic_log = std::move(d.log);
+    fixed.policy = "dyn (" + d.pass + ")";
   } else {
     schedule_ = memory::make_schedule(model_, policy);
-    simulation_ = memory::simulate(model_, schedule_, capacity_, planner);
+    simulation = memory::simulate(model_, schedule_, capacity, planner);
   }
   const std::string where = options_.memory_capacity > 0
-                                ? "memory capacity " + memory::format_bytes(capacity_)
-                                : "capacity " + memory::format_bytes(capacity_) +
+                                ? "memory capacity " + memory::format_bytes(capacity)
+                                : "capacity " + memory::format_bytes(capacity) +
                                       " (device.memory_limit or the device's memory, less " +
                                       "what is in use)";
-  if (!simulation_.fits) {
-    throw memory::OutOfMemoryError("memory.policy " + policy_label_ + ": " + simulation_.failure +
+  if (!simulation.fits) {
+    throw memory::OutOfMemoryError("memory.policy " + fixed.policy + ": " + simulation.failure +
                                    "; " + where);
   }
+  fixed.offload = memory::offload_name(schedule_.offload);
+  fixed.planner = memory::planner_name(planner);
+  fixed.capacity = capacity;
+  fixed.persistent_bytes = simulation.persistent_bytes;
+  train_text_ = event_text(schedule_.train);
+  evaluate_text_ = event_text(schedule_.evaluate);
 
   memory::DevicePoolOptions pool_options;
   pool_options.planner = planner;
   pool_options.poison_freed = options_.poison_freed;
   pool_options.capacity_note = where;
-  pool_ = std::make_unique<memory::DevicePool>(backend_, simulation_.reservation, pool_options);
-  pinned_ = std::make_unique<memory::PinnedPool>(backend_, simulation_.host_bytes);
+  pool_ = std::make_unique<memory::DevicePool>(backend_, simulation.reservation, pool_options);
+  pinned_ = std::make_unique<memory::PinnedPool>(backend_, simulation.host_bytes);
+  fixed.host_reservation = pinned_->reservation();
   device_.assign(kTensorKinds, std::vector<void*>(std::max<size_t>(count, model_.persistent.size()),
                                                   nullptr));
   host_.assign(count, nullptr);
@@ -823,7 +825,26 @@ void Network::plan_memory() {
     workspace_bytes_ = memory::tensor_bytes(model_, {TensorKind::kWorkspace, -1});
     workspace_ = shared_workspace_;
   }
-  if (planner == memory::Planner::kStatic) pool_->plan_from_trace(simulation_.step_trace);
+  if (planner == memory::Planner::kStatic) pool_->plan_from_trace(simulation.step_trace);
+}
+
+Network::EventText Network::event_text(const std::vector<memory::Event>& events) const {
+  using memory::Op;
+  EventText text;
+  text.owner = memory::event_owners(events);
+  for (size_t k = 0; k < events.size(); ++k) {
+    const memory::Event* call = text.owner[k] >= 0 ? &events[text.owner[k]] : nullptr;
+    const std::string& name = call ? graph_.layer(call->tensor.layer).name : "";
+    text.label.push_back(!call                          ? "step"
+                         : call->op == Op::kForward   ? name + " forward"
+                         : call->op == Op::kBackward  ? name + " backward"
+                                                      : "loss");
+    const Op op = events[k].op;
+    const bool moves_tensor = op == Op::kAlloc || op == Op::kFree || op == Op::kOffload ||
+                              op == Op::kPrefetch;
+    text.tensor.push_back(moves_tensor ? memory::tensor_name(model_, events[k].tensor) : "");
+  }
+  return text;
 }
 
 void*& Network::slot(memory::TensorKind kind, int layer) {
@@ -910,10 +931,21 @@ Network::~Network() {
 
 void Network::set_trace(memory::ChromeTrace* trace) {
   trace_ = trace;
+  trace_in_use();
+}
+
+void Network::trace_in_use() {
   if (trace_) {
     trace_->counter("device bytes in use", trace_->now_us(),
                     static_cast<double>(pool_->bytes_in_use()));
   }
+}
+
+void* Network::allocate_tensor(const memory::TensorId& id, const std::string& name) {
+  void* p = pool_->allocate(memory::tensor_bytes(model_, id), name);
+  slot(id.kind, id.layer) = p;
+  trace_in_use();
+  return p;
 }
 
 void Network::init_parameters(uint64_t seed) {
@@ -1001,93 +1033,55 @@ void Network::trace_memory_ops() {
   pending_copies_.clear();
 }
 
-LossStats Network::run(const std::vector<memory::Event>& events, int64_t n, bool training,
-                       float loss_scale) {
+LossStats Network::run(const std::vector<memory::Event>& events, const EventText& text,
+                       int64_t n, bool training, float loss_scale) {
   using memory::Op;
   using memory::TensorKind;
   if (n < 1 || n > options_.max_batch) {
     throw std::invalid_argument("Network: batch " + std::to_string(n) + " outside [1, " +
                                 std::to_string(options_.max_batch) + "]");
   }
-  // Each memory operation belongs to the next layer call (timeline labels);
-  // those after the last call (the releases after the last backward) to it.
-  auto is_call = [](Op op) { return op == Op::kForward || op == Op::kLoss || op == Op::kBackward; };
-  size_t last_call = events.size();
-  for (size_t k = 0; k < events.size(); ++k) {
-    if (is_call(events[k].op)) last_call = k;
-  }
-  std::vector<int> owner(events.size(), 0);
-  for (size_t k = events.size(), next = events.size(); k-- > 0;) {
-    if (is_call(events[k].op)) next = k;
-    const size_t call = next != events.size() ? next : last_call != events.size() ? last_call : k;
-    owner[k] = static_cast<int>(call);
-  }
-  auto label = [&](const memory::Event& e) {
-    const std::string& name = graph_.layer(e.tensor.layer).name;
-    switch (e.op) {
-      case Op::kForward: return name + " forward";
-      case Op::kBackward: return name + " backward";
-      default: return std::string("loss");
-    }
-  };
   LossStats stats;
-  std::string current;
-  auto trace_counter = [&] {
-    if (trace_) trace_->counter("device bytes in use", trace_->now_us(),
-                                static_cast<double>(pool_->bytes_in_use()));
-  };
+  int current = -2;  // the layer call whose label the pool has
   for (size_t k = 0; k < events.size(); ++k) {
     const memory::Event& e = events[k];
-    const std::string& layer_label = label(events[owner[k]]);
-    if (layer_label != current) {
-      current = layer_label;
-      pool_->set_label(current);
+    const std::string& tensor = text.tensor[k];
+    if (text.owner[k] != current) {
+      current = text.owner[k];
+      pool_->set_label(text.label[k]);
     }
     const int t = e.tensor.layer;
     switch (e.op) {
       case Op::kAlloc: {
-        void* p = pool_->allocate(memory::tensor_bytes(model_, e.tensor),
-                                  memory::tensor_name(model_, e.tensor));
-        slot(e.tensor.kind, t) = p;
+        void* p = allocate_tensor(e.tensor, tensor);
         if (e.tensor.kind == TensorKind::kState) layers_[t]->bind_state(p);
-        trace_counter();
         break;
       }
       case Op::kFree: {
         void*& p = slot(e.tensor.kind, t);
         pool_->release(p);
         p = nullptr;
-        if (trace_) {
-          trace_->instant("memory stream", "release " + memory::tensor_name(model_, e.tensor),
-                          "release", trace_->now_us());
-        }
-        trace_counter();
+        if (trace_) trace_->instant("memory stream", "release " + tensor, "release", trace_->now_us());
+        trace_in_use();
         break;
       }
       case Op::kOffload: {
         const Tensor y = view(out_desc_[t], out(t), n);
-        host_[t] = pinned_->allocate(y.bytes(), memory::tensor_name(model_, e.tensor));
+        host_[t] = pinned_->allocate(y.bytes(), tensor);
         // The copy starts once the compute stream has produced Y.
         backend_.wait_event(StreamKind::kMemory, backend_.record_event(StreamKind::kCompute));
         backend_.copy_async(host_[t], y.data, y.bytes(), StreamKind::kMemory);
         offloaded_bytes_ += y.bytes();
-        if (trace_) {
-          pending_copies_.push_back({memory::tensor_name(model_, e.tensor), "offload", trace_->now_us()});
-        }
+        if (trace_) pending_copies_.push_back({tensor, "offload", trace_->now_us()});
         break;
       }
       case Op::kPrefetch: {
-        void* p = pool_->allocate(memory::tensor_bytes(model_, e.tensor),
-                                  memory::tensor_name(model_, e.tensor));
-        slot(TensorKind::kOutput, t) = p;
+        void* p = allocate_tensor(e.tensor, tensor);
         // The block may have held a tensor the compute stream was still reading.
         backend_.wait_event(StreamKind::kMemory, backend_.record_event(StreamKind::kCompute));
         backend_.copy_async(p, host_[t], view(out_desc_[t], nullptr, n).bytes(),
                             StreamKind::kMemory);
-        if (trace_) {
-          pending_copies_.push_back({memory::tensor_name(model_, e.tensor), "prefetch", trace_->now_us()});
-        }
-        trace_counter();
+        if (trace_) pending_copies_.push_back({tensor, "prefetch", trace_->now_us()});
         break;
       }
       case Op::kSyncMemory:
@@ -1108,8 +1102,8 @@ LossStats Network::run(const std::vector<memory::Event>& events, int64_t n, bool
         }
         if (trace_) {
           backend_.synchronize(StreamKind::kCompute);  // the span covers the work, not its issue
-          trace_->span("compute", current, e.op == Op::kForward ? "forward" : "backward", start,
-                       trace_->now_us() - start);
+          trace_->span("compute", text.label[k], e.op == Op::kForward ? "forward" : "backward",
+                       start, trace_->now_us() - start);
         }
         break;
       }
@@ -1168,7 +1162,7 @@ LossStats Network::train_step(int64_t n, float loss_scale) {
   pool_->begin_step();
   LossStats stats;
   try {
-    stats = run(schedule_.train, n, /*training=*/true, loss_scale);
+    stats = run(schedule_.train, train_text_, n, /*training=*/true, loss_scale);
   } catch (...) {
     abandon_step();
     throw;
@@ -1179,7 +1173,7 @@ LossStats Network::train_step(int64_t n, float loss_scale) {
 
 LossStats Network::evaluate(int64_t n) {
   try {
-    return run(schedule_.evaluate, n, /*training=*/false, 1.0f);
+    return run(schedule_.evaluate, evaluate_text_, n, /*training=*/false, 1.0f);
   } catch (...) {
     abandon_step();
     throw;
@@ -1187,20 +1181,13 @@ LossStats Network::evaluate(int64_t n) {
 }
 
 MemoryStats Network::memory_stats() const {
-  MemoryStats s;
-  s.policy = policy_label_;
-  s.offload = schedule_.layer_wise ? memory::offload_name(schedule_.offload) : "none";
-  s.planner = memory::planner_name(pool_->planner());
-  s.capacity = capacity_;
+  MemoryStats s = fixed_stats_;
   s.reservation = pool_->reservation();
-  s.persistent_bytes = simulation_.persistent_bytes;
   s.in_use = pool_->bytes_in_use();
   s.peak = pool_->peak_bytes();
   s.step_peak = pool_->step_peak_bytes();
   s.step_average = pool_->step_average_bytes();
-  s.host_reservation = pinned_->reservation();
   s.offloaded_bytes = offloaded_bytes_;
-  s.dynamic_log = dynamic_log_;
   s.static_plan = pool_->static_plan();
   return s;
 }

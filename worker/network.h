@@ -204,7 +204,6 @@ class Network {
   // the layer, for plots.
   const std::vector<memory::TimelineSample>& memory_timeline() const;
   const memory::MemoryModel& memory_model() const { return model_; }
-  const memory::Schedule& memory_schedule() const { return schedule_; }
   // The alloc/free trace of the last training step (for the DSA planner).
   const std::vector<memory::DsaBlock>& last_step_trace() const;
   // Records compute and memory-stream events of the following steps into
@@ -218,6 +217,13 @@ class Network {
   struct Layer;  // internal operator of one graph node
 
  private:
+  // Per event of a schedule, fixed once it is: the label of the layer call
+  // it belongs to ("conv2 forward", for the timeline and trace) and the name
+  // of the tensor a memory event moves ("conv2.y").
+  struct EventText {
+    std::vector<int> owner;
+    std::vector<std::string> label, tensor;
+  };
   void tune_convolutions();
   // Device bytes the network may use now: memory_capacity, else the
   // device's memory less what is in use and the optimizer's state. Throws
@@ -225,8 +231,13 @@ class Network {
   size_t room() const;
   void plan_memory();
   // Executes a schedule's events: memory operations and layer calls.
-  LossStats run(const std::vector<memory::Event>& events, int64_t n, bool training,
-                float loss_scale);
+  LossStats run(const std::vector<memory::Event>& events, const EventText& text, int64_t n,
+                bool training, float loss_scale);
+  EventText event_text(const std::vector<memory::Event>& events) const;
+  // Allocates the tensor of a memory event from the pool into its slot.
+  void* allocate_tensor(const memory::TensorId& id, const std::string& name);
+  // Device bytes in use, as a trace counter sample (when tracing).
+  void trace_in_use();
   void forward_layer(int i, int64_t n, bool training);
   void backward_layer(int i, int64_t n);
   // The device memory of a tensor now (null when it is not on the device).
@@ -256,10 +267,8 @@ class Network {
   // Memory part.
   memory::MemoryModel model_;
   memory::Schedule schedule_;
-  memory::Simulation simulation_;
-  std::string policy_label_;
-  std::vector<std::string> dynamic_log_;
-  size_t capacity_ = 0;
+  MemoryStats fixed_stats_;  // what plan_memory decided (policy, capacity, ...); the rest is live
+  EventText train_text_, evaluate_text_;  // of schedule_.train and schedule_.evaluate
   std::unique_ptr<memory::DevicePool> pool_;
   std::unique_ptr<memory::PinnedPool> pinned_;
   std::vector<std::vector<void*>> device_;  // per TensorKind, per layer (or persistent index)
