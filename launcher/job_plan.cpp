@@ -1,7 +1,6 @@
 #include "launcher/job_plan.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <set>
 #include <stdexcept>
@@ -80,39 +79,15 @@ std::vector<int64_t> candidate_batches(const config::Config& cfg, int ranks) {
 
 std::string join_batches(const std::vector<int64_t>& b) {
   std::string s;
-  for (int64_t v : b) s += (s.empty() ? "" : ",") + std::to_string(v);
+  for (int64_t v : b) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(v);
+  }
   return s;
 }
 
 // Training: profile in place, solve on rank 0. Returns the plan's text on
 // rank 0, "" elsewhere.
-// Median of 5 allreduces of `count` floats over the gradient communicator
-// (after one untimed), in ms: what a step's gradient exchange costs when
-// nothing hides it. Collective: every rank calls it.
-double measure_allreduce_ms(worker::Backend& backend, worker::Communicator& gradient_comm,
-                            int64_t count) {
-  const int64_t n = std::max<int64_t>(count, 1);
-  void* buffer = backend.allocate_device(static_cast<size_t>(n) * sizeof(float));
-  std::vector<double> ms;
-  try {
-    backend.fill(worker::Tensor{{{n, 1, 1, 1}}, static_cast<float*>(buffer)}, 0.0f);
-    for (int i = 0; i < 6; ++i) {
-      backend.synchronize(worker::StreamKind::kCompute);
-      const auto start = std::chrono::steady_clock::now();
-      gradient_comm.allreduce_async(static_cast<float*>(buffer), n);
-      gradient_comm.wait();
-      const auto end = std::chrono::steady_clock::now();
-      if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
-    }
-  } catch (...) {
-    backend.free_device(buffer);
-    throw;
-  }
-  backend.free_device(buffer);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph,
                            worker::Backend& backend, worker::Communicator& comm,
                            worker::Communicator& gradient_comm,
@@ -149,7 +124,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   // collective), added to every device's step time.
   double allreduce_ms = 0;
   if (balance && cfg.balance.allreduce == "measure" && comm.size() > 1) {
-    allreduce_ms = measure_allreduce_ms(backend, gradient_comm, graph.parameter_count());
+    allreduce_ms = worker::measure_allreduce_ms(backend, gradient_comm, graph.parameter_count(), po);
     if (comm.rank() == 0) {
       std::printf("profile: allreduce of %lld gradients: %.2f ms (balance.allreduce: measure)\n",
                   static_cast<long long>(graph.parameter_count()), allreduce_ms);

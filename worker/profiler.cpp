@@ -222,4 +222,15 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
   return report;
 }
 
+double measure_allreduce_ms(Backend& backend, Communicator& comm, int64_t count,
+                            const ProfileOptions& options) {
+  const int64_t n = std::max<int64_t>(count, 1);
+  const DeviceBuffer buffer(backend, static_cast<size_t>(n) * sizeof(float));
+  backend.fill(Tensor{{{n, 1, 1, 1}}, buffer.floats()}, 0.0f);
+  return time_runs(backend, options.warmup, options.repeats, [&] {
+           comm.allreduce_async(buffer.floats(), n);
+           comm.wait();
+         }).median_ms;
+}
+
 }  // namespace vtrain::worker

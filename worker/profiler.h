@@ -12,6 +12,7 @@
 #include "balancer/workspace_plan.h"
 #include "perfdb/perf_db.h"
 #include "worker/backend.h"
+#include "worker/communicator.h"
 #include "worker/graph.h"
 
 namespace vtrain::worker {
@@ -52,5 +53,12 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& probl
 // buffers; nothing of a training run is touched.
 ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
                       perfdb::DeviceId device, const ProfileOptions& options);
+
+// Median time of one allreduce of `count` floats of `backend`'s memory over
+// `comm` (what a step's gradient exchange costs when nothing hides it), in
+// ms, after options.warmup untimed runs, of options.repeats. Collective:
+// every rank calls it.
+double measure_allreduce_ms(Backend& backend, Communicator& comm, int64_t count,
+                            const ProfileOptions& options);
 
 }  // namespace vtrain::worker
