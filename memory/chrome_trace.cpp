@@ -111,10 +111,11 @@ std::string merge_chrome_traces(const std::vector<std::string>& events_json) {
 
 std::string ChromeTrace::json() const { return merge_chrome_traces({events_json()}); }
 
-void ChromeTrace::write(const std::string& path) const {
+void ChromeTrace::write(const std::string& path) const { write_trace_file(path, json()); }
+
+void write_trace_file(const std::string& path, const std::string& json) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  const std::string text = json();
-  out << text;
+  out << json;
   out.close();
   if (!out) throw std::runtime_error("cannot write the trace file '" + path + "'");
 }

@@ -5,7 +5,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <exception>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -54,13 +53,6 @@ void upload_staged(Network& net, const Staging& stage) {
   const auto n = static_cast<int64_t>(stage.indices.size());
   net.backend().upload(stage.images.data(), net.input(n));
   net.backend().upload_labels(stage.labels.data(), net.labels(), n);
-}
-
-void load_batch(Network& net, const Dataset& data, const ChannelStats& norm, Staging& stage,
-                int64_t n) {
-  stage.indices.resize(static_cast<size_t>(n));
-  gather_staged(data, norm, stage);
-  upload_staged(net, stage);
 }
 
 // Gathers the next training batch on a thread of its own while the current
@@ -164,7 +156,8 @@ Evaluation evaluate(Network& net, const Dataset& data, const ChannelStats& norm,
     const int64_t n = std::min(chunk, last - at);
     stage.indices.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) stage.indices[i] = at + i;
-    load_batch(net, data, norm, stage, n);
+    gather_staged(data, norm, stage);
+    upload_staged(net, stage);
     const LossStats s = net.evaluate(n);
     sums[0] += s.loss_sum;
     sums[1] += static_cast<double>(s.correct);
@@ -465,6 +458,7 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
                            loss, accuracy, lr, ips),
                     log_point);
       if (log_point) {
+        const MemoryStats memory = net.memory_stats();
         metrics.write(JsonRecord()
                           .add("event", "step")
                           .add("step", step)
@@ -474,9 +468,8 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
                           .add("lr", lr)
                           .add("images_per_second", ips)
                           .add("device_bytes", static_cast<int64_t>(backend.device_bytes_in_use()))
-                          .add("memory_step_peak_bytes",
-                               static_cast<int64_t>(net.memory_stats().step_peak))
-                          .add("memory_step_average_bytes", net.memory_stats().step_average));
+                          .add("memory_step_peak_bytes", static_cast<int64_t>(memory.step_peak))
+                          .add("memory_step_average_bytes", memory.step_average));
       }
       if (totals.stop) {
         stop = true;
@@ -539,10 +532,7 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
         comm && ranks > 1 ? comm->gather(trace->events_json(), 0)
                           : std::vector<std::string>{trace->events_json()};
     if (leader) {
-      std::ofstream out(options.trace_path, std::ios::binary | std::ios::trunc);
-      out << memory::merge_chrome_traces(parts);
-      out.close();
-      if (!out) throw std::runtime_error("cannot write the trace file '" + options.trace_path + "'");
+      memory::write_trace_file(options.trace_path, memory::merge_chrome_traces(parts));
       progress.line("trace: " + options.trace_path);
     }
   }
