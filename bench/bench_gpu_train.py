@@ -35,6 +35,8 @@ import sys
 import tempfile
 import time
 
+from vtrain_metrics import end_record
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -194,16 +196,7 @@ def run_vtrain(a, model, batch):
         if out.returncode != 0:
             sys.stderr.write(out.stdout + out.stderr)
             raise SystemExit(f"vtrain failed (exit {out.returncode}): {' '.join(cmd)}")
-        end = None
-        with open(metrics) as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    record = json.loads(line)
-                    if record.get("event") == "end":
-                        end = record
-        if end is None:
-            raise SystemExit(f"no \"end\" record in vtrain's metrics: {' '.join(cmd)}")
+        end = end_record(metrics)
         if end.get("steps") != a.steps:
             raise SystemExit(f"vtrain ran {end.get('steps')} steps, not {a.steps}")
         return end

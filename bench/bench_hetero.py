@@ -14,13 +14,14 @@ Timings on a shared 2-vCPU VM are noisy: the runs alternate A/B and the
 medians are quoted.
 """
 import argparse
-import json
 import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from vtrain_metrics import end_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,14 +34,9 @@ def run(cmd, env):
 
 
 def step_ms(metrics_path, batch):
-    end = None
-    with open(metrics_path) as f:
-        for line in f:
-            record = json.loads(line)
-            if record.get("event") == "end":
-                end = record
-    if not end or end["images_per_second"] <= 0:
-        sys.exit("no end record with a throughput in " + metrics_path)
+    end = end_record(metrics_path)
+    if end["images_per_second"] <= 0:
+        sys.exit("no throughput in the end record of " + metrics_path)
     return 1000.0 * batch / end["images_per_second"]
 
 

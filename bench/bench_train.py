@@ -10,12 +10,13 @@ GFLOP/s (training FLOPs = 3 x forward multiply-adds x 2, the usual
 convention; the first conv's skipped backward-data is not subtracted).
 Needs build/vtrain and Debian's python3-torch (with libopenblas0)."""
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from vtrain_metrics import end_record
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -37,8 +38,7 @@ def run_vtrain(model, steps, threads, extra):
                "--set", f"train.max_steps={steps}", "--set", "train.evaluate=false",
                "--set", f"device.threads={threads}"] + extra
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        last = [json.loads(line) for line in open(m.name)][-1]
-        return last["images_per_second"]
+        return end_record(m.name)["images_per_second"]
 
 
 def run_torch(model, steps, threads):

@@ -16,13 +16,14 @@ paper's WR), `wd` divides one buffer of the limit among all kernels (WD);
 ratios are against `undivided` (the first policy).
 """
 import argparse
-import json
 import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from vtrain_metrics import end_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,8 +36,7 @@ def run(cmd):
 
 
 def step_ms(metrics, batch):
-    end = [json.loads(l) for l in open(metrics) if '"end"' in l][-1]
-    return 1000.0 * batch / end["images_per_second"]
+    return 1000.0 * batch / end_record(metrics)["images_per_second"]
 
 
 def kernel_ms(plan):

@@ -9,6 +9,7 @@ import gzip
 import struct
 import time
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -73,7 +74,6 @@ def resnet18(classes=10, in_channels=3, small_input=True):
 
 
 def load_idx(path):
-    import numpy as np  # here, so that importing the models needs no numpy
     with gzip.open(path, "rb") as f:
         data = f.read()
     magic, n = struct.unpack(">II", data[:8])
@@ -92,7 +92,6 @@ def main():
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     a = p.parse_args()
-    import numpy as np
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
