@@ -222,7 +222,9 @@ TEST(Train, BalanceWritesAPlanThatTrainingFollows) {
     const std::string kernel = line.substr(line.find("\",") + 2, line.find(',', line.find("\",") + 2) -
                                                                        line.find("\",") - 2);
     kernels.insert(kernel);
-    if (line.back() == '1') EXPECT_TRUE(chosen.insert(kernel).second) << line;
+    if (line.back() == '1') {
+      EXPECT_TRUE(chosen.insert(kernel).second) << line;
+    }
   }
   EXPECT_EQ(kernels.size(), 5u);
   EXPECT_EQ(chosen, kernels);
