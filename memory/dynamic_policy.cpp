@@ -60,18 +60,12 @@ void apply_choice(MemoryModel& model, const std::vector<KernelChoices>& kernels,
 
 namespace {
 
-struct Attempt {
-  bool fits;
-  Simulation sim;
-};
-
-Attempt try_config(const MemoryModel& base, const std::vector<KernelChoices>& kernels,
-                   const std::vector<int>& choice, Offload offload, size_t capacity,
-                   Planner planner) {
+Simulation try_config(const MemoryModel& base, const std::vector<KernelChoices>& kernels,
+                      const std::vector<int>& choice, Offload offload, size_t capacity,
+                      Planner planner) {
   MemoryModel model = base;
   apply_choice(model, kernels, choice);
-  Simulation sim = simulate(model, layer_wise_schedule(model, offload), capacity, planner);
-  return {sim.fits, std::move(sim)};
+  return simulate(model, layer_wise_schedule(model, offload), capacity, planner);
 }
 
 // The fastest option of kernel k with a smaller workspace than its current
@@ -94,45 +88,50 @@ DynamicDecision choose_dynamic(const MemoryModel& model, const std::vector<Kerne
   DynamicDecision d;
   const std::vector<int> fastest = fastest_choice(kernels);
   const std::vector<int> lean = memory_optimal_choice(kernels);
-  auto note = [&](const std::string& pass, const Attempt& a) {
-    d.log.push_back(pass + ": " +
-                    (a.fits ? "fits, " + format_bytes(a.sim.reservation) : a.sim.failure));
+  auto note = [&](const std::string& pass, const Simulation& sim) {
+    d.log.push_back(pass + ": " + (sim.fits ? "fits, " + format_bytes(sim.reservation) : sim.failure));
   };
   auto take = [&](const std::string& pass, Offload offload, const std::vector<int>& choice,
-                  Attempt a) {
+                  Simulation sim) {
     d.pass = pass;
     d.offload = offload;
     d.choice = choice;
-    d.simulation = std::move(a.sim);
-    return d;
+    d.simulation = std::move(sim);
+    return std::move(d);
   };
 
-  const Attempt first = try_config(model, kernels, lean, Offload::kAll, capacity, planner);
+  Simulation first = try_config(model, kernels, lean, Offload::kAll, capacity, planner);
   note("1: vDNN_all, memory-optimal algorithms", first);
   if (!first.fits) {
     throw OutOfMemoryError("memory.policy dyn: the network cannot be trained even with vDNN_all "
-                           "and memory-optimal algorithms: " + first.sim.failure);
+                           "and memory-optimal algorithms: " + first.failure);
   }
-  const Attempt fast = try_config(model, kernels, fastest, Offload::kNone, capacity, planner);
+  Simulation fast = try_config(model, kernels, fastest, Offload::kNone, capacity, planner);
   note("2: no offload, fastest algorithms", fast);
-  if (fast.fits) return take("2: no offload, fastest algorithms", Offload::kNone, fastest, fast);
-  for (Offload offload : {Offload::kConv, Offload::kAll}) {
-    const std::string pass = std::string("3: vDNN_") + offload_name(offload) + ", fastest algorithms";
-    const Attempt a = try_config(model, kernels, fastest, offload, capacity, planner);
-    note(pass, a);
-    if (a.fits) return take(pass, offload, fastest, a);
+  if (fast.fits) {
+    return take("2: no offload, fastest algorithms", Offload::kNone, fastest, std::move(fast));
   }
-  for (Offload offload : {Offload::kConv, Offload::kAll}) {
+  const Offload offloads[] = {Offload::kConv, Offload::kAll};
+  Simulation with_fastest[2];  // pass 3's, where pass 4 starts
+  for (int o = 0; o < 2; ++o) {
+    const std::string pass =
+        std::string("3: vDNN_") + offload_name(offloads[o]) + ", fastest algorithms";
+    with_fastest[o] = try_config(model, kernels, fastest, offloads[o], capacity, planner);
+    note(pass, with_fastest[o]);
+    if (with_fastest[o].fits) return take(pass, offloads[o], fastest, std::move(with_fastest[o]));
+  }
+  for (int o = 0; o < 2; ++o) {
+    const Offload offload = offloads[o];
     const std::string pass = std::string("4: vDNN_") + offload_name(offload) + ", greedy downgrade";
     std::vector<int> choice = fastest;
+    Simulation a = std::move(with_fastest[o]);
     while (true) {
-      Attempt a = try_config(model, kernels, choice, offload, capacity, planner);
       if (a.fits) {
         note(pass, a);
         return take(pass, offload, choice, std::move(a));
       }
       // Downgrade the kernel whose workspace did not fit, if it was one.
-      const TensorId& t = a.sim.failed_tensor;
+      const TensorId& t = a.failed_tensor;
       bool changed = false;
       if (t.kind == TensorKind::kWorkspace || t.kind == TensorKind::kBackwardWorkspace) {
         const bool backward = t.kind == TensorKind::kBackwardWorkspace;
@@ -156,10 +155,11 @@ DynamicDecision choose_dynamic(const MemoryModel& model, const std::vector<Kerne
         note(pass, a);
         break;
       }
+      a = try_config(model, kernels, choice, offload, capacity, planner);
     }
   }
   d.log.push_back("5: falling back to pass 1");
-  return take("5: vDNN_all, memory-optimal algorithms", Offload::kAll, lean, first);
+  return take("5: vDNN_all, memory-optimal algorithms", Offload::kAll, lean, std::move(first));
 }
 
 }  // namespace vtrain::memory
