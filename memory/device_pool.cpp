@@ -50,7 +50,7 @@ DevicePool::~DevicePool() {
 }
 
 void* DevicePool::allocate(size_t bytes, const std::string& name) {
-  const size_t size = align_up(std::max<size_t>(bytes, 1));
+  const size_t size = block_bytes(bytes);
   std::optional<size_t> offset;
   int trace_id = -1;
   if (in_step_) {
@@ -142,8 +142,7 @@ void DevicePool::plan_from_trace(const std::vector<DsaBlock>& trace) {
 void DevicePool::end_step() {
   if (!in_step_) throw MemoryError("device memory pool: end_step() outside a step");
   last_trace_ = recorder_.finish();
-  last_span_ = step_span_;
-  step_seconds_ =
+  const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count();
   // Bytes in use are piecewise constant between the samples.
   double area = 0, t = 0;
@@ -153,8 +152,8 @@ void DevicePool::end_step() {
     t = s.seconds;
     bytes = s.bytes_in_use;
   }
-  area += static_cast<double>(bytes) * (step_seconds_ - t);
-  step_average_ = step_seconds_ > 0 ? area / step_seconds_ : static_cast<double>(bytes);
+  area += static_cast<double>(bytes) * (seconds - t);
+  step_average_ = seconds > 0 ? area / seconds : static_cast<double>(bytes);
   for (auto& [ptr, block] : blocks_) block.trace_id = -1;  // ids are per step
   if (options_.planner == Planner::kStatic) {
     if (!report_.active) {

@@ -101,22 +101,15 @@ class DevicePool {
   size_t reservation() const { return free_.capacity(); }
   size_t bytes_in_use() const { return free_.bytes_in_use(); }
   size_t peak_bytes() const { return peak_; }
-  void reset_peak() { peak_ = free_.bytes_in_use(); }
-  // One past the highest byte ever used: what a reservation must hold.
-  size_t high_water() const { return free_.high_water(); }
   const std::vector<TimelineSample>& timeline() const { return timeline_; }
-  // Of the last finished step: most bytes in use, their mean over the
-  // step's duration (time-weighted), and the duration.
+  // Of the last finished step: most bytes in use, and their mean over the
+  // step's duration (time-weighted).
   size_t step_peak_bytes() const { return step_peak_; }
   double step_average_bytes() const { return step_average_; }
-  double step_seconds() const { return step_seconds_; }
   const StaticPlanReport& static_plan() const { return report_; }
   // The alloc/free trace of the last finished step (blocks still alive at
   // its end end there).
   const std::vector<DsaBlock>& last_step_trace() const { return last_trace_; }
-  Planner planner() const { return options_.planner; }
-  // Bytes the last step spanned above the blocks made outside steps.
-  size_t last_step_span() const { return last_span_; }
 
  private:
   struct Block {
@@ -140,14 +133,12 @@ class DevicePool {
   size_t step_start_bytes_ = 0;
   size_t step_peak_ = 0;
   double step_average_ = 0;
-  double step_seconds_ = 0;
 
   // Static planner.
   DsaTraceRecorder recorder_;
   std::vector<DsaBlock> last_trace_;
   size_t step_base_ = 0;       // planned offsets are relative to this (the persistent top)
   bool step_base_set_ = false;
-  size_t last_span_ = 0;
   size_t step_span_ = 0;       // highest byte of the current step (pool-placed) above step_base_
   std::vector<size_t> plan_;   // per request of a step: offset above step_base_
   std::vector<size_t> plan_sizes_;

@@ -24,7 +24,7 @@ struct DsaBlock {
 };
 
 // Builds a trace the way Sec. 4.1 profiles one: allocate() returns the
-// block's id (its index in blocks()), release() ends it; blocks never
+// block's id (its index in the trace), release() ends it; blocks never
 // released end at finish().
 class DsaTraceRecorder {
  public:
@@ -32,8 +32,6 @@ class DsaTraceRecorder {
   void release(int id);
   // Ends the blocks still alive; returns the trace.
   std::vector<DsaBlock> finish();
-  const std::vector<DsaBlock>& blocks() const { return blocks_; }
-  int64_t now() const { return now_; }
 
  private:
   std::vector<DsaBlock> blocks_;

@@ -10,7 +10,7 @@ namespace vtrain::memory {
 FreeList::FreeList(size_t capacity) : capacity_(capacity / kAlignment * kAlignment) {}
 
 std::optional<size_t> FreeList::allocate(size_t bytes) {
-  const size_t size = align_up(std::max<size_t>(bytes, 1));
+  const size_t size = block_bytes(bytes);
   auto best = free_.end();
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second >= size && (best == free_.end() || it->second < best->second)) best = it;
@@ -31,7 +31,7 @@ std::optional<size_t> FreeList::allocate(size_t bytes) {
 }
 
 bool FreeList::allocate_at(size_t offset, size_t bytes) {
-  const size_t size = align_up(std::max<size_t>(bytes, 1));
+  const size_t size = block_bytes(bytes);
   if (offset % kAlignment != 0 || offset > capacity_ || size > capacity_ - offset) return false;
   const size_t end = offset + size;
   if (offset >= top_) {

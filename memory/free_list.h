@@ -23,12 +23,14 @@ inline constexpr size_t kAlignment = 256;
 inline size_t align_up(size_t bytes, size_t alignment = kAlignment) {
   return (bytes + alignment - 1) / alignment * alignment;
 }
+// The bytes a request of `bytes` occupies: at least one, aligned.
+inline size_t block_bytes(size_t bytes) { return align_up(bytes > 0 ? bytes : 1); }
 
 class FreeList {
  public:
   explicit FreeList(size_t capacity);
 
-  // Offset of a new block of align_up(max(bytes, 1)) bytes; nullopt when no
+  // Offset of a new block of block_bytes(bytes) bytes; nullopt when no
   // free range holds it.
   std::optional<size_t> allocate(size_t bytes);
   // Takes [offset, offset + align_up(bytes)) if all of it is free (a static
@@ -47,7 +49,6 @@ class FreeList {
   size_t largest_free() const;
   // Size of the block at `offset`, 0 if none starts there.
   size_t block_size(size_t offset) const;
-  size_t block_count() const { return used_.size(); }
 
  private:
   void take(size_t offset, size_t size);

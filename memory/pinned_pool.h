@@ -25,7 +25,6 @@ class PinnedPool {
   void release(void* ptr);
   size_t reservation() const { return free_.capacity(); }
   size_t bytes_in_use() const { return free_.bytes_in_use(); }
-  size_t high_water() const { return free_.high_water(); }
 
  private:
   worker::Backend& backend_;

@@ -31,7 +31,6 @@ class Replay {
       sim.fits = false;
       sim.failed_tensor = id;
       sim.failed_layer = layer;
-      sim.failed_in_backward = backward;
       sim.failure = "out of memory allocating '" + tensor_name(model_, id) + "' (" +
                     format_bytes(bytes) + " = " + std::to_string(bytes) + " bytes) " +
                     (layer >= 0 ? std::string(backward ? "for the backward of '"
@@ -44,7 +43,7 @@ class Replay {
       return false;
     }
     device_at_[key(id)] = *offset;
-    if (recording_) trace_id_[key(id)] = recorder_.allocate(align_up(std::max<size_t>(bytes, 1)));
+    if (recording_) trace_id_[key(id)] = recorder_.allocate(block_bytes(bytes));
     observe(sim);
     return true;
   }
@@ -74,19 +73,10 @@ class Replay {
     host_at_.erase(it);
   }
 
-  void start_recording() {
-    recording_ = true;
-    step_base_ = device_.top();
-    step_high_ = device_.top();
-    in_use_sum_ = 0;
-    samples_ = 0;
-  }
+  void start_recording() { recording_ = true; }
   void stop_recording(Simulation& sim) {
     recording_ = false;
     sim.step_trace = recorder_.finish();
-    sim.pool_span = step_high_ - step_base_;
-    sim.average_bytes = samples_ > 0 ? in_use_sum_ / static_cast<double>(samples_)
-                                     : static_cast<double>(device_.bytes_in_use());
   }
   // Starts measuring the highest byte used from now on.
   void begin_phase() { phase_high_ = device_.top(); }
@@ -98,11 +88,6 @@ class Replay {
   void observe(Simulation& sim) {
     sim.peak_bytes = std::max(sim.peak_bytes, device_.bytes_in_use());
     phase_high_ = std::max(phase_high_, device_.top());
-    if (recording_) {
-      step_high_ = std::max(step_high_, device_.top());
-      in_use_sum_ += static_cast<double>(device_.bytes_in_use());
-      ++samples_;
-    }
   }
 
   const MemoryModel& model_;
@@ -112,9 +97,7 @@ class Replay {
   bool recording_ = false;
   DsaTraceRecorder recorder_;
   std::map<size_t, int> trace_id_;
-  size_t step_base_ = 0, step_high_ = 0, phase_high_ = 0;
-  double in_use_sum_ = 0;
-  int64_t samples_ = 0;
+  size_t phase_high_ = 0;
 };
 
 // Replays one event list; false at the first request that does not fit.
@@ -163,8 +146,9 @@ Simulation run(const MemoryModel& model, const Schedule& schedule, size_t capaci
   r.start_recording();
   const bool step_ok = replay(schedule.train, r, sim);
   r.stop_recording(sim);
-  if (!step_ok) return sim;
   const size_t step_need = r.phase_high();
+  sim.pool_span = step_need - base;
+  if (!step_ok) return sim;
   sim.lower_bound = dsa_lower_bound(sim.step_trace);
   r.begin_phase();
   if (!replay(schedule.evaluate, r, sim)) return sim;
@@ -193,7 +177,6 @@ Simulation simulate(const MemoryModel& model, const Schedule& schedule, size_t c
     sim.failure = bounded.failure;
     sim.failed_tensor = bounded.failed_tensor;
     sim.failed_layer = bounded.failed_layer;
-    sim.failed_in_backward = bounded.failed_in_backward;
   } else {
     sim.failure = "the plan needs " + format_bytes(sim.reservation) + " = " +
                   std::to_string(sim.reservation) + " bytes of a capacity of " +

@@ -21,7 +21,6 @@ struct Simulation {
                                 // and planner (fragmentation included)
   size_t persistent_bytes = 0;  // bytes allocated once, before any step
   size_t peak_bytes = 0;        // most bytes in use at once (training step or evaluation)
-  double average_bytes = 0;     // mean bytes in use over the training step's events
   size_t pool_span = 0;         // training step: bytes the pool spans above the persistent ones
   size_t static_peak = 0;       // training step: the best-fit plan's span (kStatic)
   size_t lower_bound = 0;       // training step: most bytes alive at once above the persistent
@@ -33,7 +32,6 @@ struct Simulation {
   std::string failure;          // "out of memory allocating 'conv2.workspace' (...)"
   TensorId failed_tensor;
   int failed_layer = -1;        // whose forward/backward was being prepared
-  bool failed_in_backward = false;
 };
 
 // Replays `schedule` (persistent tensors, one training step, one evaluation)

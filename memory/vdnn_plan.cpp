@@ -32,21 +32,6 @@ const char* offload_name(Offload offload) {
   return "?";
 }
 
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::kAlloc: return "alloc";
-    case Op::kFree: return "free";
-    case Op::kOffload: return "offload";
-    case Op::kPrefetch: return "prefetch";
-    case Op::kSyncMemory: return "sync";
-    case Op::kFreeHost: return "free_host";
-    case Op::kForward: return "forward";
-    case Op::kLoss: return "loss";
-    case Op::kBackward: return "backward";
-  }
-  return "?";
-}
-
 void validate(const MemoryModel& model) {
   if (model.layers.empty() || !model.layers[0].is_input) {
     throw MemoryError("memory model: layer 0 must be the input");

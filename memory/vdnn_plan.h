@@ -92,7 +92,6 @@ enum class Op {
   kLoss,         // softmax cross-entropy on the logits (writes the logits' dY)
   kBackward,     // run the layer's backward
 };
-const char* op_name(Op op);
 
 struct Event {
   Op op = Op::kForward;
