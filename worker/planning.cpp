@@ -259,7 +259,8 @@ std::vector<ConvLayerExecution> conv_executions(const config::RankPlan& rank) {
 std::string describe_plan(const config::TrainingPlan& plan) {
   std::string split;
   for (const config::RankPlan& r : plan.ranks) {
-    split += (split.empty() ? "" : "+") + std::to_string(r.batch);
+    if (!split.empty()) split += '+';
+    split += std::to_string(r.batch);
   }
   char line[512];
   std::snprintf(line, sizeof line, "plan: split %s of %lld, workspace %s%s%s, predicted step %.2f ms",
