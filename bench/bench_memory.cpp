@@ -76,7 +76,7 @@ Run train(worker::Backend& backend, const worker::Graph& graph, const Settings& 
   o.conv_algorithm = s.algorithm;
   o.memory_policy = policy;
   o.memory_capacity = capacity;
-  o.optimizer_bytes_per_parameter = sizeof(float);
+  o.optimizer_bytes_per_parameter = worker::Sgd::kStateBytesPerParameter;
   worker::Network net(graph, backend, o);
   net.init_parameters(1);
   worker::Sgd sgd(backend, net.parameter_count(), 0.9f, 0.0f);
@@ -146,7 +146,8 @@ std::pair<size_t, size_t> baseline_need(worker::Backend& backend, const worker::
     return memory::simulate(m, memory::make_schedule(m, p), 0, memory::Planner::kPool);
   };
   // Sgd's velocity comes on top: one float per parameter.
-  const size_t velocity = static_cast<size_t>(net.parameter_count()) * sizeof(float);
+  const size_t velocity =
+      static_cast<size_t>(net.parameter_count()) * worker::Sgd::kStateBytesPerParameter;
   return {sim(memory::Policy::kNone).reservation + velocity,
           sim(memory::Policy::kAll).persistent_bytes + velocity};
 }
@@ -316,7 +317,7 @@ int main(int argc, char** argv) {
       worker::NetworkOptions o;
       o.max_batch = ds.batch;
       o.conv_algorithm = ds.algorithm;
-      o.optimizer_bytes_per_parameter = sizeof(float);
+      o.optimizer_bytes_per_parameter = worker::Sgd::kStateBytesPerParameter;
       worker::Network none(deep, *limited, o);
       std::printf("  none: unexpectedly fits\n");
     } catch (const std::exception& e) {

@@ -25,6 +25,9 @@ struct LrSchedule {
 
 class Sgd {
  public:
+  // Device bytes of state per parameter: the velocity.
+  static constexpr size_t kStateBytesPerParameter = sizeof(float);
+
   // Velocity lives in device memory of `backend`, zero-initialised.
   Sgd(Backend& backend, int64_t parameter_count, float momentum, float weight_decay);
   ~Sgd();

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "worker/network.h"
+#include "worker/optimizer.h"
 
 namespace vtrain::worker {
 namespace {
@@ -202,9 +203,10 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
         NetworkOptions net_options;
         net_options.max_batch = b;
         net_options.memory_policy = policy;
-        net_options.optimizer_bytes_per_parameter = sizeof(float);
+        net_options.optimizer_bytes_per_parameter = Sgd::kStateBytesPerParameter;
         Network net(graph, backend, net_options);
-        velocity_bytes = static_cast<size_t>(net.parameter_count()) * sizeof(float);
+        velocity_bytes =
+            static_cast<size_t>(net.parameter_count()) * net_options.optimizer_bytes_per_parameter;
         net.init_parameters(1);
         backend.fill(net.input(b), 0.1f);
         const std::vector<int32_t> labels(static_cast<size_t>(b), 0);

@@ -266,7 +266,7 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
   net_options.conv_workspace_bytes = options.conv_workspace_bytes;
   net_options.memory_policy = options.memory_policy;
   net_options.memory_planner = options.memory_planner;
-  net_options.optimizer_bytes_per_parameter = sizeof(float);  // Sgd's velocity
+  net_options.optimizer_bytes_per_parameter = Sgd::kStateBytesPerParameter;
   Network net(graph, backend, net_options);
   std::unique_ptr<memory::ChromeTrace> trace;
   if (!options.trace_path.empty()) {
