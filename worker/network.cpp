@@ -959,14 +959,17 @@ Tensor Network::input(int64_t n) const {
               static_cast<float*>(device_[static_cast<int>(memory::TensorKind::kOutput)][data]), n);
 }
 
-void Network::forward_layer(int i, int64_t n, bool training) {
-  using memory::TensorKind;
-  void* ws = workspace_;
-  size_t ws_bytes = workspace_bytes_;
-  if (schedule_.layer_wise && options_.conv_executions.empty()) {
-    ws = slot(TensorKind::kWorkspace, i);
-    ws_bytes = model_.layers[i].forward_workspace;
+std::pair<void*, size_t> Network::workspace_for(int i, bool backward) {
+  if (!schedule_.layer_wise || !options_.conv_executions.empty()) {
+    return {workspace_, workspace_bytes_};  // network-wide, or a plan's buffer
   }
+  const memory::LayerNode& node = model_.layers[i];
+  return backward ? std::pair{slot(memory::TensorKind::kBackwardWorkspace, i), node.backward_workspace}
+                  : std::pair{slot(memory::TensorKind::kWorkspace, i), node.forward_workspace};
+}
+
+void Network::forward_layer(int i, int64_t n, bool training) {
+  const auto [ws, ws_bytes] = workspace_for(i, false);
   StepContext ctx{backend_, n, {}, view(out_desc_[i], out(i), n), {}, ws, ws_bytes,
                   {}, {}, {}, {}};
   for (int in : graph_.inputs(i)) ctx.in.push_back(view(out_desc_[in], out(in), n));
@@ -976,16 +979,8 @@ void Network::forward_layer(int i, int64_t n, bool training) {
 void Network::backward_layer(int i, int64_t n) {
   using memory::TensorKind;
   const std::vector<int>& inputs = graph_.inputs(i);
-  void* ws = workspace_;
-  size_t ws_bytes = workspace_bytes_;
-  float* scratch = static_cast<float*>(shared_scratch_);
-  if (schedule_.layer_wise) {
-    if (options_.conv_executions.empty()) {
-      ws = slot(TensorKind::kBackwardWorkspace, i);
-      ws_bytes = model_.layers[i].backward_workspace;
-    }
-    scratch = static_cast<float*>(slot(TensorKind::kScratch, i));
-  }
+  const auto [ws, ws_bytes] = workspace_for(i, true);
+  float* scratch = static_cast<float*>(slot(TensorKind::kScratch, schedule_.layer_wise ? i : -1));
   StepContext ctx{backend_, n, {}, view(out_desc_[i], out(i), n),
                   view(out_desc_[i], grad(i), n), ws, ws_bytes, {}, {}, {}, {}};
   for (int in : inputs) ctx.in.push_back(view(out_desc_[in], out(in), n));

@@ -23,6 +23,7 @@
 #include <span>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memory/chrome_trace.h"
@@ -238,6 +239,9 @@ class Network {
   void* allocate_tensor(const memory::TensorId& id, const std::string& name);
   // Device bytes in use, as a trace counter sample (when tracing).
   void trace_in_use();
+  // The workspace a layer's forward or backward runs in: the network-wide
+  // one or a plan's buffer, or under the layer-wise policies its own.
+  std::pair<void*, size_t> workspace_for(int i, bool backward);
   void forward_layer(int i, int64_t n, bool training);
   void backward_layer(int i, int64_t n);
   // The device memory of a tensor now (null when it is not on the device).
