@@ -198,24 +198,29 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       backend.reset_peak();
       const size_t base = backend.device_bytes_in_use();
       Timing t;
-      size_t velocity_bytes = 0;  // Sgd's, allocated beside the network in training
       {
         NetworkOptions net_options;
         net_options.max_batch = b;
         net_options.memory_policy = policy;
         net_options.optimizer_bytes_per_parameter = Sgd::kStateBytesPerParameter;
         Network net(graph, backend, net_options);
-        velocity_bytes =
-            static_cast<size_t>(net.parameter_count()) * net_options.optimizer_bytes_per_parameter;
+        Sgd sgd(backend, net.parameter_count(), 0.9f, 0.0f);  // its velocity counts in the peak
         net.init_parameters(1);
-        backend.fill(net.input(b), 0.1f);
+        // A step as training runs it, less the gradient exchange (measured on
+        // its own): the batch's upload from host memory, forward and
+        // backward, the update. A zero learning rate keeps the weights.
+        const Tensor input = net.input(b);
+        const std::vector<float> images(static_cast<size_t>(input.shape().elements()), 0.1f);
         const std::vector<int32_t> labels(static_cast<size_t>(b), 0);
-        backend.upload_labels(labels.data(), net.labels(), b);
-        t = time_runs(backend, options.warmup, options.repeats,
-                      [&] { net.train_step(b, 1.0f / static_cast<float>(b)); });
+        t = time_runs(backend, options.warmup, options.repeats, [&] {
+          backend.upload(images.data(), input);
+          backend.upload_labels(labels.data(), net.labels(), b);
+          net.train_step(b, 1.0f / static_cast<float>(b));
+          sgd.step(net.parameters(), net.gradients(), 0.0f);
+        });
       }
       const perfdb::StepMeasurement step{model, b, options.memory_policy, "auto", t.median_ms,
-                                         backend.device_bytes_peak() - base + velocity_bytes, 0};
+                                         backend.device_bytes_peak() - base, 0};
       db.record_step_measurements(device, std::span(&step, 1));
       ++report.step_measured;
     }

@@ -26,7 +26,7 @@ struct ProfileOptions {
   MicroBatchPolicy micro_batches = MicroBatchPolicy::kUndivided;
   int warmup = 1;                    // untimed runs before the timed ones
   int repeats = 5;                   // timed runs; the median is recorded
-  bool steps = true;                 // also time a whole fwd+bwd step per batch
+  bool steps = true;                 // also time a whole step (upload, fwd, bwd, update) per batch
   std::string memory_policy = "none";  // memory.policy the steps run (and are recorded) under
   // This process's share when several identical devices on one host split
   // the work: work item j is measured here iff j % share_count == share_index.
