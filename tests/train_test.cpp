@@ -59,8 +59,10 @@ TEST(Train, LossFallsOnSyntheticData) {
   worker::Dataset train = all;
   const worker::Graph graph = worker::Graph::build(
       worker::preset_layers("lenet", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
-  auto backend = worker::make_backend({.kind = "cpu"});
+  // Fixed threads and algorithm: the same floating-point path on every run.
+  auto backend = worker::make_backend({.kind = "cpu", .threads = 2});
   worker::TrainerOptions options;
+  options.conv_algorithm = "direct";
   options.batch = 32;
   options.epochs = 2;
   options.schedule.base_lr = 0.05;

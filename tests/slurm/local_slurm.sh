@@ -28,9 +28,11 @@ local_slurm_missing() {  # prints the SLURM/munge programs that are not installe
 
 _ls_log() { echo "local_slurm: $*" >&2; }
 
-# Prints a TCP port that nothing listens on, from 20000 up.
+# Prints a TCP port that nothing listens on, in 20000-32767: below Linux's
+# ephemeral range (32768-60999), so no outgoing connection takes it between
+# this check and the daemon's bind.
 _ls_free_port() {
-  local port=$((20000 + RANDOM % 30000)) skip=${1:-0}
+  local port=$((20000 + RANDOM % 12000)) skip=${1:-0}
   while ss -Htln "sport = :$port" | grep -q . || ((port == skip)); do
     port=$((port + 1))
   done
