@@ -562,6 +562,13 @@ ConvProblem conv_problem(const LayerSpec& conv, const TensorDesc& x, const Tenso
   return p;
 }
 
+std::vector<ConvKind> conv_kernels_of(const Graph& graph, int layer) {
+  if (graph.inputs(layer)[0] == graph.input_index()) {
+    return {ConvKind::kForward, ConvKind::kBackwardFilter};
+  }
+  return {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter};
+}
+
 std::vector<TensorDesc> activation_descs(const Graph& graph, const Backend& backend, int64_t n) {
   return activation_descs(
       graph, [&](int64_t channels) { return backend.preferred_layout(channels); }, n);
@@ -690,10 +697,9 @@ memory::LayerNode memory_node(const Graph& graph, int i, const TensorDesc& out, 
       node.backward_reads_inputs = true;
       node.backward_accumulates = !conv.planned();  // see ConvLayer::backward
       node.forward_workspace = conv.kernel_workspace(ConvKind::kForward);
-      node.backward_workspace = conv.kernel_workspace(ConvKind::kBackwardFilter);
-      if (graph.inputs(i)[0] != graph.input_index()) {  // backward-data runs
-        node.backward_workspace =
-            std::max(node.backward_workspace, conv.kernel_workspace(ConvKind::kBackwardData));
+      for (ConvKind kind : conv_kernels_of(graph, i)) {
+        if (kind == ConvKind::kForward) continue;
+        node.backward_workspace = std::max(node.backward_workspace, conv.kernel_workspace(kind));
       }
       break;
     }
@@ -753,8 +759,7 @@ void Network::plan_memory() {
     for (int i = 0; i < count; ++i) {
       auto* conv = dynamic_cast<ConvLayer*>(layers_[i].get());
       if (!conv || conv->planned()) continue;
-      for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
-        if (kind == ConvKind::kBackwardData && graph_.inputs(i)[0] == graph_.input_index()) continue;
+      for (ConvKind kind : conv_kernels_of(graph_, i)) {
         memory::KernelChoices k{i, kind, {}};
         for (const auto& [a, seconds] : conv->timed_candidates(kind)) {
           k.options.push_back({a.name, a.workspace_bytes, seconds});

@@ -145,6 +145,11 @@ std::vector<TensorDesc> activation_descs(const Graph& graph,
 // The convolution a conv layer runs, between activations x and y.
 ConvProblem conv_problem(const LayerSpec& conv, const TensorDesc& x, const TensorDesc& y);
 
+// The kernels conv layer `layer` of `graph` runs in a training step:
+// Forward, BackwardData (unless its input is the data, which needs no
+// gradient) and BackwardFilter.
+std::vector<ConvKind> conv_kernels_of(const Graph& graph, int layer);
+
 // A contiguous range of the flat parameter buffer owned by one layer.
 struct ParamRange {
   int layer = 0;           // graph index

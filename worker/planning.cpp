@@ -37,9 +37,7 @@ std::vector<KernelAt> kernels_at(const Graph& graph, const PlanDevice& device, i
     if (l.type != LayerType::kConv) continue;
     const int in = graph.inputs(i)[0];
     const ConvProblem p = conv_problem(l, descs[in], descs[i]);
-    for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
-      // The first layer's input is the data: backward-data never runs.
-      if (kind == ConvKind::kBackwardData && in == graph.input_index()) continue;
+    for (ConvKind kind : conv_kernels_of(graph, i)) {
       out.push_back({l.name, kind, kernel_signature(kind, p)});
     }
   }

@@ -69,9 +69,7 @@ std::vector<KernelSite> kernel_sites(const Graph& graph, const Backend& backend)
     if (l.type != LayerType::kConv) continue;
     const int in = graph.inputs(i)[0];
     const ConvProblem p = conv_problem(l, descs[in], descs[i]);
-    for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
-      // The first layer's input is the data: no gradient is computed for it.
-      if (kind == ConvKind::kBackwardData && in == graph.input_index()) continue;
+    for (ConvKind kind : conv_kernels_of(graph, i)) {
       if (seen.insert(std::string(conv_kind_name(kind)) + p.str()).second) {
         sites.push_back({kind, p});
       }
