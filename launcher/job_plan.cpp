@@ -222,6 +222,9 @@ std::optional<config::TrainingPlan> job_plan(const CliArgs& cli, const config::C
           worker::plan_mismatch(plan, graph, comm.size(), cfg.train.batch, cfg.memory.policy)) {
     throw config::ConfigError(origin + ": " + *why);
   }
+  if (auto why = worker::plan_device_mismatch(plan, comm.rank(), backend.device_info().name)) {
+    throw config::ConfigError(origin + ": " + *why);
+  }
   if (comm.rank() == 0) {
     std::fputs(worker::describe_plan(plan).c_str(), stdout);
     if (!cfg.output.plan.empty() && cli.plan.empty()) {
@@ -241,7 +244,7 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     d.id = rec.id;
     d.memory_bytes = rec.device.memory_bytes;
     d.layout = worker::layout_rule(rec.device.backend);
-    d.name = rec.device.name + " #" + std::to_string(devices.size());
+    d.name = rec.device.name;  // as the rank that runs on it will name its device
     d.allreduce_ms = cli.allreduce_ms;
     devices.push_back(std::move(d));
   };
@@ -275,8 +278,12 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
   const std::string policy = cli.policy.empty() ? cfg.balance.workspace : cli.policy;
   const uint64_t limit =
       cli.workspace.empty() ? cfg.balance.workspace_limit : config::parse_size(cli.workspace);
+  // Offline no device can profile an interpolated batch's kernels (training
+  // does, on the rank that gets it): every rank's batch is a profiled one.
+  balancer::BatchSplitOptions options = split_options(cfg);
+  options.candidates = balancer::CandidateSizes::kMeasured;
   const balancer::BatchSplit split =
-      worker::plan_split(graph, db, devices, batch, split_options(cfg), cfg.memory.policy);
+      worker::plan_split(graph, db, devices, batch, options, cfg.memory.policy);
   std::vector<worker::FrontPoint> fronts;
   config::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split,
                                                       workspace_request(policy, limit),

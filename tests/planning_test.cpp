@@ -203,6 +203,16 @@ TEST_F(PlanningTest, FastDeviceGetsTheLargerShareAndThePlanFitsTheModel) {
   EXPECT_EQ(plan.ranks[0].workspace_bytes, 16u << 10);
   EXPECT_NE(worker::describe_plan(plan).find("split 16+8 of 24"), std::string::npos)
       << worker::describe_plan(plan);
+  EXPECT_NE(worker::describe_plan(plan).find("even split 14.00 ms (1.40x)"), std::string::npos)
+      << worker::describe_plan(plan);
+  // Where no even split exists the print says why instead of a speedup.
+  config::TrainingPlan odd = plan;
+  odd.even_split_ms.reset();
+  odd.global_batch = 25;
+  EXPECT_NE(worker::describe_plan(odd).find("no even split to compare (25 samples do not divide "
+                                            "among 2 ranks)"),
+            std::string::npos)
+      << worker::describe_plan(odd);
 
   const auto executions = worker::conv_executions(plan.ranks[1]);
   ASSERT_EQ(executions.size(), 2u);
@@ -268,6 +278,12 @@ TEST_F(PlanningTest, MissingMeasurementsAndMismatchesAreClearErrors) {
   other.ranks[1].kernels.pop_back();
   EXPECT_EQ(worker::plan_mismatch(other, graph_, 2, 24),
             "rank 1: the plan does not configure c2 BackwardFilter");
+  // Each rank runs on the device the plan timed for it.
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, "fast"), std::nullopt);
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 1, "slow"), std::nullopt);
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 1, "fast"),
+            "rank 1 was planned for device 'slow', but it runs on 'fast' (plan again for these "
+            "devices)");
   perfdb::Device unknown;
   unknown.name = "never profiled";
   unknown.backend = "cuda";

@@ -234,6 +234,14 @@ std::optional<std::string> plan_mismatch(const config::TrainingPlan& plan, const
   return std::nullopt;
 }
 
+std::optional<std::string> plan_device_mismatch(const config::TrainingPlan& plan, int rank,
+                                                const std::string& device) {
+  const std::string& planned = plan.ranks.at(static_cast<size_t>(rank)).device;
+  if (planned == device) return std::nullopt;
+  return "rank " + std::to_string(rank) + " was planned for device '" + planned +
+         "', but it runs on '" + device + "' (plan again for these devices)";
+}
+
 std::vector<ConvLayerExecution> conv_executions(const config::RankPlan& rank) {
   std::vector<ConvLayerExecution> out;
   for (const config::PlannedKernel& k : rank.kernels) {
@@ -271,6 +279,19 @@ std::string describe_plan(const config::TrainingPlan& plan) {
     std::snprintf(line, sizeof line, "\n  from measured steps: this split %.2f ms, even split %.2f ms "
                   "(%.2fx)", *plan.split_ms, *plan.even_split_ms,
                   *plan.even_split_ms / *plan.split_ms);
+    out += line;
+  } else if (plan.split_ms && !plan.ranks.empty()) {
+    const auto n = static_cast<long long>(plan.ranks.size());
+    const auto batch = static_cast<long long>(plan.global_batch);
+    if (batch % n != 0) {
+      std::snprintf(line, sizeof line, "\n  from measured steps: this split %.2f ms; no even split "
+                    "to compare (%lld samples do not divide among %lld ranks)", *plan.split_ms,
+                    batch, n);
+    } else {
+      std::snprintf(line, sizeof line, "\n  from measured steps: this split %.2f ms; no even split "
+                    "to compare (%lld per rank is not a candidate batch of every device, or does "
+                    "not fit one)", *plan.split_ms, batch / n);
+    }
     out += line;
   }
   out += "\n";

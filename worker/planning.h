@@ -78,6 +78,11 @@ std::optional<std::string> plan_mismatch(const config::TrainingPlan& plan, const
                                          int ranks, int64_t global_batch,
                                          const std::string& memory_policy = "none");
 
+// Why rank `rank`, running on `device`, cannot follow `plan` (its batch and
+// kernel choices were timed on the device the plan names), or nullopt.
+std::optional<std::string> plan_device_mismatch(const config::TrainingPlan& plan, int rank,
+                                                const std::string& device);
+
 // One rank's part of a plan, for NetworkOptions / TrainerOptions.
 std::vector<ConvLayerExecution> conv_executions(const config::RankPlan& rank);
 
