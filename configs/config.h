@@ -74,7 +74,7 @@ struct ProfileConfig {
   std::string micro_batches = "undivided";  // "all", "powerOfTwo" or "undivided" (mu-cuDNN)
   int64_t warmup = 1;               // untimed runs before the timed ones
   int64_t repeats = 5;              // timed runs; the median is recorded
-  bool steps = true;                // also time whole fwd+bwd steps
+  bool steps = true;                // also time whole steps (upload, fwd, bwd, update)
 };
 
 struct CheckpointConfig {

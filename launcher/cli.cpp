@@ -180,7 +180,8 @@ Several ranks: `mpirun -np N vtrain train CONFIG` (rank 0 logs and writes
 checkpoints and metrics). On SLURM: `sbatch scripts/vtrain.sbatch CONFIG`.
 
 Exit codes: 0 success, 1 runtime failure, 2 usage or config error,
-3 stopped by SIGTERM/SIGUSR1 after writing a checkpoint (requeue to resume).
+3 stopped by SIGTERM/SIGUSR1 after writing a checkpoint (requeue to resume),
+4 stopped by a signal with no checkpoint.dir (nothing to resume).
 Configs: see configs/*.yaml and README.md.
 )";
   }
@@ -252,8 +253,9 @@ beside the config; share one file between all nodes):
     of profile.micro_batches (all | powerOfTwo | undivided), for each
     per-rank batch in profile.batches: median of profile.repeats runs after
     profile.warmup, and the workspace it needs;
-  - one whole forward + backward step per batch (profile.steps), with its
-    peak device memory.
+  - one whole training step per batch (profile.steps): the batch's upload,
+    forward, backward and SGD update (the gradient exchange is timed on its
+    own in training), with its peak device memory.
 Measurements the DB already has for this device and library version are not
 taken again. Under mpirun every rank profiles its own device; ranks with
 identical devices on one host split the work.
@@ -268,8 +270,10 @@ identical devices on one host split the work.
 Plans a job offline from the perf DB, without touching a device: the split
 of the global batch B (default train.batch) over the devices (the batch-split
 ILP of mu-cuDNN Sec. III-E, on the step times and peak memory the profiler
-recorded under memory.policy; balance.granularity, balance.candidates; a
-batch must fit the device's memory), and for each device every
+recorded under memory.policy; balance.granularity; a batch must fit the
+device's memory; every rank's batch is one the profiler measured, since
+offline no device can time an interpolated batch's kernels, whatever
+balance.candidates says), and for each device every
 convolution kernel's micro-batches and algorithms under the workspace policy:
   undivided  the fastest single call per kernel (within --workspace if given)
   wr         per kernel, the fastest micro-batch configuration whose calls
@@ -306,8 +310,8 @@ sqlite3 shell reads it too (see perfdb/README.md for the tables).
 Validates CONFIG (every key, type and value), loads the data files' headers
 and data, builds the model graph, and prints the layers with their output
 shapes, the parameter count and the effective configuration. Nothing is
-trained. Exit code 0 if the run would start, 2 for a config error, 1 for a
-data or model error.
+trained. Exit code 0 if the run would start, 2 for a config or model error,
+1 for a data error.
 )";
   }
   if (topic == "version") return "vtrain --version: prints the version\n";

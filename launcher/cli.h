@@ -15,7 +15,13 @@ class UsageError : public std::runtime_error {
 };
 
 // Exit codes, documented in `vtrain --help` and the README.
-enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2, kExitStopped = 3 };
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitFailure = 1,
+  kExitUsage = 2,
+  kExitStopped = 3,         // by a signal, after writing a checkpoint: requeue to resume
+  kExitStoppedUnsaved = 4,  // by a signal with no checkpoint.dir: nothing to resume
+};
 
 struct CliArgs {
   std::string command;                 // "train", "profile", "balance", "check", "db", "help", "version"

@@ -156,6 +156,10 @@ void print_cluster(worker::Communicator& comm, const worker::DeviceInfo& info,
 int run_train(const CliArgs& cli, worker::Communicator& comm,
               const std::atomic<int>& stop_signal) {
   const Config cfg = load(cli);
+  if (cli.resume && cfg.checkpoint.dir.empty()) {
+    throw UsageError("--resume: " + cfg.path + " sets no checkpoint.dir to resume from (set one "
+                     "there or with --set checkpoint.dir=DIR)");
+  }
   const Datasets data = load_data(cfg);
   const worker::Graph graph = build_graph(cfg, data.train.sample);
   const worker::ChannelStats norm = normalisation(cfg, data.train);
@@ -226,12 +230,18 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   const worker::TrainResult result =
       worker::train(graph, *backend, data.train, data.test, norm, options);
   if (result.stopped_by_signal != 0) {
+    // Every rank decides alike: only rank 0 writes (and knows) the checkpoint.
+    if (cfg.checkpoint.dir.empty()) {
+      if (comm.rank() == 0) {
+        std::printf("vtrain: stopped by a signal without a checkpoint (no checkpoint.dir set), "
+                    "nothing to resume; exit code %d\n", kExitStoppedUnsaved);
+      }
+      return kExitStoppedUnsaved;
+    }
     if (comm.rank() == 0) {
       std::printf("vtrain: stopped by a signal after checkpointing %s; exit code %d (requeue to "
                   "resume)\n",
-                  result.last_checkpoint.empty() ? "(no checkpoint.dir set)"
-                                                 : result.last_checkpoint.c_str(),
-                  kExitStopped);
+                  result.last_checkpoint.c_str(), kExitStopped);
     }
     return kExitStopped;
   }

@@ -1,8 +1,11 @@
 // End-to-end tests: training through the library, and the `vtrain`
 // executable run the way users run it (exit codes, messages, metrics file).
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "configs/config.h"
 #include "configs/plan.h"
@@ -134,6 +138,44 @@ TEST(Cli, UsageErrorsExitWithTwo) {
   EXPECT_NE(r.output.find("key.path=value"), std::string::npos) << r.output;
 }
 
+// A stop without a checkpoint.dir has nothing to resume: exit 4, not the
+// 3 that tells SLURM scripts to requeue; and --resume needs a directory.
+TEST(Cli, SignalWithoutCheckpointDirExitsWithFour) {
+  TempDir dir;
+  const std::string config = source_dir() + "/configs/synthetic-lenet.yaml";
+  RunResult r = run_vtrain("train " + config + " --resume");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--resume: " + config + " sets no checkpoint.dir"), std::string::npos)
+      << r.output;
+
+  const std::string log = dir.file("log.txt");
+  const std::string command = "exec " + test_support::vtrain_binary() + " train " + config +
+                              " --set train.epochs=100000 --set train.evaluate=false"
+                              " --set train.log_every=1 --progress line > " + log + " 2>&1";
+  const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  // Bounded wait for training to be under way: its first step line.
+  auto read_log = [&] {
+    std::ifstream in(log);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_log().find(" step 1/") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const std::string text = read_log();
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 4) << text;
+  EXPECT_NE(text.find("stopped by a signal without a checkpoint (no checkpoint.dir set)"),
+            std::string::npos)
+      << text;
+}
+
 TEST(Cli, ConfigErrorNamesFileLineAndKey) {
   TempDir dir;
   const std::string cfg = dir.file("bad.yaml",
@@ -241,10 +283,34 @@ TEST(Train, BalanceWritesAPlanThatTrainingFollows) {
   EXPECT_NEAR(with_allreduce, config::load_plan(plan).predicted_step_ms + 7.5,
               1e-5 * with_allreduce);
 
+  // What if a second such device joined? Offline every rank gets a batch
+  // that was profiled (8 + 16), not the even 12 + 12 that interpolation
+  // would offer and that has no kernel timings.
+  const std::string device = config::load_plan(plan).ranks.at(0).device;  // the DB's name
+  const std::string plan3 = dir.file("plan3.yaml");
+  r = run_vtrain("balance " + config + " --db " + db + " --devices '" + device + "," + device +
+                 "' --batch 24 --out " + plan3 + sets);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const config::TrainingPlan what_if = config::load_plan(plan3);
+  ASSERT_EQ(what_if.ranks.size(), 2u);
+  EXPECT_EQ((std::set<int64_t>{what_if.ranks[0].batch, what_if.ranks[1].batch}),
+            (std::set<int64_t>{8, 16}));
+
   r = run_vtrain("train " + config + " --plan " + plan + sets + " --progress line");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("conv2: Forward=["), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("done: 3 steps"), std::string::npos) << r.output;
+
+  // A plan made for other devices is refused before training starts.
+  std::ifstream saved(plan);
+  std::string text((std::istreambuf_iterator<char>(saved)), std::istreambuf_iterator<char>());
+  text.replace(text.find(device), device.size(), "Tesla K20Xm");
+  r = run_vtrain("train " + config + " --plan " + dir.file("k20.yaml", text) + sets);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("k20.yaml: rank 0 was planned for device 'Tesla K20Xm', but it runs on '" +
+                          device + "'"),
+            std::string::npos)
+      << r.output;
 
   r = run_vtrain("train " + config + " --plan " + plan + sets + " --set train.batch=32");
   EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -86,7 +86,7 @@ CREATE TABLE step_measurements (
   batch INTEGER NOT NULL,            -- per-rank batch
   memory_policy TEXT NOT NULL,
   workspace_plan TEXT NOT NULL,      -- workspace-plan signature; '' = none
-  time_ms REAL NOT NULL,             -- forward + backward
+  time_ms REAL NOT NULL,             -- upload, forward, backward, update
   peak_device_bytes INTEGER NOT NULL,
   measured_at INTEGER NOT NULL,      -- Unix seconds
   UNIQUE (device_id, model, batch, memory_policy, workspace_plan)
