@@ -227,6 +227,9 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   options.resume = cli.resume || cfg.checkpoint.resume == "auto";
   options.stop_signal = &stop_signal;
   options.fail_at_step = injected_failure_step(comm.rank());
+  if (const char* in = std::getenv("VTRAIN_FAIL_IN")) {
+    options.fail_in_backward = std::string(in) == "backward";
+  }
   const worker::TrainResult result =
       worker::train(graph, *backend, data.train, data.test, norm, options);
   if (result.stopped_by_signal != 0) {

@@ -133,6 +133,22 @@ TEST(Mpi, OneFailingRankEndsTheJobQuickly) {
   EXPECT_NE(out.find("[rank 1] error: injected failure at step 5"), std::string::npos) << out;
 }
 
+// The same in the middle of backward, with a gradient allreduce in flight:
+// the failing rank waits for it before freeing its buffers, then ends the
+// job (no crash, no hang).
+TEST(Mpi, ARankFailingInBackwardEndsTheJobCleanly) {
+  TempDir dir;
+  std::string out;
+  const int code = run("VTRAIN_FAIL_RANK=1 VTRAIN_FAIL_AT_STEP=5 VTRAIN_FAIL_IN=backward timeout 60 " +
+                           mpirun(2) + train_args(dir / "ck", 50, "--set train.allreduce_bucket=64KiB"),
+                       &out);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(code, 124) << "the job hung until timeout killed it:\n" << out;
+  EXPECT_NE(out.find("[rank 1] error: injected failure in backward at step 5"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("Segmentation fault"), std::string::npos) << out;
+}
+
 // The losses of the "step" records of a metrics file, as printed.
 std::vector<std::string> logged_losses(const std::string& path) {
   std::ifstream in(path);

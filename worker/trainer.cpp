@@ -380,9 +380,29 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
       const size_t index = static_cast<size_t>(&r - ranges.data());
       if (const int b = buckets.launch_after[index]; b >= 0) {
         comm->allreduce_async(net.gradients() + buckets.buckets[b].offset, buckets.buckets[b].count);
+        if (options.fail_in_backward && step == options.fail_at_step) {
+          throw std::runtime_error("injected failure in backward at step " + std::to_string(step) +
+                                   " (VTRAIN_FAIL_AT_STEP, VTRAIN_FAIL_IN=backward)");
+        }
       }
     };
   }
+  // A step that throws with gradient allreduces in flight (a rank failing
+  // in backward) must not free the buffers they read while unwinding: wait
+  // for them first. Every rank launches the same buckets in the same order,
+  // so the ones in flight here complete; the job is then ended by the
+  // caller's abort.
+  struct DrainOnUnwind {
+    Communicator* comm;
+    int uncaught = std::uncaught_exceptions();
+    ~DrainOnUnwind() {
+      if (comm == nullptr || std::uncaught_exceptions() == uncaught) return;
+      try {
+        comm->wait();
+      } catch (...) {  // the error being unwound is the one to report
+      }
+    }
+  } drain{ranks > 1 ? comm : nullptr};
 
   Staging stage;  // evaluation
   BatchGatherer gatherer(train_set, norm,
@@ -401,7 +421,7 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
     const auto epoch_start = Clock::now();
     int64_t i = epoch == start_epoch ? start_in_epoch : 0;
     for (; i < steps_per_epoch && step < total_steps; ++i) {
-      if (step == options.fail_at_step) {
+      if (step == options.fail_at_step && !options.fail_in_backward) {
         throw std::runtime_error("injected failure at step " + std::to_string(step) +
                                  " (VTRAIN_FAIL_AT_STEP)");
       }

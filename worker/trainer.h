@@ -60,7 +60,10 @@ struct TrainerOptions {
   // Non-zero (a signal number) asks every rank to stop at the next step
   // boundary, after a checkpoint.
   const std::atomic<int>* stop_signal = nullptr;
-  int64_t fail_at_step = -1;     // testing aid: this rank throws at this step
+  // Testing aids: this rank throws at this step, at its start or, with
+  // fail_in_backward, in backward once a gradient allreduce is in flight.
+  int64_t fail_at_step = -1;
+  bool fail_in_backward = false;
   // Gather the next batch on a thread while a step computes: -1 where the
   // batch holds at least 2^20 values (where it pays), 0 never, 1 always.
   int gather_ahead = -1;
