@@ -777,9 +777,11 @@ OutputConfig read_output(const Field& field) {
 
 // ---- overrides --------------------------------------------------------------
 
-// Applies "a.b.c=value" to the tree, creating missing sections. The key
-// path is checked later with the rest of the config, so an unknown key gets
-// the same message (with --set as its origin).
+// Applies "a.b.c=value" to the tree, creating missing sections; "NAME[I]"
+// steps into entry I of a list (the path error messages print, e.g.
+// model.layers[1].out). The key path is checked later with the rest of the
+// config, so an unknown key gets the same message (with --set as its
+// origin).
 void apply_override(YAML::Node& root, const std::string& arg,
                     std::vector<std::string>& overridden) {
   const size_t eq = arg.find('=');
@@ -794,6 +796,29 @@ void apply_override(YAML::Node& root, const std::string& arg,
       std::any_of(parts.begin(), parts.end(), [](const auto& p) { return p.empty(); })) {
     throw ConfigError("--set " + key + ": empty name in key path");
   }
+  // The steps of the path: map keys, and list indices (is_index).
+  struct Step {
+    std::string name;
+    bool is_index = false;
+  };
+  std::vector<Step> steps;
+  for (const std::string& part : parts) {
+    size_t at = part.find('[');
+    if (at == 0) throw ConfigError("--set " + key + ": '" + part + "' has no name before '['");
+    steps.push_back({part.substr(0, at)});
+    while (at != std::string::npos) {
+      const size_t close = part.find(']', at);
+      const std::string digits =
+          close == std::string::npos ? "" : part.substr(at + 1, close - at - 1);
+      if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); }) ||
+          digits.size() > 9 || (close + 1 < part.size() && part[close + 1] != '[')) {
+        throw ConfigError("--set " + key + ": '" + part +
+                          "' is not NAME or NAME[INDEX] (INDEX a number from 0)");
+      }
+      steps.push_back({digits, true});
+      at = close + 1 < part.size() ? close + 1 : std::string::npos;
+    }
+  }
   YAML::Node value;
   try {
     value = YAML::Load(arg.substr(eq + 1));
@@ -806,20 +831,38 @@ void apply_override(YAML::Node& root, const std::string& arg,
   YAML::Node cursor;
   cursor.reset(root);
   std::string path;
-  for (size_t i = 0; i < parts.size(); ++i) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::string what = path.empty() ? "the config" : path;
+    const bool last = i + 1 == steps.size();
+    if (steps[i].is_index) {
+      const size_t index = std::stoul(steps[i].name);
+      if (!cursor.IsSequence()) throw ConfigError("--set " + key + ": " + what + " is not a list");
+      if (index >= cursor.size()) {
+        throw ConfigError("--set " + key + ": " + what + " has " + std::to_string(cursor.size()) +
+                          " entries, so no [" + steps[i].name + "]");
+      }
+      path += "[" + steps[i].name + "]";
+      if (last) {
+        cursor[index] = value;
+        break;
+      }
+      YAML::Node next = cursor[index];
+      cursor.reset(next);
+      continue;
+    }
+    const std::string& name = steps[i].name;
     if (!cursor.IsMap() && !cursor.IsNull()) {
-      const std::string what = path.empty() ? "the config" : path;
       throw ConfigError("--set " + key + ": " + what + " is not a map of keys");
     }
-    path += (path.empty() ? "" : ".") + parts[i];
-    if (i + 1 == parts.size()) {
-      cursor[parts[i]] = value;
+    path += (path.empty() ? "" : ".") + name;
+    if (last) {
+      cursor[name] = value;
       break;
     }
-    YAML::Node next = cursor[parts[i]];
+    YAML::Node next = cursor[name];
     if (!next.IsDefined()) {
-      cursor[parts[i]] = YAML::Node(YAML::NodeType::Map);
-      next.reset(cursor[parts[i]]);
+      cursor[name] = YAML::Node(YAML::NodeType::Map);
+      next.reset(cursor[name]);
       overridden.push_back(path);  // a section the file does not have
     }
     cursor.reset(next);

@@ -167,7 +167,8 @@ Usage:
 
 Options for train and check:
   --set KEY.PATH=VALUE   override a config value (repeatable; VALUE is YAML,
-                         e.g. --set train.batch=32 --set data.mean=[0.5])
+                         e.g. --set train.batch=32 --set data.mean=[0.5];
+                         NAME[I] is entry I of a list: model.layers[2].out=64)
   --metrics FILE         write JSON-lines metrics to FILE (output.metrics)
   --progress MODE        auto | line | off (output.progress)
   --resume               continue from the newest checkpoint in checkpoint.dir
@@ -225,6 +226,7 @@ Metrics (JSON lines, --metrics or output.metrics): one object per logged step
 
 Options:
   --set KEY.PATH=VALUE   override any config value, e.g. --set optimizer.lr=0.1
+                         or --set model.layers[2].out=64 (entry 2 of a list)
   --metrics FILE         JSON-lines metrics file
   --progress MODE        auto (live line on a TTY) | line | off
   --resume               continue from the newest checkpoint in checkpoint.dir

@@ -326,6 +326,30 @@ TEST(ConfigTest, EmptyMetricsOverrideTurnsMetricsOff) {
   EXPECT_EQ(c.output.metrics, "");
 }
 
+// NAME[I] steps into a list, as error messages name its entries; a value
+// set there is validated like the file's and errors name --set.
+TEST(ConfigTest, OverridesReachIntoLists) {
+  const std::string layers =
+      "model:\n  layers:\n    - {name: d, type: input}\n    - {name: f, type: fc, out: 3}\n"
+      "data: {kind: synthetic}\n";
+  Config c = parse(layers, {"model.layers[1].out=7", "balance.split=manual",
+                            "balance.manual=[8, 8]", "balance.manual[1]=56"});
+  ASSERT_EQ(c.model.layers.size(), 2u);
+  EXPECT_EQ(c.model.layers[1].out, 7);
+  EXPECT_EQ(c.balance.manual, (std::vector<int64_t>{8, 56}));  // sums to train.batch 64
+  EXPECT_EQ(error_of(layers, {"model.layers[1].out=-1"}),
+            "--set model.layers[1].out: expected an integer >= 1, got -1");
+  EXPECT_EQ(error_of(layers, {"model.layers[2].out=7"}),
+            "--set model.layers[2].out: model.layers has 2 entries, so no [2]");
+  EXPECT_EQ(error_of(layers, {"model[0]=7"}), "--set model[0]: model is not a list");
+  EXPECT_EQ(error_of(layers, {"model.layers[x].out=7"}),
+            "--set model.layers[x].out: 'layers[x]' is not NAME or NAME[INDEX] (INDEX a number "
+            "from 0)");
+  EXPECT_EQ(error_of(layers, {"model.layers[1]x=7"}),
+            "--set model.layers[1]x: 'layers[1]x' is not NAME or NAME[INDEX] (INDEX a number "
+            "from 0)");
+}
+
 TEST(ConfigTest, OverriddenLayersHaveNoSourceLine) {
   const Config c = parse("model: {preset: lenet}\ndata: {kind: synthetic}\n",
                          {"model={layers: [{name: d, type: input}, {name: f, type: fc, out: 3}]}"});
