@@ -24,7 +24,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libyaml-cpp-dev libsqlite3-dev sqlite3 libglpk-dev glpk-utils
   libopenmpi-dev openmpi-bin libdnnl-dev ocl-icd-opencl-dev libgtest-dev zlib1g-dev
-  dataset-fashion-mnist python3
+  dataset-fashion-mnist python3 iproute2
   munge slurmctld slurmd slurm-client
 )
 missing=()
