@@ -5,7 +5,11 @@
 #   bash bench/gpu_figures.sh BIN_DIR OUT_DIR [PART,PART,...]
 #
 # Parts (default all): gpu_tests train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
-# wr_wd_alexnet. Each takes one to three minutes on an H100.
+# vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts. Each takes one
+# to three minutes on an H100. alexnet_fronts writes the plans and fronts CSVs
+# to OUT_DIR; draw them where matplotlib is installed with
+#   /usr/bin/python3 scripts/plot_balance.py OUT_DIR/plan-wd.yaml \
+#     --fronts OUT_DIR/fronts-wd.csv -o docs/balance-front-alexnet-h100.png
 # BIN_DIR holds vtrain, cuda_backend_test and bench_memory built with
 # VTRAIN_CUDA=ON (e.g. build/ and build/tests, build/bench copied together).
 set -uo pipefail
@@ -31,6 +35,30 @@ part vdnn_vgg16_b64 "$bin/bench_memory" --backend cuda --nets vgg16 --size 224 -
   --steps 3 --algorithm auto --deep-size 0
 part vdnn_vgg16_b128 "$bin/bench_memory" --backend cuda --nets vgg16 --size 224 --batch 128 \
   --steps 3 --algorithm auto --deep-size 224 --deep-batch 16 --deep-steps 2 --deep-algorithm algo_1
+part vdnn_vgg16_b256 "$bin/bench_memory" --backend cuda --nets vgg16 --size 224 --batch 256 \
+  --steps 3 --algorithm auto --deep-size 0
+# Through vtrain itself: VGG-16 b64 as it is, then dyn under an 8 GiB limit.
+vgg16="--set model.preset=vgg16 --set data.shape=[3,224,224] --set train.batch=64
+  --set train.max_steps=6 --set train.evaluate=false --set device.backend=cuda --progress line"
+dyn_limit() {
+  "$bin/vtrain" configs/synthetic-lenet.yaml $vgg16 &&
+    "$bin/vtrain" configs/synthetic-lenet.yaml $vgg16 --set memory.policy=dyn \
+      --set device.memory_limit=8GiB
+}
+part dyn_limit_vgg16 dyn_limit
 part wr_wd_alexnet python3 bench/bench_wd.py --vtrain "$bin/vtrain" --backend cuda \
   --models alexnet:3x224x224 --batch 128 --workspace 8MiB,64MiB --policies undivided,wr,wd \
   --steps 20 --rounds 3
+# AlexNet's Pareto fronts on this GPU and the WR / WD plans at 64 MiB.
+alexnet="--set model.preset=alexnet --set data.shape=[3,224,224] --set train.batch=128
+  --set device.backend=cuda"
+fronts() {
+  "$bin/vtrain" profile configs/synthetic-lenet.yaml --db "$out/alexnet.db" $alexnet \
+    --set 'profile.batches=[128]' --set profile.micro_batches=powerOfTwo --set profile.repeats=3 &&
+    for p in wr wd; do
+      "$bin/vtrain" balance configs/synthetic-lenet.yaml --db "$out/alexnet.db" $alexnet \
+        --policy $p --workspace 64MiB --out "$out/plan-$p.yaml" --fronts "$out/fronts-$p.csv" ||
+        return 1
+    done
+}
+part alexnet_fronts fronts
