@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -393,6 +394,23 @@ INSTANTIATE_TEST_SUITE_P(Problems, CpuConvTest, ::testing::ValuesIn(kConvCases),
                          [](const ::testing::TestParamInfo<ConvCase>& info) {
                            return std::string(info.param.name);
                          });
+
+// `auto` takes the CPU where no GPU is visible, on any build and machine: the
+// GPUs are hidden before CUDA is first touched (ctest runs every test in a
+// process of its own). Asking for cuda then says why it cannot be had.
+TEST(BackendFactory, AutoTakesTheCpuWhereNoGpuIsVisible) {
+  ASSERT_EQ(setenv("CUDA_VISIBLE_DEVICES", "", 1), 0);
+  EXPECT_FALSE(gpu_available());
+  EXPECT_EQ(make_backend({.kind = "auto", .threads = 1})->device_info().backend, "cpu");
+  std::string why;
+  try {
+    make_backend({.kind = "cuda", .threads = 1});
+  } catch (const BackendError& e) {
+    why = e.what();
+  }
+  EXPECT_NE(why.find("backend 'cuda'"), std::string::npos) << why;
+  EXPECT_NE(why.find(" cpu"), std::string::npos) << why;
+}
 
 TEST(CpuBackend, ConvWithoutBiasOrDbias) {
   const ConvData d(kConvCases[6]);
