@@ -58,6 +58,9 @@ struct Settings {
 
 double mib(double bytes) { return bytes / 1048576.0; }
 
+// Step traces of at most this many blocks are also solved exactly (the MIP).
+constexpr size_t kMipBlocks = 40;
+
 struct Run {
   std::string policy;
   size_t step_peak = 0;
@@ -287,10 +290,26 @@ int main(int argc, char** argv) {
         const double lb = static_cast<double>(memory::dsa_lower_bound(r.trace));
         const double peak = static_cast<double>(memory::dsa_peak(r.trace, offsets));
         const double pool = static_cast<double>(memory::dsa_pool_span(r.trace));
+        std::string exact;  // the MIP's optimum, where the trace is small enough
+        if (r.trace.size() <= kMipBlocks) {
+          try {
+            const auto mip_start = Clock::now();
+            const memory::DsaMipResult mip =
+                memory::dsa_solve_mip(r.trace, {.time_limit = std::chrono::seconds(20)});
+            char text[96];
+            std::snprintf(text, sizeof text, ", MIP optimum %.3fx (%.0f ms)",
+                          static_cast<double>(mip.peak) / lb,
+                          std::chrono::duration<double, std::milli>(Clock::now() - mip_start)
+                              .count());
+            exact = text;
+          } catch (const std::exception& e) {
+            exact = std::string(", MIP: ") + e.what();
+          }
+        }
         std::printf("  %-10s %-44s %5zu blocks: lower bound %8.1f MiB, best fit %.3fx, pool "
-                    "%.3fx, plan %.2f ms\n",
+                    "%.3fx, plan %.2f ms%s\n",
                     name.c_str(), r.policy.c_str(), r.trace.size(), mib(lb), peak / lb, pool / lb,
-                    ms);
+                    ms, exact.c_str());
       }
     }
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-from vtrain_metrics import end_record
+from vtrain_metrics import end_record, layer_span_ms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,6 +41,10 @@ def step_ms(metrics, batch):
 
 def kernel_ms(plan):
     return sum(float(t) for t in re.findall(r"time_ms: ([0-9.e+-]+)", open(plan).read()))
+
+
+def conv_layers(plan):
+    return set(re.findall(r"layer: ([^,}\s]+)", open(plan).read()))
 
 
 def main():
@@ -72,6 +76,7 @@ def main():
         for limit in args.workspace.split(","):
             policies = args.policies.split(",")
             plans, times = {}, {p: [] for p in policies}
+            conv = {p: [] for p in policies}  # the conv layers' measured time per step
             for policy in policies:
                 plans[policy] = os.path.join(work, "%s-%s-%s.yaml" % (model, policy, limit))
                 run([args.vtrain, "balance", config, "--db", db, "--policy", policy,
@@ -81,8 +86,11 @@ def main():
                     metrics = os.path.join(work, "m.jsonl")
                     if os.path.exists(metrics):
                         os.remove(metrics)
-                    run([args.vtrain, "train", config, "--plan", plans[policy], "--metrics", metrics] + sets)
+                    trace = os.path.join(work, "trace.json")
+                    run([args.vtrain, "train", config, "--plan", plans[policy], "--metrics", metrics,
+                         "--trace", trace] + sets)
                     times[policy].append(step_ms(metrics, args.batch))
+                    conv[policy].append(layer_span_ms(trace, conv_layers(plans[policy])))
             base = policies[0]
             b = statistics.median(times[base])
             line = "  workspace %-6s %s %.2f ms/step" % (limit, base, b)
@@ -92,6 +100,14 @@ def main():
                     policy, t, b / t, kernel_ms(plans[base]), kernel_ms(plans[policy]),
                     kernel_ms(plans[base]) / kernel_ms(plans[policy]))
             print(line, flush=True)
+            # Where a gap between predicted and measured comes from: the conv
+            # layers' spans in the step (traced) against the plan's kernels.
+            for policy in policies:
+                c = statistics.median(conv[policy])
+                print("    %-9s conv layers in the step %.2f ms (traced), plan's conv kernels %.2f ms: "
+                      "%+.0f%%" % (policy, c, kernel_ms(plans[policy]),
+                                   100.0 * (c - kernel_ms(plans[policy])) / kernel_ms(plans[policy])),
+                      flush=True)
 
 if __name__ == "__main__":
     main()

@@ -16,3 +16,28 @@ def end_record(path):
     if end is None:
         raise SystemExit(f"no \"end\" record in vtrain's metrics file {path}")
     return end
+
+
+def layer_span_ms(trace_path, layers):
+    """Per training step, the time the named layers' forward and backward
+    spans took in a Chrome trace written by `vtrain train --trace`: for each
+    span name ("conv1 forward", "conv1 backward", ...) the median over the
+    traced steps after the first (which also creates every primitive),
+    summed over the names. Rank 0's spans only."""
+    with open(trace_path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    durations = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("pid", 0) != 0:
+            continue
+        layer, _, direction = e.get("name", "").rpartition(" ")
+        if layer in layers and direction in ("forward", "backward"):
+            durations.setdefault(e["name"], []).append(e["dur"] / 1000.0)
+    if not durations:
+        raise SystemExit(f"no spans of layers {sorted(layers)} in the trace {trace_path}")
+    total = 0.0
+    for spans in durations.values():
+        steady = sorted(spans[1:] or spans)
+        total += steady[len(steady) // 2]
+    return total
