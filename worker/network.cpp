@@ -110,10 +110,15 @@ struct Network::Layer {
   virtual int64_t buffer_count() const { return 0; }
   virtual void bind(float* params, float* grads, float* buffers) {}
   virtual void init(Rng& rng, Backend& backend) {}
-  virtual size_t state_bytes() { return 0; }     // device memory kept from forward to backward
+  virtual size_t state_bytes() const { return 0; }  // device memory kept from forward to backward
   virtual void bind_state(void* state) {}
   virtual void forward(StepContext& ctx, bool training) = 0;
   virtual void backward(StepContext& ctx) = 0;
+  // The memory part's view of backward(): what it reads and how it writes
+  // input gradients (see memory::LayerNode). Beside each backward() so that
+  // the two change together; the use-after-release tests (poisoned pool)
+  // check that they agree. Default: reads nothing, may accumulate.
+  virtual void describe_backward(memory::LayerNode& node) const {}
   virtual std::string algorithms(Backend& backend) const { return ""; }
 
   LayerSpec spec;
@@ -149,10 +154,10 @@ class ConvLayer final : public Layer {
  public:
   ConvLayer(const LayerSpec& s, Backend& backend, const TensorDesc& x, const TensorDesc& y,
             const std::string& algorithm, const ConvLayerExecution* execution,
-            bool input_is_data)
-      : Layer(s), problem_(conv_problem(s, x, y)) {
+            std::vector<ConvKind> kernels)
+      : Layer(s), problem_(conv_problem(s, x, y)), kernels_(std::move(kernels)) {
     if (execution) {
-      plan(backend, *execution, input_is_data);
+      plan(backend, *execution);
       return;
     }
     for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
@@ -197,14 +202,13 @@ class ConvLayer final : public Layer {
     }
     return bytes;
   }
-  // Times every candidate of every kind on the network's own buffers and
-  // keeps the fastest (the cudnnFind approach). `input_is_data`: the
-  // backward-data kernel never runs, so it is not measured.
+  // Times every candidate of every kind the layer runs on the network's own
+  // buffers and keeps the fastest (the cudnnFind approach).
   void tune(Backend& backend, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx,
-            void* workspace, size_t workspace_bytes, bool input_is_data) {
-    for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
+            void* workspace, size_t workspace_bytes) {
+    for (ConvKind kind : kernels()) {
       auto& options = candidates_[static_cast<int>(kind)];
-      if (options.size() < 2 || (kind == ConvKind::kBackwardData && input_is_data)) continue;
+      if (options.size() < 2) continue;
       double best = 0;
       for (const ConvAlgoInfo& a : options) {
         auto run = [&] {
@@ -262,6 +266,21 @@ class ConvLayer final : public Layer {
   bool planned() const { return planned_; }
   size_t kernel_workspace(ConvKind kind) const {
     return planned_ ? 0 : chosen_[static_cast<int>(kind)].workspace_bytes;
+  }
+  // The kernels a training step runs (conv_kernels_of()).
+  const std::vector<ConvKind>& kernels() const { return kernels_; }
+  bool runs(ConvKind kind) const {
+    return std::find(kernels_.begin(), kernels_.end(), kind) != kernels_.end();
+  }
+  void describe_backward(memory::LayerNode& node) const override {
+    node.backward_reads_inputs = true;
+    node.backward_accumulates = !planned_;  // see backward()
+    node.forward_workspace = kernel_workspace(ConvKind::kForward);
+    for (ConvKind kind : kernels()) {
+      if (kind != ConvKind::kForward) {
+        node.backward_workspace = std::max(node.backward_workspace, kernel_workspace(kind));
+      }
+    }
   }
   std::vector<std::pair<ConvAlgoInfo, double>> timed_candidates(ConvKind kind) const {
     std::vector<std::pair<ConvAlgoInfo, double>> out;
@@ -345,14 +364,15 @@ class ConvLayer final : public Layer {
                     static_cast<char*>(ctx.workspace) + segment_[k].first, segment_[k].second);
   }
   // Resolves a plan's algorithm names and checks its segments and sizes.
-  // `input_is_data`: backward-data never runs, and the plan may omit it.
-  void plan(Backend& backend, const ConvLayerExecution& execution, bool input_is_data) {
+  // Where the input is the data backward-data never runs, and the plan may
+  // omit it.
+  void plan(Backend& backend, const ConvLayerExecution& execution) {
     planned_ = true;
     for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
       const int k = static_cast<int>(kind);
       const ConvKernelExecution& e = execution.kernels[k];
       const std::string where = "layer '" + spec.name + "' " + conv_kind_name(kind);
-      if (kind == ConvKind::kBackwardData && input_is_data && e.calls.empty()) {
+      if (!runs(kind) && e.calls.empty()) {
         choose(kind, {0, "-", 0});
         continue;
       }
@@ -383,6 +403,7 @@ class ConvLayer final : public Layer {
   }
 
   ConvProblem problem_;
+  std::vector<ConvKind> kernels_;  // the kinds a step runs
   std::vector<ConvAlgoInfo> candidates_[3];
   ConvAlgoInfo chosen_[3];
   std::map<std::string, double> seconds_[3];      // tuned time per candidate, per kind
@@ -400,6 +421,10 @@ class ReluLayer final : public Layer {
       ctx.backend.relu_backward(ctx.out, ctx.dout, dx);
     });
   }
+  void describe_backward(memory::LayerNode& node) const override {
+    node.backward_reads_output = true;
+    node.backward_accumulates = false;
+  }
 };
 
 class PoolLayer final : public Layer {
@@ -414,7 +439,7 @@ class PoolLayer final : public Layer {
     params_.pad_h = s.pad_h;
     params_.pad_w = s.pad_w;
   }
-  size_t state_bytes() override { return state_bytes_; }
+  size_t state_bytes() const override { return state_bytes_; }
   void measure_state(Backend& backend) { state_bytes_ = backend.pooling_state_bytes(params_, x_, y_); }
   void bind_state(void* state) override { state_ = state; }
   void forward(StepContext& ctx, bool) override {
@@ -424,6 +449,10 @@ class PoolLayer final : public Layer {
     ctx.emit_grad(0, false, [&](const Tensor& dx, float) {
       ctx.backend.pooling_backward(params_, ctx.in[0], ctx.out, ctx.dout, dx, state_);
     });
+  }
+  void describe_backward(memory::LayerNode& node) const override {
+    node.backward_reads_inputs = node.backward_reads_output = true;
+    node.backward_accumulates = false;
   }
 
  private:
@@ -457,6 +486,10 @@ class FcLayer final : public Layer {
       ctx.backend.inner_product_backward_data(ctx.dout, params, dx);
     });
   }
+  void describe_backward(memory::LayerNode& node) const override {
+    node.backward_reads_inputs = true;
+    node.backward_accumulates = false;
+  }
 
  private:
   float* bias(float* base) const { return spec.bias ? base + spec.out * in_ : nullptr; }
@@ -473,7 +506,7 @@ class BatchNormLayer final : public Layer {
     grads = g;
     running_ = b;
   }
-  size_t state_bytes() override { return 2 * c_ * sizeof(float); }  // batch mean, var
+  size_t state_bytes() const override { return 2 * c_ * sizeof(float); }  // batch mean, var
   void bind_state(void* state) override { saved_ = static_cast<float*>(state); }
   void init(Rng&, Backend& backend) override {
     std::vector<float> ss(2 * c_, 0.0f), running(2 * c_, 0.0f);
@@ -505,6 +538,11 @@ class BatchNormLayer final : public Layer {
       op(ctx.scratch_like(ctx.in[0]), 0.0f);
     }
     ctx.gradients_ready();
+  }
+  void describe_backward(memory::LayerNode& node) const override {
+    node.backward_reads_inputs = true;
+    node.backward_accumulates = false;
+    node.backward_needs_input_grad = true;
   }
 
  private:
@@ -641,7 +679,7 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
         case LayerType::kConv:
           layer = std::make_unique<ConvLayer>(spec, backend, *x, out_desc_[i],
                                               options.conv_algorithm, execution_of(spec.name),
-                                              in[0] == graph.input_index());
+                                              conv_kernels_of(graph, i));
           break;
         case LayerType::kRelu: layer = std::make_unique<ReluLayer>(spec); break;
         case LayerType::kPool: {
@@ -678,10 +716,10 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
 
 namespace {
 
-// The memory part's view of a layer: what its backward reads and how it
-// writes input gradients. It must match the operators above; the
-// use-after-release tests (poisoned pool) check that it does.
-memory::LayerNode memory_node(const Graph& graph, int i, const TensorDesc& out, Layer& layer) {
+// The memory part's view of a layer (what its backward reads and writes
+// comes from the layer itself).
+memory::LayerNode memory_node(const Graph& graph, int i, const TensorDesc& out,
+                              const Layer& layer) {
   const LayerSpec& spec = graph.layer(i);
   memory::LayerNode node;
   node.name = spec.name;
@@ -690,39 +728,7 @@ memory::LayerNode memory_node(const Graph& graph, int i, const TensorDesc& out, 
   node.inputs = graph.inputs(i);
   node.output_bytes = out.bytes();
   node.state_bytes = layer.state_bytes();
-  switch (spec.type) {
-    case LayerType::kInput: break;
-    case LayerType::kConv: {
-      auto& conv = static_cast<ConvLayer&>(layer);
-      node.backward_reads_inputs = true;
-      node.backward_accumulates = !conv.planned();  // see ConvLayer::backward
-      node.forward_workspace = conv.kernel_workspace(ConvKind::kForward);
-      for (ConvKind kind : conv_kernels_of(graph, i)) {
-        if (kind == ConvKind::kForward) continue;
-        node.backward_workspace = std::max(node.backward_workspace, conv.kernel_workspace(kind));
-      }
-      break;
-    }
-    case LayerType::kRelu:
-      node.backward_reads_output = true;
-      node.backward_accumulates = false;
-      break;
-    case LayerType::kPool:
-      node.backward_reads_inputs = node.backward_reads_output = true;
-      node.backward_accumulates = false;
-      break;
-    case LayerType::kFc:
-      node.backward_reads_inputs = true;
-      node.backward_accumulates = false;
-      break;
-    case LayerType::kBatchNorm:
-      node.backward_reads_inputs = true;
-      node.backward_accumulates = false;
-      node.backward_needs_input_grad = true;
-      break;
-    case LayerType::kAdd:
-    case LayerType::kConcat: break;
-  }
+  layer.describe_backward(node);
   return node;
 }
 
@@ -759,7 +765,7 @@ void Network::plan_memory() {
     for (int i = 0; i < count; ++i) {
       auto* conv = dynamic_cast<ConvLayer*>(layers_[i].get());
       if (!conv || conv->planned()) continue;
-      for (ConvKind kind : conv_kernels_of(graph_, i)) {
+      for (ConvKind kind : conv->kernels()) {
         memory::KernelChoices k{i, kind, {}};
         for (const auto& [a, seconds] : conv->timed_candidates(kind)) {
           k.options.push_back({a.name, a.workspace_bytes, seconds});
@@ -902,11 +908,12 @@ void Network::tune_convolutions() {
     if (!conv) continue;
     Buffers buf{backend_, graph_.layer(i).name, {}};
     const int in = graph_.inputs(i)[0];
-    const bool input_is_data = in == graph_.input_index();
     const Tensor x{out_desc_[in], buf.get(out_desc_[in].bytes())};
     const Tensor y{out_desc_[i], buf.get(out_desc_[i].bytes())};
     const Tensor dy{out_desc_[i], buf.get(out_desc_[i].bytes())};
-    const Tensor dx = input_is_data ? Tensor{} : Tensor{out_desc_[in], buf.get(out_desc_[in].bytes())};
+    const Tensor dx = conv->runs(ConvKind::kBackwardData)
+                          ? Tensor{out_desc_[in], buf.get(out_desc_[in].bytes())}
+                          : Tensor{};
     const int64_t params = std::max<int64_t>(conv->param_count(), 1);
     float* w = buf.get(params * sizeof(float));
     float* dw = buf.get(params * sizeof(float));
@@ -920,7 +927,7 @@ void Network::tune_convolutions() {
     if (dx.data) backend_.fill(dx, 0.01f);
     backend_.fill(Tensor{{{params, 1, 1, 1}}, w}, 0.01f);
     conv->bind(w, dw, nullptr);
-    conv->tune(backend_, x, y, dy, dx, ws, ws_bytes, input_is_data);
+    conv->tune(backend_, x, y, dy, dx, ws, ws_bytes);
     conv->bind(nullptr, nullptr, nullptr);
   }
 }
