@@ -41,6 +41,22 @@ std::vector<std::string> split_on(const std::string& text, char separator) {
   return out;
 }
 
+// `text` cut at every `separator` outside parentheses: device names such as
+// "AMD EPYC (cpus 0,1)" hold commas.
+std::vector<std::string> split_outside_parentheses(const std::string& text, char separator) {
+  std::vector<std::string> out(1);
+  int depth = 0;
+  for (char c : text) {
+    depth += c == '(' ? 1 : c == ')' && depth > 0 ? -1 : 0;
+    if (c == separator && depth == 0) {
+      out.emplace_back();
+    } else {
+      out.back() += c;
+    }
+  }
+  return out;
+}
+
 std::string trim(const std::string& s) {
   const size_t a = s.find_first_not_of(" \t");
   if (a == std::string::npos) return "";
@@ -249,7 +265,7 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     devices.push_back(std::move(d));
   };
   if (!cli.devices.empty()) {
-    for (const std::string& raw : split_on(cli.devices, ',')) {
+    for (const std::string& raw : split_outside_parentheses(cli.devices, ',')) {
       const std::string name = trim(raw);
       const std::vector<perfdb::DeviceRecord> found = db.find_devices(name);
       if (found.empty()) {
@@ -266,7 +282,7 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     }
   } else {
     for (const perfdb::DeviceRecord& r : db.devices()) {
-      if (!db.step_measurements(r.id, graph.signature(), cfg.memory.policy).empty()) add(r);
+      if (!worker::profiled_steps(db, r.id, graph.signature(), cfg.memory.policy).empty()) add(r);
     }
     if (devices.empty()) {
       throw std::runtime_error(cli.db + " has no step measurements of this model under "

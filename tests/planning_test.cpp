@@ -140,8 +140,11 @@ class PlanningTest : public ::testing::Test {
     const perfdb::DeviceId id = db_->upsert_device(d);
     std::vector<perfdb::StepMeasurement> steps;
     for (int64_t b : {4, 8, 12, 16, 20, 24}) {
-      steps.push_back({graph_.signature(), b, "none", "auto", factor * (1.0 + 0.5 * b),
-                       static_cast<uint64_t>(b) << 20, 0});
+      steps.push_back({graph_.signature(), b, "none", worker::kProfiledStepPlan,
+                       factor * (1.0 + 0.5 * b), static_cast<uint64_t>(b) << 20, 0});
+      // A row of an older profiler (forward + backward only), which sorts
+      // first: the planner must not take it.
+      steps.push_back({graph_.signature(), b, "none", "auto", 1000.0, 1, 0});
       const worker::PlanDevice plain{name, id, d.memory_bytes,
                                      [](int64_t) { return worker::Layout::kPlain; }};
       std::vector<perfdb::KernelSample> samples;
@@ -284,6 +287,17 @@ TEST_F(PlanningTest, MissingMeasurementsAndMismatchesAreClearErrors) {
   EXPECT_EQ(worker::plan_device_mismatch(plan, 1, "fast"),
             "rank 1 was planned for device 'slow', but it runs on 'fast' (plan again for these "
             "devices)");
+  // The cores a CPU process is pinned to, and the " #rank" of older
+  // offline plans, are not the hardware; a plan that names none is taken.
+  config::TrainingPlan pinned = plan;
+  pinned.ranks[1].device = "slow (cpus 2,3)";
+  EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, "slow (cpus 0)"), std::nullopt);
+  EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, "slow"), std::nullopt);
+  EXPECT_NE(worker::plan_device_mismatch(pinned, 1, "fast (cpus 2,3)"), std::nullopt);
+  pinned.ranks[1].device = "slow #1";
+  EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, "slow"), std::nullopt);
+  pinned.ranks[1].device = "";
+  EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, "fast"), std::nullopt);
   perfdb::Device unknown;
   unknown.name = "never profiled";
   unknown.backend = "cuda";

@@ -68,8 +68,8 @@ balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
     p.allreduce_ms = d.allreduce_ms;
     std::map<int64_t, perfdb::StepMeasurement> by_batch;
     for (const perfdb::StepMeasurement& s :
-         db.step_measurements(d.id, graph.signature(), memory_policy)) {
-      by_batch.emplace(s.batch, s);  // one per batch (the first workspace plan)
+         profiled_steps(db, d.id, graph.signature(), memory_policy)) {
+      by_batch.emplace(s.batch, s);
     }
     if (by_batch.empty()) {
       throw std::runtime_error("device " + d.name + " has no step measurements of this model " +
@@ -234,10 +234,29 @@ std::optional<std::string> plan_mismatch(const config::TrainingPlan& plan, const
   return std::nullopt;
 }
 
+namespace {
+
+// A device name without what says where it runs rather than what it is: the
+// cores a CPU process is pinned to (" (cpus 0,1)", which a requeued job may
+// get differently) and the " #rank" older offline plans appended.
+std::string hardware_name(std::string name) {
+  if (name.ends_with(")")) {
+    if (const size_t at = name.rfind(" (cpus "); at != std::string::npos) name.resize(at);
+  }
+  const size_t hash = name.rfind(" #");
+  if (hash != std::string::npos && hash + 2 < name.size() &&
+      name.find_first_not_of("0123456789", hash + 2) == std::string::npos) {
+    name.resize(hash);
+  }
+  return name;
+}
+
+}  // namespace
+
 std::optional<std::string> plan_device_mismatch(const config::TrainingPlan& plan, int rank,
                                                 const std::string& device) {
   const std::string& planned = plan.ranks.at(static_cast<size_t>(rank)).device;
-  if (planned == device) return std::nullopt;
+  if (planned.empty() || hardware_name(planned) == hardware_name(device)) return std::nullopt;
   return "rank " + std::to_string(rank) + " was planned for device '" + planned +
          "', but it runs on '" + device + "' (plan again for these devices)";
 }

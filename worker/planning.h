@@ -79,7 +79,9 @@ std::optional<std::string> plan_mismatch(const config::TrainingPlan& plan, const
                                          const std::string& memory_policy = "none");
 
 // Why rank `rank`, running on `device`, cannot follow `plan` (its batch and
-// kernel choices were timed on the device the plan names), or nullopt.
+// kernel choices were timed on the device the plan names), or nullopt. The
+// cores a CPU device is pinned to do not count, nor does a plan that names
+// no device.
 std::optional<std::string> plan_device_mismatch(const config::TrainingPlan& plan, int rank,
                                                 const std::string& device);
 

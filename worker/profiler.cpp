@@ -108,6 +108,16 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
   return sig;
 }
 
+std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::DeviceId device,
+                                                    const std::string& model,
+                                                    const std::string& memory_policy) {
+  std::vector<perfdb::StepMeasurement> steps = db.step_measurements(device, model, memory_policy);
+  std::erase_if(steps, [](const perfdb::StepMeasurement& s) {
+    return s.workspace_plan != kProfiledStepPlan;
+  });
+  return steps;
+}
+
 ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
                       perfdb::DeviceId device, const ProfileOptions& options) {
   const auto start = Clock::now();
@@ -184,7 +194,7 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
   if (options.steps) {
     const std::string model = graph.signature();
     const std::vector<perfdb::StepMeasurement> known =
-        db.step_measurements(device, model, options.memory_policy);
+        profiled_steps(db, device, model, options.memory_policy);
     const memory::Policy policy = memory::parse_policy(options.memory_policy);
     for (int64_t b : options.batches) {
       if (!mine()) continue;
@@ -193,7 +203,6 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
         ++report.step_cached;
         continue;
       }
-      backend.reset_peak();
       const size_t base = backend.device_bytes_in_use();
       Timing t;
       {
@@ -204,6 +213,9 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
         Network net(graph, backend, net_options);
         Sgd sgd(backend, net.parameter_count(), 0.9f, 0.0f);  // its velocity counts in the peak
         net.init_parameters(1);
+        // The peak counts from here, as in training: what the step holds,
+        // not the buffers conv.algorithm auto timed its candidates in.
+        backend.reset_peak();
         // A step as training runs it, less the gradient exchange (measured on
         // its own): the batch's upload from host memory, forward and
         // backward, the update. A zero learning rate keeps the weights.
@@ -217,8 +229,8 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
           sgd.step(net.parameters(), net.gradients(), 0.0f);
         });
       }
-      const perfdb::StepMeasurement step{model, b, options.memory_policy, "auto", t.median_ms,
-                                         backend.device_bytes_peak() - base, 0};
+      const perfdb::StepMeasurement step{model,       b, options.memory_policy, kProfiledStepPlan,
+                                         t.median_ms, backend.device_bytes_peak() - base, 0};
       db.record_step_measurements(device, std::span(&step, 1));
       ++report.step_measured;
     }

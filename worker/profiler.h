@@ -48,6 +48,18 @@ perfdb::Device perfdb_device(const DeviceInfo& info);
 // The kernel signature of a convolution problem (n = the layer's batch).
 perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& problem);
 
+// The workspace_plan under which the profiler records whole steps: every
+// conv kernel's fastest undivided algorithm, the step timed with the batch's
+// upload and the update. Rows under other plans (older "auto" rows timed
+// forward and backward only) are neither used nor taken as cached.
+inline constexpr const char* kProfiledStepPlan = "auto+update";
+
+// The profiler's step measurements of `model` under `memory_policy` on
+// `device` (those under kProfiledStepPlan), ordered by batch.
+std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::DeviceId device,
+                                                    const std::string& model,
+                                                    const std::string& memory_policy);
+
 // Measures what `db` lacks for `device` and records it, one transaction per
 // work item. Every measurement runs on `backend` with freshly allocated
 // buffers; nothing of a training run is touched.
