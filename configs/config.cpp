@@ -839,9 +839,9 @@ void apply_override(YAML::Node& root, const std::string& arg,
       if (!cursor.IsSequence()) throw ConfigError("--set " + key + ": " + what + " is not a list");
       if (index >= cursor.size()) {
         throw ConfigError("--set " + key + ": " + what + " has " + std::to_string(cursor.size()) +
-                          " entries, so no [" + steps[i].name + "]");
+                          " entries, so no [" + std::to_string(index) + "]");
       }
-      path += "[" + steps[i].name + "]";
+      path += "[" + std::to_string(index) + "]";  // as messages name it: [1], not [01]
       if (last) {
         cursor[index] = value;
         break;
@@ -861,13 +861,17 @@ void apply_override(YAML::Node& root, const std::string& arg,
     }
     YAML::Node next = cursor[name];
     if (!next.IsDefined()) {
+      if (steps[i + 1].is_index) {
+        throw ConfigError("--set " + key + ": " + path + " is not in the config, so it has no [" +
+                          std::to_string(std::stoul(steps[i + 1].name)) + "]");
+      }
       cursor[name] = YAML::Node(YAML::NodeType::Map);
       next.reset(cursor[name]);
       overridden.push_back(path);  // a section the file does not have
     }
     cursor.reset(next);
   }
-  overridden.push_back(key);
+  overridden.push_back(path);
 }
 
 Config parse(const std::string& text, const std::string& file, const fs::path& file_dir,

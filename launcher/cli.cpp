@@ -210,7 +210,7 @@ Checkpoints (checkpoint.dir, every checkpoint.every steps and at the end,
 newest checkpoint.keep kept) hold the model, optimizer state and data
 position; --resume (checkpoint.resume: auto) continues from the newest. On
 SIGTERM or SIGUSR1 the run finishes its step, writes a checkpoint and exits
-with code 3.
+with code 3 (code 4 without a checkpoint.dir: nothing to resume).
 
 Memory (memory.policy): none allocates every tensor once; all / conv (vDNN)
 allocate layer by layer, release dead tensors and offload layer inputs (of
@@ -231,8 +231,8 @@ Options:
   --progress MODE        auto (live line on a TTY) | line | off
   --resume               continue from the newest checkpoint in checkpoint.dir
   --plan FILE            follow a plan (`vtrain balance --out`, or output.plan of
-                         an earlier run); a plan for another model, rank count
-                         or batch is an error
+                         an earlier run); a plan for another model, rank count,
+                         batch or devices is an error
   --trace FILE           write a Chrome trace (chrome://tracing, ui.perfetto.dev)
                          of the first 20 steps: per layer the compute spans and
                          the memory stream's offloads, prefetches and releases,
@@ -240,7 +240,7 @@ Options:
 
 Exit codes: 0 success, 1 runtime failure (bad data file, out of memory, a
 failed rank, ...), 2 usage or config error, 3 stopped by a signal after
-writing a checkpoint.
+writing a checkpoint, 4 stopped by a signal with no checkpoint.dir.
 )";
   }
   if (topic == "profile") {

@@ -342,6 +342,12 @@ TEST(ConfigTest, OverridesReachIntoLists) {
   EXPECT_EQ(error_of(layers, {"model.layers[2].out=7"}),
             "--set model.layers[2].out: model.layers has 2 entries, so no [2]");
   EXPECT_EQ(error_of(layers, {"model[0]=7"}), "--set model[0]: model is not a list");
+  // Errors about a value set at [01] name the entry as messages do, [1].
+  EXPECT_EQ(error_of(layers, {"model.layers[01].out=0"}),
+            "--set model.layers[1].out: expected an integer >= 1, got 0");
+  // A preset model has no layers list to step into.
+  EXPECT_EQ(error_of(kMinimal, {"model.layers[2].out=64"}),
+            "--set model.layers[2].out: model.layers is not in the config, so it has no [2]");
   EXPECT_EQ(error_of(layers, {"model.layers[x].out=7"}),
             "--set model.layers[x].out: 'layers[x]' is not NAME or NAME[INDEX] (INDEX a number "
             "from 0)");

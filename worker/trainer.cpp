@@ -374,13 +374,16 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
   };
 
   const BucketPlan buckets = plan_buckets(net.param_ranges(), options.allreduce_bucket);
+  // The injected failure in backward fires after a bucket launches; with no
+  // bucket to launch (one rank, an idle rank) it fires at the step's start.
+  const bool fail_in_backward = options.fail_in_backward && comm && ranks > 1 && my_batch > 0;
   if (comm && ranks > 1) {
     net.on_gradients_ready = [&](const ParamRange& r) {
       const auto& ranges = net.param_ranges();
       const size_t index = static_cast<size_t>(&r - ranges.data());
       if (const int b = buckets.launch_after[index]; b >= 0) {
         comm->allreduce_async(net.gradients() + buckets.buckets[b].offset, buckets.buckets[b].count);
-        if (options.fail_in_backward && step == options.fail_at_step) {
+        if (fail_in_backward && step == options.fail_at_step) {
           throw std::runtime_error("injected failure in backward at step " + std::to_string(step) +
                                    " (VTRAIN_FAIL_AT_STEP, VTRAIN_FAIL_IN=backward)");
         }
@@ -391,7 +394,8 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
   // in backward) must not free the buffers they read while unwinding: wait
   // for them first. Every rank launches the same buckets in the same order,
   // so the ones in flight here complete; the job is then ended by the
-  // caller's abort.
+  // caller's abort. (On NCCL the wait is what freeing device memory would
+  // do anyway: cudaFree waits for the kernels in flight.)
   struct DrainOnUnwind {
     Communicator* comm;
     int uncaught = std::uncaught_exceptions();
@@ -421,7 +425,7 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
     const auto epoch_start = Clock::now();
     int64_t i = epoch == start_epoch ? start_in_epoch : 0;
     for (; i < steps_per_epoch && step < total_steps; ++i) {
-      if (step == options.fail_at_step && !options.fail_in_backward) {
+      if (step == options.fail_at_step && !fail_in_backward) {
         throw std::runtime_error("injected failure at step " + std::to_string(step) +
                                  " (VTRAIN_FAIL_AT_STEP)");
       }
