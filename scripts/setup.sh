@@ -41,9 +41,14 @@ fi
 
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+# Where the CUDA toolkit is installed the CUDA backend must build (a missing
+# cuDNN or NCCL is then an error, not a silently CPU-only build); elsewhere
+# it is left out. VTRAIN_CUDA=OFF|ON|AUTO overrides.
+cuda=AUTO
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then cuda=ON; fi
 cmake -S . -B build -G Ninja \
   -DCMAKE_BUILD_TYPE="${VTRAIN_BUILD_TYPE:-Release}" \
-  -DVTRAIN_CUDA="${VTRAIN_CUDA:-AUTO}" "${launcher[@]}" >/dev/null
+  -DVTRAIN_CUDA="${VTRAIN_CUDA:-$cuda}" "${launcher[@]}" >/dev/null
 cmake --build build -j "${VTRAIN_JOBS:-$(nproc)}"
 echo "setup: built build/vtrain"
 
