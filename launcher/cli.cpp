@@ -283,8 +283,10 @@ convolution kernel's micro-batches and algorithms under the workspace policy:
   wd         one buffer of --workspace bytes per device divided among all
              kernels by the 0-1 ILP over their Pareto fronts (workspace
              division)
---devices names devices the DB knows (`vtrain db stats`), one entry per rank;
-repeat a name for several identical devices (what if I add a second one?).
+--devices names devices the DB knows (`vtrain db stats`), one entry per rank,
+separated by commas (commas inside parentheses, as in X (cpus 0,1), belong
+to the name); repeat a name for several identical devices (what if I add a
+second one?).
 Default: every device in the DB that has step measurements of this model.
 
 Prints the split with each device's predicted step time, the speedup over an
