@@ -915,8 +915,7 @@ TEST_F(CudaBackendTest, NcclUnevenSplitOnTwoGpusMatchesOneGpu) {
   std::string out;
   ASSERT_EQ(test_support::run_command(command("", "one", ""), &out), 0) << out;
   ASSERT_EQ(test_support::run_command(
-                command("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                        "mpirun --oversubscribe -np 2 ",
+                command(test_support::source_dir() + "/scripts/mpirun.sh --oversubscribe -np 2 ",
                         "two", "--set balance.split=manual --set 'balance.manual=[40,8]'"),
                 &out),
             0)

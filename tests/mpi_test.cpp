@@ -3,8 +3,6 @@
 // resume, and the stop signal.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,16 +11,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "tests/test_support.h"
 #include "configs/plan.h"
 #include "worker/checkpoint.h"
 
-extern char** environ;
 
 namespace vtrain {
 namespace {
@@ -41,13 +36,12 @@ class TempDir {
   test_support::TempDir dir_;
 };
 
-// mpirun as these tests need it: root allowed (CI), more ranks than cores
-// (a rank waiting in MPI yields its core), shared memory without the
-// cross-process copy that containers without CAP_SYS_PTRACE refuse.
+// mpirun as users run it on one machine (scripts/mpirun.sh: root allowed,
+// no cross-process copies), with more ranks than cores (a rank waiting in
+// MPI yields its core) over shared memory only.
 std::string mpirun(int ranks) {
-  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
-         "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mpi_yield_when_idle=1 "
-         "mpirun --oversubscribe -np " + std::to_string(ranks) + " ";
+  return "env OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 " + source_dir() +
+         "/scripts/mpirun.sh --oversubscribe -np " + std::to_string(ranks) + " ";
 }
 
 int run(const std::string& command, std::string* output = nullptr) {
@@ -231,35 +225,21 @@ TEST(Mpi, StopSignalCheckpointsAndExitsWithThree) {
                                                      "--set checkpoint.every=5 --set train.epochs=1000 "
                                                      "--progress line") +
                               " > " + log + " 2>&1";
-  pid_t pid = 0;
-  const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
-  ASSERT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  const pid_t pid = test_support::spawn_shell(command);
+  ASSERT_GT(pid, 0);
   // Wait (bounded) for training to be under way: the first checkpoint.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!worker::latest_checkpoint(dir / "ck") && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(worker::latest_checkpoint(dir / "ck")) << "no checkpoint within 60 s";
+  ASSERT_TRUE(test_support::wait_until(
+      [&] { return worker::latest_checkpoint(dir / "ck").has_value(); }, std::chrono::seconds(60)))
+      << "no checkpoint within 60 s";
   // sh -c runs mpirun as its only child; signal the whole process group of
   // the shell is not ours to take, so find mpirun by parent pid.
   std::string out;
   run("pkill -USR1 -P " + std::to_string(pid) + " mpirun", &out);
-  int status = 0;
-  const auto stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  pid_t done = 0;
-  while ((done = waitpid(pid, &status, WNOHANG)) == 0 &&
-         std::chrono::steady_clock::now() < stop_deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  if (done == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    FAIL() << "the job did not stop within 60 s of SIGUSR1";
-  }
-  std::ifstream in(log);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_TRUE(WIFEXITED(status)) << text;
-  EXPECT_EQ(WEXITSTATUS(status), 3) << text;
+  const std::optional<int> code = test_support::wait_exit(pid, std::chrono::seconds(60));
+  ASSERT_TRUE(code.has_value()) << "the job did not stop within 60 s of SIGUSR1";
+  const std::string text = test_support::read_file(log);
+  ASSERT_NE(*code, -1) << text;
+  EXPECT_EQ(*code, 3) << text;
   EXPECT_NE(text.find("stopped by a signal after checkpointing"), std::string::npos) << text;
 }
 
@@ -285,8 +265,7 @@ TEST(Mpi, MemoryPolicyTrainsLikeNoneAndTracesEveryRank) {
   const std::vector<float> none = final_parameters(dir / "none");
   ASSERT_FALSE(none.empty());
   EXPECT_EQ(final_parameters(dir / "conv"), none);
-  std::ifstream in(trace);
-  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string json = test_support::read_file(trace);
   EXPECT_EQ(json.rfind("{\"traceEvents\":", 0), 0u) << json.substr(0, 80);
   EXPECT_NE(json.find("\"pid\":0"), std::string::npos);
   EXPECT_NE(json.find("\"pid\":1"), std::string::npos);

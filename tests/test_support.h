@@ -3,16 +3,24 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace vtrain::test_support {
 
@@ -78,6 +86,43 @@ inline int run_command(const std::string& command, std::string* output = nullptr
   while (size_t got = std::fread(buf, 1, sizeof buf, pipe)) text.append(buf, got);
   const int status = pclose(pipe);
   if (output) *output = text;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The whole contents of a file; empty when it cannot be read.
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Starts `command` under /bin/sh -c without waiting for it; its pid, or -1.
+inline pid_t spawn_shell(const std::string& command) {
+  const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
+  pid_t pid = -1;
+  return posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) == 0
+             ? pid
+             : -1;
+}
+
+// Polls `done` until it holds or `timeout` has passed; whether it held.
+inline bool wait_until(const std::function<bool()>& done, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+// Waits up to `timeout` for process `pid` to end: its exit code (-1 when a
+// signal ended it), or nullopt when it was still running and was killed.
+inline std::optional<int> wait_exit(pid_t pid, std::chrono::seconds timeout) {
+  int status = 0;
+  if (!wait_until([&] { return waitpid(pid, &status, WNOHANG) == pid; }, timeout)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return std::nullopt;
+  }
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 

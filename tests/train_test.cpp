@@ -2,7 +2,6 @@
 // executable run the way users run it (exit codes, messages, metrics file).
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -15,7 +14,6 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <thread>
 
 #include "configs/config.h"
 #include "configs/plan.h"
@@ -152,25 +150,18 @@ TEST(Cli, SignalWithoutCheckpointDirExitsWithFour) {
   const std::string command = "exec " + test_support::vtrain_binary() + " train " + config +
                               " --set train.epochs=100000 --set train.evaluate=false"
                               " --set train.log_every=1 --progress line > " + log + " 2>&1";
-  const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  const pid_t pid = test_support::spawn_shell(command);
+  ASSERT_GT(pid, 0);
   // Bounded wait for training to be under way: its first step line.
-  auto read_log = [&] {
-    std::ifstream in(log);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (read_log().find(" step 1/") == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  test_support::wait_until(
+      [&] { return test_support::read_file(log).find(" step 1/") != std::string::npos; },
+      std::chrono::seconds(60));
   kill(pid, SIGTERM);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  const std::string text = read_log();
-  ASSERT_TRUE(WIFEXITED(status)) << text;
-  EXPECT_EQ(WEXITSTATUS(status), 4) << text;
+  const std::optional<int> code = test_support::wait_exit(pid, std::chrono::seconds(60));
+  const std::string text = test_support::read_file(log);
+  ASSERT_TRUE(code.has_value()) << "vtrain did not stop within 60 s of SIGTERM\n" << text;
+  ASSERT_NE(*code, -1) << text;
+  EXPECT_EQ(*code, 4) << text;
   EXPECT_NE(text.find("stopped by a signal without a checkpoint (no checkpoint.dir set)"),
             std::string::npos)
       << text;
@@ -263,8 +254,8 @@ TEST(Train, BalanceWritesAPlanThatTrainingFollows) {
   EXPECT_EQ(line, "rank,device,kernel,workspace_bytes,time_ms,calls,chosen");
   std::set<std::string> kernels, chosen;
   while (std::getline(csv, line)) {
-    const std::string kernel = line.substr(line.find("\",") + 2, line.find(',', line.find("\",") + 2) -
-                                                                       line.find("\",") - 2);
+    const size_t at = line.find("\",") + 2;  // after the quoted device name
+    const std::string kernel = line.substr(at, line.find(',', at) - at);
     kernels.insert(kernel);
     if (line.back() == '1') {
       EXPECT_TRUE(chosen.insert(kernel).second) << line;
@@ -302,8 +293,7 @@ TEST(Train, BalanceWritesAPlanThatTrainingFollows) {
   EXPECT_NE(r.output.find("done: 3 steps"), std::string::npos) << r.output;
 
   // A plan made for other devices is refused before training starts.
-  std::ifstream saved(plan);
-  std::string text((std::istreambuf_iterator<char>(saved)), std::istreambuf_iterator<char>());
+  std::string text = test_support::read_file(plan);
   text.replace(text.find(device), device.size(), "Tesla K20Xm");
   r = run_vtrain("train " + config + " --plan " + dir.file("k20.yaml", text) + sets);
   EXPECT_EQ(r.exit_code, 2) << r.output;

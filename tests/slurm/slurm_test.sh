@@ -222,7 +222,6 @@ requeue_case() {
 log "starting a private SLURM in $work"
 local_slurm_start "$work" 2 || exit 1
 export OMPI_MCA_btl=self,vader  # one host; keeps Open MPI off other transports
-export OMPI_MCA_btl_vader_single_copy_mechanism=none  # containers may refuse CMA (ptrace)
 export VTRAIN_BINARY=$vtrain
 log "SLURM is up (SLURM_CONF=$SLURM_CONF)"
 
