@@ -30,12 +30,11 @@ import math
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from vtrain_metrics import end_record
+from vtrain_metrics import end_record, run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -141,11 +140,7 @@ def run_torch(a, model, batch):
            "--model", model, "--batch", str(batch), "--steps", str(a.steps),
            "--warmup", str(a.warmup), "--device", a.device, "--threads", str(a.threads),
            "--torch-data", a.torch_data] + (["--sync-each-step"] if a.sync_each_step else [])
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.stderr.write(out.stdout + out.stderr)
-        raise SystemExit(f"the PyTorch worker failed (exit {out.returncode}): {' '.join(cmd)}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(run(cmd).strip().splitlines()[-1])
 
 
 # ---- vtrain side -------------------------------------------------------------
@@ -176,11 +171,7 @@ def vtrain_sets(a, model, batch):
 
 def vtrain_check(a, model, batch):
     cmd = [a.vtrain, "check", a.config] + vtrain_sets(a, model, batch)
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.stderr.write(out.stdout + out.stderr)
-        raise SystemExit(f"vtrain check failed (exit {out.returncode}): {' '.join(cmd)}")
-    m = re.search(r"^model: (\d+) layers, (\d+) parameters", out.stdout, re.M)
+    m = re.search(r"^model: (\d+) layers, (\d+) parameters", run(cmd), re.M)
     if not m:
         raise SystemExit("no 'model: N layers, P parameters' line in vtrain check's output")
     return int(m.group(1)), int(m.group(2))
@@ -192,10 +183,7 @@ def run_vtrain(a, model, batch):
     try:
         cmd = [a.vtrain, a.config, "--progress", "off", "--metrics", metrics] + \
             vtrain_sets(a, model, batch)
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        if out.returncode != 0:
-            sys.stderr.write(out.stdout + out.stderr)
-            raise SystemExit(f"vtrain failed (exit {out.returncode}): {' '.join(cmd)}")
+        run(cmd)
         end = end_record(metrics)
         if end.get("steps") != a.steps:
             raise SystemExit(f"vtrain ran {end.get('steps')} steps, not {a.steps}")
@@ -265,15 +253,15 @@ def main():
         print(f"\n{model} batch {batch}, input {c}x{h}x{w}, {CLASSES} classes", flush=True)
         v, t = [], []
         t_params = None
-        for run in range(a.runs):
+        for i in range(a.runs):
             end = run_vtrain(a, model, batch)
             v.append(end["images_per_second"])
             tr = run_torch(a, model, batch)
             t.append(tr["images_per_second"])
             t_params = tr["parameters"]
-            if run == 0:
+            if i == 0:
                 print(f"  torch {tr['torch']} on {tr['device']}")
-            print(f"  run {run + 1}: vtrain {v[-1]:10.1f} img/s (final loss {end['final_loss']:.4f})"
+            print(f"  run {i + 1}: vtrain {v[-1]:10.1f} img/s (final loss {end['final_loss']:.4f})"
                   f"   torch {t[-1]:10.1f} img/s (final loss {tr['final_loss']:.4f})", flush=True)
         match = "match" if t_params == v_params else "MISMATCH"
         print(f"  parameters: vtrain {v_params} ({layers} layers), torch {t_params}: {match}")

@@ -17,20 +17,12 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 
-from vtrain_metrics import end_record
+from vtrain_metrics import end_record, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run(cmd, env):
-    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if p.returncode != 0:
-        sys.exit("command failed (%d): %s\n%s" % (p.returncode, " ".join(cmd), p.stdout))
-    return p.stdout
 
 
 def step_ms(metrics_path, batch):
@@ -49,8 +41,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_btl="self,vader",
+    env = dict(os.environ, OMPI_MCA_btl="self,vader",
                # Ranks 1 and 2 share a core: a rank waiting in MPI must yield it
                # instead of spinning, or it steals the core from the other.
                OMPI_MCA_mpi_yield_when_idle="1")
@@ -59,7 +50,8 @@ def main():
     with open(rankfile, "w") as f:
         f.write("rank 0=localhost slot=0\nrank 1=localhost slot=1\nrank 2=localhost slot=1\n")
     db = os.path.join(work, "perf.db")
-    mpirun = ["mpirun", "-np", "3", "--rankfile", rankfile, "--oversubscribe"]
+    mpirun = [os.path.join(ROOT, "scripts", "mpirun.sh"), "-np", "3", "--rankfile", rankfile,
+              "--oversubscribe"]
     common = ["--progress", "off",
               "--set", "train.batch=%d" % args.batch, "--set", "train.max_steps=%d" % args.steps,
               "--set", "train.evaluate=false", "--set", "device.threads=1",

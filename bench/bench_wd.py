@@ -19,20 +19,11 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 
-from vtrain_metrics import end_record, layer_span_ms
+from vtrain_metrics import end_record, layer_span_ms, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if p.returncode != 0:
-        sys.exit("command failed (%d): %s\n%s" % (p.returncode, " ".join(cmd), p.stdout))
-    return p.stdout
 
 
 def step_ms(metrics, batch):

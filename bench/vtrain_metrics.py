@@ -1,5 +1,18 @@
-"""Reading vtrain's metrics file (--metrics, JSON lines) in the benchmarks."""
+"""What the Python benchmarks share: running a command, and reading vtrain's
+metrics file (--metrics, JSON lines) and Chrome traces (--trace)."""
 import json
+import subprocess
+import sys
+
+
+def run(cmd, env=None):
+    """Runs `cmd`; its stdout (stderr kept apart, so that stdout can be
+    parsed). On failure prints both and exits naming the command."""
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout + p.stderr)
+        raise SystemExit(f"command failed (exit {p.returncode}): {' '.join(cmd)}")
+    return p.stdout
 
 
 def end_record(path):

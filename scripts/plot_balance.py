@@ -15,14 +15,8 @@ file and what is wrong, exit code 2.
 """
 import argparse
 import csv
-import sys
 
-MIB = 1024.0 * 1024.0
-
-
-def fail(path, why):
-    print(f"plot_balance.py: {path}: {why}", file=sys.stderr)
-    sys.exit(2)
+from plotting import MIB, fail, pyplot, save
 
 
 def load_plan(path):
@@ -79,12 +73,7 @@ def main():
         kernel = a.kernel or max(fronts, key=lambda k: len(fronts[k]))
         if kernel not in fronts:
             fail(a.fronts, f"no kernel '{kernel}' on rank {a.rank} (known: {', '.join(sorted(fronts))})")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        fail("matplotlib", "not installed (Debian: apt-get install python3-matplotlib)")
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2 if fronts else 1, figsize=(12 if fronts else 6, 4.5), squeeze=False)
     ax = axes[0][0]
@@ -123,10 +112,7 @@ def main():
         print(f"front {kernel} (rank {a.rank}): {len(points)} points, "
               f"{xs[0]:.2f}-{xs[-1]:.2f} MiB, {ys[-1]:.3f}-{ys[0]:.3f} ms")
     fig.tight_layout()
-    try:
-        fig.savefig(a.output, dpi=110)
-    except OSError as e:
-        fail(a.output, f"cannot write it ({e.strerror})")
+    save(fig, a.output, dpi=110)
 
 
 if __name__ == "__main__":

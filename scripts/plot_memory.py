@@ -18,17 +18,12 @@ Needs matplotlib (Debian: apt-get install python3-matplotlib)."""
 import argparse
 import json
 import os
-import sys
+
+from plotting import MIB, fail, pyplot, save
 
 COUNTER = "device bytes in use"  # worker/network.cpp: trace_->counter(...)
 MEMORY_TRACK = "memory stream"    # worker/network.cpp: trace_->span("memory stream", ...)
 COPY_COLOURS = {"offload": "#9ecae1", "prefetch": "#fdd0a2"}
-MIB = 1024.0 * 1024.0
-
-
-def fail(path, message):
-    print(f"plot_memory.py: {path}: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def load(path, rank):
@@ -94,13 +89,8 @@ def main():
         print(f"{label:24} peak {peak:10.1f} MiB  mean {mean:10.1f} MiB  "
               f"offload {len(spans['offload']):5}  prefetch {len(spans['prefetch']):5}")
         runs.append((label, points, spans))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError:
-        fail("matplotlib", "not installed (Debian: apt-get install python3-matplotlib)")
+    plt = pyplot()
+    from matplotlib.patches import Patch
     fig, ax = plt.subplots(figsize=(11, 5))
     band = 1.0 if len(runs) == 1 else 0.04
     shaded = set()
@@ -122,10 +112,7 @@ def main():
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    try:
-        fig.savefig(a.output, dpi=120)
-    except OSError as e:
-        fail(a.output, f"cannot write it ({e.strerror})")
+    save(fig, a.output, dpi=120)
 
 
 if __name__ == "__main__":
