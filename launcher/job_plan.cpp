@@ -11,6 +11,7 @@
 #include "perfdb/perf_db.h"
 #include "worker/planning.h"
 #include "worker/profiler.h"
+#include "worker/trainer.h"
 
 namespace vtrain::launcher {
 namespace {
@@ -93,14 +94,6 @@ std::vector<int64_t> candidate_batches(const config::Config& cfg, int ranks) {
   return {sizes.begin(), sizes.end()};
 }
 
-std::string join_batches(const std::vector<int64_t>& b) {
-  std::string s;
-  for (int64_t v : b) {
-    if (!s.empty()) s += ',';
-    s += std::to_string(v);
-  }
-  return s;
-}
 
 // Training: profile in place, solve on rank 0. Returns the plan's text on
 // rank 0, "" elsewhere.
@@ -128,7 +121,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     if (comm.rank() == 0) {
       std::printf("profile: batches %s: %lld kernel items measured, %lld cached; %lld steps "
                   "measured, %lld cached (%.1f s, rank 0)\n",
-                  join_batches(po.batches).c_str(), static_cast<long long>(r.kernel_measured),
+                  worker::join_batches(po.batches).c_str(), static_cast<long long>(r.kernel_measured),
                   static_cast<long long>(r.kernel_cached), static_cast<long long>(r.step_measured),
                   static_cast<long long>(r.step_cached), r.seconds);
       std::fflush(stdout);
@@ -174,7 +167,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     } else {
       split.batch = fixed_split;
     }
-    split_text = join_batches(split.batch);
+    split_text = worker::join_batches(split.batch);
   }
   comm.broadcast(split_text, 0);
   // A rank whose share was not a profiled batch measures its kernels there.

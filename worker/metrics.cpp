@@ -9,14 +9,9 @@
 #include "memory/chrome_trace.h"
 
 namespace vtrain::worker {
-namespace {
-
-std::string json_string(const std::string& s) { return memory::json_quote(s); }
-
-}  // namespace
 
 JsonRecord& JsonRecord::add(const std::string& key, const std::string& value) {
-  fields_.emplace_back(key, json_string(value));
+  fields_.emplace_back(key, memory::json_quote(value));
   return *this;
 }
 
@@ -40,7 +35,7 @@ std::string JsonRecord::str() const {
   std::string out = "{";
   for (size_t i = 0; i < fields_.size(); ++i) {
     if (i) out += ", ";
-    out += json_string(fields_[i].first) + ": " + fields_[i].second;
+    out += memory::json_quote(fields_[i].first) + ": " + fields_[i].second;
   }
   return out + "}";
 }

@@ -8,6 +8,7 @@
 
 #include "worker/backend.h"
 #include "worker/profiler.h"
+#include "worker/trainer.h"
 
 namespace vtrain::worker {
 namespace {
@@ -282,11 +283,9 @@ std::vector<ConvLayerExecution> conv_executions(const config::RankPlan& rank) {
 }
 
 std::string describe_plan(const config::TrainingPlan& plan) {
-  std::string split;
-  for (const config::RankPlan& r : plan.ranks) {
-    if (!split.empty()) split += '+';
-    split += std::to_string(r.batch);
-  }
+  std::vector<int64_t> batches;
+  for (const config::RankPlan& r : plan.ranks) batches.push_back(r.batch);
+  const std::string split = join_batches(batches, '+');
   char line[512];
   std::snprintf(line, sizeof line, "plan: split %s of %lld, workspace %s%s%s, predicted step %.2f ms",
                 split.c_str(), static_cast<long long>(plan.global_batch),

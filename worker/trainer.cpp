@@ -2,18 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 #include <utility>
 
 #include "worker/checkpoint.h"
+#include "worker/cpu/host_stream.h"
 #include "worker/network.h"
 
 namespace vtrain::worker {
@@ -66,34 +65,19 @@ class BatchGatherer {
 
   BatchGatherer(const Dataset& data, const ChannelStats& norm, bool ahead)
       : data_(data), norm_(norm) {
-    if (ahead) worker_ = std::thread([this] { run(); });
+    if (ahead) thread_.emplace();
   }
-  ~BatchGatherer() {
-    if (!worker_.joinable()) return;
-    {
-      std::lock_guard lock(mutex_);
-      quit_ = true;
-    }
-    wake_.notify_all();
-    worker_.join();
-  }
-  BatchGatherer(const BatchGatherer&) = delete;
-  BatchGatherer& operator=(const BatchGatherer&) = delete;
 
   // The batch of `indices`, gathered: the one gathered ahead when it is that
   // batch, else gathered now. Valid until the next take().
   const Staging& take(std::span<const int64_t> indices) {
-    if (worker_.joinable()) {
-      std::unique_lock lock(mutex_);
-      done_.wait(lock, [this] { return !busy_; });
-      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-      if (ahead_valid_ && std::equal(indices.begin(), indices.end(), ahead_.indices.begin(),
-                                     ahead_.indices.end())) {
+    if (std::exchange(pending_, false)) {
+      thread_->wait_all();  // rethrows a failed gather
+      if (std::equal(indices.begin(), indices.end(), ahead_.indices.begin(),
+                     ahead_.indices.end())) {
         std::swap(current_, ahead_);
-        ahead_valid_ = false;
         return current_;
       }
-      ahead_valid_ = false;
     }
     current_.indices.assign(indices.begin(), indices.end());
     gather_staged(data_, norm_, current_);
@@ -101,44 +85,20 @@ class BatchGatherer {
   }
   // Starts gathering `indices` for a later take() (no-op without a thread).
   void gather_ahead(std::span<const int64_t> indices) {
-    if (!worker_.joinable()) return;
-    {
-      std::lock_guard lock(mutex_);
-      ahead_.indices.assign(indices.begin(), indices.end());
-      busy_ = true;
-    }
-    wake_.notify_one();
+    if (!thread_) return;
+    if (std::exchange(pending_, false)) thread_->wait_all();
+    ahead_.indices.assign(indices.begin(), indices.end());
+    thread_->enqueue([this] { gather_staged(data_, norm_, ahead_); });
+    pending_ = true;
   }
 
  private:
-  void run() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [this] { return busy_ || quit_; });
-      if (quit_) return;
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        gather_staged(data_, norm_, ahead_);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      error_ = error;
-      ahead_valid_ = !error;
-      busy_ = false;
-      done_.notify_all();
-    }
-  }
-
   const Dataset& data_;
   const ChannelStats& norm_;
-  Staging current_, ahead_;  // ahead_ belongs to the worker while busy_
-  std::thread worker_;
-  std::mutex mutex_;
-  std::condition_variable wake_, done_;
-  bool busy_ = false, quit_ = false, ahead_valid_ = false;
-  std::exception_ptr error_;
+  Staging current_, ahead_;  // ahead_ belongs to the thread while pending_
+  bool pending_ = false;
+  // Last: destroyed first, finishing a gather in flight while ahead_ lives.
+  std::optional<cpu::HostStream> thread_;
 };
 
 struct Evaluation {
@@ -207,6 +167,15 @@ struct StepTotals {
 };
 
 }  // namespace
+
+std::string join_batches(const std::vector<int64_t>& batches, char separator) {
+  std::string text;
+  for (int64_t b : batches) {
+    if (!text.empty()) text += separator;
+    text += std::to_string(b);
+  }
+  return text;
+}
 
 std::vector<int64_t> even_split(int64_t batch, int ranks) {
   std::vector<int64_t> split(static_cast<size_t>(ranks), batch / ranks);
@@ -286,11 +255,7 @@ TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set
   Progress progress(leader ? options.progress : Progress::Mode::kOff);
   MetricsFile metrics = (leader && !options.metrics_path.empty()) ? MetricsFile(options.metrics_path)
                                                                   : MetricsFile();
-  std::string split_text;
-  for (int64_t b : split) {
-    if (!split_text.empty()) split_text += ',';
-    split_text += std::to_string(b);
-  }
+  const std::string split_text = join_batches(split);
   progress.line(format("model: %d layers, %lld parameters; batch %lld (per rank: %s), %lld "
                        "steps/epoch; device memory %s in use (workspace %s)",
                        graph.size(), static_cast<long long>(net.parameter_count()),

@@ -72,6 +72,9 @@ struct TrainerOptions {
 // B / ranks each, the remainder to the first ranks.
 std::vector<int64_t> even_split(int64_t batch, int ranks);
 
+// Per-rank batches as text: "24,24" (or "24+24" with separator '+').
+std::string join_batches(const std::vector<int64_t>& batches, char separator = ',');
+
 struct TrainResult {
   int64_t steps = 0;
   double final_loss = 0;              // mean loss of the last step
