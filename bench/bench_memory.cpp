@@ -284,11 +284,10 @@ int main(int argc, char** argv) {
     for (const auto& [name, runs] : all_runs) {
       for (const Run& r : runs) {
         if (r.trace.empty()) continue;
-        const auto start = Clock::now();
-        const std::vector<size_t> offsets = memory::dsa_best_fit(r.trace);
-        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+        const memory::DsaPlan plan = memory::dsa_plan(r.trace);
+        const double ms = 1000.0 * plan.seconds;
         const double lb = static_cast<double>(memory::dsa_lower_bound(r.trace));
-        const double peak = static_cast<double>(memory::dsa_peak(r.trace, offsets));
+        const double peak = static_cast<double>(plan.peak);
         const double pool = static_cast<double>(memory::dsa_pool_span(r.trace));
         std::string exact;  // the MIP's optimum, where the trace is small enough
         if (r.trace.size() <= kMipBlocks) {

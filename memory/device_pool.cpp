@@ -83,7 +83,7 @@ void* DevicePool::allocate(size_t bytes, const std::string& name) {
   blocks_[ptr] = {*offset, name, trace_id};
   peak_ = std::max(peak_, free_.bytes_in_use());
   if (in_step_) step_peak_ = std::max(step_peak_, free_.bytes_in_use());
-  sample("alloc " + name);
+  sample("alloc ", name);
   return ptr;
 }
 
@@ -101,13 +101,16 @@ void DevicePool::release(void* ptr) {
                   std::numeric_limits<float>::quiet_NaN());
   }
   free_.release(block.offset);
-  sample("free " + block.name);
+  sample("free ", block.name);
 }
 
-void DevicePool::sample(const std::string& event) {
+void DevicePool::sample(const char* what, const std::string& name) {
   if (!in_step_) return;
   const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count();
-  timeline_.push_back({t, free_.bytes_in_use(), label_, event});
+  step_area_ += static_cast<double>(last_bytes_) * (t - last_sample_);
+  last_sample_ = t;
+  last_bytes_ = free_.bytes_in_use();
+  if (recording_) timeline_.push_back({t, last_bytes_, label_, what + name});
 }
 
 void DevicePool::begin_step() {
@@ -118,7 +121,8 @@ void DevicePool::begin_step() {
   recorder_ = DsaTraceRecorder();
   deviated_ = grew_ = false;
   step_span_ = 0;
-  step_start_bytes_ = step_peak_ = free_.bytes_in_use();
+  last_bytes_ = step_peak_ = free_.bytes_in_use();
+  step_area_ = last_sample_ = 0;
   // Planned offsets start above every block made outside steps; if more
   // were made since the plan, it no longer applies.
   if (!step_base_set_ || free_.top() > step_base_) {
@@ -131,12 +135,12 @@ void DevicePool::begin_step() {
   }
 }
 
-void DevicePool::plan_from_trace(const std::vector<DsaBlock>& trace) {
+void DevicePool::plan_from_trace(const std::vector<DsaBlock>& trace, const DsaPlan& plan) {
   if (in_step_) throw MemoryError("device memory pool: plan_from_trace() inside a step");
   if (options_.planner != Planner::kStatic) return;
   step_base_ = free_.top();
   step_base_set_ = true;
-  plan_step(trace);
+  adopt_plan(trace, plan);
 }
 
 void DevicePool::end_step() {
@@ -144,37 +148,26 @@ void DevicePool::end_step() {
   last_trace_ = recorder_.finish();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count();
-  // Bytes in use are piecewise constant between the samples.
-  double area = 0, t = 0;
-  size_t bytes = step_start_bytes_;
-  for (const TimelineSample& s : timeline_) {
-    area += static_cast<double>(bytes) * (s.seconds - t);
-    t = s.seconds;
-    bytes = s.bytes_in_use;
-  }
-  area += static_cast<double>(bytes) * (seconds - t);
-  step_average_ = seconds > 0 ? area / seconds : static_cast<double>(bytes);
+  const double area = step_area_ + static_cast<double>(last_bytes_) * (seconds - last_sample_);
+  step_average_ = seconds > 0 ? area / seconds : static_cast<double>(last_bytes_);
   for (auto& [ptr, block] : blocks_) block.trace_id = -1;  // ids are per step
   if (options_.planner == Planner::kStatic) {
     if (!report_.active) {
       report_.pool_span = step_span_;
       // The same trace as a plan that did not fit would not fit again.
-      if (last_trace_ != rejected_trace_) plan_step(last_trace_);
+      if (last_trace_ != rejected_trace_) adopt_plan(last_trace_, dsa_plan(last_trace_));
     } else if (deviated_) {
       report_.pool_span = step_span_;
       if (grew_) ++report_.replans;
-      plan_step(last_trace_);
+      adopt_plan(last_trace_, dsa_plan(last_trace_));
     }
   }
   in_step_ = false;
 }
 
-void DevicePool::plan_step(const std::vector<DsaBlock>& trace) {
-  const auto start = std::chrono::steady_clock::now();
-  const std::vector<size_t> offsets = dsa_best_fit(trace);
-  report_.plan_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report_.plan_peak = dsa_peak(trace, offsets);
+void DevicePool::adopt_plan(const std::vector<DsaBlock>& trace, const DsaPlan& plan) {
+  report_.plan_seconds = plan.seconds;
+  report_.plan_peak = plan.peak;
   report_.lower_bound = dsa_lower_bound(trace);
   report_.blocks = static_cast<int>(trace.size());
   ++report_.plans;
@@ -182,7 +175,7 @@ void DevicePool::plan_step(const std::vector<DsaBlock>& trace) {
   // serving (and the next step is recorded and planned again).
   report_.active = step_base_ + report_.plan_peak <= free_.capacity();
   if (report_.active) {
-    plan_ = offsets;
+    plan_ = plan.offsets;
     plan_sizes_.clear();
     for (const DsaBlock& b : trace) plan_sizes_.push_back(b.size);
   } else {

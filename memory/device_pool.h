@@ -13,7 +13,8 @@
 //    (Sec. 4.3). Requests outside a step (persistent tensors, evaluation)
 //    always go to the pool.
 //
-// Statistics: bytes in use now, their peak, and a timeline of every
+// Statistics: bytes in use now, their peak, the last step's peak and
+// time-weighted mean, and (when asked, record_timeline) a timeline of every
 // allocation and free of the current (or last) step, labelled with what the
 // engine was doing (set_label), for plots and traces.
 //
@@ -92,15 +93,22 @@ class DevicePool {
   // replay of the engine's schedule, which makes the same requests), so that
   // even the first step runs from fixed offsets. Call it after the blocks
   // that live outside steps are allocated.
-  void plan_from_trace(const std::vector<DsaBlock>& trace);
+  // `plan` is that trace's dsa_plan(), already solved there.
+  void plan_from_trace(const std::vector<DsaBlock>& trace, const DsaPlan& plan);
   void end_step();
   bool in_step() const { return in_step_; }
-  // Label of the following timeline samples.
-  void set_label(std::string label) { label_ = std::move(label); }
+  // Keep the labelled timeline of each step (plots, traces, tests); off by
+  // default, as it builds text on every request.
+  void record_timeline(bool on) { recording_ = on; }
+  // Label of the following timeline samples (kept only while recording).
+  void set_label(const std::string& label) {
+    if (recording_) label_ = label;
+  }
 
   size_t reservation() const { return free_.capacity(); }
   size_t bytes_in_use() const { return free_.bytes_in_use(); }
   size_t peak_bytes() const { return peak_; }
+  // The last step's events, while record_timeline(true).
   const std::vector<TimelineSample>& timeline() const { return timeline_; }
   // Of the last finished step: most bytes in use, and their mean over the
   // step's duration (time-weighted).
@@ -117,8 +125,8 @@ class DevicePool {
     std::string name;
     int trace_id;  // in recorder_, -1 outside a step
   };
-  void sample(const std::string& event);
-  void plan_step(const std::vector<DsaBlock>& trace);
+  void sample(const char* what, const std::string& name);
+  void adopt_plan(const std::vector<DsaBlock>& trace, const DsaPlan& plan);
 
   worker::Backend& backend_;
   DevicePoolOptions options_;
@@ -126,13 +134,18 @@ class DevicePool {
   FreeList free_;
   size_t peak_ = 0;
   std::unordered_map<void*, Block> blocks_;
+  bool recording_ = false;
   std::string label_;
   std::vector<TimelineSample> timeline_;
   std::chrono::steady_clock::time_point step_start_;
   bool in_step_ = false;
-  size_t step_start_bytes_ = 0;
   size_t step_peak_ = 0;
   double step_average_ = 0;
+  // Bytes in use are piecewise constant between requests: the step's
+  // byte-seconds so far, up to the last request, and the bytes since.
+  double step_area_ = 0;
+  double last_sample_ = 0;
+  size_t last_bytes_ = 0;
 
   // Static planner.
   DsaTraceRecorder recorder_;

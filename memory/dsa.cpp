@@ -134,6 +134,15 @@ struct Segment {  // one offset line of the skyline
 
 }  // namespace
 
+DsaPlan dsa_plan(const std::vector<DsaBlock>& blocks) {
+  const auto start = std::chrono::steady_clock::now();
+  DsaPlan plan;
+  plan.offsets = dsa_best_fit(blocks);
+  plan.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  plan.peak = dsa_peak(blocks, plan.offsets);
+  return plan;
+}
+
 std::vector<size_t> dsa_best_fit(const std::vector<DsaBlock>& blocks) {
   validate(blocks);
   std::vector<size_t> offsets(blocks.size(), 0);

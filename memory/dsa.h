@@ -70,6 +70,15 @@ size_t dsa_pool_span(const std::vector<DsaBlock>& blocks);
 // Quadratic in the number of blocks. Returns one offset per block.
 std::vector<size_t> dsa_best_fit(const std::vector<DsaBlock>& blocks);
 
+// A best-fit plan of a trace: its offsets, the bytes it spans, and how long
+// the heuristic took.
+struct DsaPlan {
+  std::vector<size_t> offsets;
+  size_t peak = 0;
+  double seconds = 0;
+};
+DsaPlan dsa_plan(const std::vector<DsaBlock>& blocks);
+
 // Places the blocks one by one in `order`, each at the lowest offset where it
 // meets none of the already placed blocks alive at the same time. Some order
 // gives an optimal placement (the order of any optimal one's offsets), so

@@ -88,9 +88,6 @@ DynamicDecision choose_dynamic(const MemoryModel& model, const std::vector<Kerne
   DynamicDecision d;
   const std::vector<int> fastest = fastest_choice(kernels);
   const std::vector<int> lean = memory_optimal_choice(kernels);
-  auto note = [&](const std::string& pass, const Simulation& sim) {
-    d.log.push_back(pass + ": " + (sim.fits ? "fits, " + format_bytes(sim.reservation) : sim.failure));
-  };
   auto take = [&](const std::string& pass, Offload offload, const std::vector<int>& choice,
                   Simulation sim) {
     d.pass = pass;
@@ -101,13 +98,11 @@ DynamicDecision choose_dynamic(const MemoryModel& model, const std::vector<Kerne
   };
 
   Simulation first = try_config(model, kernels, lean, Offload::kAll, capacity, planner);
-  note("1: vDNN_all, memory-optimal algorithms", first);
   if (!first.fits) {
     throw OutOfMemoryError("memory.policy dyn: the network cannot be trained even with vDNN_all "
                            "and memory-optimal algorithms: " + first.failure);
   }
   Simulation fast = try_config(model, kernels, fastest, Offload::kNone, capacity, planner);
-  note("2: no offload, fastest algorithms", fast);
   if (fast.fits) {
     return take("2: no offload, fastest algorithms", Offload::kNone, fastest, std::move(fast));
   }
@@ -117,7 +112,6 @@ DynamicDecision choose_dynamic(const MemoryModel& model, const std::vector<Kerne
     const std::string pass =
         std::string("3: vDNN_") + offload_name(offloads[o]) + ", fastest algorithms";
     with_fastest[o] = try_config(model, kernels, fastest, offloads[o], capacity, planner);
-    note(pass, with_fastest[o]);
     if (with_fastest[o].fits) return take(pass, offloads[o], fastest, std::move(with_fastest[o]));
   }
   for (int o = 0; o < 2; ++o) {
@@ -127,7 +121,6 @@ DynamicDecision choose_dynamic(const MemoryModel& model, const std::vector<Kerne
     Simulation a = std::move(with_fastest[o]);
     while (true) {
       if (a.fits) {
-        note(pass, a);
         return take(pass, offload, choice, std::move(a));
       }
       // Downgrade the kernel whose workspace did not fit, if it was one.
@@ -152,13 +145,11 @@ DynamicDecision choose_dynamic(const MemoryModel& model, const std::vector<Kerne
         }
       }
       if (!changed) {
-        note(pass, a);
         break;
       }
       a = try_config(model, kernels, choice, offload, capacity, planner);
     }
   }
-  d.log.push_back("5: falling back to pass 1");
   return take("5: vDNN_all, memory-optimal algorithms", Offload::kAll, lean, std::move(first));
 }
 

@@ -53,7 +53,6 @@ struct DynamicDecision {
   std::vector<int> choice;        // per kernel: the option index
   std::string pass;               // which pass chose it, e.g. "2: no offload, fastest"
   Simulation simulation;          // of the chosen configuration
-  std::vector<std::string> log;   // one line per pass tried, with its outcome
 };
 
 // Throws OutOfMemoryError when pass 1 does not fit `capacity`.

@@ -155,10 +155,10 @@ Simulation run(const MemoryModel& model, const Schedule& schedule, size_t capaci
   const size_t evaluate_need = r.phase_high();
   size_t need = std::max(step_need, evaluate_need);
   if (planner == Planner::kStatic) {
-    sim.static_peak = dsa_peak(sim.step_trace, dsa_best_fit(sim.step_trace));
+    sim.static_plan = dsa_plan(sim.step_trace);
     // The pool serves the steps when the plan would span more than it does
     // (DevicePool adopts a plan only if it fits the reservation).
-    need = std::max(evaluate_need, std::min(step_need, base + sim.static_peak));
+    need = std::max(evaluate_need, std::min(step_need, base + sim.static_plan.peak));
   }
   sim.reservation = std::max(need, base);
   return sim;

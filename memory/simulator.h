@@ -22,7 +22,7 @@ struct Simulation {
   size_t persistent_bytes = 0;  // bytes allocated once, before any step
   size_t peak_bytes = 0;        // most bytes in use at once (training step or evaluation)
   size_t pool_span = 0;         // training step: bytes the pool spans above the persistent ones
-  size_t static_peak = 0;       // training step: the best-fit plan's span (kStatic)
+  DsaPlan static_plan;          // kStatic: the best-fit plan of the training step
   size_t lower_bound = 0;       // training step: most bytes alive at once above the persistent
   size_t host_bytes = 0;        // pinned host bytes the offloads need
   size_t offloaded_bytes = 0;   // bytes copied to the host per step

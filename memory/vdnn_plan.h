@@ -74,6 +74,7 @@ enum class TensorKind {
   kBackwardWorkspace,  // a layer's backward workspace
   kScratch,     // a layer's gradient scratch; layer -1: the one shared by all layers
 };
+inline constexpr int kTensorKindCount = static_cast<int>(TensorKind::kScratch) + 1;
 
 struct TensorId {
   TensorKind kind = TensorKind::kOutput;

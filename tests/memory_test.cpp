@@ -266,6 +266,7 @@ TEST_F(PoolTest, OutOfMemoryNamesTheTensorAndTheSizes) {
 
 TEST_F(PoolTest, TimelineRecordsEveryEventOfTheStepWithItsLabel) {
   DevicePool pool(*backend_, 1 << 20);
+  pool.record_timeline(true);
   void* weights = pool.allocate(4096, "params");  // outside a step: not in the timeline
   pool.begin_step();
   pool.set_label("conv1 forward");
@@ -603,7 +604,7 @@ TEST(Simulator, LayerWisePoliciesNeedLessThanTheBaseline) {
     // A step trace's lower bound never exceeds the pool's span.
     EXPECT_LE(all.lower_bound, all.pool_span);
     const Simulation fixed = simulate(m, make_schedule(m, Policy::kAll), 0, Planner::kStatic);
-    EXPECT_GE(fixed.static_peak, fixed.lower_bound);
+    EXPECT_GE(fixed.static_plan.peak, fixed.lower_bound);
     EXPECT_LE(fixed.reservation, all.reservation);
   }
 }

@@ -732,8 +732,6 @@ memory::LayerNode memory_node(const Graph& graph, int i, const TensorDesc& out,
   return node;
 }
 
-constexpr int kTensorKinds = 7;
-
 }  // namespace
 
 void Network::plan_memory() {
@@ -781,7 +779,6 @@ void Network::plan_memory() {
     memory::apply_choice(model_, kernels, d.choice);
     schedule_ = memory::layer_wise_schedule(model_, d.offload);
     simulation = std::move(d.simulation);
-    fixed.dynamic_log = std::move(d.log);
     fixed.policy = "dyn (" + d.pass + ")";
   } else {
     schedule_ = memory::make_schedule(model_, policy);
@@ -810,7 +807,7 @@ void Network::plan_memory() {
   pool_ = std::make_unique<memory::DevicePool>(backend_, simulation.reservation, pool_options);
   pinned_ = std::make_unique<memory::PinnedPool>(backend_, simulation.host_bytes);
   fixed.host_reservation = pinned_->reservation();
-  device_.assign(kTensorKinds, std::vector<void*>(std::max<size_t>(count, model_.persistent.size()),
+  device_.assign(memory::kTensorKindCount, std::vector<void*>(std::max<size_t>(count, model_.persistent.size()),
                                                   nullptr));
   host_.assign(count, nullptr);
   for (const memory::TensorId& id : schedule_.persistent) {
@@ -836,7 +833,9 @@ void Network::plan_memory() {
     workspace_bytes_ = memory::tensor_bytes(model_, {TensorKind::kWorkspace, -1});
     workspace_ = shared_workspace_;
   }
-  if (planner == memory::Planner::kStatic) pool_->plan_from_trace(simulation.step_trace);
+  if (planner == memory::Planner::kStatic) {
+    pool_->plan_from_trace(simulation.step_trace, simulation.static_plan);
+  }
 }
 
 Network::EventText Network::event_text(const std::vector<memory::Event>& events) const {
@@ -943,6 +942,7 @@ Network::~Network() {
 
 void Network::set_trace(memory::ChromeTrace* trace) {
   trace_ = trace;
+  pool_->record_timeline(trace != nullptr);  // memory_timeline() goes with the trace
   trace_in_use();
 }
 
@@ -1138,17 +1138,13 @@ void Network::abandon_step() {
   }
   pending_copies_.clear();
   // Everything the schedule allocates per step goes back to the pools.
-  std::vector<std::vector<bool>> keep(kTensorKinds,
+  std::vector<std::vector<bool>> keep(memory::kTensorKindCount,
                                       std::vector<bool>(device_[0].size(), false));
-  bool keep_shared_ws = false, keep_shared_scratch = false;
   for (const memory::TensorId& id : schedule_.persistent) {
-    if (id.layer < 0) {
-      (id.kind == memory::TensorKind::kWorkspace ? keep_shared_ws : keep_shared_scratch) = true;
-    } else {
-      keep[static_cast<int>(id.kind)][id.layer] = true;
-    }
+    // The shared workspace and scratch (layer -1) are not in device_.
+    if (id.layer >= 0) keep[static_cast<int>(id.kind)][id.layer] = true;
   }
-  for (int kind = 0; kind < kTensorKinds; ++kind) {
+  for (int kind = 0; kind < memory::kTensorKindCount; ++kind) {
     for (size_t l = 0; l < device_[kind].size(); ++l) {
       if (device_[kind][l] && !keep[kind][l]) {
         pool_->release(device_[kind][l]);
@@ -1190,8 +1186,6 @@ LossStats Network::evaluate(int64_t n) {
 MemoryStats Network::memory_stats() const {
   MemoryStats s = fixed_stats_;
   s.reservation = pool_->reservation();
-  s.in_use = pool_->bytes_in_use();
-  s.peak = pool_->peak_bytes();
   s.step_peak = pool_->step_peak_bytes();
   s.step_average = pool_->step_average_bytes();
   s.offloaded_bytes = offloaded_bytes_;

@@ -123,13 +123,10 @@ struct MemoryStats {
   size_t capacity = 0;          // bytes the schedule had to fit
   size_t reservation = 0;       // device bytes the pool reserved
   size_t persistent_bytes = 0;  // of it, allocated once (parameters, gradients, data, ...)
-  size_t in_use = 0;            // bytes in use now
-  size_t peak = 0;              // most bytes in use since construction
   size_t step_peak = 0;         // most bytes in use during the last training step
   double step_average = 0;      // bytes in use during it, time-weighted
   size_t host_reservation = 0;  // pinned host bytes for offloads
   size_t offloaded_bytes = 0;   // copied to the host in the last training step
-  std::vector<std::string> dynamic_log;  // dyn: one line per simulated pass
   memory::StaticPlanReport static_plan;
 };
 
@@ -207,7 +204,7 @@ class Network {
 
   MemoryStats memory_stats() const;
   // Every allocation and release of the last training step, labelled with
-  // the layer, for plots.
+  // the layer, for plots; recorded while a trace is set (set_trace).
   const std::vector<memory::TimelineSample>& memory_timeline() const;
   const memory::MemoryModel& memory_model() const { return model_; }
   // The alloc/free trace of the last training step (for the DSA planner).
