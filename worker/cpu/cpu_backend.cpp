@@ -92,7 +92,9 @@ std::string affinity_suffix() {
   if (online <= 0 || CPU_COUNT(&set) >= online) return "";
   std::string cpus;
   for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+    if (!CPU_ISSET(c, &set)) continue;
+    if (!cpus.empty()) cpus += ',';  // not "," + to_string(c): a GCC 12 -Wrestrict false positive
+    cpus += std::to_string(c);
   }
   return " (cpus " + cpus + ")";
 }
