@@ -124,6 +124,7 @@ local_slurm_start() {
     --key-file="$dir/munge/munge.key" || { _ls_log "munged did not start"; _ls_dump_logs "$dir"; return 1; }
 
   local host node cpus ctld_port slurmd_port
+  # Addressed as 127.0.0.1: a fresh machine's hostname need not resolve.
   host=$(hostname -s)
   # First line of `slurmd -C`: NodeName=h CPUs=2 Boards=1 SocketsPerBoard=1
   # CoresPerSocket=2 ThreadsPerCore=1 RealMemory=...
@@ -140,7 +141,7 @@ local_slurm_start() {
   cat >"$dir/slurm.conf" <<EOF
 # Written by tests/slurm/local_slurm.sh: a private single-node cluster.
 ClusterName=vtrain-ci
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
 SlurmUser=root
@@ -163,7 +164,7 @@ SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.log
-$node State=UNKNOWN
+$node NodeAddr=127.0.0.1 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
   export SLURM_CONF="$dir/slurm.conf"
