@@ -243,8 +243,6 @@ TEST(Mpi, StopSignalCheckpointsAndExitsWithThree) {
   EXPECT_NE(text.find("stopped by a signal after checkpointing"), std::string::npos) << text;
 }
 
-// balance.split: auto: every rank profiles in place, rank 0 solves the split
-// and a WD workspace plan and broadcasts it, every rank follows it.
 // The memory part the way users run it: vDNN offloading with the static
 // planner on 2 ranks trains to the weights of the baseline, and --trace
 // writes one Chrome trace with a process per rank; a device too small for
@@ -279,6 +277,8 @@ TEST(Mpi, MemoryPolicyTrainsLikeNoneAndTracesEveryRank) {
       << out;
 }
 
+// balance.split: auto: every rank profiles in place, rank 0 solves the split
+// and a WD workspace plan and broadcasts it, every rank follows it.
 TEST(Mpi, AutoSplitProfilesSolvesAndFollowsThePlan) {
   TempDir dir;
   std::string out;
