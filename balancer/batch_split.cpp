@@ -4,14 +4,14 @@
 #include <cmath>
 #include <limits>
 
-#include "balancer/internal/format.h"
+#include "common/text.h"
 #include "balancer/internal/reachable_totals.h"
 #include "balancer/lp_model.h"
 
 namespace vtrain::balancer {
 namespace {
 
-using internal::format_bytes;
+using common::format_bytes;
 using internal::ReachableTotals;
 
 // One size a device may get, with its predicted step time (incl. the
@@ -398,6 +398,21 @@ BatchSplit plan_batch_split(std::span<const DeviceProfile> devices, int64_t glob
   }
   split.step_time_ms = slowest + options.allreduce_ms;
   split.even_split_time_ms = even_split_time(candidates, global_batch, options);
+  return split;
+}
+
+std::string join_batches(const std::vector<int64_t>& batches, char separator) {
+  std::string text;
+  for (int64_t b : batches) {
+    if (!text.empty()) text += separator;
+    text += std::to_string(b);
+  }
+  return text;
+}
+
+std::vector<int64_t> even_split(int64_t batch, int ranks) {
+  std::vector<int64_t> split(static_cast<size_t>(ranks), batch / ranks);
+  for (int64_t r = 0; r < batch % ranks; ++r) ++split[r];
   return split;
 }
 

@@ -109,4 +109,10 @@ struct BatchSplit {
 BatchSplit plan_batch_split(std::span<const DeviceProfile> devices, int64_t global_batch,
                             const BatchSplitOptions& options = {});
 
+// B / ranks each, the remainder to the first ranks.
+std::vector<int64_t> even_split(int64_t batch, int ranks);
+
+// Per-rank batches as text: "24,24" (or "24+24" with separator '+').
+std::string join_batches(const std::vector<int64_t>& batches, char separator = ',');
+
 }  // namespace vtrain::balancer

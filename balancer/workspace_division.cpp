@@ -6,13 +6,13 @@
 #include <cmath>
 
 #include "balancer/internal/choice_knapsack.h"
-#include "balancer/internal/format.h"
+#include "common/text.h"
 #include "balancer/lp_model.h"
 
 namespace vtrain::balancer {
 namespace {
 
-using internal::format_bytes;
+using common::format_bytes;
 
 // Workspace coefficients in MiB for GLPK: a power-of-two scale is exact in
 // floating point and keeps the row's numbers near the objective's.

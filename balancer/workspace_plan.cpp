@@ -9,13 +9,13 @@
 #include <set>
 #include <utility>
 
-#include "balancer/internal/format.h"
+#include "common/text.h"
 
 namespace vtrain::balancer {
 namespace {
 
-using internal::format_bytes;
-using internal::format_list;
+using common::format_bytes;
+using common::format_list;
 
 constexpr double kUnreachable = std::numeric_limits<double>::infinity();
 

@@ -32,10 +32,10 @@
 #include "memory/dsa.h"
 #include "memory/free_list.h"
 #include "memory/simulator.h"
-#include "worker/backend.h"
-#include "worker/graph.h"
-#include "worker/network.h"
-#include "worker/optimizer.h"
+#include "worker/device/backend.h"
+#include "worker/engine/graph.h"
+#include "worker/engine/network.h"
+#include "worker/engine/optimizer.h"
 
 namespace {
 

@@ -11,14 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "worker/graph.h"
+#include "common/input_error.h"
+#include "common/text.h"
+#include "worker/engine/graph.h"
 
 namespace vtrain::config {
 
-class ConfigError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+using ConfigError = common::InputError;
 
 struct ModelConfig {
   std::string preset;                          // a preset name, or empty when `layers` is given
@@ -139,9 +138,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& yaml_text, const std::string& origin,
                     const std::vector<std::string>& overrides = {});
 
-// "64MiB", "1.5GB", "4096", "2k" -> bytes. Binary (KiB, MiB, GiB) and decimal
-// (kB, MB, GB) units. Throws ConfigError (without location) otherwise.
-uint64_t parse_size(const std::string& text);
+using common::parse_size;  // "64MiB" -> bytes (common/text.h)
 
 // A readable YAML dump of the effective configuration (for logs).
 std::string to_yaml(const Config& config);

@@ -1,5 +1,7 @@
 #include "launcher/job_plan.h"
 
+#include "common/files.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <set>
@@ -9,16 +11,16 @@
 
 #include "balancer/batch_split.h"
 #include "perfdb/perf_db.h"
-#include "worker/planning.h"
-#include "worker/profiler.h"
-#include "worker/trainer.h"
+#include "worker/profile/planning.h"
+#include "worker/profile/profiler.h"
+#include "worker/train/trainer.h"
 
 namespace vtrain::launcher {
 namespace {
 
 // `vtrain balance --fronts`: every kernel's Pareto front, one row a point.
 void write_fronts(const std::string& path, const std::vector<worker::FrontPoint>& fronts,
-                  const config::TrainingPlan& plan) {
+                  const balancer::TrainingPlan& plan) {
   std::string csv = "rank,device,kernel,workspace_bytes,time_ms,calls,chosen\n";
   for (const worker::FrontPoint& p : fronts) {
     std::string device = plan.ranks.at(static_cast<size_t>(p.rank)).device;
@@ -29,7 +31,7 @@ void write_fronts(const std::string& path, const std::vector<worker::FrontPoint>
            std::to_string(p.workspace_bytes) + "," + time + ",\"" + p.calls + "\"," +
            (p.chosen ? "1" : "0") + "\n";
   }
-  config::write_file_whole(path, csv, "Pareto fronts");
+  common::write_file_whole(path, csv, "Pareto fronts");
 }
 
 std::vector<std::string> split_on(const std::string& text, char separator) {
@@ -121,7 +123,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     if (comm.rank() == 0) {
       std::printf("profile: batches %s: %lld kernel items measured, %lld cached; %lld steps "
                   "measured, %lld cached (%.1f s, rank 0)\n",
-                  worker::join_batches(po.batches).c_str(), static_cast<long long>(r.kernel_measured),
+                  balancer::join_batches(po.batches).c_str(), static_cast<long long>(r.kernel_measured),
                   static_cast<long long>(r.kernel_cached), static_cast<long long>(r.step_measured),
                   static_cast<long long>(r.step_cached), r.seconds);
       std::fflush(stdout);
@@ -167,7 +169,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     } else {
       split.batch = fixed_split;
     }
-    split_text = worker::join_batches(split.batch);
+    split_text = balancer::join_batches(split.batch);
   }
   comm.broadcast(split_text, 0);
   // A rank whose share was not a profiled batch measures its kernels there.
@@ -184,10 +186,10 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   }
   comm.barrier();
   if (comm.rank() != 0) return "";
-  config::TrainingPlan plan = worker::plan_workspaces(
+  balancer::TrainingPlan plan = worker::plan_workspaces(
       graph, db, devices, split, workspace_request(cfg.balance.workspace, cfg.balance.workspace_limit));
   plan.memory_policy = cfg.memory.policy;
-  return config::plan_to_yaml(plan);
+  return balancer::plan_to_yaml(plan);
 }
 
 }  // namespace
@@ -209,7 +211,7 @@ std::pair<int, int> profile_share(worker::Communicator& comm, const worker::Devi
   return {index, std::max(count, 1)};
 }
 
-std::optional<config::TrainingPlan> job_plan(const CliArgs& cli, const config::Config& cfg,
+std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config::Config& cfg,
                                              const worker::Graph& graph,
                                              worker::Backend& backend,
                                              worker::Communicator& comm,
@@ -218,7 +220,7 @@ std::optional<config::TrainingPlan> job_plan(const CliArgs& cli, const config::C
   std::string text, origin;
   if (!cli.plan.empty()) {
     origin = cli.plan;
-    if (comm.rank() == 0) text = config::plan_to_yaml(config::load_plan(cli.plan));
+    if (comm.rank() == 0) text = balancer::plan_to_yaml(balancer::load_plan(cli.plan));
   } else if (cfg.balance.split == "auto" || cfg.balance.workspace != "undivided") {
     origin = "the plan solved at start";
     text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, fixed_split);
@@ -226,7 +228,7 @@ std::optional<config::TrainingPlan> job_plan(const CliArgs& cli, const config::C
     return std::nullopt;
   }
   comm.broadcast(text, 0);
-  config::TrainingPlan plan = config::parse_plan(text, origin);
+  balancer::TrainingPlan plan = balancer::parse_plan(text, origin);
   if (auto why =
           worker::plan_mismatch(plan, graph, comm.size(), cfg.train.batch, cfg.memory.policy)) {
     throw config::ConfigError(origin + ": " + *why);
@@ -237,7 +239,7 @@ std::optional<config::TrainingPlan> job_plan(const CliArgs& cli, const config::C
   if (comm.rank() == 0) {
     std::fputs(worker::describe_plan(plan).c_str(), stdout);
     if (!cfg.output.plan.empty() && cli.plan.empty()) {
-      config::save_plan(plan, cfg.output.plan);
+      balancer::save_plan(plan, cfg.output.plan);
       std::printf("plan: wrote %s\n", cfg.output.plan.c_str());
     }
     std::fflush(stdout);
@@ -294,13 +296,13 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
   const balancer::BatchSplit split =
       worker::plan_split(graph, db, devices, batch, options, cfg.memory.policy);
   std::vector<worker::FrontPoint> fronts;
-  config::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split,
+  balancer::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split,
                                                       workspace_request(policy, limit),
                                                       cli.fronts.empty() ? nullptr : &fronts);
   plan.memory_policy = cfg.memory.policy;
   std::fputs(worker::describe_plan(plan).c_str(), stdout);
   if (!cli.out.empty()) {
-    config::save_plan(plan, cli.out);
+    balancer::save_plan(plan, cli.out);
     std::printf("plan: wrote %s\n", cli.out.c_str());
   }
   if (!cli.fronts.empty()) {

@@ -6,11 +6,11 @@
 #include <utility>
 
 #include "configs/config.h"
-#include "configs/plan.h"
+#include "balancer/plan.h"
 #include "launcher/cli.h"
-#include "worker/backend.h"
-#include "worker/communicator.h"
-#include "worker/graph.h"
+#include "worker/device/backend.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/graph.h"
 
 namespace vtrain::launcher {
 
@@ -24,7 +24,7 @@ std::pair<int, int> profile_share(worker::Communicator& comm, const worker::Devi
 // into the perf DB, rank 0 solves the split and the workspace plan, and the
 // plan's text is broadcast. Throws ConfigError when the plan does not fit
 // the model, the rank count or the batch.
-std::optional<config::TrainingPlan> job_plan(const CliArgs& cli, const config::Config& cfg,
+std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config::Config& cfg,
                                              const worker::Graph& graph,
                                              worker::Backend& backend,
                                              worker::Communicator& comm,

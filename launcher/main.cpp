@@ -18,13 +18,13 @@
 #include "launcher/job_plan.h"
 #include "launcher/stop_signals.h"
 #include "perfdb/perf_db.h"
-#include "worker/backend.h"
-#include "worker/communicator.h"
-#include "worker/data.h"
-#include "worker/graph.h"
-#include "worker/planning.h"
-#include "worker/profiler.h"
-#include "worker/trainer.h"
+#include "worker/device/backend.h"
+#include "worker/comm/communicator.h"
+#include "worker/data/data.h"
+#include "worker/engine/graph.h"
+#include "worker/profile/planning.h"
+#include "worker/profile/profiler.h"
+#include "worker/train/trainer.h"
 
 namespace vtrain::launcher {
 namespace {
@@ -163,7 +163,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   const Datasets data = load_data(cfg);
   const worker::Graph graph = build_graph(cfg, data.train.sample);
   const worker::ChannelStats norm = normalisation(cfg, data.train);
-  std::vector<int64_t> split = worker::even_split(cfg.train.batch, comm.size());
+  std::vector<int64_t> split = balancer::even_split(cfg.train.batch, comm.size());
   if (cfg.balance.split == "manual") {
     if (static_cast<int>(cfg.balance.manual.size()) != comm.size()) {
       throw config::ConfigError(cfg.path + ": balance.manual: has " +
@@ -184,11 +184,11 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
                 data.train.sample.str().c_str());
   }
   std::fflush(stdout);
-  const std::optional<config::TrainingPlan> plan =
+  const std::optional<balancer::TrainingPlan> plan =
       job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, split);
   if (plan) {
     split.clear();
-    for (const config::RankPlan& r : plan->ranks) split.push_back(r.batch);
+    for (const balancer::RankPlan& r : plan->ranks) split.push_back(r.batch);
   }
   print_cluster(comm, backend->device_info(), split);
   std::fflush(stdout);
@@ -216,7 +216,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   options.comm = gradient_comm.get();
   options.split = split;
   if (plan) {
-    const config::RankPlan& mine = plan->ranks[comm.rank()];
+    const balancer::RankPlan& mine = plan->ranks[comm.rank()];
     options.conv_executions = worker::conv_executions(mine);
     options.conv_workspace_bytes = mine.workspace_bytes;
   }
@@ -257,7 +257,7 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   const worker::Graph graph = build_graph(cfg, data.train.sample);
   auto backend = worker::make_backend(backend_options(cfg));
   const worker::DeviceInfo info = backend->device_info();
-  print_cluster(comm, info, worker::even_split(cfg.train.batch, comm.size()));
+  print_cluster(comm, info, balancer::even_split(cfg.train.batch, comm.size()));
 
   worker::ProfileOptions options;
   options.batches = cfg.profile.batches;

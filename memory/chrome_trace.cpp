@@ -1,31 +1,13 @@
 #include "memory/chrome_trace.h"
 
+#include "common/text.h"
+
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
 
 namespace vtrain::memory {
 
-std::string json_quote(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
 
 namespace {
 
@@ -57,10 +39,10 @@ void ChromeTrace::span(std::string_view track, std::string_view name, std::strin
                        double start_us, double duration_us, std::string_view detail) {
   std::lock_guard lock(mutex_);
   std::string e = "{\"ph\":\"X\",\"pid\":" + std::to_string(pid_) +
-                  ",\"tid\":" + std::to_string(tid(track)) + ",\"name\":" + json_quote(name) +
-                  ",\"cat\":" + json_quote(category) + ",\"ts\":" + number(start_us) +
+                  ",\"tid\":" + std::to_string(tid(track)) + ",\"name\":" + common::json_quote(name) +
+                  ",\"cat\":" + common::json_quote(category) + ",\"ts\":" + number(start_us) +
                   ",\"dur\":" + number(duration_us);
-  if (!detail.empty()) e += ",\"args\":{\"detail\":" + json_quote(detail) + "}";
+  if (!detail.empty()) e += ",\"args\":{\"detail\":" + common::json_quote(detail) + "}";
   events_.push_back(e + "}");
 }
 
@@ -68,14 +50,14 @@ void ChromeTrace::instant(std::string_view track, std::string_view name,
                           std::string_view category, double at_us) {
   std::lock_guard lock(mutex_);
   events_.push_back("{\"ph\":\"i\",\"s\":\"t\",\"pid\":" + std::to_string(pid_) +
-                    ",\"tid\":" + std::to_string(tid(track)) + ",\"name\":" + json_quote(name) +
-                    ",\"cat\":" + json_quote(category) + ",\"ts\":" + number(at_us) + "}");
+                    ",\"tid\":" + std::to_string(tid(track)) + ",\"name\":" + common::json_quote(name) +
+                    ",\"cat\":" + common::json_quote(category) + ",\"ts\":" + number(at_us) + "}");
 }
 
 void ChromeTrace::counter(std::string_view name, double at_us, double value) {
   std::lock_guard lock(mutex_);
   events_.push_back("{\"ph\":\"C\",\"pid\":" + std::to_string(pid_) +
-                    ",\"name\":" + json_quote(name) + ",\"ts\":" + number(at_us) +
+                    ",\"name\":" + common::json_quote(name) + ",\"ts\":" + number(at_us) +
                     ",\"args\":{\"bytes\":" + number(value) + "}}");
 }
 
@@ -87,11 +69,11 @@ size_t ChromeTrace::event_count() const {
 std::string ChromeTrace::events_json() const {
   std::lock_guard lock(mutex_);
   std::string out = "{\"ph\":\"M\",\"pid\":" + std::to_string(pid_) +
-                    ",\"name\":\"process_name\",\"args\":{\"name\":" + json_quote(process_name_) +
+                    ",\"name\":\"process_name\",\"args\":{\"name\":" + common::json_quote(process_name_) +
                     "}}";
   for (const auto& [track, id] : tracks_) {
     out += ",\n{\"ph\":\"M\",\"pid\":" + std::to_string(pid_) + ",\"tid\":" + std::to_string(id) +
-           ",\"name\":\"thread_name\",\"args\":{\"name\":" + json_quote(track) + "}}";
+           ",\"name\":\"thread_name\",\"args\":{\"name\":" + common::json_quote(track) + "}}";
   }
   for (const std::string& e : events_) out += ",\n" + e;
   return out;

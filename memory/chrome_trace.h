@@ -57,7 +57,4 @@ std::string merge_chrome_traces(const std::vector<std::string>& events_json);
 // Writes a trace's JSON to `path`; throws std::runtime_error naming it.
 void write_trace_file(const std::string& path, const std::string& json);
 
-// JSON string literal of `text` (quotes included).
-std::string json_quote(std::string_view text);
-
 }  // namespace vtrain::memory

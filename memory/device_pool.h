@@ -30,7 +30,7 @@
 
 #include "memory/dsa.h"
 #include "memory/free_list.h"
-#include "worker/backend.h"
+#include "worker/device/backend.h"
 
 namespace vtrain::memory {
 

@@ -20,7 +20,7 @@
 
 #include "memory/simulator.h"
 #include "memory/vdnn_plan.h"
-#include "worker/backend.h"
+#include "worker/device/backend.h"
 
 namespace vtrain::memory {
 

@@ -6,7 +6,7 @@
 #include <unordered_map>
 
 #include "memory/free_list.h"
-#include "worker/backend.h"
+#include "worker/device/backend.h"
 
 namespace vtrain::memory {
 

@@ -2,7 +2,7 @@
 // latest, and validation of torn, corrupt and foreign files. Each test works in
 // a fresh temporary directory.
 #include "tests/test_support.h"
-#include "worker/checkpoint.h"
+#include "worker/train/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>

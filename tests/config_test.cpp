@@ -11,7 +11,8 @@
 #include <tuple>
 #include <vector>
 
-#include "worker/graph.h"
+#include "tests/test_support.h"
+#include "worker/engine/graph.h"
 
 namespace vtrain::config {
 namespace {
@@ -71,14 +72,7 @@ std::string join(const std::vector<std::string>& items) {
   return out;
 }
 
-// The repository root: CTest sets VTRAIN_SOURCE_DIR; a manual run of the
-// binary falls back to this file's location.
-fs::path source_dir() {
-  if (const char* dir = std::getenv("VTRAIN_SOURCE_DIR"); dir != nullptr && *dir != '\0') {
-    return dir;
-  }
-  return fs::path(__FILE__).parent_path().parent_path();
-}
+fs::path source_dir() { return test_support::source_dir(); }
 
 // ---- good configs -----------------------------------------------------------
 

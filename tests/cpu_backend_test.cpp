@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "tests/reference_ops.h"
-#include "worker/backend.h"
+#include "worker/device/backend.h"
 
 namespace vtrain::worker {
 namespace {

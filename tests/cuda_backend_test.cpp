@@ -5,7 +5,8 @@
 //
 // Outputs written with beta = 0 are first filled with NaN: memory from the
 // pool holds whatever the previous user left, so beta = 0 must not read it.
-#include "worker/cuda/cuda_backend.h"
+#include "worker/comm/nccl_communicator.h"
+#include "worker/device/cuda/cuda_backend.h"
 
 #include <gtest/gtest.h>
 
@@ -26,12 +27,12 @@
 #include "tests/engine_runs.h"
 #include "tests/reference_ops.h"
 #include "tests/test_support.h"
-#include "worker/backend.h"
-#include "worker/checkpoint.h"
-#include "worker/communicator.h"
-#include "worker/graph.h"
-#include "worker/network.h"
-#include "worker/optimizer.h"
+#include "worker/device/backend.h"
+#include "worker/train/checkpoint.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/graph.h"
+#include "worker/engine/network.h"
+#include "worker/engine/optimizer.h"
 
 namespace vtrain::worker {
 namespace {

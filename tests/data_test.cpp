@@ -2,7 +2,7 @@
 // shuffling. Files are written into a fresh temporary directory per test; the
 // last test reads the real Fashion-MNIST when the Debian package is installed.
 #include "tests/test_support.h"
-#include "worker/data.h"
+#include "worker/data/data.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

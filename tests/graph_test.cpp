@@ -1,5 +1,5 @@
 // Graph validation, ordering, shapes, signatures and the model presets.
-#include "worker/graph.h"
+#include "worker/engine/graph.h"
 
 #include <gtest/gtest.h>
 

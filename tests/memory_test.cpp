@@ -23,10 +23,10 @@
 #include "memory/vdnn_plan.h"
 #include "tests/engine_runs.h"
 #include "tests/test_support.h"
-#include "worker/backend.h"
-#include "worker/graph.h"
-#include "worker/network.h"
-#include "worker/optimizer.h"
+#include "worker/device/backend.h"
+#include "worker/engine/graph.h"
+#include "worker/engine/network.h"
+#include "worker/engine/optimizer.h"
 
 namespace vtrain::memory {
 namespace {

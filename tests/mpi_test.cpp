@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "tests/test_support.h"
-#include "configs/plan.h"
-#include "worker/checkpoint.h"
+#include "balancer/plan.h"
+#include "worker/train/checkpoint.h"
 
 
 namespace vtrain {
@@ -297,7 +297,7 @@ TEST(Mpi, AutoSplitProfilesSolvesAndFollowsThePlan) {
   EXPECT_NE(out.find("of 48, workspace wd 4.0 MiB"), std::string::npos) << out;
   EXPECT_NE(out.find("plan: wrote " + plan), std::string::npos) << out;
   EXPECT_NE(out.find("done: 4 steps"), std::string::npos) << out;
-  const config::TrainingPlan p = config::load_plan(plan);
+  const balancer::TrainingPlan p = balancer::load_plan(plan);
   ASSERT_EQ(p.ranks.size(), 2u);
   EXPECT_EQ(p.ranks[0].batch + p.ranks[1].batch, 48);
   EXPECT_EQ(p.ranks[0].batch % 8, 0);
@@ -307,7 +307,7 @@ TEST(Mpi, AutoSplitProfilesSolvesAndFollowsThePlan) {
   ASSERT_NE(at, std::string::npos) << out;
   const double allreduce_ms = std::stod(out.substr(at + tag.size()));
   EXPECT_GT(allreduce_ms, 0.0);
-  for (const config::RankPlan& r : p.ranks) {
+  for (const balancer::RankPlan& r : p.ranks) {
     if (r.batch > 0) {
       EXPECT_GE(r.predicted_ms, allreduce_ms);
     }

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <random>
 
-#include "worker/backend.h"
-#include "worker/graph.h"
-#include "worker/network.h"
-#include "worker/optimizer.h"
+#include "worker/device/backend.h"
+#include "worker/engine/graph.h"
+#include "worker/engine/network.h"
+#include "worker/engine/optimizer.h"
 
 namespace vtrain::worker {
 namespace {

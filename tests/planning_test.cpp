@@ -5,12 +5,12 @@
 
 #include <algorithm>
 
-#include "configs/plan.h"
+#include "balancer/plan.h"
 #include "perfdb/perf_db.h"
 #include "tests/test_support.h"
-#include "worker/graph.h"
-#include "worker/planning.h"
-#include "worker/profiler.h"
+#include "worker/engine/graph.h"
+#include "worker/profile/planning.h"
+#include "worker/profile/profiler.h"
 
 namespace vtrain {
 namespace {
@@ -40,8 +40,8 @@ worker::Graph small_graph() {
                               {1, 3, 8, 8});
 }
 
-config::TrainingPlan sample_plan() {
-  config::TrainingPlan p;
+balancer::TrainingPlan sample_plan() {
+  balancer::TrainingPlan p;
   p.model = "m";
   p.global_batch = 12;
   p.workspace_policy = "wd";
@@ -49,14 +49,14 @@ config::TrainingPlan sample_plan() {
   p.predicted_step_ms = 2.5;
   p.split_ms = 2.25;
   p.even_split_ms = 3.0;
-  config::RankPlan r0;
+  balancer::RankPlan r0;
   r0.device = "fast \"gpu\"";
   r0.batch = 8;
   r0.predicted_ms = 2.5;
   r0.workspace_bytes = 4096;
   r0.kernels.push_back({"c1", "Forward", {{"winograd", 4}, {"direct", 4}}, 0, 1024, 1.25});
   r0.kernels.push_back({"c1", "BackwardFilter", {{"direct", 8}}, 1024, 3072, 0.5});
-  config::RankPlan r1;
+  balancer::RankPlan r1;
   r1.device = "slow";
   r1.batch = 4;
   r1.kernels.push_back({"c1", "Forward", {{"direct", 4}}, 0, 0, 1.0});
@@ -65,25 +65,25 @@ config::TrainingPlan sample_plan() {
 }
 
 TEST(PlanFile, RoundTripsThroughYamlAndDisk) {
-  const config::TrainingPlan p = sample_plan();
-  const std::string text = config::plan_to_yaml(p);
-  const config::TrainingPlan q = config::parse_plan(text, "p.yaml");
-  EXPECT_EQ(config::plan_to_yaml(q), text);
+  const balancer::TrainingPlan p = sample_plan();
+  const std::string text = balancer::plan_to_yaml(p);
+  const balancer::TrainingPlan q = balancer::parse_plan(text, "p.yaml");
+  EXPECT_EQ(balancer::plan_to_yaml(q), text);
   EXPECT_EQ(q.ranks[0].device, "fast \"gpu\"");
   EXPECT_EQ(q.ranks[0].kernels[0].calls, p.ranks[0].kernels[0].calls);
   EXPECT_EQ(q.ranks[0].kernels[1].workspace_offset, 1024u);
   ASSERT_TRUE(q.even_split_ms.has_value());
   EXPECT_DOUBLE_EQ(*q.even_split_ms, 3.0);
   TempDir dir;
-  config::save_plan(p, dir.path("plan.yaml"));
-  EXPECT_EQ(config::plan_to_yaml(config::load_plan(dir.path("plan.yaml"))), text);
+  balancer::save_plan(p, dir.path("plan.yaml"));
+  EXPECT_EQ(balancer::plan_to_yaml(balancer::load_plan(dir.path("plan.yaml"))), text);
   EXPECT_FALSE(std::filesystem::exists(dir.path("plan.yaml.tmp")));
 }
 
 TEST(PlanFile, BadPlansNameTheLineAndKey) {
-  const std::string good = config::plan_to_yaml(sample_plan());
+  const std::string good = balancer::plan_to_yaml(sample_plan());
   auto error = [](const std::string& text) {
-    return error_message<config::ConfigError>([&] { config::parse_plan(text, "p.yaml"); });
+    return error_message<balancer::PlanError>([&] { balancer::parse_plan(text, "p.yaml"); });
   };
   auto replaced = [&](const std::string& from, const std::string& to) {
     std::string t = good;
@@ -115,7 +115,7 @@ TEST(PlanFile, BadPlansNameTheLineAndKey) {
   EXPECT_NE(error("vtrain_plan: 1\nmodel: [\n").find("p.yaml:3:1: YAML syntax error"),
             std::string::npos)
       << error("vtrain_plan: 1\nmodel: [\n");
-  EXPECT_NE(error_message<config::ConfigError>([] { config::load_plan("/nonexistent/p.yaml"); })
+  EXPECT_NE(error_message<balancer::PlanError>([] { balancer::load_plan("/nonexistent/p.yaml"); })
                 .find("cannot open plan /nonexistent/p.yaml"),
             std::string::npos);
 }
@@ -194,7 +194,7 @@ TEST_F(PlanningTest, FastDeviceGetsTheLargerShareAndThePlanFitsTheModel) {
   ASSERT_TRUE(split.even_split_time_ms.has_value());
   EXPECT_DOUBLE_EQ(*split.even_split_time_ms, 14.0);
 
-  const config::TrainingPlan plan =
+  const balancer::TrainingPlan plan =
       worker::plan_workspaces(graph_, *db_, devices, split, {"undivided", 0});
   EXPECT_EQ(worker::plan_mismatch(plan, graph_, 2, 24), std::nullopt);
   EXPECT_EQ(plan.global_batch, 24);
@@ -209,7 +209,7 @@ TEST_F(PlanningTest, FastDeviceGetsTheLargerShareAndThePlanFitsTheModel) {
   EXPECT_NE(worker::describe_plan(plan).find("even split 14.00 ms (1.40x)"), std::string::npos)
       << worker::describe_plan(plan);
   // Where no even split exists the print says why instead of a speedup.
-  config::TrainingPlan odd = plan;
+  balancer::TrainingPlan odd = plan;
   odd.even_split_ms.reset();
   odd.global_batch = 25;
   EXPECT_NE(worker::describe_plan(odd).find("no even split to compare (25 samples do not divide "
@@ -229,13 +229,13 @@ TEST_F(PlanningTest, WorkspacePoliciesStayWithinTheirLimits) {
   balancer::BatchSplit split;
   split.batch = {16, 8};
   // WR, 4 KiB per kernel: winograd fits 4 images per call.
-  const config::TrainingPlan wr = worker::plan_workspaces(graph_, *db_, devices, split, {"wr", 4096});
+  const balancer::TrainingPlan wr = worker::plan_workspaces(graph_, *db_, devices, split, {"wr", 4096});
   for (const auto& k : wr.ranks[0].kernels) {
     EXPECT_LE(k.workspace_bytes, 4096u);
     EXPECT_EQ(k.calls.front(), (balancer::MicroBatch{"winograd", 4})) << k.layer << " " << k.kind;
   }
   // WD, 20 KiB for all five kernels of rank 0: segments disjoint and inside.
-  const config::TrainingPlan wd =
+  const balancer::TrainingPlan wd =
       worker::plan_workspaces(graph_, *db_, devices, split, {"wd", 20 << 10});
   for (const auto& r : wd.ranks) {
     EXPECT_LE(r.workspace_bytes, 20u << 10);
@@ -250,11 +250,11 @@ TEST_F(PlanningTest, WorkspacePoliciesStayWithinTheirLimits) {
     }
   }
   // The plan's text reads back unchanged.
-  EXPECT_EQ(config::plan_to_yaml(config::parse_plan(config::plan_to_yaml(wd), "x")),
-            config::plan_to_yaml(wd));
+  EXPECT_EQ(balancer::plan_to_yaml(balancer::parse_plan(balancer::plan_to_yaml(wd), "x")),
+            balancer::plan_to_yaml(wd));
   // A budget below every kernel's least workspace config: infeasible (direct needs none,
   // so this holds only when it is removed; here 0 bytes still fits all-direct).
-  const config::TrainingPlan tight = worker::plan_workspaces(graph_, *db_, devices, split, {"wd", 1});
+  const balancer::TrainingPlan tight = worker::plan_workspaces(graph_, *db_, devices, split, {"wd", 1});
   for (const auto& k : tight.ranks[0].kernels) EXPECT_EQ(k.calls.front().algorithm, "direct");
 }
 
@@ -267,14 +267,14 @@ TEST_F(PlanningTest, MissingMeasurementsAndMismatchesAreClearErrors) {
             }).find("device slow: no measurements of c1/Forward at batch 6"),
             std::string::npos);
   split.batch = {16, 8};
-  const config::TrainingPlan plan =
+  const balancer::TrainingPlan plan =
       worker::plan_workspaces(graph_, *db_, devices, split, {"undivided", 0});
   EXPECT_EQ(worker::plan_mismatch(plan, graph_, 3, 24), "the plan has 2 ranks, the job has 3");
   EXPECT_EQ(worker::plan_mismatch(plan, graph_, 2, 24, "conv"),
             "the plan was made for memory.policy none, the config's memory.policy is conv");
   EXPECT_EQ(worker::plan_mismatch(plan, graph_, 2, 32),
             "the plan's global_batch is 24, the config's train.batch is 32");
-  config::TrainingPlan other = plan;
+  balancer::TrainingPlan other = plan;
   other.model = "something else";
   EXPECT_NE(worker::plan_mismatch(other, graph_, 2, 24)->find("another model"), std::string::npos);
   other = plan;
@@ -289,7 +289,7 @@ TEST_F(PlanningTest, MissingMeasurementsAndMismatchesAreClearErrors) {
             "devices)");
   // The cores a CPU process is pinned to, and the " #rank" of older
   // offline plans, are not the hardware; a plan that names none is taken.
-  config::TrainingPlan pinned = plan;
+  balancer::TrainingPlan pinned = plan;
   pinned.ranks[1].device = "slow (cpus 2,3)";
   EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, "slow (cpus 0)"), std::nullopt);
   EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, "slow"), std::nullopt);

@@ -7,9 +7,9 @@
 
 #include "perfdb/perf_db.h"
 #include "tests/test_support.h"
-#include "worker/backend.h"
-#include "worker/graph.h"
-#include "worker/profiler.h"
+#include "worker/device/backend.h"
+#include "worker/engine/graph.h"
+#include "worker/profile/profiler.h"
 
 namespace vtrain::worker {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "worker/backend.h"
+#include "worker/device/backend.h"
 
 namespace vtrain::reference {
 

@@ -63,17 +63,18 @@ std::string error_message(const std::function<void()>& fn) {
   return {};
 }
 
-// The repository root (CTest sets VTRAIN_SOURCE_DIR).
+// The repository root: VTRAIN_SOURCE_DIR if set, else the sources this test
+// was built from (tests/CMakeLists.txt compiles the path in).
 inline std::string source_dir() {
   const char* dir = std::getenv("VTRAIN_SOURCE_DIR");
-  return dir ? dir
-             : std::filesystem::path(__FILE__).parent_path().parent_path().string();
+  return dir && *dir ? dir : VTRAIN_TEST_SOURCE_DIR;
 }
 
-// The vtrain executable under test (CTest sets VTRAIN_BINARY).
+// The vtrain executable under test: VTRAIN_BINARY if set, else the one built
+// in the same tree as this test, whatever that tree is called.
 inline std::string vtrain_binary() {
   const char* bin = std::getenv("VTRAIN_BINARY");
-  return bin ? bin : (std::filesystem::path(source_dir()) / "build" / "vtrain").string();
+  return bin && *bin ? bin : VTRAIN_TEST_BINARY;
 }
 
 // Runs a shell command; returns its exit code (-1 if it did not exit) and

@@ -16,12 +16,12 @@
 #include <string>
 
 #include "configs/config.h"
-#include "configs/plan.h"
+#include "balancer/plan.h"
 #include "tests/test_support.h"
-#include "worker/backend.h"
-#include "worker/data.h"
-#include "worker/graph.h"
-#include "worker/trainer.h"
+#include "worker/device/backend.h"
+#include "worker/data/data.h"
+#include "worker/engine/graph.h"
+#include "worker/train/trainer.h"
 
 namespace vtrain {
 namespace {
@@ -270,19 +270,19 @@ TEST(Train, BalanceWritesAPlanThatTrainingFollows) {
   r = run_vtrain("balance " + config + " --db " + db + " --policy wr --workspace 1MiB "
                  "--allreduce-ms 7.5 --out " + plan2 + sets);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const double with_allreduce = config::load_plan(plan2).predicted_step_ms;
-  EXPECT_NEAR(with_allreduce, config::load_plan(plan).predicted_step_ms + 7.5,
+  const double with_allreduce = balancer::load_plan(plan2).predicted_step_ms;
+  EXPECT_NEAR(with_allreduce, balancer::load_plan(plan).predicted_step_ms + 7.5,
               1e-5 * with_allreduce);
 
   // What if a second such device joined? Offline every rank gets a batch
   // that was profiled (8 + 16), not the even 12 + 12 that interpolation
   // would offer and that has no kernel timings.
-  const std::string device = config::load_plan(plan).ranks.at(0).device;  // the DB's name
+  const std::string device = balancer::load_plan(plan).ranks.at(0).device;  // the DB's name
   const std::string plan3 = dir.file("plan3.yaml");
   r = run_vtrain("balance " + config + " --db " + db + " --devices '" + device + "," + device +
                  "' --batch 24 --out " + plan3 + sets);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const config::TrainingPlan what_if = config::load_plan(plan3);
+  const balancer::TrainingPlan what_if = balancer::load_plan(plan3);
   ASSERT_EQ(what_if.ranks.size(), 2u);
   EXPECT_EQ((std::set<int64_t>{what_if.ranks[0].batch, what_if.ranks[1].batch}),
             (std::set<int64_t>{8, 16}));

@@ -1,5 +1,7 @@
 #include "perfdb/internal/table_export.h"
 
+#include "common/text.h"
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -28,27 +30,6 @@ void append_csv_field(std::string& out, std::string_view text) {
   out += '"';
 }
 
-void append_json_string(std::string& out, std::string_view text) {
-  out += '"';
-  for (char ch : text) {
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(ch));
-          out += escaped;
-        } else {
-          out += ch;
-        }
-    }
-  }
-  out += '"';
-}
 
 }  // namespace
 
@@ -70,7 +51,7 @@ std::string render_rows(Statement& rows, ExportFormat format) {
     for (int i = 0; i < columns; ++i) {
       if (i > 0) out += ',';
       if (format == ExportFormat::kJsonLines) {
-        append_json_string(out, names[i]);
+        out += common::json_quote(names[i]);
         out += ':';
       }
       switch (rows.column_type(i)) {
@@ -91,14 +72,14 @@ std::string render_rows(Statement& rows, ExportFormat format) {
         }
         case SQLITE_TEXT:
           if (format == ExportFormat::kJsonLines) {
-            append_json_string(out, rows.column_text(i));
+            out += common::json_quote(rows.column_text(i));
           } else {
             append_csv_field(out, rows.column_text(i));
           }
           break;
         default:  // SQLITE_BLOB
           if (format == ExportFormat::kJsonLines) {
-            append_json_string(out, rows.column_blob_hex(i));
+            out += common::json_quote(rows.column_blob_hex(i));
           } else {
             out += rows.column_blob_hex(i);
           }

@@ -1,0 +1,83 @@
+// Plans: what the balancer decided for one job, as a versioned,
+// human-readable YAML file. Produced at the start of training (rank 0 solves
+// and broadcasts the text) or offline by `vtrain balance --out`, and given
+// back with `vtrain train --plan FILE`.
+//
+//   vtrain_plan: 1
+//   model: <Graph::signature() of the model at one sample>
+//   global_batch: 96
+//   memory_policy: none
+//   workspace_policy: wd            # undivided | wr | wd
+//   workspace_limit: 67108864       # wr: per kernel; wd: per rank in total
+//   predicted_step_ms: 41.2
+//   split_ms: 43.0                  # optional: the split's time from measured steps
+//   even_split_ms: 55.0             # optional: the even split's, the same way
+//   ranks:
+//     - device: "Intel(R) Xeon(R) ..."
+//       batch: 64
+//       predicted_ms: 41.2
+//       workspace_bytes: 1048576    # the rank's workspace buffer
+//       kernels:
+//         - {layer: conv1, kind: Forward, workspace_offset: 0, workspace_bytes: 4096,
+//            time_ms: 1.5, calls: [[direct, 32], [winograd, 32]]}
+//
+// Reading checks types, ranges and internal consistency (calls sum to the
+// rank's batch, segments lie inside the rank's workspace, batches sum to
+// global_batch) and names file:line and key path on error; whether the plan
+// fits a model and a cluster is for the caller (plan_mismatch()).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "balancer/workspace_plan.h"
+#include "common/input_error.h"
+
+namespace vtrain::balancer {
+
+// A malformed plan file (file:line and key path in the message).
+using PlanError = common::InputError;
+
+inline constexpr int kPlanVersion = 1;
+
+struct PlannedKernel {
+  std::string layer;                        // conv layer name
+  std::string kind;                         // "Forward", "BackwardData", "BackwardFilter"
+  std::vector<MicroBatch> calls;  // in order; sizes sum to the rank's batch
+  uint64_t workspace_offset = 0;            // segment in the rank's workspace buffer
+  uint64_t workspace_bytes = 0;
+  double time_ms = 0;                       // predicted time of the calls together
+};
+
+struct RankPlan {
+  std::string device;                   // device name (for people and checks)
+  int64_t batch = 0;                    // per-rank batch; 0 = the rank does not train
+  double predicted_ms = 0;              // predicted step time (0 when idle)
+  uint64_t workspace_bytes = 0;         // the rank's workspace buffer
+  std::vector<PlannedKernel> kernels;   // every conv layer x kind (none when idle)
+};
+
+struct TrainingPlan {
+  int version = kPlanVersion;
+  std::string model;                    // Graph::signature()
+  int64_t global_batch = 0;
+  std::string memory_policy = "none";
+  std::string workspace_policy = "undivided";  // "undivided", "wr", "wd"
+  uint64_t workspace_limit = 0;
+  double predicted_step_ms = 0;          // with the workspace plan's kernel times
+  std::optional<double> split_ms;        // the split's step time from measured steps
+  std::optional<double> even_split_ms;   // the even split's, measured the same way
+  std::vector<RankPlan> ranks;
+};
+
+std::string plan_to_yaml(const TrainingPlan& plan);
+// Throws PlanError naming `origin`, the line and the key path.
+TrainingPlan parse_plan(const std::string& yaml_text, const std::string& origin);
+TrainingPlan load_plan(const std::string& path);
+// Writes atomically (a temporary file renamed over `path`): a failed write
+// leaves no partial plan behind. Throws PlanError.
+void save_plan(const TrainingPlan& plan, const std::string& path);
+
+}  // namespace vtrain::balancer

@@ -1,0 +1,26 @@
+// Text every part formats the same way: byte sizes, integer lists, JSON strings.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace vtrain::common {
+
+// "512 B", "1.50 KiB", "384 MiB", "2.25 GiB": binary units, at most three
+// significant decimals, trailing zeros dropped.
+std::string format_bytes(uint64_t bytes);
+
+// "8, 16, 32": a list of integers, comma separated.
+std::string format_list(std::span<const int64_t> values);
+
+// "64MiB", "1.5GB", "4096", "2k" -> bytes. Binary (KiB, MiB, GiB, TiB) and
+// decimal (kB, MB, GB, TB) units. Throws InputError (without location) otherwise.
+uint64_t parse_size(const std::string& text);
+
+// `text` as a JSON string literal, quotes included: \" \\ \n \r \t escaped,
+// other control characters as \u00XX.
+std::string json_quote(std::string_view text);
+
+}  // namespace vtrain::common

@@ -1,0 +1,78 @@
+// Collective communication between the ranks of a job.
+//
+// Gradient allreduces are asynchronous and ordered: allreduce_async() queues
+// a sum over all ranks in place, every rank must queue the same sequence of
+// (count) calls, and wait() blocks until all queued ones are done. The MPI
+// implementation runs them on a communication thread so they overlap the
+// rest of backward; the NCCL implementation (CUDA builds) will run them on
+// its own stream. The small synchronous collectives must not be called while
+// allreduces are pending (call wait() first).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace vtrain::worker {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Sum over ranks, in place, of `count` floats of device memory.
+  virtual void allreduce_async(float* data, int64_t count) = 0;
+  // Blocks until every queued allreduce has finished; rethrows its error.
+  virtual void wait() = 0;
+  // Seconds the allreduces took on the communication side, and seconds
+  // wait() blocked the caller, since construction.
+  virtual double allreduce_seconds() const = 0;
+  virtual double wait_seconds() const = 0;
+
+  // Synchronous collectives on host memory.
+  virtual void allreduce_sum(std::vector<double>& values) = 0;
+  virtual void broadcast(std::vector<float>& values, int root) = 0;   // resized on receivers
+  virtual void broadcast(std::string& text, int root) = 0;
+  virtual std::vector<std::string> gather(const std::string& text, int root) = 0;  // empty off root
+  virtual void barrier() = 0;
+
+  // Ends every rank of the job with `code` (no rank is left waiting).
+  [[noreturn]] virtual void abort(int code) = 0;
+};
+
+// Initialises MPI for the process (thread level "serialized": one thread at
+// a time calls MPI, which the communicator guarantees) and finalises it on
+// destruction. Works without mpirun (a singleton world of size 1).
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// A communicator over MPI_COMM_WORLD for host-addressable device memory
+// (the CPU backend). Requires a live MpiRuntime.
+std::unique_ptr<Communicator> make_mpi_communicator();
+
+class Backend;
+
+// The communicator for gradients in `backend`'s device memory: NCCL (see
+// worker/device/cuda/cuda_backend.h) when `backend` is the CUDA backend and the job
+// has several ranks, else MPI. Collective; requires a live MpiRuntime.
+// Defined with the backend factory, the one place that knows what is built.
+std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend);
+
+// Aborts the MPI job if MPI is running with more than one rank; returns
+// otherwise (for error paths that run before a communicator exists).
+void abort_job_if_parallel(int code);
+
+}  // namespace vtrain::worker

@@ -1,0 +1,150 @@
+// MPI implementation of Communicator. The only file that includes mpi.h.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "worker/comm/communicator.h"
+#include "common/host_stream.h"
+
+namespace vtrain::worker {
+namespace {
+
+void check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    throw std::runtime_error(std::string("MPI ") + what + " failed: " + std::string(text, len));
+  }
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  ~MpiCommunicator() override {
+    try {
+      thread_.wait_all();
+    } catch (...) {
+      // Destruction during error handling: the error was reported already.
+    }
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void allreduce_async(float* data, int64_t count) override {
+    if (size_ == 1) return;  // a sum over one rank is the identity
+    thread_.enqueue([this, data, count] {
+      const auto start = std::chrono::steady_clock::now();
+      // MPI counts are int: reduce very large buffers in pieces.
+      constexpr int64_t kChunk = int64_t{1} << 30;
+      for (int64_t done = 0; done < count; done += kChunk) {
+        const int n = static_cast<int>(std::min(kChunk, count - done));
+        check(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
+              "Allreduce");
+      }
+      allreduce_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  }
+  void wait() override {
+    const auto start = std::chrono::steady_clock::now();
+    thread_.wait_all();
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  double allreduce_seconds() const override { return allreduce_seconds_; }
+  double wait_seconds() const override { return wait_seconds_; }
+
+  void allreduce_sum(std::vector<double>& values) override {
+    if (size_ == 1) return;
+    check(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE,
+                        MPI_SUM, MPI_COMM_WORLD),
+          "Allreduce");
+  }
+  void broadcast(std::vector<float>& values, int root) override {
+    if (size_ == 1) return;
+    uint64_t count = values.size();
+    check(MPI_Bcast(&count, 1, MPI_UINT64_T, root, MPI_COMM_WORLD), "Bcast");
+    values.resize(count);
+    constexpr uint64_t kChunk = uint64_t{1} << 30;
+    for (uint64_t done = 0; done < count; done += kChunk) {
+      check(MPI_Bcast(values.data() + done, static_cast<int>(std::min(kChunk, count - done)),
+                      MPI_FLOAT, root, MPI_COMM_WORLD),
+            "Bcast");
+    }
+  }
+  void broadcast(std::string& text, int root) override {
+    if (size_ == 1) return;
+    uint64_t length = text.size();
+    check(MPI_Bcast(&length, 1, MPI_UINT64_T, root, MPI_COMM_WORLD), "Bcast");
+    text.resize(length);
+    check(MPI_Bcast(text.data(), static_cast<int>(length), MPI_CHAR, root, MPI_COMM_WORLD), "Bcast");
+  }
+  std::vector<std::string> gather(const std::string& text, int root) override {
+    if (size_ == 1) return {text};
+    int length = static_cast<int>(text.size());
+    std::vector<int> lengths(rank_ == root ? size_ : 0);
+    check(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, MPI_COMM_WORLD),
+          "Gather");
+    std::vector<int> offsets(lengths.size(), 0);
+    int total = 0;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      offsets[i] = total;
+      total += lengths[i];
+    }
+    std::string all(static_cast<size_t>(total), '\0');
+    check(MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                      MPI_CHAR, root, MPI_COMM_WORLD),
+          "Gatherv");
+    std::vector<std::string> out;
+    for (size_t i = 0; i < lengths.size(); ++i) out.push_back(all.substr(offsets[i], lengths[i]));
+    return out;
+  }
+  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "Barrier"); }
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; be certain
+  }
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+  common::HostStream thread_;  // the communication thread
+  double allreduce_seconds_ = 0;  // written by the communication thread only
+  double wait_seconds_ = 0;
+};
+
+}  // namespace
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int provided = 0;
+  check(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "Init_thread");
+  if (provided < MPI_THREAD_SERIALIZED) {
+    MPI_Finalize();
+    throw std::runtime_error("this MPI library does not support MPI_THREAD_SERIALIZED");
+  }
+  // Errors come back as return codes, which check() turns into exceptions.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+}
+
+MpiRuntime::~MpiRuntime() { MPI_Finalize(); }
+
+std::unique_ptr<Communicator> make_mpi_communicator() { return std::make_unique<MpiCommunicator>(); }
+
+void abort_job_if_parallel(int code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+}  // namespace vtrain::worker

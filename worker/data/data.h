@@ -1,0 +1,70 @@
+// Datasets: IDX (MNIST / Fashion-MNIST, gzip or plain), CIFAR-10 binary, and
+// synthetic data of any shape; seeded per-epoch shuffling; batch gathering.
+//
+// Images are kept as 8-bit pixels (value / 255 is the intensity) and turned
+// into standardised floats only when a batch is gathered.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "worker/device/tensor.h"
+
+namespace vtrain::worker {
+
+// A data file is missing, truncated or not what it claims to be. The message
+// names the file and what was expected.
+class DataError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Dataset {
+  Shape sample{1, 1, 1, 1};     // per-sample shape (n = 1)
+  int64_t classes = 0;          // labels are in [0, classes)
+  int64_t count = 0;            // samples
+  std::vector<uint8_t> pixels;  // count * sample.per_sample(), NCHW
+  std::vector<int32_t> labels;  // count
+};
+
+// IDX image file (magic 0x00000803, n x rows x cols) and label file (magic
+// 0x00000801) as in MNIST; each may be gzip-compressed (detected by content,
+// not by name). Counts must agree; classes = max label + 1 (at least 10 is not
+// assumed). Throws DataError.
+Dataset load_idx(const std::string& images_path, const std::string& labels_path);
+
+// CIFAR-10 binary batches: records of 1 label byte + 3072 pixel bytes
+// (3 x 32 x 32). Throws DataError for a size not a multiple of 3073, an empty
+// file or a label > 9.
+Dataset load_cifar10(const std::vector<std::string>& batch_paths);
+
+// Learnable synthetic data: each class has a fixed random prototype image and
+// samples are the prototype plus noise; the same seed gives the same data on
+// every platform, and sample i does not depend on `count`. Labels are
+// i % classes. Throws std::invalid_argument for a bad shape, classes or count.
+Dataset make_synthetic(const Shape& sample, int64_t classes, int64_t count, uint64_t seed);
+
+// Per-channel mean and (population) standard deviation of value / 255 over
+// the dataset. Throws std::invalid_argument for an empty dataset.
+struct ChannelStats {
+  std::vector<float> mean;
+  std::vector<float> stddev;
+};
+ChannelStats channel_stats(const Dataset& data);
+
+// Writes the samples `indices` as floats (pixel / 255 - mean[c]) / stddev[c],
+// NCHW, into `images` (indices.size() * per_sample) and their labels. A
+// channel with stddev 0 is only centred. Throws std::invalid_argument when
+// `norm` does not have one entry per channel, std::out_of_range for an index
+// outside [0, count).
+void gather_batch(const Dataset& data, std::span<const int64_t> indices,
+                  const ChannelStats& norm, float* images, int32_t* labels);
+
+// The permutation of [0, count) used in `epoch`: a pure function of
+// (seed, epoch, count), so every rank draws the same one.
+std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t count);
+
+}  // namespace vtrain::worker

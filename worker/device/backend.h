@@ -1,0 +1,257 @@
+// The device interface: everything the engine, the memory part and the
+// profiler need from a device, and nothing vendor-specific.
+//
+// Implementations: worker/cpu (oneDNN; the "device" is host memory behind a
+// byte counter, the memory stream a background thread) and worker/device/cuda
+// (cuDNN/cuBLAS, two CUDA streams), chosen by make_backend() only.
+//
+// Contract for every op below:
+//  - Tensors are views into memory from allocate_device(); descriptors carry
+//    the layout, and ops accept any Layout for activations (they convert
+//    internally where an implementation needs another one, inside the
+//    workspace it reported). Exceptions, always kPlain: weights and their
+//    gradients, inner-product outputs and their gradients, and softmax
+//    logits (all {n, c, 1, 1}); preferred_layout() is for image-shaped
+//    activations.
+//  - Ops run on the compute stream in issue order. On return the work is
+//    enqueued, not necessarily done: synchronize() or an event makes it
+//    visible to the host. (The CPU backend's compute stream is synchronous.)
+//  - Failures throw vtrain::worker::BackendError with the op and the shapes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "worker/device/tensor.h"
+
+namespace vtrain::worker {
+
+class BackendError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What a rank tells the others (and the perf DB) about its device.
+struct DeviceInfo {
+  std::string backend;          // "cpu" or "cuda"
+  std::string name;             // CPU model name or GPU name
+  size_t memory_bytes = 0;      // device memory capacity the backend will serve
+  int threads = 1;              // CPU threads used (1 for CUDA)
+  std::string library_version;  // "oneDNN 2.6.3" or "cuDNN 9.x"
+  std::string host;             // hostname
+};
+
+// ---------------------------------------------------------------- convolution
+
+enum class ConvKind { kForward, kBackwardData, kBackwardFilter };
+const char* conv_kind_name(ConvKind kind);  // "Forward", "BackwardData", "BackwardFilter"
+
+// Backend-specific algorithm id; conv_algorithms() lists the valid ones and
+// conv_algorithm_name() names them (names are stable: the perf DB keys on them).
+using ConvAlgo = int;
+
+// One convolution (groups = 1, dilation = 1). x.shape.n is the (micro-)batch.
+struct ConvProblem {
+  TensorDesc x;          // input
+  TensorDesc y;          // output; shape must equal output_shape()
+  int64_t k = 1;         // output channels
+  int64_t r = 1, s = 1;  // filter height, width
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t stride_h = 1, stride_w = 1;
+
+  Shape weight_shape() const { return {k, x.shape.c, r, s}; }
+  Shape output_shape() const;
+  // The same problem at another batch size (for micro-batches).
+  ConvProblem with_batch(int64_t n) const;
+  std::string str() const;  // for error messages and keys
+};
+
+struct ConvAlgoInfo {
+  ConvAlgo algo = 0;
+  std::string name;
+  size_t workspace_bytes = 0;  // what a call with this algorithm needs
+};
+
+// ------------------------------------------------------------------ other ops
+
+enum class PoolKind { kMax, kAverage };  // average excludes padding
+
+struct PoolParams {
+  PoolKind kind = PoolKind::kMax;
+  int64_t kh = 2, kw = 2;
+  int64_t stride_h = 2, stride_w = 2;
+  int64_t pad_h = 0, pad_w = 0;
+};
+
+// Output size of a pooling or convolution window along one dimension.
+int64_t window_output(int64_t in, int64_t window, int64_t stride, int64_t pad);
+
+struct LossStats {
+  double loss_sum = 0.0;  // sum over samples of -log softmax(logits)[label]
+  int64_t correct = 0;    // samples whose arg-max equals the label
+};
+
+struct SgdStep {
+  float lr = 0.01f;
+  float momentum = 0.0f;      // v = momentum * v + (g + weight_decay * w); w -= lr * v
+  float weight_decay = 0.0f;
+};
+
+enum class StreamKind { kCompute, kMemory };
+
+// A point in one stream's work, returned by record_event().
+struct Event {
+  StreamKind stream = StreamKind::kCompute;
+  uint64_t ticket = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual DeviceInfo device_info() const = 0;
+
+  // ------------------------------------------------------------- memory
+  // Raw device memory. The memory part reserves once and pools over it; the
+  // engine never calls these per step. Throws BackendError when the device
+  // cannot provide the bytes. Returned memory is 64-byte aligned.
+  virtual void* allocate_device(size_t bytes) = 0;
+  virtual void free_device(void* ptr) = 0;
+  // Bytes currently allocated with allocate_device, and the peak since start
+  // or the last reset_peak().
+  virtual size_t device_bytes_in_use() const = 0;
+  virtual size_t device_bytes_peak() const = 0;
+  virtual void reset_peak() = 0;
+  // Host memory that the memory stream can copy to and from asynchronously.
+  virtual void* allocate_pinned(size_t bytes) = 0;
+  virtual void free_pinned(void* ptr) = 0;
+
+  // Layout this backend prefers for an activation with this many channels.
+  virtual Layout preferred_layout(int64_t channels) const = 0;
+
+  // --------------------------------------------------- streams and copies
+  virtual Event record_event(StreamKind stream) = 0;
+  // Work issued to `stream` after this call starts only after `event`.
+  virtual void wait_event(StreamKind stream, const Event& event) = 0;
+  // Blocks the host until `event` has passed.
+  virtual void synchronize(const Event& event) = 0;
+  virtual void synchronize(StreamKind stream) = 0;
+  // Byte copy between device and pinned host memory (either direction) on a stream.
+  virtual void copy_async(void* dst, const void* src, size_t bytes, StreamKind stream) = 0;
+
+  // Synchronous transfers with layout conversion: `host` holds plain NCHW
+  // (OIHW for weights) floats, shape().elements() of them.
+  virtual void upload(const float* host, const Tensor& dst) = 0;
+  virtual void download(const Tensor& src, float* host) = 0;
+  // dst = src with layout conversion (shapes must match).
+  virtual void convert(const Tensor& src, const Tensor& dst) = 0;
+  virtual void fill(const Tensor& dst, float value) = 0;
+  virtual void upload_labels(const int32_t* host, int32_t* device, int64_t count) = 0;
+
+  // --------------------------------------------------------- convolution
+  // Algorithms available for this problem, each with its workspace for a
+  // call with beta = 0 and, if different, with beta != 0 (see accumulate).
+  virtual std::vector<ConvAlgoInfo> conv_algorithms(ConvKind kind, const ConvProblem& p,
+                                                    bool accumulate) = 0;
+  virtual std::string conv_algorithm_name(ConvKind kind, ConvAlgo algo) const = 0;
+  // Throws naming the problem when the algorithm does not support it.
+  virtual size_t conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
+                                bool accumulate) = 0;
+
+  // y = conv(x, w) (+ bias if non-null) + beta * y. beta is 0 or 1.
+  virtual void conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const float* w,
+                            const float* bias, const Tensor& y, float beta, void* workspace,
+                            size_t workspace_bytes) = 0;
+  // dx = conv_transpose(dy, w) + beta * dx.
+  virtual void conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy,
+                                  const float* w, const Tensor& dx, float beta, void* workspace,
+                                  size_t workspace_bytes) = 0;
+  // dw = corr(x, dy) + beta * dw; dbias (if non-null) = sum(dy) + beta * dbias.
+  virtual void conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const Tensor& x,
+                                    const Tensor& dy, float* dw, float* dbias, float beta,
+                                    void* workspace, size_t workspace_bytes) = 0;
+
+  // ---------------------------------------------------------- other ops
+  virtual void relu_forward(const Tensor& x, const Tensor& y) = 0;
+  // dx = dy where y > 0 else 0. dx may alias dy.
+  virtual void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+
+  // Bytes a pooling forward must leave for its backward (max indices), 0 if none.
+  virtual size_t pooling_state_bytes(const PoolParams& p, const TensorDesc& x,
+                                     const TensorDesc& y) = 0;
+  virtual void pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y,
+                               void* state) = 0;
+  virtual void pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y,
+                                const Tensor& dy, const Tensor& dx, const void* state) = 0;
+
+  // y[n, o] = sum_i x[n, i] w[o, i] + b[o]; w is {out, x.c, x.h, x.w} plain.
+  virtual void inner_product_forward(const Tensor& x, const float* w, const float* bias,
+                                     const Tensor& y) = 0;
+  virtual void inner_product_backward_data(const Tensor& dy, const float* w,
+                                           const Tensor& dx) = 0;
+  // dw = dy^T x + beta * dw; dbias = sum_n dy + beta * dbias.
+  virtual void inner_product_backward_weights(const Tensor& x, const Tensor& dy, float* dw,
+                                              float* dbias, float beta) = 0;
+
+  // Batch normalisation over N, H, W per channel. scale_shift holds gamma[C]
+  // then beta[C]. Training saves the batch mean/variance for backward and
+  // updates running = (1 - momentum) * running + momentum * batch (unbiased var).
+  virtual void batch_norm_forward_training(const Tensor& x, const Tensor& y,
+                                           const float* scale_shift, float* save_mean,
+                                           float* save_var, float* running_mean,
+                                           float* running_var, float momentum, float eps) = 0;
+  virtual void batch_norm_forward_inference(const Tensor& x, const Tensor& y,
+                                            const float* scale_shift, const float* running_mean,
+                                            const float* running_var, float eps) = 0;
+  // dx, and d(scale_shift) = computed + beta * d(scale_shift).
+  virtual void batch_norm_backward(const Tensor& x, const Tensor& dy, const float* scale_shift,
+                                   const float* save_mean, const float* save_var,
+                                   const Tensor& dx, float* dscale_shift, float beta,
+                                   float eps) = 0;
+
+  // y = a + b (any layouts; y may alias a or b).
+  virtual void add(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  // y = x + beta * y, for accumulating gradients of tensors with several consumers.
+  virtual void accumulate(const Tensor& x, const Tensor& y, float beta) = 0;
+  // Channel concatenation and its backward (split). Spatial sizes must match.
+  virtual void concat_forward(std::span<const Tensor> xs, const Tensor& y) = 0;
+  // dx = channels [channel_offset, channel_offset + dx.c) of dy + beta * dx:
+  // one input's share of a concat's gradient (each input may need its own beta).
+  virtual void concat_backward(const Tensor& dy, int64_t channel_offset, const Tensor& dx,
+                               float beta) = 0;
+
+  // Softmax cross-entropy over logits {n, classes, 1, 1}. labels are device
+  // int32 in [0, classes). dlogits (may be null) = (softmax - onehot) * scale.
+  // Returns the loss sum and arg-max hits over the n samples (synchronises).
+  virtual LossStats softmax_cross_entropy(const Tensor& logits, const int32_t* labels,
+                                          float scale, const Tensor* dlogits) = 0;
+
+  // Elementwise over `count` floats: v = momentum * v + g + wd * w; w -= lr * v.
+  virtual void sgd_update(float* w, const float* g, float* velocity, int64_t count,
+                          const SgdStep& step) = 0;
+  // x *= alpha over `count` floats.
+  virtual void scale(float* x, int64_t count, float alpha) = 0;
+};
+
+struct BackendOptions {
+  std::string kind = "auto";  // "auto" (cuda if a GPU is visible, else cpu), "cpu", "cuda"
+  int threads = 0;            // CPU threads; 0 = all cores
+  size_t memory_limit = 0;    // device bytes the backend may serve; 0 = the device's memory
+};
+
+// The only place that knows which backends were built. Throws BackendError
+// naming the known kinds for an unknown or unavailable one.
+std::unique_ptr<Backend> make_backend(const BackendOptions& options);
+
+// Whether a GPU backend is built and a GPU is visible.
+bool gpu_available();
+
+}  // namespace vtrain::worker

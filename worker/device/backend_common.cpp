@@ -1,0 +1,38 @@
+// Backend-independent helpers declared in worker/device/backend.h.
+#include "worker/device/backend.h"
+
+namespace vtrain::worker {
+
+const char* conv_kind_name(ConvKind kind) {
+  switch (kind) {
+    case ConvKind::kForward: return "Forward";
+    case ConvKind::kBackwardData: return "BackwardData";
+    case ConvKind::kBackwardFilter: return "BackwardFilter";
+  }
+  return "unknown";
+}
+
+int64_t window_output(int64_t in, int64_t window, int64_t stride, int64_t pad) {
+  return (in + 2 * pad - window) / stride + 1;
+}
+
+Shape ConvProblem::output_shape() const {
+  return {x.shape.n, k, window_output(x.shape.h, r, stride_h, pad_h),
+          window_output(x.shape.w, s, stride_w, pad_w)};
+}
+
+ConvProblem ConvProblem::with_batch(int64_t n) const {
+  ConvProblem p = *this;
+  p.x.shape.n = n;
+  p.y.shape.n = n;
+  return p;
+}
+
+std::string ConvProblem::str() const {
+  return "x=" + x.shape.str() + "(" + layout_name(x.layout) + ") w=" + weight_shape().str() +
+         " y=" + y.shape.str() + "(" + layout_name(y.layout) + ") pad=" + std::to_string(pad_h) +
+         "," + std::to_string(pad_w) + " stride=" + std::to_string(stride_h) + "," +
+         std::to_string(stride_w);
+}
+
+}  // namespace vtrain::worker

@@ -1,0 +1,257 @@
+// Kernels of the CUDA backend. See cuda_kernels.h.
+//
+// Every elementwise kernel is a grid-stride loop over 64-bit indices, so one
+// launch shape (kThreads x at most kMaxBlocks) serves any size.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "worker/device/cuda/cuda_check.h"
+#include "worker/device/cuda/cuda_kernels.h"
+
+namespace vtrain::worker::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 65535;
+constexpr int kWarp = 32;
+
+unsigned blocks_for(int64_t count) {
+  return static_cast<unsigned>(std::min<int64_t>((count + kThreads - 1) / kThreads, kMaxBlocks));
+}
+
+__device__ int64_t first_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ int64_t index_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+__device__ int64_t padded_channels(int64_t c, int64_t block) {
+  return (c + block - 1) / block * block;
+}
+
+// Storage index i of a tensor with channel block `block` -> its sample,
+// channel and spatial position.
+struct Position {
+  int64_t n, c, s;
+};
+__device__ Position position_of(int64_t i, int64_t c, int64_t hw, int64_t block) {
+  const int64_t per_sample = padded_channels(c, block) * hw;
+  const int64_t r = i % per_sample;
+  const int64_t in_block = r % (hw * block);
+  return {i / per_sample, (r / (hw * block)) * block + in_block % block, in_block / block};
+}
+__device__ int64_t offset_of(const Position& p, int64_t c, int64_t hw, int64_t block) {
+  return p.n * padded_channels(c, block) * hw + (p.c / block) * hw * block + p.s * block +
+         p.c % block;
+}
+
+__global__ void reorder_kernel(const float* src, int64_t src_block, float* dst, int64_t c,
+                               int64_t hw, int64_t dst_block, int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    const Position p = position_of(i, c, hw, dst_block);
+    dst[i] = p.c < c ? src[offset_of(p, c, hw, src_block)] : 0.0f;
+  }
+}
+
+__global__ void fill_kernel(float* dst, int64_t c, int64_t hw, int64_t block, float value,
+                            int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    dst[i] = position_of(i, c, hw, block).c < c ? value : 0.0f;
+  }
+}
+
+__global__ void add_kernel(const float* a, const float* b, float* y, int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) y[i] = a[i] + b[i];
+}
+
+__global__ void accumulate_kernel(const float* x, float* y, float beta, int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    y[i] = beta == 0.0f ? x[i] : x[i] + beta * y[i];
+  }
+}
+
+__global__ void scale_kernel(float* x, float alpha, int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) x[i] *= alpha;
+}
+
+__global__ void copy_rows_kernel(const float* src, int64_t src_pitch, float* dst, int64_t dst_pitch,
+                                 int64_t row_length, float beta, int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    const int64_t row = i / row_length, col = i % row_length;
+    const float v = src[row * src_pitch + col];
+    float& out = dst[row * dst_pitch + col];
+    out = beta == 0.0f ? v : v + beta * out;
+  }
+}
+
+// One warp per row.
+__global__ void softmax_xent_kernel(const float* logits, const int32_t* labels, int64_t n,
+                                    int64_t classes, float scale, float* dlogits, double* loss,
+                                    int32_t* correct, int32_t* bad_label) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = static_cast<int>(threadIdx.x % kWarp);
+  if (row >= n) return;
+  const float* z = logits + row * classes;
+  float* d = dlogits ? dlogits + row * classes : nullptr;
+  const int32_t label = labels[row];
+  if (label < 0 || label >= classes) {
+    if (lane == 0) {
+      bad_label[0] = 1;
+      bad_label[1] = label;
+      loss[row] = 0.0;
+      correct[row] = 0;
+    }
+    if (d) {
+      for (int64_t j = lane; j < classes; j += kWarp) d[j] = 0.0f;
+    }
+    return;
+  }
+  // Arg-max, first maximum on ties (as the CPU backend): each lane keeps its
+  // first maximum, the reduction prefers the smaller index on equal values.
+  float best = -INFINITY;
+  int64_t best_j = INT64_MAX;
+  for (int64_t j = lane; j < classes; j += kWarp) {
+    if (best_j == INT64_MAX || z[j] > best) {
+      best = z[j];
+      best_j = j;
+    }
+  }
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+    const int64_t other_j = __shfl_xor_sync(0xffffffffu, best_j, offset);
+    if (other_j != INT64_MAX &&
+        (best_j == INT64_MAX || other > best || (other == best && other_j < best_j))) {
+      best = other;
+      best_j = other_j;
+    }
+  }
+  const double zmax = best;
+  double denom = 0.0;
+  for (int64_t j = lane; j < classes; j += kWarp) denom += exp(static_cast<double>(z[j]) - zmax);
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    denom += __shfl_xor_sync(0xffffffffu, denom, offset);
+  }
+  const double log_denom = log(denom);
+  if (lane == 0) {
+    loss[row] = log_denom - (static_cast<double>(z[label]) - zmax);
+    correct[row] = best_j == label ? 1 : 0;
+  }
+  if (d) {
+    for (int64_t j = lane; j < classes; j += kWarp) {
+      const double p = exp(static_cast<double>(z[j]) - zmax - log_denom);
+      d[j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * scale);
+    }
+  }
+}
+
+__global__ void sgd_kernel(float* w, const float* g, float* v, int64_t count, float lr,
+                           float momentum, float weight_decay) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    const float vi = momentum * v[i] + g[i] + weight_decay * w[i];
+    v[i] = vi;
+    w[i] -= lr * vi;
+  }
+}
+
+__global__ void inverse_std_to_variance_kernel(const float* inv_std, float* var, int64_t count,
+                                               float eps) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    const double s = inv_std[i];
+    var[i] = static_cast<float>(1.0 / (s * s) - eps);
+  }
+}
+
+__global__ void variance_to_inverse_std_kernel(const float* var, float* inv_std, int64_t count,
+                                               float eps) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    inv_std[i] = static_cast<float>(1.0 / sqrt(static_cast<double>(var[i]) + eps));
+  }
+}
+
+void check_launch(const char* kernel) {
+  VTRAIN_CUDA_CHECK(cudaGetLastError(), std::string("launch of ") + kernel);
+}
+
+}  // namespace
+
+void reorder(const float* src, int64_t src_block, float* dst, const BlockedShape& dst_shape,
+             cudaStream_t stream) {
+  const int64_t count = dst_shape.storage_elements();
+  if (count == 0) return;
+  reorder_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
+      src, src_block, dst, dst_shape.c, dst_shape.h * dst_shape.w, dst_shape.block, count);
+  check_launch("reorder_kernel");
+}
+
+void fill(float* dst, const BlockedShape& shape, float value, cudaStream_t stream) {
+  const int64_t count = shape.storage_elements();
+  if (count == 0) return;
+  fill_kernel<<<blocks_for(count), kThreads, 0, stream>>>(dst, shape.c, shape.h * shape.w,
+                                                          shape.block, value, count);
+  check_launch("fill_kernel");
+}
+
+void add(const float* a, const float* b, float* y, int64_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  add_kernel<<<blocks_for(count), kThreads, 0, stream>>>(a, b, y, count);
+  check_launch("add_kernel");
+}
+
+void accumulate(const float* x, float* y, float beta, int64_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  accumulate_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, y, beta, count);
+  check_launch("accumulate_kernel");
+}
+
+void scale(float* x, float alpha, int64_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  scale_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, alpha, count);
+  check_launch("scale_kernel");
+}
+
+void copy_rows(const float* src, int64_t src_pitch, float* dst, int64_t dst_pitch, int64_t rows,
+               int64_t row_length, float beta, cudaStream_t stream) {
+  const int64_t count = rows * row_length;
+  if (count == 0) return;
+  copy_rows_kernel<<<blocks_for(count), kThreads, 0, stream>>>(src, src_pitch, dst, dst_pitch,
+                                                               row_length, beta, count);
+  check_launch("copy_rows_kernel");
+}
+
+void softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t n, int64_t classes,
+                           float scale, float* dlogits, double* loss, int32_t* correct,
+                           int32_t* bad_label, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int kRowsPerBlock = kThreads / kWarp;
+  const auto blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  softmax_xent_kernel<<<blocks, kThreads, 0, stream>>>(logits, labels, n, classes, scale, dlogits,
+                                                       loss, correct, bad_label);
+  check_launch("softmax_xent_kernel");
+}
+
+void sgd_update(float* w, const float* g, float* v, int64_t count, float lr, float momentum,
+                float weight_decay, cudaStream_t stream) {
+  if (count == 0) return;
+  sgd_kernel<<<blocks_for(count), kThreads, 0, stream>>>(w, g, v, count, lr, momentum,
+                                                         weight_decay);
+  check_launch("sgd_kernel");
+}
+
+void inverse_std_to_variance(const float* inv_std, float* var, int64_t count, float eps,
+                             cudaStream_t stream) {
+  if (count == 0) return;
+  inverse_std_to_variance_kernel<<<blocks_for(count), kThreads, 0, stream>>>(inv_std, var, count,
+                                                                             eps);
+  check_launch("inverse_std_to_variance_kernel");
+}
+
+void variance_to_inverse_std(const float* var, float* inv_std, int64_t count, float eps,
+                             cudaStream_t stream) {
+  if (count == 0) return;
+  variance_to_inverse_std_kernel<<<blocks_for(count), kThreads, 0, stream>>>(var, inv_std, count,
+                                                                             eps);
+  check_launch("variance_to_inverse_std_kernel");
+}
+
+}  // namespace vtrain::worker::cuda

@@ -1,0 +1,35 @@
+// The one place that knows which backends are built: the CUDA backend
+// (worker/device/cuda) only where VTRAIN_HAVE_CUDA is defined.
+#include <string>
+
+#include "worker/device/backend.h"
+#include "worker/device/cpu/cpu_backend.h"
+#ifdef VTRAIN_HAVE_CUDA
+#include "worker/device/cuda/cuda_backend.h"
+#endif
+
+namespace vtrain::worker {
+
+bool gpu_available() {
+#ifdef VTRAIN_HAVE_CUDA
+  return cuda::cuda_device_visible();
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
+  if (options.kind == "cpu" || (options.kind == "auto" && !gpu_available())) {
+    return cpu::make_cpu_backend(options);
+  }
+  if (options.kind == "cuda" || options.kind == "auto") {
+#ifdef VTRAIN_HAVE_CUDA
+    return cuda::make_cuda_backend(options);  // a clear error when no GPU is visible
+#else
+    throw BackendError("backend 'cuda' is not available in this build (built backends: cpu)");
+#endif
+  }
+  throw BackendError("unknown backend '" + options.kind + "' (known: auto, cpu, cuda)");
+}
+
+}  // namespace vtrain::worker

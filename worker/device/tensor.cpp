@@ -1,0 +1,49 @@
+#include "worker/device/tensor.h"
+
+#include <stdexcept>
+
+namespace vtrain::worker {
+
+std::string Shape::str() const {
+  return std::to_string(n) + "x" + std::to_string(c) + "x" + std::to_string(h) + "x" +
+         std::to_string(w);
+}
+
+const char* layout_name(Layout layout) {
+  switch (layout) {
+    case Layout::kPlain: return "plain";
+    case Layout::kBlocked8: return "nChw8c";
+    case Layout::kBlocked16: return "nChw16c";
+  }
+  return "unknown";
+}
+
+int64_t channel_block(Layout layout) {
+  switch (layout) {
+    case Layout::kPlain: return 1;
+    case Layout::kBlocked8: return 8;
+    case Layout::kBlocked16: return 16;
+  }
+  return 1;
+}
+
+int64_t TensorDesc::storage_elements() const {
+  const int64_t block = channel_block(layout);
+  const int64_t padded_c = (shape.c + block - 1) / block * block;
+  return shape.n * padded_c * shape.h * shape.w;
+}
+
+Tensor Tensor::samples(int64_t first, int64_t count) const {
+  if (first < 0 || count < 0 || first + count > desc.shape.n) {
+    throw std::out_of_range("Tensor::samples: [" + std::to_string(first) + ", " +
+                            std::to_string(first + count) + ") outside batch " +
+                            std::to_string(desc.shape.n));
+  }
+  Tensor view = *this;
+  view.desc.shape.n = count;
+  const int64_t per_sample = desc.storage_elements() / (desc.shape.n == 0 ? 1 : desc.shape.n);
+  view.data = data + first * per_sample;
+  return view;
+}
+
+}  // namespace vtrain::worker

@@ -1,0 +1,110 @@
+// The network graph: named layers with named inputs (a DAG with fork and
+// join), validated, topologically ordered, with per-layer output shapes and
+// the consumer count of every tensor.
+//
+// Every layer produces exactly one tensor, named after the layer. The graph
+// has one `input` layer (the data) and exactly one sink, the logits, which the
+// trainer feeds to softmax cross-entropy.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "worker/device/backend.h"
+#include "worker/device/tensor.h"
+
+namespace vtrain::worker {
+
+class GraphError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class LayerType {
+  kInput,      // the data; no inputs
+  kConv,       // convolution (+ bias)
+  kRelu,
+  kPool,       // max or average pooling (global: window = input size)
+  kFc,         // inner product (+ bias), flattens C x H x W
+  kBatchNorm,  // per-channel, learnable scale and shift
+  kAdd,        // elementwise sum of two or more inputs (ResNet joins)
+  kConcat,     // channel concatenation of two or more inputs (GoogLeNet joins)
+};
+
+// "input", "conv", "relu", "pool", "fc", "batchnorm", "add", "concat".
+const char* layer_type_name(LayerType type);
+// Throws GraphError listing the known names.
+LayerType parse_layer_type(const std::string& name);
+
+struct LayerSpec {
+  std::string name;                 // unique; also the name of its output tensor
+  LayerType type = LayerType::kInput;
+  std::vector<std::string> inputs;  // producer layer names, in order
+  int source_line = 0;              // line in the config file, 0 if from a preset
+
+  // conv / fc
+  int64_t out = 0;                  // output channels (conv) or features (fc)
+  bool bias = true;
+  // conv / pool window
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  // pool
+  PoolKind pool = PoolKind::kMax;
+  bool global = false;              // window covers the whole input plane (Graph::build
+                                    // then sets kernel = input h x w, stride 1, pad 0)
+  // batchnorm
+  float bn_eps = 1e-5f;
+  float bn_momentum = 0.1f;
+};
+
+class Graph {
+ public:
+  // Validates and orders `layers`. `input` is the per-sample data shape (n
+  // ignored). Errors name the layer (and its config line when known): unknown
+  // or duplicate names, missing inputs, wrong input counts, cycles, shape
+  // mismatches at joins, windows larger than their input, no or several sinks.
+  static Graph build(std::vector<LayerSpec> layers, const Shape& input);
+
+  // Layers in a topological order (input first; stable w.r.t. the given order),
+  // with a global pool's window filled in.
+  const std::vector<LayerSpec>& layers() const { return layers_; }
+  int size() const { return static_cast<int>(layers_.size()); }
+  const LayerSpec& layer(int i) const { return layers_[i]; }
+  // Indices (into layers()) of layer i's inputs, in the spec's order.
+  const std::vector<int>& inputs(int i) const { return inputs_[i]; }
+  // Indices of the layers that read layer i's output, ascending.
+  const std::vector<int>& consumers(int i) const { return consumers_[i]; }
+  int consumer_count(int i) const { return static_cast<int>(consumers_[i].size()); }
+  // Per-sample output shape of layer i (n = 1).
+  const Shape& output_shape(int i) const { return shapes_[i]; }
+  int find(const std::string& name) const;  // -1 if absent
+  int input_index() const { return 0; }
+  int sink_index() const { return size() - 1; }  // the logits
+  int64_t classes() const { return shapes_.back().per_sample(); }
+  // Parameter count (weights + biases + batch-norm scale/shift).
+  int64_t parameter_count() const;
+  // Short signature of the architecture (layer types, shapes): equal graphs
+  // give equal strings. Checkpoints and the perf DB key on it.
+  std::string signature() const;
+
+ private:
+  std::vector<LayerSpec> layers_;
+  std::vector<std::vector<int>> inputs_;
+  std::vector<std::vector<int>> consumers_;
+  std::vector<Shape> shapes_;
+};
+
+// Presets: "lenet", "vgg-small", "alexnet", "overfeat", "googlenet", "vgg16",
+// "vgg116", "vgg216", "vgg316", "vgg416", "resnet18", "resnet50".
+struct PresetOptions {
+  Shape input{1, 1, 28, 28};  // per-sample shape (n ignored)
+  int64_t classes = 10;
+};
+// Throws GraphError listing the known presets for an unknown name.
+std::vector<LayerSpec> preset_layers(const std::string& name, const PresetOptions& options);
+std::vector<std::string> preset_names();
+
+}  // namespace vtrain::worker

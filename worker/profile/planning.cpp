@@ -1,0 +1,339 @@
+#include "worker/profile/planning.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+
+#include "worker/device/backend.h"
+#include "worker/profile/profiler.h"
+
+namespace vtrain::worker {
+namespace {
+
+constexpr uint64_t kSegmentAlign = 256;  // every workspace segment starts aligned
+
+uint64_t align_up(uint64_t bytes) { return (bytes + kSegmentAlign - 1) / kSegmentAlign * kSegmentAlign; }
+
+std::string mib(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
+// A conv kernel of the graph on one device at one batch.
+struct KernelAt {
+  std::string layer;
+  ConvKind kind;
+  perfdb::KernelSignature signature;
+};
+
+std::vector<KernelAt> kernels_at(const Graph& graph, const PlanDevice& device, int64_t batch) {
+  const std::vector<TensorDesc> descs = activation_descs(graph, device.layout, batch);
+  std::vector<KernelAt> out;
+  for (int i = 0; i < graph.size(); ++i) {
+    const LayerSpec& l = graph.layer(i);
+    if (l.type != LayerType::kConv) continue;
+    const int in = graph.inputs(i)[0];
+    const ConvProblem p = conv_problem(l, descs[in], descs[i]);
+    for (ConvKind kind : conv_kernels_of(graph, i)) {
+      out.push_back({l.name, kind, kernel_signature(kind, p)});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind) {
+  if (backend_kind == "cuda") return [](int64_t) { return Layout::kPlain; };
+  if (backend_kind == "cpu") {
+    // The rule of this machine's CPU backend (blocked by its vector width).
+    std::shared_ptr<Backend> cpu = make_backend({.kind = "cpu", .threads = 1, .memory_limit = 0});
+    return [cpu](int64_t channels) { return cpu->preferred_layout(channels); };
+  }
+  throw std::runtime_error("unknown backend kind '" + backend_kind + "' (known: cpu, cuda)");
+}
+
+balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
+                                const std::vector<PlanDevice>& devices, int64_t global_batch,
+                                const balancer::BatchSplitOptions& options,
+                                const std::string& memory_policy) {
+  std::vector<balancer::DeviceProfile> profiles;
+  for (const PlanDevice& d : devices) {
+    balancer::DeviceProfile p;
+    p.name = d.name;
+    p.memory_capacity_bytes = d.memory_bytes;
+    p.allreduce_ms = d.allreduce_ms;
+    std::map<int64_t, perfdb::StepMeasurement> by_batch;
+    for (const perfdb::StepMeasurement& s :
+         profiled_steps(db, d.id, graph.signature(), memory_policy)) {
+      by_batch.emplace(s.batch, s);
+    }
+    if (by_batch.empty()) {
+      throw std::runtime_error("device " + d.name + " has no step measurements of this model " +
+                               "under memory.policy " + memory_policy + " in " + db.path() +
+                               " (run `vtrain profile` on it with that policy first)");
+    }
+    for (const auto& [batch, s] : by_batch) {
+      p.steps.push_back({batch, s.time_ms, s.peak_device_bytes});
+    }
+    profiles.push_back(std::move(p));
+  }
+  return balancer::plan_batch_split(profiles, global_batch, options);
+}
+
+balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
+                                     const std::vector<PlanDevice>& devices,
+                                     const balancer::BatchSplit& split,
+                                     const WorkspaceRequest& workspace,
+                                     std::vector<FrontPoint>* fronts) {
+  if (split.batch.size() != devices.size()) {
+    throw std::invalid_argument("plan_workspaces: the split has " +
+                                std::to_string(split.batch.size()) + " devices, not " +
+                                std::to_string(devices.size()));
+  }
+  if (workspace.policy == "wd" && workspace.limit == 0) {
+    throw std::invalid_argument("workspace policy wd needs a total workspace budget");
+  }
+  if (workspace.policy != "undivided" && workspace.policy != "wr" && workspace.policy != "wd") {
+    throw std::invalid_argument("unknown workspace policy '" + workspace.policy +
+                                "' (known: undivided, wr, wd)");
+  }
+  balancer::TrainingPlan plan;
+  plan.model = graph.signature();
+  plan.workspace_policy = workspace.policy;
+  plan.workspace_limit = workspace.limit;
+  plan.even_split_ms = split.even_split_time_ms;
+  if (split.step_time_ms > 0) plan.split_ms = split.step_time_ms;
+  for (size_t g = 0; g < devices.size(); ++g) {
+    const PlanDevice& device = devices[g];
+    balancer::RankPlan rank;
+    rank.device = device.name;
+    rank.batch = split.batch[g];
+    plan.global_batch += rank.batch;
+    if (rank.batch == 0) {
+      plan.ranks.push_back(rank);
+      continue;
+    }
+    const std::vector<KernelAt> sites = kernels_at(graph, device, rank.batch);
+    std::vector<balancer::ConvKernel> kernels;
+    double undivided_fastest = 0;  // what the measured step time assumed
+    for (const KernelAt& site : sites) {
+      balancer::ConvKernel k;
+      k.name = site.layer + "/" + conv_kind_name(site.kind);
+      k.batch = rank.batch;
+      double fastest = -1;
+      for (const perfdb::KernelMeasurement& m : db.kernel_measurements(device.id, site.signature)) {
+        if (m.micro_batch > rank.batch) continue;
+        if (m.micro_batch == rank.batch && (fastest < 0 || m.time_ms < fastest)) fastest = m.time_ms;
+        if (workspace.policy == "undivided" && m.micro_batch != rank.batch) continue;
+        k.options.push_back({m.algorithm, m.micro_batch, m.time_ms, align_up(m.workspace_bytes)});
+      }
+      if (k.options.empty() || fastest < 0) {
+        throw std::runtime_error("device " + device.name + ": no measurements of " + k.name +
+                                 " at batch " + std::to_string(rank.batch) + " in " + db.path() +
+                                 " (profile with profile.batches including " +
+                                 std::to_string(rank.batch) + ")");
+      }
+      undivided_fastest += fastest;
+      kernels.push_back(std::move(k));
+    }
+    std::vector<balancer::KernelConfig> configs;
+    std::vector<uint64_t> offsets(kernels.size(), 0);
+    if (workspace.policy == "wd") {
+      balancer::WorkspaceDivision division =
+          balancer::plan_workspace_division(kernels, workspace.limit);
+      configs = std::move(division.configs);
+      offsets = std::move(division.offsets);
+      rank.workspace_bytes = division.total_workspace_bytes;
+    } else {
+      // Kernels run one after another: undivided and WR share one buffer.
+      const uint64_t limit = workspace.limit > 0 ? workspace.limit : balancer::kNoWorkspaceLimit;
+      for (const balancer::ConvKernel& k : kernels) {
+        configs.push_back(balancer::plan_workspace_reuse(k, limit));
+        rank.workspace_bytes = std::max(rank.workspace_bytes, configs.back().workspace_bytes);
+      }
+    }
+    if (fronts) {
+      const uint64_t per_call = workspace.policy == "wr" && workspace.limit > 0
+                                    ? workspace.limit
+                                    : balancer::kNoWorkspaceLimit;
+      for (size_t i = 0; i < kernels.size(); ++i) {
+        for (const balancer::KernelConfig& c : balancer::pareto_front(kernels[i], per_call)) {
+          fronts->push_back({static_cast<int>(g), kernels[i].name, c.workspace_bytes, c.time_ms,
+                             balancer::describe_calls(c.micro_batches),
+                             c.workspace_bytes == configs[i].workspace_bytes &&
+                                 c.time_ms == configs[i].time_ms});
+        }
+      }
+    }
+    double chosen = 0;
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      balancer::PlannedKernel pk;
+      pk.layer = sites[i].layer;
+      pk.kind = conv_kind_name(sites[i].kind);
+      pk.calls = configs[i].micro_batches;
+      pk.workspace_offset = offsets[i];
+      pk.workspace_bytes = configs[i].workspace_bytes;
+      pk.time_ms = configs[i].time_ms;
+      chosen += pk.time_ms;
+      rank.kernels.push_back(std::move(pk));
+    }
+    // The step was measured with the fastest undivided algorithms; the plan
+    // changes the conv kernels' share of it.
+    const double step = g < split.time_ms.size() ? split.time_ms[g] : 0.0;
+    rank.predicted_ms = step > 0 ? std::max(0.0, step - undivided_fastest + chosen) : chosen;
+    plan.predicted_step_ms = std::max(plan.predicted_step_ms, rank.predicted_ms);
+    plan.ranks.push_back(std::move(rank));
+  }
+  return plan;
+}
+
+std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, const Graph& graph,
+                                         int ranks, int64_t global_batch,
+                                         const std::string& memory_policy) {
+  if (plan.model != graph.signature()) {
+    return "the plan was made for another model (its signature differs from this config's)";
+  }
+  if (static_cast<int>(plan.ranks.size()) != ranks) {
+    return "the plan has " + std::to_string(plan.ranks.size()) + " ranks, the job has " +
+           std::to_string(ranks);
+  }
+  if (plan.memory_policy != memory_policy) {
+    // Its batches were chosen to fit the devices under that policy.
+    return "the plan was made for memory.policy " + plan.memory_policy +
+           ", the config's memory.policy is " + memory_policy;
+  }
+  if (plan.global_batch != global_batch) {
+    return "the plan's global_batch is " + std::to_string(plan.global_batch) +
+           ", the config's train.batch is " + std::to_string(global_batch);
+  }
+  const PlanDevice any{"", {}, 0, [](int64_t) { return Layout::kPlain; }};
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    const balancer::RankPlan& rank = plan.ranks[r];
+    if (rank.batch == 0) continue;
+    std::vector<std::string> expected, given;
+    for (const KernelAt& k : kernels_at(graph, any, rank.batch)) {
+      expected.push_back(k.layer + " " + conv_kind_name(k.kind));
+    }
+    for (const balancer::PlannedKernel& k : rank.kernels) given.push_back(k.layer + " " + k.kind);
+    std::sort(expected.begin(), expected.end());
+    std::sort(given.begin(), given.end());
+    if (expected == given) continue;
+    std::vector<std::string> missing, extra;
+    std::set_difference(expected.begin(), expected.end(), given.begin(), given.end(),
+                        std::back_inserter(missing));
+    std::set_difference(given.begin(), given.end(), expected.begin(), expected.end(),
+                        std::back_inserter(extra));
+    return "rank " + std::to_string(r) + ": " +
+           (missing.empty() ? "the plan configures " + extra.front() + ", not a kernel of the model"
+                            : "the plan does not configure " + missing.front());
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// A device name without what says where it runs rather than what it is: the
+// cores a CPU process is pinned to (" (cpus 0,1)", which a requeued job may
+// get differently) and the " #rank" older offline plans appended.
+std::string hardware_name(std::string name) {
+  if (name.ends_with(")")) {
+    if (const size_t at = name.rfind(" (cpus "); at != std::string::npos) name.resize(at);
+  }
+  const size_t hash = name.rfind(" #");
+  if (hash != std::string::npos && hash + 2 < name.size() &&
+      name.find_first_not_of("0123456789", hash + 2) == std::string::npos) {
+    name.resize(hash);
+  }
+  return name;
+}
+
+}  // namespace
+
+std::optional<std::string> plan_device_mismatch(const balancer::TrainingPlan& plan, int rank,
+                                                const std::string& device) {
+  const std::string& planned = plan.ranks.at(static_cast<size_t>(rank)).device;
+  if (planned.empty() || hardware_name(planned) == hardware_name(device)) return std::nullopt;
+  return "rank " + std::to_string(rank) + " was planned for device '" + planned +
+         "', but it runs on '" + device + "' (plan again for these devices)";
+}
+
+std::vector<ConvLayerExecution> conv_executions(const balancer::RankPlan& rank) {
+  std::vector<ConvLayerExecution> out;
+  for (const balancer::PlannedKernel& k : rank.kernels) {
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const ConvLayerExecution& e) { return e.layer == k.layer; });
+    if (it == out.end()) {
+      out.push_back({k.layer, {}});
+      it = std::prev(out.end());
+    }
+    int kind = 0;
+    while (kind < 3 && k.kind != conv_kind_name(static_cast<ConvKind>(kind))) ++kind;
+    if (kind == 3) throw std::invalid_argument("unknown kernel kind '" + k.kind + "'");
+    ConvKernelExecution& e = it->kernels[kind];
+    for (const balancer::MicroBatch& c : k.calls) e.calls.push_back({c.algorithm, c.size});
+    e.workspace_offset = k.workspace_offset;
+    e.workspace_bytes = k.workspace_bytes;
+  }
+  return out;
+}
+
+std::string describe_plan(const balancer::TrainingPlan& plan) {
+  std::vector<int64_t> batches;
+  for (const balancer::RankPlan& r : plan.ranks) batches.push_back(r.batch);
+  const std::string split = balancer::join_batches(batches, '+');
+  char line[512];
+  std::snprintf(line, sizeof line, "plan: split %s of %lld, workspace %s%s%s, predicted step %.2f ms",
+                split.c_str(), static_cast<long long>(plan.global_batch),
+                plan.workspace_policy.c_str(), plan.workspace_limit > 0 ? " " : "",
+                plan.workspace_limit > 0 ? mib(plan.workspace_limit).c_str() : "",
+                plan.predicted_step_ms);
+  std::string out = line;
+  if (plan.even_split_ms && plan.split_ms && *plan.split_ms > 0) {
+    std::snprintf(line, sizeof line, "\n  from measured steps: this split %.2f ms, even split %.2f ms "
+                  "(%.2fx)", *plan.split_ms, *plan.even_split_ms,
+                  *plan.even_split_ms / *plan.split_ms);
+    out += line;
+  } else if (plan.split_ms && !plan.ranks.empty()) {
+    const auto n = static_cast<long long>(plan.ranks.size());
+    const auto batch = static_cast<long long>(plan.global_batch);
+    if (batch % n != 0) {
+      std::snprintf(line, sizeof line, "\n  from measured steps: this split %.2f ms; no even split "
+                    "to compare (%lld samples do not divide among %lld ranks)", *plan.split_ms,
+                    batch, n);
+    } else {
+      std::snprintf(line, sizeof line, "\n  from measured steps: this split %.2f ms; no even split "
+                    "to compare (%lld per rank is not a candidate batch of every device, or does "
+                    "not fit one)", *plan.split_ms, batch / n);
+    }
+    out += line;
+  }
+  out += "\n";
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    const balancer::RankPlan& rank = plan.ranks[r];
+    if (rank.batch == 0) {
+      out += "  rank " + std::to_string(r) + " (" + rank.device + "): idle, gets no samples\n";
+      continue;
+    }
+    int divided = 0;
+    for (const balancer::PlannedKernel& k : rank.kernels) divided += k.calls.size() > 1;
+    std::snprintf(line, sizeof line,
+                  "  rank %zu (%s): batch %lld, predicted %.2f ms, workspace %s, %d of %zu conv "
+                  "kernels micro-batched\n",
+                  r, rank.device.c_str(), static_cast<long long>(rank.batch), rank.predicted_ms,
+                  mib(rank.workspace_bytes).c_str(), divided, rank.kernels.size());
+    out += line;
+    for (const balancer::PlannedKernel& k : rank.kernels) {
+      const std::string calls = balancer::describe_calls(k.calls);
+      std::snprintf(line, sizeof line, "    %-12s %-14s %-40s %8.3f ms %10s\n", k.layer.c_str(),
+                    k.kind.c_str(), calls.c_str(), k.time_ms, mib(k.workspace_bytes).c_str());
+      out += line;
+    }
+  }
+  return out;
+}
+
+}  // namespace vtrain::worker

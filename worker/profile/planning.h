@@ -1,0 +1,95 @@
+// From the perf DB to a plan: reads what the profiler measured for each
+// device, hands the numbers to the balancer (batch split, WR / WD), and
+// writes the answer as a TrainingPlan (configs/plan.h). Used by `vtrain
+// train` (rank 0, at start) and `vtrain balance` (offline, any devices the
+// DB knows). Nothing here measures or touches a device.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "balancer/batch_split.h"
+#include "balancer/plan.h"
+#include "perfdb/perf_db.h"
+#include "worker/engine/graph.h"
+#include "worker/engine/network.h"
+
+namespace vtrain::worker {
+
+// One device of the job (a rank) or of a what-if question.
+struct PlanDevice {
+  std::string name;                           // for messages and the plan
+  perfdb::DeviceId id;                        // its rows in the perf DB
+  uint64_t memory_bytes = 0;                  // capacity a batch must fit in
+  std::function<Layout(int64_t)> layout;      // its backend's preferred_layout
+  double allreduce_ms = 0;                    // the gradient allreduce, added to its step time
+};
+
+// The layout rule of a backend kind as the perf DB names it ("cpu": this
+// machine's CPU backend; "cuda": plain NCHW). Throws for other kinds.
+std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind);
+
+struct WorkspaceRequest {
+  std::string policy = "undivided";  // "undivided", "wr" (per-kernel limit), "wd" (total budget)
+  uint64_t limit = 0;                // bytes; 0 = no limit (not allowed for wd)
+};
+
+// The batch split from the devices' step measurements under `memory_policy`
+// (memory.policy: their time and peak memory). Throws
+// balancer::InfeasibleError / BalancerError, and std::runtime_error naming
+// the device when it has no step measurements of this model (profile it
+// first).
+balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
+                                const std::vector<PlanDevice>& devices, int64_t global_batch,
+                                const balancer::BatchSplitOptions& options,
+                                const std::string& memory_policy = "none");
+
+// The whole plan for a given split: per device with a batch, every conv
+// kernel's configuration under the workspace request, from its kernel
+// measurements at that batch (every micro-batch size the DB has). Throws
+// std::runtime_error naming the device, layer and kind when measurements
+// are missing, and balancer::InfeasibleError when the workspace cannot hold
+// the kernels. `split` may come from plan_split or be fixed (its
+// time_ms/step_time_ms may be empty).
+// One configuration on a kernel's Pareto front (time x workspace) at its
+// rank's batch, for plots (`vtrain balance --fronts`).
+struct FrontPoint {
+  int rank = 0;
+  std::string kernel;           // "conv2/Forward"
+  uint64_t workspace_bytes = 0;
+  double time_ms = 0;
+  std::string calls;            // balancer::describe_calls: "direct x4 (8 calls)"
+  bool chosen = false;          // the plan's configuration for the kernel
+};
+
+// With `fronts`, also every kernel's Pareto front over the options the
+// workspace policy may use (wr: calls within the limit).
+balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
+                                     const std::vector<PlanDevice>& devices,
+                                     const balancer::BatchSplit& split,
+                                     const WorkspaceRequest& workspace,
+                                     std::vector<FrontPoint>* fronts = nullptr);
+
+// Why `plan` does not fit this model and job, or nullopt when it does.
+std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, const Graph& graph,
+                                         int ranks, int64_t global_batch,
+                                         const std::string& memory_policy = "none");
+
+// Why rank `rank`, running on `device`, cannot follow `plan` (its batch and
+// kernel choices were timed on the device the plan names), or nullopt. The
+// cores a CPU device is pinned to do not count, nor does a plan that names
+// no device.
+std::optional<std::string> plan_device_mismatch(const balancer::TrainingPlan& plan, int rank,
+                                                const std::string& device);
+
+// One rank's part of a plan, for NetworkOptions / TrainerOptions.
+std::vector<ConvLayerExecution> conv_executions(const balancer::RankPlan& rank);
+
+// A readable summary: the split with predicted times, the speedup over the
+// even split, and per rank the kernels that run divided or use workspace.
+std::string describe_plan(const balancer::TrainingPlan& plan);
+
+}  // namespace vtrain::worker

@@ -1,0 +1,253 @@
+#include "worker/profile/profiler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "worker/engine/network.h"
+#include "worker/engine/optimizer.h"
+
+namespace vtrain::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Device memory for one measurement, returned on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(Backend& backend, size_t bytes)
+      : backend_(backend), ptr_(bytes ? backend.allocate_device(bytes) : nullptr) {}
+  ~DeviceBuffer() {
+    if (ptr_) backend_.free_device(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  float* floats() const { return static_cast<float*>(ptr_); }
+
+ private:
+  Backend& backend_;
+  void* ptr_;
+};
+
+struct Timing {
+  double median_ms = 0;
+  double iqr_ms = 0;
+};
+
+// Median and interquartile range of `repeats` timed runs after `warmup`.
+template <typename Fn>
+Timing time_runs(Backend& backend, int warmup, int repeats, Fn&& run) {
+  for (int i = 0; i < warmup; ++i) run();
+  backend.synchronize(StreamKind::kCompute);
+  std::vector<double> ms;
+  for (int i = 0; i < std::max(repeats, 1); ++i) {
+    const auto start = Clock::now();
+    run();
+    backend.synchronize(StreamKind::kCompute);
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  auto quantile = [&](double q) { return ms[static_cast<size_t>(q * (ms.size() - 1) + 0.5)]; };
+  return {quantile(0.5), quantile(0.75) - quantile(0.25)};
+}
+
+// One convolution kernel shape of the model, with the batches it runs at.
+struct KernelSite {
+  ConvKind kind;
+  ConvProblem problem;  // at batch 1
+};
+
+std::vector<KernelSite> kernel_sites(const Graph& graph, const Backend& backend) {
+  const std::vector<TensorDesc> descs = activation_descs(graph, backend, 1);
+  std::vector<KernelSite> sites;
+  std::set<std::string> seen;  // deep nets repeat shapes: measure each once
+  for (int i = 0; i < graph.size(); ++i) {
+    const LayerSpec& l = graph.layer(i);
+    if (l.type != LayerType::kConv) continue;
+    const int in = graph.inputs(i)[0];
+    const ConvProblem p = conv_problem(l, descs[in], descs[i]);
+    for (ConvKind kind : conv_kernels_of(graph, i)) {
+      if (seen.insert(std::string(conv_kind_name(kind)) + p.str()).second) {
+        sites.push_back({kind, p});
+      }
+    }
+  }
+  return sites;
+}
+
+// Micro-batches of BackwardFilter after the first accumulate into dW.
+bool accumulates(ConvKind kind) { return kind == ConvKind::kBackwardFilter; }
+
+}  // namespace
+
+perfdb::Device perfdb_device(const DeviceInfo& info) {
+  return {info.name, info.backend, info.memory_bytes, info.library_version, info.threads,
+          info.host};
+}
+
+perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
+  perfdb::KernelSignature sig;
+  sig.kind = kind == ConvKind::kForward        ? perfdb::KernelKind::kForward
+             : kind == ConvKind::kBackwardData ? perfdb::KernelKind::kBackwardData
+                                               : perfdb::KernelKind::kBackwardFilter;
+  sig.n = p.x.shape.n;
+  sig.c = p.x.shape.c;
+  sig.h = p.x.shape.h;
+  sig.w = p.x.shape.w;
+  sig.k = p.k;
+  sig.r = p.r;
+  sig.s = p.s;
+  sig.pad_h = p.pad_h;
+  sig.pad_w = p.pad_w;
+  sig.stride_h = p.stride_h;
+  sig.stride_w = p.stride_w;
+  sig.layout = std::string(layout_name(p.x.layout)) + "->" + layout_name(p.y.layout);
+  return sig;
+}
+
+std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::DeviceId device,
+                                                    const std::string& model,
+                                                    const std::string& memory_policy) {
+  std::vector<perfdb::StepMeasurement> steps = db.step_measurements(device, model, memory_policy);
+  std::erase_if(steps, [](const perfdb::StepMeasurement& s) {
+    return s.workspace_plan != kProfiledStepPlan;
+  });
+  return steps;
+}
+
+ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
+                      perfdb::DeviceId device, const ProfileOptions& options) {
+  const auto start = Clock::now();
+  ProfileReport report;
+  // Micro-batch size -> the candidate batches whose policy set contains it.
+  std::map<int64_t, std::vector<int64_t>> batches_of;
+  for (int64_t b : options.batches) {
+    if (b < 1) throw std::invalid_argument("profile: batch sizes must be >= 1");
+    for (int64_t m : balancer::micro_batch_sizes(options.micro_batches, b)) {
+      batches_of[m].push_back(b);
+    }
+  }
+  int64_t item = -1;
+  auto mine = [&] { return ++item % options.share_count == options.share_index; };
+
+  for (const KernelSite& site : kernel_sites(graph, backend)) {
+    for (const auto& [m, batches] : batches_of) {
+      if (!mine()) continue;
+      const ConvProblem p = site.problem.with_batch(m);
+      const std::vector<ConvAlgoInfo> algos =
+          backend.conv_algorithms(site.kind, p, accumulates(site.kind));
+      bool cached = true;
+      for (int64_t b : batches) {
+        const perfdb::KernelSignature sig = kernel_signature(site.kind, site.problem.with_batch(b));
+        for (const ConvAlgoInfo& a : algos) {
+          cached = cached && db.find_kernel_measurement(device, sig, a.name, m).has_value();
+        }
+      }
+      if (cached) {
+        ++report.kernel_cached;
+        continue;
+      }
+      size_t workspace = 0;
+      for (const ConvAlgoInfo& a : algos) workspace = std::max(workspace, a.workspace_bytes);
+      const Shape w_shape = p.weight_shape();
+      DeviceBuffer x(backend, p.x.bytes()), y(backend, p.y.bytes()),
+          w(backend, w_shape.elements() * sizeof(float)),
+          dw(backend, w_shape.elements() * sizeof(float)), bias(backend, p.k * sizeof(float)),
+          ws(backend, workspace);
+      const Tensor xt{p.x, x.floats()}, yt{p.y, y.floats()};
+      backend.fill(xt, 0.01f);
+      backend.fill(yt, 0.01f);
+      backend.fill(Tensor{{w_shape}, w.floats()}, 0.01f);
+      backend.fill(Tensor{{w_shape}, dw.floats()}, 0.0f);
+      backend.fill(Tensor{{{p.k, 1, 1, 1}}, bias.floats()}, 0.0f);
+      std::vector<perfdb::KernelSample> samples;
+      for (const ConvAlgoInfo& a : algos) {
+        const float beta = accumulates(site.kind) ? 1.0f : 0.0f;
+        const Timing t = time_runs(backend, options.warmup, options.repeats, [&] {
+          switch (site.kind) {
+            case ConvKind::kForward:
+              backend.conv_forward(a.algo, p, xt, w.floats(), bias.floats(), yt, 0.0f, ws.get(),
+                                   workspace);
+              break;
+            case ConvKind::kBackwardData:
+              backend.conv_backward_data(a.algo, p, yt, w.floats(), xt, 0.0f, ws.get(), workspace);
+              break;
+            case ConvKind::kBackwardFilter:
+              backend.conv_backward_filter(a.algo, p, xt, yt, dw.floats(), bias.floats(), beta,
+                                           ws.get(), workspace);
+              break;
+          }
+        });
+        for (int64_t b : batches) {
+          samples.push_back({kernel_signature(site.kind, site.problem.with_batch(b)),
+                             {a.name, m, t.median_ms, t.iqr_ms, a.workspace_bytes, 0}});
+        }
+      }
+      db.record_kernel_measurements(device, samples);
+      ++report.kernel_measured;
+    }
+  }
+
+  if (options.steps) {
+    const std::string model = graph.signature();
+    const std::vector<perfdb::StepMeasurement> known =
+        profiled_steps(db, device, model, options.memory_policy);
+    const memory::Policy policy = memory::parse_policy(options.memory_policy);
+    for (int64_t b : options.batches) {
+      if (!mine()) continue;
+      if (std::any_of(known.begin(), known.end(),
+                      [&](const perfdb::StepMeasurement& s) { return s.batch == b; })) {
+        ++report.step_cached;
+        continue;
+      }
+      const size_t base = backend.device_bytes_in_use();
+      Timing t;
+      {
+        NetworkOptions net_options;
+        net_options.max_batch = b;
+        net_options.memory_policy = policy;
+        net_options.optimizer_bytes_per_parameter = Sgd::kStateBytesPerParameter;
+        Network net(graph, backend, net_options);
+        Sgd sgd(backend, net.parameter_count(), 0.9f, 0.0f);  // its velocity counts in the peak
+        net.init_parameters(1);
+        // The peak counts from here, as in training: what the step holds,
+        // not the buffers conv.algorithm auto timed its candidates in.
+        backend.reset_peak();
+        // A step as training runs it, less the gradient exchange (measured on
+        // its own): the batch's upload from host memory, forward and
+        // backward, the update. A zero learning rate keeps the weights.
+        const Tensor input = net.input(b);
+        const std::vector<float> images(static_cast<size_t>(input.shape().elements()), 0.1f);
+        const std::vector<int32_t> labels(static_cast<size_t>(b), 0);
+        t = time_runs(backend, options.warmup, options.repeats, [&] {
+          backend.upload(images.data(), input);
+          backend.upload_labels(labels.data(), net.labels(), b);
+          net.train_step(b, 1.0f / static_cast<float>(b));
+          sgd.step(net.parameters(), net.gradients(), 0.0f);
+        });
+      }
+      const perfdb::StepMeasurement step{model,       b, options.memory_policy, kProfiledStepPlan,
+                                         t.median_ms, backend.device_bytes_peak() - base, 0};
+      db.record_step_measurements(device, std::span(&step, 1));
+      ++report.step_measured;
+    }
+  }
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return report;
+}
+
+double measure_allreduce_ms(Backend& backend, Communicator& comm, int64_t count,
+                            const ProfileOptions& options) {
+  const int64_t n = std::max<int64_t>(count, 1);
+  const DeviceBuffer buffer(backend, static_cast<size_t>(n) * sizeof(float));
+  backend.fill(Tensor{{{n, 1, 1, 1}}, buffer.floats()}, 0.0f);
+  return time_runs(backend, options.warmup, options.repeats, [&] {
+           comm.allreduce_async(buffer.floats(), n);
+           comm.wait();
+         }).median_ms;
+}
+
+}  // namespace vtrain::worker

@@ -1,0 +1,76 @@
+// The profiler: measures what the balancer needs and the perf DB does not
+// have yet for this device (mu-cuDNN Sec. III-E): every convolution kernel of
+// a model (layer x Forward/BackwardData/BackwardFilter) with every available
+// algorithm at every micro-batch size of a policy, and one whole training
+// step per candidate per-rank batch size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "balancer/workspace_plan.h"
+#include "perfdb/perf_db.h"
+#include "worker/device/backend.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/graph.h"
+
+namespace vtrain::worker {
+
+// Micro-batch policies are the balancer's (mu-cuDNN's all / powerOfTwo /
+// undivided): the profiler measures exactly the sizes the balancer combines.
+using balancer::MicroBatchPolicy;
+
+struct ProfileOptions {
+  std::vector<int64_t> batches{64};  // candidate per-rank batch sizes
+  MicroBatchPolicy micro_batches = MicroBatchPolicy::kUndivided;
+  int warmup = 1;                    // untimed runs before the timed ones
+  int repeats = 5;                   // timed runs; the median is recorded
+  bool steps = true;                 // also time a whole step (upload, fwd, bwd, update) per batch
+  std::string memory_policy = "none";  // memory.policy the steps run (and are recorded) under
+  // This process's share when several identical devices on one host split
+  // the work: work item j is measured here iff j % share_count == share_index.
+  int share_index = 0;
+  int share_count = 1;
+};
+
+struct ProfileReport {
+  int64_t kernel_measured = 0;  // (kernel, micro-batch) items measured now
+  int64_t kernel_cached = 0;    // items the DB already held for this device
+  int64_t step_measured = 0;
+  int64_t step_cached = 0;
+  double seconds = 0;
+};
+
+// The perf DB's description of a backend's device.
+perfdb::Device perfdb_device(const DeviceInfo& info);
+
+// The kernel signature of a convolution problem (n = the layer's batch).
+perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& problem);
+
+// The workspace_plan under which the profiler records whole steps: every
+// conv kernel's fastest undivided algorithm, the step timed with the batch's
+// upload and the update. Rows under other plans (older "auto" rows timed
+// forward and backward only) are neither used nor taken as cached.
+inline constexpr const char* kProfiledStepPlan = "auto+update";
+
+// The profiler's step measurements of `model` under `memory_policy` on
+// `device` (those under kProfiledStepPlan), ordered by batch.
+std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::DeviceId device,
+                                                    const std::string& model,
+                                                    const std::string& memory_policy);
+
+// Measures what `db` lacks for `device` and records it, one transaction per
+// work item. Every measurement runs on `backend` with freshly allocated
+// buffers; nothing of a training run is touched.
+ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
+                      perfdb::DeviceId device, const ProfileOptions& options);
+
+// Median time of one allreduce of `count` floats of `backend`'s memory over
+// `comm` (what a step's gradient exchange costs when nothing hides it), in
+// ms, after options.warmup untimed runs, of options.repeats. Collective:
+// every rank calls it.
+double measure_allreduce_ms(Backend& backend, Communicator& comm, int64_t count,
+                            const ProfileOptions& options);
+
+}  // namespace vtrain::worker

@@ -1,0 +1,472 @@
+#include "worker/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+namespace vtrain::worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::array<uint8_t, 8> kMagic = {'V', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = kMagic.size() + 4;  // magic, version
+constexpr size_t kTrailerBytes = 4;                 // CRC-32
+constexpr int64_t kMaxStep = 9'999'999'999;         // the most 10 digits hold
+// Granularity of file I/O: large enough that syscalls are negligible, small
+// enough that saving never holds a second copy of the model in memory.
+constexpr size_t kChunkBytes = size_t{1} << 20;
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+// Throws "PATH: WHAT: strerror(err)". Callers capture errno first: building
+// the message allocates, and allocation may overwrite errno.
+[[noreturn]] void fail(const std::string& path, const std::string& what, int err) {
+  throw CheckpointError(path + ": " + what + ": " + errno_text(err));
+}
+
+void store_le(uint8_t* out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
+}
+
+uint64_t load_le(const uint8_t* in, int bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) value |= uint64_t{in[i]} << (8 * i);
+  return value;
+}
+
+// A POSIX file descriptor, closed on destruction unless close() was called.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+
+  // Closes now; returns 0 or the errno. A writer must check it: close() can
+  // report a write error deferred by the file system (NFS does this).
+  int close() {
+    const int fd = std::exchange(fd_, -1);
+    return ::close(fd) == 0 ? 0 : errno;
+  }
+
+ private:
+  int fd_;
+};
+
+// Writes all n bytes, resuming after short writes and EINTR. Returns 0 or the errno.
+int write_all(int fd, const uint8_t* data, size_t n) {
+  while (n > 0) {
+    const ssize_t written = ::write(fd, data, n);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    // write() of a non-zero count returning 0 would loop forever; a regular
+    // file only does it when it cannot grow.
+    if (written == 0) return ENOSPC;
+    data += written;
+    n -= static_cast<size_t>(written);
+  }
+  return 0;
+}
+
+// Encodes values little-endian into a chunk buffer and writes full chunks
+// out, keeping the CRC-32 of everything written before the trailer.
+class ChunkWriter {
+ public:
+  ChunkWriter(int fd, const std::string& path) : fd_(fd), path_(path), buf_(kChunkBytes) {}
+
+  void u32(uint32_t value) { put(value, 4); }
+  void u64(uint64_t value) { put(value, 8); }
+  void i64(int64_t value) { put(static_cast<uint64_t>(value), 8); }
+
+  void str(const std::string& text) {
+    u64(text.size());
+    for (char c : text) put(static_cast<uint8_t>(c), 1);
+  }
+
+  void bytes(const uint8_t* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) put(data[i], 1);
+  }
+
+  // Floats travel as their IEEE-754 bit patterns, so NaN payloads and -0.0
+  // come back bit for bit.
+  void floats(const std::vector<float>& values) {
+    u64(values.size());
+    for (float v : values) put(std::bit_cast<uint32_t>(v), 4);
+  }
+
+  // Writes what is buffered and then the CRC-32 trailer.
+  void finish() {
+    flush();
+    store_le(buf_.data(), crc_, 4);
+    used_ = 4;
+    write_out();
+  }
+
+ private:
+  void put(uint64_t value, int n) {
+    if (used_ + static_cast<size_t>(n) > buf_.size()) flush();
+    store_le(buf_.data() + used_, value, n);
+    used_ += static_cast<size_t>(n);
+  }
+
+  void flush() {
+    crc_ = crc32_z(crc_, buf_.data(), used_);
+    write_out();
+  }
+
+  void write_out() {
+    if (const int err = write_all(fd_, buf_.data(), used_)) fail(path_, "write failed", err);
+    used_ = 0;
+  }
+
+  int fd_;
+  const std::string& path_;
+  std::vector<uint8_t> buf_;
+  size_t used_ = 0;
+  uLong crc_ = crc32_z(0, nullptr, 0);
+};
+
+// Reads a checkpoint front to back, checking every declared length against
+// the bytes left before the CRC trailer before it reads or allocates, and
+// keeping the CRC-32 of what it read.
+class ChunkReader {
+ public:
+  ChunkReader(int fd, const std::string& path, uint64_t file_size)
+      : fd_(fd),
+        path_(path),
+        file_size_(file_size),
+        body_end_(file_size >= kTrailerBytes ? file_size - kTrailerBytes : 0) {}
+
+  // Bytes left before the trailer.
+  uint64_t remaining() const { return pos_ < body_end_ ? body_end_ - pos_ : 0; }
+  uLong crc() const { return crc_; }
+
+  // Reads n bytes that the caller has checked the file holds.
+  void read(uint8_t* out, size_t n) {
+    read_raw(out, n);
+    crc_ = crc32_z(crc_, out, n);
+  }
+
+  uint64_t u64(const char* field) { return fixed(field, 8); }
+  int64_t i64(const char* field) { return static_cast<int64_t>(fixed(field, 8)); }
+
+  std::string str(const char* field) {
+    const uint64_t length = u64(field);
+    if (length > remaining()) {
+      throw error("truncated: field " + std::string(field) + " declares " +
+                  std::to_string(length) + " bytes but only " + std::to_string(remaining()) +
+                  " bytes remain");
+    }
+    std::string text(length, '\0');
+    read(reinterpret_cast<uint8_t*>(text.data()), text.size());
+    return text;
+  }
+
+  std::vector<float> floats(const char* field) {
+    const uint64_t count = u64(field);
+    // Compared by division so a corrupt count near 2^64 cannot overflow.
+    if (count > remaining() / 4) {
+      throw error("truncated: field " + std::string(field) + " declares " +
+                  std::to_string(count) + " floats but only " + std::to_string(remaining()) +
+                  " bytes remain");
+    }
+    std::vector<float> values(count);
+    std::vector<uint8_t> chunk(std::min<uint64_t>(count * 4, kChunkBytes));
+    for (size_t done = 0; done < values.size();) {
+      const size_t n = std::min(values.size() - done, chunk.size() / 4);
+      read(chunk.data(), n * 4);
+      for (size_t i = 0; i < n; ++i) {
+        values[done + i] = std::bit_cast<float>(static_cast<uint32_t>(load_le(&chunk[i * 4], 4)));
+      }
+      done += n;
+    }
+    return values;
+  }
+
+  // The stored CRC; call once every field is read and remaining() is 0.
+  uint32_t trailer() {
+    std::array<uint8_t, kTrailerBytes> bytes{};
+    read_raw(bytes.data(), bytes.size());
+    return static_cast<uint32_t>(load_le(bytes.data(), 4));
+  }
+
+  CheckpointError error(const std::string& what) const {
+    return CheckpointError(path_ + ": " + what);
+  }
+
+ private:
+  uint64_t fixed(const char* field, int n) {
+    if (remaining() < static_cast<uint64_t>(n)) {
+      throw error("truncated: field " + std::string(field) + " needs " + std::to_string(n) +
+                  " bytes but only " + std::to_string(remaining()) + " bytes remain");
+    }
+    std::array<uint8_t, 8> bytes{};
+    read(bytes.data(), static_cast<size_t>(n));
+    return load_le(bytes.data(), n);
+  }
+
+  void read_raw(uint8_t* out, size_t n) {
+    while (n > 0) {
+      const ssize_t got = ::read(fd_, out, n);
+      if (got < 0) {
+        const int err = errno;
+        if (err == EINTR) continue;
+        fail(path_, "read failed", err);
+      }
+      // The file shrank after fstat (another process is rewriting it).
+      if (got == 0) {
+        throw error("truncated: file ended at byte " + std::to_string(pos_) + " of " +
+                    std::to_string(file_size_));
+      }
+      out += got;
+      n -= static_cast<size_t>(got);
+      pos_ += static_cast<uint64_t>(got);
+    }
+  }
+
+  int fd_;
+  const std::string& path_;
+  uint64_t file_size_;
+  uint64_t body_end_;
+  uint64_t pos_ = 0;
+  uLong crc_ = crc32_z(0, nullptr, 0);
+};
+
+struct ListedCheckpoint {
+  int64_t step;
+  fs::path path;
+};
+
+// The step of a file named ckpt-<10 digits>.vtc; nullopt for any other name.
+std::optional<int64_t> checkpoint_step(const std::string& name) {
+  constexpr std::string_view kPrefix = "ckpt-";
+  constexpr std::string_view kSuffix = ".vtc";
+  constexpr size_t kDigits = 10;
+  if (name.size() != kPrefix.size() + kDigits + kSuffix.size() || !name.starts_with(kPrefix) ||
+      !name.ends_with(kSuffix)) {
+    return std::nullopt;
+  }
+  int64_t step = 0;
+  for (char c : name.substr(kPrefix.size(), kDigits)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
+
+// The ckpt-<10 digits>.vtc names in `dir`, ascending by step; nullopt when
+// `dir` does not exist. Temporaries and other files are ignored.
+std::optional<std::vector<ListedCheckpoint>> list_checkpoints(const std::string& dir) {
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec == std::errc::no_such_file_or_directory) return std::nullopt;
+  std::vector<ListedCheckpoint> found;
+  for (const fs::directory_iterator end; !ec && it != end; it.increment(ec)) {
+    if (const auto step = checkpoint_step(it->path().filename().string())) {
+      found.push_back({*step, it->path()});
+    }
+  }
+  if (ec) throw CheckpointError(dir + ": cannot list checkpoint directory: " + ec.message());
+  std::sort(found.begin(), found.end(),
+            [](const ListedCheckpoint& a, const ListedCheckpoint& b) { return a.step < b.step; });
+  return found;
+}
+
+std::string checkpoint_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "ckpt-%010lld.vtc", static_cast<long long>(step));
+  return name;
+}
+
+void write_checkpoint(int fd, const std::string& path, const Checkpoint& ckpt) {
+  ChunkWriter out(fd, path);
+  out.bytes(kMagic.data(), kMagic.size());
+  out.u32(kVersion);
+  out.str(ckpt.model_signature);
+  out.i64(ckpt.step);
+  out.i64(ckpt.epoch);
+  out.i64(ckpt.step_in_epoch);
+  out.u64(ckpt.seed);
+  out.i64(ckpt.world_size);
+  out.i64(ckpt.global_batch);
+  out.floats(ckpt.parameters);
+  out.floats(ckpt.buffers);
+  out.floats(ckpt.velocity);
+  out.finish();
+}
+
+// Makes the rename that published a checkpoint durable: without it a crash
+// can forget the new directory entry even though the file's data is on disk.
+void sync_directory(const std::string& dir, const std::string& written) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid() || ::fsync(fd.get()) != 0) {
+    const int err = errno;
+    fail(dir, "fsync of the checkpoint directory failed (" + written + " may not survive a crash)",
+         err);
+  }
+}
+
+// Removes all but `keep` checkpoints: `written` and the highest-numbered
+// others. Tries every removal before reporting the ones that failed.
+void prune_checkpoints(const std::string& dir, const fs::path& written, int keep) {
+  const auto listed = list_checkpoints(dir);
+  if (!listed) return;
+  int kept = 1;  // `written` itself
+  std::string failures;
+  for (auto it = listed->rbegin(); it != listed->rend(); ++it) {
+    if (it->path == written) continue;
+    if (kept < keep) {
+      ++kept;
+      continue;
+    }
+    std::error_code ec;
+    fs::remove(it->path, ec);
+    if (ec) failures += "; " + it->path.string() + ": " + ec.message();
+  }
+  if (!failures.empty()) {
+    throw CheckpointError(written.string() +
+                          " was saved, but old checkpoints could not be removed" + failures);
+  }
+}
+
+std::string count_mismatch(const std::string& path, const char* what, size_t stored,
+                           int64_t expected) {
+  return path + " holds " + std::to_string(stored) + " " + what + " values, this model has " +
+         std::to_string(expected);
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int keep) {
+  if (keep < 1) {
+    throw std::invalid_argument("save_checkpoint: keep must be >= 1, got " + std::to_string(keep));
+  }
+  if (ckpt.step < 0 || ckpt.step > kMaxStep) {
+    throw std::invalid_argument("save_checkpoint: step must be in [0, " +
+                                std::to_string(kMaxStep) + "], got " + std::to_string(ckpt.step));
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw CheckpointError(dir + ": cannot create checkpoint directory: " + ec.message());
+
+  const fs::path final_path = fs::path(dir) / checkpoint_name(ckpt.step);
+  const std::string temp = (fs::path(dir) / (".ckpt-" + std::to_string(ckpt.step) + ".tmp." +
+                                             std::to_string(::getpid())))
+                               .string();
+  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd.valid()) fail(temp, "cannot create", errno);
+  try {
+    write_checkpoint(fd.get(), temp, ckpt);
+    // The data must be on disk before the rename publishes it, or a crash
+    // could leave a complete-looking name over a torn file.
+    if (::fsync(fd.get()) != 0) fail(temp, "fsync failed", errno);
+    if (const int err = fd.close()) fail(temp, "close failed", err);
+    if (::rename(temp.c_str(), final_path.c_str()) != 0) {
+      const int err = errno;
+      fail(final_path.string(), "rename from " + temp + " failed", err);
+    }
+  } catch (...) {
+    ::unlink(temp.c_str());
+    throw;
+  }
+  // Pruning waits until the new checkpoint is durable: if the directory sync
+  // fails, the older checkpoints are the ones a crash is sure to keep.
+  sync_directory(dir, final_path.string());
+  prune_checkpoints(dir, final_path, keep);
+  return final_path.string();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  const auto listed = list_checkpoints(dir);
+  if (!listed || listed->empty()) return std::nullopt;
+  return listed->back().path.string();
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) fail(path, "cannot open", errno);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail(path, "stat failed", errno);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  ChunkReader in(fd.get(), path, size);
+
+  // Header first, bounded by the file size rather than the trailer, so that
+  // any short file that is not a checkpoint is reported as such.
+  std::array<uint8_t, kHeaderBytes> header{};
+  const size_t have = static_cast<size_t>(std::min<uint64_t>(size, header.size()));
+  in.read(header.data(), have);
+  if (!std::equal(header.begin(), header.begin() + std::min(have, kMagic.size()), kMagic.begin())) {
+    throw in.error("not a vtrain checkpoint (bad magic)");
+  }
+  if (have < header.size()) {
+    throw in.error("truncated: " + std::to_string(size) + " bytes, shorter than the " +
+                   std::to_string(kHeaderBytes) + "-byte header");
+  }
+  const uint32_t version = static_cast<uint32_t>(load_le(&header[kMagic.size()], 4));
+  if (version > kVersion) {
+    throw in.error("version " + std::to_string(version) + " is newer than this vtrain's " +
+                   std::to_string(kVersion));
+  }
+  if (version == 0) throw in.error("invalid version 0");
+
+  Checkpoint ckpt;
+  ckpt.model_signature = in.str("model_signature");
+  ckpt.step = in.i64("step");
+  ckpt.epoch = in.i64("epoch");
+  ckpt.step_in_epoch = in.i64("step_in_epoch");
+  ckpt.seed = in.u64("seed");
+  ckpt.world_size = in.i64("world_size");
+  ckpt.global_batch = in.i64("global_batch");
+  ckpt.parameters = in.floats("parameters");
+  ckpt.buffers = in.floats("buffers");
+  ckpt.velocity = in.floats("velocity");
+  if (in.remaining() != 0) {
+    throw in.error(std::to_string(in.remaining()) +
+                   " bytes of trailing garbage after the last field");
+  }
+  const uLong computed = in.crc();
+  if (in.trailer() != computed) throw in.error("CRC mismatch (file corrupt)");
+  return ckpt;
+}
+
+void check_checkpoint_matches(const Checkpoint& ckpt, const std::string& path,
+                              const std::string& signature, int64_t parameters,
+                              int64_t buffers) {
+  if (ckpt.model_signature != signature) {
+    throw CheckpointError(path + " was written for another model (signature " +
+                          ckpt.model_signature + ", this model " + signature + ")");
+  }
+  if (static_cast<int64_t>(ckpt.parameters.size()) != parameters) {
+    throw CheckpointError(count_mismatch(path, "parameter", ckpt.parameters.size(), parameters));
+  }
+  if (static_cast<int64_t>(ckpt.buffers.size()) != buffers) {
+    throw CheckpointError(count_mismatch(path, "buffer", ckpt.buffers.size(), buffers));
+  }
+  // SGD keeps one velocity value per parameter.
+  if (static_cast<int64_t>(ckpt.velocity.size()) != parameters) {
+    throw CheckpointError(count_mismatch(path, "velocity", ckpt.velocity.size(), parameters));
+  }
+}
+
+}  // namespace vtrain::worker

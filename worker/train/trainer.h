@@ -1,0 +1,95 @@
+// The training loop: epochs of seeded shuffles, SGD steps, evaluation,
+// progress and metrics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "balancer/batch_split.h"
+#include "worker/device/backend.h"
+#include "worker/comm/communicator.h"
+#include "worker/data/data.h"
+#include "worker/engine/graph.h"
+#include "worker/train/metrics.h"
+#include "worker/engine/network.h"
+#include "worker/engine/optimizer.h"
+
+namespace vtrain::worker {
+
+struct TrainerOptions {
+  int64_t batch = 64;            // global mini-batch B
+  int64_t epochs = 1;
+  int64_t max_steps = 0;         // stop after this many steps in total; 0 = no limit
+  uint64_t seed = 1;             // initialisation and shuffling
+  int64_t log_every = 50;        // steps between log lines and step metrics
+  bool evaluate = true;          // test accuracy after every epoch
+  LrSchedule schedule;           // steps_per_epoch and total_steps are filled in by the trainer
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+  std::string conv_algorithm = "auto";
+  // This rank's convolution executions from a plan (see NetworkOptions);
+  // empty = conv_algorithm, undivided.
+  std::vector<ConvLayerExecution> conv_executions;
+  uint64_t conv_workspace_bytes = 0;
+  // Memory (memory.policy and memory.planner in the config; see network.h).
+  memory::Policy memory_policy = memory::Policy::kNone;
+  memory::Planner memory_planner = memory::Planner::kPool;
+  // Chrome trace (vtrain train --trace FILE): compute and memory-stream
+  // events of the first trace_steps steps of every rank, one process per
+  // rank, written by rank 0 at the end. Empty = none.
+  std::string trace_path;
+  int64_t trace_steps = 20;
+  std::string metrics_path;      // JSON lines; empty = none (written by rank 0)
+  Progress::Mode progress = Progress::Mode::kLines;  // rank 0; other ranks stay quiet
+
+  // Data parallelism. Each global batch of B samples is cut into contiguous
+  // per-rank slices of split[r] samples (sum = B); each rank's loss is its
+  // sum over samples divided by B, so the allreduce SUM of gradients is the
+  // full-batch gradient whatever the split. A rank with 0 samples only takes
+  // part in the allreduce.
+  Communicator* comm = nullptr;  // null: a single process
+  std::vector<int64_t> split;    // per-rank batch sizes; empty = balancer::even_split(B, ranks)
+  uint64_t allreduce_bucket = 4 << 20;  // gradient bytes per allreduce
+
+  // Checkpoints (rank 0 writes; every rank resumes from the same file).
+  std::string checkpoint_dir;    // empty = no checkpoints
+  int64_t checkpoint_every = 0;  // steps; 0 = only at the end and on a stop signal
+  int checkpoint_keep = 3;
+  bool resume = false;           // continue from the newest checkpoint in checkpoint_dir
+  // Non-zero (a signal number) asks every rank to stop at the next step
+  // boundary, after a checkpoint.
+  const std::atomic<int>* stop_signal = nullptr;
+  // Testing aids: this rank throws at this step, at its start or, with
+  // fail_in_backward, in backward once a gradient allreduce is in flight.
+  int64_t fail_at_step = -1;
+  bool fail_in_backward = false;
+  // Gather the next batch on a thread while a step computes: -1 where the
+  // batch holds at least 2^20 values (where it pays), 0 never, 1 always.
+  int gather_ahead = -1;
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double final_loss = 0;              // mean loss of the last step
+  double test_accuracy = -1;          // last evaluation, -1 if none ran
+  double test_loss = -1;
+  double images_per_second = 0;       // training steps only (evaluation excluded)
+  size_t peak_device_bytes = 0;
+  MemoryStats memory;                 // the network's memory part after the last step
+  std::vector<double> step_losses;    // global mean loss of every step run
+  int stopped_by_signal = 0;          // the signal that stopped the run early, or 0
+  std::string resumed_from;           // checkpoint the run continued from, if any
+  std::string last_checkpoint;        // newest checkpoint written, if any
+  double allreduce_seconds = 0;       // time the communication side spent in allreduces
+  double allreduce_exposed_seconds = 0;  // time the step waited for them
+};
+
+// Trains `graph` on `backend`, as this rank's part of the job when
+// options.comm is set. `test` may have count 0 (then no evaluation). Throws
+// on any failure; the metrics file then has no "end" record.
+TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set,
+                  const Dataset& test_set, const ChannelStats& norm, const TrainerOptions& options);
+
+}  // namespace vtrain::worker
