@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "balancer/balancer_error.h"
+#include "common/name_table.h"
 
 namespace vtrain::balancer {
 
@@ -56,7 +57,26 @@ struct DeviceProfile {
                                       // its step time when it trains (>= 0)
 };
 
+// Which per-rank batch sizes a device may get (balance.candidates).
 enum class CandidateSizes { kMeasured, kInterpolated };
+inline constexpr auto kCandidateSizesNames = std::to_array<common::Named<CandidateSizes>>(
+    {{CandidateSizes::kMeasured, "measured"}, {CandidateSizes::kInterpolated, "interpolated"}});
+
+// How a job's global batch is split over its ranks (balance.split).
+enum class SplitMode {
+  kEven,    // B / ranks, the remainder to the first ranks (even_split)
+  kManual,  // per-rank batches given by the user
+  kAuto,    // profile, then plan_batch_split on rank 0
+};
+inline constexpr auto kSplitModeNames = std::to_array<common::Named<SplitMode>>(
+    {{SplitMode::kEven, "even"}, {SplitMode::kManual, "manual"}, {SplitMode::kAuto, "auto"}});
+
+// Whether an auto split counts the gradient allreduce (balance.allreduce):
+// kMeasure times one allreduce of all gradients and adds it to every
+// device's step time; kNone leaves communication out.
+enum class AllreduceCost { kMeasure, kNone };
+inline constexpr auto kAllreduceCostNames = std::to_array<common::Named<AllreduceCost>>(
+    {{AllreduceCost::kMeasure, "measure"}, {AllreduceCost::kNone, "none"}});
 
 // How the model is solved. Both are exact; among equally fast splits they
 // may return different ones.

@@ -64,7 +64,7 @@ struct TrainingPlan {
   std::string model;                    // Graph::signature()
   int64_t global_batch = 0;
   std::string memory_policy = "none";
-  std::string workspace_policy = "undivided";  // "undivided", "wr", "wd"
+  WorkspacePolicy workspace_policy = WorkspacePolicy::kUndivided;
   uint64_t workspace_limit = 0;
   double predicted_step_ms = 0;          // with the workspace plan's kernel times
   std::optional<double> split_ms;        // the split's step time from measured steps

@@ -107,7 +107,7 @@ TrainingPlan parse_plan(const std::string& yaml_text, const std::string& origin)
   plan.global_batch = to_int(global, at_least(1));
   if (Field f = top["memory_policy"]) plan.memory_policy = to_string(f);
   if (Field f = top["workspace_policy"]) {
-    plan.workspace_policy = to_choice(f, {"undivided", "wr", "wd"});
+    plan.workspace_policy = to_choice(f, kWorkspacePolicyNames);
   }
   if (Field f = top["workspace_limit"]) plan.workspace_limit = to_uint64(f);
   if (Field f = top["predicted_step_ms"]) plan.predicted_step_ms = to_number(f, at_least(0));
@@ -146,7 +146,7 @@ std::string plan_to_yaml(const TrainingPlan& plan) {
   out << YAML::Key << "model" << YAML::Value << YAML::DoubleQuoted << plan.model;
   out << YAML::Key << "global_batch" << YAML::Value << plan.global_batch;
   out << YAML::Key << "memory_policy" << YAML::Value << plan.memory_policy;
-  out << YAML::Key << "workspace_policy" << YAML::Value << plan.workspace_policy;
+  out << YAML::Key << "workspace_policy" << YAML::Value << workspace_policy_name(plan.workspace_policy);
   out << YAML::Key << "workspace_limit" << YAML::Value << plan.workspace_limit;
   out << YAML::Key << "predicted_step_ms" << YAML::Value << plan.predicted_step_ms;
   if (plan.split_ms) out << YAML::Key << "split_ms" << YAML::Value << *plan.split_ms;

@@ -163,11 +163,11 @@ bool admit_level(const PreparedKernel& prepared, uint64_t level, std::vector<int
 }  // namespace
 
 MicroBatchPolicy parse_micro_batch_policy(const std::string& name) {
-  if (name == "all") return MicroBatchPolicy::kAll;
-  if (name == "powerOfTwo") return MicroBatchPolicy::kPowerOfTwo;
-  if (name == "undivided") return MicroBatchPolicy::kUndivided;
-  throw BalancerError("unknown micro-batch policy '" + name +
-                      "' (known: all, powerOfTwo, undivided)");
+  return common::parse_named<BalancerError>(kMicroBatchPolicyNames, name, "micro-batch policy");
+}
+
+WorkspacePolicy parse_workspace_policy(const std::string& name) {
+  return common::parse_named<BalancerError>(kWorkspacePolicyNames, name, "workspace policy");
 }
 
 std::vector<int64_t> micro_batch_sizes(MicroBatchPolicy policy, int64_t batch) {

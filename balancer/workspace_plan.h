@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "balancer/balancer_error.h"
+#include "common/name_table.h"
 
 namespace vtrain::balancer {
 
@@ -41,9 +42,33 @@ enum class MicroBatchPolicy {
   kUndivided,   // n only: the configuration plain cuDNN would use
 };
 
-// "all", "powerOfTwo", "undivided" (mu-cuDNN's names); throws BalancerError
-// listing them for anything else.
+// mu-cuDNN's names (profile.micro_batches in the config).
+inline constexpr auto kMicroBatchPolicyNames = std::to_array<common::Named<MicroBatchPolicy>>(
+    {{MicroBatchPolicy::kAll, "all"},
+     {MicroBatchPolicy::kPowerOfTwo, "powerOfTwo"},
+     {MicroBatchPolicy::kUndivided, "undivided"}});
+inline const char* micro_batch_policy_name(MicroBatchPolicy policy) {
+  return common::name_of(kMicroBatchPolicyNames, policy);
+}
+// Throws BalancerError listing the names for anything else.
 MicroBatchPolicy parse_micro_batch_policy(const std::string& name);
+
+// How a rank's convolution kernels get their workspace (balance.workspace in
+// the config, workspace_policy in a plan, vtrain balance --policy).
+enum class WorkspacePolicy {
+  kUndivided,  // each kernel undivided, the fastest algorithm within the limit
+  kWr,         // workspace reuse: the limit per kernel, micro-batched
+  kWd,         // workspace division: the limit is the rank's total, micro-batched
+};
+inline constexpr auto kWorkspacePolicyNames = std::to_array<common::Named<WorkspacePolicy>>(
+    {{WorkspacePolicy::kUndivided, "undivided"},
+     {WorkspacePolicy::kWr, "wr"},
+     {WorkspacePolicy::kWd, "wd"}});
+inline const char* workspace_policy_name(WorkspacePolicy policy) {
+  return common::name_of(kWorkspacePolicyNames, policy);
+}
+// Throws BalancerError listing the names for anything else.
+WorkspacePolicy parse_workspace_policy(const std::string& name);
 
 // The sizes a policy allows for a mini-batch of `batch` images, ascending.
 // Throws BalancerError when batch < 1.

@@ -5,6 +5,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace vtrain::common {
 
@@ -14,6 +15,17 @@ std::string format_bytes(uint64_t bytes);
 
 // "8, 16, 32": a list of integers, comma separated.
 std::string format_list(std::span<const int64_t> values);
+
+// "a, b, c": the items with `separator` between them.
+inline std::string join(const std::vector<std::string>& items,
+                        std::string_view separator = ", ") {
+  std::string out;
+  for (const std::string& item : items) {
+    if (!out.empty()) out += separator;
+    out += item;
+  }
+  return out;
+}
 
 // "64MiB", "1.5GB", "4096", "2k" -> bytes. Binary (KiB, MiB, GiB, TiB) and
 // decimal (kB, MB, GB, TB) units. Throws InputError (without location) otherwise.

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/input_error.h"
+#include "common/name_table.h"
 #include "common/text.h"
 
 namespace vtrain::common::yaml {
@@ -26,15 +27,7 @@ namespace vtrain::common::yaml {
 namespace fs = std::filesystem;
 
 using Keys = std::vector<std::string>;
-
-inline std::string join(const Keys& items, std::string_view separator = ", ") {
-  std::string out;
-  for (const auto& item : items) {
-    if (!out.empty()) out += separator;
-    out += item;
-  }
-  return out;
-}
+using common::join;  // (common/text.h) for the messages that list keys
 
 // Shortest text that reads back as the same value ("0.05", not
 // "0.050000000000000003").
@@ -310,6 +303,13 @@ inline std::string to_choice(const Field& field, const Keys& allowed) {
     field.fail("unknown value '" + value + "' (allowed: " + join(allowed) + ")");
   }
   return value;
+}
+
+// The enum value a scalar names, from the owning part's name table; the
+// error lists the table's names.
+template <class E, size_t N>
+E to_choice(const Field& field, const std::array<Named<E>, N>& table) {
+  return *find_named(table, to_choice(field, names_of(table)));
 }
 
 // Relative paths in the file resolve against its folder; those given with

@@ -35,20 +35,21 @@ namespace fs = std::filesystem;
 
 // Per-sample channels of a data source (for mean/std lengths).
 int64_t data_channels(const DataConfig& data) {
-  if (data.kind == "idx") return 1;      // IDX images are greyscale
-  if (data.kind == "cifar10") return 3;  // RGB
+  if (data.kind == worker::DataKind::kIdx) return 1;      // IDX images are greyscale
+  if (data.kind == worker::DataKind::kCifar10) return 3;  // RGB
   return data.shape.c;
 }
 
 DataConfig read_data(const Field& field) {
   const Section section(field);
   DataConfig data;
-  if (Field kind = section["kind"]) data.kind = to_choice(kind, {"idx", "cifar10", "synthetic"});
+  if (Field kind = section["kind"]) data.kind = to_choice(kind, worker::kDataKindNames);
+  const std::string kind_name = worker::data_kind_name(data.kind);
 
   Keys kind_keys;
-  if (data.kind == "idx") {
+  if (data.kind == worker::DataKind::kIdx) {
     kind_keys = {"train_images", "train_labels", "test_images", "test_labels"};
-  } else if (data.kind == "cifar10") {
+  } else if (data.kind == worker::DataKind::kCifar10) {
     kind_keys = {"train_files", "test_files"};
   } else {
     kind_keys = {"shape", "classes", "train_size", "test_size"};
@@ -56,16 +57,16 @@ DataConfig read_data(const Field& field) {
   Keys allowed = {"kind"};
   allowed.insert(allowed.end(), kind_keys.begin(), kind_keys.end());
   allowed.insert(allowed.end(), {"mean", "std"});
-  section.allow(allowed, "for kind " + data.kind);
+  section.allow(allowed, "for kind " + kind_name);
 
-  if (data.kind == "idx") {
+  if (data.kind == worker::DataKind::kIdx) {
     const std::string why =
         "kind idx needs train_images, train_labels, test_images and test_labels";
     data.train_images = to_path(section.required("train_images", why));
     data.train_labels = to_path(section.required("train_labels", why));
     data.test_images = to_path(section.required("test_images", why));
     data.test_labels = to_path(section.required("test_labels", why));
-  } else if (data.kind == "cifar10") {
+  } else if (data.kind == worker::DataKind::kCifar10) {
     const std::string why = "kind cifar10 needs train_files and test_files";
     data.train_files = to_paths(section.required("train_files", why));
     data.test_files = to_paths(section.required("test_files", why));
@@ -256,7 +257,8 @@ ModelConfig read_model(const Field& field, const DataConfig& data) {
   ModelConfig model;
   // Synthetic data says how many classes it has; the IDX and CIFAR-10
   // datasets we read have ten.
-  model.classes = data.kind == "synthetic" ? data.classes : 10;
+  const bool synthetic = data.kind == worker::DataKind::kSynthetic;
+  model.classes = synthetic ? data.classes : 10;
   if (preset && layers) {
     // Blame a --set that caused the clash, else the section.
     const Field& culprit = layers.from_override()   ? layers
@@ -275,7 +277,7 @@ ModelConfig read_model(const Field& field, const DataConfig& data) {
     }
     if (classes) {
       model.classes = to_int(classes, at_least(2));
-      if (data.kind == "synthetic" && model.classes != data.classes) {
+      if (synthetic && model.classes != data.classes) {
         classes.fail(std::to_string(model.classes) + " classes, but data.classes is " +
                      std::to_string(data.classes));
       }
@@ -312,19 +314,23 @@ BalanceConfig read_balance(const Field& field, const TrainConfig& train) {
   section.allow({"split", "manual", "granularity", "candidates", "workspace", "workspace_limit",
                  "allreduce"});
   BalanceConfig balance;
-  if (Field f = section["split"]) balance.split = to_choice(f, {"even", "manual", "auto"});
+  if (Field f = section["split"]) balance.split = to_choice(f, balancer::kSplitModeNames);
   if (Field f = section["granularity"]) balance.granularity = to_int(f, at_least(1));
   if (Field f = section["candidates"]) {
-    balance.candidates = to_choice(f, {"measured", "interpolated"});
+    balance.candidates = to_choice(f, balancer::kCandidateSizesNames);
   }
-  if (Field f = section["workspace"]) balance.workspace = to_choice(f, {"undivided", "wr", "wd"});
+  if (Field f = section["workspace"]) {
+    balance.workspace = to_choice(f, balancer::kWorkspacePolicyNames);
+  }
   if (Field f = section["workspace_limit"]) balance.workspace_limit = to_size(f);
-  if (Field f = section["allreduce"]) balance.allreduce = to_choice(f, {"measure", "none"});
-  if (balance.workspace == "wd" && balance.workspace_limit == 0) {
+  if (Field f = section["allreduce"]) {
+    balance.allreduce = to_choice(f, balancer::kAllreduceCostNames);
+  }
+  if (balance.workspace == balancer::WorkspacePolicy::kWd && balance.workspace_limit == 0) {
     section["workspace_limit"].fail("wd divides a total budget: expected a size > 0");
   }
   const Field manual = section["manual"];
-  if (balance.split == "manual") {
+  if (balance.split == balancer::SplitMode::kManual) {
     if (!manual) field.fail("missing manual (split: manual needs the per-rank batch sizes)");
     int64_t sum = 0;
     for (const Field& item : manual.items("a list of per-rank batch sizes")) {
@@ -352,7 +358,7 @@ ProfileConfig read_profile(const Field& field) {
     }
   }
   if (Field f = section["micro_batches"]) {
-    profile.micro_batches = to_choice(f, {"all", "powerOfTwo", "undivided"});
+    profile.micro_batches = to_choice(f, balancer::kMicroBatchPolicyNames);
   }
   if (Field f = section["warmup"]) profile.warmup = to_int(f, at_least(0));
   if (Field f = section["repeats"]) profile.repeats = to_int(f, at_least(1));
@@ -368,8 +374,8 @@ CheckpointConfig read_checkpoint(const Field& field) {
   if (Field f = section["every"]) ckpt.every = to_int(f, at_least(0));
   if (Field f = section["keep"]) ckpt.keep = to_int(f, at_least(1));
   if (Field f = section["resume"]) {
-    ckpt.resume = to_choice(f, {"never", "auto"});
-    if (ckpt.resume == "auto" && ckpt.dir.empty()) f.fail("resume: auto needs checkpoint.dir");
+    ckpt.resume = to_choice(f, worker::kResumeSettingNames);
+    if (ckpt.resume == worker::ResumeSetting::kAuto && ckpt.dir.empty()) f.fail("resume: auto needs checkpoint.dir");
   }
   return ckpt;
 }
@@ -382,7 +388,7 @@ OptimizerConfig read_optimizer(const Field& field) {
   if (Field f = section["lr"]) opt.lr = to_number(f, above(0));
   if (Field f = section["momentum"]) opt.momentum = to_number(f, between(0, 1, false, true));
   if (Field f = section["weight_decay"]) opt.weight_decay = to_number(f, at_least(0));
-  if (Field f = section["schedule"]) opt.schedule = to_choice(f, {"none", "step", "cosine"});
+  if (Field f = section["schedule"]) opt.schedule = to_choice(f, worker::kScheduleKindNames);
   if (Field f = section["step_epochs"]) opt.step_epochs = to_int(f, at_least(1));
   if (Field f = section["gamma"]) opt.gamma = to_number(f, between(0, 1, true, false));
   if (Field f = section["warmup_steps"]) opt.warmup_steps = to_int(f, at_least(0));
@@ -416,8 +422,8 @@ MemoryConfig read_memory(const Field& field) {
   const Section section(field);
   section.allow({"policy", "planner"});
   MemoryConfig memory;
-  if (Field f = section["policy"]) memory.policy = to_choice(f, {"none", "all", "conv", "dyn"});
-  if (Field f = section["planner"]) memory.planner = to_choice(f, {"pool", "static"});
+  if (Field f = section["policy"]) memory.policy = to_choice(f, memory::kPolicyNames);
+  if (Field f = section["planner"]) memory.planner = to_choice(f, memory::kPlannerNames);
   return memory;
 }
 
@@ -434,7 +440,9 @@ OutputConfig read_output(const Field& field) {
       f && !(f.node().IsNull() || (f.node().IsScalar() && f.node().Scalar().empty()))) {
     output.metrics = to_path(f);
   }
-  if (Field f = section["progress"]) output.progress = to_choice(f, {"auto", "line", "off"});
+  if (Field f = section["progress"]) {
+    output.progress = to_choice(f, worker::kProgressSettingNames);
+  }
   return output;
 }
 
@@ -675,13 +683,13 @@ std::string to_yaml(const Config& config) {
 
   const DataConfig& data = config.data;
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "kind" << YAML::Value << data.kind;
-  if (data.kind == "idx") {
+  out << YAML::Key << "kind" << YAML::Value << worker::data_kind_name(data.kind);
+  if (data.kind == worker::DataKind::kIdx) {
     out << YAML::Key << "train_images" << YAML::Value << data.train_images;
     out << YAML::Key << "train_labels" << YAML::Value << data.train_labels;
     out << YAML::Key << "test_images" << YAML::Value << data.test_images;
     out << YAML::Key << "test_labels" << YAML::Value << data.test_labels;
-  } else if (data.kind == "cifar10") {
+  } else if (data.kind == worker::DataKind::kCifar10) {
     out << YAML::Key << "train_files" << YAML::Value << data.train_files;
     out << YAML::Key << "test_files" << YAML::Value << data.test_files;
   } else {
@@ -715,7 +723,7 @@ std::string to_yaml(const Config& config) {
   out << YAML::Key << "lr" << YAML::Value << format_number(opt.lr);
   out << YAML::Key << "momentum" << YAML::Value << format_number(opt.momentum);
   out << YAML::Key << "weight_decay" << YAML::Value << format_number(opt.weight_decay);
-  out << YAML::Key << "schedule" << YAML::Value << opt.schedule;
+  out << YAML::Key << "schedule" << YAML::Value << worker::schedule_kind_name(opt.schedule);
   out << YAML::Key << "step_epochs" << YAML::Value << opt.step_epochs;
   out << YAML::Key << "gamma" << YAML::Value << format_number(opt.gamma);
   out << YAML::Key << "warmup_steps" << YAML::Value << opt.warmup_steps;
@@ -732,25 +740,30 @@ std::string to_yaml(const Config& config) {
   out << YAML::EndMap;
 
   out << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "policy" << YAML::Value << config.memory.policy;
-  out << YAML::Key << "planner" << YAML::Value << config.memory.planner;
+  out << YAML::Key << "policy" << YAML::Value << memory::policy_name(config.memory.policy);
+  out << YAML::Key << "planner" << YAML::Value << memory::planner_name(config.memory.planner);
   out << YAML::EndMap;
 
   out << YAML::Key << "output" << YAML::Value << YAML::BeginMap;
   if (!config.output.metrics.empty()) {
     out << YAML::Key << "metrics" << YAML::Value << config.output.metrics;
   }
-  out << YAML::Key << "progress" << YAML::Value << config.output.progress;
+  out << YAML::Key << "progress" << YAML::Value
+      << worker::progress_setting_name(config.output.progress);
   if (!config.output.plan.empty()) out << YAML::Key << "plan" << YAML::Value << config.output.plan;
   out << YAML::EndMap;
 
   out << YAML::Key << "balance" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "split" << YAML::Value << config.balance.split;
+  out << YAML::Key << "split" << YAML::Value
+      << common::name_of(balancer::kSplitModeNames, config.balance.split);
   out << YAML::Key << "granularity" << YAML::Value << config.balance.granularity;
-  out << YAML::Key << "candidates" << YAML::Value << config.balance.candidates;
-  out << YAML::Key << "workspace" << YAML::Value << config.balance.workspace;
+  out << YAML::Key << "candidates" << YAML::Value
+      << common::name_of(balancer::kCandidateSizesNames, config.balance.candidates);
+  out << YAML::Key << "workspace" << YAML::Value
+      << balancer::workspace_policy_name(config.balance.workspace);
   out << YAML::Key << "workspace_limit" << YAML::Value << config.balance.workspace_limit;
-  out << YAML::Key << "allreduce" << YAML::Value << config.balance.allreduce;
+  out << YAML::Key << "allreduce" << YAML::Value
+      << common::name_of(balancer::kAllreduceCostNames, config.balance.allreduce);
   if (!config.balance.manual.empty()) {
     out << YAML::Key << "manual" << YAML::Value << YAML::Flow << config.balance.manual;
   }
@@ -762,7 +775,8 @@ std::string to_yaml(const Config& config) {
   }
   out << YAML::Key << "every" << YAML::Value << config.checkpoint.every;
   out << YAML::Key << "keep" << YAML::Value << config.checkpoint.keep;
-  out << YAML::Key << "resume" << YAML::Value << config.checkpoint.resume;
+  out << YAML::Key << "resume" << YAML::Value
+      << common::name_of(worker::kResumeSettingNames, config.checkpoint.resume);
   out << YAML::EndMap;
 
   const ProfileConfig& profile = config.profile;
@@ -771,7 +785,8 @@ std::string to_yaml(const Config& config) {
   if (!profile.batches.empty()) {
     out << YAML::Key << "batches" << YAML::Value << YAML::Flow << profile.batches;
   }
-  out << YAML::Key << "micro_batches" << YAML::Value << profile.micro_batches;
+  out << YAML::Key << "micro_batches" << YAML::Value
+      << balancer::micro_batch_policy_name(profile.micro_batches);
   out << YAML::Key << "warmup" << YAML::Value << profile.warmup;
   out << YAML::Key << "repeats" << YAML::Value << profile.repeats;
   out << YAML::Key << "steps" << YAML::Value << profile.steps;

@@ -3,6 +3,10 @@
 //
 // Errors throw ConfigError with "FILE:LINE: KEY: what was expected" (for a
 // --set override: "--set KEY: ..."). Unknown keys are errors.
+//
+// A knob with a fixed set of choices is held as the enum of the part that
+// acts on it; the loader and the dump take its names from that part's name
+// table (e.g. memory::kPolicyNames), so the list is written once.
 #pragma once
 
 #include <cstdint>
@@ -11,9 +15,17 @@
 #include <string>
 #include <vector>
 
+#include "balancer/batch_split.h"
+#include "balancer/workspace_plan.h"
 #include "common/input_error.h"
 #include "common/text.h"
+#include "memory/device_pool.h"
+#include "memory/vdnn_plan.h"
+#include "worker/data/data.h"
 #include "worker/engine/graph.h"
+#include "worker/engine/optimizer.h"
+#include "worker/train/checkpoint.h"
+#include "worker/train/metrics.h"
 
 namespace vtrain::config {
 
@@ -29,7 +41,7 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string kind = "idx";                    // "idx", "cifar10" or "synthetic"
+  worker::DataKind kind = worker::DataKind::kIdx;
   // idx
   std::string train_images, train_labels, test_images, test_labels;
   // cifar10: the five data_batch_N.bin files and test_batch.bin
@@ -55,22 +67,19 @@ struct TrainConfig {
 };
 
 struct BalanceConfig {
-  std::string split = "even";  // "even" (B / ranks, remainder to the first ranks), "manual",
-                               // or "auto" (profile, then the batch-split ILP on rank 0)
+  balancer::SplitMode split = balancer::SplitMode::kEven;
   std::vector<int64_t> manual; // split: manual — per-rank batch sizes, summing to train.batch
   int64_t granularity = 1;     // auto: every per-rank batch is a multiple of this
-  std::string candidates = "interpolated";  // auto: "measured" or "interpolated" batch sizes
-  std::string workspace = "undivided";      // conv workspace plan: "undivided", "wr", "wd"
+  balancer::CandidateSizes candidates = balancer::CandidateSizes::kInterpolated;  // auto
+  balancer::WorkspacePolicy workspace = balancer::WorkspacePolicy::kUndivided;  // conv workspaces
   uint64_t workspace_limit = 64ull << 20;   // wr: per kernel; wd: per rank in total (bytes)
-  std::string allreduce = "measure";        // auto: "measure" times one allreduce of all
-                                            // gradients and adds it to every device's step
-                                            // time; "none" leaves communication out
+  balancer::AllreduceCost allreduce = balancer::AllreduceCost::kMeasure;  // auto
 };
 
 struct ProfileConfig {
   std::string db;                   // perf DB file (SQLite); empty = perf.db beside the config
   std::vector<int64_t> batches;     // per-rank batch sizes to profile; empty = train.batch / ranks
-  std::string micro_batches = "undivided";  // "all", "powerOfTwo" or "undivided" (mu-cuDNN)
+  balancer::MicroBatchPolicy micro_batches = balancer::MicroBatchPolicy::kUndivided;
   int64_t warmup = 1;               // untimed runs before the timed ones
   int64_t repeats = 5;              // timed runs; the median is recorded
   bool steps = true;                // also time whole steps (upload, fwd, bwd, update)
@@ -80,14 +89,14 @@ struct CheckpointConfig {
   std::string dir;                // where checkpoints go; empty = none
   int64_t every = 0;              // steps between checkpoints; 0 = only at the end and on a signal
   int64_t keep = 3;               // newest checkpoints kept
-  std::string resume = "never";   // "auto": continue from the newest checkpoint in dir, if any
+  worker::ResumeSetting resume = worker::ResumeSetting::kNever;
 };
 
 struct OptimizerConfig {
   double lr = 0.01;
   double momentum = 0.0;
   double weight_decay = 0.0;
-  std::string schedule = "none";  // "none", "step" or "cosine"
+  worker::ScheduleKind schedule = worker::ScheduleKind::kNone;
   int64_t step_epochs = 1;        // step: multiply lr by gamma every step_epochs epochs
   double gamma = 0.1;
   int64_t warmup_steps = 0;       // linear warm-up from 0 over this many steps
@@ -104,13 +113,13 @@ struct ConvConfig {
 };
 
 struct MemoryConfig {
-  std::string policy = "none";    // vDNN: "none" (everything allocated once), "all", "conv", "dyn"
-  std::string planner = "pool";   // "pool" (best fit as requests come) or "static" (DSA plan)
+  memory::Policy policy = memory::Policy::kNone;     // vDNN (see memory/vdnn_plan.h)
+  memory::Planner planner = memory::Planner::kPool;  // best fit as requests come, or a DSA plan
 };
 
 struct OutputConfig {
   std::string metrics;            // JSON-lines metrics file; empty = none
-  std::string progress = "auto";  // "auto" (live line on a TTY), "line" (log lines), "off"
+  worker::ProgressSetting progress = worker::ProgressSetting::kAuto;
   std::string plan;               // write the plan a run solved for here; empty = don't
 };
 

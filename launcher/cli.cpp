@@ -96,9 +96,12 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
     } else if (a == "--workspace" && cli.command == "balance") {
       cli.workspace = value(a);
     } else if (a == "--policy" && cli.command == "balance") {
-      cli.policy = value(a);
-      if (cli.policy != "undivided" && cli.policy != "wr" && cli.policy != "wd") {
-        throw UsageError("--policy must be undivided, wr or wd, got '" + cli.policy + "'");
+      const std::string v = value(a);
+      cli.policy = common::find_named(balancer::kWorkspacePolicyNames, v);
+      if (!cli.policy) {
+        throw UsageError("--policy must be one of " +
+                         common::join(common::names_of(balancer::kWorkspacePolicyNames)) +
+                         ", got '" + v + "'");
       }
     } else if (a == "--out" && cli.command == "balance") {
       cli.out = value(a);

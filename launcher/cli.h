@@ -2,9 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "balancer/workspace_plan.h"
 
 namespace vtrain::launcher {
 
@@ -40,7 +43,8 @@ struct CliArgs {
   int64_t batch = 0;                   // balance: --batch B (default train.batch)
   std::string devices;                 // balance: --devices "name,name,..." (default: the DB's)
   std::string workspace;               // balance: --workspace SIZE (balance.workspace_limit)
-  std::string policy;                  // balance: --policy undivided|wr|wd (balance.workspace)
+  // balance: --policy undivided|wr|wd (overrides balance.workspace)
+  std::optional<balancer::WorkspacePolicy> policy;
   std::string out;                     // balance: --out FILE (write the plan)
   std::string fronts;                  // balance: --fronts FILE (Pareto fronts as CSV)
   double allreduce_ms = 0;             // balance: --allreduce-ms MS (added to every step)

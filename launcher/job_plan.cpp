@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "balancer/batch_split.h"
+#include "launcher/part_options.h"
 #include "perfdb/perf_db.h"
+#include "worker/comm/device_infos.h"
 #include "worker/profile/planning.h"
 #include "worker/profile/profiler.h"
 #include "worker/train/trainer.h"
@@ -66,21 +68,6 @@ std::string trim(const std::string& s) {
   return s.substr(a, s.find_last_not_of(" \t") - a + 1);
 }
 
-balancer::BatchSplitOptions split_options(const config::Config& cfg) {
-  balancer::BatchSplitOptions o;
-  o.granularity = cfg.balance.granularity;
-  o.candidates = cfg.balance.candidates == "measured" ? balancer::CandidateSizes::kMeasured
-                                                      : balancer::CandidateSizes::kInterpolated;
-  return o;
-}
-
-// Undivided kernels take the fastest algorithm whose workspace fits the
-// limit, as plain cuDNN with a workspace limit would; they run one after
-// another, so they share one buffer of at most the limit.
-worker::WorkspaceRequest workspace_request(const std::string& policy, uint64_t limit) {
-  return {policy, limit};
-}
-
 // Per-rank batch sizes the profiler measures for a split: around B / ranks,
 // from a quarter to twice it, on the granularity.
 std::vector<int64_t> candidate_batches(const config::Config& cfg, int ranks) {
@@ -103,20 +90,16 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
                            worker::Backend& backend, worker::Communicator& comm,
                            worker::Communicator& gradient_comm,
                            const std::vector<int64_t>& fixed_split) {
-  const bool balance = cfg.balance.split == "auto";
+  const bool balance = cfg.balance.split == balancer::SplitMode::kAuto;
   const worker::DeviceInfo info = backend.device_info();
   perfdb::PerfDb db(cfg.profile.db);
   const perfdb::DeviceId id = db.upsert_device(worker::perfdb_device(info));
 
-  worker::ProfileOptions po;
+  worker::ProfileOptions po = profile_options(cfg);
   po.batches = balance ? candidate_batches(cfg, comm.size())
                        : std::vector<int64_t>{fixed_split[comm.rank()]};
   po.batches.erase(std::remove(po.batches.begin(), po.batches.end(), 0), po.batches.end());
-  po.micro_batches = balancer::parse_micro_batch_policy(cfg.profile.micro_batches);
-  po.warmup = static_cast<int>(cfg.profile.warmup);
-  po.repeats = static_cast<int>(cfg.profile.repeats);
   po.steps = balance;
-  po.memory_policy = cfg.memory.policy;
   std::tie(po.share_index, po.share_count) = profile_share(comm, info);
   if (!po.batches.empty()) {
     const worker::ProfileReport r = worker::profile(graph, backend, db, id, po);
@@ -134,7 +117,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   // The gradient exchange every step pays (rank 0's measurement of the
   // collective), added to every device's step time.
   double allreduce_ms = 0;
-  if (balance && cfg.balance.allreduce == "measure" && comm.size() > 1) {
+  if (balance && cfg.balance.allreduce == balancer::AllreduceCost::kMeasure && comm.size() > 1) {
     allreduce_ms = worker::measure_allreduce_ms(backend, gradient_comm, graph.parameter_count(), po);
     if (comm.rank() == 0) {
       std::printf("profile: allreduce of %lld gradients: %.2f ms (balance.allreduce: measure)\n",
@@ -143,23 +126,19 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     }
   }
 
-  // Rank 0 learns every rank's device.
-  const std::string mine = std::to_string(id.value) + "|" + std::to_string(info.memory_bytes) +
-                           "|" + info.backend + "|" + info.name;
-  const std::vector<std::string> all = comm.gather(mine, 0);
+  // Rank 0 learns every rank's device and its row in the perf DB.
+  const std::vector<worker::DeviceInfo> infos = worker::gather_device_infos(comm, info);
+  const std::vector<std::string> ids = comm.gather(std::to_string(id.value), 0);
   std::vector<worker::PlanDevice> devices;
   std::string split_text;
   balancer::BatchSplit split;
   if (comm.rank() == 0) {
-    for (size_t r = 0; r < all.size(); ++r) {
-      const std::vector<std::string> f = split_on(all[r], '|');
+    for (size_t r = 0; r < infos.size(); ++r) {
       worker::PlanDevice d;
-      d.id.value = std::stoll(f[0]);
-      d.memory_bytes = std::stoull(f[1]);
-      d.layout = worker::layout_rule(f[2]);
-      std::string name = f[3];  // the device name may itself hold '|'
-      for (size_t i = 4; i < f.size(); ++i) name += "|" + f[i];
-      d.name = name;
+      d.id.value = std::stoll(ids[r]);
+      d.memory_bytes = infos[r].memory_bytes;
+      d.layout = worker::layout_rule(infos[r].backend);
+      d.name = infos[r].name;
       d.allreduce_ms = allreduce_ms;
       devices.push_back(std::move(d));
     }
@@ -186,25 +165,25 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   }
   comm.barrier();
   if (comm.rank() != 0) return "";
+  // Undivided kernels take the fastest algorithm whose workspace fits the
+  // limit, as plain cuDNN with a workspace limit would.
   balancer::TrainingPlan plan = worker::plan_workspaces(
-      graph, db, devices, split, workspace_request(cfg.balance.workspace, cfg.balance.workspace_limit));
-  plan.memory_policy = cfg.memory.policy;
+      graph, db, devices, split, {cfg.balance.workspace, cfg.balance.workspace_limit});
+  plan.memory_policy = memory::policy_name(cfg.memory.policy);
   return balancer::plan_to_yaml(plan);
 }
 
 }  // namespace
 
 std::pair<int, int> profile_share(worker::Communicator& comm, const worker::DeviceInfo& info) {
-  const std::string key = info.host + "|" + info.name + "|" + info.backend + "|" +
-                          info.library_version + "|" + std::to_string(info.threads);
-  std::vector<std::string> keys = comm.gather(key, 0);
-  std::string joined;
-  for (const std::string& k : keys) joined += k + "\n";
-  comm.broadcast(joined, 0);
-  int index = 0, count = 0, r = 0;
-  size_t start = 0;
-  for (size_t nl; (nl = joined.find('\n', start)) != std::string::npos; start = nl + 1, ++r) {
-    if (joined.substr(start, nl - start) != key) continue;
+  const auto same_device = [&](const worker::DeviceInfo& other) {
+    return other.host == info.host && other.name == info.name && other.backend == info.backend &&
+           other.library_version == info.library_version && other.threads == info.threads;
+  };
+  const std::vector<worker::DeviceInfo> all = worker::gather_device_infos(comm, info);
+  int index = 0, count = 0;
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    if (!same_device(all[r])) continue;
     if (r < comm.rank()) ++index;
     ++count;
   }
@@ -221,7 +200,8 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
   if (!cli.plan.empty()) {
     origin = cli.plan;
     if (comm.rank() == 0) text = balancer::plan_to_yaml(balancer::load_plan(cli.plan));
-  } else if (cfg.balance.split == "auto" || cfg.balance.workspace != "undivided") {
+  } else if (cfg.balance.split == balancer::SplitMode::kAuto ||
+             cfg.balance.workspace != balancer::WorkspacePolicy::kUndivided) {
     origin = "the plan solved at start";
     text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, fixed_split);
   } else {
@@ -281,12 +261,12 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     }
     if (devices.empty()) {
       throw std::runtime_error(cli.db + " has no step measurements of this model under "
-                               "memory.policy " + cfg.memory.policy +
+                               "memory.policy " + memory::policy_name(cfg.memory.policy) +
                                " (run `vtrain profile` with this config first)");
     }
   }
   const int64_t batch = cli.batch > 0 ? cli.batch : cfg.train.batch;
-  const std::string policy = cli.policy.empty() ? cfg.balance.workspace : cli.policy;
+  const balancer::WorkspacePolicy policy = cli.policy.value_or(cfg.balance.workspace);
   const uint64_t limit =
       cli.workspace.empty() ? cfg.balance.workspace_limit : config::parse_size(cli.workspace);
   // Offline no device can profile an interpolated batch's kernels (training
@@ -297,9 +277,9 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
       worker::plan_split(graph, db, devices, batch, options, cfg.memory.policy);
   std::vector<worker::FrontPoint> fronts;
   balancer::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split,
-                                                      workspace_request(policy, limit),
+                                                      {policy, limit},
                                                       cli.fronts.empty() ? nullptr : &fronts);
-  plan.memory_policy = cfg.memory.policy;
+  plan.memory_policy = memory::policy_name(cfg.memory.policy);
   std::fputs(worker::describe_plan(plan).c_str(), stdout);
   if (!cli.out.empty()) {
     balancer::save_plan(plan, cli.out);

@@ -16,10 +16,12 @@
 #include "configs/config.h"
 #include "launcher/cli.h"
 #include "launcher/job_plan.h"
+#include "launcher/part_options.h"
 #include "launcher/stop_signals.h"
 #include "perfdb/perf_db.h"
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/device_infos.h"
 #include "worker/data/data.h"
 #include "worker/engine/graph.h"
 #include "worker/profile/planning.h"
@@ -60,11 +62,11 @@ worker::Dataset take(const worker::Dataset& all, int64_t first, int64_t count) {
 
 Datasets load_data(const Config& cfg) {
   const config::DataConfig& d = cfg.data;
-  if (d.kind == "idx") {
+  if (d.kind == worker::DataKind::kIdx) {
     return {worker::load_idx(d.train_images, d.train_labels),
             worker::load_idx(d.test_images, d.test_labels)};
   }
-  if (d.kind == "cifar10") {
+  if (d.kind == worker::DataKind::kCifar10) {
     return {worker::load_cifar10(d.train_files), worker::load_cifar10(d.test_files)};
   }
   // Synthetic: one draw split in two, so test samples are new samples of
@@ -100,12 +102,6 @@ Config load(const CliArgs& cli) {
   return config::load_config(cli.config, overrides);
 }
 
-worker::BackendOptions backend_options(const Config& cfg) {
-  return {.kind = cfg.device.backend,
-          .threads = cfg.device.threads,
-          .memory_limit = static_cast<size_t>(cfg.device.memory_limit)};
-}
-
 int run_check(const CliArgs& cli) {
   const Config cfg = load(cli);
   const Datasets data = load_data(cfg);
@@ -130,26 +126,17 @@ int run_check(const CliArgs& cli) {
 // Rank 0 prints one line per rank: what each device is.
 void print_cluster(worker::Communicator& comm, const worker::DeviceInfo& info,
                    const std::vector<int64_t>& split) {
-  const std::string mine = info.backend + "|" + info.name + "|" +
-                           std::to_string(info.memory_bytes) + "|" + std::to_string(info.threads) +
-                           "|" + info.library_version + "|" + info.host;
-  const std::vector<std::string> all = comm.gather(mine, 0);
+  const std::vector<worker::DeviceInfo> all = worker::gather_device_infos(comm, info);
   if (comm.rank() != 0) return;
   std::printf("cluster: %d rank%s\n", comm.size(), comm.size() == 1 ? "" : "s");
   std::printf("  %-4s %-7s %-6s %-9s %-7s %-14s %-12s %s\n", "rank", "backend", "batch",
               "memory", "threads", "library", "host", "device");
   for (size_t r = 0; r < all.size(); ++r) {
-    std::vector<std::string> f;
-    size_t start = 0;
-    for (size_t bar; (bar = all[r].find('|', start)) != std::string::npos; start = bar + 1) {
-      f.push_back(all[r].substr(start, bar - start));
-    }
-    f.push_back(all[r].substr(start));
-    if (f.size() != 6) continue;
-    std::printf("  %-4zu %-7s %-6lld %-9s %-7s %-14s %-12s %s\n", r, f[0].c_str(),
+    const worker::DeviceInfo& d = all[r];
+    std::printf("  %-4zu %-7s %-6lld %-9s %-7d %-14s %-12s %s\n", r, d.backend.c_str(),
                 static_cast<long long>(split[r]),
-                (std::to_string(std::stoull(f[2]) >> 20) + "MiB").c_str(), f[3].c_str(),
-                f[4].c_str(), f[5].c_str(), f[1].c_str());
+                (std::to_string(d.memory_bytes >> 20) + "MiB").c_str(), d.threads,
+                d.library_version.c_str(), d.host.c_str(), d.name.c_str());
   }
 }
 
@@ -164,7 +151,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   const worker::Graph graph = build_graph(cfg, data.train.sample);
   const worker::ChannelStats norm = normalisation(cfg, data.train);
   std::vector<int64_t> split = balancer::even_split(cfg.train.batch, comm.size());
-  if (cfg.balance.split == "manual") {
+  if (cfg.balance.split == balancer::SplitMode::kManual) {
     if (static_cast<int>(cfg.balance.manual.size()) != comm.size()) {
       throw config::ConfigError(cfg.path + ": balance.manual: has " +
                                 std::to_string(cfg.balance.manual.size()) +
@@ -179,7 +166,8 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
 
   if (comm.rank() == 0) {
     std::printf("vtrain %s: %s\n", kVersion, cfg.path.c_str());
-    std::printf("data: %s, %lld train / %lld test samples of %s\n", cfg.data.kind.c_str(),
+    std::printf("data: %s, %lld train / %lld test samples of %s\n",
+                worker::data_kind_name(cfg.data.kind),
                 static_cast<long long>(data.train.count), static_cast<long long>(data.test.count),
                 data.train.sample.str().c_str());
   }
@@ -193,26 +181,8 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   print_cluster(comm, backend->device_info(), split);
   std::fflush(stdout);
 
-  worker::TrainerOptions options;
-  options.batch = cfg.train.batch;
-  options.epochs = cfg.train.epochs;
-  options.max_steps = cfg.train.max_steps;
-  options.seed = cfg.train.seed;
-  options.log_every = cfg.train.log_every;
-  options.evaluate = cfg.train.evaluate;
-  options.schedule.base_lr = cfg.optimizer.lr;
-  options.schedule.kind = cfg.optimizer.schedule;
-  options.schedule.step_epochs = cfg.optimizer.step_epochs;
-  options.schedule.gamma = cfg.optimizer.gamma;
-  options.schedule.warmup_steps = cfg.optimizer.warmup_steps;
-  options.momentum = static_cast<float>(cfg.optimizer.momentum);
-  options.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
-  options.conv_algorithm = cfg.conv.algorithm;
-  options.memory_policy = memory::parse_policy(cfg.memory.policy);
-  options.memory_planner = memory::parse_planner(cfg.memory.planner);
+  worker::TrainerOptions options = trainer_options(cfg);
   options.trace_path = cli.trace;
-  options.metrics_path = cfg.output.metrics;
-  options.progress = worker::Progress::parse_mode(cfg.output.progress);
   options.comm = gradient_comm.get();
   options.split = split;
   if (plan) {
@@ -220,11 +190,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
     options.conv_executions = worker::conv_executions(mine);
     options.conv_workspace_bytes = mine.workspace_bytes;
   }
-  options.allreduce_bucket = cfg.train.allreduce_bucket;
-  options.checkpoint_dir = cfg.checkpoint.dir;
-  options.checkpoint_every = cfg.checkpoint.every;
-  options.checkpoint_keep = static_cast<int>(cfg.checkpoint.keep);
-  options.resume = cli.resume || cfg.checkpoint.resume == "auto";
+  options.resume = options.resume || cli.resume;
   options.stop_signal = &stop_signal;
   options.fail_at_step = injected_failure_step(comm.rank());
   if (const char* in = std::getenv("VTRAIN_FAIL_IN")) {
@@ -259,16 +225,10 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   const worker::DeviceInfo info = backend->device_info();
   print_cluster(comm, info, balancer::even_split(cfg.train.batch, comm.size()));
 
-  worker::ProfileOptions options;
-  options.batches = cfg.profile.batches;
+  worker::ProfileOptions options = profile_options(cfg);
   if (options.batches.empty()) {
     options.batches = {(cfg.train.batch + comm.size() - 1) / comm.size()};
   }
-  options.micro_batches = balancer::parse_micro_batch_policy(cfg.profile.micro_batches);
-  options.warmup = static_cast<int>(cfg.profile.warmup);
-  options.repeats = static_cast<int>(cfg.profile.repeats);
-  options.steps = cfg.profile.steps;
-  options.memory_policy = cfg.memory.policy;
   std::tie(options.share_index, options.share_count) = profile_share(comm, info);
 
   perfdb::PerfDb db(cfg.profile.db);
@@ -286,7 +246,7 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   comm.barrier();
   if (comm.rank() == 0) {
     std::printf("profile: %s, micro-batches %s, batches", cfg.profile.db.c_str(),
-                cfg.profile.micro_batches.c_str());
+                balancer::micro_batch_policy_name(cfg.profile.micro_batches));
     for (int64_t b : options.batches) std::printf(" %lld", static_cast<long long>(b));
     std::printf("\n");
     for (const std::string& l : lines) std::printf("  %s\n", l.c_str());

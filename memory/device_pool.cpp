@@ -7,14 +7,8 @@
 
 namespace vtrain::memory {
 
-const char* planner_name(Planner planner) {
-  return planner == Planner::kStatic ? "static" : "pool";
-}
-
 Planner parse_planner(const std::string& name) {
-  if (name == "pool") return Planner::kPool;
-  if (name == "static") return Planner::kStatic;
-  throw MemoryError("unknown memory planner '" + name + "' (known planners: pool, static)");
+  return common::parse_named<MemoryError>(kPlannerNames, name, "memory planner");
 }
 
 std::string format_bytes(size_t bytes) {

@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/name_table.h"
 #include "memory/dsa.h"
 #include "memory/free_list.h"
 #include "worker/device/backend.h"
@@ -35,7 +36,9 @@
 namespace vtrain::memory {
 
 enum class Planner { kPool, kStatic };
-const char* planner_name(Planner planner);  // "pool", "static"
+inline constexpr auto kPlannerNames = std::to_array<common::Named<Planner>>(
+    {{Planner::kPool, "pool"}, {Planner::kStatic, "static"}});
+inline const char* planner_name(Planner planner) { return common::name_of(kPlannerNames, planner); }
 // Throws MemoryError listing the known names.
 Planner parse_planner(const std::string& name);
 

@@ -6,21 +6,8 @@
 
 namespace vtrain::memory {
 
-const char* policy_name(Policy policy) {
-  switch (policy) {
-    case Policy::kNone: return "none";
-    case Policy::kAll: return "all";
-    case Policy::kConv: return "conv";
-    case Policy::kDyn: return "dyn";
-  }
-  return "?";
-}
-
 Policy parse_policy(const std::string& name) {
-  for (Policy p : {Policy::kNone, Policy::kAll, Policy::kConv, Policy::kDyn}) {
-    if (name == policy_name(p)) return p;
-  }
-  throw MemoryError("unknown memory policy '" + name + "' (known policies: none, all, conv, dyn)");
+  return common::parse_named<MemoryError>(kPolicyNames, name, "memory policy");
 }
 
 const char* offload_name(Offload offload) {

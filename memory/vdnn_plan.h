@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "common/name_table.h"
+
 namespace vtrain::memory {
 
 // memory.policy in the config.
@@ -21,7 +23,10 @@ enum class Policy {
   kConv,  // layer-wise allocation; offload the input X of conv layers only
   kDyn,   // choose offloading and conv algorithms by simulated profiling passes (Sec. III-C)
 };
-const char* policy_name(Policy policy);  // "none", "all", "conv", "dyn"
+inline constexpr auto kPolicyNames = std::to_array<common::Named<Policy>>(
+    {{Policy::kNone, "none"}, {Policy::kAll, "all"}, {Policy::kConv, "conv"},
+     {Policy::kDyn, "dyn"}});
+inline const char* policy_name(Policy policy) { return common::name_of(kPolicyNames, policy); }
 // Throws MemoryError listing the known names.
 Policy parse_policy(const std::string& name);
 

@@ -82,7 +82,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_EQ(c.model.preset, "lenet");
   EXPECT_TRUE(c.model.layers.empty());
   EXPECT_EQ(c.model.classes, 10);
-  EXPECT_EQ(c.data.kind, "synthetic");
+  EXPECT_EQ(c.data.kind, worker::DataKind::kSynthetic);
   EXPECT_EQ(c.data.shape, (worker::Shape{1, 1, 28, 28}));
   EXPECT_EQ(c.data.classes, 10);
   EXPECT_EQ(c.data.train_size, 1024);
@@ -97,13 +97,13 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_TRUE(c.train.evaluate);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.01);
   EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.0);
-  EXPECT_EQ(c.optimizer.schedule, "none");
+  EXPECT_EQ(c.optimizer.schedule, worker::ScheduleKind::kNone);
   EXPECT_EQ(c.device.backend, "auto");
   EXPECT_EQ(c.device.threads, 0);
   EXPECT_EQ(c.device.memory_limit, 0u);
   EXPECT_EQ(c.conv.algorithm, "auto");
   EXPECT_EQ(c.output.metrics, "");
-  EXPECT_EQ(c.output.progress, "auto");
+  EXPECT_EQ(c.output.progress, worker::ProgressSetting::kAuto);
 }
 
 TEST(ConfigTest, EveryKeyIsRead) {
@@ -150,7 +150,7 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
   EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.5);
   EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 5e-4);
-  EXPECT_EQ(c.optimizer.schedule, "step");
+  EXPECT_EQ(c.optimizer.schedule, worker::ScheduleKind::kStep);
   EXPECT_EQ(c.optimizer.step_epochs, 2);
   EXPECT_DOUBLE_EQ(c.optimizer.gamma, 0.5);
   EXPECT_EQ(c.optimizer.warmup_steps, 10);
@@ -159,7 +159,7 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_EQ(c.device.memory_limit, 1'500'000'000u);
   EXPECT_EQ(c.conv.algorithm, "winograd");
   EXPECT_EQ(c.output.metrics, "/tmp/m.jsonl");
-  EXPECT_EQ(c.output.progress, "line");
+  EXPECT_EQ(c.output.progress, worker::ProgressSetting::kLine);
 }
 
 TEST(ConfigTest, PresetClassesFollowSyntheticData) {
@@ -308,7 +308,7 @@ TEST(ConfigTest, OverridesApplyBeforeValidation) {
   EXPECT_EQ(c.data.mean, (std::vector<float>{0.5f}));
   EXPECT_EQ(c.data.stddev, (std::vector<float>{0.25f}));
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.1);
-  EXPECT_EQ(c.optimizer.schedule, "cosine");
+  EXPECT_EQ(c.optimizer.schedule, worker::ScheduleKind::kCosine);
   EXPECT_EQ(c.device.threads, 2);
   // Paths typed on the command line are relative to where the user is.
   EXPECT_EQ(c.output.metrics, (fs::current_path() / "m.jsonl").string());
@@ -402,7 +402,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   EXPECT_EQ(b.optimizer.weight_decay, a.optimizer.weight_decay);
   EXPECT_EQ(b.device.memory_limit, 64u << 20);
   EXPECT_EQ(b.output.metrics, "/tmp/x.jsonl");
-  EXPECT_EQ(b.output.progress, "off");
+  EXPECT_EQ(b.output.progress, worker::ProgressSetting::kOff);
   EXPECT_NE(text.find("lr: 0.05\n"), std::string::npos) << "numbers print in their shortest form";
 }
 
@@ -727,8 +727,8 @@ TEST(ParseSizeTest, RejectsNegativesGarbageAndOverflow) {
 
 // Per-sample input shape of a config's data, for building its graph.
 worker::Shape input_shape(const DataConfig& data) {
-  if (data.kind == "cifar10") return {1, 3, 32, 32};
-  if (data.kind == "idx") return {1, 1, 28, 28};  // (Fashion-)MNIST
+  if (data.kind == worker::DataKind::kCifar10) return {1, 3, 32, 32};
+  if (data.kind == worker::DataKind::kIdx) return {1, 1, 28, 28};  // (Fashion-)MNIST
   return data.shape;
 }
 
@@ -756,7 +756,7 @@ TEST(ExampleConfigsTest, ExamplesSayWhatTheyPromise) {
   const fs::path dir = source_dir() / "configs";
   const Config lenet = load_config((dir / "fmnist-lenet.yaml").string());
   EXPECT_EQ(lenet.model.preset, "lenet");
-  EXPECT_EQ(lenet.data.kind, "idx");
+  EXPECT_EQ(lenet.data.kind, worker::DataKind::kIdx);
   EXPECT_EQ(lenet.data.train_images,
             "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
   EXPECT_EQ(lenet.train.batch, 64);
@@ -771,7 +771,7 @@ TEST(ExampleConfigsTest, ExamplesSayWhatTheyPromise) {
             (fs::absolute(dir).parent_path() / "data/cifar-10-batches-bin/test_batch.bin")
                 .lexically_normal()
                 .string());
-  EXPECT_EQ(resnet.optimizer.schedule, "cosine");
+  EXPECT_EQ(resnet.optimizer.schedule, worker::ScheduleKind::kCosine);
   EXPECT_DOUBLE_EQ(resnet.optimizer.weight_decay, 5e-4);
 
   const Config custom = load_config((dir / "custom-dag.yaml").string());
@@ -791,11 +791,11 @@ TEST(ConfigSections, BalanceAndCheckpoint) {
   Config c = parse_config(base + "balance:\n  split: manual\n  manual: [24, 40]\n"
                                  "checkpoint:\n  dir: ck\n  every: 10\n  keep: 2\n  resume: auto\n",
                           "t.yaml");
-  EXPECT_EQ(c.balance.split, "manual");
+  EXPECT_EQ(c.balance.split, balancer::SplitMode::kManual);
   EXPECT_EQ(c.balance.manual, (std::vector<int64_t>{24, 40}));
   EXPECT_EQ(c.checkpoint.every, 10);
   EXPECT_EQ(c.checkpoint.keep, 2);
-  EXPECT_EQ(c.checkpoint.resume, "auto");
+  EXPECT_EQ(c.checkpoint.resume, worker::ResumeSetting::kAuto);
   EXPECT_FALSE(c.checkpoint.dir.empty());
   c = parse_config(base, "t.yaml", {"train.allreduce_bucket=1MiB"});
   EXPECT_EQ(c.train.allreduce_bucket, 1u << 20);

@@ -464,23 +464,23 @@ TEST_F(NetworkTest, PlanThatDoesNotMatchTheModelIsAClearError) {
 }
 
 TEST_F(NetworkTest, LrSchedules) {
-  LrSchedule s{.base_lr = 0.1, .kind = "step", .step_epochs = 2, .gamma = 0.5,
+  LrSchedule s{.base_lr = 0.1, .kind = ScheduleKind::kStep, .step_epochs = 2, .gamma = 0.5,
                .steps_per_epoch = 10, .total_steps = 100};
   EXPECT_DOUBLE_EQ(s.at(0), 0.1);
   EXPECT_DOUBLE_EQ(s.at(19), 0.1);
   EXPECT_DOUBLE_EQ(s.at(20), 0.05);
   EXPECT_DOUBLE_EQ(s.at(45), 0.025);
-  s.kind = "cosine";
+  s.kind = ScheduleKind::kCosine;
   EXPECT_DOUBLE_EQ(s.at(0), 0.1);
   EXPECT_NEAR(s.at(50), 0.05, 1e-12);
   EXPECT_NEAR(s.at(100), 0.0, 1e-12);
-  s.kind = "none";
+  s.kind = ScheduleKind::kNone;
   s.warmup_steps = 4;
   EXPECT_DOUBLE_EQ(s.at(0), 0.025);
   EXPECT_DOUBLE_EQ(s.at(3), 0.1);
   EXPECT_DOUBLE_EQ(s.at(10), 0.1);
-  s.kind = "linear";
-  EXPECT_THROW(s.at(0), std::invalid_argument);
+  EXPECT_EQ(parse_schedule_kind("cosine"), ScheduleKind::kCosine);
+  EXPECT_THROW(parse_schedule_kind("linear"), std::invalid_argument);
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ balancer::TrainingPlan sample_plan() {
   balancer::TrainingPlan p;
   p.model = "m";
   p.global_batch = 12;
-  p.workspace_policy = "wd";
+  p.workspace_policy = balancer::WorkspacePolicy::kWd;
   p.workspace_limit = 4096;
   p.predicted_step_ms = 2.5;
   p.split_ms = 2.25;
@@ -195,7 +195,7 @@ TEST_F(PlanningTest, FastDeviceGetsTheLargerShareAndThePlanFitsTheModel) {
   EXPECT_DOUBLE_EQ(*split.even_split_time_ms, 14.0);
 
   const balancer::TrainingPlan plan =
-      worker::plan_workspaces(graph_, *db_, devices, split, {"undivided", 0});
+      worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kUndivided, 0});
   EXPECT_EQ(worker::plan_mismatch(plan, graph_, 2, 24), std::nullopt);
   EXPECT_EQ(plan.global_batch, 24);
   // c1's backward-data never runs (its input is the data): 5 kernels.
@@ -229,14 +229,14 @@ TEST_F(PlanningTest, WorkspacePoliciesStayWithinTheirLimits) {
   balancer::BatchSplit split;
   split.batch = {16, 8};
   // WR, 4 KiB per kernel: winograd fits 4 images per call.
-  const balancer::TrainingPlan wr = worker::plan_workspaces(graph_, *db_, devices, split, {"wr", 4096});
+  const balancer::TrainingPlan wr = worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kWr, 4096});
   for (const auto& k : wr.ranks[0].kernels) {
     EXPECT_LE(k.workspace_bytes, 4096u);
     EXPECT_EQ(k.calls.front(), (balancer::MicroBatch{"winograd", 4})) << k.layer << " " << k.kind;
   }
   // WD, 20 KiB for all five kernels of rank 0: segments disjoint and inside.
   const balancer::TrainingPlan wd =
-      worker::plan_workspaces(graph_, *db_, devices, split, {"wd", 20 << 10});
+      worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kWd, 20 << 10});
   for (const auto& r : wd.ranks) {
     EXPECT_LE(r.workspace_bytes, 20u << 10);
     std::vector<std::pair<uint64_t, uint64_t>> segments;
@@ -254,7 +254,7 @@ TEST_F(PlanningTest, WorkspacePoliciesStayWithinTheirLimits) {
             balancer::plan_to_yaml(wd));
   // A budget below every kernel's least workspace config: infeasible (direct needs none,
   // so this holds only when it is removed; here 0 bytes still fits all-direct).
-  const balancer::TrainingPlan tight = worker::plan_workspaces(graph_, *db_, devices, split, {"wd", 1});
+  const balancer::TrainingPlan tight = worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kWd, 1});
   for (const auto& k : tight.ranks[0].kernels) EXPECT_EQ(k.calls.front().algorithm, "direct");
 }
 
@@ -263,14 +263,14 @@ TEST_F(PlanningTest, MissingMeasurementsAndMismatchesAreClearErrors) {
   balancer::BatchSplit split;
   split.batch = {20, 6};  // 6 was never measured
   EXPECT_NE(error_message<std::runtime_error>([&] {
-              worker::plan_workspaces(graph_, *db_, devices, split, {"undivided", 0});
+              worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kUndivided, 0});
             }).find("device slow: no measurements of c1/Forward at batch 6"),
             std::string::npos);
   split.batch = {16, 8};
   const balancer::TrainingPlan plan =
-      worker::plan_workspaces(graph_, *db_, devices, split, {"undivided", 0});
+      worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kUndivided, 0});
   EXPECT_EQ(worker::plan_mismatch(plan, graph_, 3, 24), "the plan has 2 ranks, the job has 3");
-  EXPECT_EQ(worker::plan_mismatch(plan, graph_, 2, 24, "conv"),
+  EXPECT_EQ(worker::plan_mismatch(plan, graph_, 2, 24, memory::Policy::kConv),
             "the plan was made for memory.policy none, the config's memory.policy is conv");
   EXPECT_EQ(worker::plan_mismatch(plan, graph_, 2, 32),
             "the plan's global_batch is 24, the config's train.batch is 32");

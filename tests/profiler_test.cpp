@@ -47,7 +47,7 @@ TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
   EXPECT_EQ(stats.step_measurements, 3);  // the old row is kept, not used
   // Every measurement is positive and its workspace is what the backend
   // reports for that algorithm and micro-batch.
-  const auto steps = profiled_steps(db, device, graph.signature(), "none");
+  const auto steps = profiled_steps(db, device, graph.signature(), memory::Policy::kNone);
   ASSERT_EQ(steps.size(), 2u);
   // The step's peak holds at least the weights, their gradients and the
   // optimizer's velocity, the state a training step keeps.
@@ -92,16 +92,17 @@ TEST(Profiler, StepsAreRecordedUnderTheirMemoryPolicy) {
   const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
   const Graph graph = Graph::build(preset_layers("vgg-small", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
   ProfileOptions options{.batches = {16}, .warmup = 0, .repeats = 1};
-  for (const char* policy : {"none", "all"}) {
+  for (memory::Policy policy : {memory::Policy::kNone, memory::Policy::kAll}) {
     options.memory_policy = policy;
-    EXPECT_EQ(profile(graph, *backend, db, device, options).step_measured, 1) << policy;
+    EXPECT_EQ(profile(graph, *backend, db, device, options).step_measured, 1)
+        << memory::policy_name(policy);
   }
   const auto none = db.step_measurements(device, graph.signature(), "none");
   const auto all = db.step_measurements(device, graph.signature(), "all");
   ASSERT_EQ(none.size(), 1u);
   ASSERT_EQ(all.size(), 1u);
   EXPECT_LT(all[0].peak_device_bytes, none[0].peak_device_bytes);
-  options.memory_policy = "all";
+  options.memory_policy = memory::Policy::kAll;
   EXPECT_EQ(profile(graph, *backend, db, device, options).step_cached, 1);
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/name_table.h"
 #include "worker/device/tensor.h"
 
 namespace vtrain::worker {
@@ -21,6 +22,16 @@ class DataError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// Where a job's data comes from (data.kind in the config).
+enum class DataKind {
+  kIdx,        // MNIST / Fashion-MNIST IDX files (load_idx)
+  kCifar10,    // CIFAR-10 binary batches (load_cifar10)
+  kSynthetic,  // generated (make_synthetic)
+};
+inline constexpr auto kDataKindNames = std::to_array<common::Named<DataKind>>(
+    {{DataKind::kIdx, "idx"}, {DataKind::kCifar10, "cifar10"}, {DataKind::kSynthetic, "synthetic"}});
+inline const char* data_kind_name(DataKind kind) { return common::name_of(kDataKindNames, kind); }
 
 struct Dataset {
   Shape sample{1, 1, 1, 1};     // per-sample shape (n = 1)

@@ -7,19 +7,21 @@
 
 namespace vtrain::worker {
 
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  return common::parse_named<std::invalid_argument>(kScheduleKindNames, name,
+                                                    "learning-rate schedule");
+}
+
 double LrSchedule::at(int64_t step) const {
   double lr = base_lr;
-  if (kind == "step") {
+  if (kind == ScheduleKind::kStep) {
     const int64_t epoch = step / std::max<int64_t>(steps_per_epoch, 1);
     lr *= std::pow(gamma, static_cast<double>(epoch / std::max<int64_t>(step_epochs, 1)));
-  } else if (kind == "cosine") {
+  } else if (kind == ScheduleKind::kCosine) {
     const double t = std::clamp(static_cast<double>(step) /
                                     static_cast<double>(std::max<int64_t>(total_steps, 1)),
                                 0.0, 1.0);
     lr *= 0.5 * (1.0 + std::cos(std::numbers::pi * t));
-  } else if (kind != "none") {
-    throw std::invalid_argument("unknown learning-rate schedule '" + kind +
-                                "' (known: none, step, cosine)");
   }
   if (warmup_steps > 0 && step < warmup_steps) {
     lr *= static_cast<double>(step + 1) / static_cast<double>(warmup_steps);

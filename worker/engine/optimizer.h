@@ -6,13 +6,29 @@
 #include <string>
 #include <vector>
 
+#include "common/name_table.h"
 #include "worker/device/backend.h"
 
 namespace vtrain::worker {
 
+// optimizer.schedule in the config.
+enum class ScheduleKind {
+  kNone,    // constant
+  kStep,    // x gamma every step_epochs
+  kCosine,  // cosine to 0 at total_steps
+};
+inline constexpr auto kScheduleKindNames = std::to_array<common::Named<ScheduleKind>>(
+    {{ScheduleKind::kNone, "none"}, {ScheduleKind::kStep, "step"},
+     {ScheduleKind::kCosine, "cosine"}});
+inline const char* schedule_kind_name(ScheduleKind kind) {
+  return common::name_of(kScheduleKindNames, kind);
+}
+// Throws std::invalid_argument listing the names for anything else.
+ScheduleKind parse_schedule_kind(const std::string& name);
+
 struct LrSchedule {
   double base_lr = 0.01;
-  std::string kind = "none";  // "none", "step" (x gamma every step_epochs) or "cosine" (to 0)
+  ScheduleKind kind = ScheduleKind::kNone;
   int64_t step_epochs = 1;
   double gamma = 0.1;
   int64_t warmup_steps = 0;   // linear ramp from base_lr / warmup_steps

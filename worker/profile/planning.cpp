@@ -59,7 +59,7 @@ std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind) {
 balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
                                 const std::vector<PlanDevice>& devices, int64_t global_batch,
                                 const balancer::BatchSplitOptions& options,
-                                const std::string& memory_policy) {
+                                memory::Policy memory_policy) {
   std::vector<balancer::DeviceProfile> profiles;
   for (const PlanDevice& d : devices) {
     balancer::DeviceProfile p;
@@ -73,7 +73,8 @@ balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
     }
     if (by_batch.empty()) {
       throw std::runtime_error("device " + d.name + " has no step measurements of this model " +
-                               "under memory.policy " + memory_policy + " in " + db.path() +
+                               "under memory.policy " + memory::policy_name(memory_policy) +
+                               " in " + db.path() +
                                " (run `vtrain profile` on it with that policy first)");
     }
     for (const auto& [batch, s] : by_batch) {
@@ -94,12 +95,9 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
                                 std::to_string(split.batch.size()) + " devices, not " +
                                 std::to_string(devices.size()));
   }
-  if (workspace.policy == "wd" && workspace.limit == 0) {
+  using balancer::WorkspacePolicy;
+  if (workspace.policy == WorkspacePolicy::kWd && workspace.limit == 0) {
     throw std::invalid_argument("workspace policy wd needs a total workspace budget");
-  }
-  if (workspace.policy != "undivided" && workspace.policy != "wr" && workspace.policy != "wd") {
-    throw std::invalid_argument("unknown workspace policy '" + workspace.policy +
-                                "' (known: undivided, wr, wd)");
   }
   balancer::TrainingPlan plan;
   plan.model = graph.signature();
@@ -128,7 +126,7 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
       for (const perfdb::KernelMeasurement& m : db.kernel_measurements(device.id, site.signature)) {
         if (m.micro_batch > rank.batch) continue;
         if (m.micro_batch == rank.batch && (fastest < 0 || m.time_ms < fastest)) fastest = m.time_ms;
-        if (workspace.policy == "undivided" && m.micro_batch != rank.batch) continue;
+        if (workspace.policy == WorkspacePolicy::kUndivided && m.micro_batch != rank.batch) continue;
         k.options.push_back({m.algorithm, m.micro_batch, m.time_ms, align_up(m.workspace_bytes)});
       }
       if (k.options.empty() || fastest < 0) {
@@ -142,7 +140,7 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
     }
     std::vector<balancer::KernelConfig> configs;
     std::vector<uint64_t> offsets(kernels.size(), 0);
-    if (workspace.policy == "wd") {
+    if (workspace.policy == WorkspacePolicy::kWd) {
       balancer::WorkspaceDivision division =
           balancer::plan_workspace_division(kernels, workspace.limit);
       configs = std::move(division.configs);
@@ -157,7 +155,7 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
       }
     }
     if (fronts) {
-      const uint64_t per_call = workspace.policy == "wr" && workspace.limit > 0
+      const uint64_t per_call = workspace.policy == WorkspacePolicy::kWr && workspace.limit > 0
                                     ? workspace.limit
                                     : balancer::kNoWorkspaceLimit;
       for (size_t i = 0; i < kernels.size(); ++i) {
@@ -193,7 +191,7 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
 
 std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, const Graph& graph,
                                          int ranks, int64_t global_batch,
-                                         const std::string& memory_policy) {
+                                         memory::Policy memory_policy) {
   if (plan.model != graph.signature()) {
     return "the plan was made for another model (its signature differs from this config's)";
   }
@@ -201,10 +199,10 @@ std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, con
     return "the plan has " + std::to_string(plan.ranks.size()) + " ranks, the job has " +
            std::to_string(ranks);
   }
-  if (plan.memory_policy != memory_policy) {
+  if (plan.memory_policy != memory::policy_name(memory_policy)) {
     // Its batches were chosen to fit the devices under that policy.
     return "the plan was made for memory.policy " + plan.memory_policy +
-           ", the config's memory.policy is " + memory_policy;
+           ", the config's memory.policy is " + memory::policy_name(memory_policy);
   }
   if (plan.global_batch != global_batch) {
     return "the plan's global_batch is " + std::to_string(plan.global_batch) +
@@ -288,7 +286,7 @@ std::string describe_plan(const balancer::TrainingPlan& plan) {
   char line[512];
   std::snprintf(line, sizeof line, "plan: split %s of %lld, workspace %s%s%s, predicted step %.2f ms",
                 split.c_str(), static_cast<long long>(plan.global_batch),
-                plan.workspace_policy.c_str(), plan.workspace_limit > 0 ? " " : "",
+                balancer::workspace_policy_name(plan.workspace_policy), plan.workspace_limit > 0 ? " " : "",
                 plan.workspace_limit > 0 ? mib(plan.workspace_limit).c_str() : "",
                 plan.predicted_step_ms);
   std::string out = line;

@@ -13,6 +13,7 @@
 
 #include "balancer/batch_split.h"
 #include "balancer/plan.h"
+#include "memory/vdnn_plan.h"
 #include "perfdb/perf_db.h"
 #include "worker/engine/graph.h"
 #include "worker/engine/network.h"
@@ -33,7 +34,7 @@ struct PlanDevice {
 std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind);
 
 struct WorkspaceRequest {
-  std::string policy = "undivided";  // "undivided", "wr" (per-kernel limit), "wd" (total budget)
+  balancer::WorkspacePolicy policy = balancer::WorkspacePolicy::kUndivided;
   uint64_t limit = 0;                // bytes; 0 = no limit (not allowed for wd)
 };
 
@@ -45,7 +46,7 @@ struct WorkspaceRequest {
 balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
                                 const std::vector<PlanDevice>& devices, int64_t global_batch,
                                 const balancer::BatchSplitOptions& options,
-                                const std::string& memory_policy = "none");
+                                memory::Policy memory_policy = memory::Policy::kNone);
 
 // The whole plan for a given split: per device with a batch, every conv
 // kernel's configuration under the workspace request, from its kernel
@@ -76,7 +77,7 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
 // Why `plan` does not fit this model and job, or nullopt when it does.
 std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, const Graph& graph,
                                          int ranks, int64_t global_batch,
-                                         const std::string& memory_policy = "none");
+                                         memory::Policy memory_policy = memory::Policy::kNone);
 
 // Why rank `rank`, running on `device`, cannot follow `plan` (its batch and
 // kernel choices were timed on the device the plan names), or nullopt. The

@@ -110,8 +110,9 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
 
 std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::DeviceId device,
                                                     const std::string& model,
-                                                    const std::string& memory_policy) {
-  std::vector<perfdb::StepMeasurement> steps = db.step_measurements(device, model, memory_policy);
+                                                    memory::Policy memory_policy) {
+  std::vector<perfdb::StepMeasurement> steps =
+      db.step_measurements(device, model, memory::policy_name(memory_policy));
   std::erase_if(steps, [](const perfdb::StepMeasurement& s) {
     return s.workspace_plan != kProfiledStepPlan;
   });
@@ -195,7 +196,6 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
     const std::string model = graph.signature();
     const std::vector<perfdb::StepMeasurement> known =
         profiled_steps(db, device, model, options.memory_policy);
-    const memory::Policy policy = memory::parse_policy(options.memory_policy);
     for (int64_t b : options.batches) {
       if (!mine()) continue;
       if (std::any_of(known.begin(), known.end(),
@@ -208,7 +208,7 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       {
         NetworkOptions net_options;
         net_options.max_batch = b;
-        net_options.memory_policy = policy;
+        net_options.memory_policy = options.memory_policy;
         net_options.optimizer_bytes_per_parameter = Sgd::kStateBytesPerParameter;
         Network net(graph, backend, net_options);
         Sgd sgd(backend, net.parameter_count(), 0.9f, 0.0f);  // its velocity counts in the peak
@@ -229,8 +229,13 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
           sgd.step(net.parameters(), net.gradients(), 0.0f);
         });
       }
-      const perfdb::StepMeasurement step{model,       b, options.memory_policy, kProfiledStepPlan,
-                                         t.median_ms, backend.device_bytes_peak() - base, 0};
+      const perfdb::StepMeasurement step{model,
+                                         b,
+                                         memory::policy_name(options.memory_policy),
+                                         kProfiledStepPlan,
+                                         t.median_ms,
+                                         backend.device_bytes_peak() - base,
+                                         0};
       db.record_step_measurements(device, std::span(&step, 1));
       ++report.step_measured;
     }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "balancer/workspace_plan.h"
+#include "memory/vdnn_plan.h"
 #include "perfdb/perf_db.h"
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
@@ -27,7 +28,8 @@ struct ProfileOptions {
   int warmup = 1;                    // untimed runs before the timed ones
   int repeats = 5;                   // timed runs; the median is recorded
   bool steps = true;                 // also time a whole step (upload, fwd, bwd, update) per batch
-  std::string memory_policy = "none";  // memory.policy the steps run (and are recorded) under
+  memory::Policy memory_policy = memory::Policy::kNone;  // memory.policy the steps run (and
+                                                        // are recorded) under
   // This process's share when several identical devices on one host split
   // the work: work item j is measured here iff j % share_count == share_index.
   int share_index = 0;
@@ -58,7 +60,7 @@ inline constexpr const char* kProfiledStepPlan = "auto+update";
 // `device` (those under kProfiledStepPlan), ordered by batch.
 std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::DeviceId device,
                                                     const std::string& model,
-                                                    const std::string& memory_policy);
+                                                    memory::Policy memory_policy);
 
 // Measures what `db` lacks for `device` and records it, one transaction per
 // work item. Every measurement runs on `backend` with freshly allocated

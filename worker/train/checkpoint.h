@@ -13,7 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "common/name_table.h"
+
 namespace vtrain::worker {
+
+// checkpoint.resume in the config: kAuto continues from the newest
+// checkpoint in the checkpoint folder, if any (as vtrain train --resume).
+enum class ResumeSetting { kNever, kAuto };
+inline constexpr auto kResumeSettingNames = std::to_array<common::Named<ResumeSetting>>(
+    {{ResumeSetting::kNever, "never"}, {ResumeSetting::kAuto, "auto"}});
 
 // A checkpoint file is missing, torn, corrupt or does not match the run.
 // The message names the file and what is wrong.

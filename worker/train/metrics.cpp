@@ -55,11 +55,13 @@ void MetricsFile::write(const JsonRecord& record) {
   if (!out_) throw std::runtime_error("writing metrics file " + path_ + " failed");
 }
 
-Progress::Mode Progress::parse_mode(const std::string& mode) {
-  if (mode == "line") return Mode::kLines;
-  if (mode == "off") return Mode::kOff;
-  if (mode == "auto") return isatty(fileno(stdout)) ? Mode::kLive : Mode::kLines;
-  throw std::invalid_argument("unknown progress mode '" + mode + "' (known: auto, line, off)");
+Progress::Mode Progress::mode_for(ProgressSetting setting) {
+  switch (setting) {
+    case ProgressSetting::kLine: return Mode::kLines;
+    case ProgressSetting::kOff: return Mode::kOff;
+    case ProgressSetting::kAuto: break;
+  }
+  return isatty(fileno(stdout)) ? Mode::kLive : Mode::kLines;
 }
 
 void Progress::step(const std::string& line, bool log_point) {

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/name_table.h"
+
 namespace vtrain::worker {
 
 // One JSON object: keys in insertion order, numbers or strings.
@@ -41,11 +43,24 @@ class MetricsFile {
 
 // Step progress: a live line rewritten in place on a terminal, or plain log
 // lines every `every` steps otherwise.
+// output.progress in the config.
+enum class ProgressSetting {
+  kAuto,  // a live line on a terminal, log lines otherwise
+  kLine,  // log lines
+  kOff,
+};
+inline constexpr auto kProgressSettingNames = std::to_array<common::Named<ProgressSetting>>(
+    {{ProgressSetting::kAuto, "auto"}, {ProgressSetting::kLine, "line"},
+     {ProgressSetting::kOff, "off"}});
+inline const char* progress_setting_name(ProgressSetting setting) {
+  return common::name_of(kProgressSettingNames, setting);
+}
+
 class Progress {
  public:
   enum class Mode { kLive, kLines, kOff };
-  // "auto" picks kLive when stdout is a terminal.
-  static Mode parse_mode(const std::string& mode);
+  // kAuto picks kLive when stdout is a terminal.
+  static Mode mode_for(ProgressSetting setting);
   explicit Progress(Mode mode, FILE* out = stdout) : mode_(mode), out_(out) {}
   // A step line ("epoch 1/10 step 120/937 loss 0.512 acc 0.83 1234 img/s").
   void step(const std::string& line, bool log_point);

@@ -1,0 +1,57 @@
+#include "launcher/part_options.h"
+
+namespace vtrain::launcher {
+
+worker::BackendOptions backend_options(const config::Config& cfg) {
+  return {.kind = cfg.device.backend,
+          .threads = cfg.device.threads,
+          .memory_limit = static_cast<size_t>(cfg.device.memory_limit)};
+}
+
+worker::TrainerOptions trainer_options(const config::Config& cfg) {
+  worker::TrainerOptions o;
+  o.batch = cfg.train.batch;
+  o.epochs = cfg.train.epochs;
+  o.max_steps = cfg.train.max_steps;
+  o.seed = cfg.train.seed;
+  o.log_every = cfg.train.log_every;
+  o.evaluate = cfg.train.evaluate;
+  o.allreduce_bucket = cfg.train.allreduce_bucket;
+  o.schedule.base_lr = cfg.optimizer.lr;
+  o.schedule.kind = cfg.optimizer.schedule;
+  o.schedule.step_epochs = cfg.optimizer.step_epochs;
+  o.schedule.gamma = cfg.optimizer.gamma;
+  o.schedule.warmup_steps = cfg.optimizer.warmup_steps;
+  o.momentum = static_cast<float>(cfg.optimizer.momentum);
+  o.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
+  o.conv_algorithm = cfg.conv.algorithm;
+  o.memory_policy = cfg.memory.policy;
+  o.memory_planner = cfg.memory.planner;
+  o.metrics_path = cfg.output.metrics;
+  o.progress = worker::Progress::mode_for(cfg.output.progress);
+  o.checkpoint_dir = cfg.checkpoint.dir;
+  o.checkpoint_every = cfg.checkpoint.every;
+  o.checkpoint_keep = static_cast<int>(cfg.checkpoint.keep);
+  o.resume = cfg.checkpoint.resume == worker::ResumeSetting::kAuto;
+  return o;
+}
+
+worker::ProfileOptions profile_options(const config::Config& cfg) {
+  worker::ProfileOptions o;
+  o.batches = cfg.profile.batches;
+  o.micro_batches = cfg.profile.micro_batches;
+  o.warmup = static_cast<int>(cfg.profile.warmup);
+  o.repeats = static_cast<int>(cfg.profile.repeats);
+  o.steps = cfg.profile.steps;
+  o.memory_policy = cfg.memory.policy;
+  return o;
+}
+
+balancer::BatchSplitOptions split_options(const config::Config& cfg) {
+  balancer::BatchSplitOptions o;
+  o.granularity = cfg.balance.granularity;
+  o.candidates = cfg.balance.candidates;
+  return o;
+}
+
+}  // namespace vtrain::launcher

@@ -1,0 +1,28 @@
+// The one place each part's options are built from the config: a knob the
+// config reads reaches its part here, and nowhere else. What only exists at
+// run time (the communicator, the split, a plan, signals) the caller adds.
+#pragma once
+
+#include "balancer/batch_split.h"
+#include "configs/config.h"
+#include "worker/device/backend.h"
+#include "worker/profile/profiler.h"
+#include "worker/train/trainer.h"
+
+namespace vtrain::launcher {
+
+// device.*
+worker::BackendOptions backend_options(const config::Config& cfg);
+
+// train.*, optimizer.*, conv.*, memory.*, output.metrics/progress and
+// checkpoint.* (checkpoint.resume: auto sets resume; --resume may too).
+worker::TrainerOptions trainer_options(const config::Config& cfg);
+
+// profile.* and memory.policy; batches is profile.batches (the caller
+// chooses when it is empty).
+worker::ProfileOptions profile_options(const config::Config& cfg);
+
+// balance.granularity and balance.candidates.
+balancer::BatchSplitOptions split_options(const config::Config& cfg);
+
+}  // namespace vtrain::launcher
