@@ -1,5 +1,5 @@
 // The run configuration: YAML parsed into plain structs and validated up
-// front. Only config.cpp knows YAML.
+// front. Only the loader in configs/ (config*.cpp) knows YAML.
 //
 // Errors throw ConfigError with "FILE:LINE: KEY: what was expected" (for a
 // --set override: "--set KEY: ..."). Unknown keys are errors.

@@ -1,0 +1,457 @@
+// Config loading, the sections: every map is checked against the keys it
+// may hold, every value against its type and range (see config.cpp).
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "configs/internal/config_parts.h"
+
+namespace vtrain::config::internal {
+namespace {
+
+using namespace common::yaml;
+
+// Per-sample channels of a data source (for mean/std lengths).
+int64_t data_channels(const DataConfig& data) {
+  if (data.kind == worker::DataKind::kIdx) return 1;      // IDX images are greyscale
+  if (data.kind == worker::DataKind::kCifar10) return 3;  // RGB
+  return data.shape.c;
+}
+
+DataConfig read_data(const Field& field) {
+  const Section section(field);
+  DataConfig data;
+  if (Field kind = section["kind"]) data.kind = to_choice(kind, worker::kDataKindNames);
+  const std::string kind_name = worker::data_kind_name(data.kind);
+
+  Keys kind_keys;
+  if (data.kind == worker::DataKind::kIdx) {
+    kind_keys = {"train_images", "train_labels", "test_images", "test_labels"};
+  } else if (data.kind == worker::DataKind::kCifar10) {
+    kind_keys = {"train_files", "test_files"};
+  } else {
+    kind_keys = {"shape", "classes", "train_size", "test_size"};
+  }
+  Keys allowed = {"kind"};
+  allowed.insert(allowed.end(), kind_keys.begin(), kind_keys.end());
+  allowed.insert(allowed.end(), {"mean", "std"});
+  section.allow(allowed, "for kind " + kind_name);
+
+  if (data.kind == worker::DataKind::kIdx) {
+    const std::string why =
+        "kind idx needs train_images, train_labels, test_images and test_labels";
+    data.train_images = to_path(section.required("train_images", why));
+    data.train_labels = to_path(section.required("train_labels", why));
+    data.test_images = to_path(section.required("test_images", why));
+    data.test_labels = to_path(section.required("test_labels", why));
+  } else if (data.kind == worker::DataKind::kCifar10) {
+    const std::string why = "kind cifar10 needs train_files and test_files";
+    data.train_files = to_paths(section.required("train_files", why));
+    data.test_files = to_paths(section.required("test_files", why));
+  } else {
+    if (Field shape = section["shape"]) {
+      const std::vector<Field> dims = shape.items("a list [C, H, W]");
+      if (dims.size() != 3) {
+        shape.fail("expected a list [C, H, W], got a list of " + std::to_string(dims.size()));
+      }
+      data.shape = worker::Shape{1, to_int(dims[0], at_least(1)), to_int(dims[1], at_least(1)),
+                                 to_int(dims[2], at_least(1))};
+    }
+    if (Field classes = section["classes"]) data.classes = to_int(classes, at_least(2));
+    if (Field size = section["train_size"]) data.train_size = to_int(size, at_least(1));
+    if (Field size = section["test_size"]) data.test_size = to_int(size, at_least(1));
+  }
+
+  const Field mean = section["mean"];
+  const Field stddev = section["std"];
+  if (mean && !stddev) stddev.fail("missing (mean and std go together)");
+  if (stddev && !mean) mean.fail("missing (mean and std go together)");
+  if (mean) {
+    data.mean = to_floats(mean, {});
+    data.stddev = to_floats(stddev, above(0));
+    const int64_t channels = data_channels(data);
+    for (const Field* f : {&mean, &stddev}) {
+      const size_t count = f->node().size();
+      if (static_cast<int64_t>(count) != channels) {
+        f->fail("expected " + std::to_string(channels) + " value" + (channels == 1 ? "" : "s") +
+                " (one per channel), got " + std::to_string(count));
+      }
+    }
+  }
+  return data;
+}
+
+// Keys each layer type takes besides name, type and inputs.
+Keys layer_keys(worker::LayerType type) {
+  using worker::LayerType;
+  switch (type) {
+    case LayerType::kInput: return {};
+    case LayerType::kConv: return {"out", "kernel", "stride", "pad", "bias"};
+    case LayerType::kRelu: return {};
+    case LayerType::kPool: return {"mode", "kernel", "stride", "pad", "global"};
+    case LayerType::kFc: return {"out", "bias"};
+    case LayerType::kBatchNorm: return {"eps", "momentum"};
+    case LayerType::kAdd: return {};
+    case LayerType::kConcat: return {};
+  }
+  return {};
+}
+
+// Every layer type, in the order messages list them.
+constexpr worker::LayerType kLayerTypes[] = {
+    worker::LayerType::kInput, worker::LayerType::kConv,   worker::LayerType::kRelu,
+    worker::LayerType::kPool,  worker::LayerType::kFc,     worker::LayerType::kBatchNorm,
+    worker::LayerType::kAdd,   worker::LayerType::kConcat,
+};
+
+worker::LayerType to_layer_type(const Field& field) {
+  Keys known;
+  for (worker::LayerType type : kLayerTypes) known.push_back(worker::layer_type_name(type));
+  const std::string name = to_string(field, "a layer type (" + join(known) + ")");
+  for (worker::LayerType type : kLayerTypes) {
+    if (name == worker::layer_type_name(type)) return type;
+  }
+  field.fail("unknown layer type '" + name + "' (known: " + join(known) + ")");
+}
+
+// kernel, stride and pad of a conv or pool layer.
+void read_window(const Section& section, const std::string& type_name, worker::LayerSpec& layer) {
+  if (layer.global) {
+    // A global window is the whole input plane: nothing to size.
+    for (const char* key : {"kernel", "stride", "pad"}) {
+      if (Field field = section[key]) field.fail("not used with global: true");
+    }
+    return;
+  }
+  const Field kernel = section.required("kernel", "a " + type_name + " layer needs kernel");
+  std::tie(layer.kernel_h, layer.kernel_w) = to_pair(kernel, at_least(1));
+  // Pooling windows default to not overlapping (stride = kernel), the
+  // usual choice; convolutions default to stride 1.
+  if (layer.type == worker::LayerType::kPool) {
+    std::tie(layer.stride_h, layer.stride_w) = std::pair(layer.kernel_h, layer.kernel_w);
+  }
+  if (Field stride = section["stride"]) {
+    std::tie(layer.stride_h, layer.stride_w) = to_pair(stride, at_least(1));
+  }
+  if (Field pad = section["pad"]) {
+    std::tie(layer.pad_h, layer.pad_w) = to_pair(pad, at_least(0));
+  }
+}
+
+// One layer of `model.layers`. Its explicit input fields are returned through
+// `input_fields` so that names can be checked once every layer is known.
+worker::LayerSpec read_layer(const Field& item, const std::string& previous,
+                             std::vector<Field>& input_fields) {
+  using worker::LayerType;
+  if (!item.node().IsMap()) {
+    item.fail("expected a map such as {name: conv1, type: conv, ...}, got " +
+              describe_node(item.node()));
+  }
+  const Section section(item);
+  worker::LayerSpec layer;
+  layer.source_line = item.file_line();
+  layer.type = to_layer_type(section.required("type", "every layer needs a type"));
+  const std::string type_name = worker::layer_type_name(layer.type);
+
+  Keys allowed = {"name", "type"};
+  if (layer.type != LayerType::kInput) allowed.push_back("inputs");
+  const Keys extra = layer_keys(layer.type);
+  allowed.insert(allowed.end(), extra.begin(), extra.end());
+  section.allow(allowed, "for a " + type_name + " layer");
+
+  layer.name = to_string(section.required("name", "every layer needs a name"), "a layer name");
+
+  if (layer.type != LayerType::kInput) {
+    if (Field inputs = section["inputs"]) {
+      // A single name may stand for a one-item list.
+      if (inputs.node().IsScalar()) {
+        layer.inputs.push_back(to_string(inputs, "a layer name"));
+        input_fields.push_back(inputs);
+      } else {
+        for (const Field& input : inputs.items("a list of layer names")) {
+          layer.inputs.push_back(to_string(input, "a layer name"));
+          input_fields.push_back(input);
+        }
+      }
+    } else if (!previous.empty()) {
+      layer.inputs.push_back(previous);
+    } else {
+      inputs.fail("missing (the first layer has no previous layer to take as input)");
+    }
+  }
+
+  if (layer.type == LayerType::kConv || layer.type == LayerType::kFc) {
+    layer.out = to_int(section.required("out", "a " + type_name + " layer needs out"), at_least(1));
+  }
+  if (Field bias = section["bias"]) layer.bias = to_bool(bias);
+
+  if (layer.type == LayerType::kPool) {
+    if (Field mode = section["mode"]) {
+      layer.pool = to_choice(mode, {"max", "avg"}) == "max" ? worker::PoolKind::kMax
+                                                            : worker::PoolKind::kAverage;
+    }
+    if (Field global = section["global"]) layer.global = to_bool(global);
+  }
+  if (layer.type == LayerType::kConv || layer.type == LayerType::kPool) {
+    read_window(section, type_name, layer);
+  }
+
+  if (Field eps = section["eps"]) layer.bn_eps = static_cast<float>(to_number(eps, above(0)));
+  if (Field momentum = section["momentum"]) {
+    layer.bn_momentum = static_cast<float>(to_number(momentum, between(0, 1, true, false)));
+  }
+  return layer;
+}
+
+std::vector<worker::LayerSpec> read_layers(const Field& field) {
+  std::vector<worker::LayerSpec> layers;
+  std::vector<Field> input_fields;
+  const std::vector<Field> items = field.items("a list of layers");
+  if (items.empty()) field.fail("expected a list of layers, got an empty list");
+  std::vector<std::string> names;
+  for (size_t i = 0; i < items.size(); ++i) {
+    layers.push_back(read_layer(items[i], layers.empty() ? "" : layers.back().name, input_fields));
+    const std::string& name = layers.back().name;
+    const auto first = std::find(names.begin(), names.end(), name);
+    if (first != names.end()) {
+      const Section section(items[i]);
+      section["name"].fail("duplicate layer name '" + name + "' (first at " + field.path() + "[" +
+                           std::to_string(first - names.begin()) + "])");
+    }
+    names.push_back(name);
+  }
+  for (const Field& input : input_fields) {
+    const std::string name = input.node().Scalar();
+    if (std::find(names.begin(), names.end(), name) == names.end()) {
+      input.fail("unknown layer '" + name + "' (layers: " + join(names) + ")");
+    }
+  }
+  return layers;
+}
+
+ModelConfig read_model(const Field& field, const DataConfig& data) {
+  const Section section(field);
+  section.allow({"preset", "classes", "layers"});
+  const Field preset = section["preset"];
+  const Field layers = section["layers"];
+  const Field classes = section["classes"];
+  const Keys known = worker::preset_names();
+
+  ModelConfig model;
+  // Synthetic data says how many classes it has; the IDX and CIFAR-10
+  // datasets we read have ten.
+  const bool synthetic = data.kind == worker::DataKind::kSynthetic;
+  model.classes = synthetic ? data.classes : 10;
+  if (preset && layers) {
+    // Blame a --set that caused the clash, else the section.
+    const Field& culprit = layers.from_override()   ? layers
+                           : preset.from_override() ? preset
+                                                    : field;
+    culprit.fail("give either preset or layers, not both");
+  }
+  if (!preset && !layers) {
+    field.fail("missing preset or layers (known presets: " + join(known) + ")");
+  }
+
+  if (preset) {
+    model.preset = to_string(preset, "a preset name");
+    if (std::find(known.begin(), known.end(), model.preset) == known.end()) {
+      preset.fail("unknown preset '" + model.preset + "' (known: " + join(known) + ")");
+    }
+    if (classes) {
+      model.classes = to_int(classes, at_least(2));
+      if (synthetic && model.classes != data.classes) {
+        classes.fail(std::to_string(model.classes) + " classes, but data.classes is " +
+                     std::to_string(data.classes));
+      }
+    }
+  } else {
+    if (classes) {
+      classes.fail("only used with a preset (with layers, the last layer's out sets the classes)");
+    }
+    model.layers = read_layers(layers);
+  }
+  return model;
+}
+
+TrainConfig read_train(const Field& field) {
+  const Section section(field);
+  section.allow({"batch", "epochs", "max_steps", "seed", "log_every", "evaluate",
+                 "allreduce_bucket"});
+  TrainConfig train;
+  if (Field f = section["batch"]) train.batch = to_int(f, at_least(1));
+  if (Field f = section["epochs"]) train.epochs = to_int(f, at_least(1));
+  if (Field f = section["max_steps"]) train.max_steps = to_int(f, at_least(0));
+  if (Field f = section["seed"]) train.seed = to_uint64(f);
+  if (Field f = section["log_every"]) train.log_every = to_int(f, at_least(1));
+  if (Field f = section["evaluate"]) train.evaluate = to_bool(f);
+  if (Field f = section["allreduce_bucket"]) {
+    train.allreduce_bucket = to_size(f);
+    if (train.allreduce_bucket == 0) f.fail("expected a size > 0");
+  }
+  return train;
+}
+
+BalanceConfig read_balance(const Field& field, const TrainConfig& train) {
+  const Section section(field);
+  section.allow({"split", "manual", "granularity", "candidates", "workspace", "workspace_limit",
+                 "allreduce"});
+  BalanceConfig balance;
+  if (Field f = section["split"]) balance.split = to_choice(f, balancer::kSplitModeNames);
+  if (Field f = section["granularity"]) balance.granularity = to_int(f, at_least(1));
+  if (Field f = section["candidates"]) {
+    balance.candidates = to_choice(f, balancer::kCandidateSizesNames);
+  }
+  if (Field f = section["workspace"]) {
+    balance.workspace = to_choice(f, balancer::kWorkspacePolicyNames);
+  }
+  if (Field f = section["workspace_limit"]) balance.workspace_limit = to_size(f);
+  if (Field f = section["allreduce"]) {
+    balance.allreduce = to_choice(f, balancer::kAllreduceCostNames);
+  }
+  if (balance.workspace == balancer::WorkspacePolicy::kWd && balance.workspace_limit == 0) {
+    section["workspace_limit"].fail("wd divides a total budget: expected a size > 0");
+  }
+  const Field manual = section["manual"];
+  if (balance.split == balancer::SplitMode::kManual) {
+    if (!manual) field.fail("missing manual (split: manual needs the per-rank batch sizes)");
+    int64_t sum = 0;
+    for (const Field& item : manual.items("a list of per-rank batch sizes")) {
+      balance.manual.push_back(to_int(item, at_least(0)));
+      sum += balance.manual.back();
+    }
+    if (sum != train.batch) {
+      manual.fail("the per-rank batches sum to " + std::to_string(sum) + " but train.batch is " +
+                  std::to_string(train.batch));
+    }
+  } else if (manual) {
+    manual.fail("only used with split: manual");
+  }
+  return balance;
+}
+
+ProfileConfig read_profile(const Field& field) {
+  const Section section(field);
+  section.allow({"db", "batches", "micro_batches", "warmup", "repeats", "steps"});
+  ProfileConfig profile;
+  if (Field f = section["db"]) profile.db = to_path(f);
+  if (Field f = section["batches"]) {
+    for (const Field& item : f.items("a list of per-rank batch sizes")) {
+      profile.batches.push_back(to_int(item, at_least(1)));
+    }
+  }
+  if (Field f = section["micro_batches"]) {
+    profile.micro_batches = to_choice(f, balancer::kMicroBatchPolicyNames);
+  }
+  if (Field f = section["warmup"]) profile.warmup = to_int(f, at_least(0));
+  if (Field f = section["repeats"]) profile.repeats = to_int(f, at_least(1));
+  if (Field f = section["steps"]) profile.steps = to_bool(f);
+  return profile;
+}
+
+CheckpointConfig read_checkpoint(const Field& field) {
+  const Section section(field);
+  section.allow({"dir", "every", "keep", "resume"});
+  CheckpointConfig ckpt;
+  if (Field f = section["dir"]) ckpt.dir = to_path(f);
+  if (Field f = section["every"]) ckpt.every = to_int(f, at_least(0));
+  if (Field f = section["keep"]) ckpt.keep = to_int(f, at_least(1));
+  if (Field f = section["resume"]) {
+    ckpt.resume = to_choice(f, worker::kResumeSettingNames);
+    if (ckpt.resume == worker::ResumeSetting::kAuto && ckpt.dir.empty()) f.fail("resume: auto needs checkpoint.dir");
+  }
+  return ckpt;
+}
+
+OptimizerConfig read_optimizer(const Field& field) {
+  const Section section(field);
+  section.allow(
+      {"lr", "momentum", "weight_decay", "schedule", "step_epochs", "gamma", "warmup_steps"});
+  OptimizerConfig opt;
+  if (Field f = section["lr"]) opt.lr = to_number(f, above(0));
+  if (Field f = section["momentum"]) opt.momentum = to_number(f, between(0, 1, false, true));
+  if (Field f = section["weight_decay"]) opt.weight_decay = to_number(f, at_least(0));
+  if (Field f = section["schedule"]) opt.schedule = to_choice(f, worker::kScheduleKindNames);
+  if (Field f = section["step_epochs"]) opt.step_epochs = to_int(f, at_least(1));
+  if (Field f = section["gamma"]) opt.gamma = to_number(f, between(0, 1, true, false));
+  if (Field f = section["warmup_steps"]) opt.warmup_steps = to_int(f, at_least(0));
+  return opt;
+}
+
+DeviceConfig read_device(const Field& field) {
+  const Section section(field);
+  section.allow({"backend", "threads", "memory_limit"});
+  DeviceConfig device;
+  if (Field f = section["backend"]) device.backend = to_choice(f, {"auto", "cpu", "cuda"});
+  if (Field f = section["threads"]) {
+    device.threads =
+        static_cast<int>(to_int(f, between(0, std::numeric_limits<int>::max(), false, false)));
+  }
+  if (Field f = section["memory_limit"]) device.memory_limit = to_size(f);
+  return device;
+}
+
+ConvConfig read_conv(const Field& field) {
+  const Section section(field);
+  section.allow({"algorithm"});
+  ConvConfig conv;
+  if (Field f = section["algorithm"]) {
+    conv.algorithm = to_choice(f, {"auto", "direct", "winograd", "im2col_gemm"});
+  }
+  return conv;
+}
+
+MemoryConfig read_memory(const Field& field) {
+  const Section section(field);
+  section.allow({"policy", "planner"});
+  MemoryConfig memory;
+  if (Field f = section["policy"]) memory.policy = to_choice(f, memory::kPolicyNames);
+  if (Field f = section["planner"]) memory.planner = to_choice(f, memory::kPlannerNames);
+  return memory;
+}
+
+OutputConfig read_output(const Field& field) {
+  const Section section(field);
+  section.allow({"metrics", "progress", "plan"});
+  OutputConfig output;
+  if (Field f = section["plan"];
+      f && !(f.node().IsNull() || (f.node().IsScalar() && f.node().Scalar().empty()))) {
+    output.plan = to_path(f);
+  }
+  // An empty value (`--set output.metrics=`) turns metrics off.
+  if (Field f = section["metrics"];
+      f && !(f.node().IsNull() || (f.node().IsScalar() && f.node().Scalar().empty()))) {
+    output.metrics = to_path(f);
+  }
+  if (Field f = section["progress"]) {
+    output.progress = to_choice(f, worker::kProgressSettingNames);
+  }
+  return output;
+}
+
+}  // namespace
+
+Config read_sections(const Field& root) {
+  const Section top(root);
+  top.allow({"model", "data", "train", "optimizer", "device", "conv", "output", "balance",
+             "checkpoint", "profile", "memory"});
+  Config config;
+  const std::string why = "every config needs model and data sections";
+  config.data = read_data(top.required("data", why));
+  config.model = read_model(top.required("model", why), config.data);
+  if (Field f = top["train"]) config.train = read_train(f);
+  if (Field f = top["optimizer"]) config.optimizer = read_optimizer(f);
+  if (Field f = top["device"]) config.device = read_device(f);
+  if (Field f = top["conv"]) config.conv = read_conv(f);
+  if (Field f = top["output"]) config.output = read_output(f);
+  if (Field f = top["balance"]) config.balance = read_balance(f, config.train);
+  if (Field f = top["checkpoint"]) config.checkpoint = read_checkpoint(f);
+  if (Field f = top["profile"]) config.profile = read_profile(f);
+  if (Field f = top["memory"]) config.memory = read_memory(f);
+  return config;
+}
+
+}  // namespace vtrain::config::internal

@@ -1,0 +1,21 @@
+// The pieces of the config loader, one file each (see config.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/yaml_reader.h"
+#include "configs/config.h"
+
+namespace vtrain::config::internal {
+
+// Every section under the config's top-level map `root` (config_sections.cpp).
+// Leaves Config::path and the default profile.db to the caller.
+Config read_sections(const common::yaml::Field& root);
+
+// Applies "a.b.c=value" to the tree (config_overrides.cpp); the key paths it
+// creates are appended to `overridden`, for messages that blame --set.
+void apply_override(YAML::Node& root, const std::string& arg,
+                    std::vector<std::string>& overridden);
+
+}  // namespace vtrain::config::internal
