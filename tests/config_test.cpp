@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -823,6 +824,33 @@ TEST(ConfigSections, BalanceAndCheckpointErrors) {
             "t.yaml:8: checkpoint.resume: resume: auto needs checkpoint.dir");
   EXPECT_EQ(error_text(base + "checkpoint:\n  keep: 0\n"),
             "t.yaml:8: checkpoint.keep: expected an integer >= 1, got 0");
+}
+
+// Every name table the loader takes its choices from: names are distinct
+// and each reads back to its value, so name_of never answers "?".
+template <class E, size_t N>
+void expect_table_round_trips(const std::array<common::Named<E>, N>& table) {
+  std::set<std::string> seen;
+  for (const common::Named<E>& entry : table) {
+    EXPECT_TRUE(seen.insert(entry.name).second) << "duplicate name " << entry.name;
+    EXPECT_EQ(common::find_named(table, common::name_of(table, entry.value)), entry.value)
+        << entry.name;
+  }
+}
+
+TEST(ConfigTest, NameTablesRoundTrip) {
+  expect_table_round_trips(memory::kPolicyNames);
+  expect_table_round_trips(memory::kPlannerNames);
+  expect_table_round_trips(balancer::kWorkspacePolicyNames);
+  expect_table_round_trips(balancer::kMicroBatchPolicyNames);
+  expect_table_round_trips(balancer::kSplitModeNames);
+  expect_table_round_trips(balancer::kCandidateSizesNames);
+  expect_table_round_trips(balancer::kAllreduceCostNames);
+  expect_table_round_trips(worker::kDataKindNames);
+  expect_table_round_trips(worker::kProgressSettingNames);
+  expect_table_round_trips(worker::kResumeSettingNames);
+  expect_table_round_trips(worker::kScheduleKindNames);
+  EXPECT_STREQ(common::name_of(memory::kPolicyNames, static_cast<memory::Policy>(99)), "?");
 }
 
 }  // namespace
