@@ -13,6 +13,7 @@
 #include "worker/data/data.h"
 #include "worker/engine/graph.h"
 #include "worker/train/metrics.h"
+#include "worker/train/train_observer.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
 
@@ -61,10 +62,9 @@ struct TrainerOptions {
   // Non-zero (a signal number) asks every rank to stop at the next step
   // boundary, after a checkpoint.
   const std::atomic<int>* stop_signal = nullptr;
-  // Testing aids: this rank throws at this step, at its start or, with
-  // fail_in_backward, in backward once a gradient allreduce is in flight.
-  int64_t fail_at_step = -1;
-  bool fail_in_backward = false;
+  // Hooks called on this rank at fixed points of every step (the tests'
+  // failure injection, failure_injection.h); null = none. Not owned.
+  TrainObserver* observer = nullptr;
   // Gather the next batch on a thread while a step computes: -1 where the
   // batch holds at least 2^20 values (where it pays), 0 never, 1 always.
   int gather_ahead = -1;
