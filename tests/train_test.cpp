@@ -222,6 +222,34 @@ TEST(Train, FailureInjectionReadsTheEnvironment) {
   }
 }
 
+// A learning rate far too large drives the loss to nan or infinity: the run
+// stops at that step, naming it and the last finite loss, instead of
+// finishing with garbage weights.
+TEST(Train, NonFiniteLossStopsTheRunNamingTheStep) {
+  SmallRun run;
+  run.options.schedule.base_lr = 1e308;
+  RecordingObserver observer;
+  run.options.observer = &observer;
+  try {
+    run.run();
+    ADD_FAILURE() << "a diverged run finished";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    ASSERT_FALSE(observer.steps.empty());
+    const int64_t bad = observer.steps.back() + 1;  // 1-based, as logged
+    ASSERT_GE(bad, 2) << what;  // the first step starts from finite weights
+    EXPECT_EQ(what.rfind("training diverged: the loss of step " + std::to_string(bad) +
+                             " (epoch 1) is ",
+                         0),
+              0u)
+        << what;
+    EXPECT_NE(what.find("; the last finite loss was "), std::string::npos) << what;
+    EXPECT_NE(what.find(", at step " + std::to_string(bad - 1) + " (a smaller optimizer.lr"),
+              std::string::npos)
+        << what;
+  }
+}
+
 TEST(Cli, HelpAndVersion) {
   RunResult r = run_vtrain("--help");
   EXPECT_EQ(r.exit_code, 0);
@@ -331,6 +359,24 @@ TEST(Cli, TrainsSyntheticAndWritesMetrics) {
       EXPECT_LE(value, 1.0);
     }
   }
+}
+
+// The same the way users meet it: exit 1 with the error, and no "end"
+// record with a null final loss in the metrics file.
+TEST(Cli, DivergedRunExitsWithOneNamingTheStep) {
+  TempDir dir;
+  const std::string metrics = dir.file("m.jsonl");
+  const RunResult r = run_vtrain(source_dir() + "/configs/synthetic-lenet.yaml --progress off "
+                                 "--set optimizer.lr=1e308 --set train.max_steps=10 "
+                                 "--set train.log_every=1 --metrics " + metrics);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("vtrain: error: training diverged: the loss of step "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("the last finite loss was "), std::string::npos) << r.output;
+  const std::string text = test_support::read_file(metrics);
+  EXPECT_NE(text.find("\"event\": \"step\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("\"event\": \"end\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("null"), std::string::npos) << text;
 }
 
 TEST(Cli, CheckPrintsTheModel) {

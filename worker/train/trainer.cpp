@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -137,6 +138,7 @@ class Trainer {
   StepTotals step(const std::vector<int64_t>& order, int64_t i);
   StepTotals compute(const std::vector<int64_t>& order, int64_t i);
   StepTotals contribute_zero_gradients();
+  void check_finite(double loss) const;
   void log_step(int64_t epoch, int64_t i, const StepTotals& totals);
   void end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_point start);
   void share_batch_norm_statistics();
@@ -358,6 +360,7 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
     comm_->allreduce_sum(sums);
     totals = {sums[0], sums[1], sums[2] > 0};
   }
+  check_finite(totals.loss_sum / static_cast<double>(job_.batch));
   totals.lr = schedule_.at(at_.step);
   sgd_.step(net_.parameters(), net_.gradients(), static_cast<float>(totals.lr));
   ++at_.step;
@@ -396,6 +399,23 @@ StepTotals Trainer::contribute_zero_gradients() {
     }
   }
   return {};
+}
+
+// A diverged run stops before the update that would spread the non-finite
+// values into the parameters. Every rank sees the same (allreduced) loss,
+// so every rank stops here alike.
+void Trainer::check_finite(double loss) const {
+  if (std::isfinite(loss)) return;
+  std::string last = "no step of this run had a finite loss";
+  if (!result_.step_losses.empty()) {
+    last = format("the last finite loss was %.6g, at step %lld", result_.step_losses.back(),
+                  static_cast<long long>(at_.step));
+  }
+  throw std::runtime_error(format("training diverged: the loss of step %lld (epoch %lld) is %s; "
+                                  "%s (a smaller optimizer.lr may help)",
+                                  static_cast<long long>(at_.step + 1),
+                                  static_cast<long long>(at_.epoch + 1),
+                                  std::isnan(loss) ? "nan" : "infinite", last.c_str()));
 }
 
 void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {

@@ -88,7 +88,10 @@ struct TrainResult {
 
 // Trains `graph` on `backend`, as this rank's part of the job when
 // options.comm is set. `test` may have count 0 (then no evaluation). Throws
-// on any failure; the metrics file then has no "end" record.
+// on any failure; the metrics file then has no "end" record. A step whose
+// loss (the global mean, the same on every rank) is not finite is a failure:
+// std::runtime_error naming the step and the last finite loss, thrown before
+// that step updates the parameters.
 TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set,
                   const Dataset& test_set, const ChannelStats& norm, const TrainerOptions& options);
 
