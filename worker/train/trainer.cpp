@@ -253,7 +253,7 @@ void Trainer::install_bucket_hooks() {
 // every rank gets the same state.
 void Trainer::restore() {
   if (!options_.resume || options_.checkpoint_dir.empty()) return;
-  std::string path, position;  // position: "step epoch step_in_epoch"
+  std::string path, position;  // position: "step epoch step_in_epoch world_size"
   std::vector<float> params, buffers, velocity;
   if (leader()) {
     if (auto latest = latest_checkpoint(options_.checkpoint_dir)) {
@@ -272,7 +272,7 @@ void Trainer::restore() {
       buffers = std::move(ckpt.buffers);
       velocity = std::move(ckpt.velocity);
       position = std::to_string(ckpt.step) + " " + std::to_string(ckpt.epoch) + " " +
-                 std::to_string(ckpt.step_in_epoch);
+                 std::to_string(ckpt.step_in_epoch) + " " + std::to_string(ckpt.world_size);
     }
   }
   if (comm_) comm_->broadcast(path, 0);
@@ -286,10 +286,18 @@ void Trainer::restore() {
   net_.upload_parameters(params);
   net_.upload_buffers(buffers);
   sgd_.upload_velocity(velocity);
-  std::istringstream(position) >> at_.step >> at_.epoch >> at_.in_epoch;
+  std::istringstream(position) >> at_.step >> at_.epoch >> at_.in_epoch >>
+      result_.resumed_world_size;
   result_.resumed_from = path;
-  progress_.line(format("resumed from %s (step %lld, epoch %lld)", path.c_str(),
-                        static_cast<long long>(at_.step), static_cast<long long>(at_.epoch + 1)));
+  std::string line = format("resumed from %s (step %lld, epoch %lld)", path.c_str(),
+                            static_cast<long long>(at_.step),
+                            static_cast<long long>(at_.epoch + 1));
+  if (result_.resumed_world_size != job_.ranks) {
+    // The global batch and its samples stay; only how they are split changes.
+    line += format("; it was written by a run of %lld rank(s), this run has %d",
+                   static_cast<long long>(result_.resumed_world_size), job_.ranks);
+  }
+  progress_.line(line);
 }
 
 TrainResult Trainer::run() {

@@ -81,6 +81,7 @@ struct TrainResult {
   std::vector<double> step_losses;    // global mean loss of every step run
   int stopped_by_signal = 0;          // the signal that stopped the run early, or 0
   std::string resumed_from;           // checkpoint the run continued from, if any
+  int64_t resumed_world_size = 0;     // ranks of the run that wrote resumed_from; 0 if none
   std::string last_checkpoint;        // newest checkpoint written, if any
   double allreduce_seconds = 0;       // time the communication side spent in allreduces
   double allreduce_exposed_seconds = 0;  // time the step waited for them
