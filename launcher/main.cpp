@@ -26,6 +26,7 @@
 #include "worker/engine/graph.h"
 #include "worker/profile/planning.h"
 #include "worker/profile/profiler.h"
+#include "worker/train/failure_injection.h"
 #include "worker/train/trainer.h"
 
 namespace vtrain::launcher {
@@ -34,15 +35,6 @@ namespace {
 using config::Config;
 
 constexpr const char* kVersion = "0.1.0";
-
-// A testing aid: VTRAIN_FAIL_RANK=r VTRAIN_FAIL_AT_STEP=s makes rank r throw
-// at step s, to check that one failing rank ends the whole job.
-int64_t injected_failure_step(int rank) {
-  const char* at = std::getenv("VTRAIN_FAIL_AT_STEP");
-  const char* who = std::getenv("VTRAIN_FAIL_RANK");
-  if (!at || (who && std::atoi(who) != rank)) return -1;
-  return std::atoll(at);
-}
 
 struct Datasets {
   worker::Dataset train;
@@ -192,10 +184,10 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   }
   options.resume = options.resume || cli.resume;
   options.stop_signal = &stop_signal;
-  options.fail_at_step = injected_failure_step(comm.rank());
-  if (const char* in = std::getenv("VTRAIN_FAIL_IN")) {
-    options.fail_in_backward = std::string(in) == "backward";
-  }
+  // A testing aid (VTRAIN_FAIL_* in the environment, see the header).
+  std::optional<worker::FailureInjection> injected_failure =
+      worker::FailureInjection::from_environment(comm.rank());
+  if (injected_failure) options.observer = &*injected_failure;
   const worker::TrainResult result =
       worker::train(graph, *backend, data.train, data.test, norm, options);
   if (result.stopped_by_signal != 0) {

@@ -179,11 +179,30 @@ TEST(Mpi, ResumedRunRepeatsTheUninterruptedLossesBitwise) {
               0)
         << out;
     EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
+    EXPECT_EQ(out.find("it was written by a run of"), std::string::npos) << out;
     std::vector<std::string> pieced = logged_losses(dir / "a.jsonl");
     for (const std::string& l : logged_losses(dir / "b.jsonl")) pieced.push_back(l);
     EXPECT_EQ(pieced, logged_losses(dir / "full.jsonl"));
     EXPECT_EQ(final_parameters(dir / "part"), final_parameters(dir / "full"));
   }
+}
+
+// Resuming on another number of ranks is allowed (the global batch and its
+// samples stay the same) but said: which file, which step, and from how
+// many ranks it came.
+TEST(Mpi, ResumeOntoAnotherRankCountSaysSo) {
+  TempDir dir;
+  std::string out;
+  ASSERT_EQ(run(mpirun(2) + train_args(dir / "ck", 4), &out), 0) << out;
+  const auto written = worker::latest_checkpoint(dir / "ck");
+  ASSERT_TRUE(written.has_value());
+  EXPECT_EQ(worker::load_checkpoint(*written).world_size, 2);
+  ASSERT_EQ(run(train_args(dir / "ck", 6, "--resume --progress line"), &out), 0) << out;
+  EXPECT_NE(out.find("resumed from " + *written + " (step 4, epoch 1); it was written by a run "
+                     "of 2 rank(s), this run has 1"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("done: 6 steps"), std::string::npos) << out;
 }
 
 TEST(Mpi, MismatchedCheckpointIsAClearError) {

@@ -10,10 +10,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "configs/config.h"
 #include "balancer/plan.h"
@@ -21,6 +25,7 @@
 #include "worker/device/backend.h"
 #include "worker/data/data.h"
 #include "worker/engine/graph.h"
+#include "worker/train/failure_injection.h"
 #include "worker/train/trainer.h"
 
 namespace vtrain {
@@ -105,6 +110,144 @@ TEST(Train, GatheringAheadGivesTheSameLosses) {
   }
   ASSERT_EQ(losses[0].size(), 20u);
   EXPECT_EQ(losses[0], losses[1]);
+}
+
+// LeNet on 16x16 synthetic data, one process, quiet: the small run the
+// observer and divergence tests share.
+struct SmallRun {
+  worker::Dataset train = worker::make_synthetic({1, 1, 16, 16}, 4, 256, 7);
+  worker::Graph graph = worker::Graph::build(worker::preset_layers("lenet", {{1, 1, 16, 16}, 4}),
+                                             {1, 1, 16, 16});
+  std::unique_ptr<worker::Backend> backend = worker::make_backend({.kind = "cpu"});
+  worker::TrainerOptions options;
+
+  SmallRun() {
+    options.batch = 32;
+    options.max_steps = 6;
+    options.schedule.base_lr = 0.05;
+    options.evaluate = false;
+    options.conv_algorithm = "direct";
+    options.progress = worker::Progress::Mode::kOff;
+  }
+  worker::TrainResult run() {
+    return worker::train(graph, *backend, train, worker::Dataset{}, worker::channel_stats(train),
+                         options);
+  }
+};
+
+// Records the hooks the trainer calls.
+class RecordingObserver : public worker::TrainObserver {
+ public:
+  void on_step_start(const worker::StepEvent& e) override {
+    steps.push_back(e.step);
+    overlapped += e.allreduce_in_backward;
+  }
+  void on_bucket_launched(const worker::StepEvent&) override { ++buckets; }
+  std::vector<int64_t> steps;
+  int overlapped = 0;
+  int buckets = 0;
+};
+
+TEST(Train, ObserverSeesEveryStepStart) {
+  SmallRun run;
+  RecordingObserver observer;
+  run.options.observer = &observer;
+  EXPECT_EQ(run.run().steps, 6);
+  EXPECT_EQ(observer.steps, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  // One process launches no allreduce in backward.
+  EXPECT_EQ(observer.overlapped, 0);
+  EXPECT_EQ(observer.buckets, 0);
+}
+
+TEST(Train, InjectedFailureThrowsAtItsStep) {
+  for (auto where : {worker::FailureInjection::Where::kStepStart,
+                     worker::FailureInjection::Where::kBackward}) {
+    SmallRun run;
+    worker::FailureInjection failure(3, where);
+    // Steps 0..2 run; the failure comes at the start of step 3 (in backward
+    // too: one process launches no allreduce to fail after).
+    run.options.observer = &failure;
+    try {
+      run.run();
+      ADD_FAILURE() << "no injected failure";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "injected failure at step 3 (VTRAIN_FAIL_AT_STEP)");
+    }
+  }
+}
+
+TEST(Train, FailureInjectionReadsTheEnvironment) {
+  struct Env {
+    Env(const char* at, const char* rank, const char* in) {
+      set("VTRAIN_FAIL_AT_STEP", at);
+      set("VTRAIN_FAIL_RANK", rank);
+      set("VTRAIN_FAIL_IN", in);
+    }
+    ~Env() {
+      for (const char* name : {"VTRAIN_FAIL_AT_STEP", "VTRAIN_FAIL_RANK", "VTRAIN_FAIL_IN"}) {
+        unsetenv(name);
+      }
+    }
+    static void set(const char* name, const char* value) {
+      value ? setenv(name, value, 1) : unsetenv(name);
+    }
+  };
+  using worker::FailureInjection;
+  {
+    Env env(nullptr, nullptr, nullptr);
+    EXPECT_FALSE(FailureInjection::from_environment(0).has_value());
+  }
+  {
+    Env env("5", "1", "backward");
+    EXPECT_FALSE(FailureInjection::from_environment(0).has_value());
+    std::optional<FailureInjection> f = FailureInjection::from_environment(1);
+    ASSERT_TRUE(f.has_value());
+    f->on_step_start({5, true});  // in backward where allreduces overlap it
+    EXPECT_THROW(f->on_bucket_launched({5, true}), std::runtime_error);
+    EXPECT_THROW(f->on_step_start({5, false}), std::runtime_error);
+    f->on_bucket_launched({4, true});
+  }
+  {
+    Env env("x5", nullptr, nullptr);
+    try {
+      FailureInjection::from_environment(0);
+      ADD_FAILURE() << "a malformed step was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_STREQ(e.what(), "VTRAIN_FAIL_AT_STEP: expected an integer >= 0, got 'x5'");
+    }
+  }
+  {
+    Env env("2", nullptr, "forward");
+    EXPECT_THROW(FailureInjection::from_environment(0), std::invalid_argument);
+  }
+}
+
+// A learning rate far too large drives the loss to nan or infinity: the run
+// stops at that step, naming it and the last finite loss, instead of
+// finishing with garbage weights.
+TEST(Train, NonFiniteLossStopsTheRunNamingTheStep) {
+  SmallRun run;
+  run.options.schedule.base_lr = 1e308;
+  RecordingObserver observer;
+  run.options.observer = &observer;
+  try {
+    run.run();
+    ADD_FAILURE() << "a diverged run finished";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    ASSERT_FALSE(observer.steps.empty());
+    const int64_t bad = observer.steps.back() + 1;  // 1-based, as logged
+    ASSERT_GE(bad, 2) << what;  // the first step starts from finite weights
+    EXPECT_EQ(what.rfind("training diverged: the loss of step " + std::to_string(bad) +
+                             " (epoch 1) is ",
+                         0),
+              0u)
+        << what;
+    EXPECT_NE(what.find("; the last finite loss was "), std::string::npos) << what;
+    EXPECT_NE(what.find(", at step " + std::to_string(bad - 1) + " (a smaller optimizer.lr"),
+              std::string::npos)
+        << what;
+  }
 }
 
 TEST(Cli, HelpAndVersion) {
@@ -216,6 +359,24 @@ TEST(Cli, TrainsSyntheticAndWritesMetrics) {
       EXPECT_LE(value, 1.0);
     }
   }
+}
+
+// The same the way users meet it: exit 1 with the error, and no "end"
+// record with a null final loss in the metrics file.
+TEST(Cli, DivergedRunExitsWithOneNamingTheStep) {
+  TempDir dir;
+  const std::string metrics = dir.file("m.jsonl");
+  const RunResult r = run_vtrain(source_dir() + "/configs/synthetic-lenet.yaml --progress off "
+                                 "--set optimizer.lr=1e308 --set train.max_steps=10 "
+                                 "--set train.log_every=1 --metrics " + metrics);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("vtrain: error: training diverged: the loss of step "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("the last finite loss was "), std::string::npos) << r.output;
+  const std::string text = test_support::read_file(metrics);
+  EXPECT_NE(text.find("\"event\": \"step\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("\"event\": \"end\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("null"), std::string::npos) << text;
 }
 
 TEST(Cli, CheckPrintsTheModel) {

@@ -36,7 +36,7 @@ struct Checkpoint {
   int64_t epoch = 0;             // epoch of the next step (0-based)
   int64_t step_in_epoch = 0;     // steps of that epoch already done
   uint64_t seed = 0;             // the run's seed: shuffles are a pure function of (seed, epoch)
-  int64_t world_size = 1;        // ranks of the run that wrote it (informational)
+  int64_t world_size = 1;        // ranks of the run that wrote it (said on resume if it differs)
   int64_t global_batch = 0;      // B of the run that wrote it
   std::vector<float> parameters;  // Network::download_parameters()
   std::vector<float> buffers;     // Network::download_buffers()

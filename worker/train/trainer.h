@@ -13,6 +13,7 @@
 #include "worker/data/data.h"
 #include "worker/engine/graph.h"
 #include "worker/train/metrics.h"
+#include "worker/train/train_observer.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
 
@@ -61,10 +62,9 @@ struct TrainerOptions {
   // Non-zero (a signal number) asks every rank to stop at the next step
   // boundary, after a checkpoint.
   const std::atomic<int>* stop_signal = nullptr;
-  // Testing aids: this rank throws at this step, at its start or, with
-  // fail_in_backward, in backward once a gradient allreduce is in flight.
-  int64_t fail_at_step = -1;
-  bool fail_in_backward = false;
+  // Hooks called on this rank at fixed points of every step (the tests'
+  // failure injection, failure_injection.h); null = none. Not owned.
+  TrainObserver* observer = nullptr;
   // Gather the next batch on a thread while a step computes: -1 where the
   // batch holds at least 2^20 values (where it pays), 0 never, 1 always.
   int gather_ahead = -1;
@@ -81,6 +81,7 @@ struct TrainResult {
   std::vector<double> step_losses;    // global mean loss of every step run
   int stopped_by_signal = 0;          // the signal that stopped the run early, or 0
   std::string resumed_from;           // checkpoint the run continued from, if any
+  int64_t resumed_world_size = 0;     // ranks of the run that wrote resumed_from; 0 if none
   std::string last_checkpoint;        // newest checkpoint written, if any
   double allreduce_seconds = 0;       // time the communication side spent in allreduces
   double allreduce_exposed_seconds = 0;  // time the step waited for them
@@ -88,7 +89,10 @@ struct TrainResult {
 
 // Trains `graph` on `backend`, as this rank's part of the job when
 // options.comm is set. `test` may have count 0 (then no evaluation). Throws
-// on any failure; the metrics file then has no "end" record.
+// on any failure; the metrics file then has no "end" record. A step whose
+// loss (the global mean, the same on every rank) is not finite is a failure:
+// std::runtime_error naming the step and the last finite loss, thrown before
+// that step updates the parameters.
 TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set,
                   const Dataset& test_set, const ChannelStats& norm, const TrainerOptions& options);
 

@@ -1,0 +1,48 @@
+#include "worker/train/batch_gatherer.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace vtrain::worker {
+
+void gather_staged(const Dataset& data, const ChannelStats& norm, Staging& stage) {
+  const auto n = static_cast<int64_t>(stage.indices.size());
+  stage.images.resize(static_cast<size_t>(n * data.sample.per_sample()));
+  stage.labels.resize(static_cast<size_t>(n));
+  gather_batch(data, stage.indices, norm, stage.images.data(), stage.labels.data());
+}
+
+void upload_staged(Network& net, const Staging& stage) {
+  const auto n = static_cast<int64_t>(stage.indices.size());
+  net.backend().upload(stage.images.data(), net.input(n));
+  net.backend().upload_labels(stage.labels.data(), net.labels(), n);
+}
+
+BatchGatherer::BatchGatherer(const Dataset& data, const ChannelStats& norm, bool ahead)
+    : data_(data), norm_(norm) {
+  if (ahead) thread_.emplace();
+}
+
+const Staging& BatchGatherer::take(std::span<const int64_t> indices) {
+  if (std::exchange(pending_, false)) {
+    thread_->wait_all();  // rethrows a failed gather
+    if (std::equal(indices.begin(), indices.end(), ahead_.indices.begin(),
+                   ahead_.indices.end())) {
+      std::swap(current_, ahead_);
+      return current_;
+    }
+  }
+  current_.indices.assign(indices.begin(), indices.end());
+  gather_staged(data_, norm_, current_);
+  return current_;
+}
+
+void BatchGatherer::gather_ahead(std::span<const int64_t> indices) {
+  if (!thread_) return;
+  if (std::exchange(pending_, false)) thread_->wait_all();
+  ahead_.indices.assign(indices.begin(), indices.end());
+  thread_->enqueue([this] { gather_staged(data_, norm_, ahead_); });
+  pending_ = true;
+}
+
+}  // namespace vtrain::worker

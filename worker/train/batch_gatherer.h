@@ -1,0 +1,59 @@
+// Host staging of training and test batches: gathering samples from a
+// dataset, normalising them, and uploading them to the network's input.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "common/host_stream.h"
+#include "worker/data/data.h"
+#include "worker/engine/network.h"
+
+namespace vtrain::worker {
+
+// Host staging for one batch, uploaded to the network's input.
+struct Staging {
+  std::vector<float> images;
+  std::vector<int32_t> labels;
+  std::vector<int64_t> indices;  // the samples of the batch, in order
+};
+
+// Gathers and normalises the samples of stage.indices into stage.
+void gather_staged(const Dataset& data, const ChannelStats& norm, Staging& stage);
+
+// Copies a gathered batch to the network's input and labels.
+void upload_staged(Network& net, const Staging& stage);
+
+// Gathers the next training batch on a thread of its own while the current
+// step computes, so that a step waits only for its upload. Worth it where
+// gathering takes longer than handing work to a thread: batches of at least
+// kMinPixels values (ImageNet-size inputs; not LeNet on 28x28), unless
+// TrainerOptions::gather_ahead says otherwise. `data` and `norm` must
+// outlive the gatherer.
+class BatchGatherer {
+ public:
+  static constexpr int64_t kMinPixels = int64_t{1} << 20;
+
+  BatchGatherer(const Dataset& data, const ChannelStats& norm, bool ahead);
+  BatchGatherer(const BatchGatherer&) = delete;
+  BatchGatherer& operator=(const BatchGatherer&) = delete;
+
+  // The batch of `indices`, gathered: the one gathered ahead when it is that
+  // batch, else gathered now. Valid until the next take(). Rethrows a failed
+  // gather ahead.
+  const Staging& take(std::span<const int64_t> indices);
+  // Starts gathering `indices` for a later take() (no-op without a thread).
+  void gather_ahead(std::span<const int64_t> indices);
+
+ private:
+  const Dataset& data_;
+  const ChannelStats& norm_;
+  Staging current_, ahead_;  // ahead_ belongs to the thread while pending_
+  bool pending_ = false;
+  // Last: destroyed first, finishing a gather in flight while ahead_ lives.
+  std::optional<common::HostStream> thread_;
+};
+
+}  // namespace vtrain::worker

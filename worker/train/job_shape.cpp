@@ -1,0 +1,61 @@
+#include "worker/train/job_shape.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "balancer/batch_split.h"
+
+namespace vtrain::worker {
+
+namespace {
+
+void check_data_fits_model(const Graph& graph, const Dataset& train_set) {
+  if (!(train_set.sample == graph.output_shape(graph.input_index()))) {
+    throw std::invalid_argument("the model expects samples of " +
+                                graph.output_shape(graph.input_index()).str() +
+                                " but the data has " + train_set.sample.str());
+  }
+  if (train_set.classes > graph.classes()) {
+    throw std::invalid_argument("the data has " + std::to_string(train_set.classes) +
+                                " classes but the model has " + std::to_string(graph.classes()) +
+                                " outputs");
+  }
+}
+
+}  // namespace
+
+JobShape job_shape(const Graph& graph, const Dataset& train_set, const TrainerOptions& options) {
+  check_data_fits_model(graph, train_set);
+  JobShape job;
+  job.rank = options.comm ? options.comm->rank() : 0;
+  job.ranks = options.comm ? options.comm->size() : 1;
+  job.batch = options.batch;
+  job.split = options.split.empty() ? balancer::even_split(job.batch, job.ranks) : options.split;
+  if (static_cast<int>(job.split.size()) != job.ranks) {
+    throw std::invalid_argument("the batch split has " + std::to_string(job.split.size()) +
+                                " entries but the job has " + std::to_string(job.ranks) + " ranks");
+  }
+  int64_t split_sum = 0;
+  for (int r = 0; r < job.ranks; ++r) {
+    if (job.split[r] < 0) throw std::invalid_argument("negative batch in the split");
+    if (r < job.rank) job.my_offset += job.split[r];
+    split_sum += job.split[r];
+  }
+  if (split_sum != job.batch) {
+    throw std::invalid_argument("the batch split sums to " + std::to_string(split_sum) +
+                                " but the batch is " + std::to_string(job.batch));
+  }
+  job.my_batch = job.split[job.rank];
+  job.steps_per_epoch = train_set.count / job.batch;
+  if (job.steps_per_epoch < 1) {
+    throw std::invalid_argument("the training set has " + std::to_string(train_set.count) +
+                                " samples, fewer than one batch of " + std::to_string(job.batch));
+  }
+  job.total_steps = job.steps_per_epoch * options.epochs;
+  if (options.max_steps > 0) job.total_steps = std::min(job.total_steps, options.max_steps);
+  job.eval_chunk = std::max<int64_t>(job.my_batch, std::min<int64_t>(job.batch, 64));
+  return job;
+}
+
+}  // namespace vtrain::worker

@@ -1,0 +1,29 @@
+// Hooks into the training loop. The trainer calls them on the rank that
+// owns the observer, on its own thread; an observer may throw to fail the
+// rank at that point (failure_injection.h, the tests' way to fail one rank).
+#pragma once
+
+#include <cstdint>
+
+namespace vtrain::worker {
+
+// Where a step stands when a hook fires.
+struct StepEvent {
+  int64_t step = 0;  // steps completed before this one, over the whole run (resumes included)
+  // This rank launches gradient allreduces during backward (several ranks
+  // and samples of its own); otherwise on_bucket_launched never fires.
+  bool allreduce_in_backward = false;
+};
+
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  // Before the step does any work: no collective of this step is in flight.
+  virtual void on_step_start(const StepEvent& step) { (void)step; }
+  // In backward, right after this rank launched the allreduce of a gradient
+  // bucket. If it throws, the trainer waits for the allreduces in flight
+  // while unwinding, before their buffers are freed.
+  virtual void on_bucket_launched(const StepEvent& step) { (void)step; }
+};
+
+}  // namespace vtrain::worker
