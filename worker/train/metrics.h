@@ -44,8 +44,17 @@ class MetricsFile {
 class Progress {
  public:
   enum class Mode { kLive, kLines, kOff };
-  // "auto" picks kLive when stdout is a terminal.
+  // "line", "off", or "auto": auto_mode() for this process's stdout and
+  // environment. Throws std::invalid_argument for another name.
   static Mode parse_mode(const std::string& mode);
+  // What "auto" means. Outside a launcher: kLive when stdout is a terminal.
+  // A rank started by mpirun or srun (OMPI_COMM_WORLD_SIZE, PMIX_RANK,
+  // PMI_RANK or SLURM_PROCID is set) may have a pty of its own (Open MPI
+  // gives ranks one) while the launcher's output goes to a file, so there
+  // it is kLines unless VTRAIN_PROGRESS=live says the launcher's own output
+  // is a terminal (scripts/mpirun.sh sets that when it is). `getenv` is
+  // passed in so that tests need not change the environment.
+  static Mode auto_mode(bool stdout_is_terminal, const char* (*getenv)(const char*));
   explicit Progress(Mode mode, FILE* out = stdout) : mode_(mode), out_(out) {}
   // A step line ("epoch 1/10 step 120/937 loss 0.512 acc 0.83 1234 img/s").
   void step(const std::string& line, bool log_point);
