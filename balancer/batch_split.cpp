@@ -172,6 +172,55 @@ void check_reachable(std::span<const DeviceProfile> devices,
                         (nearest.empty() ? std::string() : "; the nearest totals are " + nearest));
 }
 
+// "fast 32, 64, 128; slow none" for the first few devices.
+std::string per_device_sizes(std::span<const DeviceProfile> devices,
+                             const std::vector<std::vector<Candidate>>& candidates) {
+  std::string text;
+  for (size_t d = 0; d < devices.size() && d < kListedDevices; ++d) {
+    std::vector<int64_t> sizes;
+    for (const Candidate& c : candidates[d]) sizes.push_back(c.batch);
+    text += (text.empty() ? "" : "; ") + devices[d].name + " " +
+            (sizes.empty() ? std::string("none") : common::format_list(sizes));
+  }
+  if (devices.size() > kListedDevices) text += "; ...";
+  return text;
+}
+
+// Why the devices' largest candidates add up to less than the batch: their
+// memory, or the sizes they were measured at (too small, or, for a batch
+// below them, too large: a candidate is at most the batch).
+std::string capacity_shortfall(std::span<const DeviceProfile> devices,
+                               const std::vector<std::vector<Candidate>>& candidates,
+                               const std::vector<int64_t>& largest, int64_t most, int64_t global_batch,
+                               const BatchSplitOptions& options) {
+  const std::string batch = "batch " + std::to_string(global_batch);
+  const std::string multiple = "a multiple of " + std::to_string(options.granularity);
+  std::vector<std::vector<Candidate>> fitting;  // candidates of any size
+  int64_t fitting_most = 0;
+  bool memory_bound = false;
+  for (const DeviceProfile& device : devices) {
+    fitting.push_back(candidates_of(device, std::numeric_limits<int64_t>::max(), options));
+    if (!fitting.back().empty()) fitting_most += fitting.back().back().batch;
+    for (const StepSample& step : device.steps) memory_bound |= step.peak_memory_bytes > device.memory_capacity_bytes;
+  }
+  if (fitting_most >= global_batch) {
+    return batch + " does not fit the devices' candidate sizes: each device takes one size of at most " +
+           std::to_string(global_batch) + " (" + multiple + " that fits its memory), and the largest add up to " +
+           std::to_string(most) + " (" + per_device_list(devices, largest) + "); their sizes that fit memory are " +
+           per_device_sizes(devices, fitting) + " (profile smaller per-device batches, profile.batches, or use a " +
+           "larger batch)";
+  }
+  if (memory_bound) {
+    return batch + " does not fit: the devices can hold at most " + std::to_string(most) +
+           " samples together (largest batch per device that fits its memory, " + multiple + ": " +
+           per_device_list(devices, largest) + ")";
+  }
+  return batch + " does not fit the devices' candidate sizes: the largest add up to " + std::to_string(most) + " (" +
+         per_device_list(devices, largest) + "), and every measured size fits memory (profile larger per-device " +
+         "batches, profile.batches, or use a smaller batch); the candidates are " +
+         per_device_sizes(devices, candidates);
+}
+
 void check_capacity(std::span<const DeviceProfile> devices,
                     const std::vector<std::vector<Candidate>>& candidates, int64_t global_batch,
                     const BatchSplitOptions& options) {
@@ -191,10 +240,7 @@ void check_capacity(std::span<const DeviceProfile> devices,
     least += smallest[d];
   }
   if (most < global_batch) {
-    throw InfeasibleError("batch " + std::to_string(global_batch) + " does not fit: the devices can hold at most " +
-                          std::to_string(most) + " samples together (largest batch per device that fits " +
-                          "its memory, a multiple of " + std::to_string(options.granularity) + ": " +
-                          per_device_list(devices, largest) + ")");
+    throw InfeasibleError(capacity_shortfall(devices, candidates, largest, most, global_batch, options));
   }
   if (!options.allow_idle_devices && least > global_batch) {
     throw InfeasibleError("batch " + std::to_string(global_batch) + " is too small to give every device " +

@@ -1,6 +1,7 @@
 // Text every part formats the same way: byte sizes, integer lists, JSON strings.
 #pragma once
 
+#include <cstdarg>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -30,6 +31,10 @@ inline std::string join(const std::vector<std::string>& items,
 // "64MiB", "1.5GB", "4096", "2k" -> bytes. Binary (KiB, MiB, GiB, TiB) and
 // decimal (kB, MB, GB, TB) units. Throws InputError (without location) otherwise.
 uint64_t parse_size(const std::string& text);
+
+// printf into a std::string of whatever length the result has (no fixed
+// buffer that would cut a long line short).
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // `text` as a JSON string literal, quotes included: \" \\ \n \r \t escaped,
 // other control characters as \u00XX.

@@ -93,6 +93,10 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
       }
     } else if (a == "--devices" && cli.command == "balance") {
       cli.devices = value(a);
+      if (cli.devices.find_first_not_of(" \t,") == std::string::npos) {
+        throw UsageError("--devices names no device (give \"NAME,NAME,...\", or leave it out to "
+                         "use every device the DB measured)");
+      }
     } else if (a == "--workspace" && cli.command == "balance") {
       cli.workspace = value(a);
     } else if (a == "--policy" && cli.command == "balance") {

@@ -228,7 +228,8 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
 }
 
 int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph) {
-  perfdb::PerfDb db(cli.db);
+  // Offline planning only reads: the file is neither created nor changed.
+  perfdb::PerfDb db(cli.db, {.mode = perfdb::OpenMode::kReadOnly});
   std::vector<worker::PlanDevice> devices;
   auto add = [&](const perfdb::DeviceRecord& rec) {
     worker::PlanDevice d;

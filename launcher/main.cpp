@@ -68,12 +68,18 @@ Datasets load_data(const Config& cfg) {
   return {take(all, 0, d.train_size), take(all, d.train_size, d.test_size)};
 }
 
-worker::Graph build_graph(const Config& cfg, const worker::Shape& sample) {
+// The model for the data's samples; every label of the data must be one of
+// its classes (checked here, before any work, naming the label file).
+worker::Graph build_graph(const Config& cfg, const Datasets& data) {
+  const worker::Shape& sample = data.train.sample;
   std::vector<worker::LayerSpec> layers = cfg.model.layers;
   if (!cfg.model.preset.empty()) {
     layers = worker::preset_layers(cfg.model.preset, {sample, cfg.model.classes});
   }
-  return worker::Graph::build(std::move(layers), sample);
+  worker::Graph graph = worker::Graph::build(std::move(layers), sample);
+  worker::check_labels(data.train, graph.classes());
+  worker::check_labels(data.test, graph.classes());
+  return graph;
 }
 
 worker::ChannelStats normalisation(const Config& cfg, const worker::Dataset& train) {
@@ -97,7 +103,7 @@ Config load(const CliArgs& cli) {
 int run_check(const CliArgs& cli) {
   const Config cfg = load(cli);
   const Datasets data = load_data(cfg);
-  const worker::Graph graph = build_graph(cfg, data.train.sample);
+  const worker::Graph graph = build_graph(cfg, data);
   std::printf("config %s is valid\n", cfg.path.c_str());
   std::printf("data: %lld train, %lld test samples of %s, %lld classes\n",
               static_cast<long long>(data.train.count), static_cast<long long>(data.test.count),
@@ -140,7 +146,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
                      "there or with --set checkpoint.dir=DIR)");
   }
   const Datasets data = load_data(cfg);
-  const worker::Graph graph = build_graph(cfg, data.train.sample);
+  const worker::Graph graph = build_graph(cfg, data);
   const worker::ChannelStats norm = normalisation(cfg, data.train);
   std::vector<int64_t> split = balancer::even_split(cfg.train.batch, comm.size());
   if (cfg.balance.split == balancer::SplitMode::kManual) {
@@ -212,7 +218,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
 int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   const Config cfg = load(cli);
   const Datasets data = load_data(cfg);
-  const worker::Graph graph = build_graph(cfg, data.train.sample);
+  const worker::Graph graph = build_graph(cfg, data);
   auto backend = worker::make_backend(backend_options(cfg));
   const worker::DeviceInfo info = backend->device_info();
   print_cluster(comm, info, balancer::even_split(cfg.train.batch, comm.size()));
@@ -332,7 +338,7 @@ int run(int argc, char** argv) {
     if (cli.command == "balance") {
       const Config cfg = load(cli);
       const Datasets data = load_data(cfg);
-      return run_balance(cli, cfg, build_graph(cfg, data.train.sample));
+      return run_balance(cli, cfg, build_graph(cfg, data));
     }
     auto comm = worker::make_mpi_communicator();
     if (cli.command == "profile") return run_profile(cli, *comm);

@@ -17,6 +17,7 @@
 #include "perfdb/internal/schema.h"
 #include "perfdb/internal/sqlite.h"
 #include "perfdb/internal/table_export.h"
+#include "perfdb/internal/transaction.h"
 
 namespace vtrain::perfdb {
 
@@ -24,6 +25,9 @@ using internal::Connection;
 using internal::SqliteError;
 using internal::Statement;
 using internal::StatementUse;
+using internal::Txn;
+using internal::in_transaction;
+using internal::with_retry;
 
 const char* kernel_kind_name(KernelKind kind) {
   switch (kind) {
@@ -54,67 +58,11 @@ std::optional<Table> table_from_name(std::string_view name) {
 
 namespace {
 
-enum class Txn { kRead, kWrite };
-
 constexpr uint64_t kMaxStoredUnsigned = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-// Runs `body` until it gets through without a busy/locked file, sleeping a
-// random, growing time between attempts. Only whole transactions (or
-// statements outside one) are retried, so a retry redoes complete work.
-template <class Body>
-auto with_retry(Connection& connection, const PerfDbOptions& options, std::mt19937_64& rng, Body&& body)
-    -> decltype(body()) {
-  for (int attempt = 1;; ++attempt) {
-    try {
-      return body();
-    } catch (const SqliteError& e) {
-      if (!e.busy()) throw;
-      if (attempt >= options.max_attempts) {
-        throw PerfDbError(connection.message(
-            "the file stayed locked through " + std::to_string(attempt) + " attempts (" + e.detail() +
-            "); another process may be holding a long transaction, or the file system's locks do not work"));
-      }
-      const int doublings = std::min(attempt - 1, 20);
-      const auto ceiling = std::min(options.backoff_max, options.backoff_initial * (int64_t{1} << doublings));
-      std::uniform_int_distribution<int64_t> pick(0, ceiling.count());
-      std::this_thread::sleep_for(std::chrono::milliseconds(pick(rng)));
-    }
-  }
-}
-
-// One transaction around `body`: committed when body returns, rolled back
-// when anything throws. Writes take the write lock up front (BEGIN
-// IMMEDIATE): a deferred transaction that upgrades from reading to writing can
-// deadlock with another writer, which SQLite reports as busy at once.
-template <class Body>
-auto in_transaction(Connection& connection, Txn kind, Body&& body) -> decltype(body()) {
-  connection.exec(kind == Txn::kWrite ? "BEGIN IMMEDIATE" : "BEGIN");
-  try {
-    if constexpr (std::is_void_v<decltype(body())>) {
-      body();
-      connection.exec("COMMIT");
-    } else {
-      auto result = body();
-      connection.exec("COMMIT");
-      return result;
-    }
-  } catch (const std::exception& e) {
-    // A failed COMMIT (busy) leaves the transaction open; some I/O errors
-    // have already rolled it back.
-    if (connection.in_transaction()) {
-      try {
-        connection.exec("ROLLBACK");
-      } catch (const PerfDbError& rollback) {
-        throw PerfDbError(std::string(e.what()) + "; rolling back also failed: " + rollback.what());
-      }
-    }
-    throw;
-  }
 }
 
 }  // namespace
@@ -135,6 +83,9 @@ class PerfDb::Impl {
   // version: another vtrain may have upgraded it since we opened it.
   template <class Body>
   auto transact(Txn kind, Body&& body) -> decltype(body()) {
+    if (kind == Txn::kWrite && options_.mode == OpenMode::kReadOnly) {
+      invalid("the perf DB was opened read-only");
+    }
     return with_retry(*connection_, options_, rng_, [&] {
       return in_transaction(*connection_, kind, [&] {
         StatementUse version(cached("SELECT version FROM schema_version"));
@@ -152,6 +103,7 @@ class PerfDb::Impl {
     return found->second;
   }
 
+  void open_read_only(const std::string& path);
   void require_device(DeviceId device);
   int64_t upsert_kernel(const KernelSignature& kernel);
 
@@ -172,11 +124,19 @@ PerfDb::Impl::Impl(const std::string& path, const PerfDbOptions& options)
                       "busy_timeout at most INT_MAX ms)");
   }
 
+  std::error_code ignored;  // a path we cannot stat fails to open below, with SQLite's message
+  if (std::filesystem::is_directory(path, ignored)) {
+    throw PerfDbError("perf DB " + path + ": open: is a directory, expected a perf DB file");
+  }
+  if (options.mode == OpenMode::kReadOnly) {
+    open_read_only(path);
+    return;
+  }
+
   // Check an existing file on a read-only connection, so that nothing can be
   // written to a file that turns out to be damaged, someone else's, or newer.
   bool checked = false;
   std::optional<int> version;
-  std::error_code ignored;  // a path we cannot stat fails to open below, with SQLite's message
   if (path != ":memory:" && std::filesystem::exists(path, ignored)) {
     try {
       Connection reader(path, SQLITE_OPEN_READONLY);
@@ -223,6 +183,35 @@ PerfDb::Impl::Impl(const std::string& path, const PerfDbOptions& options)
       if (now != kSchemaVersion) internal::migrate(db, now);
     });
   });
+}
+
+void PerfDb::Impl::open_read_only(const std::string& path) {
+  std::error_code ec;
+  if (path == ":memory:" || !std::filesystem::exists(path, ec)) {
+    throw PerfDbError("perf DB " + path + ": open (read-only): no such file" +
+                      (ec ? " (" + ec.message() + ")" : std::string()));
+  }
+  connection_ = std::make_unique<Connection>(path, SQLITE_OPEN_READONLY);
+  Connection& db = *connection_;
+  db.set_operation("open (read-only)");
+  db.set_busy_timeout(options_.busy_timeout);
+  std::optional<int> version;
+  try {
+    version = with_retry(db, options_, rng_, [&] {
+      return in_transaction(db, Txn::kRead, [&] { return internal::inspect_schema(db, true); });
+    });
+  } catch (const SqliteError& e) {
+    if (e.code() != SQLITE_READONLY_ROLLBACK) throw;
+    invalid("a writer crashed mid-transaction and left a hot journal, which only a read-write "
+            "open (vtrain profile) may roll back");
+  }
+  if (!version) invalid("the file holds no tables: not a perf DB yet (fill it with vtrain profile)");
+  if (*version < kSchemaVersion) {
+    invalid("schema version " + std::to_string(*version) + " is older than this vtrain's " +
+            std::to_string(kSchemaVersion) + ", and a read-only open does not upgrade it (a "
+            "read-write open, e.g. vtrain profile, does)");
+  }
+  internal::check_schema_version(db, *version, false);
 }
 
 void PerfDb::Impl::require_device(DeviceId device) {

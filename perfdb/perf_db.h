@@ -147,7 +147,16 @@ enum class ExportFormat {
 
 // ---------------------------------------------------------------- the database
 
+enum class OpenMode {
+  kReadWrite,  // create the file if missing, create or upgrade the schema (profiling)
+  kReadOnly,   // an existing, current perf DB, never written (offline planning)
+};
+
 struct PerfDbOptions {
+  // kReadOnly opens with SQLITE_OPEN_READONLY: the file must exist and hold
+  // a perf DB of kSchemaVersion; nothing is created, migrated or switched to
+  // another journal mode (a WAL file stays WAL), and writes throw.
+  OpenMode mode = OpenMode::kReadWrite;
   // How long one statement waits, polling at short random intervals, for a
   // lock another process holds before it reports busy.
   std::chrono::milliseconds busy_timeout{5000};
@@ -171,7 +180,10 @@ class PerfDb {
   // PerfDbError, leaving the file's bytes untouched, when the file is not a
   // valid perf DB (garbage, truncated, or an SQLite file of someone else's)
   // or has a newer schema than this code knows. An SQLite file with no
-  // tables at all counts as empty and is initialised.
+  // tables at all counts as empty and is initialised. A directory is an
+  // error saying so. With OpenMode::kReadOnly (see PerfDbOptions) a missing
+  // file ("no such file"), an empty one, an older schema and a hot journal
+  // left by a crashed writer are errors too, and the file is never written.
   explicit PerfDb(const std::string& path, const PerfDbOptions& options = {});
   ~PerfDb();
   PerfDb(PerfDb&&) noexcept;

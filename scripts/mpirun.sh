@@ -11,4 +11,10 @@ fi
 # messages, and the allreduce then fails. Copy through the shared segment
 # instead, unless the environment already chose.
 export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
+# Open MPI gives each rank a pty, so a rank cannot tell whether this output
+# is a terminal or a log file: say it, so that `output.progress: auto` draws
+# a live line only on a terminal (a log file gets plain lines, no \r or ESC).
+if [ -t 1 ]; then
+  export VTRAIN_PROGRESS="${VTRAIN_PROGRESS:-live}"
+fi
 exec mpirun "$@"

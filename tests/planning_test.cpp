@@ -80,6 +80,33 @@ TEST(PlanFile, RoundTripsThroughYamlAndDisk) {
   EXPECT_FALSE(std::filesystem::exists(dir.path("plan.yaml.tmp")));
 }
 
+TEST(DescribePlan, TwoHundredRanksKeepEveryLineWhole) {
+  balancer::TrainingPlan p = sample_plan();
+  p.global_batch = 0;
+  p.ranks.clear();
+  for (int r = 0; r < 200; ++r) {
+    balancer::RankPlan rank = sample_plan().ranks[0];
+    rank.device = "NVIDIA H100 80GB HBM3 (node " + std::to_string(r) + ")";
+    rank.kernels.push_back({"c2", "Forward", {{"a_long_algorithm_name", 1}}, 0, 0, 1.0});
+    for (int k = 0; k < 40; ++k) {
+      rank.kernels.back().calls.push_back({"algorithm_" + std::to_string(k), 1});
+    }
+    p.global_batch += rank.batch;
+    p.ranks.push_back(rank);
+  }
+  const std::string text = worker::describe_plan(p);
+  const std::string first = text.substr(0, text.find('\n'));
+  std::string split;
+  for (int r = 0; r < 200; ++r) split += (r ? "+" : "") + std::to_string(p.ranks[r].batch);
+  EXPECT_EQ(first, "plan: split " + split + " of 1600, workspace wd 0.0 MiB, predicted step 2.50 ms");
+  EXPECT_NE(text.find("  rank 199 (NVIDIA H100 80GB HBM3 (node 199)): batch 8, predicted 2.50 ms"),
+            std::string::npos);
+  // A kernel's calls are listed whole, however many there are.
+  const std::string calls = balancer::describe_calls(p.ranks[199].kernels.back().calls);
+  ASSERT_GT(calls.size(), 512u);
+  EXPECT_NE(text.find(calls + "    1.000 ms"), std::string::npos);
+}
+
 TEST(PlanFile, BadPlansNameTheLineAndKey) {
   const std::string good = balancer::plan_to_yaml(sample_plan());
   auto error = [](const std::string& text) {

@@ -278,6 +278,7 @@ void read_idx_labels(const std::string& path, Dataset& data) {
   expect_end(in, declared);
 
   data.labels.assign(raw.begin(), raw.end());
+  data.sources = {{path, 0, static_cast<int64_t>(count)}};
 }
 
 // ---------------------------------------------------------------------------
@@ -326,6 +327,7 @@ void append_cifar10(const std::string& path, Dataset& data) {
     std::copy(record.begin() + 1, record.end(), data.pixels.begin() + (first + r) * kCifarPixels);
   }
   data.count = first + records;
+  data.sources.push_back({path, first, records});
 }
 
 }  // namespace
@@ -407,6 +409,23 @@ Dataset make_synthetic(const Shape& sample, int64_t classes, int64_t count, uint
     }
   }
   return data;
+}
+
+void check_labels(const Dataset& data, int64_t classes) {
+  const auto bad = std::find_if(data.labels.begin(), data.labels.end(),
+                                [&](int32_t label) { return label < 0 || label >= classes; });
+  if (bad == data.labels.end()) return;
+  const int64_t index = bad - data.labels.begin();
+  const std::string what = "label " + std::to_string(*bad) + " is outside [0, " +
+                           std::to_string(classes) + "), the model's " + std::to_string(classes) +
+                           " classes";
+  for (const LabelSource& source : data.sources) {
+    if (index >= source.first && index < source.first + source.count) {
+      throw DataError(source.path + ": label index " + std::to_string(index - source.first) + ": " +
+                      what);
+    }
+  }
+  throw DataError("sample " + std::to_string(index) + ": " + what);
 }
 
 ChannelStats channel_stats(const Dataset& data) {

@@ -33,12 +33,21 @@ inline constexpr auto kDataKindNames = std::to_array<common::Named<DataKind>>(
     {{DataKind::kIdx, "idx"}, {DataKind::kCifar10, "cifar10"}, {DataKind::kSynthetic, "synthetic"}});
 inline const char* data_kind_name(DataKind kind) { return common::name_of(kDataKindNames, kind); }
 
+// Where samples [first, first + count) of a dataset came from: records
+// 0..count-1 of the file `path`. Lets a check after loading name the file.
+struct LabelSource {
+  std::string path;
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
 struct Dataset {
   Shape sample{1, 1, 1, 1};     // per-sample shape (n = 1)
   int64_t classes = 0;          // labels are in [0, classes)
   int64_t count = 0;            // samples
   std::vector<uint8_t> pixels;  // count * sample.per_sample(), NCHW
   std::vector<int32_t> labels;  // count
+  std::vector<LabelSource> sources;  // the label files in sample order; empty for synthetic data
 };
 
 // IDX image file (magic 0x00000803, n x rows x cols) and label file (magic
@@ -57,6 +66,12 @@ Dataset load_cifar10(const std::vector<std::string>& batch_paths);
 // every platform, and sample i does not depend on `count`. Labels are
 // i % classes. Throws std::invalid_argument for a bad shape, classes or count.
 Dataset make_synthetic(const Shape& sample, int64_t classes, int64_t count, uint64_t seed);
+
+// Throws DataError unless every label is in [0, classes), where `classes` is
+// the model's output count. The message names the first bad label's file and
+// its index there (or its sample index when the dataset has no sources), the
+// label and the valid range.
+void check_labels(const Dataset& data, int64_t classes);
 
 // Per-channel mean and (population) standard deviation of value / 255 over
 // the dataset. Throws std::invalid_argument for an empty dataset.

@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "common/text.h"
 #include "worker/device/backend.h"
 #include "worker/profile/profiler.h"
 
@@ -280,34 +281,27 @@ std::vector<ConvLayerExecution> conv_executions(const balancer::RankPlan& rank) 
 }
 
 std::string describe_plan(const balancer::TrainingPlan& plan) {
+  using common::format;
   std::vector<int64_t> batches;
   for (const balancer::RankPlan& r : plan.ranks) batches.push_back(r.batch);
-  const std::string split = balancer::join_batches(batches, '+');
-  char line[512];
-  std::snprintf(line, sizeof line, "plan: split %s of %lld, workspace %s%s%s, predicted step %.2f ms",
-                split.c_str(), static_cast<long long>(plan.global_batch),
-                balancer::workspace_policy_name(plan.workspace_policy), plan.workspace_limit > 0 ? " " : "",
-                plan.workspace_limit > 0 ? mib(plan.workspace_limit).c_str() : "",
-                plan.predicted_step_ms);
-  std::string out = line;
+  // Every line is built to its full length: with hundreds of ranks the split
+  // alone is longer than any fixed buffer.
+  std::string out = "plan: split " + balancer::join_batches(batches, '+') +
+                    format(" of %lld, workspace %s", static_cast<long long>(plan.global_batch),
+                           balancer::workspace_policy_name(plan.workspace_policy)) +
+                    (plan.workspace_limit > 0 ? " " + mib(plan.workspace_limit) : "") +
+                    format(", predicted step %.2f ms", plan.predicted_step_ms);
   if (plan.even_split_ms && plan.split_ms && *plan.split_ms > 0) {
-    std::snprintf(line, sizeof line, "\n  from measured steps: this split %.2f ms, even split %.2f ms "
-                  "(%.2fx)", *plan.split_ms, *plan.even_split_ms,
-                  *plan.even_split_ms / *plan.split_ms);
-    out += line;
+    out += format("\n  from measured steps: this split %.2f ms, even split %.2f ms (%.2fx)",
+                  *plan.split_ms, *plan.even_split_ms, *plan.even_split_ms / *plan.split_ms);
   } else if (plan.split_ms && !plan.ranks.empty()) {
     const auto n = static_cast<long long>(plan.ranks.size());
     const auto batch = static_cast<long long>(plan.global_batch);
-    if (batch % n != 0) {
-      std::snprintf(line, sizeof line, "\n  from measured steps: this split %.2f ms; no even split "
-                    "to compare (%lld samples do not divide among %lld ranks)", *plan.split_ms,
-                    batch, n);
-    } else {
-      std::snprintf(line, sizeof line, "\n  from measured steps: this split %.2f ms; no even split "
-                    "to compare (%lld per rank is not a candidate batch of every device, or does "
-                    "not fit one)", *plan.split_ms, batch / n);
-    }
-    out += line;
+    out += format("\n  from measured steps: this split %.2f ms; no even split to compare ",
+                  *plan.split_ms);
+    out += batch % n != 0 ? format("(%lld samples do not divide among %lld ranks)", batch, n)
+                          : format("(%lld per rank is not a candidate batch of every device, or "
+                                   "does not fit one)", batch / n);
   }
   out += "\n";
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
@@ -318,17 +312,14 @@ std::string describe_plan(const balancer::TrainingPlan& plan) {
     }
     int divided = 0;
     for (const balancer::PlannedKernel& k : rank.kernels) divided += k.calls.size() > 1;
-    std::snprintf(line, sizeof line,
-                  "  rank %zu (%s): batch %lld, predicted %.2f ms, workspace %s, %d of %zu conv "
+    out += format("  rank %zu (%s): batch %lld, predicted %.2f ms, workspace %s, %d of %zu conv "
                   "kernels micro-batched\n",
                   r, rank.device.c_str(), static_cast<long long>(rank.batch), rank.predicted_ms,
                   mib(rank.workspace_bytes).c_str(), divided, rank.kernels.size());
-    out += line;
     for (const balancer::PlannedKernel& k : rank.kernels) {
-      const std::string calls = balancer::describe_calls(k.calls);
-      std::snprintf(line, sizeof line, "    %-12s %-14s %-40s %8.3f ms %10s\n", k.layer.c_str(),
-                    k.kind.c_str(), calls.c_str(), k.time_ms, mib(k.workspace_bytes).c_str());
-      out += line;
+      out += format("    %-12s %-14s %-40s %8.3f ms %10s\n", k.layer.c_str(), k.kind.c_str(),
+                    balancer::describe_calls(k.calls).c_str(), k.time_ms,
+                    mib(k.workspace_bytes).c_str());
     }
   }
   return out;

@@ -4,7 +4,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <iterator>
 #include <cstring>
 #include <stdexcept>
 
@@ -61,7 +64,20 @@ Progress::Mode Progress::mode_for(ProgressSetting setting) {
     case ProgressSetting::kOff: return Mode::kOff;
     case ProgressSetting::kAuto: break;
   }
-  return isatty(fileno(stdout)) ? Mode::kLive : Mode::kLines;
+  return auto_mode(isatty(fileno(stdout)) == 1,
+                   [](const char* name) -> const char* { return std::getenv(name); });
+}
+
+Progress::Mode Progress::auto_mode(bool stdout_is_terminal,
+                                   const char* (*getenv)(const char*)) {
+  if (!stdout_is_terminal) return Mode::kLines;
+  const char* const launcher_variables[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK",
+                                            "SLURM_PROCID"};
+  const bool launched = std::any_of(std::begin(launcher_variables), std::end(launcher_variables),
+                                    [&](const char* name) { return getenv(name) != nullptr; });
+  if (!launched) return Mode::kLive;
+  const char* opt_in = getenv("VTRAIN_PROGRESS");
+  return opt_in != nullptr && std::string(opt_in) == "live" ? Mode::kLive : Mode::kLines;
 }
 
 void Progress::step(const std::string& line, bool log_point) {

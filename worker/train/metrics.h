@@ -59,8 +59,16 @@ inline const char* progress_setting_name(ProgressSetting setting) {
 class Progress {
  public:
   enum class Mode { kLive, kLines, kOff };
-  // kAuto picks kLive when stdout is a terminal.
+  // kAuto: auto_mode() for this process's stdout and environment.
   static Mode mode_for(ProgressSetting setting);
+  // What "auto" means. Outside a launcher: kLive when stdout is a terminal.
+  // A rank started by mpirun or srun (OMPI_COMM_WORLD_SIZE, PMIX_RANK,
+  // PMI_RANK or SLURM_PROCID is set) may have a pty of its own (Open MPI
+  // gives ranks one) while the launcher's output goes to a file, so there
+  // it is kLines unless VTRAIN_PROGRESS=live says the launcher's own output
+  // is a terminal (scripts/mpirun.sh sets that when it is). `getenv` is
+  // passed in so that tests need not change the environment.
+  static Mode auto_mode(bool stdout_is_terminal, const char* (*getenv)(const char*));
   explicit Progress(Mode mode, FILE* out = stdout) : mode_(mode), out_(out) {}
   // A step line ("epoch 1/10 step 120/937 loss 0.512 acc 0.83 1234 img/s").
   void step(const std::string& line, bool log_point);
