@@ -134,7 +134,7 @@ void Network::make_layers() {
 void Network::tune_convolutions() {
   for (int i = 0; i < graph_.size(); ++i) {
     auto* conv = dynamic_cast<ConvLayer*>(layers_[i].get());
-    if (!conv) continue;
+    if (!conv || conv->planned()) continue;  // a plan fixes its algorithms
     conv->tune(backend_, out_desc_[graph_.inputs(i)[0]], out_desc_[i], [this] { return room(); });
   }
 }
