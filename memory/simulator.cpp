@@ -101,15 +101,15 @@ class Replay {
 };
 
 // Replays one event list; false at the first request that does not fit.
-bool replay(const std::vector<Event>& events, Replay& r, Simulation& sim) {
+bool replay(const std::vector<ScheduleEvent>& events, Replay& r, Simulation& sim) {
   // The layer an allocation serves is the next compute event's.
   const std::vector<int> owner = event_owners(events);
   for (size_t k = 0; k < events.size(); ++k) {
-    const Event& e = events[k];
+    const ScheduleEvent& e = events[k];
     switch (e.op) {
       case Op::kAlloc:
       case Op::kPrefetch: {
-        const Event* call = owner[k] >= 0 ? &events[owner[k]] : nullptr;
+        const ScheduleEvent* call = owner[k] >= 0 ? &events[owner[k]] : nullptr;
         if (!r.alloc(e.tensor, sim, call ? call->tensor.layer : -1,
                      call && call->op == Op::kBackward)) {
           return false;

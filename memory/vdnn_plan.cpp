@@ -150,7 +150,7 @@ Schedule network_wide_schedule(const MemoryModel& model) {
   return s;
 }
 
-std::vector<int> event_owners(const std::vector<Event>& events) {
+std::vector<int> event_owners(const std::vector<ScheduleEvent>& events) {
   auto is_call = [](Op op) { return op == Op::kForward || op == Op::kLoss || op == Op::kBackward; };
   int last_call = -1;
   for (size_t k = 0; k < events.size(); ++k) {
@@ -213,10 +213,10 @@ Schedule layer_wise_schedule(const MemoryModel& model, Offload offload) {
     }
   }
 
-  auto ev = [](Op op, TensorKind kind, int layer) { return Event{op, {kind, layer}}; };
+  auto ev = [](Op op, TensorKind kind, int layer) { return ScheduleEvent{op, {kind, layer}}; };
 
   // ------------------------------------------------------------- forward
-  auto forward = [&](std::vector<Event>& out, bool training) {
+  auto forward = [&](std::vector<ScheduleEvent>& out, bool training) {
     for (int i = 1; i < n; ++i) {
       const LayerNode& l = layers[i];
       out.push_back(ev(Op::kAlloc, TensorKind::kOutput, i));
@@ -266,7 +266,7 @@ Schedule layer_wise_schedule(const MemoryModel& model, Offload offload) {
     offloaded_at[s.offload_layer[p]].push_back(p);
   }
   std::vector<bool> layer_prefetched(n, false);
-  auto bring_back = [&](int p, std::vector<Event>& out) {
+  auto bring_back = [&](int p, std::vector<ScheduleEvent>& out) {
     out.push_back(ev(Op::kPrefetch, TensorKind::kOutput, p));
     on_host[p] = false;
     if (--still_out[s.offload_layer[p]] == 0) layer_prefetched[s.offload_layer[p]] = true;

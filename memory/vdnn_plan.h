@@ -99,7 +99,10 @@ enum class Op {
   kBackward,     // run the layer's backward
 };
 
-struct Event {
+// One entry of a schedule: a memory operation or a layer call, in the order
+// the network executes them (not a point in a stream's work: that is the
+// backend's Event).
+struct ScheduleEvent {
   Op op = Op::kForward;
   TensorId tensor;  // for kForward / kLoss / kBackward: {kOutput, the layer}
 };
@@ -108,8 +111,8 @@ struct Schedule {
   bool layer_wise = false;             // false: the network-wide baseline (policy none)
   Offload offload = Offload::kNone;
   std::vector<TensorId> persistent;    // allocated once, in this order, before any step
-  std::vector<Event> train;            // one training step
-  std::vector<Event> evaluate;         // one forward pass in inference mode
+  std::vector<ScheduleEvent> train;            // one training step
+  std::vector<ScheduleEvent> evaluate;         // one forward pass in inference mode
   std::vector<int> offload_layer;      // per layer: where its Y is offloaded (-1: never)
   std::vector<std::vector<int>> prefetch_at;  // per layer: layers whose offloaded inputs its
                                               // backward prefetches by the window rule
@@ -147,7 +150,7 @@ Schedule make_schedule(const MemoryModel& model, Policy policy);
 // Per event, the index of the layer call (kForward, kLoss, kBackward) it
 // belongs to: the next one, or for the events after the last call (the
 // releases after the last backward) that last call; -1 without any call.
-std::vector<int> event_owners(const std::vector<Event>& events);
+std::vector<int> event_owners(const std::vector<ScheduleEvent>& events);
 
 int find_prefetch_layer(int current, const std::vector<LayerNode>& layers,
                         const std::vector<bool>& offloaded, const std::vector<bool>& prefetched);

@@ -433,7 +433,7 @@ void check_schedule(const MemoryModel& m, const Schedule& s, bool training) {
   }
   int forward_done = 0;
   const auto& events = training ? s.train : s.evaluate;
-  for (const Event& e : events) {
+  for (const ScheduleEvent& e : events) {
     const std::string name = tensor_name(m, e.tensor);
     const Key k = key(e.tensor);
     const int i = e.tensor.layer;
@@ -538,7 +538,7 @@ TEST(VdnnSchedule, OffloadsAtTheLastForwardConsumerOnly) {
   // The baseline moves nothing.
   const Schedule none = make_schedule(m, Policy::kNone);
   EXPECT_TRUE(std::none_of(none.train.begin(), none.train.end(),
-                           [](const Event& e) { return e.op == Op::kOffload || e.op == Op::kAlloc; }));
+                           [](const ScheduleEvent& e) { return e.op == Op::kOffload || e.op == Op::kAlloc; }));
 }
 
 TEST(VdnnSchedule, PrefetchWindowStopsAtTheNearestConv) {
@@ -567,7 +567,7 @@ TEST(VdnnSchedule, PrefetchesOverlapTheBackwardOfALaterLayer) {
   EXPECT_EQ(s.offload_layer[2], 3);
   int prefetch = -1, conv2_backward = -1;
   for (int k = 0; k < static_cast<int>(s.train.size()); ++k) {
-    const Event& e = s.train[k];
+    const ScheduleEvent& e = s.train[k];
     if (e.op == Op::kPrefetch && e.tensor.layer == 2) prefetch = k;
     if (e.op == Op::kBackward && e.tensor.layer == 3) conv2_backward = k;
   }

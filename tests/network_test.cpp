@@ -4,11 +4,14 @@
 // and join accumulation, every convolution algorithm, and determinism.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
+#include "worker/engine/kernel_timing.h"
+#include "worker/engine/layers/layer_registry.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
 
@@ -481,6 +484,56 @@ TEST_F(NetworkTest, LrSchedules) {
   EXPECT_DOUBLE_EQ(s.at(10), 0.1);
   EXPECT_EQ(parse_schedule_kind("cosine"), ScheduleKind::kCosine);
   EXPECT_THROW(parse_schedule_kind("linear"), std::invalid_argument);
+}
+
+TEST_F(NetworkTest, LayerRegistryKnowsEveryLayerTypeOnce) {
+  std::vector<std::string> all;
+  for (LayerType t : {LayerType::kInput, LayerType::kConv, LayerType::kRelu, LayerType::kPool,
+                      LayerType::kFc, LayerType::kBatchNorm, LayerType::kAdd,
+                      LayerType::kConcat}) {
+    all.push_back(layer_type_name(t));
+  }
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(layer_registry().types(), all);
+  LayerRegistry twice;
+  twice.add("relu", make_relu_layer);
+  EXPECT_THROW(twice.add("relu", make_relu_layer), std::logic_error);
+}
+
+TEST_F(NetworkTest, UnknownLayerTypeNamesTheLayerAndListsTheKnownTypes) {
+  const Graph g = Graph::build(
+      {L("data", LayerType::kInput, {}), L("act", LayerType::kRelu, {"data"}),
+       fc("fc", "act", 3)},
+      {1, 1, 5, 5});
+  LayerRegistry partial;
+  partial.add("input", make_input_layer);
+  partial.add("fc", make_fc_layer);
+  const std::vector<TensorDesc> descs = activation_descs(g, *backend_, 2);
+  const std::string algorithm = "direct";
+  const LayerSite site{g, 1, *backend_, &descs[0], descs[1], algorithm, nullptr};
+  try {
+    partial.make(site);
+    ADD_FAILURE() << "no error for a type without a factory";
+  } catch (const GraphError& e) {
+    EXPECT_STREQ(e.what(), "layer 'act': unknown layer type 'relu' (known types: fc, input)");
+  }
+  EXPECT_NE(partial.make({g, 2, *backend_, &descs[1], descs[2], algorithm, nullptr}), nullptr);
+}
+
+TEST_F(NetworkTest, KernelTimingRunsTheWarmupThenTheRepeats) {
+  int runs = 0;
+  auto count = [&] { ++runs; };
+  const KernelTime median = time_kernel(*backend_, {2, 5, TimingStatistic::kMedian}, count);
+  EXPECT_EQ(runs, 7);
+  EXPECT_GE(median.seconds, 0.0);
+  EXPECT_GE(median.iqr_seconds, 0.0);
+  runs = 0;
+  const KernelTime fastest = time_kernel(*backend_, {0, 4, TimingStatistic::kMin}, count);
+  EXPECT_EQ(runs, 4) << "no warm-up asked for";
+  EXPECT_GE(fastest.seconds, 0.0);
+  runs = 0;
+  time_kernel(*backend_, {1, 0, TimingStatistic::kMin}, count);
+  EXPECT_EQ(runs, 2) << "at least one timed run";
 }
 
 }  // namespace

@@ -17,78 +17,24 @@
 // in backward (memory/vdnn_plan.h). Every policy computes the same numbers.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <functional>
-#include <span>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "memory/chrome_trace.h"
 #include "memory/device_pool.h"
-#include "memory/pinned_pool.h"
 #include "memory/simulator.h"
 #include "memory/vdnn_plan.h"
 #include "worker/device/backend.h"
+#include "worker/engine/conv_kernel.h"
 #include "worker/engine/graph.h"
 
 namespace vtrain::worker {
 
-// ----------------------------------------------- micro-batched convolutions
-// A convolution kernel (a conv layer's Forward, BackwardData or
-// BackwardFilter) may run as several calls on micro-batches, each with its
-// own algorithm, inside its own segment of the network's workspace (mu-cuDNN;
-// the balancer's WR / WD plans).
-
-// One call: an algorithm (the backend's stable name) on `size` images.
-struct ConvCall {
-  std::string algorithm;
-  int64_t size = 1;
-};
-
-// How one kernel runs: its calls in order, sizes summing to the rank's
-// batch, within [workspace_offset, workspace_offset + workspace_bytes) of the
-// network's workspace.
-struct ConvKernelExecution {
-  std::vector<ConvCall> calls;
-  uint64_t workspace_offset = 0;
-  uint64_t workspace_bytes = 0;
-};
-
-// A conv layer's three kernels, indexed by ConvKind.
-struct ConvLayerExecution {
-  std::string layer;  // the conv layer's name
-  std::array<ConvKernelExecution, 3> kernels;
-};
-
-// A call resolved to the backend's algorithm id.
-struct ConvStep {
-  ConvAlgo algo = 0;
-  int64_t size = 1;
-};
-
-// The tensors a kernel reads and writes (the ones its kind uses).
-struct ConvOperands {
-  Tensor x, y;    // Forward: y = conv(x, w) (+ bias); BackwardFilter reads x
-  Tensor dy, dx;  // BackwardData: dx from dy; BackwardFilter reads dy
-  const float* w = nullptr;
-  const float* bias = nullptr;
-  float* dw = nullptr;
-  float* dbias = nullptr;
-};
-
-// Runs `kind` of problem p (p.x.shape.n images) as the calls `steps`, in
-// order, each on its slice of the samples; when the steps cover fewer images
-// than p has (a larger batch than planned) they repeat, and the last call is
-// cut to what is left. Forward and BackwardData write disjoint slices with
-// `beta`; BackwardFilter accumulates: `beta` on the first call, 1 after it,
-// so dW and dbias sum over every micro-batch. Throws BackendError when a
-// call's workspace exceeds workspace_bytes.
-void run_conv_kernel(Backend& backend, ConvKind kind, const ConvProblem& p,
-                     std::span<const ConvStep> steps, const ConvOperands& operands, float beta,
-                     void* workspace, size_t workspace_bytes);
+class Layer;
+class ScheduleInterpreter;
 
 struct NetworkOptions {
   int64_t max_batch = 64;                  // largest batch a step or evaluation will use
@@ -138,14 +84,6 @@ std::vector<TensorDesc> activation_descs(const Graph& graph, const Backend& back
 std::vector<TensorDesc> activation_descs(const Graph& graph,
                                          const std::function<Layout(int64_t)>& preferred_layout,
                                          int64_t n);
-
-// The convolution a conv layer runs, between activations x and y.
-ConvProblem conv_problem(const LayerSpec& conv, const TensorDesc& x, const TensorDesc& y);
-
-// The kernels conv layer `layer` of `graph` runs in a training step:
-// Forward, BackwardData (unless its input is the data, which needs no
-// gradient) and BackwardFilter.
-std::vector<ConvKind> conv_kernels_of(const Graph& graph, int layer);
 
 // A contiguous range of the flat parameter buffer owned by one layer.
 struct ParamRange {
@@ -200,7 +138,7 @@ class Network {
 
   // Bytes of the shared convolution workspace (policy none, or a plan's
   // buffer); under the layer-wise policies each conv call gets its own.
-  size_t workspace_bytes() const { return workspace_bytes_; }
+  size_t workspace_bytes() const;
 
   MemoryStats memory_stats() const;
   // Every allocation and release of the last training step, labelled with
@@ -217,49 +155,24 @@ class Network {
   // "conv1: Forward=direct BackwardData=direct BackwardFilter=direct" lines.
   std::vector<std::string> algorithm_summary() const;
 
-  struct Layer;  // internal operator of one graph node
-
  private:
-  // Per event of a schedule, fixed once it is: the label of the layer call
-  // it belongs to ("conv2 forward", for the timeline and trace) and the name
-  // of the tensor a memory event moves ("conv2.y").
-  struct EventText {
-    std::vector<int> owner;
-    std::vector<std::string> label, tensor;
-  };
+  void make_layers();
   void tune_convolutions();
   // Device bytes the network may use now: memory_capacity, else the
   // device's memory less what is in use and the optimizer's state. Throws
   // OutOfMemoryError when nothing is left.
   size_t room() const;
+  void describe_memory();
+  // The dynamic policy's choice of conv algorithms and offloads.
+  memory::Simulation plan_dynamic(size_t capacity);
   void plan_memory();
-  // Executes a schedule's events: memory operations and layer calls.
-  LossStats run(const std::vector<memory::Event>& events, const EventText& text, int64_t n,
-                bool training, float loss_scale);
-  EventText event_text(const std::vector<memory::Event>& events) const;
-  // Allocates the tensor of a memory event from the pool into its slot.
-  void* allocate_tensor(const memory::TensorId& id, const std::string& name);
-  // Device bytes in use, as a trace counter sample (when tracing).
-  void trace_in_use();
-  // The workspace a layer's forward or backward runs in: the network-wide
-  // one or a plan's buffer, or under the layer-wise policies its own.
-  std::pair<void*, size_t> workspace_for(int i, bool backward);
-  void forward_layer(int i, int64_t n, bool training);
-  void backward_layer(int i, int64_t n);
-  // The device memory of a tensor now (null when it is not on the device).
-  void*& slot(memory::TensorKind kind, int layer);
-  float* out(int i) { return static_cast<float*>(slot(memory::TensorKind::kOutput, i)); }
-  float* grad(int i) { return static_cast<float*>(slot(memory::TensorKind::kGradient, i)); }
-  // Releases whatever a failed step left allocated.
-  void abandon_step();
-  void trace_memory_ops();
+  void bind_layers();
 
   const Graph& graph_;
   Backend& backend_;
   NetworkOptions options_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<TensorDesc> out_desc_;  // per layer, at max batch
-  std::vector<bool> grad_written_;    // per step: gradient holds a value already
   int32_t* labels_ = nullptr;
   float* params_ = nullptr;
   float* grads_ = nullptr;
@@ -267,29 +180,12 @@ class Network {
   int64_t param_count_ = 0;
   int64_t buffer_count_ = 0;
   std::vector<ParamRange> param_ranges_;
-  void* workspace_ = nullptr;         // shared: policy none, or a plan's buffer
-  size_t workspace_bytes_ = 0;
 
   // Memory part.
   memory::MemoryModel model_;
   memory::Schedule schedule_;
   MemoryStats fixed_stats_;  // what plan_memory decided (policy, capacity, ...); the rest is live
-  EventText train_text_, evaluate_text_;  // of schedule_.train and schedule_.evaluate
-  std::unique_ptr<memory::DevicePool> pool_;
-  std::unique_ptr<memory::PinnedPool> pinned_;
-  std::vector<std::vector<void*>> device_;  // per TensorKind, per layer (or persistent index)
-  void* shared_workspace_ = nullptr;        // TensorKind::kWorkspace, layer -1
-  void* shared_scratch_ = nullptr;          // TensorKind::kScratch, layer -1
-  std::vector<void*> host_;                 // per layer: its offloaded Y in pinned memory
-  size_t offloaded_bytes_ = 0;              // this step
-  // Memory-stream copies issued since the last sync (for the trace).
-  struct PendingCopy {
-    std::string name;
-    const char* kind;
-    double start_us;
-  };
-  std::vector<PendingCopy> pending_copies_;
-  memory::ChromeTrace* trace_ = nullptr;
+  std::unique_ptr<ScheduleInterpreter> interpreter_;  // runs schedule_ in the pool it owns
 };
 
 }  // namespace vtrain::worker

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <set>
 #include <stdexcept>
 
+#include "worker/engine/kernel_timing.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
 
@@ -38,20 +40,10 @@ struct Timing {
 };
 
 // Median and interquartile range of `repeats` timed runs after `warmup`.
-template <typename Fn>
-Timing time_runs(Backend& backend, int warmup, int repeats, Fn&& run) {
-  for (int i = 0; i < warmup; ++i) run();
-  backend.synchronize(StreamKind::kCompute);
-  std::vector<double> ms;
-  for (int i = 0; i < std::max(repeats, 1); ++i) {
-    const auto start = Clock::now();
-    run();
-    backend.synchronize(StreamKind::kCompute);
-    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  auto quantile = [&](double q) { return ms[static_cast<size_t>(q * (ms.size() - 1) + 0.5)]; };
-  return {quantile(0.5), quantile(0.75) - quantile(0.25)};
+Timing time_runs(Backend& backend, int warmup, int repeats, const std::function<void()>& run) {
+  const KernelTime t =
+      time_kernel(backend, {warmup, repeats, TimingStatistic::kMedian}, run);
+  return {t.seconds * 1000.0, t.iqr_seconds * 1000.0};
 }
 
 // One convolution kernel shape of the model, with the batches it runs at.
@@ -77,9 +69,6 @@ std::vector<KernelSite> kernel_sites(const Graph& graph, const Backend& backend)
   }
   return sites;
 }
-
-// Micro-batches of BackwardFilter after the first accumulate into dW.
-bool accumulates(ConvKind kind) { return kind == ConvKind::kBackwardFilter; }
 
 }  // namespace
 
@@ -139,7 +128,7 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       if (!mine()) continue;
       const ConvProblem p = site.problem.with_batch(m);
       const std::vector<ConvAlgoInfo> algos =
-          backend.conv_algorithms(site.kind, p, accumulates(site.kind));
+          backend.conv_algorithms(site.kind, p, sums_over_micro_batches(site.kind));
       bool cached = true;
       for (int64_t b : batches) {
         const perfdb::KernelSignature sig = kernel_signature(site.kind, site.problem.with_batch(b));
@@ -166,7 +155,8 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       backend.fill(Tensor{{{p.k, 1, 1, 1}}, bias.floats()}, 0.0f);
       std::vector<perfdb::KernelSample> samples;
       for (const ConvAlgoInfo& a : algos) {
-        const float beta = accumulates(site.kind) ? 1.0f : 0.0f;
+        // BackwardFilter is timed as a later micro-batch, which adds to dW.
+        const float beta = sums_over_micro_batches(site.kind) ? 1.0f : 0.0f;
         const Timing t = time_runs(backend, options.warmup, options.repeats, [&] {
           switch (site.kind) {
             case ConvKind::kForward:

@@ -1,0 +1,96 @@
+#include "worker/engine/layers/conv_algorithm_choice.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "worker/engine/conv_kernel.h"
+#include "worker/engine/kernel_timing.h"
+
+namespace vtrain::worker {
+
+ConvAlgorithmChoice::ConvAlgorithmChoice(Backend& backend, const ConvProblem& problem,
+                                         const std::string& algorithm, const std::string& layer)
+    : layer_(layer) {
+  for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
+    auto& options = candidates_[static_cast<int>(kind)];
+    options = backend.conv_algorithms(kind, problem, adds_to_shared_input_gradient(kind));
+    if (options.empty()) {
+      throw std::runtime_error("layer '" + layer + "': no " + conv_kind_name(kind) +
+                               " convolution algorithm for " + problem.str());
+    }
+    // A named algorithm applies where the backend offers it; elsewhere,
+    // and for "auto" until tune() has measured, the backend's first one.
+    auto it = std::find_if(options.begin(), options.end(),
+                           [&](const ConvAlgoInfo& a) { return a.name == algorithm; });
+    chosen_[static_cast<int>(kind)] = it != options.end() ? *it : options.front();
+    if (algorithm != "auto") options = {chosen_[static_cast<int>(kind)]};
+  }
+}
+
+void ConvAlgorithmChoice::keep_within(size_t bytes) {
+  for (int k = 0; k < 3; ++k) {
+    auto& options = candidates_[k];
+    if (options.empty()) continue;
+    const ConvAlgoInfo smallest =
+        *std::min_element(options.begin(), options.end(), [](const auto& a, const auto& b) {
+          return a.workspace_bytes < b.workspace_bytes;
+        });
+    std::erase_if(options, [&](const ConvAlgoInfo& a) { return a.workspace_bytes > bytes; });
+    if (options.empty()) options.push_back(smallest);
+    if (std::none_of(options.begin(), options.end(),
+                     [&](const ConvAlgoInfo& a) { return a.algo == chosen_[k].algo; })) {
+      chosen_[k] = options.front();
+    }
+  }
+}
+
+size_t ConvAlgorithmChoice::candidate_workspace() const {
+  size_t bytes = 0;
+  for (const auto& options : candidates_) {
+    for (const ConvAlgoInfo& a : options) bytes = std::max(bytes, a.workspace_bytes);
+  }
+  return bytes;
+}
+
+void ConvAlgorithmChoice::tune(Backend& backend, ConvKind kind,
+                               const std::function<void(ConvAlgo)>& run) {
+  const int k = static_cast<int>(kind);
+  const auto& options = candidates_[k];
+  if (options.size() < 2) return;
+  // One warm-up run (creates the primitive, warms caches), then the
+  // fastest of two: noise only ever adds time.
+  const KernelTimingOptions timing{1, 2, TimingStatistic::kMin};
+  double best = 0;
+  for (const ConvAlgoInfo& a : options) {
+    const double seconds = time_kernel(backend, timing, [&] { run(a.algo); }).seconds;
+    seconds_[k][a.name] = seconds;
+    if (&a == &options.front() || seconds < best) {
+      best = seconds;
+      chosen_[k] = a;
+    }
+  }
+}
+
+std::vector<std::pair<ConvAlgoInfo, double>> ConvAlgorithmChoice::timed_candidates(
+    ConvKind kind) const {
+  std::vector<std::pair<ConvAlgoInfo, double>> out;
+  const auto& seconds = seconds_[static_cast<int>(kind)];
+  for (const ConvAlgoInfo& a : candidates_[static_cast<int>(kind)]) {
+    auto it = seconds.find(a.name);
+    out.push_back({a, it == seconds.end() ? 0.0 : it->second});
+  }
+  return out;
+}
+
+void ConvAlgorithmChoice::choose(ConvKind kind, const std::string& name) {
+  for (const ConvAlgoInfo& a : candidates_[static_cast<int>(kind)]) {
+    if (a.name == name) {
+      chosen_[static_cast<int>(kind)] = a;
+      return;
+    }
+  }
+  throw BackendError("layer '" + layer_ + "': no " + conv_kind_name(kind) +
+                     " candidate named '" + name + "'");
+}
+
+}  // namespace vtrain::worker

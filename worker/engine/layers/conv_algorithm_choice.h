@@ -1,0 +1,51 @@
+// Which algorithm each kernel of an unplanned conv layer runs: the
+// candidates the backend offers (all of them for conv.algorithm auto, else
+// the named one where offered), their tuned times, and the choice among
+// them (tuning's fastest, or the dynamic memory policy's downgrade).
+#pragma once
+
+#include <array>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/device/backend.h"
+
+namespace vtrain::worker {
+
+class ConvAlgorithmChoice {
+ public:
+  // Lists each kind's candidates for `problem`. `algorithm` is "auto" (all
+  // candidates, the backend's first chosen until tune() measures) or a name
+  // (the only candidate where the backend offers it, else the backend's
+  // first). Throws std::runtime_error naming `layer` when a kind has none.
+  ConvAlgorithmChoice(Backend& backend, const ConvProblem& problem, const std::string& algorithm,
+                      const std::string& layer);
+
+  // Drops the candidates that need more workspace than `bytes` (what the
+  // device has room for), keeping at least each kind's smallest, and
+  // re-chooses where the choice was dropped.
+  void keep_within(size_t bytes);
+  // Workspace that every candidate fits in (for tuning).
+  size_t candidate_workspace() const;
+  // Times each candidate of `kind` (when it has two or more) with
+  // `run(algo)` and chooses the fastest; the first wins ties.
+  void tune(Backend& backend, ConvKind kind, const std::function<void(ConvAlgo)>& run);
+
+  // The kind's candidates with their tuned seconds (0 where not timed).
+  std::vector<std::pair<ConvAlgoInfo, double>> timed_candidates(ConvKind kind) const;
+  // Chooses the candidate called `name`; throws BackendError naming the
+  // layer when there is none.
+  void choose(ConvKind kind, const std::string& name);
+  const ConvAlgoInfo& chosen(ConvKind kind) const { return chosen_[static_cast<int>(kind)]; }
+
+ private:
+  std::string layer_;
+  std::array<std::vector<ConvAlgoInfo>, 3> candidates_;  // per kind
+  std::array<ConvAlgoInfo, 3> chosen_;
+  std::array<std::map<std::string, double>, 3> seconds_;  // tuned time per candidate
+};
+
+}  // namespace vtrain::worker

@@ -1,0 +1,103 @@
+// The layer contract: what the network asks of the operator of one graph
+// node. A layer owns no device memory: the network binds its parameters,
+// gradients and buffers (ranges of its flat buffers) and its state (from the
+// memory part's pool), and hands each forward and backward call its tensors
+// and workspace in a LayerCall.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "memory/vdnn_plan.h"
+#include "worker/device/backend.h"
+#include "worker/engine/graph.h"
+#include "worker/engine/rng.h"
+
+namespace vtrain::worker {
+
+// What a layer sees during one forward or backward call, at batch n.
+struct LayerCall {
+  Backend& backend;
+  int64_t n;
+  std::vector<Tensor> in;  // input activations, in the spec's order
+  Tensor out;              // output activation
+  Tensor dout;             // gradient of the output (backward only)
+  void* workspace;         // scratchpad for this call only
+  size_t workspace_bytes;
+  // Writes the gradient of input i through `op(dst, beta)`. With
+  // can_add = true, op is given beta 1 when the gradient already holds
+  // another consumer's share; otherwise op writes (beta 0) a scratch tensor
+  // that is then added. Does nothing for the data, which needs no gradient.
+  std::function<void(int, bool can_add, const std::function<void(const Tensor&, float)>&)>
+      emit_grad;
+  std::function<bool(int)> needs_grad;                // input i is not the data
+  std::function<Tensor(const Tensor&)> scratch_like;  // scratch with like's descriptor
+  std::function<void()> gradients_ready;  // the layer's parameter gradients are final
+};
+
+// A layer's persistent storage, named: its ranges of the network's flat
+// parameter, gradient and buffer arrays (null where it has none).
+struct LayerStorage {
+  float* params = nullptr;   // param_count() floats, learned
+  float* grads = nullptr;    // param_count() floats, their gradients
+  float* buffers = nullptr;  // buffer_count() floats, saved but not learned
+};
+
+class Layer {
+ public:
+  explicit Layer(const LayerSpec& spec) : spec_(spec) {}
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  const LayerSpec& spec() const { return spec_; }
+
+  // Floats of parameters (and as many gradients) and of non-learned buffers
+  // the layer keeps; fixed at construction.
+  virtual int64_t param_count() const { return 0; }
+  virtual int64_t buffer_count() const { return 0; }
+  // Where those live from now on (the network binds once; tuning binds
+  // temporary buffers and unbinds). Never owned by the layer.
+  void bind(const LayerStorage& storage) { storage_ = storage; }
+  // Writes initial parameters (and buffers) into the bound storage,
+  // drawing from `rng` in a fixed order so a seed fixes the model.
+  virtual void init(Rng& rng, Backend& backend) {}
+
+  // Device bytes kept from forward to backward (pooling indices, batch
+  // statistics), and where they are now: the memory part allocates them,
+  // possibly per step, and binds them before forward runs.
+  virtual size_t state_bytes() const { return 0; }
+  virtual void bind_state(void* state) {}
+
+  // Computes call.out from call.in; `training` selects batch statistics
+  // (batch norm) over running ones.
+  virtual void forward(LayerCall& call, bool training) = 0;
+  // Writes every input's gradient through call.emit_grad and the parameter
+  // gradients into the bound grads (overwriting), then calls
+  // call.gradients_ready once those are final.
+  virtual void backward(LayerCall& call) = 0;
+  // The memory part's view of backward(): what it reads and how it writes
+  // input gradients (see memory::LayerNode). Beside each backward() so that
+  // the two change together; the use-after-release tests (poisoned pool)
+  // check that they agree. Default: reads nothing, may add into gradients.
+  virtual void describe_backward(memory::LayerNode& node) const {}
+  // The algorithms the layer runs, for the summary ("" when it has none).
+  virtual std::string algorithms(Backend& backend) const { return ""; }
+
+ protected:
+  float* params() const { return storage_.params; }
+  float* grads() const { return storage_.grads; }
+  float* buffers() const { return storage_.buffers; }
+
+ private:
+  LayerSpec spec_;
+  LayerStorage storage_;
+};
+
+// Host <-> device copies of flat float arrays (parameters, buffers).
+void upload_floats(Backend& backend, const std::vector<float>& host, float* device);
+std::vector<float> download_floats(Backend& backend, const float* device, int64_t count);
+
+}  // namespace vtrain::worker
