@@ -11,6 +11,7 @@
 #include "memory/dynamic_policy.h"
 #include "memory/memory_error.h"
 #include "memory/simulator.h"
+#include "worker/engine/op_scratch.h"
 
 namespace vtrain::worker {
 namespace {
@@ -429,16 +430,8 @@ class ReluLayer final : public Layer {
 
 class PoolLayer final : public Layer {
  public:
-  PoolLayer(const LayerSpec& s, const TensorDesc& x, const TensorDesc& y) : Layer(s), x_(x), y_(y) {
-    // Graph::build already gave global pools their whole-plane window.
-    params_.kind = s.pool;
-    params_.kh = s.kernel_h;
-    params_.kw = s.kernel_w;
-    params_.stride_h = s.stride_h;
-    params_.stride_w = s.stride_w;
-    params_.pad_h = s.pad_h;
-    params_.pad_w = s.pad_w;
-  }
+  PoolLayer(const LayerSpec& s, const TensorDesc& x, const TensorDesc& y)
+      : Layer(s), params_(pool_params(s)), x_(x), y_(y) {}
   size_t state_bytes() const override { return state_bytes_; }
   void measure_state(Backend& backend) { state_bytes_ = backend.pooling_state_bytes(params_, x_, y_); }
   void bind_state(void* state) override { state_ = state; }
@@ -709,6 +702,8 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
     }
     buffer_count_ += layers_[i]->buffer_count();
   }
+  // The ops' own scratch is taken now, so the pool is sized around it.
+  backend.reserve_scratch(op_scratch_bytes(graph, out_desc_, backend));
   if (options.conv_algorithm == "auto") tune_convolutions();
   plan_memory();
   grad_written_.assign(count, false);

@@ -240,7 +240,46 @@ class CpuBackend final : public Backend {
                   const SgdStep& step) override;
   void scale(float* x, int64_t count, float alpha) override;
 
+  size_t relu_scratch_bytes(const TensorDesc& x) override;
+  size_t pooling_scratch_bytes(const PoolParams& p, const TensorDesc& x,
+                               const TensorDesc& y) override;
+  size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) override;
+  size_t batch_norm_scratch_bytes(const TensorDesc& x, float eps) override;
+  size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
+                           const TensorDesc& y) override;
+  size_t concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) override;
+  size_t softmax_scratch_bytes(const TensorDesc&) override { return 0; }
+  void reserve_scratch(size_t bytes) override { scratch(bytes); }
+  size_t scratch_bytes() const override { return scratch_bytes_; }
+
  private:
+  // Cached primitive descriptors, shared by each op and its scratch query.
+  const dnnl::eltwise_forward::primitive_desc& relu_fwd_pd(const TensorDesc& x);
+  const dnnl::eltwise_backward::primitive_desc& relu_bwd_pd(const TensorDesc& y);
+  const dnnl::pooling_forward::primitive_desc& pool_fwd_pd(const PoolParams& p,
+                                                           const TensorDesc& x,
+                                                           const TensorDesc& y);
+  const dnnl::pooling_backward::primitive_desc& pool_bwd_pd(const PoolParams& p,
+                                                            const TensorDesc& x,
+                                                            const TensorDesc& y,
+                                                            const TensorDesc& dx,
+                                                            const TensorDesc& dy);
+  const dnnl::inner_product_forward::primitive_desc& ip_fwd_pd(const TensorDesc& x, int64_t out,
+                                                               bool bias);
+  const dnnl::inner_product_backward_data::primitive_desc& ip_bwd_data_pd(const TensorDesc& dx,
+                                                                          int64_t out);
+  const dnnl::inner_product_backward_weights::primitive_desc& ip_bwd_weights_pd(
+      const TensorDesc& x, int64_t out, bool bias);
+  const void* ip_weights(const memory::desc& pad_md, const memory::desc& prim_w,
+                         const TensorDesc& x, int64_t out, const float* w, char** buf);
+  const dnnl::batch_normalization_forward::primitive_desc& bn_fwd_pd(const TensorDesc& x,
+                                                                     float eps, bool training);
+  const dnnl::batch_normalization_backward::primitive_desc& bn_bwd_pd(const TensorDesc& x,
+                                                                      const TensorDesc& dy,
+                                                                      float eps);
+  const dnnl::sum::primitive_desc& sum_pd(const TensorDesc& a, const TensorDesc& b,
+                                          const TensorDesc& y);
+
   const ConvPlan& conv_plan(ConvKind kind, ConvAlgo algo, const ConvProblem& p, bool accumulate,
                             bool has_bias);
   ConvPlan build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvProblem& p, bool accumulate,
@@ -262,6 +301,8 @@ class CpuBackend final : public Backend {
   // Scratch memory for non-convolution ops, grown on demand and counted as
   // device memory. Valid until the next call that asks for scratch.
   char* scratch(size_t bytes);
+  // The scratch as a primitive's scratchpad argument.
+  memory scratchpad(const memory::desc& md) { return mem(md, scratch(md.get_size())); }
   void run_reorder(const dnnl::reorder& r, memory src, memory dst) {
     r.execute(stream_, src, dst);
   }
@@ -848,19 +889,43 @@ void CpuBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const
 
 // ----------------------------------------------------------------- eltwise
 
+const dnnl::eltwise_forward::primitive_desc& CpuBackend::relu_fwd_pd(const TensorDesc& x) {
+  return cached<dnnl::eltwise_forward::primitive_desc>("relu_f" + shape_key(x), [&] {
+    dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_training,
+                                  dnnl::algorithm::eltwise_relu_use_dst_for_bwd, md_of(x), 0.0f,
+                                  0.0f);
+    return dnnl::eltwise_forward::primitive_desc(d, user_scratchpad_attr(), engine_);
+  });
+}
+
+const dnnl::eltwise_backward::primitive_desc& CpuBackend::relu_bwd_pd(const TensorDesc& y) {
+  return cached<dnnl::eltwise_backward::primitive_desc>("relu_b" + shape_key(y), [&] {
+    const memory::desc md = md_of(y);
+    dnnl::eltwise_forward::desc fd(dnnl::prop_kind::forward_training,
+                                   dnnl::algorithm::eltwise_relu_use_dst_for_bwd, md, 0.0f, 0.0f);
+    dnnl::eltwise_forward::primitive_desc hint(fd, engine_);
+    dnnl::eltwise_backward::desc d(dnnl::algorithm::eltwise_relu_use_dst_for_bwd, md, md, 0.0f,
+                                   0.0f);
+    return dnnl::eltwise_backward::primitive_desc(d, user_scratchpad_attr(), engine_, hint);
+  });
+}
+
+size_t CpuBackend::relu_scratch_bytes(const TensorDesc& x) {
+  try {
+    return std::max(relu_fwd_pd(x).scratchpad_desc().get_size(),
+                    relu_bwd_pd(x).scratchpad_desc().get_size());
+  } catch (const dnnl::error& e) {
+    rethrow("relu " + x.shape.str(), e);
+  }
+}
+
 void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
   if (!(x.desc == y.desc)) throw BackendError("relu_forward: x and y descriptors differ");
   try {
-    const std::string key = "relu_f" + shape_key(x.desc);
-    const auto& pd = cached<dnnl::eltwise_forward::primitive_desc>(key, [&] {
-      dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_training,
-                                    dnnl::algorithm::eltwise_relu_use_dst_for_bwd, md_of(x.desc),
-                                    0.0f, 0.0f);
-      return dnnl::eltwise_forward::primitive_desc(d, user_scratchpad_attr(), engine_);
-    });
+    const auto& pd = relu_fwd_pd(x.desc);
     execute(dnnl::eltwise_forward(pd),
             {{DNNL_ARG_SRC, mem(pd.src_desc(), x.data)}, {DNNL_ARG_DST, mem(pd.dst_desc(), y.data)},
-             {DNNL_ARG_SCRATCHPAD, mem(pd.scratchpad_desc(), scratch(pd.scratchpad_desc().get_size()))}});
+             {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
   } catch (const dnnl::error& e) {
     rethrow("relu_forward " + x.shape().str(), e);
   }
@@ -871,21 +936,12 @@ void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& 
     throw BackendError("relu_backward: y, dy and dx descriptors must match");
   }
   try {
-    const std::string key = "relu_b" + shape_key(y.desc);
-    const auto& pd = cached<dnnl::eltwise_backward::primitive_desc>(key, [&] {
-      const memory::desc md = md_of(y.desc);
-      dnnl::eltwise_forward::desc fd(dnnl::prop_kind::forward_training,
-                                     dnnl::algorithm::eltwise_relu_use_dst_for_bwd, md, 0.0f, 0.0f);
-      dnnl::eltwise_forward::primitive_desc hint(fd, engine_);
-      dnnl::eltwise_backward::desc d(dnnl::algorithm::eltwise_relu_use_dst_for_bwd, md, md, 0.0f,
-                                     0.0f);
-      return dnnl::eltwise_backward::primitive_desc(d, user_scratchpad_attr(), engine_, hint);
-    });
+    const auto& pd = relu_bwd_pd(y.desc);
     execute(dnnl::eltwise_backward(pd),
             {{DNNL_ARG_DST, mem(pd.src_desc(), y.data)},
              {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy.data)},
              {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), dx.data)},
-             {DNNL_ARG_SCRATCHPAD, mem(pd.scratchpad_desc(), scratch(pd.scratchpad_desc().get_size()))}});
+             {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
   } catch (const dnnl::error& e) {
     rethrow("relu_backward " + y.shape().str(), e);
   }
@@ -926,12 +982,41 @@ static dnnl::pooling_forward::primitive_desc make_pool_fwd(const dnnl::engine& e
   return dnnl::pooling_forward::primitive_desc(d, user_scratchpad_attr(), engine);
 }
 
+const dnnl::pooling_forward::primitive_desc& CpuBackend::pool_fwd_pd(const PoolParams& p,
+                                                                      const TensorDesc& x,
+                                                                      const TensorDesc& y) {
+  return cached<dnnl::pooling_forward::primitive_desc>(
+      "pool_f" + pool_key(p, x, y), [&] { return make_pool_fwd(engine_, p, x, y); });
+}
+
+const dnnl::pooling_backward::primitive_desc& CpuBackend::pool_bwd_pd(const PoolParams& p,
+                                                                       const TensorDesc& x,
+                                                                       const TensorDesc& y,
+                                                                       const TensorDesc& dx,
+                                                                       const TensorDesc& dy) {
+  const auto& fwd = pool_fwd_pd(p, x, y);
+  return cached<dnnl::pooling_backward::primitive_desc>("pool_b" + pool_key(p, dx, dy), [&] {
+    dnnl::pooling_backward::desc d(pool_alg(p.kind), md_of(dx), md_of(dy),
+                                   {p.stride_h, p.stride_w}, {p.kh, p.kw}, {p.pad_h, p.pad_w},
+                                   pool_pad_r(p, x.shape, y.shape));
+    return dnnl::pooling_backward::primitive_desc(d, user_scratchpad_attr(), engine_, fwd);
+  });
+}
+
 size_t CpuBackend::pooling_state_bytes(const PoolParams& p, const TensorDesc& x,
                                        const TensorDesc& y) {
   try {
-    const auto& pd = cached<dnnl::pooling_forward::primitive_desc>(
-        "pool_f" + pool_key(p, x, y), [&] { return make_pool_fwd(engine_, p, x, y); });
-    return pd.workspace_desc().get_size();
+    return pool_fwd_pd(p, x, y).workspace_desc().get_size();
+  } catch (const dnnl::error& e) {
+    rethrow("pooling " + x.shape.str() + " -> " + y.shape.str(), e);
+  }
+}
+
+size_t CpuBackend::pooling_scratch_bytes(const PoolParams& p, const TensorDesc& x,
+                                         const TensorDesc& y) {
+  try {
+    return std::max(pool_fwd_pd(p, x, y).scratchpad_desc().get_size(),
+                    pool_bwd_pd(p, x, y, x, y).scratchpad_desc().get_size());
   } catch (const dnnl::error& e) {
     rethrow("pooling " + x.shape.str() + " -> " + y.shape.str(), e);
   }
@@ -940,13 +1025,10 @@ size_t CpuBackend::pooling_state_bytes(const PoolParams& p, const TensorDesc& x,
 void CpuBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y,
                                  void* state) {
   try {
-    const auto& pd = cached<dnnl::pooling_forward::primitive_desc>(
-        "pool_f" + pool_key(p, x.desc, y.desc),
-        [&] { return make_pool_fwd(engine_, p, x.desc, y.desc); });
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, mem(pd.src_desc(), x.data)},
-        {DNNL_ARG_DST, mem(pd.dst_desc(), y.data)},
-        {DNNL_ARG_SCRATCHPAD, mem(pd.scratchpad_desc(), scratch(pd.scratchpad_desc().get_size()))}};
+    const auto& pd = pool_fwd_pd(p, x.desc, y.desc);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(pd.src_desc(), x.data)},
+                                         {DNNL_ARG_DST, mem(pd.dst_desc(), y.data)},
+                                         {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}};
     if (pd.workspace_desc().get_size() > 0) {
       if (!state) throw BackendError("pooling_forward: max pooling needs its state buffer");
       args[DNNL_ARG_WORKSPACE] = mem(pd.workspace_desc(), state);
@@ -960,20 +1042,11 @@ void CpuBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Ten
 void CpuBackend::pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y,
                                   const Tensor& dy, const Tensor& dx, const void* state) {
   try {
-    const auto& fwd = cached<dnnl::pooling_forward::primitive_desc>(
-        "pool_f" + pool_key(p, x.desc, y.desc),
-        [&] { return make_pool_fwd(engine_, p, x.desc, y.desc); });
-    const auto& pd = cached<dnnl::pooling_backward::primitive_desc>(
-        "pool_b" + pool_key(p, dx.desc, dy.desc), [&] {
-          dnnl::pooling_backward::desc d(pool_alg(p.kind), md_of(dx.desc), md_of(dy.desc),
-                                         {p.stride_h, p.stride_w}, {p.kh, p.kw},
-                                         {p.pad_h, p.pad_w}, pool_pad_r(p, x.shape(), y.shape()));
-          return dnnl::pooling_backward::primitive_desc(d, user_scratchpad_attr(), engine_, fwd);
-        });
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy.data)},
-        {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), dx.data)},
-        {DNNL_ARG_SCRATCHPAD, mem(pd.scratchpad_desc(), scratch(pd.scratchpad_desc().get_size()))}};
+    const auto& fwd = pool_fwd_pd(p, x.desc, y.desc);
+    const auto& pd = pool_bwd_pd(p, x.desc, y.desc, dx.desc, dy.desc);
+    std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy.data)},
+                                         {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), dx.data)},
+                                         {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}};
     if (fwd.workspace_desc().get_size() > 0) {
       if (!state) throw BackendError("pooling_backward: max pooling needs its state buffer");
       args[DNNL_ARG_WORKSPACE] = mem(fwd.workspace_desc(), state);
@@ -999,6 +1072,41 @@ void check_fc_output(const Tensor& y) {
   }
 }
 
+Shape ip_weight_shape(const TensorDesc& x, int64_t out) {
+  return {out, x.shape.c, x.shape.h, x.shape.w};
+}
+
+// Where an inner product's scratch holds what: the primitive's scratchpad
+// first, then the weights (or their gradient) in the primitive's format
+// when staged, then the bias gradient when it must be accumulated.
+struct IpScratch {
+  bool staged = false;
+  bool staged_bias = false;
+  size_t staged_offset = 0;
+  size_t bias_offset = 0;
+  size_t total = 0;
+};
+
+IpScratch ip_weights_scratch(const memory::desc& pad_md, const memory::desc& prim_w,
+                             const memory::desc& user_w) {
+  IpScratch s;
+  s.staged_offset = align_up(pad_md.get_size());
+  s.staged = prim_w != user_w;
+  s.total = s.staged_offset + (s.staged ? prim_w.get_size() : 0);
+  return s;
+}
+
+IpScratch ip_gradient_scratch(const dnnl::inner_product_backward_weights::primitive_desc& pd,
+                              const memory::desc& user_w, int64_t out, bool bias, float beta) {
+  IpScratch s;
+  s.staged_offset = align_up(pd.scratchpad_desc().get_size());
+  s.staged = beta != 0.0f || pd.diff_weights_desc() != user_w;
+  s.staged_bias = bias && beta != 0.0f;
+  s.bias_offset = s.staged_offset + (s.staged ? align_up(pd.diff_weights_desc().get_size()) : 0);
+  s.total = s.bias_offset + (s.staged_bias ? static_cast<size_t>(out) * sizeof(float) : 0);
+  return s;
+}
+
 }  // namespace
 
 static dnnl::inner_product_forward::primitive_desc make_ip_fwd(const dnnl::engine& engine,
@@ -1011,24 +1119,74 @@ static dnnl::inner_product_forward::primitive_desc make_ip_fwd(const dnnl::engin
   return dnnl::inner_product_forward::primitive_desc(d, user_scratchpad_attr(), engine);
 }
 
+const dnnl::inner_product_forward::primitive_desc& CpuBackend::ip_fwd_pd(const TensorDesc& x,
+                                                                          int64_t out, bool bias) {
+  return cached<dnnl::inner_product_forward::primitive_desc>(
+      "ip_f" + shape_key(x) + std::to_string(out) + (bias ? "b" : ""),
+      [&] { return make_ip_fwd(engine_, x, out, bias); });
+}
+
+const dnnl::inner_product_backward_data::primitive_desc& CpuBackend::ip_bwd_data_pd(
+    const TensorDesc& dx, int64_t out) {
+  return cached<dnnl::inner_product_backward_data::primitive_desc>(
+      "ip_bd" + shape_key(dx) + std::to_string(out), [&] {
+        auto hint = make_ip_fwd(engine_, dx, out, true);
+        dnnl::inner_product_backward_data::desc d(md_of(dx), any_md(ip_weight_shape(dx, out)),
+                                                  ip_dst_md(dx.shape.n, out));
+        return dnnl::inner_product_backward_data::primitive_desc(d, user_scratchpad_attr(),
+                                                                 engine_, hint);
+      });
+}
+
+const dnnl::inner_product_backward_weights::primitive_desc& CpuBackend::ip_bwd_weights_pd(
+    const TensorDesc& x, int64_t out, bool bias) {
+  return cached<dnnl::inner_product_backward_weights::primitive_desc>(
+      "ip_bw" + shape_key(x) + std::to_string(out) + (bias ? "b" : ""), [&] {
+        auto hint = make_ip_fwd(engine_, x, out, bias);
+        dnnl::inner_product_backward_weights::desc d(
+            md_of(x), any_md(ip_weight_shape(x, out)), bias ? vector_md(out) : memory::desc(),
+            ip_dst_md(x.shape.n, out));
+        return dnnl::inner_product_backward_weights::primitive_desc(d, user_scratchpad_attr(),
+                                                                    engine_, hint);
+      });
+}
+
+size_t CpuBackend::inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) {
+  try {
+    const memory::desc user_w = plain_md(ip_weight_shape(x, out));
+    const auto& fwd = ip_fwd_pd(x, out, bias);
+    const auto& bwd_data = ip_bwd_data_pd(x, out);
+    const auto& bwd_weights = ip_bwd_weights_pd(x, out, bias);
+    return std::max({ip_weights_scratch(fwd.scratchpad_desc(), fwd.weights_desc(), user_w).total,
+                     ip_weights_scratch(bwd_data.scratchpad_desc(), bwd_data.weights_desc(),
+                                        user_w).total,
+                     ip_gradient_scratch(bwd_weights, user_w, out, bias, 0.0f).total,
+                     ip_gradient_scratch(bwd_weights, user_w, out, bias, 1.0f).total});
+  } catch (const dnnl::error& e) {
+    rethrow("inner product " + x.shape.str() + " -> " + std::to_string(out), e);
+  }
+}
+
+// Forward and backward data: the weights in the primitive's format if it
+// differs from the plain user format.
+const void* CpuBackend::ip_weights(const memory::desc& pad_md, const memory::desc& prim_w,
+                                   const TensorDesc& x, int64_t out, const float* w, char** buf) {
+  const memory::desc user_w = plain_md(ip_weight_shape(x, out));
+  const IpScratch layout = ip_weights_scratch(pad_md, prim_w, user_w);
+  *buf = scratch(layout.total);
+  if (!layout.staged) return w;
+  reorder(user_w, w, prim_w, *buf + layout.staged_offset);
+  return *buf + layout.staged_offset;
+}
+
 void CpuBackend::inner_product_forward(const Tensor& x, const float* w, const float* bias,
                                        const Tensor& y) {
   check_fc_output(y);
   const int64_t out = y.shape().c;
-  const Shape w_shape{out, x.shape().c, x.shape().h, x.shape().w};
   try {
-    const auto& pd = cached<dnnl::inner_product_forward::primitive_desc>(
-        "ip_f" + shape_key(x.desc) + std::to_string(out) + (bias ? "b" : ""),
-        [&] { return make_ip_fwd(engine_, x.desc, out, bias != nullptr); });
-    const memory::desc user_w = plain_md(w_shape);
-    const size_t pad_bytes = align_up(pd.scratchpad_desc().get_size());
-    const bool reorder_w = pd.weights_desc() != user_w;
-    char* buf = scratch(pad_bytes + (reorder_w ? pd.weights_desc().get_size() : 0));
-    const void* weights = w;
-    if (reorder_w) {
-      reorder(user_w, w, pd.weights_desc(), buf + pad_bytes);
-      weights = buf + pad_bytes;
-    }
+    const auto& pd = ip_fwd_pd(x.desc, out, bias != nullptr);
+    char* buf = nullptr;
+    const void* weights = ip_weights(pd.scratchpad_desc(), pd.weights_desc(), x.desc, out, w, &buf);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, mem(pd.src_desc(), x.data)},
         {DNNL_ARG_WEIGHTS, mem(pd.weights_desc(), weights)},
@@ -1044,25 +1202,11 @@ void CpuBackend::inner_product_forward(const Tensor& x, const float* w, const fl
 void CpuBackend::inner_product_backward_data(const Tensor& dy, const float* w, const Tensor& dx) {
   check_fc_output(dy);
   const int64_t out = dy.shape().c;
-  const Shape w_shape{out, dx.shape().c, dx.shape().h, dx.shape().w};
   try {
-    const auto& pd = cached<dnnl::inner_product_backward_data::primitive_desc>(
-        "ip_bd" + shape_key(dx.desc) + std::to_string(out), [&] {
-          auto hint = make_ip_fwd(engine_, dx.desc, out, true);
-          dnnl::inner_product_backward_data::desc d(md_of(dx.desc), any_md(w_shape),
-                                                    ip_dst_md(dx.shape().n, out));
-          return dnnl::inner_product_backward_data::primitive_desc(d, user_scratchpad_attr(),
-                                                                   engine_, hint);
-        });
-    const memory::desc user_w = plain_md(w_shape);
-    const size_t pad_bytes = align_up(pd.scratchpad_desc().get_size());
-    const bool reorder_w = pd.weights_desc() != user_w;
-    char* buf = scratch(pad_bytes + (reorder_w ? pd.weights_desc().get_size() : 0));
-    const void* weights = w;
-    if (reorder_w) {
-      reorder(user_w, w, pd.weights_desc(), buf + pad_bytes);
-      weights = buf + pad_bytes;
-    }
+    const auto& pd = ip_bwd_data_pd(dx.desc, out);
+    char* buf = nullptr;
+    const void* weights =
+        ip_weights(pd.scratchpad_desc(), pd.weights_desc(), dx.desc, out, w, &buf);
     execute(dnnl::inner_product_backward_data(pd),
             {{DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy.data)},
              {DNNL_ARG_WEIGHTS, mem(pd.weights_desc(), weights)},
@@ -1078,25 +1222,13 @@ void CpuBackend::inner_product_backward_weights(const Tensor& x, const Tensor& d
   check_fc_output(dy);
   check_beta("inner_product_backward_weights", beta);
   const int64_t out = dy.shape().c;
-  const Shape w_shape{out, x.shape().c, x.shape().h, x.shape().w};
   try {
-    const auto& pd = cached<dnnl::inner_product_backward_weights::primitive_desc>(
-        "ip_bw" + shape_key(x.desc) + std::to_string(out) + (dbias ? "b" : ""), [&] {
-          auto hint = make_ip_fwd(engine_, x.desc, out, dbias != nullptr);
-          dnnl::inner_product_backward_weights::desc d(
-              md_of(x.desc), any_md(w_shape), dbias ? vector_md(out) : memory::desc(),
-              ip_dst_md(x.shape().n, out));
-          return dnnl::inner_product_backward_weights::primitive_desc(d, user_scratchpad_attr(),
-                                                                      engine_, hint);
-        });
-    const memory::desc user_w = plain_md(w_shape);
-    const bool stage_w = beta != 0.0f || pd.diff_weights_desc() != user_w;
-    const bool stage_b = dbias && beta != 0.0f;
-    const size_t pad_bytes = align_up(pd.scratchpad_desc().get_size());
-    const size_t w_bytes = stage_w ? align_up(pd.diff_weights_desc().get_size()) : 0;
-    char* buf = scratch(pad_bytes + w_bytes + (stage_b ? out * sizeof(float) : 0));
-    void* dw_target = stage_w ? static_cast<void*>(buf + pad_bytes) : dw;
-    void* db_target = stage_b ? static_cast<void*>(buf + pad_bytes + w_bytes) : dbias;
+    const auto& pd = ip_bwd_weights_pd(x.desc, out, dbias != nullptr);
+    const memory::desc user_w = plain_md(ip_weight_shape(x.desc, out));
+    const IpScratch layout = ip_gradient_scratch(pd, user_w, out, dbias != nullptr, beta);
+    char* buf = scratch(layout.total);
+    void* dw_target = layout.staged ? static_cast<void*>(buf + layout.staged_offset) : dw;
+    void* db_target = layout.staged_bias ? static_cast<void*>(buf + layout.bias_offset) : dbias;
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, mem(pd.src_desc(), x.data)},
         {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy.data)},
@@ -1104,8 +1236,8 @@ void CpuBackend::inner_product_backward_weights(const Tensor& x, const Tensor& d
         {DNNL_ARG_SCRATCHPAD, mem(pd.scratchpad_desc(), buf)}};
     if (dbias) args[DNNL_ARG_DIFF_BIAS] = mem(vector_md(out), db_target);
     execute(dnnl::inner_product_backward_weights(pd), std::move(args));
-    if (stage_w) reorder(pd.diff_weights_desc(), dw_target, user_w, dw, beta != 0.0f);
-    if (stage_b) {
+    if (layout.staged) reorder(pd.diff_weights_desc(), dw_target, user_w, dw, beta != 0.0f);
+    if (layout.staged_bias) {
       const float* tmp = static_cast<const float*>(db_target);
       for (int64_t i = 0; i < out; ++i) dbias[i] += tmp[i];
     }
@@ -1127,6 +1259,43 @@ static dnnl::batch_normalization_forward::primitive_desc make_bn_fwd(const dnnl:
   return dnnl::batch_normalization_forward::primitive_desc(d, user_scratchpad_attr(), engine);
 }
 
+const dnnl::batch_normalization_forward::primitive_desc& CpuBackend::bn_fwd_pd(
+    const TensorDesc& x, float eps, bool training) {
+  return cached<dnnl::batch_normalization_forward::primitive_desc>(
+      (training ? "bn_ft" : "bn_fi") + shape_key(x) + std::to_string(eps),
+      [&] { return make_bn_fwd(engine_, x, eps, training); });
+}
+
+const dnnl::batch_normalization_backward::primitive_desc& CpuBackend::bn_bwd_pd(
+    const TensorDesc& x, const TensorDesc& dy, float eps) {
+  return cached<dnnl::batch_normalization_backward::primitive_desc>(
+      "bn_b" + shape_key(x) + shape_key(dy) + std::to_string(eps), [&] {
+        auto hint = make_bn_fwd(engine_, x, eps, true);
+        dnnl::batch_normalization_backward::desc d(dnnl::prop_kind::backward, md_of(dy),
+                                                   md_of(x), eps,
+                                                   dnnl::normalization_flags::use_scale_shift);
+        return dnnl::batch_normalization_backward::primitive_desc(d, user_scratchpad_attr(),
+                                                                  engine_, hint);
+      });
+}
+
+// Backward's scratchpad, then with beta = 1 d(scale_shift) before it is added.
+static size_t bn_backward_scratch(const dnnl::batch_normalization_backward::primitive_desc& pd,
+                                  int64_t channels, float beta) {
+  return align_up(pd.scratchpad_desc().get_size()) +
+         (beta != 0.0f ? 2 * static_cast<size_t>(channels) * sizeof(float) : 0);
+}
+
+size_t CpuBackend::batch_norm_scratch_bytes(const TensorDesc& x, float eps) {
+  try {
+    return std::max({bn_fwd_pd(x, eps, true).scratchpad_desc().get_size(),
+                     bn_fwd_pd(x, eps, false).scratchpad_desc().get_size(),
+                     bn_backward_scratch(bn_bwd_pd(x, x, eps), x.shape.c, 1.0f)});
+  } catch (const dnnl::error& e) {
+    rethrow("batch norm " + x.shape.str(), e);
+  }
+}
+
 void CpuBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
                                              const float* scale_shift, float* save_mean,
                                              float* save_var, float* running_mean,
@@ -1134,16 +1303,14 @@ void CpuBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
   if (!(x.desc == y.desc)) throw BackendError("batch_norm_forward_training: x and y differ");
   const int64_t c = x.shape().c;
   try {
-    const auto& pd = cached<dnnl::batch_normalization_forward::primitive_desc>(
-        "bn_ft" + shape_key(x.desc) + std::to_string(eps),
-        [&] { return make_bn_fwd(engine_, x.desc, eps, true); });
+    const auto& pd = bn_fwd_pd(x.desc, eps, true);
     execute(dnnl::batch_normalization_forward(pd),
             {{DNNL_ARG_SRC, mem(pd.src_desc(), x.data)},
              {DNNL_ARG_DST, mem(pd.dst_desc(), y.data)},
              {DNNL_ARG_SCALE_SHIFT, mem(pd.weights_desc(), scale_shift)},
              {DNNL_ARG_MEAN, mem(pd.mean_desc(), save_mean)},
              {DNNL_ARG_VARIANCE, mem(pd.variance_desc(), save_var)},
-             {DNNL_ARG_SCRATCHPAD, mem(pd.scratchpad_desc(), scratch(pd.scratchpad_desc().get_size()))}});
+             {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
   } catch (const dnnl::error& e) {
     rethrow("batch_norm_forward_training " + x.shape().str(), e);
   }
@@ -1161,16 +1328,14 @@ void CpuBackend::batch_norm_forward_inference(const Tensor& x, const Tensor& y,
                                               const float* running_var, float eps) {
   if (!(x.desc == y.desc)) throw BackendError("batch_norm_forward_inference: x and y differ");
   try {
-    const auto& pd = cached<dnnl::batch_normalization_forward::primitive_desc>(
-        "bn_fi" + shape_key(x.desc) + std::to_string(eps),
-        [&] { return make_bn_fwd(engine_, x.desc, eps, false); });
+    const auto& pd = bn_fwd_pd(x.desc, eps, false);
     execute(dnnl::batch_normalization_forward(pd),
             {{DNNL_ARG_SRC, mem(pd.src_desc(), x.data)},
              {DNNL_ARG_DST, mem(pd.dst_desc(), y.data)},
              {DNNL_ARG_SCALE_SHIFT, mem(pd.weights_desc(), scale_shift)},
              {DNNL_ARG_MEAN, mem(pd.mean_desc(), running_mean)},
              {DNNL_ARG_VARIANCE, mem(pd.variance_desc(), running_var)},
-             {DNNL_ARG_SCRATCHPAD, mem(pd.scratchpad_desc(), scratch(pd.scratchpad_desc().get_size()))}});
+             {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
   } catch (const dnnl::error& e) {
     rethrow("batch_norm_forward_inference " + x.shape().str(), e);
   }
@@ -1183,17 +1348,9 @@ void CpuBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const fl
   check_beta("batch_norm_backward", beta);
   const int64_t c = x.shape().c;
   try {
-    const auto& pd = cached<dnnl::batch_normalization_backward::primitive_desc>(
-        "bn_b" + shape_key(x.desc) + shape_key(dy.desc) + std::to_string(eps), [&] {
-          auto hint = make_bn_fwd(engine_, x.desc, eps, true);
-          dnnl::batch_normalization_backward::desc d(dnnl::prop_kind::backward, md_of(dy.desc),
-                                                     md_of(x.desc), eps,
-                                                     dnnl::normalization_flags::use_scale_shift);
-          return dnnl::batch_normalization_backward::primitive_desc(d, user_scratchpad_attr(),
-                                                                    engine_, hint);
-        });
+    const auto& pd = bn_bwd_pd(x.desc, dy.desc, eps);
     const size_t pad_bytes = align_up(pd.scratchpad_desc().get_size());
-    char* buf = scratch(pad_bytes + (beta != 0.0f ? 2 * c * sizeof(float) : 0));
+    char* buf = scratch(bn_backward_scratch(pd, c, beta));
     float* target = beta != 0.0f ? reinterpret_cast<float*>(buf + pad_bytes) : dscale_shift;
     execute(dnnl::batch_normalization_backward(pd),
             {{DNNL_ARG_SRC, mem(pd.src_desc(), x.data)},
@@ -1214,6 +1371,25 @@ void CpuBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const fl
 
 // ------------------------------------------------------- add, concat, loss
 
+const dnnl::sum::primitive_desc& CpuBackend::sum_pd(const TensorDesc& a, const TensorDesc& b,
+                                                    const TensorDesc& y) {
+  return cached<dnnl::sum::primitive_desc>("sum" + shape_key(a) + shape_key(b) + shape_key(y), [&] {
+    return dnnl::sum::primitive_desc(md_of(y), {1.0f, 1.0f}, {md_of(a), md_of(b)}, engine_,
+                                     user_scratchpad_attr());
+  });
+}
+
+size_t CpuBackend::add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
+                                     const TensorDesc& y) {
+  try {
+    // add() swaps its sources when y aliases b: either order may run.
+    return std::max(sum_pd(a, b, y).scratchpad_desc().get_size(),
+                    sum_pd(b, a, y).scratchpad_desc().get_size());
+  } catch (const dnnl::error& e) {
+    rethrow("add " + a.shape.str(), e);
+  }
+}
+
 void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
   if (!(a.shape() == b.shape()) || !(a.shape() == y.shape())) {
     throw BackendError("add: shapes differ: " + a.shape().str() + ", " + b.shape().str() + " -> " +
@@ -1225,17 +1401,12 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
     return;
   }
   try {
-    const auto& pd = cached<dnnl::sum::primitive_desc>(
-        "sum" + shape_key(a.desc) + shape_key(b.desc) + shape_key(y.desc), [&] {
-          return dnnl::sum::primitive_desc(md_of(y.desc), {1.0f, 1.0f},
-                                           {md_of(a.desc), md_of(b.desc)}, engine_,
-                                           user_scratchpad_attr());
-        });
+    const auto& pd = sum_pd(a.desc, b.desc, y.desc);
     execute(dnnl::sum(pd),
             {{DNNL_ARG_MULTIPLE_SRC, mem(md_of(a.desc), a.data)},
              {DNNL_ARG_MULTIPLE_SRC + 1, mem(md_of(b.desc), b.data)},
              {DNNL_ARG_DST, mem(md_of(y.desc), y.data)},
-             {DNNL_ARG_SCRATCHPAD, mem(pd.scratchpad_desc(), scratch(pd.scratchpad_desc().get_size()))}});
+             {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
   } catch (const dnnl::error& e) {
     rethrow("add " + a.shape().str(), e);
   }
@@ -1248,6 +1419,30 @@ void CpuBackend::accumulate(const Tensor& x, const Tensor& y, float beta) {
     return;
   }
   add(y, x, y);
+}
+
+// A blocked output is assembled in a plain copy.
+static size_t concat_forward_scratch(const TensorDesc& y) {
+  return y.layout == Layout::kPlain ? 0 : plain_md(y.shape).get_size();
+}
+
+// A blocked gradient can be sliced in place when the slice is block-aligned
+// (GoogLeNet's channel counts are); otherwise it goes through a plain copy.
+static bool concat_slice_in_place(const TensorDesc& dy, int64_t channel_offset, int64_t channels) {
+  const int64_t block = channel_block(dy.layout);
+  return channel_offset % block == 0 && channels % block == 0;
+}
+
+size_t CpuBackend::concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) {
+  size_t bytes = concat_forward_scratch(y);
+  int64_t offset = 0;
+  for (const TensorDesc& x : xs) {
+    if (!concat_slice_in_place(y, offset, x.shape.c)) {
+      bytes = std::max(bytes, plain_md(y.shape).get_size());
+    }
+    offset += x.shape.c;
+  }
+  return bytes;
 }
 
 void CpuBackend::concat_forward(std::span<const Tensor> xs, const Tensor& y) {
@@ -1267,7 +1462,7 @@ void CpuBackend::concat_forward(std::span<const Tensor> xs, const Tensor& y) {
   // blocked output whose slices are not block-aligned, through a plain copy.
   const bool direct = y.desc.layout == Layout::kPlain;
   Shape ys = y.shape();
-  float* plain = direct ? y.data : reinterpret_cast<float*>(scratch(plain_md(ys).get_size()));
+  float* plain = direct ? y.data : reinterpret_cast<float*>(scratch(concat_forward_scratch(y.desc)));
   const memory::desc whole = plain_md(ys);
   int64_t offset = 0;
   for (const Tensor& x : xs) {
@@ -1291,10 +1486,7 @@ void CpuBackend::concat_backward(const Tensor& dy, int64_t channel_offset, const
   }
   const memory::dims part_dims{ys.n, xs.c, ys.h, ys.w};
   const memory::dims part_offset{0, channel_offset, 0, 0};
-  // A blocked gradient can be sliced in place when the slice is block-aligned
-  // (GoogLeNet's channel counts are); otherwise go through a plain copy.
-  const int64_t block = channel_block(dy.desc.layout);
-  if (channel_offset % block == 0 && xs.c % block == 0) {
+  if (concat_slice_in_place(dy.desc, channel_offset, xs.c)) {
     reorder(md_of(dy.desc).submemory_desc(part_dims, part_offset), dy.data, md_of(dx.desc),
             dx.data, beta != 0.0f);
     return;

@@ -269,7 +269,45 @@ class CudaBackend final : public Backend {
                   const SgdStep& step) override;
   void scale(float* x, int64_t count, float alpha) override;
 
+  // cuDNN's activation, pooling and the cuBLAS inner products need no
+  // scratch; concat copies in place.
+  size_t relu_scratch_bytes(const TensorDesc&) override { return 0; }
+  size_t pooling_scratch_bytes(const PoolParams&, const TensorDesc&, const TensorDesc&) override {
+    return 0;
+  }
+  size_t inner_product_scratch_bytes(const TensorDesc&, int64_t, bool) override { return 0; }
+  size_t batch_norm_scratch_bytes(const TensorDesc& x, float) override {
+    return bn_inverse_std_bytes(x.shape.c);
+  }
+  size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
+                           const TensorDesc& y) override {
+    return add_staging_bytes(a, b, y);
+  }
+  size_t concat_scratch_bytes(std::span<const TensorDesc>, const TensorDesc&) override {
+    return 0;
+  }
+  size_t softmax_scratch_bytes(const TensorDesc& logits) override {
+    return softmax_result_bytes(logits.shape.n);
+  }
+  void reserve_scratch(size_t bytes) override { scratch(bytes); }
+  size_t scratch_bytes() const override { return scratch_bytes_; }
+
  private:
+  // Batch norm keeps cuDNN's 1 / sqrt(var + eps) per channel in scratch.
+  static size_t bn_inverse_std_bytes(int64_t channels) {
+    return static_cast<size_t>(channels) * sizeof(float);
+  }
+  // add() converts inputs whose layout differs from y's into two staged
+  // copies (accumulate(x, y) one copy: within add_staging_bytes(y, x, y)).
+  static size_t add_staging_bytes(const TensorDesc& a, const TensorDesc& b, const TensorDesc& y) {
+    const bool staged = a.layout != y.layout || b.layout != y.layout;
+    return staged ? 2 * align_up(y.bytes()) : 0;
+  }
+  // Softmax's per-row losses (double), hits and the bad-label flag (int32).
+  static size_t softmax_result_bytes(int64_t n) {
+    return static_cast<size_t>(n) * sizeof(double) + static_cast<size_t>(n + 2) * sizeof(int32_t);
+  }
+
   // Events recorded on one stream, oldest first, that may not have passed yet.
   struct EventQueue {
     std::deque<std::pair<uint64_t, CudaEvent>> pending;
@@ -915,9 +953,8 @@ void CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
   }
   const Layout layout = y.desc.layout;
   const size_t bytes = y.bytes();
-  const bool stage_a = a.desc.layout != layout, stage_b = b.desc.layout != layout;
-  float* staging =
-      (stage_a || stage_b) ? reinterpret_cast<float*>(scratch(2 * align_up(bytes))) : nullptr;
+  const size_t staging_bytes = add_staging_bytes(a.desc, b.desc, y.desc);
+  float* staging = staging_bytes > 0 ? reinterpret_cast<float*>(scratch(staging_bytes)) : nullptr;
   const float* pa = in_layout(a, layout, staging);
   const float* pb =
       in_layout(b, layout, staging ? staging + align_up(bytes) / sizeof(float) : nullptr);
@@ -1056,7 +1093,7 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
   require_plain("batch_norm_forward_training", x.desc);
   const int64_t c = x.shape().c;
   const std::string what = "batch_norm_forward_training " + x.shape().str();
-  float* inv_std = reinterpret_cast<float*>(scratch(static_cast<size_t>(c) * sizeof(float)));
+  float* inv_std = reinterpret_cast<float*>(scratch(bn_inverse_std_bytes(c)));
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t xd = tensor_desc(x.shape());
   // cuDNN's running update is running = (1 - factor) * running + factor *
@@ -1094,7 +1131,7 @@ void CudaBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const f
   }
   require_plain("batch_norm_backward", x.desc);
   const int64_t c = x.shape().c;
-  float* inv_std = reinterpret_cast<float*>(scratch(static_cast<size_t>(c) * sizeof(float)));
+  float* inv_std = reinterpret_cast<float*>(scratch(bn_inverse_std_bytes(c)));
   variance_to_inverse_std(save_var, inv_std, c, eps, compute_.get());
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t xd = tensor_desc(x.shape());
@@ -1162,7 +1199,7 @@ LossStats CudaBackend::softmax_cross_entropy(const Tensor& logits, const int32_t
   if (n == 0) return {};
   // Per-row results (loss, correct) and the bad-label flag, read back at once.
   const size_t loss_bytes = static_cast<size_t>(n) * sizeof(double);
-  const size_t result_bytes = loss_bytes + static_cast<size_t>(n + 2) * sizeof(int32_t);
+  const size_t result_bytes = softmax_result_bytes(n);
   char* device = scratch(result_bytes);
   auto* loss = reinterpret_cast<double*>(device);
   auto* correct = reinterpret_cast<int32_t*>(device + loss_bytes);
