@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -1012,6 +1013,103 @@ TEST(CpuBackendMemory, AccountingPeakAndLimit) {
   b->free_device(second);
   EXPECT_EQ(b->device_bytes_in_use(), 0u);
   EXPECT_EQ(b->device_bytes_peak(), 1024 * kib);
+}
+
+// Each op's scratch query covers what its calls take: with the queried bytes
+// reserved (as a network does before it sizes its pool), no call grows the
+// scratch, so no step allocates device memory outside the plan.
+void expect_scratch_covers(const std::string& op,
+                           const std::function<size_t(Backend&)>& query,
+                           const std::function<void(Backend&)>& calls) {
+  const std::unique_ptr<Backend> b = make_backend({.kind = "cpu"});
+  const size_t bytes = query(*b);
+  b->reserve_scratch(bytes);
+  EXPECT_EQ(b->scratch_bytes(), bytes) << op;
+  const size_t in_use = b->device_bytes_in_use();
+  calls(*b);
+  EXPECT_EQ(b->scratch_bytes(), bytes) << op << ": a call needed more scratch than its query said";
+  EXPECT_EQ(b->device_bytes_in_use(), in_use) << op;
+}
+
+// A tensor filled with `value` on backend b.
+DeviceTensor filled(Backend& b, const TensorDesc& d, float value = 0.5f) {
+  DeviceTensor t(b, d);
+  b.fill(t.tensor, value);
+  return t;
+}
+
+TEST(CpuBackendMemory, ScratchQueriesCoverEveryOpsCalls) {
+  const Layout l16 = cpu().preferred_layout(16), l50 = cpu().preferred_layout(50);
+  const TensorDesc x16 = desc({2, 16, 6, 6}, l16);
+  expect_scratch_covers("relu", [&](Backend& b) { return b.relu_scratch_bytes(x16); },
+                        [&](Backend& b) {
+                          DeviceTensor x = filled(b, x16), y = filled(b, x16);
+                          b.relu_forward(x.tensor, y.tensor);
+                          b.relu_backward(y.tensor, x.tensor, x.tensor);
+                        });
+  const PoolParams pool;
+  const TensorDesc y16 = desc({2, 16, 3, 3}, l16);
+  expect_scratch_covers("pooling", [&](Backend& b) { return b.pooling_scratch_bytes(pool, x16, y16); },
+                        [&](Backend& b) {
+                          DeviceTensor x = filled(b, x16), y = filled(b, y16), dx = filled(b, x16);
+                          DeviceBuffer state(b, b.pooling_state_bytes(pool, x16, y16));
+                          b.pooling_forward(pool, x.tensor, y.tensor, state.get());
+                          b.pooling_backward(pool, x.tensor, y.tensor, y.tensor, dx.tensor,
+                                             state.get());
+                        });
+  const TensorDesc x50 = desc({4, 50, 4, 4}, l50), fc = desc({4, 120, 1, 1});
+  size_t ip_bytes = 0;
+  expect_scratch_covers("inner product",
+                        [&](Backend& b) { return ip_bytes = b.inner_product_scratch_bytes(x50, 120, true); },
+                        [&](Backend& b) {
+                          DeviceTensor x = filled(b, x50), y = filled(b, fc);
+                          DeviceTensor w = filled(b, desc({120 * 50 * 16 + 120, 1, 1, 1}));
+                          b.inner_product_forward(x.tensor, w.tensor.data, w.tensor.data, y.tensor);
+                          b.inner_product_backward_data(y.tensor, w.tensor.data, x.tensor);
+                          for (float beta : {0.0f, 1.0f}) {
+                            b.inner_product_backward_weights(x.tensor, y.tensor, w.tensor.data,
+                                                             w.tensor.data + 120 * 50 * 16, beta);
+                          }
+                        });
+  // Blocked inputs take blocked weights: the plain user weights are reordered.
+  if (l50 != Layout::kPlain) EXPECT_GT(ip_bytes, size_t{120 * 50 * 16 * sizeof(float)});
+  expect_scratch_covers("batch norm", [&](Backend& b) { return b.batch_norm_scratch_bytes(x16, 1e-5f); },
+                        [&](Backend& b) {
+                          DeviceTensor x = filled(b, x16), y = filled(b, x16);
+                          DeviceTensor p = filled(b, desc({6 * 16, 1, 1, 1}));
+                          float* f = p.tensor.data;
+                          b.batch_norm_forward_training(x.tensor, y.tensor, f, f + 32, f + 48,
+                                                        f + 64, f + 80, 0.1f, 1e-5f);
+                          b.batch_norm_forward_inference(x.tensor, y.tensor, f, f + 64, f + 80,
+                                                         1e-5f);
+                          for (float beta : {0.0f, 1.0f}) {
+                            b.batch_norm_backward(x.tensor, y.tensor, f, f + 32, f + 48, y.tensor,
+                                                  f + 64, beta, 1e-5f);
+                          }
+                        });
+  const TensorDesc plain16 = desc(x16.shape);
+  expect_scratch_covers("add",
+                        [&](Backend& b) {
+                          return std::max(b.add_scratch_bytes(plain16, x16, x16),
+                                          b.add_scratch_bytes(x16, plain16, x16));
+                        },
+                        [&](Backend& b) {
+                          DeviceTensor a = filled(b, plain16), y = filled(b, x16);
+                          b.add(a.tensor, y.tensor, y.tensor);
+                          b.accumulate(a.tensor, y.tensor, 1.0f);
+                        });
+  const std::vector<TensorDesc> parts{desc({2, 3, 5, 5}, cpu().preferred_layout(3)),
+                                      desc({2, 13, 5, 5}, cpu().preferred_layout(13))};
+  const TensorDesc cat = desc({2, 16, 5, 5}, l16);
+  expect_scratch_covers("concat", [&](Backend& b) { return b.concat_scratch_bytes(parts, cat); },
+                        [&](Backend& b) {
+                          DeviceTensor x0 = filled(b, parts[0]), x1 = filled(b, parts[1]);
+                          DeviceTensor y = filled(b, cat);
+                          const std::vector<Tensor> xs{x0.tensor, x1.tensor};
+                          b.concat_forward(xs, y.tensor);
+                          b.concat_backward(y.tensor, 0, x0.tensor, 1.0f);
+                          b.concat_backward(y.tensor, 3, x1.tensor, 0.0f);
+                        });
 }
 
 TEST(CpuBackendMisc, DeviceInfoDescribesTheCpuBackend) {

@@ -239,6 +239,32 @@ class Backend {
                           const SgdStep& step) = 0;
   // x *= alpha over `count` floats.
   virtual void scale(float* x, int64_t count, float alpha) = 0;
+
+  // ------------------------------------------------ the ops' own scratch
+  // Ops other than convolutions may need device memory of the backend's own
+  // (a library scratchpad, a layout-converted copy): one scratch buffer,
+  // counted in device_bytes_in_use(), that grows when a call needs more.
+  // Each query returns the most bytes one call of that op family needs with
+  // these descriptors (either beta, training or inference; 0 if none), as
+  // conv_workspace() does for convolutions, so that a network can
+  // reserve_scratch() its largest before it sizes its pool and no step
+  // allocates device memory outside the plan.
+  virtual size_t relu_scratch_bytes(const TensorDesc& x) = 0;
+  virtual size_t pooling_scratch_bytes(const PoolParams& p, const TensorDesc& x,
+                                       const TensorDesc& y) = 0;
+  // The three inner-product calls with weights {out, x.c, x.h, x.w}.
+  virtual size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) = 0;
+  virtual size_t batch_norm_scratch_bytes(const TensorDesc& x, float eps) = 0;
+  // add(a, b, y); accumulate(x, y, beta) needs add_scratch_bytes(y, x, y).
+  virtual size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
+                                   const TensorDesc& y) = 0;
+  // concat_forward, and concat_backward of each input's slice.
+  virtual size_t concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) = 0;
+  virtual size_t softmax_scratch_bytes(const TensorDesc& logits) = 0;
+  // Grows the scratch to at least `bytes` now (throws BackendError when the
+  // device cannot provide them); it never shrinks while the backend lives.
+  virtual void reserve_scratch(size_t bytes) = 0;
+  virtual size_t scratch_bytes() const = 0;  // the scratch's current size
 };
 
 struct BackendOptions {

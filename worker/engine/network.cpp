@@ -6,6 +6,7 @@
 #include "memory/dynamic_policy.h"
 #include "memory/memory_error.h"
 #include "worker/engine/layers/conv_layer.h"
+#include "worker/engine/op_scratch.h"
 #include "worker/engine/layers/layer_registry.h"
 #include "worker/engine/schedule_interpreter.h"
 
@@ -104,6 +105,8 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
     }
     buffer_count_ += layers_[i]->buffer_count();
   }
+  // The ops' own scratch is taken now, so the pool is sized around it.
+  backend.reserve_scratch(op_scratch_bytes(graph, out_desc_, backend));
   if (options.conv_algorithm == "auto") tune_convolutions();
   plan_memory();
 }

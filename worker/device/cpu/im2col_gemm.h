@@ -1,6 +1,6 @@
 // The lowering step of the im2col + GEMM convolution algorithm: unfold
 // input patches into columns (and fold them back for backward-data). The
-// GEMMs themselves run on oneDNN's sgemm in cpu_backend.cpp.
+// GEMMs themselves run on oneDNN's sgemm in cpu_conv.cpp.
 //
 // Column layout for a batch of n images: cols[(c * r + i) * s + j][img * oh * ow + y * ow + x],
 // i.e. a (c*r*s) x (n*oh*ow) row-major matrix, so one GEMM covers the batch.

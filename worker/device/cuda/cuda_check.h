@@ -4,7 +4,7 @@
 //   VTRAIN_CUDA_CHECK(cudaMemcpyAsync(...), "upload " + shape.str());
 //
 // throws BackendError("cuda backend: upload 2x3x4x4: cudaMemcpyAsync(...)
-// failed at worker/device/cuda/cuda_backend.cpp:123: CUDA: invalid argument"). The
+// failed at worker/device/cuda/cuda_conv.cpp:123: CUDA: invalid argument"). The
 // context expression is evaluated only on failure.
 #pragma once
 

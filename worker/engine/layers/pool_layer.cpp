@@ -1,22 +1,10 @@
 // Max or average pooling; its state (max indices, where the backend keeps
 // them) lives from forward to backward.
 #include "worker/engine/layers/layer_registry.h"
+#include "worker/engine/op_scratch.h"
 
 namespace vtrain::worker {
 namespace {
-
-PoolParams pool_params(const LayerSpec& s) {
-  // Graph::build already gave global pools their whole-plane window.
-  PoolParams p;
-  p.kind = s.pool;
-  p.kh = s.kernel_h;
-  p.kw = s.kernel_w;
-  p.stride_h = s.stride_h;
-  p.stride_w = s.stride_w;
-  p.pad_h = s.pad_h;
-  p.pad_w = s.pad_w;
-  return p;
-}
 
 class PoolLayer final : public Layer {
  public:

@@ -1,0 +1,308 @@
+// Internal to the CPU backend (worker/device/cpu/*.cpp): the CpuBackend
+// class and the oneDNN helpers its op files share. Each op family lives in
+// its own file: cpu_backend.cpp (memory, streams, transfers), cpu_conv.cpp,
+// cpu_eltwise_pool.cpp (relu, pooling, add, concat), cpu_inner_product.cpp
+// (inner product, loss, SGD), cpu_batch_norm.cpp.
+//
+// Every primitive runs with a user-provided scratchpad, so all memory it
+// touches is device memory that this backend counts: convolutions use the
+// caller's workspace, other ops a backend-owned scratch buffer. Primitives are
+// created once per (op, shapes, layouts) and cached.
+#pragma once
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "dnnl.hpp"
+#include "common/host_stream.h"
+#include "worker/device/cpu/cpu_backend.h"
+#include "worker/device/cpu/im2col_gemm.h"
+
+namespace vtrain::worker::cpu {
+
+using dnnl::memory;
+using Tag = dnnl::memory::format_tag;
+
+constexpr size_t kAlign = 64;
+
+inline size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+inline memory::desc md_of(const TensorDesc& d) {
+  const memory::dims dims{d.shape.n, d.shape.c, d.shape.h, d.shape.w};
+  switch (d.layout) {
+    case Layout::kPlain: return {dims, memory::data_type::f32, Tag::nchw};
+    case Layout::kBlocked8: return {dims, memory::data_type::f32, Tag::nChw8c};
+    case Layout::kBlocked16: return {dims, memory::data_type::f32, Tag::nChw16c};
+  }
+  throw BackendError("unknown layout");
+}
+
+inline memory::desc plain_md(const Shape& s) { return md_of({s, Layout::kPlain}); }
+inline memory::desc vector_md(int64_t n) { return {{n}, memory::data_type::f32, Tag::x}; }
+// Rows = channels: the "CNHW" order the im2col GEMMs produce and consume.
+inline memory::desc cnhw_md(const Shape& s) {
+  return {{s.n, s.c, s.h, s.w}, memory::data_type::f32, Tag::bacd};
+}
+inline memory::desc any_md(const Shape& s) {
+  return {{s.n, s.c, s.h, s.w}, memory::data_type::f32, Tag::any};
+}
+
+inline dnnl::primitive_attr user_scratchpad_attr(bool sum_post_op = false) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (sum_post_op) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  return attr;
+}
+
+inline std::string shape_key(const TensorDesc& d) {
+  return d.shape.str() + layout_name(d.layout);
+}
+
+[[noreturn]] inline void rethrow(const std::string& what, const dnnl::error& e) {
+  throw BackendError("cpu backend: " + what + ": oneDNN error: " + e.what());
+}
+
+// A prepared stage that moves data between a user buffer and a temporary
+// in the workspace when the primitive wants another format (or when the
+// result must be accumulated into the user buffer).
+struct Stage {
+  bool active = false;
+  memory::desc user_md;
+  memory::desc prim_md;
+  size_t offset = 0;  // of the temporary in the workspace
+  dnnl::reorder reorder;
+};
+
+// Adds a temporary of `md` to a workspace being laid out.
+inline size_t reserve(size_t& cursor, const memory::desc& md) {
+  const size_t offset = cursor;
+  cursor += align_up(md.get_size());
+  return offset;
+}
+
+// Primitive plus stages for one convolution (kind, algorithm, problem, accumulate).
+struct ConvPlan {
+  // oneDNN path
+  dnnl::primitive prim;
+  memory::desc scratch_md;
+  size_t scratch_offset = 0;
+  Stage in0, in1;        // fwd: src, weights; bwd-data: diff_dst, weights; bwd-filter: src, diff_dst
+  Stage out;             // dst, diff_src or diff_weights
+  Stage out_bias;        // diff_bias (bwd-filter with accumulate)
+  // im2col path
+  bool im2col = false;
+  Im2colGeometry geometry{};
+  size_t cols_offset = 0;
+  size_t workspace = 0;
+};
+
+
+inline void check_beta(const char* op, float beta) {
+  if (beta != 0.0f && beta != 1.0f) {
+    throw BackendError(std::string("cpu backend: ") + op + ": beta must be 0 or 1, got " +
+                       std::to_string(beta));
+  }
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& options);
+  ~CpuBackend() override;
+
+  DeviceInfo device_info() const override { return info_; }
+
+  void* allocate_device(size_t bytes) override;
+  void free_device(void* ptr) override;
+  size_t device_bytes_in_use() const override {
+    std::lock_guard lock(alloc_mutex_);
+    return in_use_;
+  }
+  size_t device_bytes_peak() const override {
+    std::lock_guard lock(alloc_mutex_);
+    return peak_;
+  }
+  void reset_peak() override {
+    std::lock_guard lock(alloc_mutex_);
+    peak_ = in_use_;
+  }
+  void* allocate_pinned(size_t bytes) override;
+  void free_pinned(void* ptr) override { std::free(ptr); }
+  Layout preferred_layout(int64_t channels) const override;
+
+  Event record_event(StreamKind stream) override;
+  void wait_event(StreamKind stream, const Event& event) override;
+  void synchronize(const Event& event) override;
+  void synchronize(StreamKind stream) override;
+  void copy_async(void* dst, const void* src, size_t bytes, StreamKind stream) override;
+
+  void upload(const float* host, const Tensor& dst) override;
+  void download(const Tensor& src, float* host) override;
+  void convert(const Tensor& src, const Tensor& dst) override;
+  void fill(const Tensor& dst, float value) override;
+  void upload_labels(const int32_t* host, int32_t* device, int64_t count) override {
+    std::memcpy(device, host, static_cast<size_t>(count) * sizeof(int32_t));
+  }
+
+  std::vector<ConvAlgoInfo> conv_algorithms(ConvKind kind, const ConvProblem& p,
+                                            bool accumulate) override;
+  std::string conv_algorithm_name(ConvKind kind, ConvAlgo algo) const override;
+  size_t conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
+                        bool accumulate) override {
+    return conv_plan(kind, algo, p, accumulate, /*has_bias=*/true).workspace;
+  }
+  void conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const float* w,
+                    const float* bias, const Tensor& y, float beta, void* workspace,
+                    size_t workspace_bytes) override;
+  void conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy, const float* w,
+                          const Tensor& dx, float beta, void* workspace,
+                          size_t workspace_bytes) override;
+  void conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const Tensor& x,
+                            const Tensor& dy, float* dw, float* dbias, float beta,
+                            void* workspace, size_t workspace_bytes) override;
+
+  void relu_forward(const Tensor& x, const Tensor& y) override;
+  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
+  size_t pooling_state_bytes(const PoolParams& p, const TensorDesc& x,
+                             const TensorDesc& y) override;
+  void pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y,
+                       void* state) override;
+  void pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y, const Tensor& dy,
+                        const Tensor& dx, const void* state) override;
+  void inner_product_forward(const Tensor& x, const float* w, const float* bias,
+                             const Tensor& y) override;
+  void inner_product_backward_data(const Tensor& dy, const float* w, const Tensor& dx) override;
+  void inner_product_backward_weights(const Tensor& x, const Tensor& dy, float* dw,
+                                      float* dbias, float beta) override;
+  void batch_norm_forward_training(const Tensor& x, const Tensor& y, const float* scale_shift,
+                                   float* save_mean, float* save_var, float* running_mean,
+                                   float* running_var, float momentum, float eps) override;
+  void batch_norm_forward_inference(const Tensor& x, const Tensor& y, const float* scale_shift,
+                                    const float* running_mean, const float* running_var,
+                                    float eps) override;
+  void batch_norm_backward(const Tensor& x, const Tensor& dy, const float* scale_shift,
+                           const float* save_mean, const float* save_var, const Tensor& dx,
+                           float* dscale_shift, float beta, float eps) override;
+  void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  void accumulate(const Tensor& x, const Tensor& y, float beta) override;
+  void concat_forward(std::span<const Tensor> xs, const Tensor& y) override;
+  void concat_backward(const Tensor& dy, int64_t channel_offset, const Tensor& dx,
+                       float beta) override;
+  LossStats softmax_cross_entropy(const Tensor& logits, const int32_t* labels, float scale,
+                                  const Tensor* dlogits) override;
+  void sgd_update(float* w, const float* g, float* velocity, int64_t count,
+                  const SgdStep& step) override;
+  void scale(float* x, int64_t count, float alpha) override;
+
+  size_t relu_scratch_bytes(const TensorDesc& x) override;
+  size_t pooling_scratch_bytes(const PoolParams& p, const TensorDesc& x,
+                               const TensorDesc& y) override;
+  size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) override;
+  size_t batch_norm_scratch_bytes(const TensorDesc& x, float eps) override;
+  size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
+                           const TensorDesc& y) override;
+  size_t concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) override;
+  size_t softmax_scratch_bytes(const TensorDesc&) override { return 0; }
+  void reserve_scratch(size_t bytes) override { scratch(bytes); }
+  size_t scratch_bytes() const override { return scratch_bytes_; }
+
+ private:
+  // Cached primitive descriptors, shared by each op and its scratch query.
+  const dnnl::eltwise_forward::primitive_desc& relu_fwd_pd(const TensorDesc& x);
+  const dnnl::eltwise_backward::primitive_desc& relu_bwd_pd(const TensorDesc& y);
+  const dnnl::pooling_forward::primitive_desc& pool_fwd_pd(const PoolParams& p,
+                                                           const TensorDesc& x,
+                                                           const TensorDesc& y);
+  const dnnl::pooling_backward::primitive_desc& pool_bwd_pd(const PoolParams& p,
+                                                            const TensorDesc& x,
+                                                            const TensorDesc& y,
+                                                            const TensorDesc& dx,
+                                                            const TensorDesc& dy);
+  const dnnl::inner_product_forward::primitive_desc& ip_fwd_pd(const TensorDesc& x, int64_t out,
+                                                               bool bias);
+  const dnnl::inner_product_backward_data::primitive_desc& ip_bwd_data_pd(const TensorDesc& dx,
+                                                                          int64_t out);
+  const dnnl::inner_product_backward_weights::primitive_desc& ip_bwd_weights_pd(
+      const TensorDesc& x, int64_t out, bool bias);
+  const void* ip_weights(const memory::desc& pad_md, const memory::desc& prim_w,
+                         const TensorDesc& x, int64_t out, const float* w, char** buf);
+  const dnnl::batch_normalization_forward::primitive_desc& bn_fwd_pd(const TensorDesc& x,
+                                                                     float eps, bool training);
+  const dnnl::batch_normalization_backward::primitive_desc& bn_bwd_pd(const TensorDesc& x,
+                                                                      const TensorDesc& dy,
+                                                                      float eps);
+  const dnnl::sum::primitive_desc& sum_pd(const TensorDesc& a, const TensorDesc& b,
+                                          const TensorDesc& y);
+
+  const ConvPlan& conv_plan(ConvKind kind, ConvAlgo algo, const ConvProblem& p, bool accumulate,
+                            bool has_bias);
+  ConvPlan build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvProblem& p, bool accumulate,
+                           bool has_bias);
+  ConvPlan build_im2col_conv(ConvKind kind, const ConvProblem& p, bool accumulate, bool has_bias);
+  // Runs a oneDNN convolution plan: in0/in1/out as in ConvPlan's stages;
+  // bias is the forward bias, dbias the backward-filter bias gradient.
+  void run_dnnl_conv(ConvKind kind, const ConvPlan& plan, char* ws, const void* in0,
+                     const void* in1, void* out, const float* bias, float* dbias);
+  void run_im2col(ConvKind kind, const ConvPlan& plan, const ConvProblem& p, const Tensor* x,
+                  const float* w, const float* bias, const Tensor* dy, const Tensor* out,
+                  float* dw, float* dbias, float beta, char* ws);
+  void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+             const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+  // Reorder between two descriptions of the same data; `sum` adds into dst.
+  void reorder(const memory::desc& src_md, const void* src, const memory::desc& dst_md, void* dst,
+               bool sum = false);
+  // Scratch memory for non-convolution ops, grown on demand and counted as
+  // device memory. Valid until the next call that asks for scratch.
+  char* scratch(size_t bytes);
+  // The scratch as a primitive's scratchpad argument.
+  memory scratchpad(const memory::desc& md) { return mem(md, scratch(md.get_size())); }
+  void run_reorder(const dnnl::reorder& r, memory src, memory dst) {
+    r.execute(stream_, src, dst);
+  }
+  memory mem(const memory::desc& md, const void* ptr) {
+    return memory(md, engine_, const_cast<void*>(ptr));
+  }
+  void execute(const dnnl::primitive& prim, std::unordered_map<int, memory> args) {
+    prim.execute(stream_, args);
+    stream_.wait();
+  }
+  template <typename Pd>
+  const Pd& cached(const std::string& key, const std::function<Pd()>& make);
+
+  DeviceInfo info_;
+  size_t capacity_;
+  int block_;  // channel block preferred by the CPU's ISA (16, 8 or 1)
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream_{engine_};
+  common::HostStream memory_stream_;
+
+  mutable std::mutex alloc_mutex_;
+  std::unordered_map<void*, size_t> allocations_;
+  size_t in_use_ = 0;
+  size_t peak_ = 0;
+
+  char* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+
+  std::unordered_map<std::string, ConvPlan> conv_plans_;
+  std::unordered_map<std::string, std::shared_ptr<void>> primitive_cache_;
+};
+
+template <typename Pd>
+const Pd& CpuBackend::cached(const std::string& key, const std::function<Pd()>& make) {
+  auto it = primitive_cache_.find(key);
+  if (it == primitive_cache_.end()) {
+    it = primitive_cache_.emplace(key, std::make_shared<Pd>(make())).first;
+  }
+  return *static_cast<const Pd*>(it->second.get());
+}
+
+}  // namespace vtrain::worker::cpu

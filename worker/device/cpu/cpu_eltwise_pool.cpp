@@ -1,0 +1,309 @@
+// CPU backend: relu, pooling, add / accumulate and concat.
+#include "worker/device/cpu/cpu_backend_impl.h"
+
+#include <algorithm>
+
+namespace vtrain::worker::cpu {
+
+// ----------------------------------------------------------------- eltwise
+
+const dnnl::eltwise_forward::primitive_desc& CpuBackend::relu_fwd_pd(const TensorDesc& x) {
+  return cached<dnnl::eltwise_forward::primitive_desc>("relu_f" + shape_key(x), [&] {
+    dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_training,
+                                  dnnl::algorithm::eltwise_relu_use_dst_for_bwd, md_of(x), 0.0f,
+                                  0.0f);
+    return dnnl::eltwise_forward::primitive_desc(d, user_scratchpad_attr(), engine_);
+  });
+}
+
+const dnnl::eltwise_backward::primitive_desc& CpuBackend::relu_bwd_pd(const TensorDesc& y) {
+  return cached<dnnl::eltwise_backward::primitive_desc>("relu_b" + shape_key(y), [&] {
+    const memory::desc md = md_of(y);
+    dnnl::eltwise_forward::desc fd(dnnl::prop_kind::forward_training,
+                                   dnnl::algorithm::eltwise_relu_use_dst_for_bwd, md, 0.0f, 0.0f);
+    dnnl::eltwise_forward::primitive_desc hint(fd, engine_);
+    dnnl::eltwise_backward::desc d(dnnl::algorithm::eltwise_relu_use_dst_for_bwd, md, md, 0.0f,
+                                   0.0f);
+    return dnnl::eltwise_backward::primitive_desc(d, user_scratchpad_attr(), engine_, hint);
+  });
+}
+
+size_t CpuBackend::relu_scratch_bytes(const TensorDesc& x) {
+  try {
+    return std::max(relu_fwd_pd(x).scratchpad_desc().get_size(),
+                    relu_bwd_pd(x).scratchpad_desc().get_size());
+  } catch (const dnnl::error& e) {
+    rethrow("relu " + x.shape.str(), e);
+  }
+}
+
+void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
+  if (!(x.desc == y.desc)) throw BackendError("relu_forward: x and y descriptors differ");
+  try {
+    const auto& pd = relu_fwd_pd(x.desc);
+    execute(dnnl::eltwise_forward(pd),
+            {{DNNL_ARG_SRC, mem(pd.src_desc(), x.data)}, {DNNL_ARG_DST, mem(pd.dst_desc(), y.data)},
+             {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
+  } catch (const dnnl::error& e) {
+    rethrow("relu_forward " + x.shape().str(), e);
+  }
+}
+
+void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  if (!(y.desc == dy.desc) || !(dy.desc == dx.desc)) {
+    throw BackendError("relu_backward: y, dy and dx descriptors must match");
+  }
+  try {
+    const auto& pd = relu_bwd_pd(y.desc);
+    execute(dnnl::eltwise_backward(pd),
+            {{DNNL_ARG_DST, mem(pd.src_desc(), y.data)},
+             {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy.data)},
+             {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), dx.data)},
+             {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
+  } catch (const dnnl::error& e) {
+    rethrow("relu_backward " + y.shape().str(), e);
+  }
+}
+
+// ----------------------------------------------------------------- pooling
+
+namespace {
+
+dnnl::algorithm pool_alg(PoolKind kind) {
+  return kind == PoolKind::kMax ? dnnl::algorithm::pooling_max
+                                : dnnl::algorithm::pooling_avg_exclude_padding;
+}
+
+std::string pool_key(const PoolParams& p, const TensorDesc& x, const TensorDesc& y) {
+  return std::to_string(static_cast<int>(p.kind)) + "k" + std::to_string(p.kh) + "x" +
+         std::to_string(p.kw) + "s" + std::to_string(p.stride_h) + "x" +
+         std::to_string(p.stride_w) + "p" + std::to_string(p.pad_h) + "x" +
+         std::to_string(p.pad_w) + shape_key(x) + shape_key(y);
+}
+
+// Right/bottom padding that makes oneDNN's output size equal floor-mode's.
+memory::dims pool_pad_r(const PoolParams& p, const Shape& x, const Shape& y) {
+  return {(y.h - 1) * p.stride_h + p.kh - x.h - p.pad_h,
+          (y.w - 1) * p.stride_w + p.kw - x.w - p.pad_w};
+}
+
+}  // namespace
+
+// The forward primitive descriptor of a pooling; backward uses it as hint.
+static dnnl::pooling_forward::primitive_desc make_pool_fwd(const dnnl::engine& engine,
+                                                           const PoolParams& p,
+                                                           const TensorDesc& x,
+                                                           const TensorDesc& y) {
+  dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_training, pool_alg(p.kind), md_of(x),
+                                md_of(y), {p.stride_h, p.stride_w}, {p.kh, p.kw},
+                                {p.pad_h, p.pad_w}, pool_pad_r(p, x.shape, y.shape));
+  return dnnl::pooling_forward::primitive_desc(d, user_scratchpad_attr(), engine);
+}
+
+const dnnl::pooling_forward::primitive_desc& CpuBackend::pool_fwd_pd(const PoolParams& p,
+                                                                      const TensorDesc& x,
+                                                                      const TensorDesc& y) {
+  return cached<dnnl::pooling_forward::primitive_desc>(
+      "pool_f" + pool_key(p, x, y), [&] { return make_pool_fwd(engine_, p, x, y); });
+}
+
+const dnnl::pooling_backward::primitive_desc& CpuBackend::pool_bwd_pd(const PoolParams& p,
+                                                                       const TensorDesc& x,
+                                                                       const TensorDesc& y,
+                                                                       const TensorDesc& dx,
+                                                                       const TensorDesc& dy) {
+  const auto& fwd = pool_fwd_pd(p, x, y);
+  return cached<dnnl::pooling_backward::primitive_desc>("pool_b" + pool_key(p, dx, dy), [&] {
+    dnnl::pooling_backward::desc d(pool_alg(p.kind), md_of(dx), md_of(dy),
+                                   {p.stride_h, p.stride_w}, {p.kh, p.kw}, {p.pad_h, p.pad_w},
+                                   pool_pad_r(p, x.shape, y.shape));
+    return dnnl::pooling_backward::primitive_desc(d, user_scratchpad_attr(), engine_, fwd);
+  });
+}
+
+size_t CpuBackend::pooling_state_bytes(const PoolParams& p, const TensorDesc& x,
+                                       const TensorDesc& y) {
+  try {
+    return pool_fwd_pd(p, x, y).workspace_desc().get_size();
+  } catch (const dnnl::error& e) {
+    rethrow("pooling " + x.shape.str() + " -> " + y.shape.str(), e);
+  }
+}
+
+size_t CpuBackend::pooling_scratch_bytes(const PoolParams& p, const TensorDesc& x,
+                                         const TensorDesc& y) {
+  try {
+    return std::max(pool_fwd_pd(p, x, y).scratchpad_desc().get_size(),
+                    pool_bwd_pd(p, x, y, x, y).scratchpad_desc().get_size());
+  } catch (const dnnl::error& e) {
+    rethrow("pooling " + x.shape.str() + " -> " + y.shape.str(), e);
+  }
+}
+
+void CpuBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y,
+                                 void* state) {
+  try {
+    const auto& pd = pool_fwd_pd(p, x.desc, y.desc);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(pd.src_desc(), x.data)},
+                                         {DNNL_ARG_DST, mem(pd.dst_desc(), y.data)},
+                                         {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}};
+    if (pd.workspace_desc().get_size() > 0) {
+      if (!state) throw BackendError("pooling_forward: max pooling needs its state buffer");
+      args[DNNL_ARG_WORKSPACE] = mem(pd.workspace_desc(), state);
+    }
+    execute(dnnl::pooling_forward(pd), std::move(args));
+  } catch (const dnnl::error& e) {
+    rethrow("pooling_forward " + x.shape().str(), e);
+  }
+}
+
+void CpuBackend::pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y,
+                                  const Tensor& dy, const Tensor& dx, const void* state) {
+  try {
+    const auto& fwd = pool_fwd_pd(p, x.desc, y.desc);
+    const auto& pd = pool_bwd_pd(p, x.desc, y.desc, dx.desc, dy.desc);
+    std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy.data)},
+                                         {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), dx.data)},
+                                         {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}};
+    if (fwd.workspace_desc().get_size() > 0) {
+      if (!state) throw BackendError("pooling_backward: max pooling needs its state buffer");
+      args[DNNL_ARG_WORKSPACE] = mem(fwd.workspace_desc(), state);
+    }
+    execute(dnnl::pooling_backward(pd), std::move(args));
+  } catch (const dnnl::error& e) {
+    rethrow("pooling_backward " + x.shape().str(), e);
+  }
+}
+
+
+// ------------------------------------------------------- add, concat, loss
+
+const dnnl::sum::primitive_desc& CpuBackend::sum_pd(const TensorDesc& a, const TensorDesc& b,
+                                                    const TensorDesc& y) {
+  return cached<dnnl::sum::primitive_desc>("sum" + shape_key(a) + shape_key(b) + shape_key(y), [&] {
+    return dnnl::sum::primitive_desc(md_of(y), {1.0f, 1.0f}, {md_of(a), md_of(b)}, engine_,
+                                     user_scratchpad_attr());
+  });
+}
+
+size_t CpuBackend::add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
+                                     const TensorDesc& y) {
+  try {
+    // add() swaps its sources when y aliases b: either order may run.
+    return std::max(sum_pd(a, b, y).scratchpad_desc().get_size(),
+                    sum_pd(b, a, y).scratchpad_desc().get_size());
+  } catch (const dnnl::error& e) {
+    rethrow("add " + a.shape.str(), e);
+  }
+}
+
+void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
+  if (!(a.shape() == b.shape()) || !(a.shape() == y.shape())) {
+    throw BackendError("add: shapes differ: " + a.shape().str() + ", " + b.shape().str() + " -> " +
+                       y.shape().str());
+  }
+  // oneDNN's sum works in place only on its first source: put y there.
+  if (y.data == b.data && y.data != a.data) {
+    add(b, a, y);
+    return;
+  }
+  try {
+    const auto& pd = sum_pd(a.desc, b.desc, y.desc);
+    execute(dnnl::sum(pd),
+            {{DNNL_ARG_MULTIPLE_SRC, mem(md_of(a.desc), a.data)},
+             {DNNL_ARG_MULTIPLE_SRC + 1, mem(md_of(b.desc), b.data)},
+             {DNNL_ARG_DST, mem(md_of(y.desc), y.data)},
+             {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
+  } catch (const dnnl::error& e) {
+    rethrow("add " + a.shape().str(), e);
+  }
+}
+
+void CpuBackend::accumulate(const Tensor& x, const Tensor& y, float beta) {
+  check_beta("accumulate", beta);
+  if (beta == 0.0f) {
+    convert(x, y);
+    return;
+  }
+  add(y, x, y);
+}
+
+// A blocked output is assembled in a plain copy.
+static size_t concat_forward_scratch(const TensorDesc& y) {
+  return y.layout == Layout::kPlain ? 0 : plain_md(y.shape).get_size();
+}
+
+// A blocked gradient can be sliced in place when the slice is block-aligned
+// (GoogLeNet's channel counts are); otherwise it goes through a plain copy.
+static bool concat_slice_in_place(const TensorDesc& dy, int64_t channel_offset, int64_t channels) {
+  const int64_t block = channel_block(dy.layout);
+  return channel_offset % block == 0 && channels % block == 0;
+}
+
+size_t CpuBackend::concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) {
+  size_t bytes = concat_forward_scratch(y);
+  int64_t offset = 0;
+  for (const TensorDesc& x : xs) {
+    if (!concat_slice_in_place(y, offset, x.shape.c)) {
+      bytes = std::max(bytes, plain_md(y.shape).get_size());
+    }
+    offset += x.shape.c;
+  }
+  return bytes;
+}
+
+void CpuBackend::concat_forward(std::span<const Tensor> xs, const Tensor& y) {
+  int64_t channels = 0;
+  for (const Tensor& x : xs) {
+    if (x.shape().n != y.shape().n || x.shape().h != y.shape().h || x.shape().w != y.shape().w) {
+      throw BackendError("concat: input " + x.shape().str() + " does not fit output " +
+                         y.shape().str());
+    }
+    channels += x.shape().c;
+  }
+  if (channels != y.shape().c) {
+    throw BackendError("concat: inputs have " + std::to_string(channels) +
+                       " channels, output " + std::to_string(y.shape().c));
+  }
+  // Each input is reordered into its channel slice of a plain view; for a
+  // blocked output whose slices are not block-aligned, through a plain copy.
+  const bool direct = y.desc.layout == Layout::kPlain;
+  Shape ys = y.shape();
+  float* plain = direct ? y.data : reinterpret_cast<float*>(scratch(concat_forward_scratch(y.desc)));
+  const memory::desc whole = plain_md(ys);
+  int64_t offset = 0;
+  for (const Tensor& x : xs) {
+    const memory::desc part =
+        whole.submemory_desc({ys.n, x.shape().c, ys.h, ys.w}, {0, offset, 0, 0});
+    reorder(md_of(x.desc), x.data, part, plain);
+    offset += x.shape().c;
+  }
+  if (!direct) reorder(whole, plain, md_of(y.desc), y.data);
+}
+
+void CpuBackend::concat_backward(const Tensor& dy, int64_t channel_offset, const Tensor& dx,
+                                 float beta) {
+  check_beta("concat_backward", beta);
+  const Shape ys = dy.shape();
+  const Shape xs = dx.shape();
+  if (xs.n != ys.n || xs.h != ys.h || xs.w != ys.w || channel_offset < 0 ||
+      channel_offset + xs.c > ys.c) {
+    throw BackendError("concat_backward: slice " + xs.str() + " at channel " +
+                       std::to_string(channel_offset) + " does not fit " + ys.str());
+  }
+  const memory::dims part_dims{ys.n, xs.c, ys.h, ys.w};
+  const memory::dims part_offset{0, channel_offset, 0, 0};
+  if (concat_slice_in_place(dy.desc, channel_offset, xs.c)) {
+    reorder(md_of(dy.desc).submemory_desc(part_dims, part_offset), dy.data, md_of(dx.desc),
+            dx.data, beta != 0.0f);
+    return;
+  }
+  const memory::desc whole = plain_md(ys);
+  float* plain = reinterpret_cast<float*>(scratch(whole.get_size()));
+  reorder(md_of(dy.desc), dy.data, whole, plain);
+  reorder(whole.submemory_desc(part_dims, part_offset), plain, md_of(dx.desc), dx.data,
+          beta != 0.0f);
+}
+
+
+}  // namespace vtrain::worker::cpu

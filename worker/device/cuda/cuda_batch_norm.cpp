@@ -1,0 +1,67 @@
+// CUDA backend: batch normalisation (cuDNN spatial mode).
+#include "worker/device/cuda/cuda_backend_impl.h"
+
+namespace vtrain::worker::cuda {
+
+// -------------------------------------------------------------- batch norm
+
+// cuDNN saves 1 / sqrt(var + eps) for backward; the contract (and the CPU
+// backend) keeps the biased batch variance, so it is converted both ways.
+void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
+                                              const float* scale_shift, float* save_mean,
+                                              float* save_var, float* running_mean,
+                                              float* running_var, float momentum, float eps) {
+  if (!(x.desc == y.desc)) throw BackendError("batch_norm_forward_training: x and y differ");
+  require_plain("batch_norm_forward_training", x.desc);
+  const int64_t c = x.shape().c;
+  const std::string what = "batch_norm_forward_training " + x.shape().str();
+  float* inv_std = reinterpret_cast<float*>(scratch(bn_inverse_std_bytes(c)));
+  const float one = 1.0f, zero = 0.0f;
+  const cudnnTensorDescriptor_t xd = tensor_desc(x.shape());
+  // cuDNN's running update is running = (1 - factor) * running + factor *
+  // batch with the unbiased variance: the contract's, with factor = momentum.
+  VTRAIN_CUDA_CHECK(cudnnBatchNormalizationForwardTraining(
+                        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x.data, xd, y.data,
+                        tensor_desc(1, c, 1, 1), scale_shift, scale_shift + c, momentum,
+                        running_mean, running_var, eps, save_mean, inv_std),
+                    what);
+  inverse_std_to_variance(inv_std, save_var, c, eps, compute_.get());
+}
+
+void CudaBackend::batch_norm_forward_inference(const Tensor& x, const Tensor& y,
+                                               const float* scale_shift, const float* running_mean,
+                                               const float* running_var, float eps) {
+  if (!(x.desc == y.desc)) throw BackendError("batch_norm_forward_inference: x and y differ");
+  require_plain("batch_norm_forward_inference", x.desc);
+  const int64_t c = x.shape().c;
+  const float one = 1.0f, zero = 0.0f;
+  const cudnnTensorDescriptor_t xd = tensor_desc(x.shape());
+  VTRAIN_CUDA_CHECK(
+      cudnnBatchNormalizationForwardInference(
+          cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x.data, xd, y.data,
+          tensor_desc(1, c, 1, 1), scale_shift, scale_shift + c, running_mean, running_var, eps),
+      "batch_norm_forward_inference " + x.shape().str());
+}
+
+void CudaBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const float* scale_shift,
+                                      const float* save_mean, const float* save_var,
+                                      const Tensor& dx, float* dscale_shift, float beta,
+                                      float eps) {
+  check_beta("batch_norm_backward", beta);
+  if (!(x.desc == dy.desc) || !(x.desc == dx.desc)) {
+    throw BackendError("batch_norm_backward: x, dy and dx descriptors must match");
+  }
+  require_plain("batch_norm_backward", x.desc);
+  const int64_t c = x.shape().c;
+  float* inv_std = reinterpret_cast<float*>(scratch(bn_inverse_std_bytes(c)));
+  variance_to_inverse_std(save_var, inv_std, c, eps, compute_.get());
+  const float one = 1.0f, zero = 0.0f;
+  const cudnnTensorDescriptor_t xd = tensor_desc(x.shape());
+  VTRAIN_CUDA_CHECK(cudnnBatchNormalizationBackward(
+                        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &beta, xd, x.data,
+                        xd, dy.data, xd, dx.data, tensor_desc(1, c, 1, 1), scale_shift,
+                        dscale_shift, dscale_shift + c, eps, save_mean, inv_std),
+                    "batch_norm_backward " + x.shape().str());
+}
+
+}  // namespace vtrain::worker::cuda
