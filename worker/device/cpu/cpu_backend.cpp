@@ -22,6 +22,7 @@
 
 #include "dnnl.hpp"
 #include "common/host_stream.h"
+#include "common/machine.h"
 #include "worker/device/cpu/im2col_gemm.h"
 
 namespace vtrain::worker::cpu {
@@ -103,12 +104,6 @@ std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
   return buf;
-}
-
-size_t physical_memory() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
 }
 
 [[noreturn]] void rethrow(const std::string& what, const dnnl::error& e) {
@@ -305,7 +300,7 @@ CpuBackend::CpuBackend(const BackendOptions& options) {
   info_.library_version = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
                           "." + std::to_string(v->patch);
   info_.host = host_name();
-  capacity_ = options.memory_limit > 0 ? options.memory_limit : physical_memory();
+  capacity_ = options.memory_limit > 0 ? options.memory_limit : static_cast<size_t>(common::physical_memory_bytes());
   info_.memory_bytes = capacity_;
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
   if (isa == dnnl::cpu_isa::avx512_core || isa == dnnl::cpu_isa::avx512_core_vnni ||
