@@ -23,6 +23,27 @@ using namespace common::yaml;
 
 namespace fs = std::filesystem;
 
+// Records the key path of every map entry and list item under `node`, with
+// its line (0 for values --set created or wrote).
+void record_origins(const YAML::Node& node, const std::string& path, const Source& source,
+                    std::vector<KeyOrigin>& origins) {
+  auto add = [&](const std::string& key, const YAML::Node& at, const YAML::Node& value) {
+    origins.push_back({key, source.from_override(key) ? 0 : line_of(at, 0)});
+    record_origins(value, key, source, origins);
+  };
+  if (node.IsMap()) {
+    for (const auto& entry : node) {
+      if (!entry.first.IsScalar()) continue;
+      add(path.empty() ? entry.first.Scalar() : path + "." + entry.first.Scalar(), entry.first,
+          entry.second);
+    }
+  } else if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      add(path + "[" + std::to_string(i) + "]", node[i], node[i]);
+    }
+  }
+}
+
 Config parse(const std::string& text, const std::string& file, const fs::path& file_dir,
              const std::vector<std::string>& overrides) {
   Source source{file, file_dir, {}};
@@ -40,6 +61,7 @@ Config parse(const std::string& text, const std::string& file, const fs::path& f
   const Field root(source, root_node, true, "", 0);
   Config config = internal::read_sections(root);
   config.path = file;
+  record_origins(root_node, "", source, config.origins);
   if (config.profile.db.empty()) {
     config.profile.db = (file_dir / "perf.db").lexically_normal().string();
   }
@@ -63,6 +85,19 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& yaml_text, const std::string& origin,
                     const std::vector<std::string>& overrides) {
   return parse(yaml_text, origin, fs::current_path(), overrides);
+}
+
+std::string where_at(const Config& config, const std::string& key) {
+  for (const KeyOrigin& origin : config.origins) {
+    if (origin.key != key) continue;
+    if (origin.line == 0) return "--set " + key;
+    return config.path + ":" + std::to_string(origin.line) + ": " + key;
+  }
+  return config.path + ": " + key;
+}
+
+void fail_at(const Config& config, const std::string& key, const std::string& message) {
+  throw ConfigError(where_at(config, key) + ": " + message);
 }
 
 }  // namespace vtrain::config

@@ -123,8 +123,15 @@ struct OutputConfig {
   std::string plan;               // write the plan a run solved for here; empty = don't
 };
 
+// Where a key of the config came from, for errors found after loading.
+struct KeyOrigin {
+  std::string key;                // key path, e.g. "device.threads", "model.layers[2]"
+  int line = 0;                   // line in the file; 0 for a value from --set
+};
+
 struct Config {
   std::string path;               // the file it came from
+  std::vector<KeyOrigin> origins; // every key path in the file or set by --set
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
@@ -148,6 +155,15 @@ Config parse_config(const std::string& yaml_text, const std::string& origin,
                     const std::vector<std::string>& overrides = {});
 
 using common::parse_size;  // "64MiB" -> bytes (common/text.h)
+
+// "FILE:LINE: KEY", "--set KEY" or "FILE: KEY" (see fail_at).
+std::string where_at(const Config& config, const std::string& key);
+
+// Throws ConfigError "FILE:LINE: KEY: message" for a key read from the file,
+// "--set KEY: message" for one from --set, "FILE: KEY: message" for a key
+// left at its default: how checks made after loading (config_limits.h, the
+// launcher) name the value they refuse.
+[[noreturn]] void fail_at(const Config& config, const std::string& key, const std::string& message);
 
 // A readable YAML dump of the effective configuration (for logs).
 std::string to_yaml(const Config& config);

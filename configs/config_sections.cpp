@@ -14,6 +14,31 @@ namespace {
 
 using namespace common::yaml;
 
+// Batch sizes, channel and feature counts, classes, image sizes and windows
+// become tensor dimensions, which cuDNN takes as 32-bit ints.
+constexpr int64_t kMaxDimension = std::numeric_limits<int32_t>::max();
+
+void check_dimension(const Field& field, int64_t value) {
+  if (value > kMaxDimension) {
+    field.fail("expected at most " + std::to_string(kMaxDimension) +
+               " (a tensor dimension, 32-bit in cuDNN), got " + std::to_string(value));
+  }
+}
+
+// An integer >= lo that can be a tensor dimension.
+int64_t to_dimension(const Field& field, int64_t lo) {
+  const int64_t value = to_int(field, at_least(static_cast<double>(lo)));
+  check_dimension(field, value);
+  return value;
+}
+
+// kernel / stride / pad (to_pair) within a tensor dimension.
+std::pair<int64_t, int64_t> to_dimension_pair(const Field& field, int64_t lo) {
+  const auto pair = to_pair(field, at_least(static_cast<double>(lo)));
+  check_dimension(field, std::max(pair.first, pair.second));
+  return pair;
+}
+
 // Per-sample channels of a data source (for mean/std lengths).
 int64_t data_channels(const DataConfig& data) {
   if (data.kind == worker::DataKind::kIdx) return 1;      // IDX images are greyscale
@@ -57,10 +82,10 @@ DataConfig read_data(const Field& field) {
       if (dims.size() != 3) {
         shape.fail("expected a list [C, H, W], got a list of " + std::to_string(dims.size()));
       }
-      data.shape = worker::Shape{1, to_int(dims[0], at_least(1)), to_int(dims[1], at_least(1)),
-                                 to_int(dims[2], at_least(1))};
+      data.shape = worker::Shape{1, to_dimension(dims[0], 1), to_dimension(dims[1], 1),
+                                 to_dimension(dims[2], 1)};
     }
-    if (Field classes = section["classes"]) data.classes = to_int(classes, at_least(2));
+    if (Field classes = section["classes"]) data.classes = to_dimension(classes, 2);
     if (Field size = section["train_size"]) data.train_size = to_int(size, at_least(1));
     if (Field size = section["test_size"]) data.test_size = to_int(size, at_least(1));
   }
@@ -127,17 +152,17 @@ void read_window(const Section& section, const std::string& type_name, worker::L
     return;
   }
   const Field kernel = section.required("kernel", "a " + type_name + " layer needs kernel");
-  std::tie(layer.kernel_h, layer.kernel_w) = to_pair(kernel, at_least(1));
+  std::tie(layer.kernel_h, layer.kernel_w) = to_dimension_pair(kernel, 1);
   // Pooling windows default to not overlapping (stride = kernel), the
   // usual choice; convolutions default to stride 1.
   if (layer.type == worker::LayerType::kPool) {
     std::tie(layer.stride_h, layer.stride_w) = std::pair(layer.kernel_h, layer.kernel_w);
   }
   if (Field stride = section["stride"]) {
-    std::tie(layer.stride_h, layer.stride_w) = to_pair(stride, at_least(1));
+    std::tie(layer.stride_h, layer.stride_w) = to_dimension_pair(stride, 1);
   }
   if (Field pad = section["pad"]) {
-    std::tie(layer.pad_h, layer.pad_w) = to_pair(pad, at_least(0));
+    std::tie(layer.pad_h, layer.pad_w) = to_dimension_pair(pad, 0);
   }
 }
 
@@ -184,7 +209,7 @@ worker::LayerSpec read_layer(const Field& item, const std::string& previous,
   }
 
   if (layer.type == LayerType::kConv || layer.type == LayerType::kFc) {
-    layer.out = to_int(section.required("out", "a " + type_name + " layer needs out"), at_least(1));
+    layer.out = to_dimension(section.required("out", "a " + type_name + " layer needs out"), 1);
   }
   if (Field bias = section["bias"]) layer.bias = to_bool(bias);
 
@@ -262,7 +287,7 @@ ModelConfig read_model(const Field& field, const DataConfig& data) {
       preset.fail("unknown preset '" + model.preset + "' (known: " + join(known) + ")");
     }
     if (classes) {
-      model.classes = to_int(classes, at_least(2));
+      model.classes = to_dimension(classes, 2);
       if (synthetic && model.classes != data.classes) {
         classes.fail(std::to_string(model.classes) + " classes, but data.classes is " +
                      std::to_string(data.classes));
@@ -282,7 +307,7 @@ TrainConfig read_train(const Field& field) {
   section.allow({"batch", "epochs", "max_steps", "seed", "log_every", "evaluate",
                  "allreduce_bucket"});
   TrainConfig train;
-  if (Field f = section["batch"]) train.batch = to_int(f, at_least(1));
+  if (Field f = section["batch"]) train.batch = to_dimension(f, 1);
   if (Field f = section["epochs"]) train.epochs = to_int(f, at_least(1));
   if (Field f = section["max_steps"]) train.max_steps = to_int(f, at_least(0));
   if (Field f = section["seed"]) train.seed = to_uint64(f);
@@ -340,7 +365,7 @@ ProfileConfig read_profile(const Field& field) {
   if (Field f = section["db"]) profile.db = to_path(f);
   if (Field f = section["batches"]) {
     for (const Field& item : f.items("a list of per-rank batch sizes")) {
-      profile.batches.push_back(to_int(item, at_least(1)));
+      profile.batches.push_back(to_dimension(item, 1));
     }
   }
   if (Field f = section["micro_batches"]) {

@@ -1,5 +1,6 @@
 // The `vtrain` executable: parses the command line, loads the config and
 // data, builds the model, and runs the requested phase.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -13,7 +14,9 @@
 #include <filesystem>
 #include <iostream>
 
+#include "common/machine.h"
 #include "configs/config.h"
+#include "configs/config_limits.h"
 #include "launcher/cli.h"
 #include "launcher/job_plan.h"
 #include "launcher/part_options.h"
@@ -68,15 +71,29 @@ Datasets load_data(const Config& cfg) {
   return {take(all, 0, d.train_size), take(all, d.train_size, d.test_size)};
 }
 
-// The model for the data's samples; every label of the data must be one of
-// its classes (checked here, before any work, naming the label file).
-worker::Graph build_graph(const Config& cfg, const Datasets& data) {
-  const worker::Shape& sample = data.train.sample;
-  std::vector<worker::LayerSpec> layers = cfg.model.layers;
-  if (!cfg.model.preset.empty()) {
-    layers = worker::preset_layers(cfg.model.preset, {sample, cfg.model.classes});
+// This machine, for the config checks: its backend runs on the host unless
+// it is (or `auto` finds) a GPU.
+config::Machine this_machine(const Config& cfg) {
+  const bool host = cfg.device.backend == "cpu" ||
+                    (cfg.device.backend == "auto" && !worker::gpu_available());
+  return {common::hardware_threads(), common::physical_memory_bytes(), host};
+}
+
+// The largest batch one of `ranks` ranks trains on: the most of
+// balance.manual, else the larger share of an even split.
+int64_t largest_rank_batch(const Config& cfg, int ranks) {
+  if (!cfg.balance.manual.empty()) {
+    return *std::max_element(cfg.balance.manual.begin(), cfg.balance.manual.end());
   }
-  worker::Graph graph = worker::Graph::build(std::move(layers), sample);
+  return (cfg.train.batch + ranks - 1) / ranks;
+}
+
+// The model for the data, built and checked as config_limits.h describes
+// (what check refuses, training would); every label of the data must be one
+// of its classes (checked here, before any work, naming the label file).
+worker::Graph build_graph(const Config& cfg, const Datasets& data, int ranks) {
+  worker::Graph graph = config::build_model(cfg, data.train.sample, data.train.classes);
+  config::check_model_fits(cfg, graph, this_machine(cfg), largest_rank_batch(cfg, ranks));
   worker::check_labels(data.train, graph.classes());
   worker::check_labels(data.test, graph.classes());
   return graph;
@@ -97,13 +114,17 @@ Config load(const CliArgs& cli) {
   if (!cli.metrics.empty()) overrides.push_back("output.metrics=" + cli.metrics);
   if (!cli.progress.empty()) overrides.push_back("output.progress=" + cli.progress);
   if (!cli.db.empty()) overrides.push_back("profile.db=" + cli.db);
-  return config::load_config(cli.config, overrides);
+  Config cfg = config::load_config(cli.config, overrides);
+  // Before the data is loaded: a dataset too big for the memory is refused
+  // here, not by std::bad_alloc.
+  config::check_machine(cfg, this_machine(cfg));
+  return cfg;
 }
 
 int run_check(const CliArgs& cli) {
   const Config cfg = load(cli);
   const Datasets data = load_data(cfg);
-  const worker::Graph graph = build_graph(cfg, data);
+  const worker::Graph graph = build_graph(cfg, data, 1);
   std::printf("config %s is valid\n", cfg.path.c_str());
   std::printf("data: %lld train, %lld test samples of %s, %lld classes\n",
               static_cast<long long>(data.train.count), static_cast<long long>(data.test.count),
@@ -146,7 +167,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
                      "there or with --set checkpoint.dir=DIR)");
   }
   const Datasets data = load_data(cfg);
-  const worker::Graph graph = build_graph(cfg, data);
+  const worker::Graph graph = build_graph(cfg, data, comm.size());
   const worker::ChannelStats norm = normalisation(cfg, data.train);
   std::vector<int64_t> split = balancer::even_split(cfg.train.batch, comm.size());
   if (cfg.balance.split == balancer::SplitMode::kManual) {
@@ -218,7 +239,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
 int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   const Config cfg = load(cli);
   const Datasets data = load_data(cfg);
-  const worker::Graph graph = build_graph(cfg, data);
+  const worker::Graph graph = build_graph(cfg, data, comm.size());
   auto backend = worker::make_backend(backend_options(cfg));
   const worker::DeviceInfo info = backend->device_info();
   print_cluster(comm, info, balancer::even_split(cfg.train.batch, comm.size()));
@@ -338,7 +359,7 @@ int run(int argc, char** argv) {
     if (cli.command == "balance") {
       const Config cfg = load(cli);
       const Datasets data = load_data(cfg);
-      return run_balance(cli, cfg, build_graph(cfg, data));
+      return run_balance(cli, cfg, build_graph(cfg, data, 1));
     }
     auto comm = worker::make_mpi_communicator();
     if (cli.command == "profile") return run_profile(cli, *comm);

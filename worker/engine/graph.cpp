@@ -42,7 +42,7 @@ std::string where(const LayerSpec& spec) {
 }
 
 [[noreturn]] void fail(const LayerSpec& spec, const std::string& what) {
-  throw GraphError(where(spec) + ": " + what);
+  throw GraphError(where(spec) + ": " + what, spec.name, what);
 }
 
 // Per-sample shapes read better without the batch: "3x224x224".
@@ -290,7 +290,9 @@ std::vector<int> topological_order(const std::vector<LayerSpec>& layers,
     }
   }
   if (static_cast<int>(order.size()) != n) {
-    throw GraphError("graph has a cycle: " + describe_cycle(layers, inputs, ordered));
+    const std::string cycle = describe_cycle(layers, inputs, ordered);
+    const std::string message = "graph has a cycle: " + cycle;
+    throw GraphError(message, cycle.substr(0, cycle.find(" -> ")), message);
   }
   return order;
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "worker/device/backend.h"
@@ -19,7 +20,20 @@ namespace vtrain::worker {
 
 class GraphError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit GraphError(const std::string& message) : std::runtime_error(message), detail_(message) {}
+  // An error about one layer: `message` names it (and its line), `detail`
+  // is the message without that prefix, for callers that name the layer
+  // their own way (the config check: "FILE:LINE: model.layers[i] (name): ").
+  GraphError(const std::string& message, std::string layer, std::string detail)
+      : std::runtime_error(message), layer_(std::move(layer)), detail_(std::move(detail)) {}
+
+  // The layer the error is about; empty for errors about the whole graph.
+  const std::string& layer() const { return layer_; }
+  const std::string& detail() const { return detail_; }
+
+ private:
+  std::string layer_;
+  std::string detail_;
 };
 
 enum class LayerType {

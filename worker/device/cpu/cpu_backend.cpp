@@ -2,6 +2,8 @@
 // See cpu_backend.h; the class is in cpu_backend_impl.h.
 #include "worker/device/cpu/cpu_backend_impl.h"
 
+#include "common/machine.h"
+
 #include <omp.h>
 #include <sched.h>
 #include <unistd.h>
@@ -51,12 +53,6 @@ std::string host_name() {
   return buf;
 }
 
-size_t physical_memory() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
-}
-
 }  // namespace
 
 // ----------------------------------------------------------------- lifecycle
@@ -70,7 +66,7 @@ CpuBackend::CpuBackend(const BackendOptions& options) {
   info_.library_version = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
                           "." + std::to_string(v->patch);
   info_.host = host_name();
-  capacity_ = options.memory_limit > 0 ? options.memory_limit : physical_memory();
+  capacity_ = options.memory_limit > 0 ? options.memory_limit : static_cast<size_t>(common::physical_memory_bytes());
   info_.memory_bytes = capacity_;
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
   if (isa == dnnl::cpu_isa::avx512_core || isa == dnnl::cpu_isa::avx512_core_vnni ||

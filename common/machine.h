@@ -1,0 +1,17 @@
+// What the host offers, asked of the OS: hardware threads and physical
+// memory. The CPU backend sizes itself by these, and the config checks
+// (configs/config_limits.h) refuse what would not fit them.
+#pragma once
+
+#include <cstdint>
+
+namespace vtrain::common {
+
+// Hardware threads of the machine (std::thread::hardware_concurrency); at
+// least 1, also when the OS does not say.
+int hardware_threads();
+
+// Physical memory in bytes; 0 when the OS does not say.
+uint64_t physical_memory_bytes();
+
+}  // namespace vtrain::common

@@ -1,0 +1,210 @@
+// Config checks against the machine and the model (see config_limits.h).
+// Sizes are computed in double: the dimensions a config may give (each up to
+// 2^31 - 1) multiply beyond int64, and a bound needs no exact count.
+#include "configs/config_limits.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace vtrain::config {
+namespace {
+
+constexpr double kFloatBytes = sizeof(float);
+
+// Bytes as text; sizes past what uint64 holds (only a config can ask for
+// those) read as "more than 16 EiB".
+std::string bytes_text(double bytes) {
+  constexpr double kMax = static_cast<double>(std::numeric_limits<uint64_t>::max());
+  if (bytes >= kMax) return "more than 16 EiB";
+  return common::format_bytes(static_cast<uint64_t>(bytes));
+}
+
+std::string chw(const worker::Shape& s) {
+  return std::to_string(s.c) + "x" + std::to_string(s.h) + "x" + std::to_string(s.w);
+}
+
+double per_sample(const worker::Shape& s) {
+  return static_cast<double>(s.c) * static_cast<double>(s.h) * static_cast<double>(s.w);
+}
+
+// The key that set the model's input size: data.shape for synthetic data,
+// else the dataset kind (IDX and CIFAR-10 files fix their shape).
+std::string input_key(const Config& config) {
+  return config.data.kind == worker::DataKind::kSynthetic ? "data.shape" : "data.kind";
+}
+
+void check_threads(const Config& config, const Machine& machine) {
+  const int64_t allowed =
+      static_cast<int64_t>(machine.hardware_threads) * kMaxThreadsPerHardwareThread;
+  if (config.device.threads > allowed) {
+    fail_at(config, "device.threads",
+            std::to_string(config.device.threads) + " asked, this machine has " +
+                std::to_string(machine.hardware_threads) + " hardware thread" +
+                (machine.hardware_threads == 1 ? "" : "s") + " (at most " +
+                std::to_string(allowed) + " allowed = " +
+                std::to_string(kMaxThreadsPerHardwareThread) + "x)");
+  }
+}
+
+// The growth of `value` over its default: the data key most to blame for
+// a dataset that does not fit.
+double growth(double value, double default_value) { return value / default_value; }
+
+void check_dataset(const Config& config, const Machine& machine) {
+  const DataConfig& data = config.data;
+  if (data.kind != worker::DataKind::kSynthetic || machine.memory_bytes == 0) return;
+  const DataConfig defaults;
+  const double sample = per_sample(data.shape);
+  const double samples = static_cast<double>(data.train_size) + static_cast<double>(data.test_size);
+  const double classes = static_cast<double>(data.classes);
+  // Pixels of every sample and of one prototype per class, a label per sample.
+  const double bytes = sample * (samples + classes) + sizeof(int32_t) * samples;
+  if (bytes <= static_cast<double>(machine.memory_bytes)) return;
+  const std::pair<double, const char*> blame[] = {
+      {growth(sample, per_sample(defaults.shape)), "data.shape"},
+      {growth(static_cast<double>(data.train_size), defaults.train_size), "data.train_size"},
+      {growth(static_cast<double>(data.test_size), defaults.test_size), "data.test_size"},
+      {growth(classes, static_cast<double>(defaults.classes)), "data.classes"},
+  };
+  const auto* key = std::max_element(std::begin(blame), std::end(blame));
+  fail_at(config, key->second,
+          "the synthetic dataset needs " + bytes_text(bytes) + " (" +
+              std::to_string(data.train_size) + " train + " + std::to_string(data.test_size) +
+              " test samples and " + std::to_string(data.classes) +
+              " class prototypes, each " + chw(data.shape) + " bytes), this machine has " +
+              common::format_bytes(machine.memory_bytes) + " of memory");
+}
+
+
+// Where a layer of the model came from: "model.layers[i]" for an explicit
+// layer, "model.preset" for a preset's.
+std::string layer_key(const Config& config, const std::string& name) {
+  for (size_t i = 0; i < config.model.layers.size(); ++i) {
+    if (config.model.layers[i].name == name) return "model.layers[" + std::to_string(i) + "]";
+  }
+  return "model.preset";
+}
+
+// Fails naming `layer` (empty: the model as a whole): "FILE:LINE:
+// model.layers[i] (name): what", or for a preset "FILE:LINE: model.preset:
+// preset 'p' for input CxHxW (data.shape): layer 'name': what".
+[[noreturn]] void fail_model(const Config& config, const worker::Shape& input,
+                             const std::string& layer, const std::string& what) {
+  if (!config.model.preset.empty()) {
+    fail_at(config, "model.preset",
+            "preset '" + config.model.preset + "' for input " + chw(input) + " (" +
+                input_key(config) + ")" + (layer.empty() ? "" : ": layer '" + layer + "'") +
+                ": " + what);
+  }
+  const std::string key = layer.empty() ? "model.layers" : layer_key(config, layer);
+  const std::string where = where_at(config, key);
+  throw ConfigError(where + (layer.empty() ? "" : " (" + layer + ")") + ": " + what);
+}
+
+// Scores of the last layer: `classes` x 1 x 1 (more classes than the data
+// has train as never-seen ones, as the trainer allows).
+void check_logits(const Config& config, const worker::Graph& graph, const worker::Shape& input,
+                  int64_t classes) {
+  const worker::Shape& out = graph.output_shape(graph.sink_index());
+  if (out.h == 1 && out.w == 1 && out.c >= classes) return;
+  const std::string source = config.data.kind == worker::DataKind::kSynthetic
+                                 ? "data.classes: " + std::to_string(classes)
+                                 : "the " + std::to_string(classes) + " classes of the " +
+                                       worker::data_kind_name(config.data.kind) + " data";
+  fail_model(config, input, graph.layer(graph.sink_index()).name,
+             "the last layer gives " + chw(out) + " per sample, but training needs one score per "
+             "class, " + std::to_string(classes) + "x1x1 (" + source + "): end the model with "
+             "an fc layer with out: " + std::to_string(classes));
+}
+
+// Parameters of layer i, as Graph::parameter_count counts them.
+double layer_parameters(const worker::Graph& graph, int i) {
+  const worker::LayerSpec& spec = graph.layer(i);
+  const worker::Shape& in = graph.inputs(i).empty() ? graph.output_shape(i)
+                                                     : graph.output_shape(graph.inputs(i)[0]);
+  const double out = static_cast<double>(spec.out);
+  const double bias = spec.bias ? out : 0;
+  switch (spec.type) {
+    case worker::LayerType::kConv:
+      return out * static_cast<double>(in.c) * static_cast<double>(spec.kernel_h) *
+                 static_cast<double>(spec.kernel_w) + bias;
+    case worker::LayerType::kFc: return out * per_sample(in) + bias;
+    case worker::LayerType::kBatchNorm: return 2.0 * static_cast<double>(in.c);
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+void check_machine(const Config& config, const Machine& machine) {
+  check_threads(config, machine);
+  if (machine.device_is_host && machine.memory_bytes > 0 &&
+      config.device.memory_limit > machine.memory_bytes) {
+    fail_at(config, "device.memory_limit",
+            common::format_bytes(config.device.memory_limit) + " (" +
+                std::to_string(config.device.memory_limit) +
+                " bytes) asked, this machine has " + common::format_bytes(machine.memory_bytes) +
+                " of memory");
+  }
+  check_dataset(config, machine);
+}
+
+worker::Graph build_model(const Config& config, const worker::Shape& input, int64_t classes) {
+  try {
+    std::vector<worker::LayerSpec> layers = config.model.layers;
+    if (!config.model.preset.empty()) {
+      layers = worker::preset_layers(config.model.preset, {input, config.model.classes});
+    }
+    worker::Graph graph = worker::Graph::build(std::move(layers), input);
+    check_logits(config, graph, input, classes);
+    return graph;
+  } catch (const worker::GraphError& error) {
+    fail_model(config, input, error.layer(), error.detail());
+  }
+}
+
+void check_model_fits(const Config& config, const worker::Graph& graph, const Machine& machine,
+                      int64_t rank_batch) {
+  // A smaller device.memory_limit is the network's to refuse when it
+  // reserves its pool (naming the allocation that does not fit): with vDNN
+  // what a step needs depends on the memory policy.
+  if (!machine.device_is_host || machine.memory_bytes == 0) return;
+  const double memory = static_cast<double>(machine.memory_bytes);
+  const std::string memory_source = "this machine's memory";
+  double parameters = 0, largest_layer = 0, largest_output = 0;
+  int largest_layer_at = 0, largest_output_at = 0;
+  for (int i = 0; i < graph.size(); ++i) {
+    const double p = layer_parameters(graph, i);
+    parameters += p;
+    if (p > largest_layer) std::tie(largest_layer, largest_layer_at) = std::pair(p, i);
+    const double o = per_sample(graph.output_shape(i));
+    if (o > largest_output) std::tie(largest_output, largest_output_at) = std::pair(o, i);
+  }
+  // Parameters and their gradients live on the device for the whole run.
+  const double parameter_bytes = 2 * kFloatBytes * parameters;
+  if (parameter_bytes > memory) {
+    const worker::LayerSpec& layer = graph.layer(largest_layer_at);
+    fail_model(config, graph.output_shape(0), layer.name,
+               "the model's parameters and their gradients need " + bytes_text(parameter_bytes) +
+                   " (this layer alone has " + bytes_text(kFloatBytes * largest_layer) +
+                   " of weights), more than the " + bytes_text(memory) + " of " + memory_source);
+  }
+  const double batch_bytes =
+      kFloatBytes * largest_output * static_cast<double>(rank_batch) + parameter_bytes;
+  if (batch_bytes > memory) {
+    fail_at(config, "train.batch",
+            "a batch of " + std::to_string(rank_batch) + " on one rank needs at least " +
+                bytes_text(batch_bytes) + " (the output of layer '" +
+                graph.layer(largest_output_at).name + "', " +
+                chw(graph.output_shape(largest_output_at)) +
+                " floats per sample, with the parameters and their gradients), more than the " +
+                bytes_text(memory) + " of " + memory_source);
+  }
+}
+
+}  // namespace vtrain::config

@@ -1,0 +1,47 @@
+// Checks of a loaded config against what can actually run: the machine
+// (threads, memory) and, once the data's sample shape is known, the model.
+// `vtrain check` and `vtrain train` (also profile and balance) run the same
+// checks, so check refuses what training would. Errors are ConfigErrors
+// naming FILE:LINE and the key (config.h: fail_at).
+#pragma once
+
+#include <cstdint>
+
+#include "configs/config.h"
+#include "worker/engine/graph.h"
+
+namespace vtrain::config {
+
+// What the machine that runs the config offers.
+struct Machine {
+  int hardware_threads = 1;    // common::hardware_threads()
+  uint64_t memory_bytes = 0;   // physical memory; 0 = unknown (no memory checks)
+  bool device_is_host = true;  // the CPU backend: device memory is this memory
+};
+
+// device.threads may oversubscribe the hardware threads up to this factor;
+// far beyond it a step spends its time switching threads (10000 threads on
+// 2 cores take minutes per step) or the thread pool cannot start at all.
+constexpr int kMaxThreadsPerHardwareThread = 4;
+
+// Before the data is loaded: device.threads against the hardware threads,
+// device.memory_limit against the memory (CPU device), and the bytes a
+// synthetic dataset takes (samples and class prototypes) against the memory.
+void check_machine(const Config& config, const Machine& machine);
+
+// The model as training builds it for per-sample `input` (a preset expanded
+// for it), checked: graph errors name "FILE:LINE: model.layers[i] (name)",
+// or the preset and the key that set the input size (data.shape, data.kind);
+// the last layer must give one score per class, `classes` x 1 x 1.
+worker::Graph build_model(const Config& config, const worker::Shape& input, int64_t classes);
+
+// What training allocates at least: the parameters and their gradients, and
+// the largest layer output for a batch of `rank_batch` samples; more than
+// the machine's memory on a CPU device is an error naming the layer (or the
+// preset) or train.batch. Not checked: a GPU's memory (unknown before its
+// backend starts) and a device.memory_limit the model outgrows, which the
+// network refuses when it reserves its pool, naming what does not fit.
+void check_model_fits(const Config& config, const worker::Graph& graph, const Machine& machine,
+                      int64_t rank_batch);
+
+}  // namespace vtrain::config
