@@ -2,7 +2,7 @@
 """Training throughput: vtrain vs PyTorch on the same machine, model, batch,
 data and threads (the foundation issue's benchmark).
 
-    /usr/bin/python3 bench/bench_train.py [--runs 5] [--steps 200] [--threads 2]
+    /usr/bin/python3 bench/bench_train.py [--runs 5] [--steps 200] [--threads 2] [--vtrain PATH]
 
 Alternates vtrain and PyTorch runs (A B A B ...) so drifting machine load hits
 both alike, and prints per-model medians, the ratio of medians, and vtrain's
@@ -31,9 +31,9 @@ CONFIGS = {"lenet": "configs/fmnist-lenet.yaml", "vgg-small": "configs/fmnist-vg
 LR = {"lenet": 0.05, "vgg-small": 0.02}
 
 
-def run_vtrain(model, steps, threads, extra):
+def run_vtrain(binary, model, steps, threads, extra):
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as m:
-        cmd = [os.path.join(ROOT, "build", "vtrain"), os.path.join(ROOT, CONFIGS[model]),
+        cmd = [binary, os.path.join(ROOT, CONFIGS[model]),
                "--progress", "off", "--metrics", m.name,
                "--set", f"train.max_steps={steps}", "--set", "train.evaluate=false",
                "--set", f"device.threads={threads}"] + extra
@@ -54,6 +54,8 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--models", default="lenet,vgg-small")
+    p.add_argument("--vtrain", default=os.path.join(ROOT, "build", "vtrain"),
+                   help="the vtrain binary (default: build/vtrain in the repo)")
     p.add_argument("--vtrain-set", action="append", default=[],
                    help="extra --set for vtrain, e.g. conv.algorithm=winograd")
     a = p.parse_args()
@@ -64,7 +66,7 @@ def main():
     for model in a.models.split(","):
         v, t = [], []
         for _ in range(a.runs):
-            v.append(run_vtrain(model, a.steps, a.threads, extra))
+            v.append(run_vtrain(a.vtrain, model, a.steps, a.threads, extra))
             t.append(run_torch(model, a.steps, a.threads))
         mv, mt = statistics.median(v), statistics.median(t)
         gflops = mv * 3 * 2 * FORWARD_MACS[model] / 1e9

@@ -106,10 +106,12 @@ std::string layer_key(const Config& config, const std::string& name) {
   throw ConfigError(where + (layer.empty() ? "" : " (" + layer + ")") + ": " + what);
 }
 
-// Scores of the last layer: `classes` x 1 x 1 (more classes than the data
-// has train as never-seen ones, as the trainer allows).
-void check_logits(const Config& config, const worker::Graph& graph, const worker::Shape& input,
-                  int64_t classes) {
+}  // namespace
+
+// More classes than the data has train as never-seen ones, as the trainer
+// allows.
+void check_model_output(const Config& config, const worker::Graph& graph,
+                        const worker::Shape& input, int64_t classes) {
   const worker::Shape& out = graph.output_shape(graph.sink_index());
   if (out.h == 1 && out.w == 1 && out.c >= classes) return;
   const std::string source = config.data.kind == worker::DataKind::kSynthetic
@@ -121,6 +123,8 @@ void check_logits(const Config& config, const worker::Graph& graph, const worker
              "class, " + std::to_string(classes) + "x1x1 (" + source + "): end the model with "
              "an fc layer with out: " + std::to_string(classes));
 }
+
+namespace {
 
 // Parameters of layer i, as Graph::parameter_count counts them.
 double layer_parameters(const worker::Graph& graph, int i) {
@@ -154,15 +158,13 @@ void check_machine(const Config& config, const Machine& machine) {
   check_dataset(config, machine);
 }
 
-worker::Graph build_model(const Config& config, const worker::Shape& input, int64_t classes) {
+worker::Graph build_model(const Config& config, const worker::Shape& input) {
   try {
     std::vector<worker::LayerSpec> layers = config.model.layers;
     if (!config.model.preset.empty()) {
       layers = worker::preset_layers(config.model.preset, {input, config.model.classes});
     }
-    worker::Graph graph = worker::Graph::build(std::move(layers), input);
-    check_logits(config, graph, input, classes);
-    return graph;
+    return worker::Graph::build(std::move(layers), input);
   } catch (const worker::GraphError& error) {
     fail_model(config, input, error.layer(), error.detail());
   }

@@ -31,9 +31,15 @@ void check_machine(const Config& config, const Machine& machine);
 
 // The model as training builds it for per-sample `input` (a preset expanded
 // for it), checked: graph errors name "FILE:LINE: model.layers[i] (name)",
-// or the preset and the key that set the input size (data.shape, data.kind);
-// the last layer must give one score per class, `classes` x 1 x 1.
-worker::Graph build_model(const Config& config, const worker::Shape& input, int64_t classes);
+// or the preset and the key that set the input size (data.shape, data.kind).
+worker::Graph build_model(const Config& config, const worker::Shape& input);
+
+// The last layer must give one score per class, at least `classes` x 1 x 1
+// (the data's classes); an error names that layer's file line or the preset.
+// Callers check the labels against graph.classes() first, so that a bad
+// label (which makes the data seem to have more classes) is named as such.
+void check_model_output(const Config& config, const worker::Graph& graph,
+                        const worker::Shape& input, int64_t classes);
 
 // What training allocates at least: the parameters and their gradients, and
 // the largest layer output for a batch of `rank_batch` samples; more than

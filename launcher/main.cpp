@@ -92,10 +92,11 @@ int64_t largest_rank_batch(const Config& cfg, int ranks) {
 // (what check refuses, training would); every label of the data must be one
 // of its classes (checked here, before any work, naming the label file).
 worker::Graph build_graph(const Config& cfg, const Datasets& data, int ranks) {
-  worker::Graph graph = config::build_model(cfg, data.train.sample, data.train.classes);
-  config::check_model_fits(cfg, graph, this_machine(cfg), largest_rank_batch(cfg, ranks));
+  worker::Graph graph = config::build_model(cfg, data.train.sample);
   worker::check_labels(data.train, graph.classes());
   worker::check_labels(data.test, graph.classes());
+  config::check_model_output(cfg, graph, data.train.sample, data.train.classes);
+  config::check_model_fits(cfg, graph, this_machine(cfg), largest_rank_batch(cfg, ranks));
   return graph;
 }
 

@@ -105,13 +105,29 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
     }
     buffer_count_ += layers_[i]->buffer_count();
   }
-  // The ops' own scratch is taken now, so the pool is sized around it.
-  backend.reserve_scratch(op_scratch_bytes(graph, out_desc_, backend));
+  reserve_op_scratch();
   if (options.conv_algorithm == "auto") tune_convolutions();
   plan_memory();
 }
 
 Network::~Network() = default;
+
+// The ops' own scratch is taken now, so the pool is sized around it; a
+// device too small for it is refused like one too small for the pool.
+void Network::reserve_op_scratch() {
+  const size_t need = op_scratch_bytes(graph_, out_desc_, backend_);
+  const size_t held = backend_.scratch_bytes();
+  const size_t device = backend_.device_info().memory_bytes;
+  const size_t in_use = backend_.device_bytes_in_use();
+  if (need > held && device < in_use + (need - held)) {
+    throw memory::OutOfMemoryError(
+        "no device memory left for the network: the device serves " +
+        memory::format_bytes(device) + " (device.memory_limit or its memory), " +
+        memory::format_bytes(in_use) + " are in use and the ops' scratch needs " +
+        memory::format_bytes(need));
+  }
+  backend_.reserve_scratch(need);
+}
 
 void Network::make_layers() {
   const LayerRegistry& registry = layer_registry();
@@ -153,7 +169,9 @@ size_t Network::room() const {
     throw memory::OutOfMemoryError(
         "no device memory left for the network: the device serves " +
         memory::format_bytes(device) + " (device.memory_limit or its memory), " +
-        memory::format_bytes(in_use) + " are in use and the optimizer's state needs " +
+        memory::format_bytes(in_use) + " are in use (" +
+        memory::format_bytes(backend_.scratch_bytes()) + " of it the ops' scratch) and the " +
+        "optimizer's state needs " +
         memory::format_bytes(optimizer));
   }
   return device - in_use - optimizer;

@@ -157,6 +157,7 @@ class Network {
 
  private:
   void make_layers();
+  void reserve_op_scratch();
   void tune_convolutions();
   // Device bytes the network may use now: memory_capacity, else the
   // device's memory less what is in use and the optimizer's state. Throws

@@ -1,0 +1,285 @@
+// The config loader: every class of bad config with its exact message.
+#include "configs/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tests/config_test_support.h"
+#include "tests/test_support.h"
+#include "worker/engine/graph.h"
+
+namespace vtrain::config {
+namespace {
+
+using worker::LayerType;
+
+// ---- bad configs: each message names the place, the key and what was expected
+
+TEST(ConfigErrorTest, UnknownTopLevelKey) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "trian:\n  batch: 3\n"),
+            "t.yaml:5: trian: unknown key (allowed: model, data, train, optimizer, device, conv, "
+            "output, balance, checkpoint, profile, memory)");
+}
+
+TEST(ConfigErrorTest, UnknownNestedKey) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: 3\n  bach: 3\n"),
+            "t.yaml:7: train.bach: unknown key (allowed: batch, epochs, max_steps, seed, "
+            "log_every, evaluate, allreduce_bucket)");
+}
+
+TEST(ConfigErrorTest, KeyOfAnotherDataKind) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "  train_images: x.gz\n"),
+            "t.yaml:5: data.train_images: unknown key for kind synthetic "
+            "(allowed: kind, shape, classes, train_size, test_size, mean, std)");
+}
+
+TEST(ConfigErrorTest, KeyOfAnotherLayerType) {
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: d, type: input}\n    - {name: r, type: relu, "
+                     "kernel: 3}\n"
+                     "data: {kind: synthetic}\n"),
+            "t.yaml:4: model.layers[1].kernel: unknown key for a relu layer (allowed: name, type, "
+            "inputs)");
+}
+
+TEST(ConfigErrorTest, WrongTypes) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  epochs: abc\n"),
+            "t.yaml:6: train.epochs: expected an integer >= 1, got 'abc'");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  epochs: 1.5\n"),
+            "t.yaml:6: train.epochs: expected an integer >= 1, got '1.5'");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "optimizer:\n  lr: fast\n"),
+            "t.yaml:6: optimizer.lr: expected a number > 0, got 'fast'");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  evaluate: maybe\n"),
+            "t.yaml:6: train.evaluate: expected true or false, got 'maybe'");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train: [1, 2]\n"),
+            "t.yaml:5: train: expected a map of keys, got a list");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch:\n"),
+            "t.yaml:6: train.batch: expected an integer >= 1, got nothing");
+}
+
+TEST(ConfigErrorTest, NegativeBatch) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: -3\n"),
+            "t.yaml:6: train.batch: expected an integer >= 1, got -3");
+}
+
+TEST(ConfigErrorTest, OutOfRangeNumbers) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "optimizer: {momentum: 1}\n"),
+            "t.yaml:5: optimizer.momentum: expected a number in [0, 1), got 1");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "optimizer: {gamma: 0}\n"),
+            "t.yaml:5: optimizer.gamma: expected a number in (0, 1], got 0");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "optimizer: {weight_decay: -1e-4}\n"),
+            "t.yaml:5: optimizer.weight_decay: expected a number >= 0, got -1e-4");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "device: {threads: -1}\n"),
+            "t.yaml:5: device.threads: expected an integer in [0, 2147483647], got -1");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train: {log_every: 0}\n"),
+            "t.yaml:5: train.log_every: expected an integer >= 1, got 0");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train: {max_steps: 99999999999999999999}\n"),
+            "t.yaml:5: train.max_steps: expected an integer >= 0, got 99999999999999999999 (out of "
+            "range)");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train: {seed: -1}\n"),
+            "t.yaml:5: train.seed: expected an integer >= 0, got -1");
+}
+
+TEST(ConfigErrorTest, BadEnumValue) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "optimizer:\n  schedule: linear\n"),
+            "t.yaml:6: optimizer.schedule: unknown value 'linear' (allowed: none, step, cosine)");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "device: {backend: tpu}\n"),
+            "t.yaml:5: device.backend: unknown value 'tpu' (allowed: auto, cpu, cuda)");
+}
+
+TEST(ConfigErrorTest, BadSizeString) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "device:\n  memory_limit: 64XB\n"),
+            "t.yaml:6: device.memory_limit: invalid size '64XB': unknown unit 'XB' (known: B, k, "
+            "kB, M, MB, G, GB, "
+            "T, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024))");
+}
+
+TEST(ConfigErrorTest, MissingIdxFileKey) {
+  EXPECT_EQ(error_of("model:\n  preset: lenet\ndata:\n  kind: idx\n  train_images: a.gz\n  "
+                     "train_labels: b.gz\n"
+                     "  test_images: c.gz\n"),
+            "t.yaml:3: data.test_labels: missing "
+            "(kind idx needs train_images, train_labels, test_images and test_labels)");
+}
+
+TEST(ConfigErrorTest, MissingSection) {
+  EXPECT_EQ(error_of("model: {preset: lenet}\n"),
+            "t.yaml: data: missing (every config needs model and data sections)");
+  EXPECT_EQ(error_of(""), "t.yaml: data: missing (every config needs model and data sections)");
+  EXPECT_EQ(error_of("just text\n"), "t.yaml: expected a map of keys, got 'just text'");
+}
+
+TEST(ConfigErrorTest, DuplicateKey) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: 3\n  batch: 4\n"),
+            "t.yaml:7: train.batch: duplicate key (first at line 6)");
+}
+
+TEST(ConfigErrorTest, MeanAndStdGoTogether) {
+  EXPECT_EQ(error_of(std::string(kMinimal) + "  mean: [0.5]\n"),
+            "t.yaml:3: data.std: missing (mean and std go together)");
+  EXPECT_EQ(
+      error_of(std::string(kMinimal) + "  shape: [3, 8, 8]\n  mean: [0.5]\n  std: [1, 1, 1]\n"),
+      "t.yaml:6: data.mean: expected 3 values (one per channel), got 1");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "  mean: [0.5]\n  std: [0]\n"),
+            "t.yaml:6: data.std[0]: expected a number > 0, got 0");
+}
+
+TEST(ConfigErrorTest, PresetAndLayersBothGiven) {
+  EXPECT_EQ(error_of("model:\n  preset: lenet\n  layers:\n    - {name: data, type: input}\ndata: "
+                     "{kind: synthetic}\n"),
+            "t.yaml:1: model: give either preset or layers, not both");
+}
+
+TEST(ConfigErrorTest, LayersSetOverAPreset) {
+  EXPECT_EQ(error_of(kMinimal, {"model.layers=[{name: d, type: input}]"}),
+            "--set model.layers: give either preset or layers, not both");
+}
+
+TEST(ConfigErrorTest, NeitherPresetNorLayers) {
+  EXPECT_EQ(error_of("model: {}\ndata: {kind: synthetic}\n"),
+            "t.yaml:1: model: missing preset or layers (known presets: " +
+                join(worker::preset_names()) + ")");
+}
+
+TEST(ConfigErrorTest, UnknownPresetListsKnownOnes) {
+  const std::string message = error_of("model:\n  preset: lenet5\ndata:\n  kind: synthetic\n");
+  EXPECT_EQ(message, "t.yaml:2: model.preset: unknown preset 'lenet5' (known: " +
+                         join(worker::preset_names()) + ")");
+  for (const char* name : {"lenet", "vgg-small", "resnet18"}) {
+    EXPECT_NE(message.find(name), std::string::npos) << name;
+  }
+}
+
+TEST(ConfigErrorTest, PresetClassesDisagreeWithData) {
+  EXPECT_EQ(error_of("model:\n  preset: lenet\n  classes: 5\ndata:\n  kind: synthetic\n"),
+            "t.yaml:3: model.classes: 5 classes, but data.classes is 10");
+}
+
+TEST(ConfigErrorTest, DuplicateLayerName) {
+  EXPECT_EQ(
+      error_of(R"(model:
+  layers:
+    - {name: data, type: input}
+    - {name: conv1, type: conv, out: 4, kernel: 3}
+    - {name: conv1, type: relu}
+data: {kind: synthetic}
+)"),
+      "t.yaml:5: model.layers[2].name: duplicate layer name 'conv1' (first at model.layers[1])");
+}
+
+TEST(ConfigErrorTest, UnknownLayerTypeListsKnownOnes) {
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: data, type: input}\n    - {name: fc1, type: "
+                     "dense, out: 10}\n"
+                     "data: {kind: synthetic}\n"),
+            "t.yaml:4: model.layers[1].type: unknown layer type 'dense' "
+            "(known: input, conv, relu, pool, fc, batchnorm, add, concat)");
+}
+
+TEST(ConfigErrorTest, BadKernelListLength) {
+  EXPECT_EQ(
+      error_of("model:\n  layers:\n    - {name: data, type: input}\n"
+               "    - {name: c, type: conv, out: 4, kernel: [3, 3, 3]}\ndata: {kind: synthetic}\n"),
+      "t.yaml:4: model.layers[1].kernel: expected an integer >= 1 or a list [h, w], got a list of "
+      "3");
+}
+
+TEST(ConfigErrorTest, LayerProblems) {
+  const std::string data = "data: {kind: synthetic}\n";
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: data, type: input}\n    - {name: c, type: "
+                     "conv, kernel: 3}\n" +
+                     data),
+            "t.yaml:4: model.layers[1].out: missing (a conv layer needs out)");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: data, type: input}\n    - {name: a, type: "
+                     "add, inputs: [data, x]}\n" +
+                     data),
+            "t.yaml:4: model.layers[1].inputs[1]: unknown layer 'x' (layers: data, a)");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: r, type: relu}\n" + data),
+            "t.yaml:3: model.layers[0].inputs: missing (the first layer has no previous layer to "
+            "take as input)");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: data, type: input}\n"
+                     "    - {name: p, type: pool, global: true, kernel: 2}\n" +
+                     data),
+            "t.yaml:4: model.layers[1].kernel: not used with global: true");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {type: input}\n" + data),
+            "t.yaml:3: model.layers[0].name: missing (every layer needs a name)");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - data\n" + data),
+            "t.yaml:3: model.layers[0]: expected a map such as {name: conv1, type: conv, ...}, got "
+            "'data'");
+  EXPECT_EQ(error_of("model:\n  layers: []\n" + data),
+            "t.yaml:2: model.layers: expected a list of layers, got an empty list");
+}
+
+TEST(ConfigErrorTest, SetWithUnknownKey) {
+  EXPECT_EQ(error_of(kMinimal, {"train.bogus=1"}),
+            "--set train.bogus: unknown key (allowed: batch, epochs, max_steps, seed, log_every, "
+            "evaluate, allreduce_bucket)");
+  EXPECT_EQ(
+      error_of(kMinimal, {"bogus.x=1"}),
+      "--set bogus: unknown key (allowed: model, data, train, optimizer, device, conv, output, "
+      "balance, checkpoint, profile, memory)");
+}
+
+TEST(ConfigErrorTest, SetValueIsValidatedLikeTheFile) {
+  EXPECT_EQ(error_of(kMinimal, {"train.batch=-3"}),
+            "--set train.batch: expected an integer >= 1, got -3");
+  EXPECT_EQ(error_of(kMinimal, {"optimizer={lr: 0}"}),
+            "--set optimizer.lr: expected a number > 0, got 0");
+}
+
+TEST(ConfigErrorTest, MalformedSet) {
+  EXPECT_EQ(error_of(kMinimal, {"train.batch"}),
+            "--set train.batch: expected KEY.PATH=VALUE, e.g. train.batch=32");
+  EXPECT_EQ(error_of(kMinimal, {"train..batch=3"}), "--set train..batch: empty name in key path");
+  EXPECT_EQ(error_of(kMinimal, {"model.preset.x=3"}),
+            "--set model.preset.x: model.preset is not a map of keys");
+  EXPECT_EQ(error_of(kMinimal, {"data.mean=[0.5"}),
+            "--set data.mean: invalid YAML value: end of sequence flow not found");
+}
+
+TEST(ConfigErrorTest, YamlSyntaxError) {
+  EXPECT_EQ(error_of("model:\n  preset: [lenet\ndata:\n  kind: idx\n"),
+            "t.yaml:3:5: YAML syntax error: end of sequence flow not found");
+}
+
+TEST(ConfigErrorTest, YamlSyntaxErrorInAFileNamesTheFile) {
+  const TempDir dir;
+  const fs::path file = dir.write("bad.yaml", "model:\n  preset: lenet\n data: 1\n");
+  try {
+    load_config(file.string());
+    FAIL() << "no error";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              file.string() + ":3:2: YAML syntax error: end of map not found");
+  }
+}
+
+TEST(ConfigErrorTest, MissingFile) {
+  try {
+    load_config("/nonexistent/vtrain.yaml");
+    FAIL() << "no error";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              "cannot open config /nonexistent/vtrain.yaml: No such file or directory");
+  }
+}
+
+TEST(ConfigErrorTest, ErrorsInAFileNameTheFileAndLine) {
+  const TempDir dir;
+  const fs::path file = dir.write("x.yaml", std::string(kMinimal) + "\n\ntrain:\n  batch: -3\n");
+  try {
+    load_config(file.string());
+    FAIL() << "no error";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              file.string() + ":8: train.batch: expected an integer >= 1, got -3");
+  }
+}
+
+}  // namespace
+}  // namespace vtrain::config
