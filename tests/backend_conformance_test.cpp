@@ -40,17 +40,6 @@ const ConvCase kConvCases[] = {
     {"c3k8_7x7_stride2_pad3_n2", 3, 20, 20, 8, 7, 3, 2, 2},
 };
 
-// Activation layout pairs (x, y): both plain, both preferred, and mixed.
-std::vector<std::pair<Layout, Layout>> conv_layouts(Backend& b, const ConvCase& cc) {
-  const Layout px = b.preferred_layout(cc.c);
-  const Layout py = b.preferred_layout(cc.k);
-  std::vector<std::pair<Layout, Layout>> pairs = {{Layout::kPlain, Layout::kPlain}};
-  for (auto pair :
-       {std::pair{px, py}, std::pair{Layout::kPlain, py}, std::pair{px, Layout::kPlain}})
-    if (std::find(pairs.begin(), pairs.end(), pair) == pairs.end()) pairs.push_back(pair);
-  return pairs;
-}
-
 std::vector<std::string> output_names(ConvKind kind) {
   switch (kind) {
     case ConvKind::kForward: return {"y"};

@@ -218,6 +218,18 @@ inline ConvProblem conv_problem(const ConvCase& cc, Layout x_layout = Layout::kP
   return p;
 }
 
+// Activation layout pairs (x, y) for a case on b: both plain, both
+// preferred, and mixed.
+inline std::vector<std::pair<Layout, Layout>> conv_layouts(Backend& b, const ConvCase& cc) {
+  const Layout px = b.preferred_layout(cc.c);
+  const Layout py = b.preferred_layout(cc.k);
+  std::vector<std::pair<Layout, Layout>> pairs = {{Layout::kPlain, Layout::kPlain}};
+  for (auto pair :
+       {std::pair{px, py}, std::pair{Layout::kPlain, py}, std::pair{px, Layout::kPlain}})
+    if (std::find(pairs.begin(), pairs.end(), pair) == pairs.end()) pairs.push_back(pair);
+  return pairs;
+}
+
 // Host data and reference results of one convolution problem.
 struct ConvData {
   explicit ConvData(const ConvProblem& problem) : p(problem) {
