@@ -18,6 +18,8 @@
 namespace vtrain::backend_test {
 namespace {
 
+using backend_test::PrintTo;  // names the cases in gtest's output
+
 using worker::BackendError;
 using worker::LossStats;
 using worker::SgdStep;

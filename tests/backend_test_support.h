@@ -190,6 +190,15 @@ inline void expect_equal(const Vec& actual, const Vec& expected, const std::stri
   }
 }
 
+// Names a test case (any struct with a `name`) in gtest's output instead of
+// dumping its bytes. Case structs of other namespaces take it in with
+// `using backend_test::PrintTo;` next to them, where gtest's lookup finds it.
+template <typename Case>
+  requires requires(const Case& c) { std::string(c.name); }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
 // ------------------------------------------------------------ convolution
 
 struct ConvCase {
@@ -200,8 +209,6 @@ struct ConvCase {
   int64_t n;  // batch
 };
 
-// Names the case in failure messages instead of dumping its bytes.
-inline void PrintTo(const ConvCase& cc, std::ostream* os) { *os << cc.name; }
 
 inline ConvProblem conv_problem(const ConvCase& cc, Layout x_layout = Layout::kPlain,
                                 Layout y_layout = Layout::kPlain) {
