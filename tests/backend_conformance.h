@@ -1,0 +1,125 @@
+// The backend conformance suite's fixture (the ggml test-backend-ops idea):
+// every case of an op runs on every backend kind, as a test of its own named
+// "<backend>_<case>", and is checked against tests/reference_ops. A backend
+// that is not built, or has no device here, skips its cases saying why.
+//
+// The suite is backend_conformance_test.cpp (convolutions, relu, pooling, op
+// scratch) and backend_conformance_ops_test.cpp (the other ops), one binary.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "tests/backend_test_support.h"
+#include "worker/device/backend.h"
+
+namespace vtrain::backend_test {
+
+// Why the backend of `kind` cannot run here, or nothing when it can.
+inline std::optional<std::string> why_unusable(const std::string& kind) {
+  if (kind == "cpu") return std::nullopt;
+#ifdef VTRAIN_HAVE_CUDA
+  if (!worker::gpu_available()) return "no CUDA GPU visible (worker::gpu_available() is false)";
+  return std::nullopt;
+#else
+  return "the CUDA backend is not built (VTRAIN_HAVE_CUDA is off: no CUDA toolkit, or VTRAIN_CUDA=OFF)";
+#endif
+}
+
+// The backend of each kind that the cases share, created on first use:
+// creating one per test would only add library start-up time. Cases that
+// count device bytes make their own.
+inline Backend& shared_backend(const std::string& kind) {
+  static std::map<std::string, std::unique_ptr<Backend>> backends;
+  std::unique_ptr<Backend>& backend = backends[kind];
+  if (!backend) backend = worker::make_backend({.kind = kind});
+  return *backend;
+}
+
+// What each backend is held to where its arithmetic legitimately differs
+// from the double reference (each value is what that backend's own tests
+// required before the suite).
+struct Tolerances {
+  double conv_transform;       // FFT and Winograd convolutions (transforms in float)
+  double conv_large_winograd;  // Winograd on filters larger than 3x3
+  // Max pooling forward and non-overlapping max backward bit-exact; else
+  // within pooling_forward / pooling_backward.
+  bool exact_max_pooling;
+  double pooling_forward, pooling_backward;
+  double batch_norm_dx;
+  // |loss_sum - reference| <= loss_relative * reference + loss_per_sample * n.
+  double loss_relative, loss_per_sample;
+  double dlogits;
+
+  // cuDNN's nonfused F(2x2, 5x5) Winograd on the H100: up to 2.4e-3 of the
+  // output's scale off the double reference.
+  double conv(const std::string& algorithm, const ConvProblem& p) const {
+    const bool winograd = algorithm.find("winograd") != std::string::npos;
+    if (winograd && std::max(p.r, p.s) > 3) return conv_large_winograd;
+    if (winograd || algorithm.find("fft") != std::string::npos) return conv_transform;
+    return kSumRtol;
+  }
+};
+
+inline const Tolerances& tolerances(const std::string& kind) {
+  static const Tolerances cpu{.conv_transform = kSumRtol,
+                              .conv_large_winograd = kSumRtol,
+                              .exact_max_pooling = true,
+                              .pooling_forward = 1e-6,
+                              .pooling_backward = 1e-6,
+                              .batch_norm_dx = kSumRtol,
+                              .loss_relative = 1e-5,
+                              .loss_per_sample = 0.0,
+                              .dlogits = 1e-5};
+  static const Tolerances cuda{.conv_transform = 1e-3,
+                               .conv_large_winograd = 5e-3,
+                               .exact_max_pooling = false,
+                               .pooling_forward = 1e-6,
+                               .pooling_backward = 1e-5,
+                               .batch_norm_dx = 1e-3,
+                               .loss_relative = 0.0,
+                               .loss_per_sample = 1e-9,
+                               .dlogits = 1e-6};
+  return kind == "cpu" ? cpu : cuda;
+}
+
+// Cases of one op, each on every backend kind. Case is a struct with a
+// `const char* name` made of letters, digits and underscores.
+template <typename Case>
+class OnEveryBackend : public ::testing::TestWithParam<std::tuple<std::string, Case>> {
+ protected:
+  void SetUp() override {
+    if (const std::optional<std::string> why = why_unusable(kind())) {
+      GTEST_SKIP() << "backend " << kind() << ": " << *why;
+    }
+  }
+  const std::string& kind() const { return std::get<0>(this->GetParam()); }
+  const Case& param() const { return std::get<1>(this->GetParam()); }
+  Backend& backend() const { return shared_backend(kind()); }
+  const Tolerances& tolerance() const { return tolerances(kind()); }
+};
+
+// "cpu_lenet1_n1"
+struct BackendCaseName {
+  template <typename Param>
+  std::string operator()(const ::testing::TestParamInfo<Param>& info) const {
+    return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
+  }
+};
+
+// Every backend kind the suite knows, built here or not: an unbuilt one shows
+// as skipped cases rather than vanishing from the report.
+#define VTRAIN_ON_EVERY_BACKEND(fixture, cases)                                                 \
+  INSTANTIATE_TEST_SUITE_P(                                                                     \
+      Backends, fixture,                                                                        \
+      ::testing::Combine(::testing::Values(std::string("cpu"), std::string("cuda")),            \
+                         ::testing::ValuesIn(cases)),                                           \
+      ::vtrain::backend_test::BackendCaseName())
+
+}  // namespace vtrain::backend_test

@@ -1,0 +1,371 @@
+// Backend conformance, part 1: every convolution algorithm of every kind
+// with beta 0 and 1, relu, pooling, and each op's scratch query, on every
+// backend (tests/backend_conformance.h), against tests/reference_ops.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/backend_conformance.h"
+#include "tests/backend_test_support.h"
+#include "tests/reference_ops.h"
+#include "worker/device/backend.h"
+
+namespace vtrain::backend_test {
+namespace {
+
+using backend_test::PrintTo;  // names the cases in gtest's output
+
+using worker::PoolKind;
+using worker::PoolParams;
+using worker::TensorDesc;
+
+// ============================================================== convolution
+
+const ConvCase kConvCases[] = {
+    {"lenet1_n1", 1, 28, 28, 20, 5, 0, 1, 1},
+    {"lenet1_n4", 1, 28, 28, 20, 5, 0, 1, 4},
+    {"lenet1_k6_n4", 1, 28, 28, 6, 5, 0, 1, 4},
+    {"lenet2_n1", 20, 12, 12, 50, 5, 0, 1, 1},
+    {"lenet2_n4", 20, 12, 12, 50, 5, 0, 1, 4},
+    {"c16k32_3x3_pad1_n1", 16, 14, 14, 32, 3, 1, 1, 1},
+    {"c16k32_3x3_pad1_n4", 16, 14, 14, 32, 3, 1, 1, 4},
+    {"c16k16_3x3_pad1_n3", 16, 10, 10, 16, 3, 1, 1, 3},
+    {"c3k8_3x3_stride2_n1", 3, 15, 15, 8, 3, 1, 2, 1},
+    {"c3k8_3x3_stride2_n4", 3, 15, 15, 8, 3, 1, 2, 4},
+    {"c8k12_3x3_stride2_n2", 8, 11, 11, 12, 3, 1, 2, 2},
+    {"c24k8_1x1_n2", 24, 7, 7, 8, 1, 0, 1, 2},
+    {"c3k8_7x7_stride2_pad3_n2", 3, 20, 20, 8, 7, 3, 2, 2},
+};
+
+std::vector<std::string> output_names(ConvKind kind) {
+  switch (kind) {
+    case ConvKind::kForward: return {"y"};
+    case ConvKind::kBackwardData: return {"dx"};
+    case ConvKind::kBackwardFilter: return {"dw", "dbias"};
+  }
+  return {};
+}
+
+class ConvConformance : public OnEveryBackend<ConvCase> {
+ protected:
+  // Every algorithm listed for `op` in every layout pair, with beta = 0
+  // (the algorithms and workspaces listed without accumulation) and beta = 1
+  // (those listed with it): each reports the workspace conv_workspace() says
+  // and its name, and computes reference + beta * previous contents. A
+  // backend other than the CPU also matches the CPU backend's result.
+  void check_every_algorithm(ConvKind op) {
+    Backend& b = backend();
+    const ConvData d(conv_problem(param()));
+    const std::vector<Vec> reference = d.reference_of(op);
+    const std::vector<std::string> names = output_names(op);
+    std::mt19937 rng(5);
+    std::vector<Vec> previous;
+    for (const Vec& r : reference) previous.push_back(random_vec(rng, int64_t(r.size())));
+    for (const auto& [x_layout, y_layout] : conv_layouts(b, param())) {
+      const ConvProblem p = conv_problem(param(), x_layout, y_layout);
+      SCOPED_TRACE(p.str());
+      for (const bool accumulate : {false, true}) {
+        const float beta = accumulate ? 1.0f : 0.0f;
+        const std::vector<ConvAlgoInfo> algos = b.conv_algorithms(op, p, accumulate);
+        ASSERT_FALSE(algos.empty()) << conv_kind_name(op) << " lists no algorithm";
+        std::vector<Vec> on_cpu;
+        if (kind() != "cpu") {
+          Backend& cpu = shared_backend("cpu");
+          on_cpu = run_conv(cpu, op, cpu.conv_algorithms(op, p, accumulate).front(), p, d,
+                            beta, previous);
+        }
+        for (const ConvAlgoInfo& info : algos) {
+          const std::string what = std::string(conv_kind_name(op)) + "/" + info.name +
+                                   " beta=" + std::to_string(int(beta));
+          EXPECT_EQ(info.name, b.conv_algorithm_name(op, info.algo)) << what;
+          EXPECT_EQ(info.workspace_bytes, b.conv_workspace(op, info.algo, p, accumulate)) << what;
+          const double rtol = tolerance().conv(info.name, p);
+          const std::vector<Vec> got = run_conv(b, op, info, p, d, beta, previous);
+          for (size_t i = 0; i < reference.size(); ++i) {
+            expect_close(got[i], accumulate ? plus(reference[i], previous[i]) : reference[i],
+                         rtol, what + " " + names[i]);
+            if (!on_cpu.empty())
+              expect_close(got[i], on_cpu[i], rtol, what + " " + names[i] + " vs cpu");
+          }
+        }
+      }
+    }
+  }
+};
+
+TEST_P(ConvConformance, ForwardEveryAlgorithmBothBetas) {
+  check_every_algorithm(ConvKind::kForward);
+}
+TEST_P(ConvConformance, BackwardDataEveryAlgorithmBothBetas) {
+  check_every_algorithm(ConvKind::kBackwardData);
+}
+TEST_P(ConvConformance, BackwardFilterEveryAlgorithmBothBetas) {
+  check_every_algorithm(ConvKind::kBackwardFilter);
+}
+
+// A null bias (forward) and a null dbias (backward filter) are legal.
+TEST_P(ConvConformance, WithoutBiasOrDbias) {
+  Backend& b = backend();
+  const ConvData d(conv_problem(param()));
+  const ConvProblem& p = d.p;
+  const Vec y_ref = reference::conv_forward(p, d.x, d.w, {});
+  const DeviceTensor x = to_device(b, d.x, p.x);
+  const DeviceTensor dy = to_device(b, d.dy, p.y);
+  const DeviceBuffer w = to_device(b, d.w);
+  for (const ConvAlgoInfo& info : b.conv_algorithms(ConvKind::kForward, p, false)) {
+    DeviceBuffer ws(b, info.workspace_bytes);
+    DeviceTensor y(b, p.y);
+    b.fill(y.tensor, kNaN);
+    b.conv_forward(info.algo, p, x.tensor, w.floats(), nullptr, y.tensor, 0.0f, ws.get(),
+                   info.workspace_bytes);
+    expect_close(from_device(b, y.tensor), y_ref, tolerance().conv(info.name, p),
+                 "Forward/" + info.name + " no bias");
+  }
+  for (const ConvAlgoInfo& info : b.conv_algorithms(ConvKind::kBackwardFilter, p, false)) {
+    DeviceBuffer ws(b, info.workspace_bytes);
+    DeviceBuffer dw(b, d.dw_ref.size() * sizeof(float));
+    b.fill(flat(dw.floats(), int64_t(d.dw_ref.size())), kNaN);
+    b.conv_backward_filter(info.algo, p, x.tensor, dy.tensor, dw.floats(), nullptr, 0.0f, ws.get(),
+                           info.workspace_bytes);
+    expect_close(from_device(b, dw.floats(), int64_t(d.dw_ref.size())), d.dw_ref,
+                 tolerance().conv(info.name, p), "BackwardFilter/" + info.name + " no dbias");
+  }
+}
+
+VTRAIN_ON_EVERY_BACKEND(ConvConformance, kConvCases);
+
+// ================================================================ relu
+
+struct ReluCase {
+  const char* name;
+  Shape shape;
+};
+
+const ReluCase kReluCases[] = {{"n2c20_6x6", {2, 20, 6, 6}}, {"n3c7_5x5", {3, 7, 5, 5}}};
+
+class ReluConformance : public OnEveryBackend<ReluCase> {};
+
+// Exact in every layout, with dx aliasing dy too.
+TEST_P(ReluConformance, ForwardAndBackwardExact) {
+  Backend& b = backend();
+  const Shape shape = param().shape;
+  std::mt19937 rng(11);
+  const Vec x = random_vec(rng, shape.elements());
+  const Vec dy = random_vec(rng, shape.elements());
+  const Vec y_ref = reference::relu_forward(x);
+  const Vec dx_ref = reference::relu_backward(y_ref, dy);
+  for (Layout layout : layouts_for(b, shape.c)) {
+    SCOPED_TRACE(layout_name(layout));
+    const DeviceTensor xt = to_device(b, x, desc(shape, layout));
+    DeviceTensor yt(b, desc(shape, layout));
+    b.fill(yt.tensor, kNaN);
+    b.relu_forward(xt.tensor, yt.tensor);
+    expect_equal(from_device(b, yt.tensor), y_ref, "relu y");
+
+    DeviceTensor dxt(b, desc(shape, layout));
+    const DeviceTensor dyt = to_device(b, dy, desc(shape, layout));
+    b.fill(dxt.tensor, kNaN);
+    b.relu_backward(yt.tensor, dyt.tensor, dxt.tensor);
+    expect_equal(from_device(b, dxt.tensor), dx_ref, "relu dx");
+    b.relu_backward(yt.tensor, dyt.tensor, dyt.tensor);
+    expect_equal(from_device(b, dyt.tensor), dx_ref, "relu dx aliasing dy");
+  }
+}
+
+VTRAIN_ON_EVERY_BACKEND(ReluConformance, kReluCases);
+
+// ============================================================== pooling
+
+struct PoolCase {
+  std::string name;
+  PoolParams params;
+  Shape x;
+};
+
+// Max and average, 2x2 stride 2 and 3x3 stride 2 pad 1 (overlapping), on
+// sizes that divide and that do not.
+std::vector<PoolCase> pool_cases() {
+  const PoolParams k2s2{.kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2};
+  const PoolParams k3s2p1{.kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+  std::vector<PoolCase> cases;
+  for (PoolKind kind : {PoolKind::kMax, PoolKind::kAverage}) {
+    for (PoolParams p : {k2s2, k3s2p1}) {
+      p.kind = kind;
+      const std::string name = std::string(kind == PoolKind::kMax ? "max" : "avg") + "_k" +
+                               std::to_string(p.kh) + "s2p" + std::to_string(p.pad_h);
+      for (const Shape& x : {Shape{2, 20, 12, 12}, Shape{2, 16, 13, 13}, Shape{2, 5, 9, 9}}) {
+        cases.push_back({name + "_c" + std::to_string(x.c) + "_" + std::to_string(x.h) + "x" +
+                             std::to_string(x.w),
+                         p, x});
+      }
+    }
+  }
+  return cases;
+}
+
+class PoolConformance : public OnEveryBackend<PoolCase> {};
+
+TEST_P(PoolConformance, ForwardAndBackward) {
+  Backend& b = backend();
+  const PoolParams& p = param().params;
+  const Shape& xs = param().x;
+  std::mt19937 rng(12);
+  const Shape ys{xs.n, xs.c, worker::window_output(xs.h, p.kh, p.stride_h, p.pad_h),
+                 worker::window_output(xs.w, p.kw, p.stride_w, p.pad_w)};
+  const Vec x = random_vec(rng, xs.elements());
+  const Vec dy = random_vec(rng, ys.elements());
+  const Vec y_ref = reference::pooling_forward(p, xs, x);
+  const Vec dx_ref = reference::pooling_backward(p, xs, x, dy);
+  // Max forward selects an input and non-overlapping max backward routes one
+  // gradient per input: both exact where the backend promises it. Averages
+  // and overlapping windows sum.
+  const bool exact_forward = p.kind == PoolKind::kMax && tolerance().exact_max_pooling;
+  const bool exact_backward = exact_forward && p.kh <= p.stride_h;
+  for (Layout layout : layouts_for(b, xs.c)) {
+    SCOPED_TRACE(layout_name(layout));
+    const DeviceTensor xt = to_device(b, x, desc(xs, layout));
+    DeviceTensor yt(b, desc(ys, layout));
+    DeviceBuffer state(b, b.pooling_state_bytes(p, xt.tensor.desc, yt.tensor.desc));
+    b.fill(yt.tensor, kNaN);
+    b.pooling_forward(p, xt.tensor, yt.tensor, state.get());
+    if (exact_forward) {
+      expect_equal(from_device(b, yt.tensor), y_ref, "pool y");
+    } else {
+      expect_close(from_device(b, yt.tensor), y_ref, tolerance().pooling_forward, "pool y");
+    }
+    const DeviceTensor dyt = to_device(b, dy, desc(ys, layout));
+    DeviceTensor dxt(b, desc(xs, layout));
+    b.fill(dxt.tensor, kNaN);
+    b.pooling_backward(p, xt.tensor, yt.tensor, dyt.tensor, dxt.tensor, state.get());
+    if (exact_backward) {
+      expect_equal(from_device(b, dxt.tensor), dx_ref, "pool dx");
+    } else {
+      expect_close(from_device(b, dxt.tensor), dx_ref, tolerance().pooling_backward, "pool dx");
+    }
+  }
+}
+
+VTRAIN_ON_EVERY_BACKEND(PoolConformance, pool_cases());
+
+// ================================================================ op scratch
+
+// Each op's scratch query covers what its calls take: with the queried bytes
+// reserved (as a network does before it sizes its pool), no call grows the
+// scratch, so no step allocates device memory outside the plan. Each case
+// runs on a backend of its own, so that its scratch starts empty.
+struct ScratchCase {
+  const char* name;
+  size_t (*query)(Backend&);
+  void (*calls)(Backend&);
+};
+
+TensorDesc x16(Backend& b) { return desc({2, 16, 6, 6}, b.preferred_layout(16)); }
+TensorDesc y16(Backend& b) { return desc({2, 16, 3, 3}, b.preferred_layout(16)); }
+TensorDesc x50(Backend& b) { return desc({4, 50, 4, 4}, b.preferred_layout(50)); }
+std::vector<TensorDesc> concat_parts(Backend& b) {
+  return {desc({2, 3, 5, 5}, b.preferred_layout(3)), desc({2, 13, 5, 5}, b.preferred_layout(13))};
+}
+TensorDesc concat_out(Backend& b) { return desc({2, 16, 5, 5}, b.preferred_layout(16)); }
+const PoolParams kScratchPool;
+constexpr int64_t kFcOut = 120;
+constexpr int64_t kFcWeights = kFcOut * 50 * 16;
+
+const ScratchCase kScratchCases[] = {
+    {"relu", [](Backend& b) { return b.relu_scratch_bytes(x16(b)); },
+     [](Backend& b) {
+       DeviceTensor x = filled(b, x16(b)), y = filled(b, x16(b));
+       b.relu_forward(x.tensor, y.tensor);
+       b.relu_backward(y.tensor, x.tensor, x.tensor);
+     }},
+    {"pooling", [](Backend& b) { return b.pooling_scratch_bytes(kScratchPool, x16(b), y16(b)); },
+     [](Backend& b) {
+       DeviceTensor x = filled(b, x16(b)), y = filled(b, y16(b)), dx = filled(b, x16(b));
+       DeviceBuffer state(b, b.pooling_state_bytes(kScratchPool, x16(b), y16(b)));
+       b.pooling_forward(kScratchPool, x.tensor, y.tensor, state.get());
+       b.pooling_backward(kScratchPool, x.tensor, y.tensor, y.tensor, dx.tensor, state.get());
+     }},
+    {"inner_product", [](Backend& b) { return b.inner_product_scratch_bytes(x50(b), kFcOut, true); },
+     [](Backend& b) {
+       DeviceTensor x = filled(b, x50(b)), y = filled(b, desc({4, kFcOut, 1, 1}));
+       DeviceTensor w = filled(b, desc({kFcWeights + kFcOut, 1, 1, 1}));
+       b.inner_product_forward(x.tensor, w.tensor.data, w.tensor.data, y.tensor);
+       b.inner_product_backward_data(y.tensor, w.tensor.data, x.tensor);
+       for (float beta : {0.0f, 1.0f}) {
+         b.inner_product_backward_weights(x.tensor, y.tensor, w.tensor.data,
+                                          w.tensor.data + kFcWeights, beta);
+       }
+       // Blocked inputs take blocked weights: the plain user weights are reordered.
+       if (x50(b).layout != Layout::kPlain) {
+         EXPECT_GT(b.inner_product_scratch_bytes(x50(b), kFcOut, true),
+                   size_t(kFcWeights) * sizeof(float));
+       }
+     }},
+    {"batch_norm", [](Backend& b) { return b.batch_norm_scratch_bytes(x16(b), 1e-5f); },
+     [](Backend& b) {
+       DeviceTensor x = filled(b, x16(b)), y = filled(b, x16(b));
+       DeviceTensor p = filled(b, desc({6 * 16, 1, 1, 1}));
+       float* f = p.tensor.data;
+       b.batch_norm_forward_training(x.tensor, y.tensor, f, f + 32, f + 48, f + 64, f + 80, 0.1f,
+                                     1e-5f);
+       b.batch_norm_forward_inference(x.tensor, y.tensor, f, f + 64, f + 80, 1e-5f);
+       for (float beta : {0.0f, 1.0f}) {
+         b.batch_norm_backward(x.tensor, y.tensor, f, f + 32, f + 48, y.tensor, f + 64, beta,
+                               1e-5f);
+       }
+     }},
+    {"add_and_accumulate",
+     [](Backend& b) {
+       const TensorDesc plain16 = desc(x16(b).shape);
+       return std::max(b.add_scratch_bytes(plain16, x16(b), x16(b)),
+                       b.add_scratch_bytes(x16(b), plain16, x16(b)));
+     },
+     [](Backend& b) {
+       DeviceTensor a = filled(b, desc(x16(b).shape)), y = filled(b, x16(b));
+       b.add(a.tensor, y.tensor, y.tensor);
+       b.accumulate(a.tensor, y.tensor, 1.0f);
+     }},
+    {"concat", [](Backend& b) { return b.concat_scratch_bytes(concat_parts(b), concat_out(b)); },
+     [](Backend& b) {
+       const std::vector<TensorDesc> parts = concat_parts(b);
+       DeviceTensor x0 = filled(b, parts[0]), x1 = filled(b, parts[1]);
+       DeviceTensor y = filled(b, concat_out(b));
+       const std::vector<Tensor> xs{x0.tensor, x1.tensor};
+       b.concat_forward(xs, y.tensor);
+       b.concat_backward(y.tensor, 0, x0.tensor, 1.0f);
+       b.concat_backward(y.tensor, 3, x1.tensor, 0.0f);
+     }},
+    {"softmax_cross_entropy", [](Backend& b) { return b.softmax_scratch_bytes(desc({4, 10, 1, 1})); },
+     [](Backend& b) {
+       DeviceTensor logits = filled(b, desc({4, 10, 1, 1})), dlogits = filled(b, desc({4, 10, 1, 1}));
+       const std::vector<int32_t> labels{0, 3, 9, 5};
+       DeviceBuffer device_labels(b, labels.size() * sizeof(int32_t));
+       auto* l = static_cast<int32_t*>(device_labels.get());
+       b.upload_labels(labels.data(), l, 4);
+       b.softmax_cross_entropy(logits.tensor, l, 0.25f, &dlogits.tensor);
+       b.softmax_cross_entropy(logits.tensor, l, 0.25f, nullptr);
+     }},
+};
+
+class ScratchConformance : public OnEveryBackend<ScratchCase> {};
+
+TEST_P(ScratchConformance, QueryCoversEveryCall) {
+  const std::unique_ptr<Backend> b = worker::make_backend({.kind = kind()});
+  const size_t bytes = param().query(*b);
+  b->reserve_scratch(bytes);
+  EXPECT_EQ(b->scratch_bytes(), bytes) << param().name;
+  const size_t in_use = b->device_bytes_in_use();
+  param().calls(*b);
+  EXPECT_EQ(b->scratch_bytes(), bytes)
+      << param().name << ": a call needed more scratch than its query said";
+  EXPECT_EQ(b->device_bytes_in_use(), in_use) << param().name;
+}
+
+VTRAIN_ON_EVERY_BACKEND(ScratchConformance, kScratchCases);
+
+}  // namespace
+}  // namespace vtrain::backend_test

@@ -1,0 +1,306 @@
+// What the backend tests share: device memory owned by a test, transfers of
+// plain host vectors through the Backend interface, random data, comparisons
+// that report the worst element, and the convolution cases with their
+// reference results. Used by backend_conformance_test (every op on every
+// backend), cpu_backend_test and cuda_backend_test.
+//
+// Outputs written with beta = 0 are first filled with NaN by the tests: memory
+// from the pool holds whatever the previous user left, so beta = 0 must not
+// read it.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <ostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/reference_ops.h"
+#include "worker/device/backend.h"
+
+namespace vtrain::backend_test {
+
+using reference::Vec;
+using worker::Backend;
+using worker::ConvAlgoInfo;
+using worker::ConvKind;
+using worker::ConvProblem;
+using worker::Layout;
+using worker::Shape;
+using worker::Tensor;
+using worker::TensorDesc;
+
+inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+// Convolution, inner product and batch norm: float sums of up to a few
+// thousand terms against a double reference.
+inline constexpr double kSumRtol = 1e-4;
+
+inline constexpr ConvKind kConvKinds[] = {ConvKind::kForward, ConvKind::kBackwardData,
+                                          ConvKind::kBackwardFilter};
+
+// ------------------------------------------------------------ memory
+
+// Device memory owned for the scope of a test. A zero-byte buffer holds
+// nullptr without calling the backend: a zero workspace is legal, and the test
+// must not depend on what allocate_device(0) returns.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(Backend& backend, size_t bytes)
+      : backend_(&backend), ptr_(bytes == 0 ? nullptr : backend.allocate_device(bytes)) {}
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) backend_->free_device(ptr_);
+  }
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : backend_(other.backend_), ptr_(std::exchange(other.ptr_, nullptr)) {}
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(DeviceBuffer&&) = delete;
+
+  void* get() const { return ptr_; }
+  float* floats() const { return static_cast<float*>(ptr_); }
+
+ private:
+  Backend* backend_;
+  void* ptr_;
+};
+
+// A tensor together with the device memory behind it.
+struct DeviceTensor {
+  DeviceTensor(Backend& backend, const TensorDesc& desc)
+      : memory(backend, desc.bytes()), tensor{desc, memory.floats()} {}
+  DeviceBuffer memory;
+  Tensor tensor;
+};
+
+inline TensorDesc desc(Shape shape, Layout layout = Layout::kPlain) {
+  return TensorDesc{.shape = shape, .layout = layout};
+}
+
+// A plain view of `count` floats, for parameter arrays (weights, statistics)
+// that the ops take as raw pointers.
+inline Tensor flat(float* data, int64_t count) { return Tensor{desc({1, count, 1, 1}), data}; }
+
+inline DeviceTensor to_device(Backend& b, const Vec& host, const TensorDesc& d) {
+  EXPECT_EQ(static_cast<int64_t>(host.size()), d.shape.elements());
+  DeviceTensor t(b, d);
+  b.upload(host.data(), t.tensor);
+  return t;
+}
+
+inline DeviceBuffer to_device(Backend& b, const Vec& host) {
+  DeviceBuffer buffer(b, host.size() * sizeof(float));
+  if (!host.empty()) b.upload(host.data(), flat(buffer.floats(), static_cast<int64_t>(host.size())));
+  return buffer;
+}
+
+inline Vec from_device(Backend& b, const Tensor& t) {
+  Vec host(static_cast<size_t>(t.shape().elements()));
+  b.download(t, host.data());
+  return host;
+}
+
+inline Vec from_device(Backend& b, const float* data, int64_t count) {
+  Vec host(static_cast<size_t>(count));
+  b.download(flat(const_cast<float*>(data), count), host.data());
+  return host;
+}
+
+// A tensor of `d` on b with every element `value`.
+inline DeviceTensor filled(Backend& b, const TensorDesc& d, float value = 0.5f) {
+  DeviceTensor t(b, d);
+  b.fill(t.tensor, value);
+  return t;
+}
+
+// ------------------------------------------------------------ data
+
+inline Vec random_vec(std::mt19937& rng, int64_t count, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Vec v(static_cast<size_t>(count));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+inline Vec plus(const Vec& a, const Vec& b) { return reference::add(a, b); }
+
+// Plain, then b's preferred layout for this channel count if it differs:
+// every op must accept both.
+inline std::vector<Layout> layouts_for(Backend& b, int64_t channels) {
+  std::vector<Layout> layouts = {Layout::kPlain};
+  if (b.preferred_layout(channels) != Layout::kPlain) layouts.push_back(b.preferred_layout(channels));
+  return layouts;
+}
+
+// ------------------------------------------------------------ comparisons
+
+// Elementwise |actual - expected| <= rtol * (|expected| + largest |expected|):
+// a sum with cancellation carries an absolute error proportional to its terms,
+// not to its result, so small outputs of large sums get the scale of the
+// tensor. Reports the count, the worst element and the first few mismatches.
+inline void expect_close(const Vec& actual, const Vec& expected, double rtol,
+                         const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  double largest = 0.0;
+  for (float e : expected) largest = std::max(largest, double(std::fabs(e)));
+  size_t bad = 0;
+  size_t worst = 0;
+  double worst_ratio = -1.0;
+  std::ostringstream first;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double err = std::fabs(double(actual[i]) - expected[i]);
+    const double tol = rtol * (std::fabs(expected[i]) + largest);
+    const double ratio = std::isnan(err) ? std::numeric_limits<double>::infinity() : err / tol;
+    if (ratio > worst_ratio) {
+      worst_ratio = ratio;
+      worst = i;
+    }
+    if (!(err <= tol)) {
+      if (bad < 4) first << " [" << i << "] " << actual[i] << " vs " << expected[i] << ";";
+      ++bad;
+    }
+  }
+  if (bad > 0) {
+    ADD_FAILURE() << what << ": " << bad << " of " << expected.size() << " elements outside rtol "
+                  << rtol << " (scale " << largest << "); worst [" << worst << "] " << actual[worst]
+                  << " vs " << expected[worst] << " (" << worst_ratio
+                  << "x tolerance); first:" << first.str();
+  }
+}
+
+inline void expect_equal(const Vec& actual, const Vec& expected, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  size_t bad = 0;
+  std::ostringstream first;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (!(actual[i] == expected[i])) {
+      if (bad < 4) first << " [" << i << "] " << actual[i] << " vs " << expected[i] << ";";
+      ++bad;
+    }
+  }
+  if (bad > 0) {
+    ADD_FAILURE() << what << ": " << bad << " of " << expected.size()
+                  << " elements differ; first:" << first.str();
+  }
+}
+
+// Names a test case (any struct with a `name`) in gtest's output instead of
+// dumping its bytes. Case structs of other namespaces take it in with
+// `using backend_test::PrintTo;` next to them, where gtest's lookup finds it.
+template <typename Case>
+  requires requires(const Case& c) { std::string(c.name); }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
+// ------------------------------------------------------------ convolution
+
+struct ConvCase {
+  const char* name;
+  int64_t c, h, w;  // input channels and size
+  int64_t k, r;     // output channels, square filter size
+  int64_t pad, stride;
+  int64_t n;  // batch
+};
+
+
+inline ConvProblem conv_problem(const ConvCase& cc, Layout x_layout = Layout::kPlain,
+                                Layout y_layout = Layout::kPlain) {
+  ConvProblem p{.x = desc({cc.n, cc.c, cc.h, cc.w}, x_layout),
+                .y = {},
+                .k = cc.k,
+                .r = cc.r,
+                .s = cc.r,
+                .pad_h = cc.pad,
+                .pad_w = cc.pad,
+                .stride_h = cc.stride,
+                .stride_w = cc.stride};
+  p.y = desc(p.output_shape(), y_layout);
+  return p;
+}
+
+// Activation layout pairs (x, y) for a case on b: both plain, both
+// preferred, and mixed.
+inline std::vector<std::pair<Layout, Layout>> conv_layouts(Backend& b, const ConvCase& cc) {
+  const Layout px = b.preferred_layout(cc.c);
+  const Layout py = b.preferred_layout(cc.k);
+  std::vector<std::pair<Layout, Layout>> pairs = {{Layout::kPlain, Layout::kPlain}};
+  for (auto pair :
+       {std::pair{px, py}, std::pair{Layout::kPlain, py}, std::pair{px, Layout::kPlain}})
+    if (std::find(pairs.begin(), pairs.end(), pair) == pairs.end()) pairs.push_back(pair);
+  return pairs;
+}
+
+// Host data and reference results of one convolution problem.
+struct ConvData {
+  explicit ConvData(const ConvProblem& problem) : p(problem) {
+    std::mt19937 rng(static_cast<unsigned>(p.x.shape.c * 1000 + p.k * 10 + p.x.shape.n));
+    x = random_vec(rng, p.x.shape.elements());
+    w = random_vec(rng, p.weight_shape().elements());
+    bias = random_vec(rng, p.k);
+    dy = random_vec(rng, p.y.shape.elements());
+    y_ref = reference::conv_forward(p, x, w, bias);
+    dx_ref = reference::conv_backward_data(p, dy, w);
+    dw_ref = reference::conv_backward_filter(p, x, dy, &dbias_ref);
+  }
+  ConvProblem p;
+  Vec x, w, bias, dy;
+  Vec y_ref, dx_ref, dw_ref, dbias_ref;
+
+  // The reference outputs of one kind: {y}, {dx} or {dw, dbias}.
+  std::vector<Vec> reference_of(ConvKind kind) const {
+    switch (kind) {
+      case ConvKind::kForward: return {y_ref};
+      case ConvKind::kBackwardData: return {dx_ref};
+      case ConvKind::kBackwardFilter: return {dw_ref, dbias_ref};
+    }
+    return {};
+  }
+};
+
+// The outputs of one kind with one algorithm and beta on `b` for problem p
+// (d's data, p's layouts), starting from `previous` outputs (NaN where
+// beta = 0): {y} or {dx} or {dw, dbias}.
+inline std::vector<Vec> run_conv(Backend& b, ConvKind kind, const ConvAlgoInfo& info,
+                                 const ConvProblem& p, const ConvData& d, float beta,
+                                 const std::vector<Vec>& previous) {
+  DeviceBuffer workspace(b, info.workspace_bytes);
+  const DeviceBuffer w = to_device(b, d.w);
+  auto start = [&](const Vec& v) { return beta == 0.0f ? Vec(v.size(), kNaN) : v; };
+  switch (kind) {
+    case ConvKind::kForward: {
+      const DeviceTensor x = to_device(b, d.x, p.x);
+      const DeviceBuffer bias = to_device(b, d.bias);
+      const DeviceTensor y = to_device(b, start(previous[0]), p.y);
+      b.conv_forward(info.algo, p, x.tensor, w.floats(), bias.floats(), y.tensor, beta,
+                     workspace.get(), info.workspace_bytes);
+      return {from_device(b, y.tensor)};
+    }
+    case ConvKind::kBackwardData: {
+      const DeviceTensor dy = to_device(b, d.dy, p.y);
+      const DeviceTensor dx = to_device(b, start(previous[0]), p.x);
+      b.conv_backward_data(info.algo, p, dy.tensor, w.floats(), dx.tensor, beta, workspace.get(),
+                           info.workspace_bytes);
+      return {from_device(b, dx.tensor)};
+    }
+    case ConvKind::kBackwardFilter: {
+      const DeviceTensor x = to_device(b, d.x, p.x);
+      const DeviceTensor dy = to_device(b, d.dy, p.y);
+      const DeviceBuffer dw = to_device(b, start(previous[0]));
+      const DeviceBuffer db = to_device(b, start(previous[1]));
+      b.conv_backward_filter(info.algo, p, x.tensor, dy.tensor, dw.floats(), db.floats(), beta,
+                             workspace.get(), info.workspace_bytes);
+      return {from_device(b, dw.floats(), p.weight_shape().elements()),
+              from_device(b, db.floats(), p.k)};
+    }
+  }
+  return {};
+}
+
+}  // namespace vtrain::backend_test
