@@ -19,16 +19,8 @@ namespace {
 
 using test_support::TempDir;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-RunResult run_vtrain(const std::string& args) {
-  RunResult r;
-  r.exit_code = test_support::run_command(test_support::vtrain_binary() + " " + args, &r.output);
-  return r;
-}
+using test_support::RunResult;
+using test_support::run_vtrain;
 
 // A small synthetic config with known lines: the model on line 1, data on
 // lines 2-7 (shape 4, classes 5, train_size 6), `device:` on line 8 with

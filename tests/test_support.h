@@ -90,6 +90,19 @@ inline int run_command(const std::string& command, std::string* output = nullptr
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// What running the vtrain under test gave.
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs the vtrain under test with `args` (shell words), as a user would.
+inline RunResult run_vtrain(const std::string& args) {
+  RunResult r;
+  r.exit_code = run_command(vtrain_binary() + " " + args, &r.output);
+  return r;
+}
+
 // The whole contents of a file; empty when it cannot be read.
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path);

@@ -34,16 +34,8 @@ namespace {
 namespace fs = std::filesystem;
 using test_support::source_dir;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-RunResult run_vtrain(const std::string& args) {
-  RunResult r;
-  r.exit_code = test_support::run_command(test_support::vtrain_binary() + " " + args, &r.output);
-  return r;
-}
+using test_support::RunResult;
+using test_support::run_vtrain;
 
 class TempDir {
  public:

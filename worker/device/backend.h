@@ -51,6 +51,12 @@ struct DeviceInfo {
 enum class ConvKind { kForward, kBackwardData, kBackwardFilter };
 const char* conv_kind_name(ConvKind kind);  // "Forward", "BackwardData", "BackwardFilter"
 
+// Argument checks every backend makes alike; they throw BackendError naming
+// `backend` ("cpu backend") and the op.
+void check_beta(const char* backend, const char* op, float beta);  // beta is 0 or 1
+// concat_backward's slice: dx fits dy at `channel_offset` (same n, h, w).
+void check_concat_slice(const Shape& dy, int64_t channel_offset, const Shape& dx);
+
 // Backend-specific algorithm id; conv_algorithms() lists the valid ones and
 // conv_algorithm_name() names them (names are stable: the perf DB keys on them).
 using ConvAlgo = int;

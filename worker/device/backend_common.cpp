@@ -35,4 +35,19 @@ std::string ConvProblem::str() const {
          std::to_string(stride_w);
 }
 
+void check_beta(const char* backend, const char* op, float beta) {
+  if (beta != 0.0f && beta != 1.0f) {
+    throw BackendError(std::string(backend) + ": " + op + ": beta must be 0 or 1, got " +
+                       std::to_string(beta));
+  }
+}
+
+void check_concat_slice(const Shape& dy, int64_t channel_offset, const Shape& dx) {
+  if (dx.n != dy.n || dx.h != dy.h || dx.w != dy.w || channel_offset < 0 ||
+      channel_offset + dx.c > dy.c) {
+    throw BackendError("concat_backward: slice " + dx.str() + " at channel " +
+                       std::to_string(channel_offset) + " does not fit " + dy.str());
+  }
+}
+
 }  // namespace vtrain::worker

@@ -71,4 +71,16 @@ std::vector<ConvKind> conv_kernels_of(const Graph& graph, int layer) {
   return {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter};
 }
 
+std::vector<ConvKernelSite> conv_kernel_sites(const Graph& graph,
+                                              const std::vector<TensorDesc>& descs) {
+  std::vector<ConvKernelSite> sites;
+  for (int i = 0; i < graph.size(); ++i) {
+    const LayerSpec& l = graph.layer(i);
+    if (l.type != LayerType::kConv) continue;
+    const ConvProblem p = conv_problem(l, descs[graph.inputs(i)[0]], descs[i]);
+    for (ConvKind kind : conv_kernels_of(graph, i)) sites.push_back({i, kind, p});
+  }
+  return sites;
+}
+
 }  // namespace vtrain::worker

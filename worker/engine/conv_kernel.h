@@ -90,4 +90,16 @@ ConvProblem conv_problem(const LayerSpec& conv, const TensorDesc& x, const Tenso
 // gradient) and BackwardFilter.
 std::vector<ConvKind> conv_kernels_of(const Graph& graph, int layer);
 
+// One kernel a conv layer runs in a step, with its problem.
+struct ConvKernelSite {
+  int layer = 0;  // index in the graph
+  ConvKind kind = ConvKind::kForward;
+  ConvProblem problem;
+};
+
+// Every conv kernel of `graph` in order (conv_kernels_of per conv layer),
+// its problem between the activations `descs` (activation_descs()).
+std::vector<ConvKernelSite> conv_kernel_sites(const Graph& graph,
+                                              const std::vector<TensorDesc>& descs);
+
 }  // namespace vtrain::worker

@@ -33,14 +33,8 @@ struct KernelAt {
 std::vector<KernelAt> kernels_at(const Graph& graph, const PlanDevice& device, int64_t batch) {
   const std::vector<TensorDesc> descs = activation_descs(graph, device.layout, batch);
   std::vector<KernelAt> out;
-  for (int i = 0; i < graph.size(); ++i) {
-    const LayerSpec& l = graph.layer(i);
-    if (l.type != LayerType::kConv) continue;
-    const int in = graph.inputs(i)[0];
-    const ConvProblem p = conv_problem(l, descs[in], descs[i]);
-    for (ConvKind kind : conv_kernels_of(graph, i)) {
-      out.push_back({l.name, kind, kernel_signature(kind, p)});
-    }
+  for (const ConvKernelSite& k : conv_kernel_sites(graph, descs)) {
+    out.push_back({graph.layer(k.layer).name, k.kind, kernel_signature(k.kind, k.problem)});
   }
   return out;
 }

@@ -56,15 +56,9 @@ std::vector<KernelSite> kernel_sites(const Graph& graph, const Backend& backend)
   const std::vector<TensorDesc> descs = activation_descs(graph, backend, 1);
   std::vector<KernelSite> sites;
   std::set<std::string> seen;  // deep nets repeat shapes: measure each once
-  for (int i = 0; i < graph.size(); ++i) {
-    const LayerSpec& l = graph.layer(i);
-    if (l.type != LayerType::kConv) continue;
-    const int in = graph.inputs(i)[0];
-    const ConvProblem p = conv_problem(l, descs[in], descs[i]);
-    for (ConvKind kind : conv_kernels_of(graph, i)) {
-      if (seen.insert(std::string(conv_kind_name(kind)) + p.str()).second) {
-        sites.push_back({kind, p});
-      }
+  for (const ConvKernelSite& k : conv_kernel_sites(graph, descs)) {
+    if (seen.insert(std::string(conv_kind_name(k.kind)) + k.problem.str()).second) {
+      sites.push_back({k.kind, k.problem});
     }
   }
   return sites;

@@ -105,12 +105,8 @@ struct ConvPlan {
 };
 
 
-inline void check_beta(const char* op, float beta) {
-  if (beta != 0.0f && beta != 1.0f) {
-    throw BackendError(std::string("cpu backend: ") + op + ": beta must be 0 or 1, got " +
-                       std::to_string(beta));
-  }
-}
+// check_beta (backend.h) for this backend.
+inline void check_beta(const char* op, float beta) { worker::check_beta("cpu backend", op, beta); }
 
 class CpuBackend final : public Backend {
  public:

@@ -286,11 +286,7 @@ void CpuBackend::concat_backward(const Tensor& dy, int64_t channel_offset, const
   check_beta("concat_backward", beta);
   const Shape ys = dy.shape();
   const Shape xs = dx.shape();
-  if (xs.n != ys.n || xs.h != ys.h || xs.w != ys.w || channel_offset < 0 ||
-      channel_offset + xs.c > ys.c) {
-    throw BackendError("concat_backward: slice " + xs.str() + " at channel " +
-                       std::to_string(channel_offset) + " does not fit " + ys.str());
-  }
+  check_concat_slice(ys, channel_offset, xs);
   const memory::dims part_dims{ys.n, xs.c, ys.h, ys.w};
   const memory::dims part_offset{0, channel_offset, 0, 0};
   if (concat_slice_in_place(dy.desc, channel_offset, xs.c)) {

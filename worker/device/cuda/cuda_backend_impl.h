@@ -75,12 +75,8 @@ inline int to_int(int64_t value, const std::string& what) {
   return static_cast<int>(value);
 }
 
-inline void check_beta(const char* op, float beta) {
-  if (beta != 0.0f && beta != 1.0f) {
-    throw BackendError(std::string("cuda backend: ") + op + ": beta must be 0 or 1, got " +
-                       std::to_string(beta));
-  }
-}
+// check_beta (backend.h) for this backend.
+inline void check_beta(const char* op, float beta) { worker::check_beta("cuda backend", op, beta); }
 
 // The ops built on cuDNN descriptors take plain NCHW (see cuda_backend.h).
 inline void require_plain(const char* op, const TensorDesc& d) {

@@ -121,11 +121,7 @@ void CudaBackend::concat_backward(const Tensor& dy, int64_t channel_offset, cons
   require_plain("concat_backward", dx.desc);
   const Shape ys = dy.shape();
   const Shape xs = dx.shape();
-  if (xs.n != ys.n || xs.h != ys.h || xs.w != ys.w || channel_offset < 0 ||
-      channel_offset + xs.c > ys.c) {
-    throw BackendError("concat_backward: slice " + xs.str() + " at channel " +
-                       std::to_string(channel_offset) + " does not fit " + ys.str());
-  }
+  check_concat_slice(ys, channel_offset, xs);
   const int64_t hw = ys.h * ys.w;
   copy_rows(dy.data + channel_offset * hw, ys.c * hw, dx.data, xs.c * hw, ys.n, xs.c * hw, beta,
             compute_.get());
