@@ -157,4 +157,25 @@ uint64_t parse_size(const std::string& text) {
   return static_cast<uint64_t>(bytes);
 }
 
+std::string format_bytes_fixed(uint64_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (uint64_t{1} << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  } else if (bytes >= (uint64_t{1} << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
+  } else if (bytes >= 1024) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024);
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  }
+  return buf;
+}
+
+std::string format_mib(uint64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
 }  // namespace vtrain::common

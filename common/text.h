@@ -14,6 +14,13 @@ namespace vtrain::common {
 // significant decimals, trailing zeros dropped.
 std::string format_bytes(uint64_t bytes);
 
+// "512 B", "256.0 KiB", "2.0 MiB", "1.25 GiB": one decimal below GiB, two
+// from GiB on (the memory part's messages and reports).
+std::string format_bytes_fixed(uint64_t bytes);
+
+// "0.5 MiB", "64.0 MiB": always MiB with one decimal (plan and run summaries).
+std::string format_mib(uint64_t bytes);
+
 // "8, 16, 32": a list of integers, comma separated.
 std::string format_list(std::span<const int64_t> values);
 

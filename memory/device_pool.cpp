@@ -3,27 +3,13 @@
 #include <cstdio>
 #include <limits>
 
+#include "common/text.h"
 #include "memory/memory_error.h"
 
 namespace vtrain::memory {
 
 Planner parse_planner(const std::string& name) {
   return common::parse_named<MemoryError>(kPlannerNames, name, "memory planner");
-}
-
-std::string format_bytes(size_t bytes) {
-  char buf[64];
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (size_t{1} << 30)) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
-  } else if (bytes >= (size_t{1} << 20)) {
-    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
-  } else if (bytes >= 1024) {
-    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024);
-  } else {
-    std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  }
-  return buf;
 }
 
 DevicePool::DevicePool(worker::Backend& backend, size_t reservation,
@@ -34,7 +20,7 @@ DevicePool::DevicePool(worker::Backend& backend, size_t reservation,
     base_ = static_cast<char*>(backend.allocate_device(free_.capacity()));
   } catch (const worker::BackendError& e) {
     throw OutOfMemoryError("device memory pool: cannot reserve " +
-                           format_bytes(free_.capacity()) + " (" +
+                           common::format_bytes_fixed(free_.capacity()) + " (" +
                            std::to_string(free_.capacity()) + " bytes): " + e.what());
   }
 }
@@ -64,10 +50,10 @@ void* DevicePool::allocate(size_t bytes, const std::string& name) {
   if (!offset) {
     if (trace_id >= 0) recorder_.release(trace_id);
     throw OutOfMemoryError(
-        "device memory pool: out of memory allocating '" + name + "' (" + format_bytes(bytes) +
-        " = " + std::to_string(bytes) + " bytes): " + format_bytes(free_.bytes_in_use()) +
-        " in use of a " + format_bytes(free_.capacity()) + " pool, largest free range " +
-        format_bytes(free_.largest_free()) +
+        "device memory pool: out of memory allocating '" + name + "' (" + common::format_bytes_fixed(bytes) +
+        " = " + std::to_string(bytes) + " bytes): " + common::format_bytes_fixed(free_.bytes_in_use()) +
+        " in use of a " + common::format_bytes_fixed(free_.capacity()) + " pool, largest free range " +
+        common::format_bytes_fixed(free_.largest_free()) +
         (options_.capacity_note.empty() ? "" : " (" + options_.capacity_note + ")"));
   }
   if (in_step_ && *offset + size > step_base_) {

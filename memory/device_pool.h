@@ -42,9 +42,6 @@ inline const char* planner_name(Planner planner) { return common::name_of(kPlann
 // Throws MemoryError listing the known names.
 Planner parse_planner(const std::string& name);
 
-// "12.0 MiB"
-std::string format_bytes(size_t bytes);
-
 struct DevicePoolOptions {
   Planner planner = Planner::kPool;  // how requests inside a step are placed
   bool poison_freed = false;         // fill freed blocks with NaN, so a read after free

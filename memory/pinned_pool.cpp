@@ -1,5 +1,6 @@
 #include "memory/pinned_pool.h"
 
+#include "common/text.h"
 #include "memory/device_pool.h"
 #include "memory/memory_error.h"
 
@@ -11,7 +12,7 @@ PinnedPool::PinnedPool(worker::Backend& backend, size_t reservation)
   try {
     base_ = static_cast<char*>(backend.allocate_pinned(free_.capacity()));
   } catch (const worker::BackendError& e) {
-    throw OutOfMemoryError("pinned host pool: cannot reserve " + format_bytes(free_.capacity()) +
+    throw OutOfMemoryError("pinned host pool: cannot reserve " + common::format_bytes_fixed(free_.capacity()) +
                            ": " + e.what());
   }
 }
@@ -24,9 +25,9 @@ void* PinnedPool::allocate(size_t bytes, const std::string& name) {
   const std::optional<size_t> offset = free_.allocate(bytes);
   if (!offset) {
     throw OutOfMemoryError("pinned host pool: out of memory offloading '" + name + "' (" +
-                           format_bytes(bytes) + " = " + std::to_string(bytes) + " bytes): " +
-                           format_bytes(free_.bytes_in_use()) + " in use of " +
-                           format_bytes(free_.capacity()));
+                           common::format_bytes_fixed(bytes) + " = " + std::to_string(bytes) + " bytes): " +
+                           common::format_bytes_fixed(free_.bytes_in_use()) + " in use of " +
+                           common::format_bytes_fixed(free_.capacity()));
   }
   void* ptr = base_ + *offset;
   blocks_[ptr] = *offset;

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 
+#include "common/text.h"
 #include "memory/free_list.h"
 #include "memory/memory_error.h"
 
@@ -32,14 +33,14 @@ class Replay {
       sim.failed_tensor = id;
       sim.failed_layer = layer;
       sim.failure = "out of memory allocating '" + tensor_name(model_, id) + "' (" +
-                    format_bytes(bytes) + " = " + std::to_string(bytes) + " bytes) " +
+                    common::format_bytes_fixed(bytes) + " = " + std::to_string(bytes) + " bytes) " +
                     (layer >= 0 ? std::string(backward ? "for the backward of '"
                                                        : "for the forward of '") +
                                       model_.layers[layer].name + "'"
                                 : std::string("before the first step")) +
-                    ": " + format_bytes(device_.bytes_in_use()) + " in use of " +
-                    format_bytes(device_.capacity()) + ", largest free range " +
-                    format_bytes(device_.largest_free());
+                    ": " + common::format_bytes_fixed(device_.bytes_in_use()) + " in use of " +
+                    common::format_bytes_fixed(device_.capacity()) + ", largest free range " +
+                    common::format_bytes_fixed(device_.largest_free());
       return false;
     }
     device_at_[key(id)] = *offset;
@@ -178,9 +179,9 @@ Simulation simulate(const MemoryModel& model, const Schedule& schedule, size_t c
     sim.failed_tensor = bounded.failed_tensor;
     sim.failed_layer = bounded.failed_layer;
   } else {
-    sim.failure = "the plan needs " + format_bytes(sim.reservation) + " = " +
+    sim.failure = "the plan needs " + common::format_bytes_fixed(sim.reservation) + " = " +
                   std::to_string(sim.reservation) + " bytes of a capacity of " +
-                  format_bytes(capacity);
+                  common::format_bytes_fixed(capacity);
   }
   return sim;
 }

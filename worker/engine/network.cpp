@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "common/text.h"
 #include "memory/dynamic_policy.h"
 #include "memory/memory_error.h"
 #include "worker/engine/layers/conv_layer.h"
@@ -122,9 +123,9 @@ void Network::reserve_op_scratch() {
   if (need > held && device < in_use + (need - held)) {
     throw memory::OutOfMemoryError(
         "no device memory left for the network: the device serves " +
-        memory::format_bytes(device) + " (device.memory_limit or its memory), " +
-        memory::format_bytes(in_use) + " are in use and the ops' scratch needs " +
-        memory::format_bytes(need));
+        common::format_bytes_fixed(device) + " (device.memory_limit or its memory), " +
+        common::format_bytes_fixed(in_use) + " are in use and the ops' scratch needs " +
+        common::format_bytes_fixed(need));
   }
   backend_.reserve_scratch(need);
 }
@@ -168,11 +169,11 @@ size_t Network::room() const {
     // (A capacity of 0 would mean "unbounded" to the simulator.)
     throw memory::OutOfMemoryError(
         "no device memory left for the network: the device serves " +
-        memory::format_bytes(device) + " (device.memory_limit or its memory), " +
-        memory::format_bytes(in_use) + " are in use (" +
-        memory::format_bytes(backend_.scratch_bytes()) + " of it the ops' scratch) and the " +
+        common::format_bytes_fixed(device) + " (device.memory_limit or its memory), " +
+        common::format_bytes_fixed(in_use) + " are in use (" +
+        common::format_bytes_fixed(backend_.scratch_bytes()) + " of it the ops' scratch) and the " +
         "optimizer's state needs " +
-        memory::format_bytes(optimizer));
+        common::format_bytes_fixed(optimizer));
   }
   return device - in_use - optimizer;
 }
@@ -236,8 +237,8 @@ void Network::plan_memory() {
     simulation = memory::simulate(model_, schedule_, capacity, planner);
   }
   const std::string where = options_.memory_capacity > 0
-                                ? "memory capacity " + memory::format_bytes(capacity)
-                                : "capacity " + memory::format_bytes(capacity) +
+                                ? "memory capacity " + common::format_bytes_fixed(capacity)
+                                : "capacity " + common::format_bytes_fixed(capacity) +
                                       " (device.memory_limit or the device's memory, less " +
                                       "what is in use)";
   if (!simulation.fits) {

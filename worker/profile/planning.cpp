@@ -17,12 +17,6 @@ constexpr uint64_t kSegmentAlign = 256;  // every workspace segment starts align
 
 uint64_t align_up(uint64_t bytes) { return (bytes + kSegmentAlign - 1) / kSegmentAlign * kSegmentAlign; }
 
-std::string mib(uint64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return text;
-}
-
 // A conv kernel of the graph on one device at one batch.
 struct KernelAt {
   std::string layer;
@@ -283,7 +277,7 @@ std::string describe_plan(const balancer::TrainingPlan& plan) {
   std::string out = "plan: split " + balancer::join_batches(batches, '+') +
                     format(" of %lld, workspace %s", static_cast<long long>(plan.global_batch),
                            balancer::workspace_policy_name(plan.workspace_policy)) +
-                    (plan.workspace_limit > 0 ? " " + mib(plan.workspace_limit) : "") +
+                    (plan.workspace_limit > 0 ? " " + common::format_mib(plan.workspace_limit) : "") +
                     format(", predicted step %.2f ms", plan.predicted_step_ms);
   if (plan.even_split_ms && plan.split_ms && *plan.split_ms > 0) {
     out += format("\n  from measured steps: this split %.2f ms, even split %.2f ms (%.2fx)",
@@ -309,11 +303,11 @@ std::string describe_plan(const balancer::TrainingPlan& plan) {
     out += format("  rank %zu (%s): batch %lld, predicted %.2f ms, workspace %s, %d of %zu conv "
                   "kernels micro-batched\n",
                   r, rank.device.c_str(), static_cast<long long>(rank.batch), rank.predicted_ms,
-                  mib(rank.workspace_bytes).c_str(), divided, rank.kernels.size());
+                  common::format_mib(rank.workspace_bytes).c_str(), divided, rank.kernels.size());
     for (const balancer::PlannedKernel& k : rank.kernels) {
       out += format("    %-12s %-14s %-40s %8.3f ms %10s\n", k.layer.c_str(), k.kind.c_str(),
                     balancer::describe_calls(k.calls).c_str(), k.time_ms,
-                    mib(k.workspace_bytes).c_str());
+                    common::format_mib(k.workspace_bytes).c_str());
     }
   }
   return out;

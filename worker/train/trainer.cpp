@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "common/text.h"
 #include "worker/engine/network.h"
 #include "worker/train/batch_gatherer.h"
 #include "worker/train/checkpoint.h"
@@ -20,19 +21,12 @@
 namespace vtrain::worker {
 namespace {
 
+using common::format;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-
-std::string format(const char* fmt, auto... args) {
-  char buf[512];
-  std::snprintf(buf, sizeof buf, fmt, args...);
-  return buf;
-}
-
-std::string mib(size_t bytes) { return format("%.1f MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 struct Evaluation {
   double loss = 0;
@@ -224,15 +218,15 @@ void Trainer::print_setup() {
                         graph_.size(), static_cast<long long>(net_.parameter_count()),
                         static_cast<long long>(job_.batch), split_text.c_str(),
                         static_cast<long long>(job_.steps_per_epoch),
-                        mib(backend_.device_bytes_in_use()).c_str(),
-                        mib(net_.workspace_bytes()).c_str()));
+                        common::format_mib(backend_.device_bytes_in_use()).c_str(),
+                        common::format_mib(net_.workspace_bytes()).c_str()));
   for (const std::string& line : net_.algorithm_summary()) progress_.line("  " + line);
   const MemoryStats m = net_.memory_stats();
   progress_.line(format("memory: policy %s, planner %s; pool %s reserved of %s (%s persistent), "
                         "pinned host %s",
-                        m.policy.c_str(), m.planner.c_str(), mib(m.reservation).c_str(),
-                        mib(m.capacity).c_str(), mib(m.persistent_bytes).c_str(),
-                        mib(m.host_reservation).c_str()));
+                        m.policy.c_str(), m.planner.c_str(), common::format_mib(m.reservation).c_str(),
+                        common::format_mib(m.capacity).c_str(), common::format_mib(m.persistent_bytes).c_str(),
+                        common::format_mib(m.host_reservation).c_str()));
 }
 
 // Launches each gradient bucket's allreduce as soon as backward has
@@ -564,23 +558,23 @@ void Trainer::print_summary() {
                                                        r.allreduce_seconds));
   }
   progress_.line(format("memory: last step peak %s, average %s, offloaded %s; pool reserved %s",
-                        mib(r.memory.step_peak).c_str(),
-                        mib(static_cast<size_t>(r.memory.step_average)).c_str(),
-                        mib(r.memory.offloaded_bytes).c_str(), mib(r.memory.reservation).c_str()));
+                        common::format_mib(r.memory.step_peak).c_str(),
+                        common::format_mib(static_cast<size_t>(r.memory.step_average)).c_str(),
+                        common::format_mib(r.memory.offloaded_bytes).c_str(), common::format_mib(r.memory.reservation).c_str()));
   if (const memory::StaticPlanReport& sp = r.memory.static_plan; sp.active && sp.blocks > 0) {
     progress_.line(format(
         "memory: static plan of %d blocks spans %s above the persistent tensors: "
         "%.3fx the lower bound %s%s; %d plan(s), %d re-plan(s), %.2f ms to solve",
-        sp.blocks, mib(sp.plan_peak).c_str(),
+        sp.blocks, common::format_mib(sp.plan_peak).c_str(),
         sp.lower_bound > 0 ? static_cast<double>(sp.plan_peak) / sp.lower_bound : 1.0,
-        mib(sp.lower_bound).c_str(),
-        sp.pool_span > 0 ? (" (best fit as requests came: " + mib(sp.pool_span) + ")").c_str()
+        common::format_mib(sp.lower_bound).c_str(),
+        sp.pool_span > 0 ? (" (best fit as requests came: " + common::format_mib(sp.pool_span) + ")").c_str()
                          : "",
         sp.plans, sp.replans, 1000.0 * sp.plan_seconds));
   }
   progress_.line(format("done: %lld steps, %.0f img/s, peak device memory %s%s%s",
                         static_cast<long long>(r.steps), r.images_per_second,
-                        mib(r.peak_device_bytes).c_str(),
+                        common::format_mib(r.peak_device_bytes).c_str(),
                         r.test_accuracy >= 0 ? format(", test accuracy %.4f", r.test_accuracy).c_str()
                                              : "",
                         comm_text.c_str()));
