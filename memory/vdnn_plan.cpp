@@ -174,58 +174,87 @@ int find_prefetch_layer(int current, const std::vector<LayerNode>& layers,
   return -1;
 }
 
-Schedule layer_wise_schedule(const MemoryModel& model, Offload offload) {
-  validate(model);
-  const auto& layers = model.layers;
-  const int n = static_cast<int>(layers.size());
-  const int sink = n - 1;
-  Schedule s;
-  s.layer_wise = true;
-  s.offload = offload;
-  add_persistent_of_model(model, s);
-  s.persistent.push_back({TensorKind::kOutput, 0});  // the data, written by the caller
+namespace {
 
-  // Dataflow: consumers, the backward readers of every Y, and the last of them.
-  std::vector<std::vector<int>> consumers(n);
-  for (int i = 0; i < n; ++i) {
-    for (int p : unique_inputs(layers[i])) consumers[p].push_back(i);
+// Builds a vDNN layer-wise schedule (Rhu et al. Sec. III-A/B): the dataflow
+// of the model, which outputs are offloaded where, then the forward and
+// backward event lists.
+class LayerWiseBuilder {
+ public:
+  LayerWiseBuilder(const MemoryModel& model, Offload offload)
+      : model_(model), layers_(model.layers), n_(static_cast<int>(layers_.size())) {
+    s_.layer_wise = true;
+    s_.offload = offload;
+    add_persistent_of_model(model, s_);
+    s_.persistent.push_back({TensorKind::kOutput, 0});  // the data, written by the caller
+    find_dataflow();
+    choose_offloads(offload);
   }
-  std::vector<int> last_backward_reader(n, -1);  // the lowest index: the last to run
-  for (int p = 0; p < n; ++p) {
-    int reader = -1;
-    if (layers[p].backward_reads_output && !layers[p].is_input) reader = p;
-    for (int c : consumers[p]) {
-      if (layers[c].backward_reads_inputs && (reader < 0 || c < reader)) reader = c;
+
+  Schedule build() {
+    const int sink = n_ - 1;
+    forward(s_.evaluate, /*training=*/false);
+    s_.evaluate.push_back(ev(Op::kLoss, TensorKind::kOutput, sink));
+    s_.evaluate.push_back(ev(Op::kFree, TensorKind::kOutput, sink));
+
+    forward(s_.train, /*training=*/true);
+    s_.train.push_back(ev(Op::kAlloc, TensorKind::kGradient, sink));
+    s_.train.push_back(ev(Op::kLoss, TensorKind::kOutput, sink));
+    if (last_backward_reader_[sink] < 0) {
+      s_.train.push_back(ev(Op::kFree, TensorKind::kOutput, sink));
     }
-    last_backward_reader[p] = reader;
+    start_backward();
+    for (int i = n_ - 1; i >= 1; --i) backward(i, s_.train);
+    return std::move(s_);
   }
+
+ private:
+  static ScheduleEvent ev(Op op, TensorKind kind, int layer) { return {op, {kind, layer}}; }
+
+  // Consumers, the backward readers of every Y, and the last of them.
+  void find_dataflow() {
+    consumers_.assign(n_, {});
+    for (int i = 0; i < n_; ++i) {
+      for (int p : unique_inputs(layers_[i])) consumers_[p].push_back(i);
+    }
+    last_backward_reader_.assign(n_, -1);  // the lowest index: the last to run
+    for (int p = 0; p < n_; ++p) {
+      int reader = -1;
+      if (layers_[p].backward_reads_output && !layers_[p].is_input) reader = p;
+      for (int c : consumers_[p]) {
+        if (layers_[c].backward_reads_inputs && (reader < 0 || c < reader)) reader = c;
+      }
+      last_backward_reader_[p] = reader;
+    }
+  }
+
   // Offload Y(p) at its last forward consumer when the policy covers that
   // layer and a backward will read Y(p).
-  s.offload_layer.assign(n, -1);
-  std::vector<bool> offloads_something(n, false);
-  for (int p = 1; p < n; ++p) {
-    if (consumers[p].empty() || last_backward_reader[p] < 0) continue;
-    const int at = consumers[p].back();
-    const bool covered = offload == Offload::kAll || (offload == Offload::kConv && layers[at].is_conv);
-    if (covered && layers[p].output_bytes > 0) {
-      s.offload_layer[p] = at;
-      offloads_something[at] = true;
+  void choose_offloads(Offload offload) {
+    s_.offload_layer.assign(n_, -1);
+    offloads_something_.assign(n_, false);
+    for (int p = 1; p < n_; ++p) {
+      if (consumers_[p].empty() || last_backward_reader_[p] < 0) continue;
+      const int at = consumers_[p].back();
+      const bool covered =
+          offload == Offload::kAll || (offload == Offload::kConv && layers_[at].is_conv);
+      if (covered && layers_[p].output_bytes > 0) {
+        s_.offload_layer[p] = at;
+        offloads_something_[at] = true;
+      }
     }
   }
 
-  auto ev = [](Op op, TensorKind kind, int layer) { return ScheduleEvent{op, {kind, layer}}; };
-
-  // ------------------------------------------------------------- forward
-  auto forward = [&](std::vector<ScheduleEvent>& out, bool training) {
-    for (int i = 1; i < n; ++i) {
-      const LayerNode& l = layers[i];
+  void forward(std::vector<ScheduleEvent>& out, bool training) const {
+    for (int i = 1; i < n_; ++i) {
+      const LayerNode& l = layers_[i];
       out.push_back(ev(Op::kAlloc, TensorKind::kOutput, i));
       if (l.state_bytes > 0) out.push_back(ev(Op::kAlloc, TensorKind::kState, i));
       if (l.forward_workspace > 0) out.push_back(ev(Op::kAlloc, TensorKind::kWorkspace, i));
       std::vector<int> offloaded;
       if (training) {
         for (int p : unique_inputs(l)) {
-          if (s.offload_layer[p] == i) {
+          if (s_.offload_layer[p] == i) {
             out.push_back(ev(Op::kOffload, TensorKind::kOutput, p));
             offloaded.push_back(p);
           }
@@ -237,85 +266,78 @@ Schedule layer_wise_schedule(const MemoryModel& model, Offload offload) {
       if (l.forward_workspace > 0) out.push_back(ev(Op::kFree, TensorKind::kWorkspace, i));
       if (!training && l.state_bytes > 0) out.push_back(ev(Op::kFree, TensorKind::kState, i));
       for (int p : unique_inputs(l)) {
-        const bool dead = training ? last_backward_reader[p] < 0 : true;
-        const bool offloaded_here = training && s.offload_layer[p] == i;
-        if (!layers[p].is_input && consumers[p].back() == i && dead && !offloaded_here) {
+        const bool dead = training ? last_backward_reader_[p] < 0 : true;
+        const bool offloaded_here = training && s_.offload_layer[p] == i;
+        if (!layers_[p].is_input && consumers_[p].back() == i && dead && !offloaded_here) {
           out.push_back(ev(Op::kFree, TensorKind::kOutput, p));
         }
       }
     }
-  };
-
-  forward(s.evaluate, /*training=*/false);
-  s.evaluate.push_back(ev(Op::kLoss, TensorKind::kOutput, sink));
-  s.evaluate.push_back(ev(Op::kFree, TensorKind::kOutput, sink));
-
-  forward(s.train, /*training=*/true);
-  s.train.push_back(ev(Op::kAlloc, TensorKind::kGradient, sink));
-  s.train.push_back(ev(Op::kLoss, TensorKind::kOutput, sink));
-  if (last_backward_reader[sink] < 0) s.train.push_back(ev(Op::kFree, TensorKind::kOutput, sink));
-
-  // ------------------------------------------------------------ backward
-  std::vector<bool> on_host(n, false);    // offloaded and not yet prefetched
-  std::vector<int> still_out(n, 0);       // per layer: its offloaded inputs still on the host
-  std::vector<std::vector<int>> offloaded_at(n);
-  for (int p = 0; p < n; ++p) {
-    if (s.offload_layer[p] < 0) continue;
-    on_host[p] = true;
-    ++still_out[s.offload_layer[p]];
-    offloaded_at[s.offload_layer[p]].push_back(p);
   }
-  std::vector<bool> layer_prefetched(n, false);
-  auto bring_back = [&](int p, std::vector<ScheduleEvent>& out) {
+
+  void start_backward() {
+    on_host_.assign(n_, false);
+    still_out_.assign(n_, 0);
+    offloaded_at_.assign(n_, {});
+    for (int p = 0; p < n_; ++p) {
+      if (s_.offload_layer[p] < 0) continue;
+      on_host_[p] = true;
+      ++still_out_[s_.offload_layer[p]];
+      offloaded_at_[s_.offload_layer[p]].push_back(p);
+    }
+    layer_prefetched_.assign(n_, false);
+    s_.prefetch_at.assign(n_, {});
+  }
+
+  void bring_back(int p, std::vector<ScheduleEvent>& out) {
     out.push_back(ev(Op::kPrefetch, TensorKind::kOutput, p));
-    on_host[p] = false;
-    if (--still_out[s.offload_layer[p]] == 0) layer_prefetched[s.offload_layer[p]] = true;
-  };
-  s.prefetch_at.assign(n, {});
-  for (int i = n - 1; i >= 1; --i) {
-    const LayerNode& l = layers[i];
-    auto& out = s.train;
+    on_host_[p] = false;
+    if (--still_out_[s_.offload_layer[p]] == 0) layer_prefetched_[s_.offload_layer[p]] = true;
+  }
+
+  // Brings back what `ps` lists that is still on the host; returns those.
+  std::vector<int> bring_back_all(const std::vector<int>& ps, std::vector<ScheduleEvent>& out) {
+    std::vector<int> brought;
+    for (int p : ps) {
+      if (on_host_[p]) {
+        bring_back(p, out);
+        brought.push_back(p);
+      }
+    }
+    return brought;
+  }
+
+  void sync_and_free_host(int i, const std::vector<int>& ps, std::vector<ScheduleEvent>& out) {
+    if (ps.empty()) return;
+    out.push_back(ev(Op::kSyncMemory, TensorKind::kOutput, i));
+    for (int p : ps) out.push_back(ev(Op::kFreeHost, TensorKind::kOutput, p));
+  }
+
+  void backward(int i, std::vector<ScheduleEvent>& out) {
+    const LayerNode& l = layers_[i];
     // On demand: what this backward reads and is still on the host.
     std::vector<int> reads;
     if (l.backward_reads_inputs) reads = unique_inputs(l);
     if (l.backward_reads_output) reads.push_back(i);
-    std::vector<int> demand;
-    for (int p : reads) {
-      if (on_host[p]) {
-        bring_back(p, out);
-        demand.push_back(p);
-      }
-    }
-    if (!demand.empty()) {
-      out.push_back(ev(Op::kSyncMemory, TensorKind::kOutput, i));
-      for (int p : demand) out.push_back(ev(Op::kFreeHost, TensorKind::kOutput, p));
-    }
-    // The window: overlapped with this layer's backward.
+    sync_and_free_host(i, bring_back_all(reads, out), out);
+    // The window (the paper's Fig. 10): overlapped with this layer's backward.
     std::vector<int> ahead;
-    const int j = find_prefetch_layer(i, layers, offloads_something, layer_prefetched);
+    const int j = find_prefetch_layer(i, layers_, offloads_something_, layer_prefetched_);
     if (j >= 0) {
-      s.prefetch_at[i].push_back(j);
-      for (int p : offloaded_at[j]) {
-        if (on_host[p]) {
-          bring_back(p, out);
-          ahead.push_back(p);
-        }
-      }
+      s_.prefetch_at[i].push_back(j);
+      ahead = bring_back_all(offloaded_at_[j], out);
     }
     // Input gradients this layer writes first (the consumer with the highest index).
     for (int p : unique_inputs(l)) {
-      if (!layers[p].is_input && consumers[p].back() == i) {
+      if (!layers_[p].is_input && consumers_[p].back() == i) {
         out.push_back(ev(Op::kAlloc, TensorKind::kGradient, p));
       }
     }
     if (l.backward_workspace > 0) out.push_back(ev(Op::kAlloc, TensorKind::kBackwardWorkspace, i));
-    const bool scratch = needs_scratch(model, i, consumers);
+    const bool scratch = needs_scratch(model_, i, consumers_);
     if (scratch) out.push_back(ev(Op::kAlloc, TensorKind::kScratch, i));
     out.push_back(ev(Op::kBackward, TensorKind::kOutput, i));
-    if (!ahead.empty()) {
-      out.push_back(ev(Op::kSyncMemory, TensorKind::kOutput, i));
-      for (int p : ahead) out.push_back(ev(Op::kFreeHost, TensorKind::kOutput, p));
-    }
+    sync_and_free_host(i, ahead, out);
     if (scratch) out.push_back(ev(Op::kFree, TensorKind::kScratch, i));
     if (l.backward_workspace > 0) out.push_back(ev(Op::kFree, TensorKind::kBackwardWorkspace, i));
     if (l.state_bytes > 0) out.push_back(ev(Op::kFree, TensorKind::kState, i));
@@ -323,12 +345,31 @@ Schedule layer_wise_schedule(const MemoryModel& model, Offload offload) {
     std::vector<int> candidates = unique_inputs(l);
     candidates.push_back(i);
     for (int p : candidates) {
-      if (!layers[p].is_input && last_backward_reader[p] == i) {
+      if (!layers_[p].is_input && last_backward_reader_[p] == i) {
         out.push_back(ev(Op::kFree, TensorKind::kOutput, p));
       }
     }
   }
-  return s;
+
+  const MemoryModel& model_;
+  const std::vector<LayerNode>& layers_;
+  const int n_;
+  Schedule s_;
+  std::vector<std::vector<int>> consumers_;
+  std::vector<int> last_backward_reader_;
+  std::vector<bool> offloads_something_;  // per layer: it offloads an input
+  // Backward state.
+  std::vector<bool> on_host_;                   // offloaded and not yet prefetched
+  std::vector<int> still_out_;                  // per layer: its offloaded inputs on the host
+  std::vector<std::vector<int>> offloaded_at_;  // per layer: the inputs it offloads
+  std::vector<bool> layer_prefetched_;
+};
+
+}  // namespace
+
+Schedule layer_wise_schedule(const MemoryModel& model, Offload offload) {
+  validate(model);
+  return LayerWiseBuilder(model, offload).build();
 }
 
 Schedule make_schedule(const MemoryModel& model, Policy policy) {
