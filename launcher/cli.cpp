@@ -18,124 +18,131 @@ bool is_command(const std::string& s) {
 
 }  // namespace
 
-CliArgs parse_cli(const std::vector<std::string>& args) {
-  CliArgs cli;
-  size_t i = 0;
+namespace {
+
+// The words after the command, one at a time.
+class ArgReader {
+ public:
+  ArgReader(const std::vector<std::string>& args, size_t first) : args_(args), i_(first) {}
+  bool done() const { return i_ >= args_.size(); }
+  const std::string& next() { return args_[i_++]; }
+  // The value after `flag`.
+  const std::string& value(const std::string& flag) {
+    if (done()) throw UsageError(flag + " needs a value");
+    return next();
+  }
+
+ private:
+  const std::vector<std::string>& args_;
+  size_t i_;
+};
+
+// The command (train when the first word is a config); returns the index
+// of the first word after it. help and version are complete here.
+size_t parse_command(const std::vector<std::string>& args, CliArgs& cli) {
   if (args.empty()) throw UsageError("no command or config given");
   if (args[0] == "--help" || args[0] == "-h") {
     cli.command = "help";
-    return cli;
+    return args.size();
   }
   if (args[0] == "--version") {
     cli.command = "version";
-    return cli;
+    return args.size();
   }
   if (is_command(args[0])) {
     cli.command = args[0];
-    i = 1;
-  } else if (!args[0].empty() && args[0][0] == '-') {
+    return 1;
+  }
+  if (!args[0].empty() && args[0][0] == '-') {
     throw UsageError("unknown option '" + args[0] + "' before the command");
+  }
+  cli.command = "train";  // `vtrain CONFIG`
+  return 0;
+}
+
+int64_t positive_integer(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const int64_t n = std::stoll(v, &used);
+    if (used == v.size() && n >= 1) return n;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(flag + " expects a positive integer, got '" + v + "'");
+}
+
+// balance's own options; false when `a` is none of them.
+bool parse_balance_option(const std::string& a, ArgReader& in, CliArgs& cli) {
+  if (a == "--config") {
+    cli.config = in.value(a);
+  } else if (a == "--batch") {
+    cli.batch = positive_integer(a, in.value(a));
+  } else if (a == "--devices") {
+    cli.devices = in.value(a);
+    if (cli.devices.find_first_not_of(" \t,") == std::string::npos) {
+      throw UsageError("--devices names no device (give \"NAME,NAME,...\", or leave it out to "
+                       "use every device the DB measured)");
+    }
+  } else if (a == "--workspace") {
+    cli.workspace = in.value(a);
+  } else if (a == "--policy") {
+    const std::string& v = in.value(a);
+    cli.policy = common::find_named(balancer::kWorkspacePolicyNames, v);
+    if (!cli.policy) {
+      throw UsageError("--policy must be one of " +
+                       common::join(common::names_of(balancer::kWorkspacePolicyNames)) +
+                       ", got '" + v + "'");
+    }
+  } else if (a == "--out") {
+    cli.out = in.value(a);
+  } else if (a == "--fronts") {
+    cli.fronts = in.value(a);
+  } else if (a == "--allreduce-ms") {
+    const std::string& v = in.value(a);
+    char* end = nullptr;
+    cli.allreduce_ms = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(cli.allreduce_ms >= 0) || !std::isfinite(cli.allreduce_ms)) {
+      throw UsageError("--allreduce-ms must be a number of milliseconds >= 0, got '" + v + "'");
+    }
   } else {
-    cli.command = "train";  // `vtrain CONFIG`
+    return false;
   }
-  if (cli.command == "help") {
-    if (i < args.size()) cli.help_topic = args[i++];
-    if (i < args.size()) throw UsageError("help takes at most one topic");
-    return cli;
-  }
-  if (cli.command == "version") {
-    if (i < args.size()) throw UsageError("version takes no arguments");
-    return cli;
-  }
-  if (cli.command == "db") {
-    if (i >= args.size() || (args[i] != "stats" && args[i] != "export" && args[i] != "--help" &&
-                             args[i] != "-h")) {
-      throw UsageError("db needs an action: stats or export (see vtrain db --help)");
+  return true;
+}
+
+// Options of train, db and of every command; false when `a` is none of them.
+bool parse_option(const std::string& a, ArgReader& in, CliArgs& cli) {
+  const std::string& command = cli.command;
+  if (a == "--set") {
+    cli.overrides.push_back(in.value(a));
+  } else if (a.rfind("--set=", 0) == 0) {
+    cli.overrides.push_back(a.substr(6));
+  } else if (a == "--metrics") {
+    cli.metrics = in.value(a);
+  } else if (a == "--progress") {
+    cli.progress = in.value(a);
+  } else if (a == "--resume" && command == "train") {
+    cli.resume = true;
+  } else if (a == "--db" && command != "train" && command != "check") {
+    cli.db = in.value(a);
+  } else if (a == "--plan" && command == "train") {
+    cli.plan = in.value(a);
+  } else if (a == "--trace" && command == "train") {
+    cli.trace = in.value(a);
+  } else if (a == "--table" && command == "db") {
+    cli.table = in.value(a);
+  } else if (a == "--format" && command == "db") {
+    cli.format = in.value(a);
+    if (cli.format != "csv" && cli.format != "jsonl") {
+      throw UsageError("--format must be csv or jsonl, got '" + cli.format + "'");
     }
-    if (args[i] != "--help" && args[i] != "-h") cli.db_action = args[i++];
+  } else {
+    return command == "balance" && parse_balance_option(a, in, cli);
   }
-  auto value = [&](const std::string& flag) -> std::string {
-    if (i + 1 >= args.size()) throw UsageError(flag + " needs a value");
-    return args[++i];
-  };
-  for (; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      cli.help_topic = cli.command;
-      cli.command = "help";
-      return cli;
-    } else if (a == "--set") {
-      cli.overrides.push_back(value(a));
-    } else if (a.rfind("--set=", 0) == 0) {
-      cli.overrides.push_back(a.substr(6));
-    } else if (a == "--metrics") {
-      cli.metrics = value(a);
-    } else if (a == "--progress") {
-      cli.progress = value(a);
-    } else if (a == "--resume" && cli.command == "train") {
-      cli.resume = true;
-    } else if (a == "--db" && cli.command != "train" && cli.command != "check") {
-      cli.db = value(a);
-    } else if (a == "--plan" && cli.command == "train") {
-      cli.plan = value(a);
-    } else if (a == "--trace" && cli.command == "train") {
-      cli.trace = value(a);
-    } else if (a == "--config" && cli.command == "balance") {
-      cli.config = value(a);
-    } else if (a == "--batch" && cli.command == "balance") {
-      const std::string v = value(a);
-      try {
-        size_t used = 0;
-        cli.batch = std::stoll(v, &used);
-        if (used != v.size() || cli.batch < 1) throw std::invalid_argument(v);
-      } catch (const std::exception&) {
-        throw UsageError("--batch expects a positive integer, got '" + v + "'");
-      }
-    } else if (a == "--devices" && cli.command == "balance") {
-      cli.devices = value(a);
-      if (cli.devices.find_first_not_of(" \t,") == std::string::npos) {
-        throw UsageError("--devices names no device (give \"NAME,NAME,...\", or leave it out to "
-                         "use every device the DB measured)");
-      }
-    } else if (a == "--workspace" && cli.command == "balance") {
-      cli.workspace = value(a);
-    } else if (a == "--policy" && cli.command == "balance") {
-      const std::string v = value(a);
-      cli.policy = common::find_named(balancer::kWorkspacePolicyNames, v);
-      if (!cli.policy) {
-        throw UsageError("--policy must be one of " +
-                         common::join(common::names_of(balancer::kWorkspacePolicyNames)) +
-                         ", got '" + v + "'");
-      }
-    } else if (a == "--out" && cli.command == "balance") {
-      cli.out = value(a);
-    } else if (a == "--fronts" && cli.command == "balance") {
-      cli.fronts = value(a);
-    } else if (a == "--allreduce-ms" && cli.command == "balance") {
-      const std::string v = value(a);
-      char* end = nullptr;
-      cli.allreduce_ms = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !(cli.allreduce_ms >= 0) || !std::isfinite(cli.allreduce_ms)) {
-        throw UsageError("--allreduce-ms must be a number of milliseconds >= 0, got '" + v + "'");
-      }
-    } else if (a == "--table" && cli.command == "db") {
-      cli.table = value(a);
-    } else if (a == "--format" && cli.command == "db") {
-      cli.format = value(a);
-      if (cli.format != "csv" && cli.format != "jsonl") {
-        throw UsageError("--format must be csv or jsonl, got '" + cli.format + "'");
-      }
-    } else if (!a.empty() && a[0] == '-') {
-      throw UsageError("unknown option '" + a + "' for '" + cli.command +
-                       "' (see vtrain " + cli.command + " --help)");
-    } else if (cli.command == "db") {
-      throw UsageError("unexpected argument '" + a + "' for db " + cli.db_action);
-    } else if (cli.config.empty()) {
-      cli.config = a;
-    } else {
-      throw UsageError("unexpected argument '" + a + "': the config is already '" + cli.config + "'");
-    }
-  }
+  return true;
+}
+
+// What every command needs once its words are read.
+void check_complete(const CliArgs& cli) {
   for (const std::string& o : cli.overrides) {
     if (o.find('=') == std::string::npos || o.front() == '=') {
       throw UsageError("--set expects key.path=value, got '" + o + "'");
@@ -147,12 +154,59 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
       throw UsageError("db export needs --table NAME (devices, kernels, kernel_measurements, "
                        "step_measurements)");
     }
-    return cli;
+    return;
   }
   if (cli.config.empty()) throw UsageError("'" + cli.command + "' needs a CONFIG file");
   if (cli.command == "balance" && cli.db.empty()) {
     throw UsageError("balance needs --db FILE (the perf DB that `vtrain profile` filled)");
   }
+}
+
+}  // namespace
+
+CliArgs parse_cli(const std::vector<std::string>& args) {
+  CliArgs cli;
+  ArgReader in(args, parse_command(args, cli));
+  if (cli.command == "help") {
+    if (!in.done()) cli.help_topic = in.next();
+    if (!in.done()) throw UsageError("help takes at most one topic");
+    return cli;
+  }
+  if (cli.command == "version") {
+    if (!in.done()) throw UsageError("version takes no arguments");
+    return cli;
+  }
+  if (cli.command == "db") {
+    const std::string action = in.done() ? "" : in.next();
+    if (action != "stats" && action != "export" && action != "--help" && action != "-h") {
+      throw UsageError("db needs an action: stats or export (see vtrain db --help)");
+    }
+    if (action == "--help" || action == "-h") {
+      cli.help_topic = cli.command;
+      cli.command = "help";
+      return cli;
+    }
+    cli.db_action = action;
+  }
+  while (!in.done()) {
+    const std::string& a = in.next();
+    if (a == "--help" || a == "-h") {
+      cli.help_topic = cli.command;
+      cli.command = "help";
+      return cli;
+    }
+    if (parse_option(a, in, cli)) continue;
+    if (!a.empty() && a[0] == '-') {
+      throw UsageError("unknown option '" + a + "' for '" + cli.command + "' (see vtrain " +
+                       cli.command + " --help)");
+    }
+    if (cli.command == "db") throw UsageError("unexpected argument '" + a + "' for db " + cli.db_action);
+    if (!cli.config.empty()) {
+      throw UsageError("unexpected argument '" + a + "': the config is already '" + cli.config + "'");
+    }
+    cli.config = a;
+  }
+  check_complete(cli);
   return cli;
 }
 
