@@ -164,9 +164,8 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The command line; exits 2 with the usage on anything unknown.
+Settings parse_settings(int argc, char** argv) {
   Settings s;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -204,9 +203,158 @@ int main(int argc, char** argv) {
                    "usage: bench_memory [--nets a,b] [--size N] [--batch B] [--steps N] "
                    "[--algorithm NAME] [--deep-size N] [--deep-steps N] [--trace-dir DIR] "
                    "[--backend cpu|cuda] [--deep-algorithm NAME]\n");
-      return 2;
+      std::exit(2);
     }
   }
+  return s;
+}
+
+using NetRuns = std::vector<std::pair<std::string, std::vector<Run>>>;
+
+// One line per net and vDNN policy: memory, step time, what was offloaded.
+NetRuns run_policies(worker::Backend& backend, const Settings& s, double copy_ms) {
+  NetRuns all_runs;
+  for (const std::string& name : s.nets) {
+    const worker::Shape input{1, 3, s.size, s.size};
+    const worker::Graph graph =
+        worker::Graph::build(worker::preset_layers(name, {input, 1000}), input);
+    std::printf("\n%s (%d layers):\n", name.c_str(), graph.size());
+    std::vector<Run> runs;
+    size_t conv_need = 0, none_need = 0;
+    // An untimed run first: the process's first network pays for page
+    // faults and primitive creation beyond its first step, which would
+    // make whichever policy runs first look slow.
+    try {
+      train(backend, graph, s, memory::Policy::kAll, 0, 1, "");
+    } catch (const std::exception&) {
+      // The measured runs report what does not fit.
+    }
+    for (memory::Policy p : {memory::Policy::kNone, memory::Policy::kConv, memory::Policy::kAll,
+                             memory::Policy::kDyn}) {
+      size_t capacity = 0;
+      // Between conv's need and none's (when none fitted), so dyn must choose.
+      if (p == memory::Policy::kDyn && none_need > 0) capacity = (conv_need + none_need) / 2;
+      const std::string trace_path =
+          s.trace_dir.empty() ? ""
+                              : s.trace_dir + "/" + name + "-" + memory::policy_name(p) + ".json";
+      Run r;
+      try {
+        r = train(backend, graph, s, p, capacity, s.steps, trace_path);
+      } catch (const std::exception& e) {  // e.g. none on a batch only vDNN fits
+        std::printf("  %-44s does not fit: %s\n", memory::policy_name(p), e.what());
+        continue;
+      }
+      if (p == memory::Policy::kNone) none_need = r.reservation;
+      if (p == memory::Policy::kConv) conv_need = r.reservation;
+      const Run& base = runs.empty() ? r : runs.front();
+      // Of the copies' own time, the part the step did not grow by.
+      const double transfer_ms = mib(r.offloaded) * copy_ms;
+      const std::string hidden =
+          transfer_ms > 0
+              ? "  copies " + std::to_string(static_cast<int>(transfer_ms)) + " ms, " +
+                    std::to_string(static_cast<int>(std::clamp(
+                        100.0 * (1.0 - std::max(0.0, r.step_ms - base.step_ms) / transfer_ms),
+                        0.0, 100.0))) +
+                    "% hidden"
+              : "";
+      std::printf("  %-44s max %9.1f MiB (-%4.1f%%)  avg %9.1f MiB (-%4.1f%%)  step %8.1f ms "
+                  "(%5.2fx)  offloaded %8.1f MiB%s%s\n",
+                  r.policy.c_str(), mib(r.step_peak),
+                  100.0 * (1.0 - static_cast<double>(r.step_peak) / base.step_peak),
+                  mib(r.step_average), 100.0 * (1.0 - r.step_average / base.step_average),
+                  r.step_ms, r.step_ms / base.step_ms, mib(r.offloaded),
+                  p == memory::Policy::kDyn && capacity > 0
+                      ? (" (capacity " + std::to_string(static_cast<long long>(mib(capacity))) +
+                         " MiB)")
+                            .c_str()
+                      : "",
+                  hidden.c_str());
+      runs.push_back(std::move(r));
+    }
+    all_runs.push_back({name, std::move(runs)});
+  }
+  return all_runs;
+}
+
+// DSA best fit (and the MIP on small traces) against the lower bound.
+void report_dsa(const NetRuns& all_runs) {
+  std::printf("\nDSA static planning on the same step traces (bytes above the persistent "
+              "tensors):\n");
+  for (const auto& [name, runs] : all_runs) {
+    for (const Run& r : runs) {
+      if (r.trace.empty()) continue;
+      const memory::DsaPlan plan = memory::dsa_plan(r.trace);
+      const double ms = 1000.0 * plan.seconds;
+      const double lb = static_cast<double>(memory::dsa_lower_bound(r.trace));
+      const double peak = static_cast<double>(plan.peak);
+      const double pool = static_cast<double>(memory::dsa_pool_span(r.trace));
+      std::string exact;  // the MIP's optimum, where the trace is small enough
+      if (r.trace.size() <= kMipBlocks) {
+        try {
+          const auto mip_start = Clock::now();
+          const memory::DsaMipResult mip =
+              memory::dsa_solve_mip(r.trace, {.time_limit = std::chrono::seconds(20)});
+          char text[96];
+          std::snprintf(text, sizeof text, ", MIP optimum %.3fx (%.0f ms)",
+                        static_cast<double>(mip.peak) / lb,
+                        std::chrono::duration<double, std::milli>(Clock::now() - mip_start)
+                            .count());
+          exact = text;
+        } catch (const std::exception& e) {
+          exact = std::string(", MIP: ") + e.what();
+        }
+      }
+      std::printf("  %-10s %-44s %5zu blocks: lower bound %8.1f MiB, best fit %.3fx, pool "
+                  "%.3fx, plan %.2f ms%s\n",
+                  name.c_str(), r.policy.c_str(), r.trace.size(), mib(lb), peak / lb, pool / lb,
+                  ms, exact.c_str());
+    }
+  }
+}
+
+// The largest VGG under a memory limit far below its baseline need.
+void run_deep(worker::Backend& backend, const Settings& s) {
+  if (s.deep_size <= 0) return;
+  const worker::Shape deep_input{1, 3, s.deep_size, s.deep_size};
+  const worker::Graph deep =
+      worker::Graph::build(worker::preset_layers("vgg416", {deep_input, 10}), deep_input);
+  Settings ds = s;
+  ds.size = s.deep_size;
+  ds.batch = s.deep_batch;
+  ds.algorithm = s.deep_algorithm;
+  const auto [need, persistent] = baseline_need(backend, deep, ds);
+  // Parameters, gradients and Sgd's velocity must stay; of the rest, 1/8.
+  const size_t limit = persistent + (need - persistent) / 8;
+  std::printf("\nvgg416 (%d layers), 3x%lldx%lld, batch %lld: policy none needs %.1f MiB "
+              "(%.1f MiB of it persistent); device.memory_limit %.1f MiB (the persistent bytes "
+              "and 1/8 of the rest, %.0f%% of none's need):\n",
+              deep.size(), static_cast<long long>(ds.size), static_cast<long long>(ds.size),
+              static_cast<long long>(ds.batch), mib(need), mib(persistent), mib(limit),
+              100.0 * static_cast<double>(limit) / static_cast<double>(need));
+  const auto limited = worker::make_backend({.kind = s.backend, .memory_limit = limit});
+  try {
+    worker::NetworkOptions o;
+    o.max_batch = ds.batch;
+    o.conv_algorithm = ds.algorithm;
+    o.optimizer_bytes_per_parameter = worker::Sgd::kStateBytesPerParameter;
+    worker::Network none(deep, *limited, o);
+    std::printf("  none: unexpectedly fits\n");
+  } catch (const std::exception& e) {
+    std::printf("  none: %s\n", e.what());
+  }
+  for (memory::Policy p : {memory::Policy::kAll, memory::Policy::kDyn}) {
+    const Run r = train(*limited, deep, ds, p, 0, ds.deep_steps, "");
+    std::printf("  %-44s trained %d steps: max %.1f MiB, avg %.1f MiB, pool %.1f MiB of the "
+                "%.1f MiB limit, step %.0f ms, offloaded %.1f MiB per step\n",
+                r.policy.c_str(), ds.deep_steps + 1, mib(r.step_peak), mib(r.step_average),
+                mib(r.reservation), mib(limit), r.step_ms, mib(r.offloaded));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Settings s = parse_settings(argc, argv);
   try {
     const auto backend = worker::make_backend({.kind = s.backend});
     const worker::DeviceInfo device = backend->device_info();
@@ -218,136 +366,8 @@ int main(int argc, char** argv) {
                 static_cast<long long>(s.size), static_cast<long long>(s.size),
                 static_cast<long long>(s.batch), s.algorithm.c_str(), s.steps, copy_ms,
                 2.0 * 1.048576 / copy_ms);
-    std::vector<std::pair<std::string, std::vector<Run>>> all_runs;
-    for (const std::string& name : s.nets) {
-      const worker::Shape input{1, 3, s.size, s.size};
-      const worker::Graph graph =
-          worker::Graph::build(worker::preset_layers(name, {input, 1000}), input);
-      std::printf("\n%s (%d layers):\n", name.c_str(), graph.size());
-      std::vector<Run> runs;
-      size_t conv_need = 0, none_need = 0;
-      // An untimed run first: the process's first network pays for page
-      // faults and primitive creation beyond its first step, which would
-      // make whichever policy runs first look slow.
-      try {
-        train(*backend, graph, s, memory::Policy::kAll, 0, 1, "");
-      } catch (const std::exception&) {
-        // The measured runs report what does not fit.
-      }
-      for (memory::Policy p : {memory::Policy::kNone, memory::Policy::kConv, memory::Policy::kAll,
-                               memory::Policy::kDyn}) {
-        size_t capacity = 0;
-        // Between conv's need and none's (when none fitted), so dyn must choose.
-        if (p == memory::Policy::kDyn && none_need > 0) capacity = (conv_need + none_need) / 2;
-        const std::string trace_path =
-            s.trace_dir.empty() ? ""
-                                : s.trace_dir + "/" + name + "-" + memory::policy_name(p) + ".json";
-        Run r;
-        try {
-          r = train(*backend, graph, s, p, capacity, s.steps, trace_path);
-        } catch (const std::exception& e) {  // e.g. none on a batch only vDNN fits
-          std::printf("  %-44s does not fit: %s\n", memory::policy_name(p), e.what());
-          continue;
-        }
-        if (p == memory::Policy::kNone) none_need = r.reservation;
-        if (p == memory::Policy::kConv) conv_need = r.reservation;
-        const Run& base = runs.empty() ? r : runs.front();
-        // Of the copies' own time, the part the step did not grow by.
-        const double transfer_ms = mib(r.offloaded) * copy_ms;
-        const std::string hidden =
-            transfer_ms > 0
-                ? "  copies " + std::to_string(static_cast<int>(transfer_ms)) + " ms, " +
-                      std::to_string(static_cast<int>(std::clamp(
-                          100.0 * (1.0 - std::max(0.0, r.step_ms - base.step_ms) / transfer_ms),
-                          0.0, 100.0))) +
-                      "% hidden"
-                : "";
-        std::printf("  %-44s max %9.1f MiB (-%4.1f%%)  avg %9.1f MiB (-%4.1f%%)  step %8.1f ms "
-                    "(%5.2fx)  offloaded %8.1f MiB%s%s\n",
-                    r.policy.c_str(), mib(r.step_peak),
-                    100.0 * (1.0 - static_cast<double>(r.step_peak) / base.step_peak),
-                    mib(r.step_average), 100.0 * (1.0 - r.step_average / base.step_average),
-                    r.step_ms, r.step_ms / base.step_ms, mib(r.offloaded),
-                    p == memory::Policy::kDyn && capacity > 0
-                        ? (" (capacity " + std::to_string(static_cast<long long>(mib(capacity))) +
-                           " MiB)")
-                              .c_str()
-                        : "",
-                    hidden.c_str());
-        runs.push_back(std::move(r));
-      }
-      all_runs.push_back({name, std::move(runs)});
-    }
-
-    std::printf("\nDSA static planning on the same step traces (bytes above the persistent "
-                "tensors):\n");
-    for (const auto& [name, runs] : all_runs) {
-      for (const Run& r : runs) {
-        if (r.trace.empty()) continue;
-        const memory::DsaPlan plan = memory::dsa_plan(r.trace);
-        const double ms = 1000.0 * plan.seconds;
-        const double lb = static_cast<double>(memory::dsa_lower_bound(r.trace));
-        const double peak = static_cast<double>(plan.peak);
-        const double pool = static_cast<double>(memory::dsa_pool_span(r.trace));
-        std::string exact;  // the MIP's optimum, where the trace is small enough
-        if (r.trace.size() <= kMipBlocks) {
-          try {
-            const auto mip_start = Clock::now();
-            const memory::DsaMipResult mip =
-                memory::dsa_solve_mip(r.trace, {.time_limit = std::chrono::seconds(20)});
-            char text[96];
-            std::snprintf(text, sizeof text, ", MIP optimum %.3fx (%.0f ms)",
-                          static_cast<double>(mip.peak) / lb,
-                          std::chrono::duration<double, std::milli>(Clock::now() - mip_start)
-                              .count());
-            exact = text;
-          } catch (const std::exception& e) {
-            exact = std::string(", MIP: ") + e.what();
-          }
-        }
-        std::printf("  %-10s %-44s %5zu blocks: lower bound %8.1f MiB, best fit %.3fx, pool "
-                    "%.3fx, plan %.2f ms%s\n",
-                    name.c_str(), r.policy.c_str(), r.trace.size(), mib(lb), peak / lb, pool / lb,
-                    ms, exact.c_str());
-      }
-    }
-
-    // The largest VGG under a memory limit far below its baseline need.
-    if (s.deep_size <= 0) return 0;
-    const worker::Shape deep_input{1, 3, s.deep_size, s.deep_size};
-    const worker::Graph deep =
-        worker::Graph::build(worker::preset_layers("vgg416", {deep_input, 10}), deep_input);
-    Settings ds = s;
-    ds.size = s.deep_size;
-    ds.batch = s.deep_batch;
-    ds.algorithm = s.deep_algorithm;
-    const auto [need, persistent] = baseline_need(*backend, deep, ds);
-    // Parameters, gradients and Sgd's velocity must stay; of the rest, 1/8.
-    const size_t limit = persistent + (need - persistent) / 8;
-    std::printf("\nvgg416 (%d layers), 3x%lldx%lld, batch %lld: policy none needs %.1f MiB "
-                "(%.1f MiB of it persistent); device.memory_limit %.1f MiB (the persistent bytes "
-                "and 1/8 of the rest, %.0f%% of none's need):\n",
-                deep.size(), static_cast<long long>(ds.size), static_cast<long long>(ds.size),
-                static_cast<long long>(ds.batch), mib(need), mib(persistent), mib(limit),
-                100.0 * static_cast<double>(limit) / static_cast<double>(need));
-    const auto limited = worker::make_backend({.kind = s.backend, .memory_limit = limit});
-    try {
-      worker::NetworkOptions o;
-      o.max_batch = ds.batch;
-      o.conv_algorithm = ds.algorithm;
-      o.optimizer_bytes_per_parameter = worker::Sgd::kStateBytesPerParameter;
-      worker::Network none(deep, *limited, o);
-      std::printf("  none: unexpectedly fits\n");
-    } catch (const std::exception& e) {
-      std::printf("  none: %s\n", e.what());
-    }
-    for (memory::Policy p : {memory::Policy::kAll, memory::Policy::kDyn}) {
-      const Run r = train(*limited, deep, ds, p, 0, ds.deep_steps, "");
-      std::printf("  %-44s trained %d steps: max %.1f MiB, avg %.1f MiB, pool %.1f MiB of the "
-                  "%.1f MiB limit, step %.0f ms, offloaded %.1f MiB per step\n",
-                  r.policy.c_str(), ds.deep_steps + 1, mib(r.step_peak), mib(r.step_average),
-                  mib(r.reservation), mib(limit), r.step_ms, mib(r.offloaded));
-    }
+    report_dsa(run_policies(*backend, s, copy_ms));
+    run_deep(*backend, s);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_memory: %s\n", e.what());
     return 1;
