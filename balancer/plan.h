@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "balancer/workspace_plan.h"
+#include "common/conv_kind.h"
 #include "common/input_error.h"
 
 namespace vtrain::balancer {
@@ -44,7 +45,7 @@ inline constexpr int kPlanVersion = 1;
 
 struct PlannedKernel {
   std::string layer;                        // conv layer name
-  std::string kind;                         // "Forward", "BackwardData", "BackwardFilter"
+  common::ConvKind kind = common::ConvKind::kForward;
   std::vector<MicroBatch> calls;  // in order; sizes sum to the rank's batch
   uint64_t workspace_offset = 0;            // segment in the rank's workspace buffer
   uint64_t workspace_bytes = 0;

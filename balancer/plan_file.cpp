@@ -33,7 +33,7 @@ PlannedKernel read_planned_kernel(const Field& field, const RankPlan& rank) {
   PlannedKernel k;
   k.layer = to_string(section.required("layer", "the conv layer's name"));
   k.kind = to_choice(section.required("kind", "Forward, BackwardData or BackwardFilter"),
-                     {"Forward", "BackwardData", "BackwardFilter"});
+                     common::kConvKindNames);
   const Field calls = section.required("calls", "the kernel's [algorithm, images] calls");
   int64_t total = 0;
   for (const Field& c : calls.items("a list of [algorithm, images] calls")) {
@@ -70,7 +70,8 @@ RankPlan read_rank_plan(const Field& field) {
       for (size_t j = 0; j + 1 < r.kernels.size(); ++j) {
         if (r.kernels[j].layer == r.kernels.back().layer &&
             r.kernels[j].kind == r.kernels.back().kind) {
-          k.fail("a second entry for " + r.kernels[j].layer + " " + r.kernels[j].kind);
+          k.fail("a second entry for " + r.kernels[j].layer + " " +
+                 common::conv_kind_name(r.kernels[j].kind));
         }
       }
     }
@@ -162,7 +163,7 @@ std::string plan_to_yaml(const TrainingPlan& plan) {
     for (const PlannedKernel& k : r.kernels) {
       out << YAML::Flow << YAML::BeginMap;
       out << YAML::Key << "layer" << YAML::Value << k.layer;
-      out << YAML::Key << "kind" << YAML::Value << k.kind;
+      out << YAML::Key << "kind" << YAML::Value << common::conv_kind_name(k.kind);
       out << YAML::Key << "workspace_offset" << YAML::Value << k.workspace_offset;
       out << YAML::Key << "workspace_bytes" << YAML::Value << k.workspace_bytes;
       out << YAML::Key << "time_ms" << YAML::Value << k.time_ms;

@@ -29,15 +29,6 @@ using internal::Txn;
 using internal::in_transaction;
 using internal::with_retry;
 
-const char* kernel_kind_name(KernelKind kind) {
-  switch (kind) {
-    case KernelKind::kForward: return "Forward";
-    case KernelKind::kBackwardData: return "BackwardData";
-    case KernelKind::kBackwardFilter: return "BackwardFilter";
-  }
-  return "?";
-}
-
 const char* table_name(Table table) {
   switch (table) {
     case Table::kDevices: return "devices";
@@ -242,7 +233,7 @@ constexpr const char* kKernelWhere =
 // Binds a kernel signature to parameters ?1..?14, in the order of the
 // kernels table (every kernel statement below uses that order).
 void bind_kernel(Statement& statement, const KernelSignature& kernel) {
-  statement.bind(1, std::string_view(kernel_kind_name(kernel.kind)));
+  statement.bind(1, std::string_view(common::conv_kind_name(kernel.kind)));
   const int64_t numbers[] = {kernel.n, kernel.c,     kernel.h,     kernel.w,        kernel.k,       kernel.r,
                              kernel.s, kernel.pad_h, kernel.pad_w, kernel.stride_h, kernel.stride_w};
   for (int i = 0; i < 11; ++i) statement.bind(2 + i, numbers[i]);

@@ -33,6 +33,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/conv_kind.h"
+
 namespace vtrain::perfdb {
 
 class PerfDbError : public std::runtime_error {
@@ -69,9 +71,9 @@ struct DeviceRecord {
   Device device;
 };
 
-enum class KernelKind { kForward, kBackwardData, kBackwardFilter };
-// "Forward", "BackwardData", "BackwardFilter": the names stored in the file.
-const char* kernel_kind_name(KernelKind kind);
+// A convolution's kernel; the file stores common::conv_kind_name()
+// ("Forward", "BackwardData", "BackwardFilter").
+using KernelKind = common::ConvKind;
 
 // One convolution kernel (groups 1, dilation 1). Two signatures name the same
 // kernel when every field is equal.

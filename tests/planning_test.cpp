@@ -54,12 +54,12 @@ balancer::TrainingPlan sample_plan() {
   r0.batch = 8;
   r0.predicted_ms = 2.5;
   r0.workspace_bytes = 4096;
-  r0.kernels.push_back({"c1", "Forward", {{"winograd", 4}, {"direct", 4}}, 0, 1024, 1.25});
-  r0.kernels.push_back({"c1", "BackwardFilter", {{"direct", 8}}, 1024, 3072, 0.5});
+  r0.kernels.push_back({"c1", common::ConvKind::kForward, {{"winograd", 4}, {"direct", 4}}, 0, 1024, 1.25});
+  r0.kernels.push_back({"c1", common::ConvKind::kBackwardFilter, {{"direct", 8}}, 1024, 3072, 0.5});
   balancer::RankPlan r1;
   r1.device = "slow";
   r1.batch = 4;
-  r1.kernels.push_back({"c1", "Forward", {{"direct", 4}}, 0, 0, 1.0});
+  r1.kernels.push_back({"c1", common::ConvKind::kForward, {{"direct", 4}}, 0, 0, 1.0});
   p.ranks = {r0, r1};
   return p;
 }
@@ -87,7 +87,7 @@ TEST(DescribePlan, TwoHundredRanksKeepEveryLineWhole) {
   for (int r = 0; r < 200; ++r) {
     balancer::RankPlan rank = sample_plan().ranks[0];
     rank.device = "NVIDIA H100 80GB HBM3 (node " + std::to_string(r) + ")";
-    rank.kernels.push_back({"c2", "Forward", {{"a_long_algorithm_name", 1}}, 0, 0, 1.0});
+    rank.kernels.push_back({"c2", common::ConvKind::kForward, {{"a_long_algorithm_name", 1}}, 0, 0, 1.0});
     for (int k = 0; k < 40; ++k) {
       rank.kernels.back().calls.push_back({"algorithm_" + std::to_string(k), 1});
     }
@@ -259,7 +259,7 @@ TEST_F(PlanningTest, WorkspacePoliciesStayWithinTheirLimits) {
   const balancer::TrainingPlan wr = worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kWr, 4096});
   for (const auto& k : wr.ranks[0].kernels) {
     EXPECT_LE(k.workspace_bytes, 4096u);
-    EXPECT_EQ(k.calls.front(), (balancer::MicroBatch{"winograd", 4})) << k.layer << " " << k.kind;
+    EXPECT_EQ(k.calls.front(), (balancer::MicroBatch{"winograd", 4})) << k.layer << " " << common::conv_kind_name(k.kind);
   }
   // WD, 20 KiB for all five kernels of rank 0: segments disjoint and inside.
   const balancer::TrainingPlan wd =

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "common/conv_kind.h"
 #include "worker/device/tensor.h"
 
 namespace vtrain::worker {
@@ -48,8 +49,10 @@ struct DeviceInfo {
 
 // ---------------------------------------------------------------- convolution
 
-enum class ConvKind { kForward, kBackwardData, kBackwardFilter };
-const char* conv_kind_name(ConvKind kind);  // "Forward", "BackwardData", "BackwardFilter"
+// The kernels of a convolution (common/conv_kind.h: one enum for the device,
+// the perf DB and plans).
+using common::ConvKind;
+using common::conv_kind_name;
 
 // Argument checks every backend makes alike; they throw BackendError naming
 // `backend` ("cpu backend") and the op.

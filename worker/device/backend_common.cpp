@@ -3,15 +3,6 @@
 
 namespace vtrain::worker {
 
-const char* conv_kind_name(ConvKind kind) {
-  switch (kind) {
-    case ConvKind::kForward: return "Forward";
-    case ConvKind::kBackwardData: return "BackwardData";
-    case ConvKind::kBackwardFilter: return "BackwardFilter";
-  }
-  return "unknown";
-}
-
 int64_t window_output(int64_t in, int64_t window, int64_t stride, int64_t pad) {
   return (in + 2 * pad - window) / stride + 1;
 }

@@ -160,7 +160,7 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
     for (size_t i = 0; i < kernels.size(); ++i) {
       balancer::PlannedKernel pk;
       pk.layer = sites[i].layer;
-      pk.kind = conv_kind_name(sites[i].kind);
+      pk.kind = sites[i].kind;
       pk.calls = configs[i].micro_batches;
       pk.workspace_offset = offsets[i];
       pk.workspace_bytes = configs[i].workspace_bytes;
@@ -205,7 +205,7 @@ std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, con
     for (const KernelAt& k : kernels_at(graph, any, rank.batch)) {
       expected.push_back(k.layer + " " + conv_kind_name(k.kind));
     }
-    for (const balancer::PlannedKernel& k : rank.kernels) given.push_back(k.layer + " " + k.kind);
+    for (const balancer::PlannedKernel& k : rank.kernels) given.push_back(k.layer + " " + conv_kind_name(k.kind));
     std::sort(expected.begin(), expected.end());
     std::sort(given.begin(), given.end());
     if (expected == given) continue;
@@ -257,10 +257,7 @@ std::vector<ConvLayerExecution> conv_executions(const balancer::RankPlan& rank) 
       out.push_back({k.layer, {}});
       it = std::prev(out.end());
     }
-    int kind = 0;
-    while (kind < 3 && k.kind != conv_kind_name(static_cast<ConvKind>(kind))) ++kind;
-    if (kind == 3) throw std::invalid_argument("unknown kernel kind '" + k.kind + "'");
-    ConvKernelExecution& e = it->kernels[kind];
+    ConvKernelExecution& e = it->kernels[static_cast<size_t>(k.kind)];
     for (const balancer::MicroBatch& c : k.calls) e.calls.push_back({c.algorithm, c.size});
     e.workspace_offset = k.workspace_offset;
     e.workspace_bytes = k.workspace_bytes;
@@ -305,7 +302,7 @@ std::string describe_plan(const balancer::TrainingPlan& plan) {
                   r, rank.device.c_str(), static_cast<long long>(rank.batch), rank.predicted_ms,
                   common::format_mib(rank.workspace_bytes).c_str(), divided, rank.kernels.size());
     for (const balancer::PlannedKernel& k : rank.kernels) {
-      out += format("    %-12s %-14s %-40s %8.3f ms %10s\n", k.layer.c_str(), k.kind.c_str(),
+      out += format("    %-12s %-14s %-40s %8.3f ms %10s\n", k.layer.c_str(), conv_kind_name(k.kind),
                     balancer::describe_calls(k.calls).c_str(), k.time_ms,
                     common::format_mib(k.workspace_bytes).c_str());
     }

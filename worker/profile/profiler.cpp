@@ -73,9 +73,7 @@ perfdb::Device perfdb_device(const DeviceInfo& info) {
 
 perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
   perfdb::KernelSignature sig;
-  sig.kind = kind == ConvKind::kForward        ? perfdb::KernelKind::kForward
-             : kind == ConvKind::kBackwardData ? perfdb::KernelKind::kBackwardData
-                                               : perfdb::KernelKind::kBackwardFilter;
+  sig.kind = kind;
   sig.n = p.x.shape.n;
   sig.c = p.x.shape.c;
   sig.h = p.x.shape.h;
