@@ -207,10 +207,10 @@ data:
 output: {metrics: out/metrics.jsonl}
 )");
   const Config c = load_config(file.string());
-  const fs::path sub = dir.path() / "sub";
+  const fs::path sub = fs::path(dir.path()) / "sub";
   EXPECT_EQ(c.path, file.string());
   EXPECT_EQ(c.data.train_images, (sub / "train-images.gz").string());
-  EXPECT_EQ(c.data.train_labels, (dir.path() / "labels/train.gz").string());
+  EXPECT_EQ(c.data.train_labels, (fs::path(dir.path()) / "labels/train.gz").string());
   EXPECT_EQ(c.data.test_images, (sub / "t10k-images.gz").string());
   EXPECT_EQ(c.data.test_labels, "/abs/t10k-labels.gz");
   EXPECT_EQ(c.output.metrics, (sub / "out/metrics.jsonl").string());
@@ -227,9 +227,9 @@ data:
   std: [1, 1, 1]
 )");
   const Config c = load_config(file.string());
-  EXPECT_EQ(c.data.train_files, (std::vector<std::string>{(dir.path() / "a.bin").string(),
-                                                          (dir.path() / "b.bin").string()}));
-  EXPECT_EQ(c.data.test_files, (std::vector<std::string>{(dir.path() / "t.bin").string()}));
+  EXPECT_EQ(c.data.train_files, (std::vector<std::string>{(fs::path(dir.path()) / "a.bin").string(),
+                                                          (fs::path(dir.path()) / "b.bin").string()}));
+  EXPECT_EQ(c.data.test_files, (std::vector<std::string>{(fs::path(dir.path()) / "t.bin").string()}));
   EXPECT_EQ(c.model.classes, 10);
 }
 

@@ -416,7 +416,7 @@ int write_as_child(const std::string& path, int child) {
 }
 
 TEST(PerfDbConcurrency, EightProcessesWriteOneFileWithoutLosingARow) {
-  ScratchDir dir(shared_test_base());
+  TempDir dir(shared_test_base());
   const std::string path = dir.path("shared.db");
   // Children block reading this pipe until the parent closes its end.
   int barrier[2];

@@ -21,24 +21,6 @@ namespace vtrain::perfdb {
 
 namespace fs = std::filesystem;
 
-// A fresh folder under `base`, removed afterwards (test_support's TempDir is
-// always under the system temp folder; the many-process test picks its own).
-class ScratchDir {
- public:
-  explicit ScratchDir(const fs::path& base) {
-    std::string pattern = (base / "vtrain_perfdb_test.XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed in " + base.string());
-    path_ = pattern;
-  }
-  ~ScratchDir() { fs::remove_all(path_); }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-
-  std::string path(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 inline std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

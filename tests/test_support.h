@@ -28,13 +28,15 @@ namespace vtrain::test_support {
   EXPECT_NE(std::string(text).find(part), std::string::npos) \
       << "message \"" << (text) << "\" does not contain \"" << (part) << "\""
 
-// A fresh directory under the system temp dir, removed with its contents.
+// A fresh directory under `base` (the system temp dir by default), removed
+// with its contents.
 class TempDir {
  public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "vtrain_test.XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  explicit TempDir(const std::filesystem::path& base = std::filesystem::temp_directory_path()) {
+    std::string pattern = (base / "vtrain_test.XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      throw std::runtime_error("mkdtemp failed in " + base.string());
+    }
     path_ = pattern;
   }
   ~TempDir() { std::filesystem::remove_all(path_); }
@@ -42,6 +44,13 @@ class TempDir {
   TempDir& operator=(const TempDir&) = delete;
 
   std::string path(const std::string& name = "") const { return (path_ / name).string(); }
+  // Writes `text` to `name` (sub-folders created); returns the file's path.
+  std::filesystem::path write(const std::string& name, const std::string& text) const {
+    const std::filesystem::path file = path_ / name;
+    std::filesystem::create_directories(file.parent_path());
+    std::ofstream(file) << text;
+    return file;
+  }
 
  private:
   std::filesystem::path path_;
