@@ -101,12 +101,69 @@ class Replay {
   size_t phase_high_ = 0;
 };
 
+// The two streams' clocks during a timed training step.
+class StepClock {
+ public:
+  StepClock(const MemoryModel& model, const StepCosts& costs, StepTiming& timing)
+      : model_(model), costs_(costs), t_(timing) {
+    t_ = StepTiming{};
+    t_.stall_per_tensor.assign(model.layers.size(), 0.0);
+  }
+
+  // Before event `e` changes the bytes in use (`in_use` until now).
+  void at(const ScheduleEvent& e, size_t in_use) {
+    const double seconds = call_seconds(costs_, e);
+    if (seconds > 0) {
+      bytes_time_ += static_cast<double>(in_use) * seconds;
+      compute_ += seconds;
+      (e.op == Op::kRecompute ? t_.recompute_seconds : t_.compute_seconds) += seconds;
+    } else if (e.op == Op::kOffload || e.op == Op::kPrefetch) {
+      const double bandwidth = e.op == Op::kOffload ? costs_.to_host_bytes_per_second
+                                                    : costs_.to_device_bytes_per_second;
+      const double start = std::max(compute_, memory_);
+      const double length = static_cast<double>(tensor_bytes(model_, e.tensor)) / bandwidth;
+      memory_ = start + length;
+      t_.copy_seconds += length;
+      copies_.push_back({e.tensor.layer, start, memory_});
+    } else if (e.op == Op::kSyncMemory && memory_ > compute_) {
+      // The wait, charged to the copies by how much of it each covers.
+      for (const Copy& c : copies_) {
+        const double overlap = std::min(c.end, memory_) - std::max(c.start, compute_);
+        if (overlap > 0) t_.stall_per_tensor[c.layer] += overlap;
+      }
+      bytes_time_ += static_cast<double>(in_use) * (memory_ - compute_);
+      t_.stall_seconds += memory_ - compute_;
+      compute_ = memory_;
+      copies_.clear();
+    } else if (e.op == Op::kSyncMemory) {
+      copies_.clear();
+    }
+  }
+  void finish() {
+    t_.step_seconds = compute_;
+    t_.mean_bytes = compute_ > 0 ? bytes_time_ / compute_ : 0;
+  }
+
+ private:
+  struct Copy {
+    int layer;
+    double start, end;
+  };
+  const MemoryModel& model_;
+  const StepCosts& costs_;
+  StepTiming& t_;
+  double compute_ = 0, memory_ = 0, bytes_time_ = 0;
+  std::vector<Copy> copies_;  // issued since the last sync
+};
+
 // Replays one event list; false at the first request that does not fit.
-bool replay(const std::vector<ScheduleEvent>& events, Replay& r, Simulation& sim) {
+bool replay(const std::vector<ScheduleEvent>& events, Replay& r, Simulation& sim,
+            StepClock* clock = nullptr) {
   // The layer an allocation serves is the next compute event's.
   const std::vector<int> owner = event_owners(events);
   for (size_t k = 0; k < events.size(); ++k) {
     const ScheduleEvent& e = events[k];
+    if (clock) clock->at(e, r.in_use());
     switch (e.op) {
       case Op::kAlloc:
       case Op::kPrefetch: {
@@ -122,10 +179,12 @@ bool replay(const std::vector<ScheduleEvent>& events, Replay& r, Simulation& sim
       case Op::kFreeHost: r.free_host(e.tensor); break;
       case Op::kSyncMemory:
       case Op::kForward:
+      case Op::kRecompute:
       case Op::kLoss:
       case Op::kBackward: break;
     }
   }
+  if (clock) clock->finish();
   return true;
 }
 
@@ -135,8 +194,13 @@ namespace {
 
 // One replay: persistent tensors, a training step, an evaluation.
 Simulation run(const MemoryModel& model, const Schedule& schedule, size_t capacity,
-               Planner planner) {
+               Planner planner, const StepCosts* costs) {
   Simulation sim;
+  std::optional<StepClock> clock;
+  if (costs) {
+    sim.timed = true;
+    clock.emplace(model, *costs, sim.timing);
+  }
   Replay r(model, capacity);
   for (const TensorId& id : schedule.persistent) {
     if (!r.alloc(id, sim, -1, false)) return sim;
@@ -145,7 +209,7 @@ Simulation run(const MemoryModel& model, const Schedule& schedule, size_t capaci
   const size_t base = r.top();
   r.begin_phase();
   r.start_recording();
-  const bool step_ok = replay(schedule.train, r, sim);
+  const bool step_ok = replay(schedule.train, r, sim, clock ? &*clock : nullptr);
   r.stop_recording(sim);
   const size_t step_need = r.phase_high();
   sim.pool_span = step_need - base;
@@ -167,12 +231,33 @@ Simulation run(const MemoryModel& model, const Schedule& schedule, size_t capaci
 
 }  // namespace
 
+double call_seconds(const StepCosts& costs, const ScheduleEvent& e) {
+  switch (e.op) {
+    case Op::kForward:
+    case Op::kRecompute: return costs.forward_seconds[e.tensor.layer];
+    case Op::kBackward: return costs.backward_seconds[e.tensor.layer];
+    case Op::kLoss: return costs.loss_seconds;
+    default: return 0;
+  }
+}
+
 Simulation simulate(const MemoryModel& model, const Schedule& schedule, size_t capacity,
-                    Planner planner) {
-  Simulation sim = run(model, schedule, 0, planner);
+                    Planner planner, const StepCosts* costs) {
+  if (costs) {
+    const size_t n = model.layers.size();
+    if (costs->forward_seconds.size() != n || costs->backward_seconds.size() != n) {
+      throw MemoryError("step costs: " + std::to_string(costs->forward_seconds.size()) +
+                        " forward and " + std::to_string(costs->backward_seconds.size()) +
+                        " backward times for " + std::to_string(n) + " layers");
+    }
+    if (!(costs->to_host_bytes_per_second > 0) || !(costs->to_device_bytes_per_second > 0)) {
+      throw MemoryError("step costs: the copy bandwidths must be positive");
+    }
+  }
+  Simulation sim = run(model, schedule, 0, planner, costs);
   if (capacity == 0 || sim.reservation <= capacity) return sim;
   // Locate the first request that does not fit under the pool's placement.
-  const Simulation bounded = run(model, schedule, capacity, Planner::kPool);
+  const Simulation bounded = run(model, schedule, capacity, Planner::kPool, nullptr);
   sim.fits = false;
   if (!bounded.fits) {
     sim.failure = bounded.failure;

@@ -15,6 +15,32 @@
 
 namespace vtrain::memory {
 
+// What one training step's operations cost on a device, at the batch the
+// memory model was built for (the profile of the device, or measured in
+// place). The copy bandwidths are the memory stream's, each way.
+struct StepCosts {
+  std::vector<double> forward_seconds;   // per layer (the data's: 0)
+  std::vector<double> backward_seconds;  // per layer
+  double loss_seconds = 0;
+  double to_host_bytes_per_second = 0;
+  double to_device_bytes_per_second = 0;
+};
+
+// The timed replay of a training step: the compute stream runs the layer
+// calls in schedule order; the memory stream runs offloads and prefetches
+// in issue order, each starting once compute has issued it (it waits for
+// what compute produced) and the stream is free; a kSyncMemory makes
+// compute wait for everything issued, and that wait is a stall.
+struct StepTiming {
+  double step_seconds = 0;       // the compute stream's time, stalls included
+  double compute_seconds = 0;    // forward, loss and backward calls
+  double recompute_seconds = 0;  // kRecompute calls
+  double stall_seconds = 0;      // compute waiting for the memory stream
+  double copy_seconds = 0;       // the memory stream's busy time
+  std::vector<double> stall_per_tensor;  // per layer: the stall its Y's copies caused
+  double mean_bytes = 0;         // device bytes in use over the step, time-weighted
+};
+
 struct Simulation {
   bool fits = true;             // every request fitted the capacity
   size_t reservation = 0;       // device bytes the pool must reserve for this schedule
@@ -27,6 +53,8 @@ struct Simulation {
   size_t host_bytes = 0;        // pinned host bytes the offloads need
   size_t offloaded_bytes = 0;   // bytes copied to the host per step
   std::vector<DsaBlock> step_trace;  // the training step's requests (for the static planner)
+  bool timed = false;           // costs were given: `timing` holds the step's times
+  StepTiming timing;
 
   // First request that did not fit (fits == false).
   std::string failure;          // "out of memory allocating 'conv2.workspace' (...)"
@@ -35,8 +63,13 @@ struct Simulation {
 };
 
 // Replays `schedule` (persistent tensors, one training step, one evaluation)
-// against `capacity` bytes (0 = unbounded: only measure).
+// against `capacity` bytes (0 = unbounded: only measure). With `costs`
+// (one entry per layer, else MemoryError), the training step is also timed.
 Simulation simulate(const MemoryModel& model, const Schedule& schedule, size_t capacity,
-                    Planner planner);
+                    Planner planner, const StepCosts* costs = nullptr);
+
+// The time of one layer call of a schedule under `costs` (kForward,
+// kRecompute, kBackward, kLoss; 0 for memory operations).
+double call_seconds(const StepCosts& costs, const ScheduleEvent& event);
 
 }  // namespace vtrain::memory

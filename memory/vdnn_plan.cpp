@@ -128,6 +128,7 @@ Schedule network_wide_schedule(const MemoryModel& model) {
   const int n = static_cast<int>(model.layers.size());
   s.offload_layer.assign(n, -1);
   s.prefetch_at.assign(n, {});
+  s.actions.assign(n, TensorAction::kKeep);
   add_persistent_of_model(model, s);
   for (int i = 0; i < n; ++i) {
     s.persistent.push_back({TensorKind::kOutput, i});
@@ -151,7 +152,9 @@ Schedule network_wide_schedule(const MemoryModel& model) {
 }
 
 std::vector<int> event_owners(const std::vector<ScheduleEvent>& events) {
-  auto is_call = [](Op op) { return op == Op::kForward || op == Op::kLoss || op == Op::kBackward; };
+  auto is_call = [](Op op) {
+    return op == Op::kForward || op == Op::kLoss || op == Op::kBackward || op == Op::kRecompute;
+  };
   int last_call = -1;
   for (size_t k = 0; k < events.size(); ++k) {
     if (is_call(events[k].op)) last_call = static_cast<int>(k);
@@ -176,19 +179,44 @@ int find_prefetch_layer(int current, const std::vector<LayerNode>& layers,
 
 namespace {
 
-// Builds a vDNN layer-wise schedule (Rhu et al. Sec. III-A/B): the dataflow
-// of the model, which outputs are offloaded where, then the forward and
-// backward event lists.
+// Consumers of every Y and the lowest-index layer whose backward reads it
+// (the last backward to run that needs it; -1: none).
+struct Dataflow {
+  std::vector<std::vector<int>> consumers;
+  std::vector<int> last_backward_reader;
+
+  explicit Dataflow(const std::vector<LayerNode>& layers) {
+    const int n = static_cast<int>(layers.size());
+    consumers.assign(n, {});
+    for (int i = 0; i < n; ++i) {
+      for (int p : unique_inputs(layers[i])) consumers[p].push_back(i);
+    }
+    last_backward_reader.assign(n, -1);
+    for (int p = 0; p < n; ++p) {
+      int reader = -1;
+      if (layers[p].backward_reads_output && !layers[p].is_input) reader = p;
+      for (int c : consumers[p]) {
+        if (layers[c].backward_reads_inputs && (reader < 0 || c < reader)) reader = c;
+      }
+      last_backward_reader[p] = reader;
+    }
+  }
+};
+
+// Builds a layer-wise schedule (vDNN, Rhu et al. Sec. III-A/B, with
+// recomputation): the dataflow of the model, which outputs are offloaded
+// or released for recomputation where, then the forward and backward event
+// lists.
 class LayerWiseBuilder {
  public:
-  LayerWiseBuilder(const MemoryModel& model, Offload offload)
-      : model_(model), layers_(model.layers), n_(static_cast<int>(layers_.size())) {
+  LayerWiseBuilder(const MemoryModel& model, const std::vector<TensorAction>& actions)
+      : model_(model), layers_(model.layers), n_(static_cast<int>(layers_.size())),
+        flow_(layers_) {
     s_.layer_wise = true;
-    s_.offload = offload;
+    s_.actions = actions;
     add_persistent_of_model(model, s_);
     s_.persistent.push_back({TensorKind::kOutput, 0});  // the data, written by the caller
-    find_dataflow();
-    choose_offloads(offload);
+    place_offloads();
   }
 
   Schedule build() {
@@ -200,7 +228,7 @@ class LayerWiseBuilder {
     forward(s_.train, /*training=*/true);
     s_.train.push_back(ev(Op::kAlloc, TensorKind::kGradient, sink));
     s_.train.push_back(ev(Op::kLoss, TensorKind::kOutput, sink));
-    if (last_backward_reader_[sink] < 0) {
+    if (flow_.last_backward_reader[sink] < 0) {
       s_.train.push_back(ev(Op::kFree, TensorKind::kOutput, sink));
     }
     start_backward();
@@ -209,39 +237,19 @@ class LayerWiseBuilder {
   }
 
  private:
+  enum class Where { kDevice, kHost, kGone };
+
   static ScheduleEvent ev(Op op, TensorKind kind, int layer) { return {op, {kind, layer}}; }
 
-  // Consumers, the backward readers of every Y, and the last of them.
-  void find_dataflow() {
-    consumers_.assign(n_, {});
-    for (int i = 0; i < n_; ++i) {
-      for (int p : unique_inputs(layers_[i])) consumers_[p].push_back(i);
-    }
-    last_backward_reader_.assign(n_, -1);  // the lowest index: the last to run
-    for (int p = 0; p < n_; ++p) {
-      int reader = -1;
-      if (layers_[p].backward_reads_output && !layers_[p].is_input) reader = p;
-      for (int c : consumers_[p]) {
-        if (layers_[c].backward_reads_inputs && (reader < 0 || c < reader)) reader = c;
-      }
-      last_backward_reader_[p] = reader;
-    }
-  }
-
-  // Offload Y(p) at its last forward consumer when the policy covers that
-  // layer and a backward will read Y(p).
-  void choose_offloads(Offload offload) {
+  // An offloaded Y(p) is copied out at its last forward consumer.
+  void place_offloads() {
     s_.offload_layer.assign(n_, -1);
     offloads_something_.assign(n_, false);
     for (int p = 1; p < n_; ++p) {
-      if (consumers_[p].empty() || last_backward_reader_[p] < 0) continue;
-      const int at = consumers_[p].back();
-      const bool covered =
-          offload == Offload::kAll || (offload == Offload::kConv && layers_[at].is_conv);
-      if (covered && layers_[p].output_bytes > 0) {
-        s_.offload_layer[p] = at;
-        offloads_something_[at] = true;
-      }
+      if (s_.actions[p] != TensorAction::kOffload) continue;
+      const int at = flow_.consumers[p].back();
+      s_.offload_layer[p] = at;
+      offloads_something_[at] = true;
     }
   }
 
@@ -266,22 +274,29 @@ class LayerWiseBuilder {
       if (l.forward_workspace > 0) out.push_back(ev(Op::kFree, TensorKind::kWorkspace, i));
       if (!training && l.state_bytes > 0) out.push_back(ev(Op::kFree, TensorKind::kState, i));
       for (int p : unique_inputs(l)) {
-        const bool dead = training ? last_backward_reader_[p] < 0 : true;
+        const bool dead = !training || flow_.last_backward_reader[p] < 0 ||
+                          s_.actions[p] == TensorAction::kRecompute;
         const bool offloaded_here = training && s_.offload_layer[p] == i;
-        if (!layers_[p].is_input && consumers_[p].back() == i && dead && !offloaded_here) {
+        if (!layers_[p].is_input && flow_.consumers[p].back() == i && dead && !offloaded_here) {
           out.push_back(ev(Op::kFree, TensorKind::kOutput, p));
         }
       }
     }
   }
 
+  // Where every Y is when the backward pass starts.
   void start_backward() {
-    on_host_.assign(n_, false);
+    where_.assign(n_, Where::kGone);
+    where_[0] = Where::kDevice;
+    for (int p = 1; p < n_; ++p) {
+      const bool read_later = flow_.last_backward_reader[p] >= 0 || p == n_ - 1;
+      if (!read_later || s_.actions[p] == TensorAction::kRecompute) continue;
+      where_[p] = s_.actions[p] == TensorAction::kOffload ? Where::kHost : Where::kDevice;
+    }
     still_out_.assign(n_, 0);
     offloaded_at_.assign(n_, {});
     for (int p = 0; p < n_; ++p) {
       if (s_.offload_layer[p] < 0) continue;
-      on_host_[p] = true;
       ++still_out_[s_.offload_layer[p]];
       offloaded_at_[s_.offload_layer[p]].push_back(p);
     }
@@ -291,7 +306,7 @@ class LayerWiseBuilder {
 
   void bring_back(int p, std::vector<ScheduleEvent>& out) {
     out.push_back(ev(Op::kPrefetch, TensorKind::kOutput, p));
-    on_host_[p] = false;
+    where_[p] = Where::kDevice;
     if (--still_out_[s_.offload_layer[p]] == 0) layer_prefetched_[s_.offload_layer[p]] = true;
   }
 
@@ -299,7 +314,7 @@ class LayerWiseBuilder {
   std::vector<int> bring_back_all(const std::vector<int>& ps, std::vector<ScheduleEvent>& out) {
     std::vector<int> brought;
     for (int p : ps) {
-      if (on_host_[p]) {
+      if (where_[p] == Where::kHost) {
         bring_back(p, out);
         brought.push_back(p);
       }
@@ -313,13 +328,49 @@ class LayerWiseBuilder {
     for (int p : ps) out.push_back(ev(Op::kFreeHost, TensorKind::kOutput, p));
   }
 
+  // Makes Y(p) present for the backward of layer i: prefetched (on demand,
+  // into `fetched`) or recomputed from its inputs, made present first.
+  // Recomputed tensors are added to `recomputed`.
+  void make_present(int p, int i, std::vector<int>& fetched, std::vector<int>& recomputed,
+                    std::vector<ScheduleEvent>& out) {
+    if (where_[p] == Where::kDevice) return;
+    if (where_[p] == Where::kHost) {
+      bring_back(p, out);
+      fetched.push_back(p);
+      return;
+    }
+    const LayerNode& l = layers_[p];
+    for (int q : unique_inputs(l)) make_present(q, i, fetched, recomputed, out);
+    // The recomputation reads its inputs: prefetches issued for them land first.
+    if (!fetched.empty()) {
+      sync_and_free_host(i, fetched, out);
+      fetched.clear();
+    }
+    out.push_back(ev(Op::kAlloc, TensorKind::kOutput, p));
+    if (l.forward_workspace > 0) out.push_back(ev(Op::kAlloc, TensorKind::kWorkspace, p));
+    out.push_back(ev(Op::kRecompute, TensorKind::kOutput, p));
+    if (l.forward_workspace > 0) out.push_back(ev(Op::kFree, TensorKind::kWorkspace, p));
+    where_[p] = Where::kDevice;
+    recomputed.push_back(p);
+  }
+
   void backward(int i, std::vector<ScheduleEvent>& out) {
     const LayerNode& l = layers_[i];
-    // On demand: what this backward reads and is still on the host.
+    // On demand: what this backward reads and is not on the device.
     std::vector<int> reads;
     if (l.backward_reads_inputs) reads = unique_inputs(l);
     if (l.backward_reads_output) reads.push_back(i);
-    sync_and_free_host(i, bring_back_all(reads, out), out);
+    std::vector<int> fetched, recomputed;
+    for (int p : reads) make_present(p, i, fetched, recomputed, out);
+    sync_and_free_host(i, fetched, out);
+    // Ancestors recomputed only to produce what this layer reads.
+    for (int p : recomputed) {
+      const int last = flow_.last_backward_reader[p];
+      if (last < 0 || last > i) {
+        out.push_back(ev(Op::kFree, TensorKind::kOutput, p));
+        where_[p] = Where::kGone;
+      }
+    }
     // The window (the paper's Fig. 10): overlapped with this layer's backward.
     std::vector<int> ahead;
     const int j = find_prefetch_layer(i, layers_, offloads_something_, layer_prefetched_);
@@ -329,12 +380,12 @@ class LayerWiseBuilder {
     }
     // Input gradients this layer writes first (the consumer with the highest index).
     for (int p : unique_inputs(l)) {
-      if (!layers_[p].is_input && consumers_[p].back() == i) {
+      if (!layers_[p].is_input && flow_.consumers[p].back() == i) {
         out.push_back(ev(Op::kAlloc, TensorKind::kGradient, p));
       }
     }
     if (l.backward_workspace > 0) out.push_back(ev(Op::kAlloc, TensorKind::kBackwardWorkspace, i));
-    const bool scratch = needs_scratch(model_, i, consumers_);
+    const bool scratch = needs_scratch(model_, i, flow_.consumers);
     if (scratch) out.push_back(ev(Op::kAlloc, TensorKind::kScratch, i));
     out.push_back(ev(Op::kBackward, TensorKind::kOutput, i));
     sync_and_free_host(i, ahead, out);
@@ -345,8 +396,9 @@ class LayerWiseBuilder {
     std::vector<int> candidates = unique_inputs(l);
     candidates.push_back(i);
     for (int p : candidates) {
-      if (!layers_[p].is_input && last_backward_reader_[p] == i) {
+      if (!layers_[p].is_input && flow_.last_backward_reader[p] == i) {
         out.push_back(ev(Op::kFree, TensorKind::kOutput, p));
+        where_[p] = Where::kGone;
       }
     }
   }
@@ -354,12 +406,11 @@ class LayerWiseBuilder {
   const MemoryModel& model_;
   const std::vector<LayerNode>& layers_;
   const int n_;
+  const Dataflow flow_;
   Schedule s_;
-  std::vector<std::vector<int>> consumers_;
-  std::vector<int> last_backward_reader_;
   std::vector<bool> offloads_something_;  // per layer: it offloads an input
   // Backward state.
-  std::vector<bool> on_host_;                   // offloaded and not yet prefetched
+  std::vector<Where> where_;                    // per Y
   std::vector<int> still_out_;                  // per layer: its offloaded inputs on the host
   std::vector<std::vector<int>> offloaded_at_;  // per layer: the inputs it offloads
   std::vector<bool> layer_prefetched_;
@@ -367,9 +418,55 @@ class LayerWiseBuilder {
 
 }  // namespace
 
+std::vector<bool> plannable(const MemoryModel& model) {
+  validate(model);
+  const Dataflow flow(model.layers);
+  const int n = static_cast<int>(model.layers.size());
+  std::vector<bool> can(n, false);
+  for (int p = 1; p < n - 1; ++p) {
+    can[p] = model.layers[p].output_bytes > 0 && flow.last_backward_reader[p] >= 0 &&
+             !flow.consumers[p].empty();
+  }
+  return can;
+}
+
+std::vector<TensorAction> offload_actions(const MemoryModel& model, Offload offload) {
+  const std::vector<bool> can = plannable(model);
+  const Dataflow flow(model.layers);
+  std::vector<TensorAction> actions(model.layers.size(), TensorAction::kKeep);
+  for (size_t p = 0; p < actions.size(); ++p) {
+    if (!can[p]) continue;
+    const int at = flow.consumers[p].back();
+    const bool covered =
+        offload == Offload::kAll || (offload == Offload::kConv && model.layers[at].is_conv);
+    if (covered) actions[p] = TensorAction::kOffload;
+  }
+  return actions;
+}
+
+Schedule planned_schedule(const MemoryModel& model, const std::vector<TensorAction>& actions) {
+  const std::vector<bool> can = plannable(model);
+  if (actions.size() != model.layers.size()) {
+    throw MemoryError("memory plan: " + std::to_string(actions.size()) + " actions for " +
+                      std::to_string(model.layers.size()) + " layers");
+  }
+  for (size_t p = 0; p < actions.size(); ++p) {
+    if (actions[p] != TensorAction::kKeep && !can[p]) {
+      throw MemoryError("memory plan: the output of '" + model.layers[p].name + "' cannot be " +
+                        (actions[p] == TensorAction::kOffload ? "offloaded" : "recomputed") +
+                        ": it is the data, the logits, empty, or no backward reads it");
+    }
+  }
+  Schedule s = LayerWiseBuilder(model, actions).build();
+  s.offload = Offload::kNone;
+  return s;
+}
+
 Schedule layer_wise_schedule(const MemoryModel& model, Offload offload) {
   validate(model);
-  return LayerWiseBuilder(model, offload).build();
+  Schedule s = LayerWiseBuilder(model, offload_actions(model, offload)).build();
+  s.offload = offload;
+  return s;
 }
 
 Schedule make_schedule(const MemoryModel& model, Policy policy) {
@@ -377,9 +474,10 @@ Schedule make_schedule(const MemoryModel& model, Policy policy) {
     case Policy::kNone: return network_wide_schedule(model);
     case Policy::kAll: return layer_wise_schedule(model, Offload::kAll);
     case Policy::kConv: return layer_wise_schedule(model, Offload::kConv);
-    case Policy::kDyn: break;
+    default: break;
   }
-  throw MemoryError("make_schedule: policy dyn is resolved by choose_dynamic() first");
+  throw MemoryError(std::string("make_schedule: policy ") + policy_name(policy) +
+                    " is resolved by a planner first");
 }
 
 }  // namespace vtrain::memory

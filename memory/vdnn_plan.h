@@ -22,10 +22,17 @@ enum class Policy {
   kAll,   // layer-wise allocation; offload the input X of every layer
   kConv,  // layer-wise allocation; offload the input X of conv layers only
   kDyn,   // choose offloading and conv algorithms by simulated profiling passes (Sec. III-C)
+  // Per-tensor plans (memory/planner.h): keep, offload or recompute each
+  // activation, chosen on the timed simulator under the capacity.
+  kAuto,          // the least simulated step time that fits (the planner vtrain ships)
+  kMemonger,      // Chen et al.: sqrt(N) segments, recompute only
+  kSuperNeurons,  // Wang et al.: offload conv outputs, recompute the cheap layers
+  kTflms,         // Le et al.: offload the N largest, the fewest that fit
 };
 inline constexpr auto kPolicyNames = std::to_array<common::Named<Policy>>(
     {{Policy::kNone, "none"}, {Policy::kAll, "all"}, {Policy::kConv, "conv"},
-     {Policy::kDyn, "dyn"}});
+     {Policy::kDyn, "dyn"}, {Policy::kAuto, "auto"}, {Policy::kMemonger, "memonger"},
+     {Policy::kSuperNeurons, "superneurons"}, {Policy::kTflms, "tflms"}});
 inline const char* policy_name(Policy policy) { return common::name_of(kPolicyNames, policy); }
 // Throws MemoryError listing the known names.
 Policy parse_policy(const std::string& name);
@@ -33,6 +40,19 @@ Policy parse_policy(const std::string& name);
 // What offloading a layer-wise schedule does (the resolved form of a policy).
 enum class Offload { kNone, kConv, kAll };
 const char* offload_name(Offload offload);  // "none", "conv", "all"
+
+// What a layer-wise schedule does with one activation Y between its last
+// forward use and its first backward use.
+enum class TensorAction {
+  kKeep,       // stays on the device
+  kOffload,    // copied to the host after its last forward consumer, prefetched back
+  kRecompute,  // released after its last forward consumer, recomputed in backward by
+               // re-running the layers that produce it from what is still on the device
+};
+inline constexpr auto kTensorActionNames = std::to_array<common::Named<TensorAction>>(
+    {{TensorAction::kKeep, "keep"},
+     {TensorAction::kOffload, "offload"},
+     {TensorAction::kRecompute, "recompute"}});
 
 // One graph node as the memory part sees it. Every node produces one tensor
 // Y (named after it) and, unless it is the input, its gradient dY.
@@ -42,6 +62,9 @@ struct LayerNode {
                                 // offloaded, no gradient
   bool is_conv = false;         // vDNN_conv offloads only the inputs of these; the prefetch
                                 // window (Fig. 10) ends at them
+  bool cheap = false;           // recomputing it costs little next to its output (an
+                                // activation, pooling, batch norm, add, concat): what
+                                // SuperNeurons-style plans recompute
   std::vector<int> inputs;      // producers (node indices below this one), in order
   size_t output_bytes = 0;      // Y and dY
   size_t state_bytes = 0;       // kept from forward to backward (pooling indices, BN stats)
@@ -97,6 +120,8 @@ enum class Op {
   kForward,      // run the layer's forward
   kLoss,         // softmax cross-entropy on the logits (writes the logits' dY)
   kBackward,     // run the layer's backward
+  kRecompute,    // run the layer's forward again during backward (its Y was released):
+                 // training mode, but no running statistics are updated
 };
 
 // One entry of a schedule: a memory operation or a layer call, in the order
@@ -113,6 +138,8 @@ struct Schedule {
   std::vector<TensorId> persistent;    // allocated once, in this order, before any step
   std::vector<ScheduleEvent> train;            // one training step
   std::vector<ScheduleEvent> evaluate;         // one forward pass in inference mode
+  std::vector<TensorAction> actions;   // per layer: what happens to its Y (all kKeep for
+                                       // the network-wide schedule)
   std::vector<int> offload_layer;      // per layer: where its Y is offloaded (-1: never)
   std::vector<std::vector<int>> prefetch_at;  // per layer: layers whose offloaded inputs its
                                               // backward prefetches by the window rule
@@ -140,7 +167,30 @@ Schedule network_wide_schedule(const MemoryModel& model);
 //    scratch, and every Y whose last backward reader was i.
 Schedule layer_wise_schedule(const MemoryModel& model, Offload offload);
 
-// The schedule of a static policy (none, all, conv). Throws MemoryError for kDyn.
+// Whether an action other than kKeep may apply to layer p's Y: not the data,
+// not the logits, not empty, and some backward reads it (else the
+// layer-wise schedule releases it in forward anyway).
+std::vector<bool> plannable(const MemoryModel& model);
+
+// The actions vDNN's offload policy takes: kOffload for every plannable Y
+// whose last forward consumer the policy covers (conv: a conv layer).
+std::vector<TensorAction> offload_actions(const MemoryModel& model, Offload offload);
+
+// The layer-wise schedule of per-tensor actions (one per layer; entries for
+// layers that are not plannable must be kKeep, else MemoryError). As
+// layer_wise_schedule for kKeep and kOffload; a kRecompute Y is released
+// after its last forward consumer like a tensor no backward reads, and
+// before the first backward that reads it, it is recomputed (kAlloc, its
+// workspace, kRecompute) after whatever its layer reads is made present:
+// kept tensors are there, offloaded ones are prefetched (with a sync),
+// released ones are recomputed the same way first, up to the nearest
+// present ancestor (forks and joins included). A recomputed Y then stays
+// until its last backward reader; ancestors recomputed only to produce it
+// are released once the layer's reads are all present.
+Schedule planned_schedule(const MemoryModel& model, const std::vector<TensorAction>& actions);
+
+// The schedule of a static policy (none, all, conv). Throws MemoryError for
+// kDyn and the per-tensor plans (memory/planner.h resolves those).
 Schedule make_schedule(const MemoryModel& model, Policy policy);
 
 // Fig. 10: searching down from current - 1, the nearest layer whose

@@ -83,6 +83,7 @@ memory::LayerNode memory_node(const Graph& graph, int i, const TensorDesc& out,
   node.name = spec.name;
   node.is_input = spec.type == LayerType::kInput;
   node.is_conv = spec.type == LayerType::kConv;
+  node.cheap = !node.is_input && !node.is_conv && spec.type != LayerType::kFc;
   node.inputs = graph.inputs(i);
   node.output_bytes = out.bytes();
   node.state_bytes = layer.state_bytes();
