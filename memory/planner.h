@@ -47,6 +47,10 @@ struct PlanSummary {
   size_t kept_bytes = 0, offloaded_bytes = 0, recomputed_bytes = 0;
 };
 PlanSummary summarize(const MemoryModel& model, const MemoryPlan& plan);
+// The plan for people: its method, predicted step time (compute,
+// recompute, stalls) and peak, the summary, and one line per plannable
+// tensor (name, bytes, action, the stall its copies cause).
+std::string plan_report(const MemoryModel& model, const MemoryPlan& plan);
 
 // Simulates the schedule of `actions` (timed). Throws MemoryError for
 // actions that do not apply (see planned_schedule).
