@@ -323,7 +323,8 @@ MemoryPlan plan_memory(Policy policy, const MemoryModel& model, const StepCosts&
 size_t least_capacity(const MemoryModel& model, const StepCosts& costs, Planner planner) {
   const Actions frugal[] = {uniform_actions(model, TensorAction::kRecompute),
                             uniform_actions(model, TensorAction::kOffload),
-                            memonger_actions(model), superneurons_actions(model)};
+                            memonger_actions(model), superneurons_actions(model),
+                            Actions(model.layers.size(), TensorAction::kKeep)};
   size_t hi = std::numeric_limits<size_t>::max();
   for (const Actions& actions : frugal) {
     hi = std::min(hi, simulate(model, planned_schedule(model, actions), 0, planner).reservation);

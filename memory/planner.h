@@ -81,8 +81,9 @@ std::optional<MemoryPlan> plan_oracle(const MemoryModel& model, const StepCosts&
                                       size_t capacity, Planner planner, int max_tensors = 12);
 
 // The least capacity (within 1%) for which auto finds a plan: a binary
-// search below the least reservation of the most frugal plans (offload all,
-// recompute all, memonger, superneurons). For error messages.
+// search below the least reservation of keeping everything and of the most
+// frugal plans (offload all, recompute all, memonger, superneurons). For
+// error messages.
 size_t least_capacity(const MemoryModel& model, const StepCosts& costs, Planner planner);
 
 }  // namespace vtrain::memory
