@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "memory/chrome_trace.h"
+#include "memory/memory_error.h"
 #include "memory/planner.h"
 #include "memory/vdnn_plan.h"
 #include "tests/engine_runs.h"
@@ -226,35 +227,48 @@ INSTANTIATE_TEST_SUITE_P(Presets, RecomputeTest,
 class PlanOptionsTest : public ::testing::Test {
  protected:
   void SetUp() override { backend_ = worker::make_backend({.kind = "cpu", .threads = 1}); }
+  worker::NetworkOptions options(Policy policy) const {
+    worker::NetworkOptions o;
+    o.max_batch = 2;
+    o.conv_algorithm = "direct";
+    o.memory_policy = policy;
+    return o;
+  }
   std::unique_ptr<worker::Backend> backend_;
   worker::Graph graph_ = test_support::preset_graph("vgg-small", 16);
 };
 
 TEST_F(PlanOptionsTest, PlanOfTheWrongLengthIsAClearError) {
-  worker::NetworkOptions o;
-  o.max_batch = 2;
-  o.conv_algorithm = "direct";
+  worker::NetworkOptions o = options(Policy::kNone);
   o.memory_actions = {TensorAction::kKeep, TensorAction::kRecompute};
   const std::string msg = error_message<std::invalid_argument>(
       [&] { worker::Network net(graph_, *backend_, o); });
   EXPECT_CONTAINS(msg, "NetworkOptions.memory_actions: 2 actions for the " +
                            std::to_string(graph_.size()) + " layers");
-  o.memory_actions.clear();
-  o.memory_policy = Policy::kAuto;
+  o = options(Policy::kAuto);
   o.memory_costs.forward_seconds = {1.0};
   const std::string costs = error_message<std::invalid_argument>(
       [&] { worker::Network net(graph_, *backend_, o); });
   EXPECT_CONTAINS(costs, "NetworkOptions.memory_costs: 1 forward and 0 backward times");
 }
 
+TEST_F(PlanOptionsTest, ACapacityNoPlanMeetsIsAClearError) {
+  worker::NetworkOptions o = options(Policy::kAuto);
+  o.memory_capacity = 64 << 10;
+  o.memory_costs =
+      synthetic_costs(worker::Network(graph_, *backend_, options(Policy::kNone)).memory_model());
+  const std::string msg = error_message<OutOfMemoryError>(
+      [&] { worker::Network net(graph_, *backend_, o); });
+  EXPECT_CONTAINS(msg, "memory.policy auto: no plan fits 64.0 KiB");
+  EXPECT_CONTAINS(msg, "out of memory allocating '");
+  EXPECT_CONTAINS(msg, "the least capacity auto finds a plan for is ");
+  EXPECT_CONTAINS(msg, "; memory capacity 64.0 KiB");
+}
+
 // Without memory_costs a per-tensor planner measures them on this device:
 // its plan is timed.
 TEST_F(PlanOptionsTest, AutoMeasuresTheCostsItIsNotGiven) {
-  worker::NetworkOptions o;
-  o.max_batch = 2;
-  o.conv_algorithm = "direct";
-  o.memory_policy = Policy::kAuto;
-  worker::Network net(graph_, *backend_, o);
+  worker::Network net(graph_, *backend_, options(Policy::kAuto));
   ASSERT_NE(net.memory_plan(), nullptr);
   EXPECT_TRUE(net.memory_plan()->simulation.timed);
   const worker::MemoryStats st = net.memory_stats();

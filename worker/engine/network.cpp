@@ -142,7 +142,6 @@ void Network::tune_convolutions() {
   }
 }
 
-
 void Network::bind_layers() {
   params_ = static_cast<float*>(interpreter_->persistent("params"));
   grads_ = static_cast<float*>(interpreter_->persistent("grads"));

@@ -32,7 +32,6 @@ memory::LayerNode memory_node(const Graph& graph, int i, const TensorDesc& out,
   return node;
 }
 
-
 // The policies memory/planner.h resolves per tensor.
 bool per_tensor(memory::Policy policy) {
   return policy == memory::Policy::kAuto || policy == memory::Policy::kMemonger ||
@@ -157,8 +156,8 @@ memory::Simulation Network::plan_per_tensor(size_t capacity, const std::string& 
       plan_ = memory::plan_memory(options_.memory_policy, model_, step_costs(capacity), capacity,
                                   planner);
     } catch (const memory::OutOfMemoryError& e) {
-      throw memory::OutOfMemoryError("memory.policy " + fixed.policy + ": " + e.what() + "; " +
-                                     where);
+      // The planner's message names the policy, the tensor and the least capacity.
+      throw memory::OutOfMemoryError(std::string(e.what()) + "; " + where);
     }
     if (plan_->method != fixed.policy) fixed.policy += " (" + plan_->method + ")";
   }
