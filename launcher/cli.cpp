@@ -152,7 +152,7 @@ void check_complete(const CliArgs& cli) {
     if (cli.db.empty()) throw UsageError("db " + cli.db_action + " needs --db FILE");
     if (cli.db_action == "export" && cli.table.empty()) {
       throw UsageError("db export needs --table NAME (devices, kernels, kernel_measurements, "
-                       "step_measurements)");
+                       "step_measurements, copy_bandwidth, layer_measurements)");
     }
     return;
   }
@@ -364,8 +364,8 @@ with balance.split: auto measures it; offline it is yours to give, default 0).
 vtrain db export --db FILE --table NAME [--format csv|jsonl]
 
 stats: the schema version, row counts and measurements per device.
-export: one table (devices, kernels, kernel_measurements, step_measurements)
-to stdout as CSV (default) or JSON lines. The file is plain SQLite: the
+export: one table (devices, kernels, kernel_measurements, step_measurements,
+copy_bandwidth, layer_measurements) to stdout as CSV (default) or JSON lines. The file is plain SQLite: the
 sqlite3 shell reads it too (see perfdb/README.md for the tables).
 )";
   }

@@ -15,6 +15,7 @@
 #include <iostream>
 
 #include "common/machine.h"
+#include "common/text.h"
 #include "configs/config.h"
 #include "configs/config_limits.h"
 #include "launcher/cli.h"
@@ -257,10 +258,16 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   char line[512];
   std::snprintf(line, sizeof line,
                 "rank %d (%s, share %d/%d): %lld kernel items measured, %lld cached; %lld steps "
-                "measured, %lld cached; %.1f s",
+                "measured, %lld cached; layer times at %lld batches measured, %lld cached; copy "
+                "bandwidth %s; %.1f s",
                 comm.rank(), info.name.c_str(), options.share_index + 1, options.share_count,
                 static_cast<long long>(r.kernel_measured), static_cast<long long>(r.kernel_cached),
                 static_cast<long long>(r.step_measured), static_cast<long long>(r.step_cached),
+                static_cast<long long>(r.layer_costs_measured),
+                static_cast<long long>(r.layer_costs_cached),
+                r.copy_measured > 0  ? "measured"
+                : r.copy_cached > 0 ? "cached"
+                                    : "another share's",
                 r.seconds);
   const std::vector<std::string> lines = comm.gather(line, 0);
   comm.barrier();
@@ -282,8 +289,9 @@ int run_db(const CliArgs& cli) {
   if (cli.db_action == "export") {
     const auto table = perfdb::table_from_name(cli.table);
     if (!table) {
-      throw UsageError("unknown table '" + cli.table +
-                       "' (known: devices, kernels, kernel_measurements, step_measurements)");
+      std::vector<std::string> known;
+      for (perfdb::Table t : perfdb::kTables) known.push_back(perfdb::table_name(t));
+      throw UsageError("unknown table '" + cli.table + "' (known: " + common::join(known) + ")");
     }
     db.export_table(*table,
                     cli.format == "jsonl" ? perfdb::ExportFormat::kJsonLines : perfdb::ExportFormat::kCsv,
@@ -292,18 +300,22 @@ int run_db(const CliArgs& cli) {
   }
   const perfdb::Stats st = db.stats();
   std::printf("perf DB %s (schema version %d)\n", cli.db.c_str(), st.schema_version);
-  std::printf("  %lld devices, %lld kernels, %lld kernel measurements, %lld step measurements\n",
+  std::printf("  %lld devices, %lld kernels, %lld kernel measurements, %lld step measurements, "
+              "%lld copy bandwidths, %lld layer measurements\n",
               static_cast<long long>(st.devices), static_cast<long long>(st.kernels),
               static_cast<long long>(st.kernel_measurements),
-              static_cast<long long>(st.step_measurements));
+              static_cast<long long>(st.step_measurements),
+              static_cast<long long>(st.copy_bandwidths),
+              static_cast<long long>(st.layer_measurements));
   for (const perfdb::DeviceStats& d : st.per_device) {
-    std::printf("  device %lld: %s (%s, %s, %d threads, host %s): %lld kernel, %lld step "
-                "measurements\n",
+    std::printf("  device %lld: %s (%s, %s, %d threads, host %s): %lld kernel, %lld step, "
+                "%lld layer measurements\n",
                 static_cast<long long>(d.device.id.value), d.device.device.name.c_str(),
                 d.device.device.backend.c_str(), d.device.device.library_version.c_str(),
                 d.device.device.threads, d.device.device.host.c_str(),
                 static_cast<long long>(d.kernel_measurements),
-                static_cast<long long>(d.step_measurements));
+                static_cast<long long>(d.step_measurements),
+                static_cast<long long>(d.layer_measurements));
   }
   return kExitOk;
 }
