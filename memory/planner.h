@@ -12,12 +12,14 @@
 //  superneurons          Wang et al.: outputs of conv layers offloaded, outputs
 //                        of cheap layers recomputed, the rest kept;
 //  tflms                 Le et al.: the N largest offloaded, the fewest N that fit;
-//  auto                  what vtrain ships: greedy by added time per byte freed
-//                        (each tensor's cheaper action, measured alone), then
-//                        local search (drop an action, swap offload and
-//                        recompute) while the plan fits and gets faster; the
-//                        result is the fastest of that and every baseline
-//                        that fits.
+//  auto                  what vtrain ships: greedy in order of added time per
+//                        byte (each tensor's cheaper action, measured alone),
+//                        each tensor taking the action that leaves the
+//                        smaller reservation, until the plan fits; then local
+//                        search (drop an action, swap offload and recompute)
+//                        while the plan fits and gets faster. The same local
+//                        search also starts from the fastest fitting baseline
+//                        or frugal plan; the fastest result wins.
 // plan_oracle() is exact for small graphs (branch and bound over every
 // assignment), to measure how far the others are from optimal.
 #pragma once
@@ -78,9 +80,9 @@ std::optional<MemoryPlan> try_plan_memory(Policy policy, const MemoryModel& mode
 std::optional<MemoryPlan> plan_oracle(const MemoryModel& model, const StepCosts& costs,
                                       size_t capacity, Planner planner, int max_tensors = 12);
 
-// The least reservation among the most frugal plans vtrain knows (offload
-// all, recompute all, memonger, and the greedy's deepest plan): below it no
-// plan vtrain makes fits.
+// The least capacity (within 1%) for which auto finds a plan: a binary
+// search below the least reservation of the most frugal plans (offload all,
+// recompute all, memonger, superneurons). For error messages.
 size_t least_capacity(const MemoryModel& model, const StepCosts& costs, Planner planner);
 
 }  // namespace vtrain::memory

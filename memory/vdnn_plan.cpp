@@ -351,7 +351,22 @@ class LayerWiseBuilder {
     out.push_back(ev(Op::kRecompute, TensorKind::kOutput, p));
     if (l.forward_workspace > 0) out.push_back(ev(Op::kFree, TensorKind::kWorkspace, p));
     where_[p] = Where::kDevice;
+    // Inputs recomputed only for this one go as soon as it exists.
+    for (int q : unique_inputs(l)) {
+      auto it = std::find(recomputed.begin(), recomputed.end(), q);
+      if (it != recomputed.end() && !needed_at(q, i)) {
+        out.push_back(ev(Op::kFree, TensorKind::kOutput, q));
+        where_[q] = Where::kGone;
+        recomputed.erase(it);
+      }
+    }
     recomputed.push_back(p);
+  }
+
+  // Whether the backward of layer i or a later one reads Y(p).
+  bool needed_at(int p, int i) const {
+    const int last = flow_.last_backward_reader[p];
+    return last >= 0 && last <= i;
   }
 
   void backward(int i, std::vector<ScheduleEvent>& out) {
@@ -365,8 +380,7 @@ class LayerWiseBuilder {
     sync_and_free_host(i, fetched, out);
     // Ancestors recomputed only to produce what this layer reads.
     for (int p : recomputed) {
-      const int last = flow_.last_backward_reader[p];
-      if (last < 0 || last > i) {
+      if (!needed_at(p, i)) {
         out.push_back(ev(Op::kFree, TensorKind::kOutput, p));
         where_[p] = Where::kGone;
       }
