@@ -22,12 +22,14 @@
 #include "launcher/job_plan.h"
 #include "launcher/part_options.h"
 #include "launcher/stop_signals.h"
+#include "memory/planner.h"
 #include "perfdb/perf_db.h"
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/device_infos.h"
 #include "worker/data/data.h"
 #include "worker/engine/graph.h"
+#include "worker/engine/network.h"
 #include "worker/profile/planning.h"
 #include "worker/profile/profiler.h"
 #include "worker/train/failure_injection.h"
@@ -123,6 +125,32 @@ Config load(const CliArgs& cli) {
   return cfg;
 }
 
+// Whether memory.policy chooses per activation (keep, offload, recompute).
+bool plans_per_tensor(memory::Policy policy) {
+  return policy == memory::Policy::kAuto || policy == memory::Policy::kMemonger ||
+         policy == memory::Policy::kSuperNeurons || policy == memory::Policy::kTflms;
+}
+
+// Under a per-tensor memory.policy, the plan training would run: the
+// network built on this device for the largest rank batch (the batch check
+// counts), its costs measured in place. A capacity no plan fits throws the
+// planner's OutOfMemoryError (the tensor, the least capacity).
+void print_memory_plan(const Config& cfg, const worker::Graph& graph) {
+  if (!plans_per_tensor(cfg.memory.policy)) return;
+  const int64_t batch = largest_rank_batch(cfg, 1);
+  auto backend = worker::make_backend(backend_options(cfg));
+  const worker::Network network(graph, *backend, network_options(cfg, batch));
+  const memory::MemoryPlan* plan = network.memory_plan();
+  if (plan == nullptr) {
+    throw std::logic_error(std::string("memory.policy ") + memory::policy_name(cfg.memory.policy) +
+                           ": the network made no per-tensor plan");
+  }
+  std::printf("memory: batch %lld on %s, capacity %s\n%s", static_cast<long long>(batch),
+              backend->device_info().name.c_str(),
+              common::format_bytes_fixed(network.memory_stats().capacity).c_str(),
+              memory::plan_report(network.memory_model(), *plan).c_str());
+}
+
 int run_check(const CliArgs& cli) {
   const Config cfg = load(cli);
   const Datasets data = load_data(cfg);
@@ -140,6 +168,7 @@ int run_check(const CliArgs& cli) {
     std::printf("  %-16s %-9s %-18s <- %s\n", l.name.c_str(), worker::layer_type_name(l.type),
                 graph.output_shape(i).str().c_str(), inputs.c_str());
   }
+  print_memory_plan(cfg, graph);
   std::printf("effective config:\n%s\n", config::to_yaml(cfg).c_str());
   return kExitOk;
 }

@@ -96,21 +96,34 @@ TensorDesc at_batch(TensorDesc desc, int64_t n) {
 
 TensorDesc floats(int64_t count) { return {{std::max<int64_t>(count, 1), 1, 1, 1}}; }
 
-// What one layer's calls need on the device at batch n.
+// Whether a consumer after layer i, whose backward runs before i's, has
+// written producer p's gradient when i's backward starts.
+bool written_before(const Graph& graph, int i, int p) {
+  const std::vector<int>& consumers = graph.consumers(p);
+  return std::any_of(consumers.begin(), consumers.end(), [&](int c) { return c > i; });
+}
+
+// What one layer's calls need on the device at batch n. As in a step, a
+// backward that does not read X writes dX where X was, and one that does
+// not read Y gets dY where Y was: a layer fits the device here when its
+// step's calls do.
 struct LayerNeeds {
   std::vector<TensorDesc> inputs;  // X_k
   std::vector<bool> input_grad;    // dX_k: input k is not the data
   TensorDesc output;               // Y and dY
-  size_t scratch = 0;              // an input gradient written aside, then added
+  bool reads_inputs = false;       // backward reads X: dX needs its own buffer
+  bool reads_output = false;       // backward reads Y: dY needs its own buffer
+  size_t scratch = 0;              // an input gradient written aside (then added), where the
+                                   // memory model expects one; else allocated on first use
   size_t workspace = 0;
   size_t state = 0;
   int64_t params = 0, buffers = 0;  // floats
 
   size_t total() const {
-    size_t bytes = 2 * output.bytes() + scratch + workspace + state +
+    size_t bytes = output.bytes() * (reads_output ? 2 : 1) + scratch + workspace + state +
                    (2 * params + buffers) * sizeof(float);
     for (size_t k = 0; k < inputs.size(); ++k) {
-      bytes += inputs[k].bytes() * (input_grad[k] ? 2 : 1);
+      bytes += inputs[k].bytes() * (input_grad[k] && reads_inputs ? 2 : 1);
     }
     return bytes;
   }
@@ -119,15 +132,21 @@ struct LayerNeeds {
 LayerNeeds layer_needs(const Graph& graph, int i, const Layer& layer,
                        const std::vector<TensorDesc>& out_desc, int64_t n,
                        uint64_t plan_workspace_bytes) {
+  memory::LayerNode node;
+  layer.describe_backward(node);
   LayerNeeds needs;
   for (int p : graph.inputs(i)) {
     needs.inputs.push_back(at_batch(out_desc[p], n));
     needs.input_grad.push_back(p != graph.input_index());
-    needs.scratch = std::max(needs.scratch, needs.inputs.back().bytes());
+    // A gradient the layer cannot add to, or one it computes for the data.
+    const bool aside = needs.input_grad.back()
+                           ? !node.backward_accumulates && written_before(graph, i, p)
+                           : node.backward_needs_input_grad;
+    if (aside) needs.scratch = std::max(needs.scratch, needs.inputs.back().bytes());
   }
   needs.output = at_batch(out_desc[i], n);
-  memory::LayerNode node;
-  layer.describe_backward(node);
+  needs.reads_inputs = node.backward_reads_inputs;
+  needs.reads_output = node.backward_reads_output;
   needs.workspace = std::max(node.forward_workspace, node.backward_workspace);
   const auto* conv = dynamic_cast<const ConvLayer*>(&layer);
   if (conv && conv->planned()) {
@@ -166,13 +185,6 @@ class TemporaryBinding {
   Layer& layer_;
 };
 
-// Whether a consumer after layer i, whose backward runs before i's, has
-// written producer p's gradient when i's backward starts.
-bool written_before(const Graph& graph, int i, int p) {
-  const std::vector<int>& consumers = graph.consumers(p);
-  return std::any_of(consumers.begin(), consumers.end(), [&](int c) { return c > i; });
-}
-
 LayerSeconds time_layer(const Graph& graph, int i, Layer& layer,
                         const std::vector<TensorDesc>& out_desc, Backend& backend, int64_t n,
                         const KernelTimingOptions& timing, uint64_t plan_workspace_bytes) {
@@ -182,11 +194,17 @@ LayerSeconds time_layer(const Graph& graph, int i, Layer& layer,
   std::vector<Tensor> in, din;
   for (size_t k = 0; k < needs.inputs.size(); ++k) {
     in.push_back(blocks.tensor(needs.inputs[k], 0.01f));
-    din.push_back(needs.input_grad[k] ? blocks.tensor(needs.inputs[k], 0.0f) : Tensor{});
+    din.push_back(!needs.input_grad[k]  ? Tensor{}
+                  : needs.reads_inputs ? blocks.tensor(needs.inputs[k], 0.0f)
+                                       : in.back());
   }
   const Tensor out = blocks.tensor(needs.output, 0.01f);
-  const Tensor dout = blocks.tensor(needs.output, 0.01f);
-  float* scratch = blocks.get(needs.scratch);
+  const Tensor dout = needs.reads_output ? blocks.tensor(needs.output, 0.01f) : out;
+  float* scratch = needs.scratch > 0 ? blocks.get(needs.scratch) : nullptr;
+  auto scratch_like = [&](const TensorDesc& desc) {
+    if (!scratch) scratch = blocks.get(std::max(needs.scratch, desc.bytes()));
+    return Tensor{desc, scratch};
+  };
   void* workspace = needs.workspace > 0 ? blocks.get(needs.workspace) : nullptr;
   void* state = needs.state > 0 ? blocks.get(needs.state) : nullptr;
   const LayerStorage storage{blocks.tensor(floats(needs.params), 0.01f).data,
@@ -206,14 +224,14 @@ LayerSeconds time_layer(const Graph& graph, int i, Layer& layer,
     } else if (can_add) {
       op(din[k], 1.0f);
     } else {
-      const Tensor aside{din[k].desc, scratch};
+      const Tensor aside = scratch_like(din[k].desc);
       op(aside, 0.0f);
       backend.accumulate(aside, din[k], 1.0f);
     }
     written[k] = true;
   };
   call.needs_grad = [&](int k) { return needs.input_grad[k]; };
-  call.scratch_like = [&](const Tensor& like) { return Tensor{like.desc, scratch}; };
+  call.scratch_like = [&](const Tensor& like) { return scratch_like(like.desc); };
   call.gradients_ready = [] {};
   LayerSeconds seconds;
   seconds.forward = time_kernel(backend, timing, [&] { layer.forward(call, true); }).seconds;
