@@ -374,9 +374,15 @@ sqlite3 shell reads it too (see perfdb/README.md for the tables).
 
 Validates CONFIG (every key, type and value), loads the data files' headers
 and data, builds the model graph, and prints the layers with their output
-shapes, the parameter count and the effective configuration. Nothing is
-trained. Exit code 0 if the run would start, 2 for a config or model error,
-1 for a data error.
+shapes, the parameter count and the effective configuration. Under a
+per-tensor memory.policy (auto, memonger, superneurons, tflms) it also builds
+the network on this device as training would (the batch of one rank: the
+whole train.batch, or the largest balance.manual entry), measures each
+layer's time and the copy bandwidth, and prints the memory plan: per
+activation kept, offloaded or recomputed, the predicted step time and peak.
+Nothing is trained. Exit code 0 if the run would start, 2 for a config or
+model error, 1 for a data error or a device.memory_limit no plan fits (the
+error names the tensor that does not fit and the least capacity that would).
 )";
   }
   if (topic == "version") return "vtrain --version: prints the version\n";
