@@ -1,6 +1,7 @@
 // PerfDb's copy_bandwidth and layer_measurements tables: what the timed
 // memory simulator needs of a device (see perf_db.h).
 #include <set>
+#include <span>
 #include <string>
 
 #include "perfdb/internal/perf_db_impl.h"
@@ -50,21 +51,32 @@ std::string complaint_about(const LayerMeasurement& m) {
   return {};
 }
 
+// The first complaint about `rows`, checked before anything is written:
+// a row's fields, or a key (key_of names it) given twice; "" when none.
+template <class Row, class KeyOf>
+std::string complaint_about(std::span<const Row> rows, const std::string& row, KeyOf key_of) {
+  std::set<std::string> seen;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (std::string why = complaint_about(rows[i]); !why.empty()) {
+      return row + " " + std::to_string(i) + ": " + why;
+    }
+    if (const std::string key = key_of(rows[i]); !seen.insert(key).second) {
+      return key + " is given twice";
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 void PerfDb::record_copy_bandwidth(DeviceId device,
                                    std::span<const CopyBandwidthMeasurement> measurements) {
   impl_->begin("record copy bandwidth");
-  std::set<CopyDirection> seen;
-  for (size_t i = 0; i < measurements.size(); ++i) {
-    if (std::string why = complaint_about(measurements[i]); !why.empty()) {
-      impl_->invalid("measurement " + std::to_string(i) + ": " + why);
-    }
-    if (!seen.insert(measurements[i].direction).second) {
-      impl_->invalid(std::string("direction ") + copy_direction_name(measurements[i].direction) +
-                     " is given twice");
-    }
-  }
+  const std::string why =
+      complaint_about(measurements, "measurement", [](const CopyBandwidthMeasurement& m) {
+        return std::string("direction ") + copy_direction_name(m.direction);
+      });
+  if (!why.empty()) impl_->invalid(why);
   if (measurements.empty()) return;
   const int64_t now = unix_now();
   impl_->transact(Txn::kWrite, [&] {
@@ -105,15 +117,10 @@ void PerfDb::record_layer_measurements(DeviceId device, std::string_view model, 
   impl_->begin("record layer measurements");
   if (model.empty()) impl_->invalid("model must not be empty");
   if (batch < 1) impl_->invalid("batch must be >= 1, got " + std::to_string(batch));
-  std::set<int64_t> seen;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    if (std::string why = complaint_about(layers[i]); !why.empty()) {
-      impl_->invalid("layer " + std::to_string(i) + ": " + why);
-    }
-    if (!seen.insert(layers[i].layer_index).second) {
-      impl_->invalid("layer_index " + std::to_string(layers[i].layer_index) + " is given twice");
-    }
-  }
+  const std::string why = complaint_about(layers, "layer", [](const LayerMeasurement& m) {
+    return "layer_index " + std::to_string(m.layer_index);
+  });
+  if (!why.empty()) impl_->invalid(why);
   if (layers.empty()) return;
   const int64_t now = unix_now();
   impl_->transact(Txn::kWrite, [&] {

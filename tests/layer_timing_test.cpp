@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "memory/memory_error.h"
+#include "tests/engine_support.h"
 #include "tests/test_support.h"
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
@@ -20,31 +21,23 @@
 namespace vtrain::worker {
 namespace {
 
-constexpr KernelTimingOptions kQuick{0, 1, TimingStatistic::kMedian};
+using test_support::layer_spec;
 
-LayerSpec L(const std::string& name, LayerType type, std::vector<std::string> inputs,
-            int64_t out = 0, int64_t kernel = 1) {
-  LayerSpec s;
-  s.name = name;
-  s.type = type;
-  s.inputs = std::move(inputs);
-  s.out = out;
-  s.kernel_h = s.kernel_w = kernel;
-  s.pad_h = s.pad_w = kernel / 2;
-  return s;
-}
+constexpr KernelTimingOptions kQuick{0, 1, TimingStatistic::kMedian};
 
 // Every layer type, a fork (r1 feeds c2 and the add) and two joins.
 Graph every_type() {
-  LayerSpec p1 = L("p1", LayerType::kPool, {"cat"}, 0, 2);
+  LayerSpec p1 = layer_spec("p1", LayerType::kPool, {"cat"}, 0, 2);
   p1.stride_h = p1.stride_w = 2;
   p1.pad_h = p1.pad_w = 0;
-  return Graph::build({L("data", LayerType::kInput, {}), L("c1", LayerType::kConv, {"data"}, 8, 3),
-                       L("bn1", LayerType::kBatchNorm, {"c1"}), L("r1", LayerType::kRelu, {"bn1"}),
-                       L("c2", LayerType::kConv, {"r1"}, 8, 3),
-                       L("sum", LayerType::kAdd, {"c2", "r1"}),
-                       L("cat", LayerType::kConcat, {"sum", "r1"}), p1,
-                       L("fc", LayerType::kFc, {"p1"}, 5)},
+  return Graph::build({layer_spec("data", LayerType::kInput, {}),
+                       layer_spec("c1", LayerType::kConv, {"data"}, 8, 3),
+                       layer_spec("bn1", LayerType::kBatchNorm, {"c1"}),
+                       layer_spec("r1", LayerType::kRelu, {"bn1"}),
+                       layer_spec("c2", LayerType::kConv, {"r1"}, 8, 3),
+                       layer_spec("sum", LayerType::kAdd, {"c2", "r1"}),
+                       layer_spec("cat", LayerType::kConcat, {"sum", "r1"}), p1,
+                       layer_spec("fc", LayerType::kFc, {"p1"}, 5)},
                       {1, 3, 8, 8});
 }
 
@@ -55,15 +48,7 @@ TEST(LayerTiming, OneEntryPerLayerEachPositiveButTheData) {
   const CopyBandwidth bandwidth{1e9, 2e9, 4096};
   const memory::StepCosts costs =
       measure_graph_step_costs(graph, *backend, 4, bandwidth, "auto", kQuick);
-  ASSERT_EQ(costs.forward_seconds.size(), static_cast<size_t>(graph.size()));
-  ASSERT_EQ(costs.backward_seconds.size(), static_cast<size_t>(graph.size()));
-  EXPECT_EQ(costs.forward_seconds[0], 0);
-  EXPECT_EQ(costs.backward_seconds[0], 0);
-  for (int i = 1; i < graph.size(); ++i) {
-    EXPECT_GT(costs.forward_seconds[i], 0) << graph.layer(i).name;
-    EXPECT_GT(costs.backward_seconds[i], 0) << graph.layer(i).name;
-  }
-  EXPECT_GT(costs.loss_seconds, 0);
+  test_support::expect_every_layer_timed(graph, costs);
   EXPECT_EQ(costs.to_host_bytes_per_second, 1e9);
   EXPECT_EQ(costs.to_device_bytes_per_second, 2e9);
   // Every buffer went back (the ops' own scratch, which only grows, aside).
@@ -73,8 +58,10 @@ TEST(LayerTiming, OneEntryPerLayerEachPositiveButTheData) {
 TEST(LayerTiming, AConvolutionTakesLongerThanTheReluOfItsOutput) {
   auto backend = make_backend({.kind = "cpu", .threads = 1});
   const Graph graph = Graph::build(
-      {L("data", LayerType::kInput, {}), L("conv", LayerType::kConv, {"data"}, 64, 3),
-       L("relu", LayerType::kRelu, {"conv"}), L("fc", LayerType::kFc, {"relu"}, 10)},
+      {layer_spec("data", LayerType::kInput, {}),
+       layer_spec("conv", LayerType::kConv, {"data"}, 64, 3),
+       layer_spec("relu", LayerType::kRelu, {"conv"}),
+       layer_spec("fc", LayerType::kFc, {"relu"}, 10)},
       {64, 32, 32});
   // 64 x 64 x 9 multiply-adds per output element against one comparison.
   const memory::StepCosts costs =
@@ -156,9 +143,11 @@ TEST(LayerTiming, BackwardWritesGradientsAsATrainingStepDoes) {
   // c1 feeds a and b; b's backward runs first and writes c1's gradient, so
   // a adds to it: with beta 1 where it can, else beside it in scratch.
   const Graph graph = Graph::build(
-      {L("data", LayerType::kInput, {}), L("c1", LayerType::kConv, {"data"}, 2, 1),
-       L("a", LayerType::kRelu, {"c1"}), L("b", LayerType::kRelu, {"c1"}),
-       L("sum", LayerType::kAdd, {"a", "b"}), L("fc", LayerType::kFc, {"sum"}, 3)},
+      {layer_spec("data", LayerType::kInput, {}),
+       layer_spec("c1", LayerType::kConv, {"data"}, 2, 1),
+       layer_spec("a", LayerType::kRelu, {"c1"}), layer_spec("b", LayerType::kRelu, {"c1"}),
+       layer_spec("sum", LayerType::kAdd, {"a", "b"}),
+       layer_spec("fc", LayerType::kFc, {"sum"}, 3)},
       {1, 4, 4});
   for (const bool a_can_add : {false, true}) {
     auto backend = make_backend({.kind = "cpu", .threads = 1});

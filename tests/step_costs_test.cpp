@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "perfdb/perf_db.h"
+#include "tests/engine_support.h"
 #include "tests/test_support.h"
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
@@ -66,14 +67,7 @@ TEST_F(StepCostsTest, ProfiledCostsHaveOneEntryPerLayer) {
   ASSERT_TRUE(lookup.costs.has_value()) << lookup.missing;
   EXPECT_EQ(lookup.missing, "");
   const memory::StepCosts& c = *lookup.costs;
-  ASSERT_EQ(c.forward_seconds.size(), static_cast<size_t>(graph_.size()));
-  ASSERT_EQ(c.backward_seconds.size(), static_cast<size_t>(graph_.size()));
-  EXPECT_EQ(c.forward_seconds[0], 0);  // the data
-  for (int i = 1; i < graph_.size(); ++i) {
-    EXPECT_GT(c.forward_seconds[i], 0) << graph_.layer(i).name;
-    EXPECT_GT(c.backward_seconds[i], 0) << graph_.layer(i).name;
-  }
-  EXPECT_GT(c.loss_seconds, 0);
+  test_support::expect_every_layer_timed(graph_, c);
   EXPECT_GT(c.to_host_bytes_per_second, 0);
   EXPECT_GT(c.to_device_bytes_per_second, 0);
   // The rows hold what was measured, in ms, named after the layers.
