@@ -11,14 +11,12 @@
 #include <string>
 #include <vector>
 
-#include <filesystem>
-#include <iostream>
-
 #include "common/machine.h"
 #include "common/text.h"
 #include "configs/config.h"
 #include "configs/config_limits.h"
 #include "launcher/cli.h"
+#include "launcher/db_command.h"
 #include "launcher/job_plan.h"
 #include "launcher/part_options.h"
 #include "launcher/stop_signals.h"
@@ -306,45 +304,6 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
     for (int64_t b : options.batches) std::printf(" %lld", static_cast<long long>(b));
     std::printf("\n");
     for (const std::string& l : lines) std::printf("  %s\n", l.c_str());
-  }
-  return kExitOk;
-}
-
-int run_db(const CliArgs& cli) {
-  if (!std::filesystem::exists(cli.db)) {
-    throw std::runtime_error("perf DB " + cli.db + " does not exist (create it with vtrain profile)");
-  }
-  perfdb::PerfDb db(cli.db);
-  if (cli.db_action == "export") {
-    const auto table = perfdb::table_from_name(cli.table);
-    if (!table) {
-      std::vector<std::string> known;
-      for (perfdb::Table t : perfdb::kTables) known.push_back(perfdb::table_name(t));
-      throw UsageError("unknown table '" + cli.table + "' (known: " + common::join(known) + ")");
-    }
-    db.export_table(*table,
-                    cli.format == "jsonl" ? perfdb::ExportFormat::kJsonLines : perfdb::ExportFormat::kCsv,
-                    std::cout);
-    return kExitOk;
-  }
-  const perfdb::Stats st = db.stats();
-  std::printf("perf DB %s (schema version %d)\n", cli.db.c_str(), st.schema_version);
-  std::printf("  %lld devices, %lld kernels, %lld kernel measurements, %lld step measurements, "
-              "%lld copy bandwidths, %lld layer measurements\n",
-              static_cast<long long>(st.devices), static_cast<long long>(st.kernels),
-              static_cast<long long>(st.kernel_measurements),
-              static_cast<long long>(st.step_measurements),
-              static_cast<long long>(st.copy_bandwidths),
-              static_cast<long long>(st.layer_measurements));
-  for (const perfdb::DeviceStats& d : st.per_device) {
-    std::printf("  device %lld: %s (%s, %s, %d threads, host %s): %lld kernel, %lld step, "
-                "%lld layer measurements\n",
-                static_cast<long long>(d.device.id.value), d.device.device.name.c_str(),
-                d.device.device.backend.c_str(), d.device.device.library_version.c_str(),
-                d.device.device.threads, d.device.device.host.c_str(),
-                static_cast<long long>(d.kernel_measurements),
-                static_cast<long long>(d.step_measurements),
-                static_cast<long long>(d.layer_measurements));
   }
   return kExitOk;
 }
