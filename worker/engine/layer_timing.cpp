@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -185,62 +186,98 @@ class TemporaryBinding {
   Layer& layer_;
 };
 
-LayerSeconds time_layer(const Graph& graph, int i, Layer& layer,
-                        const std::vector<TensorDesc>& out_desc, Backend& backend, int64_t n,
-                        const KernelTimingOptions& timing, uint64_t plan_workspace_bytes) {
-  const LayerNeeds needs = layer_needs(graph, i, layer, out_desc, n, plan_workspace_bytes);
-  DeviceBlocks blocks(backend, "layer '" + layer.spec().name + "' at batch " + std::to_string(n),
-                      needs.total());
-  std::vector<Tensor> in, din;
-  for (size_t k = 0; k < needs.inputs.size(); ++k) {
-    in.push_back(blocks.tensor(needs.inputs[k], 0.01f));
-    din.push_back(!needs.input_grad[k]  ? Tensor{}
-                  : needs.reads_inputs ? blocks.tensor(needs.inputs[k], 0.0f)
-                                       : in.back());
+// One layer's tensors on the device and its calls over them, made as a
+// training step makes them; the layer is bound to temporary storage while
+// the bench lives.
+class LayerBench {
+ public:
+  LayerBench(const Graph& graph, int i, Layer& layer, const std::vector<TensorDesc>& out_desc,
+             Backend& backend, int64_t n, uint64_t plan_workspace_bytes)
+      : graph_(graph), i_(i), layer_(layer), backend_(backend),
+        needs_(layer_needs(graph, i, layer, out_desc, n, plan_workspace_bytes)),
+        blocks_(backend, "layer '" + layer.spec().name + "' at batch " + std::to_string(n),
+                needs_.total()),
+        call_{backend, n, {}, {}, {}, nullptr, needs_.workspace, {}, {}, {}, {}} {
+    allocate();
+    call_.emit_grad = [this](int k, bool can_add,
+                             const std::function<void(const Tensor&, float)>& op) {
+      emit_grad(k, can_add, op);
+    };
+    call_.needs_grad = [this](int k) { return needs_.input_grad[k]; };
+    call_.scratch_like = [this](const Tensor& like) { return scratch_like(like.desc); };
+    call_.gradients_ready = [] {};
   }
-  const Tensor out = blocks.tensor(needs.output, 0.01f);
-  const Tensor dout = needs.reads_output ? blocks.tensor(needs.output, 0.01f) : out;
-  float* scratch = needs.scratch > 0 ? blocks.get(needs.scratch) : nullptr;
-  auto scratch_like = [&](const TensorDesc& desc) {
-    if (!scratch) scratch = blocks.get(std::max(needs.scratch, desc.bytes()));
-    return Tensor{desc, scratch};
-  };
-  void* workspace = needs.workspace > 0 ? blocks.get(needs.workspace) : nullptr;
-  void* state = needs.state > 0 ? blocks.get(needs.state) : nullptr;
-  const LayerStorage storage{blocks.tensor(floats(needs.params), 0.01f).data,
-                             blocks.tensor(floats(needs.params), 0.0f).data,
-                             blocks.tensor(floats(needs.buffers), 0.01f).data};
-  const TemporaryBinding binding(layer, storage, state);
 
-  LayerCall call{backend, n, in, out, dout, workspace, needs.workspace, {}, {}, {}, {}};
-  std::vector<bool> written(in.size());
-  call.emit_grad = [&](int k, bool can_add, const std::function<void(const Tensor&, float)>& op) {
-    if (!needs.input_grad[k]) return;  // the data needs no gradient
-    const int p = graph.inputs(i)[k];
-    bool before = written_before(graph, i, p);
-    for (size_t j = 0; j < in.size(); ++j) before = before || (written[j] && graph.inputs(i)[j] == p);
-    if (!before) {
-      op(din[k], 0.0f);
-    } else if (can_add) {
-      op(din[k], 1.0f);
-    } else {
-      const Tensor aside = scratch_like(din[k].desc);
-      op(aside, 0.0f);
-      backend.accumulate(aside, din[k], 1.0f);
+  LayerSeconds time(const KernelTimingOptions& timing) {
+    LayerSeconds seconds;
+    seconds.forward =
+        time_kernel(backend_, timing, [&] { layer_.forward(call_, true); }).seconds;
+    seconds.backward = time_kernel(backend_, timing, [&] {
+                         std::fill(written_.begin(), written_.end(), false);
+                         layer_.backward(call_);
+                       }).seconds;
+    return seconds;
+  }
+
+ private:
+  void allocate() {
+    for (size_t k = 0; k < needs_.inputs.size(); ++k) {
+      call_.in.push_back(blocks_.tensor(needs_.inputs[k], 0.01f));
+      din_.push_back(!needs_.input_grad[k]  ? Tensor{}
+                     : needs_.reads_inputs ? blocks_.tensor(needs_.inputs[k], 0.0f)
+                                           : call_.in.back());
     }
-    written[k] = true;
-  };
-  call.needs_grad = [&](int k) { return needs.input_grad[k]; };
-  call.scratch_like = [&](const Tensor& like) { return scratch_like(like.desc); };
-  call.gradients_ready = [] {};
-  LayerSeconds seconds;
-  seconds.forward = time_kernel(backend, timing, [&] { layer.forward(call, true); }).seconds;
-  seconds.backward = time_kernel(backend, timing, [&] {
-                       std::fill(written.begin(), written.end(), false);
-                       layer.backward(call);
-                     }).seconds;
-  return seconds;
-}
+    written_.assign(call_.in.size(), false);
+    call_.out = blocks_.tensor(needs_.output, 0.01f);
+    call_.dout = needs_.reads_output ? blocks_.tensor(needs_.output, 0.01f) : call_.out;
+    if (needs_.scratch > 0) scratch_ = blocks_.get(needs_.scratch);
+    if (needs_.workspace > 0) call_.workspace = blocks_.get(needs_.workspace);
+    void* state = needs_.state > 0 ? blocks_.get(needs_.state) : nullptr;
+    const LayerStorage storage{blocks_.tensor(floats(needs_.params), 0.01f).data,
+                               blocks_.tensor(floats(needs_.params), 0.0f).data,
+                               blocks_.tensor(floats(needs_.buffers), 0.01f).data};
+    binding_.emplace(layer_, storage, state);
+  }
+
+  Tensor scratch_like(const TensorDesc& desc) {
+    if (!scratch_) scratch_ = blocks_.get(std::max(needs_.scratch, desc.bytes()));
+    return Tensor{desc, scratch_};
+  }
+
+  // As the schedule interpreter does: beta 0 for the first write of a
+  // gradient, else beta 1 where the op can add, else aside and added.
+  void emit_grad(int k, bool can_add, const std::function<void(const Tensor&, float)>& op) {
+    if (!needs_.input_grad[k]) return;  // the data needs no gradient
+    const std::vector<int>& inputs = graph_.inputs(i_);
+    bool before = written_before(graph_, i_, inputs[k]);
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      before = before || (written_[j] && inputs[j] == inputs[k]);
+    }
+    const Tensor& dx = din_[k];
+    if (!before) {
+      op(dx, 0.0f);
+    } else if (can_add) {
+      op(dx, 1.0f);
+    } else {
+      const Tensor aside = scratch_like(dx.desc);
+      op(aside, 0.0f);
+      backend_.accumulate(aside, dx, 1.0f);
+    }
+    written_[k] = true;
+  }
+
+  const Graph& graph_;
+  int i_;
+  Layer& layer_;
+  Backend& backend_;
+  LayerNeeds needs_;
+  DeviceBlocks blocks_;  // before the binding: the layer is unbound before its storage goes
+  LayerCall call_;
+  std::vector<Tensor> din_;
+  std::vector<bool> written_;  // in this backward call, per input
+  float* scratch_ = nullptr;
+  std::optional<TemporaryBinding> binding_;
+};
 
 double time_loss(const TensorDesc& logits_desc, Backend& backend, int64_t n,
                  const KernelTimingOptions& timing) {
@@ -307,7 +344,7 @@ memory::StepCosts measure_step_costs(const Graph& graph,
   for (int i = 0; i < graph.size(); ++i) {
     if (i == graph.input_index()) continue;  // the data: uploaded, not computed
     const LayerSeconds s =
-        time_layer(graph, i, *layers[i], out_desc, backend, n, timing, plan_workspace_bytes);
+        LayerBench(graph, i, *layers[i], out_desc, backend, n, plan_workspace_bytes).time(timing);
     costs.forward_seconds[i] = s.forward;
     costs.backward_seconds[i] = s.backward;
   }
