@@ -265,16 +265,21 @@ TEST_F(PlanOptionsTest, ACapacityNoPlanMeetsIsAClearError) {
   EXPECT_CONTAINS(msg, "; memory capacity 64.0 KiB");
 }
 
-// Without memory_costs a per-tensor planner measures them on this device:
-// its plan is timed.
+// Without memory_costs a per-tensor planner measures them on this device
+// (binding the layers' parameters and state to buffers of its own for the
+// while): the plan is timed and training after it gives policy none's
+// numbers.
 TEST_F(PlanOptionsTest, AutoMeasuresTheCostsItIsNotGiven) {
-  worker::Network net(graph_, *backend_, options(Policy::kAuto));
-  ASSERT_NE(net.memory_plan(), nullptr);
-  EXPECT_TRUE(net.memory_plan()->simulation.timed);
-  const worker::MemoryStats st = net.memory_stats();
-  EXPECT_EQ(st.policy.rfind("auto", 0), 0u) << st.policy;
-  EXPECT_GT(st.predicted_step_seconds, 0.0);
-  EXPECT_GT(st.predicted_peak, 0u);
+  const worker::Graph resnet = test_support::preset_graph("resnet18", 8);
+  worker::NetworkOptions o = options(Policy::kAuto);
+  o.poison_freed = true;
+  const TrainRun run = test_support::train_steps(*backend_, resnet, o);
+  EXPECT_EQ(run.stats.policy.rfind("auto", 0), 0u) << run.stats.policy;
+  EXPECT_GT(run.stats.predicted_step_seconds, 0.0);  // timed
+  EXPECT_EQ(run.stats.predicted_peak, run.stats.step_peak);
+  const TrainRun base = test_support::train_steps(*backend_, resnet, options(Policy::kNone));
+  EXPECT_TRUE(bitwise_equal(base.params, run.params));
+  EXPECT_TRUE(bitwise_equal(base.buffers, run.buffers));
 }
 
 }  // namespace

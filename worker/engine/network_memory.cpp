@@ -131,9 +131,10 @@ memory::StepCosts Network::step_costs(size_t capacity) {
     return options_.memory_costs;
   }
   // A quarter of the capacity at most, so the copies fit a small device.
-  const CopyBandwidth bandwidth =
-      measure_copy_bandwidth(backend_, std::min(size_t{64} << 20, capacity / 4));
-  return measure_step_costs(graph_, layers_, out_desc_, backend_, options_.max_batch, bandwidth);
+  const CopyBandwidth bandwidth = measure_copy_bandwidth(
+      backend_, std::clamp(capacity / 4, size_t{4} << 10, size_t{64} << 20));
+  return measure_step_costs(graph_, layers_, out_desc_, backend_, options_.max_batch, bandwidth,
+                            {}, options_.conv_workspace_bytes);
 }
 
 memory::Simulation Network::plan_per_tensor(size_t capacity, const std::string& where) {
