@@ -113,7 +113,10 @@ struct ConvConfig {
 };
 
 struct MemoryConfig {
-  memory::Policy policy = memory::Policy::kNone;     // vDNN (see memory/vdnn_plan.h)
+  memory::Policy policy = memory::Policy::kNone;     // none, vDNN's all / conv / dyn
+                                                     // (memory/vdnn_plan.h), or a per-tensor
+                                                     // planner: auto, memonger, superneurons,
+                                                     // tflms (memory/planner.h)
   memory::Planner planner = memory::Planner::kPool;  // best fit as requests come, or a DSA plan
 };
 

@@ -152,7 +152,7 @@ void check_complete(const CliArgs& cli) {
     if (cli.db.empty()) throw UsageError("db " + cli.db_action + " needs --db FILE");
     if (cli.db_action == "export" && cli.table.empty()) {
       throw UsageError("db export needs --table NAME (devices, kernels, kernel_measurements, "
-                       "step_measurements)");
+                       "step_measurements, copy_bandwidth, layer_measurements)");
     }
     return;
   }
@@ -364,8 +364,8 @@ with balance.split: auto measures it; offline it is yours to give, default 0).
 vtrain db export --db FILE --table NAME [--format csv|jsonl]
 
 stats: the schema version, row counts and measurements per device.
-export: one table (devices, kernels, kernel_measurements, step_measurements)
-to stdout as CSV (default) or JSON lines. The file is plain SQLite: the
+export: one table (devices, kernels, kernel_measurements, step_measurements,
+copy_bandwidth, layer_measurements) to stdout as CSV (default) or JSON lines. The file is plain SQLite: the
 sqlite3 shell reads it too (see perfdb/README.md for the tables).
 )";
   }
@@ -374,9 +374,15 @@ sqlite3 shell reads it too (see perfdb/README.md for the tables).
 
 Validates CONFIG (every key, type and value), loads the data files' headers
 and data, builds the model graph, and prints the layers with their output
-shapes, the parameter count and the effective configuration. Nothing is
-trained. Exit code 0 if the run would start, 2 for a config or model error,
-1 for a data error.
+shapes, the parameter count and the effective configuration. Under a
+per-tensor memory.policy (auto, memonger, superneurons, tflms) it also builds
+the network on this device as training would (the batch of one rank: the
+whole train.batch, or the largest balance.manual entry), measures each
+layer's time and the copy bandwidth, and prints the memory plan: per
+activation kept, offloaded or recomputed, the predicted step time and peak.
+Nothing is trained. Exit code 0 if the run would start, 2 for a config or
+model error, 1 for a data error or a device.memory_limit no plan fits (the
+error names the tensor that does not fit and the least capacity that would).
 )";
   }
   if (topic == "version") return "vtrain --version: prints the version\n";

@@ -11,22 +11,23 @@
 #include <string>
 #include <vector>
 
-#include <filesystem>
-#include <iostream>
-
 #include "common/machine.h"
+#include "common/text.h"
 #include "configs/config.h"
 #include "configs/config_limits.h"
 #include "launcher/cli.h"
+#include "launcher/db_command.h"
 #include "launcher/job_plan.h"
 #include "launcher/part_options.h"
 #include "launcher/stop_signals.h"
+#include "memory/planner.h"
 #include "perfdb/perf_db.h"
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/device_infos.h"
 #include "worker/data/data.h"
 #include "worker/engine/graph.h"
+#include "worker/engine/network.h"
 #include "worker/profile/planning.h"
 #include "worker/profile/profiler.h"
 #include "worker/train/failure_injection.h"
@@ -122,6 +123,32 @@ Config load(const CliArgs& cli) {
   return cfg;
 }
 
+// Whether memory.policy chooses per activation (keep, offload, recompute).
+bool plans_per_tensor(memory::Policy policy) {
+  return policy == memory::Policy::kAuto || policy == memory::Policy::kMemonger ||
+         policy == memory::Policy::kSuperNeurons || policy == memory::Policy::kTflms;
+}
+
+// Under a per-tensor memory.policy, the plan training would run: the
+// network built on this device for the largest rank batch (the batch check
+// counts), its costs measured in place. A capacity no plan fits throws the
+// planner's OutOfMemoryError (the tensor, the least capacity).
+void print_memory_plan(const Config& cfg, const worker::Graph& graph) {
+  if (!plans_per_tensor(cfg.memory.policy)) return;
+  const int64_t batch = largest_rank_batch(cfg, 1);
+  auto backend = worker::make_backend(backend_options(cfg));
+  const worker::Network network(graph, *backend, network_options(cfg, batch));
+  const memory::MemoryPlan* plan = network.memory_plan();
+  if (plan == nullptr) {
+    throw std::logic_error(std::string("memory.policy ") + memory::policy_name(cfg.memory.policy) +
+                           ": the network made no per-tensor plan");
+  }
+  std::printf("memory: batch %lld on %s, capacity %s\n%s", static_cast<long long>(batch),
+              backend->device_info().name.c_str(),
+              common::format_bytes_fixed(network.memory_stats().capacity).c_str(),
+              memory::plan_report(network.memory_model(), *plan).c_str());
+}
+
 int run_check(const CliArgs& cli) {
   const Config cfg = load(cli);
   const Datasets data = load_data(cfg);
@@ -139,6 +166,7 @@ int run_check(const CliArgs& cli) {
     std::printf("  %-16s %-9s %-18s <- %s\n", l.name.c_str(), worker::layer_type_name(l.type),
                 graph.output_shape(i).str().c_str(), inputs.c_str());
   }
+  print_memory_plan(cfg, graph);
   std::printf("effective config:\n%s\n", config::to_yaml(cfg).c_str());
   return kExitOk;
 }
@@ -257,10 +285,16 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   char line[512];
   std::snprintf(line, sizeof line,
                 "rank %d (%s, share %d/%d): %lld kernel items measured, %lld cached; %lld steps "
-                "measured, %lld cached; %.1f s",
+                "measured, %lld cached; layer times at %lld batches measured, %lld cached; copy "
+                "bandwidth %s; %.1f s",
                 comm.rank(), info.name.c_str(), options.share_index + 1, options.share_count,
                 static_cast<long long>(r.kernel_measured), static_cast<long long>(r.kernel_cached),
                 static_cast<long long>(r.step_measured), static_cast<long long>(r.step_cached),
+                static_cast<long long>(r.layer_costs_measured),
+                static_cast<long long>(r.layer_costs_cached),
+                r.copy_measured > 0  ? "measured"
+                : r.copy_cached > 0 ? "cached"
+                                    : "another share's",
                 r.seconds);
   const std::vector<std::string> lines = comm.gather(line, 0);
   comm.barrier();
@@ -270,40 +304,6 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
     for (int64_t b : options.batches) std::printf(" %lld", static_cast<long long>(b));
     std::printf("\n");
     for (const std::string& l : lines) std::printf("  %s\n", l.c_str());
-  }
-  return kExitOk;
-}
-
-int run_db(const CliArgs& cli) {
-  if (!std::filesystem::exists(cli.db)) {
-    throw std::runtime_error("perf DB " + cli.db + " does not exist (create it with vtrain profile)");
-  }
-  perfdb::PerfDb db(cli.db);
-  if (cli.db_action == "export") {
-    const auto table = perfdb::table_from_name(cli.table);
-    if (!table) {
-      throw UsageError("unknown table '" + cli.table +
-                       "' (known: devices, kernels, kernel_measurements, step_measurements)");
-    }
-    db.export_table(*table,
-                    cli.format == "jsonl" ? perfdb::ExportFormat::kJsonLines : perfdb::ExportFormat::kCsv,
-                    std::cout);
-    return kExitOk;
-  }
-  const perfdb::Stats st = db.stats();
-  std::printf("perf DB %s (schema version %d)\n", cli.db.c_str(), st.schema_version);
-  std::printf("  %lld devices, %lld kernels, %lld kernel measurements, %lld step measurements\n",
-              static_cast<long long>(st.devices), static_cast<long long>(st.kernels),
-              static_cast<long long>(st.kernel_measurements),
-              static_cast<long long>(st.step_measurements));
-  for (const perfdb::DeviceStats& d : st.per_device) {
-    std::printf("  device %lld: %s (%s, %s, %d threads, host %s): %lld kernel, %lld step "
-                "measurements\n",
-                static_cast<long long>(d.device.id.value), d.device.device.name.c_str(),
-                d.device.device.backend.c_str(), d.device.device.library_version.c_str(),
-                d.device.device.threads, d.device.device.host.c_str(),
-                static_cast<long long>(d.kernel_measurements),
-                static_cast<long long>(d.step_measurements));
   }
   return kExitOk;
 }

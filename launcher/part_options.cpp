@@ -1,5 +1,7 @@
 #include "launcher/part_options.h"
 
+#include "worker/engine/optimizer.h"
+
 namespace vtrain::launcher {
 
 worker::BackendOptions backend_options(const config::Config& cfg) {
@@ -33,6 +35,16 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
   o.checkpoint_every = cfg.checkpoint.every;
   o.checkpoint_keep = static_cast<int>(cfg.checkpoint.keep);
   o.resume = cfg.checkpoint.resume == worker::ResumeSetting::kAuto;
+  return o;
+}
+
+worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch) {
+  worker::NetworkOptions o;
+  o.max_batch = max_batch;
+  o.conv_algorithm = cfg.conv.algorithm;
+  o.memory_policy = cfg.memory.policy;
+  o.memory_planner = cfg.memory.planner;
+  o.optimizer_bytes_per_parameter = worker::Sgd::kStateBytesPerParameter;
   return o;
 }
 

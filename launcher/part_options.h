@@ -6,6 +6,7 @@
 #include "balancer/batch_split.h"
 #include "configs/config.h"
 #include "worker/device/backend.h"
+#include "worker/engine/network.h"
 #include "worker/profile/profiler.h"
 #include "worker/train/trainer.h"
 
@@ -17,6 +18,11 @@ worker::BackendOptions backend_options(const config::Config& cfg);
 // train.*, optimizer.*, conv.*, memory.*, output.metrics/progress and
 // checkpoint.* (checkpoint.resume: auto sets resume; --resume may too).
 worker::TrainerOptions trainer_options(const config::Config& cfg);
+
+// The network one rank trains with a batch of up to `max_batch` samples:
+// conv.algorithm, memory.policy and memory.planner, room left for the
+// optimizer's state (training's Sgd). What `vtrain check` plans with.
+worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch);
 
 // profile.* and memory.policy; batches is profile.batches (the caller
 // chooses when it is empty).

@@ -1,33 +1,17 @@
 #include "perfdb/perf_db.h"
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <filesystem>
-#include <limits>
 #include <ostream>
-#include <random>
 #include <string>
-#include <system_error>
-#include <thread>
-#include <type_traits>
-#include <unordered_map>
 #include <utility>
 
-#include "perfdb/internal/schema.h"
-#include "perfdb/internal/sqlite.h"
+#include "perfdb/internal/perf_db_impl.h"
 #include "perfdb/internal/table_export.h"
-#include "perfdb/internal/transaction.h"
 
 namespace vtrain::perfdb {
 
-using internal::Connection;
-using internal::SqliteError;
-using internal::Statement;
-using internal::StatementUse;
-using internal::Txn;
-using internal::in_transaction;
-using internal::with_retry;
+using internal::kMaxStoredUnsigned;
+using internal::unix_now;
+using internal::valid_time;
 
 const char* table_name(Table table) {
   switch (table) {
@@ -35,193 +19,17 @@ const char* table_name(Table table) {
     case Table::kKernels: return "kernels";
     case Table::kKernelMeasurements: return "kernel_measurements";
     case Table::kStepMeasurements: return "step_measurements";
+    case Table::kCopyBandwidth: return "copy_bandwidth";
+    case Table::kLayerMeasurements: return "layer_measurements";
   }
   return "?";
 }
 
 std::optional<Table> table_from_name(std::string_view name) {
-  for (Table table :
-       {Table::kDevices, Table::kKernels, Table::kKernelMeasurements, Table::kStepMeasurements}) {
+  for (Table table : kTables) {
     if (name == table_name(table)) return table;
   }
   return std::nullopt;
-}
-
-namespace {
-
-constexpr uint64_t kMaxStoredUnsigned = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
-
-int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
-// ------------------------------------------------------------------ Impl
-
-class PerfDb::Impl {
- public:
-  Impl(const std::string& path, const PerfDbOptions& options);
-
-  const std::string& path() const { return connection_->path(); }
-
-  // Names the public operation in error messages until the next one starts.
-  void begin(std::string_view operation) { connection_->set_operation(operation); }
-  [[noreturn]] void invalid(const std::string& what) const { throw PerfDbError(connection_->message(what)); }
-
-  // A retried transaction that first checks the file still has our schema
-  // version: another vtrain may have upgraded it since we opened it.
-  template <class Body>
-  auto transact(Txn kind, Body&& body) -> decltype(body()) {
-    if (kind == Txn::kWrite && options_.mode == OpenMode::kReadOnly) {
-      invalid("the perf DB was opened read-only");
-    }
-    return with_retry(*connection_, options_, rng_, [&] {
-      return in_transaction(*connection_, kind, [&] {
-        StatementUse version(cached("SELECT version FROM schema_version"));
-        if (!version->step()) invalid("schema_version is empty");
-        internal::check_schema_version(*connection_, static_cast<int>(version->column_int(0)), false);
-        return body();
-      });
-    });
-  }
-
-  // Prepared once per connection and kept: statements are the same each call.
-  Statement& cached(const char* sql) {
-    auto found = statements_.find(sql);
-    if (found == statements_.end()) found = statements_.emplace(sql, Statement(*connection_, sql)).first;
-    return found->second;
-  }
-
-  void open_read_only(const std::string& path);
-  void require_device(DeviceId device);
-  int64_t upsert_kernel(const KernelSignature& kernel);
-
-  PerfDbOptions options_;
-  std::mt19937_64 rng_;
-  // Declared before the statements so that they are finalized first.
-  std::unique_ptr<Connection> connection_;
-  std::unordered_map<std::string, Statement> statements_;
-};
-
-PerfDb::Impl::Impl(const std::string& path, const PerfDbOptions& options)
-    : options_(options), rng_(std::random_device{}()) {
-  if (options.max_attempts < 1 || options.busy_timeout.count() < 0 ||
-      options.busy_timeout.count() > std::numeric_limits<int>::max() || options.backoff_initial.count() < 0 ||
-      options.backoff_max.count() < 0) {
-    throw PerfDbError("perf DB " + path +
-                      ": open: invalid options (max_attempts must be >= 1; times must be >= 0, "
-                      "busy_timeout at most INT_MAX ms)");
-  }
-
-  std::error_code ignored;  // a path we cannot stat fails to open below, with SQLite's message
-  if (std::filesystem::is_directory(path, ignored)) {
-    throw PerfDbError("perf DB " + path + ": open: is a directory, expected a perf DB file");
-  }
-  if (options.mode == OpenMode::kReadOnly) {
-    open_read_only(path);
-    return;
-  }
-
-  // Check an existing file on a read-only connection, so that nothing can be
-  // written to a file that turns out to be damaged, someone else's, or newer.
-  bool checked = false;
-  std::optional<int> version;
-  if (path != ":memory:" && std::filesystem::exists(path, ignored)) {
-    try {
-      Connection reader(path, SQLITE_OPEN_READONLY);
-      reader.set_operation("open (checking the file)");
-      reader.set_busy_timeout(options_.busy_timeout);
-      version = with_retry(reader, options_, rng_, [&] {
-        return in_transaction(reader, Txn::kRead, [&] { return internal::inspect_schema(reader, true); });
-      });
-      if (version) internal::check_schema_version(reader, *version, true);
-      checked = true;
-    } catch (const SqliteError& e) {
-      // A writer died mid-transaction and left a hot journal, which only a
-      // writable connection may roll back (SQLite's normal recovery). The
-      // file is then checked on that connection, under the write lock.
-      if (e.code() != SQLITE_READONLY_ROLLBACK) throw;
-    }
-  }
-
-  connection_ = std::make_unique<Connection>(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
-  Connection& db = *connection_;
-  db.set_busy_timeout(options_.busy_timeout);
-  // Rollback journal: WAL needs shared memory between processes, which NFS
-  // does not provide. Switching a file out of WAL needs the lock, hence the
-  // retry.
-  const std::string mode = with_retry(db, options_, rng_, [&] {
-    Statement pragma(db, "PRAGMA journal_mode = DELETE");
-    if (!pragma.step()) throw PerfDbError(db.message("PRAGMA journal_mode returned nothing"));
-    return pragma.column_text(0);
-  });
-  if (mode != "delete" && !(path == ":memory:" && mode == "memory")) {
-    throw PerfDbError(db.message("cannot use a rollback journal; journal_mode is " + mode));
-  }
-  // FULL: a commit is on disk (and on the NFS server) before it returns, so a
-  // node that crashes after a commit cannot take the row with it.
-  db.exec("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;");
-
-  if (checked && version == kSchemaVersion) return;
-  // Create or upgrade under the write lock, looking again: another process
-  // may have done it since the check above.
-  with_retry(db, options_, rng_, [&] {
-    in_transaction(db, Txn::kWrite, [&] {
-      const std::optional<int> now = internal::inspect_schema(db, !checked);
-      if (now) internal::check_schema_version(db, *now, true);
-      if (now != kSchemaVersion) internal::migrate(db, now);
-    });
-  });
-}
-
-void PerfDb::Impl::open_read_only(const std::string& path) {
-  std::error_code ec;
-  if (path == ":memory:" || !std::filesystem::exists(path, ec)) {
-    throw PerfDbError("perf DB " + path + ": open (read-only): no such file" +
-                      (ec ? " (" + ec.message() + ")" : std::string()));
-  }
-  connection_ = std::make_unique<Connection>(path, SQLITE_OPEN_READONLY);
-  Connection& db = *connection_;
-  db.set_operation("open (read-only)");
-  db.set_busy_timeout(options_.busy_timeout);
-  std::optional<int> version;
-  try {
-    version = with_retry(db, options_, rng_, [&] {
-      return in_transaction(db, Txn::kRead, [&] { return internal::inspect_schema(db, true); });
-    });
-  } catch (const SqliteError& e) {
-    if (e.code() != SQLITE_READONLY_ROLLBACK) throw;
-    invalid("a writer crashed mid-transaction and left a hot journal, which only a read-write "
-            "open (vtrain profile) may roll back");
-  }
-  if (!version) invalid("the file holds no tables: not a perf DB yet (fill it with vtrain profile)");
-  if (*version < kSchemaVersion) {
-    invalid("schema version " + std::to_string(*version) + " is older than this vtrain's " +
-            std::to_string(kSchemaVersion) + ", and a read-only open does not upgrade it (a "
-            "read-write open, e.g. vtrain profile, does)");
-  }
-  internal::check_schema_version(db, *version, false);
-}
-
-void PerfDb::Impl::require_device(DeviceId device) {
-  StatementUse known(cached("SELECT 1 FROM devices WHERE id = ?1"));
-  known->bind(1, device.value);
-  if (known->step()) return;
-  StatementUse all(cached("SELECT id FROM devices ORDER BY id LIMIT 21"));
-  std::string ids;
-  int listed = 0;
-  while (all->step()) {
-    if (++listed > 20) {
-      ids += ", ...";
-      break;
-    }
-    if (!ids.empty()) ids += ", ";
-    ids += std::to_string(all->column_int(0));
-  }
-  invalid("unknown device id " + std::to_string(device.value) + " (known ids: " +
-          (ids.empty() ? "none" : ids) + "); register it with upsert_device first");
 }
 
 namespace {
@@ -276,8 +84,6 @@ std::string complaint_about(const KernelSignature& k) {
   if (k.dtype.empty() || k.layout.empty()) return "kernel.dtype and kernel.layout must not be empty";
   return {};
 }
-
-bool valid_time(double ms) { return std::isfinite(ms) && ms >= 0; }
 
 std::string complaint_about(const KernelSample& sample) {
   if (std::string kernel = complaint_about(sample.kernel); !kernel.empty()) return kernel;
@@ -539,22 +345,27 @@ Stats PerfDb::stats() {
     stats.schema_version = kSchemaVersion;  // transact() has just checked it
     StatementUse counts(impl_->cached(
         "SELECT (SELECT count(*) FROM devices), (SELECT count(*) FROM kernels), "
-        "(SELECT count(*) FROM kernel_measurements), (SELECT count(*) FROM step_measurements)"));
+        "(SELECT count(*) FROM kernel_measurements), (SELECT count(*) FROM step_measurements), "
+        "(SELECT count(*) FROM copy_bandwidth), (SELECT count(*) FROM layer_measurements)"));
     if (!counts->step()) impl_->invalid("internal error: counting rows returned nothing");
     stats.devices = counts->column_int(0);
     stats.kernels = counts->column_int(1);
     stats.kernel_measurements = counts->column_int(2);
     stats.step_measurements = counts->column_int(3);
+    stats.copy_bandwidths = counts->column_int(4);
+    stats.layer_measurements = counts->column_int(5);
     StatementUse per_device(impl_->cached(
         "SELECT d.id, d.name, d.backend, d.memory_bytes, d.library_version, d.threads, d.host, "
         "(SELECT count(*) FROM kernel_measurements m WHERE m.device_id = d.id), "
-        "(SELECT count(*) FROM step_measurements s WHERE s.device_id = d.id) "
+        "(SELECT count(*) FROM step_measurements s WHERE s.device_id = d.id), "
+        "(SELECT count(*) FROM layer_measurements l WHERE l.device_id = d.id) "
         "FROM devices d ORDER BY d.id"));
     while (per_device->step()) {
       DeviceStats& entry = stats.per_device.emplace_back();
       entry.device = read_device(*per_device);
       entry.kernel_measurements = per_device->column_int(7);
       entry.step_measurements = per_device->column_int(8);
+      entry.layer_measurements = per_device->column_int(9);
     }
     return stats;
   });
@@ -569,6 +380,8 @@ void PerfDb::export_table(Table table, ExportFormat format, std::ostream& out) {
     case Table::kKernels: sql = "SELECT * FROM kernels ORDER BY id"; break;
     case Table::kKernelMeasurements: sql = "SELECT * FROM kernel_measurements ORDER BY id"; break;
     case Table::kStepMeasurements: sql = "SELECT * FROM step_measurements ORDER BY id"; break;
+    case Table::kCopyBandwidth: sql = "SELECT * FROM copy_bandwidth ORDER BY id"; break;
+    case Table::kLayerMeasurements: sql = "SELECT * FROM layer_measurements ORDER BY id"; break;
   }
   if (sql == nullptr) impl_->invalid("unknown table");
   // Rendered whole inside the transaction and written after it, so a retried

@@ -44,7 +44,7 @@ class PerfDbError : public std::runtime_error {
 
 // The schema version this code creates and writes. Opening a file with an
 // older version upgrades it in place; a newer version is an error.
-inline constexpr int kSchemaVersion = 2;
+inline constexpr int kSchemaVersion = 3;
 
 // ------------------------------------------------------------------ records
 
@@ -119,12 +119,45 @@ struct StepMeasurement {
   int64_t measured_at = 0;      // seconds since the Unix epoch; 0 when recording = now
 };
 
+// The memory stream's copy bandwidth of a device, one way: what the timed
+// memory simulator costs offloads and prefetches with. Key: (device,
+// direction).
+enum class CopyDirection {
+  kToHost,    // device -> pinned host memory (an offload)
+  kToDevice,  // pinned host memory -> device (a prefetch)
+};
+// As stored: "to_host", "to_device".
+const char* copy_direction_name(CopyDirection direction);
+
+struct CopyBandwidthMeasurement {
+  CopyDirection direction = CopyDirection::kToHost;
+  uint64_t bytes = 0;           // bytes per timed copy, >= 1
+  double bytes_per_second = 0;  // median over the timed copies, > 0
+  int64_t measured_at = 0;      // seconds since the Unix epoch; 0 when recording = now
+};
+
+// layer_index of the loss (softmax cross-entropy on the logits) among a
+// model's layer measurements: forward_ms is its time, backward_ms 0.
+inline constexpr int64_t kLossLayer = -1;
+
+// One layer's forward and backward call of a model at one per-rank batch on
+// one device: the timed memory simulator's per-layer costs. Key: (device,
+// model, batch, layer_index).
+struct LayerMeasurement {
+  int64_t layer_index = 0;  // graph index (0: the data), or kLossLayer
+  std::string layer_name;   // the model's name for it ("loss" for kLossLayer)
+  double forward_ms = 0;    // median, training mode
+  double backward_ms = 0;   // median
+  int64_t measured_at = 0;  // seconds since the Unix epoch; 0 when recording = now
+};
+
 // ------------------------------------------------------------------ queries
 
 struct DeviceStats {
   DeviceRecord device;
   int64_t kernel_measurements = 0;
   int64_t step_measurements = 0;
+  int64_t layer_measurements = 0;
 };
 
 struct Stats {
@@ -133,11 +166,25 @@ struct Stats {
   int64_t kernels = 0;
   int64_t kernel_measurements = 0;
   int64_t step_measurements = 0;
+  int64_t copy_bandwidths = 0;
+  int64_t layer_measurements = 0;
   std::vector<DeviceStats> per_device;  // ordered by device id
 };
 
-enum class Table { kDevices, kKernels, kKernelMeasurements, kStepMeasurements };
-// The SQL table name: "devices", "kernels", "kernel_measurements", "step_measurements".
+enum class Table {
+  kDevices,
+  kKernels,
+  kKernelMeasurements,
+  kStepMeasurements,
+  kCopyBandwidth,
+  kLayerMeasurements,
+};
+// Every table, in the order above.
+inline constexpr Table kTables[] = {Table::kDevices,          Table::kKernels,
+                                    Table::kKernelMeasurements, Table::kStepMeasurements,
+                                    Table::kCopyBandwidth,    Table::kLayerMeasurements};
+// The SQL table name: "devices", "kernels", "kernel_measurements",
+// "step_measurements", "copy_bandwidth", "layer_measurements".
 const char* table_name(Table table);
 // The table with that SQL name; nullopt when there is none.
 std::optional<Table> table_from_name(std::string_view name);
@@ -209,6 +256,30 @@ class PerfDb {
   // Records all steps in one transaction; each replaces any earlier one with
   // the same (device, model, batch, memory_policy, workspace_plan).
   void record_step_measurements(DeviceId device, std::span<const StepMeasurement> steps);
+
+  // Records the device's copy bandwidth (one or both directions) in one
+  // transaction; each replaces the device's earlier one for its direction.
+  // Throws for an unknown device, an invalid field or a direction given
+  // twice, recording nothing.
+  void record_copy_bandwidth(DeviceId device,
+                             std::span<const CopyBandwidthMeasurement> measurements);
+
+  // The device's copy bandwidth one way; nullopt when it was never recorded.
+  std::optional<CopyBandwidthMeasurement> find_copy_bandwidth(DeviceId device,
+                                                              CopyDirection direction);
+
+  // Records layers of `model` at per-rank `batch` in one transaction (all
+  // or none); each replaces an earlier one with the same (device, model,
+  // batch, layer_index). Throws for an unknown device, an empty model, a
+  // batch below 1, an invalid field or a layer_index given twice, recording
+  // nothing.
+  void record_layer_measurements(DeviceId device, std::string_view model, int64_t batch,
+                                 std::span<const LayerMeasurement> layers);
+
+  // The layers recorded for (device, model, batch), ordered by layer_index
+  // (the loss first); empty when there is none.
+  std::vector<LayerMeasurement> layer_measurements(DeviceId device, std::string_view model,
+                                                   int64_t batch);
 
   // One measurement; nullopt when it was never recorded.
   std::optional<KernelMeasurement> find_kernel_measurement(DeviceId device,

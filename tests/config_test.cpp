@@ -128,6 +128,18 @@ TEST(ConfigTest, MemoryLimitTakesUnitsOrBytes) {
             2000u);
 }
 
+TEST(ConfigTest, MemoryPolicyNamesTheVdnnSchedulesAndThePerTensorPlanners) {
+  for (const char* name :
+       {"none", "all", "conv", "dyn", "auto", "memonger", "superneurons", "tflms"}) {
+    const Config c = parse(std::string(kMinimal) + "memory: {policy: " + name + "}\n");
+    EXPECT_STREQ(memory::policy_name(c.memory.policy), name);
+    EXPECT_EQ(parse(to_yaml(c)).memory.policy, c.memory.policy) << name;
+  }
+  EXPECT_EQ(error_of(std::string(kMinimal) + "memory: {policy: checkmate}\n"),
+            "t.yaml:5: memory.policy: unknown value 'checkmate' (allowed: none, all, conv, dyn, "
+            "auto, memonger, superneurons, tflms)");
+}
+
 TEST(ConfigTest, ExplicitLayers) {
   const Config c = parse(R"(model:
   layers:

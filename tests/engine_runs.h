@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/chrome_trace.h"
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
 #include "worker/engine/network.h"
@@ -51,6 +52,20 @@ inline TrainRun train_steps(worker::Backend& backend, const worker::Graph& graph
     if (step == 0) net.evaluate(n);  // the evaluation schedule between steps
   }
   return {net.download_parameters(), net.download_buffers(), net.memory_stats()};
+}
+
+// One training step of `net` (initialised with seed 1) on n samples of 0.5
+// labelled 1, recorded into `trace` (the network keeps tracing); returns the
+// trace's JSON.
+inline std::string traced_step(worker::Backend& backend, worker::Network& net,
+                               memory::ChromeTrace& trace, int64_t n = 4) {
+  net.init_parameters(1);
+  net.set_trace(&trace);
+  backend.fill(net.input(n), 0.5f);
+  std::vector<int32_t> labels(static_cast<size_t>(n), 1);
+  backend.upload_labels(labels.data(), net.labels(), n);
+  net.train_step(n, 1.0f / static_cast<float>(n));
+  return trace.json();
 }
 
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {

@@ -96,7 +96,8 @@ TEST(PerfDbFiles, NewerSchemaIsRejectedUntouched) {
   const std::string path = dir.path("newer.db");
   { PerfDb db(path); }
   SqlShell(path).exec("UPDATE schema_version SET version = 7");
-  expect_rejected_untouched(path, "perf DB " + path + " has schema version 7; this vtrain knows up to 2");
+  expect_rejected_untouched(path, "perf DB " + path + " has schema version 7; this vtrain knows up to " +
+                                      std::to_string(kSchemaVersion));
 }
 
 TEST(PerfDbFiles, NewerSchemaWrittenWhileOpenIsAnError) {
@@ -104,9 +105,10 @@ TEST(PerfDbFiles, NewerSchemaWrittenWhileOpenIsAnError) {
   const std::string path = dir.path("upgraded-under-us.db");
   PerfDb db(path);
   db.upsert_device(gpu());
-  SqlShell(path).exec("UPDATE schema_version SET version = 3");
+  SqlShell(path).exec("UPDATE schema_version SET version = " + std::to_string(kSchemaVersion + 1));
   const std::string error = error_of([&] { db.upsert_device(cpu()); });
-  EXPECT_EQ(error, "perf DB " + path + " has schema version 3; this vtrain knows up to 2");
+  EXPECT_EQ(error, "perf DB " + path + " has schema version " + std::to_string(kSchemaVersion + 1) +
+                       "; this vtrain knows up to " + std::to_string(kSchemaVersion));
 }
 
 TEST(PerfDbFiles, EmptyFilesAreInitialised) {
@@ -236,7 +238,8 @@ TEST(PerfDbReadOnly, OlderSchemaIsNotUpgraded) {
   SqlShell(path).exec("UPDATE schema_version SET version = 1");
   const std::string before = read_bytes(path);
   EXPECT_EQ(error_of([&] { PerfDb db(path, kReadOnly); }),
-            "perf DB " + path + ": open (read-only): schema version 1 is older than this vtrain's 2, "
+            "perf DB " + path + ": open (read-only): schema version 1 is older than this vtrain's " +
+                std::to_string(kSchemaVersion) + ", "
             "and a read-only open does not upgrade it (a read-write open, e.g. vtrain profile, does)");
   EXPECT_EQ(read_bytes(path), before);
 }
@@ -283,7 +286,7 @@ TEST(PerfDbUpgrade, Version1IsUpgradedAndKeepsItsRows) {
   SqlShell(path).exec(kVersion1);
 
   PerfDb db(path);
-  EXPECT_EQ(db.stats().schema_version, 2);
+  EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
   const auto devices = db.find_devices("Tesla K80");
   ASSERT_EQ(devices.size(), 1u);
   EXPECT_EQ(devices[0].id, DeviceId{5});
@@ -310,7 +313,7 @@ TEST(PerfDbUpgrade, Version1IsUpgradedAndKeepsItsRows) {
   EXPECT_EQ(db.find_kernel_measurement(DeviceId{5}, conv(), "winograd", 32)->time_iqr_ms, 0.4);
 
   SqlShell shell(path);
-  EXPECT_EQ(shell.query("SELECT version FROM schema_version"), (Rows{{"2"}}));
+  EXPECT_EQ(shell.query("SELECT version FROM schema_version"), (Rows{{std::to_string(kSchemaVersion)}}));
   EXPECT_TRUE(shell.query("SELECT name FROM sqlite_master WHERE name = 'step_measurements_v1'").empty());
   EXPECT_EQ(shell.query("SELECT id FROM step_measurements WHERE workspace_plan = ''"),
             (Rows{{"21"}}));

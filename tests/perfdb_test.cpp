@@ -355,7 +355,7 @@ TEST(PerfDbExport, JsonLinesParseBack) {
 }
 
 TEST(PerfDbExport, TableNamesRoundTrip) {
-  for (Table t : {Table::kDevices, Table::kKernels, Table::kKernelMeasurements, Table::kStepMeasurements}) {
+  for (Table t : kTables) {
     EXPECT_EQ(table_from_name(table_name(t)), t);
   }
   EXPECT_EQ(table_from_name("sqlite_master"), std::nullopt);

@@ -7,6 +7,7 @@
 
 #include "balancer/plan.h"
 #include "perfdb/perf_db.h"
+#include "tests/engine_support.h"
 #include "tests/test_support.h"
 #include "worker/engine/graph.h"
 #include "worker/profile/planning.h"
@@ -16,27 +17,16 @@ namespace vtrain {
 namespace {
 
 using test_support::error_message;
+using test_support::layer_spec;
 using test_support::TempDir;
-
-worker::LayerSpec layer(const std::string& name, worker::LayerType type,
-                        std::vector<std::string> inputs, int64_t out = 0, int64_t k = 0) {
-  worker::LayerSpec s;
-  s.name = name;
-  s.type = type;
-  s.inputs = std::move(inputs);
-  s.out = out;
-  s.kernel_h = s.kernel_w = k;
-  s.pad_h = s.pad_w = k / 2;
-  return s;
-}
 
 worker::Graph small_graph() {
   using worker::LayerType;
-  return worker::Graph::build({layer("data", LayerType::kInput, {}),
-                               layer("c1", LayerType::kConv, {"data"}, 8, 3),
-                               layer("r1", LayerType::kRelu, {"c1"}),
-                               layer("c2", LayerType::kConv, {"r1"}, 8, 3),
-                               layer("fc", LayerType::kFc, {"c2"}, 10)},
+  return worker::Graph::build({layer_spec("data", LayerType::kInput, {}),
+                               layer_spec("c1", LayerType::kConv, {"data"}, 8, 3),
+                               layer_spec("r1", LayerType::kRelu, {"c1"}),
+                               layer_spec("c2", LayerType::kConv, {"r1"}, 8, 3),
+                               layer_spec("fc", LayerType::kFc, {"c2"}, 10)},
                               {1, 3, 8, 8});
 }
 

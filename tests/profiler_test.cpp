@@ -145,9 +145,17 @@ TEST(ProfileCli, ProfileStatsAndExport) {
             0)
       << out;
   EXPECT_CONTAINS(out, "kernel items measured");
+  EXPECT_CONTAINS(out, "layer times at 1 batches measured, 0 cached; copy bandwidth measured");
   ASSERT_EQ(test_support::run_command(vtrain + " db stats --db " + dir.path("p.db"), &out), 0)
       << out;
   EXPECT_CONTAINS(out, "1 devices, 5 kernels");
+  EXPECT_CONTAINS(out, "2 copy bandwidths, 9 layer measurements");
+  ASSERT_EQ(test_support::run_command(vtrain + " db export --db " + dir.path("p.db") +
+                                          " --table layer_measurements --format jsonl",
+                                      &out),
+            0)
+      << out;
+  EXPECT_CONTAINS(out, "\"layer_index\":-1,\"layer_name\":\"loss\"");
   ASSERT_EQ(test_support::run_command(vtrain + " db export --db " + dir.path("p.db") +
                                           " --table step_measurements --format jsonl",
                                       &out),

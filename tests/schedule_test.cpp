@@ -355,14 +355,8 @@ TEST_F(EngineTest, AutoTuningUnderAMemoryLimitSkipsAlgorithmsThatCannotFit) {
 TEST_F(EngineTest, TraceAndTimelineShowTheMemoryStream) {
   const worker::Graph g = graph("vgg-small", 16);
   worker::Network net(g, *backend_, options(Policy::kAll, Planner::kPool));
-  net.init_parameters(1);
   ChromeTrace trace(0, "rank 0");
-  net.set_trace(&trace);
-  backend_->fill(net.input(4), 0.5f);
-  std::vector<int32_t> labels(4, 1);
-  backend_->upload_labels(labels.data(), net.labels(), 4);
-  net.train_step(4, 0.25f);
-  const std::string json = trace.json();
+  const std::string json = test_support::traced_step(*backend_, net, trace);
   EXPECT_CONTAINS(json, "\"cat\":\"offload\"");
   EXPECT_CONTAINS(json, "\"cat\":\"prefetch\"");
   EXPECT_CONTAINS(json, "\"cat\":\"release\"");

@@ -97,6 +97,32 @@ INSERT INTO step_measurements
   FROM step_measurements_v1;
 DROP TABLE step_measurements_v1;
 )sql"},
+    // Version 3: what the timed memory simulator needs of a device (swap and
+    // recompute planning): the memory stream's copy bandwidth each way, and
+    // every layer's forward and backward time per model and batch.
+    {3, R"sql(
+CREATE TABLE copy_bandwidth (
+  id INTEGER PRIMARY KEY,
+  device_id INTEGER NOT NULL REFERENCES devices (id),
+  direction TEXT NOT NULL CHECK (direction IN ('to_host', 'to_device')),
+  bytes INTEGER NOT NULL,            -- bytes per timed copy
+  bytes_per_second REAL NOT NULL,    -- median over the timed copies
+  measured_at INTEGER NOT NULL,      -- Unix seconds
+  UNIQUE (device_id, direction)
+);
+CREATE TABLE layer_measurements (
+  id INTEGER PRIMARY KEY,
+  device_id INTEGER NOT NULL REFERENCES devices (id),
+  model TEXT NOT NULL,               -- model signature
+  batch INTEGER NOT NULL,            -- per-rank batch
+  layer_index INTEGER NOT NULL CHECK (layer_index >= -1),  -- graph index; -1 = the loss
+  layer_name TEXT NOT NULL,
+  forward_ms REAL NOT NULL,          -- median, training mode
+  backward_ms REAL NOT NULL,         -- median
+  measured_at INTEGER NOT NULL,      -- Unix seconds
+  UNIQUE (device_id, model, batch, layer_index)
+);
+)sql"},
 };
 
 static_assert(std::size(kMigrations) == static_cast<size_t>(kSchemaVersion),

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "memory/simulator.h"
@@ -18,25 +19,46 @@ namespace vtrain::worker {
 
 class Layer;
 
-// Bytes per second of the backend's memory stream: device -> pinned host and
-// pinned host -> device, each the median of `repeats` copies of `bytes`.
+// Bytes per second of the backend's memory stream, each way.
 struct CopyBandwidth {
-  double to_host_bytes_per_second = 0;
-  double to_device_bytes_per_second = 0;
+  double to_host_bytes_per_second = 0;    // device -> pinned host
+  double to_device_bytes_per_second = 0;  // pinned host -> device
+  size_t bytes = 0;                       // bytes per timed copy
 };
+// Each way the median of `repeats` copies of `bytes` (at most the device
+// memory free now: under a small device.memory_limit the copies are
+// smaller) after one untimed copy. Throws std::invalid_argument for bytes
+// 0 or repeats < 1, memory::OutOfMemoryError when the device has no room
+// for 4 KiB.
 CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes = size_t{64} << 20,
                                      int repeats = 5);
 
 // Per layer of `graph` (built as `layers`, outputs `out_desc` at batch >=
 // n), the median time of its forward (training mode) and backward call at
-// batch n, and the loss. Layers' parameters are bound to temporary buffers
-// for the measurement and unbound after. Device memory for one layer's
-// tensors at a time must be available (else memory::OutOfMemoryError naming
-// the layer).
+// batch n, and the loss; the data's entries are 0. Each call runs as in a
+// training step: backward writes an input's gradient with beta 0 unless a
+// later consumer's backward (which runs first) wrote it already, and then
+// adds as the layer's emit_grad asks. Layers' parameters and state are
+// bound to temporary buffers for the measurement and unbound after (bind
+// them again before running the layers). Planned conv layers run in their
+// segments of one buffer of `plan_workspace_bytes` (NetworkOptions::
+// conv_workspace_bytes; std::invalid_argument naming the layer when 0).
+// Device memory for one layer's tensors at a time must be available, else
+// memory::OutOfMemoryError naming the layer and the bytes; everything
+// allocated is returned, also on errors.
 memory::StepCosts measure_step_costs(const Graph& graph,
                                      const std::vector<std::unique_ptr<Layer>>& layers,
                                      const std::vector<TensorDesc>& out_desc, Backend& backend,
                                      int64_t n, const CopyBandwidth& bandwidth,
-                                     const KernelTimingOptions& timing = {});
+                                     const KernelTimingOptions& timing = {},
+                                     uint64_t plan_workspace_bytes = 0);
+
+// The same for a graph with no network (the profiler): its layers are made
+// at batch n as a network makes them, conv layers with `conv_algorithm`
+// (tuned, when "auto", within the device memory free now), then measured.
+memory::StepCosts measure_graph_step_costs(const Graph& graph, Backend& backend, int64_t n,
+                                           const CopyBandwidth& bandwidth,
+                                           const std::string& conv_algorithm = "auto",
+                                           const KernelTimingOptions& timing = {});
 
 }  // namespace vtrain::worker

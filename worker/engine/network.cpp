@@ -4,7 +4,6 @@
 #include <stdexcept>
 
 #include "common/text.h"
-#include "memory/dynamic_policy.h"
 #include "memory/memory_error.h"
 #include "worker/engine/layers/conv_layer.h"
 #include "worker/engine/op_scratch.h"
@@ -74,23 +73,6 @@ const ConvLayerExecution* execution_of(const NetworkOptions& options, const std:
   throw BackendError("layer '" + name + "': the plan has no convolution configuration for it");
 }
 
-// The memory part's view of a layer (what its backward reads and writes
-// comes from the layer itself).
-memory::LayerNode memory_node(const Graph& graph, int i, const TensorDesc& out,
-                              const Layer& layer) {
-  const LayerSpec& spec = graph.layer(i);
-  memory::LayerNode node;
-  node.name = spec.name;
-  node.is_input = spec.type == LayerType::kInput;
-  node.is_conv = spec.type == LayerType::kConv;
-  node.cheap = !node.is_input && !node.is_conv && spec.type != LayerType::kFc;
-  node.inputs = graph.inputs(i);
-  node.output_bytes = out.bytes();
-  node.state_bytes = layer.state_bytes();
-  layer.describe_backward(node);
-  return node;
-}
-
 }  // namespace
 
 Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& options)
@@ -158,110 +140,6 @@ void Network::tune_convolutions() {
     if (!conv || conv->planned()) continue;  // a plan fixes its algorithms
     conv->tune(backend_, out_desc_[graph_.inputs(i)[0]], out_desc_[i], [this] { return room(); });
   }
-}
-
-size_t Network::room() const {
-  if (options_.memory_capacity > 0) return options_.memory_capacity;
-  const size_t device = backend_.device_info().memory_bytes;
-  const size_t in_use = backend_.device_bytes_in_use();
-  const size_t optimizer =
-      static_cast<size_t>(param_count_) * options_.optimizer_bytes_per_parameter;
-  if (device <= in_use + optimizer) {
-    // (A capacity of 0 would mean "unbounded" to the simulator.)
-    throw memory::OutOfMemoryError(
-        "no device memory left for the network: the device serves " +
-        common::format_bytes_fixed(device) + " (device.memory_limit or its memory), " +
-        common::format_bytes_fixed(in_use) + " are in use (" +
-        common::format_bytes_fixed(backend_.scratch_bytes()) + " of it the ops' scratch) and the " +
-        "optimizer's state needs " +
-        common::format_bytes_fixed(optimizer));
-  }
-  return device - in_use - optimizer;
-}
-
-void Network::describe_memory() {
-  auto floats = [](int64_t count) {
-    return static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float);
-  };
-  model_.persistent = {{"params", floats(param_count_)},
-                       {"grads", floats(param_count_)},
-                       {"buffers", floats(buffer_count_)},
-                       {"labels", static_cast<size_t>(options_.max_batch) * sizeof(int32_t)}};
-  if (!options_.conv_executions.empty() && options_.conv_workspace_bytes > 0) {
-    model_.persistent.push_back({"conv_workspace", options_.conv_workspace_bytes});
-  }
-  for (int i = 0; i < graph_.size(); ++i) {
-    model_.layers.push_back(memory_node(graph_, i, out_desc_[i], *layers_[i]));
-  }
-}
-
-memory::Simulation Network::plan_dynamic(size_t capacity) {
-  // The kernels' candidates with their tuned times (Sec. III-C).
-  std::vector<memory::KernelChoices> kernels;
-  for (int i = 0; i < graph_.size(); ++i) {
-    auto* conv = dynamic_cast<ConvLayer*>(layers_[i].get());
-    if (!conv || conv->planned()) continue;
-    for (ConvKind kind : conv->kernels()) {
-      memory::KernelChoices k{i, kind, {}};
-      for (const auto& [a, seconds] : conv->choice().timed_candidates(kind)) {
-        k.options.push_back({a.name, a.workspace_bytes, seconds});
-      }
-      kernels.push_back(std::move(k));
-    }
-  }
-  memory::DynamicDecision d =
-      memory::choose_dynamic(model_, kernels, capacity, options_.memory_planner);
-  for (size_t k = 0; k < kernels.size(); ++k) {
-    static_cast<ConvLayer&>(*layers_[kernels[k].layer])
-        .choice()
-        .choose(kernels[k].kind, kernels[k].options[d.choice[k]].name);
-  }
-  memory::apply_choice(model_, kernels, d.choice);
-  schedule_ = memory::layer_wise_schedule(model_, d.offload);
-  fixed_stats_.policy = "dyn (" + d.pass + ")";
-  return std::move(d.simulation);
-}
-
-void Network::plan_memory() {
-  describe_memory();
-  // What the schedule must fit: the pool's capacity.
-  const size_t capacity = room();
-  const memory::Policy policy = options_.memory_policy;
-  const memory::Planner planner = options_.memory_planner;
-  MemoryStats& fixed = fixed_stats_;
-  fixed.policy = memory::policy_name(policy);
-  memory::Simulation simulation;
-  if (policy == memory::Policy::kDyn) {
-    simulation = plan_dynamic(capacity);
-  } else {
-    schedule_ = memory::make_schedule(model_, policy);
-    simulation = memory::simulate(model_, schedule_, capacity, planner);
-  }
-  const std::string where = options_.memory_capacity > 0
-                                ? "memory capacity " + common::format_bytes_fixed(capacity)
-                                : "capacity " + common::format_bytes_fixed(capacity) +
-                                      " (device.memory_limit or the device's memory, less " +
-                                      "what is in use)";
-  if (!simulation.fits) {
-    throw memory::OutOfMemoryError("memory.policy " + fixed.policy + ": " + simulation.failure +
-                                   "; " + where);
-  }
-  fixed.offload = memory::offload_name(schedule_.offload);
-  fixed.planner = memory::planner_name(planner);
-  fixed.capacity = capacity;
-  fixed.persistent_bytes = simulation.persistent_bytes;
-
-  ScheduleInterpreterOptions run_options;
-  run_options.max_batch = options_.max_batch;
-  run_options.planner = planner;
-  run_options.poison_freed = options_.poison_freed;
-  run_options.capacity_note = where;
-  run_options.planned_convs = !options_.conv_executions.empty();
-  run_options.plan_workspace_bytes = options_.conv_workspace_bytes;
-  interpreter_ = std::make_unique<ScheduleInterpreter>(graph_, backend_, layers_, out_desc_, model_,
-                                                       schedule_, simulation, run_options);
-  fixed.host_reservation = interpreter_->host_reservation();
-  bind_layers();
 }
 
 void Network::bind_layers() {

@@ -14,17 +14,22 @@
 // allocates everything once (the vDNN paper's network-wide baseline); `all`,
 // `conv` and `dyn` allocate layer by layer, release dead tensors, offload
 // inputs to pinned host memory on the memory stream and prefetch them back
-// in backward (memory/vdnn_plan.h). Every policy computes the same numbers.
+// in backward (memory/vdnn_plan.h); `auto`, `memonger`, `superneurons` and
+// `tflms` choose per activation to keep, offload or recompute it (re-run
+// its forward in backward) under the capacity (memory/planner.h). Every
+// policy computes the same numbers.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "memory/chrome_trace.h"
 #include "memory/device_pool.h"
+#include "memory/planner.h"
 #include "memory/simulator.h"
 #include "memory/vdnn_plan.h"
 #include "worker/device/backend.h"
@@ -57,14 +62,26 @@ struct NetworkOptions {
   size_t optimizer_bytes_per_parameter = 0;  // device bytes per parameter the optimizer
                                              // allocates after the network (Sgd: 4, its
                                              // velocity), left free by the pool
+  // Tests and benchmarks: a per-tensor plan, one action per graph layer
+  // (memory/vdnn_plan.h's planned_schedule), run instead of memory_policy
+  // when not empty.
+  std::vector<memory::TensorAction> memory_actions;
+  // What a step's operations cost on this device at max_batch (one entry
+  // per graph layer). Empty: the per-tensor planners (auto, memonger,
+  // superneurons, tflms) measure them in place (worker/engine/layer_timing.h)
+  // and explicit memory_actions go untimed.
+  memory::StepCosts memory_costs;
   bool poison_freed = false;   // tests: fill released memory with NaN so a read after
                                // release changes the results
 };
 
 // What the memory part is doing for a network.
 struct MemoryStats {
-  std::string policy;           // "none", "all", "conv", or "dyn" with the pass it chose
-  std::string offload;          // what is offloaded: "none", "conv" or "all"
+  std::string policy;           // "none", "all", "conv", "dyn" with the pass it chose, a
+                                // per-tensor planner ("auto", "memonger", ...; "auto (tflms)"
+                                // when auto chose a baseline's plan), or "explicit"
+  std::string offload;          // what is offloaded: "none", "conv", "all", or "per tensor"
+                                // (a per-tensor plan that offloads some)
   std::string planner;          // "pool" or "static"
   size_t capacity = 0;          // bytes the schedule had to fit
   size_t reservation = 0;       // device bytes the pool reserved
@@ -73,6 +90,9 @@ struct MemoryStats {
   double step_average = 0;      // bytes in use during it, time-weighted
   size_t host_reservation = 0;  // pinned host bytes for offloads
   size_t offloaded_bytes = 0;   // copied to the host in the last training step
+  // The per-tensor plan's prediction (0 without one, or for an untimed plan).
+  double predicted_step_seconds = 0;  // simulated step time
+  size_t predicted_peak = 0;          // simulated peak bytes, persistent ones included
   memory::StaticPlanReport static_plan;
 };
 
@@ -145,6 +165,9 @@ class Network {
   // the layer, for plots; recorded while a trace is set (set_trace).
   const std::vector<memory::TimelineSample>& memory_timeline() const;
   const memory::MemoryModel& memory_model() const { return model_; }
+  // The per-tensor plan the network runs (a per-tensor policy or explicit
+  // memory_actions); null for none, all, conv and dyn.
+  const memory::MemoryPlan* memory_plan() const { return plan_ ? &*plan_ : nullptr; }
   // The alloc/free trace of the last training step (for the DSA planner).
   const std::vector<memory::DsaBlock>& last_step_trace() const;
   // Records compute and memory-stream events of the following steps into
@@ -166,6 +189,12 @@ class Network {
   void describe_memory();
   // The dynamic policy's choice of conv algorithms and offloads.
   memory::Simulation plan_dynamic(size_t capacity);
+  // A per-tensor plan (memory_actions, or a planner's) into plan_ and schedule_.
+  memory::Simulation plan_per_tensor(size_t capacity, const std::string& where);
+  // memory_costs, else measured on this device.
+  memory::StepCosts step_costs(size_t capacity);
+  // Sets schedule_ (and plan_) for the options; the simulation of schedule_.
+  memory::Simulation choose_schedule(size_t capacity, const std::string& where);
   void plan_memory();
   void bind_layers();
 
@@ -185,6 +214,7 @@ class Network {
   // Memory part.
   memory::MemoryModel model_;
   memory::Schedule schedule_;
+  std::optional<memory::MemoryPlan> plan_;  // a per-tensor plan (schedule_ is its schedule)
   MemoryStats fixed_stats_;  // what plan_memory decided (policy, capacity, ...); the rest is live
   std::unique_ptr<ScheduleInterpreter> interpreter_;  // runs schedule_ in the pool it owns
 };

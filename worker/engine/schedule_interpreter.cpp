@@ -9,6 +9,20 @@ using memory::Op;
 using memory::ScheduleEvent;
 using memory::TensorKind;
 
+namespace {
+
+// A layer call's word in labels and its trace category.
+const char* call_kind(Op op) {
+  switch (op) {
+    case Op::kForward: return "forward";
+    case Op::kRecompute: return "recompute";
+    case Op::kBackward: return "backward";
+    default: throw std::logic_error("call_kind: not a layer call");
+  }
+}
+
+}  // namespace
+
 ScheduleInterpreter::ScheduleInterpreter(const Graph& graph, Backend& backend,
                                          const std::vector<std::unique_ptr<Layer>>& layers,
                                          const std::vector<TensorDesc>& out_desc,
@@ -80,10 +94,9 @@ ScheduleInterpreter::EventText ScheduleInterpreter::event_text(
   for (size_t k = 0; k < events.size(); ++k) {
     const ScheduleEvent* call = text.owner[k] >= 0 ? &events[text.owner[k]] : nullptr;
     const std::string& name = call ? graph_.layer(call->tensor.layer).name : "";
-    text.label.push_back(!call                        ? "step"
-                         : call->op == Op::kForward  ? name + " forward"
-                         : call->op == Op::kBackward ? name + " backward"
-                                                     : "loss");
+    text.label.push_back(!call                    ? "step"
+                         : call->op == Op::kLoss ? "loss"
+                                                 : name + " " + call_kind(call->op));
     const Op op = events[k].op;
     const bool moves_tensor =
         op == Op::kAlloc || op == Op::kFree || op == Op::kOffload || op == Op::kPrefetch;
@@ -147,11 +160,11 @@ std::pair<void*, size_t> ScheduleInterpreter::workspace_for(int i, bool backward
                   : std::pair{slot(TensorKind::kWorkspace, i), node.forward_workspace};
 }
 
-void ScheduleInterpreter::forward_layer(int i, int64_t n, bool training) {
+LayerCall ScheduleInterpreter::forward_call(int i, int64_t n) {
   const auto [ws, ws_bytes] = workspace_for(i, false);
   LayerCall call{backend_, n, {}, view(i, output(i), n), {}, ws, ws_bytes, {}, {}, {}, {}};
   for (int in : graph_.inputs(i)) call.in.push_back(view(in, output(in), n));
-  layers_[i]->forward(call, training);
+  return call;
 }
 
 Tensor ScheduleInterpreter::scratch_for(int i, const TensorDesc& desc) {
@@ -244,6 +257,7 @@ void ScheduleInterpreter::run_memory_op(const ScheduleEvent& e, const std::strin
       break;
     case Op::kForward:
     case Op::kBackward:
+    case Op::kRecompute:
     case Op::kLoss:
       throw std::logic_error("run_memory_op: a layer call or the loss");
   }
@@ -252,15 +266,19 @@ void ScheduleInterpreter::run_memory_op(const ScheduleEvent& e, const std::strin
 void ScheduleInterpreter::run_layer_call(const ScheduleEvent& e, const std::string& label,
                                          int64_t n, bool training) {
   const double start = trace_ ? trace_->now_us() : 0;
+  const int i = e.tensor.layer;
   if (e.op == Op::kForward) {
-    forward_layer(e.tensor.layer, n, training);
+    LayerCall call = forward_call(i, n);
+    layers_[i]->forward(call, training);
+  } else if (e.op == Op::kRecompute) {
+    LayerCall call = forward_call(i, n);
+    layers_[i]->recompute(call);
   } else {
-    backward_layer(e.tensor.layer, n);
+    backward_layer(i, n);
   }
   if (trace_) {
     backend_.synchronize(StreamKind::kCompute);  // the span covers the work, not its issue
-    trace_->span("compute", label, e.op == Op::kForward ? "forward" : "backward", start,
-                 trace_->now_us() - start);
+    trace_->span("compute", label, call_kind(e.op), start, trace_->now_us() - start);
   }
 }
 
@@ -288,7 +306,7 @@ LossStats ScheduleInterpreter::run(const std::vector<ScheduleEvent>& events,
       current = text.owner[k];
       pool_->set_label(text.label[k]);
     }
-    if (e.op == Op::kForward || e.op == Op::kBackward) {
+    if (e.op == Op::kForward || e.op == Op::kBackward || e.op == Op::kRecompute) {
       run_layer_call(e, text.label[k], n, training);
     } else if (e.op == Op::kLoss) {
       stats = run_loss(e.tensor.layer, n, training, loss_scale);

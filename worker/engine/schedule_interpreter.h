@@ -86,11 +86,13 @@ class ScheduleInterpreter {
                 int64_t n, bool training, float loss_scale);
   // The memory operations (kAlloc .. kFreeHost) of an event.
   void run_memory_op(const memory::ScheduleEvent& e, const std::string& tensor, int64_t n);
-  // kForward / kBackward, as a compute span when tracing.
+  // kForward / kRecompute / kBackward, as a compute span when tracing.
   void run_layer_call(const memory::ScheduleEvent& e, const std::string& label, int64_t n,
                       bool training);
   LossStats run_loss(int layer, int64_t n, bool training, float loss_scale);
-  void forward_layer(int i, int64_t n, bool training);
+  // Layer i's forward (or recompute) call: its inputs and output as they
+  // are on the device now, its forward workspace.
+  LayerCall forward_call(int i, int64_t n);
   void backward_layer(int i, int64_t n);
   // Writes input gradient k of layer i's backward through op (see LayerCall).
   void emit_grad(int i, int k, int64_t n, bool can_add,

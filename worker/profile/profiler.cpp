@@ -10,6 +10,7 @@
 #include "worker/engine/kernel_timing.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
+#include "worker/profile/step_costs.h"
 
 namespace vtrain::worker {
 namespace {
@@ -220,6 +221,18 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
                                          0};
       db.record_step_measurements(device, std::span(&step, 1));
       ++report.step_measured;
+    }
+  }
+  if (options.layer_costs) {
+    const KernelTimingOptions timing{options.warmup, options.repeats, TimingStatistic::kMedian};
+    if (mine()) {
+      ++(profile_copy_bandwidth(backend, db, device, timing) ? report.copy_measured
+                                                             : report.copy_cached);
+    }
+    for (int64_t b : options.batches) {
+      if (!mine()) continue;
+      ++(profile_layer_costs(graph, backend, db, device, b, timing) ? report.layer_costs_measured
+                                                                   : report.layer_costs_cached);
     }
   }
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();

@@ -28,6 +28,9 @@ struct ProfileOptions {
   int warmup = 1;                    // untimed runs before the timed ones
   int repeats = 5;                   // timed runs; the median is recorded
   bool steps = true;                 // also time a whole step (upload, fwd, bwd, update) per batch
+  bool layer_costs = true;           // also each layer's forward and backward per batch and the
+                                     // device's copy bandwidth (step_costs.h), what the
+                                     // swap / recompute planners cost a step with
   memory::Policy memory_policy = memory::Policy::kNone;  // memory.policy the steps run (and
                                                         // are recorded) under
   // This process's share when several identical devices on one host split
@@ -41,6 +44,10 @@ struct ProfileReport {
   int64_t kernel_cached = 0;    // items the DB already held for this device
   int64_t step_measured = 0;
   int64_t step_cached = 0;
+  int64_t layer_costs_measured = 0;  // batches whose layers were measured now
+  int64_t layer_costs_cached = 0;    // batches whose layers the DB already held
+  int64_t copy_measured = 0;         // 1 when the copy bandwidth was measured now
+  int64_t copy_cached = 0;           // 1 when the DB already held it
   double seconds = 0;
 };
 

@@ -1,5 +1,8 @@
 // Per-channel batch norm: learned gamma and beta, running mean and variance
-// as buffers, the batch's mean and variance as state for backward.
+// as buffers, the batch's mean and variance as state for backward. The
+// state also holds a discard area for a recomputation's running statistics:
+// the backend updates running statistics in every training forward, and a
+// recomputed forward must leave the step's update as it was.
 #include "worker/engine/layers/layer_registry.h"
 
 #include <algorithm>
@@ -12,7 +15,8 @@ class BatchNormLayer final : public Layer {
   BatchNormLayer(const LayerSpec& s, int64_t channels) : Layer(s), c_(channels) {}
   int64_t param_count() const override { return 2 * c_; }   // gamma, beta
   int64_t buffer_count() const override { return 2 * c_; }  // running mean, running var
-  size_t state_bytes() const override { return 2 * c_ * sizeof(float); }  // batch mean, var
+  // Batch mean and variance, then the discard area (2c floats each).
+  size_t state_bytes() const override { return 4 * c_ * sizeof(float); }
   void bind_state(void* state) override { saved_ = static_cast<float*>(state); }
   void init(Rng&, Backend& backend) override {
     std::vector<float> ss(2 * c_, 0.0f), running(2 * c_, 0.0f);
@@ -24,14 +28,15 @@ class BatchNormLayer final : public Layer {
   void forward(LayerCall& call, bool training) override {
     float* running = buffers();
     if (training) {
-      call.backend.batch_norm_forward_training(call.in[0], call.out, params(), saved_,
-                                               saved_ + c_, running, running + c_,
-                                               spec().bn_momentum, spec().bn_eps);
+      forward_training(call, running);
     } else {
       call.backend.batch_norm_forward_inference(call.in[0], call.out, params(), running,
                                                 running + c_, spec().bn_eps);
     }
   }
+  // The batch statistics come out as in the step's forward (same input);
+  // the running statistics it computes land in the discard area.
+  void recompute(LayerCall& call) override { forward_training(call, saved_ + 2 * c_); }
   void backward(LayerCall& call) override {
     auto op = [&](const Tensor& dx, float) {
       call.backend.batch_norm_backward(call.in[0], call.dout, params(), saved_, saved_ + c_, dx,
@@ -53,6 +58,14 @@ class BatchNormLayer final : public Layer {
   }
 
  private:
+  // Training-mode forward: batch statistics into the saved state, running
+  // statistics (mean, then variance) updated at `running`.
+  void forward_training(LayerCall& call, float* running) {
+    call.backend.batch_norm_forward_training(call.in[0], call.out, params(), saved_, saved_ + c_,
+                                             running, running + c_, spec().bn_momentum,
+                                             spec().bn_eps);
+  }
+
   int64_t c_;
   float* saved_ = nullptr;
 };

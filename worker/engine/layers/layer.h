@@ -74,6 +74,12 @@ class Layer {
   // Computes call.out from call.in; `training` selects batch statistics
   // (batch norm) over running ones.
   virtual void forward(LayerCall& call, bool training) = 0;
+  // The forward again during backward (memory::Op::kRecompute), its output
+  // having been released: training mode and the same numbers as the
+  // step's forward (the state it rewrites, such as pooling indices, comes
+  // out identical), but nothing that must change once per step, such as
+  // batch norm's running statistics, changes again.
+  virtual void recompute(LayerCall& call) { forward(call, true); }
   // Writes every input's gradient through call.emit_grad and the parameter
   // gradients into the bound grads (overwriting), then calls
   // call.gradients_ready once those are final.

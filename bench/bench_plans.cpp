@@ -1,0 +1,325 @@
+// Swap and recompute under a capacity (memory/planner.h): for each network,
+// the per-layer costs measured in place on this device, then at capacities
+// of the persistent bytes (parameters, gradients, labels: what every plan
+// keeps) plus 80%, 60%, 40% and 25% of the rest of the network-wide
+// baseline's need (`none`),
+// every planner's plan: simulated step time, simulated peak, solve time,
+// and (--measure) the engine's measured step time and peak running that
+// plan, with the simulator's error. Then the largest batch each planner
+// fits under a fixed capacity (the memory model scaled by batch), to set
+// beside Checkmate's VGG-19 figures on a 16 GB V100.
+//
+//   bench_plans [--nets vgg16,resnet50,googlenet,vgg116] [--size 64] [--batch 8]
+//               [--capacities 0.8,0.6,0.4,0.25] [--measure] [--steps 3]
+//               [--algorithm direct] [--backend cpu|cuda] [--oracle-max 12]
+//               [--max-batch-net vgg16] [--max-batch-size 224] [--max-batch-gib 16]
+//               [--no-dqn] [--csv FILE]
+//
+// Exit status 0 whatever the figures: a measurement, not a test.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "memory/planner.h"
+#include "memory/simulator.h"
+#include "worker/device/backend.h"
+#include "worker/engine/graph.h"
+#include "worker/engine/layer_timing.h"
+#include "worker/engine/network.h"
+#include "worker/engine/optimizer.h"
+
+namespace {
+
+using namespace vtrain;
+using Clock = std::chrono::steady_clock;
+
+struct Settings {
+  std::vector<std::string> nets = {"vgg16", "resnet50", "googlenet", "vgg116"};
+  int64_t size = 64;
+  int64_t batch = 8;
+  std::vector<double> capacities = {0.8, 0.6, 0.4, 0.25};
+  bool measure = false;
+  int steps = 3;
+  std::string algorithm = "direct";
+  std::string backend = "cpu";
+  int oracle_max = 12;
+  std::string max_batch_net = "vgg16";
+  int64_t max_batch_size = 224;
+  double max_batch_gib = 16;
+  std::string csv;
+  bool dqn = true;
+};
+
+double mib(double bytes) { return bytes / 1048576.0; }
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+Settings parse_settings(int argc, char** argv) {
+  Settings s;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--nets") {
+      s.nets = split_list(next());
+    } else if (arg == "--size") {
+      s.size = std::atoll(next().c_str());
+    } else if (arg == "--batch") {
+      s.batch = std::atoll(next().c_str());
+    } else if (arg == "--capacities") {
+      s.capacities.clear();
+      for (const std::string& c : split_list(next())) s.capacities.push_back(std::atof(c.c_str()));
+    } else if (arg == "--measure") {
+      s.measure = true;
+    } else if (arg == "--steps") {
+      s.steps = std::max(1, std::atoi(next().c_str()));
+    } else if (arg == "--algorithm") {
+      s.algorithm = next();
+    } else if (arg == "--backend") {
+      s.backend = next();
+    } else if (arg == "--oracle-max") {
+      s.oracle_max = std::atoi(next().c_str());
+    } else if (arg == "--max-batch-net") {
+      s.max_batch_net = next();
+    } else if (arg == "--max-batch-size") {
+      s.max_batch_size = std::atoll(next().c_str());
+    } else if (arg == "--max-batch-gib") {
+      s.max_batch_gib = std::atof(next().c_str());
+    } else if (arg == "--no-dqn") {
+      s.dqn = false;
+    } else if (arg == "--csv") {
+      s.csv = next();
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_plans [--nets a,b] [--size N] [--batch B] [--capacities f,g] "
+                   "[--measure] [--steps N] [--algorithm NAME] [--backend cpu|cuda] "
+                   "[--oracle-max N] [--max-batch-net NAME] [--max-batch-size N] "
+                   "[--max-batch-gib G] [--no-dqn] [--csv FILE]\n");
+      std::exit(2);
+    }
+  }
+  return s;
+}
+
+int plannable_count(const memory::MemoryModel& model) {
+  const std::vector<bool> can = memory::plannable(model);
+  return static_cast<int>(std::count(can.begin(), can.end(), true));
+}
+
+worker::Graph preset(const std::string& name, int64_t size) {
+  const worker::Shape input{1, 3, size, size};
+  return worker::Graph::build(worker::preset_layers(name, {input, 1000}), input);
+}
+
+// The network's memory model and its measured costs at the bench's batch.
+struct Profiled {
+  memory::MemoryModel model;
+  memory::StepCosts costs;
+};
+
+Profiled profile(worker::Backend& backend, const worker::Graph& graph, const Settings& s) {
+  worker::NetworkOptions o;
+  o.max_batch = s.batch;
+  o.conv_algorithm = s.algorithm;
+  o.memory_policy = memory::Policy::kAll;
+  memory::MemoryModel model = worker::Network(graph, backend, o).memory_model();
+  const worker::CopyBandwidth bandwidth = worker::measure_copy_bandwidth(backend);
+  return {std::move(model), worker::measure_graph_step_costs(graph, backend, s.batch, bandwidth,
+                                                             s.algorithm)};
+}
+
+struct Measured {
+  double step_ms = 0;
+  size_t peak = 0;
+};
+
+// Trains s.steps steps (after one untimed) under explicit actions.
+Measured measure(worker::Backend& backend, const worker::Graph& graph, const Settings& s,
+                 const memory::MemoryPlan& plan, const memory::StepCosts& costs) {
+  worker::NetworkOptions o;
+  o.max_batch = s.batch;
+  o.conv_algorithm = s.algorithm;
+  if (plan.schedule.layer_wise) {
+    o.memory_actions = plan.actions;
+  } else {
+    o.memory_policy = memory::Policy::kNone;
+  }
+  o.memory_costs = costs;
+  worker::Network net(graph, backend, o);
+  net.init_parameters(1);
+  worker::Sgd sgd(backend, net.parameter_count(), 0.9f, 0.0f);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const worker::Tensor in = net.input(s.batch);
+  std::vector<float> x(static_cast<size_t>(in.shape().elements()));
+  for (float& v : x) v = dist(rng);
+  backend.upload(x.data(), in);
+  std::vector<int32_t> labels(static_cast<size_t>(s.batch));
+  for (auto& l : labels) l = static_cast<int32_t>(rng() % graph.classes());
+  backend.upload_labels(labels.data(), net.labels(), s.batch);
+  std::vector<double> times;
+  for (int step = 0; step <= s.steps; ++step) {
+    const auto start = Clock::now();
+    net.train_step(s.batch, 1.0f / static_cast<float>(s.batch));
+    backend.synchronize(worker::StreamKind::kCompute);
+    if (step > 0) {
+      times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    }
+    sgd.step(net.parameters(), net.gradients(), 0.01f);
+  }
+  std::sort(times.begin(), times.end());
+  return {times[times.size() / 2], net.memory_stats().step_peak};
+}
+
+// Every planner's plan at one capacity (nullopt: it does not fit).
+std::vector<std::pair<std::string, std::optional<memory::MemoryPlan>>> plans_at(
+    const Profiled& p, size_t capacity, const Settings& s) {
+  std::vector<std::pair<std::string, std::optional<memory::MemoryPlan>>> out;
+  using memory::Policy;
+  for (Policy policy : {Policy::kNone, Policy::kAll, Policy::kConv, Policy::kDyn,
+                        Policy::kMemonger, Policy::kSuperNeurons, Policy::kTflms}) {
+    out.emplace_back(memory::policy_name(policy),
+                     memory::try_plan_memory(policy, p.model, p.costs, capacity,
+                                             memory::Planner::kPool));
+  }
+  out.emplace_back("oracle", memory::plan_oracle(p.model, p.costs, capacity,
+                                                 memory::Planner::kPool, s.oracle_max));
+  out.emplace_back("auto", memory::try_plan_memory(Policy::kAuto, p.model, p.costs, capacity,
+                                                   memory::Planner::kPool));
+  return out;
+}
+
+void run_net(worker::Backend& backend, const std::string& name, const Settings& s, FILE* csv) {
+  const worker::Graph graph = preset(name, s.size);
+  const Profiled p = profile(backend, graph, s);
+  const memory::Simulation base =
+      memory::simulate(p.model, memory::network_wide_schedule(p.model), 0, memory::Planner::kPool);
+  const size_t none = base.reservation;
+  size_t kept = 0;  // every plan keeps the parameters, gradients, buffers and labels
+  for (const memory::PersistentTensor& t : p.model.persistent) kept += t.bytes;
+  std::printf("\n%s at %lldx%lld, batch %lld: %zu layers (%d plannable), none needs %.1f MiB, "
+              "%.1f MiB of it parameters, gradients and labels\n",
+              name.c_str(), static_cast<long long>(s.size), static_cast<long long>(s.size),
+              static_cast<long long>(s.batch), p.model.layers.size(), plannable_count(p.model),
+              mib(double(none)), mib(double(kept)));
+  std::printf("  %-5s %-13s %10s %10s %9s %10s %10s %7s\n", "cap", "plan", "sim ms", "sim MiB",
+              "solve ms", "meas ms", "meas MiB", "error");
+  std::printf("  capacity = the persistent bytes + a fraction of none's other bytes\n");
+  for (double fraction : s.capacities) {
+    const size_t capacity =
+        kept + static_cast<size_t>(fraction * static_cast<double>(none - kept));
+    for (const auto& [method, plan] : plans_at(p, capacity, s)) {
+      if (!plan) {
+        const bool too_big = method == "oracle" && plannable_count(p.model) > s.oracle_max;
+        std::printf("  %4.0f%% %-13s %10s\n", fraction * 100, method.c_str(),
+                    too_big ? "too many tensors" : "no fit");
+        if (csv) std::fprintf(csv, "%s,%.2f,%s,,,,,\n", name.c_str(), fraction, method.c_str());
+        continue;
+      }
+      const double sim_ms = plan->simulation.timing.step_seconds * 1e3;
+      const double sim_mib = mib(double(plan->simulation.peak_bytes));
+      std::optional<Measured> m;
+      if (s.measure) m = measure(backend, graph, s, *plan, p.costs);
+      std::printf("  %4.0f%% %-13s %10.1f %10.1f %9.1f", fraction * 100, method.c_str(), sim_ms,
+                  sim_mib, plan->solve_seconds * 1e3);
+      if (m) {
+        std::printf(" %10.1f %10.1f %+6.1f%%", m->step_ms, mib(double(m->peak)),
+                    100.0 * (sim_ms - m->step_ms) / m->step_ms);
+      }
+      std::printf("\n");
+      if (csv) {
+        std::fprintf(csv, "%s,%.2f,%s,%.3f,%.3f,%.3f,%s,%s\n", name.c_str(), fraction,
+                     method.c_str(), sim_ms, sim_mib, plan->solve_seconds * 1e3,
+                     m ? std::to_string(m->step_ms).c_str() : "",
+                     m ? std::to_string(mib(double(m->peak))).c_str() : "");
+      }
+    }
+  }
+}
+
+// The model at batch `to` from the one at `from`: activations, states and
+// workspaces scale with the batch (the labels too); parameters do not.
+// Costs scale the same way (an approximation: per-sample time is assumed
+// constant).
+Profiled scale(const Profiled& p, int64_t from, int64_t to) {
+  Profiled q = p;
+  const double f = static_cast<double>(to) / static_cast<double>(from);
+  auto by = [f](size_t bytes) { return static_cast<size_t>(static_cast<double>(bytes) * f); };
+  for (memory::LayerNode& l : q.model.layers) {
+    l.output_bytes = by(l.output_bytes);
+    l.state_bytes = by(l.state_bytes);
+    l.forward_workspace = by(l.forward_workspace);
+    l.backward_workspace = by(l.backward_workspace);
+  }
+  for (memory::PersistentTensor& t : q.model.persistent) {
+    if (t.name == "labels") t.bytes = by(t.bytes);
+  }
+  for (double& t : q.costs.forward_seconds) t *= f;
+  for (double& t : q.costs.backward_seconds) t *= f;
+  q.costs.loss_seconds *= f;
+  return q;
+}
+
+// The largest batch each planner fits in `capacity` (doubling, then
+// bisection on the scaled model).
+void max_batches(worker::Backend& backend, const Settings& s) {
+  Settings one = s;
+  one.batch = 1;
+  const Profiled p1 = profile(backend, preset(s.max_batch_net, s.max_batch_size), one);
+  const size_t capacity = static_cast<size_t>(s.max_batch_gib * 1073741824.0);
+  std::printf("\nlargest batch of %s at %lldx%lld in %.0f GiB (simulated, model scaled from "
+              "batch 1):\n",
+              s.max_batch_net.c_str(), static_cast<long long>(s.max_batch_size),
+              static_cast<long long>(s.max_batch_size), s.max_batch_gib);
+  using memory::Policy;
+  for (Policy policy : {Policy::kNone, Policy::kAll, Policy::kMemonger, Policy::kSuperNeurons,
+                        Policy::kTflms, Policy::kAuto}) {
+    auto fits = [&](int64_t b) {
+      const Profiled q = scale(p1, 1, b);
+      return memory::try_plan_memory(policy, q.model, q.costs, capacity, memory::Planner::kPool)
+          .has_value();
+    };
+    int64_t lo = 0, hi = 1;
+    while (fits(hi) && hi < (int64_t{1} << 16)) lo = hi, hi *= 2;
+    while (lo + 1 < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+    std::printf("  %-13s %6lld\n", memory::policy_name(policy), static_cast<long long>(lo));
+  }
+  std::printf("  (Checkmate, VGG-19 on a 16 GB V100: 167 checkpoint-all, 197 sqrt(n), "
+              "289 optimal)\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Settings s = parse_settings(argc, argv);
+  const auto backend = worker::make_backend({.kind = s.backend});
+  FILE* csv = s.csv.empty() ? nullptr : std::fopen(s.csv.c_str(), "w");
+  if (csv) std::fprintf(csv, "net,capacity,plan,sim_ms,sim_mib,solve_ms,meas_ms,meas_mib\n");
+  for (const std::string& name : s.nets) run_net(*backend, name, s, csv);
+  if (csv) std::fclose(csv);
+  if (s.max_batch_size > 0) max_batches(*backend, s);
+  return 0;
+}

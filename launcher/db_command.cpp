@@ -1,0 +1,54 @@
+#include "launcher/db_command.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/text.h"
+#include "perfdb/perf_db.h"
+
+namespace vtrain::launcher {
+
+int run_db(const CliArgs& cli) {
+  if (!std::filesystem::exists(cli.db)) {
+    throw std::runtime_error("perf DB " + cli.db + " does not exist (create it with vtrain profile)");
+  }
+  perfdb::PerfDb db(cli.db);
+  if (cli.db_action == "export") {
+    const auto table = perfdb::table_from_name(cli.table);
+    if (!table) {
+      std::vector<std::string> known;
+      for (perfdb::Table t : perfdb::kTables) known.push_back(perfdb::table_name(t));
+      throw UsageError("unknown table '" + cli.table + "' (known: " + common::join(known) + ")");
+    }
+    db.export_table(*table,
+                    cli.format == "jsonl" ? perfdb::ExportFormat::kJsonLines : perfdb::ExportFormat::kCsv,
+                    std::cout);
+    return kExitOk;
+  }
+  const perfdb::Stats st = db.stats();
+  std::printf("perf DB %s (schema version %d)\n", cli.db.c_str(), st.schema_version);
+  std::printf("  %lld devices, %lld kernels, %lld kernel measurements, %lld step measurements, "
+              "%lld copy bandwidths, %lld layer measurements\n",
+              static_cast<long long>(st.devices), static_cast<long long>(st.kernels),
+              static_cast<long long>(st.kernel_measurements),
+              static_cast<long long>(st.step_measurements),
+              static_cast<long long>(st.copy_bandwidths),
+              static_cast<long long>(st.layer_measurements));
+  for (const perfdb::DeviceStats& d : st.per_device) {
+    std::printf("  device %lld: %s (%s, %s, %d threads, host %s): %lld kernel, %lld step, "
+                "%lld layer measurements\n",
+                static_cast<long long>(d.device.id.value), d.device.device.name.c_str(),
+                d.device.device.backend.c_str(), d.device.device.library_version.c_str(),
+                d.device.device.threads, d.device.device.host.c_str(),
+                static_cast<long long>(d.kernel_measurements),
+                static_cast<long long>(d.step_measurements),
+                static_cast<long long>(d.layer_measurements));
+  }
+  return kExitOk;
+}
+
+}  // namespace vtrain::launcher

@@ -1,0 +1,129 @@
+// `vtrain check` under a per-tensor memory.policy (auto, memonger,
+// superneurons, tflms): it builds the network training would, measures the
+// step's costs in place, and prints the plan (per tensor kept, offloaded or
+// recomputed; the predicted step time and peak), or fails naming the tensor
+// that does not fit and the least capacity that would. Run as users run it.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <regex>
+#include <string>
+
+#include "tests/test_support.h"
+
+namespace vtrain {
+namespace {
+
+using test_support::RunResult;
+using test_support::run_vtrain;
+using test_support::TempDir;
+
+// VGG-small on 28x28 synthetic data: seven plannable activations of 16 KiB
+// to 3 MiB at batch 16; `direct` convolutions skip the tuning.
+constexpr const char* kConfig =
+    "model: {preset: vgg-small}\n"
+    "data: {kind: synthetic, shape: [1, 28, 28], classes: 10, train_size: 64, test_size: 16}\n"
+    "train: {batch: 16, max_steps: 1, evaluate: false}\n"
+    "device: {backend: cpu, threads: 1}\n"
+    "conv: {algorithm: direct}\n";
+
+// "28.6 MiB" -> bytes (the plan report's format_bytes_fixed).
+double bytes_of(const std::string& text) {
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex(R"(([0-9.]+) (B|KiB|MiB|GiB))"))) return -1;
+  const double unit = m[2] == "GiB" ? 1 << 30 : m[2] == "MiB" ? 1 << 20 : m[2] == "KiB" ? 1024 : 1;
+  return std::stod(m[1]) * unit;
+}
+
+// The bytes after `label` in `output` ("capacity 242.8 MiB" -> its bytes).
+double bytes_after(const std::string& output, const std::string& label) {
+  const size_t at = output.find(label);
+  return at == std::string::npos ? -1 : bytes_of(output.substr(at + label.size(), 16));
+}
+
+struct Counts {
+  int kept = -1, offloaded = -1, recomputed = -1;
+};
+
+Counts activation_counts(const std::string& output) {
+  std::smatch m;
+  Counts c;
+  if (std::regex_search(output, m,
+                        std::regex(R"(activations: (\d+) kept \([^)]*\), (\d+) offloaded )"
+                                   R"(\([^)]*\), (\d+) recomputed)"))) {
+    c = {std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])};
+  }
+  return c;
+}
+
+class CheckPlan : public ::testing::Test {
+ protected:
+  RunResult check(const std::string& policy, uint64_t memory_limit) {
+    return run_vtrain("check " + config_ + " --set memory.policy=" + policy +
+                      " --set device.memory_limit=" + std::to_string(memory_limit));
+  }
+  // Under a roomy device: what the network takes besides its pool (the ops'
+  // scratch, the optimizer's state) and what keeping every activation needs.
+  void measure_room() {
+    const RunResult r = check("auto", kRoomy);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    overhead_ = kRoomy - bytes_after(r.output, ", capacity ");
+    keep_all_ = bytes_after(r.output, ", reservation ");
+    ASSERT_GT(overhead_, 0) << r.output;
+    ASSERT_GT(keep_all_, 0) << r.output;
+  }
+
+  static constexpr uint64_t kRoomy = uint64_t{256} << 20;
+  TempDir dir_;
+  std::string config_ = dir_.write("vgg.yaml", kConfig).string();
+  double overhead_ = 0, keep_all_ = 0;
+};
+
+TEST_F(CheckPlan, PrintsThePlanOfEveryPerTensorPolicy) {
+  for (const char* policy : {"auto", "memonger", "superneurons", "tflms"}) {
+    const RunResult r = check(policy, kRoomy);
+    ASSERT_EQ(r.exit_code, 0) << policy << ": " << r.output;
+    EXPECT_CONTAINS(r.output, "memory: batch 16 on ");
+    EXPECT_CONTAINS(r.output, std::string("memory plan: ") + policy + " (");
+    EXPECT_CONTAINS(r.output, "predicted step ");
+    const Counts c = activation_counts(r.output);
+    EXPECT_EQ(c.kept + c.offloaded + c.recomputed, 7) << r.output;
+    EXPECT_CONTAINS(r.output, "relu1_1.y");
+  }
+  // The vDNN policies plan no tensors: check builds no network for them.
+  const RunResult none = check("none", kRoomy);
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  EXPECT_EQ(none.output.find("memory plan:"), std::string::npos) << none.output;
+}
+
+TEST_F(CheckPlan, UnderALimitBelowKeepingEverythingSomeTensorsMove) {
+  measure_room();
+  // A MiB less than keeping every activation reserves.
+  const auto limit = static_cast<uint64_t>(overhead_ + keep_all_) - (uint64_t{1} << 20);
+  const RunResult r = check("auto", limit);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "memory plan: auto (");
+  const Counts c = activation_counts(r.output);
+  EXPECT_EQ(c.kept + c.offloaded + c.recomputed, 7) << r.output;
+  EXPECT_GE(c.offloaded + c.recomputed, 1) << r.output;
+  EXPECT_LE(bytes_after(r.output, ", reservation "), bytes_after(r.output, ", capacity "))
+      << r.output;
+}
+
+TEST_F(CheckPlan, AnImpossibleLimitNamesATensorAndTheLeastCapacity) {
+  measure_room();
+  // Room to measure each layer alone, far too little for a step.
+  const auto limit = static_cast<uint64_t>(overhead_ + 0.6 * keep_all_);
+  const RunResult r = check("auto", limit);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_CONTAINS(r.output, "vtrain: error: memory.policy auto: ");
+  EXPECT_CONTAINS(r.output, "out of memory allocating '");
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(allocating '[a-z0-9_]+\.y')")))
+      << r.output;
+  const double least = bytes_after(r.output, "the least capacity auto finds a plan for is ");
+  EXPECT_GT(least, 0.6 * keep_all_) << r.output;
+  EXPECT_EQ(r.output.find("effective config"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace vtrain

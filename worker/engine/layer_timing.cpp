@@ -1,0 +1,376 @@
+#include "worker/engine/layer_timing.h"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <stdexcept>
+#include <utility>
+
+#include "common/text.h"
+#include "memory/memory_error.h"
+#include "worker/engine/layers/conv_layer.h"
+#include "worker/engine/layers/layer_registry.h"
+#include "worker/engine/network.h"
+
+namespace vtrain::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+size_t free_device_bytes(const Backend& backend) {
+  const size_t device = backend.device_info().memory_bytes;
+  const size_t in_use = backend.device_bytes_in_use();
+  return device > in_use ? device - in_use : 0;
+}
+
+// Device memory for one measurement, returned on destruction. A request the
+// device cannot serve is an OutOfMemoryError naming what was being measured
+// and all it needs.
+class DeviceBlocks {
+ public:
+  DeviceBlocks(Backend& backend, std::string what, size_t need)
+      : backend_(backend), what_(std::move(what)), need_(need), free_(free_device_bytes(backend)) {}
+  ~DeviceBlocks() {
+    for (void* p : held_) backend_.free_device(p);
+  }
+  DeviceBlocks(const DeviceBlocks&) = delete;
+  DeviceBlocks& operator=(const DeviceBlocks&) = delete;
+
+  float* get(size_t bytes) {
+    try {
+      held_.push_back(backend_.allocate_device(std::max<size_t>(bytes, sizeof(float))));
+    } catch (const BackendError& e) {
+      throw memory::OutOfMemoryError(
+          "measuring the step costs: " + what_ + " needs " + common::format_bytes_fixed(need_) +
+          " of device memory and the device has " + common::format_bytes_fixed(free_) +
+          " free (device.memory_limit or its memory): " + e.what());
+    }
+    return static_cast<float*>(held_.back());
+  }
+  Tensor tensor(const TensorDesc& desc, float value) {
+    const Tensor t{desc, get(desc.bytes())};
+    backend_.fill(t, value);  // finite contents: no NaNs or denormals in the timing
+    return t;
+  }
+
+ private:
+  Backend& backend_;
+  std::string what_;
+  size_t need_, free_;
+  std::vector<void*> held_;
+};
+
+// Pinned host memory, returned on destruction.
+class PinnedBlock {
+ public:
+  PinnedBlock(Backend& backend, size_t bytes)
+      : backend_(backend), ptr_(backend.allocate_pinned(bytes)) {}
+  ~PinnedBlock() { backend_.free_pinned(ptr_); }
+  PinnedBlock(const PinnedBlock&) = delete;
+  PinnedBlock& operator=(const PinnedBlock&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  Backend& backend_;
+  void* ptr_;
+};
+
+double median_copy_seconds(Backend& backend, void* dst, const void* src, size_t bytes,
+                           int repeats) {
+  backend.copy_async(dst, src, bytes, StreamKind::kMemory);  // untimed: first touch of pages
+  backend.synchronize(StreamKind::kMemory);
+  std::vector<double> seconds;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = Clock::now();
+    backend.copy_async(dst, src, bytes, StreamKind::kMemory);
+    backend.synchronize(StreamKind::kMemory);
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return std::max(seconds[seconds.size() / 2], 1e-9);  // a copy below the clock's resolution
+}
+
+TensorDesc at_batch(TensorDesc desc, int64_t n) {
+  desc.shape.n = n;
+  return desc;
+}
+
+TensorDesc floats(int64_t count) { return {{std::max<int64_t>(count, 1), 1, 1, 1}}; }
+
+// Whether a consumer after layer i, whose backward runs before i's, has
+// written producer p's gradient when i's backward starts.
+bool written_before(const Graph& graph, int i, int p) {
+  const std::vector<int>& consumers = graph.consumers(p);
+  return std::any_of(consumers.begin(), consumers.end(), [&](int c) { return c > i; });
+}
+
+// What one layer's calls need on the device at batch n. As in a step, a
+// backward that does not read X writes dX where X was, and one that does
+// not read Y gets dY where Y was: a layer fits the device here when its
+// step's calls do.
+struct LayerNeeds {
+  std::vector<TensorDesc> inputs;  // X_k
+  std::vector<bool> input_grad;    // dX_k: input k is not the data
+  TensorDesc output;               // Y and dY
+  bool reads_inputs = false;       // backward reads X: dX needs its own buffer
+  bool reads_output = false;       // backward reads Y: dY needs its own buffer
+  size_t scratch = 0;              // an input gradient written aside (then added), where the
+                                   // memory model expects one; else allocated on first use
+  size_t workspace = 0;
+  size_t state = 0;
+  int64_t params = 0, buffers = 0;  // floats
+
+  size_t total() const {
+    size_t bytes = output.bytes() * (reads_output ? 2 : 1) + scratch + workspace + state +
+                   (2 * params + buffers) * sizeof(float);
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      bytes += inputs[k].bytes() * (input_grad[k] && reads_inputs ? 2 : 1);
+    }
+    return bytes;
+  }
+};
+
+LayerNeeds layer_needs(const Graph& graph, int i, const Layer& layer,
+                       const std::vector<TensorDesc>& out_desc, int64_t n,
+                       uint64_t plan_workspace_bytes) {
+  memory::LayerNode node;
+  layer.describe_backward(node);
+  LayerNeeds needs;
+  for (int p : graph.inputs(i)) {
+    needs.inputs.push_back(at_batch(out_desc[p], n));
+    needs.input_grad.push_back(p != graph.input_index());
+    // A gradient the layer cannot add to, or one it computes for the data.
+    const bool aside = needs.input_grad.back()
+                           ? !node.backward_accumulates && written_before(graph, i, p)
+                           : node.backward_needs_input_grad;
+    if (aside) needs.scratch = std::max(needs.scratch, needs.inputs.back().bytes());
+  }
+  needs.output = at_batch(out_desc[i], n);
+  needs.reads_inputs = node.backward_reads_inputs;
+  needs.reads_output = node.backward_reads_output;
+  needs.workspace = std::max(node.forward_workspace, node.backward_workspace);
+  const auto* conv = dynamic_cast<const ConvLayer*>(&layer);
+  if (conv && conv->planned()) {
+    if (plan_workspace_bytes == 0) {
+      throw std::invalid_argument("measuring the step costs: layer '" + layer.spec().name +
+                                  "' runs a plan's convolutions but the plan's workspace "
+                                  "size was not given");
+    }
+    needs.workspace = plan_workspace_bytes;
+  }
+  needs.state = layer.state_bytes();
+  needs.params = layer.param_count();
+  needs.buffers = layer.buffer_count();
+  return needs;
+}
+
+struct LayerSeconds {
+  double forward = 0, backward = 0;
+};
+
+// Binds a layer to temporary storage and unbinds it on destruction.
+class TemporaryBinding {
+ public:
+  TemporaryBinding(Layer& layer, const LayerStorage& storage, void* state) : layer_(layer) {
+    layer.bind(storage);
+    layer.bind_state(state);
+  }
+  ~TemporaryBinding() {
+    layer_.bind({});
+    layer_.bind_state(nullptr);
+  }
+  TemporaryBinding(const TemporaryBinding&) = delete;
+  TemporaryBinding& operator=(const TemporaryBinding&) = delete;
+
+ private:
+  Layer& layer_;
+};
+
+// One layer's tensors on the device and its calls over them, made as a
+// training step makes them; the layer is bound to temporary storage while
+// the bench lives.
+class LayerBench {
+ public:
+  LayerBench(const Graph& graph, int i, Layer& layer, const std::vector<TensorDesc>& out_desc,
+             Backend& backend, int64_t n, uint64_t plan_workspace_bytes)
+      : graph_(graph), i_(i), layer_(layer), backend_(backend),
+        needs_(layer_needs(graph, i, layer, out_desc, n, plan_workspace_bytes)),
+        blocks_(backend, "layer '" + layer.spec().name + "' at batch " + std::to_string(n),
+                needs_.total()),
+        call_{backend, n, {}, {}, {}, nullptr, needs_.workspace, {}, {}, {}, {}} {
+    allocate();
+    call_.emit_grad = [this](int k, bool can_add,
+                             const std::function<void(const Tensor&, float)>& op) {
+      emit_grad(k, can_add, op);
+    };
+    call_.needs_grad = [this](int k) { return needs_.input_grad[k]; };
+    call_.scratch_like = [this](const Tensor& like) { return scratch_like(like.desc); };
+    call_.gradients_ready = [] {};
+  }
+
+  LayerSeconds time(const KernelTimingOptions& timing) {
+    LayerSeconds seconds;
+    seconds.forward =
+        time_kernel(backend_, timing, [&] { layer_.forward(call_, true); }).seconds;
+    seconds.backward = time_kernel(backend_, timing, [&] {
+                         std::fill(written_.begin(), written_.end(), false);
+                         layer_.backward(call_);
+                       }).seconds;
+    return seconds;
+  }
+
+ private:
+  void allocate() {
+    for (size_t k = 0; k < needs_.inputs.size(); ++k) {
+      call_.in.push_back(blocks_.tensor(needs_.inputs[k], 0.01f));
+      din_.push_back(!needs_.input_grad[k]  ? Tensor{}
+                     : needs_.reads_inputs ? blocks_.tensor(needs_.inputs[k], 0.0f)
+                                           : call_.in.back());
+    }
+    written_.assign(call_.in.size(), false);
+    call_.out = blocks_.tensor(needs_.output, 0.01f);
+    call_.dout = needs_.reads_output ? blocks_.tensor(needs_.output, 0.01f) : call_.out;
+    if (needs_.scratch > 0) scratch_ = blocks_.get(needs_.scratch);
+    if (needs_.workspace > 0) call_.workspace = blocks_.get(needs_.workspace);
+    void* state = needs_.state > 0 ? blocks_.get(needs_.state) : nullptr;
+    const LayerStorage storage{blocks_.tensor(floats(needs_.params), 0.01f).data,
+                               blocks_.tensor(floats(needs_.params), 0.0f).data,
+                               blocks_.tensor(floats(needs_.buffers), 0.01f).data};
+    binding_.emplace(layer_, storage, state);
+  }
+
+  Tensor scratch_like(const TensorDesc& desc) {
+    if (!scratch_) scratch_ = blocks_.get(std::max(needs_.scratch, desc.bytes()));
+    return Tensor{desc, scratch_};
+  }
+
+  // As the schedule interpreter does: beta 0 for the first write of a
+  // gradient, else beta 1 where the op can add, else aside and added.
+  void emit_grad(int k, bool can_add, const std::function<void(const Tensor&, float)>& op) {
+    if (!needs_.input_grad[k]) return;  // the data needs no gradient
+    const std::vector<int>& inputs = graph_.inputs(i_);
+    bool before = written_before(graph_, i_, inputs[k]);
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      before = before || (written_[j] && inputs[j] == inputs[k]);
+    }
+    const Tensor& dx = din_[k];
+    if (!before) {
+      op(dx, 0.0f);
+    } else if (can_add) {
+      op(dx, 1.0f);
+    } else {
+      const Tensor aside = scratch_like(dx.desc);
+      op(aside, 0.0f);
+      backend_.accumulate(aside, dx, 1.0f);
+    }
+    written_[k] = true;
+  }
+
+  const Graph& graph_;
+  int i_;
+  Layer& layer_;
+  Backend& backend_;
+  LayerNeeds needs_;
+  DeviceBlocks blocks_;  // before the binding: the layer is unbound before its storage goes
+  LayerCall call_;
+  std::vector<Tensor> din_;
+  std::vector<bool> written_;  // in this backward call, per input
+  float* scratch_ = nullptr;
+  std::optional<TemporaryBinding> binding_;
+};
+
+double time_loss(const TensorDesc& logits_desc, Backend& backend, int64_t n,
+                 const KernelTimingOptions& timing) {
+  const TensorDesc desc = at_batch(logits_desc, n);
+  DeviceBlocks blocks(backend, "the loss at batch " + std::to_string(n),
+                      2 * desc.bytes() + static_cast<size_t>(n) * sizeof(int32_t));
+  const Tensor logits = blocks.tensor(desc, 0.01f);
+  const Tensor dlogits = blocks.tensor(desc, 0.0f);
+  auto* labels = reinterpret_cast<int32_t*>(blocks.get(static_cast<size_t>(n) * sizeof(int32_t)));
+  const std::vector<int32_t> zeros(static_cast<size_t>(n), 0);
+  backend.upload_labels(zeros.data(), labels, n);
+  const float scale = 1.0f / static_cast<float>(n);
+  return time_kernel(backend, timing, [&] {
+           backend.softmax_cross_entropy(logits, labels, scale, &dlogits);
+         }).seconds;
+}
+
+}  // namespace
+
+CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats) {
+  if (bytes == 0 || repeats < 1) {
+    throw std::invalid_argument("measure_copy_bandwidth: bytes must be > 0 and repeats >= 1");
+  }
+  constexpr size_t kLeast = 4096;
+  bytes = std::min(bytes, free_device_bytes(backend));
+  if (bytes < kLeast) {
+    throw memory::OutOfMemoryError(
+        "measuring the copy bandwidth needs " + common::format_bytes_fixed(kLeast) +
+        " of device memory and the device has " +
+        common::format_bytes_fixed(free_device_bytes(backend)) +
+        " free (device.memory_limit or its memory)");
+  }
+  DeviceBlocks device(backend, "the copy bandwidth", bytes);
+  float* on_device = device.get(bytes);
+  const PinnedBlock host(backend, bytes);
+  backend.fill(Tensor{floats(static_cast<int64_t>(bytes / sizeof(float))), on_device}, 0.01f);
+  CopyBandwidth bandwidth;
+  bandwidth.bytes = bytes;
+  const double b = static_cast<double>(bytes);
+  bandwidth.to_host_bytes_per_second =
+      b / median_copy_seconds(backend, host.get(), on_device, bytes, repeats);
+  bandwidth.to_device_bytes_per_second =
+      b / median_copy_seconds(backend, on_device, host.get(), bytes, repeats);
+  return bandwidth;
+}
+
+memory::StepCosts measure_step_costs(const Graph& graph,
+                                     const std::vector<std::unique_ptr<Layer>>& layers,
+                                     const std::vector<TensorDesc>& out_desc, Backend& backend,
+                                     int64_t n, const CopyBandwidth& bandwidth,
+                                     const KernelTimingOptions& timing,
+                                     uint64_t plan_workspace_bytes) {
+  if (n < 1) throw std::invalid_argument("measure_step_costs: batch must be >= 1");
+  if (static_cast<int>(layers.size()) != graph.size() ||
+      static_cast<int>(out_desc.size()) != graph.size()) {
+    throw std::invalid_argument("measure_step_costs: " + std::to_string(layers.size()) +
+                                " layers and " + std::to_string(out_desc.size()) +
+                                " output descriptors for a graph of " +
+                                std::to_string(graph.size()) + " layers");
+  }
+  memory::StepCosts costs;
+  costs.forward_seconds.assign(graph.size(), 0.0);
+  costs.backward_seconds.assign(graph.size(), 0.0);
+  for (int i = 0; i < graph.size(); ++i) {
+    if (i == graph.input_index()) continue;  // the data: uploaded, not computed
+    const LayerSeconds s =
+        LayerBench(graph, i, *layers[i], out_desc, backend, n, plan_workspace_bytes).time(timing);
+    costs.forward_seconds[i] = s.forward;
+    costs.backward_seconds[i] = s.backward;
+  }
+  costs.loss_seconds = time_loss(out_desc[graph.sink_index()], backend, n, timing);
+  costs.to_host_bytes_per_second = bandwidth.to_host_bytes_per_second;
+  costs.to_device_bytes_per_second = bandwidth.to_device_bytes_per_second;
+  return costs;
+}
+
+memory::StepCosts measure_graph_step_costs(const Graph& graph, Backend& backend, int64_t n,
+                                           const CopyBandwidth& bandwidth,
+                                           const std::string& conv_algorithm,
+                                           const KernelTimingOptions& timing) {
+  const std::vector<TensorDesc> out_desc = activation_descs(graph, backend, n);
+  std::vector<std::unique_ptr<Layer>> layers;
+  for (int i = 0; i < graph.size(); ++i) {
+    const std::vector<int>& in = graph.inputs(i);
+    const TensorDesc* x = in.empty() ? nullptr : &out_desc[in[0]];
+    layers.push_back(layer_registry().make({graph, i, backend, x, out_desc[i], conv_algorithm,
+                                            nullptr}));
+    auto* conv = dynamic_cast<ConvLayer*>(layers.back().get());
+    if (conv && conv_algorithm == "auto") {
+      conv->tune(backend, *x, out_desc[i], [&] { return free_device_bytes(backend); });
+    }
+  }
+  return measure_step_costs(graph, layers, out_desc, backend, n, bandwidth, timing);
+}
+
+}  // namespace vtrain::worker

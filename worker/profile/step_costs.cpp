@@ -1,0 +1,119 @@
+#include "worker/profile/step_costs.h"
+
+#include <algorithm>
+#include <map>
+
+#include "common/text.h"
+#include "worker/engine/layer_timing.h"
+
+namespace vtrain::worker {
+namespace {
+
+using perfdb::CopyDirection;
+
+constexpr CopyDirection kDirections[] = {CopyDirection::kToHost, CopyDirection::kToDevice};
+
+// "conv2, relu2" (the first few of many, then how many in all).
+std::string name_list(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 5;
+  if (names.size() <= kShown) return common::join(names);
+  return common::join(std::vector<std::string>(names.begin(), names.begin() + kShown)) + ", ... (" +
+         std::to_string(names.size()) + " in all)";
+}
+
+// The names of `graph`'s layers (and the loss) without a row, in graph order.
+std::vector<std::string> missing_layers(const Graph& graph,
+                                        const std::map<int64_t, perfdb::LayerMeasurement>& rows) {
+  std::vector<std::string> missing;
+  for (int i = 0; i < graph.size(); ++i) {
+    if (!rows.contains(i)) missing.push_back(graph.layer(i).name);
+  }
+  if (!rows.contains(perfdb::kLossLayer)) missing.push_back("the loss");
+  return missing;
+}
+
+std::map<int64_t, perfdb::LayerMeasurement> rows_by_layer(perfdb::PerfDb& db,
+                                                          perfdb::DeviceId device,
+                                                          const Graph& graph, int64_t batch) {
+  std::map<int64_t, perfdb::LayerMeasurement> rows;
+  for (perfdb::LayerMeasurement& row : db.layer_measurements(device, graph.signature(), batch)) {
+    rows.emplace(row.layer_index, std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace
+
+std::vector<perfdb::LayerMeasurement> layer_rows(const Graph& graph,
+                                                 const memory::StepCosts& costs) {
+  std::vector<perfdb::LayerMeasurement> rows;
+  rows.push_back({perfdb::kLossLayer, "loss", costs.loss_seconds * 1e3, 0, 0});
+  for (int i = 0; i < graph.size(); ++i) {
+    rows.push_back({i, graph.layer(i).name, costs.forward_seconds.at(i) * 1e3,
+                    costs.backward_seconds.at(i) * 1e3, 0});
+  }
+  return rows;
+}
+
+StepCostsLookup profiled_step_costs(perfdb::PerfDb& db, perfdb::DeviceId device,
+                                    const Graph& graph, int64_t batch) {
+  memory::StepCosts costs;
+  std::vector<std::string> missing_copies;
+  for (CopyDirection direction : kDirections) {
+    const auto found = db.find_copy_bandwidth(device, direction);
+    if (!found) {
+      missing_copies.push_back(perfdb::copy_direction_name(direction));
+      continue;
+    }
+    (direction == CopyDirection::kToHost ? costs.to_host_bytes_per_second
+                                         : costs.to_device_bytes_per_second) =
+        found->bytes_per_second;
+  }
+  const auto rows = rows_by_layer(db, device, graph, batch);
+  const std::vector<std::string> missing = missing_layers(graph, rows);
+  StepCostsLookup lookup;
+  if (!missing_copies.empty()) {
+    lookup.missing = "the copy bandwidth " + common::join(missing_copies, " and ");
+  }
+  if (!missing.empty()) {
+    if (!lookup.missing.empty()) lookup.missing += "; ";
+    lookup.missing += "layer times of " + name_list(missing) + " at batch " +
+                      std::to_string(batch);
+  }
+  if (!lookup.missing.empty()) return lookup;
+  for (int i = 0; i < graph.size(); ++i) {
+    costs.forward_seconds.push_back(rows.at(i).forward_ms * 1e-3);
+    costs.backward_seconds.push_back(rows.at(i).backward_ms * 1e-3);
+  }
+  costs.loss_seconds = rows.at(perfdb::kLossLayer).forward_ms * 1e-3;
+  lookup.costs = std::move(costs);
+  return lookup;
+}
+
+bool profile_copy_bandwidth(Backend& backend, perfdb::PerfDb& db, perfdb::DeviceId device,
+                            const KernelTimingOptions& timing) {
+  if (std::all_of(std::begin(kDirections), std::end(kDirections), [&](CopyDirection d) {
+        return db.find_copy_bandwidth(device, d).has_value();
+      })) {
+    return false;
+  }
+  const CopyBandwidth b = measure_copy_bandwidth(backend, size_t{64} << 20,
+                                                 std::max(timing.repeats, 1));
+  const perfdb::CopyBandwidthMeasurement rows[] = {
+      {CopyDirection::kToHost, b.bytes, b.to_host_bytes_per_second, 0},
+      {CopyDirection::kToDevice, b.bytes, b.to_device_bytes_per_second, 0}};
+  db.record_copy_bandwidth(device, rows);
+  return true;
+}
+
+bool profile_layer_costs(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
+                         perfdb::DeviceId device, int64_t batch,
+                         const KernelTimingOptions& timing) {
+  if (missing_layers(graph, rows_by_layer(db, device, graph, batch)).empty()) return false;
+  const memory::StepCosts costs = measure_graph_step_costs(graph, backend, batch, {}, "auto",
+                                                           timing);
+  db.record_layer_measurements(device, graph.signature(), batch, layer_rows(graph, costs));
+  return true;
+}
+
+}  // namespace vtrain::worker

@@ -1,0 +1,46 @@
+// The timed memory simulator's costs (memory::StepCosts) through the perf
+// DB: the profiler measures a device's copy bandwidth and a model's layers
+// at each batch into it (perfdb's copy_bandwidth and layer_measurements),
+// and profiled_step_costs() reads them back for a planner.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "memory/simulator.h"
+#include "perfdb/perf_db.h"
+#include "worker/device/backend.h"
+#include "worker/engine/graph.h"
+#include "worker/engine/kernel_timing.h"
+
+namespace vtrain::worker {
+
+// The perf DB rows of measured costs: one per layer (forward and backward
+// in ms) and one for the loss (perfdb::kLossLayer, named "loss").
+std::vector<perfdb::LayerMeasurement> layer_rows(const Graph& graph,
+                                                 const memory::StepCosts& costs);
+
+// What the perf DB holds of `graph`'s costs at per-rank `batch` on `device`.
+struct StepCostsLookup {
+  std::optional<memory::StepCosts> costs;  // set when every row is there
+  std::string missing;                     // else what is not, for a message: "the copy
+                                           // bandwidth to_host; layers conv2, relu2 at batch 64"
+};
+StepCostsLookup profiled_step_costs(perfdb::PerfDb& db, perfdb::DeviceId device,
+                                    const Graph& graph, int64_t batch);
+
+// Measures `backend`'s copy bandwidth into `db` unless it holds both
+// directions for `device`; returns whether it measured.
+bool profile_copy_bandwidth(Backend& backend, perfdb::PerfDb& db, perfdb::DeviceId device,
+                            const KernelTimingOptions& timing);
+
+// Measures every layer of `graph` and the loss at `batch` (conv layers with
+// their fastest algorithm, undivided) into `db` unless it holds all of
+// them; one transaction. Returns whether it measured.
+bool profile_layer_costs(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
+                         perfdb::DeviceId device, int64_t batch,
+                         const KernelTimingOptions& timing);
+
+}  // namespace vtrain::worker
