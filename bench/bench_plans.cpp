@@ -13,7 +13,10 @@
 //               [--capacities 0.8,0.6,0.4,0.25] [--measure] [--steps 3]
 //               [--algorithm direct] [--backend cpu|cuda] [--oracle-max 12]
 //               [--max-batch-net vgg16] [--max-batch-size 224] [--max-batch-gib 16]
-//               [--no-dqn] [--csv FILE]
+//               [--no-dqn] [--dqn-budget S] [--costs] [--csv FILE]
+//
+// --costs prints the measured per-layer costs and auto's plan report; the
+// DQN trains for at most --dqn-budget seconds per plan (default 20).
 //
 // Exit status 0 whatever the figures: a measurement, not a test.
 
@@ -28,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/memory_error.h"
 #include "memory/planner.h"
 #include "memory/simulator.h"
 #include "worker/device/backend.h"
@@ -35,6 +39,7 @@
 #include "worker/engine/layer_timing.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
+#include "worker/profile/dqn_planner.h"
 
 namespace {
 
@@ -56,6 +61,8 @@ struct Settings {
   double max_batch_gib = 16;
   std::string csv;
   bool dqn = true;
+  double dqn_budget = 20;  // seconds of DQN training per plan
+  bool print_costs = false;
 };
 
 double mib(double bytes) { return bytes / 1048576.0; }
@@ -105,6 +112,10 @@ Settings parse_settings(int argc, char** argv) {
       s.max_batch_size = std::atoll(next().c_str());
     } else if (arg == "--max-batch-gib") {
       s.max_batch_gib = std::atof(next().c_str());
+    } else if (arg == "--costs") {
+      s.print_costs = true;
+    } else if (arg == "--dqn-budget") {
+      s.dqn_budget = std::atof(next().c_str());
     } else if (arg == "--no-dqn") {
       s.dqn = false;
     } else if (arg == "--csv") {
@@ -114,7 +125,7 @@ Settings parse_settings(int argc, char** argv) {
                    "usage: bench_plans [--nets a,b] [--size N] [--batch B] [--capacities f,g] "
                    "[--measure] [--steps N] [--algorithm NAME] [--backend cpu|cuda] "
                    "[--oracle-max N] [--max-batch-net NAME] [--max-batch-size N] "
-                   "[--max-batch-gib G] [--no-dqn] [--csv FILE]\n");
+                   "[--max-batch-gib G] [--no-dqn] [--dqn-budget S] [--costs] [--csv FILE]\n");
       std::exit(2);
     }
   }
@@ -204,6 +215,16 @@ std::vector<std::pair<std::string, std::optional<memory::MemoryPlan>>> plans_at(
   }
   out.emplace_back("oracle", memory::plan_oracle(p.model, p.costs, capacity,
                                                  memory::Planner::kPool, s.oracle_max));
+  if (s.dqn) {
+    worker::DqnOptions dqn;
+    dqn.time_budget_seconds = s.dqn_budget;
+    try {
+      out.emplace_back("dqn",
+                       worker::plan_dqn(p.model, p.costs, capacity, memory::Planner::kPool, dqn));
+    } catch (const memory::OutOfMemoryError&) {
+      out.emplace_back("dqn", std::nullopt);
+    }
+  }
   out.emplace_back("auto", memory::try_plan_memory(Policy::kAuto, p.model, p.costs, capacity,
                                                    memory::Planner::kPool));
   return out;
@@ -224,6 +245,16 @@ void run_net(worker::Backend& backend, const std::string& name, const Settings& 
               mib(double(none)), mib(double(kept)));
   std::printf("  %-5s %-13s %10s %10s %9s %10s %10s %7s\n", "cap", "plan", "sim ms", "sim MiB",
               "solve ms", "meas ms", "meas MiB", "error");
+  if (s.print_costs) {
+    std::printf("  measured costs (ms): layer, forward, backward\n");
+    for (size_t i = 0; i < p.model.layers.size(); ++i) {
+      std::printf("    %-20s %9.3f %9.3f\n", p.model.layers[i].name.c_str(),
+                  p.costs.forward_seconds[i] * 1e3, p.costs.backward_seconds[i] * 1e3);
+    }
+    std::printf("    loss %.3f; copies %.2f GB/s to host, %.2f GB/s to device\n",
+                p.costs.loss_seconds * 1e3, p.costs.to_host_bytes_per_second / 1e9,
+                p.costs.to_device_bytes_per_second / 1e9);
+  }
   std::printf("  capacity = the persistent bytes + a fraction of none's other bytes\n");
   for (double fraction : s.capacities) {
     const size_t capacity =
@@ -247,6 +278,9 @@ void run_net(worker::Backend& backend, const std::string& name, const Settings& 
                     100.0 * (sim_ms - m->step_ms) / m->step_ms);
       }
       std::printf("\n");
+      if (s.print_costs && method == "auto") {
+        std::printf("%s", memory::plan_report(p.model, *plan).c_str());
+      }
       if (csv) {
         std::fprintf(csv, "%s,%.2f,%s,%.3f,%.3f,%.3f,%s,%s\n", name.c_str(), fraction,
                      method.c_str(), sim_ms, sim_mib, plan->solve_seconds * 1e3,
@@ -315,6 +349,7 @@ void max_batches(worker::Backend& backend, const Settings& s) {
 
 int main(int argc, char** argv) {
   const Settings s = parse_settings(argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress as it comes, also into a file
   const auto backend = worker::make_backend({.kind = s.backend});
   FILE* csv = s.csv.empty() ? nullptr : std::fopen(s.csv.c_str(), "w");
   if (csv) std::fprintf(csv, "net,capacity,plan,sim_ms,sim_mib,solve_ms,meas_ms,meas_mib\n");
