@@ -2,7 +2,8 @@
 """Memory against step-time overhead per memory plan, one panel per network,
 from the CSV that `bench_plans --csv FILE` writes: each point is one plan at
 one capacity (simulated peak in MiB, simulated step time as overhead over
-`none`'s; measured times drawn hollow when the CSV has them).
+`none`'s, or over the fastest plan's where `none` never fitted; measured
+times drawn hollow, against the measured `none` or fastest plan).
 
     /usr/bin/python3 scripts/plot_plans.py plans.csv -o plans.png
 """
@@ -59,7 +60,9 @@ def main():
         base = min(r["sim_ms"] for r in mine if r["plan"] == "none") if any(
             r["plan"] == "none" for r in mine) else min(r["sim_ms"] for r in mine)
         measured_none = [r["meas_ms"] for r in mine if r["plan"] == "none" and r["meas_ms"]]
-        base_measured = min(measured_none) if measured_none else base
+        measured_all = [r["meas_ms"] for r in mine if r["meas_ms"]]
+        base_measured = (min(measured_none) if measured_none
+                         else min(measured_all) if measured_all else base)
         for plan in dict.fromkeys(r["plan"] for r in mine):
             pts = [r for r in mine if r["plan"] == plan]
             line = ax.plot([r["sim_mib"] for r in pts],
