@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "memory/chrome_trace.h"
 #include "memory/dsa.h"
 #include "memory/free_list.h"
@@ -155,29 +156,16 @@ std::pair<size_t, size_t> baseline_need(worker::Backend& backend, const worker::
           sim(memory::Policy::kAll).persistent_bytes + velocity};
 }
 
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
 
 // The command line; exits 2 with the usage on anything unknown.
 Settings parse_settings(int argc, char** argv) {
   Settings s;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+  bench::Args args(argc, argv);
+  while (args.next()) {
+    const std::string arg = args.arg();
+    auto next = [&] { return args.value(); };
     if (arg == "--nets") {
-      s.nets = split_list(next());
+      s.nets = bench::split_list(next());
     } else if (arg == "--size") {
       s.size = std::atoll(next().c_str());
     } else if (arg == "--batch") {

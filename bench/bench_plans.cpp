@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "memory/memory_error.h"
 #include "memory/planner.h"
 #include "memory/simulator.h"
@@ -67,35 +68,22 @@ struct Settings {
 
 double mib(double bytes) { return bytes / 1048576.0; }
 
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
 
 Settings parse_settings(int argc, char** argv) {
   Settings s;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+  bench::Args args(argc, argv);
+  while (args.next()) {
+    const std::string arg = args.arg();
+    auto next = [&] { return args.value(); };
     if (arg == "--nets") {
-      s.nets = split_list(next());
+      s.nets = bench::split_list(next());
     } else if (arg == "--size") {
       s.size = std::atoll(next().c_str());
     } else if (arg == "--batch") {
       s.batch = std::atoll(next().c_str());
     } else if (arg == "--capacities") {
       s.capacities.clear();
-      for (const std::string& c : split_list(next())) s.capacities.push_back(std::atof(c.c_str()));
+      for (const std::string& c : bench::split_list(next())) s.capacities.push_back(std::atof(c.c_str()));
     } else if (arg == "--measure") {
       s.measure = true;
     } else if (arg == "--steps") {

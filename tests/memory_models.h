@@ -121,10 +121,17 @@ inline void check_schedule(const MemoryModel& m, const Schedule& s, bool trainin
       case Op::kFreeHost: ASSERT_EQ(host.erase(k), 1u) << name; break;
       case Op::kSyncMemory: break;
       case Op::kForward:
-        forward_done = i;
+      case Op::kRecompute: {
+        const bool again = e.op == Op::kRecompute;
+        if (again) {
+          ASSERT_TRUE(training);
+        } else {
+          forward_done = i;
+        }
         for (int p : m.layers[i].inputs) {
           ASSERT_TRUE(resident(TensorKind::kOutput, p))
-              << m.layers[i].name << " forward reads " << m.layers[p].name << ".y, released";
+              << m.layers[i].name << (again ? " recompute" : " forward") << " reads "
+              << m.layers[p].name << ".y, released";
         }
         ASSERT_TRUE(resident(TensorKind::kOutput, i));
         if (m.layers[i].forward_workspace) {
@@ -134,20 +141,7 @@ inline void check_schedule(const MemoryModel& m, const Schedule& s, bool trainin
           ASSERT_TRUE(resident(TensorKind::kState, i));
         }
         break;
-      case Op::kRecompute:
-        ASSERT_TRUE(training);
-        for (int p : m.layers[i].inputs) {
-          ASSERT_TRUE(resident(TensorKind::kOutput, p))
-              << m.layers[i].name << " recompute reads " << m.layers[p].name << ".y, absent";
-        }
-        ASSERT_TRUE(resident(TensorKind::kOutput, i));
-        if (m.layers[i].forward_workspace) {
-          ASSERT_TRUE(resident(TensorKind::kWorkspace, i));
-        }
-        if (m.layers[i].state_bytes) {
-          ASSERT_TRUE(resident(TensorKind::kState, i));
-        }
-        break;
+      }
       case Op::kLoss:
         ASSERT_TRUE(resident(TensorKind::kOutput, i));
         if (training) {
