@@ -83,7 +83,9 @@ Settings parse_settings(int argc, char** argv) {
       s.batch = std::atoll(next().c_str());
     } else if (arg == "--capacities") {
       s.capacities.clear();
-      for (const std::string& c : bench::split_list(next())) s.capacities.push_back(std::atof(c.c_str()));
+      for (const std::string& c : bench::split_list(next())) {
+        s.capacities.push_back(std::atof(c.c_str()));
+      }
     } else if (arg == "--measure") {
       s.measure = true;
     } else if (arg == "--steps") {
