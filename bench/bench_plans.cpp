@@ -13,10 +13,13 @@
 //               [--capacities 0.8,0.6,0.4,0.25] [--measure] [--steps 3]
 //               [--algorithm direct] [--backend cpu|cuda] [--oracle-max 12]
 //               [--max-batch-net vgg16] [--max-batch-size 224] [--max-batch-gib 16]
-//               [--no-dqn] [--dqn-budget S] [--costs] [--csv FILE]
+//               [--no-dqn] [--dqn-budget S] [--costs] [--calibrate] [--csv FILE]
 //
 // --costs prints the measured per-layer costs and auto's plan report; the
 // DQN trains for at most --dqn-budget seconds per plan (default 20).
+// --calibrate scales every layer's costs by the ratio of one measured step
+// (keeping every activation) to its simulated time before planning: the
+// remaining error is the simulator's on the other plans.
 //
 // Exit status 0 whatever the figures: a measurement, not a test.
 
@@ -64,6 +67,7 @@ struct Settings {
   bool dqn = true;
   double dqn_budget = 20;  // seconds of DQN training per plan
   bool print_costs = false;
+  bool calibrate = false;  // scale the layer costs by one measured all-keep step
 };
 
 double mib(double bytes) { return bytes / 1048576.0; }
@@ -102,6 +106,8 @@ Settings parse_settings(int argc, char** argv) {
       s.max_batch_size = std::atoll(next().c_str());
     } else if (arg == "--max-batch-gib") {
       s.max_batch_gib = std::atof(next().c_str());
+    } else if (arg == "--calibrate") {
+      s.calibrate = true;
     } else if (arg == "--costs") {
       s.print_costs = true;
     } else if (arg == "--dqn-budget") {
@@ -115,7 +121,7 @@ Settings parse_settings(int argc, char** argv) {
                    "usage: bench_plans [--nets a,b] [--size N] [--batch B] [--capacities f,g] "
                    "[--measure] [--steps N] [--algorithm NAME] [--backend cpu|cuda] "
                    "[--oracle-max N] [--max-batch-net NAME] [--max-batch-size N] "
-                   "[--max-batch-gib G] [--no-dqn] [--dqn-budget S] [--costs] [--csv FILE]\n");
+                   "[--max-batch-gib G] [--no-dqn] [--dqn-budget S] [--costs] [--calibrate] [--csv FILE]\n");
       std::exit(2);
     }
   }
@@ -192,6 +198,24 @@ Measured measure(worker::Backend& backend, const worker::Graph& graph, const Set
   return {times[times.size() / 2], net.memory_stats().step_peak};
 }
 
+// Scales the compute costs so that keeping every activation simulates to
+// its measured step time.
+void calibrate(worker::Backend& backend, const worker::Graph& graph, const Settings& s,
+               Profiled& p) {
+  const std::vector<memory::TensorAction> keep(p.model.layers.size(),
+                                               memory::TensorAction::kKeep);
+  const memory::MemoryPlan plan =
+      memory::evaluate_plan("keep", keep, p.model, p.costs, 0, memory::Planner::kPool);
+  const double measured = measure(backend, graph, s, plan, p.costs).step_ms / 1e3;
+  const double factor = measured / plan.simulation.timing.step_seconds;
+  for (double& t : p.costs.forward_seconds) t *= factor;
+  for (double& t : p.costs.backward_seconds) t *= factor;
+  p.costs.loss_seconds *= factor;
+  std::printf("  calibrated: keeping everything measured %.1f ms, simulated %.1f ms; "
+              "costs scaled by %.3f\n",
+              measured * 1e3, plan.simulation.timing.step_seconds * 1e3, factor);
+}
+
 // Every planner's plan at one capacity (nullopt: it does not fit).
 std::vector<std::pair<std::string, std::optional<memory::MemoryPlan>>> plans_at(
     const Profiled& p, size_t capacity, const Settings& s) {
@@ -222,7 +246,7 @@ std::vector<std::pair<std::string, std::optional<memory::MemoryPlan>>> plans_at(
 
 void run_net(worker::Backend& backend, const std::string& name, const Settings& s, FILE* csv) {
   const worker::Graph graph = preset(name, s.size);
-  const Profiled p = profile(backend, graph, s);
+  Profiled p = profile(backend, graph, s);
   const memory::Simulation base =
       memory::simulate(p.model, memory::network_wide_schedule(p.model), 0, memory::Planner::kPool);
   const size_t none = base.reservation;
@@ -235,6 +259,7 @@ void run_net(worker::Backend& backend, const std::string& name, const Settings& 
               mib(double(none)), mib(double(kept)));
   std::printf("  %-5s %-13s %10s %10s %9s %10s %10s %7s\n", "cap", "plan", "sim ms", "sim MiB",
               "solve ms", "meas ms", "meas MiB", "error");
+  if (s.calibrate) calibrate(backend, graph, s, p);
   if (s.print_costs) {
     std::printf("  measured costs (ms): layer, forward, backward\n");
     for (size_t i = 0; i < p.model.layers.size(); ++i) {
