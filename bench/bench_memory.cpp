@@ -35,6 +35,7 @@
 #include "memory/simulator.h"
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
+#include "worker/engine/layer_timing.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
 
@@ -115,25 +116,14 @@ Run train(worker::Backend& backend, const worker::Graph& graph, const Settings& 
           times[times.size() / 2], net.last_step_trace()};
 }
 
-// Milliseconds per MiB of a device -> host plus host -> device copy of a
-// 64 MiB block between device and pinned memory on the memory stream (the
-// copies an offloaded byte costs), median of 5.
+// Milliseconds per MiB of a device -> host plus host -> device copy on the
+// memory stream (the copies an offloaded byte costs), from the bandwidth the
+// planners use (64 MiB blocks, median of 5 each way).
 double copy_ms_per_mib(worker::Backend& backend) {
-  const size_t bytes = size_t{64} << 20;
-  void* device = backend.allocate_device(bytes);
-  void* host = backend.allocate_pinned(bytes);
-  std::vector<double> times;
-  for (int i = 0; i < 6; ++i) {
-    const auto start = Clock::now();
-    backend.copy_async(host, device, bytes, worker::StreamKind::kMemory);
-    backend.copy_async(device, host, bytes, worker::StreamKind::kMemory);
-    backend.synchronize(worker::StreamKind::kMemory);
-    if (i > 0) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-  }
-  backend.free_pinned(host);
-  backend.free_device(device);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2] / 64.0;
+  const worker::CopyBandwidth b = worker::measure_copy_bandwidth(backend);
+  const double seconds_per_byte =
+      1.0 / b.to_host_bytes_per_second + 1.0 / b.to_device_bytes_per_second;
+  return 1048576.0 * 1e3 * seconds_per_byte;
 }
 
 // What the baseline would reserve, and of it what every policy keeps

@@ -81,6 +81,26 @@ Actions uniform_actions(const MemoryModel& model, TensorAction action) {
   return actions;
 }
 
+// The fixed actions of the baselines that do not search.
+Actions baseline_actions(const MemoryModel& model, Policy policy) {
+  switch (policy) {
+    case Policy::kAll: return offload_actions(model, Offload::kAll);
+    case Policy::kConv: return offload_actions(model, Offload::kConv);
+    case Policy::kMemonger: return memonger_actions(model);
+    case Policy::kSuperNeurons: return superneurons_actions(model);
+    default: break;
+  }
+  throw MemoryError(std::string("baseline_actions: ") + policy_name(policy) + " searches");
+}
+
+// The plans that need the least memory among those vtrain knows (keeping
+// every activation included: on small nets it needs less than any other).
+std::vector<Actions> frugal_actions(const MemoryModel& model) {
+  return {uniform_actions(model, TensorAction::kRecompute),
+          uniform_actions(model, TensorAction::kOffload), memonger_actions(model),
+          superneurons_actions(model), Actions(model.layers.size(), TensorAction::kKeep)};
+}
+
 // TFLMS-style: the N largest offloaded, the fewest N that fit (binary
 // search on N; offloading more never needs more memory at the peak).
 MemoryPlan tflms_plan(const MemoryModel& model, Scorer& score) {
@@ -210,28 +230,20 @@ MemoryPlan auto_plan(const MemoryModel& model, const StepCosts& costs, size_t ca
                      Scorer& score) {
   GreedyPlanner greedy(model, score);
   MemoryPlan best = greedy.run();
-  // Every baseline, and the most frugal plans as starting points; the best
-  // that fits is improved by the same local search.
+  MemoryPlan none;
+  none.schedule = network_wide_schedule(model);
+  none.actions = none.schedule.actions;
+  none.simulation = simulate(model, none.schedule, capacity, Planner::kPool, &costs);
+  if (better(none, best)) best = std::move(none);
+  // Every layer-wise baseline and the most frugal plans as starting points;
+  // the best that fits is improved by the same local search.
+  std::vector<MemoryPlan> starts = {tflms_plan(model, score),
+                                    score("", baseline_actions(model, Policy::kConv))};
+  for (const Actions& actions : frugal_actions(model)) starts.push_back(score("", actions));
   std::optional<MemoryPlan> start;
-  for (Policy baseline : {Policy::kNone, Policy::kConv, Policy::kAll, Policy::kMemonger,
-                          Policy::kSuperNeurons, Policy::kTflms, Policy::kAuto}) {
-    MemoryPlan plan;
-    if (baseline == Policy::kNone) {
-      plan.schedule = network_wide_schedule(model);
-      plan.actions = plan.schedule.actions;
-      plan.simulation = simulate(model, plan.schedule, capacity, Planner::kPool, &costs);
-    } else if (baseline == Policy::kTflms) {
-      plan = tflms_plan(model, score);
-    } else if (baseline == Policy::kAuto) {
-      plan = score("", uniform_actions(model, TensorAction::kRecompute));
-    } else {
-      plan = score("", baseline == Policy::kMemonger       ? memonger_actions(model)
-                       : baseline == Policy::kSuperNeurons ? superneurons_actions(model)
-                       : offload_actions(model, baseline == Policy::kAll ? Offload::kAll
-                                                                          : Offload::kConv));
-    }
+  for (MemoryPlan& plan : starts) {
     if (better(plan, best)) best = plan;
-    if (plan.schedule.layer_wise && (!start || better(plan, *start))) start = std::move(plan);
+    if (!start || better(plan, *start)) start = std::move(plan);
   }
   if (start && start->simulation.fits) {
     MemoryPlan improved = greedy.improve(std::move(*start));
@@ -279,8 +291,8 @@ std::optional<MemoryPlan> try_plan_memory(Policy policy, const MemoryModel& mode
       }
       plan.actions = plan.schedule.actions;
       break;
-    case Policy::kMemonger: plan = score("", memonger_actions(model)); break;
-    case Policy::kSuperNeurons: plan = score("", superneurons_actions(model)); break;
+    case Policy::kMemonger:
+    case Policy::kSuperNeurons: plan = score("", baseline_actions(model, policy)); break;
     case Policy::kTflms: plan = tflms_plan(model, score); break;
     case Policy::kAuto: plan = auto_plan(model, costs, capacity, score); break;
   }
@@ -321,12 +333,8 @@ MemoryPlan plan_memory(Policy policy, const MemoryModel& model, const StepCosts&
 }
 
 size_t least_capacity(const MemoryModel& model, const StepCosts& costs, Planner planner) {
-  const Actions frugal[] = {uniform_actions(model, TensorAction::kRecompute),
-                            uniform_actions(model, TensorAction::kOffload),
-                            memonger_actions(model), superneurons_actions(model),
-                            Actions(model.layers.size(), TensorAction::kKeep)};
   size_t hi = std::numeric_limits<size_t>::max();
-  for (const Actions& actions : frugal) {
+  for (const Actions& actions : frugal_actions(model)) {
     hi = std::min(hi, simulate(model, planned_schedule(model, actions), 0, planner).reservation);
   }
   // auto fits at hi (a frugal plan does); search down to within 1%.
