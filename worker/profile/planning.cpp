@@ -45,10 +45,9 @@ std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind) {
   throw std::runtime_error("unknown backend kind '" + backend_kind + "' (known: cpu, cuda)");
 }
 
-balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
-                                const std::vector<PlanDevice>& devices, int64_t global_batch,
-                                const balancer::BatchSplitOptions& options,
-                                memory::Policy memory_policy) {
+std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb::PerfDb& db,
+                                                     const std::vector<PlanDevice>& devices,
+                                                     memory::Policy memory_policy) {
   std::vector<balancer::DeviceProfile> profiles;
   for (const PlanDevice& d : devices) {
     balancer::DeviceProfile p;
@@ -71,7 +70,15 @@ balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
     }
     profiles.push_back(std::move(p));
   }
-  return balancer::plan_batch_split(profiles, global_batch, options);
+  return profiles;
+}
+
+balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
+                                const std::vector<PlanDevice>& devices, int64_t global_batch,
+                                const balancer::BatchSplitOptions& options,
+                                memory::Policy memory_policy) {
+  return balancer::plan_batch_split(device_profiles(graph, db, devices, memory_policy),
+                                    global_batch, options);
 }
 
 balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,

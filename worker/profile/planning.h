@@ -38,6 +38,14 @@ struct WorkspaceRequest {
   uint64_t limit = 0;                // bytes; 0 = no limit (not allowed for wd)
 };
 
+// What the batch split solves over: per device, its step time and peak
+// memory at each batch the perf DB holds a step measurement of under
+// `memory_policy`. Throws std::runtime_error naming the device when it has
+// none (profile it first).
+std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb::PerfDb& db,
+                                                     const std::vector<PlanDevice>& devices,
+                                                     memory::Policy memory_policy);
+
 // The batch split from the devices' step measurements under `memory_policy`
 // (memory.policy: their time and peak memory). Throws
 // balancer::InfeasibleError / BalancerError, and std::runtime_error naming
