@@ -264,6 +264,24 @@ std::optional<double> even_split_time(const std::vector<std::vector<Candidate>>&
   return slowest + options.allreduce_ms;
 }
 
+double ideal_step_time(std::span<const DeviceProfile> devices,
+                       const std::vector<std::vector<Candidate>>& candidates, int64_t global_batch,
+                       const BatchSplitOptions& options) {
+  double per_ms = 0;  // samples per ms of all devices together
+  double exchange = std::numeric_limits<double>::infinity();
+  for (size_t d = 0; d < devices.size(); ++d) {
+    double best = 0;
+    for (const Candidate& c : candidates[d]) {
+      const double compute = c.time_ms - devices[d].allreduce_ms;
+      if (compute > 0) best = std::max(best, static_cast<double>(c.batch) / compute);
+    }
+    per_ms += best;
+    exchange = std::min(exchange, devices[d].allreduce_ms);
+  }
+  if (per_ms <= 0) return 0;
+  return static_cast<double>(global_batch) / per_ms + exchange + options.allreduce_ms;
+}
+
 // A split of `target` units with every device within `best` ms, read back
 // from the reachable-totals tables (tables[d]: totals of devices 0..d-1),
 // last device first. Every choice that keeps the rest feasible is optimal; among those,
@@ -444,6 +462,7 @@ BatchSplit plan_batch_split(std::span<const DeviceProfile> devices, int64_t glob
   }
   split.step_time_ms = slowest + options.allreduce_ms;
   split.even_split_time_ms = even_split_time(candidates, global_batch, options);
+  split.ideal_step_time_ms = ideal_step_time(devices, candidates, global_batch, options);
   return split;
 }
 

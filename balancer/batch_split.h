@@ -116,6 +116,12 @@ struct BatchSplit {
   // is not a multiple of the granularity, or it is not a candidate of every
   // device, e.g. it does not fit one's memory).
   std::optional<double> even_split_time_ms;
+  // The ideal bound: B over the sum of every device's best throughput
+  // alone (its candidate with the most samples per ms, its exposed
+  // allreduce left out), plus the exchange every step pays at least
+  // (options.allreduce_ms and the least device allreduce_ms). No split
+  // beats it; step_time_ms / ideal_step_time_ms says how close this one is.
+  double ideal_step_time_ms = 0;
 };
 
 // The optimal split of `global_batch` over `devices`. Throws InfeasibleError

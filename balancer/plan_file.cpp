@@ -58,12 +58,21 @@ PlannedKernel read_planned_kernel(const Field& field, const RankPlan& rank) {
 
 RankPlan read_rank_plan(const Field& field) {
   const Section section(field);
-  section.allow({"device", "batch", "predicted_ms", "workspace_bytes", "kernels"});
+  section.allow({"device", "batch", "predicted_ms", "workspace_bytes", "activations", "kernels"});
   RankPlan r;
   if (Field f = section["device"]) r.device = to_string(f);
   r.batch = to_int(section.required("batch", "the rank's per-step batch"), at_least(0));
   if (Field f = section["predicted_ms"]) r.predicted_ms = to_number(f, at_least(0));
   if (Field f = section["workspace_bytes"]) r.workspace_bytes = to_uint64(f);
+  if (Field f = section["activations"]) {
+    const Section bytes(f);
+    bytes.allow({"kept", "offloaded", "recomputed"});
+    ActivationBytes a;
+    a.kept = to_uint64(bytes.required("kept", "bytes of activations kept in device memory"));
+    a.offloaded = to_uint64(bytes.required("offloaded", "bytes of activations offloaded"));
+    a.recomputed = to_uint64(bytes.required("recomputed", "bytes of activations recomputed"));
+    r.activations = a;
+  }
   if (Field f = section["kernels"]) {
     for (const Field& k : f.items("a list of kernels")) {
       r.kernels.push_back(read_planned_kernel(k, r));
@@ -95,7 +104,8 @@ TrainingPlan parse_plan(const std::string& yaml_text, const std::string& origin)
   }
   const Section top(Field(source, root, true, "", 0));
   top.allow({"vtrain_plan", "model", "global_batch", "memory_policy", "workspace_policy",
-             "workspace_limit", "predicted_step_ms", "split_ms", "even_split_ms", "ranks"});
+             "workspace_limit", "predicted_step_ms", "split_ms", "even_split_ms", "ideal_step_ms",
+             "ranks"});
   TrainingPlan plan;
   const Field version = top.required("vtrain_plan", "the plan format version; is this a plan?");
   plan.version = static_cast<int>(to_int(version, at_least(1)));
@@ -114,6 +124,7 @@ TrainingPlan parse_plan(const std::string& yaml_text, const std::string& origin)
   if (Field f = top["predicted_step_ms"]) plan.predicted_step_ms = to_number(f, at_least(0));
   if (Field f = top["split_ms"]) plan.split_ms = to_number(f, at_least(0));
   if (Field f = top["even_split_ms"]) plan.even_split_ms = to_number(f, at_least(0));
+  if (Field f = top["ideal_step_ms"]) plan.ideal_step_ms = to_number(f, at_least(0));
   const Field ranks = top.required("ranks", "one entry per rank");
   int64_t total = 0;
   for (const Field& r : ranks.items("a list of ranks")) {
@@ -152,6 +163,7 @@ std::string plan_to_yaml(const TrainingPlan& plan) {
   out << YAML::Key << "predicted_step_ms" << YAML::Value << plan.predicted_step_ms;
   if (plan.split_ms) out << YAML::Key << "split_ms" << YAML::Value << *plan.split_ms;
   if (plan.even_split_ms) out << YAML::Key << "even_split_ms" << YAML::Value << *plan.even_split_ms;
+  if (plan.ideal_step_ms) out << YAML::Key << "ideal_step_ms" << YAML::Value << *plan.ideal_step_ms;
   out << YAML::Key << "ranks" << YAML::Value << YAML::BeginSeq;
   for (const RankPlan& r : plan.ranks) {
     out << YAML::BeginMap;
@@ -159,6 +171,13 @@ std::string plan_to_yaml(const TrainingPlan& plan) {
     out << YAML::Key << "batch" << YAML::Value << r.batch;
     out << YAML::Key << "predicted_ms" << YAML::Value << r.predicted_ms;
     out << YAML::Key << "workspace_bytes" << YAML::Value << r.workspace_bytes;
+    if (const auto& a = r.activations) {
+      out << YAML::Key << "activations" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "kept" << YAML::Value << a->kept;
+      out << YAML::Key << "offloaded" << YAML::Value << a->offloaded;
+      out << YAML::Key << "recomputed" << YAML::Value << a->recomputed;
+      out << YAML::EndMap;
+    }
     out << YAML::Key << "kernels" << YAML::Value << YAML::BeginSeq;
     for (const PlannedKernel& k : r.kernels) {
       out << YAML::Flow << YAML::BeginMap;

@@ -144,7 +144,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     }
     if (balance) {
       split = worker::plan_split(graph, db, devices, cfg.train.batch, split_options(cfg),
-                                 cfg.memory.policy);
+                                 step_pricing(cfg));
     } else {
       split.batch = fixed_split;
     }
@@ -167,8 +167,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   if (comm.rank() != 0) return "";
   // Undivided kernels take the fastest algorithm whose workspace fits the
   // limit, as plain cuDNN with a workspace limit would.
-  balancer::TrainingPlan plan = worker::plan_workspaces(
-      graph, db, devices, split, {cfg.balance.workspace, cfg.balance.workspace_limit});
+  balancer::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split, step_pricing(cfg));
   plan.memory_policy = memory::policy_name(cfg.memory.policy);
   return balancer::plan_to_yaml(plan);
 }
@@ -258,7 +257,11 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     }
   } else {
     for (const perfdb::DeviceRecord& r : db.devices()) {
-      if (!worker::profiled_steps(db, r.id, graph.signature(), cfg.memory.policy).empty()) add(r);
+      if (!worker::profiled_steps(db, r.id, graph.signature(), cfg.memory.policy,
+                                  r.device.memory_bytes)
+               .empty()) {
+        add(r);
+      }
     }
     if (devices.empty()) {
       throw std::runtime_error(cli.db + " has no step measurements of this model under "
@@ -274,11 +277,10 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
   // does, on the rank that gets it): every rank's batch is a profiled one.
   balancer::BatchSplitOptions options = split_options(cfg);
   options.candidates = balancer::CandidateSizes::kMeasured;
-  const balancer::BatchSplit split =
-      worker::plan_split(graph, db, devices, batch, options, cfg.memory.policy);
+  const worker::StepPricing pricing{{policy, limit}, cfg.memory.policy};
+  const balancer::BatchSplit split = worker::plan_split(graph, db, devices, batch, options, pricing);
   std::vector<worker::FrontPoint> fronts;
-  balancer::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split,
-                                                      {policy, limit},
+  balancer::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split, pricing,
                                                       cli.fronts.empty() ? nullptr : &fronts);
   plan.memory_policy = memory::policy_name(cfg.memory.policy);
   std::fputs(worker::describe_plan(plan).c_str(), stdout);

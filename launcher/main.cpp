@@ -123,18 +123,12 @@ Config load(const CliArgs& cli) {
   return cfg;
 }
 
-// Whether memory.policy chooses per activation (keep, offload, recompute).
-bool plans_per_tensor(memory::Policy policy) {
-  return policy == memory::Policy::kAuto || policy == memory::Policy::kMemonger ||
-         policy == memory::Policy::kSuperNeurons || policy == memory::Policy::kTflms;
-}
-
 // Under a per-tensor memory.policy, the plan training would run: the
 // network built on this device for the largest rank batch (the batch check
 // counts), its costs measured in place. A capacity no plan fits throws the
 // planner's OutOfMemoryError (the tensor, the least capacity).
 void print_memory_plan(const Config& cfg, const worker::Graph& graph) {
-  if (!plans_per_tensor(cfg.memory.policy)) return;
+  if (!memory::plans_per_tensor(cfg.memory.policy)) return;
   const int64_t batch = largest_rank_batch(cfg, 1);
   auto backend = worker::make_backend(backend_options(cfg));
   const worker::Network network(graph, *backend, network_options(cfg, batch));

@@ -66,4 +66,8 @@ balancer::BatchSplitOptions split_options(const config::Config& cfg) {
   return o;
 }
 
+worker::StepPricing step_pricing(const config::Config& cfg) {
+  return {{cfg.balance.workspace, cfg.balance.workspace_limit}, cfg.memory.policy};
+}
+
 }  // namespace vtrain::launcher

@@ -7,6 +7,7 @@
 #include "configs/config.h"
 #include "worker/device/backend.h"
 #include "worker/engine/network.h"
+#include "worker/profile/planning.h"
 #include "worker/profile/profiler.h"
 #include "worker/train/trainer.h"
 
@@ -30,5 +31,7 @@ worker::ProfileOptions profile_options(const config::Config& cfg);
 
 // balance.granularity and balance.candidates.
 balancer::BatchSplitOptions split_options(const config::Config& cfg);
+// How the split prices a device's step: balance.workspace(_limit), memory.policy.
+worker::StepPricing step_pricing(const config::Config& cfg);
 
 }  // namespace vtrain::launcher

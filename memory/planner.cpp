@@ -391,12 +391,16 @@ std::optional<MemoryPlan> plan_oracle(const MemoryModel& model, const StepCosts&
 }
 
 PlanSummary summarize(const MemoryModel& model, const MemoryPlan& plan) {
+  return summarize(model, plan.actions);
+}
+
+PlanSummary summarize(const MemoryModel& model, const std::vector<TensorAction>& actions) {
   PlanSummary s;
   const std::vector<bool> can = plannable(model);
   for (size_t p = 0; p < can.size(); ++p) {
     if (!can[p]) continue;
     const size_t bytes = model.layers[p].output_bytes;
-    switch (plan.actions[p]) {
+    switch (p < actions.size() ? actions[p] : TensorAction::kKeep) {
       case TensorAction::kKeep: ++s.kept, s.kept_bytes += bytes; break;
       case TensorAction::kOffload: ++s.offloaded, s.offloaded_bytes += bytes; break;
       case TensorAction::kRecompute: ++s.recomputed, s.recomputed_bytes += bytes; break;

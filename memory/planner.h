@@ -49,6 +49,8 @@ struct PlanSummary {
   size_t kept_bytes = 0, offloaded_bytes = 0, recomputed_bytes = 0;
 };
 PlanSummary summarize(const MemoryModel& model, const MemoryPlan& plan);
+// The same for any schedule's actions (a Schedule's `actions`; empty: all kept).
+PlanSummary summarize(const MemoryModel& model, const std::vector<TensorAction>& actions);
 // The plan for people: its method, predicted step time (compute,
 // recompute, stalls) and peak, the summary, and one line per plannable
 // tensor (name, bytes, action, the stall its copies cause).

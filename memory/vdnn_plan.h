@@ -36,6 +36,17 @@ inline constexpr auto kPolicyNames = std::to_array<common::Named<Policy>>(
 inline const char* policy_name(Policy policy) { return common::name_of(kPolicyNames, policy); }
 // Throws MemoryError listing the known names.
 Policy parse_policy(const std::string& name);
+// Whether `policy` chooses per activation (memory/planner.h): auto,
+// memonger, superneurons, tflms.
+inline bool plans_per_tensor(Policy policy) {
+  return policy == Policy::kAuto || policy == Policy::kMemonger ||
+         policy == Policy::kSuperNeurons || policy == Policy::kTflms;
+}
+// Whether what `policy` runs depends on the capacity it plans for (dyn and
+// the per-tensor policies); none, all and conv run the same everywhere.
+inline bool plans_for_capacity(Policy policy) {
+  return policy == Policy::kDyn || plans_per_tensor(policy);
+}
 
 // What offloading a layer-wise schedule does (the resolved form of a policy).
 enum class Offload { kNone, kConv, kAll };

@@ -1,5 +1,6 @@
 #include "perfdb/perf_db.h"
 
+#include <algorithm>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -111,6 +112,10 @@ std::string complaint_about(const StepMeasurement& step) {
     return "peak_device_bytes does not fit a 64-bit signed integer";
   }
   if (step.measured_at < 0) return "measured_at must be >= 0";
+  if (const auto& a = step.activations;
+      a && std::max({a->kept_bytes, a->offloaded_bytes, a->recomputed_bytes}) > kMaxStoredUnsigned) {
+    return "activation bytes do not fit a 64-bit signed integer";
+  }
   return {};
 }
 
@@ -232,10 +237,13 @@ void PerfDb::record_step_measurements(DeviceId device, std::span<const StepMeasu
     for (const StepMeasurement& step : steps) {
       StatementUse insert(impl_->cached(
           "INSERT INTO step_measurements (device_id, model, batch, memory_policy, workspace_plan, time_ms, "
-          "peak_device_bytes, measured_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
+          "peak_device_bytes, measured_at, kept_bytes, offloaded_bytes, recomputed_bytes) "
+          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
           "ON CONFLICT (device_id, model, batch, memory_policy, workspace_plan) DO UPDATE SET "
           "time_ms = excluded.time_ms, peak_device_bytes = excluded.peak_device_bytes, "
-          "measured_at = excluded.measured_at"));
+          "measured_at = excluded.measured_at, kept_bytes = excluded.kept_bytes, "
+          "offloaded_bytes = excluded.offloaded_bytes, "
+          "recomputed_bytes = excluded.recomputed_bytes"));
       insert->bind(1, device.value);
       insert->bind(2, std::string_view(step.model));
       insert->bind(3, step.batch);
@@ -244,6 +252,13 @@ void PerfDb::record_step_measurements(DeviceId device, std::span<const StepMeasu
       insert->bind(6, step.time_ms);
       insert->bind(7, static_cast<int64_t>(step.peak_device_bytes));
       insert->bind(8, step.measured_at != 0 ? step.measured_at : now);
+      if (const auto& a = step.activations) {
+        insert->bind(9, static_cast<int64_t>(a->kept_bytes));
+        insert->bind(10, static_cast<int64_t>(a->offloaded_bytes));
+        insert->bind(11, static_cast<int64_t>(a->recomputed_bytes));
+      } else {
+        for (int column : {9, 10, 11}) insert->bind(column, std::optional<double>());
+      }
       insert->run();
     }
   });
@@ -293,8 +308,8 @@ std::vector<StepMeasurement> PerfDb::step_measurements(DeviceId device, std::str
   impl_->begin("list step measurements");
   return impl_->transact(Txn::kRead, [&] {
     StatementUse select(impl_->cached(
-        "SELECT model, batch, memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at "
-        "FROM step_measurements WHERE device_id = ?1 AND model = ?2 AND memory_policy = ?3 "
+        "SELECT model, batch, memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at, "
+        "kept_bytes, offloaded_bytes, recomputed_bytes FROM step_measurements WHERE device_id = ?1 AND model = ?2 AND memory_policy = ?3 "
         "ORDER BY batch, workspace_plan"));
     select->bind(1, device.value);
     select->bind(2, model);
@@ -309,6 +324,11 @@ std::vector<StepMeasurement> PerfDb::step_measurements(DeviceId device, std::str
       step.time_ms = select->column_double(4);
       step.peak_device_bytes = static_cast<uint64_t>(select->column_int(5));
       step.measured_at = select->column_int(6);
+      if (select->column_type(7) != SQLITE_NULL) {
+        step.activations = ActivationPlacement{static_cast<uint64_t>(select->column_int(7)),
+                                               static_cast<uint64_t>(select->column_int(8)),
+                                               static_cast<uint64_t>(select->column_int(9))};
+      }
     }
     return found;
   });

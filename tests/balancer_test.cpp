@@ -300,6 +300,8 @@ void check_split_against_brute_force(BatchSplitSolver solver, uint32_t first_see
     }
     const BatchSplit split = plan_batch_split(devices, global_batch, options);
     EXPECT_NEAR(split.step_time_ms, *best, 1e-9);
+    EXPECT_LE(split.ideal_step_time_ms, split.step_time_ms + 1e-9);  // a bound
+    EXPECT_GT(split.ideal_step_time_ms, 0);
     expect_valid_split(split, devices, candidates, global_batch, options);
     ++solved;
   }
@@ -369,6 +371,22 @@ TEST(BatchSplit, BeatsTheEvenSplitAndReportsIt) {
   EXPECT_EQ(finer.batch, (std::vector<int64_t>{96, 32}));
   EXPECT_DOUBLE_EQ(finer.step_time_ms, 96);
   EXPECT_TRUE(finer.idle_devices.empty());
+}
+
+TEST(BatchSplit, TheIdealBoundSumsEachDevicesBestThroughput) {
+  std::vector<DeviceProfile> devices = two_devices();
+  // 1 and 1/3 samples per ms: 128 samples in 96 ms at best.
+  EXPECT_DOUBLE_EQ(plan_batch_split(devices, 128, {}).ideal_step_time_ms, 96);
+  // A device's best is its best candidate, not its last: the slow one
+  // does 64 in 100 ms (0.64 per ms) but 128 in 384.
+  devices[1].steps = {{32, 80, 0}, {64, 100, 0}, {128, 384, 0}};
+  EXPECT_DOUBLE_EQ(plan_batch_split(devices, 128, {}).ideal_step_time_ms, 128 / 1.64);
+  // Exposed exchange: the constant and the least per-device allreduce.
+  devices[0].allreduce_ms = 7;
+  devices[1].allreduce_ms = 3;
+  BatchSplitOptions options;
+  options.allreduce_ms = 5;
+  EXPECT_DOUBLE_EQ(plan_batch_split(devices, 128, options).ideal_step_time_ms, 128 / 1.64 + 8);
 }
 
 TEST(BatchSplit, EvenSplitIsAbsentWhenNotRepresentable) {

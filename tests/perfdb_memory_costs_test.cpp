@@ -142,20 +142,51 @@ TEST(PerfDbMemoryCosts, Version2FilesAreUpgradedKeepingTheirRows) {
     PerfDb db(path);
     db.record_step_measurements(db.upsert_device(gpu()), std::vector{step(64, 30.0)});
   }
-  // Version 2 is version 3 without the two tables.
+  // Version 2 is version 4 without the two tables and the step's activation columns.
   SqlShell(path).exec(
       "DROP TABLE copy_bandwidth; DROP TABLE layer_measurements; "
+      "ALTER TABLE step_measurements DROP COLUMN kept_bytes; "
+      "ALTER TABLE step_measurements DROP COLUMN offloaded_bytes; "
+      "ALTER TABLE step_measurements DROP COLUMN recomputed_bytes; "
       "UPDATE schema_version SET version = 2");
   PerfDb db(path);
-  EXPECT_EQ(db.stats().schema_version, 3);
+  EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
   const DeviceId g = db.find_devices("NVIDIA H200").at(0).id;
   EXPECT_EQ(db.step_measurements(g, "resnet18/cifar10", "none").size(), 1u);
   db.record_layer_measurements(g, "lenet", 64, lenet_layers());
   db.record_copy_bandwidth(g, std::vector{copy(CopyDirection::kToDevice, 5e9)});
   EXPECT_EQ(db.layer_measurements(g, "lenet", 64).size(), 4u);
   SqlShell shell(path);
-  EXPECT_EQ(shell.query("SELECT version FROM schema_version"), (Rows{{"3"}}));
+  EXPECT_EQ(shell.query("SELECT version FROM schema_version"),
+            (Rows{{std::to_string(kSchemaVersion)}}));
   EXPECT_EQ(shell.query("PRAGMA foreign_key_check"), Rows{});
+}
+
+TEST(PerfDbMemoryCosts, AStepsActivationPlacementRoundTripsAndOldRowsHaveNone) {
+  TempDir dir;
+  const std::string path = dir.path("v3.db");
+  {
+    PerfDb db(path);
+    db.record_step_measurements(db.upsert_device(gpu()), std::vector{step(64, 30.0)});
+  }
+  // Version 3 is version 4 without the step's activation columns.
+  SqlShell(path).exec(
+      "ALTER TABLE step_measurements DROP COLUMN kept_bytes; "
+      "ALTER TABLE step_measurements DROP COLUMN offloaded_bytes; "
+      "ALTER TABLE step_measurements DROP COLUMN recomputed_bytes; "
+      "UPDATE schema_version SET version = 3");
+  PerfDb db(path);
+  EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
+  const DeviceId g = db.find_devices("NVIDIA H200").at(0).id;
+  EXPECT_FALSE(db.step_measurements(g, "resnet18/cifar10", "none").at(0).activations);
+  StepMeasurement planned = step(128, 70.0);
+  planned.activations = ActivationPlacement{100, 20, 3};
+  db.record_step_measurements(g, std::vector{planned});
+  const auto steps = db.step_measurements(g, "resnet18/cifar10", "none");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[1].activations, (ActivationPlacement{100, 20, 3}));
+  planned.activations->kept_bytes = uint64_t{1} << 63;
+  EXPECT_THROW(db.record_step_measurements(g, std::vector{planned}), PerfDbError);
 }
 
 TEST(PerfDbMemoryCosts, TheNewTablesExport) {

@@ -47,7 +47,7 @@ TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
   EXPECT_EQ(stats.step_measurements, 3);  // the old row is kept, not used
   // Every measurement is positive and its workspace is what the backend
   // reports for that algorithm and micro-batch.
-  const auto steps = profiled_steps(db, device, graph.signature(), memory::Policy::kNone);
+  const auto steps = profiled_steps(db, device, graph.signature(), memory::Policy::kNone, 0);
   ASSERT_EQ(steps.size(), 2u);
   // The step's peak holds at least the weights, their gradients and the
   // optimizer's velocity, the state a training step keeps.

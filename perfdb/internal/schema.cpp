@@ -123,6 +123,13 @@ CREATE TABLE layer_measurements (
   UNIQUE (device_id, model, batch, layer_index)
 );
 )sql"},
+    // Version 4: where a step kept its activations (the split prices memory
+    // plans; the plan shows each rank's). NULL: recorded before version 4.
+    {4, R"sql(
+ALTER TABLE step_measurements ADD COLUMN kept_bytes INTEGER;
+ALTER TABLE step_measurements ADD COLUMN offloaded_bytes INTEGER;
+ALTER TABLE step_measurements ADD COLUMN recomputed_bytes INTEGER;
+)sql"},
 };
 
 static_assert(std::size(kMigrations) == static_cast<size_t>(kSchemaVersion),

@@ -168,6 +168,10 @@ class Network {
   // The per-tensor plan the network runs (a per-tensor policy or explicit
   // memory_actions); null for none, all, conv and dyn.
   const memory::MemoryPlan* memory_plan() const { return plan_ ? &*plan_ : nullptr; }
+  // Where the schedule keeps the activations: kept, offloaded, recomputed.
+  memory::PlanSummary activation_placement() const {
+    return memory::summarize(model_, schedule_.actions);
+  }
   // The alloc/free trace of the last training step (for the DSA planner).
   const std::vector<memory::DsaBlock>& last_step_trace() const;
   // Records compute and memory-stream events of the following steps into

@@ -32,12 +32,6 @@ memory::LayerNode memory_node(const Graph& graph, int i, const TensorDesc& out,
   return node;
 }
 
-// The policies memory/planner.h resolves per tensor.
-bool per_tensor(memory::Policy policy) {
-  return policy == memory::Policy::kAuto || policy == memory::Policy::kMemonger ||
-         policy == memory::Policy::kSuperNeurons || policy == memory::Policy::kTflms;
-}
-
 // Throws std::invalid_argument unless `costs` has one entry per layer.
 void check_costs(const memory::StepCosts& costs, size_t layers) {
   if (costs.forward_seconds.size() != layers || costs.backward_seconds.size() != layers) {
@@ -172,7 +166,7 @@ memory::Simulation Network::plan_per_tensor(size_t capacity, const std::string& 
 memory::Simulation Network::choose_schedule(size_t capacity, const std::string& where) {
   const memory::Policy policy = options_.memory_policy;
   fixed_stats_.policy = memory::policy_name(policy);
-  if (!options_.memory_actions.empty() || per_tensor(policy)) {
+  if (!options_.memory_actions.empty() || memory::plans_per_tensor(policy)) {
     return plan_per_tensor(capacity, where);
   }
   if (policy == memory::Policy::kDyn) return plan_dynamic(capacity);

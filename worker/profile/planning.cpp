@@ -45,9 +45,98 @@ std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind) {
   throw std::runtime_error("unknown backend kind '" + backend_kind + "' (known: cpu, cuda)");
 }
 
+namespace {
+
+// One rank's conv kernels at `batch` under the workspace request.
+struct RankWorkspace {
+  balancer::RankPlan rank;   // device, batch, workspace_bytes, kernels
+  double chosen_ms = 0;      // the kernels' time under the plan
+  double fastest_ms = 0;     // their fastest undivided time (what a measured step ran)
+};
+
+RankWorkspace plan_rank_workspace(const Graph& graph, perfdb::PerfDb& db, const PlanDevice& device,
+                                  int64_t batch, const WorkspaceRequest& workspace, int rank_index,
+                                  std::vector<FrontPoint>* fronts) {
+  using balancer::WorkspacePolicy;
+  RankWorkspace out;
+  out.rank.device = device.name;
+  out.rank.batch = batch;
+  const std::vector<KernelAt> sites = kernels_at(graph, device, batch);
+  std::vector<balancer::ConvKernel> kernels;
+  for (const KernelAt& site : sites) {
+    balancer::ConvKernel k;
+    k.name = site.layer + "/" + conv_kind_name(site.kind);
+    k.batch = batch;
+    double fastest = -1;
+    for (const perfdb::KernelMeasurement& m : db.kernel_measurements(device.id, site.signature)) {
+      if (m.micro_batch > batch) continue;
+      if (m.micro_batch == batch && (fastest < 0 || m.time_ms < fastest)) fastest = m.time_ms;
+      if (workspace.policy == WorkspacePolicy::kUndivided && m.micro_batch != batch) continue;
+      k.options.push_back({m.algorithm, m.micro_batch, m.time_ms, align_up(m.workspace_bytes)});
+    }
+    if (k.options.empty() || fastest < 0) {
+      throw std::runtime_error("device " + device.name + ": no measurements of " + k.name +
+                               " at batch " + std::to_string(batch) + " in " + db.path() +
+                               " (profile with profile.batches including " +
+                               std::to_string(batch) + ")");
+    }
+    out.fastest_ms += fastest;
+    kernels.push_back(std::move(k));
+  }
+  std::vector<balancer::KernelConfig> configs;
+  std::vector<uint64_t> offsets(kernels.size(), 0);
+  if (workspace.policy == WorkspacePolicy::kWd) {
+    balancer::WorkspaceDivision division =
+        balancer::plan_workspace_division(kernels, workspace.limit);
+    configs = std::move(division.configs);
+    offsets = std::move(division.offsets);
+    out.rank.workspace_bytes = division.total_workspace_bytes;
+  } else {
+    // Kernels run one after another: undivided and WR share one buffer.
+    const uint64_t limit = workspace.limit > 0 ? workspace.limit : balancer::kNoWorkspaceLimit;
+    for (const balancer::ConvKernel& k : kernels) {
+      configs.push_back(balancer::plan_workspace_reuse(k, limit));
+      out.rank.workspace_bytes = std::max(out.rank.workspace_bytes, configs.back().workspace_bytes);
+    }
+  }
+  if (fronts) {
+    const uint64_t per_call = workspace.policy == WorkspacePolicy::kWr && workspace.limit > 0
+                                  ? workspace.limit
+                                  : balancer::kNoWorkspaceLimit;
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      for (const balancer::KernelConfig& c : balancer::pareto_front(kernels[i], per_call)) {
+        fronts->push_back({rank_index, kernels[i].name, c.workspace_bytes, c.time_ms,
+                           balancer::describe_calls(c.micro_batches),
+                           c.workspace_bytes == configs[i].workspace_bytes &&
+                               c.time_ms == configs[i].time_ms});
+      }
+    }
+  }
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    balancer::PlannedKernel pk;
+    pk.layer = sites[i].layer;
+    pk.kind = sites[i].kind;
+    pk.calls = configs[i].micro_batches;
+    pk.workspace_offset = offsets[i];
+    pk.workspace_bytes = configs[i].workspace_bytes;
+    pk.time_ms = configs[i].time_ms;
+    out.chosen_ms += pk.time_ms;
+    out.rank.kernels.push_back(std::move(pk));
+  }
+  return out;
+}
+
+// Whether the workspace request can make kernels run other than the
+// fastest undivided algorithm each (what the profiler's steps ran).
+bool changes_kernels(const WorkspaceRequest& workspace) {
+  return workspace.policy != balancer::WorkspacePolicy::kUndivided || workspace.limit > 0;
+}
+
+}  // namespace
+
 std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb::PerfDb& db,
                                                      const std::vector<PlanDevice>& devices,
-                                                     memory::Policy memory_policy) {
+                                                     const StepPricing& pricing) {
   std::vector<balancer::DeviceProfile> profiles;
   for (const PlanDevice& d : devices) {
     balancer::DeviceProfile p;
@@ -55,18 +144,28 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb:
     p.memory_capacity_bytes = d.memory_bytes;
     p.allreduce_ms = d.allreduce_ms;
     std::map<int64_t, perfdb::StepMeasurement> by_batch;
-    for (const perfdb::StepMeasurement& s :
-         profiled_steps(db, d.id, graph.signature(), memory_policy)) {
+    for (const perfdb::StepMeasurement& s : profiled_steps(db, d.id, graph.signature(),
+                                                           pricing.memory_policy, d.memory_bytes)) {
       by_batch.emplace(s.batch, s);
     }
     if (by_batch.empty()) {
       throw std::runtime_error("device " + d.name + " has no step measurements of this model " +
-                               "under memory.policy " + memory::policy_name(memory_policy) +
+                               "under memory.policy " + memory::policy_name(pricing.memory_policy) +
                                " in " + db.path() +
                                " (run `vtrain profile` on it with that policy first)");
     }
     for (const auto& [batch, s] : by_batch) {
-      p.steps.push_back({batch, s.time_ms, s.peak_device_bytes});
+      double time_ms = s.time_ms;
+      if (changes_kernels(pricing.workspace)) {
+        try {
+          const RankWorkspace w =
+              plan_rank_workspace(graph, db, d, batch, pricing.workspace, 0, nullptr);
+          time_ms = std::max(0.0, time_ms - w.fastest_ms + w.chosen_ms);
+        } catch (const balancer::InfeasibleError&) {
+          continue;  // the budget cannot hold this batch's kernels
+        }
+      }
+      p.steps.push_back({batch, time_ms, s.peak_device_bytes});
     }
     profiles.push_back(std::move(p));
   }
@@ -76,23 +175,23 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb:
 balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
                                 const std::vector<PlanDevice>& devices, int64_t global_batch,
                                 const balancer::BatchSplitOptions& options,
-                                memory::Policy memory_policy) {
-  return balancer::plan_batch_split(device_profiles(graph, db, devices, memory_policy),
-                                    global_batch, options);
+                                const StepPricing& pricing) {
+  return balancer::plan_batch_split(device_profiles(graph, db, devices, pricing), global_batch,
+                                    options);
 }
 
 balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
                                      const std::vector<PlanDevice>& devices,
                                      const balancer::BatchSplit& split,
-                                     const WorkspaceRequest& workspace,
+                                     const StepPricing& pricing,
                                      std::vector<FrontPoint>* fronts) {
   if (split.batch.size() != devices.size()) {
     throw std::invalid_argument("plan_workspaces: the split has " +
                                 std::to_string(split.batch.size()) + " devices, not " +
                                 std::to_string(devices.size()));
   }
-  using balancer::WorkspacePolicy;
-  if (workspace.policy == WorkspacePolicy::kWd && workspace.limit == 0) {
+  const WorkspaceRequest& workspace = pricing.workspace;
+  if (workspace.policy == balancer::WorkspacePolicy::kWd && workspace.limit == 0) {
     throw std::invalid_argument("workspace policy wd needs a total workspace budget");
   }
   balancer::TrainingPlan plan;
@@ -101,87 +200,32 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
   plan.workspace_limit = workspace.limit;
   plan.even_split_ms = split.even_split_time_ms;
   if (split.step_time_ms > 0) plan.split_ms = split.step_time_ms;
+  if (split.ideal_step_time_ms > 0) plan.ideal_step_ms = split.ideal_step_time_ms;
   for (size_t g = 0; g < devices.size(); ++g) {
     const PlanDevice& device = devices[g];
-    balancer::RankPlan rank;
-    rank.device = device.name;
-    rank.batch = split.batch[g];
-    plan.global_batch += rank.batch;
-    if (rank.batch == 0) {
-      plan.ranks.push_back(rank);
+    if (split.batch[g] == 0) {
+      plan.ranks.push_back({.device = device.name});
       continue;
     }
-    const std::vector<KernelAt> sites = kernels_at(graph, device, rank.batch);
-    std::vector<balancer::ConvKernel> kernels;
-    double undivided_fastest = 0;  // what the measured step time assumed
-    for (const KernelAt& site : sites) {
-      balancer::ConvKernel k;
-      k.name = site.layer + "/" + conv_kind_name(site.kind);
-      k.batch = rank.batch;
-      double fastest = -1;
-      for (const perfdb::KernelMeasurement& m : db.kernel_measurements(device.id, site.signature)) {
-        if (m.micro_batch > rank.batch) continue;
-        if (m.micro_batch == rank.batch && (fastest < 0 || m.time_ms < fastest)) fastest = m.time_ms;
-        if (workspace.policy == WorkspacePolicy::kUndivided && m.micro_batch != rank.batch) continue;
-        k.options.push_back({m.algorithm, m.micro_batch, m.time_ms, align_up(m.workspace_bytes)});
-      }
-      if (k.options.empty() || fastest < 0) {
-        throw std::runtime_error("device " + device.name + ": no measurements of " + k.name +
-                                 " at batch " + std::to_string(rank.batch) + " in " + db.path() +
-                                 " (profile with profile.batches including " +
-                                 std::to_string(rank.batch) + ")");
-      }
-      undivided_fastest += fastest;
-      kernels.push_back(std::move(k));
+    RankWorkspace w = plan_rank_workspace(graph, db, device, split.batch[g], workspace,
+                                          static_cast<int>(g), fronts);
+    balancer::RankPlan& rank = w.rank;
+    plan.global_batch += rank.batch;
+    // The split's price of this batch (the workspace plan's kernels
+    // included); a fixed split has none, and the kernels are all we know.
+    const double priced = g < split.time_ms.size() ? split.time_ms[g] : 0.0;
+    rank.predicted_ms = priced > 0 ? priced : w.chosen_ms;
+    for (const perfdb::StepMeasurement& s : profiled_steps(
+             db, device.id, plan.model, pricing.memory_policy, device.memory_bytes)) {
+      if (s.batch != rank.batch || !s.activations) continue;
+      rank.activations = balancer::ActivationBytes{
+          s.activations->kept_bytes, s.activations->offloaded_bytes,
+          s.activations->recomputed_bytes};
     }
-    std::vector<balancer::KernelConfig> configs;
-    std::vector<uint64_t> offsets(kernels.size(), 0);
-    if (workspace.policy == WorkspacePolicy::kWd) {
-      balancer::WorkspaceDivision division =
-          balancer::plan_workspace_division(kernels, workspace.limit);
-      configs = std::move(division.configs);
-      offsets = std::move(division.offsets);
-      rank.workspace_bytes = division.total_workspace_bytes;
-    } else {
-      // Kernels run one after another: undivided and WR share one buffer.
-      const uint64_t limit = workspace.limit > 0 ? workspace.limit : balancer::kNoWorkspaceLimit;
-      for (const balancer::ConvKernel& k : kernels) {
-        configs.push_back(balancer::plan_workspace_reuse(k, limit));
-        rank.workspace_bytes = std::max(rank.workspace_bytes, configs.back().workspace_bytes);
-      }
-    }
-    if (fronts) {
-      const uint64_t per_call = workspace.policy == WorkspacePolicy::kWr && workspace.limit > 0
-                                    ? workspace.limit
-                                    : balancer::kNoWorkspaceLimit;
-      for (size_t i = 0; i < kernels.size(); ++i) {
-        for (const balancer::KernelConfig& c : balancer::pareto_front(kernels[i], per_call)) {
-          fronts->push_back({static_cast<int>(g), kernels[i].name, c.workspace_bytes, c.time_ms,
-                             balancer::describe_calls(c.micro_batches),
-                             c.workspace_bytes == configs[i].workspace_bytes &&
-                                 c.time_ms == configs[i].time_ms});
-        }
-      }
-    }
-    double chosen = 0;
-    for (size_t i = 0; i < kernels.size(); ++i) {
-      balancer::PlannedKernel pk;
-      pk.layer = sites[i].layer;
-      pk.kind = sites[i].kind;
-      pk.calls = configs[i].micro_batches;
-      pk.workspace_offset = offsets[i];
-      pk.workspace_bytes = configs[i].workspace_bytes;
-      pk.time_ms = configs[i].time_ms;
-      chosen += pk.time_ms;
-      rank.kernels.push_back(std::move(pk));
-    }
-    // The step was measured with the fastest undivided algorithms; the plan
-    // changes the conv kernels' share of it.
-    const double step = g < split.time_ms.size() ? split.time_ms[g] : 0.0;
-    rank.predicted_ms = step > 0 ? std::max(0.0, step - undivided_fastest + chosen) : chosen;
     plan.predicted_step_ms = std::max(plan.predicted_step_ms, rank.predicted_ms);
     plan.ranks.push_back(std::move(rank));
   }
+  if (split.step_time_ms > 0) plan.predicted_step_ms = split.step_time_ms;
   return plan;
 }
 
@@ -295,6 +339,14 @@ std::string describe_plan(const balancer::TrainingPlan& plan) {
                           : format("(%lld per rank is not a candidate batch of every device, or "
                                    "does not fit one)", batch / n);
   }
+  if (plan.ideal_step_ms && plan.predicted_step_ms > 0) {
+    const double batch = static_cast<double>(plan.global_batch);
+    out += format("\n  predicted %.1f images/s, %.1f%% of the ideal bound %.1f images/s (every "
+                  "device's best throughput alone, less the exchange)",
+                  1e3 * batch / plan.predicted_step_ms,
+                  100.0 * *plan.ideal_step_ms / plan.predicted_step_ms,
+                  1e3 * batch / *plan.ideal_step_ms);
+  }
   out += "\n";
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
     const balancer::RankPlan& rank = plan.ranks[r];
@@ -308,6 +360,11 @@ std::string describe_plan(const balancer::TrainingPlan& plan) {
                   "kernels micro-batched\n",
                   r, rank.device.c_str(), static_cast<long long>(rank.batch), rank.predicted_ms,
                   common::format_mib(rank.workspace_bytes).c_str(), divided, rank.kernels.size());
+    if (const auto& a = rank.activations) {
+      out += "    memory: activations kept " + common::format_mib(a->kept) + ", offloaded " +
+             common::format_mib(a->offloaded) + ", recomputed " +
+             common::format_mib(a->recomputed) + "\n";
+    }
     for (const balancer::PlannedKernel& k : rank.kernels) {
       out += format("    %-12s %-14s %-40s %8.3f ms %10s\n", k.layer.c_str(), conv_kind_name(k.kind),
                     balancer::describe_calls(k.calls).c_str(), k.time_ms,

@@ -38,31 +38,45 @@ struct WorkspaceRequest {
   uint64_t limit = 0;                // bytes; 0 = no limit (not allowed for wd)
 };
 
+// How a device's step at a batch is priced: the step it will run, under
+// its memory plan and its workspace plan.
+struct StepPricing {
+  WorkspaceRequest workspace;                            // balance.workspace(_limit)
+  memory::Policy memory_policy = memory::Policy::kNone;  // memory.policy
+};
+
 // What the batch split solves over: per device, its step time and peak
-// memory at each batch the perf DB holds a step measurement of under
-// `memory_policy`. Throws std::runtime_error naming the device when it has
-// none (profile it first).
+// memory at each batch the perf DB holds a step measurement of, priced as
+// `pricing` says. The steps were measured under pricing.memory_policy at
+// the device's capacity (so under a per-tensor policy such as auto a batch
+// above what fits without offload is there with its plan's time: see
+// profiler.h's step_policy_key) with the fastest undivided conv kernels;
+// a workspace request that changes the kernels replaces their time by the
+// workspace plan's (plan_workspaces) at that batch, and leaves out a batch
+// whose kernels the budget cannot hold. Throws std::runtime_error naming
+// the device when it has no steps (profile it first) or lacks the kernel
+// measurements the workspace plan needs.
 std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb::PerfDb& db,
                                                      const std::vector<PlanDevice>& devices,
-                                                     memory::Policy memory_policy);
+                                                     const StepPricing& pricing);
 
-// The batch split from the devices' step measurements under `memory_policy`
-// (memory.policy: their time and peak memory). Throws
-// balancer::InfeasibleError / BalancerError, and std::runtime_error naming
-// the device when it has no step measurements of this model (profile it
-// first).
+// The batch split over device_profiles(). Throws balancer::InfeasibleError
+// / BalancerError and what device_profiles throws.
 balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
                                 const std::vector<PlanDevice>& devices, int64_t global_batch,
                                 const balancer::BatchSplitOptions& options,
-                                memory::Policy memory_policy = memory::Policy::kNone);
+                                const StepPricing& pricing = {});
 
 // The whole plan for a given split: per device with a batch, every conv
 // kernel's configuration under the workspace request, from its kernel
-// measurements at that batch (every micro-batch size the DB has). Throws
-// std::runtime_error naming the device, layer and kind when measurements
-// are missing, and balancer::InfeasibleError when the workspace cannot hold
-// the kernels. `split` may come from plan_split or be fixed (its
-// time_ms/step_time_ms may be empty).
+// measurements at that batch (every micro-batch size the DB has), and where
+// its memory plan keeps the activations (from its step measured at that
+// batch, if any). The predicted times are the split's, what it was chosen
+// on. Throws std::runtime_error naming the device, layer and kind when
+// measurements are missing, and balancer::InfeasibleError when the
+// workspace cannot hold the kernels. `split` may come from plan_split or be
+// fixed (its time_ms/step_time_ms may be empty: then a rank's prediction is
+// its conv kernels' time alone).
 // One configuration on a kernel's Pareto front (time x workspace) at its
 // rank's batch, for plots (`vtrain balance --fronts`).
 struct FrontPoint {
@@ -79,7 +93,7 @@ struct FrontPoint {
 balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
                                      const std::vector<PlanDevice>& devices,
                                      const balancer::BatchSplit& split,
-                                     const WorkspaceRequest& workspace,
+                                     const StepPricing& pricing,
                                      std::vector<FrontPoint>* fronts = nullptr);
 
 // Why `plan` does not fit this model and job, or nullopt when it does.

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
+#include "memory/memory_error.h"
 #include "worker/engine/kernel_timing.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
@@ -65,6 +67,58 @@ std::vector<KernelSite> kernel_sites(const Graph& graph, const Backend& backend)
   return sites;
 }
 
+// One training step of `graph` at batch `b` under options.memory_policy,
+// as training runs it, less the gradient exchange (measured on its own):
+// the batch's upload from host memory, forward and backward, the update. A
+// zero learning rate keeps the weights. nullopt when no step under the
+// policy fits the device at this batch. A per-tensor policy plans with the
+// layer costs `db` holds at `b` (else measures them in place).
+std::optional<perfdb::StepMeasurement> measure_step(const Graph& graph, Backend& backend,
+                                                    perfdb::PerfDb& db, perfdb::DeviceId device,
+                                                    int64_t b, const ProfileOptions& options) {
+  const size_t base = backend.device_bytes_in_use();
+  NetworkOptions net_options;
+  net_options.max_batch = b;
+  net_options.memory_policy = options.memory_policy;
+  net_options.optimizer_bytes_per_parameter = Sgd::kStateBytesPerParameter;
+  if (memory::plans_per_tensor(options.memory_policy)) {
+    if (auto costs = profiled_step_costs(db, device, graph, b).costs) {
+      net_options.memory_costs = std::move(*costs);
+    }
+  }
+  std::optional<Network> net;
+  try {
+    net.emplace(graph, backend, net_options);
+  } catch (const memory::OutOfMemoryError&) {
+    return std::nullopt;
+  }
+  Sgd sgd(backend, net->parameter_count(), 0.9f, 0.0f);  // its velocity counts in the peak
+  net->init_parameters(1);
+  // The peak counts from here, as in training: what the step holds, not the
+  // buffers conv.algorithm auto timed its candidates in.
+  backend.reset_peak();
+  const Tensor input = net->input(b);
+  const std::vector<float> images(static_cast<size_t>(input.shape().elements()), 0.1f);
+  const std::vector<int32_t> labels(static_cast<size_t>(b), 0);
+  const Timing t = time_runs(backend, options.warmup, options.repeats, [&] {
+    backend.upload(images.data(), input);
+    backend.upload_labels(labels.data(), net->labels(), b);
+    net->train_step(b, 1.0f / static_cast<float>(b));
+    sgd.step(net->parameters(), net->gradients(), 0.0f);
+  });
+  perfdb::StepMeasurement step;
+  step.model = graph.signature();
+  step.batch = b;
+  step.memory_policy = step_policy_key(options.memory_policy, backend.device_info().memory_bytes);
+  step.workspace_plan = kProfiledStepPlan;
+  step.time_ms = t.median_ms;
+  step.peak_device_bytes = backend.device_bytes_peak() - base;
+  const memory::PlanSummary placement = net->activation_placement();
+  step.activations = perfdb::ActivationPlacement{
+      placement.kept_bytes, placement.offloaded_bytes, placement.recomputed_bytes};
+  return step;
+}
+
 }  // namespace
 
 perfdb::Device perfdb_device(const DeviceInfo& info) {
@@ -90,11 +144,18 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
   return sig;
 }
 
+std::string step_policy_key(memory::Policy memory_policy, uint64_t capacity_bytes) {
+  std::string key = memory::policy_name(memory_policy);
+  if (memory::plans_for_capacity(memory_policy)) key += "@" + std::to_string(capacity_bytes);
+  return key;
+}
+
 std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::DeviceId device,
                                                     const std::string& model,
-                                                    memory::Policy memory_policy) {
+                                                    memory::Policy memory_policy,
+                                                    uint64_t capacity_bytes) {
   std::vector<perfdb::StepMeasurement> steps =
-      db.step_measurements(device, model, memory::policy_name(memory_policy));
+      db.step_measurements(device, model, step_policy_key(memory_policy, capacity_bytes));
   std::erase_if(steps, [](const perfdb::StepMeasurement& s) {
     return s.workspace_plan != kProfiledStepPlan;
   });
@@ -175,54 +236,7 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
     }
   }
 
-  if (options.steps) {
-    const std::string model = graph.signature();
-    const std::vector<perfdb::StepMeasurement> known =
-        profiled_steps(db, device, model, options.memory_policy);
-    for (int64_t b : options.batches) {
-      if (!mine()) continue;
-      if (std::any_of(known.begin(), known.end(),
-                      [&](const perfdb::StepMeasurement& s) { return s.batch == b; })) {
-        ++report.step_cached;
-        continue;
-      }
-      const size_t base = backend.device_bytes_in_use();
-      Timing t;
-      {
-        NetworkOptions net_options;
-        net_options.max_batch = b;
-        net_options.memory_policy = options.memory_policy;
-        net_options.optimizer_bytes_per_parameter = Sgd::kStateBytesPerParameter;
-        Network net(graph, backend, net_options);
-        Sgd sgd(backend, net.parameter_count(), 0.9f, 0.0f);  // its velocity counts in the peak
-        net.init_parameters(1);
-        // The peak counts from here, as in training: what the step holds,
-        // not the buffers conv.algorithm auto timed its candidates in.
-        backend.reset_peak();
-        // A step as training runs it, less the gradient exchange (measured on
-        // its own): the batch's upload from host memory, forward and
-        // backward, the update. A zero learning rate keeps the weights.
-        const Tensor input = net.input(b);
-        const std::vector<float> images(static_cast<size_t>(input.shape().elements()), 0.1f);
-        const std::vector<int32_t> labels(static_cast<size_t>(b), 0);
-        t = time_runs(backend, options.warmup, options.repeats, [&] {
-          backend.upload(images.data(), input);
-          backend.upload_labels(labels.data(), net.labels(), b);
-          net.train_step(b, 1.0f / static_cast<float>(b));
-          sgd.step(net.parameters(), net.gradients(), 0.0f);
-        });
-      }
-      const perfdb::StepMeasurement step{model,
-                                         b,
-                                         memory::policy_name(options.memory_policy),
-                                         kProfiledStepPlan,
-                                         t.median_ms,
-                                         backend.device_bytes_peak() - base,
-                                         0};
-      db.record_step_measurements(device, std::span(&step, 1));
-      ++report.step_measured;
-    }
-  }
+  // Layer costs first: a per-tensor policy's step below plans with them.
   if (options.layer_costs) {
     const KernelTimingOptions timing{options.warmup, options.repeats, TimingStatistic::kMedian};
     if (mine()) {
@@ -231,9 +245,35 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
     }
     for (int64_t b : options.batches) {
       if (!mine()) continue;
-      ++(profile_layer_costs(graph, backend, db, device, b, timing) ? report.layer_costs_measured
-                                                                   : report.layer_costs_cached);
+      try {
+        ++(profile_layer_costs(graph, backend, db, device, b, timing) ? report.layer_costs_measured
+                                                                     : report.layer_costs_cached);
+      } catch (const memory::OutOfMemoryError&) {
+        // Layer by layer needs less than a step; the step below says it too.
+      }
     }
+  }
+  if (options.steps) {
+    const uint64_t capacity = backend.device_info().memory_bytes;
+    const std::vector<perfdb::StepMeasurement> known =
+        profiled_steps(db, device, graph.signature(), options.memory_policy, capacity);
+    for (int64_t b : options.batches) {
+      if (!mine()) continue;
+      if (std::any_of(known.begin(), known.end(),
+                      [&](const perfdb::StepMeasurement& s) { return s.batch == b; })) {
+        ++report.step_cached;
+        continue;
+      }
+      const std::optional<perfdb::StepMeasurement> step =
+          measure_step(graph, backend, db, device, b, options);
+      if (!step) {
+        report.step_infeasible.push_back(b);
+        continue;
+      }
+      db.record_step_measurements(device, std::span(&*step, 1));
+      ++report.step_measured;
+    }
+    std::sort(report.step_infeasible.begin(), report.step_infeasible.end());
   }
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return report;

@@ -44,6 +44,7 @@ struct ProfileReport {
   int64_t kernel_cached = 0;    // items the DB already held for this device
   int64_t step_measured = 0;
   int64_t step_cached = 0;
+  std::vector<int64_t> step_infeasible;  // batches no step fits (under the policy), largest last
   int64_t layer_costs_measured = 0;  // batches whose layers were measured now
   int64_t layer_costs_cached = 0;    // batches whose layers the DB already held
   int64_t copy_measured = 0;         // 1 when the copy bandwidth was measured now
@@ -63,11 +64,19 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& probl
 // forward and backward only) are neither used nor taken as cached.
 inline constexpr const char* kProfiledStepPlan = "auto+update";
 
+// The memory_policy a step is recorded under: the policy's name, and for a
+// policy whose plan depends on the capacity (memory::plans_for_capacity)
+// also the device capacity it planned for, "auto@8589934592": two processes
+// of one device with different device.memory_limit run different steps.
+std::string step_policy_key(memory::Policy memory_policy, uint64_t capacity_bytes);
+
 // The profiler's step measurements of `model` under `memory_policy` on
-// `device` (those under kProfiledStepPlan), ordered by batch.
+// `device` of `capacity_bytes` (those under kProfiledStepPlan), ordered by
+// batch.
 std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::DeviceId device,
                                                     const std::string& model,
-                                                    memory::Policy memory_policy);
+                                                    memory::Policy memory_policy,
+                                                    uint64_t capacity_bytes);
 
 // Measures what `db` lacks for `device` and records it, one transaction per
 // work item. Every measurement runs on `backend` with freshly allocated
