@@ -290,7 +290,13 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
                 : r.copy_cached > 0 ? "cached"
                                     : "another share's",
                 r.seconds);
-  const std::vector<std::string> lines = comm.gather(line, 0);
+  std::string text = line;
+  if (!r.step_infeasible.empty()) {
+    text += "; no step under memory.policy ";
+    text += memory::policy_name(options.memory_policy);
+    text += " fits batch " + balancer::join_batches(r.step_infeasible, ' ');
+  }
+  const std::vector<std::string> lines = comm.gather(text, 0);
   comm.barrier();
   if (comm.rank() == 0) {
     std::printf("profile: %s, micro-batches %s, batches", cfg.profile.db.c_str(),

@@ -127,8 +127,23 @@ memory::StepCosts Network::step_costs(size_t capacity) {
   // A quarter of the capacity at most, so the copies fit a small device.
   const CopyBandwidth bandwidth = measure_copy_bandwidth(
       backend_, std::clamp(capacity / 4, size_t{4} << 10, size_t{64} << 20));
-  return measure_step_costs(graph_, layers_, out_desc_, backend_, options_.max_batch, bandwidth,
-                            {}, options_.conv_workspace_bytes);
+  // On a device too small for one layer's tensors at max_batch (what the
+  // planners are for), the largest halved batch that fits, its times scaled
+  // by the batch ratio: a layer's time is close to linear in the batch.
+  const int64_t batch = options_.max_batch;
+  for (int64_t n = batch;; n = (n + 1) / 2) {
+    try {
+      memory::StepCosts costs = measure_step_costs(graph_, layers_, out_desc_, backend_, n,
+                                                   bandwidth, {}, options_.conv_workspace_bytes);
+      const double scale = static_cast<double>(batch) / static_cast<double>(n);
+      for (double& s : costs.forward_seconds) s *= scale;
+      for (double& s : costs.backward_seconds) s *= scale;
+      costs.loss_seconds *= scale;
+      return costs;
+    } catch (const memory::OutOfMemoryError&) {
+      if (n == 1) throw;
+    }
+  }
 }
 
 memory::Simulation Network::plan_per_tensor(size_t capacity, const std::string& where) {

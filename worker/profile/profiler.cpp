@@ -67,6 +67,15 @@ std::vector<KernelSite> kernel_sites(const Graph& graph, const Backend& backend)
   return sites;
 }
 
+// What a measurement's buffers may round up to, together.
+constexpr size_t kAllocationSlack = size_t{64} << 10;
+
+size_t free_device_bytes(const Backend& backend) {
+  const size_t capacity = backend.device_info().memory_bytes;
+  const size_t in_use = backend.device_bytes_in_use();
+  return capacity > in_use ? capacity - in_use : 0;
+}
+
 // One training step of `graph` at batch `b` under options.memory_policy,
 // as training runs it, less the gradient exchange (measured on its own):
 // the batch's upload from host memory, forward and backward, the update. A
@@ -181,8 +190,20 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
     for (const auto& [m, batches] : batches_of) {
       if (!mine()) continue;
       const ConvProblem p = site.problem.with_batch(m);
-      const std::vector<ConvAlgoInfo> algos =
+      // On a small device (device.memory_limit) only what fits is measured:
+      // an algorithm whose workspace does not fit cannot run there, and a
+      // kernel whose tensors do not fit belongs to no step that does.
+      const Shape w_shape = p.weight_shape();
+      const size_t tensors = p.x.bytes() + p.y.bytes() +
+                             2 * w_shape.elements() * sizeof(float) + p.k * sizeof(float);
+      const size_t free = free_device_bytes(backend);
+      if (tensors + kAllocationSlack > free) continue;
+      std::vector<ConvAlgoInfo> algos =
           backend.conv_algorithms(site.kind, p, sums_over_micro_batches(site.kind));
+      std::erase_if(algos, [&](const ConvAlgoInfo& a) {
+        return tensors + a.workspace_bytes + kAllocationSlack > free;
+      });
+      if (algos.empty()) continue;
       bool cached = true;
       for (int64_t b : batches) {
         const perfdb::KernelSignature sig = kernel_signature(site.kind, site.problem.with_batch(b));
@@ -196,7 +217,6 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       }
       size_t workspace = 0;
       for (const ConvAlgoInfo& a : algos) workspace = std::max(workspace, a.workspace_bytes);
-      const Shape w_shape = p.weight_shape();
       DeviceBuffer x(backend, p.x.bytes()), y(backend, p.y.bytes()),
           w(backend, w_shape.elements() * sizeof(float)),
           dw(backend, w_shape.elements() * sizeof(float)), bias(backend, p.k * sizeof(float)),

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "memory/memory_error.h"
+
 namespace vtrain::worker {
 namespace {
 
@@ -24,10 +26,11 @@ class TuningBuffers {
     try {
       held_.push_back(backend_.allocate_device(std::max<size_t>(bytes, sizeof(float))));
     } catch (const BackendError& e) {
-      throw BackendError("timing the convolution algorithms of layer '" + layer_ +
-                         "' (conv.algorithm: auto) needs more device memory than there is; "
-                         "name an algorithm in conv.algorithm or give the device more: " +
-                         e.what());
+      // Its tensors are those its backward needs at once: no step fits.
+      throw memory::OutOfMemoryError(
+          "timing the convolution algorithms of layer '" + layer_ +
+          "' (conv.algorithm: auto) needs more device memory than there is for its input, "
+          "output gradient and input gradient at once: " + e.what());
     }
     return static_cast<float*>(held_.back());
   }
@@ -152,8 +155,11 @@ void ConvLayer::tune(Backend& backend, const TensorDesc& x_desc, const TensorDes
   ConvAlgorithmChoice& c = choice();
   TuningBuffers buf(backend, spec().name);
   const Tensor x{x_desc, buf.get(x_desc.bytes())};
+  // Forward's output and backward's output gradient share a buffer (the
+  // timings do not depend on the values), so tuning needs no more than a
+  // step's backward does.
   const Tensor y{y_desc, buf.get(y_desc.bytes())};
-  const Tensor dy{y_desc, buf.get(y_desc.bytes())};
+  const Tensor dy = y;
   const Tensor dx = runs(ConvKind::kBackwardData) ? Tensor{x_desc, buf.get(x_desc.bytes())}
                                                   : Tensor{};
   const int64_t count = std::max<int64_t>(param_count(), 1);
