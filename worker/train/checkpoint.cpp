@@ -16,13 +16,15 @@
 #include <system_error>
 #include <utility>
 
+#include "balancer/batch_split.h"
+
 namespace vtrain::worker {
 namespace {
 
 namespace fs = std::filesystem;
 
 constexpr std::array<uint8_t, 8> kMagic = {'V', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2 added epoch_sample and split
 constexpr size_t kHeaderBytes = kMagic.size() + 4;  // magic, version
 constexpr size_t kTrailerBytes = 4;                 // CRC-32
 constexpr int64_t kMaxStep = 9'999'999'999;         // the most 10 digits hold
@@ -115,6 +117,11 @@ class ChunkWriter {
     for (float v : values) put(std::bit_cast<uint32_t>(v), 4);
   }
 
+  void ints(const std::vector<int64_t>& values) {
+    u64(values.size());
+    for (int64_t v : values) i64(v);
+  }
+
   // Writes what is buffered and then the CRC-32 trailer.
   void finish() {
     flush();
@@ -201,6 +208,18 @@ class ChunkReader {
       }
       done += n;
     }
+    return values;
+  }
+
+  std::vector<int64_t> ints(const char* field) {
+    const uint64_t count = u64(field);
+    if (count > remaining() / 8) {
+      throw error("truncated: field " + std::string(field) + " declares " +
+                  std::to_string(count) + " integers but only " + std::to_string(remaining()) +
+                  " bytes remain");
+    }
+    std::vector<int64_t> values(count);
+    for (int64_t& v : values) v = i64(field);
     return values;
   }
 
@@ -310,6 +329,8 @@ void write_checkpoint(int fd, const std::string& path, const Checkpoint& ckpt) {
   out.u64(ckpt.seed);
   out.i64(ckpt.world_size);
   out.i64(ckpt.global_batch);
+  out.i64(ckpt.epoch_sample);
+  out.ints(ckpt.split);
   out.floats(ckpt.parameters);
   out.floats(ckpt.buffers);
   out.floats(ckpt.velocity);
@@ -438,6 +459,12 @@ Checkpoint load_checkpoint(const std::string& path) {
   ckpt.seed = in.u64("seed");
   ckpt.world_size = in.i64("world_size");
   ckpt.global_batch = in.i64("global_batch");
+  if (version >= 2) {
+    ckpt.epoch_sample = in.i64("epoch_sample");
+    ckpt.split = in.ints("split");
+  } else {
+    ckpt.epoch_sample = ckpt.step_in_epoch * ckpt.global_batch;
+  }
   ckpt.parameters = in.floats("parameters");
   ckpt.buffers = in.floats("buffers");
   ckpt.velocity = in.floats("velocity");
@@ -467,6 +494,45 @@ void check_checkpoint_matches(const Checkpoint& ckpt, const std::string& path,
   if (static_cast<int64_t>(ckpt.velocity.size()) != parameters) {
     throw CheckpointError(count_mismatch(path, "velocity", ckpt.velocity.size(), parameters));
   }
+}
+
+void check_checkpoint_resumable(const Checkpoint& ckpt, const std::string& path, int64_t batch,
+                                uint64_t seed) {
+  const std::string position = "; it stopped before global sample " +
+                               std::to_string(ckpt.epoch_sample) + " of epoch " +
+                               std::to_string(ckpt.epoch + 1);
+  if (ckpt.global_batch != batch) {
+    throw CheckpointError(
+        path + " was written with train.batch " + std::to_string(ckpt.global_batch) +
+        ", this run has train.batch " + std::to_string(batch) + position +
+        ". A run may resume on other ranks and devices (the split is solved again), but with "
+        "the global batch it began with: set train.batch=" +
+        std::to_string(ckpt.global_batch) + ", or start afresh in another checkpoint.dir");
+  }
+  if (ckpt.seed != seed) {
+    throw CheckpointError(path + " was written with train.seed " + std::to_string(ckpt.seed) +
+                          ", this run has train.seed " + std::to_string(seed) + position +
+                          ". The seed fixes every epoch's sample order: set train.seed=" +
+                          std::to_string(ckpt.seed) + ", or start afresh in another "
+                          "checkpoint.dir");
+  }
+  if (ckpt.epoch_sample != ckpt.step_in_epoch * ckpt.global_batch) {
+    throw CheckpointError(path + ": inconsistent data position: global sample " +
+                          std::to_string(ckpt.epoch_sample) + " is not the start of step " +
+                          std::to_string(ckpt.step_in_epoch + 1) + " of batch " +
+                          std::to_string(ckpt.global_batch));
+  }
+}
+
+std::string resume_change(const Checkpoint& ckpt, const std::vector<int64_t>& split) {
+  const auto ranks = static_cast<int64_t>(split.size());
+  if (ckpt.world_size == ranks && (ckpt.split.empty() || ckpt.split == split)) return "";
+  const std::string was = ckpt.split.empty() ? "" : " (was " + balancer::join_batches(ckpt.split) + ")";
+  return "it was written by a run of " + std::to_string(ckpt.world_size) +
+         " rank(s), this run has " + std::to_string(ranks) + ": batch " +
+         std::to_string(ckpt.global_batch) + " split " + balancer::join_batches(split) + was +
+         ", from global sample " + std::to_string(ckpt.epoch_sample) + " of epoch " +
+         std::to_string(ckpt.epoch + 1);
 }
 
 }  // namespace vtrain::worker
