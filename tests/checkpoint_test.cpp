@@ -364,45 +364,6 @@ TEST(Checkpoint, MatchChecksNameWhatDiffers) {
             path + " holds 2 velocity values, this model has 3");
 }
 
-// Elastic resume keeps the global batch and the seed; the errors name the
-// config field, both values and where the checkpoint stopped.
-TEST(Checkpoint, ResumableOnlyWithTheSameBatchAndSeed) {
-  const Checkpoint c = small_checkpoint();
-  const std::string path = "run/ckpt-0000000007.vtc";
-  EXPECT_NO_THROW(check_checkpoint_resumable(c, path, 64, 42));
-  EXPECT_EQ(checkpoint_error([&] { check_checkpoint_resumable(c, path, 32, 42); }),
-            path + " was written with train.batch 64, this run has train.batch 32; it stopped "
-                   "before global sample 192 of epoch 3. A run may resume on other ranks and "
-                   "devices (the split is solved again), but with the global batch it began "
-                   "with: set train.batch=64, or start afresh in another checkpoint.dir");
-  EXPECT_EQ(checkpoint_error([&] { check_checkpoint_resumable(c, path, 64, 7); }),
-            path + " was written with train.seed 42, this run has train.seed 7; it stopped "
-                   "before global sample 192 of epoch 3. The seed fixes every epoch's sample "
-                   "order: set train.seed=42, or start afresh in another checkpoint.dir");
-  Checkpoint torn = c;
-  torn.epoch_sample = 100;
-  EXPECT_EQ(checkpoint_error([&] { check_checkpoint_resumable(torn, path, 64, 42); }),
-            path + ": inconsistent data position: global sample 100 is not the start of step 4 "
-                   "of batch 64");
-}
-
-TEST(Checkpoint, ResumeChangeSaysWhatTheNewRanksDo) {
-  const Checkpoint c = small_checkpoint();  // 2 ranks, 16 + 48
-  EXPECT_EQ(resume_change(c, {16, 48}), "");
-  EXPECT_EQ(resume_change(c, {32, 32}),
-            "it was written by a run of 2 rank(s), this run has 2: batch 64 split 32,32 "
-            "(was 16,48), from global sample 192 of epoch 3");
-  EXPECT_EQ(resume_change(c, {20, 20, 24}),
-            "it was written by a run of 2 rank(s), this run has 3: batch 64 split 20,20,24 "
-            "(was 16,48), from global sample 192 of epoch 3");
-  Checkpoint v1 = c;  // no split recorded
-  v1.split.clear();
-  EXPECT_EQ(resume_change(v1, {32, 32}), "");
-  EXPECT_EQ(resume_change(v1, {64}),
-            "it was written by a run of 2 rank(s), this run has 1: batch 64 split 64, "
-            "from global sample 192 of epoch 3");
-}
-
 TEST(Checkpoint, BadArgumentsWriteNothing) {
   const TempDir dir;
   EXPECT_THROW(save_checkpoint(dir.path("a"), small_checkpoint(), 0), std::invalid_argument);

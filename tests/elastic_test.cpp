@@ -1,12 +1,14 @@
 // Elastic resume (ctest label mpi): a checkpoint written by N ranks
 // continues on M ranks, the split solved for the M ranks present, from the
 // same global sample, to the weights an uninterrupted M-rank run reaches;
-// what may not change (the model, train.batch) is refused with a clear error.
+// what may not change (the model, train.batch, train.seed) is refused with a
+// clear error.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -160,6 +162,56 @@ TEST(Elastic, ChangedBatchOrModelIsRefusedOnAnyRankCount) {
   EXPECT_NE(out.find(written + " was written for another model"), std::string::npos) << out;
   // Nothing was written over the checkpoint.
   EXPECT_EQ(worker::latest_checkpoint(dir / "ck"), written);
+}
+
+// A checkpoint of 2 ranks (16 + 48 of a batch of 64), 3 steps into epoch 3.
+worker::Checkpoint written_by_two_ranks() {
+  return {.model_signature = "lenet:abc", .step = 7, .epoch = 2, .step_in_epoch = 3,
+          .seed = 42, .world_size = 2, .global_batch = 64, .epoch_sample = 3 * 64,
+          .split = {16, 48}, .parameters = {}, .buffers = {}, .velocity = {}};
+}
+
+std::string resume_error(const std::function<void()>& fn) {
+  return test_support::error_message<worker::CheckpointError>(fn);
+}
+
+// Elastic resume keeps the global batch and the seed; the errors name the
+// config field, both values and where the checkpoint stopped.
+TEST(ElasticChecks, ResumableOnlyWithTheSameBatchAndSeed) {
+  const worker::Checkpoint c = written_by_two_ranks();
+  const std::string path = "run/ckpt-0000000007.vtc";
+  EXPECT_NO_THROW(worker::check_checkpoint_resumable(c, path, 64, 42));
+  EXPECT_EQ(resume_error([&] { worker::check_checkpoint_resumable(c, path, 32, 42); }),
+            path + " was written with train.batch 64, this run has train.batch 32; it stopped "
+                   "before global sample 192 of epoch 3. A run may resume on other ranks and "
+                   "devices (the split is solved again), but with the global batch it began "
+                   "with: set train.batch=64, or start afresh in another checkpoint.dir");
+  EXPECT_EQ(resume_error([&] { worker::check_checkpoint_resumable(c, path, 64, 7); }),
+            path + " was written with train.seed 42, this run has train.seed 7; it stopped "
+                   "before global sample 192 of epoch 3. The seed fixes every epoch's sample "
+                   "order: set train.seed=42, or start afresh in another checkpoint.dir");
+  worker::Checkpoint torn = c;
+  torn.epoch_sample = 100;
+  EXPECT_EQ(resume_error([&] { worker::check_checkpoint_resumable(torn, path, 64, 42); }),
+            path + ": inconsistent data position: global sample 100 is not the start of step 4 "
+                   "of batch 64");
+}
+
+TEST(ElasticChecks, ResumeChangeSaysWhatTheNewRanksDo) {
+  const worker::Checkpoint c = written_by_two_ranks();
+  EXPECT_EQ(worker::resume_change(c, {16, 48}), "");
+  EXPECT_EQ(worker::resume_change(c, {32, 32}),
+            "it was written by a run of 2 rank(s), this run has 2: batch 64 split 32,32 "
+            "(was 16,48), from global sample 192 of epoch 3");
+  EXPECT_EQ(worker::resume_change(c, {20, 20, 24}),
+            "it was written by a run of 2 rank(s), this run has 3: batch 64 split 20,20,24 "
+            "(was 16,48), from global sample 192 of epoch 3");
+  worker::Checkpoint v1 = c;  // no split recorded
+  v1.split.clear();
+  EXPECT_EQ(worker::resume_change(v1, {32, 32}), "");
+  EXPECT_EQ(worker::resume_change(v1, {64}),
+            "it was written by a run of 2 rank(s), this run has 1: batch 64 split 64, "
+            "from global sample 192 of epoch 3");
 }
 
 }  // namespace
