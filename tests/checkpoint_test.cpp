@@ -80,6 +80,8 @@ Checkpoint small_checkpoint(int64_t step = 7) {
   c.seed = 42;
   c.world_size = 2;
   c.global_batch = 64;
+  c.epoch_sample = 3 * 64;
+  c.split = {16, 48};
   c.parameters = {1.0f, -2.5f, 0.125f};
   c.buffers = {0.5f, 4.0f};
   c.velocity = {0.0f, -0.0f, 3.0f};
@@ -89,7 +91,8 @@ Checkpoint small_checkpoint(int64_t step = 7) {
 // Byte offsets of small_checkpoint()'s fields in its file.
 struct SmallLayout {
   static constexpr size_t kSignatureLength = 12;
-  static constexpr size_t kParameterCount = 20 + 9 + 6 * 8;
+  static constexpr size_t kSplitCount = 20 + 9 + 7 * 8;
+  static constexpr size_t kParameterCount = kSplitCount + 8 + 2 * 8;
   static constexpr size_t kBufferCount = kParameterCount + 8 + 3 * 4;
   static constexpr size_t kVelocityCount = kBufferCount + 8 + 2 * 4;
   static constexpr size_t kSize = kVelocityCount + 8 + 3 * 4 + 4;
@@ -105,6 +108,8 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   c.seed = 0xFEDCBA9876543210ULL;
   c.world_size = 8;
   c.global_batch = std::numeric_limits<int64_t>::min();
+  c.epoch_sample = std::numeric_limits<int64_t>::max();
+  c.split = {-1, 0, std::numeric_limits<int64_t>::min()};
   for (uint32_t pattern : {0x7FC00001u, 0x7F800001u, 0xFFC12345u, 0x80000000u, 0x00000001u,
                            0x7F800000u, 0xFF800000u, 0x7F7FFFFFu}) {
     c.parameters.push_back(std::bit_cast<float>(pattern));
@@ -123,6 +128,8 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   EXPECT_EQ(back.seed, c.seed);
   EXPECT_EQ(back.world_size, c.world_size);
   EXPECT_EQ(back.global_batch, c.global_batch);
+  EXPECT_EQ(back.epoch_sample, c.epoch_sample);
+  EXPECT_EQ(back.split, c.split);
   EXPECT_EQ(bits(back.parameters), bits(c.parameters));
   EXPECT_EQ(bits(back.buffers), bits(c.buffers));
   EXPECT_EQ(bits(back.velocity), bits(c.velocity));
@@ -135,11 +142,13 @@ TEST(Checkpoint, FileIsTheDocumentedLittleEndianLayout) {
   c.step = 0x0102030405;
   c.epoch = -1;
   c.seed = 0x1122334455667788ULL;
+  c.epoch_sample = 0x0A0B0C;
+  c.split = {5, -6};
   c.parameters = {1.0f};
   c.velocity = {-2.0f};
 
   Bytes expected = {'V', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
-  put_le(expected, 1, 4);
+  put_le(expected, 2, 4);
   put_le(expected, 2, 8);
   expected.push_back('a');
   expected.push_back('b');
@@ -147,7 +156,8 @@ TEST(Checkpoint, FileIsTheDocumentedLittleEndianLayout) {
     put_le(expected, static_cast<uint64_t>(v), 8);
   }
   put_le(expected, c.seed, 8);
-  for (int64_t v : {c.world_size, c.global_batch}) {
+  for (int64_t v : {c.world_size, c.global_batch, c.epoch_sample, int64_t{2}, c.split[0],
+                    c.split[1]}) {
     put_le(expected, static_cast<uint64_t>(v), 8);
   }
   put_le(expected, 1, 8);
@@ -232,7 +242,7 @@ TEST(Checkpoint, EveryFlippedByteIsReported) {
       return offset >= start && offset < start + size;
     };
     return in(0, 12) || in(SmallLayout::kSignatureLength, 8) ||
-           in(SmallLayout::kParameterCount, 8) || in(SmallLayout::kBufferCount, 8) ||
+           in(SmallLayout::kSplitCount, 8) || in(SmallLayout::kParameterCount, 8) || in(SmallLayout::kBufferCount, 8) ||
            in(SmallLayout::kVelocityCount, 8);
   };
   const std::string path = dir.path("flipped.vtc");
@@ -265,7 +275,46 @@ TEST(Checkpoint, NewerVersionIsRefused) {
   fix_crc(file);
   write_bytes(path, file);
   EXPECT_EQ(checkpoint_error([&] { load_checkpoint(path); }),
-            path + ": version 9 is newer than this vtrain's 1");
+            path + ": version 9 is newer than this vtrain's 2");
+}
+
+// A version 1 file (written before the global sample position and the split
+// were stored) loads, with the position computed from the step in the epoch.
+TEST(Checkpoint, VersionOneIsStillRead) {
+  const TempDir dir;
+  Bytes v1 = {'V', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
+  put_le(v1, 1, 4);
+  put_le(v1, 2, 8);
+  v1.push_back('a');
+  v1.push_back('b');
+  for (int64_t v : {9, 1, 4}) put_le(v1, static_cast<uint64_t>(v), 8);  // step, epoch, in epoch
+  put_le(v1, 42, 8);                                                 // seed
+  for (int64_t v : {3, 48}) put_le(v1, static_cast<uint64_t>(v), 8);  // world size, batch
+  put_le(v1, 1, 8);
+  put_le(v1, 0x3F800000, 4);  // parameters {1}
+  put_le(v1, 0, 8);           // no buffers
+  put_le(v1, 1, 8);
+  put_le(v1, 0xC0000000, 4);  // velocity {-2}
+  put_le(v1, crc32_z(0, v1.data(), v1.size()), 4);
+  const std::string path = dir.path("ckpt-0000000009.vtc");
+  write_bytes(path, v1);
+
+  const Checkpoint c = load_checkpoint(path);
+  EXPECT_EQ(c.model_signature, "ab");
+  EXPECT_EQ(c.step, 9);
+  EXPECT_EQ(c.epoch, 1);
+  EXPECT_EQ(c.step_in_epoch, 4);
+  EXPECT_EQ(c.seed, 42u);
+  EXPECT_EQ(c.world_size, 3);
+  EXPECT_EQ(c.global_batch, 48);
+  EXPECT_EQ(c.epoch_sample, 4 * 48);
+  EXPECT_TRUE(c.split.empty());
+  EXPECT_EQ(c.parameters, std::vector<float>{1.0f});
+  EXPECT_TRUE(c.buffers.empty());
+  EXPECT_EQ(c.velocity, std::vector<float>{-2.0f});
+  EXPECT_NO_THROW(check_checkpoint_resumable(c, path, 48, 42));
+  // Saved again, it is a version 2 file.
+  EXPECT_EQ(read_bytes(save_checkpoint(dir.path("again"), c, 1))[8], 2);
 }
 
 TEST(Checkpoint, CorruptLengthIsCheckedBeforeAllocating) {

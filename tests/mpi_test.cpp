@@ -1,6 +1,6 @@
 // Multi-rank tests, run through mpirun the way users run vtrain (ctest label
 // mpi): gradient equivalence for any split, failure of one rank, checkpoint
-// resume, and the stop signal.
+// resume, and the stop signal. Resume on another rank count: elastic_test.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/mpi_runs.h"
 #include "tests/test_support.h"
 #include "balancer/plan.h"
 #include "worker/train/checkpoint.h"
@@ -24,59 +25,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using mpi_runs::compare;
+using mpi_runs::Difference;
+using mpi_runs::final_parameters;
+using mpi_runs::mpirun;
+using mpi_runs::run;
+using mpi_runs::TempDir;
+using mpi_runs::train_args;
 using test_support::source_dir;
 
 std::string binary() { return test_support::vtrain_binary(); }
-
-class TempDir {
- public:
-  std::string operator/(const std::string& name) const { return dir_.path(name); }
-
- private:
-  test_support::TempDir dir_;
-};
-
-// mpirun as users run it on one machine (scripts/mpirun.sh: root allowed,
-// no cross-process copies), with more ranks than cores (a rank waiting in
-// MPI yields its core) over shared memory only.
-std::string mpirun(int ranks) {
-  return "env OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 " + source_dir() +
-         "/scripts/mpirun.sh --oversubscribe -np " + std::to_string(ranks) + " ";
-}
-
-int run(const std::string& command, std::string* output = nullptr) {
-  return test_support::run_command(command, output);
-}
-
-// LeNet on small synthetic data, fixed algorithms (bitwise reproducible).
-std::string train_args(const std::string& ckpt_dir, int steps, const std::string& extra = "") {
-  return binary() + " " + source_dir() + "/configs/synthetic-lenet.yaml --progress off" +
-         " --set train.batch=48 --set train.max_steps=" + std::to_string(steps) +
-         " --set train.evaluate=false --set conv.algorithm=direct --set device.threads=1" +
-         " --set checkpoint.dir=" + ckpt_dir + " " + extra;
-}
-
-std::vector<float> final_parameters(const std::string& dir) {
-  const auto latest = worker::latest_checkpoint(dir);
-  if (!latest) return {};
-  return worker::load_checkpoint(*latest).parameters;
-}
-
-struct Difference {
-  double max_abs = 0;   // max |a - b|
-  double relative = 0;  // max |a - b| / max |a|: relative to the weights' scale
-};
-
-Difference compare(const std::vector<float>& a, const std::vector<float>& b) {
-  Difference d;
-  double scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d.max_abs = std::max(d.max_abs, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
-  }
-  d.relative = scale > 0 ? d.max_abs / scale : d.max_abs;
-  return d;
-}
 
 void expect_equivalent_splits(const std::string& optimizer) {
   TempDir dir;
@@ -187,36 +145,8 @@ TEST(Mpi, ResumedRunRepeatsTheUninterruptedLossesBitwise) {
   }
 }
 
-// Resuming on another number of ranks is allowed (the global batch and its
-// samples stay the same) but said: which file, which step, and from how
-// many ranks it came.
-TEST(Mpi, ResumeOntoAnotherRankCountSaysSo) {
-  TempDir dir;
-  std::string out;
-  ASSERT_EQ(run(mpirun(2) + train_args(dir / "ck", 4), &out), 0) << out;
-  const auto written = worker::latest_checkpoint(dir / "ck");
-  ASSERT_TRUE(written.has_value());
-  EXPECT_EQ(worker::load_checkpoint(*written).world_size, 2);
-  ASSERT_EQ(run(train_args(dir / "ck", 6, "--resume --progress line"), &out), 0) << out;
-  EXPECT_NE(out.find("resumed from " + *written + " (step 4, epoch 1); it was written by a run "
-                     "of 2 rank(s), this run has 1"),
-            std::string::npos)
-      << out;
-  EXPECT_NE(out.find("done: 6 steps"), std::string::npos) << out;
-}
-
-TEST(Mpi, MismatchedCheckpointIsAClearError) {
-  TempDir dir;
-  std::string out;
-  ASSERT_EQ(run(train_args(dir / "ck", 3), &out), 0) << out;
-  // Another model in the same checkpoint directory.
-  const int code = run(binary() + " " + source_dir() + "/configs/synthetic-lenet.yaml "
-                       "--progress off --set train.batch=48 --set model.preset=vgg-small "
-                       "--set train.max_steps=1 --resume --set checkpoint.dir=" + dir / "ck",
-                       &out);
-  EXPECT_EQ(code, 1) << out;
-  EXPECT_NE(out.find("was written for another model"), std::string::npos) << out;
-}
+// Resuming on another number of ranks, and the refusal of another model's
+// checkpoint: elastic_test.cpp.
 
 TEST(Mpi, IdenticalDevicesOnOneHostSplitTheProfilingWork) {
   TempDir dir;

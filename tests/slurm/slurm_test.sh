@@ -13,7 +13,10 @@
 #      requeues the job itself, and the second run resumes and finishes;
 #   4. scancel while it trains: vtrain checkpoints and exits 3, and the job
 #      stays cancelled (the script does not requeue it);
-#   5. the srun --mpi=pmix launcher (VTRAIN_LAUNCHER=srun): a short job.
+#   5. the srun --mpi=pmix launcher (VTRAIN_LAUNCHER=srun): a short job;
+#   6. the profile form: both tasks profile into one perf DB;
+#   7. requeued onto 3 tasks (scontrol update while it waits): the 3 ranks
+#      resume from the 2 ranks' checkpoint with the split solved for them.
 #
 #   bash tests/slurm/slurm_test.sh VTRAIN_BINARY     (ctest -L slurm)
 #
@@ -140,11 +143,54 @@ check_finished() {
   grep -q "^done: $steps steps" "$out" || fail "no 'done: $steps steps' line in the output"
 }
 
+# Waits (at most 120 s) until job $1 has written a checkpoint into $2;
+# sets first_ckpt to it. On failure shows the job (output $3), returns 1.
+first_ckpt=""
+wait_first_checkpoint() {
+  local jid=$1 dir=$2 out=$3 t0 ckpts
+  t0=$(now_ms)
+  while :; do
+    ckpts=("$dir"/ckpt-*.vtc)  # zero-padded step numbers: the last is the newest
+    if [ -e "${ckpts[0]}" ]; then
+      first_ckpt=${ckpts[-1]}
+      return 0
+    fi
+    if [ -z "$(squeue -h -j "$jid" 2>/dev/null)" ]; then
+      fail "job $jid ended before writing a checkpoint"
+      show_job "$jid" "$out"
+      return 1
+    fi
+    if (($(now_ms) - t0 > 120000)); then
+      fail "no checkpoint in $dir after 120 s"
+      show_job "$jid" "$out"
+      return 1
+    fi
+    check_budget
+    sleep 0.2
+  done
+}
+
+# Starts requeued job $1 now once it is pending again: requeued jobs wait
+# for a begin time (~120 s). SLURM refuses to start a job in the same
+# second its previous run's credential was revoked ("Job credential
+# revoked"), hence the pause. $2: an update to make while it waits
+# (e.g. "NumTasks=3"), or "".
+restart_now() {
+  local jid=$1 change=$2
+  wait_state "$jid" PENDING 90 || return 1
+  sleep 1.2
+  if [ -n "$change" ]; then
+    # shellcheck disable=SC2086  # $change holds KEY=VALUE words
+    scontrol update JobId="$jid" $change || fail "scontrol update JobId=$jid $change failed"
+  fi
+  scontrol update JobId="$jid" StartTime=now || fail "scontrol update JobId=$jid StartTime=now failed"
+}
+
 # Cases 2 and 3: interrupt a training job once it has written a checkpoint,
 # by `scontrol requeue` or by USR1 to the batch shell, then check that the
 # second run resumed from a checkpoint at least that new and finished.
 requeue_case() {
-  local how=$1 name=requeue-$1 jid out ckpts first_ckpt first_step t0 limit=150
+  local how=$1 name=requeue-$1 jid out first_step t0 limit=150
   out=$work/$name.out
   t0=$(now_ms)
   # 12 epochs of 32 steps: long enough to interrupt (10-30 s on 2
@@ -152,25 +198,7 @@ requeue_case() {
   jid=$(submit "$name" --set train.epochs=12 --set train.log_every=100 \
     --set checkpoint.dir="$work/ckpt-$how" --set checkpoint.every=20) || { fail "sbatch failed"; return; }
   log "$current: job $jid submitted"
-  while :; do  # until the first checkpoint exists
-    ckpts=("$work/ckpt-$how"/ckpt-*.vtc)  # zero-padded step numbers: the last is the newest
-    if [ -e "${ckpts[0]}" ]; then
-      first_ckpt=${ckpts[-1]}
-      break
-    fi
-    if [ -z "$(squeue -h -j "$jid" 2>/dev/null)" ]; then
-      fail "job $jid ended before writing a checkpoint"
-      show_job "$jid" "$out"
-      return
-    fi
-    if (($(now_ms) - t0 > 120000)); then
-      fail "no checkpoint in $work/ckpt-$how after 120 s"
-      show_job "$jid" "$out"
-      return
-    fi
-    check_budget
-    sleep 0.2
-  done
+  wait_first_checkpoint "$jid" "$work/ckpt-$how" "$out" || return
   first_step=$(basename "$first_ckpt" .vtc)
   first_step=$((10#${first_step#ckpt-}))
   log "$current: first checkpoint at step $first_step ($(since "$t0") s); interrupting by $how"
@@ -179,12 +207,7 @@ requeue_case() {
   else
     scancel --batch --signal=USR1 "$jid" || fail "scancel --batch --signal=USR1 $jid failed"
   fi
-  # Requeued jobs wait for a begin time (~120 s); start it now. SLURM
-  # refuses to start a job in the same second its previous run's credential
-  # was revoked ("Job credential revoked"), hence the pause.
-  wait_state "$jid" PENDING 90 || { show_job "$jid" "$out"; return; }
-  sleep 1.2
-  scontrol update JobId="$jid" StartTime=now || fail "scontrol update JobId=$jid StartTime=now failed"
+  restart_now "$jid" "" || { show_job "$jid" "$out"; return; }
   wait_gone "$jid" "$limit" || { scancel "$jid"; show_job "$jid" "$out"; return; }
   log "$current: job $jid finished in $(since "$t0") s"
 
@@ -219,8 +242,38 @@ requeue_case() {
   log "$current: stopped at step ${resumed_step:-?} (first checkpoint $first_step), resumed, finished"
 }
 
+# Case 7: elastic resume. 2 ranks checkpoint on `scontrol requeue`; while
+# the job waits it is changed to 3 tasks (as a site would move it onto
+# more nodes); the 3 ranks resume from that checkpoint with the split solved
+# for them, the same global batch and data position, and finish.
+elastic_case() {
+  local jid out=$work/elastic.out dir=$work/ckpt-elastic t0 limit=150 before
+  t0=$(now_ms)
+  # 2 epochs of 32 steps; the rest runs on 3 ranks on 2 cores.
+  jid=$(submit elastic --set train.epochs=2 --set train.log_every=100 \
+    --set checkpoint.dir="$dir" --set checkpoint.every=10) || { fail "sbatch failed"; return; }
+  wait_first_checkpoint "$jid" "$dir" "$out" || return
+  log "$current: first checkpoint $(basename "$first_ckpt") ($(since "$t0") s); requeueing onto 3 tasks"
+  scontrol requeue "$jid" || fail "scontrol requeue $jid failed"
+  restart_now "$jid" "NumTasks=3 NumCPUs=3" || { show_job "$jid" "$out"; return; }
+  wait_gone "$jid" "$limit" || { scancel "$jid"; show_job "$jid" "$out"; return; }
+  log "$current: job $jid finished in $(since "$t0") s"
+
+  before=$failures
+  check_finished "$jid" "$out" 1 64
+  grep -q "^cluster: 3 ranks" "$out" || fail "the requeued run did not start 3 ranks ('cluster: 3 ranks')"
+  grep -q "^vtrain.sbatch: the allocation holds 3 tasks, not the 2 the job was submitted with" "$out" ||
+    fail "the script did not follow the allocation's 3 tasks"
+  grep -q "^vtrain.sbatch: vtrain exited with status 3" "$out" ||
+    fail "the 2-rank run did not end with status 3 (stopped after checkpointing)"
+  grep -Eq "^resumed from $dir/ckpt-[0-9]+\.vtc \(step [0-9]+, epoch [12]\); it was written by a run of 2 rank\(s\), this run has 3: batch 64 split 22,21,21 \(was 32,32\), from global sample [0-9]+ of epoch [12]$" "$out" ||
+    fail "no 'resumed from' line saying 2 ranks' checkpoint continues on 3 with split 22,21,21"
+  ((failures == before)) || show_job "$jid" "$out"
+}
+
 log "starting a private SLURM in $work"
-local_slurm_start "$work" 2 || exit 1
+# 4 CPUs on the node (even on 2 cores): case 7 grows a job to 3 tasks.
+local_slurm_start "$work" 4 || exit 1
 export OMPI_MCA_btl=self,vader  # one host; keeps Open MPI off other transports
 export VTRAIN_BINARY=$vtrain
 log "SLURM is up (SLURM_CONF=$SLURM_CONF)"
@@ -333,6 +386,12 @@ if jid=$(sbatch --parsable --chdir="$work" --output="$work/profile.out" \
 else
   fail "sbatch failed"
 fi
+log "$current: $(since "$t0") s"
+
+# 7. Requeued onto another number of tasks: elastic resume.
+current="requeue onto 3 tasks"
+t0=$(now_ms)
+elastic_case
 log "$current: $(since "$t0") s"
 
 if ((failures)); then

@@ -16,13 +16,14 @@
 #include <system_error>
 #include <utility>
 
+
 namespace vtrain::worker {
 namespace {
 
 namespace fs = std::filesystem;
 
 constexpr std::array<uint8_t, 8> kMagic = {'V', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2 added epoch_sample and split
 constexpr size_t kHeaderBytes = kMagic.size() + 4;  // magic, version
 constexpr size_t kTrailerBytes = 4;                 // CRC-32
 constexpr int64_t kMaxStep = 9'999'999'999;         // the most 10 digits hold
@@ -115,6 +116,11 @@ class ChunkWriter {
     for (float v : values) put(std::bit_cast<uint32_t>(v), 4);
   }
 
+  void ints(const std::vector<int64_t>& values) {
+    u64(values.size());
+    for (int64_t v : values) i64(v);
+  }
+
   // Writes what is buffered and then the CRC-32 trailer.
   void finish() {
     flush();
@@ -184,13 +190,7 @@ class ChunkReader {
   }
 
   std::vector<float> floats(const char* field) {
-    const uint64_t count = u64(field);
-    // Compared by division so a corrupt count near 2^64 cannot overflow.
-    if (count > remaining() / 4) {
-      throw error("truncated: field " + std::string(field) + " declares " +
-                  std::to_string(count) + " floats but only " + std::to_string(remaining()) +
-                  " bytes remain");
-    }
+    const uint64_t count = array_count(field, 4, "floats");
     std::vector<float> values(count);
     std::vector<uint8_t> chunk(std::min<uint64_t>(count * 4, kChunkBytes));
     for (size_t done = 0; done < values.size();) {
@@ -201,6 +201,12 @@ class ChunkReader {
       }
       done += n;
     }
+    return values;
+  }
+
+  std::vector<int64_t> ints(const char* field) {
+    std::vector<int64_t> values(array_count(field, 8, "integers"));
+    for (int64_t& v : values) v = i64(field);
     return values;
   }
 
@@ -216,6 +222,18 @@ class ChunkReader {
   }
 
  private:
+  // An array's length, checked against the bytes left before allocating:
+  // compared by division so a corrupt count near 2^64 cannot overflow.
+  uint64_t array_count(const char* field, uint64_t bytes_each, const char* what) {
+    const uint64_t count = u64(field);
+    if (count > remaining() / bytes_each) {
+      throw error("truncated: field " + std::string(field) + " declares " +
+                  std::to_string(count) + " " + what + " but only " +
+                  std::to_string(remaining()) + " bytes remain");
+    }
+    return count;
+  }
+
   uint64_t fixed(const char* field, int n) {
     if (remaining() < static_cast<uint64_t>(n)) {
       throw error("truncated: field " + std::string(field) + " needs " + std::to_string(n) +
@@ -310,6 +328,8 @@ void write_checkpoint(int fd, const std::string& path, const Checkpoint& ckpt) {
   out.u64(ckpt.seed);
   out.i64(ckpt.world_size);
   out.i64(ckpt.global_batch);
+  out.i64(ckpt.epoch_sample);
+  out.ints(ckpt.split);
   out.floats(ckpt.parameters);
   out.floats(ckpt.buffers);
   out.floats(ckpt.velocity);
@@ -348,12 +368,6 @@ void prune_checkpoints(const std::string& dir, const fs::path& written, int keep
     throw CheckpointError(written.string() +
                           " was saved, but old checkpoints could not be removed" + failures);
   }
-}
-
-std::string count_mismatch(const std::string& path, const char* what, size_t stored,
-                           int64_t expected) {
-  return path + " holds " + std::to_string(stored) + " " + what + " values, this model has " +
-         std::to_string(expected);
 }
 
 }  // namespace
@@ -438,6 +452,12 @@ Checkpoint load_checkpoint(const std::string& path) {
   ckpt.seed = in.u64("seed");
   ckpt.world_size = in.i64("world_size");
   ckpt.global_batch = in.i64("global_batch");
+  if (version >= 2) {
+    ckpt.epoch_sample = in.i64("epoch_sample");
+    ckpt.split = in.ints("split");
+  } else {
+    ckpt.epoch_sample = ckpt.step_in_epoch * ckpt.global_batch;
+  }
   ckpt.parameters = in.floats("parameters");
   ckpt.buffers = in.floats("buffers");
   ckpt.velocity = in.floats("velocity");
@@ -448,25 +468,6 @@ Checkpoint load_checkpoint(const std::string& path) {
   const uLong computed = in.crc();
   if (in.trailer() != computed) throw in.error("CRC mismatch (file corrupt)");
   return ckpt;
-}
-
-void check_checkpoint_matches(const Checkpoint& ckpt, const std::string& path,
-                              const std::string& signature, int64_t parameters,
-                              int64_t buffers) {
-  if (ckpt.model_signature != signature) {
-    throw CheckpointError(path + " was written for another model (signature " +
-                          ckpt.model_signature + ", this model " + signature + ")");
-  }
-  if (static_cast<int64_t>(ckpt.parameters.size()) != parameters) {
-    throw CheckpointError(count_mismatch(path, "parameter", ckpt.parameters.size(), parameters));
-  }
-  if (static_cast<int64_t>(ckpt.buffers.size()) != buffers) {
-    throw CheckpointError(count_mismatch(path, "buffer", ckpt.buffers.size(), buffers));
-  }
-  // SGD keeps one velocity value per parameter.
-  if (static_cast<int64_t>(ckpt.velocity.size()) != parameters) {
-    throw CheckpointError(count_mismatch(path, "velocity", ckpt.velocity.size(), parameters));
-  }
 }
 
 }  // namespace vtrain::worker

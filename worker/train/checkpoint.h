@@ -1,10 +1,17 @@
 // Checkpoints: the model, optimizer state and data position, written so a
 // crash never leaves a torn file, and validated on load.
 //
-// File format (version 1, little-endian): magic "VTRAINCK", u32 version,
+// File format (version 2, little-endian): magic "VTRAINCK", u32 version,
 // the fields of Checkpoint in order (strings and arrays length-prefixed with
-// u64), then a CRC-32 (zlib) of every byte before it. Files are named
+// u64), then a CRC-32 (zlib) of every byte before it. Version 1 files, which
+// lack epoch_sample and split, are still read. Files are named
 // ckpt-<step, 10 digits>.vtc inside the checkpoint directory.
+//
+// Elastic resume: a checkpoint holds nothing that depends on how many ranks
+// wrote it (the model, the optimizer state and a global data position), so
+// any number of ranks may continue from it, with the split solved for them.
+// The global batch and the seed must stay: they define which samples every
+// step trains on (check_checkpoint_resumable).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +45,11 @@ struct Checkpoint {
   uint64_t seed = 0;             // the run's seed: shuffles are a pure function of (seed, epoch)
   int64_t world_size = 1;        // ranks of the run that wrote it (said on resume if it differs)
   int64_t global_batch = 0;      // B of the run that wrote it
+  // The global data position: the index into epoch `epoch`'s shuffled order
+  // of the next sample to train (step_in_epoch * global_batch). Version 1
+  // files get it computed on load.
+  int64_t epoch_sample = 0;
+  std::vector<int64_t> split;    // per-rank batches of the run that wrote it; empty from version 1
   std::vector<float> parameters;  // Network::download_parameters()
   std::vector<float> buffers;     // Network::download_buffers()
   std::vector<float> velocity;    // Sgd::download_velocity()
@@ -63,7 +75,7 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 // Reads and validates a checkpoint: magic, version, lengths against the file
 // size, CRC. Throws CheckpointError naming the file and the problem
 // ("truncated", "CRC mismatch", "not a vtrain checkpoint", "version 9 is
-// newer than this vtrain's 1").
+// newer than this vtrain's 2").
 Checkpoint load_checkpoint(const std::string& path);
 
 // Throws CheckpointError naming `path` when `ckpt` does not belong to a
@@ -72,5 +84,21 @@ Checkpoint load_checkpoint(const std::string& path);
 void check_checkpoint_matches(const Checkpoint& ckpt, const std::string& path,
                               const std::string& signature, int64_t parameters,
                               int64_t buffers);
+
+// Throws CheckpointError naming `path` and the config field (train.batch,
+// train.seed) when a run with this global batch and seed cannot continue
+// `ckpt`: they fix which samples every step trains on, so a continuation
+// with others would not be the run the checkpoint belongs to (and its data
+// position, a global sample, need not fall on a step of another batch).
+// The number of ranks and the split may differ.
+void check_checkpoint_resumable(const Checkpoint& ckpt, const std::string& path, int64_t batch,
+                                uint64_t seed);
+
+// What changed between the run that wrote `ckpt` and a run that continues
+// it with per-rank batches `split`, for the "resumed from" line: "" when
+// the ranks and the split are the same, else e.g. "it was written by a run
+// of 2 rank(s), this run has 3: batch 48 split 16,16,16 (was 24,24), from
+// global sample 96 of epoch 1".
+std::string resume_change(const Checkpoint& ckpt, const std::vector<int64_t>& split);
 
 }  // namespace vtrain::worker

@@ -244,10 +244,13 @@ void Trainer::install_bucket_hooks() {
 }
 
 // Continues from the newest checkpoint: rank 0 reads and checks the file;
-// every rank gets the same state.
+// every rank gets the same state. The position is global (a step and a
+// sample of the epoch's order), so the ranks and their split may differ
+// from the run that wrote it.
 void Trainer::restore() {
   if (!options_.resume || options_.checkpoint_dir.empty()) return;
   std::string path, position;  // position: "step epoch step_in_epoch world_size"
+  std::string change;          // rank 0: what differs from the run that wrote it
   std::vector<float> params, buffers, velocity;
   if (leader()) {
     if (auto latest = latest_checkpoint(options_.checkpoint_dir)) {
@@ -255,18 +258,14 @@ void Trainer::restore() {
       Checkpoint ckpt = load_checkpoint(path);
       check_checkpoint_matches(ckpt, path, graph_.signature(), net_.parameter_count(),
                                net_.buffer_count());
-      if (ckpt.global_batch != job_.batch || ckpt.seed != options_.seed) {
-        throw CheckpointError(path + " was written by a run with batch " +
-                              std::to_string(ckpt.global_batch) + " and seed " +
-                              std::to_string(ckpt.seed) + "; this run has batch " +
-                              std::to_string(job_.batch) + " and seed " +
-                              std::to_string(options_.seed));
-      }
+      check_checkpoint_resumable(ckpt, path, job_.batch, options_.seed);
       params = std::move(ckpt.parameters);
       buffers = std::move(ckpt.buffers);
       velocity = std::move(ckpt.velocity);
       position = std::to_string(ckpt.step) + " " + std::to_string(ckpt.epoch) + " " +
-                 std::to_string(ckpt.step_in_epoch) + " " + std::to_string(ckpt.world_size);
+                 std::to_string(ckpt.epoch_sample / job_.batch) + " " +
+                 std::to_string(ckpt.world_size);
+      change = resume_change(ckpt, job_.split);
     }
   }
   if (comm_) comm_->broadcast(path, 0);
@@ -283,15 +282,9 @@ void Trainer::restore() {
   std::istringstream(position) >> at_.step >> at_.epoch >> at_.in_epoch >>
       result_.resumed_world_size;
   result_.resumed_from = path;
-  std::string line = format("resumed from %s (step %lld, epoch %lld)", path.c_str(),
-                            static_cast<long long>(at_.step),
-                            static_cast<long long>(at_.epoch + 1));
-  if (result_.resumed_world_size != job_.ranks) {
-    // The global batch and its samples stay; only how they are split changes.
-    line += format("; it was written by a run of %lld rank(s), this run has %d",
-                   static_cast<long long>(result_.resumed_world_size), job_.ranks);
-  }
-  progress_.line(line);
+  progress_.line(format("resumed from %s (step %lld, epoch %lld)%s%s", path.c_str(),
+                        static_cast<long long>(at_.step), static_cast<long long>(at_.epoch + 1),
+                        change.empty() ? "" : "; ", change.c_str()));
 }
 
 TrainResult Trainer::run() {
@@ -498,6 +491,8 @@ void Trainer::checkpoint(const Position& at) {
   ckpt.seed = options_.seed;
   ckpt.world_size = job_.ranks;
   ckpt.global_batch = job_.batch;
+  ckpt.epoch_sample = at.in_epoch * job_.batch;
+  ckpt.split = job_.split;
   ckpt.parameters = net_.download_parameters();
   ckpt.buffers = net_.download_buffers();
   ckpt.velocity = sgd_.download_velocity();

@@ -1,0 +1,74 @@
+// Helpers of the multi-rank tests (mpi_test, elastic_test): launching vtrain
+// through mpirun as users do, LeNet training arguments that are bitwise
+// reproducible, and comparing the weights that runs end with.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tests/test_support.h"
+#include "worker/train/checkpoint.h"
+
+namespace vtrain::mpi_runs {
+
+// A fresh temporary folder; dir / "name" is a path in it.
+class TempDir {
+ public:
+  std::string operator/(const std::string& name) const { return dir_.path(name); }
+
+ private:
+  test_support::TempDir dir_;
+};
+
+// mpirun as users run it on one machine (scripts/mpirun.sh: root allowed,
+// no cross-process copies), with more ranks than cores (a rank waiting in
+// MPI yields its core) over shared memory only.
+inline std::string mpirun(int ranks) {
+  return "env OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 " +
+         test_support::source_dir() + "/scripts/mpirun.sh --oversubscribe -np " +
+         std::to_string(ranks) + " ";
+}
+
+// mpirun for several ranks, nothing for one (a plain process).
+inline std::string launch(int ranks) { return ranks > 1 ? mpirun(ranks) : ""; }
+
+inline int run(const std::string& command, std::string* output = nullptr) {
+  return test_support::run_command(command, output);
+}
+
+// LeNet on small synthetic data, fixed algorithms (bitwise reproducible).
+inline std::string train_args(const std::string& ckpt_dir, int steps,
+                              const std::string& extra = "") {
+  return test_support::vtrain_binary() + " " + test_support::source_dir() +
+         "/configs/synthetic-lenet.yaml --progress off" +
+         " --set train.batch=48 --set train.max_steps=" + std::to_string(steps) +
+         " --set train.evaluate=false --set conv.algorithm=direct --set device.threads=1" +
+         " --set checkpoint.dir=" + ckpt_dir + " " + extra;
+}
+
+// The parameters of the newest checkpoint in `dir`; empty if there is none.
+inline std::vector<float> final_parameters(const std::string& dir) {
+  const auto latest = worker::latest_checkpoint(dir);
+  if (!latest) return {};
+  return worker::load_checkpoint(*latest).parameters;
+}
+
+struct Difference {
+  double max_abs = 0;   // max |a - b|
+  double relative = 0;  // max |a - b| / max |a|: relative to the weights' scale
+};
+
+inline Difference compare(const std::vector<float>& a, const std::vector<float>& b) {
+  Difference d;
+  double scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d.max_abs = std::max(d.max_abs, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
+  }
+  d.relative = scale > 0 ? d.max_abs / scale : d.max_abs;
+  return d;
+}
+
+}  // namespace vtrain::mpi_runs
