@@ -89,7 +89,8 @@ std::vector<int64_t> candidate_batches(const config::Config& cfg, int ranks) {
 std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph,
                            worker::Backend& backend, worker::Communicator& comm,
                            worker::Communicator& gradient_comm,
-                           const std::vector<int64_t>& fixed_split) {
+                           const std::vector<int64_t>& fixed_split,
+                           std::vector<balancer::DeviceProfile>* profiles) {
   const bool balance = cfg.balance.split == balancer::SplitMode::kAuto;
   const worker::DeviceInfo info = backend.device_info();
   perfdb::PerfDb db(cfg.profile.db);
@@ -145,6 +146,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     if (balance) {
       split = worker::plan_split(graph, db, devices, cfg.train.batch, split_options(cfg),
                                  cfg.memory.policy);
+      if (profiles) *profiles = worker::device_profiles(graph, db, devices, cfg.memory.policy);
     } else {
       split.batch = fixed_split;
     }
@@ -195,7 +197,8 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
                                              worker::Backend& backend,
                                              worker::Communicator& comm,
                                              worker::Communicator& gradient_comm,
-                                             const std::vector<int64_t>& fixed_split) {
+                                             const std::vector<int64_t>& fixed_split,
+                                             std::vector<balancer::DeviceProfile>* profiles) {
   std::string text, origin;
   if (!cli.plan.empty()) {
     origin = cli.plan;
@@ -203,7 +206,7 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
   } else if (cfg.balance.split == balancer::SplitMode::kAuto ||
              cfg.balance.workspace != balancer::WorkspacePolicy::kUndivided) {
     origin = "the plan solved at start";
-    text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, fixed_split);
+    text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, fixed_split, profiles);
   } else {
     return std::nullopt;
   }
