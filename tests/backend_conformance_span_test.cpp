@@ -25,7 +25,7 @@ TEST_P(ComputeSpanConformance, CoversTheWorkBetweenItsEnds) {
   Backend& b = backend();
   const TensorDesc d = desc({1, param().elements, 1, 1});
   const DeviceTensor x = filled(b, d, -1.0f), y = filled(b, d, 7.0f);
-  b.synchronize(StreamKind::kCompute);
+  b.synchronize(worker::StreamKind::kCompute);
   b.begin_compute_span();
   for (int i = 0; i < param().repeats; ++i) b.relu_forward(x.tensor, y.tensor);
   const double ms = b.end_compute_span_ms();
