@@ -475,6 +475,19 @@ std::string join_batches(const std::vector<int64_t>& batches, char separator) {
   return text;
 }
 
+std::optional<double> step_time_at(const DeviceProfile& device, int64_t batch) {
+  const std::vector<StepSample> steps = sorted_samples(device);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].batch == batch) return steps[i].time_ms;
+    if (i + 1 < steps.size() && steps[i].batch < batch && batch < steps[i + 1].batch) {
+      const double w = static_cast<double>(batch - steps[i].batch) /
+                       static_cast<double>(steps[i + 1].batch - steps[i].batch);
+      return steps[i].time_ms + w * (steps[i + 1].time_ms - steps[i].time_ms);
+    }
+  }
+  return std::nullopt;
+}
+
 std::vector<int64_t> even_split(int64_t batch, int ranks) {
   std::vector<int64_t> split(static_cast<size_t>(ranks), batch / ranks);
   for (int64_t r = 0; r < batch % ranks; ++r) ++split[r];

@@ -135,6 +135,12 @@ struct BatchSplit {
 BatchSplit plan_batch_split(std::span<const DeviceProfile> devices, int64_t global_batch,
                             const BatchSplitOptions& options = {});
 
+// The device's step time at `batch` (its allreduce_ms not included) as the
+// candidates price it: measured, or linear between the two nearest measured
+// sizes; nullopt outside its measured range. Throws BalancerError on a
+// malformed profile, as plan_batch_split does.
+std::optional<double> step_time_at(const DeviceProfile& device, int64_t batch);
+
 // B / ranks each, the remainder to the first ranks.
 std::vector<int64_t> even_split(int64_t batch, int ranks);
 

@@ -26,6 +26,7 @@
 #include "worker/engine/optimizer.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/metrics.h"
+#include "worker/train/rebalancer.h"
 
 namespace vtrain::config {
 
@@ -74,6 +75,10 @@ struct BalanceConfig {
   balancer::WorkspacePolicy workspace = balancer::WorkspacePolicy::kUndivided;  // conv workspaces
   uint64_t workspace_limit = 64ull << 20;   // wr: per kernel; wd: per rank in total (bytes)
   balancer::AllreduceCost allreduce = balancer::AllreduceCost::kMeasure;  // auto
+  // auto: online re-balancing (balance.rebalance: enabled, threshold,
+  // window, patience, min_gain; see worker/train/rebalancer.h). Even and
+  // manual splits are the user's and stay.
+  worker::RebalanceSettings rebalance;
 };
 
 struct ProfileConfig {

@@ -183,6 +183,14 @@ void emit_planning(YAML::Emitter& out, const Config& config) {
   if (!config.balance.manual.empty()) {
     out << YAML::Key << "manual" << YAML::Value << YAML::Flow << config.balance.manual;
   }
+  const worker::RebalanceSettings& r = config.balance.rebalance;
+  out << YAML::Key << "rebalance" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  out << YAML::Key << "enabled" << YAML::Value << r.enabled;
+  out << YAML::Key << "threshold" << YAML::Value << r.threshold;
+  out << YAML::Key << "window" << YAML::Value << r.window;
+  out << YAML::Key << "patience" << YAML::Value << r.patience;
+  out << YAML::Key << "min_gain" << YAML::Value << r.min_gain;
+  out << YAML::EndMap;
   out << YAML::EndMap;
 
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;

@@ -320,10 +320,22 @@ TrainConfig read_train(const Field& field) {
   return train;
 }
 
+worker::RebalanceSettings read_rebalance(const Field& field) {
+  const Section section(field);
+  section.allow({"enabled", "threshold", "window", "patience", "min_gain"});
+  worker::RebalanceSettings r;
+  if (Field f = section["enabled"]) r.enabled = to_bool(f);
+  if (Field f = section["threshold"]) r.threshold = to_number(f, above(0));
+  if (Field f = section["window"]) r.window = to_int(f, at_least(1));
+  if (Field f = section["patience"]) r.patience = to_int(f, at_least(1));
+  if (Field f = section["min_gain"]) r.min_gain = to_number(f, at_least(0));
+  return r;
+}
+
 BalanceConfig read_balance(const Field& field, const TrainConfig& train) {
   const Section section(field);
   section.allow({"split", "manual", "granularity", "candidates", "workspace", "workspace_limit",
-                 "allreduce"});
+                 "allreduce", "rebalance"});
   BalanceConfig balance;
   if (Field f = section["split"]) balance.split = to_choice(f, balancer::kSplitModeNames);
   if (Field f = section["granularity"]) balance.granularity = to_int(f, at_least(1));
@@ -337,6 +349,7 @@ BalanceConfig read_balance(const Field& field, const TrainConfig& train) {
   if (Field f = section["allreduce"]) {
     balance.allreduce = to_choice(f, balancer::kAllreduceCostNames);
   }
+  if (Field f = section["rebalance"]) balance.rebalance = read_rebalance(f);
   if (balance.workspace == balancer::WorkspacePolicy::kWd && balance.workspace_limit == 0) {
     section["workspace_limit"].fail("wd divides a total budget: expected a size > 0");
   }

@@ -89,7 +89,8 @@ std::vector<int64_t> candidate_batches(const config::Config& cfg, int ranks) {
 std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph,
                            worker::Backend& backend, worker::Communicator& comm,
                            worker::Communicator& gradient_comm,
-                           const std::vector<int64_t>& fixed_split) {
+                           const std::vector<int64_t>& fixed_split,
+                           std::vector<balancer::DeviceProfile>* profiles) {
   const bool balance = cfg.balance.split == balancer::SplitMode::kAuto;
   const worker::DeviceInfo info = backend.device_info();
   perfdb::PerfDb db(cfg.profile.db);
@@ -143,8 +144,10 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       devices.push_back(std::move(d));
     }
     if (balance) {
-      split = worker::plan_split(graph, db, devices, cfg.train.batch, split_options(cfg),
-                                 step_pricing(cfg));
+      std::vector<balancer::DeviceProfile> solved_on =
+          worker::device_profiles(graph, db, devices, step_pricing(cfg));
+      split = balancer::plan_batch_split(solved_on, cfg.train.batch, split_options(cfg));
+      if (profiles) *profiles = std::move(solved_on);
     } else {
       split.batch = fixed_split;
     }
@@ -194,7 +197,8 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
                                              worker::Backend& backend,
                                              worker::Communicator& comm,
                                              worker::Communicator& gradient_comm,
-                                             const std::vector<int64_t>& fixed_split) {
+                                             const std::vector<int64_t>& fixed_split,
+                                             std::vector<balancer::DeviceProfile>* profiles) {
   std::string text, origin;
   if (!cli.plan.empty()) {
     origin = cli.plan;
@@ -202,7 +206,7 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
   } else if (cfg.balance.split == balancer::SplitMode::kAuto ||
              cfg.balance.workspace != balancer::WorkspacePolicy::kUndivided) {
     origin = "the plan solved at start";
-    text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, fixed_split);
+    text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, fixed_split, profiles);
   } else {
     return std::nullopt;
   }

@@ -214,8 +214,9 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
                 data.train.sample.str().c_str());
   }
   std::fflush(stdout);
+  std::vector<balancer::DeviceProfile> profiles;  // rank 0, auto split: for re-balancing
   const std::optional<balancer::TrainingPlan> plan =
-      job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, split);
+      job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, split, &profiles);
   if (plan) {
     split.clear();
     for (const balancer::RankPlan& r : plan->ranks) split.push_back(r.batch);
@@ -232,12 +233,18 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
     options.conv_executions = worker::conv_executions(mine);
     options.conv_workspace_bytes = mine.workspace_bytes;
   }
+  options.rebalance.profiles = std::move(profiles);
   options.resume = options.resume || cli.resume;
   options.stop_signal = &stop_signal;
   // A testing aid (VTRAIN_FAIL_* in the environment, see the header).
   std::optional<worker::FailureInjection> injected_failure =
       worker::FailureInjection::from_environment(comm.rank());
-  if (injected_failure) options.observer = &*injected_failure;
+  std::optional<worker::SlowdownInjection> injected_slowdown =
+      worker::SlowdownInjection::from_environment(comm.rank());
+  worker::ObserverList observers;
+  if (injected_failure) observers.add(&*injected_failure);
+  if (injected_slowdown) observers.add(&*injected_slowdown);
+  if (!observers.empty()) options.observer = &observers;
   const worker::TrainResult result =
       worker::train(graph, *backend, data.train, data.test, norm, options);
   if (result.stopped_by_signal != 0) {

@@ -153,6 +153,15 @@ class Backend {
   // Blocks the host until `event` has passed.
   virtual void synchronize(const Event& event) = 0;
   virtual void synchronize(StreamKind stream) = 0;
+  // Times a span of the compute stream's work (a rank's compute in a step,
+  // for online re-balancing): begin_compute_span() marks its start,
+  // end_compute_span_ms() its end, waits for the work in between and
+  // returns the milliseconds it took on the device (the host clock where
+  // the compute stream is synchronous, stream events on a GPU; host time
+  // would count waits for the other ranks). One span at a time; end without
+  // a begin returns 0.
+  virtual void begin_compute_span() = 0;
+  virtual double end_compute_span_ms() = 0;
   // Byte copy between device and pinned host memory (either direction) on a stream.
   virtual void copy_async(void* dst, const void* src, size_t bytes, StreamKind stream) = 0;
 

@@ -1,6 +1,8 @@
 #include "worker/train/failure_injection.h"
 
+#include <chrono>
 #include <charconv>
+#include <thread>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -53,6 +55,27 @@ void FailureInjection::on_bucket_launched(const StepEvent& step) {
   if (step.step != step_ || where_ != Where::kBackward) return;
   throw std::runtime_error("injected failure in backward at step " + std::to_string(step.step) +
                            " (VTRAIN_FAIL_AT_STEP, VTRAIN_FAIL_IN=backward)");
+}
+
+std::optional<SlowdownInjection> SlowdownInjection::from_environment(int rank) {
+  const std::optional<int64_t> step = env_count("VTRAIN_SLOW_AT_STEP");
+  const std::optional<int64_t> only = env_count("VTRAIN_SLOW_RANK");
+  double factor = 2;
+  if (const char* text = std::getenv("VTRAIN_SLOW_FACTOR")) {
+    char* end = nullptr;
+    factor = std::strtod(text, &end);
+    if (end == text || *end != '\0' || !(factor >= 1) || factor > 1e3) {
+      throw std::invalid_argument(std::string("VTRAIN_SLOW_FACTOR: expected a number from 1 to "
+                                              "1000, got '") + text + "'");
+    }
+  }
+  if (!step || (only && *only != rank)) return std::nullopt;
+  return SlowdownInjection(*step, factor);
+}
+
+void SlowdownInjection::on_compute_done(const StepEvent& step, double seconds) {
+  if (step.step < from_step_) return;
+  std::this_thread::sleep_for(std::chrono::duration<double>((factor_ - 1) * seconds));
 }
 
 }  // namespace vtrain::worker

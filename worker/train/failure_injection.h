@@ -8,6 +8,14 @@
 //                             allreduce is launched; where the rank launches
 //                             none (one rank, no samples), at the step's start
 //   VTRAIN_FAIL_IN=start      at the step's start (the default)
+//
+// And a slowdown, for online re-balancing (tests/rebalance_mpi_test.cpp):
+//   VTRAIN_SLOW_AT_STEP=s     from step s (0-based) on, this rank's compute
+//                             takes `factor` times as long: after forward
+//                             and backward it sleeps (factor - 1) times what
+//                             they took, before its compute time is read
+//   VTRAIN_SLOW_RANK=r        only on rank r (unset: on every rank)
+//   VTRAIN_SLOW_FACTOR=f      the factor, a number >= 1 (default 2)
 #pragma once
 
 #include <cstdint>
@@ -35,6 +43,21 @@ class FailureInjection : public TrainObserver {
  private:
   int64_t step_;
   Where where_;
+};
+
+class SlowdownInjection : public TrainObserver {
+ public:
+  SlowdownInjection(int64_t from_step, double factor) : from_step_(from_step), factor_(factor) {}
+
+  // The slowdown the environment asks of `rank`, or nullopt. Throws
+  // std::invalid_argument naming the variable and what was expected.
+  static std::optional<SlowdownInjection> from_environment(int rank);
+
+  void on_compute_done(const StepEvent& step, double seconds) override;
+
+ private:
+  int64_t from_step_;
+  double factor_;
 };
 
 }  // namespace vtrain::worker

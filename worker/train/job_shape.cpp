@@ -25,28 +25,37 @@ void check_data_fits_model(const Graph& graph, const Dataset& train_set) {
 
 }  // namespace
 
+JobShape with_split(const JobShape& job, const std::vector<int64_t>& split) {
+  JobShape out = job;
+  out.split = split;
+  if (static_cast<int>(split.size()) != job.ranks) {
+    throw std::invalid_argument("the batch split has " + std::to_string(split.size()) +
+                                " entries but the job has " + std::to_string(job.ranks) + " ranks");
+  }
+  int64_t split_sum = 0;
+  out.my_offset = 0;
+  for (int r = 0; r < job.ranks; ++r) {
+    if (split[r] < 0) throw std::invalid_argument("negative batch in the split");
+    if (r < job.rank) out.my_offset += split[r];
+    split_sum += split[r];
+  }
+  if (split_sum != job.batch) {
+    throw std::invalid_argument("the batch split sums to " + std::to_string(split_sum) +
+                                " but the batch is " + std::to_string(job.batch));
+  }
+  out.my_batch = split[job.rank];
+  out.eval_chunk = std::max<int64_t>(out.my_batch, std::min<int64_t>(job.batch, 64));
+  return out;
+}
+
 JobShape job_shape(const Graph& graph, const Dataset& train_set, const TrainerOptions& options) {
   check_data_fits_model(graph, train_set);
   JobShape job;
   job.rank = options.comm ? options.comm->rank() : 0;
   job.ranks = options.comm ? options.comm->size() : 1;
   job.batch = options.batch;
-  job.split = options.split.empty() ? balancer::even_split(job.batch, job.ranks) : options.split;
-  if (static_cast<int>(job.split.size()) != job.ranks) {
-    throw std::invalid_argument("the batch split has " + std::to_string(job.split.size()) +
-                                " entries but the job has " + std::to_string(job.ranks) + " ranks");
-  }
-  int64_t split_sum = 0;
-  for (int r = 0; r < job.ranks; ++r) {
-    if (job.split[r] < 0) throw std::invalid_argument("negative batch in the split");
-    if (r < job.rank) job.my_offset += job.split[r];
-    split_sum += job.split[r];
-  }
-  if (split_sum != job.batch) {
-    throw std::invalid_argument("the batch split sums to " + std::to_string(split_sum) +
-                                " but the batch is " + std::to_string(job.batch));
-  }
-  job.my_batch = job.split[job.rank];
+  job = with_split(job, options.split.empty() ? balancer::even_split(job.batch, job.ranks)
+                                              : options.split);
   job.steps_per_epoch = train_set.count / job.batch;
   if (job.steps_per_epoch < 1) {
     throw std::invalid_argument("the training set has " + std::to_string(train_set.count) +
@@ -54,7 +63,6 @@ JobShape job_shape(const Graph& graph, const Dataset& train_set, const TrainerOp
   }
   job.total_steps = job.steps_per_epoch * options.epochs;
   if (options.max_steps > 0) job.total_steps = std::min(job.total_steps, options.max_steps);
-  job.eval_chunk = std::max<int64_t>(job.my_batch, std::min<int64_t>(job.batch, 64));
   return job;
 }
 

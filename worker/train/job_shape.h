@@ -31,4 +31,9 @@ struct JobShape {
 // the batch, a training set smaller than one batch.
 JobShape job_shape(const Graph& graph, const Dataset& train_set, const TrainerOptions& options);
 
+// `job` with another split of the same batch (online re-balancing): this
+// rank's batch, offset and evaluation chunk follow it. Throws
+// std::invalid_argument when it does not match the ranks or the batch.
+JobShape with_split(const JobShape& job, const std::vector<int64_t>& split);
+
 }  // namespace vtrain::worker

@@ -31,6 +31,16 @@ JsonRecord& JsonRecord::add(const std::string& key, double value) {
   return *this;
 }
 
+JsonRecord& JsonRecord::add(const std::string& key, std::span<const double> values) {
+  std::string array = "[";
+  for (double v : values) {
+    if (array.size() > 1) array += ",";
+    array += JsonRecord().add("", v).fields_.back().second;
+  }
+  fields_.emplace_back(key, array + "]");
+  return *this;
+}
+
 JsonRecord& JsonRecord::add(const std::string& key, int64_t value) {
   fields_.emplace_back(key, std::to_string(value));
   return *this;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@ class JsonRecord {
   JsonRecord& add(const std::string& key, double value);
   JsonRecord& add(const std::string& key, int64_t value);
   JsonRecord& add(const std::string& key, int value) { return add(key, static_cast<int64_t>(value)); }
+  JsonRecord& add(const std::string& key, std::span<const double> values);  // a JSON array
   std::string str() const;
 
  private:

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace vtrain::worker {
 
@@ -24,6 +25,32 @@ class TrainObserver {
   // bucket. If it throws, the trainer waits for the allreduces in flight
   // while unwinding, before their buffers are freed.
   virtual void on_bucket_launched(const StepEvent& step) { (void)step; }
+  // After this rank's forward and backward (`seconds` of host time since the
+  // step began), before its compute time is read and it waits for the
+  // gradient exchange: time spent here counts as compute.
+  virtual void on_compute_done(const StepEvent& step, double seconds) {
+    (void)step;
+    (void)seconds;
+  }
+};
+
+// Several observers, called in the order added. Not owned.
+class ObserverList : public TrainObserver {
+ public:
+  void add(TrainObserver* observer) { observers_.push_back(observer); }
+  bool empty() const { return observers_.empty(); }
+  void on_step_start(const StepEvent& step) override {
+    for (TrainObserver* o : observers_) o->on_step_start(step);
+  }
+  void on_bucket_launched(const StepEvent& step) override {
+    for (TrainObserver* o : observers_) o->on_bucket_launched(step);
+  }
+  void on_compute_done(const StepEvent& step, double seconds) override {
+    for (TrainObserver* o : observers_) o->on_compute_done(step, seconds);
+  }
+
+ private:
+  std::vector<TrainObserver*> observers_;
 };
 
 }  // namespace vtrain::worker

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <stdexcept>
@@ -27,6 +28,9 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
+
+// The largest batch this rank's network runs: its share, or an evaluation chunk.
+int64_t network_batch(const JobShape& job) { return std::max(job.my_batch, job.eval_chunk); }
 
 struct Evaluation {
   double loss = 0;
@@ -54,16 +58,18 @@ Evaluation evaluate(Network& net, const Dataset& data, const ChannelStats& norm,
 }
 
 // A rank with no samples still needs a network for the parameter buffers
-// and for its share of the evaluation.
-NetworkOptions network_options(const JobShape& job, const TrainerOptions& options) {
+// and for its share of the evaluation. A network built after the optimizer
+// (a larger batch after a re-balance) finds its state in use already.
+NetworkOptions network_options(const JobShape& job, const TrainerOptions& options,
+                               bool optimizer_allocated = false) {
   NetworkOptions net;
-  net.max_batch = std::max(job.my_batch, job.eval_chunk);
+  net.max_batch = network_batch(job);
   net.conv_algorithm = options.conv_algorithm;
   net.conv_executions = options.conv_executions;
   net.conv_workspace_bytes = options.conv_workspace_bytes;
   net.memory_policy = options.memory_policy;
   net.memory_planner = options.memory_planner;
-  net.optimizer_bytes_per_parameter = Sgd::kStateBytesPerParameter;
+  net.optimizer_bytes_per_parameter = optimizer_allocated ? 0 : Sgd::kStateBytesPerParameter;
   return net;
 }
 
@@ -127,6 +133,8 @@ class Trainer {
   int64_t prepare_network();
   void print_setup();
   void install_bucket_hooks();
+  void switch_split(const SplitSwitch& to);
+  void fit_network_to_batch();
   void restore();
   bool epoch(int64_t epoch);
   StepTotals step(const std::vector<int64_t>& order, int64_t i);
@@ -153,8 +161,8 @@ class Trainer {
   const TrainerOptions& options_;
   Communicator* const comm_;
   TrainObserver* const observer_;
-  const JobShape job_;
-  Network net_;
+  JobShape job_;  // its split changes when the job re-balances
+  std::unique_ptr<Network> net_;
   std::unique_ptr<memory::ChromeTrace> trace_;  // before sgd_: prepare_network() sets it
   Sgd sgd_;
   const LrSchedule schedule_;
@@ -163,9 +171,11 @@ class Trainer {
   const BucketPlan buckets_;
   Staging eval_stage_;
   BatchGatherer gatherer_;
+  Rebalancer rebalancer_;
   TrainResult result_;
   Position at_;        // the next step
   Position resumed_;   // where this run began
+  int64_t net_batch_ = network_batch(job_);  // the largest batch net_ was built for
   double train_seconds_ = 0;
   int64_t timed_images_ = 0;
 };
@@ -181,17 +191,18 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       comm_(options.comm),
       observer_(options.observer),
       job_(job_shape(graph, train_set, options)),
-      net_(graph, backend, network_options(job_, options)),
+      net_(std::make_unique<Network>(graph, backend, network_options(job_, options))),
       sgd_(backend, prepare_network(), options.momentum, options.weight_decay),
       schedule_(schedule_for(job_, options)),
       progress_(leader() ? options.progress : Progress::Mode::kOff),
       metrics_(leader() && !options.metrics_path.empty() ? MetricsFile(options.metrics_path)
                                                          : MetricsFile()),
-      buckets_(plan_buckets(net_.param_ranges(), options.allreduce_bucket)),
+      buckets_(plan_buckets(net_->param_ranges(), options.allreduce_bucket)),
       gatherer_(train_set, norm,
                 options.gather_ahead < 0
                     ? job_.my_batch * train_set.sample.per_sample() >= BatchGatherer::kMinPixels
-                    : options.gather_ahead > 0) {
+                    : options.gather_ahead > 0),
+      rebalancer_(options.rebalance, job_.rank, job_.ranks, job_.batch) {
   // Peak device memory counts from here: what training holds, not the
   // buffers conv.algorithm auto timed its candidates in (freed by now).
   backend_.reset_peak();
@@ -205,23 +216,23 @@ int64_t Trainer::prepare_network() {
   if (!options_.trace_path.empty()) {
     trace_ = std::make_unique<memory::ChromeTrace>(
         job_.rank, format("rank %d (%s)", job_.rank, backend_.device_info().backend.c_str()));
-    net_.set_trace(trace_.get());
+    net_->set_trace(trace_.get());
   }
-  net_.init_parameters(options_.seed);
-  return net_.parameter_count();
+  net_->init_parameters(options_.seed);
+  return net_->parameter_count();
 }
 
 void Trainer::print_setup() {
   const std::string split_text = balancer::join_batches(job_.split);
   progress_.line(format("model: %d layers, %lld parameters; batch %lld (per rank: %s), %lld "
                         "steps/epoch; device memory %s in use (workspace %s)",
-                        graph_.size(), static_cast<long long>(net_.parameter_count()),
+                        graph_.size(), static_cast<long long>(net_->parameter_count()),
                         static_cast<long long>(job_.batch), split_text.c_str(),
                         static_cast<long long>(job_.steps_per_epoch),
                         common::format_mib(backend_.device_bytes_in_use()).c_str(),
-                        common::format_mib(net_.workspace_bytes()).c_str()));
-  for (const std::string& line : net_.algorithm_summary()) progress_.line("  " + line);
-  const MemoryStats m = net_.memory_stats();
+                        common::format_mib(net_->workspace_bytes()).c_str()));
+  for (const std::string& line : net_->algorithm_summary()) progress_.line("  " + line);
+  const MemoryStats m = net_->memory_stats();
   progress_.line(format("memory: policy %s, planner %s; pool %s reserved of %s (%s persistent), "
                         "pinned host %s",
                         m.policy.c_str(), m.planner.c_str(), common::format_mib(m.reservation).c_str(),
@@ -233,11 +244,11 @@ void Trainer::print_setup() {
 // finished its last layer, so communication overlaps the rest of backward.
 void Trainer::install_bucket_hooks() {
   if (!parallel()) return;
-  net_.on_gradients_ready = [this](const ParamRange& r) {
-    const size_t index = static_cast<size_t>(&r - net_.param_ranges().data());
+  net_->on_gradients_ready = [this](const ParamRange& r) {
+    const size_t index = static_cast<size_t>(&r - net_->param_ranges().data());
     const int b = buckets_.launch_after[index];
     if (b < 0) return;
-    comm_->allreduce_async(net_.gradients() + buckets_.buckets[b].offset,
+    comm_->allreduce_async(net_->gradients() + buckets_.buckets[b].offset,
                            buckets_.buckets[b].count);
     if (observer_) observer_->on_bucket_launched(step_event());
   };
@@ -256,8 +267,8 @@ void Trainer::restore() {
     if (auto latest = latest_checkpoint(options_.checkpoint_dir)) {
       path = *latest;
       Checkpoint ckpt = load_checkpoint(path);
-      check_checkpoint_matches(ckpt, path, graph_.signature(), net_.parameter_count(),
-                               net_.buffer_count());
+      check_checkpoint_matches(ckpt, path, graph_.signature(), net_->parameter_count(),
+                               net_->buffer_count());
       check_checkpoint_resumable(ckpt, path, job_.batch, options_.seed);
       params = std::move(ckpt.parameters);
       buffers = std::move(ckpt.buffers);
@@ -276,8 +287,8 @@ void Trainer::restore() {
     comm_->broadcast(velocity, 0);
     comm_->broadcast(position, 0);
   }
-  net_.upload_parameters(params);
-  net_.upload_buffers(buffers);
+  net_->upload_parameters(params);
+  net_->upload_buffers(buffers);
   sgd_.upload_velocity(velocity);
   std::istringstream(position) >> at_.step >> at_.epoch >> at_.in_epoch >>
       result_.resumed_world_size;
@@ -347,25 +358,63 @@ bool Trainer::epoch(int64_t epoch) {
 StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   if (observer_) observer_->on_step_start(step_event());
   const auto start = Clock::now();
+  backend_.begin_compute_span();
   StepTotals totals = job_.my_batch > 0 ? compute(order, i) : contribute_zero_gradients();
+  if (observer_) observer_->on_compute_done(step_event(), seconds_since(start));
+  const double compute_ms = backend_.end_compute_span_ms();
   if (comm_) comm_->wait();
   totals.stop = options_.stop_signal && options_.stop_signal->load() != 0;
+  std::optional<SplitSwitch> to;
   if (parallel()) {
     std::vector<double> sums{totals.loss_sum, totals.correct, totals.stop ? 1.0 : 0.0};
+    rebalancer_.contribute(compute_ms, sums);
     comm_->allreduce_sum(sums);
     totals = {sums[0], sums[1], sums[2] > 0};
+    to = rebalancer_.after_step(std::span<const double>(sums).subspan(3), job_.split, at_.step);
   }
   check_finite(totals.loss_sum / static_cast<double>(job_.batch));
   totals.lr = schedule_.at(at_.step);
-  sgd_.step(net_.parameters(), net_.gradients(), static_cast<float>(totals.lr));
+  sgd_.step(net_->parameters(), net_->gradients(), static_cast<float>(totals.lr));
   ++at_.step;
   const int64_t run_steps = at_.step - resumed_.step;
-  if (trace_ && run_steps == options_.trace_steps) net_.set_trace(nullptr);
+  if (trace_ && run_steps == options_.trace_steps) net_->set_trace(nullptr);
   if (run_steps > 1) {  // the first step also creates every primitive
     train_seconds_ += seconds_since(start);
     timed_images_ += job_.batch;
   }
+  if (to) switch_split(*to);
+  if (const std::string note = rebalancer_.take_note(); !note.empty()) progress_.line(note);
   return totals;
+}
+
+// Every rank takes its new share from the next step on; the global batch,
+// its samples and the loss scale 1/B stay, so the gradient stays the
+// full-batch one.
+void Trainer::switch_split(const SplitSwitch& to) {
+  progress_.line(describe_switch(to, at_.step + 1));
+  metrics_.write(switch_record(to, at_.step + 1));
+  job_ = with_split(job_, to.split);
+  ++result_.rebalances;
+  fit_network_to_batch();
+}
+
+// A share larger than the network was built for needs a new network: the
+// parameters and buffers move over through the host (the optimizer's
+// state lives apart), the old one is freed first so that the device holds
+// one at a time. A smaller share runs on the network as it is.
+void Trainer::fit_network_to_batch() {
+  if (network_batch(job_) <= net_batch_) return;
+  const std::vector<float> params = net_->download_parameters();
+  const std::vector<float> buffers = net_->download_buffers();
+  net_.reset();
+  net_ = std::make_unique<Network>(graph_, backend_, network_options(job_, options_, true));
+  net_->upload_parameters(params);
+  net_->upload_buffers(buffers);
+  if (trace_ && at_.step - resumed_.step < options_.trace_steps) net_->set_trace(trace_.get());
+  install_bucket_hooks();
+  net_batch_ = network_batch(job_);
+  progress_.line(format("rebalance: rebuilt the network for batch %lld",
+                        static_cast<long long>(net_batch_)));
 }
 
 // Forward and backward on this rank's slice of the batch (the gradient
@@ -375,22 +424,22 @@ StepTotals Trainer::compute(const std::vector<int64_t>& order, int64_t i) {
     return std::span<const int64_t>(order).subspan(
         static_cast<size_t>(at * job_.batch + job_.my_offset), static_cast<size_t>(job_.my_batch));
   };
-  upload_staged(net_, gatherer_.take(slice(i)));
+  upload_staged(*net_, gatherer_.take(slice(i)));
   if (i + 1 < job_.steps_per_epoch && at_.step + 1 < job_.total_steps) {
     gatherer_.gather_ahead(slice(i + 1));
   }
-  const LossStats s = net_.train_step(job_.my_batch, 1.0f / static_cast<float>(job_.batch));
+  const LossStats s = net_->train_step(job_.my_batch, 1.0f / static_cast<float>(job_.batch));
   return {s.loss_sum, static_cast<double>(s.correct)};
 }
 
 // No samples: contribute zero gradients to the same allreduces.
 StepTotals Trainer::contribute_zero_gradients() {
-  backend_.fill(Tensor{{{std::max<int64_t>(net_.parameter_count(), 1), 1, 1, 1}},
-                       net_.gradients()},
+  backend_.fill(Tensor{{{std::max<int64_t>(net_->parameter_count(), 1), 1, 1, 1}},
+                       net_->gradients()},
                 0.0f);
   if (parallel()) {
     for (const Bucket& b : buckets_.buckets) {
-      comm_->allreduce_async(net_.gradients() + b.offset, b.count);
+      comm_->allreduce_async(net_->gradients() + b.offset, b.count);
     }
   }
   return {};
@@ -428,7 +477,7 @@ void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
                         ips),
                  log_point);
   if (!log_point) return;
-  const MemoryStats memory = net_.memory_stats();
+  const MemoryStats memory = net_->memory_stats();
   metrics_.write(JsonRecord()
                      .add("event", "step")
                      .add("step", step)
@@ -439,7 +488,9 @@ void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
                      .add("images_per_second", ips)
                      .add("device_bytes", static_cast<int64_t>(backend_.device_bytes_in_use()))
                      .add("memory_step_peak_bytes", static_cast<int64_t>(memory.step_peak))
-                     .add("memory_step_average_bytes", memory.step_average));
+                     .add("memory_step_average_bytes", memory.step_average)
+                     .add("compute_ms", rebalancer_.compute_ms())
+                     .add("split", std::vector<double>(job_.split.begin(), job_.split.end())));
 }
 
 // The epoch's summary line and record, with a test-set evaluation if asked.
@@ -458,7 +509,7 @@ void Trainer::end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_po
                                totals.correct / seen);
   if (options_.evaluate && test_set_.count > 0) {
     share_batch_norm_statistics();
-    const Evaluation e = evaluate(net_, test_set_, norm_, job_.eval_chunk, eval_stage_, comm_);
+    const Evaluation e = evaluate(*net_, test_set_, norm_, job_.eval_chunk, eval_stage_, comm_);
     result_.test_accuracy = e.accuracy;
     result_.test_loss = e.loss;
     record.add("test_loss", e.loss).add("test_accuracy", e.accuracy);
@@ -472,10 +523,10 @@ void Trainer::end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_po
 // Batch-norm running statistics follow each rank's own samples: evaluate
 // every share with rank 0's, as checkpoints do.
 void Trainer::share_batch_norm_statistics() {
-  if (!parallel() || net_.buffer_count() == 0) return;
-  std::vector<float> buffers = net_.download_buffers();
+  if (!parallel() || net_->buffer_count() == 0) return;
+  std::vector<float> buffers = net_->download_buffers();
   comm_->broadcast(buffers, 0);
-  net_.upload_buffers(buffers);
+  net_->upload_buffers(buffers);
 }
 
 void Trainer::checkpoint(const Position& at) {
@@ -493,8 +544,8 @@ void Trainer::checkpoint(const Position& at) {
   ckpt.global_batch = job_.batch;
   ckpt.epoch_sample = at.in_epoch * job_.batch;
   ckpt.split = job_.split;
-  ckpt.parameters = net_.download_parameters();
-  ckpt.buffers = net_.download_buffers();
+  ckpt.parameters = net_->download_parameters();
+  ckpt.buffers = net_->download_buffers();
   ckpt.velocity = sgd_.download_velocity();
   result_.last_checkpoint = save_checkpoint(options_.checkpoint_dir, ckpt, options_.checkpoint_keep);
   progress_.line("checkpoint: wrote " + result_.last_checkpoint);
@@ -508,9 +559,10 @@ void Trainer::finish() {
   result_.images_per_second =
       train_seconds_ > 0 ? static_cast<double>(timed_images_) / train_seconds_ : 0;
   result_.peak_device_bytes = backend_.device_bytes_peak();
-  result_.memory = net_.memory_stats();
+  result_.memory = net_->memory_stats();
+  result_.final_split = job_.split;
   if (trace_) {
-    net_.set_trace(nullptr);
+    net_->set_trace(nullptr);
     std::vector<std::string> parts = parallel()
                                          ? comm_->gather(trace_->events_json(), 0)
                                          : std::vector<std::string>{trace_->events_json()};
@@ -538,7 +590,8 @@ void Trainer::write_end_record() {
       .add("memory_step_average_bytes", r.memory.step_average)
       .add("ranks", static_cast<int64_t>(job_.ranks))
       .add("allreduce_seconds", r.allreduce_seconds)
-      .add("allreduce_exposed_seconds", r.allreduce_exposed_seconds);
+      .add("allreduce_exposed_seconds", r.allreduce_exposed_seconds)
+      .add("rebalances", r.rebalances);
   if (r.test_accuracy >= 0) end.add("test_accuracy", r.test_accuracy).add("test_loss", r.test_loss);
   metrics_.write(end);
 }

@@ -13,6 +13,7 @@
 #include "worker/data/data.h"
 #include "worker/engine/graph.h"
 #include "worker/train/metrics.h"
+#include "worker/train/rebalancer.h"
 #include "worker/train/train_observer.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
@@ -53,6 +54,10 @@ struct TrainerOptions {
   Communicator* comm = nullptr;  // null: a single process
   std::vector<int64_t> split;    // per-rank batch sizes; empty = balancer::even_split(B, ranks)
   uint64_t allreduce_bucket = 4 << 20;  // gradient bytes per allreduce
+  // Online re-balancing of the split (rebalancer.h); without profiles on
+  // rank 0 the split stays, but every rank's compute time per step is still
+  // shared and recorded in the metrics' step records.
+  RebalanceOptions rebalance;
 
   // Checkpoints (rank 0 writes; every rank resumes from the same file).
   std::string checkpoint_dir;    // empty = no checkpoints
@@ -85,6 +90,8 @@ struct TrainResult {
   std::string last_checkpoint;        // newest checkpoint written, if any
   double allreduce_seconds = 0;       // time the communication side spent in allreduces
   double allreduce_exposed_seconds = 0;  // time the step waited for them
+  int64_t rebalances = 0;             // switches of split by online re-balancing
+  std::vector<int64_t> final_split;   // the split of the last step
 };
 
 // Trains `graph` on `backend`, as this rank's part of the job when

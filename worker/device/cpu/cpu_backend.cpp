@@ -148,6 +148,14 @@ Event CpuBackend::record_event(StreamKind stream) {
   return {stream, memory_stream_.record()};
 }
 
+// The compute stream is synchronous: its work is done when the host gets here.
+double CpuBackend::end_compute_span_ms() {
+  if (!span_start_) return 0;
+  const auto elapsed = std::chrono::steady_clock::now() - *span_start_;
+  span_start_.reset();
+  return std::chrono::duration<double, std::milli>(elapsed).count();
+}
+
 void CpuBackend::wait_event(StreamKind stream, const Event& event) {
   if (event.stream == StreamKind::kCompute) return;  // already passed
   if (stream == StreamKind::kCompute) {

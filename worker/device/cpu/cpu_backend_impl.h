@@ -10,10 +10,12 @@
 // created once per (op, shapes, layouts) and cached.
 #pragma once
 
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -137,6 +139,8 @@ class CpuBackend final : public Backend {
   void wait_event(StreamKind stream, const Event& event) override;
   void synchronize(const Event& event) override;
   void synchronize(StreamKind stream) override;
+  void begin_compute_span() override { span_start_ = std::chrono::steady_clock::now(); }
+  double end_compute_span_ms() override;
   void copy_async(void* dst, const void* src, size_t bytes, StreamKind stream) override;
 
   void upload(const float* host, const Tensor& dst) override;
@@ -279,6 +283,8 @@ class CpuBackend final : public Backend {
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream_{engine_};
   common::HostStream memory_stream_;
+  // The compute span's start; unset outside a span.
+  std::optional<std::chrono::steady_clock::time_point> span_start_;
 
   mutable std::mutex alloc_mutex_;
   std::unordered_map<void*, size_t> allocations_;

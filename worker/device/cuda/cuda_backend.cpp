@@ -237,6 +237,34 @@ Event CudaBackend::record_event(StreamKind kind) {
   return {kind, queue.next_ticket++};
 }
 
+void CudaBackend::begin_compute_span() {
+  use_device();
+  auto make = [](CudaEvent& event) {
+    if (event) return;
+    cudaEvent_t raw = nullptr;
+    VTRAIN_CUDA_CHECK(cudaEventCreate(&raw), "begin_compute_span");  // with timing
+    event = CudaEvent(raw, cudaEventDestroy);
+  };
+  make(span_start_);
+  make(span_end_);
+  VTRAIN_CUDA_CHECK(cudaEventRecord(span_start_.get(), stream(StreamKind::kCompute)),
+                    "begin_compute_span");
+  span_open_ = true;
+}
+
+double CudaBackend::end_compute_span_ms() {
+  if (!span_open_) return 0;
+  span_open_ = false;
+  use_device();
+  VTRAIN_CUDA_CHECK(cudaEventRecord(span_end_.get(), stream(StreamKind::kCompute)),
+                    "end_compute_span_ms");
+  VTRAIN_CUDA_CHECK(cudaEventSynchronize(span_end_.get()), "end_compute_span_ms");
+  float ms = 0;
+  VTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, span_start_.get(), span_end_.get()),
+                    "end_compute_span_ms");
+  return ms;
+}
+
 CudaEvent CudaBackend::find_event(const Event& event) {
   std::lock_guard lock(event_mutex_);
   EventQueue& queue = events_[static_cast<int>(event.stream)];

@@ -128,6 +128,8 @@ class CudaBackend final : public Backend {
   void wait_event(StreamKind stream, const Event& event) override;
   void synchronize(const Event& event) override;
   void synchronize(StreamKind stream) override;
+  void begin_compute_span() override;
+  double end_compute_span_ms() override;
   void copy_async(void* dst, const void* src, size_t bytes, StreamKind stream) override;
 
   void upload(const float* host, const Tensor& dst) override;
@@ -278,6 +280,8 @@ class CudaBackend final : public Backend {
 
   std::mutex event_mutex_;
   EventQueue events_[2];  // by StreamKind
+  CudaEvent span_start_, span_end_;  // timing events of the compute span, made on first use
+  bool span_open_ = false;
 
   char* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;

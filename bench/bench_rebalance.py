@@ -1,0 +1,108 @@
+#!/usr/bin/python3
+"""Online re-balancing on one small box (issue 14's figure of part 3).
+
+Three ranks (rank 0 alone on cpu 0, ranks 1 and 2 sharing cpu 1, as in
+bench_hetero.py) train LeNet with balance.split: auto; from step --slow-at
+rank 0's compute takes twice as long (VTRAIN_SLOW_*, the tests' knob). The
+metrics file records every step (train.log_every=1): per-rank compute time
+and split. The script prints throughput in three phases (before the
+slowdown, slowed on the old split, after the switch), each against the
+ideal bound of its phase: the sum over ranks of batch / compute time at
+the measured rates (the exchange left out, so what the bound misses is the
+exposed exchange and the wait for the slowest rank), and writes the
+per-step table for scripts/plot_rebalance.py.
+
+  /usr/bin/python3 bench/bench_rebalance.py [--vtrain build/vtrain] [--out rebalance.jsonl]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+
+from vtrain_metrics import run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read_steps(path):
+    """Step records (with wall time per step from the cumulative img/s) and
+    rebalance records of a metrics file."""
+    steps, switches, prev_t = [], [], None
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if r["event"] == "rebalance":
+                switches.append(r)
+            elif r["event"] == "step" and r.get("compute_ms"):
+                steps.append(r)
+    batch = sum(steps[0]["split"])
+    # images_per_second is cumulative over timed steps (the first is not timed).
+    for i, s in enumerate(steps):
+        t = (s["step"] - 1) * batch / s["images_per_second"] if s["images_per_second"] > 0 else None
+        s["wall_ms"] = 1000 * (t - prev_t) if t is not None and prev_t is not None else None
+        prev_t = t
+    return steps, switches
+
+
+def phase(steps, first, last):
+    """Median achieved and ideal throughput (img/s) over steps [first, last)."""
+    achieved, ideal = [], []
+    for s in steps:
+        if first <= s["step"] < last and s["wall_ms"]:
+            achieved.append(sum(s["split"]) / s["wall_ms"] * 1000)
+            ideal.append(sum(b / c * 1000 for b, c in zip(s["split"], s["compute_ms"]) if b > 0 and c > 0))
+    return statistics.median(achieved), statistics.median(ideal)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vtrain", default=os.path.join(ROOT, "build", "vtrain"))
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "synthetic-lenet.yaml"))
+    ap.add_argument("--batch", type=int, default=96)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--slow-at", type=int, default=200)
+    ap.add_argument("--out", default="rebalance.jsonl", help="the run's metrics file, kept")
+    args = ap.parse_args()
+
+    env = dict(os.environ, OMPI_MCA_btl="self,vader", OMPI_MCA_mpi_yield_when_idle="1",
+               VTRAIN_SLOW_RANK="0", VTRAIN_SLOW_AT_STEP=str(args.slow_at), VTRAIN_SLOW_FACTOR="2")
+    work = tempfile.mkdtemp(prefix="vtrain-rebalance.")
+    rankfile = os.path.join(work, "rankfile")
+    with open(rankfile, "w") as f:
+        f.write("rank 0=localhost slot=0\nrank 1=localhost slot=1\nrank 2=localhost slot=1\n")
+    mpirun = [os.path.join(ROOT, "scripts", "mpirun.sh"), "-np", "3", "--rankfile", rankfile,
+              "--oversubscribe"]
+    metrics = os.path.join(work, "m.jsonl")
+    out = run(mpirun + [args.vtrain, "train", args.config, "--progress", "line", "--metrics", metrics,
+                        "--set", "train.batch=%d" % args.batch, "--set", "train.max_steps=%d" % args.steps,
+                        "--set", "train.epochs=100", "--set", "train.log_every=1",
+                        "--set", "train.evaluate=false", "--set", "device.threads=1",
+                        "--set", "conv.algorithm=direct", "--set", "balance.split=auto",
+                        "--set", "profile.db=" + os.path.join(work, "perf.db"),
+                        "--set", "profile.batches=[8,16,24,32,40,48,56,64,72,80]",
+                        "--set", "balance.granularity=8"], env)
+    for line in out.splitlines():
+        if line.startswith(("plan: split", "rebalance:")):
+            print(line)
+    shutil.copy(metrics, args.out)
+    steps, switches = read_steps(metrics)
+    switch_at = switches[0]["step"] if switches else args.steps + 1
+    phases = [("before the slowdown", 10, args.slow_at),
+              ("slowed, old split", args.slow_at + 1, switch_at),
+              ("after the switch", switch_at + 5, args.steps + 1)]
+    for name, first, last in phases:
+        if last - first < 3:
+            print("%-20s steps %d-%d: too few steps" % (name, first, last - 1))
+            continue
+        a, i = phase(steps, first, last)
+        print("%-20s steps %3d-%3d: %6.0f img/s, ideal bound %6.0f img/s: %3.0f%%"
+              % (name, first, last - 1, a, i, 100 * a / i))
+    if switches:
+        print("re-balanced %d step(s) after the slowdown" % (switches[0]["step"] - 1 - args.slow_at))
+    print("metrics: " + args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+#include "worker/train/rebalancer.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+
+#include "common/text.h"
+
+namespace vtrain::worker {
+namespace {
+
+using common::format;
+
+// The device's predicted compute time at `batch` (its allreduce left out:
+// the measurement stops before the exchange). Throws where the curve does
+// not reach the batch, which a split solved on it never asks.
+double predicted_ms(const balancer::DeviceProfile& device, int64_t batch) {
+  const std::optional<double> t = balancer::step_time_at(device, batch);
+  if (!t) {
+    throw std::logic_error("re-balancing: " + device.name + " has no step time at batch " +
+                           std::to_string(batch));
+  }
+  return *t;
+}
+
+// "0 1.00x, 1 2.03x": per rank, ranks that do not train (ratio 0) left out.
+std::string per_rank_ratios(const std::vector<double>& ratios) {
+  std::string text;
+  for (size_t r = 0; r < ratios.size(); ++r) {
+    if (ratios[r] > 0) text += format("%s%zu %.2fx", text.empty() ? "" : ", ", r, ratios[r]);
+  }
+  return text;
+}
+
+std::vector<double> as_doubles(std::span<const int64_t> values) {
+  return {values.begin(), values.end()};
+}
+
+}  // namespace
+
+Resolved resolve_split(std::vector<balancer::DeviceProfile>& profiles,
+                       std::span<const double> ratios, std::span<const int64_t> current,
+                       int64_t batch, const balancer::BatchSplitOptions& options) {
+  Resolved out;
+  for (size_t r = 0; r < profiles.size(); ++r) {
+    if (ratios[r] > 0) {
+      for (balancer::StepSample& s : profiles[r].steps) s.time_ms *= ratios[r];
+    }
+    if (current[r] > 0) {
+      out.previous_ms = std::max(out.previous_ms,
+                                 predicted_ms(profiles[r], current[r]) + profiles[r].allreduce_ms);
+    }
+  }
+  out.previous_ms += options.allreduce_ms;
+  out.split = balancer::plan_batch_split(profiles, batch, options);
+  return out;
+}
+
+Rebalancer::Rebalancer(RebalanceOptions options, int rank, int ranks, int64_t batch)
+    : options_(std::move(options)),
+      rank_(rank),
+      ranks_(ranks),
+      batch_(batch),
+      detector_(options_.settings.window, options_.settings.patience, options_.settings.threshold),
+      compute_ms_(static_cast<size_t>(ranks), 0.0) {}
+
+bool Rebalancer::deciding() const {
+  return rank_ == 0 && ranks_ > 1 && options_.settings.enabled &&
+         static_cast<int>(options_.profiles.size()) == ranks_;
+}
+
+void Rebalancer::contribute(double compute_ms, std::vector<double>& sums) const {
+  const size_t first = sums.size();
+  sums.resize(first + 2 * static_cast<size_t>(ranks_), 0.0);
+  sums[first + static_cast<size_t>(rank_)] = compute_ms;
+  if (pending_) {
+    for (int r = 0; r < ranks_; ++r) {
+      sums[first + static_cast<size_t>(ranks_ + r)] = static_cast<double>(pending_->split[r]);
+    }
+  }
+}
+
+std::optional<SplitSwitch> Rebalancer::after_step(std::span<const double> slots,
+                                                  const std::vector<int64_t>& split,
+                                                  int64_t step) {
+  compute_ms_.assign(slots.begin(), slots.begin() + ranks_);
+  const std::span<const double> proposal = slots.subspan(static_cast<size_t>(ranks_));
+  if (std::any_of(proposal.begin(), proposal.end(), [](double v) { return v != 0; })) {
+    SplitSwitch s = pending_ ? std::move(*pending_) : SplitSwitch{};
+    pending_.reset();
+    s.split.clear();
+    for (double v : proposal) s.split.push_back(static_cast<int64_t>(v));
+    detector_.reset();  // the next ratios are of the new split
+    return s;
+  }
+  if (deciding() && !pending_) decide(split, step);
+  return std::nullopt;
+}
+
+// Rank 0, after every step: feeds the detector and, when it fires,
+// re-solves; a split that pays becomes the next step's proposal.
+void Rebalancer::decide(const std::vector<int64_t>& split, int64_t step) {
+  std::vector<double> ratios(static_cast<size_t>(ranks_), 0.0);
+  for (int r = 0; r < ranks_; ++r) {
+    if (split[r] > 0) ratios[r] = compute_ms_[r] / std::max(predicted_ms(options_.profiles[r], split[r]), 1e-9);
+  }
+  const bool fired = detector_.add(ratios);
+  if (!calibrated_) {
+    if (detector_.full()) calibrate();
+    return;
+  }
+  if (!fired) return;
+  const std::vector<double> medians = detector_.medians();
+  const double drift = detector_.drift();
+  detector_.reset();
+  // The curves now follow what was measured, whether the split changes or not.
+  const Resolved solved = resolve_split(options_.profiles, medians, split, batch_, options_.split_options);
+  const double gain = solved.previous_ms / std::max(solved.split.step_time_ms, 1e-9) - 1;
+  if (solved.split.batch == split || gain < options_.settings.min_gain) {
+    note_ = format("rebalance: at step %lld the compute times drifted %.0f%% apart, but the "
+                   "re-solved split %s is only %.1f%% faster than %s; keeping it",
+                   static_cast<long long>(step + 1), 100 * drift,
+                   balancer::join_batches(solved.split.batch).c_str(), 100 * std::max(gain, 0.0),
+                   balancer::join_batches(split).c_str());
+    return;
+  }
+  pending_ = SplitSwitch{.split = solved.split.batch,
+                         .previous = split,
+                         .ratios = medians,
+                         .drift = drift,
+                         .previous_ms = solved.previous_ms,
+                         .predicted_ms = solved.split.step_time_ms,
+                         .decided_at = step + 1};
+}
+
+// Scales every training rank's curve by its median ratio over the first
+// window, so that the predictions are of steps in training.
+void Rebalancer::calibrate() {
+  const std::vector<double> medians = detector_.medians();
+  detector_.reset();
+  calibrated_ = true;
+  for (size_t r = 0; r < medians.size(); ++r) {
+    if (medians[r] <= 0) continue;
+    for (balancer::StepSample& s : options_.profiles[r].steps) s.time_ms *= medians[r];
+  }
+  note_ = "rebalance: calibrated the profiled step times to training's, measured / profiled "
+          "per rank " + per_rank_ratios(medians);
+}
+
+std::string Rebalancer::take_note() { return std::exchange(note_, std::string()); }
+
+std::string describe_switch(const SplitSwitch& s, int64_t step) {
+  return format("rebalance: from step %lld, split %s -> %s: measured / predicted compute time "
+                "per rank %s at step %lld (drift %.0f%%); predicted step %.2f ms -> %.2f ms",
+                static_cast<long long>(step), balancer::join_batches(s.previous).c_str(),
+                balancer::join_batches(s.split).c_str(), per_rank_ratios(s.ratios).c_str(),
+                static_cast<long long>(s.decided_at), 100 * s.drift, s.previous_ms,
+                s.predicted_ms);
+}
+
+JsonRecord switch_record(const SplitSwitch& s, int64_t step) {
+  return JsonRecord()
+      .add("event", "rebalance")
+      .add("step", step)
+      .add("decided_at", s.decided_at)
+      .add("split", as_doubles(s.split))
+      .add("previous_split", as_doubles(s.previous))
+      .add("ratios", s.ratios)
+      .add("drift", s.drift)
+      .add("previous_ms", s.previous_ms)
+      .add("predicted_ms", s.predicted_ms);
+}
+
+}  // namespace vtrain::worker
