@@ -27,6 +27,7 @@
 #include "worker/train/checkpoint.h"
 #include "worker/train/metrics.h"
 #include "worker/train/rebalancer.h"
+#include "worker/train/trainer.h"
 
 namespace vtrain::config {
 
@@ -39,6 +40,9 @@ struct ModelConfig {
   // expands it with worker::preset_layers(preset, {shape, classes}).
   std::vector<worker::LayerSpec> layers;
   int64_t classes = 10;                        // model.classes (presets); default data.classes or 10
+  // model.batch_norm: sync (statistics of the global batch when several
+  // ranks train) or local (each rank's own samples)
+  worker::BatchNormMode batch_norm = worker::BatchNormMode::kSync;
 };
 
 struct DataConfig {

@@ -83,6 +83,8 @@ void emit_model(YAML::Emitter& out, const Config& config) {
     for (const auto& layer : config.model.layers) emit_layer(out, layer);
     out << YAML::EndSeq;
   }
+  out << YAML::Key << "batch_norm" << YAML::Value
+      << common::name_of(worker::kBatchNormModeNames, config.model.batch_norm);
   out << YAML::EndMap;
 }
 

@@ -259,7 +259,7 @@ std::vector<worker::LayerSpec> read_layers(const Field& field) {
 
 ModelConfig read_model(const Field& field, const DataConfig& data) {
   const Section section(field);
-  section.allow({"preset", "classes", "layers"});
+  section.allow({"preset", "classes", "layers", "batch_norm"});
   const Field preset = section["preset"];
   const Field layers = section["layers"];
   const Field classes = section["classes"];
@@ -299,6 +299,7 @@ ModelConfig read_model(const Field& field, const DataConfig& data) {
     }
     model.layers = read_layers(layers);
   }
+  if (Field f = section["batch_norm"]) model.batch_norm = to_choice(f, worker::kBatchNormModeNames);
   return model;
 }
 

@@ -205,6 +205,11 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   auto backend = worker::make_backend(backend_options(cfg));
   // Gradients go over NCCL when several ranks train on GPUs, else over MPI.
   const auto gradient_comm = worker::make_gradient_communicator(*backend);
+  // Synchronised batch norm's sums, on host memory, in forward and backward.
+  const auto batch_norm_comm = cfg.model.batch_norm == worker::BatchNormMode::kSync &&
+                                       comm.size() > 1
+                                   ? worker::make_separate_mpi_communicator()
+                                   : nullptr;
 
   if (comm.rank() == 0) {
     std::printf("vtrain %s: %s\n", kVersion, cfg.path.c_str());
@@ -227,6 +232,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   worker::TrainerOptions options = trainer_options(cfg);
   options.trace_path = cli.trace;
   options.comm = gradient_comm.get();
+  options.batch_norm_comm = batch_norm_comm.get();
   options.split = split;
   if (plan) {
     const balancer::RankPlan& mine = plan->ranks[comm.rank()];

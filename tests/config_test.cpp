@@ -29,6 +29,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_EQ(c.model.preset, "lenet");
   EXPECT_TRUE(c.model.layers.empty());
   EXPECT_EQ(c.model.classes, 10);
+  EXPECT_EQ(c.model.batch_norm, worker::BatchNormMode::kSync);
   EXPECT_EQ(c.data.kind, worker::DataKind::kSynthetic);
   EXPECT_EQ(c.data.shape, (worker::Shape{1, 1, 28, 28}));
   EXPECT_EQ(c.data.classes, 10);
@@ -319,6 +320,7 @@ TEST(ConfigTest, OverriddenLayersHaveNoSourceLine) {
 
 TEST(ConfigTest, ToYamlReadsBackToTheSameConfig) {
   const Config a = parse(R"(model:
+  batch_norm: local
   layers:
     - {name: data, type: input}
     - {name: conv1, type: conv, out: 8, kernel: [3, 5], stride: [1, 2], pad: 1, bias: false}
@@ -352,6 +354,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
     EXPECT_EQ(x.bn_eps, y.bn_eps);
     EXPECT_EQ(x.bn_momentum, y.bn_momentum);
   }
+  EXPECT_EQ(b.model.batch_norm, worker::BatchNormMode::kLocal);
   EXPECT_EQ(b.data.shape, a.data.shape);
   EXPECT_EQ(b.data.mean, a.data.mean);
   EXPECT_EQ(b.data.stddev, a.data.stddev);

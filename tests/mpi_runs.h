@@ -22,14 +22,9 @@ class TempDir {
   test_support::TempDir dir_;
 };
 
-// mpirun as users run it on one machine (scripts/mpirun.sh: root allowed,
-// no cross-process copies), with more ranks than cores (a rank waiting in
-// MPI yields its core) over shared memory only.
-inline std::string mpirun(int ranks) {
-  return "env OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 " +
-         test_support::source_dir() + "/scripts/mpirun.sh --oversubscribe -np " +
-         std::to_string(ranks) + " ";
-}
+using test_support::compare;
+using test_support::Difference;
+using test_support::mpirun;
 
 // mpirun for several ranks, nothing for one (a plain process).
 inline std::string launch(int ranks) { return ranks > 1 ? mpirun(ranks) : ""; }
@@ -53,22 +48,6 @@ inline std::vector<float> final_parameters(const std::string& dir) {
   const auto latest = worker::latest_checkpoint(dir);
   if (!latest) return {};
   return worker::load_checkpoint(*latest).parameters;
-}
-
-struct Difference {
-  double max_abs = 0;   // max |a - b|
-  double relative = 0;  // max |a - b| / max |a|: relative to the weights' scale
-};
-
-inline Difference compare(const std::vector<float>& a, const std::vector<float>& b) {
-  Difference d;
-  double scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d.max_abs = std::max(d.max_abs, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
-  }
-  d.relative = scale > 0 ? d.max_abs / scale : d.max_abs;
-  return d;
 }
 
 }  // namespace vtrain::mpi_runs

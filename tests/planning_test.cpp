@@ -39,11 +39,13 @@ balancer::TrainingPlan sample_plan() {
   p.predicted_step_ms = 2.5;
   p.split_ms = 2.25;
   p.even_split_ms = 3.0;
+  p.ideal_step_ms = 2.0;
   balancer::RankPlan r0;
   r0.device = "fast \"gpu\"";
   r0.batch = 8;
   r0.predicted_ms = 2.5;
   r0.workspace_bytes = 4096;
+  r0.activations = balancer::ActivationBytes{100, 20, 3};
   r0.kernels.push_back({"c1", common::ConvKind::kForward, {{"winograd", 4}, {"direct", 4}}, 0, 1024, 1.25});
   r0.kernels.push_back({"c1", common::ConvKind::kBackwardFilter, {{"direct", 8}}, 1024, 3072, 0.5});
   balancer::RankPlan r1;
@@ -64,6 +66,9 @@ TEST(PlanFile, RoundTripsThroughYamlAndDisk) {
   EXPECT_EQ(q.ranks[0].kernels[1].workspace_offset, 1024u);
   ASSERT_TRUE(q.even_split_ms.has_value());
   EXPECT_DOUBLE_EQ(*q.even_split_ms, 3.0);
+  EXPECT_EQ(q.ideal_step_ms, 2.0);
+  EXPECT_EQ(q.ranks[0].activations, (balancer::ActivationBytes{100, 20, 3}));
+  EXPECT_FALSE(q.ranks[1].activations);
   TempDir dir;
   balancer::save_plan(p, dir.path("plan.yaml"));
   EXPECT_EQ(balancer::plan_to_yaml(balancer::load_plan(dir.path("plan.yaml"))), text);
@@ -324,6 +329,78 @@ TEST_F(PlanningTest, MissingMeasurementsAndMismatchesAreClearErrors) {
               worker::plan_split(graph_, *db_, {fast_, none}, 24, {});
             }).find("device never profiled has no step measurements of this model"),
             std::string::npos);
+}
+
+// The joint split: under memory.policy auto a memory-limited device's batch
+// above what fits without offload is a candidate at its plan's (measured)
+// time, and the split uses it where that makes the whole step faster.
+TEST_F(PlanningTest, AMemoryPlanLetsALimitedFastDeviceTakeMore) {
+  worker::PlanDevice fast = fast_;
+  fast.memory_bytes = 10u << 20;  // "none" peaks at b MiB: 4 and 8 fit
+  auto record_auto = [&](const worker::PlanDevice& d, double factor, bool limited) {
+    std::vector<perfdb::StepMeasurement> steps;
+    for (int64_t b : {4, 8, 12, 16, 20, 24}) {
+      perfdb::StepMeasurement s;
+      s.model = graph_.signature();
+      s.batch = b;
+      s.memory_policy = worker::step_policy_key(memory::Policy::kAuto, d.memory_bytes);
+      s.workspace_plan = worker::kProfiledStepPlan;
+      const bool offloads = limited && b > 8;
+      s.time_ms = factor * (1.0 + 0.5 * b) * (offloads ? 1.2 : 1.0);
+      s.peak_device_bytes = offloads ? d.memory_bytes : static_cast<uint64_t>(b) << 20;
+      s.activations = perfdb::ActivationPlacement{static_cast<uint64_t>(b) << 19,
+                                                  offloads ? uint64_t{3} << 20 : 0, 0};
+      steps.push_back(s);
+    }
+    db_->record_step_measurements(d.id, steps);
+  };
+  record_auto(fast, 1.0, true);
+  record_auto(slow_, 2.0, false);
+  const std::vector<worker::PlanDevice> devices{fast, slow_};
+  const balancer::BatchSplitOptions options{.granularity = 4};
+
+  // Without a memory plan the fast device holds 8: 8 + 16 gives 5 and 18.
+  const auto excluded = worker::plan_split(graph_, *db_, devices, 24, options);
+  EXPECT_EQ(excluded.batch, (std::vector<int64_t>{8, 16}));
+  EXPECT_DOUBLE_EQ(excluded.step_time_ms, 18.0);
+  // With it, 16 + 8: 9 x 1.2 = 10.8 and 10.
+  const worker::StepPricing joint{{}, memory::Policy::kAuto};
+  const auto split = worker::plan_split(graph_, *db_, devices, 24, options, joint);
+  EXPECT_EQ(split.batch, (std::vector<int64_t>{16, 8}));
+  EXPECT_DOUBLE_EQ(split.step_time_ms, 10.8);
+
+  const balancer::TrainingPlan plan = worker::plan_workspaces(graph_, *db_, devices, split, joint);
+  // The plan predicts what the split was chosen on, and says where each
+  // rank's activations go at its batch.
+  EXPECT_DOUBLE_EQ(plan.predicted_step_ms, 10.8);
+  EXPECT_DOUBLE_EQ(plan.ranks[0].predicted_ms, 10.8);
+  EXPECT_EQ(plan.ranks[0].activations, (balancer::ActivationBytes{8u << 20, 3u << 20, 0}));
+  EXPECT_EQ(plan.ranks[1].activations, (balancer::ActivationBytes{4u << 20, 0, 0}));
+  // Ideal: each device's best samples per ms, the fast one's at 8 (8 / 5,
+  // above 8 offloading costs more than the batch gains), the slow one's at 24.
+  ASSERT_TRUE(plan.ideal_step_ms);
+  EXPECT_NEAR(*plan.ideal_step_ms, 24.0 / (8.0 / 5.0 + 24.0 / 26.0), 1e-9);
+  const std::string text = worker::describe_plan(plan);
+  EXPECT_NE(text.find("memory: activations kept 8.0 MiB, offloaded 3.0 MiB, recomputed 0.0 MiB"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("% of the ideal bound"), std::string::npos) << text;
+}
+
+// A workspace limit changes the kernels: the split is chosen on the
+// limited kernels' times, and the plan predicts exactly that.
+TEST_F(PlanningTest, TheSplitPricesTheWorkspacePlanAndThePlanPredictsIt) {
+  const std::vector<worker::PlanDevice> devices{fast_, slow_};
+  const worker::StepPricing limited{{balancer::WorkspacePolicy::kWr, 4096}, memory::Policy::kNone};
+  const auto unlimited = worker::plan_split(graph_, *db_, devices, 24, {.granularity = 4});
+  const auto split = worker::plan_split(graph_, *db_, devices, 24, {.granularity = 4}, limited);
+  // Winograd within 4 KiB runs in calls of 4 at most: slower than undivided.
+  EXPECT_GT(split.step_time_ms, unlimited.step_time_ms);
+  const balancer::TrainingPlan plan = worker::plan_workspaces(graph_, *db_, devices, split, limited);
+  EXPECT_DOUBLE_EQ(plan.predicted_step_ms, split.step_time_ms);
+  for (size_t r = 0; r < devices.size(); ++r) {
+    EXPECT_DOUBLE_EQ(plan.ranks[r].predicted_ms, split.time_ms[r]);
+  }
 }
 
 }  // namespace

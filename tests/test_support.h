@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -21,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace vtrain::test_support {
 
@@ -110,6 +113,31 @@ inline RunResult run_vtrain(const std::string& args) {
   RunResult r;
   r.exit_code = run_command(vtrain_binary() + " " + args, &r.output);
   return r;
+}
+
+// mpirun as users run it on one machine (scripts/mpirun.sh: root allowed,
+// no cross-process copies), with more ranks than cores (a rank waiting in
+// MPI yields its core) over shared memory only; prefix a command with it.
+inline std::string mpirun(int ranks) {
+  return "env OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 " + source_dir() +
+         "/scripts/mpirun.sh --oversubscribe -np " + std::to_string(ranks) + " ";
+}
+
+// How far two runs' weights (or other float arrays of one size) differ.
+struct Difference {
+  double max_abs = 0;   // max |a - b|
+  double relative = 0;  // max |a - b| / max |a|: relative to the weights' scale
+};
+
+inline Difference compare(const std::vector<float>& a, const std::vector<float>& b) {
+  Difference d;
+  double scale = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    d.max_abs = std::max(d.max_abs, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
+  }
+  d.relative = scale > 0 ? d.max_abs / scale : d.max_abs;
+  return d;
 }
 
 // The whole contents of a file; empty when it cannot be read.

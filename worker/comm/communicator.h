@@ -42,8 +42,9 @@ class Communicator {
   [[noreturn]] virtual void abort(int code) = 0;
 };
 
-// Initialises MPI for the process (thread level "serialized": one thread at
-// a time calls MPI, which the communicator guarantees) and finalises it on
+// Initialises MPI for the process (thread level "multiple" where the library
+// offers it, else at least "serialized": one thread at a time calls MPI on a
+// communicator, which each communicator guarantees) and finalises it on
 // destruction. Works without mpirun (a singleton world of size 1).
 class MpiRuntime {
  public:
@@ -62,6 +63,12 @@ class MpiRuntime {
 // A communicator over MPI_COMM_WORLD for host-addressable device memory
 // (the CPU backend). Requires a live MpiRuntime.
 std::unique_ptr<Communicator> make_mpi_communicator();
+// The same over an MPI communicator of its own (a duplicate of the world),
+// so that its collectives may run on one thread while another
+// communicator's run on another (synchronised batch norm in backward beside
+// the gradient allreduces). Collective. Throws when the MPI library lacks
+// MPI_THREAD_MULTIPLE.
+std::unique_ptr<Communicator> make_separate_mpi_communicator();
 
 class Backend;
 

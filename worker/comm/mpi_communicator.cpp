@@ -22,9 +22,10 @@ void check(int rc, const char* what) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator() {
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  // Over `comm`, which the communicator frees on destruction when `owned`.
+  MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
   }
   ~MpiCommunicator() override {
     try {
@@ -32,7 +33,12 @@ class MpiCommunicator final : public Communicator {
     } catch (...) {
       // Destruction during error handling: the error was reported already.
     }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned_ && !finalized) MPI_Comm_free(&comm_);
   }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
@@ -44,7 +50,7 @@ class MpiCommunicator final : public Communicator {
       constexpr int64_t kChunk = int64_t{1} << 30;
       for (int64_t done = 0; done < count; done += kChunk) {
         const int n = static_cast<int>(std::min(kChunk, count - done));
-        check(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
+        check(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, comm_),
               "Allreduce");
       }
       allreduce_seconds_ +=
@@ -62,33 +68,33 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(std::vector<double>& values) override {
     if (size_ == 1) return;
     check(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE,
-                        MPI_SUM, MPI_COMM_WORLD),
+                        MPI_SUM, comm_),
           "Allreduce");
   }
   void broadcast(std::vector<float>& values, int root) override {
     if (size_ == 1) return;
     uint64_t count = values.size();
-    check(MPI_Bcast(&count, 1, MPI_UINT64_T, root, MPI_COMM_WORLD), "Bcast");
+    check(MPI_Bcast(&count, 1, MPI_UINT64_T, root, comm_), "Bcast");
     values.resize(count);
     constexpr uint64_t kChunk = uint64_t{1} << 30;
     for (uint64_t done = 0; done < count; done += kChunk) {
       check(MPI_Bcast(values.data() + done, static_cast<int>(std::min(kChunk, count - done)),
-                      MPI_FLOAT, root, MPI_COMM_WORLD),
+                      MPI_FLOAT, root, comm_),
             "Bcast");
     }
   }
   void broadcast(std::string& text, int root) override {
     if (size_ == 1) return;
     uint64_t length = text.size();
-    check(MPI_Bcast(&length, 1, MPI_UINT64_T, root, MPI_COMM_WORLD), "Bcast");
+    check(MPI_Bcast(&length, 1, MPI_UINT64_T, root, comm_), "Bcast");
     text.resize(length);
-    check(MPI_Bcast(text.data(), static_cast<int>(length), MPI_CHAR, root, MPI_COMM_WORLD), "Bcast");
+    check(MPI_Bcast(text.data(), static_cast<int>(length), MPI_CHAR, root, comm_), "Bcast");
   }
   std::vector<std::string> gather(const std::string& text, int root) override {
     if (size_ == 1) return {text};
     int length = static_cast<int>(text.size());
     std::vector<int> lengths(rank_ == root ? size_ : 0);
-    check(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, MPI_COMM_WORLD),
+    check(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm_),
           "Gather");
     std::vector<int> offsets(lengths.size(), 0);
     int total = 0;
@@ -98,19 +104,21 @@ class MpiCommunicator final : public Communicator {
     }
     std::string all(static_cast<size_t>(total), '\0');
     check(MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
-                      MPI_CHAR, root, MPI_COMM_WORLD),
+                      MPI_CHAR, root, comm_),
           "Gatherv");
     std::vector<std::string> out;
     for (size_t i = 0; i < lengths.size(); ++i) out.push_back(all.substr(offsets[i], lengths[i]));
     return out;
   }
-  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "Barrier"); }
+  void barrier() override { check(MPI_Barrier(comm_), "Barrier"); }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);  // MPI_Abort does not return; be certain
   }
 
  private:
+  MPI_Comm comm_;
+  bool owned_;
   int rank_ = 0;
   int size_ = 1;
   common::HostStream thread_;  // the communication thread
@@ -122,7 +130,9 @@ class MpiCommunicator final : public Communicator {
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   int provided = 0;
-  check(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "Init_thread");
+  // Multiple if the library offers it: make_separate_mpi_communicator's
+  // collectives run beside another communicator's on another thread.
+  check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "Init_thread");
   if (provided < MPI_THREAD_SERIALIZED) {
     MPI_Finalize();
     throw std::runtime_error("this MPI library does not support MPI_THREAD_SERIALIZED");
@@ -135,7 +145,24 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
 
 MpiRuntime::~MpiRuntime() { MPI_Finalize(); }
 
-std::unique_ptr<Communicator> make_mpi_communicator() { return std::make_unique<MpiCommunicator>(); }
+std::unique_ptr<Communicator> make_mpi_communicator() {
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false);
+}
+
+std::unique_ptr<Communicator> make_separate_mpi_communicator() {
+  int provided = 0;
+  check(MPI_Query_thread(&provided), "Query_thread");
+  if (provided < MPI_THREAD_MULTIPLE) {
+    throw std::runtime_error(
+        "this MPI library does not support MPI_THREAD_MULTIPLE, which a second communicator "
+        "used beside the gradient allreduces needs (model.batch_norm: sync with several ranks; "
+        "model.batch_norm: local does without)");
+  }
+  MPI_Comm comm = MPI_COMM_NULL;
+  check(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "Comm_dup");
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  return std::make_unique<MpiCommunicator>(comm, true);
+}
 
 void abort_job_if_parallel(int code) {
   int initialized = 0, finalized = 0;

@@ -235,6 +235,27 @@ class Backend {
                                    const Tensor& dx, float* dscale_shift, float beta,
                                    float eps) = 0;
 
+  // Synchronised batch norm: the statistics of a batch split over ranks,
+  // from per-rank sums that the caller adds up across ranks between calls.
+  // Normalising with the global mean and variance is
+  // batch_norm_forward_inference with them in place of the running ones.
+  // Per channel c of x, over N, H, W, accumulated in double: sums[c] = sum
+  // of x, sums[C + c] = sum of x^2. Synchronises; returns 2C values.
+  virtual std::vector<double> batch_norm_sums(const Tensor& x) = 0;
+  // Per channel, with xhat = (x - mean) / sqrt(var + eps): sums[c] = sum of
+  // dy, sums[C + c] = sum of dy * xhat (d beta and d gamma of this batch).
+  // dy has x's descriptor. Synchronises; returns 2C values.
+  virtual std::vector<double> batch_norm_backward_sums(const Tensor& x, const Tensor& dy,
+                                                       const float* mean, const float* var,
+                                                       float eps) = 0;
+  // dx = gamma / sqrt(var + eps) * (dy - dy_means[c] - xhat * dy_means[C + c]),
+  // where dy_means holds the global batch's mean of dy and of dy * xhat per
+  // channel (2C floats of device memory). x, dy and dx share a descriptor.
+  virtual void batch_norm_backward_data(const Tensor& x, const Tensor& dy,
+                                        const float* scale_shift, const float* mean,
+                                        const float* var, const float* dy_means,
+                                        const Tensor& dx, float eps) = 0;
+
   // y = a + b (any layouts; y may alias a or b).
   virtual void add(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
   // y = x + beta * y, for accumulating gradients of tensors with several consumers.
@@ -272,6 +293,7 @@ class Backend {
                                        const TensorDesc& y) = 0;
   // The three inner-product calls with weights {out, x.c, x.h, x.w}.
   virtual size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) = 0;
+  // Every batch-norm op above, the synchronised ones included.
   virtual size_t batch_norm_scratch_bytes(const TensorDesc& x, float eps) = 0;
   // add(a, b, y); accumulate(x, y, beta) needs add_scratch_bytes(y, x, y).
   virtual size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,

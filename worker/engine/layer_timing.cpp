@@ -197,7 +197,7 @@ class LayerBench {
         needs_(layer_needs(graph, i, layer, out_desc, n, plan_workspace_bytes)),
         blocks_(backend, "layer '" + layer.spec().name + "' at batch " + std::to_string(n),
                 needs_.total()),
-        call_{backend, n, {}, {}, {}, nullptr, needs_.workspace, {}, {}, {}, {}} {
+        call_{backend, n, {}, {}, {}, nullptr, needs_.workspace, {}, {}, {}, {}, {}} {
     allocate();
     call_.emit_grad = [this](int k, bool can_add,
                              const std::function<void(const Tensor&, float)>& op) {

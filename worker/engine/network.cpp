@@ -177,6 +177,15 @@ LossStats Network::train_step(int64_t n, float loss_scale) {
   return interpreter_->train_step(n, loss_scale);
 }
 
+void Network::train_without_samples() {
+  if (!options_.sum_over_ranks) return;
+  const int layers = static_cast<int>(layers_.size());
+  for (int i = 0; i < layers; ++i) layers_[i]->train_without_samples(options_.sum_over_ranks, false);
+  for (int i = layers - 1; i >= 0; --i) {
+    layers_[i]->train_without_samples(options_.sum_over_ranks, true);
+  }
+}
+
 LossStats Network::evaluate(int64_t n) { return interpreter_->evaluate(n); }
 
 size_t Network::workspace_bytes() const { return interpreter_->shared_workspace().second; }

@@ -35,6 +35,7 @@
 #include "worker/device/backend.h"
 #include "worker/engine/conv_kernel.h"
 #include "worker/engine/graph.h"
+#include "worker/engine/layers/layer.h"
 
 namespace vtrain::worker {
 
@@ -73,6 +74,10 @@ struct NetworkOptions {
   memory::StepCosts memory_costs;
   bool poison_freed = false;   // tests: fill released memory with NaN so a read after
                                // release changes the results
+  // model.batch_norm: sync over several ranks: how batch norm adds up its
+  // statistics over the ranks in training steps (a collective of its own,
+  // see LayerCall). Null: each rank normalises its own samples.
+  SumOverRanks sum_over_ranks;
 };
 
 // What the memory part is doing for a network.
@@ -136,6 +141,11 @@ class Network {
   // overwritten (not accumulated across steps). on_gradients_ready, if set,
   // is called during backward once a layer's parameter gradients are final.
   LossStats train_step(int64_t n, float loss_scale);
+  // A training step in which this rank has no samples: with
+  // sum_over_ranks, makes the collectives the other ranks' train_step makes
+  // (forward in graph order, then backward in reverse, as every schedule
+  // runs them), contributing nothing; nothing without it.
+  void train_without_samples();
   // Forward in inference mode (batch norm uses running statistics).
   LossStats evaluate(int64_t n);
 

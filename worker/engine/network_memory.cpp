@@ -220,6 +220,7 @@ void Network::plan_memory() {
   run_options.capacity_note = where;
   run_options.planned_convs = !options_.conv_executions.empty();
   run_options.plan_workspace_bytes = options_.conv_workspace_bytes;
+  run_options.sum_over_ranks = options_.sum_over_ranks;
   interpreter_ = std::make_unique<ScheduleInterpreter>(graph_, backend_, layers_, out_desc_, model_,
                                                        schedule_, simulation, run_options);
   fixed.host_reservation = interpreter_->host_reservation();

@@ -162,7 +162,7 @@ std::pair<void*, size_t> ScheduleInterpreter::workspace_for(int i, bool backward
 
 LayerCall ScheduleInterpreter::forward_call(int i, int64_t n) {
   const auto [ws, ws_bytes] = workspace_for(i, false);
-  LayerCall call{backend_, n, {}, view(i, output(i), n), {}, ws, ws_bytes, {}, {}, {}, {}};
+  LayerCall call{backend_, n, {}, view(i, output(i), n), {}, ws, ws_bytes, {}, {}, {}, {}, {}};
   for (int in : graph_.inputs(i)) call.in.push_back(view(in, output(in), n));
   return call;
 }
@@ -199,7 +199,7 @@ void ScheduleInterpreter::backward_layer(int i, int64_t n) {
   const auto [ws, ws_bytes] = workspace_for(i, true);
   float* dy = static_cast<float*>(slot(TensorKind::kGradient, i));
   LayerCall call{backend_, n, {}, view(i, output(i), n), view(i, dy, n), ws, ws_bytes,
-                 {}, {}, {}, {}};
+                 {}, {}, {}, {}, {}};
   for (int in : inputs) call.in.push_back(view(in, output(in), n));
   call.emit_grad = [&](int k, bool can_add, const std::function<void(const Tensor&, float)>& op) {
     emit_grad(i, k, n, can_add, op);
@@ -209,6 +209,7 @@ void ScheduleInterpreter::backward_layer(int i, int64_t n) {
   call.gradients_ready = [&] {
     if (on_layer_gradients_ready) on_layer_gradients_ready(i);
   };
+  call.sum_over_ranks = options_.sum_over_ranks;
   layers_[i]->backward(call);
 }
 
@@ -269,6 +270,7 @@ void ScheduleInterpreter::run_layer_call(const ScheduleEvent& e, const std::stri
   const int i = e.tensor.layer;
   if (e.op == Op::kForward) {
     LayerCall call = forward_call(i, n);
+    if (training) call.sum_over_ranks = options_.sum_over_ranks;
     layers_[i]->forward(call, training);
   } else if (e.op == Op::kRecompute) {
     LayerCall call = forward_call(i, n);

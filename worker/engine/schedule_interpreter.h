@@ -30,6 +30,8 @@ struct ScheduleInterpreterOptions {
   bool planned_convs = false;          // a plan's conv executions: the layers' workspace
                                        // is persistent "conv_workspace"
   uint64_t plan_workspace_bytes = 0;   // its size
+  SumOverRanks sum_over_ranks;         // given to training forward and backward calls
+                                       // (NetworkOptions::sum_over_ranks)
 };
 
 class ScheduleInterpreter {

@@ -70,6 +70,9 @@ NetworkOptions network_options(const JobShape& job, const TrainerOptions& option
   net.memory_policy = options.memory_policy;
   net.memory_planner = options.memory_planner;
   net.optimizer_bytes_per_parameter = optimizer_allocated ? 0 : Sgd::kStateBytesPerParameter;
+  if (Communicator* comm = options.batch_norm_comm; comm != nullptr && job.ranks > 1) {
+    net.sum_over_ranks = [comm](std::vector<double>& values) { comm->allreduce_sum(values); };
+  }
   return net;
 }
 
@@ -232,6 +235,11 @@ void Trainer::print_setup() {
                         common::format_mib(backend_.device_bytes_in_use()).c_str(),
                         common::format_mib(net_->workspace_bytes()).c_str()));
   for (const std::string& line : net_->algorithm_summary()) progress_.line("  " + line);
+  if (parallel() && options_.batch_norm_comm != nullptr && net_->buffer_count() > 0) {
+    progress_.line(format("batch norm: synchronised, statistics of the global batch of %lld "
+                          "over %d ranks",
+                          static_cast<long long>(job_.batch), job_.ranks));
+  }
   const MemoryStats m = net_->memory_stats();
   progress_.line(format("memory: policy %s, planner %s; pool %s reserved of %s (%s persistent), "
                         "pinned host %s",
@@ -432,8 +440,10 @@ StepTotals Trainer::compute(const std::vector<int64_t>& order, int64_t i) {
   return {s.loss_sum, static_cast<double>(s.correct)};
 }
 
-// No samples: contribute zero gradients to the same allreduces.
+// No samples: take part in synchronised batch norm's collectives, and
+// contribute zero gradients to the same allreduces.
 StepTotals Trainer::contribute_zero_gradients() {
+  net_->train_without_samples();
   backend_.fill(Tensor{{{std::max<int64_t>(net_->parameter_count(), 1), 1, 1, 1}},
                        net_->gradients()},
                 0.0f);
@@ -520,8 +530,9 @@ void Trainer::end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_po
   metrics_.write(record);
 }
 
-// Batch-norm running statistics follow each rank's own samples: evaluate
-// every share with rank 0's, as checkpoints do.
+// With model.batch_norm: local, batch-norm running statistics follow each
+// rank's own samples: evaluate every share with rank 0's, as checkpoints
+// do. (Synchronised, every rank's are the same already.)
 void Trainer::share_batch_norm_statistics() {
   if (!parallel() || net_->buffer_count() == 0) return;
   std::vector<float> buffers = net_->download_buffers();
@@ -531,8 +542,9 @@ void Trainer::share_batch_norm_statistics() {
 
 void Trainer::checkpoint(const Position& at) {
   if (options_.checkpoint_dir.empty()) return;
-  // Batch-norm running statistics follow each rank's own samples; the
-  // checkpoint (like evaluation) uses rank 0's.
+  // Batch-norm running statistics: every rank's are the same when
+  // synchronised, else each rank's follow its own samples; the checkpoint
+  // (like evaluation) uses rank 0's.
   if (!leader()) return;
   Checkpoint ckpt;
   ckpt.model_signature = graph_.signature();

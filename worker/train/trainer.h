@@ -2,12 +2,14 @@
 // progress and metrics.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "balancer/batch_split.h"
+#include "common/name_table.h"
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/data/data.h"
@@ -19,6 +21,14 @@
 #include "worker/engine/optimizer.h"
 
 namespace vtrain::worker {
+
+// model.batch_norm in the config: kSync normalises with the statistics of
+// the whole global batch whatever the split (the same as kLocal on one
+// rank); kLocal with each rank's own samples (PyTorch DDP without
+// SyncBatchNorm).
+enum class BatchNormMode { kSync, kLocal };
+inline constexpr auto kBatchNormModeNames = std::to_array<common::Named<BatchNormMode>>(
+    {{BatchNormMode::kSync, "sync"}, {BatchNormMode::kLocal, "local"}});
 
 struct TrainerOptions {
   int64_t batch = 64;            // global mini-batch B
@@ -58,6 +68,12 @@ struct TrainerOptions {
   // rank 0 the split stays, but every rank's compute time per step is still
   // shared and recorded in the metrics' step records.
   RebalanceOptions rebalance;
+  // model.batch_norm: sync with several ranks: batch norm normalises with
+  // the global batch's statistics, added up over this communicator (over
+  // the same ranks as comm, but a communicator of its own: its collectives
+  // run in forward and backward while comm's allreduces are in flight).
+  // Null: each rank normalises its own samples (local).
+  Communicator* batch_norm_comm = nullptr;
 
   // Checkpoints (rank 0 writes; every rank resumes from the same file).
   std::string checkpoint_dir;    // empty = no checkpoints

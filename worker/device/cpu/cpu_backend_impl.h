@@ -190,6 +190,13 @@ class CpuBackend final : public Backend {
   void batch_norm_backward(const Tensor& x, const Tensor& dy, const float* scale_shift,
                            const float* save_mean, const float* save_var, const Tensor& dx,
                            float* dscale_shift, float beta, float eps) override;
+  std::vector<double> batch_norm_sums(const Tensor& x) override;
+  std::vector<double> batch_norm_backward_sums(const Tensor& x, const Tensor& dy,
+                                               const float* mean, const float* var,
+                                               float eps) override;
+  void batch_norm_backward_data(const Tensor& x, const Tensor& dy, const float* scale_shift,
+                                const float* mean, const float* var, const float* dy_means,
+                                const Tensor& dx, float eps) override;
   void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
   void accumulate(const Tensor& x, const Tensor& y, float beta) override;
   void concat_forward(std::span<const Tensor> xs, const Tensor& y) override;

@@ -2,6 +2,7 @@
 #include "worker/device/cpu/cpu_backend_impl.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace vtrain::worker::cpu {
 
@@ -128,5 +129,112 @@ void CpuBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const fl
   }
 }
 
+// ------------------------------------------------ synchronised batch norm
+//
+// Plain loops: oneDNN's batch normalisation gives neither the per-channel
+// sums (its statistics are float means and variances of the local batch)
+// nor a backward from global sums (with use_global_stats its dx treats the
+// statistics as constants). Each channel is summed by one thread in a fixed
+// order, so the sums do not depend on the thread count.
+
+namespace {
+
+// Where channel c of sample n starts in a tensor of `d`, and the stride
+// between its h * w elements (the channel block: 1 when plain).
+struct ChannelRun {
+  int64_t block, padded, hw;
+  explicit ChannelRun(const TensorDesc& d)
+      : block(channel_block(d.layout)),
+        padded((d.shape.c + block - 1) / block * block),
+        hw(d.shape.h * d.shape.w) {}
+  int64_t start(int64_t n, int64_t c) const {
+    return (n * padded + c / block * block) * hw + c % block;
+  }
+};
+
+void check_same(const char* op, const Tensor& x, const Tensor& other, const char* name) {
+  if (!(x.desc == other.desc)) {
+    throw BackendError(std::string(op) + ": " + name + " " + other.shape().str() + " (" +
+                       layout_name(other.desc.layout) + ") must have x's descriptor " +
+                       x.shape().str() + " (" + layout_name(x.desc.layout) + ")");
+  }
+}
+
+}  // namespace
+
+std::vector<double> CpuBackend::batch_norm_sums(const Tensor& x) {
+  const Shape& s = x.shape();
+  const ChannelRun run(x.desc);
+  std::vector<double> sums(2 * static_cast<size_t>(s.c), 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < s.c; ++c) {
+    double sum = 0, squares = 0;
+    for (int64_t n = 0; n < s.n; ++n) {
+      const float* p = x.data + run.start(n, c);
+      for (int64_t k = 0; k < run.hw; ++k) {
+        const double v = p[k * run.block];
+        sum += v;
+        squares += v * v;
+      }
+    }
+    sums[c] = sum;
+    sums[s.c + c] = squares;
+  }
+  return sums;
+}
+
+std::vector<double> CpuBackend::batch_norm_backward_sums(const Tensor& x, const Tensor& dy,
+                                                         const float* mean, const float* var,
+                                                         float eps) {
+  check_same("batch_norm_backward_sums", x, dy, "dy");
+  const Shape& s = x.shape();
+  const ChannelRun run(x.desc);
+  std::vector<double> sums(2 * static_cast<size_t>(s.c), 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < s.c; ++c) {
+    const float inv_std = 1.0f / std::sqrt(var[c] + eps);
+    double sum = 0, dot = 0;
+    for (int64_t n = 0; n < s.n; ++n) {
+      const int64_t at = run.start(n, c);
+      for (int64_t k = 0; k < run.hw; ++k) {
+        const int64_t i = at + k * run.block;
+        sum += dy.data[i];
+        dot += static_cast<double>(dy.data[i]) * ((x.data[i] - mean[c]) * inv_std);
+      }
+    }
+    sums[c] = sum;
+    sums[s.c + c] = dot;
+  }
+  return sums;
+}
+
+void CpuBackend::batch_norm_backward_data(const Tensor& x, const Tensor& dy,
+                                          const float* scale_shift, const float* mean,
+                                          const float* var, const float* dy_means,
+                                          const Tensor& dx, float eps) {
+  check_same("batch_norm_backward_data", x, dy, "dy");
+  check_same("batch_norm_backward_data", x, dx, "dx");
+  const Shape& s = x.shape();
+  const ChannelRun run(x.desc);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < s.n; ++n) {
+    for (int64_t c = 0; c < s.c; ++c) {
+      const float inv_std = 1.0f / std::sqrt(var[c] + eps);
+      const float gain = scale_shift[c] * inv_std;
+      const int64_t at = run.start(n, c);
+      for (int64_t k = 0; k < run.hw; ++k) {
+        const int64_t i = at + k * run.block;
+        const float xhat = (x.data[i] - mean[c]) * inv_std;
+        dx.data[i] = gain * (dy.data[i] - dy_means[c] - xhat * dy_means[s.c + c]);
+      }
+    }
+  }
+  // oneDNN reads blocked layouts' padding channels as zeros.
+  for (int64_t n = 0; n < s.n; ++n) {
+    for (int64_t c = s.c; c < run.padded; ++c) {
+      for (int64_t k = 0; k < run.hw; ++k) dx.data[run.start(n, c) + k * run.block] = 0.0f;
+    }
+  }
+}
 
 }  // namespace vtrain::worker::cpu

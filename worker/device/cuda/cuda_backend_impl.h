@@ -175,6 +175,13 @@ class CudaBackend final : public Backend {
   void batch_norm_backward(const Tensor& x, const Tensor& dy, const float* scale_shift,
                            const float* save_mean, const float* save_var, const Tensor& dx,
                            float* dscale_shift, float beta, float eps) override;
+  std::vector<double> batch_norm_sums(const Tensor& x) override;
+  std::vector<double> batch_norm_backward_sums(const Tensor& x, const Tensor& dy,
+                                               const float* mean, const float* var,
+                                               float eps) override;
+  void batch_norm_backward_data(const Tensor& x, const Tensor& dy, const float* scale_shift,
+                                const float* mean, const float* var, const float* dy_means,
+                                const Tensor& dx, float eps) override;
   void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
   void accumulate(const Tensor& x, const Tensor& y, float beta) override;
   void concat_forward(std::span<const Tensor> xs, const Tensor& y) override;
@@ -194,7 +201,7 @@ class CudaBackend final : public Backend {
   }
   size_t inner_product_scratch_bytes(const TensorDesc&, int64_t, bool) override { return 0; }
   size_t batch_norm_scratch_bytes(const TensorDesc& x, float) override {
-    return bn_inverse_std_bytes(x.shape.c);
+    return std::max(bn_inverse_std_bytes(x.shape.c), bn_sums_bytes(x.shape.c));
   }
   size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
                            const TensorDesc& y) override {
@@ -214,6 +221,13 @@ class CudaBackend final : public Backend {
   static size_t bn_inverse_std_bytes(int64_t channels) {
     return static_cast<size_t>(channels) * sizeof(float);
   }
+  // The synchronised ops' per-channel sums (two doubles per channel).
+  static size_t bn_sums_bytes(int64_t channels) {
+    return 2 * static_cast<size_t>(channels) * sizeof(double);
+  }
+  // Reads back the 2C sums a kernel wrote to `device` (synchronises).
+  std::vector<double> read_bn_sums(const double* device, int64_t channels,
+                                   const std::string& what);
   // add() converts inputs whose layout differs from y's into two staged
   // copies (accumulate(x, y) one copy: within add_staging_bytes(y, x, y)).
   static size_t add_staging_bytes(const TensorDesc& a, const TensorDesc& b, const TensorDesc& y) {

@@ -64,4 +64,50 @@ void CudaBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const f
                     "batch_norm_backward " + x.shape().str());
 }
 
+// ------------------------------------------------ synchronised batch norm
+
+std::vector<double> CudaBackend::read_bn_sums(const double* device, int64_t channels,
+                                              const std::string& what) {
+  const size_t bytes = bn_sums_bytes(channels);
+  char* host = pinned_staging(bytes);
+  VTRAIN_CUDA_CHECK(
+      cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, compute_.get()), what);
+  sync_compute(what);
+  const auto* values = reinterpret_cast<const double*>(host);
+  return std::vector<double>(values, values + 2 * channels);
+}
+
+std::vector<double> CudaBackend::batch_norm_sums(const Tensor& x) {
+  require_plain("batch_norm_sums", x.desc);
+  const Shape& s = x.shape();
+  auto* sums = reinterpret_cast<double*>(scratch(bn_sums_bytes(s.c)));
+  cuda::batch_norm_sums(x.data, s.n, s.c, s.h * s.w, sums, compute_.get());
+  return read_bn_sums(sums, s.c, "batch_norm_sums " + s.str());
+}
+
+std::vector<double> CudaBackend::batch_norm_backward_sums(const Tensor& x, const Tensor& dy,
+                                                          const float* mean, const float* var,
+                                                          float eps) {
+  if (!(x.desc == dy.desc)) throw BackendError("batch_norm_backward_sums: x and dy differ");
+  require_plain("batch_norm_backward_sums", x.desc);
+  const Shape& s = x.shape();
+  auto* sums = reinterpret_cast<double*>(scratch(bn_sums_bytes(s.c)));
+  cuda::batch_norm_backward_sums(x.data, dy.data, mean, var, eps, s.n, s.c, s.h * s.w, sums,
+                                 compute_.get());
+  return read_bn_sums(sums, s.c, "batch_norm_backward_sums " + s.str());
+}
+
+void CudaBackend::batch_norm_backward_data(const Tensor& x, const Tensor& dy,
+                                           const float* scale_shift, const float* mean,
+                                           const float* var, const float* dy_means,
+                                           const Tensor& dx, float eps) {
+  if (!(x.desc == dy.desc) || !(x.desc == dx.desc)) {
+    throw BackendError("batch_norm_backward_data: x, dy and dx descriptors must match");
+  }
+  require_plain("batch_norm_backward_data", x.desc);
+  const Shape& s = x.shape();
+  cuda::batch_norm_backward_data(x.data, dy.data, scale_shift, mean, var, dy_means, eps, s.n, s.c,
+                                 s.h * s.w, dx.data, compute_.get());
+}
+
 }  // namespace vtrain::worker::cuda

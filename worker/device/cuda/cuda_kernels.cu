@@ -173,6 +173,58 @@ void check_launch(const char* kernel) {
   VTRAIN_CUDA_CHECK(cudaGetLastError(), std::string("launch of ") + kernel);
 }
 
+// One block per channel: each thread sums a strided share of the channel's
+// n * hw elements in double, then the block adds the threads' sums in
+// shared memory (a fixed tree, so the result does not vary between runs).
+// with_dy: the backward sums (dy and dy * xhat), else x and x^2.
+template <bool with_dy>
+__global__ void batch_norm_sums_kernel(const float* x, const float* dy, const float* mean,
+                                       const float* var, float eps, int64_t n, int64_t c,
+                                       int64_t hw, double* sums) {
+  __shared__ double first[kThreads], second[kThreads];
+  const int64_t ch = blockIdx.x;
+  const float m = with_dy ? mean[ch] : 0.0f;
+  const float inv_std = with_dy ? 1.0f / sqrtf(var[ch] + eps) : 1.0f;
+  double a = 0, b = 0;
+  for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) {
+    const int64_t at = (i / hw * c + ch) * hw + i % hw;
+    if (with_dy) {
+      a += dy[at];
+      b += static_cast<double>(dy[at]) * ((x[at] - m) * inv_std);
+    } else {
+      a += x[at];
+      b += static_cast<double>(x[at]) * x[at];
+    }
+  }
+  first[threadIdx.x] = a;
+  second[threadIdx.x] = b;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      first[threadIdx.x] += first[threadIdx.x + half];
+      second[threadIdx.x] += second[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    sums[ch] = first[0];
+    sums[c + ch] = second[0];
+  }
+}
+
+__global__ void batch_norm_backward_data_kernel(const float* x, const float* dy,
+                                                const float* gamma, const float* mean,
+                                                const float* var, const float* dy_means,
+                                                float eps, int64_t c, int64_t hw, float* dx,
+                                                int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    const int64_t ch = i / hw % c;
+    const float inv_std = 1.0f / sqrtf(var[ch] + eps);
+    const float xhat = (x[i] - mean[ch]) * inv_std;
+    dx[i] = gamma[ch] * inv_std * (dy[i] - dy_means[ch] - xhat * dy_means[c + ch]);
+  }
+}
+
 }  // namespace
 
 void reorder(const float* src, int64_t src_block, float* dst, const BlockedShape& dst_shape,
@@ -252,6 +304,34 @@ void variance_to_inverse_std(const float* var, float* inv_std, int64_t count, fl
   variance_to_inverse_std_kernel<<<blocks_for(count), kThreads, 0, stream>>>(var, inv_std, count,
                                                                              eps);
   check_launch("variance_to_inverse_std_kernel");
+}
+
+void batch_norm_sums(const float* x, int64_t n, int64_t c, int64_t hw, double* sums,
+                     cudaStream_t stream) {
+  if (c == 0) return;
+  batch_norm_sums_kernel<false><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
+      x, nullptr, nullptr, nullptr, 0.0f, n, c, hw, sums);
+  check_launch("batch_norm_sums_kernel");
+}
+
+void batch_norm_backward_sums(const float* x, const float* dy, const float* mean,
+                              const float* var, float eps, int64_t n, int64_t c, int64_t hw,
+                              double* sums, cudaStream_t stream) {
+  if (c == 0) return;
+  batch_norm_sums_kernel<true><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
+      x, dy, mean, var, eps, n, c, hw, sums);
+  check_launch("batch_norm_sums_kernel");
+}
+
+void batch_norm_backward_data(const float* x, const float* dy, const float* gamma,
+                              const float* mean, const float* var, const float* dy_means,
+                              float eps, int64_t n, int64_t c, int64_t hw, float* dx,
+                              cudaStream_t stream) {
+  const int64_t count = n * c * hw;
+  if (count == 0) return;
+  batch_norm_backward_data_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
+      x, dy, gamma, mean, var, dy_means, eps, c, hw, dx, count);
+  check_launch("batch_norm_backward_data_kernel");
 }
 
 }  // namespace vtrain::worker::cuda

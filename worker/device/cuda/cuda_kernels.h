@@ -57,4 +57,18 @@ void inverse_std_to_variance(const float* inv_std, float* var, int64_t count, fl
 void variance_to_inverse_std(const float* var, float* inv_std, int64_t count, float eps,
                              cudaStream_t stream);
 
+// Synchronised batch norm on plain NCHW {n, c, h*w} (see Backend). Per
+// channel, in double: sums[c] = sum of x and sums[c + C] = sum of x^2; or,
+// with xhat = (x - mean) / sqrt(var + eps), sum of dy and sum of dy * xhat.
+void batch_norm_sums(const float* x, int64_t n, int64_t c, int64_t hw, double* sums,
+                     cudaStream_t stream);
+void batch_norm_backward_sums(const float* x, const float* dy, const float* mean,
+                              const float* var, float eps, int64_t n, int64_t c, int64_t hw,
+                              double* sums, cudaStream_t stream);
+// dx = gamma / sqrt(var + eps) * (dy - dy_means[c] - xhat * dy_means[C + c]).
+void batch_norm_backward_data(const float* x, const float* dy, const float* gamma,
+                              const float* mean, const float* var, const float* dy_means,
+                              float eps, int64_t n, int64_t c, int64_t hw, float* dx,
+                              cudaStream_t stream);
+
 }  // namespace vtrain::worker::cuda

@@ -1,8 +1,17 @@
 // Per-channel batch norm: learned gamma and beta, running mean and variance
 // as buffers, the batch's mean and variance as state for backward. The
-// state also holds a discard area for a recomputation's running statistics:
-// the backend updates running statistics in every training forward, and a
-// recomputed forward must leave the step's update as it was.
+// state also holds a second area of 2c floats: a local recomputation's
+// running statistics go there to be discarded (the backend updates running
+// statistics in every training forward, and a recomputed forward must leave
+// the step's update as it was); a synchronised backward keeps the global
+// means of dy and dy * xhat there.
+//
+// Synchronised (LayerCall::sum_over_ranks set: model.batch_norm: sync over
+// several ranks), the statistics are those of the global batch: forward adds
+// up every rank's per-channel sums, sums of squares and element count, and
+// normalises with the global mean and variance; backward adds up the sums of
+// dy and dy * xhat that dx depends on. Every rank then holds the same
+// statistics, and so the same running statistics.
 #include "worker/engine/layers/layer_registry.h"
 
 #include <algorithm>
@@ -12,10 +21,11 @@ namespace {
 
 class BatchNormLayer final : public Layer {
  public:
-  BatchNormLayer(const LayerSpec& s, int64_t channels) : Layer(s), c_(channels) {}
+  BatchNormLayer(const LayerSpec& s, int64_t channels, Backend& backend)
+      : Layer(s), c_(channels), backend_(backend) {}
   int64_t param_count() const override { return 2 * c_; }   // gamma, beta
   int64_t buffer_count() const override { return 2 * c_; }  // running mean, running var
-  // Batch mean and variance, then the discard area (2c floats each).
+  // Batch mean and variance, then the second area (2c floats each).
   size_t state_bytes() const override { return 4 * c_ * sizeof(float); }
   void bind_state(void* state) override { saved_ = static_cast<float*>(state); }
   void init(Rng&, Backend& backend) override {
@@ -27,29 +37,57 @@ class BatchNormLayer final : public Layer {
   }
   void forward(LayerCall& call, bool training) override {
     float* running = buffers();
-    if (training) {
-      forward_training(call, running);
-    } else {
+    if (!training) {
       call.backend.batch_norm_forward_inference(call.in[0], call.out, params(), running,
                                                 running + c_, spec().bn_eps);
+      return;
+    }
+    synchronised_ = static_cast<bool>(call.sum_over_ranks);
+    if (synchronised_) {
+      forward_synchronised(call);
+    } else {
+      forward_training(call, running);
     }
   }
   // The batch statistics come out as in the step's forward (same input);
-  // the running statistics it computes land in the discard area.
-  void recompute(LayerCall& call) override { forward_training(call, saved_ + 2 * c_); }
+  // the running statistics it computes land in the discard area. A
+  // synchronised layer normalises with the global statistics its forward
+  // saved: no collective (recomputations differ between ranks).
+  void recompute(LayerCall& call) override {
+    if (synchronised_) {
+      normalise(call);
+    } else {
+      forward_training(call, saved_ + 2 * c_);
+    }
+  }
   void backward(LayerCall& call) override {
-    auto op = [&](const Tensor& dx, float) {
-      call.backend.batch_norm_backward(call.in[0], call.dout, params(), saved_, saved_ + c_, dx,
-                                       grads(), 0.0f, spec().bn_eps);
-    };
+    const Tensor& x = call.in[0];
+    std::function<void(const Tensor&, float)> op;
+    if (synchronised_) {
+      const float* dy_means = global_dy_means(call);
+      op = [&, dy_means](const Tensor& dx, float) {
+        call.backend.batch_norm_backward_data(x, call.dout, params(), saved_, saved_ + c_,
+                                              dy_means, dx, spec().bn_eps);
+      };
+    } else {
+      op = [&](const Tensor& dx, float) {
+        call.backend.batch_norm_backward(x, call.dout, params(), saved_, saved_ + c_, dx,
+                                         grads(), 0.0f, spec().bn_eps);
+      };
+    }
     // gamma and beta need gradients even where the input does not, and
     // batch norm has no weights-only backward: then dx goes to scratch.
     if (call.needs_grad(0)) {
       call.emit_grad(0, false, op);
     } else {
-      op(call.scratch_like(call.in[0]), 0.0f);
+      op(call.scratch_like(x), 0.0f);
     }
     call.gradients_ready();
+  }
+  void train_without_samples(const SumOverRanks& sum_over_ranks, bool backward) override {
+    std::vector<double> zeros(backward ? 2 * c_ : 2 * c_ + 1, 0.0);
+    sum_over_ranks(zeros);
+    if (!backward) global_statistics(zeros);
   }
   void describe_backward(memory::LayerNode& node) const override {
     node.backward_reads_inputs = true;
@@ -66,14 +104,73 @@ class BatchNormLayer final : public Layer {
                                              spec().bn_eps);
   }
 
+  void forward_synchronised(LayerCall& call) {
+    const Shape& s = call.in[0].shape();
+    std::vector<double> sums = call.backend.batch_norm_sums(call.in[0]);
+    sums.push_back(static_cast<double>(s.n * s.h * s.w));
+    call.sum_over_ranks(sums);
+    upload_floats(call.backend, global_statistics(sums), saved_);
+    normalise(call);
+  }
+
+  // y from x with the saved (global) mean and variance.
+  void normalise(LayerCall& call) {
+    call.backend.batch_norm_forward_inference(call.in[0], call.out, params(), saved_,
+                                              saved_ + c_, spec().bn_eps);
+  }
+
+  // From the sums over all ranks (of x, of x^2, then the element count):
+  // the global mean and biased variance (2c floats), which the running
+  // statistics also take in, as the backend's training forward does.
+  std::vector<float> global_statistics(const std::vector<double>& sums) {
+    count_ = sums[2 * c_];
+    std::vector<float> stats(2 * c_);
+    for (int64_t i = 0; i < c_; ++i) {
+      const double mean = sums[i] / count_;
+      stats[i] = static_cast<float>(mean);
+      stats[c_ + i] = static_cast<float>(std::max(0.0, sums[c_ + i] / count_ - mean * mean));
+    }
+    const float momentum = spec().bn_momentum;
+    const float unbias = count_ > 1 ? static_cast<float>(count_ / (count_ - 1)) : 1.0f;
+    std::vector<float> running = download_floats(backend_, buffers(), 2 * c_);
+    for (int64_t i = 0; i < c_; ++i) {
+      running[i] = (1.0f - momentum) * running[i] + momentum * stats[i];
+      running[c_ + i] = (1.0f - momentum) * running[c_ + i] + momentum * stats[c_ + i] * unbias;
+    }
+    upload_floats(backend_, running, buffers());
+    return stats;
+  }
+
+  // This rank's d gamma and d beta into the gradients (the gradient
+  // allreduce adds the ranks' up), and the global batch's means of dy and
+  // dy * xhat into the second state area, which it returns.
+  const float* global_dy_means(LayerCall& call) {
+    std::vector<double> sums = call.backend.batch_norm_backward_sums(
+        call.in[0], call.dout, saved_, saved_ + c_, spec().bn_eps);
+    std::vector<float> local(2 * c_);
+    for (int64_t i = 0; i < c_; ++i) {
+      local[i] = static_cast<float>(sums[c_ + i]);  // d gamma: sum of dy * xhat
+      local[c_ + i] = static_cast<float>(sums[i]);  // d beta: sum of dy
+    }
+    upload_floats(call.backend, local, grads());
+    call.sum_over_ranks(sums);
+    std::vector<float> means(2 * c_);
+    for (int64_t i = 0; i < 2 * c_; ++i) means[i] = static_cast<float>(sums[i] / count_);
+    upload_floats(call.backend, means, saved_ + 2 * c_);
+    return saved_ + 2 * c_;
+  }
+
   int64_t c_;
+  Backend& backend_;  // for the running statistics (the same as every call's)
   float* saved_ = nullptr;
+  bool synchronised_ = false;  // the step's forward added up the ranks' statistics
+  double count_ = 0;           // elements per channel in the global batch (synchronised)
 };
 
 }  // namespace
 
 std::unique_ptr<Layer> make_batch_norm_layer(const LayerSite& site) {
-  return std::make_unique<BatchNormLayer>(site.spec(), site.x->shape.c);
+  return std::make_unique<BatchNormLayer>(site.spec(), site.x->shape.c, site.backend);
 }
 
 }  // namespace vtrain::worker

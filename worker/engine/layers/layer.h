@@ -17,6 +17,10 @@
 
 namespace vtrain::worker {
 
+// Sums `values` over the ranks that train together, in place; synchronous
+// and collective (every rank makes the same calls in the same order).
+using SumOverRanks = std::function<void(std::vector<double>&)>;
+
 // What a layer sees during one forward or backward call, at batch n.
 struct LayerCall {
   Backend& backend;
@@ -35,6 +39,11 @@ struct LayerCall {
   std::function<bool(int)> needs_grad;                // input i is not the data
   std::function<Tensor(const Tensor&)> scratch_like;  // scratch with like's descriptor
   std::function<void()> gradients_ready;  // the layer's parameter gradients are final
+  // Training forward and backward of a step whose batch is split over ranks
+  // that normalise together (model.batch_norm: sync): how batch norm adds
+  // up its statistics. Null: this rank's samples alone (one rank, local,
+  // evaluation, recomputation, timing runs).
+  SumOverRanks sum_over_ranks;
 };
 
 // A layer's persistent storage, named: its ranges of the network's flat
@@ -84,6 +93,11 @@ class Layer {
   // gradients into the bound grads (overwriting), then calls
   // call.gradients_ready once those are final.
   virtual void backward(LayerCall& call) = 0;
+  // A step in which this rank has no samples while the others train with
+  // sum_over_ranks: makes the collectives forward (then backward, with
+  // `backward` set) would make, contributing nothing, and updates what
+  // every rank updates alike (batch norm's running statistics).
+  virtual void train_without_samples(const SumOverRanks& sum_over_ranks, bool backward) {}
   // The memory part's view of backward(): what it reads and how it writes
   // input gradients (see memory::LayerNode). Beside each backward() so that
   // the two change together; the use-after-release tests (poisoned pool)

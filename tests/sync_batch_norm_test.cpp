@@ -1,0 +1,126 @@
+// Synchronised batch norm (model.batch_norm: sync), through mpirun the way
+// users run vtrain (ctest label mpi): ResNet-18 on a batch of 64 split over
+// 3 ranks ends its steps where one rank with the whole batch does, weights and
+// running statistics; with `local` it does not; an idle rank and per-rank
+// recomputation (memonger plans differ with the batch) take part without a
+// deadlock and without changing the numbers.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tests/test_support.h"
+#include "worker/train/checkpoint.h"
+
+namespace vtrain {
+namespace {
+
+using test_support::compare;
+using test_support::Difference;
+using test_support::mpirun;
+
+// What a run leaves in its last checkpoint (rank 0's buffers).
+struct Weights {
+  std::vector<float> parameters;
+  std::vector<float> buffers;  // batch norm's running statistics
+};
+
+// Steps each run trains. ResNet-18 on this tiny synthetic data is chaotic:
+// a rounding-level change grows about tenfold per step after the third
+// (one rank, conv.algorithm im2col_gemm instead of direct, no MPI at all:
+// 3e-7 after 3 steps, 3e-4 after 6, 1e-3 after 20; two synchronised splits
+// differ alike), so equality within 1e-5 is checked where rounding has not
+// yet been amplified past it.
+constexpr int kSteps = 3;
+
+// ResNet-18 for 3x4x4 synthetic samples (the small-input stem), fixed conv
+// algorithm, one thread per rank, SGD with momentum.
+std::string train_args(const std::string& ckpt_dir, const std::string& extra) {
+  return test_support::vtrain_binary() + " " + test_support::source_dir() +
+         "/configs/synthetic-lenet.yaml --progress off --set model.preset=resnet18"
+         " --set data.shape=[3,4,4] --set train.batch=64 --set train.max_steps=" +
+         std::to_string(kSteps) +
+         " --set train.evaluate=false --set conv.algorithm=direct --set device.threads=1"
+         " --set optimizer.lr=0.05 --set optimizer.momentum=0.9 --set checkpoint.dir=" +
+         ckpt_dir + " " + extra;
+}
+
+Weights train(const std::string& launch, const std::string& ckpt_dir, const std::string& extra) {
+  std::string out;
+  const int code = test_support::run_command(launch + train_args(ckpt_dir, extra), &out);
+  EXPECT_EQ(code, 0) << out;
+  const auto latest = worker::latest_checkpoint(ckpt_dir);
+  if (code != 0 || !latest) return {};
+  worker::Checkpoint ckpt = worker::load_checkpoint(*latest);
+  return {std::move(ckpt.parameters), std::move(ckpt.buffers)};
+}
+
+std::string split(const std::string& batches) {
+  return "--set balance.split=manual --set balance.manual=[" + batches + "]";
+}
+
+class SyncBatchNorm : public testing::Test {
+ protected:
+  // One rank with the whole batch: the reference every split must meet.
+  static void SetUpTestSuite() {
+    dir_ = new test_support::TempDir();
+    whole_ = new Weights(train("", dir_->path("one"), ""));
+  }
+  static void TearDownTestSuite() {
+    delete whole_;
+    delete dir_;
+  }
+
+  // Trains on 3 ranks: its weights and running statistics must equal the
+  // one-rank run's within 1e-5 relative (`equal`), or differ by over 1e-3.
+  static void expect_whole_batch(const std::string& name, const std::string& extra, bool equal) {
+    ASSERT_FALSE(whole_->parameters.empty());
+    ASSERT_FALSE(whole_->buffers.empty());
+    const Weights w = train(mpirun(3), dir_->path(name), extra);
+    ASSERT_EQ(w.parameters.size(), whole_->parameters.size());
+    ASSERT_EQ(w.buffers.size(), whole_->buffers.size());
+    const Difference p = compare(whole_->parameters, w.parameters);
+    const Difference b = compare(whole_->buffers, w.buffers);
+    std::printf("%s: after %d steps vs 1 rank: weights %.3g relative (max abs %.3g), running "
+                "statistics %.3g relative (max abs %.3g)\n",
+                name.c_str(), kSteps, p.relative, p.max_abs, b.relative, b.max_abs);
+    for (const Difference& d : {p, b}) {
+      if (equal) {
+        EXPECT_LE(d.relative, 1e-5);
+      } else {
+        EXPECT_GT(d.relative, 1e-3);
+      }
+    }
+  }
+
+  static test_support::TempDir* dir_;
+  static Weights* whole_;
+};
+
+test_support::TempDir* SyncBatchNorm::dir_ = nullptr;
+Weights* SyncBatchNorm::whole_ = nullptr;
+
+// Rank 0 trains on 7 samples, yet its running statistics (in the
+// checkpoint) are those of all 64.
+TEST_F(SyncBatchNorm, UnevenSplitMatchesOneRankWithTheWholeBatch) {
+  expect_whole_batch("sync-7-13-44", split("7,13,44"), true);
+}
+
+// Without synchronisation each rank normalises its own samples: the same
+// split gives other weights (so the test above can fail).
+TEST_F(SyncBatchNorm, LocalStatisticsDependOnTheSplit) {
+  expect_whole_batch("local-7-13-44", split("7,13,44") + " --set model.batch_norm=local", false);
+}
+
+// Rank 0 has no samples but joins every collective (contributing zeros) and
+// keeps the same running statistics; the others recompute activations in
+// backward (memonger), batch norm's included, with the saved global
+// statistics and no collective, though their plans differ.
+TEST_F(SyncBatchNorm, IdleRankAndRecomputationKeepTheNumbers) {
+  expect_whole_batch("sync-0-20-44-memonger",
+                     split("0,20,44") + " --set memory.policy=memonger", true);
+}
+
+}  // namespace
+}  // namespace vtrain
