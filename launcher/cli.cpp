@@ -355,7 +355,7 @@ even split, and the per-kernel choices and workspace; --out writes the plan
 (YAML) for `vtrain train --plan`; --fronts writes every kernel's Pareto front
 (time x workspace) as CSV with the chosen points marked
 (scripts/plot_balance.py draws the split and a front). --allreduce-ms adds
-the gradient allreduce every step pays to every device's step time (training
+the gradient allreduce every step pays once to the split's step time (training
 with balance.split: auto measures it; offline it is yours to give, default 0).
 )";
   }

@@ -140,13 +140,16 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       d.memory_bytes = infos[r].memory_bytes;
       d.layout = worker::layout_rule(infos[r].backend);
       d.name = infos[r].name;
-      d.allreduce_ms = allreduce_ms;
       devices.push_back(std::move(d));
     }
     if (balance) {
       std::vector<balancer::DeviceProfile> solved_on =
           worker::device_profiles(graph, db, devices, step_pricing(cfg));
-      split = balancer::plan_batch_split(solved_on, cfg.train.batch, split_options(cfg));
+      // Every step pays the exchange once, idle ranks taking part: a cost
+      // of the split, not of a device (a device sitting out saves none).
+      balancer::BatchSplitOptions options = split_options(cfg);
+      options.allreduce_ms = allreduce_ms;
+      split = balancer::plan_batch_split(solved_on, cfg.train.batch, options);
       if (profiles) *profiles = std::move(solved_on);
     } else {
       split.batch = fixed_split;
@@ -240,7 +243,6 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     d.memory_bytes = rec.device.memory_bytes;
     d.layout = worker::layout_rule(rec.device.backend);
     d.name = rec.device.name;  // as the rank that runs on it will name its device
-    d.allreduce_ms = cli.allreduce_ms;
     devices.push_back(std::move(d));
   };
   if (!cli.devices.empty()) {
@@ -281,6 +283,7 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
   // does, on the rank that gets it): every rank's batch is a profiled one.
   balancer::BatchSplitOptions options = split_options(cfg);
   options.candidates = balancer::CandidateSizes::kMeasured;
+  options.allreduce_ms = cli.allreduce_ms;  // once per step (see solve_job_plan)
   const worker::StepPricing pricing{{policy, limit}, cfg.memory.policy};
   const balancer::BatchSplit split = worker::plan_split(graph, db, devices, batch, options, pricing);
   std::vector<worker::FrontPoint> fronts;
