@@ -135,20 +135,28 @@ TEST(PerfDbMemoryCosts, ATransactionThatFailsHalfwayLeavesNoRow) {
   EXPECT_EQ(SqlShell(path).query("SELECT count(*) FROM layer_measurements"), (Rows{{"0"}}));
 }
 
-TEST(PerfDbMemoryCosts, Version2FilesAreUpgradedKeepingTheirRows) {
-  TempDir dir;
-  const std::string path = dir.path("v2.db");
+// A file of `version` (2 or 3) holding one step row: a current one with
+// what later versions added taken out again.
+std::string older_file(const TempDir& dir, int version) {
+  const std::string path = dir.path("v" + std::to_string(version) + ".db");
   {
     PerfDb db(path);
     db.record_step_measurements(db.upsert_device(gpu()), std::vector{step(64, 30.0)});
   }
-  // Version 2 is version 4 without the two tables and the step's activation columns.
+  // Version 3 is version 4 without the step's activation columns; version
+  // 2 also lacks the two tables.
   SqlShell(path).exec(
-      "DROP TABLE copy_bandwidth; DROP TABLE layer_measurements; "
+      std::string(version == 2 ? "DROP TABLE copy_bandwidth; DROP TABLE layer_measurements; " : "") +
       "ALTER TABLE step_measurements DROP COLUMN kept_bytes; "
       "ALTER TABLE step_measurements DROP COLUMN offloaded_bytes; "
       "ALTER TABLE step_measurements DROP COLUMN recomputed_bytes; "
-      "UPDATE schema_version SET version = 2");
+      "UPDATE schema_version SET version = " + std::to_string(version));
+  return path;
+}
+
+TEST(PerfDbMemoryCosts, Version2FilesAreUpgradedKeepingTheirRows) {
+  TempDir dir;
+  const std::string path = older_file(dir, 2);
   PerfDb db(path);
   EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
   const DeviceId g = db.find_devices("NVIDIA H200").at(0).id;
@@ -164,17 +172,7 @@ TEST(PerfDbMemoryCosts, Version2FilesAreUpgradedKeepingTheirRows) {
 
 TEST(PerfDbMemoryCosts, AStepsActivationPlacementRoundTripsAndOldRowsHaveNone) {
   TempDir dir;
-  const std::string path = dir.path("v3.db");
-  {
-    PerfDb db(path);
-    db.record_step_measurements(db.upsert_device(gpu()), std::vector{step(64, 30.0)});
-  }
-  // Version 3 is version 4 without the step's activation columns.
-  SqlShell(path).exec(
-      "ALTER TABLE step_measurements DROP COLUMN kept_bytes; "
-      "ALTER TABLE step_measurements DROP COLUMN offloaded_bytes; "
-      "ALTER TABLE step_measurements DROP COLUMN recomputed_bytes; "
-      "UPDATE schema_version SET version = 3");
+  const std::string path = older_file(dir, 3);
   PerfDb db(path);
   EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
   const DeviceId g = db.find_devices("NVIDIA H200").at(0).id;
