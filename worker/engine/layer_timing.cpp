@@ -8,6 +8,7 @@
 
 #include "common/text.h"
 #include "memory/memory_error.h"
+#include "worker/engine/device_blocks.h"
 #include "worker/engine/layers/conv_layer.h"
 #include "worker/engine/layers/layer_registry.h"
 #include "worker/engine/network.h"
@@ -17,48 +18,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-size_t free_device_bytes(const Backend& backend) {
-  const size_t device = backend.device_info().memory_bytes;
-  const size_t in_use = backend.device_bytes_in_use();
-  return device > in_use ? device - in_use : 0;
+// Why DeviceBlocks for measuring `what` can fail: all it needs against
+// what the device has free when it starts.
+std::string measuring(const Backend& backend, const std::string& what, size_t need) {
+  return "measuring the step costs: " + what + " needs " + common::format_bytes_fixed(need) +
+         " of device memory and the device has " +
+         common::format_bytes_fixed(free_device_bytes(backend)) +
+         " free (device.memory_limit or its memory)";
 }
-
-// Device memory for one measurement, returned on destruction. A request the
-// device cannot serve is an OutOfMemoryError naming what was being measured
-// and all it needs.
-class DeviceBlocks {
- public:
-  DeviceBlocks(Backend& backend, std::string what, size_t need)
-      : backend_(backend), what_(std::move(what)), need_(need), free_(free_device_bytes(backend)) {}
-  ~DeviceBlocks() {
-    for (void* p : held_) backend_.free_device(p);
-  }
-  DeviceBlocks(const DeviceBlocks&) = delete;
-  DeviceBlocks& operator=(const DeviceBlocks&) = delete;
-
-  float* get(size_t bytes) {
-    try {
-      held_.push_back(backend_.allocate_device(std::max<size_t>(bytes, sizeof(float))));
-    } catch (const BackendError& e) {
-      throw memory::OutOfMemoryError(
-          "measuring the step costs: " + what_ + " needs " + common::format_bytes_fixed(need_) +
-          " of device memory and the device has " + common::format_bytes_fixed(free_) +
-          " free (device.memory_limit or its memory): " + e.what());
-    }
-    return static_cast<float*>(held_.back());
-  }
-  Tensor tensor(const TensorDesc& desc, float value) {
-    const Tensor t{desc, get(desc.bytes())};
-    backend_.fill(t, value);  // finite contents: no NaNs or denormals in the timing
-    return t;
-  }
-
- private:
-  Backend& backend_;
-  std::string what_;
-  size_t need_, free_;
-  std::vector<void*> held_;
-};
 
 // Pinned host memory, returned on destruction.
 class PinnedBlock {
@@ -195,8 +162,9 @@ class LayerBench {
              Backend& backend, int64_t n, uint64_t plan_workspace_bytes)
       : graph_(graph), i_(i), layer_(layer), backend_(backend),
         needs_(layer_needs(graph, i, layer, out_desc, n, plan_workspace_bytes)),
-        blocks_(backend, "layer '" + layer.spec().name + "' at batch " + std::to_string(n),
-                needs_.total()),
+        blocks_(backend, measuring(backend,
+                                   "layer '" + layer.spec().name + "' at batch " + std::to_string(n),
+                                   needs_.total())),
         call_{backend, n, {}, {}, {}, nullptr, needs_.workspace, {}, {}, {}, {}, {}} {
     allocate();
     call_.emit_grad = [this](int k, bool can_add,
@@ -282,8 +250,8 @@ class LayerBench {
 double time_loss(const TensorDesc& logits_desc, Backend& backend, int64_t n,
                  const KernelTimingOptions& timing) {
   const TensorDesc desc = at_batch(logits_desc, n);
-  DeviceBlocks blocks(backend, "the loss at batch " + std::to_string(n),
-                      2 * desc.bytes() + static_cast<size_t>(n) * sizeof(int32_t));
+  DeviceBlocks blocks(backend, measuring(backend, "the loss at batch " + std::to_string(n),
+                                          2 * desc.bytes() + static_cast<size_t>(n) * sizeof(int32_t)));
   const Tensor logits = blocks.tensor(desc, 0.01f);
   const Tensor dlogits = blocks.tensor(desc, 0.0f);
   auto* labels = reinterpret_cast<int32_t*>(blocks.get(static_cast<size_t>(n) * sizeof(int32_t)));
@@ -310,7 +278,7 @@ CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats
         common::format_bytes_fixed(free_device_bytes(backend)) +
         " free (device.memory_limit or its memory)");
   }
-  DeviceBlocks device(backend, "the copy bandwidth", bytes);
+  DeviceBlocks device(backend, measuring(backend, "the copy bandwidth", bytes));
   float* on_device = device.get(bytes);
   const PinnedBlock host(backend, bytes);
   backend.fill(Tensor{floats(static_cast<int64_t>(bytes / sizeof(float))), on_device}, 0.01f);

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "memory/memory_error.h"
+#include "worker/engine/device_blocks.h"
 #include "worker/engine/kernel_timing.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
@@ -18,24 +19,6 @@ namespace vtrain::worker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Device memory for one measurement, returned on destruction.
-class DeviceBuffer {
- public:
-  DeviceBuffer(Backend& backend, size_t bytes)
-      : backend_(backend), ptr_(bytes ? backend.allocate_device(bytes) : nullptr) {}
-  ~DeviceBuffer() {
-    if (ptr_) backend_.free_device(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-  float* floats() const { return static_cast<float*>(ptr_); }
-
- private:
-  Backend& backend_;
-  void* ptr_;
-};
 
 struct Timing {
   double median_ms = 0;
@@ -69,12 +52,6 @@ std::vector<KernelSite> kernel_sites(const Graph& graph, const Backend& backend)
 
 // What a measurement's buffers may round up to, together.
 constexpr size_t kAllocationSlack = size_t{64} << 10;
-
-size_t free_device_bytes(const Backend& backend) {
-  const size_t capacity = backend.device_info().memory_bytes;
-  const size_t in_use = backend.device_bytes_in_use();
-  return capacity > in_use ? capacity - in_use : 0;
-}
 
 // One training step of `graph` at batch `b` under options.memory_policy,
 // as training runs it, less the gradient exchange (measured on its own):
@@ -217,16 +194,13 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       }
       size_t workspace = 0;
       for (const ConvAlgoInfo& a : algos) workspace = std::max(workspace, a.workspace_bytes);
-      DeviceBuffer x(backend, p.x.bytes()), y(backend, p.y.bytes()),
-          w(backend, w_shape.elements() * sizeof(float)),
-          dw(backend, w_shape.elements() * sizeof(float)), bias(backend, p.k * sizeof(float)),
-          ws(backend, workspace);
-      const Tensor xt{p.x, x.floats()}, yt{p.y, y.floats()};
-      backend.fill(xt, 0.01f);
-      backend.fill(yt, 0.01f);
-      backend.fill(Tensor{{w_shape}, w.floats()}, 0.01f);
-      backend.fill(Tensor{{w_shape}, dw.floats()}, 0.0f);
-      backend.fill(Tensor{{{p.k, 1, 1, 1}}, bias.floats()}, 0.0f);
+      DeviceBlocks blocks(backend, std::string("profiling a ") + conv_kind_name(site.kind) +
+                                       " kernel at micro-batch " + std::to_string(m));
+      const Tensor xt = blocks.tensor(p.x, 0.01f), yt = blocks.tensor(p.y, 0.01f);
+      float* w = blocks.tensor({w_shape}, 0.01f).data;
+      float* dw = blocks.tensor({w_shape}, 0.0f).data;
+      float* bias = blocks.tensor({{p.k, 1, 1, 1}}, 0.0f).data;
+      void* ws = blocks.get(workspace);
       std::vector<perfdb::KernelSample> samples;
       for (const ConvAlgoInfo& a : algos) {
         // BackwardFilter is timed as a later micro-batch, which adds to dW.
@@ -234,15 +208,13 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
         const Timing t = time_runs(backend, options.warmup, options.repeats, [&] {
           switch (site.kind) {
             case ConvKind::kForward:
-              backend.conv_forward(a.algo, p, xt, w.floats(), bias.floats(), yt, 0.0f, ws.get(),
-                                   workspace);
+              backend.conv_forward(a.algo, p, xt, w, bias, yt, 0.0f, ws, workspace);
               break;
             case ConvKind::kBackwardData:
-              backend.conv_backward_data(a.algo, p, yt, w.floats(), xt, 0.0f, ws.get(), workspace);
+              backend.conv_backward_data(a.algo, p, yt, w, xt, 0.0f, ws, workspace);
               break;
             case ConvKind::kBackwardFilter:
-              backend.conv_backward_filter(a.algo, p, xt, yt, dw.floats(), bias.floats(), beta,
-                                           ws.get(), workspace);
+              backend.conv_backward_filter(a.algo, p, xt, yt, dw, bias, beta, ws, workspace);
               break;
           }
         });
@@ -302,10 +274,10 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
 double measure_allreduce_ms(Backend& backend, Communicator& comm, int64_t count,
                             const ProfileOptions& options) {
   const int64_t n = std::max<int64_t>(count, 1);
-  const DeviceBuffer buffer(backend, static_cast<size_t>(n) * sizeof(float));
-  backend.fill(Tensor{{{n, 1, 1, 1}}, buffer.floats()}, 0.0f);
+  DeviceBlocks blocks(backend, "timing the gradient allreduce");
+  float* buffer = blocks.tensor({{n, 1, 1, 1}}, 0.0f).data;
   return time_runs(backend, options.warmup, options.repeats, [&] {
-           comm.allreduce_async(buffer.floats(), n);
+           comm.allreduce_async(buffer, n);
            comm.wait();
          }).median_ms;
 }

@@ -4,42 +4,13 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "memory/memory_error.h"
+#include "worker/engine/device_blocks.h"
 
 namespace vtrain::worker {
 namespace {
 
 constexpr ConvKind kAllKinds[] = {ConvKind::kForward, ConvKind::kBackwardData,
                                   ConvKind::kBackwardFilter};
-
-// Device buffers for tuning one layer, returned on destruction (tuning runs
-// before the pool exists: the pool's size depends on its outcome).
-class TuningBuffers {
- public:
-  TuningBuffers(Backend& backend, const std::string& layer) : backend_(backend), layer_(layer) {}
-  ~TuningBuffers() {
-    for (void* p : held_) backend_.free_device(p);
-  }
-  TuningBuffers(const TuningBuffers&) = delete;
-  TuningBuffers& operator=(const TuningBuffers&) = delete;
-  float* get(size_t bytes) {
-    try {
-      held_.push_back(backend_.allocate_device(std::max<size_t>(bytes, sizeof(float))));
-    } catch (const BackendError& e) {
-      // Its tensors are those its backward needs at once: no step fits.
-      throw memory::OutOfMemoryError(
-          "timing the convolution algorithms of layer '" + layer_ +
-          "' (conv.algorithm: auto) needs more device memory than there is for its input, "
-          "output gradient and input gradient at once: " + e.what());
-    }
-    return static_cast<float*>(held_.back());
-  }
-
- private:
-  Backend& backend_;
-  const std::string& layer_;
-  std::vector<void*> held_;
-};
 
 }  // namespace
 
@@ -153,7 +124,12 @@ std::string ConvLayer::algorithms(Backend& backend) const {
 void ConvLayer::tune(Backend& backend, const TensorDesc& x_desc, const TensorDesc& y_desc,
                      const std::function<size_t()>& room) {
   ConvAlgorithmChoice& c = choice();
-  TuningBuffers buf(backend, spec().name);
+  // Tuning runs before the pool exists (its size depends on the outcome).
+  // Its tensors are those its backward needs at once: if they do not fit,
+  // no step does.
+  DeviceBlocks buf(backend, "timing the convolution algorithms of layer '" + spec().name +
+                                "' (conv.algorithm: auto) needs more device memory than there "
+                                "is for its input, output gradient and input gradient at once");
   const Tensor x{x_desc, buf.get(x_desc.bytes())};
   // Forward's output and backward's output gradient share a buffer (the
   // timings do not depend on the values), so tuning needs no more than a
