@@ -43,6 +43,16 @@ std::vector<StepSample> sorted_samples(const DeviceProfile& device) {
   return steps;
 }
 
+// The step at `batch`, linear between the measured `low` and `high` around it.
+StepSample interpolate(const StepSample& low, const StepSample& high, int64_t batch) {
+  const double w = static_cast<double>(batch - low.batch) / static_cast<double>(high.batch - low.batch);
+  const double memory = static_cast<double>(low.peak_memory_bytes) +
+                        w * (static_cast<double>(high.peak_memory_bytes) -
+                             static_cast<double>(low.peak_memory_bytes));
+  return {batch, low.time_ms + w * (high.time_ms - low.time_ms),
+          static_cast<uint64_t>(std::ceil(memory))};
+}
+
 // The device's candidate sizes (see batch_split.h), ascending; sizes above
 // `limit` are left out since no split can use them.
 std::vector<Candidate> candidates_of(const DeviceProfile& device, int64_t limit,
@@ -72,13 +82,8 @@ std::vector<Candidate> candidates_of(const DeviceProfile& device, int64_t limit,
       offer(batch, low.time_ms, static_cast<double>(low.peak_memory_bytes));
       continue;
     }
-    const StepSample& high = steps[segment + 1];
-    const double w = static_cast<double>(batch - low.batch) / static_cast<double>(high.batch - low.batch);
-    const double time = low.time_ms + w * (high.time_ms - low.time_ms);
-    const double memory = static_cast<double>(low.peak_memory_bytes) +
-                          w * (static_cast<double>(high.peak_memory_bytes) -
-                               static_cast<double>(low.peak_memory_bytes));
-    offer(batch, time, std::ceil(memory));
+    const StepSample at = interpolate(low, steps[segment + 1], batch);
+    offer(batch, at.time_ms, static_cast<double>(at.peak_memory_bytes));
   }
   return out;
 }
@@ -480,9 +485,7 @@ std::optional<double> step_time_at(const DeviceProfile& device, int64_t batch) {
   for (size_t i = 0; i < steps.size(); ++i) {
     if (steps[i].batch == batch) return steps[i].time_ms;
     if (i + 1 < steps.size() && steps[i].batch < batch && batch < steps[i + 1].batch) {
-      const double w = static_cast<double>(batch - steps[i].batch) /
-                       static_cast<double>(steps[i + 1].batch - steps[i].batch);
-      return steps[i].time_ms + w * (steps[i + 1].time_ms - steps[i].time_ms);
+      return interpolate(steps[i], steps[i + 1], batch).time_ms;
     }
   }
   return std::nullopt;

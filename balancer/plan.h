@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "balancer/workspace_plan.h"
+#include "common/activation_bytes.h"
 #include "common/conv_kind.h"
 #include "common/input_error.h"
 
@@ -52,21 +53,14 @@ struct PlannedKernel {
   double time_ms = 0;                       // predicted time of the calls together
 };
 
-// Where a rank's memory plan keeps the activations at its batch (bytes).
-struct ActivationBytes {
-  uint64_t kept = 0;        // in device memory for the whole step
-  uint64_t offloaded = 0;   // copied to the host and back
-  uint64_t recomputed = 0;  // re-run in backward
-  friend bool operator==(const ActivationBytes&, const ActivationBytes&) = default;
-};
-
 struct RankPlan {
   std::string device;                   // device name (for people and checks)
   int64_t batch = 0;                    // per-rank batch; 0 = the rank does not train
   double predicted_ms = 0;              // predicted step time (0 when idle): what the split
                                         // was chosen on, its exposed allreduce included
   uint64_t workspace_bytes = 0;         // the rank's workspace buffer
-  std::optional<ActivationBytes> activations;  // its memory plan, when measured at its batch
+  std::optional<common::ActivationBytes> activations;  // its memory plan, when measured at
+                                                       // its batch
   std::vector<PlannedKernel> kernels;   // every conv layer x kind (none when idle)
 };
 

@@ -67,7 +67,7 @@ RankPlan read_rank_plan(const Field& field) {
   if (Field f = section["activations"]) {
     const Section bytes(f);
     bytes.allow({"kept", "offloaded", "recomputed"});
-    ActivationBytes a;
+    common::ActivationBytes a;
     a.kept = to_uint64(bytes.required("kept", "bytes of activations kept in device memory"));
     a.offloaded = to_uint64(bytes.required("offloaded", "bytes of activations offloaded"));
     a.recomputed = to_uint64(bytes.required("recomputed", "bytes of activations recomputed"));

@@ -90,7 +90,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
                            worker::Backend& backend, worker::Communicator& comm,
                            worker::Communicator& gradient_comm,
                            const std::vector<int64_t>& fixed_split,
-                           std::vector<balancer::DeviceProfile>* profiles) {
+                           SplitProblem* solved_on) {
   const bool balance = cfg.balance.split == balancer::SplitMode::kAuto;
   const worker::DeviceInfo info = backend.device_info();
   perfdb::PerfDb db(cfg.profile.db);
@@ -143,14 +143,13 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       devices.push_back(std::move(d));
     }
     if (balance) {
-      std::vector<balancer::DeviceProfile> solved_on =
-          worker::device_profiles(graph, db, devices, step_pricing(cfg));
+      SplitProblem problem{worker::device_profiles(graph, db, devices, step_pricing(cfg)),
+                           split_options(cfg)};
       // Every step pays the exchange once, idle ranks taking part: a cost
       // of the split, not of a device (a device sitting out saves none).
-      balancer::BatchSplitOptions options = split_options(cfg);
-      options.allreduce_ms = allreduce_ms;
-      split = balancer::plan_batch_split(solved_on, cfg.train.batch, options);
-      if (profiles) *profiles = std::move(solved_on);
+      problem.options.allreduce_ms = allreduce_ms;
+      split = balancer::plan_batch_split(problem.profiles, cfg.train.batch, problem.options);
+      if (solved_on) *solved_on = std::move(problem);
     } else {
       split.batch = fixed_split;
     }
@@ -201,7 +200,7 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
                                              worker::Communicator& comm,
                                              worker::Communicator& gradient_comm,
                                              const std::vector<int64_t>& fixed_split,
-                                             std::vector<balancer::DeviceProfile>* profiles) {
+                                             SplitProblem* solved_on) {
   std::string text, origin;
   if (!cli.plan.empty()) {
     origin = cli.plan;
@@ -209,7 +208,7 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
   } else if (cfg.balance.split == balancer::SplitMode::kAuto ||
              cfg.balance.workspace != balancer::WorkspacePolicy::kUndivided) {
     origin = "the plan solved at start";
-    text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, fixed_split, profiles);
+    text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, fixed_split, solved_on);
   } else {
     return std::nullopt;
   }

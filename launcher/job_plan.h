@@ -18,21 +18,28 @@ namespace vtrain::launcher {
 // work: this rank's index among them and their number. Collective.
 std::pair<int, int> profile_share(worker::Communicator& comm, const worker::DeviceInfo& info);
 
+// What a batch split is solved on: the devices' step-time curves and the
+// solve's options (the measured allreduce included).
+struct SplitProblem {
+  std::vector<balancer::DeviceProfile> profiles;
+  balancer::BatchSplitOptions options;
+};
+
 // The plan every rank follows, or nullopt when the config asks for none
 // (split even/manual with undivided workspaces and no --plan). Collective:
 // with --plan rank 0 reads the file; otherwise every rank profiles its device
 // into the perf DB, rank 0 solves the split and the workspace plan, and the
 // plan's text is broadcast. Throws ConfigError when the plan does not fit
-// the model, the rank count or the batch. With `profiles`, rank 0 also
-// gets the step-time curves an auto split was solved on (online
-// re-balancing re-solves on them); left empty otherwise.
+// the model, the rank count or the batch. With `solved_on`, rank 0 also
+// gets what an auto split was solved on (online re-balancing re-solves the
+// same problem); its profiles are left empty otherwise.
 std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config::Config& cfg,
                                              const worker::Graph& graph,
                                              worker::Backend& backend,
                                              worker::Communicator& comm,
                                              worker::Communicator& gradient_comm,
                                              const std::vector<int64_t>& fixed_split,
-                                             std::vector<balancer::DeviceProfile>* profiles = nullptr);
+                                             SplitProblem* solved_on = nullptr);
 
 // `vtrain balance`: prints (and with --out writes) a plan from the perf DB.
 int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph);

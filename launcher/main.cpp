@@ -219,9 +219,9 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
                 data.train.sample.str().c_str());
   }
   std::fflush(stdout);
-  std::vector<balancer::DeviceProfile> profiles;  // rank 0, auto split: for re-balancing
+  SplitProblem solved_on;  // rank 0, auto split: for re-balancing
   const std::optional<balancer::TrainingPlan> plan =
-      job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, split, &profiles);
+      job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, split, &solved_on);
   if (plan) {
     split.clear();
     for (const balancer::RankPlan& r : plan->ranks) split.push_back(r.batch);
@@ -239,7 +239,8 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
     options.conv_executions = worker::conv_executions(mine);
     options.conv_workspace_bytes = mine.workspace_bytes;
   }
-  options.rebalance.profiles = std::move(profiles);
+  options.rebalance.profiles = std::move(solved_on.profiles);
+  options.rebalance.split_options = solved_on.options;
   options.resume = options.resume || cli.resume;
   options.stop_signal = &stop_signal;
   // A testing aid (VTRAIN_FAIL_* in the environment, see the header).

@@ -36,7 +36,6 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
   o.checkpoint_keep = static_cast<int>(cfg.checkpoint.keep);
   o.resume = cfg.checkpoint.resume == worker::ResumeSetting::kAuto;
   o.rebalance.settings = cfg.balance.rebalance;
-  o.rebalance.split_options = split_options(cfg);
   return o;
 }
 

@@ -113,7 +113,7 @@ std::string complaint_about(const StepMeasurement& step) {
   }
   if (step.measured_at < 0) return "measured_at must be >= 0";
   if (const auto& a = step.activations;
-      a && std::max({a->kept_bytes, a->offloaded_bytes, a->recomputed_bytes}) > kMaxStoredUnsigned) {
+      a && std::max({a->kept, a->offloaded, a->recomputed}) > kMaxStoredUnsigned) {
     return "activation bytes do not fit a 64-bit signed integer";
   }
   return {};
@@ -253,9 +253,9 @@ void PerfDb::record_step_measurements(DeviceId device, std::span<const StepMeasu
       insert->bind(7, static_cast<int64_t>(step.peak_device_bytes));
       insert->bind(8, step.measured_at != 0 ? step.measured_at : now);
       if (const auto& a = step.activations) {
-        insert->bind(9, static_cast<int64_t>(a->kept_bytes));
-        insert->bind(10, static_cast<int64_t>(a->offloaded_bytes));
-        insert->bind(11, static_cast<int64_t>(a->recomputed_bytes));
+        insert->bind(9, static_cast<int64_t>(a->kept));
+        insert->bind(10, static_cast<int64_t>(a->offloaded));
+        insert->bind(11, static_cast<int64_t>(a->recomputed));
       } else {
         for (int column : {9, 10, 11}) insert->bind(column, std::optional<double>());
       }
@@ -325,7 +325,7 @@ std::vector<StepMeasurement> PerfDb::step_measurements(DeviceId device, std::str
       step.peak_device_bytes = static_cast<uint64_t>(select->column_int(5));
       step.measured_at = select->column_int(6);
       if (select->column_type(7) != SQLITE_NULL) {
-        step.activations = ActivationPlacement{static_cast<uint64_t>(select->column_int(7)),
+        step.activations = common::ActivationBytes{static_cast<uint64_t>(select->column_int(7)),
                                                static_cast<uint64_t>(select->column_int(8)),
                                                static_cast<uint64_t>(select->column_int(9))};
       }

@@ -33,6 +33,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/activation_bytes.h"
 #include "common/conv_kind.h"
 
 namespace vtrain::perfdb {
@@ -109,16 +110,6 @@ struct KernelSample {
 
 // Forward plus backward of a whole model on one device at one batch size.
 // Key: (device, model, batch, memory_policy, workspace_plan).
-// Where a step kept its activations (the layers' outputs): in device
-// memory for the whole step, offloaded to the host, or recomputed in
-// backward. Bytes at the step's batch.
-struct ActivationPlacement {
-  uint64_t kept_bytes = 0;
-  uint64_t offloaded_bytes = 0;
-  uint64_t recomputed_bytes = 0;
-  friend bool operator==(const ActivationPlacement&, const ActivationPlacement&) = default;
-};
-
 struct StepMeasurement {
   std::string model;            // model signature (stable text naming layers and shapes)
   int64_t batch = 1;            // per-rank batch
@@ -129,7 +120,7 @@ struct StepMeasurement {
   int64_t measured_at = 0;      // seconds since the Unix epoch; 0 when recording = now
   // The memory plan the step ran; nullopt for rows recorded without one
   // (before schema version 4).
-  std::optional<ActivationPlacement> activations;
+  std::optional<common::ActivationBytes> activations;
 };
 
 // The memory stream's copy bandwidth of a device, one way: what the timed

@@ -178,12 +178,12 @@ TEST(PerfDbMemoryCosts, AStepsActivationPlacementRoundTripsAndOldRowsHaveNone) {
   const DeviceId g = db.find_devices("NVIDIA H200").at(0).id;
   EXPECT_FALSE(db.step_measurements(g, "resnet18/cifar10", "none").at(0).activations);
   StepMeasurement planned = step(128, 70.0);
-  planned.activations = ActivationPlacement{100, 20, 3};
+  planned.activations = common::ActivationBytes{100, 20, 3};
   db.record_step_measurements(g, std::vector{planned});
   const auto steps = db.step_measurements(g, "resnet18/cifar10", "none");
   ASSERT_EQ(steps.size(), 2u);
-  EXPECT_EQ(steps[1].activations, (ActivationPlacement{100, 20, 3}));
-  planned.activations->kept_bytes = uint64_t{1} << 63;
+  EXPECT_EQ(steps[1].activations, (common::ActivationBytes{100, 20, 3}));
+  planned.activations->kept = uint64_t{1} << 63;
   EXPECT_THROW(db.record_step_measurements(g, std::vector{planned}), PerfDbError);
 }
 

@@ -45,7 +45,7 @@ balancer::TrainingPlan sample_plan() {
   r0.batch = 8;
   r0.predicted_ms = 2.5;
   r0.workspace_bytes = 4096;
-  r0.activations = balancer::ActivationBytes{100, 20, 3};
+  r0.activations = common::ActivationBytes{100, 20, 3};
   r0.kernels.push_back({"c1", common::ConvKind::kForward, {{"winograd", 4}, {"direct", 4}}, 0, 1024, 1.25});
   r0.kernels.push_back({"c1", common::ConvKind::kBackwardFilter, {{"direct", 8}}, 1024, 3072, 0.5});
   balancer::RankPlan r1;
@@ -67,7 +67,7 @@ TEST(PlanFile, RoundTripsThroughYamlAndDisk) {
   ASSERT_TRUE(q.even_split_ms.has_value());
   EXPECT_DOUBLE_EQ(*q.even_split_ms, 3.0);
   EXPECT_EQ(q.ideal_step_ms, 2.0);
-  EXPECT_EQ(q.ranks[0].activations, (balancer::ActivationBytes{100, 20, 3}));
+  EXPECT_EQ(q.ranks[0].activations, (common::ActivationBytes{100, 20, 3}));
   EXPECT_FALSE(q.ranks[1].activations);
   TempDir dir;
   balancer::save_plan(p, dir.path("plan.yaml"));
@@ -348,7 +348,7 @@ TEST_F(PlanningTest, AMemoryPlanLetsALimitedFastDeviceTakeMore) {
       const bool offloads = limited && b > 8;
       s.time_ms = factor * (1.0 + 0.5 * b) * (offloads ? 1.2 : 1.0);
       s.peak_device_bytes = offloads ? d.memory_bytes : static_cast<uint64_t>(b) << 20;
-      s.activations = perfdb::ActivationPlacement{static_cast<uint64_t>(b) << 19,
+      s.activations = common::ActivationBytes{static_cast<uint64_t>(b) << 19,
                                                   offloads ? uint64_t{3} << 20 : 0, 0};
       steps.push_back(s);
     }
@@ -374,8 +374,8 @@ TEST_F(PlanningTest, AMemoryPlanLetsALimitedFastDeviceTakeMore) {
   // rank's activations go at its batch.
   EXPECT_DOUBLE_EQ(plan.predicted_step_ms, 10.8);
   EXPECT_DOUBLE_EQ(plan.ranks[0].predicted_ms, 10.8);
-  EXPECT_EQ(plan.ranks[0].activations, (balancer::ActivationBytes{8u << 20, 3u << 20, 0}));
-  EXPECT_EQ(plan.ranks[1].activations, (balancer::ActivationBytes{4u << 20, 0, 0}));
+  EXPECT_EQ(plan.ranks[0].activations, (common::ActivationBytes{8u << 20, 3u << 20, 0}));
+  EXPECT_EQ(plan.ranks[1].activations, (common::ActivationBytes{4u << 20, 0, 0}));
   // Ideal: each device's best samples per ms, the fast one's at 8 (8 / 5,
   // above 8 offloading costs more than the batch gains), the slow one's at 24.
   ASSERT_TRUE(plan.ideal_step_ms);

@@ -126,6 +126,18 @@ RankWorkspace plan_rank_workspace(const Graph& graph, perfdb::PerfDb& db, const 
   return out;
 }
 
+// The profiler's steps of `graph` on `device` by batch.
+std::map<int64_t, perfdb::StepMeasurement> steps_by_batch(perfdb::PerfDb& db, const Graph& graph,
+                                                          const PlanDevice& device,
+                                                          memory::Policy memory_policy) {
+  std::map<int64_t, perfdb::StepMeasurement> out;
+  for (perfdb::StepMeasurement& s :
+       profiled_steps(db, device.id, graph.signature(), memory_policy, device.memory_bytes)) {
+    out.emplace(s.batch, std::move(s));
+  }
+  return out;
+}
+
 // Whether the workspace request can make kernels run other than the
 // fastest undivided algorithm each (what the profiler's steps ran).
 bool changes_kernels(const WorkspaceRequest& workspace) {
@@ -142,12 +154,8 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb:
     balancer::DeviceProfile p;
     p.name = d.name;
     p.memory_capacity_bytes = d.memory_bytes;
-    p.allreduce_ms = d.allreduce_ms;
-    std::map<int64_t, perfdb::StepMeasurement> by_batch;
-    for (const perfdb::StepMeasurement& s : profiled_steps(db, d.id, graph.signature(),
-                                                           pricing.memory_policy, d.memory_bytes)) {
-      by_batch.emplace(s.batch, s);
-    }
+    const std::map<int64_t, perfdb::StepMeasurement> by_batch =
+        steps_by_batch(db, graph, d, pricing.memory_policy);
     if (by_batch.empty()) {
       throw std::runtime_error("device " + d.name + " has no step measurements of this model " +
                                "under memory.policy " + memory::policy_name(pricing.memory_policy) +
@@ -215,12 +223,9 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
     // included); a fixed split has none, and the kernels are all we know.
     const double priced = g < split.time_ms.size() ? split.time_ms[g] : 0.0;
     rank.predicted_ms = priced > 0 ? priced : w.chosen_ms;
-    for (const perfdb::StepMeasurement& s : profiled_steps(
-             db, device.id, plan.model, pricing.memory_policy, device.memory_bytes)) {
-      if (s.batch != rank.batch || !s.activations) continue;
-      rank.activations = balancer::ActivationBytes{
-          s.activations->kept_bytes, s.activations->offloaded_bytes,
-          s.activations->recomputed_bytes};
+    const auto steps = steps_by_batch(db, graph, device, pricing.memory_policy);
+    if (const auto at = steps.find(rank.batch); at != steps.end()) {
+      rank.activations = at->second.activations;
     }
     plan.predicted_step_ms = std::max(plan.predicted_step_ms, rank.predicted_ms);
     plan.ranks.push_back(std::move(rank));

@@ -26,7 +26,6 @@ struct PlanDevice {
   perfdb::DeviceId id;                        // its rows in the perf DB
   uint64_t memory_bytes = 0;                  // capacity a batch must fit in
   std::function<Layout(int64_t)> layout;      // its backend's preferred_layout
-  double allreduce_ms = 0;                    // the gradient allreduce, added to its step time
 };
 
 // The layout rule of a backend kind as the perf DB names it ("cpu": this

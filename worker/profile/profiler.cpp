@@ -100,8 +100,8 @@ std::optional<perfdb::StepMeasurement> measure_step(const Graph& graph, Backend&
   step.time_ms = t.median_ms;
   step.peak_device_bytes = backend.device_bytes_peak() - base;
   const memory::PlanSummary placement = net->activation_placement();
-  step.activations = perfdb::ActivationPlacement{
-      placement.kept_bytes, placement.offloaded_bytes, placement.recomputed_bytes};
+  step.activations = common::ActivationBytes{placement.kept_bytes, placement.offloaded_bytes,
+                                             placement.recomputed_bytes};
   return step;
 }
 
