@@ -80,7 +80,7 @@ struct BalanceConfig {
   uint64_t workspace_limit = 64ull << 20;   // wr: per kernel; wd: per rank in total (bytes)
   balancer::AllreduceCost allreduce = balancer::AllreduceCost::kMeasure;  // auto
   // auto: online re-balancing (balance.rebalance: enabled, threshold,
-  // window, patience, min_gain; see worker/train/rebalancer.h). Even and
+  // window, patience, min_gain, min_gain_ms; see worker/train/rebalancer.h). Even and
   // manual splits are the user's and stay.
   worker::RebalanceSettings rebalance;
 };

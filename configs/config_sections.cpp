@@ -323,13 +323,14 @@ TrainConfig read_train(const Field& field) {
 
 worker::RebalanceSettings read_rebalance(const Field& field) {
   const Section section(field);
-  section.allow({"enabled", "threshold", "window", "patience", "min_gain"});
+  section.allow({"enabled", "threshold", "window", "patience", "min_gain", "min_gain_ms"});
   worker::RebalanceSettings r;
   if (Field f = section["enabled"]) r.enabled = to_bool(f);
   if (Field f = section["threshold"]) r.threshold = to_number(f, above(0));
   if (Field f = section["window"]) r.window = to_int(f, at_least(1));
   if (Field f = section["patience"]) r.patience = to_int(f, at_least(1));
   if (Field f = section["min_gain"]) r.min_gain = to_number(f, at_least(0));
+  if (Field f = section["min_gain_ms"]) r.min_gain_ms = to_number(f, at_least(0));
   return r;
 }
 

@@ -38,7 +38,7 @@ std::string train_args(const test_support::TempDir& dir, int64_t batch, int step
                      " --metrics " + dir.path("metrics.jsonl") + " " + extra;
   if (auto_split) {
     args += " --set balance.split=auto --set balance.granularity=4 --set profile.db=" +
-            dir.path("perf.db") + " --set profile.repeats=2 --set profile.warmup=1" +
+            dir.path("perf.db") + " --set profile.repeats=5 --set profile.warmup=1" +
             " --set balance.allreduce=none";
   }
   return args;

@@ -116,12 +116,14 @@ void Rebalancer::decide(const std::vector<int64_t>& split, int64_t step) {
   // The curves now follow what was measured, whether the split changes or not.
   const Resolved solved = resolve_split(options_.profiles, medians, split, batch_, options_.split_options);
   const double gain = solved.previous_ms / std::max(solved.split.step_time_ms, 1e-9) - 1;
-  if (solved.split.batch == split || gain < options_.settings.min_gain) {
+  const double saved_ms = solved.previous_ms - solved.split.step_time_ms;
+  if (solved.split.batch == split || gain < options_.settings.min_gain ||
+      saved_ms < options_.settings.min_gain_ms) {
     note_ = format("rebalance: at step %lld the compute times drifted %.0f%% apart, but the "
-                   "re-solved split %s is only %.1f%% faster than %s; keeping it",
+                   "re-solved split %s is only %.1f%% (%.2f ms) faster than %s; keeping it",
                    static_cast<long long>(step + 1), 100 * drift,
                    balancer::join_batches(solved.split.batch).c_str(), 100 * std::max(gain, 0.0),
-                   balancer::join_batches(split).c_str());
+                   std::max(saved_ms, 0.0), balancer::join_batches(split).c_str());
     return;
   }
   pending_ = SplitSwitch{.split = solved.split.batch,

@@ -34,6 +34,8 @@ struct RebalanceSettings {
   int64_t patience = 5;     // consecutive steps above the threshold before a re-solve
   double min_gain = 0.1;    // switch only when the re-solved split is predicted at least
                             // this much faster (0.1 = 10%) under the measured times
+  double min_gain_ms = 2;   // ... and at least this many ms a step faster: below the
+                            // scheduler's time slice, contention looks like drift
 };
 
 struct RebalanceOptions {
