@@ -128,7 +128,7 @@ void bench_net(const std::string& name, const Settings& s) {
   }
   const memory::StepCosts costs = analytic_costs(graph, s.batch);
   const memory::MemoryPlan keep = memory::evaluate_plan(
-      "keep", std::vector<memory::TensorAction>(model.layers.size()), model, costs, 0, planner);
+      "keep", std::vector<memory::TensorAction>(model.layers.size()), model, &costs, 0, planner);
   const double keep_seconds = keep.simulation.timing.step_seconds;
   int candidates = 0;
   for (bool can : memory::plannable(model)) candidates += can;

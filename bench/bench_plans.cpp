@@ -205,7 +205,7 @@ void calibrate(worker::Backend& backend, const worker::Graph& graph, const Setti
   const std::vector<memory::TensorAction> keep(p.model.layers.size(),
                                                memory::TensorAction::kKeep);
   const memory::MemoryPlan plan =
-      memory::evaluate_plan("keep", keep, p.model, p.costs, 0, memory::Planner::kPool);
+      memory::evaluate_plan("keep", keep, p.model, &p.costs, 0, memory::Planner::kPool);
   const double measured = measure(backend, graph, s, plan, p.costs).step_ms / 1e3;
   const double factor = measured / plan.simulation.timing.step_seconds;
   for (double& t : p.costs.forward_seconds) t *= factor;

@@ -33,6 +33,9 @@ std::vector<int> plannable_layers(const MemoryModel& model) {
 
 // Scores plans for one search: every planner searches with the pool's
 // best fit (the static planner never needs more) and counts simulations.
+// A plan is simulated once, unbounded, and fits when its reservation does:
+// a search reads whether a plan fits, never where it would fail (the
+// second, bounded replay simulate() makes for a message).
 class Scorer {
  public:
   Scorer(const MemoryModel& model, const StepCosts& costs, size_t capacity)
@@ -40,7 +43,9 @@ class Scorer {
 
   MemoryPlan operator()(const std::string& method, const Actions& actions) {
     ++count_;
-    return evaluate_plan(method, actions, model_, costs_, capacity_, Planner::kPool);
+    MemoryPlan plan = evaluate_plan(method, actions, model_, &costs_, 0, Planner::kPool);
+    plan.simulation.fits = capacity_ == 0 || plan.simulation.reservation <= capacity_;
+    return plan;
   }
   int count() const { return count_; }
 
@@ -74,10 +79,10 @@ Actions superneurons_actions(const MemoryModel& model) {
   return actions;
 }
 
-// Every plannable tensor given one action.
-Actions uniform_actions(const MemoryModel& model, TensorAction action) {
+// Every plannable activation recomputed.
+Actions recompute_all(const MemoryModel& model) {
   Actions actions(model.layers.size(), TensorAction::kKeep);
-  for (int p : plannable_layers(model)) actions[p] = action;
+  for (int p : plannable_layers(model)) actions[p] = TensorAction::kRecompute;
   return actions;
 }
 
@@ -96,8 +101,7 @@ Actions baseline_actions(const MemoryModel& model, Policy policy) {
 // The plans that need the least memory among those vtrain knows (keeping
 // every activation included: on small nets it needs less than any other).
 std::vector<Actions> frugal_actions(const MemoryModel& model) {
-  return {uniform_actions(model, TensorAction::kRecompute),
-          uniform_actions(model, TensorAction::kOffload), memonger_actions(model),
+  return {recompute_all(model), offload_actions(model, Offload::kAll), memonger_actions(model),
           superneurons_actions(model), Actions(model.layers.size(), TensorAction::kKeep)};
 }
 
@@ -258,13 +262,13 @@ std::string ms(double seconds) { return common::format("%.2f ms", seconds * 1e3)
 }  // namespace
 
 MemoryPlan evaluate_plan(const std::string& method, const std::vector<TensorAction>& actions,
-                         const MemoryModel& model, const StepCosts& costs, size_t capacity,
+                         const MemoryModel& model, const StepCosts* costs, size_t capacity,
                          Planner planner) {
   MemoryPlan plan;
   plan.method = method;
   plan.actions = actions;
   plan.schedule = planned_schedule(model, actions);
-  plan.simulation = simulate(model, plan.schedule, capacity, planner, &costs);
+  plan.simulation = simulate(model, plan.schedule, capacity, planner, costs);
   plan.simulations = 1;
   return plan;
 }
@@ -275,12 +279,14 @@ std::optional<MemoryPlan> try_plan_memory(Policy policy, const MemoryModel& mode
   const auto start = std::chrono::steady_clock::now();
   Scorer score(model, costs, capacity);
   MemoryPlan plan;
+  bool scored = true;  // the plan comes from the search, simulated under the pool
   switch (policy) {
     case Policy::kNone:
     case Policy::kAll:
     case Policy::kConv:
       plan.schedule = make_schedule(model, policy);
       plan.actions = plan.schedule.actions;
+      scored = false;
       break;
     case Policy::kDyn:
       try {
@@ -290,6 +296,7 @@ std::optional<MemoryPlan> try_plan_memory(Policy policy, const MemoryModel& mode
         return std::nullopt;  // even vDNN_all does not fit
       }
       plan.actions = plan.schedule.actions;
+      scored = false;
       break;
     case Policy::kMemonger:
     case Policy::kSuperNeurons: plan = score("", baseline_actions(model, policy)); break;
@@ -297,9 +304,12 @@ std::optional<MemoryPlan> try_plan_memory(Policy policy, const MemoryModel& mode
     case Policy::kAuto: plan = auto_plan(model, costs, capacity, score); break;
   }
   plan.method = policy_name(policy);
-  // The final plan under the planner the pool will use.
-  plan.simulation = simulate(model, plan.schedule, capacity, planner, &costs);
-  plan.simulations = score.count() + 1;
+  // The final plan under the planner the pool will use (the search's
+  // simulation is that already when it is the pool).
+  if (!scored || planner != Planner::kPool) {
+    plan.simulation = simulate(model, plan.schedule, capacity, planner, &costs);
+  }
+  plan.simulations = score.count() + (scored && planner == Planner::kPool ? 0 : 1);
   plan.solve_seconds = seconds_since(start);
   if (!plan.simulation.fits) return std::nullopt;
   return plan;
@@ -311,8 +321,7 @@ MemoryPlan plan_memory(Policy policy, const MemoryModel& model, const StepCosts&
     return std::move(*plan);
   }
   // The most frugal plan names the tensor that cannot be placed.
-  const Actions frugal[] = {uniform_actions(model, TensorAction::kRecompute),
-                            uniform_actions(model, TensorAction::kOffload)};
+  const Actions frugal[] = {recompute_all(model), offload_actions(model, Offload::kAll)};
   Simulation best_try;
   size_t frugal_need = std::numeric_limits<size_t>::max();
   for (const Actions& actions : frugal) {

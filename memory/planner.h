@@ -56,10 +56,10 @@ PlanSummary summarize(const MemoryModel& model, const std::vector<TensorAction>&
 // tensor (name, bytes, action, the stall its copies cause).
 std::string plan_report(const MemoryModel& model, const MemoryPlan& plan);
 
-// Simulates the schedule of `actions` (timed). Throws MemoryError for
-// actions that do not apply (see planned_schedule).
+// Simulates the schedule of `actions`, timed with `costs` (null: untimed).
+// Throws MemoryError for actions that do not apply (see planned_schedule).
 MemoryPlan evaluate_plan(const std::string& method, const std::vector<TensorAction>& actions,
-                         const MemoryModel& model, const StepCosts& costs, size_t capacity,
+                         const MemoryModel& model, const StepCosts* costs, size_t capacity,
                          Planner planner);
 
 // The plan `policy` makes (any Policy) under `capacity` bytes (0:

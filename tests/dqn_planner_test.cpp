@@ -356,7 +356,7 @@ TEST(DqnPlanner, SameSeedSamePlan) {
 TEST(DqnPlanner, KeepsEverythingWhenItFits) {
   const Case c = chain();
   const std::vector<TensorAction> keep(c.model.layers.size(), TensorAction::kKeep);
-  const size_t capacity = memory::evaluate_plan("keep", keep, c.model, c.costs, 0, Planner::kPool)
+  const size_t capacity = memory::evaluate_plan("keep", keep, c.model, &c.costs, 0, Planner::kPool)
                               .simulation.reservation;
   const auto backend = cpu();
   const DqnRun run =

@@ -145,7 +145,7 @@ TEST_P(RecomputeTest, ExplicitPlansTrainToBitIdenticalWeights) {
 TEST_P(RecomputeTest, EveryPlannerTrainsToBitIdenticalWeightsUnderATightCapacity) {
   const StepCosts costs = synthetic_costs(model_);
   const size_t keep_all =
-      evaluate_plan("keep", every(model_, TensorAction::kKeep), model_, costs, 0, Planner::kPool)
+      evaluate_plan("keep", every(model_, TensorAction::kKeep), model_, &costs, 0, Planner::kPool)
           .simulation.reservation;
   const size_t least = least_capacity(model_, costs, Planner::kPool);
   ASSERT_LT(least, keep_all);

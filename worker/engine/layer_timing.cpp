@@ -1,7 +1,6 @@
 #include "worker/engine/layer_timing.h"
 
 #include <algorithm>
-#include <chrono>
 #include <optional>
 #include <stdexcept>
 #include <utility>
@@ -15,8 +14,6 @@
 
 namespace vtrain::worker {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Why DeviceBlocks for measuring `what` can fail: all it needs against
 // what the device has free when it starts.
@@ -44,17 +41,12 @@ class PinnedBlock {
 
 double median_copy_seconds(Backend& backend, void* dst, const void* src, size_t bytes,
                            int repeats) {
-  backend.copy_async(dst, src, bytes, StreamKind::kMemory);  // untimed: first touch of pages
-  backend.synchronize(StreamKind::kMemory);
-  std::vector<double> seconds;
-  for (int i = 0; i < repeats; ++i) {
-    const auto start = Clock::now();
+  // One untimed copy first: the first touch of the pages.
+  const KernelTime t = time_kernel(backend, {1, repeats, TimingStatistic::kMedian}, [&] {
     backend.copy_async(dst, src, bytes, StreamKind::kMemory);
     backend.synchronize(StreamKind::kMemory);
-    seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  std::sort(seconds.begin(), seconds.end());
-  return std::max(seconds[seconds.size() / 2], 1e-9);  // a copy below the clock's resolution
+  });
+  return std::max(t.seconds, 1e-9);  // a copy below the clock's resolution
 }
 
 TensorDesc at_batch(TensorDesc desc, int64_t n) {

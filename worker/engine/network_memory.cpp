@@ -43,18 +43,6 @@ void check_costs(const memory::StepCosts& costs, size_t layers) {
   }
 }
 
-// The plan of `actions` simulated without times.
-memory::MemoryPlan untimed_plan(const std::vector<memory::TensorAction>& actions,
-                                const memory::MemoryModel& model, size_t capacity,
-                                memory::Planner planner) {
-  memory::MemoryPlan plan;
-  plan.method = "explicit";
-  plan.actions = actions;
-  plan.schedule = memory::planned_schedule(model, actions);
-  plan.simulation = memory::simulate(model, plan.schedule, capacity, planner);
-  return plan;
-}
-
 }  // namespace
 
 size_t Network::room() const {
@@ -157,10 +145,11 @@ memory::Simulation Network::plan_per_tensor(size_t capacity, const std::string& 
                                   std::to_string(model_.layers.size()) + " layers of the graph");
     }
     fixed.policy = "explicit";
-    plan_ = options_.memory_costs.forward_seconds.empty()
-                ? untimed_plan(actions, model_, capacity, planner)
-                : memory::evaluate_plan("explicit", actions, model_, step_costs(capacity),
-                                        capacity, planner);
+    // Explicit actions go untimed unless the costs are given.
+    std::optional<memory::StepCosts> costs;
+    if (!options_.memory_costs.forward_seconds.empty()) costs = step_costs(capacity);
+    plan_ = memory::evaluate_plan("explicit", actions, model_, costs ? &*costs : nullptr,
+                                  capacity, planner);
   } else {
     try {
       plan_ = memory::plan_memory(options_.memory_policy, model_, step_costs(capacity), capacity,

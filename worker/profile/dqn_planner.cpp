@@ -165,7 +165,7 @@ struct Best {
                                size_t capacity, memory::Planner planner, const DqnEnvironment& env,
                                const Best& best, int episodes) {
   const memory::MemoryPlan closest = memory::evaluate_plan(
-      "dqn", env.layer_actions(best.closest.decided), model, costs, capacity, planner);
+      "dqn", env.layer_actions(best.closest.decided), model, &costs, capacity, planner);
   const size_t least = memory::least_capacity(model, costs, planner);
   throw memory::OutOfMemoryError(
       "dqn: no plan found in " + std::to_string(episodes) + " episodes fits " +
@@ -236,7 +236,7 @@ DqnRun train_dqn(const memory::MemoryModel& model, const memory::StepCosts& cost
   run.greedy_actions = env.layer_actions(greedy.decided);
   if (!best.found) throw_no_fit(model, costs, capacity, planner, env, best, run.episodes);
   run.best_episode = best.episode;
-  run.plan = memory::evaluate_plan("dqn", env.layer_actions(best.fastest.decided), model, costs,
+  run.plan = memory::evaluate_plan("dqn", env.layer_actions(best.fastest.decided), model, &costs,
                                    capacity, planner);
   run.plan.simulations = env.simulations() + 1;
   run.plan.solve_seconds = elapsed();
