@@ -118,9 +118,11 @@ inline RunResult run_vtrain(const std::string& args) {
 // mpirun as users run it on one machine (scripts/mpirun.sh: root allowed,
 // no cross-process copies), with more ranks than cores (a rank waiting in
 // MPI yields its core) over shared memory only; prefix a command with it.
-inline std::string mpirun(int ranks) {
+// `flags` are more mpirun options.
+inline std::string mpirun(int ranks, const std::string& flags = "") {
   return "env OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 " + source_dir() +
-         "/scripts/mpirun.sh --oversubscribe -np " + std::to_string(ranks) + " ";
+         "/scripts/mpirun.sh --oversubscribe " + (flags.empty() ? "" : flags + " ") + "-np " +
+         std::to_string(ranks) + " ";
 }
 
 // How far two runs' weights (or other float arrays of one size) differ.

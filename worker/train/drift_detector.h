@@ -37,7 +37,6 @@ class DriftDetector {
   double drift() const { return drift_; }      // at the last step; 0 before the window is full
   // Per rank the median ratio over the window (0 for a rank left out).
   std::vector<double> medians() const;
-  int64_t above() const { return above_; }     // consecutive steps above the threshold
 
  private:
   int64_t window_;

@@ -14,6 +14,17 @@
 #include "memory/chrome_trace.h"
 
 namespace vtrain::worker {
+namespace {
+
+// A double as JSON: 9 significant digits, null for NaN and infinity (JSON has none).
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", value);
+  return buf;
+}
+
+}  // namespace
 
 JsonRecord& JsonRecord::add(const std::string& key, const std::string& value) {
   fields_.emplace_back(key, common::json_quote(value));
@@ -21,13 +32,7 @@ JsonRecord& JsonRecord::add(const std::string& key, const std::string& value) {
 }
 
 JsonRecord& JsonRecord::add(const std::string& key, double value) {
-  if (!std::isfinite(value)) {
-    fields_.emplace_back(key, "null");  // JSON has no NaN or infinity
-    return *this;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", value);
-  fields_.emplace_back(key, buf);
+  fields_.emplace_back(key, json_number(value));
   return *this;
 }
 
@@ -35,7 +40,17 @@ JsonRecord& JsonRecord::add(const std::string& key, std::span<const double> valu
   std::string array = "[";
   for (double v : values) {
     if (array.size() > 1) array += ",";
-    array += JsonRecord().add("", v).fields_.back().second;
+    array += json_number(v);
+  }
+  fields_.emplace_back(key, array + "]");
+  return *this;
+}
+
+JsonRecord& JsonRecord::add(const std::string& key, std::span<const int64_t> values) {
+  std::string array = "[";
+  for (int64_t v : values) {
+    if (array.size() > 1) array += ",";
+    array += std::to_string(v);
   }
   fields_.emplace_back(key, array + "]");
   return *this;

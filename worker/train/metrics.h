@@ -22,6 +22,7 @@ class JsonRecord {
   JsonRecord& add(const std::string& key, int64_t value);
   JsonRecord& add(const std::string& key, int value) { return add(key, static_cast<int64_t>(value)); }
   JsonRecord& add(const std::string& key, std::span<const double> values);  // a JSON array
+  JsonRecord& add(const std::string& key, std::span<const int64_t> values);  // a JSON array
   std::string str() const;
 
  private:

@@ -32,8 +32,13 @@ std::string per_rank_ratios(const std::vector<double>& ratios) {
   return text;
 }
 
-std::vector<double> as_doubles(std::span<const int64_t> values) {
-  return {values.begin(), values.end()};
+// Scales each rank's curve by its ratio (measured / predicted); a rank
+// without one (0: it did not train) keeps its curve.
+void scale_curves(std::vector<balancer::DeviceProfile>& profiles, std::span<const double> ratios) {
+  for (size_t r = 0; r < profiles.size(); ++r) {
+    if (ratios[r] <= 0) continue;
+    for (balancer::StepSample& s : profiles[r].steps) s.time_ms *= ratios[r];
+  }
 }
 
 }  // namespace
@@ -42,10 +47,8 @@ Resolved resolve_split(std::vector<balancer::DeviceProfile>& profiles,
                        std::span<const double> ratios, std::span<const int64_t> current,
                        int64_t batch, const balancer::BatchSplitOptions& options) {
   Resolved out;
+  scale_curves(profiles, ratios);
   for (size_t r = 0; r < profiles.size(); ++r) {
-    if (ratios[r] > 0) {
-      for (balancer::StepSample& s : profiles[r].steps) s.time_ms *= ratios[r];
-    }
     if (current[r] > 0) {
       out.previous_ms = std::max(out.previous_ms,
                                  predicted_ms(profiles[r], current[r]) + profiles[r].allreduce_ms);
@@ -141,10 +144,7 @@ void Rebalancer::calibrate() {
   const std::vector<double> medians = detector_.medians();
   detector_.reset();
   calibrated_ = true;
-  for (size_t r = 0; r < medians.size(); ++r) {
-    if (medians[r] <= 0) continue;
-    for (balancer::StepSample& s : options_.profiles[r].steps) s.time_ms *= medians[r];
-  }
+  scale_curves(options_.profiles, medians);
   note_ = "rebalance: calibrated the profiled step times to training's, measured / profiled "
           "per rank " + per_rank_ratios(medians);
 }
@@ -165,8 +165,8 @@ JsonRecord switch_record(const SplitSwitch& s, int64_t step) {
       .add("event", "rebalance")
       .add("step", step)
       .add("decided_at", s.decided_at)
-      .add("split", as_doubles(s.split))
-      .add("previous_split", as_doubles(s.previous))
+      .add("split", std::span<const int64_t>(s.split))
+      .add("previous_split", std::span<const int64_t>(s.previous))
       .add("ratios", s.ratios)
       .add("drift", s.drift)
       .add("previous_ms", s.previous_ms)

@@ -282,7 +282,7 @@ void Trainer::restore() {
       buffers = std::move(ckpt.buffers);
       velocity = std::move(ckpt.velocity);
       position = std::to_string(ckpt.step) + " " + std::to_string(ckpt.epoch) + " " +
-                 std::to_string(ckpt.epoch_sample / job_.batch) + " " +
+                 std::to_string(ckpt.step_in_epoch) + " " +
                  std::to_string(ckpt.world_size);
       change = resume_change(ckpt, job_.split);
     }
@@ -366,10 +366,12 @@ bool Trainer::epoch(int64_t epoch) {
 StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   if (observer_) observer_->on_step_start(step_event());
   const auto start = Clock::now();
-  backend_.begin_compute_span();
+  // Only the re-balancer reads the compute time, and only with several
+  // ranks: one rank spares the span's sync (on a GPU, a host wait).
+  if (parallel()) backend_.begin_compute_span();
   StepTotals totals = job_.my_batch > 0 ? compute(order, i) : contribute_zero_gradients();
   if (observer_) observer_->on_compute_done(step_event(), seconds_since(start));
-  const double compute_ms = backend_.end_compute_span_ms();
+  const double compute_ms = parallel() ? backend_.end_compute_span_ms() : 0.0;
   if (comm_) comm_->wait();
   totals.stop = options_.stop_signal && options_.stop_signal->load() != 0;
   std::optional<SplitSwitch> to;
@@ -500,7 +502,7 @@ void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
                      .add("memory_step_peak_bytes", static_cast<int64_t>(memory.step_peak))
                      .add("memory_step_average_bytes", memory.step_average)
                      .add("compute_ms", rebalancer_.compute_ms())
-                     .add("split", std::vector<double>(job_.split.begin(), job_.split.end())));
+                     .add("split", std::span<const int64_t>(job_.split)));
 }
 
 // The epoch's summary line and record, with a test-set evaluation if asked.
