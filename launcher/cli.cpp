@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "perfdb/perf_db.h"
+
 namespace vtrain::launcher {
 namespace {
 
@@ -151,8 +153,7 @@ void check_complete(const CliArgs& cli) {
   if (cli.command == "db") {
     if (cli.db.empty()) throw UsageError("db " + cli.db_action + " needs --db FILE");
     if (cli.db_action == "export" && cli.table.empty()) {
-      throw UsageError("db export needs --table NAME (devices, kernels, kernel_measurements, "
-                       "step_measurements, copy_bandwidth, layer_measurements)");
+      throw UsageError("db export needs --table NAME (" + perfdb::table_names() + ")");
     }
     return;
   }

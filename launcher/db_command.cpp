@@ -20,9 +20,7 @@ int run_db(const CliArgs& cli) {
   if (cli.db_action == "export") {
     const auto table = perfdb::table_from_name(cli.table);
     if (!table) {
-      std::vector<std::string> known;
-      for (perfdb::Table t : perfdb::kTables) known.push_back(perfdb::table_name(t));
-      throw UsageError("unknown table '" + cli.table + "' (known: " + common::join(known) + ")");
+      throw UsageError("unknown table '" + cli.table + "' (known: " + perfdb::table_names() + ")");
     }
     db.export_table(*table,
                     cli.format == "jsonl" ? perfdb::ExportFormat::kJsonLines : perfdb::ExportFormat::kCsv,

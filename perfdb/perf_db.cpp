@@ -33,6 +33,12 @@ std::optional<Table> table_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+std::string table_names() {
+  std::string out;
+  for (Table t : kTables) out += std::string(out.empty() ? "" : ", ") + table_name(t);
+  return out;
+}
+
 namespace {
 
 constexpr const char* kKernelWhere =

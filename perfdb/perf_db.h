@@ -192,6 +192,8 @@ inline constexpr Table kTables[] = {Table::kDevices,          Table::kKernels,
 const char* table_name(Table table);
 // The table with that SQL name; nullopt when there is none.
 std::optional<Table> table_from_name(std::string_view name);
+// Every table's name, "devices, kernels, ...", for messages.
+std::string table_names();
 
 enum class ExportFormat {
   kCsv,        // a header line, then one RFC 4180 line per row

@@ -15,11 +15,10 @@ class Rng {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
   }
+  // Uniform in [0, 1): the top 53 bits.
+  double unit() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
   // Uniform in [-bound, bound).
-  float uniform(float bound) {
-    const double u = static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0);
-    return static_cast<float>((2.0 * u - 1.0) * bound);
-  }
+  float uniform(float bound) { return static_cast<float>((2.0 * unit() - 1.0) * bound); }
 
  private:
   uint64_t state_;

@@ -36,10 +36,6 @@ void check(const DqnOptions& o) {
   }
 }
 
-double unit_interval(Rng& rng) {
-  return static_cast<double>(rng.next() >> 11) * (1.0 / 9007199254740992.0);
-}
-
 // The Q-network acting in and learning from the environment (Algorithm 1).
 class Agent {
  public:
@@ -57,7 +53,7 @@ class Agent {
   }
 
   int act(const DqnState& s, double epsilon) {
-    if (unit_interval(rng_) < epsilon) return static_cast<int>(rng_.next() % kDqnActions);
+    if (rng_.unit() < epsilon) return static_cast<int>(rng_.next() % kDqnActions);
     return greedy(s);
   }
 
