@@ -88,7 +88,6 @@ class DqnEnvironment {
                  memory::Planner planner, double infeasible_penalty, bool shaping);
 
   int candidates() const { return static_cast<int>(candidates_.size()); }
-  const std::vector<int>& candidate_layers() const { return candidates_; }
   int nodes() const { return kDqnActions * candidates(); }
   // N(v) with the edge weights w(u, v) in time units; v itself included (w = 0).
   const std::vector<std::vector<std::pair<int, float>>>& neighbours() const { return neighbours_; }
