@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "bench/bench_args.h"
+#include "bench/bench_network.h"
 #include "memory/chrome_trace.h"
 #include "memory/dsa.h"
 #include "memory/free_list.h"
@@ -85,15 +86,7 @@ Run train(worker::Backend& backend, const worker::Graph& graph, const Settings& 
   worker::Network net(graph, backend, o);
   net.init_parameters(1);
   worker::Sgd sgd(backend, net.parameter_count(), 0.9f, 0.0f);
-  std::mt19937 rng(5);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  const worker::Tensor in = net.input(s.batch);
-  std::vector<float> x(static_cast<size_t>(in.shape().elements()));
-  for (float& v : x) v = dist(rng);
-  backend.upload(x.data(), in);
-  std::vector<int32_t> labels(static_cast<size_t>(s.batch));
-  for (auto& l : labels) l = static_cast<int32_t>(rng() % graph.classes());
-  backend.upload_labels(labels.data(), net.labels(), s.batch);
+  bench::upload_random_batch(net, graph, s.batch);
   std::unique_ptr<memory::ChromeTrace> trace;
   std::vector<double> times;
   for (int step = 0; step <= steps; ++step) {

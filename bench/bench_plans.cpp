@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "bench/bench_args.h"
+#include "bench/bench_network.h"
 #include "memory/memory_error.h"
 #include "memory/planner.h"
 #include "memory/simulator.h"
@@ -175,15 +176,7 @@ Measured measure(worker::Backend& backend, const worker::Graph& graph, const Set
   worker::Network net(graph, backend, o);
   net.init_parameters(1);
   worker::Sgd sgd(backend, net.parameter_count(), 0.9f, 0.0f);
-  std::mt19937 rng(5);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  const worker::Tensor in = net.input(s.batch);
-  std::vector<float> x(static_cast<size_t>(in.shape().elements()));
-  for (float& v : x) v = dist(rng);
-  backend.upload(x.data(), in);
-  std::vector<int32_t> labels(static_cast<size_t>(s.batch));
-  for (auto& l : labels) l = static_cast<int32_t>(rng() % graph.classes());
-  backend.upload_labels(labels.data(), net.labels(), s.batch);
+  bench::upload_random_batch(net, graph, s.batch);
   std::vector<double> times;
   for (int step = 0; step <= s.steps; ++step) {
     const auto start = Clock::now();
