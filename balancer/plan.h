@@ -4,7 +4,7 @@
 // back with `vtrain train --plan FILE`.
 //
 //   vtrain_plan: 1
-//   model: <Graph::signature() of the model at one sample>
+//   model: <Graph::profile_key(): the model's signature, @precision unless fp32>
 //   global_batch: 96
 //   memory_policy: none
 //   workspace_policy: wd            # undivided | wr | wd
@@ -66,7 +66,7 @@ struct RankPlan {
 
 struct TrainingPlan {
   int version = kPlanVersion;
-  std::string model;                    // Graph::signature()
+  std::string model;                    // Graph::profile_key()
   int64_t global_batch = 0;
   std::string memory_policy = "none";
   WorkspacePolicy workspace_policy = WorkspacePolicy::kUndivided;

@@ -69,6 +69,10 @@ struct TrainConfig {
   int64_t log_every = 50;      // steps between progress lines / metric records
   bool evaluate = true;        // test accuracy after every epoch
   uint64_t allreduce_bucket = 4 << 20;  // bytes of gradients per allreduce (several ranks)
+  // fp32, tf32, bf16 or fp16 (common/precision.h): the type activations,
+  // their gradients and the weights the kernels read are stored in; master
+  // weights, gradients and the optimizer stay fp32.
+  common::Precision precision = common::Precision::kFp32;
 };
 
 struct BalanceConfig {

@@ -306,7 +306,7 @@ ModelConfig read_model(const Field& field, const DataConfig& data) {
 TrainConfig read_train(const Field& field) {
   const Section section(field);
   section.allow({"batch", "epochs", "max_steps", "seed", "log_every", "evaluate",
-                 "allreduce_bucket"});
+                 "allreduce_bucket", "precision"});
   TrainConfig train;
   if (Field f = section["batch"]) train.batch = to_dimension(f, 1);
   if (Field f = section["epochs"]) train.epochs = to_int(f, at_least(1));
@@ -314,6 +314,7 @@ TrainConfig read_train(const Field& field) {
   if (Field f = section["seed"]) train.seed = to_uint64(f);
   if (Field f = section["log_every"]) train.log_every = to_int(f, at_least(1));
   if (Field f = section["evaluate"]) train.evaluate = to_bool(f);
+  if (Field f = section["precision"]) train.precision = to_choice(f, common::kPrecisionNames);
   if (Field f = section["allreduce_bucket"]) {
     train.allreduce_bucket = to_size(f);
     if (train.allreduce_bucket == 0) f.fail("expected a size > 0");

@@ -262,7 +262,7 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     }
   } else {
     for (const perfdb::DeviceRecord& r : db.devices()) {
-      if (!worker::profiled_steps(db, r.id, graph.signature(), cfg.memory.policy,
+      if (!worker::profiled_steps(db, r.id, graph.profile_key(), cfg.memory.policy,
                                   r.device.memory_bytes)
                .empty()) {
         add(r);

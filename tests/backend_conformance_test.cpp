@@ -296,8 +296,8 @@ const ScratchCase kScratchCases[] = {
        b.inner_product_forward(x.tensor, w.tensor.data, w.tensor.data, y.tensor);
        b.inner_product_backward_data(y.tensor, w.tensor.data, x.tensor);
        for (float beta : {0.0f, 1.0f}) {
-         b.inner_product_backward_weights(x.tensor, y.tensor, w.tensor.data,
-                                          w.tensor.data + kFcWeights, beta);
+         float* dw = w.tensor.f32("test");
+         b.inner_product_backward_weights(x.tensor, y.tensor, dw, dw + kFcWeights, beta);
        }
        // Blocked inputs take blocked weights: the plain user weights are reordered.
        if (x50(b).layout != Layout::kPlain) {
@@ -309,7 +309,7 @@ const ScratchCase kScratchCases[] = {
      [](Backend& b) {
        DeviceTensor x = filled(b, x16(b)), y = filled(b, x16(b));
        DeviceTensor p = filled(b, desc({6 * 16, 1, 1, 1}));
-       float* f = p.tensor.data;
+       float* f = p.tensor.f32("test");
        b.batch_norm_forward_training(x.tensor, y.tensor, f, f + 32, f + 48, f + 64, f + 80, 0.1f,
                                      1e-5f);
        b.batch_norm_forward_inference(x.tensor, y.tensor, f, f + 64, f + 80, 1e-5f);

@@ -31,7 +31,7 @@ TEST(ConfigErrorTest, UnknownTopLevelKey) {
 TEST(ConfigErrorTest, UnknownNestedKey) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: 3\n  bach: 3\n"),
             "t.yaml:7: train.bach: unknown key (allowed: batch, epochs, max_steps, seed, "
-            "log_every, evaluate, allreduce_bucket)");
+            "log_every, evaluate, allreduce_bucket, precision)");
 }
 
 TEST(ConfigErrorTest, KeyOfAnotherDataKind) {
@@ -93,6 +93,8 @@ TEST(ConfigErrorTest, BadEnumValue) {
             "t.yaml:5: device.backend: unknown value 'tpu' (allowed: auto, cpu, cuda)");
   EXPECT_EQ(error_of("model:\n  preset: lenet\n  batch_norm: global\ndata: {kind: synthetic}\n"),
             "t.yaml:3: model.batch_norm: unknown value 'global' (allowed: sync, local)");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precision: half\n"),
+            "t.yaml:6: train.precision: unknown value 'half' (allowed: fp32, tf32, bf16, fp16)");
 }
 
 TEST(ConfigErrorTest, BadSizeString) {
@@ -220,7 +222,7 @@ TEST(ConfigErrorTest, LayerProblems) {
 TEST(ConfigErrorTest, SetWithUnknownKey) {
   EXPECT_EQ(error_of(kMinimal, {"train.bogus=1"}),
             "--set train.bogus: unknown key (allowed: batch, epochs, max_steps, seed, log_every, "
-            "evaluate, allreduce_bucket)");
+            "evaluate, allreduce_bucket, precision)");
   EXPECT_EQ(
       error_of(kMinimal, {"bogus.x=1"}),
       "--set bogus: unknown key (allowed: model, data, train, optimizer, device, conv, output, "

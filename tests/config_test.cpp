@@ -30,6 +30,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_TRUE(c.model.layers.empty());
   EXPECT_EQ(c.model.classes, 10);
   EXPECT_EQ(c.model.batch_norm, worker::BatchNormMode::kSync);
+  EXPECT_EQ(c.train.precision, common::Precision::kFp32);
   EXPECT_EQ(c.data.kind, worker::DataKind::kSynthetic);
   EXPECT_EQ(c.data.shape, (worker::Shape{1, 1, 28, 28}));
   EXPECT_EQ(c.data.classes, 10);
@@ -329,7 +330,7 @@ TEST(ConfigTest, ToYamlReadsBackToTheSameConfig) {
     - {name: gap, type: pool, global: true}
     - {name: fc, type: fc, out: 10}
 data: {kind: synthetic, shape: [3, 8, 8], mean: [0.1, 0.2, 0.3], std: [1, 2, 3]}
-train: {batch: 16, seed: 7, evaluate: false}
+train: {batch: 16, seed: 7, evaluate: false, precision: bf16}
 optimizer: {lr: 0.05, momentum: 0.9, weight_decay: 5e-4, schedule: cosine}
 device: {backend: cpu, memory_limit: 64MiB}
 output: {metrics: /tmp/x.jsonl, progress: off}
@@ -360,6 +361,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   EXPECT_EQ(b.data.stddev, a.data.stddev);
   EXPECT_EQ(b.train.seed, 7u);
   EXPECT_FALSE(b.train.evaluate);
+  EXPECT_EQ(b.train.precision, common::Precision::kBf16);
   EXPECT_EQ(b.optimizer.lr, a.optimizer.lr);
   EXPECT_EQ(b.optimizer.weight_decay, a.optimizer.weight_decay);
   EXPECT_EQ(b.device.memory_limit, 64u << 20);
@@ -500,6 +502,8 @@ TEST(ConfigSections, BalanceAndCheckpoint) {
   EXPECT_FALSE(c.checkpoint.dir.empty());
   c = parse_config(base, "t.yaml", {"train.allreduce_bucket=1MiB"});
   EXPECT_EQ(c.train.allreduce_bucket, 1u << 20);
+  c = parse_config(base, "t.yaml", {"train.precision=fp16"});
+  EXPECT_EQ(c.train.precision, common::Precision::kFp16);
 }
 
 std::string error_text(const std::string& text) {

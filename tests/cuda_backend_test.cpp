@@ -159,7 +159,7 @@ TEST_F(CudaBackendTest, UploadDownloadConvertAndFillInEveryLayout) {
     b.fill(filled.tensor, 2.5f);
     EXPECT_EQ(from_device(b, filled.tensor), Vec(host.size(), 2.5f));
     // Padding channels hold zeros: the whole storage sums to 2.5 * elements.
-    const Vec storage = from_device(b, filled.tensor.data, filled.tensor.desc.storage_elements());
+    const Vec storage = from_device(b, filled.tensor.f32("test"), filled.tensor.desc.storage_elements());
     double sum = 0;
     for (float v : storage) sum += v;
     EXPECT_DOUBLE_EQ(sum, 2.5 * static_cast<double>(s.elements()));

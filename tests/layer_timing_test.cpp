@@ -129,9 +129,9 @@ class RecordingLayer final : public Layer {
   }
   bool bound() const { return params() != nullptr || state_ != nullptr; }
 
-  std::vector<std::pair<const float*, float>> writes;  // of the last backward
+  std::vector<std::pair<const void*, float>> writes;  // of the last backward
   std::vector<bool> needs_grad;
-  const float* scratch = nullptr;
+  const void* scratch = nullptr;
   bool saw_storage = false, trained = false;
 
  private:

@@ -13,6 +13,16 @@
 //    gradients, inner-product outputs and their gradients, and softmax
 //    logits (all {n, c, 1, 1}); preferred_layout() is for image-shaped
 //    activations.
+//  - Element types (train.precision, common/precision.h): activations and
+//    their gradients are f32 or the job's half type (TensorDesc::dtype),
+//    one type for all the tensors of a call. Weights and biases passed as
+//    `const void*` to the forward and backward-data ops are in that type
+//    too (the network's compute copy of its fp32 master weights). Always
+//    f32: weight and bias gradients (dw, dbias), batch norm's scale_shift,
+//    statistics and sums, the loss, and the optimizer's arrays.
+//    upload/download/convert/fill convert between floats and a tensor's
+//    type. A backend that cannot run a type says so in
+//    precision_unavailable(); its ops then throw for tensors of it.
 //  - Ops run on the compute stream in issue order. On return the work is
 //    enqueued, not necessarily done: synchronize() or an event makes it
 //    visible to the host. (The CPU backend's compute stream is synchronous.)
@@ -21,13 +31,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "common/conv_kind.h"
+#include "common/precision.h"
 #include "worker/device/tensor.h"
 
 namespace vtrain::worker {
@@ -57,6 +70,9 @@ using common::conv_kind_name;
 // Argument checks every backend makes alike; they throw BackendError naming
 // `backend` ("cpu backend") and the op.
 void check_beta(const char* backend, const char* op, float beta);  // beta is 0 or 1
+// The tensors of one call share an element type.
+void check_same_dtype(const char* backend, const char* op,
+                      std::initializer_list<TensorDesc> tensors);
 // concat_backward's slice: dx fits dy at `channel_offset` (same n, h, w).
 void check_concat_slice(const Shape& dy, int64_t channel_offset, const Shape& dx);
 
@@ -127,6 +143,10 @@ class Backend {
   Backend& operator=(const Backend&) = delete;
 
   virtual DeviceInfo device_info() const = 0;
+  // Why this backend cannot train in `precision` on this device (naming
+  // what is missing: an instruction set, a GPU generation), or nothing when
+  // it can.
+  virtual std::optional<std::string> precision_unavailable(common::Precision precision) const = 0;
 
   // ------------------------------------------------------------- memory
   // Raw device memory. The memory part reserves once and pools over it; the
@@ -169,7 +189,8 @@ class Backend {
   // (OIHW for weights) floats, shape().elements() of them.
   virtual void upload(const float* host, const Tensor& dst) = 0;
   virtual void download(const Tensor& src, float* host) = 0;
-  // dst = src with layout conversion (shapes must match).
+  // dst = src with layout and element-type conversion (shapes must match;
+  // f32 to half rounds to nearest even).
   virtual void convert(const Tensor& src, const Tensor& dst) = 0;
   virtual void fill(const Tensor& dst, float value) = 0;
   virtual void upload_labels(const int32_t* host, int32_t* device, int64_t count) = 0;
@@ -185,12 +206,12 @@ class Backend {
                                 bool accumulate) = 0;
 
   // y = conv(x, w) (+ bias if non-null) + beta * y. beta is 0 or 1.
-  virtual void conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const float* w,
-                            const float* bias, const Tensor& y, float beta, void* workspace,
+  virtual void conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const void* w,
+                            const void* bias, const Tensor& y, float beta, void* workspace,
                             size_t workspace_bytes) = 0;
   // dx = conv_transpose(dy, w) + beta * dx.
   virtual void conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy,
-                                  const float* w, const Tensor& dx, float beta, void* workspace,
+                                  const void* w, const Tensor& dx, float beta, void* workspace,
                                   size_t workspace_bytes) = 0;
   // dw = corr(x, dy) + beta * dw; dbias (if non-null) = sum(dy) + beta * dbias.
   virtual void conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const Tensor& x,
@@ -211,9 +232,9 @@ class Backend {
                                 const Tensor& dy, const Tensor& dx, const void* state) = 0;
 
   // y[n, o] = sum_i x[n, i] w[o, i] + b[o]; w is {out, x.c, x.h, x.w} plain.
-  virtual void inner_product_forward(const Tensor& x, const float* w, const float* bias,
+  virtual void inner_product_forward(const Tensor& x, const void* w, const void* bias,
                                      const Tensor& y) = 0;
-  virtual void inner_product_backward_data(const Tensor& dy, const float* w,
+  virtual void inner_product_backward_data(const Tensor& dy, const void* w,
                                            const Tensor& dx) = 0;
   // dw = dy^T x + beta * dw; dbias = sum_n dy + beta * dbias.
   virtual void inner_product_backward_weights(const Tensor& x, const Tensor& dy, float* dw,

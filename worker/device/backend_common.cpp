@@ -23,7 +23,20 @@ std::string ConvProblem::str() const {
   return "x=" + x.shape.str() + "(" + layout_name(x.layout) + ") w=" + weight_shape().str() +
          " y=" + y.shape.str() + "(" + layout_name(y.layout) + ") pad=" + std::to_string(pad_h) +
          "," + std::to_string(pad_w) + " stride=" + std::to_string(stride_h) + "," +
-         std::to_string(stride_w);
+         std::to_string(stride_w) +
+         (x.dtype == DataType::kF32 ? "" : std::string(" ") + dtype_name(x.dtype));
+}
+
+void check_same_dtype(const char* backend, const char* op,
+                      std::initializer_list<TensorDesc> tensors) {
+  for (const TensorDesc& t : tensors) {
+    if (t.dtype != tensors.begin()->dtype) {
+      throw BackendError(std::string(backend) + ": " + op + ": tensors of one call must share " +
+                         "an element type, got " + dtype_name(tensors.begin()->dtype) + " " +
+                         tensors.begin()->shape.str() + " and " + dtype_name(t.dtype) + " " +
+                         t.shape.str());
+    }
+  }
 }
 
 void check_beta(const char* backend, const char* op, float beta) {

@@ -27,6 +27,14 @@ int64_t channel_block(Layout layout) {
   return 1;
 }
 
+float* Tensor::f32(const char* op) const {
+  if (desc.dtype != DataType::kF32) {
+    throw std::logic_error(std::string(op) + ": expects an f32 tensor, got " +
+                           dtype_name(desc.dtype) + " " + desc.shape.str());
+  }
+  return static_cast<float*>(data);
+}
+
 int64_t TensorDesc::storage_elements() const {
   const int64_t block = channel_block(layout);
   const int64_t padded_c = (shape.c + block - 1) / block * block;
@@ -42,7 +50,7 @@ Tensor Tensor::samples(int64_t first, int64_t count) const {
   Tensor view = *this;
   view.desc.shape.n = count;
   const int64_t per_sample = desc.storage_elements() / (desc.shape.n == 0 ? 1 : desc.shape.n);
-  view.data = data + first * per_sample;
+  view.data = static_cast<char*>(data) + first * per_sample * element_bytes(desc.dtype);
   return view;
 }
 

@@ -13,7 +13,13 @@
 #include <cstdint>
 #include <string>
 
+#include "common/precision.h"
+
 namespace vtrain::worker {
+
+using common::DataType;
+using common::dtype_name;
+using common::element_bytes;
 
 // Logical 4-D shape. Fully connected activations use {n, c, 1, 1}.
 struct Shape {
@@ -43,20 +49,23 @@ int64_t channel_block(Layout layout);
 struct TensorDesc {
   Shape shape;
   Layout layout = Layout::kPlain;
+  DataType dtype = DataType::kF32;
 
   // Elements in storage, channel padding included.
   int64_t storage_elements() const;
-  size_t bytes() const { return static_cast<size_t>(storage_elements()) * sizeof(float); }
+  size_t bytes() const { return static_cast<size_t>(storage_elements()) * element_bytes(dtype); }
   bool operator==(const TensorDesc&) const = default;
 };
 
-// A non-owning float32 view of device memory. Cheap to copy.
+// A non-owning view of device memory holding desc.dtype elements. Cheap to copy.
 struct Tensor {
   TensorDesc desc;
-  float* data = nullptr;
+  void* data = nullptr;
 
   const Shape& shape() const { return desc.shape; }
   size_t bytes() const { return desc.bytes(); }
+  // data as floats; throws std::logic_error naming `op` unless desc.dtype is kF32.
+  float* f32(const char* op) const;
   // Samples [first, first + count) of a tensor whose layout keeps each sample
   // contiguous (every Layout above does).
   Tensor samples(int64_t first, int64_t count) const;

@@ -46,9 +46,9 @@ struct ConvStep {
 struct ConvOperands {
   Tensor x, y;    // Forward: y = conv(x, w) (+ bias); BackwardFilter reads x
   Tensor dy, dx;  // BackwardData: dx from dy; BackwardFilter reads dy
-  const float* w = nullptr;
-  const float* bias = nullptr;
-  float* dw = nullptr;
+  const void* w = nullptr;     // weights and bias in the activations' type
+  const void* bias = nullptr;
+  float* dw = nullptr;         // their gradients in f32
   float* dbias = nullptr;
 };
 

@@ -31,4 +31,8 @@ Tensor DeviceBlocks::tensor(const TensorDesc& desc, float value) {
   return t;
 }
 
+float* DeviceBlocks::floats(int64_t count, float value) {
+  return static_cast<float*>(tensor({{std::max<int64_t>(count, 1), 1, 1, 1}}, value).data);
+}
+
 }  // namespace vtrain::worker

@@ -29,6 +29,8 @@ class DeviceBlocks {
   // A block for `desc` filled with `value` (finite contents: no NaNs or
   // denormals in a timing).
   Tensor tensor(const TensorDesc& desc, float value);
+  // max(count, 1) floats, each `value`.
+  float* floats(int64_t count, float value);
 
  private:
   Backend& backend_;

@@ -344,7 +344,8 @@ LayerType parse_layer_type(const std::string& name) {
   throw GraphError("unknown layer type '" + name + "' (known: " + known + ")");
 }
 
-Graph Graph::build(std::vector<LayerSpec> layers, const Shape& input) {
+Graph Graph::build(std::vector<LayerSpec> layers, const Shape& input,
+                   common::Precision precision) {
   if (input.c <= 0 || input.h <= 0 || input.w <= 0) {
     throw GraphError("graph input shape must be positive, got " + chw(input));
   }
@@ -358,6 +359,7 @@ Graph Graph::build(std::vector<LayerSpec> layers, const Shape& input) {
   check_single_sink(layers, order, readers);
 
   Graph g;
+  g.precision_ = precision;
   std::vector<int> position(n);
   for (int k = 0; k < n; ++k) position[order[k]] = k;
   g.layers_.reserve(n);
@@ -436,6 +438,11 @@ std::string Graph::signature() const {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(text)));
   return hex;
+}
+
+std::string Graph::profile_key() const {
+  if (precision_ == common::Precision::kFp32) return signature();
+  return signature() + "@" + common::precision_name(precision_);
 }
 
 }  // namespace vtrain::worker

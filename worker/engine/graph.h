@@ -80,7 +80,12 @@ class Graph {
   // ignored). Errors name the layer (and its config line when known): unknown
   // or duplicate names, missing inputs, wrong input counts, cycles, shape
   // mismatches at joins, windows larger than their input, no or several sinks.
-  static Graph build(std::vector<LayerSpec> layers, const Shape& input);
+  //
+  // `precision` (train.precision) is part of the computation: activations
+  // and their gradients are stored in its type (activation_type()), and the
+  // perf DB keeps its timings apart (profile_key()).
+  static Graph build(std::vector<LayerSpec> layers, const Shape& input,
+                     common::Precision precision = common::Precision::kFp32);
 
   // Layers in a topological order (input first; stable w.r.t. the given order),
   // with a global pool's window filled in.
@@ -101,14 +106,22 @@ class Graph {
   // Parameter count (weights + biases + batch-norm scale/shift).
   int64_t parameter_count() const;
   // Short signature of the architecture (layer types, shapes): equal graphs
-  // give equal strings. Checkpoints and the perf DB key on it.
+  // give equal strings. Checkpoints key on it (fp32 master weights resume in
+  // any precision).
   std::string signature() const;
+  common::Precision precision() const { return precision_; }
+  DataType activation_type() const { return common::storage_type(precision_); }
+  // What the perf DB keys a model's layer and step timings on, and a plan's
+  // `model:`: the signature, with "@<precision>" unless fp32 (whose keys
+  // predate precisions).
+  std::string profile_key() const;
 
  private:
   std::vector<LayerSpec> layers_;
   std::vector<std::vector<int>> inputs_;
   std::vector<std::vector<int>> consumers_;
   std::vector<Shape> shapes_;
+  common::Precision precision_ = common::Precision::kFp32;
 };
 
 // Presets: "lenet", "vgg-small", "alexnet", "overfeat", "googlenet", "vgg16",

@@ -78,10 +78,16 @@ struct LayerNeeds {
   size_t workspace = 0;
   size_t state = 0;
   int64_t params = 0, buffers = 0;  // floats
+  DataType compute_type = DataType::kF32;  // of the parameters' compute copy (none for f32)
 
+  // The parameters' compute copy under a half precision.
+  TensorDesc compute_params() const {
+    return {{std::max<int64_t>(params, 1), 1, 1, 1}, Layout::kPlain, compute_type};
+  }
   size_t total() const {
     size_t bytes = output.bytes() * (reads_output ? 2 : 1) + scratch + workspace + state +
-                   (2 * params + buffers) * sizeof(float);
+                   (2 * params + buffers) * sizeof(float) +
+                   (compute_type == DataType::kF32 ? 0 : compute_params().bytes());
     for (size_t k = 0; k < inputs.size(); ++k) {
       bytes += inputs[k].bytes() * (input_grad[k] && reads_inputs ? 2 : 1);
     }
@@ -120,6 +126,7 @@ LayerNeeds layer_needs(const Graph& graph, int i, const Layer& layer,
   needs.state = layer.state_bytes();
   needs.params = layer.param_count();
   needs.buffers = layer.buffer_count();
+  needs.compute_type = needs.output.dtype;
   return needs;
 }
 
@@ -193,9 +200,12 @@ class LayerBench {
     if (needs_.scratch > 0) scratch_ = blocks_.get(needs_.scratch);
     if (needs_.workspace > 0) call_.workspace = blocks_.get(needs_.workspace);
     void* state = needs_.state > 0 ? blocks_.get(needs_.state) : nullptr;
-    const LayerStorage storage{blocks_.tensor(floats(needs_.params), 0.01f).data,
-                               blocks_.tensor(floats(needs_.params), 0.0f).data,
-                               blocks_.tensor(floats(needs_.buffers), 0.01f).data};
+    LayerStorage storage{blocks_.floats(needs_.params, 0.01f), blocks_.floats(needs_.params, 0.0f),
+                         blocks_.floats(needs_.buffers, 0.01f)};
+    if (needs_.compute_type != DataType::kF32) {
+      storage.compute_params = blocks_.tensor(needs_.compute_params(), 0.01f).data;
+      storage.compute_type = needs_.compute_type;
+    }
     binding_.emplace(layer_, storage, state);
   }
 

@@ -36,7 +36,7 @@ std::vector<TensorDesc> activation_descs(const Graph& graph,
       case LayerType::kAdd:
       case LayerType::kConcat: layout = preferred_layout(shape.c); break;
     }
-    descs[i] = {shape, layout};
+    descs[i] = {shape, layout, graph.activation_type()};
   }
   return descs;
 }
@@ -78,6 +78,9 @@ const ConvLayerExecution* execution_of(const NetworkOptions& options, const std:
 Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& options)
     : graph_(graph), backend_(backend), options_(options) {
   if (options.max_batch < 1) throw std::invalid_argument("Network: max_batch must be >= 1");
+  if (std::optional<std::string> why = backend.precision_unavailable(graph.precision())) {
+    throw BackendError(*why);
+  }
   out_desc_ = activation_descs(graph, backend, options.max_batch);
   check_conv_executions(graph, options);
   make_layers();
@@ -147,9 +150,16 @@ void Network::bind_layers() {
   grads_ = static_cast<float*>(interpreter_->persistent("grads"));
   buffers_ = static_cast<float*>(interpreter_->persistent("buffers"));
   labels_ = static_cast<int32_t*>(interpreter_->persistent("labels"));
+  const DataType compute_type = graph_.activation_type();
+  auto* compute = compute_type == DataType::kF32
+                      ? nullptr
+                      : static_cast<char*>(interpreter_->persistent("compute_params"));
+  compute_params_ = compute;
   int64_t p = 0, b = 0;
   for (const auto& layer : layers_) {
-    layer->bind({params_ + p, grads_ + p, buffers_ + b});
+    const void* layer_compute =
+        compute ? compute + p * static_cast<int64_t>(element_bytes(compute_type)) : nullptr;
+    layer->bind({params_ + p, grads_ + p, buffers_ + b, layer_compute, compute_type});
     p += layer->param_count();
     b += layer->buffer_count();
   }
@@ -164,6 +174,20 @@ void Network::bind_layers() {
 void Network::init_parameters(uint64_t seed) {
   Rng rng(seed);
   for (auto& layer : layers_) layer->init(rng, backend_);
+  compute_params_stale_ = true;
+}
+
+TensorDesc Network::compute_params_desc() const {
+  return {{std::max<int64_t>(param_count_, 1), 1, 1, 1}, Layout::kPlain, graph_.activation_type()};
+}
+
+void Network::refresh_compute_params() {
+  if (compute_params_ && compute_params_stale_) {
+    TensorDesc master = compute_params_desc();
+    master.dtype = DataType::kF32;
+    backend_.convert(Tensor{master, params_}, Tensor{compute_params_desc(), compute_params_});
+  }
+  compute_params_stale_ = false;
 }
 
 Tensor Network::input(int64_t n) const {
@@ -174,7 +198,10 @@ Tensor Network::input(int64_t n) const {
 }
 
 LossStats Network::train_step(int64_t n, float loss_scale) {
-  return interpreter_->train_step(n, loss_scale);
+  refresh_compute_params();
+  const LossStats stats = interpreter_->train_step(n, loss_scale);
+  compute_params_stale_ = true;  // the update that follows changes them again
+  return stats;
 }
 
 void Network::train_without_samples() {
@@ -186,7 +213,10 @@ void Network::train_without_samples() {
   }
 }
 
-LossStats Network::evaluate(int64_t n) { return interpreter_->evaluate(n); }
+LossStats Network::evaluate(int64_t n) {
+  refresh_compute_params();
+  return interpreter_->evaluate(n);
+}
 
 size_t Network::workspace_bytes() const { return interpreter_->shared_workspace().second; }
 
@@ -221,6 +251,7 @@ void Network::upload_parameters(const std::vector<float>& values) {
                                 " values for " + std::to_string(param_count_) + " parameters");
   }
   upload_floats(backend_, values, params_);
+  compute_params_stale_ = true;
 }
 
 std::vector<float> Network::download_buffers() const {

@@ -101,7 +101,8 @@ struct MemoryStats {
   memory::StaticPlanReport static_plan;
 };
 
-// Descriptors of every layer's output at batch n: the layout each gets on
+// Descriptors of every layer's output at batch n, in the graph's
+// activation type: the layout each gets on
 // `backend` (conv/add/concat outputs in the backend's preferred layout,
 // element-wise layers keep their input's, data and fc outputs plain).
 std::vector<TensorDesc> activation_descs(const Graph& graph, const Backend& backend, int64_t n);
@@ -151,7 +152,13 @@ class Network {
 
   std::function<void(const ParamRange&)> on_gradients_ready;
 
-  // Flat device buffers of parameters and gradients (parameter_count() floats).
+  // Flat device buffers of parameters and gradients (parameter_count()
+  // floats). Under a half precision (Graph::precision) these are the fp32
+  // master parameters: the conv and fc kernels read a copy in the
+  // activations' type, refreshed from them at the start of every training
+  // step and of the first evaluation after one or after
+  // init_parameters/upload_parameters (whoever else writes parameters()
+  // between steps, as the optimizer does, needs nothing more).
   float* parameters() const { return params_; }
   float* gradients() const { return grads_; }
   int64_t parameter_count() const { return param_count_; }
@@ -194,6 +201,8 @@ class Network {
 
  private:
   void make_layers();
+  TensorDesc compute_params_desc() const;  // the half compute copy of the parameters
+  void refresh_compute_params();            // from params_ when stale
   void reserve_op_scratch();
   void tune_convolutions();
   // Device bytes the network may use now: memory_capacity, else the
@@ -221,6 +230,8 @@ class Network {
   float* params_ = nullptr;
   float* grads_ = nullptr;
   float* buffers_ = nullptr;
+  void* compute_params_ = nullptr;  // under a half precision; else null
+  bool compute_params_stale_ = true;
   int64_t param_count_ = 0;
   int64_t buffer_count_ = 0;
   std::vector<ParamRange> param_ranges_;

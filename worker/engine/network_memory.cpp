@@ -72,6 +72,9 @@ void Network::describe_memory() {
                        {"grads", floats(param_count_)},
                        {"buffers", floats(buffer_count_)},
                        {"labels", static_cast<size_t>(options_.max_batch) * sizeof(int32_t)}};
+  if (graph_.activation_type() != DataType::kF32) {
+    model_.persistent.push_back({"compute_params", compute_params_desc().bytes()});
+  }
   if (!options_.conv_executions.empty() && options_.conv_workspace_bytes > 0) {
     model_.persistent.push_back({"conv_workspace", options_.conv_workspace_bytes});
   }

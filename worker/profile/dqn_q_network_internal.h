@@ -49,7 +49,7 @@ class QNetwork::Matrix {
     tensor_.data = pool.take(bytes());
   }
   ~Matrix() {
-    if (tensor_.data) pool_->give(bytes(), tensor_.data);
+    if (tensor_.data) pool_->give(bytes(), tensor_.f32("Matrix"));
   }
   Matrix(const Matrix&) = delete;
   Matrix& operator=(const Matrix&) = delete;

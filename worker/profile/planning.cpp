@@ -132,7 +132,7 @@ std::map<int64_t, perfdb::StepMeasurement> steps_by_batch(perfdb::PerfDb& db, co
                                                           memory::Policy memory_policy) {
   std::map<int64_t, perfdb::StepMeasurement> out;
   for (perfdb::StepMeasurement& s :
-       profiled_steps(db, device.id, graph.signature(), memory_policy, device.memory_bytes)) {
+       profiled_steps(db, device.id, graph.profile_key(), memory_policy, device.memory_bytes)) {
     out.emplace(s.batch, std::move(s));
   }
   return out;
@@ -203,7 +203,7 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
     throw std::invalid_argument("workspace policy wd needs a total workspace budget");
   }
   balancer::TrainingPlan plan;
-  plan.model = graph.signature();
+  plan.model = graph.profile_key();
   plan.workspace_policy = workspace.policy;
   plan.workspace_limit = workspace.limit;
   plan.even_split_ms = split.even_split_time_ms;
@@ -237,8 +237,9 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
 std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, const Graph& graph,
                                          int ranks, int64_t global_batch,
                                          memory::Policy memory_policy) {
-  if (plan.model != graph.signature()) {
-    return "the plan was made for another model (its signature differs from this config's)";
+  if (plan.model != graph.profile_key()) {
+    return "the plan was made for another model or train.precision (its model key " + plan.model +
+           " differs from this config's " + graph.profile_key() + ")";
   }
   if (static_cast<int>(plan.ranks.size()) != ranks) {
     return "the plan has " + std::to_string(plan.ranks.size()) + " ranks, the job has " +

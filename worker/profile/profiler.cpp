@@ -93,7 +93,7 @@ std::optional<perfdb::StepMeasurement> measure_step(const Graph& graph, Backend&
     sgd.step(net->parameters(), net->gradients(), 0.0f);
   });
   perfdb::StepMeasurement step;
-  step.model = graph.signature();
+  step.model = graph.profile_key();
   step.batch = b;
   step.memory_policy = step_policy_key(options.memory_policy, backend.device_info().memory_bytes);
   step.workspace_plan = kProfiledStepPlan;
@@ -126,6 +126,7 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
   sig.pad_w = p.pad_w;
   sig.stride_h = p.stride_h;
   sig.stride_w = p.stride_w;
+  sig.dtype = dtype_name(p.x.dtype);
   sig.layout = std::string(layout_name(p.x.layout)) + "->" + layout_name(p.y.layout);
   return sig;
 }
@@ -170,9 +171,12 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       // On a small device (device.memory_limit) only what fits is measured:
       // an algorithm whose workspace does not fit cannot run there, and a
       // kernel whose tensors do not fit belongs to no step that does.
+      // Weights and bias in the activations' type, their gradients in f32.
       const Shape w_shape = p.weight_shape();
-      const size_t tensors = p.x.bytes() + p.y.bytes() +
-                             2 * w_shape.elements() * sizeof(float) + p.k * sizeof(float);
+      const TensorDesc w_desc{w_shape, Layout::kPlain, p.x.dtype};
+      const TensorDesc bias_desc{{p.k, 1, 1, 1}, Layout::kPlain, p.x.dtype};
+      const size_t tensors = p.x.bytes() + p.y.bytes() + w_desc.bytes() + bias_desc.bytes() +
+                             (w_shape.elements() + p.k) * sizeof(float);
       const size_t free = free_device_bytes(backend);
       if (tensors + kAllocationSlack > free) continue;
       std::vector<ConvAlgoInfo> algos =
@@ -197,9 +201,10 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       DeviceBlocks blocks(backend, std::string("profiling a ") + conv_kind_name(site.kind) +
                                        " kernel at micro-batch " + std::to_string(m));
       const Tensor xt = blocks.tensor(p.x, 0.01f), yt = blocks.tensor(p.y, 0.01f);
-      float* w = blocks.tensor({w_shape}, 0.01f).data;
-      float* dw = blocks.tensor({w_shape}, 0.0f).data;
-      float* bias = blocks.tensor({{p.k, 1, 1, 1}}, 0.0f).data;
+      const void* w = blocks.tensor(w_desc, 0.01f).data;
+      const void* bias = blocks.tensor(bias_desc, 0.0f).data;
+      float* dw = blocks.floats(w_shape.elements(), 0.0f);
+      float* dbias = blocks.floats(p.k, 0.0f);
       void* ws = blocks.get(workspace);
       std::vector<perfdb::KernelSample> samples;
       for (const ConvAlgoInfo& a : algos) {
@@ -214,7 +219,7 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
               backend.conv_backward_data(a.algo, p, yt, w, xt, 0.0f, ws, workspace);
               break;
             case ConvKind::kBackwardFilter:
-              backend.conv_backward_filter(a.algo, p, xt, yt, dw, bias, beta, ws, workspace);
+              backend.conv_backward_filter(a.algo, p, xt, yt, dw, dbias, beta, ws, workspace);
               break;
           }
         });
@@ -248,7 +253,7 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
   if (options.steps) {
     const uint64_t capacity = backend.device_info().memory_bytes;
     const std::vector<perfdb::StepMeasurement> known =
-        profiled_steps(db, device, graph.signature(), options.memory_policy, capacity);
+        profiled_steps(db, device, graph.profile_key(), options.memory_policy, capacity);
     for (int64_t b : options.batches) {
       if (!mine()) continue;
       if (std::any_of(known.begin(), known.end(),
@@ -275,7 +280,7 @@ double measure_allreduce_ms(Backend& backend, Communicator& comm, int64_t count,
                             const ProfileOptions& options) {
   const int64_t n = std::max<int64_t>(count, 1);
   DeviceBlocks blocks(backend, "timing the gradient allreduce");
-  float* buffer = blocks.tensor({{n, 1, 1, 1}}, 0.0f).data;
+  float* buffer = blocks.floats(n, 0.0f);
   return time_runs(backend, options.warmup, options.repeats, [&] {
            comm.allreduce_async(buffer, n);
            comm.wait();

@@ -36,7 +36,7 @@ std::map<int64_t, perfdb::LayerMeasurement> rows_by_layer(perfdb::PerfDb& db,
                                                           perfdb::DeviceId device,
                                                           const Graph& graph, int64_t batch) {
   std::map<int64_t, perfdb::LayerMeasurement> rows;
-  for (perfdb::LayerMeasurement& row : db.layer_measurements(device, graph.signature(), batch)) {
+  for (perfdb::LayerMeasurement& row : db.layer_measurements(device, graph.profile_key(), batch)) {
     rows.emplace(row.layer_index, std::move(row));
   }
   return rows;
@@ -112,7 +112,7 @@ bool profile_layer_costs(const Graph& graph, Backend& backend, perfdb::PerfDb& d
   if (missing_layers(graph, rows_by_layer(db, device, graph, batch)).empty()) return false;
   const memory::StepCosts costs = measure_graph_step_costs(graph, backend, batch, {}, "auto",
                                                            timing);
-  db.record_layer_measurements(device, graph.signature(), batch, layer_rows(graph, costs));
+  db.record_layer_measurements(device, graph.profile_key(), batch, layer_rows(graph, costs));
   return true;
 }
 

@@ -200,7 +200,7 @@ void CpuBackend::reorder(const memory::desc& src_md, const void* src, const memo
 }
 
 void CpuBackend::upload(const float* host, const Tensor& dst) {
-  if (dst.desc.layout == Layout::kPlain) {
+  if (dst.desc.layout == Layout::kPlain && dst.desc.dtype == DataType::kF32) {
     std::memcpy(dst.data, host, dst.bytes());
     return;
   }
@@ -208,7 +208,7 @@ void CpuBackend::upload(const float* host, const Tensor& dst) {
 }
 
 void CpuBackend::download(const Tensor& src, float* host) {
-  if (src.desc.layout == Layout::kPlain) {
+  if (src.desc.layout == Layout::kPlain && src.desc.dtype == DataType::kF32) {
     std::memcpy(host, src.data, src.bytes());
     return;
   }
@@ -219,7 +219,7 @@ void CpuBackend::convert(const Tensor& src, const Tensor& dst) {
   if (!(src.shape() == dst.shape())) {
     throw BackendError("convert: shapes differ: " + src.shape().str() + " vs " + dst.shape().str());
   }
-  if (src.desc.layout == dst.desc.layout) {
+  if (src.desc.layout == dst.desc.layout && src.desc.dtype == dst.desc.dtype) {
     if (src.data != dst.data) std::memcpy(dst.data, src.data, dst.bytes());
     return;
   }
@@ -231,21 +231,71 @@ void CpuBackend::fill(const Tensor& dst, float value) {
   const int64_t block = channel_block(dst.desc.layout);
   const int64_t blocks = (s.c + block - 1) / block;
   const int64_t spatial = s.h * s.w;
-  float* data = dst.data;
-  // Padding channels of blocked layouts must stay zero.
+  with_element_type(dst.desc.dtype, [&]<class T>(T) {
+    T filled{}, zero{};
+    store(&filled, value);
+    store(&zero, 0.0f);
+    T* data = static_cast<T*>(dst.data);
+    // Padding channels of blocked layouts must stay zero.
 #pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t n = 0; n < s.n; ++n) {
-    for (int64_t cb = 0; cb < blocks; ++cb) {
-      float* base = data + (n * blocks + cb) * spatial * block;
-      for (int64_t i = 0; i < spatial; ++i) {
-        for (int64_t lane = 0; lane < block; ++lane) {
-          base[i * block + lane] = (cb * block + lane < s.c) ? value : 0.0f;
+    for (int64_t n = 0; n < s.n; ++n) {
+      for (int64_t cb = 0; cb < blocks; ++cb) {
+        T* base = data + (n * blocks + cb) * spatial * block;
+        for (int64_t i = 0; i < spatial; ++i) {
+          for (int64_t lane = 0; lane < block; ++lane) {
+            base[i * block + lane] = (cb * block + lane < s.c) ? filled : zero;
+          }
         }
       }
     }
+  });
+}
+
+// --------------------------------------------------------------- precision
+
+namespace {
+
+const char* isa_name(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::sse41: return "SSE4.1";
+    case dnnl::cpu_isa::avx: return "AVX";
+    case dnnl::cpu_isa::avx2: return "AVX2";
+    case dnnl::cpu_isa::avx2_vnni: return "AVX2 VNNI";
+    case dnnl::cpu_isa::avx512_mic: return "AVX-512 (MIC)";
+    case dnnl::cpu_isa::avx512_mic_4ops: return "AVX-512 (MIC 4ops)";
+    case dnnl::cpu_isa::avx512_core: return "AVX-512";
+    case dnnl::cpu_isa::avx512_core_vnni: return "AVX-512 VNNI";
+    case dnnl::cpu_isa::avx512_core_bf16: return "AVX-512 BF16";
+    case dnnl::cpu_isa::avx512_core_amx: return "AMX";
+    default: return "an instruction set older than SSE4.1";
   }
 }
 
+}  // namespace
+
+std::optional<std::string> CpuBackend::precision_unavailable(common::Precision precision) const {
+  switch (precision) {
+    case common::Precision::kFp32: return std::nullopt;
+    case common::Precision::kBf16: {
+      // oneDNN runs bf16 on any AVX-512 CPU, but without native bf16
+      // instructions it emulates them, slower than fp32: refused.
+      const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+      if (isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx) {
+        return std::nullopt;
+      }
+      return std::string("train.precision bf16 needs native bf16 instructions (AVX-512 BF16 or "
+                         "AMX); oneDNN finds ") +
+             isa_name(isa) + " on this CPU (" + info_.name + ")";
+    }
+    case common::Precision::kTf32:
+      return std::string("train.precision tf32 is a GPU tensor-core mode; the CPU backend "
+                         "trains in fp32 or, with AVX-512 BF16 or AMX, bf16");
+    case common::Precision::kFp16:
+      return std::string("train.precision fp16 runs on the CUDA backend only; the CPU backend "
+                         "trains in fp32 or, with AVX-512 BF16 or AMX, bf16");
+  }
+  return std::string("unknown precision");
+}
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
   return std::make_unique<CpuBackend>(options);

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -20,6 +21,7 @@
 #include <unordered_map>
 
 #include "dnnl.hpp"
+#include "common/half.h"
 #include "common/host_stream.h"
 #include "worker/device/cpu/cpu_backend.h"
 #include "worker/device/cpu/im2col_gemm.h"
@@ -33,24 +35,58 @@ constexpr size_t kAlign = 64;
 
 inline size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
+inline memory::data_type dnnl_type(DataType type) {
+  switch (type) {
+    case DataType::kF32: return memory::data_type::f32;
+    case DataType::kBF16: return memory::data_type::bf16;
+    case DataType::kF16: return memory::data_type::f16;
+  }
+  throw BackendError("unknown data type");
+}
+
 inline memory::desc md_of(const TensorDesc& d) {
   const memory::dims dims{d.shape.n, d.shape.c, d.shape.h, d.shape.w};
+  const memory::data_type type = dnnl_type(d.dtype);
   switch (d.layout) {
-    case Layout::kPlain: return {dims, memory::data_type::f32, Tag::nchw};
-    case Layout::kBlocked8: return {dims, memory::data_type::f32, Tag::nChw8c};
-    case Layout::kBlocked16: return {dims, memory::data_type::f32, Tag::nChw16c};
+    case Layout::kPlain: return {dims, type, Tag::nchw};
+    case Layout::kBlocked8: return {dims, type, Tag::nChw8c};
+    case Layout::kBlocked16: return {dims, type, Tag::nChw16c};
   }
   throw BackendError("unknown layout");
 }
 
-inline memory::desc plain_md(const Shape& s) { return md_of({s, Layout::kPlain}); }
-inline memory::desc vector_md(int64_t n) { return {{n}, memory::data_type::f32, Tag::x}; }
+inline memory::desc plain_md(const Shape& s, DataType type = DataType::kF32) {
+  return md_of({s, Layout::kPlain, type});
+}
+inline memory::desc vector_md(int64_t n, DataType type = DataType::kF32) {
+  return {{n}, dnnl_type(type), Tag::x};
+}
 // Rows = channels: the "CNHW" order the im2col GEMMs produce and consume.
 inline memory::desc cnhw_md(const Shape& s) {
   return {{s.n, s.c, s.h, s.w}, memory::data_type::f32, Tag::bacd};
 }
-inline memory::desc any_md(const Shape& s) {
-  return {{s.n, s.c, s.h, s.w}, memory::data_type::f32, Tag::any};
+inline memory::desc any_md(const Shape& s, DataType type = DataType::kF32) {
+  return {{s.n, s.c, s.h, s.w}, dnnl_type(type), Tag::any};
+}
+
+// Element access for the backend's own loops (fill, synchronised batch
+// norm), in float whatever the storage type.
+inline float load(const float* p) { return *p; }
+inline float load(const common::Bf16* p) { return common::to_float(*p); }
+inline float load(const common::F16* p) { return common::to_float(*p); }
+inline void store(float* p, float v) { *p = v; }
+inline void store(common::Bf16* p, float v) { *p = common::to_bf16(v); }
+inline void store(common::F16* p, float v) { *p = common::to_f16(v); }
+
+// f(T{}) with T the element type of `type` (float, common::Bf16 or F16).
+template <class F>
+decltype(auto) with_element_type(DataType type, F&& f) {
+  switch (type) {
+    case DataType::kBF16: return f(common::Bf16{});
+    case DataType::kF16: return f(common::F16{});
+    case DataType::kF32: break;
+  }
+  return f(0.0f);
 }
 
 inline dnnl::primitive_attr user_scratchpad_attr(bool sum_post_op = false) {
@@ -65,7 +101,7 @@ inline dnnl::primitive_attr user_scratchpad_attr(bool sum_post_op = false) {
 }
 
 inline std::string shape_key(const TensorDesc& d) {
-  return d.shape.str() + layout_name(d.layout);
+  return d.shape.str() + layout_name(d.layout) + dtype_name(d.dtype);
 }
 
 [[noreturn]] inline void rethrow(const std::string& what, const dnnl::error& e) {
@@ -107,8 +143,11 @@ struct ConvPlan {
 };
 
 
-// check_beta (backend.h) for this backend.
+// check_beta and check_same_dtype (backend.h) for this backend.
 inline void check_beta(const char* op, float beta) { worker::check_beta("cpu backend", op, beta); }
+inline void check_same_dtype(const char* op, std::initializer_list<TensorDesc> tensors) {
+  worker::check_same_dtype("cpu backend", op, tensors);
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -116,6 +155,7 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override;
 
   DeviceInfo device_info() const override { return info_; }
+  std::optional<std::string> precision_unavailable(common::Precision precision) const override;
 
   void* allocate_device(size_t bytes) override;
   void free_device(void* ptr) override;
@@ -158,10 +198,10 @@ class CpuBackend final : public Backend {
                         bool accumulate) override {
     return conv_plan(kind, algo, p, accumulate, /*has_bias=*/true).workspace;
   }
-  void conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const float* w,
-                    const float* bias, const Tensor& y, float beta, void* workspace,
+  void conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const void* w,
+                    const void* bias, const Tensor& y, float beta, void* workspace,
                     size_t workspace_bytes) override;
-  void conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy, const float* w,
+  void conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy, const void* w,
                           const Tensor& dx, float beta, void* workspace,
                           size_t workspace_bytes) override;
   void conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const Tensor& x,
@@ -176,9 +216,9 @@ class CpuBackend final : public Backend {
                        void* state) override;
   void pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y, const Tensor& dy,
                         const Tensor& dx, const void* state) override;
-  void inner_product_forward(const Tensor& x, const float* w, const float* bias,
+  void inner_product_forward(const Tensor& x, const void* w, const void* bias,
                              const Tensor& y) override;
-  void inner_product_backward_data(const Tensor& dy, const float* w, const Tensor& dx) override;
+  void inner_product_backward_data(const Tensor& dy, const void* w, const Tensor& dx) override;
   void inner_product_backward_weights(const Tensor& x, const Tensor& dy, float* dw,
                                       float* dbias, float beta) override;
   void batch_norm_forward_training(const Tensor& x, const Tensor& y, const float* scale_shift,
@@ -216,7 +256,7 @@ class CpuBackend final : public Backend {
   size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
                            const TensorDesc& y) override;
   size_t concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) override;
-  size_t softmax_scratch_bytes(const TensorDesc&) override { return 0; }
+  size_t softmax_scratch_bytes(const TensorDesc& logits) override;
   void reserve_scratch(size_t bytes) override { scratch(bytes); }
   size_t scratch_bytes() const override { return scratch_bytes_; }
 
@@ -239,7 +279,7 @@ class CpuBackend final : public Backend {
   const dnnl::inner_product_backward_weights::primitive_desc& ip_bwd_weights_pd(
       const TensorDesc& x, int64_t out, bool bias);
   const void* ip_weights(const memory::desc& pad_md, const memory::desc& prim_w,
-                         const TensorDesc& x, int64_t out, const float* w, char** buf);
+                         const TensorDesc& x, int64_t out, const void* w, char** buf);
   const dnnl::batch_normalization_forward::primitive_desc& bn_fwd_pd(const TensorDesc& x,
                                                                      float eps, bool training);
   const dnnl::batch_normalization_backward::primitive_desc& bn_bwd_pd(const TensorDesc& x,
@@ -256,9 +296,9 @@ class CpuBackend final : public Backend {
   // Runs a oneDNN convolution plan: in0/in1/out as in ConvPlan's stages;
   // bias is the forward bias, dbias the backward-filter bias gradient.
   void run_dnnl_conv(ConvKind kind, const ConvPlan& plan, char* ws, const void* in0,
-                     const void* in1, void* out, const float* bias, float* dbias);
+                     const void* in1, void* out, const void* bias, float* dbias);
   void run_im2col(ConvKind kind, const ConvPlan& plan, const ConvProblem& p, const Tensor* x,
-                  const float* w, const float* bias, const Tensor* dy, const Tensor* out,
+                  const void* w, const void* bias, const Tensor* dy, const Tensor* out,
                   float* dw, float* dbias, float beta, char* ws);
   void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
              const float* b, int64_t ldb, float beta, float* c, int64_t ldc);

@@ -106,6 +106,7 @@ void CpuBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const fl
                                      const Tensor& dx, float* dscale_shift, float beta,
                                      float eps) {
   check_beta("batch_norm_backward", beta);
+  check_same_dtype("batch_norm_backward", {x.desc, dy.desc, dx.desc});
   const int64_t c = x.shape().c;
   try {
     const auto& pd = bn_bwd_pd(x.desc, dy.desc, eps);
@@ -155,8 +156,9 @@ struct ChannelRun {
 void check_same(const char* op, const Tensor& x, const Tensor& other, const char* name) {
   if (!(x.desc == other.desc)) {
     throw BackendError(std::string(op) + ": " + name + " " + other.shape().str() + " (" +
-                       layout_name(other.desc.layout) + ") must have x's descriptor " +
-                       x.shape().str() + " (" + layout_name(x.desc.layout) + ")");
+                       layout_name(other.desc.layout) + ", " + dtype_name(other.desc.dtype) +
+                       ") must have x's descriptor " + x.shape().str() + " (" +
+                       layout_name(x.desc.layout) + ", " + dtype_name(x.desc.dtype) + ")");
   }
 }
 
@@ -166,20 +168,23 @@ std::vector<double> CpuBackend::batch_norm_sums(const Tensor& x) {
   const Shape& s = x.shape();
   const ChannelRun run(x.desc);
   std::vector<double> sums(2 * static_cast<size_t>(s.c), 0.0);
+  with_element_type(x.desc.dtype, [&]<class T>(T) {
+    const T* xs = static_cast<const T*>(x.data);
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < s.c; ++c) {
-    double sum = 0, squares = 0;
-    for (int64_t n = 0; n < s.n; ++n) {
-      const float* p = x.data + run.start(n, c);
-      for (int64_t k = 0; k < run.hw; ++k) {
-        const double v = p[k * run.block];
-        sum += v;
-        squares += v * v;
+    for (int64_t c = 0; c < s.c; ++c) {
+      double sum = 0, squares = 0;
+      for (int64_t n = 0; n < s.n; ++n) {
+        const T* p = xs + run.start(n, c);
+        for (int64_t k = 0; k < run.hw; ++k) {
+          const double v = load(p + k * run.block);
+          sum += v;
+          squares += v * v;
+        }
       }
+      sums[c] = sum;
+      sums[s.c + c] = squares;
     }
-    sums[c] = sum;
-    sums[s.c + c] = squares;
-  }
+  });
   return sums;
 }
 
@@ -190,21 +195,26 @@ std::vector<double> CpuBackend::batch_norm_backward_sums(const Tensor& x, const 
   const Shape& s = x.shape();
   const ChannelRun run(x.desc);
   std::vector<double> sums(2 * static_cast<size_t>(s.c), 0.0);
+  with_element_type(x.desc.dtype, [&]<class T>(T) {
+    const T* xs = static_cast<const T*>(x.data);
+    const T* dys = static_cast<const T*>(dy.data);
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < s.c; ++c) {
-    const float inv_std = 1.0f / std::sqrt(var[c] + eps);
-    double sum = 0, dot = 0;
-    for (int64_t n = 0; n < s.n; ++n) {
-      const int64_t at = run.start(n, c);
-      for (int64_t k = 0; k < run.hw; ++k) {
-        const int64_t i = at + k * run.block;
-        sum += dy.data[i];
-        dot += static_cast<double>(dy.data[i]) * ((x.data[i] - mean[c]) * inv_std);
+    for (int64_t c = 0; c < s.c; ++c) {
+      const float inv_std = 1.0f / std::sqrt(var[c] + eps);
+      double sum = 0, dot = 0;
+      for (int64_t n = 0; n < s.n; ++n) {
+        const int64_t at = run.start(n, c);
+        for (int64_t k = 0; k < run.hw; ++k) {
+          const int64_t i = at + k * run.block;
+          const float g = load(dys + i);
+          sum += g;
+          dot += static_cast<double>(g) * ((load(xs + i) - mean[c]) * inv_std);
+        }
       }
+      sums[c] = sum;
+      sums[s.c + c] = dot;
     }
-    sums[c] = sum;
-    sums[s.c + c] = dot;
-  }
+  });
   return sums;
 }
 
@@ -216,25 +226,30 @@ void CpuBackend::batch_norm_backward_data(const Tensor& x, const Tensor& dy,
   check_same("batch_norm_backward_data", x, dx, "dx");
   const Shape& s = x.shape();
   const ChannelRun run(x.desc);
+  with_element_type(x.desc.dtype, [&]<class T>(T) {
+    const T* xs = static_cast<const T*>(x.data);
+    const T* dys = static_cast<const T*>(dy.data);
+    T* dxs = static_cast<T*>(dx.data);
 #pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t n = 0; n < s.n; ++n) {
-    for (int64_t c = 0; c < s.c; ++c) {
-      const float inv_std = 1.0f / std::sqrt(var[c] + eps);
-      const float gain = scale_shift[c] * inv_std;
-      const int64_t at = run.start(n, c);
-      for (int64_t k = 0; k < run.hw; ++k) {
-        const int64_t i = at + k * run.block;
-        const float xhat = (x.data[i] - mean[c]) * inv_std;
-        dx.data[i] = gain * (dy.data[i] - dy_means[c] - xhat * dy_means[s.c + c]);
+    for (int64_t n = 0; n < s.n; ++n) {
+      for (int64_t c = 0; c < s.c; ++c) {
+        const float inv_std = 1.0f / std::sqrt(var[c] + eps);
+        const float gain = scale_shift[c] * inv_std;
+        const int64_t at = run.start(n, c);
+        for (int64_t k = 0; k < run.hw; ++k) {
+          const int64_t i = at + k * run.block;
+          const float xhat = (load(xs + i) - mean[c]) * inv_std;
+          store(dxs + i, gain * (load(dys + i) - dy_means[c] - xhat * dy_means[s.c + c]));
+        }
       }
     }
-  }
-  // oneDNN reads blocked layouts' padding channels as zeros.
-  for (int64_t n = 0; n < s.n; ++n) {
-    for (int64_t c = s.c; c < run.padded; ++c) {
-      for (int64_t k = 0; k < run.hw; ++k) dx.data[run.start(n, c) + k * run.block] = 0.0f;
+    // oneDNN reads blocked layouts' padding channels as zeros.
+    for (int64_t n = 0; n < s.n; ++n) {
+      for (int64_t c = s.c; c < run.padded; ++c) {
+        for (int64_t k = 0; k < run.hw; ++k) store(dxs + run.start(n, c) + k * run.block, 0.0f);
+      }
     }
-  }
+  });
 }
 
 }  // namespace vtrain::worker::cpu

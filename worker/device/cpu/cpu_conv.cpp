@@ -95,10 +95,15 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
   const memory::dims strides{p.stride_h, p.stride_w};
   const memory::dims pad{p.pad_h, p.pad_w};
   const Shape w_shape = p.weight_shape();
-  const memory::desc x_any = any_md(p.x.shape);
-  const memory::desc y_any = any_md(p.y.shape);
-  const memory::desc w_any = any_md(w_shape);
-  const memory::desc b_md = has_bias ? vector_md(p.k) : memory::desc();
+  // Activations, the weights and the forward bias in the problem's type;
+  // weight and bias gradients in f32 (backend.h).
+  const DataType type = p.x.dtype;
+  const memory::desc x_any = any_md(p.x.shape, type);
+  const memory::desc y_any = any_md(p.y.shape, type);
+  const memory::desc w_any = any_md(w_shape, type);
+  const memory::desc b_md = has_bias ? vector_md(p.k, type) : memory::desc();
+  const memory::desc dw_any = any_md(w_shape);
+  const memory::desc db_md = has_bias ? vector_md(p.k) : memory::desc();
 
   ConvPlan plan;
   size_t cursor = 0;
@@ -126,7 +131,7 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
         plan.prim = dnnl::convolution_forward(pd);
         plan.scratch_md = pd.scratchpad_desc();
         stage(plan.in0, md_of(p.x), pd.src_desc(), false, false);
-        stage(plan.in1, plain_md(w_shape), pd.weights_desc(), false, false);
+        stage(plan.in1, plain_md(w_shape, type), pd.weights_desc(), false, false);
         stage(plan.out, md_of(p.y), pd.dst_desc(), true, false);
         plan.out_bias.user_md = b_md;  // the forward bias is an input, never staged
         break;
@@ -138,13 +143,13 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
         plan.prim = dnnl::convolution_backward_data(pd);
         plan.scratch_md = pd.scratchpad_desc();
         stage(plan.in0, md_of(p.y), pd.diff_dst_desc(), false, false);
-        stage(plan.in1, plain_md(w_shape), pd.weights_desc(), false, false);
+        stage(plan.in1, plain_md(w_shape, type), pd.weights_desc(), false, false);
         stage(plan.out, md_of(p.x), pd.diff_src_desc(), true, accumulate);
         break;
       }
       case ConvKind::kBackwardFilter: {
-        dnnl::convolution_backward_weights::desc d(alg, x_any, w_any, b_md, y_any, strides, pad,
-                                                   pad);
+        dnnl::convolution_backward_weights::desc d(alg, x_any, dw_any, db_md, y_any, strides,
+                                                   pad, pad);
         dnnl::convolution_backward_weights::primitive_desc pd(d, user_scratchpad_attr(), engine_,
                                                               fwd_pd);
         plan.prim = dnnl::convolution_backward_weights(pd);
@@ -152,7 +157,7 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
         stage(plan.in0, md_of(p.x), pd.src_desc(), false, false);
         stage(plan.in1, md_of(p.y), pd.diff_dst_desc(), false, false);
         stage(plan.out, plain_md(w_shape), pd.diff_weights_desc(), true, accumulate);
-        if (has_bias) stage(plan.out_bias, b_md, pd.diff_bias_desc(), true, accumulate);
+        if (has_bias) stage(plan.out_bias, db_md, pd.diff_bias_desc(), true, accumulate);
         break;
       }
     }
@@ -168,6 +173,9 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
 
 ConvPlan CpuBackend::build_im2col_conv(ConvKind kind, const ConvProblem& p, bool accumulate,
                                        bool has_bias) {
+  if (p.x.dtype != DataType::kF32) {
+    throw BackendError("cpu backend: im2col_gemm runs in f32 only, not for " + p.str());
+  }
   ConvPlan plan;
   plan.im2col = true;
   const Shape y = p.output_shape();
@@ -216,14 +224,18 @@ void CpuBackend::sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const 
 }
 
 void CpuBackend::run_im2col(ConvKind kind, const ConvPlan& plan, const ConvProblem& p,
-                            const Tensor* x, const float* w, const float* bias, const Tensor* dy,
+                            const Tensor* x, const void* w_in, const void* bias_in,
+                            const Tensor* dy,
                             const Tensor* out, float* dw, float* dbias, float beta, char* ws) {
   const Im2colGeometry& g = plan.geometry;
+  // im2col plans exist for f32 problems only (build_im2col_conv).
+  const auto* w = static_cast<const float*>(w_in);
+  const auto* bias = static_cast<const float*>(bias_in);
   const Shape y_shape = p.output_shape();
   float* cols = reinterpret_cast<float*>(ws + plan.cols_offset);
   const int64_t K = p.k, CRS = g.rows(), NPQ = g.cols();
   auto plain_x = [&](const Tensor& t, const Stage& s) -> const float* {
-    if (!s.active) return t.data;
+    if (!s.active) return static_cast<const float*>(t.data);
     float* tmp = reinterpret_cast<float*>(ws + s.offset);
     reorder(md_of(t.desc), t.data, plain_md(t.shape()), tmp);
     return tmp;
@@ -246,7 +258,8 @@ void CpuBackend::run_im2col(ConvKind kind, const ConvPlan& plan, const ConvProbl
       float* dyt = reinterpret_cast<float*>(ws + plan.in0.offset);
       reorder(md_of(dy->desc), dy->data, cnhw_md(y_shape), dyt);
       sgemm('T', 'N', CRS, NPQ, K, w, CRS, dyt, NPQ, 0.0f, cols, NPQ);
-      float* dx = plan.out.active ? reinterpret_cast<float*>(ws + plan.out.offset) : out->data;
+      float* dx = plan.out.active ? reinterpret_cast<float*>(ws + plan.out.offset)
+                                  : static_cast<float*>(out->data);
       const bool fold_into_user = !plan.out.active;
       if (!fold_into_user || beta == 0.0f) {
         std::memset(dx, 0, static_cast<size_t>(p.x.shape.elements()) * sizeof(float));
@@ -278,7 +291,7 @@ void CpuBackend::run_im2col(ConvKind kind, const ConvPlan& plan, const ConvProbl
 
 
 void CpuBackend::run_dnnl_conv(ConvKind kind, const ConvPlan& plan, char* ws, const void* in0,
-                               const void* in1, void* out, const float* bias, float* dbias) {
+                               const void* in1, void* out, const void* bias, float* dbias) {
   // Argument ids of the two inputs and the output, per kind.
   static constexpr int kArgs[3][3] = {
       {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
@@ -315,8 +328,8 @@ void CpuBackend::run_dnnl_conv(ConvKind kind, const ConvPlan& plan, char* ws, co
   stream_.wait();
 }
 
-void CpuBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const float* w,
-                              const float* bias, const Tensor& y, float beta, void* workspace,
+void CpuBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const void* w,
+                              const void* bias, const Tensor& y, float beta, void* workspace,
                               size_t workspace_bytes) {
   check_beta("conv_forward", beta);
   const ConvPlan& plan = conv_plan(ConvKind::kForward, algo, p, beta != 0.0f, bias != nullptr);
@@ -334,7 +347,7 @@ void CpuBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor&
 }
 
 void CpuBackend::conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy,
-                                    const float* w, const Tensor& dx, float beta, void* workspace,
+                                    const void* w, const Tensor& dx, float beta, void* workspace,
                                     size_t workspace_bytes) {
   check_beta("conv_backward_data", beta);
   const ConvPlan& plan = conv_plan(ConvKind::kBackwardData, algo, p, beta != 0.0f, true);

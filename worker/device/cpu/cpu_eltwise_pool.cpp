@@ -142,6 +142,7 @@ size_t CpuBackend::pooling_scratch_bytes(const PoolParams& p, const TensorDesc& 
 
 void CpuBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y,
                                  void* state) {
+  check_same_dtype("pooling_forward", {x.desc, y.desc});
   try {
     const auto& pd = pool_fwd_pd(p, x.desc, y.desc);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(pd.src_desc(), x.data)},
@@ -159,6 +160,7 @@ void CpuBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Ten
 
 void CpuBackend::pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y,
                                   const Tensor& dy, const Tensor& dx, const void* state) {
+  check_same_dtype("pooling_backward", {x.desc, y.desc, dy.desc, dx.desc});
   try {
     const auto& fwd = pool_fwd_pd(p, x.desc, y.desc);
     const auto& pd = pool_bwd_pd(p, x.desc, y.desc, dx.desc, dy.desc);
@@ -202,6 +204,7 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
     throw BackendError("add: shapes differ: " + a.shape().str() + ", " + b.shape().str() + " -> " +
                        y.shape().str());
   }
+  check_same_dtype("add", {a.desc, b.desc, y.desc});
   // oneDNN's sum works in place only on its first source: put y there.
   if (y.data == b.data && y.data != a.data) {
     add(b, a, y);
@@ -230,7 +233,7 @@ void CpuBackend::accumulate(const Tensor& x, const Tensor& y, float beta) {
 
 // A blocked output is assembled in a plain copy.
 static size_t concat_forward_scratch(const TensorDesc& y) {
-  return y.layout == Layout::kPlain ? 0 : plain_md(y.shape).get_size();
+  return y.layout == Layout::kPlain ? 0 : plain_md(y.shape, y.dtype).get_size();
 }
 
 // A blocked gradient can be sliced in place when the slice is block-aligned
@@ -245,7 +248,7 @@ size_t CpuBackend::concat_scratch_bytes(std::span<const TensorDesc> xs, const Te
   int64_t offset = 0;
   for (const TensorDesc& x : xs) {
     if (!concat_slice_in_place(y, offset, x.shape.c)) {
-      bytes = std::max(bytes, plain_md(y.shape).get_size());
+      bytes = std::max(bytes, plain_md(y.shape, y.dtype).get_size());
     }
     offset += x.shape.c;
   }
@@ -255,6 +258,7 @@ size_t CpuBackend::concat_scratch_bytes(std::span<const TensorDesc> xs, const Te
 void CpuBackend::concat_forward(std::span<const Tensor> xs, const Tensor& y) {
   int64_t channels = 0;
   for (const Tensor& x : xs) {
+    check_same_dtype("concat_forward", {x.desc, y.desc});
     if (x.shape().n != y.shape().n || x.shape().h != y.shape().h || x.shape().w != y.shape().w) {
       throw BackendError("concat: input " + x.shape().str() + " does not fit output " +
                          y.shape().str());
@@ -269,8 +273,8 @@ void CpuBackend::concat_forward(std::span<const Tensor> xs, const Tensor& y) {
   // blocked output whose slices are not block-aligned, through a plain copy.
   const bool direct = y.desc.layout == Layout::kPlain;
   Shape ys = y.shape();
-  float* plain = direct ? y.data : reinterpret_cast<float*>(scratch(concat_forward_scratch(y.desc)));
-  const memory::desc whole = plain_md(ys);
+  void* plain = direct ? y.data : scratch(concat_forward_scratch(y.desc));
+  const memory::desc whole = plain_md(ys, y.desc.dtype);
   int64_t offset = 0;
   for (const Tensor& x : xs) {
     const memory::desc part =
@@ -287,6 +291,7 @@ void CpuBackend::concat_backward(const Tensor& dy, int64_t channel_offset, const
   const Shape ys = dy.shape();
   const Shape xs = dx.shape();
   check_concat_slice(ys, channel_offset, xs);
+  check_same_dtype("concat_backward", {dy.desc, dx.desc});
   const memory::dims part_dims{ys.n, xs.c, ys.h, ys.w};
   const memory::dims part_offset{0, channel_offset, 0, 0};
   if (concat_slice_in_place(dy.desc, channel_offset, xs.c)) {
@@ -294,8 +299,8 @@ void CpuBackend::concat_backward(const Tensor& dy, int64_t channel_offset, const
             dx.data, beta != 0.0f);
     return;
   }
-  const memory::desc whole = plain_md(ys);
-  float* plain = reinterpret_cast<float*>(scratch(whole.get_size()));
+  const memory::desc whole = plain_md(ys, dy.desc.dtype);
+  char* plain = scratch(whole.get_size());
   reorder(md_of(dy.desc), dy.data, whole, plain);
   reorder(whole.submemory_desc(part_dims, part_offset), plain, md_of(dx.desc), dx.data,
           beta != 0.0f);

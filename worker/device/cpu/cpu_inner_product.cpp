@@ -10,8 +10,8 @@ namespace vtrain::worker::cpu {
 
 namespace {
 
-memory::desc ip_dst_md(int64_t n, int64_t out) {
-  return {{n, out}, memory::data_type::f32, Tag::nc};
+memory::desc ip_dst_md(int64_t n, int64_t out, DataType type) {
+  return {{n, out}, dnnl_type(type), Tag::nc};
 }
 
 void check_fc_output(const Tensor& y) {
@@ -62,9 +62,10 @@ static dnnl::inner_product_forward::primitive_desc make_ip_fwd(const dnnl::engin
                                                                const TensorDesc& x, int64_t out,
                                                                bool bias) {
   const Shape w{out, x.shape.c, x.shape.h, x.shape.w};
-  dnnl::inner_product_forward::desc d(dnnl::prop_kind::forward_training, md_of(x), any_md(w),
-                                      bias ? vector_md(out) : memory::desc(),
-                                      ip_dst_md(x.shape.n, out));
+  dnnl::inner_product_forward::desc d(dnnl::prop_kind::forward_training, md_of(x),
+                                      any_md(w, x.dtype),
+                                      bias ? vector_md(out, x.dtype) : memory::desc(),
+                                      ip_dst_md(x.shape.n, out, x.dtype));
   return dnnl::inner_product_forward::primitive_desc(d, user_scratchpad_attr(), engine);
 }
 
@@ -80,8 +81,9 @@ const dnnl::inner_product_backward_data::primitive_desc& CpuBackend::ip_bwd_data
   return cached<dnnl::inner_product_backward_data::primitive_desc>(
       "ip_bd" + shape_key(dx) + std::to_string(out), [&] {
         auto hint = make_ip_fwd(engine_, dx, out, true);
-        dnnl::inner_product_backward_data::desc d(md_of(dx), any_md(ip_weight_shape(dx, out)),
-                                                  ip_dst_md(dx.shape.n, out));
+        dnnl::inner_product_backward_data::desc d(md_of(dx),
+                                                  any_md(ip_weight_shape(dx, out), dx.dtype),
+                                                  ip_dst_md(dx.shape.n, out, dx.dtype));
         return dnnl::inner_product_backward_data::primitive_desc(d, user_scratchpad_attr(),
                                                                  engine_, hint);
       });
@@ -94,7 +96,7 @@ const dnnl::inner_product_backward_weights::primitive_desc& CpuBackend::ip_bwd_w
         auto hint = make_ip_fwd(engine_, x, out, bias);
         dnnl::inner_product_backward_weights::desc d(
             md_of(x), any_md(ip_weight_shape(x, out)), bias ? vector_md(out) : memory::desc(),
-            ip_dst_md(x.shape.n, out));
+            ip_dst_md(x.shape.n, out, x.dtype));
         return dnnl::inner_product_backward_weights::primitive_desc(d, user_scratchpad_attr(),
                                                                     engine_, hint);
       });
@@ -102,15 +104,16 @@ const dnnl::inner_product_backward_weights::primitive_desc& CpuBackend::ip_bwd_w
 
 size_t CpuBackend::inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) {
   try {
-    const memory::desc user_w = plain_md(ip_weight_shape(x, out));
+    const memory::desc user_w = plain_md(ip_weight_shape(x, out), x.dtype);
+    const memory::desc user_dw = plain_md(ip_weight_shape(x, out));
     const auto& fwd = ip_fwd_pd(x, out, bias);
     const auto& bwd_data = ip_bwd_data_pd(x, out);
     const auto& bwd_weights = ip_bwd_weights_pd(x, out, bias);
     return std::max({ip_weights_scratch(fwd.scratchpad_desc(), fwd.weights_desc(), user_w).total,
                      ip_weights_scratch(bwd_data.scratchpad_desc(), bwd_data.weights_desc(),
                                         user_w).total,
-                     ip_gradient_scratch(bwd_weights, user_w, out, bias, 0.0f).total,
-                     ip_gradient_scratch(bwd_weights, user_w, out, bias, 1.0f).total});
+                     ip_gradient_scratch(bwd_weights, user_dw, out, bias, 0.0f).total,
+                     ip_gradient_scratch(bwd_weights, user_dw, out, bias, 1.0f).total});
   } catch (const dnnl::error& e) {
     rethrow("inner product " + x.shape.str() + " -> " + std::to_string(out), e);
   }
@@ -119,8 +122,8 @@ size_t CpuBackend::inner_product_scratch_bytes(const TensorDesc& x, int64_t out,
 // Forward and backward data: the weights in the primitive's format if it
 // differs from the plain user format.
 const void* CpuBackend::ip_weights(const memory::desc& pad_md, const memory::desc& prim_w,
-                                   const TensorDesc& x, int64_t out, const float* w, char** buf) {
-  const memory::desc user_w = plain_md(ip_weight_shape(x, out));
+                                   const TensorDesc& x, int64_t out, const void* w, char** buf) {
+  const memory::desc user_w = plain_md(ip_weight_shape(x, out), x.dtype);
   const IpScratch layout = ip_weights_scratch(pad_md, prim_w, user_w);
   *buf = scratch(layout.total);
   if (!layout.staged) return w;
@@ -128,9 +131,10 @@ const void* CpuBackend::ip_weights(const memory::desc& pad_md, const memory::des
   return *buf + layout.staged_offset;
 }
 
-void CpuBackend::inner_product_forward(const Tensor& x, const float* w, const float* bias,
+void CpuBackend::inner_product_forward(const Tensor& x, const void* w, const void* bias,
                                        const Tensor& y) {
   check_fc_output(y);
+  check_same_dtype("inner_product_forward", {x.desc, y.desc});
   const int64_t out = y.shape().c;
   try {
     const auto& pd = ip_fwd_pd(x.desc, out, bias != nullptr);
@@ -141,15 +145,16 @@ void CpuBackend::inner_product_forward(const Tensor& x, const float* w, const fl
         {DNNL_ARG_WEIGHTS, mem(pd.weights_desc(), weights)},
         {DNNL_ARG_DST, mem(pd.dst_desc(), y.data)},
         {DNNL_ARG_SCRATCHPAD, mem(pd.scratchpad_desc(), buf)}};
-    if (bias) args[DNNL_ARG_BIAS] = mem(vector_md(out), bias);
+    if (bias) args[DNNL_ARG_BIAS] = mem(vector_md(out, x.desc.dtype), bias);
     execute(dnnl::inner_product_forward(pd), std::move(args));
   } catch (const dnnl::error& e) {
     rethrow("inner_product_forward " + x.shape().str() + " -> " + std::to_string(out), e);
   }
 }
 
-void CpuBackend::inner_product_backward_data(const Tensor& dy, const float* w, const Tensor& dx) {
+void CpuBackend::inner_product_backward_data(const Tensor& dy, const void* w, const Tensor& dx) {
   check_fc_output(dy);
+  check_same_dtype("inner_product_backward_data", {dy.desc, dx.desc});
   const int64_t out = dy.shape().c;
   try {
     const auto& pd = ip_bwd_data_pd(dx.desc, out);
@@ -170,6 +175,7 @@ void CpuBackend::inner_product_backward_weights(const Tensor& x, const Tensor& d
                                                 float* dbias, float beta) {
   check_fc_output(dy);
   check_beta("inner_product_backward_weights", beta);
+  check_same_dtype("inner_product_backward_weights", {x.desc, dy.desc});
   const int64_t out = dy.shape().c;
   try {
     const auto& pd = ip_bwd_weights_pd(x.desc, out, dbias != nullptr);
@@ -196,18 +202,34 @@ void CpuBackend::inner_product_backward_weights(const Tensor& x, const Tensor& d
 }
 
 
+size_t CpuBackend::softmax_scratch_bytes(const TensorDesc& logits) {
+  // Half logits are read, and their gradient written, through f32 copies.
+  if (logits.dtype == DataType::kF32) return 0;
+  return 2 * align_up(static_cast<size_t>(logits.shape.elements()) * sizeof(float));
+}
+
 LossStats CpuBackend::softmax_cross_entropy(const Tensor& logits, const int32_t* labels,
                                             float scale, const Tensor* dlogits) {
   if (logits.desc.layout != Layout::kPlain || (dlogits && dlogits->desc.layout != Layout::kPlain)) {
     throw BackendError("softmax_cross_entropy: logits must be plain {n, classes, 1, 1}");
   }
+  if (dlogits) check_same_dtype("softmax_cross_entropy", {logits.desc, dlogits->desc});
   const int64_t n = logits.shape().n;
   const int64_t k = logits.shape().per_sample();
+  const bool half = logits.desc.dtype != DataType::kF32;
+  const memory::desc f32_md = plain_md(logits.shape());
+  char* buf = half ? scratch(softmax_scratch_bytes(logits.desc)) : nullptr;
+  const float* z_all = static_cast<const float*>(logits.data);
+  float* d = dlogits ? static_cast<float*>(dlogits->data) : nullptr;
+  if (half) {
+    reorder(md_of(logits.desc), logits.data, f32_md, buf);
+    z_all = reinterpret_cast<const float*>(buf);
+    if (d) d = reinterpret_cast<float*>(buf + align_up(f32_md.get_size()));
+  }
   double loss = 0.0;
   int64_t correct = 0;
-  float* d = dlogits ? dlogits->data : nullptr;
   for (int64_t i = 0; i < n; ++i) {
-    const float* z = logits.data + i * k;
+    const float* z = z_all + i * k;
     const int32_t label = labels[i];
     if (label < 0 || label >= k) {
       throw BackendError("softmax_cross_entropy: label " + std::to_string(label) +
@@ -228,6 +250,7 @@ LossStats CpuBackend::softmax_cross_entropy(const Tensor& logits, const int32_t*
       }
     }
   }
+  if (half && d) reorder(f32_md, d, md_of(dlogits->desc), dlogits->data);
   return {loss, correct};
 }
 

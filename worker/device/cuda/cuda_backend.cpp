@@ -313,14 +313,14 @@ void CudaBackend::upload(const float* host, const Tensor& dst) {
   const std::string context = "upload " + dst.shape().str();
   if (dst.desc.layout == Layout::kPlain) {
     VTRAIN_CUDA_CHECK(
-        cudaMemcpyAsync(dst.data, host, plain_bytes, cudaMemcpyHostToDevice, compute_.get()),
+        cudaMemcpyAsync(f32(dst), host, plain_bytes, cudaMemcpyHostToDevice, compute_.get()),
         context);
   } else {
     float* staging = reinterpret_cast<float*>(scratch(plain_bytes));
     VTRAIN_CUDA_CHECK(
         cudaMemcpyAsync(staging, host, plain_bytes, cudaMemcpyHostToDevice, compute_.get()),
         context);
-    reorder(staging, 1, dst.data, blocked(dst.desc), compute_.get());
+    reorder(staging, 1, f32(dst), blocked(dst.desc), compute_.get());
   }
   sync_compute(context);  // the caller may reuse `host` on return
 }
@@ -328,10 +328,10 @@ void CudaBackend::upload(const float* host, const Tensor& dst) {
 void CudaBackend::download(const Tensor& src, float* host) {
   const size_t plain_bytes = static_cast<size_t>(src.shape().elements()) * sizeof(float);
   const std::string context = "download " + src.shape().str();
-  const float* from = src.data;
+  const float* from = f32(src);
   if (src.desc.layout != Layout::kPlain) {
     float* staging = reinterpret_cast<float*>(scratch(plain_bytes));
-    reorder(src.data, channel_block(src.desc.layout), staging,
+    reorder(f32(src), channel_block(src.desc.layout), staging,
             {src.shape().n, src.shape().c, src.shape().h, src.shape().w, 1}, compute_.get());
     from = staging;
   }
@@ -345,21 +345,21 @@ void CudaBackend::convert(const Tensor& src, const Tensor& dst) {
     throw BackendError("convert: shapes differ: " + src.shape().str() + " vs " + dst.shape().str());
   }
   if (src.desc.layout == dst.desc.layout) {
-    if (src.data != dst.data) {
-      VTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice,
+    if (f32(src) != f32(dst)) {
+      VTRAIN_CUDA_CHECK(cudaMemcpyAsync(f32(dst), f32(src), dst.bytes(), cudaMemcpyDeviceToDevice,
                                         compute_.get()),
                         "convert " + src.shape().str());
     }
     return;
   }
-  if (src.data == dst.data) {
+  if (f32(src) == f32(dst)) {
     throw BackendError("convert: cannot change the layout of " + src.shape().str() + " in place");
   }
-  reorder(src.data, channel_block(src.desc.layout), dst.data, blocked(dst.desc), compute_.get());
+  reorder(f32(src), channel_block(src.desc.layout), f32(dst), blocked(dst.desc), compute_.get());
 }
 
 void CudaBackend::fill(const Tensor& dst, float value) {
-  cuda::fill(dst.data, blocked(dst.desc), value, compute_.get());
+  cuda::fill(f32(dst), blocked(dst.desc), value, compute_.get());
 }
 
 void CudaBackend::upload_labels(const int32_t* host, int32_t* device, int64_t count) {
@@ -371,8 +371,8 @@ void CudaBackend::upload_labels(const int32_t* host, int32_t* device, int64_t co
 }
 
 const float* CudaBackend::in_layout(const Tensor& t, Layout layout, float* staging) {
-  if (t.desc.layout == layout) return t.data;
-  reorder(t.data, channel_block(t.desc.layout), staging, blocked({t.shape(), layout}),
+  if (t.desc.layout == layout) return f32(t);
+  reorder(f32(t), channel_block(t.desc.layout), staging, blocked({t.shape(), layout}),
           compute_.get());
   return staging;
 }

@@ -40,6 +40,11 @@
 
 namespace vtrain::worker::cuda {
 
+// A tensor's elements as floats: this backend runs f32 tensors only so far
+// (precision_unavailable refuses the half precisions and tf32), and throws
+// naming the tensor for any other.
+inline float* f32(const Tensor& t) { return t.f32("cuda backend (f32 only)"); }
+
 // -------------------------------------------------------- RAII for handles
 
 template <typename Handle, auto Destroy>
@@ -104,6 +109,11 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   DeviceInfo device_info() const override { return info_; }
+  std::optional<std::string> precision_unavailable(common::Precision precision) const override {
+    if (precision == common::Precision::kFp32) return std::nullopt;
+    return std::string("train.precision ") + common::precision_name(precision) +
+           " is not implemented in the CUDA backend yet (it trains in fp32)";
+  }
   DeviceStreams streams() const { return {device_, compute_.get()}; }
 
   void* allocate_device(size_t bytes) override;
@@ -143,10 +153,10 @@ class CudaBackend final : public Backend {
   std::string conv_algorithm_name(ConvKind kind, ConvAlgo algo) const override;
   size_t conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
                         bool accumulate) override;
-  void conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const float* w,
-                    const float* bias, const Tensor& y, float beta, void* workspace,
+  void conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const void* w,
+                    const void* bias, const Tensor& y, float beta, void* workspace,
                     size_t workspace_bytes) override;
-  void conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy, const float* w,
+  void conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy, const void* w,
                           const Tensor& dx, float beta, void* workspace,
                           size_t workspace_bytes) override;
   void conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const Tensor& dy,
@@ -161,9 +171,9 @@ class CudaBackend final : public Backend {
   void pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y, void* state) override;
   void pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y, const Tensor& dy,
                         const Tensor& dx, const void* state) override;
-  void inner_product_forward(const Tensor& x, const float* w, const float* bias,
+  void inner_product_forward(const Tensor& x, const void* w, const void* bias,
                              const Tensor& y) override;
-  void inner_product_backward_data(const Tensor& dy, const float* w, const Tensor& dx) override;
+  void inner_product_backward_data(const Tensor& dy, const void* w, const Tensor& dx) override;
   void inner_product_backward_weights(const Tensor& x, const Tensor& dy, float* dw, float* dbias,
                                       float beta) override;
   void batch_norm_forward_training(const Tensor& x, const Tensor& y, const float* scale_shift,

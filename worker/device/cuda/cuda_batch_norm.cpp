@@ -21,7 +21,7 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
   // cuDNN's running update is running = (1 - factor) * running + factor *
   // batch with the unbiased variance: the contract's, with factor = momentum.
   VTRAIN_CUDA_CHECK(cudnnBatchNormalizationForwardTraining(
-                        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x.data, xd, y.data,
+                        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, f32(x), xd, f32(y),
                         tensor_desc(1, c, 1, 1), scale_shift, scale_shift + c, momentum,
                         running_mean, running_var, eps, save_mean, inv_std),
                     what);
@@ -38,7 +38,7 @@ void CudaBackend::batch_norm_forward_inference(const Tensor& x, const Tensor& y,
   const cudnnTensorDescriptor_t xd = tensor_desc(x.shape());
   VTRAIN_CUDA_CHECK(
       cudnnBatchNormalizationForwardInference(
-          cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x.data, xd, y.data,
+          cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, f32(x), xd, f32(y),
           tensor_desc(1, c, 1, 1), scale_shift, scale_shift + c, running_mean, running_var, eps),
       "batch_norm_forward_inference " + x.shape().str());
 }
@@ -58,8 +58,8 @@ void CudaBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const f
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t xd = tensor_desc(x.shape());
   VTRAIN_CUDA_CHECK(cudnnBatchNormalizationBackward(
-                        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &beta, xd, x.data,
-                        xd, dy.data, xd, dx.data, tensor_desc(1, c, 1, 1), scale_shift,
+                        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &beta, xd, f32(x),
+                        xd, f32(dy), xd, f32(dx), tensor_desc(1, c, 1, 1), scale_shift,
                         dscale_shift, dscale_shift + c, eps, save_mean, inv_std),
                     "batch_norm_backward " + x.shape().str());
 }
@@ -81,7 +81,7 @@ std::vector<double> CudaBackend::batch_norm_sums(const Tensor& x) {
   require_plain("batch_norm_sums", x.desc);
   const Shape& s = x.shape();
   auto* sums = reinterpret_cast<double*>(scratch(bn_sums_bytes(s.c)));
-  cuda::batch_norm_sums(x.data, s.n, s.c, s.h * s.w, sums, compute_.get());
+  cuda::batch_norm_sums(f32(x), s.n, s.c, s.h * s.w, sums, compute_.get());
   return read_bn_sums(sums, s.c, "batch_norm_sums " + s.str());
 }
 
@@ -92,7 +92,7 @@ std::vector<double> CudaBackend::batch_norm_backward_sums(const Tensor& x, const
   require_plain("batch_norm_backward_sums", x.desc);
   const Shape& s = x.shape();
   auto* sums = reinterpret_cast<double*>(scratch(bn_sums_bytes(s.c)));
-  cuda::batch_norm_backward_sums(x.data, dy.data, mean, var, eps, s.n, s.c, s.h * s.w, sums,
+  cuda::batch_norm_backward_sums(f32(x), f32(dy), mean, var, eps, s.n, s.c, s.h * s.w, sums,
                                  compute_.get());
   return read_bn_sums(sums, s.c, "batch_norm_backward_sums " + s.str());
 }
@@ -106,8 +106,8 @@ void CudaBackend::batch_norm_backward_data(const Tensor& x, const Tensor& dy,
   }
   require_plain("batch_norm_backward_data", x.desc);
   const Shape& s = x.shape();
-  cuda::batch_norm_backward_data(x.data, dy.data, scale_shift, mean, var, dy_means, eps, s.n, s.c,
-                                 s.h * s.w, dx.data, compute_.get());
+  cuda::batch_norm_backward_data(f32(x), f32(dy), scale_shift, mean, var, dy_means, eps, s.n, s.c,
+                                 s.h * s.w, f32(dx), compute_.get());
 }
 
 }  // namespace vtrain::worker::cuda

@@ -249,8 +249,8 @@ void CudaBackend::check_conv(const char* op, const ConvProblem& p, const Tensor&
   }
 }
 
-void CudaBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const float* w,
-                               const float* bias, const Tensor& y, float beta, void* workspace,
+void CudaBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const void* w,
+                               const void* bias, const Tensor& y, float beta, void* workspace,
                                size_t workspace_bytes) {
   check_beta("conv_forward", beta);
   const ConvDescriptors& d = conv_descriptors(p);
@@ -258,28 +258,28 @@ void CudaBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor
   const std::string what = "conv_forward " + p.str();
   const float one = 1.0f;
   VTRAIN_CUDA_CHECK(
-      cudnnConvolutionForward(cudnn_.get(), &one, d.x.get(), x.data, d.w.get(), w, d.conv.get(),
+      cudnnConvolutionForward(cudnn_.get(), &one, d.x.get(), f32(x), d.w.get(), w, d.conv.get(),
                               static_cast<cudnnConvolutionFwdAlgo_t>(algo), workspace,
-                              workspace_bytes, &beta, d.y.get(), y.data),
+                              workspace_bytes, &beta, d.y.get(), f32(y)),
       what);
   if (bias) {
     VTRAIN_CUDA_CHECK(
-        cudnnAddTensor(cudnn_.get(), &one, d.bias.get(), bias, &one, d.y.get(), y.data),
+        cudnnAddTensor(cudnn_.get(), &one, d.bias.get(), bias, &one, d.y.get(), f32(y)),
         what + " bias");
   }
 }
 
 void CudaBackend::conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy,
-                                     const float* w, const Tensor& dx, float beta, void* workspace,
+                                     const void* w, const Tensor& dx, float beta, void* workspace,
                                      size_t workspace_bytes) {
   check_beta("conv_backward_data", beta);
   const ConvDescriptors& d = conv_descriptors(p);
   check_conv("conv_backward_data", p, dx, dy, ConvKind::kBackwardData, algo, workspace_bytes);
   const float one = 1.0f;
   VTRAIN_CUDA_CHECK(
-      cudnnConvolutionBackwardData(cudnn_.get(), &one, d.w.get(), w, d.y.get(), dy.data,
+      cudnnConvolutionBackwardData(cudnn_.get(), &one, d.w.get(), w, d.y.get(), f32(dy),
                                    d.conv.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
-                                   workspace, workspace_bytes, &beta, d.x.get(), dx.data),
+                                   workspace, workspace_bytes, &beta, d.x.get(), f32(dx)),
       "conv_backward_data " + p.str());
 }
 
@@ -292,12 +292,12 @@ void CudaBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, cons
   const std::string what = "conv_backward_filter " + p.str();
   const float one = 1.0f;
   VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardFilter(
-                        cudnn_.get(), &one, d.x.get(), x.data, d.y.get(), dy.data, d.conv.get(),
+                        cudnn_.get(), &one, d.x.get(), f32(x), d.y.get(), f32(dy), d.conv.get(),
                         static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), workspace,
                         workspace_bytes, &beta, d.w.get(), dw),
                     what);
   if (dbias) {
-    VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardBias(cudnn_.get(), &one, d.y.get(), dy.data, &beta,
+    VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardBias(cudnn_.get(), &one, d.y.get(), f32(dy), &beta,
                                                    d.bias.get(), dbias),
                       what + " bias");
   }

@@ -10,7 +10,7 @@ void CudaBackend::relu_forward(const Tensor& x, const Tensor& y) {
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t d = storage_desc(x.desc);  // relu(0) = 0 keeps padding zero
   VTRAIN_CUDA_CHECK(
-      cudnnActivationForward(cudnn_.get(), relu_.get(), &one, d, x.data, &zero, d, y.data),
+      cudnnActivationForward(cudnn_.get(), relu_.get(), &one, d, f32(x), &zero, d, f32(y)),
       "relu_forward " + x.shape().str());
 }
 
@@ -22,8 +22,8 @@ void CudaBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor&
   const cudnnTensorDescriptor_t d = storage_desc(y.desc);
   // y stands in for x: y > 0 exactly where x > 0. dx may alias dy (cuDNN
   // allows it with identical descriptors).
-  VTRAIN_CUDA_CHECK(cudnnActivationBackward(cudnn_.get(), relu_.get(), &one, d, y.data, d, dy.data,
-                                            d, y.data, &zero, d, dx.data),
+  VTRAIN_CUDA_CHECK(cudnnActivationBackward(cudnn_.get(), relu_.get(), &one, d, f32(y), d, f32(dy),
+                                            d, f32(y), &zero, d, f32(dx)),
                     "relu_backward " + y.shape().str());
 }
 
@@ -39,7 +39,7 @@ void CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
   const float* pa = in_layout(a, layout, staging);
   const float* pb =
       in_layout(b, layout, staging ? staging + align_up(bytes) / sizeof(float) : nullptr);
-  cuda::add(pa, pb, y.data, y.desc.storage_elements(), compute_.get());
+  cuda::add(pa, pb, f32(y), y.desc.storage_elements(), compute_.get());
 }
 
 void CudaBackend::accumulate(const Tensor& x, const Tensor& y, float beta) {
@@ -53,7 +53,7 @@ void CudaBackend::accumulate(const Tensor& x, const Tensor& y, float beta) {
   }
   const Layout layout = y.desc.layout;
   float* staging = x.desc.layout != layout ? reinterpret_cast<float*>(scratch(y.bytes())) : nullptr;
-  cuda::accumulate(in_layout(x, layout, staging), y.data, beta, y.desc.storage_elements(),
+  cuda::accumulate(in_layout(x, layout, staging), f32(y), beta, y.desc.storage_elements(),
                    compute_.get());
 }
 
@@ -74,7 +74,7 @@ void CudaBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Te
   require_plain("pooling_forward", y.desc);
   const float one = 1.0f, zero = 0.0f;
   VTRAIN_CUDA_CHECK(cudnnPoolingForward(cudnn_.get(), pool_desc(p), &one, tensor_desc(x.shape()),
-                                        x.data, &zero, tensor_desc(y.shape()), y.data),
+                                        f32(x), &zero, tensor_desc(y.shape()), f32(y)),
                     "pooling_forward " + x.shape().str() + " -> " + y.shape().str());
 }
 
@@ -83,8 +83,8 @@ void CudaBackend::pooling_backward(const PoolParams& p, const Tensor& x, const T
   for (const Tensor* t : {&x, &y, &dy, &dx}) require_plain("pooling_backward", t->desc);
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t xd = tensor_desc(x.shape()), yd = tensor_desc(y.shape());
-  VTRAIN_CUDA_CHECK(cudnnPoolingBackward(cudnn_.get(), pool_desc(p), &one, yd, y.data, yd, dy.data,
-                                         xd, x.data, &zero, xd, dx.data),
+  VTRAIN_CUDA_CHECK(cudnnPoolingBackward(cudnn_.get(), pool_desc(p), &one, yd, f32(y), yd, f32(dy),
+                                         xd, f32(x), &zero, xd, f32(dx)),
                     "pooling_backward " + x.shape().str() + " <- " + y.shape().str());
 }
 
@@ -109,7 +109,7 @@ void CudaBackend::concat_forward(std::span<const Tensor> xs, const Tensor& y) {
   int64_t offset = 0;
   for (const Tensor& x : xs) {
     const int64_t part = x.shape().c * hw;
-    copy_rows(x.data, part, y.data + offset * hw, ys.c * hw, ys.n, part, 0.0f, compute_.get());
+    copy_rows(f32(x), part, f32(y) + offset * hw, ys.c * hw, ys.n, part, 0.0f, compute_.get());
     offset += x.shape().c;
   }
 }
@@ -123,7 +123,7 @@ void CudaBackend::concat_backward(const Tensor& dy, int64_t channel_offset, cons
   const Shape xs = dx.shape();
   check_concat_slice(ys, channel_offset, xs);
   const int64_t hw = ys.h * ys.w;
-  copy_rows(dy.data + channel_offset * hw, ys.c * hw, dx.data, xs.c * hw, ys.n, xs.c * hw, beta,
+  copy_rows(f32(dy) + channel_offset * hw, ys.c * hw, f32(dx), xs.c * hw, ys.n, xs.c * hw, beta,
             compute_.get());
 }
 

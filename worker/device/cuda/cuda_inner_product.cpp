@@ -20,7 +20,7 @@ void check_fc_output(const char* op, const Tensor& y) {
 // cuBLAS is column-major: a row-major {rows, cols} matrix is its transpose.
 // So row-major y{n, out} = x{n, in} w{out, in}^T is, column-major,
 // y^T(out x n) = W^T * X where W = w^T (in x out) and X = x^T (in x n).
-void CudaBackend::inner_product_forward(const Tensor& x, const float* w, const float* bias,
+void CudaBackend::inner_product_forward(const Tensor& x, const void* w, const void* bias,
                                         const Tensor& y) {
   check_fc_output("inner_product_forward", y);
   require_plain("inner_product_forward", x.desc);
@@ -29,17 +29,17 @@ void CudaBackend::inner_product_forward(const Tensor& x, const float* w, const f
   const int n = to_int(x.shape().n, what), in = to_int(x.shape().per_sample(), what),
             out = to_int(y.shape().c, what);
   const float one = 1.0f, zero = 0.0f;
-  VTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w, in,
-                                x.data, in, &zero, y.data, out),
+  VTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one,
+                                static_cast<const float*>(w), in, f32(x), in, &zero, f32(y), out),
                     what);
   if (bias) {
     VTRAIN_CUDA_CHECK(cudnnAddTensor(cudnn_.get(), &one, tensor_desc(1, out, 1, 1), bias, &one,
-                                     tensor_desc(y.shape()), y.data),
+                                     tensor_desc(y.shape()), f32(y)),
                       what + " bias");
   }
 }
 
-void CudaBackend::inner_product_backward_data(const Tensor& dy, const float* w, const Tensor& dx) {
+void CudaBackend::inner_product_backward_data(const Tensor& dy, const void* w, const Tensor& dx) {
   check_fc_output("inner_product_backward_data", dy);
   require_plain("inner_product_backward_data", dx.desc);
   const std::string what =
@@ -49,8 +49,8 @@ void CudaBackend::inner_product_backward_data(const Tensor& dy, const float* w, 
             out = to_int(dy.shape().c, what);
   const float one = 1.0f, zero = 0.0f;
   // dx^T(in x n) = W^T(in x out) * dy^T(out x n)
-  VTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &one, w, in,
-                                dy.data, out, &zero, dx.data, in),
+  VTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &one,
+                                static_cast<const float*>(w), in, f32(dy), out, &zero, f32(dx), in),
                     what);
 }
 
@@ -66,12 +66,12 @@ void CudaBackend::inner_product_backward_weights(const Tensor& x, const Tensor& 
             out = to_int(dy.shape().c, what);
   const float one = 1.0f;
   // dW^T(in x out) = x^T(in x n) * dy(n x out)
-  VTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &one, x.data,
-                                in, dy.data, out, &beta, dw, in),
+  VTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &one, f32(x),
+                                in, f32(dy), out, &beta, dw, in),
                     what);
   if (dbias) {
     VTRAIN_CUDA_CHECK(
-        cudnnConvolutionBackwardBias(cudnn_.get(), &one, tensor_desc(dy.shape()), dy.data, &beta,
+        cudnnConvolutionBackwardBias(cudnn_.get(), &one, tensor_desc(dy.shape()), f32(dy), &beta,
                                      tensor_desc(1, out, 1, 1), dbias),
         what + " bias");
   }
@@ -98,7 +98,7 @@ LossStats CudaBackend::softmax_cross_entropy(const Tensor& logits, const int32_t
   int32_t* bad = correct + n;
   const std::string what = "softmax_cross_entropy " + logits.shape().str();
   VTRAIN_CUDA_CHECK(cudaMemsetAsync(bad, 0, 2 * sizeof(int32_t), compute_.get()), what);
-  cuda::softmax_cross_entropy(logits.data, labels, n, k, scale, dlogits ? dlogits->data : nullptr,
+  cuda::softmax_cross_entropy(f32(logits), labels, n, k, scale, dlogits ? f32(*dlogits) : nullptr,
                               loss, correct, bad, compute_.get());
   char* host = pinned_staging(result_bytes);
   VTRAIN_CUDA_CHECK(

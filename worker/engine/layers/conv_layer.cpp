@@ -60,6 +60,10 @@ float* ConvLayer::bias(float* base) const {
   return spec().bias ? base + problem_.weight_shape().elements() : nullptr;
 }
 
+const void* ConvLayer::compute_bias() const {
+  return spec().bias ? compute_params(problem_.weight_shape().elements()) : nullptr;
+}
+
 void ConvLayer::describe_backward(memory::LayerNode& node) const {
   node.backward_reads_inputs = true;
   node.backward_accumulates = !planned();  // see backward()
@@ -75,8 +79,8 @@ void ConvLayer::forward(LayerCall& call, bool) {
   ConvOperands o;
   o.x = call.in[0];
   o.y = call.out;
-  o.w = params();
-  o.bias = bias(params());
+  o.w = compute_params();
+  o.bias = compute_bias();
   run(call, ConvKind::kForward, o, 0.0f);
 }
 
@@ -84,7 +88,7 @@ void ConvLayer::backward(LayerCall& call) {
   ConvOperands o;
   o.x = call.in[0];
   o.dy = call.dout;
-  o.w = params();
+  o.w = compute_params();
   o.dw = grads();
   o.dbias = bias(grads());
   run(call, ConvKind::kBackwardFilter, o, 0.0f);
@@ -138,8 +142,10 @@ void ConvLayer::tune(Backend& backend, const TensorDesc& x_desc, const TensorDes
   const Tensor dy = y;
   const Tensor dx = runs(ConvKind::kBackwardData) ? Tensor{x_desc, buf.get(x_desc.bytes())}
                                                   : Tensor{};
+  // Weights in the activations' type (the compute copy), gradients in f32.
   const int64_t count = std::max<int64_t>(param_count(), 1);
-  float* w = buf.get(count * sizeof(float));
+  const TensorDesc w_desc{{count, 1, 1, 1}, Layout::kPlain, x_desc.dtype};
+  void* w = buf.get(w_desc.bytes());
   float* dw = buf.get(count * sizeof(float));
   // Only algorithms whose workspace the device has room for are timed
   // (and so can be chosen): under a memory limit the others cannot run.
@@ -149,8 +155,12 @@ void ConvLayer::tune(Backend& backend, const TensorDesc& x_desc, const TensorDes
   // Finite contents: timing must not run on NaNs or denormals.
   for (const Tensor& t : {x, y, dy}) backend.fill(t, 0.01f);
   if (dx.data) backend.fill(dx, 0.01f);
-  backend.fill(Tensor{{{count, 1, 1, 1}}, w}, 0.01f);
-  ConvOperands o{x, y, dy, dx, w, bias(w), dw, bias(dw)};
+  backend.fill(Tensor{w_desc, w}, 0.01f);
+  const void* w_bias = spec().bias ? static_cast<const char*>(w) +
+                                         problem_.weight_shape().elements() *
+                                             static_cast<int64_t>(element_bytes(x_desc.dtype))
+                                   : nullptr;
+  ConvOperands o{x, y, dy, dx, w, w_bias, dw, bias(dw)};
   for (ConvKind kind : kernels()) {
     c.tune(backend, kind, [&](ConvAlgo algo) {
       run_conv_call(backend, kind, problem_, algo, o, 0, 0.0f, ws, ws_bytes);

@@ -49,6 +49,7 @@ class ConvLayer final : public Layer {
   // segment lies in the plan's buffer).
   size_t kernel_workspace(ConvKind kind) const;
   float* bias(float* base) const;
+  const void* compute_bias() const;  // the bias in compute_params()
   // Runs one kernel: undivided with the chosen algorithm in the call's
   // workspace, or as the plan's calls in the kernel's segment of it.
   void run(LayerCall& call, ConvKind kind, const ConvOperands& o, float beta);

@@ -19,14 +19,14 @@ class FcLayer final : public Layer {
     upload_floats(backend, host, params());
   }
   void forward(LayerCall& call, bool) override {
-    call.backend.inner_product_forward(call.in[0], params(), bias(params()), call.out);
+    call.backend.inner_product_forward(call.in[0], compute_params(), compute_bias(), call.out);
   }
   void backward(LayerCall& call) override {
     call.backend.inner_product_backward_weights(call.in[0], call.dout, grads(), bias(grads()),
                                                 0.0f);
     call.gradients_ready();
     call.emit_grad(0, false, [&](const Tensor& dx, float) {
-      call.backend.inner_product_backward_data(call.dout, params(), dx);
+      call.backend.inner_product_backward_data(call.dout, compute_params(), dx);
     });
   }
   void describe_backward(memory::LayerNode& node) const override {
@@ -36,6 +36,7 @@ class FcLayer final : public Layer {
 
  private:
   float* bias(float* base) const { return spec().bias ? base + spec().out * in_ : nullptr; }
+  const void* compute_bias() const { return spec().bias ? compute_params(spec().out * in_) : nullptr; }
   int64_t in_;
 };
 

@@ -49,9 +49,14 @@ struct LayerCall {
 // A layer's persistent storage, named: its ranges of the network's flat
 // parameter, gradient and buffer arrays (null where it has none).
 struct LayerStorage {
-  float* params = nullptr;   // param_count() floats, learned
+  float* params = nullptr;   // param_count() floats, learned (the fp32 master copy)
   float* grads = nullptr;    // param_count() floats, their gradients
   float* buffers = nullptr;  // buffer_count() floats, saved but not learned
+  // The parameters in the activations' type, which conv and fc kernels
+  // read: under a half precision a copy the network refreshes from params
+  // before forward runs (compute_type elements); null: params itself.
+  const void* compute_params = nullptr;
+  DataType compute_type = DataType::kF32;
 };
 
 class Layer {
@@ -108,6 +113,13 @@ class Layer {
 
  protected:
   float* params() const { return storage_.params; }
+  // Element `offset` of the parameters as conv and fc kernels read them
+  // (LayerStorage::compute_params, else params).
+  const void* compute_params(int64_t offset = 0) const {
+    if (!storage_.compute_params) return storage_.params + offset;
+    return static_cast<const char*>(storage_.compute_params) +
+           offset * static_cast<int64_t>(element_bytes(storage_.compute_type));
+  }
   float* grads() const { return storage_.grads; }
   float* buffers() const { return storage_.buffers; }
 
