@@ -3,10 +3,14 @@
 data and threads (the foundation issue's benchmark).
 
     /usr/bin/python3 bench/bench_train.py [--runs 5] [--steps 200] [--threads 2] [--vtrain PATH]
+                                          [--precisions fp32,bf16]
 
 Alternates vtrain and PyTorch runs (A B A B ...) so drifting machine load hits
-both alike, and prints per-model medians, the ratio of medians, and vtrain's
-GFLOP/s (training FLOPs = 3 x forward multiply-adds x 2, the usual
+both alike, and prints per-model (and per-precision) medians, the ratio of
+medians, vtrain's peak device memory and GFLOP/s. Precision bf16 is vtrain's
+train.precision: bf16 against PyTorch's CPU autocast to bfloat16 (needs a CPU
+with AVX-512 BF16 or AMX for vtrain; a ratio column compares each precision
+with fp32 of the same program) (training FLOPs = 3 x forward multiply-adds x 2, the usual
 convention; the first conv's skipped backward-data is not subtracted).
 Needs build/vtrain and Debian's python3-torch (with libopenblas0)."""
 import argparse
@@ -31,20 +35,24 @@ CONFIGS = {"lenet": "configs/fmnist-lenet.yaml", "vgg-small": "configs/fmnist-vg
 LR = {"lenet": 0.05, "vgg-small": 0.02}
 
 
-def run_vtrain(binary, model, steps, threads, extra):
+def run_vtrain(binary, model, steps, threads, precision, extra):
+    """(images/s, peak device bytes) of one run."""
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as m:
         cmd = [binary, os.path.join(ROOT, CONFIGS[model]),
                "--progress", "off", "--metrics", m.name,
                "--set", f"train.max_steps={steps}", "--set", "train.evaluate=false",
-               "--set", f"device.threads={threads}"] + extra
+               "--set", f"device.threads={threads}",
+               "--set", f"train.precision={precision}"] + extra
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        return end_record(m.name)["images_per_second"]
+        end = end_record(m.name)
+        return end["images_per_second"], end["peak_device_bytes"]
 
 
-def run_torch(model, steps, threads):
+def run_torch(model, steps, threads, precision):
     out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "torch_train.py"),
                           "--model", model, "--steps", str(steps), "--threads", str(threads),
-                          "--lr", str(LR[model])], check=True, capture_output=True, text=True)
+                          "--lr", str(LR[model]), "--precision", precision],
+                         check=True, capture_output=True, text=True)
     return float(out.stdout.split()[-1])
 
 
@@ -54,6 +62,8 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--models", default="lenet,vgg-small")
+    p.add_argument("--precisions", default="fp32",
+                   help="comma-separated train.precision values (fp32, bf16)")
     p.add_argument("--vtrain", default=os.path.join(ROOT, "build", "vtrain"),
                    help="the vtrain binary (default: build/vtrain in the repo)")
     p.add_argument("--vtrain-set", action="append", default=[],
@@ -62,16 +72,30 @@ def main():
     env_threads = str(a.threads)
     os.environ["OMP_NUM_THREADS"] = env_threads
     extra = [x for s in a.vtrain_set for x in ("--set", s)]
-    print(f"{'model':10} {'vtrain img/s':>13} {'torch img/s':>12} {'ratio':>6} {'vtrain GFLOP/s':>15}")
+    precisions = a.precisions.split(",")
+    print(f"{'model':10} {'prec':5} {'vtrain img/s':>13} {'torch img/s':>12} {'ratio':>6} "
+          f"{'vs fp32 (vtrain, torch)':>24} {'vtrain peak MiB':>16} {'GFLOP/s':>8}")
     for model in a.models.split(","):
-        v, t = [], []
+        v = {p: [] for p in precisions}
+        peak = {p: [] for p in precisions}
+        t = {p: [] for p in precisions}
         for _ in range(a.runs):
-            v.append(run_vtrain(a.vtrain, model, a.steps, a.threads, extra))
-            t.append(run_torch(model, a.steps, a.threads))
-        mv, mt = statistics.median(v), statistics.median(t)
-        gflops = mv * 3 * 2 * FORWARD_MACS[model] / 1e9
-        print(f"{model:10} {mv:13.0f} {mt:12.0f} {mv / mt:6.2f} {gflops:15.1f}")
-        print(f"  runs vtrain {[round(x) for x in v]}  torch {[round(x) for x in t]}", flush=True)
+            for prec in precisions:
+                ips, peak_bytes = run_vtrain(a.vtrain, model, a.steps, a.threads, prec, extra)
+                v[prec].append(ips)
+                peak[prec].append(peak_bytes)
+                t[prec].append(run_torch(model, a.steps, a.threads, prec))
+        for prec in precisions:
+            mv, mt = statistics.median(v[prec]), statistics.median(t[prec])
+            vs = "-"
+            if prec != "fp32" and "fp32" in v:
+                vs = (f"{mv / statistics.median(v['fp32']):.2f}x, "
+                      f"{mt / statistics.median(t['fp32']):.2f}x")
+            gflops = mv * 3 * 2 * FORWARD_MACS[model] / 1e9
+            print(f"{model:10} {prec:5} {mv:13.0f} {mt:12.0f} {mv / mt:6.2f} {vs:>24} "
+                  f"{max(peak[prec]) / 2**20:16.1f} {gflops:8.1f}")
+            print(f"  runs vtrain {[round(x) for x in v[prec]]}  torch {[round(x) for x in t[prec]]}",
+                  flush=True)
 
 
 if __name__ == "__main__":

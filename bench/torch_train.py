@@ -91,6 +91,8 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: torch.autocast on the CPU (AMP), fp32 master weights")
     a = p.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -109,7 +111,8 @@ def main():
         idx = perm[step * a.batch:(step + 1) * a.batch]
         xb, yb = x[idx], labels[idx]
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xb), yb)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = loss_fn(model(xb), yb)
         loss.backward()
         opt.step()
         if step > 0:

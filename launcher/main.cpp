@@ -151,8 +151,9 @@ int run_check(const CliArgs& cli) {
   std::printf("data: %lld train, %lld test samples of %s, %lld classes\n",
               static_cast<long long>(data.train.count), static_cast<long long>(data.test.count),
               data.train.sample.str().c_str(), static_cast<long long>(data.train.classes));
-  std::printf("model: %d layers, %lld parameters\n", graph.size(),
-              static_cast<long long>(graph.parameter_count()));
+  std::printf("model: %d layers, %lld parameters, %s\n", graph.size(),
+              static_cast<long long>(graph.parameter_count()),
+              common::precision_name(graph.precision()));
   for (int i = 0; i < graph.size(); ++i) {
     const worker::LayerSpec& l = graph.layer(i);
     std::string inputs;
