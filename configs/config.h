@@ -73,6 +73,9 @@ struct TrainConfig {
   // their gradients and the weights the kernels read are stored in; master
   // weights, gradients and the optimizer stay fp32.
   common::Precision precision = common::Precision::kFp32;
+  // Dynamic loss scaling (worker/train/loss_scaler.h): mode auto | on | off
+  // (auto: on under fp16), initial scale, growth_interval.
+  worker::LossScalingSettings loss_scaling;
 };
 
 struct BalanceConfig {

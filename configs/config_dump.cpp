@@ -130,6 +130,12 @@ void emit_training(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "allreduce_bucket" << YAML::Value << format_size(train.allreduce_bucket);
   out << YAML::Key << "precision" << YAML::Value
       << common::name_of(common::kPrecisionNames, train.precision);
+  const worker::LossScalingSettings& l = train.loss_scaling;
+  out << YAML::Key << "loss_scaling" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  out << YAML::Key << "mode" << YAML::Value << common::name_of(worker::kLossScalingModeNames, l.mode);
+  out << YAML::Key << "initial" << YAML::Value << l.initial;
+  out << YAML::Key << "growth_interval" << YAML::Value << l.growth_interval;
+  out << YAML::EndMap;
   out << YAML::EndMap;
 
   const OptimizerConfig& opt = config.optimizer;

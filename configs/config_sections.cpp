@@ -1,6 +1,7 @@
 // Config loading, the sections: every map is checked against the keys it
 // may hold, every value against its type and range (see config.cpp).
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -303,10 +304,26 @@ ModelConfig read_model(const Field& field, const DataConfig& data) {
   return model;
 }
 
+worker::LossScalingSettings read_loss_scaling(const Field& field) {
+  const Section section(field);
+  section.allow({"mode", "initial", "growth_interval"});
+  worker::LossScalingSettings l;
+  if (Field f = section["mode"]) l.mode = to_choice(f, worker::kLossScalingModeNames);
+  if (Field f = section["initial"]) {
+    l.initial = to_number(f, above(0));
+    int exponent = 0;
+    if (std::frexp(l.initial, &exponent) != 0.5 || l.initial < 0x1p-24 || l.initial > 0x1p127) {
+      f.fail("expected a power of two in [2^-24, 2^127] (scaling by one is exact)");
+    }
+  }
+  if (Field f = section["growth_interval"]) l.growth_interval = to_int(f, at_least(1));
+  return l;
+}
+
 TrainConfig read_train(const Field& field) {
   const Section section(field);
   section.allow({"batch", "epochs", "max_steps", "seed", "log_every", "evaluate",
-                 "allreduce_bucket", "precision"});
+                 "allreduce_bucket", "precision", "loss_scaling"});
   TrainConfig train;
   if (Field f = section["batch"]) train.batch = to_dimension(f, 1);
   if (Field f = section["epochs"]) train.epochs = to_int(f, at_least(1));
@@ -315,6 +332,7 @@ TrainConfig read_train(const Field& field) {
   if (Field f = section["log_every"]) train.log_every = to_int(f, at_least(1));
   if (Field f = section["evaluate"]) train.evaluate = to_bool(f);
   if (Field f = section["precision"]) train.precision = to_choice(f, common::kPrecisionNames);
+  if (Field f = section["loss_scaling"]) train.loss_scaling = read_loss_scaling(f);
   if (Field f = section["allreduce_bucket"]) {
     train.allreduce_bucket = to_size(f);
     if (train.allreduce_bucket == 0) f.fail("expected a size > 0");

@@ -36,6 +36,7 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
   o.checkpoint_keep = static_cast<int>(cfg.checkpoint.keep);
   o.resume = cfg.checkpoint.resume == worker::ResumeSetting::kAuto;
   o.rebalance.settings = cfg.balance.rebalance;
+  o.loss_scaling = cfg.train.loss_scaling;
   return o;
 }
 

@@ -209,3 +209,100 @@ TEST(Precision, TheCpuRefusesFp16AndTf32NamingWhatItRuns) {
 
 }  // namespace
 }  // namespace vtrain
+
+namespace vtrain {
+namespace {
+
+// ------------------------------------------------------------ loss scaling
+
+TEST(LossScaler, HalvesOnOverflowDoublesAfterCleanStepsAndStaysInRange) {
+  worker::LossScaler s(1024, 3);
+  EXPECT_TRUE(s.after_step(true));
+  EXPECT_TRUE(s.after_step(true));
+  EXPECT_EQ(s.scale(), 1024);
+  EXPECT_TRUE(s.after_step(true));  // the third clean step in a row
+  EXPECT_EQ(s.scale(), 2048);
+  EXPECT_FALSE(s.after_step(false));
+  EXPECT_EQ(s.scale(), 1024);
+  EXPECT_TRUE(s.after_step(true));
+  EXPECT_TRUE(s.after_step(true));
+  EXPECT_FALSE(s.after_step(false));  // an overflow restarts the count
+  EXPECT_TRUE(s.after_step(true));
+  EXPECT_TRUE(s.after_step(true));
+  EXPECT_EQ(s.scale(), 512);
+  EXPECT_EQ(s.skipped_steps(), 2);
+
+  worker::LossScaler top(0x1p127, 1);
+  EXPECT_TRUE(top.after_step(true));
+  EXPECT_EQ(top.scale(), 0x1p127);
+  worker::LossScaler bottom(0x1p-24, 5);
+  EXPECT_FALSE(bottom.after_step(false));
+  EXPECT_EQ(bottom.scale(), 0x1p-24);
+  EXPECT_THROW(worker::LossScaler(1000, 1), std::invalid_argument);
+  EXPECT_THROW(worker::LossScaler(1024, 0), std::invalid_argument);
+  EXPECT_THROW(worker::LossScaler(0x1p128, 1), std::invalid_argument);
+}
+
+struct ScaledRun {
+  std::vector<float> params;
+  worker::TrainResult result;
+};
+
+// LeNet on 16x16 synthetic data, fp32 (loss scaling is precision-agnostic
+// arithmetic, so this runs on every machine); `pixel_scale` multiplies the
+// inputs (large inputs make the scaled gradients overflow).
+ScaledRun lenet_run(const worker::LossScalingSettings& scaling, int64_t max_steps,
+                    float pixel_scale = 1) {
+  const worker::Shape input{1, 1, 16, 16};
+  const worker::Dataset train = worker::make_synthetic(input, 4, 256, 3);
+  const worker::Graph graph =
+      worker::Graph::build(worker::preset_layers("lenet", {input, 4}), input);
+  auto backend = worker::make_backend({.kind = "cpu", .threads = 1});
+  worker::ChannelStats norm = worker::channel_stats(train);
+  for (float& s : norm.stddev) s /= pixel_scale;
+  test_support::TempDir dir;
+  worker::TrainerOptions o = trainer_options(dir.path("ck"), 1);
+  o.max_steps = max_steps;
+  o.loss_scaling = scaling;
+  ScaledRun run;
+  run.result = worker::train(graph, *backend, train, {}, norm, o);
+  run.params = worker::load_checkpoint(*worker::latest_checkpoint(dir.path("ck"))).parameters;
+  return run;
+}
+
+// Scales are powers of two: where nothing overflows, scaling the loss and
+// unscaling the gradients change no bit of the weights.
+TEST(LossScaling, PowerOfTwoScalesChangeNoBitOfTheWeights) {
+  const ScaledRun off = lenet_run({.mode = worker::LossScalingMode::kOff}, 8);
+  const ScaledRun on = lenet_run(
+      {.mode = worker::LossScalingMode::kOn, .initial = 1024, .growth_interval = 3}, 8);
+  EXPECT_TRUE(bitwise_equal(off.params, on.params));
+  EXPECT_EQ(on.result.skipped_steps, 0);
+  EXPECT_EQ(on.result.loss_scale, 1024 * 4);  // doubled after steps 3 and 6
+  EXPECT_EQ(off.result.loss_scale, 0);
+  // auto is off in fp32.
+  const ScaledRun automatic = lenet_run({}, 8);
+  EXPECT_EQ(automatic.result.loss_scale, 0);
+}
+
+// Inputs 1000x larger and the largest scale: the first steps' gradients
+// overflow, their updates are skipped (the weights stay the initial ones)
+// and the scale halves each time.
+TEST(LossScaling, OverflowedStepsAreSkippedAndTheScaleHalves) {
+  const worker::Shape input{1, 1, 16, 16};
+  const worker::Graph graph =
+      worker::Graph::build(worker::preset_layers("lenet", {input, 4}), input);
+  auto backend = worker::make_backend({.kind = "cpu", .threads = 1});
+  worker::Network net(graph, *backend, {.max_batch = 1, .conv_algorithm = "direct"});
+  net.init_parameters(trainer_options("", 1).seed);  // as train() initialises
+  const std::vector<float> initial = net.download_parameters();
+  const ScaledRun scaled = lenet_run(
+      {.mode = worker::LossScalingMode::kOn, .initial = 0x1p127, .growth_interval = 100}, 3,
+      1000);
+  EXPECT_EQ(scaled.result.skipped_steps, 3);
+  EXPECT_EQ(scaled.result.loss_scale, 0x1p124);
+  EXPECT_TRUE(bitwise_equal(initial, scaled.params));
+}
+
+}  // namespace
+}  // namespace vtrain

@@ -299,6 +299,9 @@ class Backend {
                           const SgdStep& step) = 0;
   // x *= alpha over `count` floats.
   virtual void scale(float* x, int64_t count, float alpha) = 0;
+  // Whether none of `count` floats is infinite or NaN (loss scaling's
+  // overflow check). Synchronises.
+  virtual bool all_finite(const float* x, int64_t count) = 0;
 
   // ------------------------------------------------ the ops' own scratch
   // Ops other than convolutions may need device memory of the backend's own

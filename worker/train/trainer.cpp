@@ -57,6 +57,14 @@ Evaluation evaluate(Network& net, const Dataset& data, const ChannelStats& norm,
   return {sums[0] / static_cast<double>(data.count), sums[1] / static_cast<double>(data.count)};
 }
 
+// train.loss_scaling's scaler, or nothing when it is off (auto: on under fp16).
+std::optional<LossScaler> make_loss_scaler(const LossScalingSettings& s, common::Precision p) {
+  const bool on = s.mode == LossScalingMode::kOn ||
+                  (s.mode == LossScalingMode::kAuto && p == common::Precision::kFp16);
+  if (!on) return std::nullopt;
+  return LossScaler(s.initial, s.growth_interval);
+}
+
 // A rank with no samples still needs a network for the parameter buffers
 // and for its share of the evaluation. A network built after the optimizer
 // (a larger batch after a re-balance) finds its state in use already.
@@ -144,6 +152,7 @@ class Trainer {
   StepTotals compute(const std::vector<int64_t>& order, int64_t i);
   StepTotals contribute_zero_gradients();
   void check_finite(double loss) const;
+  bool unscale_gradients();
   void log_step(int64_t epoch, int64_t i, const StepTotals& totals);
   void end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_point start);
   void share_batch_norm_statistics();
@@ -175,6 +184,7 @@ class Trainer {
   Staging eval_stage_;
   BatchGatherer gatherer_;
   Rebalancer rebalancer_;
+  std::optional<LossScaler> scaler_;  // train.loss_scaling on
   TrainResult result_;
   Position at_;        // the next step
   Position resumed_;   // where this run began
@@ -205,7 +215,8 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
                 options.gather_ahead < 0
                     ? job_.my_batch * train_set.sample.per_sample() >= BatchGatherer::kMinPixels
                     : options.gather_ahead > 0),
-      rebalancer_(options.rebalance, job_.rank, job_.ranks, job_.batch) {
+      rebalancer_(options.rebalance, job_.rank, job_.ranks, job_.batch),
+      scaler_(make_loss_scaler(options.loss_scaling, graph.precision())) {
   // Peak device memory counts from here: what training holds, not the
   // buffers conv.algorithm auto timed its candidates in (freed by now).
   backend_.reset_peak();
@@ -385,7 +396,9 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   }
   check_finite(totals.loss_sum / static_cast<double>(job_.batch));
   totals.lr = schedule_.at(at_.step);
-  sgd_.step(net_->parameters(), net_->gradients(), static_cast<float>(totals.lr));
+  if (unscale_gradients()) {
+    sgd_.step(net_->parameters(), net_->gradients(), static_cast<float>(totals.lr));
+  }
   ++at_.step;
   const int64_t run_steps = at_.step - resumed_.step;
   if (trace_ && run_steps == options_.trace_steps) net_->set_trace(nullptr);
@@ -439,7 +452,9 @@ StepTotals Trainer::compute(const std::vector<int64_t>& order, int64_t i) {
   if (i + 1 < job_.steps_per_epoch && at_.step + 1 < job_.total_steps) {
     gatherer_.gather_ahead(slice(i + 1));
   }
-  const LossStats s = net_->train_step(job_.my_batch, 1.0f / static_cast<float>(job_.batch));
+  const double scale = scaler_ ? scaler_->scale() : 1.0;
+  const LossStats s =
+      net_->train_step(job_.my_batch, static_cast<float>(scale / static_cast<double>(job_.batch)));
   return {s.loss_sum, static_cast<double>(s.correct)};
 }
 
@@ -456,6 +471,25 @@ StepTotals Trainer::contribute_zero_gradients() {
     }
   }
   return {};
+}
+
+// Under loss scaling: divides the (allreduced, so on every rank the same)
+// gradients by the scale they were computed at, or, when they overflowed,
+// tells the caller to skip the update; the scaler then adjusts the scale.
+// True without loss scaling.
+bool Trainer::unscale_gradients() {
+  if (!scaler_) return true;
+  const double scale = scaler_->scale();
+  const bool finite = backend_.all_finite(net_->gradients(), net_->parameter_count());
+  if (!scaler_->after_step(finite)) {
+    ++result_.skipped_steps;
+    progress_.line(format("loss scaling: the gradients of step %lld overflowed at scale %g; "
+                          "update skipped, scale now %g",
+                          static_cast<long long>(at_.step + 1), scale, scaler_->scale()));
+    return false;
+  }
+  backend_.scale(net_->gradients(), net_->parameter_count(), static_cast<float>(1.0 / scale));
+  return true;
 }
 
 // A diverged run stops before the update that would spread the non-finite
@@ -576,6 +610,7 @@ void Trainer::finish() {
   result_.peak_device_bytes = backend_.device_bytes_peak();
   result_.memory = net_->memory_stats();
   result_.final_split = job_.split;
+  result_.loss_scale = scaler_ ? scaler_->scale() : 0.0;
   if (trace_) {
     net_->set_trace(nullptr);
     std::vector<std::string> parts = parallel()
@@ -607,7 +642,9 @@ void Trainer::write_end_record() {
       .add("ranks", static_cast<int64_t>(job_.ranks))
       .add("allreduce_seconds", r.allreduce_seconds)
       .add("allreduce_exposed_seconds", r.allreduce_exposed_seconds)
-      .add("rebalances", r.rebalances);
+      .add("rebalances", r.rebalances)
+      .add("skipped_steps", r.skipped_steps)
+      .add("loss_scale", r.loss_scale);
   if (r.test_accuracy >= 0) end.add("test_accuracy", r.test_accuracy).add("test_loss", r.test_loss);
   metrics_.write(end);
 }

@@ -14,6 +14,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/data/data.h"
 #include "worker/engine/graph.h"
+#include "worker/train/loss_scaler.h"
 #include "worker/train/metrics.h"
 #include "worker/train/rebalancer.h"
 #include "worker/train/train_observer.h"
@@ -40,6 +41,8 @@ struct TrainerOptions {
   LrSchedule schedule;           // steps_per_epoch and total_steps are filled in by the trainer
   float momentum = 0.0f;
   float weight_decay = 0.0f;
+  // train.loss_scaling (loss_scaler.h); auto: on under precision fp16.
+  LossScalingSettings loss_scaling;
   std::string conv_algorithm = "auto";
   // This rank's convolution executions from a plan (see NetworkOptions);
   // empty = conv_algorithm, undivided.
@@ -107,6 +110,8 @@ struct TrainResult {
   double allreduce_seconds = 0;       // time the communication side spent in allreduces
   double allreduce_exposed_seconds = 0;  // time the step waited for them
   int64_t rebalances = 0;             // switches of split by online re-balancing
+  int64_t skipped_steps = 0;          // steps loss scaling skipped for overflowed gradients
+  double loss_scale = 0;              // loss scaling's scale after the last step; 0 if off
   std::vector<int64_t> final_split;   // the split of the last step
 };
 

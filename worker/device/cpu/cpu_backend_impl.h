@@ -247,6 +247,7 @@ class CpuBackend final : public Backend {
   void sgd_update(float* w, const float* g, float* velocity, int64_t count,
                   const SgdStep& step) override;
   void scale(float* x, int64_t count, float alpha) override;
+  bool all_finite(const float* x, int64_t count) override;
 
   size_t relu_scratch_bytes(const TensorDesc& x) override;
   size_t pooling_scratch_bytes(const PoolParams& p, const TensorDesc& x,

@@ -1,4 +1,4 @@
-// CPU backend: inner product, softmax cross-entropy, SGD and scale.
+// CPU backend: inner product, softmax cross-entropy, SGD, scale and the finiteness check.
 #include "worker/device/cpu/cpu_backend_impl.h"
 
 #include <algorithm>
@@ -268,6 +268,13 @@ void CpuBackend::sgd_update(float* w, const float* g, float* velocity, int64_t c
 void CpuBackend::scale(float* x, int64_t count, float alpha) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) x[i] *= alpha;
+}
+
+bool CpuBackend::all_finite(const float* x, int64_t count) {
+  int64_t bad = 0;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+  for (int64_t i = 0; i < count; ++i) bad += std::isfinite(x[i]) ? 0 : 1;
+  return bad == 0;
 }
 
 

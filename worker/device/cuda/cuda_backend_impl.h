@@ -202,6 +202,7 @@ class CudaBackend final : public Backend {
   void sgd_update(float* w, const float* g, float* velocity, int64_t count,
                   const SgdStep& step) override;
   void scale(float* x, int64_t count, float alpha) override;
+  bool all_finite(const float* x, int64_t count) override;
 
   // cuDNN's activation, pooling and the cuBLAS inner products need no
   // scratch; concat copies in place.

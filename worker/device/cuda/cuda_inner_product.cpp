@@ -118,4 +118,18 @@ LossStats CudaBackend::softmax_cross_entropy(const Tensor& logits, const int32_t
   return stats;
 }
 
+// The flag lives in the ops' scratch, which every network reserves beyond
+// 4 bytes (softmax_scratch_bytes alone is more).
+bool CudaBackend::all_finite(const float* x, int64_t count) {
+  const std::string what = "all_finite over " + std::to_string(count) + " floats";
+  auto* flag = reinterpret_cast<int32_t*>(scratch(sizeof(int32_t)));
+  VTRAIN_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int32_t), compute_.get()), what);
+  cuda::flag_non_finite(x, count, flag, compute_.get());
+  char* host = pinned_staging(sizeof(int32_t));
+  VTRAIN_CUDA_CHECK(
+      cudaMemcpyAsync(host, flag, sizeof(int32_t), cudaMemcpyDeviceToHost, compute_.get()), what);
+  sync_compute(what);
+  return *reinterpret_cast<const int32_t*>(host) == 0;
+}
+
 }  // namespace vtrain::worker::cuda

@@ -75,6 +75,12 @@ __global__ void scale_kernel(float* x, float alpha, int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) x[i] *= alpha;
 }
 
+__global__ void flag_non_finite_kernel(const float* x, int64_t count, int32_t* flag) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    if (!isfinite(x[i])) *flag = 1;  // every writer writes 1: the race is benign
+  }
+}
+
 __global__ void copy_rows_kernel(const float* src, int64_t src_pitch, float* dst, int64_t dst_pitch,
                                  int64_t row_length, float beta, int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
@@ -260,6 +266,12 @@ void scale(float* x, float alpha, int64_t count, cudaStream_t stream) {
   if (count == 0) return;
   scale_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, alpha, count);
   check_launch("scale_kernel");
+}
+
+void flag_non_finite(const float* x, int64_t count, int32_t* flag, cudaStream_t stream) {
+  if (count == 0) return;
+  flag_non_finite_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, count, flag);
+  check_launch("flag_non_finite_kernel");
 }
 
 void copy_rows(const float* src, int64_t src_pitch, float* dst, int64_t dst_pitch, int64_t rows,

@@ -31,6 +31,8 @@ void add(const float* a, const float* b, float* y, int64_t count, cudaStream_t s
 void accumulate(const float* x, float* y, float beta, int64_t count, cudaStream_t stream);
 // x *= alpha over count floats.
 void scale(float* x, float alpha, int64_t count, cudaStream_t stream);
+// *flag = 1 when any of x[0, count) is infinite or NaN (flag left as is otherwise).
+void flag_non_finite(const float* x, int64_t count, int32_t* flag, cudaStream_t stream);
 
 // For each of `rows` rows: dst[row * dst_pitch + i] = src[row * src_pitch + i]
 // + beta * dst[...] for i < row_length (all in floats); beta = 0 never reads dst.

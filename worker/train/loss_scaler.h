@@ -1,0 +1,53 @@
+// Dynamic loss scaling (train.loss_scaling), the fp16 recipe of mixed
+// precision training (Micikevicius et al.; PyTorch's GradScaler): the loss
+// is multiplied by a scale S so that small gradients survive half
+// precision, the gradients are divided by S before the update, and a step
+// whose gradients overflowed is skipped and S halved; after
+// `growth_interval` clean steps in a row S doubles. S stays a power of two,
+// so scaling and unscaling are exact wherever nothing overflows or
+// underflows. A pure function of the overflow flags it is fed; the trainer
+// feeds it the flag of the allreduced gradients, which every rank sees
+// alike, so every rank skips and rescales alike.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "common/name_table.h"
+
+namespace vtrain::worker {
+
+// train.loss_scaling.mode: auto is on under train.precision fp16 (the
+// only type whose range needs it) and off otherwise.
+enum class LossScalingMode { kAuto, kOn, kOff };
+inline constexpr auto kLossScalingModeNames = std::to_array<common::Named<LossScalingMode>>(
+    {{LossScalingMode::kAuto, "auto"}, {LossScalingMode::kOn, "on"}, {LossScalingMode::kOff, "off"}});
+
+// train.loss_scaling in the config.
+struct LossScalingSettings {
+  LossScalingMode mode = LossScalingMode::kAuto;
+  double initial = 65536;          // the first scale (2^16); a power of two
+  int64_t growth_interval = 2000;  // clean steps in a row before the scale doubles
+};
+
+class LossScaler {
+ public:
+  // Throws std::invalid_argument unless `initial` is a power of two in
+  // [2^-24, 2^127] and growth_interval >= 1.
+  LossScaler(double initial, int64_t growth_interval);
+
+  double scale() const { return scale_; }
+  // After a step's backward: whether its gradients are all finite. True:
+  // apply the update (divided by scale() as it was for the step). False:
+  // skip it. Either way the scale is then adjusted for the next step.
+  bool after_step(bool gradients_finite);
+  int64_t skipped_steps() const { return skipped_; }
+
+ private:
+  double scale_;
+  int64_t growth_interval_;
+  int64_t clean_ = 0;  // finite steps since the last overflow or growth
+  int64_t skipped_ = 0;
+};
+
+}  // namespace vtrain::worker
