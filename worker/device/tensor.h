@@ -57,6 +57,11 @@ struct TensorDesc {
   bool operator==(const TensorDesc&) const = default;
 };
 
+// Element `index` of an array of `type` elements at `base`.
+inline const void* element_at(const void* base, int64_t index, DataType type) {
+  return static_cast<const char*>(base) + index * static_cast<int64_t>(element_bytes(type));
+}
+
 // A non-owning view of device memory holding desc.dtype elements. Cheap to copy.
 struct Tensor {
   TensorDesc desc;

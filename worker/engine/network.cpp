@@ -151,15 +151,12 @@ void Network::bind_layers() {
   buffers_ = static_cast<float*>(interpreter_->persistent("buffers"));
   labels_ = static_cast<int32_t*>(interpreter_->persistent("labels"));
   const DataType compute_type = graph_.activation_type();
-  auto* compute = compute_type == DataType::kF32
-                      ? nullptr
-                      : static_cast<char*>(interpreter_->persistent("compute_params"));
-  compute_params_ = compute;
+  compute_params_ =
+      compute_type == DataType::kF32 ? nullptr : interpreter_->persistent("compute_params");
   int64_t p = 0, b = 0;
   for (const auto& layer : layers_) {
-    const void* layer_compute =
-        compute ? compute + p * static_cast<int64_t>(element_bytes(compute_type)) : nullptr;
-    layer->bind({params_ + p, grads_ + p, buffers_ + b, layer_compute, compute_type});
+    const void* compute = compute_params_ ? element_at(compute_params_, p, compute_type) : nullptr;
+    layer->bind({params_ + p, grads_ + p, buffers_ + b, compute, compute_type});
     p += layer->param_count();
     b += layer->buffer_count();
   }

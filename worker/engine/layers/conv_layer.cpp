@@ -156,10 +156,8 @@ void ConvLayer::tune(Backend& backend, const TensorDesc& x_desc, const TensorDes
   for (const Tensor& t : {x, y, dy}) backend.fill(t, 0.01f);
   if (dx.data) backend.fill(dx, 0.01f);
   backend.fill(Tensor{w_desc, w}, 0.01f);
-  const void* w_bias = spec().bias ? static_cast<const char*>(w) +
-                                         problem_.weight_shape().elements() *
-                                             static_cast<int64_t>(element_bytes(x_desc.dtype))
-                                   : nullptr;
+  const void* w_bias =
+      spec().bias ? element_at(w, problem_.weight_shape().elements(), x_desc.dtype) : nullptr;
   ConvOperands o{x, y, dy, dx, w, w_bias, dw, bias(dw)};
   for (ConvKind kind : kernels()) {
     c.tune(backend, kind, [&](ConvAlgo algo) {

@@ -117,8 +117,7 @@ class Layer {
   // (LayerStorage::compute_params, else params).
   const void* compute_params(int64_t offset = 0) const {
     if (!storage_.compute_params) return storage_.params + offset;
-    return static_cast<const char*>(storage_.compute_params) +
-           offset * static_cast<int64_t>(element_bytes(storage_.compute_type));
+    return element_at(storage_.compute_params, offset, storage_.compute_type);
   }
   float* grads() const { return storage_.grads; }
   float* buffers() const { return storage_.buffers; }
