@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tests/backend_conformance.h"
+#include "tests/backend_conformance_cases.h"
 #include "tests/backend_test_support.h"
 #include "tests/reference_ops.h"
 #include "tests/test_support.h"
@@ -25,22 +26,6 @@ using worker::LossStats;
 using worker::SgdStep;
 
 // ========================================================= inner product
-
-struct InnerProductCase {
-  const char* name;
-  Shape x;
-  int64_t out;
-  unsigned seed;
-};
-
-// Flat inputs, and conv-shaped ones (flattened in NCHW order whatever their
-// layout), into plain outputs.
-const InnerProductCase kInnerProductCases[] = {
-    {"flat_n8_100to10", {8, 100, 1, 1}, 10, 13},
-    {"conv_shaped_n4_50x4x4to120", {4, 50, 4, 4}, 120, 14},
-    {"conv_shaped_n5_4x3x3to7", {5, 4, 3, 3}, 7, 9},
-    {"flat_n3_7to5", {3, 7, 1, 1}, 5, 15},
-};
 
 class InnerProductConformance : public OnEveryBackend<InnerProductCase> {};
 
@@ -99,53 +84,6 @@ TEST_P(InnerProductConformance, ForwardAndBackward) {
 VTRAIN_ON_EVERY_BACKEND(InnerProductConformance, kInnerProductCases);
 
 // =========================================================== batch norm
-
-struct BatchNormCase {
-  const char* name;
-  Shape shape;
-  float x_lo;  // inputs uniform in [x_lo, 3): a mean away from 0
-  unsigned seed;
-};
-
-const BatchNormCase kBatchNormCases[] = {{"n4c20_6x6", {4, 20, 6, 6}, -1.0f, 15},
-                                         {"n4c6_5x5", {4, 6, 5, 5}, -2.0f, 10}};
-
-// Host data and reference results of one batch-norm case.
-struct BatchNormData {
-  explicit BatchNormData(const BatchNormCase& bc) : s(bc.shape) {
-    std::mt19937 rng(bc.seed);
-    const int64_t c = s.c;
-    x = random_vec(rng, s.elements(), bc.x_lo, 3.0f);
-    gamma = random_vec(rng, c, 0.5f, 1.5f);
-    beta = random_vec(rng, c);
-    scale_shift = gamma;
-    scale_shift.insert(scale_shift.end(), beta.begin(), beta.end());
-    running_mean0 = random_vec(rng, c);
-    running_var0 = random_vec(rng, c, 0.5f, 2.0f);
-    dy = random_vec(rng, s.elements());
-    fwd = reference::batch_norm_forward_training(s, x, gamma, beta, eps);
-    back = reference::batch_norm_backward(s, x, dy, gamma, fwd.mean, fwd.var, eps);
-    // running = (1 - momentum) * running + momentum * batch, with the
-    // unbiased batch variance.
-    const double m = double(s.n * s.h * s.w);
-    running_mean.resize(c);
-    running_var.resize(c);
-    for (int64_t i = 0; i < c; ++i) {
-      running_mean[i] = float((1 - momentum) * double(running_mean0[i]) + momentum * fwd.mean[i]);
-      running_var[i] =
-          float((1 - momentum) * double(running_var0[i]) + momentum * fwd.var[i] * m / (m - 1));
-    }
-    dscale_shift = back.dgamma;
-    dscale_shift.insert(dscale_shift.end(), back.dbeta.begin(), back.dbeta.end());
-  }
-  const float eps = 1e-5f;
-  const float momentum = 0.1f;
-  Shape s;
-  Vec x, gamma, beta, scale_shift, running_mean0, running_var0, dy;
-  reference::BatchNormForward fwd;
-  reference::BatchNormBackward back;
-  Vec running_mean, running_var, dscale_shift;  // expected after one training step
-};
 
 class BatchNormConformance : public OnEveryBackend<BatchNormCase> {};
 
@@ -218,13 +156,6 @@ VTRAIN_ON_EVERY_BACKEND(BatchNormConformance, kBatchNormCases);
 
 // ======================================================= add, accumulate
 
-struct EltwiseCase {
-  const char* name;
-  Shape shape;
-};
-
-const EltwiseCase kEltwiseCases[] = {{"n2c20_5x5", {2, 20, 5, 5}}, {"n2c9_4x4", {2, 9, 4, 4}}};
-
 // Plain, the preferred layout and nChw8c: add and accumulate take any.
 std::vector<Layout> any_layouts(Backend& b, int64_t channels) {
   std::vector<Layout> layouts = layouts_for(b, channels);
@@ -292,16 +223,6 @@ VTRAIN_ON_EVERY_BACKEND(AddConformance, kEltwiseCases);
 
 // =============================================================== concat
 
-struct ConcatCase {
-  const char* name;
-  std::vector<int64_t> channels;
-  int64_t h, w;
-};
-
-const ConcatCase kConcatCases[] = {{"c8_16_24_5x5", {8, 16, 24}, 5, 5},
-                                   {"c3_5_5x5", {3, 5}, 5, 5},
-                                   {"c3_8_5_4x5", {3, 8, 5}, 4, 5}};
-
 class ConcatConformance : public OnEveryBackend<ConcatCase> {};
 
 // All plain; all in their preferred layouts; plain inputs into a preferred
@@ -359,18 +280,6 @@ TEST_P(ConcatConformance, ForwardAndBackwardEachInputBothBetas) {
 VTRAIN_ON_EVERY_BACKEND(ConcatConformance, kConcatCases);
 
 // ================================================================= loss
-
-struct SoftmaxCase {
-  const char* name;
-  int64_t n, classes;
-  float scale;
-  unsigned seed;
-};
-
-const SoftmaxCase kSoftmaxCases[] = {{"n16_c10", 16, 10, 1.0f / 16, 19},
-                                     {"n37_c3", 37, 3, 1.0f / 64, 13},
-                                     {"n37_c10", 37, 10, 1.0f / 64, 23},
-                                     {"n37_c100", 37, 100, 1.0f / 64, 29}};
 
 class SoftmaxConformance : public OnEveryBackend<SoftmaxCase> {};
 

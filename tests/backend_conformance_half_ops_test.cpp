@@ -1,0 +1,291 @@
+// Backend conformance in half precision, part 2: the f32 suite's batch
+// norm (training, inference, backward, and the synchronised ops), add and
+// accumulate, concat and softmax cross-entropy cases in bf16 and f16 on every
+// backend, against the reference ops in half (tests/reference_ops.h).
+//
+// Activations and their gradients in the case's type; batch norm's
+// scale_shift, statistics and sums, and the loss always f32. Tolerances as
+// in backend_conformance_half_test.cpp: exact for add, accumulate and
+// concat (a sum of two half values is exact in f32, so rounding it once
+// gives the reference's result), half_sum_rtol for half outputs of sums,
+// kSumRtol (and the f32 suite's loss tolerance) for f32 outputs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tests/backend_conformance.h"
+#include "tests/backend_conformance_cases.h"
+#include "tests/backend_test_support.h"
+#include "tests/reference_ops.h"
+#include "worker/device/backend.h"
+
+namespace vtrain::backend_test {
+namespace {
+
+using backend_test::PrintTo;  // names the cases in gtest's output
+
+using worker::LossStats;
+
+// =========================================================== batch norm
+
+class HalfBatchNormConformance : public InHalfOnEveryBackend<BatchNormCase> {};
+
+TEST_P(HalfBatchNormConformance, TrainingInferenceAndBackward) {
+  Backend& b = backend();
+  const BatchNormData d(param(), type());
+  const Shape& s = d.s;
+  const int64_t c = s.c;
+  const DeviceBuffer ss = to_device(b, d.scale_shift);
+  for (Layout layout : layouts_for(b, c)) {
+    SCOPED_TRACE(layout_name(layout));
+    const DeviceTensor xt = to_device(b, d.x, typed(s, layout));
+    DeviceTensor yt(b, typed(s, layout));
+    DeviceBuffer save_mean(b, c * sizeof(float));
+    DeviceBuffer save_var(b, c * sizeof(float));
+    const DeviceBuffer running_mean = to_device(b, d.running_mean0);
+    const DeviceBuffer running_var = to_device(b, d.running_var0);
+    b.fill(yt.tensor, kNaN);
+    b.batch_norm_forward_training(xt.tensor, yt.tensor, ss.floats(), save_mean.floats(),
+                                  save_var.floats(), running_mean.floats(), running_var.floats(),
+                                  d.momentum, d.eps);
+    expect_close(from_device(b, yt.tensor), d.fwd.y, sum_rtol(), "bn training y");
+    expect_close(from_device(b, save_mean.floats(), c), d.fwd.mean, kSumRtol, "bn saved mean");
+    expect_close(from_device(b, save_var.floats(), c), d.fwd.var, kSumRtol, "bn saved variance");
+    expect_close(from_device(b, running_mean.floats(), c), d.running_mean, kSumRtol,
+                 "bn running mean");
+    expect_close(from_device(b, running_var.floats(), c), d.running_var, kSumRtol,
+                 "bn running variance");
+
+    DeviceTensor inf(b, typed(s, layout));
+    b.fill(inf.tensor, kNaN);
+    b.batch_norm_forward_inference(xt.tensor, inf.tensor, ss.floats(), running_mean.floats(),
+                                   running_var.floats(), d.eps);
+    expect_close(from_device(b, inf.tensor),
+                 in_type(reference::batch_norm_forward_inference(
+                     s, d.x, d.gamma, d.beta, d.running_mean, d.running_var, d.eps)),
+                 sum_rtol(), "bn inference y");
+
+    const DeviceTensor dyt = to_device(b, d.dy, typed(s, layout));
+    DeviceTensor dxt(b, typed(s, layout));
+    DeviceBuffer dss(b, 2 * c * sizeof(float));
+    b.fill(flat(dss.floats(), 2 * c), kNaN);
+    for (float beta : {0.0f, 1.0f}) {
+      const std::string what = " beta=" + std::to_string(int(beta));
+      b.fill(dxt.tensor, kNaN);
+      b.batch_norm_backward(xt.tensor, dyt.tensor, ss.floats(), save_mean.floats(),
+                            save_var.floats(), dxt.tensor, dss.floats(), beta, d.eps);
+      expect_close(from_device(b, dxt.tensor), d.back.dx, sum_rtol(), "bn dx" + what);
+      expect_close(from_device(b, dss.floats(), 2 * c),
+                   beta == 0.0f ? d.dscale_shift : plus(d.dscale_shift, d.dscale_shift), kSumRtol,
+                   "bn d(scale_shift) (f32)" + what);
+    }
+  }
+}
+
+VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfBatchNormConformance, kBatchNormCases);
+
+// ============================================== synchronised batch norm
+
+// Sums of both ranks, element by element.
+std::vector<double> add_up(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+  return out;
+}
+
+class HalfSyncBatchNormConformance : public InHalfOnEveryBackend<SyncCase> {};
+
+// Two "ranks" of a half batch: their summed sums give the whole batch's
+// statistics and gradient sums (f32, from the half inputs), and their halves
+// of dx (in half) the whole batch's dx.
+TEST_P(HalfSyncBatchNormConformance, RanksSumsGiveTheWholeBatchStatisticsAndGradient) {
+  Backend& b = backend();
+  const BatchNormData d({param().name, param().shape, -1.0f, param().seed}, type());
+  const Shape& s = d.s;
+  const int64_t c = s.c, n = s.n, first = param().first;
+  const double m = double(s.n * s.h * s.w);
+  const DeviceBuffer ss = to_device(b, d.scale_shift);
+  for (Layout layout : layouts_for(b, c)) {
+    SCOPED_TRACE(layout_name(layout));
+    const DeviceTensor xt = to_device(b, d.x, typed(s, layout));
+    const DeviceTensor dyt = to_device(b, d.dy, typed(s, layout));
+    const Tensor x0 = xt.tensor.samples(0, first), x1 = xt.tensor.samples(first, n - first);
+    const Tensor dy0 = dyt.tensor.samples(0, first), dy1 = dyt.tensor.samples(first, n - first);
+    const std::vector<double> sums = add_up(b.batch_norm_sums(x0), b.batch_norm_sums(x1));
+    Vec mean(c), var(c);
+    for (int64_t i = 0; i < c; ++i) {
+      mean[i] = float(sums[i] / m);
+      var[i] = float(sums[c + i] / m - sums[i] / m * (sums[i] / m));
+    }
+    expect_close(mean, d.fwd.mean, kSumRtol, "mean from both ranks' sums");
+    expect_close(var, d.fwd.var, kSumRtol, "variance from both ranks' sums of squares");
+
+    const DeviceBuffer mean_d = to_device(b, mean), var_d = to_device(b, var);
+    const std::vector<double> dsums =
+        add_up(b.batch_norm_backward_sums(x0, dy0, mean_d.floats(), var_d.floats(), d.eps),
+               b.batch_norm_backward_sums(x1, dy1, mean_d.floats(), var_d.floats(), d.eps));
+    Vec dbeta(c), dgamma(c), dy_means(2 * c);
+    for (int64_t i = 0; i < c; ++i) {
+      dbeta[i] = float(dsums[i]);
+      dgamma[i] = float(dsums[c + i]);
+    }
+    for (int64_t i = 0; i < 2 * c; ++i) dy_means[i] = float(dsums[i] / m);
+    expect_close(dbeta, d.back.dbeta, kSumRtol, "sum of dy (d beta)");
+    expect_close(dgamma, d.back.dgamma, kSumRtol, "sum of dy * xhat (d gamma)");
+
+    const DeviceBuffer means_d = to_device(b, dy_means);
+    DeviceTensor dxt(b, typed(s, layout));
+    b.fill(dxt.tensor, kNaN);
+    for (const auto& [xr, dyr, at] : {std::tuple{x0, dy0, int64_t{0}}, {x1, dy1, first}}) {
+      b.batch_norm_backward_data(xr, dyr, ss.floats(), mean_d.floats(), var_d.floats(),
+                                 means_d.floats(), dxt.tensor.samples(at, xr.shape().n), d.eps);
+    }
+    expect_close(from_device(b, dxt.tensor), d.back.dx, sum_rtol(), "dx of both ranks' halves");
+  }
+}
+
+VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfSyncBatchNormConformance, kSyncCases);
+
+// ======================================================= add, accumulate
+
+class HalfAddConformance : public InHalfOnEveryBackend<EltwiseCase> {};
+
+// Every pair of layouts the f32 suite takes (plain, preferred, nChw8c),
+// with y aliasing a; accumulate with beta 0 (a copy) and 1. Exact.
+TEST_P(HalfAddConformance, AddAndAccumulateExactAfterRounding) {
+  Backend& b = backend();
+  const Shape& s = param().shape;
+  std::mt19937 rng(16);
+  const Vec a = in_type(random_vec(rng, s.elements()));
+  const Vec c = in_type(random_vec(rng, s.elements()));
+  const Vec sum = in_type(reference::add(a, c));
+  std::vector<Layout> layouts = layouts_for(b, s.c);
+  if (layouts.back() != Layout::kBlocked8) layouts.push_back(Layout::kBlocked8);
+  for (Layout la : layouts) {
+    for (Layout ly : layouts) {
+      SCOPED_TRACE(std::string(layout_name(la)) + " with " + layout_name(ly));
+      const DeviceTensor at = to_device(b, a, typed(s, la));
+      const DeviceTensor ct = to_device(b, c, typed(s, ly));
+      DeviceTensor yt(b, typed(s, ly));
+      b.fill(yt.tensor, kNaN);
+      b.add(at.tensor, ct.tensor, yt.tensor);
+      expect_equal(from_device(b, yt.tensor), sum, "a + c");
+      b.fill(yt.tensor, kNaN);
+      b.accumulate(at.tensor, yt.tensor, 0.0f);
+      expect_equal(from_device(b, yt.tensor), a, "accumulate beta=0");
+      b.accumulate(at.tensor, ct.tensor, 1.0f);
+      expect_equal(from_device(b, ct.tensor), sum, "accumulate beta=1");
+    }
+    const DeviceTensor at = to_device(b, a, typed(s, la));
+    const DeviceTensor ct = to_device(b, c, typed(s, la));
+    b.add(at.tensor, ct.tensor, at.tensor);
+    expect_equal(from_device(b, at.tensor), sum, "a += c (y aliases a)");
+  }
+}
+
+VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfAddConformance, kEltwiseCases);
+
+// =============================================================== concat
+
+class HalfConcatConformance : public InHalfOnEveryBackend<ConcatCase> {};
+
+// Plain, preferred, and plain inputs into a preferred output; each input's
+// gradient share with beta 0 (over NaN) and 1. Exact.
+TEST_P(HalfConcatConformance, ForwardAndBackwardEachInputBothBetas) {
+  Backend& b = backend();
+  std::mt19937 rng(18);
+  std::vector<Shape> shapes;
+  std::vector<Vec> xs;
+  int64_t total = 0;
+  for (int64_t c : param().channels) {
+    shapes.push_back({2, c, param().h, param().w});
+    xs.push_back(in_type(random_vec(rng, shapes.back().elements())));
+    total += c;
+  }
+  const Shape ys{2, total, param().h, param().w};
+  const Vec dy = in_type(random_vec(rng, ys.elements()));
+  const std::vector<Vec> dxs_ref = reference::concat_backward(shapes, dy);
+  for (int mode = 0; mode < 3; ++mode) {
+    const auto input_layout = [&](int64_t c) {
+      return mode == 1 ? b.preferred_layout(c) : Layout::kPlain;
+    };
+    const Layout y_layout = mode == 0 ? Layout::kPlain : b.preferred_layout(total);
+    SCOPED_TRACE("mode " + std::to_string(mode) + ": y " + layout_name(y_layout));
+    std::vector<DeviceTensor> inputs;
+    std::vector<Tensor> views;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      inputs.push_back(to_device(b, xs[i], typed(shapes[i], input_layout(shapes[i].c))));
+      views.push_back(inputs.back().tensor);
+    }
+    DeviceTensor yt(b, typed(ys, y_layout));
+    b.fill(yt.tensor, kNaN);
+    b.concat_forward(views, yt.tensor);
+    expect_equal(from_device(b, yt.tensor), reference::concat(shapes, xs), "concat y");
+
+    const DeviceTensor dyt = to_device(b, dy, typed(ys, y_layout));
+    int64_t offset = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      for (float beta : {0.0f, 1.0f}) {
+        const Vec previous = in_type(random_vec(rng, shapes[i].elements()));
+        const DeviceTensor dx = to_device(b, previous, typed(shapes[i], input_layout(shapes[i].c)));
+        if (beta == 0.0f) b.fill(dx.tensor, kNaN);
+        b.concat_backward(dyt.tensor, offset, dx.tensor, beta);
+        expect_equal(from_device(b, dx.tensor),
+                     beta == 1.0f ? in_type(reference::add(dxs_ref[i], previous)) : dxs_ref[i],
+                     "concat dx" + std::to_string(i) + " beta=" + std::to_string(int(beta)));
+      }
+      offset += shapes[i].c;
+    }
+  }
+}
+
+VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfConcatConformance, kConcatCases);
+
+// ================================================================= loss
+
+class HalfSoftmaxConformance : public InHalfOnEveryBackend<SoftmaxCase> {};
+
+// Half logits and dlogits; the loss statistics in f32 from the rounded
+// logits, as the f32 suite holds them.
+TEST_P(HalfSoftmaxConformance, LossStatsAndGradient) {
+  Backend& b = backend();
+  const int64_t n = param().n, classes = param().classes;
+  const float scale = param().scale;
+  std::mt19937 rng(param().seed);
+  const Vec logits = in_type(random_vec(rng, n * classes, -4.0f, 4.0f));
+  std::vector<int32_t> labels(n);
+  std::uniform_int_distribution<int32_t> any_class(0, int32_t(classes - 1));
+  for (int64_t i = 0; i < n; ++i) {
+    const auto row = logits.begin() + i * classes;
+    labels[i] = i % 3 == 0 ? int32_t(std::max_element(row, row + classes) - row) : any_class(rng);
+  }
+  const reference::SoftmaxXent ref =
+      reference::softmax_cross_entropy(n, classes, logits, labels, scale);
+  const double loss_tol =
+      tolerance().loss_relative * ref.loss_sum + tolerance().loss_per_sample * n;
+
+  DeviceBuffer device_labels(b, n * sizeof(int32_t));
+  auto* labels_ptr = static_cast<int32_t*>(device_labels.get());
+  b.upload_labels(labels.data(), labels_ptr, n);
+  const DeviceTensor lt = to_device(b, logits, typed({n, classes, 1, 1}));
+  DeviceTensor dlt(b, typed({n, classes, 1, 1}));
+  b.fill(dlt.tensor, kNaN);
+  const LossStats stats = b.softmax_cross_entropy(lt.tensor, labels_ptr, scale, &dlt.tensor);
+  EXPECT_NEAR(stats.loss_sum, ref.loss_sum, loss_tol);
+  EXPECT_EQ(stats.correct, ref.correct);
+  expect_close(from_device(b, dlt.tensor), in_type(ref.dlogits),
+               sum_rtol() + tolerance().dlogits, "dlogits");
+  const LossStats again = b.softmax_cross_entropy(lt.tensor, labels_ptr, scale, nullptr);
+  EXPECT_EQ(again.loss_sum, stats.loss_sum) << "without dlogits";
+  EXPECT_EQ(again.correct, ref.correct) << "without dlogits";
+}
+
+VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfSoftmaxConformance, kSoftmaxCases);
+
+}  // namespace
+}  // namespace vtrain::backend_test
