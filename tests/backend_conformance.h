@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -184,6 +185,15 @@ class InHalfOnEveryBackend
     return desc(shape, layout, type());
   }
 };
+
+}  // namespace vtrain::backend_test
+
+namespace vtrain::common {
+// Names a case's type in gtest's output ("bf16"), found by argument lookup.
+inline void PrintTo(DataType type, std::ostream* os) { *os << dtype_name(type); }
+}  // namespace vtrain::common
+
+namespace vtrain::backend_test {
 
 // "cpu_bf16_lenet1_n1"
 struct HalfCaseName {
