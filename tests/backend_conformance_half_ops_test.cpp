@@ -20,6 +20,7 @@
 
 #include "tests/backend_conformance.h"
 #include "tests/backend_conformance_cases.h"
+#include "tests/backend_conformance_checks.h"
 #include "tests/backend_test_support.h"
 #include "tests/reference_ops.h"
 #include "worker/device/backend.h"
@@ -29,7 +30,6 @@ namespace {
 
 using backend_test::PrintTo;  // names the cases in gtest's output
 
-using worker::LossStats;
 
 // =========================================================== batch norm
 
@@ -250,39 +250,10 @@ VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfConcatConformance, kConcatCases);
 
 class HalfSoftmaxConformance : public InHalfOnEveryBackend<SoftmaxCase> {};
 
-// Half logits and dlogits; the loss statistics in f32 from the rounded
-// logits, as the f32 suite holds them.
+// The loss statistics in f32 from the rounded logits, held as in the f32 suite.
 TEST_P(HalfSoftmaxConformance, LossStatsAndGradient) {
-  Backend& b = backend();
-  const int64_t n = param().n, classes = param().classes;
-  const float scale = param().scale;
-  std::mt19937 rng(param().seed);
-  const Vec logits = in_type(random_vec(rng, n * classes, -4.0f, 4.0f));
-  std::vector<int32_t> labels(n);
-  std::uniform_int_distribution<int32_t> any_class(0, int32_t(classes - 1));
-  for (int64_t i = 0; i < n; ++i) {
-    const auto row = logits.begin() + i * classes;
-    labels[i] = i % 3 == 0 ? int32_t(std::max_element(row, row + classes) - row) : any_class(rng);
-  }
-  const reference::SoftmaxXent ref =
-      reference::softmax_cross_entropy(n, classes, logits, labels, scale);
-  const double loss_tol =
-      tolerance().loss_relative * ref.loss_sum + tolerance().loss_per_sample * n;
-
-  DeviceBuffer device_labels(b, n * sizeof(int32_t));
-  auto* labels_ptr = static_cast<int32_t*>(device_labels.get());
-  b.upload_labels(labels.data(), labels_ptr, n);
-  const DeviceTensor lt = to_device(b, logits, typed({n, classes, 1, 1}));
-  DeviceTensor dlt(b, typed({n, classes, 1, 1}));
-  b.fill(dlt.tensor, kNaN);
-  const LossStats stats = b.softmax_cross_entropy(lt.tensor, labels_ptr, scale, &dlt.tensor);
-  EXPECT_NEAR(stats.loss_sum, ref.loss_sum, loss_tol);
-  EXPECT_EQ(stats.correct, ref.correct);
-  expect_close(from_device(b, dlt.tensor), in_type(ref.dlogits),
-               sum_rtol() + tolerance().dlogits, "dlogits");
-  const LossStats again = b.softmax_cross_entropy(lt.tensor, labels_ptr, scale, nullptr);
-  EXPECT_EQ(again.loss_sum, stats.loss_sum) << "without dlogits";
-  EXPECT_EQ(again.correct, ref.correct) << "without dlogits";
+  check_softmax_cross_entropy(backend(), param(), type(), tolerance(),
+                              sum_rtol() + tolerance().dlogits);
 }
 
 VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfSoftmaxConformance, kSoftmaxCases);

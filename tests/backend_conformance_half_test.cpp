@@ -23,6 +23,7 @@
 
 #include "tests/backend_conformance.h"
 #include "tests/backend_conformance_cases.h"
+#include "tests/backend_conformance_checks.h"
 #include "tests/backend_test_support.h"
 #include "tests/reference_ops.h"
 #include "tests/test_support.h"
@@ -119,43 +120,8 @@ VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfReluConformance, kReluCases);
 
 class HalfPoolConformance : public InHalfOnEveryBackend<PoolCase> {};
 
-// Max forward and non-overlapping max backward select: exact. Averages and
-// overlapping windows sum: half_sum_rtol.
 TEST_P(HalfPoolConformance, ForwardAndBackward) {
-  Backend& b = backend();
-  const PoolParams& p = param().params;
-  const Shape& xs = param().x;
-  std::mt19937 rng(12);
-  const Shape ys{xs.n, xs.c, worker::window_output(xs.h, p.kh, p.stride_h, p.pad_h),
-                 worker::window_output(xs.w, p.kw, p.stride_w, p.pad_w)};
-  const Vec x = in_type(random_vec(rng, xs.elements()));
-  const Vec dy = in_type(random_vec(rng, ys.elements()));
-  const Vec y_ref = in_type(reference::pooling_forward(p, xs, x));
-  const Vec dx_ref = in_type(reference::pooling_backward(p, xs, x, dy));
-  const bool exact_forward = p.kind == PoolKind::kMax && tolerance().exact_max_pooling;
-  const bool exact_backward = exact_forward && p.kh <= p.stride_h;
-  for (Layout layout : layouts_for(b, xs.c)) {
-    SCOPED_TRACE(layout_name(layout));
-    const DeviceTensor xt = to_device(b, x, typed(xs, layout));
-    DeviceTensor yt(b, typed(ys, layout));
-    DeviceBuffer state(b, b.pooling_state_bytes(p, xt.tensor.desc, yt.tensor.desc));
-    b.fill(yt.tensor, kNaN);
-    b.pooling_forward(p, xt.tensor, yt.tensor, state.get());
-    if (exact_forward) {
-      expect_equal(from_device(b, yt.tensor), y_ref, "pool y");
-    } else {
-      expect_close(from_device(b, yt.tensor), y_ref, sum_rtol(), "pool y");
-    }
-    const DeviceTensor dyt = to_device(b, dy, typed(ys, layout));
-    DeviceTensor dxt(b, typed(xs, layout));
-    b.fill(dxt.tensor, kNaN);
-    b.pooling_backward(p, xt.tensor, yt.tensor, dyt.tensor, dxt.tensor, state.get());
-    if (exact_backward) {
-      expect_equal(from_device(b, dxt.tensor), dx_ref, "pool dx");
-    } else {
-      expect_close(from_device(b, dxt.tensor), dx_ref, sum_rtol(), "pool dx");
-    }
-  }
+  check_pooling(backend(), param(), type(), tolerance().exact_max_pooling, sum_rtol(), sum_rtol());
 }
 
 VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfPoolConformance, pool_cases());
@@ -164,56 +130,8 @@ VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfPoolConformance, pool_cases());
 
 class HalfInnerProductConformance : public InHalfOnEveryBackend<InnerProductCase> {};
 
-// Forward (with and without bias) and backward data in half, with weights
-// and bias in half; backward weights into f32 dw and dbias, beta 0 then 1.
 TEST_P(HalfInnerProductConformance, ForwardAndBackward) {
-  Backend& b = backend();
-  const Shape& xs = param().x;
-  const int64_t out = param().out;
-  std::mt19937 rng(param().seed);
-  const Shape ys{xs.n, out, 1, 1};
-  const int64_t weights = out * xs.per_sample();
-  const Vec x = in_type(random_vec(rng, xs.elements()));
-  const Vec w = in_type(random_vec(rng, weights));
-  const Vec bias = in_type(random_vec(rng, out));
-  const Vec dy = in_type(random_vec(rng, ys.elements()));
-  const Vec y_ref = in_type(reference::inner_product_forward(xs, x, out, w, bias));
-  const Vec y_no_bias_ref = in_type(reference::inner_product_forward(xs, x, out, w, {}));
-  const Vec dx_ref = in_type(reference::inner_product_backward_data(xs, out, dy, w));
-  Vec db_ref;
-  const Vec dw_ref = reference::inner_product_backward_weights(xs, out, x, dy, &db_ref);
-  const DeviceBuffer wd = to_device(b, w, type());
-  const DeviceBuffer bd = to_device(b, bias, type());
-  for (Layout layout : layouts_for(b, xs.c)) {
-    SCOPED_TRACE("x=" + xs.str() + " " + layout_name(layout));
-    const DeviceTensor xt = to_device(b, x, typed(xs, layout));
-    DeviceTensor yt(b, typed(ys));
-    b.fill(yt.tensor, kNaN);
-    b.inner_product_forward(xt.tensor, wd.get(), bd.get(), yt.tensor);
-    expect_close(from_device(b, yt.tensor), y_ref, sum_rtol(), "fc y");
-    b.fill(yt.tensor, kNaN);
-    b.inner_product_forward(xt.tensor, wd.get(), nullptr, yt.tensor);
-    expect_close(from_device(b, yt.tensor), y_no_bias_ref, sum_rtol(), "fc y without bias");
-
-    const DeviceTensor dyt = to_device(b, dy, typed(ys));
-    DeviceTensor dxt(b, typed(xs, layout));
-    b.fill(dxt.tensor, kNaN);
-    b.inner_product_backward_data(dyt.tensor, wd.get(), dxt.tensor);
-    expect_close(from_device(b, dxt.tensor), dx_ref, sum_rtol(), "fc dx");
-
-    DeviceBuffer dw(b, weights * sizeof(float));
-    DeviceBuffer db(b, out * sizeof(float));
-    b.fill(flat(dw.floats(), weights), kNaN);
-    b.fill(flat(db.floats(), out), kNaN);
-    b.inner_product_backward_weights(xt.tensor, dyt.tensor, dw.floats(), db.floats(), 0.0f);
-    expect_close(from_device(b, dw.floats(), weights), dw_ref, kSumRtol, "fc dw (f32)");
-    expect_close(from_device(b, db.floats(), out), db_ref, kSumRtol, "fc dbias (f32)");
-    b.inner_product_backward_weights(xt.tensor, dyt.tensor, dw.floats(), db.floats(), 1.0f);
-    expect_close(from_device(b, dw.floats(), weights), plus(dw_ref, dw_ref), kSumRtol,
-                 "fc dw beta=1");
-    expect_close(from_device(b, db.floats(), out), plus(db_ref, db_ref), kSumRtol,
-                 "fc dbias beta=1");
-  }
+  check_inner_product(backend(), param(), type(), sum_rtol());
 }
 
 VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfInnerProductConformance, kInnerProductCases);

@@ -11,9 +11,9 @@
 
 #include "tests/backend_conformance.h"
 #include "tests/backend_conformance_cases.h"
+#include "tests/backend_conformance_checks.h"
 #include "tests/backend_test_support.h"
 #include "tests/reference_ops.h"
-#include "tests/test_support.h"
 #include "worker/device/backend.h"
 
 namespace vtrain::backend_test {
@@ -21,64 +21,14 @@ namespace {
 
 using backend_test::PrintTo;  // names the cases in gtest's output
 
-using worker::BackendError;
-using worker::LossStats;
 using worker::SgdStep;
 
 // ========================================================= inner product
 
 class InnerProductConformance : public OnEveryBackend<InnerProductCase> {};
 
-// Forward (with and without bias), backward data, and backward weights with
-// beta 0 and then 1 (adding the same gradients again), in every input layout.
 TEST_P(InnerProductConformance, ForwardAndBackward) {
-  Backend& b = backend();
-  const Shape& xs = param().x;
-  const int64_t out = param().out;
-  std::mt19937 rng(param().seed);
-  const Shape ys{xs.n, out, 1, 1};
-  const int64_t weights = out * xs.per_sample();
-  const Vec x = random_vec(rng, xs.elements());
-  const Vec w = random_vec(rng, weights);
-  const Vec bias = random_vec(rng, out);
-  const Vec dy = random_vec(rng, ys.elements());
-  const Vec y_ref = reference::inner_product_forward(xs, x, out, w, bias);
-  const Vec y_no_bias_ref = reference::inner_product_forward(xs, x, out, w, {});
-  const Vec dx_ref = reference::inner_product_backward_data(xs, out, dy, w);
-  Vec db_ref;
-  const Vec dw_ref = reference::inner_product_backward_weights(xs, out, x, dy, &db_ref);
-  const DeviceBuffer wd = to_device(b, w);
-  const DeviceBuffer bd = to_device(b, bias);
-  for (Layout layout : layouts_for(b, xs.c)) {
-    SCOPED_TRACE("x=" + xs.str() + " " + layout_name(layout));
-    const DeviceTensor xt = to_device(b, x, desc(xs, layout));
-    DeviceTensor yt(b, desc(ys));
-    b.fill(yt.tensor, kNaN);
-    b.inner_product_forward(xt.tensor, wd.floats(), bd.floats(), yt.tensor);
-    expect_close(from_device(b, yt.tensor), y_ref, kSumRtol, "fc y");
-    b.fill(yt.tensor, kNaN);
-    b.inner_product_forward(xt.tensor, wd.floats(), nullptr, yt.tensor);
-    expect_close(from_device(b, yt.tensor), y_no_bias_ref, kSumRtol, "fc y without bias");
-
-    const DeviceTensor dyt = to_device(b, dy, desc(ys));
-    DeviceTensor dxt(b, desc(xs, layout));
-    b.fill(dxt.tensor, kNaN);
-    b.inner_product_backward_data(dyt.tensor, wd.floats(), dxt.tensor);
-    expect_close(from_device(b, dxt.tensor), dx_ref, kSumRtol, "fc dx");
-
-    DeviceBuffer dw(b, weights * sizeof(float));
-    DeviceBuffer db(b, out * sizeof(float));
-    b.fill(flat(dw.floats(), weights), kNaN);
-    b.fill(flat(db.floats(), out), kNaN);
-    b.inner_product_backward_weights(xt.tensor, dyt.tensor, dw.floats(), db.floats(), 0.0f);
-    expect_close(from_device(b, dw.floats(), weights), dw_ref, kSumRtol, "fc dw");
-    expect_close(from_device(b, db.floats(), out), db_ref, kSumRtol, "fc dbias");
-    b.inner_product_backward_weights(xt.tensor, dyt.tensor, dw.floats(), db.floats(), 1.0f);
-    expect_close(from_device(b, dw.floats(), weights), plus(dw_ref, dw_ref), kSumRtol,
-                 "fc dw beta=1");
-    expect_close(from_device(b, db.floats(), out), plus(db_ref, db_ref), kSumRtol,
-                 "fc dbias beta=1");
-  }
+  check_inner_product(backend(), param(), DataType::kF32, kSumRtol);
 }
 
 VTRAIN_ON_EVERY_BACKEND(InnerProductConformance, kInnerProductCases);
@@ -283,48 +233,8 @@ VTRAIN_ON_EVERY_BACKEND(ConcatConformance, kConcatCases);
 
 class SoftmaxConformance : public OnEveryBackend<SoftmaxCase> {};
 
-// Loss statistics and dlogits; the statistics alone without dlogits; and a
-// label out of range named in the error.
 TEST_P(SoftmaxConformance, LossStatsAndGradient) {
-  Backend& b = backend();
-  const int64_t n = param().n;
-  const int64_t classes = param().classes;
-  const float scale = param().scale;
-  std::mt19937 rng(param().seed);
-  const Vec logits = random_vec(rng, n * classes, -4.0f, 4.0f);
-  // Every third sample is labelled with its arg-max so that correct is neither 0 nor n.
-  std::vector<int32_t> labels(n);
-  std::uniform_int_distribution<int32_t> any_class(0, int32_t(classes - 1));
-  for (int64_t i = 0; i < n; ++i) {
-    const auto row = logits.begin() + i * classes;
-    labels[i] = i % 3 == 0 ? int32_t(std::max_element(row, row + classes) - row) : any_class(rng);
-  }
-  const reference::SoftmaxXent ref =
-      reference::softmax_cross_entropy(n, classes, logits, labels, scale);
-  ASSERT_GT(ref.correct, 0);
-  ASSERT_LT(ref.correct, n);
-  const double loss_tol = tolerance().loss_relative * ref.loss_sum + tolerance().loss_per_sample * n;
-
-  DeviceBuffer device_labels(b, n * sizeof(int32_t));
-  auto* labels_ptr = static_cast<int32_t*>(device_labels.get());
-  b.upload_labels(labels.data(), labels_ptr, n);
-  const DeviceTensor lt = to_device(b, logits, desc({n, classes, 1, 1}));
-  DeviceTensor dlt(b, desc({n, classes, 1, 1}));
-  b.fill(dlt.tensor, kNaN);
-  const LossStats stats = b.softmax_cross_entropy(lt.tensor, labels_ptr, scale, &dlt.tensor);
-  EXPECT_NEAR(stats.loss_sum, ref.loss_sum, loss_tol);
-  EXPECT_EQ(stats.correct, ref.correct);
-  expect_close(from_device(b, dlt.tensor), ref.dlogits, tolerance().dlogits, "dlogits");
-  const LossStats again = b.softmax_cross_entropy(lt.tensor, labels_ptr, scale, nullptr);
-  EXPECT_EQ(again.loss_sum, stats.loss_sum) << "without dlogits";
-  EXPECT_EQ(again.correct, ref.correct) << "without dlogits";
-
-  labels[n / 2] = int32_t(classes);
-  b.upload_labels(labels.data(), labels_ptr, n);
-  EXPECT_CONTAINS(test_support::error_message<BackendError>(
-                      [&] { b.softmax_cross_entropy(lt.tensor, labels_ptr, scale, nullptr); }),
-                  "label " + std::to_string(classes) + " outside [0, " + std::to_string(classes) +
-                      ")");
+  check_softmax_cross_entropy(backend(), param(), DataType::kF32, tolerance(), tolerance().dlogits);
 }
 
 VTRAIN_ON_EVERY_BACKEND(SoftmaxConformance, kSoftmaxCases);

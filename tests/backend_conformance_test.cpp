@@ -12,6 +12,7 @@
 
 #include "tests/backend_conformance.h"
 #include "tests/backend_conformance_cases.h"
+#include "tests/backend_conformance_checks.h"
 #include "tests/backend_test_support.h"
 #include "tests/reference_ops.h"
 #include "worker/device/backend.h"
@@ -162,43 +163,8 @@ VTRAIN_ON_EVERY_BACKEND(ReluConformance, kReluCases);
 class PoolConformance : public OnEveryBackend<PoolCase> {};
 
 TEST_P(PoolConformance, ForwardAndBackward) {
-  Backend& b = backend();
-  const PoolParams& p = param().params;
-  const Shape& xs = param().x;
-  std::mt19937 rng(12);
-  const Shape ys{xs.n, xs.c, worker::window_output(xs.h, p.kh, p.stride_h, p.pad_h),
-                 worker::window_output(xs.w, p.kw, p.stride_w, p.pad_w)};
-  const Vec x = random_vec(rng, xs.elements());
-  const Vec dy = random_vec(rng, ys.elements());
-  const Vec y_ref = reference::pooling_forward(p, xs, x);
-  const Vec dx_ref = reference::pooling_backward(p, xs, x, dy);
-  // Max forward selects an input and non-overlapping max backward routes one
-  // gradient per input: both exact where the backend promises it. Averages
-  // and overlapping windows sum.
-  const bool exact_forward = p.kind == PoolKind::kMax && tolerance().exact_max_pooling;
-  const bool exact_backward = exact_forward && p.kh <= p.stride_h;
-  for (Layout layout : layouts_for(b, xs.c)) {
-    SCOPED_TRACE(layout_name(layout));
-    const DeviceTensor xt = to_device(b, x, desc(xs, layout));
-    DeviceTensor yt(b, desc(ys, layout));
-    DeviceBuffer state(b, b.pooling_state_bytes(p, xt.tensor.desc, yt.tensor.desc));
-    b.fill(yt.tensor, kNaN);
-    b.pooling_forward(p, xt.tensor, yt.tensor, state.get());
-    if (exact_forward) {
-      expect_equal(from_device(b, yt.tensor), y_ref, "pool y");
-    } else {
-      expect_close(from_device(b, yt.tensor), y_ref, tolerance().pooling_forward, "pool y");
-    }
-    const DeviceTensor dyt = to_device(b, dy, desc(ys, layout));
-    DeviceTensor dxt(b, desc(xs, layout));
-    b.fill(dxt.tensor, kNaN);
-    b.pooling_backward(p, xt.tensor, yt.tensor, dyt.tensor, dxt.tensor, state.get());
-    if (exact_backward) {
-      expect_equal(from_device(b, dxt.tensor), dx_ref, "pool dx");
-    } else {
-      expect_close(from_device(b, dxt.tensor), dx_ref, tolerance().pooling_backward, "pool dx");
-    }
-  }
+  check_pooling(backend(), param(), DataType::kF32, tolerance().exact_max_pooling,
+                tolerance().pooling_forward, tolerance().pooling_backward);
 }
 
 VTRAIN_ON_EVERY_BACKEND(PoolConformance, pool_cases());
