@@ -88,30 +88,8 @@ VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfConvConformance, kConvCases);
 
 class HalfReluConformance : public InHalfOnEveryBackend<ReluCase> {};
 
-// relu selects: exact in half as in f32, dx aliasing dy too.
 TEST_P(HalfReluConformance, ForwardAndBackwardExact) {
-  Backend& b = backend();
-  const Shape shape = param().shape;
-  std::mt19937 rng(11);
-  const Vec x = in_type(random_vec(rng, shape.elements()));
-  const Vec dy = in_type(random_vec(rng, shape.elements()));
-  const Vec y_ref = reference::relu_forward(x);
-  const Vec dx_ref = reference::relu_backward(y_ref, dy);
-  for (Layout layout : layouts_for(b, shape.c)) {
-    SCOPED_TRACE(layout_name(layout));
-    const DeviceTensor xt = to_device(b, x, typed(shape, layout));
-    DeviceTensor yt(b, typed(shape, layout));
-    b.fill(yt.tensor, kNaN);
-    b.relu_forward(xt.tensor, yt.tensor);
-    expect_equal(from_device(b, yt.tensor), y_ref, "relu y");
-    const DeviceTensor dyt = to_device(b, dy, typed(shape, layout));
-    DeviceTensor dxt(b, typed(shape, layout));
-    b.fill(dxt.tensor, kNaN);
-    b.relu_backward(yt.tensor, dyt.tensor, dxt.tensor);
-    expect_equal(from_device(b, dxt.tensor), dx_ref, "relu dx");
-    b.relu_backward(yt.tensor, dyt.tensor, dyt.tensor);
-    expect_equal(from_device(b, dyt.tensor), dx_ref, "relu dx aliasing dy");
-  }
+  check_relu(backend(), param(), type());
 }
 
 VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfReluConformance, kReluCases);

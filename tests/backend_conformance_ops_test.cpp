@@ -38,68 +38,7 @@ VTRAIN_ON_EVERY_BACKEND(InnerProductConformance, kInnerProductCases);
 class BatchNormConformance : public OnEveryBackend<BatchNormCase> {};
 
 TEST_P(BatchNormConformance, TrainingInferenceAndBackward) {
-  Backend& b = backend();
-  const BatchNormData d(param());
-  const Shape& s = d.s;
-  const int64_t c = s.c;
-  const DeviceBuffer ss = to_device(b, d.scale_shift);
-  for (Layout layout : layouts_for(b, c)) {
-    SCOPED_TRACE(layout_name(layout));
-    const DeviceTensor xt = to_device(b, d.x, desc(s, layout));
-    DeviceTensor yt(b, desc(s, layout));
-    DeviceBuffer save_mean(b, c * sizeof(float));
-    DeviceBuffer save_var(b, c * sizeof(float));
-    const DeviceBuffer running_mean = to_device(b, d.running_mean0);
-    const DeviceBuffer running_var = to_device(b, d.running_var0);
-    b.fill(yt.tensor, kNaN);
-    b.batch_norm_forward_training(xt.tensor, yt.tensor, ss.floats(), save_mean.floats(),
-                                  save_var.floats(), running_mean.floats(), running_var.floats(),
-                                  d.momentum, d.eps);
-    expect_close(from_device(b, yt.tensor), d.fwd.y, kSumRtol, "bn training y");
-    expect_close(from_device(b, save_mean.floats(), c), d.fwd.mean, kSumRtol, "bn saved mean");
-    expect_close(from_device(b, save_var.floats(), c), d.fwd.var, kSumRtol,
-                 "bn saved (biased) variance");
-    expect_close(from_device(b, running_mean.floats(), c), d.running_mean, kSumRtol,
-                 "bn running mean");
-    expect_close(from_device(b, running_var.floats(), c), d.running_var, kSumRtol,
-                 "bn running variance (unbiased batch variance)");
-
-    // Inference with the initial running statistics, then the updated ones.
-    const DeviceBuffer rm0 = to_device(b, d.running_mean0);
-    const DeviceBuffer rv0 = to_device(b, d.running_var0);
-    DeviceTensor inf(b, desc(s, layout));
-    b.fill(inf.tensor, kNaN);
-    b.batch_norm_forward_inference(xt.tensor, inf.tensor, ss.floats(), rm0.floats(), rv0.floats(),
-                                   d.eps);
-    expect_close(from_device(b, inf.tensor),
-                 reference::batch_norm_forward_inference(s, d.x, d.gamma, d.beta, d.running_mean0,
-                                                         d.running_var0, d.eps),
-                 kSumRtol, "bn inference y");
-    b.fill(inf.tensor, kNaN);
-    b.batch_norm_forward_inference(xt.tensor, inf.tensor, ss.floats(), running_mean.floats(),
-                                   running_var.floats(), d.eps);
-    expect_close(from_device(b, inf.tensor),
-                 reference::batch_norm_forward_inference(s, d.x, d.gamma, d.beta, d.running_mean,
-                                                         d.running_var, d.eps),
-                 kSumRtol, "bn inference y with the updated running statistics");
-
-    // beta applies to d(scale_shift) only: dx is overwritten both times.
-    const DeviceTensor dyt = to_device(b, d.dy, desc(s, layout));
-    DeviceTensor dxt(b, desc(s, layout));
-    DeviceBuffer dss(b, 2 * c * sizeof(float));
-    b.fill(flat(dss.floats(), 2 * c), kNaN);
-    for (float beta : {0.0f, 1.0f}) {
-      const std::string what = " beta=" + std::to_string(int(beta));
-      b.fill(dxt.tensor, kNaN);
-      b.batch_norm_backward(xt.tensor, dyt.tensor, ss.floats(), save_mean.floats(),
-                            save_var.floats(), dxt.tensor, dss.floats(), beta, d.eps);
-      expect_close(from_device(b, dxt.tensor), d.back.dx, tolerance().batch_norm_dx,
-                   "bn dx" + what);
-      expect_close(from_device(b, dss.floats(), 2 * c),
-                   beta == 0.0f ? d.dscale_shift : plus(d.dscale_shift, d.dscale_shift), kSumRtol,
-                   "bn d(scale_shift)" + what);
-    }
-  }
+  check_batch_norm(backend(), param(), DataType::kF32, kSumRtol, tolerance().batch_norm_dx);
 }
 
 VTRAIN_ON_EVERY_BACKEND(BatchNormConformance, kBatchNormCases);
@@ -175,56 +114,8 @@ VTRAIN_ON_EVERY_BACKEND(AddConformance, kEltwiseCases);
 
 class ConcatConformance : public OnEveryBackend<ConcatCase> {};
 
-// All plain; all in their preferred layouts; plain inputs into a preferred
-// output. Each input takes its share of the gradient with beta 0 (over NaN)
-// and with beta 1 (onto previous contents). Exact.
 TEST_P(ConcatConformance, ForwardAndBackwardEachInputBothBetas) {
-  Backend& b = backend();
-  std::mt19937 rng(18);
-  std::vector<Shape> shapes;
-  std::vector<Vec> xs;
-  int64_t total = 0;
-  for (int64_t c : param().channels) {
-    shapes.push_back({2, c, param().h, param().w});
-    xs.push_back(random_vec(rng, shapes.back().elements()));
-    total += c;
-  }
-  const Shape ys{2, total, param().h, param().w};
-  const Vec y_ref = reference::concat(shapes, xs);
-  const Vec dy = random_vec(rng, ys.elements());
-  const std::vector<Vec> dxs_ref = reference::concat_backward(shapes, dy);
-  for (int mode = 0; mode < 3; ++mode) {
-    const auto input_layout = [&](int64_t c) {
-      return mode == 1 ? b.preferred_layout(c) : Layout::kPlain;
-    };
-    const Layout y_layout = mode == 0 ? Layout::kPlain : b.preferred_layout(total);
-    SCOPED_TRACE("mode " + std::to_string(mode) + ": y " + layout_name(y_layout));
-    std::vector<DeviceTensor> inputs;
-    std::vector<Tensor> views;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      inputs.push_back(to_device(b, xs[i], desc(shapes[i], input_layout(shapes[i].c))));
-      views.push_back(inputs.back().tensor);
-    }
-    DeviceTensor yt(b, desc(ys, y_layout));
-    b.fill(yt.tensor, kNaN);
-    b.concat_forward(views, yt.tensor);
-    expect_equal(from_device(b, yt.tensor), y_ref, "concat y");
-
-    const DeviceTensor dyt = to_device(b, dy, desc(ys, y_layout));
-    int64_t offset = 0;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      for (float beta : {0.0f, 1.0f}) {
-        const Vec previous = random_vec(rng, shapes[i].elements());
-        const DeviceTensor dx = to_device(b, previous, desc(shapes[i], input_layout(shapes[i].c)));
-        if (beta == 0.0f) b.fill(dx.tensor, kNaN);
-        b.concat_backward(dyt.tensor, offset, dx.tensor, beta);
-        expect_equal(from_device(b, dx.tensor),
-                     beta == 1.0f ? reference::add(dxs_ref[i], previous) : dxs_ref[i],
-                     "concat dx" + std::to_string(i) + " beta=" + std::to_string(int(beta)));
-      }
-      offset += shapes[i].c;
-    }
-  }
+  check_concat(backend(), param(), DataType::kF32);
 }
 
 VTRAIN_ON_EVERY_BACKEND(ConcatConformance, kConcatCases);

@@ -12,6 +12,7 @@
 
 #include "tests/backend_conformance.h"
 #include "tests/backend_conformance_cases.h"
+#include "tests/backend_conformance_checks.h"
 #include "tests/backend_test_support.h"
 #include "tests/reference_ops.h"
 #include "worker/device/backend.h"
@@ -20,13 +21,6 @@ namespace vtrain::backend_test {
 namespace {
 
 using backend_test::PrintTo;  // names the cases in gtest's output
-
-// Sums of both ranks, element by element.
-std::vector<double> add_up(const std::vector<double>& a, const std::vector<double>& b) {
-  std::vector<double> out(a.size());
-  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
-  return out;
-}
 
 class SyncBatchNormConformance : public OnEveryBackend<SyncCase> {};
 
