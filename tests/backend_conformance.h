@@ -4,18 +4,24 @@
 // that is not built, or has no device here, skips its cases saying why.
 //
 // The suite is backend_conformance_test.cpp (convolutions, relu, pooling, op
-// scratch) and backend_conformance_ops_test.cpp (the other ops), one binary.
+// scratch) and backend_conformance_ops_test.cpp (the other ops), one binary,
+// with the same cases (backend_conformance_cases.h) in each half type in
+// backend_conformance_half*_test.cpp, named "<backend>_<type>_<case>".
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <tuple>
+#include <utility>
 
+#include "common/precision.h"
 #include "tests/backend_test_support.h"
 #include "worker/device/backend.h"
 
@@ -121,5 +127,89 @@ struct BackendCaseName {
       ::testing::Combine(::testing::Values(std::string("cpu"), std::string("cuda")),            \
                          ::testing::ValuesIn(cases)),                                           \
       ::vtrain::backend_test::BackendCaseName())
+
+// ========================================================== half precision
+
+inline constexpr DataType kHalfTypes[] = {DataType::kBF16, DataType::kF16};
+
+// The training precision that stores tensors in half type `type`.
+inline common::Precision half_precision(DataType type) {
+  return type == DataType::kBF16 ? common::Precision::kBf16 : common::Precision::kFp16;
+}
+
+// Unit roundoff u of a half type (half its ulp at 1): bf16 keeps 8
+// significant bits (u = 2^-8, about 3.9e-3), f16 11 (u = 2^-11, about 4.9e-4).
+inline double unit_roundoff(DataType type) {
+  return type == DataType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+}
+
+// Half outputs of sums (convolution, inner product, average pooling,
+// overlapping max-pooling gradients, batch norm's y and dx, dlogits) against
+// the reference in half (reference_ops.h: the same rounded inputs, the
+// double result rounded once). The backend accumulates the same inputs in
+// f32 (off the double sum by far less than kSumRtol of the output's scale)
+// and rounds once, so the two roundings land at most one ulp apart: 2u of
+// the element. expect_close allows rtol * (|element| + max |element|), at
+// least 2 rtol of the element, so rtol = u covers one rounding; a call with
+// beta = 1 rounds twice (its result, then the sum with the previous
+// contents: the reference adds to its rounded result and rounds again), so
+// 2u, plus kSumRtol for the f32 arithmetic before the rounding.
+inline double half_sum_rtol(DataType type) { return 2 * unit_roundoff(type) + kSumRtol; }
+
+// Cases of one op in each half type on every backend kind. A case skips,
+// saying why, where the backend is unusable here or cannot run the type's
+// precision (Backend::precision_unavailable, in the backend's words).
+template <typename Case>
+class InHalfOnEveryBackend
+    : public ::testing::TestWithParam<std::tuple<std::string, DataType, Case>> {
+ protected:
+  void SetUp() override {
+    if (const std::optional<std::string> why = why_unusable(kind())) {
+      GTEST_SKIP() << "backend " << kind() << ": " << *why;
+    }
+    if (const std::optional<std::string> why =
+            backend().precision_unavailable(half_precision(type()))) {
+      GTEST_SKIP() << "backend " << kind() << " in " << dtype_name(type()) << ": " << *why;
+    }
+  }
+  const std::string& kind() const { return std::get<0>(this->GetParam()); }
+  DataType type() const { return std::get<1>(this->GetParam()); }
+  const Case& param() const { return std::get<2>(this->GetParam()); }
+  Backend& backend() const { return shared_backend(kind()); }
+  const Tolerances& tolerance() const { return tolerances(kind()); }
+  double sum_rtol() const { return half_sum_rtol(type()); }
+  // v rounded to this case's type.
+  Vec in_type(Vec v) const { return rounded(type(), std::move(v)); }
+  // A tensor descriptor in this case's type.
+  TensorDesc typed(Shape shape, Layout layout = Layout::kPlain) const {
+    return desc(shape, layout, type());
+  }
+};
+
+}  // namespace vtrain::backend_test
+
+namespace vtrain::common {
+// Names a case's type in gtest's output ("bf16"), found by argument lookup.
+inline void PrintTo(DataType type, std::ostream* os) { *os << dtype_name(type); }
+}  // namespace vtrain::common
+
+namespace vtrain::backend_test {
+
+// "cpu_bf16_lenet1_n1"
+struct HalfCaseName {
+  template <typename Param>
+  std::string operator()(const ::testing::TestParamInfo<Param>& info) const {
+    return std::get<0>(info.param) + "_" + dtype_name(std::get<1>(info.param)) + "_" +
+           std::get<2>(info.param).name;
+  }
+};
+
+#define VTRAIN_IN_HALF_ON_EVERY_BACKEND(fixture, cases)                                         \
+  INSTANTIATE_TEST_SUITE_P(                                                                     \
+      HalfBackends, fixture,                                                                    \
+      ::testing::Combine(::testing::Values(std::string("cpu"), std::string("cuda")),            \
+                         ::testing::ValuesIn(::vtrain::backend_test::kHalfTypes),               \
+                         ::testing::ValuesIn(cases)),                                           \
+      ::vtrain::backend_test::HalfCaseName())
 
 }  // namespace vtrain::backend_test

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "tests/backend_conformance.h"
+#include "tests/backend_conformance_cases.h"
+#include "tests/backend_conformance_checks.h"
 #include "tests/backend_test_support.h"
 #include "tests/reference_ops.h"
 #include "worker/device/backend.h"
@@ -19,24 +21,6 @@ namespace vtrain::backend_test {
 namespace {
 
 using backend_test::PrintTo;  // names the cases in gtest's output
-
-struct SyncCase {
-  const char* name;
-  Shape shape;  // the global batch; the first `first` samples are "rank 0"'s
-  int64_t first;
-  unsigned seed;
-};
-
-// 20 channels: blocked layouts pad them (to 24 or 32).
-const SyncCase kSyncCases[] = {{"n5c20_6x6_split2", {5, 20, 6, 6}, 2, 21},
-                               {"n4c6_5x5_split1", {4, 6, 5, 5}, 1, 22}};
-
-// Sums of both ranks, element by element.
-std::vector<double> add_up(const std::vector<double>& a, const std::vector<double>& b) {
-  std::vector<double> out(a.size());
-  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
-  return out;
-}
 
 class SyncBatchNormConformance : public OnEveryBackend<SyncCase> {};
 

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "tests/backend_conformance.h"
+#include "tests/backend_conformance_cases.h"
+#include "tests/backend_conformance_checks.h"
 #include "tests/backend_test_support.h"
 #include "tests/reference_ops.h"
 #include "worker/device/backend.h"
@@ -25,22 +27,6 @@ using worker::PoolParams;
 using worker::TensorDesc;
 
 // ============================================================== convolution
-
-const ConvCase kConvCases[] = {
-    {"lenet1_n1", 1, 28, 28, 20, 5, 0, 1, 1},
-    {"lenet1_n4", 1, 28, 28, 20, 5, 0, 1, 4},
-    {"lenet1_k6_n4", 1, 28, 28, 6, 5, 0, 1, 4},
-    {"lenet2_n1", 20, 12, 12, 50, 5, 0, 1, 1},
-    {"lenet2_n4", 20, 12, 12, 50, 5, 0, 1, 4},
-    {"c16k32_3x3_pad1_n1", 16, 14, 14, 32, 3, 1, 1, 1},
-    {"c16k32_3x3_pad1_n4", 16, 14, 14, 32, 3, 1, 1, 4},
-    {"c16k16_3x3_pad1_n3", 16, 10, 10, 16, 3, 1, 1, 3},
-    {"c3k8_3x3_stride2_n1", 3, 15, 15, 8, 3, 1, 2, 1},
-    {"c3k8_3x3_stride2_n4", 3, 15, 15, 8, 3, 1, 2, 4},
-    {"c8k12_3x3_stride2_n2", 8, 11, 11, 12, 3, 1, 2, 2},
-    {"c24k8_1x1_n2", 24, 7, 7, 8, 1, 0, 1, 2},
-    {"c3k8_7x7_stride2_pad3_n2", 3, 20, 20, 8, 7, 3, 2, 2},
-};
 
 std::vector<std::string> output_names(ConvKind kind) {
   switch (kind) {
@@ -141,113 +127,21 @@ VTRAIN_ON_EVERY_BACKEND(ConvConformance, kConvCases);
 
 // ================================================================ relu
 
-struct ReluCase {
-  const char* name;
-  Shape shape;
-};
-
-const ReluCase kReluCases[] = {{"n2c20_6x6", {2, 20, 6, 6}}, {"n3c7_5x5", {3, 7, 5, 5}}};
-
 class ReluConformance : public OnEveryBackend<ReluCase> {};
 
-// Exact in every layout, with dx aliasing dy too.
 TEST_P(ReluConformance, ForwardAndBackwardExact) {
-  Backend& b = backend();
-  const Shape shape = param().shape;
-  std::mt19937 rng(11);
-  const Vec x = random_vec(rng, shape.elements());
-  const Vec dy = random_vec(rng, shape.elements());
-  const Vec y_ref = reference::relu_forward(x);
-  const Vec dx_ref = reference::relu_backward(y_ref, dy);
-  for (Layout layout : layouts_for(b, shape.c)) {
-    SCOPED_TRACE(layout_name(layout));
-    const DeviceTensor xt = to_device(b, x, desc(shape, layout));
-    DeviceTensor yt(b, desc(shape, layout));
-    b.fill(yt.tensor, kNaN);
-    b.relu_forward(xt.tensor, yt.tensor);
-    expect_equal(from_device(b, yt.tensor), y_ref, "relu y");
-
-    DeviceTensor dxt(b, desc(shape, layout));
-    const DeviceTensor dyt = to_device(b, dy, desc(shape, layout));
-    b.fill(dxt.tensor, kNaN);
-    b.relu_backward(yt.tensor, dyt.tensor, dxt.tensor);
-    expect_equal(from_device(b, dxt.tensor), dx_ref, "relu dx");
-    b.relu_backward(yt.tensor, dyt.tensor, dyt.tensor);
-    expect_equal(from_device(b, dyt.tensor), dx_ref, "relu dx aliasing dy");
-  }
+  check_relu(backend(), param(), DataType::kF32);
 }
 
 VTRAIN_ON_EVERY_BACKEND(ReluConformance, kReluCases);
 
 // ============================================================== pooling
 
-struct PoolCase {
-  std::string name;
-  PoolParams params;
-  Shape x;
-};
-
-// Max and average, 2x2 stride 2 and 3x3 stride 2 pad 1 (overlapping), on
-// sizes that divide and that do not.
-std::vector<PoolCase> pool_cases() {
-  const PoolParams k2s2{.kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2};
-  const PoolParams k3s2p1{.kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
-  std::vector<PoolCase> cases;
-  for (PoolKind kind : {PoolKind::kMax, PoolKind::kAverage}) {
-    for (PoolParams p : {k2s2, k3s2p1}) {
-      p.kind = kind;
-      const std::string name = std::string(kind == PoolKind::kMax ? "max" : "avg") + "_k" +
-                               std::to_string(p.kh) + "s2p" + std::to_string(p.pad_h);
-      for (const Shape& x : {Shape{2, 20, 12, 12}, Shape{2, 16, 13, 13}, Shape{2, 5, 9, 9}}) {
-        cases.push_back({name + "_c" + std::to_string(x.c) + "_" + std::to_string(x.h) + "x" +
-                             std::to_string(x.w),
-                         p, x});
-      }
-    }
-  }
-  return cases;
-}
-
 class PoolConformance : public OnEveryBackend<PoolCase> {};
 
 TEST_P(PoolConformance, ForwardAndBackward) {
-  Backend& b = backend();
-  const PoolParams& p = param().params;
-  const Shape& xs = param().x;
-  std::mt19937 rng(12);
-  const Shape ys{xs.n, xs.c, worker::window_output(xs.h, p.kh, p.stride_h, p.pad_h),
-                 worker::window_output(xs.w, p.kw, p.stride_w, p.pad_w)};
-  const Vec x = random_vec(rng, xs.elements());
-  const Vec dy = random_vec(rng, ys.elements());
-  const Vec y_ref = reference::pooling_forward(p, xs, x);
-  const Vec dx_ref = reference::pooling_backward(p, xs, x, dy);
-  // Max forward selects an input and non-overlapping max backward routes one
-  // gradient per input: both exact where the backend promises it. Averages
-  // and overlapping windows sum.
-  const bool exact_forward = p.kind == PoolKind::kMax && tolerance().exact_max_pooling;
-  const bool exact_backward = exact_forward && p.kh <= p.stride_h;
-  for (Layout layout : layouts_for(b, xs.c)) {
-    SCOPED_TRACE(layout_name(layout));
-    const DeviceTensor xt = to_device(b, x, desc(xs, layout));
-    DeviceTensor yt(b, desc(ys, layout));
-    DeviceBuffer state(b, b.pooling_state_bytes(p, xt.tensor.desc, yt.tensor.desc));
-    b.fill(yt.tensor, kNaN);
-    b.pooling_forward(p, xt.tensor, yt.tensor, state.get());
-    if (exact_forward) {
-      expect_equal(from_device(b, yt.tensor), y_ref, "pool y");
-    } else {
-      expect_close(from_device(b, yt.tensor), y_ref, tolerance().pooling_forward, "pool y");
-    }
-    const DeviceTensor dyt = to_device(b, dy, desc(ys, layout));
-    DeviceTensor dxt(b, desc(xs, layout));
-    b.fill(dxt.tensor, kNaN);
-    b.pooling_backward(p, xt.tensor, yt.tensor, dyt.tensor, dxt.tensor, state.get());
-    if (exact_backward) {
-      expect_equal(from_device(b, dxt.tensor), dx_ref, "pool dx");
-    } else {
-      expect_close(from_device(b, dxt.tensor), dx_ref, tolerance().pooling_backward, "pool dx");
-    }
-  }
+  check_pooling(backend(), param(), DataType::kF32, tolerance().exact_max_pooling,
+                tolerance().pooling_forward, tolerance().pooling_backward);
 }
 
 VTRAIN_ON_EVERY_BACKEND(PoolConformance, pool_cases());

@@ -28,10 +28,12 @@
 namespace vtrain::backend_test {
 
 using reference::Vec;
+using reference::rounded;
 using worker::Backend;
 using worker::ConvAlgoInfo;
 using worker::ConvKind;
 using worker::ConvProblem;
+using worker::DataType;
 using worker::Layout;
 using worker::Shape;
 using worker::Tensor;
@@ -79,8 +81,9 @@ struct DeviceTensor {
   Tensor tensor;
 };
 
-inline TensorDesc desc(Shape shape, Layout layout = Layout::kPlain) {
-  return TensorDesc{.shape = shape, .layout = layout};
+inline TensorDesc desc(Shape shape, Layout layout = Layout::kPlain,
+                       DataType type = DataType::kF32) {
+  return TensorDesc{.shape = shape, .layout = layout, .dtype = type};
 }
 
 // A plain view of `count` floats, for parameter arrays (weights, statistics)
@@ -94,9 +97,13 @@ inline DeviceTensor to_device(Backend& b, const Vec& host, const TensorDesc& d) 
   return t;
 }
 
-inline DeviceBuffer to_device(Backend& b, const Vec& host) {
-  DeviceBuffer buffer(b, host.size() * sizeof(float));
-  if (!host.empty()) b.upload(host.data(), flat(buffer.floats(), static_cast<int64_t>(host.size())));
+// A parameter array (weights, biases) on b in `type`, rounded from host's
+// floats by the upload.
+inline DeviceBuffer to_device(Backend& b, const Vec& host, DataType type = DataType::kF32) {
+  const auto count = static_cast<int64_t>(host.size());
+  DeviceBuffer buffer(b, host.size() * worker::element_bytes(type));
+  const Tensor view{desc({1, count, 1, 1}, Layout::kPlain, type), buffer.get()};
+  if (count > 0) b.upload(host.data(), view);
   return buffer;
 }
 
@@ -211,8 +218,8 @@ struct ConvCase {
 
 
 inline ConvProblem conv_problem(const ConvCase& cc, Layout x_layout = Layout::kPlain,
-                                Layout y_layout = Layout::kPlain) {
-  ConvProblem p{.x = desc({cc.n, cc.c, cc.h, cc.w}, x_layout),
+                                Layout y_layout = Layout::kPlain, DataType type = DataType::kF32) {
+  ConvProblem p{.x = desc({cc.n, cc.c, cc.h, cc.w}, x_layout, type),
                 .y = {},
                 .k = cc.k,
                 .r = cc.r,
@@ -221,7 +228,7 @@ inline ConvProblem conv_problem(const ConvCase& cc, Layout x_layout = Layout::kP
                 .pad_w = cc.pad,
                 .stride_h = cc.stride,
                 .stride_w = cc.stride};
-  p.y = desc(p.output_shape(), y_layout);
+  p.y = desc(p.output_shape(), y_layout, type);
   return p;
 }
 
@@ -237,16 +244,19 @@ inline std::vector<std::pair<Layout, Layout>> conv_layouts(Backend& b, const Con
   return pairs;
 }
 
-// Host data and reference results of one convolution problem.
+// Host data and reference results of one convolution problem, in the
+// problem's element type (reference_ops.h): the data rounded to it, y and dx
+// too, dw and dbias (always f32) not.
 struct ConvData {
   explicit ConvData(const ConvProblem& problem) : p(problem) {
     std::mt19937 rng(static_cast<unsigned>(p.x.shape.c * 1000 + p.k * 10 + p.x.shape.n));
-    x = random_vec(rng, p.x.shape.elements());
-    w = random_vec(rng, p.weight_shape().elements());
-    bias = random_vec(rng, p.k);
-    dy = random_vec(rng, p.y.shape.elements());
-    y_ref = reference::conv_forward(p, x, w, bias);
-    dx_ref = reference::conv_backward_data(p, dy, w);
+    const DataType type = p.x.dtype;
+    x = rounded(type, random_vec(rng, p.x.shape.elements()));
+    w = rounded(type, random_vec(rng, p.weight_shape().elements()));
+    bias = rounded(type, random_vec(rng, p.k));
+    dy = rounded(type, random_vec(rng, p.y.shape.elements()));
+    y_ref = rounded(type, reference::conv_forward(p, x, w, bias));
+    dx_ref = rounded(type, reference::conv_backward_data(p, dy, w));
     dw_ref = reference::conv_backward_filter(p, x, dy, &dbias_ref);
   }
   ConvProblem p;
@@ -265,27 +275,27 @@ struct ConvData {
 };
 
 // The outputs of one kind with one algorithm and beta on `b` for problem p
-// (d's data, p's layouts), starting from `previous` outputs (NaN where
-// beta = 0): {y} or {dx} or {dw, dbias}.
+// (d's data, p's layouts and element type: w and bias in it too), starting
+// from `previous` outputs (NaN where beta = 0): {y} or {dx} or {dw, dbias}.
 inline std::vector<Vec> run_conv(Backend& b, ConvKind kind, const ConvAlgoInfo& info,
                                  const ConvProblem& p, const ConvData& d, float beta,
                                  const std::vector<Vec>& previous) {
   DeviceBuffer workspace(b, info.workspace_bytes);
-  const DeviceBuffer w = to_device(b, d.w);
+  const DeviceBuffer w = to_device(b, d.w, p.x.dtype);
   auto start = [&](const Vec& v) { return beta == 0.0f ? Vec(v.size(), kNaN) : v; };
   switch (kind) {
     case ConvKind::kForward: {
       const DeviceTensor x = to_device(b, d.x, p.x);
-      const DeviceBuffer bias = to_device(b, d.bias);
+      const DeviceBuffer bias = to_device(b, d.bias, p.x.dtype);
       const DeviceTensor y = to_device(b, start(previous[0]), p.y);
-      b.conv_forward(info.algo, p, x.tensor, w.floats(), bias.floats(), y.tensor, beta,
+      b.conv_forward(info.algo, p, x.tensor, w.get(), bias.get(), y.tensor, beta,
                      workspace.get(), info.workspace_bytes);
       return {from_device(b, y.tensor)};
     }
     case ConvKind::kBackwardData: {
       const DeviceTensor dy = to_device(b, d.dy, p.y);
       const DeviceTensor dx = to_device(b, start(previous[0]), p.x);
-      b.conv_backward_data(info.algo, p, dy.tensor, w.floats(), dx.tensor, beta, workspace.get(),
+      b.conv_backward_data(info.algo, p, dy.tensor, w.get(), dx.tensor, beta, workspace.get(),
                            info.workspace_bytes);
       return {from_device(b, dx.tensor)};
     }

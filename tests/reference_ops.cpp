@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/half.h"
+
 namespace vtrain::reference {
 namespace {
 
@@ -381,6 +383,11 @@ BatchNormBackward batch_norm_backward(const Shape& s, const Vec& x, const Vec& d
 }
 
 // ------------------------------------------------------- add and concat
+
+Vec rounded(common::DataType type, Vec v) {
+  for (float& x : v) x = common::round_to(type, x);
+  return v;
+}
 
 Vec add(const Vec& a, const Vec& b) {
   check_size("add", "b", b, static_cast<int64_t>(a.size()));

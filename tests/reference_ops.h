@@ -2,11 +2,18 @@
 // for weights) float vectors in host memory, computed in double where it
 // matters. They are the oracle the backends are tested against: written for
 // obviousness, not speed.
+//
+// Half precision: an op "in type T" is the reference op run on inputs
+// rounded(T, ...) and its outputs of type T rounded(T, ...) too: what a
+// backend that stores T and accumulates in f32 computes, up to the
+// accumulation's rounding (outputs that are always f32, such as weight
+// gradients and batch-norm statistics, are not rounded).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "common/precision.h"
 #include "worker/device/backend.h"
 
 namespace vtrain::reference {
@@ -15,6 +22,10 @@ using worker::ConvProblem;
 using worker::PoolParams;
 using worker::Shape;
 using Vec = std::vector<float>;
+
+// v with every element rounded to the nearest value of `type` (ties to
+// even, as the devices round; v itself for kF32).
+Vec rounded(common::DataType type, Vec v);
 
 // y = conv(x, w) + bias (bias may be empty). Shapes from p (layouts ignored).
 Vec conv_forward(const ConvProblem& p, const Vec& x, const Vec& w, const Vec& bias);

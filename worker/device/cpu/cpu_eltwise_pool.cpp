@@ -224,6 +224,7 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
 
 void CpuBackend::accumulate(const Tensor& x, const Tensor& y, float beta) {
   check_beta("accumulate", beta);
+  check_same_dtype("accumulate", {x.desc, y.desc});  // beta 0 would convert silently
   if (beta == 0.0f) {
     convert(x, y);
     return;
