@@ -1,16 +1,27 @@
 #!/usr/bin/python3
-"""Heterogeneity end to end on one small box (issue 5's benchmark).
+"""Heterogeneity end to end on one small box (issues 5 and 14).
 
-Three ranks where two share one core and one has a core to itself (an Open
-MPI rankfile), so the lone rank is about twice as fast as each of the
-others. Every rank profiles in place into one perf DB; then training runs
-alternate between the even split and the balancer's split (balance.split:
-auto), and the script prints the medians of the measured step times, their
-ratio, and the balancer's predicted step time against the measured one.
+Three ranks under an Open MPI rankfile: rank 0 has a core to itself, ranks
+1 and 2 share the other. With --speeds 3, rank 2 runs under `nice -n 5`,
+so when both compete it gets about a quarter of the shared core and rank
+1 three quarters: three speeds. Every rank profiles in place into one perf
+DB; then training runs alternate between the splits and the script prints,
+per split, the median measured step time, images/s, and the throughput as
+a percentage of the ideal bound (the plan's ideal_step_ms: every device's
+best standalone throughput added up, less the exchange):
+
+  even      the even split
+  static    balance.split: auto, the balancer's split of the profiled steps
+  excluded  (--memory-limit) rank 0 limited to SIZE with memory.policy none:
+            the best split among batches that fit without offload
+  joint     (--memory-limit) rank 0 limited to SIZE with memory.policy auto:
+            batches above the limit are candidates at their plan's time
 
   /usr/bin/python3 bench/bench_hetero.py [--vtrain build/vtrain] [--rounds 3]
+      [--speeds 2|3] [--config configs/synthetic-lenet.yaml] [--batch 96]
+      [--memory-limit 12MiB]
 
-Timings on a shared 2-vCPU VM are noisy: the runs alternate A/B and the
+Timings on a shared 2-vCPU VM are noisy: the runs alternate and the
 medians are quoted.
 """
 import argparse
@@ -32,6 +43,25 @@ def step_ms(metrics_path, batch):
     return 1000.0 * batch / end["images_per_second"]
 
 
+def plan_number(plan_path, key):
+    match = re.search(r"^%s: ([0-9.e+-]+)" % key, open(plan_path).read(), re.M)
+    return float(match.group(1)) if match else None
+
+
+def launch(args, rankfile, per_rank):
+    """mpirun of 3 ranks as one MPMD line: per_rank[r] is rank r's extra
+    arguments; rank 2 runs under nice with --speeds 3."""
+    cmd = [os.path.join(ROOT, "scripts", "mpirun.sh"), "--rankfile", rankfile, "--oversubscribe"]
+    for r in range(3):
+        if r > 0:
+            cmd.append(":")
+        cmd += ["-np", "1"]
+        if r == 2 and args.speeds == 3:
+            cmd += ["nice", "-n", "5"]
+        cmd += [args.vtrain] + per_rank[r]
+    return cmd
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vtrain", default=os.path.join(ROOT, "build", "vtrain"))
@@ -39,6 +69,10 @@ def main():
     ap.add_argument("--batch", type=int, default=96)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--speeds", type=int, choices=[2, 3], default=2)
+    ap.add_argument("--memory-limit", default="",
+                    help="device.memory_limit of rank 0 for the excluded and joint splits")
+    ap.add_argument("--profile-batches", default="8,16,24,32,40,48,56,64,72,80")
     args = ap.parse_args()
 
     env = dict(os.environ, OMPI_MCA_btl="self,vader",
@@ -50,47 +84,73 @@ def main():
     with open(rankfile, "w") as f:
         f.write("rank 0=localhost slot=0\nrank 1=localhost slot=1\nrank 2=localhost slot=1\n")
     db = os.path.join(work, "perf.db")
-    mpirun = [os.path.join(ROOT, "scripts", "mpirun.sh"), "-np", "3", "--rankfile", rankfile,
-              "--oversubscribe"]
     common = ["--progress", "off",
               "--set", "train.batch=%d" % args.batch, "--set", "train.max_steps=%d" % args.steps,
               "--set", "train.evaluate=false", "--set", "device.threads=1",
               "--set", "conv.algorithm=direct", "--set", "profile.db=" + db,
-              "--set", "profile.batches=[8,16,24,32,40,48,56,64,72,80]",
-              "--set", "balance.granularity=8", "--set", "balance.candidates=interpolated"]
+              "--set", "profile.batches=[%s]" % args.profile_batches,
+              "--set", "balance.granularity=8", "--set", "balance.candidates=interpolated",
+              "--set", "balance.rebalance.enabled=false"]
+    limit = ["--set", "device.memory_limit=" + args.memory_limit]
 
-    print("profiling 3 ranks (rank 0 alone on cpu 0, ranks 1 and 2 sharing cpu 1) ...", flush=True)
-    out = run(mpirun + [args.vtrain, "profile", args.config] + common, env)
-    print("\n".join("  " + l for l in out.splitlines() if "rank" in l and "share" in l))
+    # Each split: its mode and per-rank settings.
+    splits = {"even": ("even", []), "static": ("auto", [])}
+    if args.memory_limit:
+        splits["excluded"] = ("auto", ["--set", "memory.policy=none"])
+        splits["joint"] = ("auto", ["--set", "memory.policy=auto"])
 
-    even, balanced, predicted, split_text = [], [], [], None
+    def per_rank(command, name, extra):
+        ranks = [[command, args.config] + common + splits[name][1] + extra for _ in range(3)]
+        if name in ("excluded", "joint"):
+            ranks[0] += limit
+        return ranks
+
+    who = "rank 0 alone on cpu 0, ranks 1 and 2 sharing cpu 1"
+    if args.speeds == 3:
+        who += ", rank 2 at nice 5"
+    print("profiling 3 ranks (%s) ..." % who, flush=True)
+    for name in splits:
+        if name in ("even", "excluded"):  # static shares even's profile (policy none, no limit)
+            continue
+        out = run(launch(args, rankfile, per_rank("profile", name, [])), env)
+        print("\n".join("  %s: %s" % (name, l.strip()) for l in out.splitlines()
+                        if "share" in l or "fits no plan" in l))
+
+    times = {name: [] for name in splits}
+    ideal = {name: [] for name in splits}
+    split_text = {}
     for r in range(args.rounds):
-        for kind in ("even", "auto"):
-            metrics = os.path.join(work, "m-%s-%d.jsonl" % (kind, r))
-            plan = os.path.join(work, "plan.yaml")
-            extra = ["--set", "balance.split=" + kind, "--metrics", metrics]
-            if kind == "auto":
-                extra += ["--set", "output.plan=" + plan]
-            out = run(mpirun + [args.vtrain, "train", args.config] + common + extra, env)
-            ms = step_ms(metrics, args.batch)
-            (even if kind == "even" else balanced).append(ms)
+        for name, (mode, _) in splits.items():
+            metrics = os.path.join(work, "m-%s-%d.jsonl" % (name, r))
+            plan = os.path.join(work, "plan-%s.yaml" % name)
+            extra = ["--set", "balance.split=" + mode, "--metrics", metrics,
+                     "--set", "output.plan=" + plan]
+            out = run(launch(args, rankfile, per_rank("train", name, extra)), env)
+            times[name].append(step_ms(metrics, args.batch))
             note = ""
-            if kind == "auto":
-                text = open(plan).read()
-                predicted.append(float(re.search(r"^split_ms: ([0-9.e+-]+)", text, re.M).group(1)))
-                split_text = re.search(r"plan: split (\S+)", out).group(1)
-                allreduce = re.search(r"allreduce of \d+ gradients: ([0-9.]+) ms", out)
-                note = " (split %s, predicted %.2f ms%s)" % (
-                    split_text, predicted[-1],
-                    ", of it allreduce %s ms" % allreduce.group(1) if allreduce else "")
-            print("  round %d %-8s %.2f ms/step%s" % (r + 1, kind, ms, note), flush=True)
-    e, b = statistics.median(even), statistics.median(balanced)
-    predicted = statistics.median(predicted)
-    print("even split %s: median %.2f ms/step" % ("32+32+32" if args.batch == 96 else "even", e))
-    print("balanced split %s: median %.2f ms/step" % (split_text, b))
-    print("speedup of the balanced split: %.2fx" % (e / b))
-    print("balancer's predicted step time %.2f ms vs measured %.2f ms (%+.0f%%)"
-          % (predicted, b, 100.0 * (b - predicted) / predicted))
+            if mode == "auto":
+                split_text[name] = re.search(r"plan: split (\S+)", out).group(1)
+                ideal[name].append(plan_number(plan, "ideal_step_ms"))
+                note = " (split %s, predicted %.2f ms)" % (
+                    split_text[name], plan_number(plan, "predicted_step_ms"))
+            print("  round %d %-8s %.2f ms/step%s" % (r + 1, name, times[name][-1], note),
+                  flush=True)
+
+    bound = statistics.median(ideal["static"])
+    print("ideal bound (static's plan): %.2f ms/step, %.0f images/s" % (bound, 1e3 * args.batch / bound))
+    print("%-9s %-12s %10s %9s %14s" % ("split", "batches", "ms/step", "images/s", "% of bound"))
+    for name in splits:
+        ms = statistics.median(times[name])
+        own = statistics.median(ideal[name]) if ideal[name] else bound
+        batches = split_text.get(name, "even")
+        print("%-9s %-12s %10.2f %9.0f %13.1f%%" % (name, batches, ms, 1e3 * args.batch / ms,
+                                                   100.0 * own / ms))
+    e = statistics.median(times["even"])
+    print("speedup of the static split over even: %.2fx" % (e / statistics.median(times["static"])))
+    if args.memory_limit:
+        x, j = statistics.median(times["excluded"]), statistics.median(times["joint"])
+        print("joint split vs the best split excluding batches above %s: %.2fx (%.2f vs %.2f ms)"
+              % (args.memory_limit, x / j, j, x))
 
 
 if __name__ == "__main__":
