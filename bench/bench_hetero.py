@@ -4,7 +4,9 @@
 Three ranks under an Open MPI rankfile: rank 0 has a core to itself, ranks
 1 and 2 share the other. With --speeds 3, rank 2 runs under `nice -n 5`,
 so when both compete it gets about a quarter of the shared core and rank
-1 three quarters: three speeds. Every rank profiles in place into one perf
+1 three quarters. (Not yet a true third speed for the balancer: ranks 1
+and 2 are one device to the perf DB, same CPU and cpuset, so they share
+one profile and get equal batches.) Every rank profiles in place into one perf
 DB; then training runs alternate between the splits and the script prints,
 per split, the median measured step time, images/s, and the throughput as
 a percentage of the ideal bound (the plan's ideal_step_ms: every device's
