@@ -44,7 +44,11 @@ JobShape with_split(const JobShape& job, const std::vector<int64_t>& split) {
                                 " but the batch is " + std::to_string(job.batch));
   }
   out.my_batch = split[job.rank];
-  out.eval_chunk = std::max<int64_t>(out.my_batch, std::min<int64_t>(job.batch, 64));
+  // Evaluation runs in chunks of the training batch: the network is built
+  // for the larger of the two, and the split was chosen on (and a memory
+  // limit checked against) the training batch alone. A rank without
+  // samples evaluates in chunks of up to 64.
+  out.eval_chunk = out.my_batch > 0 ? out.my_batch : std::min<int64_t>(job.batch, 64);
   return out;
 }
 
