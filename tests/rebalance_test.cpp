@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "worker/train/drift_detector.h"
+#include "worker/train/job_shape.h"
 #include "worker/train/rebalancer.h"
 
 namespace vtrain::worker {
@@ -142,6 +143,24 @@ TEST(Rebalancer, RankZeroDecidesAndEveryRankSwitchesAtTheSameStep) {
   }
   // The median turns at step 7, patience 2: decided at 8, switched at 9.
   EXPECT_EQ(switched_at, 9);
+}
+
+// A rank's network is built for max(its batch, its evaluation chunk): the
+// chunk must not exceed the batch the split chose for it (a memory-limited
+// device would run out of memory), and a rank without samples builds for
+// one sample when the job does not evaluate.
+TEST(JobShape, EvaluationChunksNeverOutgrowTheTrainingBatch) {
+  JobShape job;
+  job.ranks = 3;
+  job.batch = 96;
+  for (int rank = 0; rank < 3; ++rank) {
+    job.rank = rank;
+    const JobShape shaped = with_split(job, {0, 32, 64});
+    EXPECT_EQ(shaped.eval_chunk, rank == 0 ? 64 : shaped.my_batch);
+  }
+  job.rank = 0;
+  job.evaluates = false;
+  EXPECT_EQ(with_split(job, {0, 32, 64}).eval_chunk, 1);
 }
 
 }  // namespace

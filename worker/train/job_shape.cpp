@@ -47,8 +47,11 @@ JobShape with_split(const JobShape& job, const std::vector<int64_t>& split) {
   // Evaluation runs in chunks of the training batch: the network is built
   // for the larger of the two, and the split was chosen on (and a memory
   // limit checked against) the training batch alone. A rank without
-  // samples evaluates in chunks of up to 64.
-  out.eval_chunk = out.my_batch > 0 ? out.my_batch : std::min<int64_t>(job.batch, 64);
+  // samples evaluates in chunks of up to 64, and builds for one sample when
+  // the job does not evaluate.
+  out.eval_chunk = out.my_batch > 0 ? out.my_batch
+                   : job.evaluates  ? std::min<int64_t>(job.batch, 64)
+                                    : 1;
   return out;
 }
 
@@ -58,6 +61,7 @@ JobShape job_shape(const Graph& graph, const Dataset& train_set, const TrainerOp
   job.rank = options.comm ? options.comm->rank() : 0;
   job.ranks = options.comm ? options.comm->size() : 1;
   job.batch = options.batch;
+  job.evaluates = options.evaluate;
   job = with_split(job, options.split.empty() ? balancer::even_split(job.batch, job.ranks)
                                               : options.split);
   job.steps_per_epoch = train_set.count / job.batch;

@@ -22,8 +22,9 @@ struct JobShape {
   int64_t my_offset = 0;       // where this rank's slice of a batch begins
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
-  int64_t eval_chunk = 0;      // test samples per evaluation upload: my_batch, or up to
-                               // 64 on a rank without samples
+  bool evaluates = true;       // TrainerOptions::evaluate
+  int64_t eval_chunk = 0;      // test samples per evaluation upload: my_batch, or on a
+                               // rank without samples up to 64 (1 without evaluation)
 };
 
 // The shape of this rank's part of training `graph` on `train_set` with
