@@ -187,8 +187,12 @@ void check_model_fits(const Config& config, const worker::Graph& graph, const Ma
     const double o = per_sample(graph.output_shape(i));
     if (o > largest_output) std::tie(largest_output, largest_output_at) = std::pair(o, i);
   }
-  // Parameters and their gradients live on the device for the whole run.
-  const double parameter_bytes = 2 * kFloatBytes * parameters;
+  // Parameters and their gradients live on the device for the whole run,
+  // with a half copy of the parameters under a half precision; activations
+  // take the precision's element size.
+  const auto activation_bytes = static_cast<double>(common::element_bytes(graph.activation_type()));
+  const double parameter_bytes =
+      (2 * kFloatBytes + (common::is_half(graph.precision()) ? activation_bytes : 0)) * parameters;
   if (parameter_bytes > memory) {
     const worker::LayerSpec& layer = graph.layer(largest_layer_at);
     fail_model(config, graph.output_shape(0), layer.name,
@@ -197,7 +201,7 @@ void check_model_fits(const Config& config, const worker::Graph& graph, const Ma
                    " of weights), more than the " + bytes_text(memory) + " of " + memory_source);
   }
   const double batch_bytes =
-      kFloatBytes * largest_output * static_cast<double>(rank_batch) + parameter_bytes;
+      activation_bytes * largest_output * static_cast<double>(rank_batch) + parameter_bytes;
   if (batch_bytes > memory) {
     fail_at(config, "train.batch",
             "a batch of " + std::to_string(rank_batch) + " on one rank needs at least " +

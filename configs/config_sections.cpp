@@ -1,7 +1,6 @@
 // Config loading, the sections: every map is checked against the keys it
 // may hold, every value against its type and range (see config.cpp).
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -311,8 +310,7 @@ worker::LossScalingSettings read_loss_scaling(const Field& field) {
   if (Field f = section["mode"]) l.mode = to_choice(f, worker::kLossScalingModeNames);
   if (Field f = section["initial"]) {
     l.initial = to_number(f, above(0));
-    int exponent = 0;
-    if (std::frexp(l.initial, &exponent) != 0.5 || l.initial < 0x1p-24 || l.initial > 0x1p127) {
+    if (!worker::LossScaler::valid_initial(l.initial)) {
       f.fail("expected a power of two in [2^-24, 2^127] (scaling by one is exact)");
     }
   }

@@ -57,6 +57,12 @@ struct TensorDesc {
   bool operator==(const TensorDesc&) const = default;
 };
 
+// A flat array of `count` elements as a plain {count, 1, 1, 1} tensor (at
+// least one element: a zero-sized descriptor is no tensor).
+inline TensorDesc vector_desc(int64_t count, DataType type = DataType::kF32) {
+  return {{count > 1 ? count : 1, 1, 1, 1}, Layout::kPlain, type};
+}
+
 // Element `index` of an array of `type` elements at `base`.
 inline const void* element_at(const void* base, int64_t index, DataType type) {
   return static_cast<const char*>(base) + index * static_cast<int64_t>(element_bytes(type));

@@ -32,7 +32,7 @@ Tensor DeviceBlocks::tensor(const TensorDesc& desc, float value) {
 }
 
 float* DeviceBlocks::floats(int64_t count, float value) {
-  return static_cast<float*>(tensor({{std::max<int64_t>(count, 1), 1, 1, 1}}, value).data);
+  return static_cast<float*>(tensor(vector_desc(count), value).data);
 }
 
 }  // namespace vtrain::worker

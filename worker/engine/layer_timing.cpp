@@ -54,7 +54,6 @@ TensorDesc at_batch(TensorDesc desc, int64_t n) {
   return desc;
 }
 
-TensorDesc floats(int64_t count) { return {{std::max<int64_t>(count, 1), 1, 1, 1}}; }
 
 // Whether a consumer after layer i, whose backward runs before i's, has
 // written producer p's gradient when i's backward starts.
@@ -78,16 +77,15 @@ struct LayerNeeds {
   size_t workspace = 0;
   size_t state = 0;
   int64_t params = 0, buffers = 0;  // floats
-  DataType compute_type = DataType::kF32;  // of the parameters' compute copy (none for f32)
 
-  // The parameters' compute copy under a half precision.
-  TensorDesc compute_params() const {
-    return {{std::max<int64_t>(params, 1), 1, 1, 1}, Layout::kPlain, compute_type};
-  }
+  // The parameters' copy in the activations' type, which conv and fc
+  // kernels read, under a half precision (none in f32 or without parameters).
+  bool compute_copy() const { return params > 0 && output.dtype != DataType::kF32; }
+  TensorDesc compute_params() const { return vector_desc(params, output.dtype); }
   size_t total() const {
     size_t bytes = output.bytes() * (reads_output ? 2 : 1) + scratch + workspace + state +
                    (2 * params + buffers) * sizeof(float) +
-                   (compute_type == DataType::kF32 ? 0 : compute_params().bytes());
+                   (compute_copy() ? compute_params().bytes() : 0);
     for (size_t k = 0; k < inputs.size(); ++k) {
       bytes += inputs[k].bytes() * (input_grad[k] && reads_inputs ? 2 : 1);
     }
@@ -126,7 +124,6 @@ LayerNeeds layer_needs(const Graph& graph, int i, const Layer& layer,
   needs.state = layer.state_bytes();
   needs.params = layer.param_count();
   needs.buffers = layer.buffer_count();
-  needs.compute_type = needs.output.dtype;
   return needs;
 }
 
@@ -202,9 +199,9 @@ class LayerBench {
     void* state = needs_.state > 0 ? blocks_.get(needs_.state) : nullptr;
     LayerStorage storage{blocks_.floats(needs_.params, 0.01f), blocks_.floats(needs_.params, 0.0f),
                          blocks_.floats(needs_.buffers, 0.01f)};
-    if (needs_.compute_type != DataType::kF32) {
+    if (needs_.compute_copy()) {
       storage.compute_params = blocks_.tensor(needs_.compute_params(), 0.01f).data;
-      storage.compute_type = needs_.compute_type;
+      storage.compute_type = needs_.output.dtype;
     }
     binding_.emplace(layer_, storage, state);
   }
@@ -283,7 +280,7 @@ CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats
   DeviceBlocks device(backend, measuring(backend, "the copy bandwidth", bytes));
   float* on_device = device.get(bytes);
   const PinnedBlock host(backend, bytes);
-  backend.fill(Tensor{floats(static_cast<int64_t>(bytes / sizeof(float))), on_device}, 0.01f);
+  backend.fill(Tensor{vector_desc(static_cast<int64_t>(bytes / sizeof(float))), on_device}, 0.01f);
   CopyBandwidth bandwidth;
   bandwidth.bytes = bytes;
   const double b = static_cast<double>(bytes);
@@ -328,6 +325,7 @@ memory::StepCosts measure_graph_step_costs(const Graph& graph, Backend& backend,
                                            const CopyBandwidth& bandwidth,
                                            const std::string& conv_algorithm,
                                            const KernelTimingOptions& timing) {
+  require_precision(backend, graph);
   const std::vector<TensorDesc> out_desc = activation_descs(graph, backend, n);
   std::vector<std::unique_ptr<Layer>> layers;
   for (int i = 0; i < graph.size(); ++i) {

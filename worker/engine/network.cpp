@@ -41,6 +41,12 @@ std::vector<TensorDesc> activation_descs(const Graph& graph,
   return descs;
 }
 
+void require_precision(const Backend& backend, const Graph& graph) {
+  if (std::optional<std::string> why = backend.precision_unavailable(graph.precision())) {
+    throw BackendError(*why);
+  }
+}
+
 namespace {
 
 // Checks that a plan's executions each name a conv layer of the graph and
@@ -78,9 +84,7 @@ const ConvLayerExecution* execution_of(const NetworkOptions& options, const std:
 Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& options)
     : graph_(graph), backend_(backend), options_(options) {
   if (options.max_batch < 1) throw std::invalid_argument("Network: max_batch must be >= 1");
-  if (std::optional<std::string> why = backend.precision_unavailable(graph.precision())) {
-    throw BackendError(*why);
-  }
+  require_precision(backend, graph);
   out_desc_ = activation_descs(graph, backend, options.max_batch);
   check_conv_executions(graph, options);
   make_layers();
@@ -175,14 +179,13 @@ void Network::init_parameters(uint64_t seed) {
 }
 
 TensorDesc Network::compute_params_desc() const {
-  return {{std::max<int64_t>(param_count_, 1), 1, 1, 1}, Layout::kPlain, graph_.activation_type()};
+  return vector_desc(param_count_, graph_.activation_type());
 }
 
 void Network::refresh_compute_params() {
   if (compute_params_ && compute_params_stale_) {
-    TensorDesc master = compute_params_desc();
-    master.dtype = DataType::kF32;
-    backend_.convert(Tensor{master, params_}, Tensor{compute_params_desc(), compute_params_});
+    backend_.convert(Tensor{vector_desc(param_count_), params_},
+                     Tensor{compute_params_desc(), compute_params_});
   }
   compute_params_stale_ = false;
 }
@@ -202,6 +205,7 @@ LossStats Network::train_step(int64_t n, float loss_scale) {
 }
 
 void Network::train_without_samples() {
+  compute_params_stale_ = true;  // the update that follows changes them, as after train_step
   if (!options_.sum_over_ranks) return;
   const int layers = static_cast<int>(layers_.size());
   for (int i = 0; i < layers; ++i) layers_[i]->train_without_samples(options_.sum_over_ranks, false);

@@ -111,6 +111,11 @@ std::vector<TensorDesc> activation_descs(const Graph& graph,
                                          const std::function<Layout(int64_t)>& preferred_layout,
                                          int64_t n);
 
+// Throws BackendError with the backend's reason when it cannot run the
+// graph's precision: before anything builds or times the graph's layers
+// (a network, the profiler, layer timing).
+void require_precision(const Backend& backend, const Graph& graph);
+
 // A contiguous range of the flat parameter buffer owned by one layer.
 struct ParamRange {
   int layer = 0;           // graph index
@@ -160,6 +165,7 @@ class Network {
   // init_parameters/upload_parameters (whoever else writes parameters()
   // between steps, as the optimizer does, needs nothing more).
   float* parameters() const { return params_; }
+  // (train_without_samples also counts as a step here.)
   float* gradients() const { return grads_; }
   int64_t parameter_count() const { return param_count_; }
   const std::vector<ParamRange>& param_ranges() const { return param_ranges_; }

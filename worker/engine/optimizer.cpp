@@ -33,7 +33,7 @@ Sgd::Sgd(Backend& backend, int64_t parameter_count, float momentum, float weight
     : backend_(backend), count_(parameter_count), momentum_(momentum), weight_decay_(weight_decay) {
   velocity_ = static_cast<float*>(
       backend.allocate_device(std::max<int64_t>(count_, 1) * sizeof(float)));
-  backend.fill(Tensor{{{std::max<int64_t>(count_, 1), 1, 1, 1}}, velocity_}, 0.0f);
+  backend.fill(Tensor{vector_desc(count_), velocity_}, 0.0f);
 }
 
 Sgd::~Sgd() { backend_.free_device(velocity_); }

@@ -151,6 +151,7 @@ std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::
 
 ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
                       perfdb::DeviceId device, const ProfileOptions& options) {
+  require_precision(backend, graph);
   const auto start = Clock::now();
   ProfileReport report;
   // Micro-batch size -> the candidate batches whose policy set contains it.

@@ -13,16 +13,16 @@ namespace {
 constexpr double kLeast = 0x1p-24;
 constexpr double kMost = 0x1p127;
 
-bool power_of_two(double x) {
-  int exponent = 0;
-  return x > 0 && std::frexp(x, &exponent) == 0.5;
-}
-
 }  // namespace
+
+bool LossScaler::valid_initial(double initial) {
+  int exponent = 0;
+  return initial >= kLeast && initial <= kMost && std::frexp(initial, &exponent) == 0.5;
+}
 
 LossScaler::LossScaler(double initial, int64_t growth_interval)
     : scale_(initial), growth_interval_(growth_interval) {
-  if (!power_of_two(initial) || initial < kLeast || initial > kMost) {
+  if (!valid_initial(initial)) {
     throw std::invalid_argument("loss scaling: the initial scale must be a power of two in "
                                 "[2^-24, 2^127], got " + std::to_string(initial));
   }

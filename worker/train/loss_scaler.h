@@ -32,6 +32,8 @@ struct LossScalingSettings {
 
 class LossScaler {
  public:
+  // Whether `initial` can start a scaler: a power of two in [2^-24, 2^127].
+  static bool valid_initial(double initial);
   // Throws std::invalid_argument unless `initial` is a power of two in
   // [2^-24, 2^127] and growth_interval >= 1.
   LossScaler(double initial, int64_t growth_interval);
@@ -41,7 +43,7 @@ class LossScaler {
   // apply the update (divided by scale() as it was for the step). False:
   // skip it. Either way the scale is then adjusted for the next step.
   bool after_step(bool gradients_finite);
-  int64_t skipped_steps() const { return skipped_; }
+  int64_t skipped_steps() const { return skipped_; }  // after_step(false) calls
 
  private:
   double scale_;

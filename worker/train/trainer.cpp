@@ -462,9 +462,7 @@ StepTotals Trainer::compute(const std::vector<int64_t>& order, int64_t i) {
 // contribute zero gradients to the same allreduces.
 StepTotals Trainer::contribute_zero_gradients() {
   net_->train_without_samples();
-  backend_.fill(Tensor{{{std::max<int64_t>(net_->parameter_count(), 1), 1, 1, 1}},
-                       net_->gradients()},
-                0.0f);
+  backend_.fill(Tensor{vector_desc(net_->parameter_count()), net_->gradients()}, 0.0f);
   if (parallel()) {
     for (const Bucket& b : buckets_.buckets) {
       comm_->allreduce_async(net_->gradients() + b.offset, b.count);
@@ -482,7 +480,6 @@ bool Trainer::unscale_gradients() {
   const double scale = scaler_->scale();
   const bool finite = backend_.all_finite(net_->gradients(), net_->parameter_count());
   if (!scaler_->after_step(finite)) {
-    ++result_.skipped_steps;
     progress_.line(format("loss scaling: the gradients of step %lld overflowed at scale %g; "
                           "update skipped, scale now %g",
                           static_cast<long long>(at_.step + 1), scale, scaler_->scale()));
@@ -611,6 +608,7 @@ void Trainer::finish() {
   result_.memory = net_->memory_stats();
   result_.final_split = job_.split;
   result_.loss_scale = scaler_ ? scaler_->scale() : 0.0;
+  result_.skipped_steps = scaler_ ? scaler_->skipped_steps() : 0;
   if (trace_) {
     net_->set_trace(nullptr);
     std::vector<std::string> parts = parallel()

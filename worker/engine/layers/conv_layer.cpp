@@ -144,7 +144,7 @@ void ConvLayer::tune(Backend& backend, const TensorDesc& x_desc, const TensorDes
                                                   : Tensor{};
   // Weights in the activations' type (the compute copy), gradients in f32.
   const int64_t count = std::max<int64_t>(param_count(), 1);
-  const TensorDesc w_desc{{count, 1, 1, 1}, Layout::kPlain, x_desc.dtype};
+  const TensorDesc w_desc = vector_desc(count, x_desc.dtype);
   void* w = buf.get(w_desc.bytes());
   float* dw = buf.get(count * sizeof(float));
   // Only algorithms whose workspace the device has room for are timed
