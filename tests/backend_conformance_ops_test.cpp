@@ -143,6 +143,8 @@ struct SgdCase {
 const SgdCase kSgdCases[] = {
     {"n1000_two_steps_from_rest", 1000, 2, true, {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f}},
     {"n100003_random_velocity", 100003, 1, false, {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f}},
+    {"n1000_unscaling_gradients", 1000, 2, false,
+     {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f, .grad_scale = 0x1p-10f}},
 };
 
 class SgdConformance : public OnEveryBackend<SgdCase> {};

@@ -496,7 +496,7 @@ void sgd_update(Vec& w, const Vec& g, Vec& v, const worker::SgdStep& step) {
   // Float arithmetic in the documented order: the same rounding a backend's
   // elementwise kernel performs, so the comparison can be tight.
   for (size_t i = 0; i < w.size(); ++i) {
-    v[i] = step.momentum * v[i] + (g[i] + step.weight_decay * w[i]);
+    v[i] = step.momentum * v[i] + (g[i] * step.grad_scale + step.weight_decay * w[i]);
     w[i] -= step.lr * v[i];
   }
 }

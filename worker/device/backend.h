@@ -123,8 +123,9 @@ struct LossStats {
 
 struct SgdStep {
   float lr = 0.01f;
-  float momentum = 0.0f;      // v = momentum * v + (g + weight_decay * w); w -= lr * v
+  float momentum = 0.0f;      // v = momentum * v + (g * grad_scale + weight_decay * w); w -= lr * v
   float weight_decay = 0.0f;
+  float grad_scale = 1.0f;    // loss scaling's 1/S: the gradients were computed scaled by S
 };
 
 enum class StreamKind { kCompute, kMemory };
@@ -294,7 +295,7 @@ class Backend {
   virtual LossStats softmax_cross_entropy(const Tensor& logits, const int32_t* labels,
                                           float scale, const Tensor* dlogits) = 0;
 
-  // Elementwise over `count` floats: v = momentum * v + g + wd * w; w -= lr * v.
+  // Elementwise over `count` floats: v = momentum * v + g * grad_scale + wd * w; w -= lr * v.
   virtual void sgd_update(float* w, const float* g, float* velocity, int64_t count,
                           const SgdStep& step) = 0;
   // x *= alpha over `count` floats.

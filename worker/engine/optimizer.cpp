@@ -38,8 +38,9 @@ Sgd::Sgd(Backend& backend, int64_t parameter_count, float momentum, float weight
 
 Sgd::~Sgd() { backend_.free_device(velocity_); }
 
-void Sgd::step(float* params, const float* grads, float lr) {
-  backend_.sgd_update(params, grads, velocity_, count_, {lr, momentum_, weight_decay_});
+void Sgd::step(float* params, const float* grads, float lr, float grad_scale) {
+  backend_.sgd_update(params, grads, velocity_, count_,
+                      {lr, momentum_, weight_decay_, grad_scale});
 }
 
 std::vector<float> Sgd::download_velocity() const {

@@ -50,8 +50,9 @@ class Sgd {
   Sgd(const Sgd&) = delete;
   Sgd& operator=(const Sgd&) = delete;
 
-  // params -= lr * (momentum * v + grads + wd * params), updating v.
-  void step(float* params, const float* grads, float lr);
+  // params -= lr * (momentum * v + grads * grad_scale + wd * params),
+  // updating v (grad_scale: loss scaling's 1/S).
+  void step(float* params, const float* grads, float lr, float grad_scale = 1.0f);
 
   float* velocity() const { return velocity_; }
   int64_t size() const { return count_; }

@@ -152,7 +152,7 @@ class Trainer {
   StepTotals compute(const std::vector<int64_t>& order, int64_t i);
   StepTotals contribute_zero_gradients();
   void check_finite(double loss) const;
-  bool unscale_gradients();
+  std::optional<float> gradient_scale();
   void log_step(int64_t epoch, int64_t i, const StepTotals& totals);
   void end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_point start);
   void share_batch_norm_statistics();
@@ -396,8 +396,8 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   }
   check_finite(totals.loss_sum / static_cast<double>(job_.batch));
   totals.lr = schedule_.at(at_.step);
-  if (unscale_gradients()) {
-    sgd_.step(net_->parameters(), net_->gradients(), static_cast<float>(totals.lr));
+  if (const std::optional<float> grad_scale = gradient_scale()) {
+    sgd_.step(net_->parameters(), net_->gradients(), static_cast<float>(totals.lr), *grad_scale);
   }
   ++at_.step;
   const int64_t run_steps = at_.step - resumed_.step;
@@ -471,22 +471,21 @@ StepTotals Trainer::contribute_zero_gradients() {
   return {};
 }
 
-// Under loss scaling: divides the (allreduced, so on every rank the same)
-// gradients by the scale they were computed at, or, when they overflowed,
-// tells the caller to skip the update; the scaler then adjusts the scale.
-// True without loss scaling.
-bool Trainer::unscale_gradients() {
-  if (!scaler_) return true;
+// What the update multiplies the (allreduced, so on every rank the same)
+// gradients by: 1 without loss scaling, else 1 / the scale they were
+// computed at; nothing when they overflowed and the update is skipped. The
+// scaler then adjusts the scale.
+std::optional<float> Trainer::gradient_scale() {
+  if (!scaler_) return 1.0f;
   const double scale = scaler_->scale();
   const bool finite = backend_.all_finite(net_->gradients(), net_->parameter_count());
   if (!scaler_->after_step(finite)) {
     progress_.line(format("loss scaling: the gradients of step %lld overflowed at scale %g; "
                           "update skipped, scale now %g",
                           static_cast<long long>(at_.step + 1), scale, scaler_->scale()));
-    return false;
+    return std::nullopt;
   }
-  backend_.scale(net_->gradients(), net_->parameter_count(), static_cast<float>(1.0 / scale));
-  return true;
+  return static_cast<float>(1.0 / scale);
 }
 
 // A diverged run stops before the update that would spread the non-finite

@@ -256,10 +256,10 @@ LossStats CpuBackend::softmax_cross_entropy(const Tensor& logits, const int32_t*
 
 void CpuBackend::sgd_update(float* w, const float* g, float* velocity, int64_t count,
                             const SgdStep& step) {
-  const float lr = step.lr, mu = step.momentum, wd = step.weight_decay;
+  const float lr = step.lr, mu = step.momentum, wd = step.weight_decay, gs = step.grad_scale;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) {
-    const float v = mu * velocity[i] + g[i] + wd * w[i];
+    const float v = mu * velocity[i] + g[i] * gs + wd * w[i];
     velocity[i] = v;
     w[i] -= lr * v;
   }

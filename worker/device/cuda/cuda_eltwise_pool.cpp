@@ -64,6 +64,7 @@ void CudaBackend::scale(float* x, int64_t count, float alpha) {
 void CudaBackend::sgd_update(float* w, const float* g, float* velocity, int64_t count,
                              const SgdStep& step) {
   cuda::sgd_update(w, g, velocity, count, step.lr, step.momentum, step.weight_decay,
+                   step.grad_scale,
                    compute_.get());
 }
 

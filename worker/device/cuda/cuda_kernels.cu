@@ -152,9 +152,9 @@ __global__ void softmax_xent_kernel(const float* logits, const int32_t* labels, 
 }
 
 __global__ void sgd_kernel(float* w, const float* g, float* v, int64_t count, float lr,
-                           float momentum, float weight_decay) {
+                           float momentum, float weight_decay, float grad_scale) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
-    const float vi = momentum * v[i] + g[i] + weight_decay * w[i];
+    const float vi = momentum * v[i] + g[i] * grad_scale + weight_decay * w[i];
     v[i] = vi;
     w[i] -= lr * vi;
   }
@@ -295,10 +295,10 @@ void softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t n
 }
 
 void sgd_update(float* w, const float* g, float* v, int64_t count, float lr, float momentum,
-                float weight_decay, cudaStream_t stream) {
+                float weight_decay, float grad_scale, cudaStream_t stream) {
   if (count == 0) return;
   sgd_kernel<<<blocks_for(count), kThreads, 0, stream>>>(w, g, v, count, lr, momentum,
-                                                         weight_decay);
+                                                         weight_decay, grad_scale);
   check_launch("sgd_kernel");
 }
 

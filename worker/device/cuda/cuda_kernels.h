@@ -48,9 +48,9 @@ void softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t n
                            float scale, float* dlogits, double* loss, int32_t* correct,
                            int32_t* bad_label, cudaStream_t stream);
 
-// v = momentum * v + g + weight_decay * w; w -= lr * v.
+// v = momentum * v + g * grad_scale + weight_decay * w; w -= lr * v.
 void sgd_update(float* w, const float* g, float* v, int64_t count, float lr, float momentum,
-                float weight_decay, cudaStream_t stream);
+                float weight_decay, float grad_scale, cudaStream_t stream);
 
 // Batch-norm statistics: cuDNN keeps 1 / sqrt(var + eps), the Backend
 // contract the variance itself.
