@@ -30,7 +30,7 @@ std::unique_ptr<Layer> make_conv_layer(const LayerSite& site) {
 }
 
 int64_t ConvLayer::param_count() const {
-  return problem_.weight_shape().elements() + (spec().bias ? spec().out : 0);
+  return bias_offset() + (spec().bias ? spec().out : 0);
 }
 
 void ConvLayer::init(Rng& rng, Backend& backend) {
@@ -56,12 +56,10 @@ size_t ConvLayer::kernel_workspace(ConvKind kind) const {
   return plan_ ? 0 : choice_->chosen(kind).workspace_bytes;
 }
 
-float* ConvLayer::bias(float* base) const {
-  return spec().bias ? base + problem_.weight_shape().elements() : nullptr;
-}
+float* ConvLayer::bias(float* base) const { return spec().bias ? base + bias_offset() : nullptr; }
 
 const void* ConvLayer::compute_bias() const {
-  return spec().bias ? compute_params(problem_.weight_shape().elements()) : nullptr;
+  return spec().bias ? compute_params(bias_offset()) : nullptr;
 }
 
 void ConvLayer::describe_backward(memory::LayerNode& node) const {
@@ -156,8 +154,7 @@ void ConvLayer::tune(Backend& backend, const TensorDesc& x_desc, const TensorDes
   for (const Tensor& t : {x, y, dy}) backend.fill(t, 0.01f);
   if (dx.data) backend.fill(dx, 0.01f);
   backend.fill(Tensor{w_desc, w}, 0.01f);
-  const void* w_bias =
-      spec().bias ? element_at(w, problem_.weight_shape().elements(), x_desc.dtype) : nullptr;
+  const void* w_bias = spec().bias ? element_at(w, bias_offset(), x_desc.dtype) : nullptr;
   ConvOperands o{x, y, dy, dx, w, w_bias, dw, bias(dw)};
   for (ConvKind kind : kernels()) {
     c.tune(backend, kind, [&](ConvAlgo algo) {

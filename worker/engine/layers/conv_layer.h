@@ -48,6 +48,8 @@ class ConvLayer final : public Layer {
   // The kind's workspace with its chosen algorithm (0 when planned: its
   // segment lies in the plan's buffer).
   size_t kernel_workspace(ConvKind kind) const;
+  // Where the bias starts in a parameter array: after the weights.
+  int64_t bias_offset() const { return problem_.weight_shape().elements(); }
   float* bias(float* base) const;
   const void* compute_bias() const;  // the bias in compute_params()
   // Runs one kernel: undivided with the chosen algorithm in the call's

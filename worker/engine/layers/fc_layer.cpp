@@ -35,8 +35,10 @@ class FcLayer final : public Layer {
   }
 
  private:
-  float* bias(float* base) const { return spec().bias ? base + spec().out * in_ : nullptr; }
-  const void* compute_bias() const { return spec().bias ? compute_params(spec().out * in_) : nullptr; }
+  // Where the bias starts in a parameter array: after the weights.
+  int64_t bias_offset() const { return spec().out * in_; }
+  float* bias(float* base) const { return spec().bias ? base + bias_offset() : nullptr; }
+  const void* compute_bias() const { return spec().bias ? compute_params(bias_offset()) : nullptr; }
   int64_t in_;
 };
 
