@@ -55,7 +55,7 @@ struct Settings {
   std::vector<std::string> nets = {"vgg16", "resnet50", "googlenet", "vgg116"};
   int64_t size = 64;
   int64_t batch = 8;
-  std::vector<double> capacities = {0.8, 0.6, 0.4, 0.25};
+  std::vector<double> capacities = {1.0, 0.8, 0.6, 0.4, 0.25};
   bool measure = false;
   int steps = 3;
   std::string algorithm = "direct";
@@ -69,6 +69,7 @@ struct Settings {
   double dqn_budget = 20;  // seconds of DQN training per plan
   bool print_costs = false;
   bool calibrate = false;  // scale the layer costs by one measured all-keep step
+  bool isolated = false;   // time each layer alone, not in a step
 };
 
 double mib(double bytes) { return bytes / 1048576.0; }
@@ -109,6 +110,8 @@ Settings parse_settings(int argc, char** argv) {
       s.max_batch_gib = std::atof(next().c_str());
     } else if (arg == "--calibrate") {
       s.calibrate = true;
+    } else if (arg == "--isolated") {
+      s.isolated = true;
     } else if (arg == "--costs") {
       s.print_costs = true;
     } else if (arg == "--dqn-budget") {
@@ -122,7 +125,7 @@ Settings parse_settings(int argc, char** argv) {
                    "usage: bench_plans [--nets a,b] [--size N] [--batch B] [--capacities f,g] "
                    "[--measure] [--steps N] [--algorithm NAME] [--backend cpu|cuda] "
                    "[--oracle-max N] [--max-batch-net NAME] [--max-batch-size N] "
-                   "[--max-batch-gib G] [--no-dqn] [--dqn-budget S] [--costs] [--calibrate] [--csv FILE]\n");
+                   "[--max-batch-gib G] [--no-dqn] [--dqn-budget S] [--costs] [--calibrate] [--isolated] [--csv FILE]\n");
       std::exit(2);
     }
   }
@@ -152,8 +155,15 @@ Profiled profile(worker::Backend& backend, const worker::Graph& graph, const Set
   o.memory_policy = memory::Policy::kAll;
   memory::MemoryModel model = worker::Network(graph, backend, o).memory_model();
   const worker::CopyBandwidth bandwidth = worker::measure_copy_bandwidth(backend);
-  return {std::move(model), worker::measure_graph_step_costs(graph, backend, s.batch, bandwidth,
-                                                             s.algorithm)};
+  if (s.isolated) {
+    return {std::move(model), worker::measure_graph_step_costs(graph, backend, s.batch, bandwidth,
+                                                               s.algorithm)};
+  }
+  // Timed in the steps of a network that keeps everything.
+  o.memory_policy = memory::Policy::kNone;
+  worker::Network net(graph, backend, o);
+  net.init_parameters(1);
+  return {std::move(model), worker::measure_costs_in_steps(net, s.batch, s.steps, bandwidth)};
 }
 
 struct Measured {
@@ -201,9 +211,7 @@ void calibrate(worker::Backend& backend, const worker::Graph& graph, const Setti
       memory::evaluate_plan("keep", keep, p.model, &p.costs, 0, memory::Planner::kPool);
   const double measured = measure(backend, graph, s, plan, p.costs).step_ms / 1e3;
   const double factor = measured / plan.simulation.timing.step_seconds;
-  for (double& t : p.costs.forward_seconds) t *= factor;
-  for (double& t : p.costs.backward_seconds) t *= factor;
-  p.costs.loss_seconds *= factor;
+  p.costs = memory::scaled(p.costs, factor);
   std::printf("  calibrated: keeping everything measured %.1f ms, simulated %.1f ms; "
               "costs scaled by %.3f\n",
               measured * 1e3, plan.simulation.timing.step_seconds * 1e3, factor);
@@ -316,9 +324,7 @@ Profiled scale(const Profiled& p, int64_t from, int64_t to) {
   for (memory::PersistentTensor& t : q.model.persistent) {
     if (t.name == "labels") t.bytes = by(t.bytes);
   }
-  for (double& t : q.costs.forward_seconds) t *= f;
-  for (double& t : q.costs.backward_seconds) t *= f;
-  q.costs.loss_seconds *= f;
+  q.costs = memory::scaled(q.costs, f);
   return q;
 }
 

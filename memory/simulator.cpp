@@ -140,7 +140,7 @@ class StepClock {
     }
   }
   void finish() {
-    t_.step_seconds = compute_;
+    t_.step_seconds = compute_ + costs_.other_seconds;
     t_.mean_bytes = compute_ > 0 ? bytes_time_ / compute_ : 0;
   }
 
@@ -231,6 +231,14 @@ Simulation run(const MemoryModel& model, const Schedule& schedule, size_t capaci
 
 }  // namespace
 
+StepCosts scaled(StepCosts costs, double factor) {
+  for (double& t : costs.forward_seconds) t *= factor;
+  for (double& t : costs.backward_seconds) t *= factor;
+  costs.loss_seconds *= factor;
+  costs.other_seconds *= factor;
+  return costs;
+}
+
 double call_seconds(const StepCosts& costs, const ScheduleEvent& e) {
   switch (e.op) {
     case Op::kForward:
@@ -252,6 +260,9 @@ Simulation simulate(const MemoryModel& model, const Schedule& schedule, size_t c
     }
     if (!(costs->to_host_bytes_per_second > 0) || !(costs->to_device_bytes_per_second > 0)) {
       throw MemoryError("step costs: the copy bandwidths must be positive");
+    }
+    if (!(costs->other_seconds >= 0)) {
+      throw MemoryError("step costs: the time outside layer calls must be >= 0");
     }
   }
   Simulation sim = run(model, schedule, 0, planner, costs);

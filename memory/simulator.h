@@ -22,9 +22,16 @@ struct StepCosts {
   std::vector<double> forward_seconds;   // per layer (the data's: 0)
   std::vector<double> backward_seconds;  // per layer
   double loss_seconds = 0;
+  double other_seconds = 0;  // the step's compute-stream time outside its layer calls and
+                             // loss (the engine's memory operations, the pool); measured
+                             // in a step (worker/engine/layer_timing.h), else 0
   double to_host_bytes_per_second = 0;
   double to_device_bytes_per_second = 0;
 };
+
+// `costs` with every compute time (layer calls, loss, other_seconds)
+// multiplied by `factor`; the bandwidths unchanged.
+StepCosts scaled(StepCosts costs, double factor);
 
 // The timed replay of a training step: the compute stream runs the layer
 // calls in schedule order; the memory stream runs offloads and prefetches
@@ -32,7 +39,7 @@ struct StepCosts {
 // what compute produced) and the stream is free; a kSyncMemory makes
 // compute wait for everything issued, and that wait is a stall.
 struct StepTiming {
-  double step_seconds = 0;       // the compute stream's time, stalls included
+  double step_seconds = 0;       // the compute stream's time, stalls and other_seconds included
   double compute_seconds = 0;    // forward, loss and backward calls
   double recompute_seconds = 0;  // kRecompute calls
   double stall_seconds = 0;      // compute waiting for the memory stream

@@ -36,9 +36,9 @@ std::string complaint_about(const CopyBandwidthMeasurement& m) {
 }
 
 std::string complaint_about(const LayerMeasurement& m) {
-  if (m.layer_index < kLossLayer) {
-    return "layer_index must be >= " + std::to_string(kLossLayer) + " (the loss), got " +
-           std::to_string(m.layer_index);
+  if (m.layer_index < kOutsideCallsLayer) {
+    return "layer_index must be >= " + std::to_string(kOutsideCallsLayer) +
+           " (the time outside layer calls), got " + std::to_string(m.layer_index);
   }
   if (m.layer_name.empty()) return "layer_name must not be empty";
   if (!valid_time(m.forward_ms)) {

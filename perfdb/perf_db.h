@@ -45,7 +45,7 @@ class PerfDbError : public std::runtime_error {
 
 // The schema version this code creates and writes. Opening a file with an
 // older version upgrades it in place; a newer version is an error.
-inline constexpr int kSchemaVersion = 4;
+inline constexpr int kSchemaVersion = 5;
 
 // ------------------------------------------------------------------ records
 
@@ -143,13 +143,18 @@ struct CopyBandwidthMeasurement {
 // layer_index of the loss (softmax cross-entropy on the logits) among a
 // model's layer measurements: forward_ms is its time, backward_ms 0.
 inline constexpr int64_t kLossLayer = -1;
+// layer_index of a step's time outside its layer calls and loss (the
+// engine's memory operations and pool): forward_ms is that time, backward_ms
+// 0. Recorded when the layers were timed inside training steps; a model's
+// rows without it read as 0.
+inline constexpr int64_t kOutsideCallsLayer = -2;
 
 // One layer's forward and backward call of a model at one per-rank batch on
 // one device: the timed memory simulator's per-layer costs. Key: (device,
 // model, batch, layer_index).
 struct LayerMeasurement {
-  int64_t layer_index = 0;  // graph index (0: the data), or kLossLayer
-  std::string layer_name;   // the model's name for it ("loss" for kLossLayer)
+  int64_t layer_index = 0;  // graph index (0: the data), kLossLayer or kOutsideCallsLayer
+  std::string layer_name;   // the model's name for it ("loss", "outside layer calls")
   double forward_ms = 0;    // median, training mode
   double backward_ms = 0;   // median
   int64_t measured_at = 0;  // seconds since the Unix epoch; 0 when recording = now

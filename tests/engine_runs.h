@@ -28,18 +28,17 @@ inline worker::Graph preset_graph(const std::string& preset, int64_t side) {
   return worker::Graph::build(worker::preset_layers(preset, {input, 10}), input);
 }
 
-// `steps` SGD steps (momentum 0.9, weight decay 1e-4) of batch max_batch,
-// the last one partial (max_batch - 1), and one evaluation pass after the
-// first step; returns the parameters, batch-norm buffers and memory stats.
-inline TrainRun train_steps(worker::Backend& backend, const worker::Graph& graph,
-                            const worker::NetworkOptions& options, int steps = 2) {
-  worker::Network net(graph, backend, options);
-  net.init_parameters(3);
+// `steps` SGD steps (momentum 0.9, weight decay 1e-4) of `net` at batch
+// max_batch, the last one partial (max_batch - 1), and one evaluation pass
+// after the first step; returns the parameters, batch-norm buffers and
+// memory stats.
+inline TrainRun train_steps_of(worker::Backend& backend, worker::Network& net, int steps,
+                               int64_t max_batch) {
   worker::Sgd sgd(backend, net.parameter_count(), 0.9f, 1e-4f);
   std::mt19937 rng(9);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (int step = 0; step < steps; ++step) {
-    const int64_t n = step == steps - 1 ? options.max_batch - 1 : options.max_batch;
+    const int64_t n = step == steps - 1 ? max_batch - 1 : max_batch;
     const worker::Tensor in = net.input(n);
     std::vector<float> x(static_cast<size_t>(in.shape().elements()));
     for (float& v : x) v = dist(rng);
@@ -52,6 +51,15 @@ inline TrainRun train_steps(worker::Backend& backend, const worker::Graph& graph
     if (step == 0) net.evaluate(n);  // the evaluation schedule between steps
   }
   return {net.download_parameters(), net.download_buffers(), net.memory_stats()};
+}
+
+// The same on a new network of `graph` under `options`, initialised with
+// seed 3.
+inline TrainRun train_steps(worker::Backend& backend, const worker::Graph& graph,
+                            const worker::NetworkOptions& options, int steps = 2) {
+  worker::Network net(graph, backend, options);
+  net.init_parameters(3);
+  return train_steps_of(backend, net, steps, options.max_batch);
 }
 
 // One training step of `net` (initialised with seed 1) on n samples of 0.5

@@ -93,10 +93,10 @@ TEST(PerfDbMemoryCosts, AnInvalidRowRecordsNothing) {
   layers[3].layer_index = 1;
   EXPECT_EQ(error_of([&] { db.record_layer_measurements(g, "lenet", 64, layers); }),
             "perf DB :memory:: record layer measurements: layer_index 1 is given twice");
-  layers[3].layer_index = -2;
+  layers[3].layer_index = -3;
   EXPECT_EQ(error_of([&] { db.record_layer_measurements(g, "lenet", 64, layers); }),
-            "perf DB :memory:: record layer measurements: layer 3: layer_index must be >= -1 "
-            "(the loss), got -2");
+            "perf DB :memory:: record layer measurements: layer 3: layer_index must be >= -2 "
+            "(the time outside layer calls), got -3");
   EXPECT_EQ(error_of([&] { db.record_layer_measurements(g, "lenet", 0, lenet_layers()); }),
             "perf DB :memory:: record layer measurements: batch must be >= 1, got 0");
   EXPECT_EQ(error_of([&] { db.record_layer_measurements(DeviceId{99}, "lenet", 8, lenet_layers()); }),
@@ -185,6 +185,39 @@ TEST(PerfDbMemoryCosts, AStepsActivationPlacementRoundTripsAndOldRowsHaveNone) {
   EXPECT_EQ(steps[1].activations, (common::ActivationBytes{100, 20, 3}));
   planned.activations->kept = uint64_t{1} << 63;
   EXPECT_THROW(db.record_step_measurements(g, std::vector{planned}), PerfDbError);
+}
+
+// Version 4 refused a row for the time outside the layer calls; the
+// upgrade rebuilds the table with its rows and ids and then takes one.
+TEST(PerfDbMemoryCosts, Version4FilesKeepTheirLayerRowsAndTakeTheTimeOutsideTheCalls) {
+  TempDir dir;
+  const std::string path = dir.path("v4.db");
+  {
+    PerfDb db(path);
+    db.record_layer_measurements(db.upsert_device(gpu()), "lenet", 64, lenet_layers());
+  }
+  SqlShell(path).exec(
+      "CREATE TABLE old (id INTEGER PRIMARY KEY, device_id INTEGER NOT NULL REFERENCES "
+      "devices (id), model TEXT NOT NULL, batch INTEGER NOT NULL, layer_index INTEGER NOT NULL "
+      "CHECK (layer_index >= -1), layer_name TEXT NOT NULL, forward_ms REAL NOT NULL, "
+      "backward_ms REAL NOT NULL, measured_at INTEGER NOT NULL, "
+      "UNIQUE (device_id, model, batch, layer_index)); "
+      "INSERT INTO old SELECT * FROM layer_measurements; DROP TABLE layer_measurements; "
+      "ALTER TABLE old RENAME TO layer_measurements; UPDATE schema_version SET version = 4");
+  const Rows ids = SqlShell(path).query("SELECT id, layer_name FROM layer_measurements ORDER BY id");
+  PerfDb db(path);
+  EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
+  const DeviceId g = db.find_devices("NVIDIA H200").at(0).id;
+  EXPECT_EQ(db.layer_measurements(g, "lenet", 64).size(), 4u);
+  db.record_layer_measurements(g, "lenet", 64,
+                               std::vector<LayerMeasurement>{
+                                   {kOutsideCallsLayer, "outside layer calls", 0.4, 0, 0}});
+  EXPECT_EQ(db.layer_measurements(g, "lenet", 64).front().layer_index, kOutsideCallsLayer);
+  SqlShell shell(path);
+  EXPECT_EQ(shell.query("SELECT id, layer_name FROM layer_measurements WHERE layer_index >= -1 "
+                        "ORDER BY id"),
+            ids);
+  EXPECT_EQ(shell.query("PRAGMA foreign_key_check"), Rows{});
 }
 
 TEST(PerfDbMemoryCosts, TheNewTablesExport) {

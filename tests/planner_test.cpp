@@ -205,6 +205,38 @@ TEST(TimedSimulator, RefusesCostsOfTheWrongShape) {
 // Capacities from the all-keep layer-wise step down to the least: auto
 // fits wherever the exact oracle does, is never slower than a baseline that
 // fits, and is within 5% of the oracle.
+TEST(TimedSimulator, TimeOutsideTheCallsAddsOncePerStep) {
+  const MemoryModel m = three_layers();
+  StepCosts c = costs_for(m, 1e7);
+  std::vector<TensorAction> actions(m.layers.size(), TensorAction::kKeep);
+  actions[1] = TensorAction::kOffload;
+  const Schedule s = planned_schedule(m, actions);
+  const Simulation without = simulate(m, s, 0, Planner::kPool, &c);
+  c.other_seconds = 1.5e-3;
+  const Simulation with = simulate(m, s, 0, Planner::kPool, &c);
+  EXPECT_NEAR(with.timing.step_seconds, without.timing.step_seconds + 1.5e-3, 1e-12);
+  EXPECT_EQ(with.timing.compute_seconds, without.timing.compute_seconds);
+  EXPECT_EQ(with.timing.stall_seconds, without.timing.stall_seconds);
+  c.other_seconds = -1e-3;
+  const std::string message =
+      error_message<MemoryError>([&] { simulate(m, s, 0, Planner::kPool, &c); });
+  EXPECT_NE(message.find("outside layer calls must be >= 0"), std::string::npos) << message;
+}
+
+TEST(TimedSimulator, ScalingMultipliesComputeTimesNotBandwidths) {
+  StepCosts c = costs_for(three_layers(), 1e7);
+  c.other_seconds = 1e-3;
+  const StepCosts d = scaled(c, 2.5);
+  for (size_t i = 0; i < c.forward_seconds.size(); ++i) {
+    EXPECT_DOUBLE_EQ(d.forward_seconds[i], 2.5 * c.forward_seconds[i]);
+    EXPECT_DOUBLE_EQ(d.backward_seconds[i], 2.5 * c.backward_seconds[i]);
+  }
+  EXPECT_DOUBLE_EQ(d.loss_seconds, 2.5 * c.loss_seconds);
+  EXPECT_DOUBLE_EQ(d.other_seconds, 2.5e-3);
+  EXPECT_EQ(d.to_host_bytes_per_second, c.to_host_bytes_per_second);
+  EXPECT_EQ(d.to_device_bytes_per_second, c.to_device_bytes_per_second);
+}
+
 TEST(Planner, AutoFitsAndBeatsEveryBaselineAndIsNearTheOracle) {
   for (const MemoryModel& m : {chain(), fork_join(), deep_chain(5)}) {
     for (double bandwidth : {4e6, 1e8}) {

@@ -130,6 +130,28 @@ ALTER TABLE step_measurements ADD COLUMN kept_bytes INTEGER;
 ALTER TABLE step_measurements ADD COLUMN offloaded_bytes INTEGER;
 ALTER TABLE step_measurements ADD COLUMN recomputed_bytes INTEGER;
 )sql"},
+    // Version 5: layer times measured inside training steps also hold the
+    // step's time outside the calls (layer_index -2). SQLite cannot change
+    // a CHECK in place: the table is rebuilt, ids and rows kept.
+    {5, R"sql(
+CREATE TABLE layer_measurements_v5 (
+  id INTEGER PRIMARY KEY,
+  device_id INTEGER NOT NULL REFERENCES devices (id),
+  model TEXT NOT NULL,               -- model signature
+  batch INTEGER NOT NULL,            -- per-rank batch
+  layer_index INTEGER NOT NULL CHECK (layer_index >= -2),  -- graph index; -1 = the loss,
+                                                           -- -2 = outside the layer calls
+  layer_name TEXT NOT NULL,
+  forward_ms REAL NOT NULL,          -- median, training mode
+  backward_ms REAL NOT NULL,         -- median
+  measured_at INTEGER NOT NULL,      -- Unix seconds
+  UNIQUE (device_id, model, batch, layer_index)
+);
+INSERT INTO layer_measurements_v5 SELECT id, device_id, model, batch, layer_index, layer_name,
+  forward_ms, backward_ms, measured_at FROM layer_measurements;
+DROP TABLE layer_measurements;
+ALTER TABLE layer_measurements_v5 RENAME TO layer_measurements;
+)sql"},
 };
 
 static_assert(std::size(kMigrations) == static_cast<size_t>(kSchemaVersion),

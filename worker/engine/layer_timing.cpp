@@ -341,4 +341,54 @@ memory::StepCosts measure_graph_step_costs(const Graph& graph, Backend& backend,
   return measure_step_costs(graph, layers, out_desc, backend, n, bandwidth, timing);
 }
 
+memory::StepCosts median_call_times(const std::vector<memory::StepCosts>& steps) {
+  if (steps.empty()) throw std::invalid_argument("median_call_times: no steps");
+  const size_t layers = steps.front().forward_seconds.size();
+  auto median = [&](auto field) {
+    std::vector<double> v;
+    for (const memory::StepCosts& s : steps) v.push_back(field(s));
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  memory::StepCosts costs;
+  for (const memory::StepCosts& s : steps) {
+    if (s.forward_seconds.size() != layers || s.backward_seconds.size() != layers) {
+      throw std::invalid_argument("median_call_times: steps of different layer counts");
+    }
+  }
+  for (size_t i = 0; i < layers; ++i) {
+    costs.forward_seconds.push_back(median([i](const auto& s) { return s.forward_seconds[i]; }));
+    costs.backward_seconds.push_back(median([i](const auto& s) { return s.backward_seconds[i]; }));
+  }
+  costs.loss_seconds = median([](const auto& s) { return s.loss_seconds; });
+  costs.other_seconds = median([](const auto& s) { return s.other_seconds; });
+  return costs;
+}
+
+memory::StepCosts measure_costs_in_steps(Network& net, int64_t n, int steps,
+                                         const CopyBandwidth& bandwidth) {
+  if (steps < 1) throw std::invalid_argument("measure_costs_in_steps: steps must be >= 1");
+  Backend& backend = net.backend();
+  const Tensor input = net.input(n);
+  const std::vector<float> images(static_cast<size_t>(input.shape().elements()), 0.1f);
+  const std::vector<int32_t> labels(static_cast<size_t>(n), 0);
+  backend.upload(images.data(), input);
+  backend.upload_labels(labels.data(), net.labels(), n);
+  const float scale = 1.0f / static_cast<float>(n);
+  net.train_step(n, scale);  // untimed: first touches, lazily made primitives
+  std::vector<memory::StepCosts> times;
+  net.record_call_times(&times);
+  try {
+    for (int k = 0; k < steps; ++k) net.train_step(n, scale);
+  } catch (...) {
+    net.record_call_times(nullptr);
+    throw;
+  }
+  net.record_call_times(nullptr);
+  memory::StepCosts costs = median_call_times(times);
+  costs.to_host_bytes_per_second = bandwidth.to_host_bytes_per_second;
+  costs.to_device_bytes_per_second = bandwidth.to_device_bytes_per_second;
+  return costs;
+}
+
 }  // namespace vtrain::worker

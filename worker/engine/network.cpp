@@ -223,6 +223,10 @@ size_t Network::workspace_bytes() const { return interpreter_->shared_workspace(
 
 void Network::set_trace(memory::ChromeTrace* trace) { interpreter_->set_trace(trace); }
 
+void Network::record_call_times(std::vector<memory::StepCosts>* steps) {
+  interpreter_->record_call_times(steps);
+}
+
 MemoryStats Network::memory_stats() const {
   const memory::DevicePool& pool = interpreter_->pool();
   MemoryStats s = fixed_stats_;

@@ -202,6 +202,12 @@ class Network {
   // Also samples the bytes in use at once, so a policy that allocates
   // nothing during steps (none) still has a memory line.
   void set_trace(memory::ChromeTrace* trace);
+  // While `steps` is set (null: stop), every training step appends the
+  // times of its calls as it made them (memory::StepCosts, bandwidths 0):
+  // each layer's forward and backward, the loss, and other_seconds, the
+  // step's time outside them. A recompute call is not a forward's time.
+  // On a device with asynchronous compute each call is waited for.
+  void record_call_times(std::vector<memory::StepCosts>* steps);
   // "conv1: Forward=direct BackwardData=direct BackwardFilter=direct" lines.
   std::vector<std::string> algorithm_summary() const;
 

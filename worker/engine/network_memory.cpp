@@ -124,13 +124,9 @@ memory::StepCosts Network::step_costs(size_t capacity) {
   const int64_t batch = options_.max_batch;
   for (int64_t n = batch;; n = (n + 1) / 2) {
     try {
-      memory::StepCosts costs = measure_step_costs(graph_, layers_, out_desc_, backend_, n,
-                                                   bandwidth, {}, options_.conv_workspace_bytes);
-      const double scale = static_cast<double>(batch) / static_cast<double>(n);
-      for (double& s : costs.forward_seconds) s *= scale;
-      for (double& s : costs.backward_seconds) s *= scale;
-      costs.loss_seconds *= scale;
-      return costs;
+      return memory::scaled(measure_step_costs(graph_, layers_, out_desc_, backend_, n, bandwidth,
+                                               {}, options_.conv_workspace_bytes),
+                            static_cast<double>(batch) / static_cast<double>(n));
     } catch (const memory::OutOfMemoryError&) {
       if (n == 1) throw;
     }

@@ -1,6 +1,7 @@
 #include "worker/engine/schedule_interpreter.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 
 namespace vtrain::worker {
@@ -10,6 +11,12 @@ using memory::ScheduleEvent;
 using memory::TensorKind;
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 // A layer call's word in labels and its trace category.
 const char* call_kind(Op op) {
@@ -267,6 +274,8 @@ void ScheduleInterpreter::run_memory_op(const ScheduleEvent& e, const std::strin
 void ScheduleInterpreter::run_layer_call(const ScheduleEvent& e, const std::string& label,
                                          int64_t n, bool training) {
   const double start = trace_ ? trace_->now_us() : 0;
+  const bool timed = call_times_ && training;
+  const auto clock_start = timed ? Clock::now() : Clock::time_point{};
   const int i = e.tensor.layer;
   if (e.op == Op::kForward) {
     LayerCall call = forward_call(i, n);
@@ -278,9 +287,13 @@ void ScheduleInterpreter::run_layer_call(const ScheduleEvent& e, const std::stri
   } else {
     backward_layer(i, n);
   }
-  if (trace_) {
-    backend_.synchronize(StreamKind::kCompute);  // the span covers the work, not its issue
-    trace_->span("compute", label, call_kind(e.op), start, trace_->now_us() - start);
+  if (trace_ || timed) backend_.synchronize(StreamKind::kCompute);  // the work, not its issue
+  if (trace_) trace_->span("compute", label, call_kind(e.op), start, trace_->now_us() - start);
+  if (timed) {
+    const double seconds = seconds_since(clock_start);
+    calls_seconds_ += seconds;
+    if (e.op == Op::kForward) call_times_->back().forward_seconds[i] = seconds;
+    if (e.op == Op::kBackward) call_times_->back().backward_seconds[i] = seconds;
   }
 }
 
@@ -288,8 +301,14 @@ LossStats ScheduleInterpreter::run_loss(int t, int64_t n, bool training, float l
   const Tensor logits = view(t, output(t), n);
   if (!training) return backend_.softmax_cross_entropy(logits, labels_, loss_scale, nullptr);
   const Tensor dlogits = view(t, static_cast<float*>(slot(TensorKind::kGradient, t)), n);
+  const auto start = Clock::now();
   const LossStats stats = backend_.softmax_cross_entropy(logits, labels_, loss_scale, &dlogits);
   grad_written_[t] = true;
+  if (call_times_) {
+    backend_.synchronize(StreamKind::kCompute);
+    call_times_->back().loss_seconds = seconds_since(start);
+    calls_seconds_ += call_times_->back().loss_seconds;
+  }
   return stats;
 }
 
@@ -349,6 +368,14 @@ void ScheduleInterpreter::abandon_step() {
 }
 
 LossStats ScheduleInterpreter::train_step(int64_t n, float loss_scale) {
+  const auto start = Clock::now();
+  if (call_times_) {
+    memory::StepCosts times;
+    times.forward_seconds.assign(graph_.size(), 0.0);
+    times.backward_seconds.assign(graph_.size(), 0.0);
+    call_times_->push_back(std::move(times));
+    calls_seconds_ = 0;
+  }
   std::fill(grad_written_.begin(), grad_written_.end(), false);
   offloaded_bytes_ = 0;
   pool_->begin_step();
@@ -356,10 +383,15 @@ LossStats ScheduleInterpreter::train_step(int64_t n, float loss_scale) {
   try {
     stats = run(schedule_.train, train_text_, n, /*training=*/true, loss_scale);
   } catch (...) {
+    if (call_times_) call_times_->pop_back();
     abandon_step();
     throw;
   }
   pool_->end_step();
+  if (call_times_) {
+    backend_.synchronize(StreamKind::kCompute);
+    call_times_->back().other_seconds = std::max(0.0, seconds_since(start) - calls_seconds_);
+  }
   return stats;
 }
 

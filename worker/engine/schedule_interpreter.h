@@ -72,8 +72,9 @@ class ScheduleInterpreter {
   const memory::DevicePool& pool() const { return *pool_; }
   size_t host_reservation() const { return pinned_->reservation(); }
   size_t offloaded_bytes() const { return offloaded_bytes_; }  // in the last training step
-  // See Network::set_trace.
+  // See Network::set_trace and Network::record_call_times.
   void set_trace(memory::ChromeTrace* trace);
+  void record_call_times(std::vector<memory::StepCosts>* steps) { call_times_ = steps; }
 
  private:
   // Per event of a schedule, fixed once it is: the label of the layer call
@@ -140,6 +141,8 @@ class ScheduleInterpreter {
   };
   std::vector<PendingCopy> pending_copies_;
   memory::ChromeTrace* trace_ = nullptr;
+  std::vector<memory::StepCosts>* call_times_ = nullptr;  // a training step appends its calls'
+  double calls_seconds_ = 0;                              // times; their sum in this step
 };
 
 }  // namespace vtrain::worker

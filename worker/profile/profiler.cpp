@@ -11,6 +11,7 @@
 #include "memory/memory_error.h"
 #include "worker/engine/device_blocks.h"
 #include "worker/engine/kernel_timing.h"
+#include "worker/engine/layer_timing.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
 #include "worker/profile/step_costs.h"
@@ -58,10 +59,16 @@ constexpr size_t kAllocationSlack = size_t{64} << 10;
 // the batch's upload from host memory, forward and backward, the update. A
 // zero learning rate keeps the weights. nullopt when no step under the
 // policy fits the device at this batch. A per-tensor policy plans with the
-// layer costs `db` holds at `b` (else measures them in place).
-std::optional<perfdb::StepMeasurement> measure_step(const Graph& graph, Backend& backend,
-                                                    perfdb::PerfDb& db, perfdb::DeviceId device,
-                                                    int64_t b, const ProfileOptions& options) {
+// layer costs `db` holds at `b` (else measures them in place). Also the
+// step's calls as it made them (their medians over the runs), unless the
+// step offloaded: copies on a shared CPU slow the calls they overlap.
+struct MeasuredStep {
+  perfdb::StepMeasurement step;
+  std::optional<memory::StepCosts> calls;
+};
+std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
+                                         perfdb::DeviceId device, int64_t b,
+                                         const ProfileOptions& options) {
   const size_t base = backend.device_bytes_in_use();
   NetworkOptions net_options;
   net_options.max_batch = b;
@@ -86,13 +93,17 @@ std::optional<perfdb::StepMeasurement> measure_step(const Graph& graph, Backend&
   const Tensor input = net->input(b);
   const std::vector<float> images(static_cast<size_t>(input.shape().elements()), 0.1f);
   const std::vector<int32_t> labels(static_cast<size_t>(b), 0);
+  std::vector<memory::StepCosts> calls;
+  net->record_call_times(&calls);
   const Timing t = time_runs(backend, options.warmup, options.repeats, [&] {
     backend.upload(images.data(), input);
     backend.upload_labels(labels.data(), net->labels(), b);
     net->train_step(b, 1.0f / static_cast<float>(b));
     sgd.step(net->parameters(), net->gradients(), 0.0f);
   });
-  perfdb::StepMeasurement step;
+  net->record_call_times(nullptr);
+  MeasuredStep measured;
+  perfdb::StepMeasurement& step = measured.step;
   step.model = graph.profile_key();
   step.batch = b;
   step.memory_policy = step_policy_key(options.memory_policy, backend.device_info().memory_bytes);
@@ -102,7 +113,8 @@ std::optional<perfdb::StepMeasurement> measure_step(const Graph& graph, Backend&
   const memory::PlanSummary placement = net->activation_placement();
   step.activations = common::ActivationBytes{placement.kept_bytes, placement.offloaded_bytes,
                                              placement.recomputed_bytes};
-  return step;
+  if (placement.offloaded_bytes == 0) measured.calls = median_call_times(calls);
+  return measured;
 }
 
 }  // namespace
@@ -262,14 +274,20 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
         ++report.step_cached;
         continue;
       }
-      const std::optional<perfdb::StepMeasurement> step =
+      const std::optional<MeasuredStep> measured =
           measure_step(graph, backend, db, device, b, options);
-      if (!step) {
+      if (!measured) {
         report.step_infeasible.push_back(b);
         continue;
       }
-      db.record_step_measurements(device, std::span(&*step, 1));
+      db.record_step_measurements(device, std::span(&measured->step, 1));
       ++report.step_measured;
+      // The layers as the step met them replace their times alone (see
+      // measure_costs_in_steps): the simulator then predicts steps.
+      if (options.layer_costs && measured->calls) {
+        db.record_layer_measurements(device, graph.profile_key(), b,
+                                     layer_rows(graph, *measured->calls));
+      }
     }
     std::sort(report.step_infeasible.begin(), report.step_infeasible.end());
   }

@@ -30,7 +30,9 @@ struct ProfileOptions {
   bool steps = true;                 // also time a whole step (upload, fwd, bwd, update) per batch
   bool layer_costs = true;           // also each layer's forward and backward per batch and the
                                      // device's copy bandwidth (step_costs.h), what the
-                                     // swap / recompute planners cost a step with
+                                     // swap / recompute planners cost a step with: timed
+                                     // alone, then (with steps, where the step offloads
+                                     // nothing) as the step made them
   memory::Policy memory_policy = memory::Policy::kNone;  // memory.policy the steps run (and
                                                         // are recorded) under
   // This process's share when several identical devices on one host split

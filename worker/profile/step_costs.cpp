@@ -48,6 +48,10 @@ std::vector<perfdb::LayerMeasurement> layer_rows(const Graph& graph,
                                                  const memory::StepCosts& costs) {
   std::vector<perfdb::LayerMeasurement> rows;
   rows.push_back({perfdb::kLossLayer, "loss", costs.loss_seconds * 1e3, 0, 0});
+  if (costs.other_seconds > 0) {
+    rows.push_back({perfdb::kOutsideCallsLayer, "outside layer calls", costs.other_seconds * 1e3,
+                    0, 0});
+  }
   for (int i = 0; i < graph.size(); ++i) {
     rows.push_back({i, graph.layer(i).name, costs.forward_seconds.at(i) * 1e3,
                     costs.backward_seconds.at(i) * 1e3, 0});
@@ -86,6 +90,9 @@ StepCostsLookup profiled_step_costs(perfdb::PerfDb& db, perfdb::DeviceId device,
     costs.backward_seconds.push_back(rows.at(i).backward_ms * 1e-3);
   }
   costs.loss_seconds = rows.at(perfdb::kLossLayer).forward_ms * 1e-3;
+  if (const auto other = rows.find(perfdb::kOutsideCallsLayer); other != rows.end()) {
+    costs.other_seconds = other->second.forward_ms * 1e-3;
+  }
   lookup.costs = std::move(costs);
   return lookup;
 }

@@ -18,7 +18,9 @@
 namespace vtrain::worker {
 
 // The perf DB rows of measured costs: one per layer (forward and backward
-// in ms) and one for the loss (perfdb::kLossLayer, named "loss").
+// in ms), one for the loss (perfdb::kLossLayer, named "loss") and, when
+// the costs were timed in training steps, one for the time outside the
+// calls (perfdb::kOutsideCallsLayer).
 std::vector<perfdb::LayerMeasurement> layer_rows(const Graph& graph,
                                                  const memory::StepCosts& costs);
 
