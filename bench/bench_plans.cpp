@@ -1,25 +1,25 @@
 // Swap and recompute under a capacity (memory/planner.h): for each network,
-// the per-layer costs measured in place on this device, then at capacities
-// of the persistent bytes (parameters, gradients, labels: what every plan
-// keeps) plus 80%, 60%, 40% and 25% of the rest of the network-wide
-// baseline's need (`none`),
-// every planner's plan: simulated step time, simulated peak, solve time,
-// and (--measure) the engine's measured step time and peak running that
-// plan, with the simulator's error. Then the largest batch each planner
-// fits under a fixed capacity (the memory model scaled by batch), to set
-// beside Checkmate's VGG-19 figures on a 16 GB V100.
+// the per-layer costs measured on this device (timed where training steps
+// make the calls, worker::measure_costs_in_steps; --isolated: each layer
+// alone), then at capacities of the persistent bytes (parameters,
+// gradients, labels: what every plan keeps) plus 100%, 80%, 60%, 40% and
+// 25% of the rest of the network-wide baseline's need (`none`), every
+// planner's plan: simulated step time, simulated peak, solve time, and
+// (--measure) the engine's measured step time and peak running that plan,
+// with the simulator's error. Distinct plans are measured in --rounds
+// rounds, each running every plan in turn, and the median round counts.
+// Then the largest batch each planner fits under a fixed capacity (the
+// memory model scaled by batch), to set beside Checkmate's VGG-19 figures
+// on a 16 GB V100.
 //
 //   bench_plans [--nets vgg16,resnet50,googlenet,vgg116] [--size 64] [--batch 8]
-//               [--capacities 0.8,0.6,0.4,0.25] [--measure] [--steps 3]
+//               [--capacities 1,0.8,0.6,0.4,0.25] [--measure] [--steps 3] [--rounds 3]
 //               [--algorithm direct] [--backend cpu|cuda] [--oracle-max 12]
 //               [--max-batch-net vgg16] [--max-batch-size 224] [--max-batch-gib 16]
-//               [--no-dqn] [--dqn-budget S] [--costs] [--calibrate] [--csv FILE]
+//               [--no-dqn] [--dqn-budget S] [--costs] [--isolated] [--csv FILE]
 //
 // --costs prints the measured per-layer costs and auto's plan report; the
 // DQN trains for at most --dqn-budget seconds per plan (default 20).
-// --calibrate scales every layer's costs by the ratio of one measured step
-// (keeping every activation) to its simulated time before planning: the
-// remaining error is the simulator's on the other plans.
 //
 // Exit status 0 whatever the figures: a measurement, not a test.
 
@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -58,6 +59,7 @@ struct Settings {
   std::vector<double> capacities = {1.0, 0.8, 0.6, 0.4, 0.25};
   bool measure = false;
   int steps = 3;
+  int rounds = 3;  // --measure: rounds over the distinct plans
   std::string algorithm = "direct";
   std::string backend = "cpu";
   int oracle_max = 12;
@@ -68,7 +70,6 @@ struct Settings {
   bool dqn = true;
   double dqn_budget = 20;  // seconds of DQN training per plan
   bool print_costs = false;
-  bool calibrate = false;  // scale the layer costs by one measured all-keep step
   bool isolated = false;   // time each layer alone, not in a step
 };
 
@@ -96,6 +97,8 @@ Settings parse_settings(int argc, char** argv) {
       s.measure = true;
     } else if (arg == "--steps") {
       s.steps = std::max(1, std::atoi(next().c_str()));
+    } else if (arg == "--rounds") {
+      s.rounds = std::max(1, std::atoi(next().c_str()));
     } else if (arg == "--algorithm") {
       s.algorithm = next();
     } else if (arg == "--backend") {
@@ -108,8 +111,6 @@ Settings parse_settings(int argc, char** argv) {
       s.max_batch_size = std::atoll(next().c_str());
     } else if (arg == "--max-batch-gib") {
       s.max_batch_gib = std::atof(next().c_str());
-    } else if (arg == "--calibrate") {
-      s.calibrate = true;
     } else if (arg == "--isolated") {
       s.isolated = true;
     } else if (arg == "--costs") {
@@ -123,9 +124,9 @@ Settings parse_settings(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_plans [--nets a,b] [--size N] [--batch B] [--capacities f,g] "
-                   "[--measure] [--steps N] [--algorithm NAME] [--backend cpu|cuda] "
+                   "[--measure] [--steps N] [--rounds R] [--algorithm NAME] [--backend cpu|cuda] "
                    "[--oracle-max N] [--max-batch-net NAME] [--max-batch-size N] "
-                   "[--max-batch-gib G] [--no-dqn] [--dqn-budget S] [--costs] [--calibrate] [--isolated] [--csv FILE]\n");
+                   "[--max-batch-gib G] [--no-dqn] [--dqn-budget S] [--costs] [--isolated] [--csv FILE]\n");
       std::exit(2);
     }
   }
@@ -201,22 +202,6 @@ Measured measure(worker::Backend& backend, const worker::Graph& graph, const Set
   return {times[times.size() / 2], net.memory_stats().step_peak};
 }
 
-// Scales the compute costs so that keeping every activation simulates to
-// its measured step time.
-void calibrate(worker::Backend& backend, const worker::Graph& graph, const Settings& s,
-               Profiled& p) {
-  const std::vector<memory::TensorAction> keep(p.model.layers.size(),
-                                               memory::TensorAction::kKeep);
-  const memory::MemoryPlan plan =
-      memory::evaluate_plan("keep", keep, p.model, &p.costs, 0, memory::Planner::kPool);
-  const double measured = measure(backend, graph, s, plan, p.costs).step_ms / 1e3;
-  const double factor = measured / plan.simulation.timing.step_seconds;
-  p.costs = memory::scaled(p.costs, factor);
-  std::printf("  calibrated: keeping everything measured %.1f ms, simulated %.1f ms; "
-              "costs scaled by %.3f\n",
-              measured * 1e3, plan.simulation.timing.step_seconds * 1e3, factor);
-}
-
 // Every planner's plan at one capacity (nullopt: it does not fit).
 std::vector<std::pair<std::string, std::optional<memory::MemoryPlan>>> plans_at(
     const Profiled& p, size_t capacity, const Settings& s) {
@@ -245,6 +230,104 @@ std::vector<std::pair<std::string, std::optional<memory::MemoryPlan>>> plans_at(
   return out;
 }
 
+// One row of a net's table: a planner's plan at a capacity.
+struct Row {
+  double fraction;
+  std::string method;
+  std::optional<memory::MemoryPlan> plan;
+  int measured = -1;  // index into the distinct plans measured
+};
+
+// Identical plans (many planners agree) are measured once: the actions,
+// and whether the schedule is layer-wise.
+std::string plan_key(const memory::MemoryPlan& plan) {
+  std::string key(1, plan.schedule.layer_wise ? 'L' : 'N');
+  for (memory::TensorAction a : plan.actions) key += static_cast<char>('0' + static_cast<int>(a));
+  return key;
+}
+
+// Each distinct plan's measured step and its simulated one: s.rounds
+// rounds, each timing the layers in steps afresh (as profile() does) and
+// then running every plan in turn (the order rotating); the plan's schedule
+// is simulated under the round's costs. Per plan the median of the rounds,
+// so the machine's drift falls alike on the prediction and the measurement.
+struct PlanTimes {
+  Measured measured;
+  double simulated_ms = 0;
+};
+std::vector<PlanTimes> measure_plans(worker::Backend& backend, const worker::Graph& graph,
+                                     const Settings& s,
+                                     const std::vector<const memory::MemoryPlan*>& plans,
+                                     const Profiled& p) {
+  std::vector<std::vector<double>> measured(plans.size()), simulated(plans.size());
+  std::vector<PlanTimes> out(plans.size());
+  for (int round = 0; round < s.rounds; ++round) {
+    const memory::StepCosts costs = round == 0 ? p.costs : profile(backend, graph, s).costs;
+    for (size_t k = 0; k < plans.size(); ++k) {
+      const size_t j = (k + static_cast<size_t>(round)) % plans.size();
+      out[j].measured = measure(backend, graph, s, *plans[j], costs);
+      measured[j].push_back(out[j].measured.step_ms);
+      simulated[j].push_back(memory::simulate(p.model, plans[j]->schedule, 0,
+                                              memory::Planner::kPool, &costs)
+                                 .timing.step_seconds * 1e3);
+    }
+    std::printf("  measured round %d of %d (%zu distinct plans)\n", round + 1, s.rounds,
+                plans.size());
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  for (size_t j = 0; j < plans.size(); ++j) {
+    out[j].measured.step_ms = median(measured[j]);
+    out[j].simulated_ms = median(simulated[j]);
+  }
+  return out;
+}
+
+// With a measurement, the simulated time is the median of its rounds'.
+void print_row(const Row& r, const std::optional<PlanTimes>& m2, const std::string& name,
+               const Profiled& p, const Settings& s, FILE* csv) {
+  const std::optional<Measured> m = m2 ? std::optional(m2->measured) : std::nullopt;
+  if (!r.plan) {
+    const bool too_big = r.method == "oracle" && plannable_count(p.model) > s.oracle_max;
+    std::printf("  %4.0f%% %-13s %10s\n", r.fraction * 100, r.method.c_str(),
+                too_big ? "too many tensors" : "no fit");
+    if (csv) std::fprintf(csv, "%s,%.2f,%s,,,,,\n", name.c_str(), r.fraction, r.method.c_str());
+    return;
+  }
+  const double sim_ms = m2 ? m2->simulated_ms : r.plan->simulation.timing.step_seconds * 1e3;
+  const double sim_mib = mib(double(r.plan->simulation.peak_bytes));
+  std::printf("  %4.0f%% %-13s %10.1f %10.1f %9.1f", r.fraction * 100, r.method.c_str(), sim_ms,
+              sim_mib, r.plan->solve_seconds * 1e3);
+  if (m) {
+    std::printf(" %10.1f %10.1f %+6.1f%%", m->step_ms, mib(double(m->peak)),
+                100.0 * (sim_ms - m->step_ms) / m->step_ms);
+  }
+  std::printf("\n");
+  if (s.print_costs && r.method == "auto") {
+    std::printf("%s", memory::plan_report(p.model, *r.plan).c_str());
+  }
+  if (csv) {
+    std::fprintf(csv, "%s,%.2f,%s,%.3f,%.3f,%.3f,%s,%s\n", name.c_str(), r.fraction,
+                 r.method.c_str(), sim_ms, sim_mib, r.plan->solve_seconds * 1e3,
+                 m ? std::to_string(m->step_ms).c_str() : "",
+                 m ? std::to_string(mib(double(m->peak))).c_str() : "");
+  }
+}
+
+void print_costs(const Profiled& p) {
+  std::printf("  measured costs (ms): layer, forward, backward\n");
+  for (size_t i = 0; i < p.model.layers.size(); ++i) {
+    std::printf("    %-20s %9.3f %9.3f\n", p.model.layers[i].name.c_str(),
+                p.costs.forward_seconds[i] * 1e3, p.costs.backward_seconds[i] * 1e3);
+  }
+  std::printf("    loss %.3f, outside the calls %.3f; copies %.2f GB/s to host, %.2f GB/s to "
+              "device\n",
+              p.costs.loss_seconds * 1e3, p.costs.other_seconds * 1e3,
+              p.costs.to_host_bytes_per_second / 1e9, p.costs.to_device_bytes_per_second / 1e9);
+}
+
 void run_net(worker::Backend& backend, const std::string& name, const Settings& s, FILE* csv) {
   const worker::Graph graph = preset(name, s.size);
   Profiled p = profile(backend, graph, s);
@@ -254,56 +337,35 @@ void run_net(worker::Backend& backend, const std::string& name, const Settings& 
   size_t kept = 0;  // every plan keeps the parameters, gradients, buffers and labels
   for (const memory::PersistentTensor& t : p.model.persistent) kept += t.bytes;
   std::printf("\n%s at %lldx%lld, batch %lld: %zu layers (%d plannable), none needs %.1f MiB, "
-              "%.1f MiB of it parameters, gradients and labels\n",
+              "%.1f MiB of it parameters, gradients and labels; costs timed %s\n",
               name.c_str(), static_cast<long long>(s.size), static_cast<long long>(s.size),
               static_cast<long long>(s.batch), p.model.layers.size(), plannable_count(p.model),
-              mib(double(none)), mib(double(kept)));
-  std::printf("  %-5s %-13s %10s %10s %9s %10s %10s %7s\n", "cap", "plan", "sim ms", "sim MiB",
-              "solve ms", "meas ms", "meas MiB", "error");
-  if (s.calibrate) calibrate(backend, graph, s, p);
-  if (s.print_costs) {
-    std::printf("  measured costs (ms): layer, forward, backward\n");
-    for (size_t i = 0; i < p.model.layers.size(); ++i) {
-      std::printf("    %-20s %9.3f %9.3f\n", p.model.layers[i].name.c_str(),
-                  p.costs.forward_seconds[i] * 1e3, p.costs.backward_seconds[i] * 1e3);
-    }
-    std::printf("    loss %.3f; copies %.2f GB/s to host, %.2f GB/s to device\n",
-                p.costs.loss_seconds * 1e3, p.costs.to_host_bytes_per_second / 1e9,
-                p.costs.to_device_bytes_per_second / 1e9);
-  }
-  std::printf("  capacity = the persistent bytes + a fraction of none's other bytes\n");
+              mib(double(none)), mib(double(kept)), s.isolated ? "layer by layer" : "in steps");
+  if (s.print_costs) print_costs(p);
+  std::vector<Row> rows;
+  std::vector<const memory::MemoryPlan*> distinct;
+  std::map<std::string, int> index;
   for (double fraction : s.capacities) {
     const size_t capacity =
         kept + static_cast<size_t>(fraction * static_cast<double>(none - kept));
-    for (const auto& [method, plan] : plans_at(p, capacity, s)) {
-      if (!plan) {
-        const bool too_big = method == "oracle" && plannable_count(p.model) > s.oracle_max;
-        std::printf("  %4.0f%% %-13s %10s\n", fraction * 100, method.c_str(),
-                    too_big ? "too many tensors" : "no fit");
-        if (csv) std::fprintf(csv, "%s,%.2f,%s,,,,,\n", name.c_str(), fraction, method.c_str());
-        continue;
-      }
-      const double sim_ms = plan->simulation.timing.step_seconds * 1e3;
-      const double sim_mib = mib(double(plan->simulation.peak_bytes));
-      std::optional<Measured> m;
-      if (s.measure) m = measure(backend, graph, s, *plan, p.costs);
-      std::printf("  %4.0f%% %-13s %10.1f %10.1f %9.1f", fraction * 100, method.c_str(), sim_ms,
-                  sim_mib, plan->solve_seconds * 1e3);
-      if (m) {
-        std::printf(" %10.1f %10.1f %+6.1f%%", m->step_ms, mib(double(m->peak)),
-                    100.0 * (sim_ms - m->step_ms) / m->step_ms);
-      }
-      std::printf("\n");
-      if (s.print_costs && method == "auto") {
-        std::printf("%s", memory::plan_report(p.model, *plan).c_str());
-      }
-      if (csv) {
-        std::fprintf(csv, "%s,%.2f,%s,%.3f,%.3f,%.3f,%s,%s\n", name.c_str(), fraction,
-                     method.c_str(), sim_ms, sim_mib, plan->solve_seconds * 1e3,
-                     m ? std::to_string(m->step_ms).c_str() : "",
-                     m ? std::to_string(mib(double(m->peak))).c_str() : "");
-      }
+    for (auto& [method, plan] : plans_at(p, capacity, s)) {
+      rows.push_back({fraction, method, std::move(plan)});
     }
+  }
+  for (Row& r : rows) {
+    if (!r.plan || !s.measure) continue;
+    const auto [it, added] = index.emplace(plan_key(*r.plan), static_cast<int>(distinct.size()));
+    if (added) distinct.push_back(&*r.plan);
+    r.measured = it->second;
+  }
+  const std::vector<PlanTimes> measured =
+      s.measure ? measure_plans(backend, graph, s, distinct, p) : std::vector<PlanTimes>{};
+  std::printf("  %-5s %-13s %10s %10s %9s %10s %10s %7s\n", "cap", "plan", "sim ms", "sim MiB",
+              "solve ms", "meas ms", "meas MiB", "error");
+  std::printf("  capacity = the persistent bytes + a fraction of none's other bytes\n");
+  for (const Row& r : rows) {
+    print_row(r, r.measured >= 0 ? std::optional<PlanTimes>(measured[r.measured]) : std::nullopt,
+              name, p, s, csv);
   }
 }
 

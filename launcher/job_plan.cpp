@@ -101,7 +101,8 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
                        : std::vector<int64_t>{fixed_split[comm.rank()]};
   po.batches.erase(std::remove(po.batches.begin(), po.batches.end(), 0), po.batches.end());
   po.steps = balance;
-  std::tie(po.share_index, po.share_count) = profile_share(comm, info);
+  const ProfileGroup group = profile_group(comm, info);
+  po.peers = group.peers;
   if (!po.batches.empty()) {
     const worker::ProfileReport r = worker::profile(graph, backend, db, id, po);
     if (comm.rank() == 0) {
@@ -164,8 +165,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     worker::ProfileOptions at = po;
     at.batches = {my_batch};
     at.steps = false;
-    at.share_index = 0;
-    at.share_count = 1;
+    at.peers = {};  // alone: only the ranks whose share is new measure
     worker::profile(graph, backend, db, id, at);
   }
   comm.barrier();
@@ -179,19 +179,37 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
 
 }  // namespace
 
-std::pair<int, int> profile_share(worker::Communicator& comm, const worker::DeviceInfo& info) {
+ProfileGroup profile_group(worker::Communicator& comm, const worker::DeviceInfo& info) {
   const auto same_device = [&](const worker::DeviceInfo& other) {
     return other.host == info.host && other.name == info.name && other.backend == info.backend &&
            other.library_version == info.library_version && other.threads == info.threads;
   };
   const std::vector<worker::DeviceInfo> all = worker::gather_device_infos(comm, info);
-  int index = 0, count = 0;
+  ProfileGroup group;
+  int first = -1;  // the group's lowest rank: its colour
+  group.peers.count = 0;
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
     if (!same_device(all[r])) continue;
-    if (r < comm.rank()) ++index;
-    ++count;
+    if (first < 0) first = r;
+    if (r < comm.rank()) ++group.peers.index;
+    ++group.peers.count;
   }
-  return {index, std::max(count, 1)};
+  group.peers.count = std::max(group.peers.count, 1);
+  group.peers.together = info.backend == "cpu" && group.peers.count > 1;
+  if (comm.size() > 1) {
+    // Every rank takes part in the split, also one in a group of one.
+    std::unique_ptr<worker::Communicator> members = worker::make_mpi_subcommunicator(first);
+    if (group.peers.together) {
+      worker::Communicator* c = members.get();
+      group.peers.any = [c](bool mine) {
+        std::vector<double> v{mine ? 1.0 : 0.0};
+        c->allreduce_sum(v);
+        return v[0] > 0;
+      };
+      group.comm = std::move(members);
+    }
+  }
+  return group;
 }
 
 std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config::Config& cfg,

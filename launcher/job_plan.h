@@ -2,6 +2,7 @@
 // --plan FILE) and the offline `vtrain balance` command.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -11,12 +12,19 @@
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/graph.h"
+#include "worker/profile/profile_peers.h"
 
 namespace vtrain::launcher {
 
-// Ranks whose devices are identical and on one host split the profiling
-// work: this rank's index among them and their number. Collective.
-std::pair<int, int> profile_share(worker::Communicator& comm, const worker::DeviceInfo& info);
+// The ranks whose devices are identical and on one host profile as a group
+// (worker::ProfilePeers): CPU processes, which share the host's cores,
+// measure every item together; GPUs split the items. `comm` carries the
+// group's agreement on each item (null for a group of one). Collective.
+struct ProfileGroup {
+  std::unique_ptr<worker::Communicator> comm;
+  worker::ProfilePeers peers;
+};
+ProfileGroup profile_group(worker::Communicator& comm, const worker::DeviceInfo& info);
 
 // What a batch split is solved on: the devices' step-time curves and the
 // solve's options (the measured allreduce included).

@@ -286,17 +286,24 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   if (options.batches.empty()) {
     options.batches = {(cfg.train.batch + comm.size() - 1) / comm.size()};
   }
-  std::tie(options.share_index, options.share_count) = profile_share(comm, info);
+  const ProfileGroup group = profile_group(comm, info);
+  options.peers = group.peers;
+  const std::string share =
+      options.peers.together
+          ? "together, " + std::to_string(options.peers.index + 1) + " of " +
+                std::to_string(options.peers.count)
+          : "share " + std::to_string(options.peers.index + 1) + "/" +
+                std::to_string(options.peers.count);
 
   perfdb::PerfDb db(cfg.profile.db);
   const perfdb::DeviceId device = db.upsert_device(worker::perfdb_device(info));
   const worker::ProfileReport r = worker::profile(graph, *backend, db, device, options);
   char line[512];
   std::snprintf(line, sizeof line,
-                "rank %d (%s, share %d/%d): %lld kernel items measured, %lld cached; %lld steps "
+                "rank %d (%s, %s): %lld kernel items measured, %lld cached; %lld steps "
                 "measured, %lld cached; layer times at %lld batches measured, %lld cached; copy "
                 "bandwidth %s; %.1f s",
-                comm.rank(), info.name.c_str(), options.share_index + 1, options.share_count,
+                comm.rank(), info.name.c_str(), share.c_str(),
                 static_cast<long long>(r.kernel_measured), static_cast<long long>(r.kernel_cached),
                 static_cast<long long>(r.step_measured), static_cast<long long>(r.step_cached),
                 static_cast<long long>(r.layer_costs_measured),

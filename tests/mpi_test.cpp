@@ -148,7 +148,10 @@ TEST(Mpi, ResumedRunRepeatsTheUninterruptedLossesBitwise) {
 // Resuming on another number of ranks, and the refusal of another model's
 // checkpoint: elastic_test.cpp.
 
-TEST(Mpi, IdenticalDevicesOnOneHostSplitTheProfilingWork) {
+// CPU processes that share the host's cores profile together: each
+// measures every item at the same time as the other, so each measurement
+// meets the contention training will.
+TEST(Mpi, CpuProcessesOnOneHostProfileTogether) {
   TempDir dir;
   const std::string args = binary() + " profile " + source_dir() +
                            "/configs/synthetic-lenet.yaml --set profile.repeats=1 --set device.threads=1 --set profile.batches=[32] "
@@ -158,10 +161,22 @@ TEST(Mpi, IdenticalDevicesOnOneHostSplitTheProfilingWork) {
   // binds each of 2 ranks to a core of its own by default on some machines,
   // which makes them two devices, "(cpus 0)" and "(cpus 1)", by design.)
   ASSERT_EQ(run(mpirun(2) + "--bind-to none " + args, &out), 0) << out;
-  EXPECT_NE(out.find("share 1/2"), std::string::npos) << out;
-  EXPECT_NE(out.find("share 2/2"), std::string::npos) << out;
-  EXPECT_NE(out.find(", 0 cached"), std::string::npos) << out;
-  // Both ranks wrote into the one file: a single process now finds it all.
+  EXPECT_NE(out.find("together, 1 of 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("together, 2 of 2"), std::string::npos) << out;
+  // Both measured every kernel item, none from the other's rows.
+  std::vector<int> measured;
+  for (size_t at = out.find("kernel items measured"); at != std::string::npos;
+       at = out.find("kernel items measured", at + 1)) {
+    const size_t start = out.rfind(": ", at) + 2;
+    measured.push_back(std::stoi(out.substr(start, at - start)));
+  }
+  ASSERT_EQ(measured.size(), 2u) << out;
+  EXPECT_GT(measured[0], 0) << out;
+  EXPECT_EQ(measured[0], measured[1]) << out;
+  EXPECT_NE(out.find("kernel items measured, 0 cached; 1 steps measured, 0 cached"),
+            std::string::npos)
+      << out;
+  // A single process now finds it all in the one file.
   ASSERT_EQ(run(args, &out), 0) << out;
   EXPECT_NE(out.find(": 0 kernel items measured"), std::string::npos) << out;
   EXPECT_NE(out.find("0 steps measured, 1 cached"), std::string::npos) << out;

@@ -116,8 +116,8 @@ TEST(Profiler, IdenticalDevicesSplitTheWork) {
   for (int share = 0; share < 2; ++share) {
     perfdb::PerfDb db(dir.path("split.db"));
     const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
-    options.share_index = share;
-    options.share_count = 2;
+    options.peers.index = share;
+    options.peers.count = 2;
     const ProfileReport r = profile(graph, *backend, db, device, options);
     EXPECT_EQ(r.kernel_cached, 0) << "shares must not overlap";
     measured += r.kernel_measured;
@@ -127,11 +127,67 @@ TEST(Profiler, IdenticalDevicesSplitTheWork) {
   EXPECT_EQ(steps, 1);
   perfdb::PerfDb db(dir.path("split.db"));
   const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
-  options.share_index = 0;
-  options.share_count = 1;
+  options.peers = {};
   const ProfileReport all = profile(graph, *backend, db, device, options);
   EXPECT_EQ(all.kernel_measured, 0);
   EXPECT_EQ(all.kernel_cached, 20);
+}
+
+// Together, a process measures every item any member needs (the others
+// would otherwise measure it alone, without this one's contention), also
+// what its DB holds; an item no member needs is cached; one it cannot
+// measure it skips whatever the others need.
+TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
+  ProfilePeers peers{.index = 1, .count = 2, .together = true};
+  bool other_needs = false;
+  int agreements = 0;
+  peers.any = [&](bool mine) {
+    ++agreements;
+    return mine || other_needs;
+  };
+  WorkTurns turns(peers);
+  EXPECT_EQ(turns.take(true, false), Turn::kMeasure);
+  EXPECT_EQ(turns.take(true, true), Turn::kCached);
+  other_needs = true;
+  EXPECT_EQ(turns.take(true, true), Turn::kMeasure);
+  EXPECT_EQ(turns.take(false, false), Turn::kSkip);
+  EXPECT_EQ(agreements, 4);  // once per item, whatever this process does with it
+
+  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  TempDir dir;
+  const Graph graph = small_graph();
+  perfdb::PerfDb db(dir.path("together.db"));
+  const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
+  ProfileOptions options{.batches = {4}, .micro_batches = MicroBatchPolicy::kAll, .warmup = 0,
+                         .repeats = 1};
+  profile(graph, *backend, db, device, options);  // alone: the DB now holds everything
+  options.peers = peers;
+  other_needs = false;
+  agreements = 0;
+  const ProfileReport cached = profile(graph, *backend, db, device, options);
+  EXPECT_EQ(cached.kernel_measured + cached.step_measured + cached.layer_costs_measured, 0);
+  EXPECT_EQ(cached.kernel_cached, 20);
+  const int items = agreements;
+  other_needs = true;
+  agreements = 0;
+  const ProfileReport again = profile(graph, *backend, db, device, options);
+  EXPECT_EQ(again.kernel_measured, 20);
+  EXPECT_EQ(again.step_measured, 1);
+  EXPECT_EQ(again.layer_costs_measured, 1);
+  EXPECT_EQ(again.copy_measured, 1);
+  EXPECT_EQ(agreements, items);
+}
+
+// Split, the items are dealt in turn whether or not the DB holds them.
+TEST(Profiler, SplitPeersTakeItemsInTurn) {
+  const ProfilePeers second{.index = 1, .count = 2};
+  WorkTurns turns(second);
+  EXPECT_EQ(turns.take(true, false), Turn::kSkip);
+  EXPECT_EQ(turns.take(true, true), Turn::kCached);
+  EXPECT_EQ(turns.take(true, false), Turn::kSkip);
+  EXPECT_EQ(turns.take(true, false), Turn::kMeasure);
+  EXPECT_EQ(turns.take(false, false), Turn::kSkip);
+  EXPECT_EQ(turns.take(false, false), Turn::kSkip);
 }
 
 TEST(ProfileCli, ProfileStatsAndExport) {
@@ -149,13 +205,15 @@ TEST(ProfileCli, ProfileStatsAndExport) {
   ASSERT_EQ(test_support::run_command(vtrain + " db stats --db " + dir.path("p.db"), &out), 0)
       << out;
   EXPECT_CONTAINS(out, "1 devices, 5 kernels");
-  EXPECT_CONTAINS(out, "2 copy bandwidths, 9 layer measurements");
+  // LeNet's 8 layers, the loss, and the step's time outside the calls.
+  EXPECT_CONTAINS(out, "2 copy bandwidths, 10 layer measurements");
   ASSERT_EQ(test_support::run_command(vtrain + " db export --db " + dir.path("p.db") +
                                           " --table layer_measurements --format jsonl",
                                       &out),
             0)
       << out;
   EXPECT_CONTAINS(out, "\"layer_index\":-1,\"layer_name\":\"loss\"");
+  EXPECT_CONTAINS(out, "\"layer_index\":-2,\"layer_name\":\"outside layer calls\"");
   ASSERT_EQ(test_support::run_command(vtrain + " db export --db " + dir.path("p.db") +
                                           " --table step_measurements --format jsonl",
                                       &out),

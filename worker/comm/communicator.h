@@ -69,6 +69,10 @@ std::unique_ptr<Communicator> make_mpi_communicator();
 // the gradient allreduces). Collective. Throws when the MPI library lacks
 // MPI_THREAD_MULTIPLE.
 std::unique_ptr<Communicator> make_separate_mpi_communicator();
+// The ranks of the world that pass the same `color` (>= 0), as a
+// communicator of their own, in world rank order. Collective over the
+// world: every rank calls it.
+std::unique_ptr<Communicator> make_mpi_subcommunicator(int color);
 
 class Backend;
 

@@ -164,6 +164,16 @@ std::unique_ptr<Communicator> make_separate_mpi_communicator() {
   return std::make_unique<MpiCommunicator>(comm, true);
 }
 
+std::unique_ptr<Communicator> make_mpi_subcommunicator(int color) {
+  if (color < 0) throw std::invalid_argument("make_mpi_subcommunicator: color must be >= 0");
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm comm = MPI_COMM_NULL;
+  check(MPI_Comm_split(MPI_COMM_WORLD, color, rank, &comm), "Comm_split");
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  return std::make_unique<MpiCommunicator>(comm, true);
+}
+
 void abort_job_if_parallel(int code) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);

@@ -14,6 +14,7 @@
 #include "worker/engine/layer_timing.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
+#include "worker/profile/profile_peers.h"
 #include "worker/profile/step_costs.h"
 
 namespace vtrain::worker {
@@ -53,6 +54,71 @@ std::vector<KernelSite> kernel_sites(const Graph& graph, const Backend& backend)
 
 // What a measurement's buffers may round up to, together.
 constexpr size_t kAllocationSlack = size_t{64} << 10;
+
+// One convolution kernel at micro-batch m: what of it fits the device now.
+// On a small device (device.memory_limit) only what fits is measured: an
+// algorithm whose workspace does not fit cannot run there, and a kernel
+// whose tensors do not fit belongs to no step that does (algos empty).
+// Weights and bias in the activations' type, their gradients in f32.
+struct KernelItem {
+  KernelItem(const KernelSite& s, int64_t m, Backend& backend)
+      : site(s), p(s.problem.with_batch(m)), w_shape(p.weight_shape()),
+        w_desc{w_shape, Layout::kPlain, p.x.dtype}, bias_desc{{p.k, 1, 1, 1}, Layout::kPlain,
+                                                             p.x.dtype} {
+    const size_t tensors = p.x.bytes() + p.y.bytes() + w_desc.bytes() + bias_desc.bytes() +
+                           (w_shape.elements() + p.k) * sizeof(float);
+    const size_t free = free_device_bytes(backend);
+    if (tensors + kAllocationSlack > free) return;
+    algos = backend.conv_algorithms(site.kind, p, sums_over_micro_batches(site.kind));
+    std::erase_if(algos, [&](const ConvAlgoInfo& a) {
+      return tensors + a.workspace_bytes + kAllocationSlack > free;
+    });
+  }
+
+  // Every algorithm's time, as samples for each of `batches`.
+  std::vector<perfdb::KernelSample> measure(Backend& backend, const std::vector<int64_t>& batches,
+                                            const ProfileOptions& options) const {
+    size_t workspace = 0;
+    for (const ConvAlgoInfo& a : algos) workspace = std::max(workspace, a.workspace_bytes);
+    DeviceBlocks blocks(backend, std::string("profiling a ") + conv_kind_name(site.kind) +
+                                     " kernel at micro-batch " + std::to_string(p.x.shape.n));
+    const Tensor xt = blocks.tensor(p.x, 0.01f), yt = blocks.tensor(p.y, 0.01f);
+    const void* w = blocks.tensor(w_desc, 0.01f).data;
+    const void* bias = blocks.tensor(bias_desc, 0.0f).data;
+    float* dw = blocks.floats(w_shape.elements(), 0.0f);
+    float* dbias = blocks.floats(p.k, 0.0f);
+    void* ws = blocks.get(workspace);
+    std::vector<perfdb::KernelSample> samples;
+    for (const ConvAlgoInfo& a : algos) {
+      // BackwardFilter is timed as a later micro-batch, which adds to dW.
+      const float beta = sums_over_micro_batches(site.kind) ? 1.0f : 0.0f;
+      const Timing t = time_runs(backend, options.warmup, options.repeats, [&] {
+        switch (site.kind) {
+          case ConvKind::kForward:
+            backend.conv_forward(a.algo, p, xt, w, bias, yt, 0.0f, ws, workspace);
+            break;
+          case ConvKind::kBackwardData:
+            backend.conv_backward_data(a.algo, p, yt, w, xt, 0.0f, ws, workspace);
+            break;
+          case ConvKind::kBackwardFilter:
+            backend.conv_backward_filter(a.algo, p, xt, yt, dw, dbias, beta, ws, workspace);
+            break;
+        }
+      });
+      for (int64_t b : batches) {
+        samples.push_back({kernel_signature(site.kind, site.problem.with_batch(b)),
+                           {a.name, p.x.shape.n, t.median_ms, t.iqr_ms, a.workspace_bytes, 0}});
+      }
+    }
+    return samples;
+  }
+
+  const KernelSite& site;
+  ConvProblem p;  // at micro-batch m
+  Shape w_shape;
+  TensorDesc w_desc, bias_desc;
+  std::vector<ConvAlgoInfo> algos;  // those that fit; empty when the kernel does not
+};
 
 // One training step of `graph` at batch `b` under options.memory_policy,
 // as training runs it, less the gradient exchange (measured on its own):
@@ -174,74 +240,22 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       batches_of[m].push_back(b);
     }
   }
-  int64_t item = -1;
-  auto mine = [&] { return ++item % options.share_count == options.share_index; };
+  WorkTurns turns(options.peers);
 
   for (const KernelSite& site : kernel_sites(graph, backend)) {
     for (const auto& [m, batches] : batches_of) {
-      if (!mine()) continue;
-      const ConvProblem p = site.problem.with_batch(m);
-      // On a small device (device.memory_limit) only what fits is measured:
-      // an algorithm whose workspace does not fit cannot run there, and a
-      // kernel whose tensors do not fit belongs to no step that does.
-      // Weights and bias in the activations' type, their gradients in f32.
-      const Shape w_shape = p.weight_shape();
-      const TensorDesc w_desc{w_shape, Layout::kPlain, p.x.dtype};
-      const TensorDesc bias_desc{{p.k, 1, 1, 1}, Layout::kPlain, p.x.dtype};
-      const size_t tensors = p.x.bytes() + p.y.bytes() + w_desc.bytes() + bias_desc.bytes() +
-                             (w_shape.elements() + p.k) * sizeof(float);
-      const size_t free = free_device_bytes(backend);
-      if (tensors + kAllocationSlack > free) continue;
-      std::vector<ConvAlgoInfo> algos =
-          backend.conv_algorithms(site.kind, p, sums_over_micro_batches(site.kind));
-      std::erase_if(algos, [&](const ConvAlgoInfo& a) {
-        return tensors + a.workspace_bytes + kAllocationSlack > free;
-      });
-      if (algos.empty()) continue;
+      const KernelItem item(site, m, backend);
       bool cached = true;
       for (int64_t b : batches) {
         const perfdb::KernelSignature sig = kernel_signature(site.kind, site.problem.with_batch(b));
-        for (const ConvAlgoInfo& a : algos) {
+        for (const ConvAlgoInfo& a : item.algos) {
           cached = cached && db.find_kernel_measurement(device, sig, a.name, m).has_value();
         }
       }
-      if (cached) {
-        ++report.kernel_cached;
-        continue;
-      }
-      size_t workspace = 0;
-      for (const ConvAlgoInfo& a : algos) workspace = std::max(workspace, a.workspace_bytes);
-      DeviceBlocks blocks(backend, std::string("profiling a ") + conv_kind_name(site.kind) +
-                                       " kernel at micro-batch " + std::to_string(m));
-      const Tensor xt = blocks.tensor(p.x, 0.01f), yt = blocks.tensor(p.y, 0.01f);
-      const void* w = blocks.tensor(w_desc, 0.01f).data;
-      const void* bias = blocks.tensor(bias_desc, 0.0f).data;
-      float* dw = blocks.floats(w_shape.elements(), 0.0f);
-      float* dbias = blocks.floats(p.k, 0.0f);
-      void* ws = blocks.get(workspace);
-      std::vector<perfdb::KernelSample> samples;
-      for (const ConvAlgoInfo& a : algos) {
-        // BackwardFilter is timed as a later micro-batch, which adds to dW.
-        const float beta = sums_over_micro_batches(site.kind) ? 1.0f : 0.0f;
-        const Timing t = time_runs(backend, options.warmup, options.repeats, [&] {
-          switch (site.kind) {
-            case ConvKind::kForward:
-              backend.conv_forward(a.algo, p, xt, w, bias, yt, 0.0f, ws, workspace);
-              break;
-            case ConvKind::kBackwardData:
-              backend.conv_backward_data(a.algo, p, yt, w, xt, 0.0f, ws, workspace);
-              break;
-            case ConvKind::kBackwardFilter:
-              backend.conv_backward_filter(a.algo, p, xt, yt, dw, dbias, beta, ws, workspace);
-              break;
-          }
-        });
-        for (int64_t b : batches) {
-          samples.push_back({kernel_signature(site.kind, site.problem.with_batch(b)),
-                             {a.name, m, t.median_ms, t.iqr_ms, a.workspace_bytes, 0}});
-        }
-      }
-      db.record_kernel_measurements(device, samples);
+      const Turn turn = turns.take(!item.algos.empty(), cached);
+      if (turn == Turn::kCached) ++report.kernel_cached;
+      if (turn != Turn::kMeasure) continue;
+      db.record_kernel_measurements(device, item.measure(backend, batches, options));
       ++report.kernel_measured;
     }
   }
@@ -249,15 +263,16 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
   // Layer costs first: a per-tensor policy's step below plans with them.
   if (options.layer_costs) {
     const KernelTimingOptions timing{options.warmup, options.repeats, TimingStatistic::kMedian};
-    if (mine()) {
-      ++(profile_copy_bandwidth(backend, db, device, timing) ? report.copy_measured
-                                                             : report.copy_cached);
-    }
+    const Turn copy = turns.take(true, holds_copy_bandwidth(db, device));
+    if (copy == Turn::kMeasure) record_copy_bandwidth(backend, db, device, timing);
+    if (copy != Turn::kSkip) ++(copy == Turn::kMeasure ? report.copy_measured : report.copy_cached);
     for (int64_t b : options.batches) {
-      if (!mine()) continue;
+      const Turn turn = turns.take(true, holds_layer_costs(db, device, graph, b));
+      if (turn == Turn::kCached) ++report.layer_costs_cached;
+      if (turn != Turn::kMeasure) continue;
       try {
-        ++(profile_layer_costs(graph, backend, db, device, b, timing) ? report.layer_costs_measured
-                                                                     : report.layer_costs_cached);
+        record_layer_costs(graph, backend, db, device, b, timing);
+        ++report.layer_costs_measured;
       } catch (const memory::OutOfMemoryError&) {
         // Layer by layer needs less than a step; the step below says it too.
       }
@@ -268,12 +283,12 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
     const std::vector<perfdb::StepMeasurement> known =
         profiled_steps(db, device, graph.profile_key(), options.memory_policy, capacity);
     for (int64_t b : options.batches) {
-      if (!mine()) continue;
-      if (std::any_of(known.begin(), known.end(),
-                      [&](const perfdb::StepMeasurement& s) { return s.batch == b; })) {
-        ++report.step_cached;
-        continue;
-      }
+      const Turn turn = turns.take(true, std::any_of(known.begin(), known.end(),
+                                                     [&](const perfdb::StepMeasurement& s) {
+                                                       return s.batch == b;
+                                                     }));
+      if (turn == Turn::kCached) ++report.step_cached;
+      if (turn != Turn::kMeasure) continue;
       const std::optional<MeasuredStep> measured =
           measure_step(graph, backend, db, device, b, options);
       if (!measured) {

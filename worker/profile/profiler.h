@@ -15,6 +15,7 @@
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/graph.h"
+#include "worker/profile/profile_peers.h"
 
 namespace vtrain::worker {
 
@@ -35,10 +36,9 @@ struct ProfileOptions {
                                      // nothing) as the step made them
   memory::Policy memory_policy = memory::Policy::kNone;  // memory.policy the steps run (and
                                                         // are recorded) under
-  // This process's share when several identical devices on one host split
-  // the work: work item j is measured here iff j % share_count == share_index.
-  int share_index = 0;
-  int share_count = 1;
+  // The processes on this host that profile the same device, and how they
+  // share the work (profile_peers.h); alone by default.
+  ProfilePeers peers;
 };
 
 struct ProfileReport {

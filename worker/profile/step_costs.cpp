@@ -97,30 +97,33 @@ StepCostsLookup profiled_step_costs(perfdb::PerfDb& db, perfdb::DeviceId device,
   return lookup;
 }
 
-bool profile_copy_bandwidth(Backend& backend, perfdb::PerfDb& db, perfdb::DeviceId device,
-                            const KernelTimingOptions& timing) {
-  if (std::all_of(std::begin(kDirections), std::end(kDirections), [&](CopyDirection d) {
-        return db.find_copy_bandwidth(device, d).has_value();
-      })) {
-    return false;
-  }
+bool holds_copy_bandwidth(perfdb::PerfDb& db, perfdb::DeviceId device) {
+  return std::all_of(std::begin(kDirections), std::end(kDirections), [&](CopyDirection d) {
+    return db.find_copy_bandwidth(device, d).has_value();
+  });
+}
+
+void record_copy_bandwidth(Backend& backend, perfdb::PerfDb& db, perfdb::DeviceId device,
+                           const KernelTimingOptions& timing) {
   const CopyBandwidth b = measure_copy_bandwidth(backend, size_t{64} << 20,
                                                  std::max(timing.repeats, 1));
   const perfdb::CopyBandwidthMeasurement rows[] = {
       {CopyDirection::kToHost, b.bytes, b.to_host_bytes_per_second, 0},
       {CopyDirection::kToDevice, b.bytes, b.to_device_bytes_per_second, 0}};
   db.record_copy_bandwidth(device, rows);
-  return true;
 }
 
-bool profile_layer_costs(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
-                         perfdb::DeviceId device, int64_t batch,
-                         const KernelTimingOptions& timing) {
-  if (missing_layers(graph, rows_by_layer(db, device, graph, batch)).empty()) return false;
+bool holds_layer_costs(perfdb::PerfDb& db, perfdb::DeviceId device, const Graph& graph,
+                       int64_t batch) {
+  return missing_layers(graph, rows_by_layer(db, device, graph, batch)).empty();
+}
+
+void record_layer_costs(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
+                        perfdb::DeviceId device, int64_t batch,
+                        const KernelTimingOptions& timing) {
   const memory::StepCosts costs = measure_graph_step_costs(graph, backend, batch, {}, "auto",
                                                            timing);
   db.record_layer_measurements(device, graph.profile_key(), batch, layer_rows(graph, costs));
-  return true;
 }
 
 }  // namespace vtrain::worker

@@ -33,16 +33,21 @@ struct StepCostsLookup {
 StepCostsLookup profiled_step_costs(perfdb::PerfDb& db, perfdb::DeviceId device,
                                     const Graph& graph, int64_t batch);
 
-// Measures `backend`'s copy bandwidth into `db` unless it holds both
-// directions for `device`; returns whether it measured.
-bool profile_copy_bandwidth(Backend& backend, perfdb::PerfDb& db, perfdb::DeviceId device,
-                            const KernelTimingOptions& timing);
+// Whether `db` holds `device`'s copy bandwidth both ways.
+bool holds_copy_bandwidth(perfdb::PerfDb& db, perfdb::DeviceId device);
+// Measures `backend`'s copy bandwidth into `db`.
+void record_copy_bandwidth(Backend& backend, perfdb::PerfDb& db, perfdb::DeviceId device,
+                           const KernelTimingOptions& timing);
 
-// Measures every layer of `graph` and the loss at `batch` (conv layers with
-// their fastest algorithm, undivided) into `db` unless it holds all of
-// them; one transaction. Returns whether it measured.
-bool profile_layer_costs(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
-                         perfdb::DeviceId device, int64_t batch,
-                         const KernelTimingOptions& timing);
+// Whether `db` holds the time of every layer of `graph` and the loss at
+// `batch` on `device`.
+bool holds_layer_costs(perfdb::PerfDb& db, perfdb::DeviceId device, const Graph& graph,
+                       int64_t batch);
+// Measures every layer of `graph` and the loss at `batch`, each alone
+// (conv layers with their fastest algorithm, undivided), into `db`; one
+// transaction. memory::OutOfMemoryError when a layer does not fit.
+void record_layer_costs(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
+                        perfdb::DeviceId device, int64_t batch,
+                        const KernelTimingOptions& timing);
 
 }  // namespace vtrain::worker
