@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -84,6 +85,23 @@ NetworkOptions network_options(const JobShape& job, const TrainerOptions& option
   return net;
 }
 
+// A checkpoint's loss scale as words for the restore broadcast, exactly
+// (the scale in hexadecimal floating point); "-" for none.
+std::string loss_scale_words(const std::optional<LossScalerState>& s) {
+  if (!s) return " -";
+  return format(" %a %lld %lld", s->scale, static_cast<long long>(s->clean_steps),
+                static_cast<long long>(s->skipped_steps));
+}
+
+std::optional<LossScalerState> read_loss_scale(std::istream& in) {
+  std::string scale;
+  in >> scale;
+  if (scale == "-") return std::nullopt;
+  LossScalerState s{.scale = std::strtod(scale.c_str(), nullptr)};
+  in >> s.clean_steps >> s.skipped_steps;
+  return s;
+}
+
 LrSchedule schedule_for(const JobShape& job, const TrainerOptions& options) {
   LrSchedule schedule = options.schedule;
   schedule.steps_per_epoch = job.steps_per_epoch;
@@ -147,6 +165,7 @@ class Trainer {
   void switch_split(const SplitSwitch& to);
   void fit_network_to_batch();
   void restore();
+  void restore_loss_scale(const std::optional<LossScalerState>& saved, const std::string& path);
   bool epoch(int64_t epoch);
   StepTotals step(const std::vector<int64_t>& order, int64_t i);
   StepTotals compute(const std::vector<int64_t>& order, int64_t i);
@@ -295,7 +314,7 @@ void Trainer::restore() {
       velocity = std::move(ckpt.velocity);
       position = std::to_string(ckpt.step) + " " + std::to_string(ckpt.epoch) + " " +
                  std::to_string(ckpt.step_in_epoch) + " " +
-                 std::to_string(ckpt.world_size);
+                 std::to_string(ckpt.world_size) + loss_scale_words(ckpt.loss_scaler);
       change = resume_change(ckpt, job_.split);
     }
   }
@@ -310,12 +329,44 @@ void Trainer::restore() {
   net_->upload_parameters(params);
   net_->upload_buffers(buffers);
   sgd_.upload_velocity(velocity);
-  std::istringstream(position) >> at_.step >> at_.epoch >> at_.in_epoch >>
-      result_.resumed_world_size;
+  std::istringstream words(position);
+  words >> at_.step >> at_.epoch >> at_.in_epoch >> result_.resumed_world_size;
   result_.resumed_from = path;
   progress_.line(format("resumed from %s (step %lld, epoch %lld)%s%s", path.c_str(),
                         static_cast<long long>(at_.step), static_cast<long long>(at_.epoch + 1),
                         change.empty() ? "" : "; ", change.c_str()));
+  restore_loss_scale(read_loss_scale(words), path);
+}
+
+// Loss scaling goes on with the checkpoint's scale and counts, whatever the
+// precision that wrote it. A checkpoint without them (an older vtrain's, or
+// a run's without loss scaling) leaves the scale at its initial value; a
+// run without loss scaling has no use for them.
+void Trainer::restore_loss_scale(const std::optional<LossScalerState>& saved,
+                                 const std::string& path) {
+  if (!scaler_) {
+    if (saved) {
+      progress_.line(format("loss scaling: off in this run; the checkpoint's scale %g is not used",
+                            saved->scale));
+    }
+    return;
+  }
+  if (!saved) {
+    progress_.line(format("loss scaling: %s holds no loss scale (written by an older vtrain or "
+                          "by a run without loss scaling); starting at "
+                          "train.loss_scaling.initial %g",
+                          path.c_str(), scaler_->scale()));
+    return;
+  }
+  try {
+    scaler_->restore(*saved);
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(path + ": " + e.what());
+  }
+  progress_.line(format("loss scaling: continuing at scale %g (%lld clean step(s) since its last "
+                        "change, %lld step(s) skipped so far)",
+                        saved->scale, static_cast<long long>(saved->clean_steps),
+                        static_cast<long long>(saved->skipped_steps)));
 }
 
 TrainResult Trainer::run() {
@@ -592,6 +643,7 @@ void Trainer::checkpoint(const Position& at) {
   ckpt.parameters = net_->download_parameters();
   ckpt.buffers = net_->download_buffers();
   ckpt.velocity = sgd_.download_velocity();
+  if (scaler_) ckpt.loss_scaler = scaler_->state();
   result_.last_checkpoint = save_checkpoint(options_.checkpoint_dir, ckpt, options_.checkpoint_keep);
   progress_.line("checkpoint: wrote " + result_.last_checkpoint);
 }
