@@ -16,6 +16,7 @@
 #include "common/text.h"
 #include "worker/engine/network.h"
 #include "worker/train/batch_gatherer.h"
+#include "worker/train/bucket_allreduce.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/gradient_buckets.h"
 #include "worker/train/job_shape.h"
@@ -78,7 +79,12 @@ NetworkOptions network_options(const JobShape& job, const TrainerOptions& option
   net.conv_workspace_bytes = options.conv_workspace_bytes;
   net.memory_policy = options.memory_policy;
   net.memory_planner = options.memory_planner;
-  net.optimizer_bytes_per_parameter = optimizer_allocated ? 0 : Sgd::kStateBytesPerParameter;
+  // The optimizer's state and the allreduce's staging buffer come after the network.
+  net.optimizer_bytes_per_parameter =
+      optimizer_allocated
+          ? 0
+          : Sgd::kStateBytesPerParameter +
+                staging_bytes_per_parameter(options.gradient_allreduce, job.ranks);
   if (Communicator* comm = options.batch_norm_comm; comm != nullptr && job.ranks > 1) {
     net.sum_over_ranks = [comm](std::vector<double>& values) { comm->allreduce_sum(values); };
   }
@@ -199,7 +205,7 @@ class Trainer {
   const LrSchedule schedule_;
   Progress progress_;
   MetricsFile metrics_;
-  const BucketPlan buckets_;
+  BucketAllreduce allreduce_;  // the gradient buckets
   Staging eval_stage_;
   BatchGatherer gatherer_;
   Rebalancer rebalancer_;
@@ -229,7 +235,8 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       progress_(leader() ? options.progress : Progress::Mode::kOff),
       metrics_(leader() && !options.metrics_path.empty() ? MetricsFile(options.metrics_path)
                                                          : MetricsFile()),
-      buckets_(plan_buckets(net_->param_ranges(), options.allreduce_bucket)),
+      allreduce_(backend, options.comm, plan_buckets(net_->param_ranges(), options.allreduce_bucket),
+                 wire_type(options.gradient_allreduce, graph.precision())),
       gatherer_(train_set, norm,
                 options.gather_ahead < 0
                     ? job_.my_batch * train_set.sample.per_sample() >= BatchGatherer::kMinPixels
@@ -285,10 +292,9 @@ void Trainer::install_bucket_hooks() {
   if (!parallel()) return;
   net_->on_gradients_ready = [this](const ParamRange& r) {
     const size_t index = static_cast<size_t>(&r - net_->param_ranges().data());
-    const int b = buckets_.launch_after[index];
+    const int b = allreduce_.plan().launch_after[index];
     if (b < 0) return;
-    comm_->allreduce_async(net_->gradients() + buckets_.buckets[b].offset,
-                           buckets_.buckets[b].count);
+    allreduce_.launch(b, net_->gradients());
     if (observer_) observer_->on_bucket_launched(step_event());
   };
 }
@@ -435,7 +441,7 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   StepTotals totals = job_.my_batch > 0 ? compute(order, i) : contribute_zero_gradients();
   if (observer_) observer_->on_compute_done(step_event(), seconds_since(start));
   const double compute_ms = parallel() ? backend_.end_compute_span_ms() : 0.0;
-  if (comm_) comm_->wait();
+  allreduce_.complete(net_->gradients());
   totals.stop = options_.stop_signal && options_.stop_signal->load() != 0;
   std::optional<SplitSwitch> to;
   if (parallel()) {
@@ -515,9 +521,7 @@ StepTotals Trainer::contribute_zero_gradients() {
   net_->train_without_samples();
   backend_.fill(Tensor{vector_desc(net_->parameter_count()), net_->gradients()}, 0.0f);
   if (parallel()) {
-    for (const Bucket& b : buckets_.buckets) {
-      comm_->allreduce_async(net_->gradients() + b.offset, b.count);
-    }
+    allreduce_.launch_all(net_->gradients());
   }
   return {};
 }
@@ -691,6 +695,7 @@ void Trainer::write_end_record() {
       .add("ranks", static_cast<int64_t>(job_.ranks))
       .add("allreduce_seconds", r.allreduce_seconds)
       .add("allreduce_exposed_seconds", r.allreduce_exposed_seconds)
+      .add("allreduce_type", common::dtype_name(allreduce_.wire()))
       .add("rebalances", r.rebalances)
       .add("skipped_steps", r.skipped_steps)
       .add("loss_scale", r.loss_scale);
