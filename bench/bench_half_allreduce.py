@@ -4,7 +4,7 @@ in bf16 (the mixed-precision issue's measurement of "gradients reduced in
 fp32 or in half with an fp32 accumulation").
 
     /usr/bin/python3 bench/bench_half_allreduce.py [--runs 3] [--ranks 2] [--vtrain PATH]
-        [--steps lenet=200,vgg-small=40] [--accuracy-steps 400]
+        [--steps lenet=200,vgg-small=40] [--accuracy-steps 937]
 
 For LeNet and vgg-small on Fashion-MNIST, batch 64, 1 thread per rank:
 alternating fp32 / half runs, medians of images/s and of the allreduce's
@@ -60,7 +60,7 @@ def main():
     p.add_argument("--vtrain", default=os.path.join(ROOT, "build", "vtrain"))
     p.add_argument("--steps", default="lenet=200,vgg-small=40",
                    help="timed steps per model, model=steps,...")
-    p.add_argument("--accuracy-steps", type=int, default=400)
+    p.add_argument("--accuracy-steps", type=int, default=937, help="937: one epoch")
     a = p.parse_args()
     steps = {k: int(v) for k, v in (item.split("=") for item in a.steps.split(","))}
     print(f"bf16, {a.ranks} ranks x 1 thread, batch 64, Fashion-MNIST; medians of {a.runs} "
