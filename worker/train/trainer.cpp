@@ -235,7 +235,8 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       progress_(leader() ? options.progress : Progress::Mode::kOff),
       metrics_(leader() && !options.metrics_path.empty() ? MetricsFile(options.metrics_path)
                                                          : MetricsFile()),
-      allreduce_(backend, options.comm, plan_buckets(net_->param_ranges(), options.allreduce_bucket),
+      allreduce_(backend, options.comm,
+                 plan_buckets(net_->param_ranges(), options.allreduce_bucket),
                  wire_type(options.gradient_allreduce, graph.precision())),
       gatherer_(train_set, norm,
                 options.gather_ahead < 0
