@@ -76,6 +76,10 @@ struct TrainConfig {
   // Dynamic loss scaling (worker/train/loss_scaler.h): mode auto | on | off
   // (auto: on under fp16), initial scale, growth_interval.
   worker::LossScalingSettings loss_scaling;
+  // fp32 | half: the type gradient buckets are allreduced in; half is the
+  // precision's half type, summed in f32 (worker/train/bucket_allreduce.h),
+  // and needs precision bf16 or fp16.
+  worker::GradientAllreduce gradient_allreduce = worker::GradientAllreduce::kFp32;
 };
 
 struct BalanceConfig {

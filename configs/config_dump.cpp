@@ -130,6 +130,8 @@ void emit_training(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "allreduce_bucket" << YAML::Value << format_size(train.allreduce_bucket);
   out << YAML::Key << "precision" << YAML::Value
       << common::name_of(common::kPrecisionNames, train.precision);
+  out << YAML::Key << "gradient_allreduce" << YAML::Value
+      << common::name_of(worker::kGradientAllreduceNames, train.gradient_allreduce);
   const worker::LossScalingSettings& l = train.loss_scaling;
   out << YAML::Key << "loss_scaling" << YAML::Value << YAML::Flow << YAML::BeginMap;
   out << YAML::Key << "mode" << YAML::Value << common::name_of(worker::kLossScalingModeNames, l.mode);

@@ -321,7 +321,7 @@ worker::LossScalingSettings read_loss_scaling(const Field& field) {
 TrainConfig read_train(const Field& field) {
   const Section section(field);
   section.allow({"batch", "epochs", "max_steps", "seed", "log_every", "evaluate",
-                 "allreduce_bucket", "precision", "loss_scaling"});
+                 "allreduce_bucket", "precision", "loss_scaling", "gradient_allreduce"});
   TrainConfig train;
   if (Field f = section["batch"]) train.batch = to_dimension(f, 1);
   if (Field f = section["epochs"]) train.epochs = to_int(f, at_least(1));
@@ -331,6 +331,15 @@ TrainConfig read_train(const Field& field) {
   if (Field f = section["evaluate"]) train.evaluate = to_bool(f);
   if (Field f = section["precision"]) train.precision = to_choice(f, common::kPrecisionNames);
   if (Field f = section["loss_scaling"]) train.loss_scaling = read_loss_scaling(f);
+  if (Field f = section["gradient_allreduce"]) {
+    train.gradient_allreduce = to_choice(f, worker::kGradientAllreduceNames);
+    if (train.gradient_allreduce == worker::GradientAllreduce::kHalf &&
+        !common::is_half(train.precision)) {
+      const std::string p = common::precision_name(train.precision);
+      f.fail("expected fp32 under train.precision " + p + " (half is the half type of " +
+             "train.precision bf16 or fp16)");
+    }
+  }
   if (Field f = section["allreduce_bucket"]) {
     train.allreduce_bucket = to_size(f);
     if (train.allreduce_bucket == 0) f.fail("expected a size > 0");

@@ -37,6 +37,7 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
   o.resume = cfg.checkpoint.resume == worker::ResumeSetting::kAuto;
   o.rebalance.settings = cfg.balance.rebalance;
   o.loss_scaling = cfg.train.loss_scaling;
+  o.gradient_allreduce = cfg.train.gradient_allreduce;
   return o;
 }
 

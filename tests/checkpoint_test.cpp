@@ -85,6 +85,7 @@ Checkpoint small_checkpoint(int64_t step = 7) {
   c.parameters = {1.0f, -2.5f, 0.125f};
   c.buffers = {0.5f, 4.0f};
   c.velocity = {0.0f, -0.0f, 3.0f};
+  c.loss_scaler = LossScalerState{.scale = 0x1p12, .clean_steps = 5, .skipped_steps = 9};
   return c;
 }
 
@@ -95,7 +96,8 @@ struct SmallLayout {
   static constexpr size_t kParameterCount = kSplitCount + 8 + 2 * 8;
   static constexpr size_t kBufferCount = kParameterCount + 8 + 3 * 4;
   static constexpr size_t kVelocityCount = kBufferCount + 8 + 2 * 4;
-  static constexpr size_t kSize = kVelocityCount + 8 + 3 * 4 + 4;
+  static constexpr size_t kLossScalerFlag = kVelocityCount + 8 + 3 * 4;
+  static constexpr size_t kSize = kLossScalerFlag + 4 + 3 * 8 + 4;
 };
 
 TEST(Checkpoint, RoundTripIsBitExact) {
@@ -117,6 +119,8 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   // More than one 1 MiB I/O chunk, so chunk boundaries are crossed.
   for (uint32_t i = 0; i < 300'000; ++i) c.buffers.push_back(std::bit_cast<float>(i * 2654435761u));
   c.velocity = {-0.0f, 1e-30f};
+  c.loss_scaler = LossScalerState{.scale = 0x1p-24, .clean_steps = -1,
+                                  .skipped_steps = std::numeric_limits<int64_t>::max()};
 
   const std::string path = save_checkpoint(dir.path("run"), c, 3);
   EXPECT_EQ(path, dir.path("run/ckpt-0000000123.vtc"));
@@ -133,6 +137,9 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   EXPECT_EQ(bits(back.parameters), bits(c.parameters));
   EXPECT_EQ(bits(back.buffers), bits(c.buffers));
   EXPECT_EQ(bits(back.velocity), bits(c.velocity));
+  EXPECT_EQ(back.loss_scaler, c.loss_scaler);
+  c.loss_scaler.reset();  // a run without loss scaling
+  EXPECT_EQ(load_checkpoint(save_checkpoint(dir.path("off"), c, 1)).loss_scaler, std::nullopt);
 }
 
 TEST(Checkpoint, FileIsTheDocumentedLittleEndianLayout) {
@@ -146,9 +153,10 @@ TEST(Checkpoint, FileIsTheDocumentedLittleEndianLayout) {
   c.split = {5, -6};
   c.parameters = {1.0f};
   c.velocity = {-2.0f};
+  c.loss_scaler = LossScalerState{.scale = 1024, .clean_steps = 3, .skipped_steps = 4};
 
   Bytes expected = {'V', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
-  put_le(expected, 2, 4);
+  put_le(expected, 3, 4);
   put_le(expected, 2, 8);
   expected.push_back('a');
   expected.push_back('b');
@@ -165,6 +173,10 @@ TEST(Checkpoint, FileIsTheDocumentedLittleEndianLayout) {
   put_le(expected, 0, 8);
   put_le(expected, 1, 8);
   put_le(expected, 0xC0000000, 4);
+  put_le(expected, 1, 4);                   // loss_scaler present
+  put_le(expected, 0x4090000000000000, 8);  // 1024.0 as a double
+  put_le(expected, 3, 8);
+  put_le(expected, 4, 8);
   put_le(expected, crc32_z(0, expected.data(), expected.size()), 4);
 
   EXPECT_EQ(read_bytes(save_checkpoint(dir.path(), c, 1)), expected);
@@ -243,7 +255,7 @@ TEST(Checkpoint, EveryFlippedByteIsReported) {
     };
     return in(0, 12) || in(SmallLayout::kSignatureLength, 8) ||
            in(SmallLayout::kSplitCount, 8) || in(SmallLayout::kParameterCount, 8) || in(SmallLayout::kBufferCount, 8) ||
-           in(SmallLayout::kVelocityCount, 8);
+           in(SmallLayout::kVelocityCount, 8) || in(SmallLayout::kLossScalerFlag, 4);
   };
   const std::string path = dir.path("flipped.vtc");
   for (size_t offset = 0; offset < file.size(); ++offset) {
@@ -275,7 +287,7 @@ TEST(Checkpoint, NewerVersionIsRefused) {
   fix_crc(file);
   write_bytes(path, file);
   EXPECT_EQ(checkpoint_error([&] { load_checkpoint(path); }),
-            path + ": version 9 is newer than this vtrain's 2");
+            path + ": version 9 is newer than this vtrain's 3");
 }
 
 // A version 1 file (written before the global sample position and the split
@@ -313,8 +325,36 @@ TEST(Checkpoint, VersionOneIsStillRead) {
   EXPECT_TRUE(c.buffers.empty());
   EXPECT_EQ(c.velocity, std::vector<float>{-2.0f});
   EXPECT_NO_THROW(check_checkpoint_resumable(c, path, 48, 42));
-  // Saved again, it is a version 2 file.
-  EXPECT_EQ(read_bytes(save_checkpoint(dir.path("again"), c, 1))[8], 2);
+  EXPECT_EQ(c.loss_scaler, std::nullopt);
+  // Saved again, it is a version 3 file.
+  EXPECT_EQ(read_bytes(save_checkpoint(dir.path("again"), c, 1))[8], 3);
+}
+
+// A version 2 file is a version 3 one without the loss_scaler field: it
+// loads with no loss scale (a resumed run then starts at the initial one).
+TEST(Checkpoint, VersionTwoIsStillReadWithoutALossScale) {
+  const TempDir dir;
+  Bytes file = read_bytes(save_checkpoint(dir.path(), small_checkpoint(), 1));
+  file.erase(file.begin() + SmallLayout::kLossScalerFlag, file.end() - 4);
+  store_le(file, 8, 2, 4);
+  fix_crc(file);
+  const std::string path = dir.path("v2.vtc");
+  write_bytes(path, file);
+  const Checkpoint c = load_checkpoint(path);
+  EXPECT_EQ(c.loss_scaler, std::nullopt);
+  EXPECT_EQ(c.velocity, small_checkpoint().velocity);
+  EXPECT_EQ(c.split, small_checkpoint().split);
+}
+
+TEST(Checkpoint, LossScalerFlagMustBeZeroOrOne) {
+  const TempDir dir;
+  const std::string path = save_checkpoint(dir.path(), small_checkpoint(), 1);
+  Bytes file = read_bytes(path);
+  store_le(file, SmallLayout::kLossScalerFlag, 2, 4);
+  fix_crc(file);
+  write_bytes(path, file);
+  EXPECT_EQ(checkpoint_error([&] { load_checkpoint(path); }),
+            path + ": field loss_scaler: flag must be 0 or 1, got 2");
 }
 
 TEST(Checkpoint, CorruptLengthIsCheckedBeforeAllocating) {

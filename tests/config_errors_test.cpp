@@ -31,7 +31,8 @@ TEST(ConfigErrorTest, UnknownTopLevelKey) {
 TEST(ConfigErrorTest, UnknownNestedKey) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: 3\n  bach: 3\n"),
             "t.yaml:7: train.bach: unknown key (allowed: batch, epochs, max_steps, seed, "
-            "log_every, evaluate, allreduce_bucket, precision, loss_scaling)");
+            "log_every, evaluate, allreduce_bucket, precision, loss_scaling, "
+            "gradient_allreduce)");
 }
 
 TEST(ConfigErrorTest, KeyOfAnotherDataKind) {
@@ -95,6 +96,16 @@ TEST(ConfigErrorTest, BadEnumValue) {
             "t.yaml:3: model.batch_norm: unknown value 'global' (allowed: sync, local)");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precision: half\n"),
             "t.yaml:6: train.precision: unknown value 'half' (allowed: fp32, tf32, bf16, fp16)");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  gradient_allreduce: bf16\n"),
+            "t.yaml:6: train.gradient_allreduce: unknown value 'bf16' (allowed: fp32, half)");
+  // half is the precision's half type: fp32 and tf32 have none.
+  for (const char* precision : {"fp32", "tf32"}) {
+    EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precision: " + precision +
+                       "\n  gradient_allreduce: half\n"),
+              std::string("t.yaml:7: train.gradient_allreduce: expected fp32 under "
+                          "train.precision ") +
+                  precision + " (half is the half type of train.precision bf16 or fp16)");
+  }
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  loss_scaling: {initial: 1000}\n"),
             "t.yaml:6: train.loss_scaling.initial: expected a power of two in [2^-24, 2^127] "
             "(scaling by one is exact)");
@@ -225,7 +236,7 @@ TEST(ConfigErrorTest, LayerProblems) {
 TEST(ConfigErrorTest, SetWithUnknownKey) {
   EXPECT_EQ(error_of(kMinimal, {"train.bogus=1"}),
             "--set train.bogus: unknown key (allowed: batch, epochs, max_steps, seed, log_every, "
-            "evaluate, allreduce_bucket, precision, loss_scaling)");
+            "evaluate, allreduce_bucket, precision, loss_scaling, gradient_allreduce)");
   EXPECT_EQ(
       error_of(kMinimal, {"bogus.x=1"}),
       "--set bogus: unknown key (allowed: model, data, train, optimizer, device, conv, output, "

@@ -330,7 +330,7 @@ TEST(ConfigTest, ToYamlReadsBackToTheSameConfig) {
     - {name: gap, type: pool, global: true}
     - {name: fc, type: fc, out: 10}
 data: {kind: synthetic, shape: [3, 8, 8], mean: [0.1, 0.2, 0.3], std: [1, 2, 3]}
-train: {batch: 16, seed: 7, evaluate: false, precision: bf16,
+train: {batch: 16, seed: 7, evaluate: false, precision: bf16, gradient_allreduce: half,
         loss_scaling: {mode: on, initial: 256, growth_interval: 50}}
 optimizer: {lr: 0.05, momentum: 0.9, weight_decay: 5e-4, schedule: cosine}
 device: {backend: cpu, memory_limit: 64MiB}
@@ -366,6 +366,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   EXPECT_EQ(b.train.loss_scaling.mode, worker::LossScalingMode::kOn);
   EXPECT_EQ(b.train.loss_scaling.initial, 256);
   EXPECT_EQ(b.train.loss_scaling.growth_interval, 50);
+  EXPECT_EQ(b.train.gradient_allreduce, worker::GradientAllreduce::kHalf);
   EXPECT_EQ(b.optimizer.lr, a.optimizer.lr);
   EXPECT_EQ(b.optimizer.weight_decay, a.optimizer.weight_decay);
   EXPECT_EQ(b.device.memory_limit, 64u << 20);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tests/backend_test_support.h"
+#include "tests/test_support.h"
 #include "worker/device/backend.h"
 
 namespace vtrain::worker {
@@ -183,6 +184,20 @@ TEST(CpuBackend, SoftmaxCrossEntropyLogitsMustBePlain) {
   EXPECT_THROW(cpu().softmax_cross_entropy(logits.tensor, static_cast<const int32_t*>(labels.get()),
                                            1.0f, nullptr),
                BackendError);
+}
+
+// The tensors of one element-wise call share one descriptor: a mismatch is
+// named, type by type, shape by shape, layout by layout.
+TEST(CpuBackend, MismatchedDescriptorsAreNamed) {
+  const DeviceTensor x(cpu(), desc({2, 16, 4, 4}, Layout::kPlain, DataType::kBF16));
+  const DeviceTensor y(cpu(), desc({2, 16, 4, 4}));
+  EXPECT_EQ(test_support::error_message<BackendError>(
+                [&] { cpu().relu_forward(x.tensor, y.tensor); }),
+            "cpu backend: relu_forward: x is bf16, y is f32");
+  const DeviceTensor dx(cpu(), desc({2, 16, 4, 5}, Layout::kBlocked8));
+  EXPECT_EQ(test_support::error_message<BackendError>(
+                [&] { cpu().relu_backward(y.tensor, y.tensor, dx.tensor); }),
+            "cpu backend: relu_backward: y is 2x16x4x4, dx is 2x16x4x5; y is plain, dx is nChw8c");
 }
 
 // ============================================== layouts, fill, transfers

@@ -60,7 +60,7 @@ class FakeComm final : public Communicator {
   explicit FakeComm(std::vector<std::string> others) : others_(std::move(others)) {}
   int rank() const override { return 0; }
   int size() const override { return static_cast<int>(others_.size()) + 1; }
-  void allreduce_async(float*, int64_t) override {}
+  void allreduce_async(void*, int64_t, common::DataType) override {}
   void wait() override {}
   double allreduce_seconds() const override { return 0; }
   double wait_seconds() const override { return 0; }

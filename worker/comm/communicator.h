@@ -2,7 +2,7 @@
 //
 // Gradient allreduces are asynchronous and ordered: allreduce_async() queues
 // a sum over all ranks in place, every rank must queue the same sequence of
-// (count) calls, and wait() blocks until all queued ones are done. The MPI
+// (count, type) calls, and wait() blocks until all queued ones are done. The MPI
 // implementation runs them on a communication thread so they overlap the
 // rest of backward; the NCCL implementation (CUDA builds) will run them on
 // its own stream. The small synchronous collectives must not be called while
@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "common/precision.h"
+
 namespace vtrain::worker {
 
 class Communicator {
@@ -22,8 +24,15 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // Sum over ranks, in place, of `count` floats of device memory.
-  virtual void allreduce_async(float* data, int64_t count) = 0;
+  // Sum over ranks, in place, of `count` elements of `type` in device
+  // memory. f32 sums in f32. The 16-bit types (a gradient bucket in the
+  // job's half type, train.gradient_allreduce: half) add each pair of
+  // partial sums in f32 and round the result once to the type
+  // (half_sum.h on MPI; NCCL's bf16/f16 sum on GPUs).
+  virtual void allreduce_async(void* data, int64_t count, common::DataType type) = 0;
+  void allreduce_async(float* data, int64_t count) {
+    allreduce_async(data, count, common::DataType::kF32);
+  }
   // Blocks until every queued allreduce has finished; rethrows its error.
   virtual void wait() = 0;
   // Seconds the allreduces took on the communication side, and seconds

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "worker/comm/communicator.h"
+#include "worker/comm/half_sum.h"
 #include "common/host_stream.h"
 
 namespace vtrain::worker {
@@ -19,6 +20,31 @@ void check(int rc, const char* what) {
     throw std::runtime_error(std::string("MPI ") + what + " failed: " + std::string(text, len));
   }
 }
+
+// The MPI_Op functions of the 16-bit sums (MPI_UINT16_T elements).
+void bf16_sum(void* in, void* inout, int* count, MPI_Datatype*) {
+  add_half_elements(in, inout, *count, common::DataType::kBF16);
+}
+void f16_sum(void* in, void* inout, int* count, MPI_Datatype*) {
+  add_half_elements(in, inout, *count, common::DataType::kF16);
+}
+
+// An MPI_Op of our own, freed with the communicator (unless MPI is gone).
+class HalfSumOp {
+ public:
+  explicit HalfSumOp(MPI_User_function* fn) { check(MPI_Op_create(fn, 1, &op_), "Op_create"); }
+  ~HalfSumOp() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Op_free(&op_);
+  }
+  HalfSumOp(const HalfSumOp&) = delete;
+  HalfSumOp& operator=(const HalfSumOp&) = delete;
+  MPI_Op get() const { return op_; }
+
+ private:
+  MPI_Op op_ = MPI_OP_NULL;
+};
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -42,16 +68,20 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void allreduce_async(float* data, int64_t count) override {
+  void allreduce_async(void* data, int64_t count, common::DataType type) override {
     if (size_ == 1) return;  // a sum over one rank is the identity
-    thread_.enqueue([this, data, count] {
+    thread_.enqueue([this, data, count, type] {
       const auto start = std::chrono::steady_clock::now();
+      const bool f32 = type == common::DataType::kF32;
+      const MPI_Datatype element = f32 ? MPI_FLOAT : MPI_UINT16_T;
+      const MPI_Op sum = f32 ? MPI_SUM
+                             : (type == common::DataType::kBF16 ? bf16_sum_ : f16_sum_).get();
       // MPI counts are int: reduce very large buffers in pieces.
       constexpr int64_t kChunk = int64_t{1} << 30;
       for (int64_t done = 0; done < count; done += kChunk) {
         const int n = static_cast<int>(std::min(kChunk, count - done));
-        check(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, comm_),
-              "Allreduce");
+        char* piece = static_cast<char*>(data) + done * common::element_bytes(type);
+        check(MPI_Allreduce(MPI_IN_PLACE, piece, n, element, sum, comm_), "Allreduce");
       }
       allreduce_seconds_ +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -121,6 +151,8 @@ class MpiCommunicator final : public Communicator {
   bool owned_;
   int rank_ = 0;
   int size_ = 1;
+  HalfSumOp bf16_sum_{bf16_sum};
+  HalfSumOp f16_sum_{f16_sum};
   common::HostStream thread_;  // the communication thread
   double allreduce_seconds_ = 0;  // written by the communication thread only
   double wait_seconds_ = 0;

@@ -49,6 +49,17 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// NCCL's element type for ours (its bf16 and f16 sums round each pairwise sum
+// to the type, as half_sum.h does).
+ncclDataType_t nccl_type(common::DataType type) {
+  switch (type) {
+    case common::DataType::kF32: return ncclFloat;
+    case common::DataType::kBF16: return ncclBfloat16;
+    case common::DataType::kF16: return ncclFloat16;
+  }
+  return ncclFloat;
+}
+
 class NcclCommunicator final : public Communicator {
  public:
   explicit NcclCommunicator(Backend& backend)
@@ -94,9 +105,10 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void allreduce_async(float* data, int64_t count) override {
+  void allreduce_async(void* data, int64_t count, common::DataType type) override {
     if (count == 0) return;  // (one rank runs NCCL too: vtrain uses MPI there, tests do not)
-    const std::string what = "allreduce of " + std::to_string(count) + " floats";
+    const std::string what =
+        "allreduce of " + std::to_string(count) + " " + common::dtype_name(type) + " elements";
     // Start after the gradients queued so far on the compute stream.
     VTRAIN_CUDA_CHECK(cudaEventRecord(ready_.get(), streams_.compute), what);
     VTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0), what);
@@ -105,8 +117,8 @@ class NcclCommunicator final : public Communicator {
     }
     const Timing& t = timings_[pending_];
     VTRAIN_CUDA_CHECK(cudaEventRecord(t.begin.get(), stream_.get()), what);
-    VTRAIN_CUDA_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat, ncclSum,
-                                    comm_, stream_.get()),
+    VTRAIN_CUDA_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(type),
+                                    ncclSum, comm_, stream_.get()),
                       what);
     VTRAIN_CUDA_CHECK(cudaEventRecord(t.end.get(), stream_.get()), what);
     ++pending_;

@@ -37,6 +37,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/conv_kind.h"
@@ -73,6 +74,11 @@ void check_beta(const char* backend, const char* op, float beta);  // beta is 0 
 // The tensors of one call share an element type.
 void check_same_dtype(const char* backend, const char* op,
                       std::initializer_list<TensorDesc> tensors);
+// The named tensors of one call have one descriptor; else the message
+// names what differs, e.g. "cpu backend: relu_forward: x is bf16, y is f32"
+// (element type, shape and layout, each difference named).
+void check_same_desc(const char* backend, const char* op,
+                     std::initializer_list<std::pair<const char*, TensorDesc>> tensors);
 // concat_backward's slice: dx fits dy at `channel_offset` (same n, h, w).
 void check_concat_slice(const Shape& dy, int64_t channel_offset, const Shape& dx);
 

@@ -39,6 +39,36 @@ void check_same_dtype(const char* backend, const char* op,
   }
 }
 
+namespace {
+
+// How `b` differs from `a`: "x is bf16, y is f32; x is 2x3x4x4, y is ..."
+std::string desc_difference(const char* a_name, const TensorDesc& a, const char* b_name,
+                            const TensorDesc& b) {
+  std::string text;
+  const auto differ = [&](const std::string& of_a, const std::string& of_b) {
+    if (of_a == of_b) return;
+    text += std::string(text.empty() ? "" : "; ") + a_name + " is " + of_a + ", " + b_name +
+            " is " + of_b;
+  };
+  differ(dtype_name(a.dtype), dtype_name(b.dtype));
+  differ(a.shape.str(), b.shape.str());
+  differ(layout_name(a.layout), layout_name(b.layout));
+  return text;
+}
+
+}  // namespace
+
+void check_same_desc(const char* backend, const char* op,
+                     std::initializer_list<std::pair<const char*, TensorDesc>> tensors) {
+  const auto& [first_name, first] = *tensors.begin();
+  for (const auto& [name, desc] : tensors) {
+    if (!(desc == first)) {
+      throw BackendError(std::string(backend) + ": " + op + ": " +
+                         desc_difference(first_name, first, name, desc));
+    }
+  }
+}
+
 void check_beta(const char* backend, const char* op, float beta) {
   if (beta != 0.0f && beta != 1.0f) {
     throw BackendError(std::string(backend) + ": " + op + ": beta must be 0 or 1, got " +

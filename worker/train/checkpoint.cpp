@@ -23,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr std::array<uint8_t, 8> kMagic = {'V', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
-constexpr uint32_t kVersion = 2;  // 2 added epoch_sample and split
+constexpr uint32_t kVersion = 3;  // 2 added epoch_sample and split, 3 loss_scaler
 constexpr size_t kHeaderBytes = kMagic.size() + 4;  // magic, version
 constexpr size_t kTrailerBytes = 4;                 // CRC-32
 constexpr int64_t kMaxStep = 9'999'999'999;         // the most 10 digits hold
@@ -174,6 +174,7 @@ class ChunkReader {
     crc_ = crc32_z(crc_, out, n);
   }
 
+  uint32_t u32(const char* field) { return static_cast<uint32_t>(fixed(field, 4)); }
   uint64_t u64(const char* field) { return fixed(field, 8); }
   int64_t i64(const char* field) { return static_cast<int64_t>(fixed(field, 8)); }
 
@@ -333,6 +334,12 @@ void write_checkpoint(int fd, const std::string& path, const Checkpoint& ckpt) {
   out.floats(ckpt.parameters);
   out.floats(ckpt.buffers);
   out.floats(ckpt.velocity);
+  out.u32(ckpt.loss_scaler ? 1 : 0);
+  if (const auto& s = ckpt.loss_scaler) {
+    out.u64(std::bit_cast<uint64_t>(s->scale));
+    out.i64(s->clean_steps);
+    out.i64(s->skipped_steps);
+  }
   out.finish();
 }
 
@@ -368,6 +375,20 @@ void prune_checkpoints(const std::string& dir, const fs::path& written, int keep
     throw CheckpointError(written.string() +
                           " was saved, but old checkpoints could not be removed" + failures);
   }
+}
+
+// Version 3's loss_scaler field: a flag, then the state if it is 1.
+std::optional<LossScalerState> read_loss_scaler(ChunkReader& in) {
+  const uint32_t present = in.u32("loss_scaler");
+  if (present > 1) {
+    throw in.error("field loss_scaler: flag must be 0 or 1, got " + std::to_string(present));
+  }
+  if (present == 0) return std::nullopt;
+  LossScalerState state;
+  state.scale = std::bit_cast<double>(in.u64("loss_scaler.scale"));
+  state.clean_steps = in.i64("loss_scaler.clean_steps");
+  state.skipped_steps = in.i64("loss_scaler.skipped_steps");
+  return state;
 }
 
 }  // namespace
@@ -461,6 +482,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   ckpt.parameters = in.floats("parameters");
   ckpt.buffers = in.floats("buffers");
   ckpt.velocity = in.floats("velocity");
+  if (version >= 3) ckpt.loss_scaler = read_loss_scaler(in);
   if (in.remaining() != 0) {
     throw in.error(std::to_string(in.remaining()) +
                    " bytes of trailing garbage after the last field");

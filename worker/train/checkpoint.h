@@ -1,11 +1,13 @@
 // Checkpoints: the model, optimizer state and data position, written so a
 // crash never leaves a torn file, and validated on load.
 //
-// File format (version 2, little-endian): magic "VTRAINCK", u32 version,
+// File format (version 3, little-endian): magic "VTRAINCK", u32 version,
 // the fields of Checkpoint in order (strings and arrays length-prefixed with
-// u64), then a CRC-32 (zlib) of every byte before it. Version 1 files, which
-// lack epoch_sample and split, are still read. Files are named
-// ckpt-<step, 10 digits>.vtc inside the checkpoint directory.
+// u64; loss_scaler as a u32 0 or 1, then if 1 the scale as the bits of an
+// IEEE-754 double and the two counts as i64), then a CRC-32 (zlib) of every
+// byte before it. Version 1 files, which lack epoch_sample and split, and
+// version 1 and 2 files, which lack loss_scaler, are still read. Files are
+// named ckpt-<step, 10 digits>.vtc inside the checkpoint directory.
 //
 // Elastic resume: a checkpoint holds nothing that depends on how many ranks
 // wrote it (the model, the optimizer state and a global data position), so
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "common/name_table.h"
+#include "worker/train/loss_scaler.h"
 
 namespace vtrain::worker {
 
@@ -53,6 +56,10 @@ struct Checkpoint {
   std::vector<float> parameters;  // Network::download_parameters()
   std::vector<float> buffers;     // Network::download_buffers()
   std::vector<float> velocity;    // Sgd::download_velocity()
+  // Dynamic loss scaling's state when the run that wrote it scaled its
+  // loss; nullopt without loss scaling and from version 1 and 2 files. It
+  // does not depend on the precision: any run with loss scaling continues it.
+  std::optional<LossScalerState> loss_scaler;
 };
 
 // Writes `ckpt` as DIR/ckpt-<step>.vtc: a temporary file in DIR, fsync,
@@ -75,7 +82,7 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 // Reads and validates a checkpoint: magic, version, lengths against the file
 // size, CRC. Throws CheckpointError naming the file and the problem
 // ("truncated", "CRC mismatch", "not a vtrain checkpoint", "version 9 is
-// newer than this vtrain's 2").
+// newer than this vtrain's 3").
 Checkpoint load_checkpoint(const std::string& path);
 
 // Throws CheckpointError naming `path` when `ckpt` does not belong to a

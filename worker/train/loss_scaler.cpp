@@ -32,6 +32,19 @@ LossScaler::LossScaler(double initial, int64_t growth_interval)
   }
 }
 
+void LossScaler::restore(const LossScalerState& state) {
+  if (!valid_initial(state.scale) || state.clean_steps < 0 || state.skipped_steps < 0) {
+    throw std::invalid_argument(
+        "loss scaling: a saved state needs a power-of-two scale in [2^-24, 2^127] and counts "
+        ">= 0, got scale " + std::to_string(state.scale) + ", " +
+        std::to_string(state.clean_steps) + " clean and " + std::to_string(state.skipped_steps) +
+        " skipped steps");
+  }
+  scale_ = state.scale;
+  clean_ = state.clean_steps;
+  skipped_ = state.skipped_steps;
+}
+
 bool LossScaler::after_step(bool gradients_finite) {
   if (!gradients_finite) {
     ++skipped_;

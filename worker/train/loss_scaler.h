@@ -30,6 +30,15 @@ struct LossScalingSettings {
   int64_t growth_interval = 2000;  // clean steps in a row before the scale doubles
 };
 
+// A scaler's state, as a checkpoint keeps it, so that a resumed run goes on
+// with the scale it had.
+struct LossScalerState {
+  double scale = 0;           // the scale of the next step
+  int64_t clean_steps = 0;    // finite steps since the last overflow or growth
+  int64_t skipped_steps = 0;  // overflowed steps so far
+  bool operator==(const LossScalerState&) const = default;
+};
+
 class LossScaler {
  public:
   // Whether `initial` can start a scaler: a power of two in [2^-24, 2^127].
@@ -44,6 +53,12 @@ class LossScaler {
   // skip it. Either way the scale is then adjusted for the next step.
   bool after_step(bool gradients_finite);
   int64_t skipped_steps() const { return skipped_; }  // after_step(false) calls
+
+  LossScalerState state() const { return {scale_, clean_, skipped_}; }
+  // Continues from `state` (a checkpoint's; the growth interval stays this
+  // scaler's). Throws std::invalid_argument unless its scale could start a
+  // scaler and its counts are >= 0.
+  void restore(const LossScalerState& state);
 
  private:
   double scale_;

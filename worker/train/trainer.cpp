@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "common/text.h"
 #include "worker/engine/network.h"
 #include "worker/train/batch_gatherer.h"
+#include "worker/train/bucket_allreduce.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/gradient_buckets.h"
 #include "worker/train/job_shape.h"
@@ -77,11 +79,33 @@ NetworkOptions network_options(const JobShape& job, const TrainerOptions& option
   net.conv_workspace_bytes = options.conv_workspace_bytes;
   net.memory_policy = options.memory_policy;
   net.memory_planner = options.memory_planner;
-  net.optimizer_bytes_per_parameter = optimizer_allocated ? 0 : Sgd::kStateBytesPerParameter;
+  // The optimizer's state and the allreduce's staging buffer come after the network.
+  net.optimizer_bytes_per_parameter =
+      optimizer_allocated
+          ? 0
+          : Sgd::kStateBytesPerParameter +
+                staging_bytes_per_parameter(options.gradient_allreduce, job.ranks);
   if (Communicator* comm = options.batch_norm_comm; comm != nullptr && job.ranks > 1) {
     net.sum_over_ranks = [comm](std::vector<double>& values) { comm->allreduce_sum(values); };
   }
   return net;
+}
+
+// A checkpoint's loss scale as words for the restore broadcast, exactly
+// (the scale in hexadecimal floating point); "-" for none.
+std::string loss_scale_words(const std::optional<LossScalerState>& s) {
+  if (!s) return " -";
+  return format(" %a %lld %lld", s->scale, static_cast<long long>(s->clean_steps),
+                static_cast<long long>(s->skipped_steps));
+}
+
+std::optional<LossScalerState> read_loss_scale(std::istream& in) {
+  std::string scale;
+  in >> scale;
+  if (scale == "-") return std::nullopt;
+  LossScalerState s{.scale = std::strtod(scale.c_str(), nullptr)};
+  in >> s.clean_steps >> s.skipped_steps;
+  return s;
 }
 
 LrSchedule schedule_for(const JobShape& job, const TrainerOptions& options) {
@@ -147,6 +171,7 @@ class Trainer {
   void switch_split(const SplitSwitch& to);
   void fit_network_to_batch();
   void restore();
+  void restore_loss_scale(const std::optional<LossScalerState>& saved, const std::string& path);
   bool epoch(int64_t epoch);
   StepTotals step(const std::vector<int64_t>& order, int64_t i);
   StepTotals compute(const std::vector<int64_t>& order, int64_t i);
@@ -180,7 +205,7 @@ class Trainer {
   const LrSchedule schedule_;
   Progress progress_;
   MetricsFile metrics_;
-  const BucketPlan buckets_;
+  BucketAllreduce allreduce_;  // the gradient buckets
   Staging eval_stage_;
   BatchGatherer gatherer_;
   Rebalancer rebalancer_;
@@ -210,7 +235,9 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       progress_(leader() ? options.progress : Progress::Mode::kOff),
       metrics_(leader() && !options.metrics_path.empty() ? MetricsFile(options.metrics_path)
                                                          : MetricsFile()),
-      buckets_(plan_buckets(net_->param_ranges(), options.allreduce_bucket)),
+      allreduce_(backend, options.comm,
+                 plan_buckets(net_->param_ranges(), options.allreduce_bucket),
+                 wire_type(options.gradient_allreduce, graph.precision())),
       gatherer_(train_set, norm,
                 options.gather_ahead < 0
                     ? job_.my_batch * train_set.sample.per_sample() >= BatchGatherer::kMinPixels
@@ -266,10 +293,9 @@ void Trainer::install_bucket_hooks() {
   if (!parallel()) return;
   net_->on_gradients_ready = [this](const ParamRange& r) {
     const size_t index = static_cast<size_t>(&r - net_->param_ranges().data());
-    const int b = buckets_.launch_after[index];
+    const int b = allreduce_.plan().launch_after[index];
     if (b < 0) return;
-    comm_->allreduce_async(net_->gradients() + buckets_.buckets[b].offset,
-                           buckets_.buckets[b].count);
+    allreduce_.launch(b, net_->gradients());
     if (observer_) observer_->on_bucket_launched(step_event());
   };
 }
@@ -295,7 +321,7 @@ void Trainer::restore() {
       velocity = std::move(ckpt.velocity);
       position = std::to_string(ckpt.step) + " " + std::to_string(ckpt.epoch) + " " +
                  std::to_string(ckpt.step_in_epoch) + " " +
-                 std::to_string(ckpt.world_size);
+                 std::to_string(ckpt.world_size) + loss_scale_words(ckpt.loss_scaler);
       change = resume_change(ckpt, job_.split);
     }
   }
@@ -310,12 +336,44 @@ void Trainer::restore() {
   net_->upload_parameters(params);
   net_->upload_buffers(buffers);
   sgd_.upload_velocity(velocity);
-  std::istringstream(position) >> at_.step >> at_.epoch >> at_.in_epoch >>
-      result_.resumed_world_size;
+  std::istringstream words(position);
+  words >> at_.step >> at_.epoch >> at_.in_epoch >> result_.resumed_world_size;
   result_.resumed_from = path;
   progress_.line(format("resumed from %s (step %lld, epoch %lld)%s%s", path.c_str(),
                         static_cast<long long>(at_.step), static_cast<long long>(at_.epoch + 1),
                         change.empty() ? "" : "; ", change.c_str()));
+  restore_loss_scale(read_loss_scale(words), path);
+}
+
+// Loss scaling goes on with the checkpoint's scale and counts, whatever the
+// precision that wrote it. A checkpoint without them (an older vtrain's, or
+// a run's without loss scaling) leaves the scale at its initial value; a
+// run without loss scaling has no use for them.
+void Trainer::restore_loss_scale(const std::optional<LossScalerState>& saved,
+                                 const std::string& path) {
+  if (!scaler_) {
+    if (saved) {
+      progress_.line(format("loss scaling: off in this run; the checkpoint's scale %g is not used",
+                            saved->scale));
+    }
+    return;
+  }
+  if (!saved) {
+    progress_.line(format("loss scaling: %s holds no loss scale (written by an older vtrain or "
+                          "by a run without loss scaling); starting at "
+                          "train.loss_scaling.initial %g",
+                          path.c_str(), scaler_->scale()));
+    return;
+  }
+  try {
+    scaler_->restore(*saved);
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(path + ": " + e.what());
+  }
+  progress_.line(format("loss scaling: continuing at scale %g (%lld clean step(s) since its last "
+                        "change, %lld step(s) skipped so far)",
+                        saved->scale, static_cast<long long>(saved->clean_steps),
+                        static_cast<long long>(saved->skipped_steps)));
 }
 
 TrainResult Trainer::run() {
@@ -384,7 +442,7 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   StepTotals totals = job_.my_batch > 0 ? compute(order, i) : contribute_zero_gradients();
   if (observer_) observer_->on_compute_done(step_event(), seconds_since(start));
   const double compute_ms = parallel() ? backend_.end_compute_span_ms() : 0.0;
-  if (comm_) comm_->wait();
+  allreduce_.complete(net_->gradients());
   totals.stop = options_.stop_signal && options_.stop_signal->load() != 0;
   std::optional<SplitSwitch> to;
   if (parallel()) {
@@ -464,9 +522,7 @@ StepTotals Trainer::contribute_zero_gradients() {
   net_->train_without_samples();
   backend_.fill(Tensor{vector_desc(net_->parameter_count()), net_->gradients()}, 0.0f);
   if (parallel()) {
-    for (const Bucket& b : buckets_.buckets) {
-      comm_->allreduce_async(net_->gradients() + b.offset, b.count);
-    }
+    allreduce_.launch_all(net_->gradients());
   }
   return {};
 }
@@ -592,6 +648,7 @@ void Trainer::checkpoint(const Position& at) {
   ckpt.parameters = net_->download_parameters();
   ckpt.buffers = net_->download_buffers();
   ckpt.velocity = sgd_.download_velocity();
+  if (scaler_) ckpt.loss_scaler = scaler_->state();
   result_.last_checkpoint = save_checkpoint(options_.checkpoint_dir, ckpt, options_.checkpoint_keep);
   progress_.line("checkpoint: wrote " + result_.last_checkpoint);
 }
@@ -639,6 +696,7 @@ void Trainer::write_end_record() {
       .add("ranks", static_cast<int64_t>(job_.ranks))
       .add("allreduce_seconds", r.allreduce_seconds)
       .add("allreduce_exposed_seconds", r.allreduce_exposed_seconds)
+      .add("allreduce_type", common::dtype_name(allreduce_.wire()))
       .add("rebalances", r.rebalances)
       .add("skipped_steps", r.skipped_steps)
       .add("loss_scale", r.loss_scale);

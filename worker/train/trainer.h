@@ -14,6 +14,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/data/data.h"
 #include "worker/engine/graph.h"
+#include "worker/train/bucket_allreduce.h"
 #include "worker/train/loss_scaler.h"
 #include "worker/train/metrics.h"
 #include "worker/train/rebalancer.h"
@@ -67,6 +68,9 @@ struct TrainerOptions {
   Communicator* comm = nullptr;  // null: a single process
   std::vector<int64_t> split;    // per-rank batch sizes; empty = balancer::even_split(B, ranks)
   uint64_t allreduce_bucket = 4 << 20;  // gradient bytes per allreduce
+  // train.gradient_allreduce: buckets travel in f32, or in the job's half
+  // type with f32 accumulation (bucket_allreduce.h; half needs bf16 or fp16).
+  GradientAllreduce gradient_allreduce = GradientAllreduce::kFp32;
   // Online re-balancing of the split (rebalancer.h); without profiles on
   // rank 0 the split stays, but every rank's compute time per step is still
   // shared and recorded in the metrics' step records.

@@ -143,10 +143,14 @@ struct ConvPlan {
 };
 
 
-// check_beta and check_same_dtype (backend.h) for this backend.
+// check_beta, check_same_dtype and check_same_desc (backend.h) for this backend.
 inline void check_beta(const char* op, float beta) { worker::check_beta("cpu backend", op, beta); }
 inline void check_same_dtype(const char* op, std::initializer_list<TensorDesc> tensors) {
   worker::check_same_dtype("cpu backend", op, tensors);
+}
+inline void check_same_desc(const char* op,
+                            std::initializer_list<std::pair<const char*, TensorDesc>> tensors) {
+  worker::check_same_desc("cpu backend", op, tensors);
 }
 
 class CpuBackend final : public Backend {

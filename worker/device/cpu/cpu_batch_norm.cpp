@@ -60,7 +60,7 @@ void CpuBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
                                              const float* scale_shift, float* save_mean,
                                              float* save_var, float* running_mean,
                                              float* running_var, float momentum, float eps) {
-  if (!(x.desc == y.desc)) throw BackendError("batch_norm_forward_training: x and y differ");
+  check_same_desc("batch_norm_forward_training", {{"x", x.desc}, {"y", y.desc}});
   const int64_t c = x.shape().c;
   try {
     const auto& pd = bn_fwd_pd(x.desc, eps, true);
@@ -86,7 +86,7 @@ void CpuBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
 void CpuBackend::batch_norm_forward_inference(const Tensor& x, const Tensor& y,
                                               const float* scale_shift, const float* running_mean,
                                               const float* running_var, float eps) {
-  if (!(x.desc == y.desc)) throw BackendError("batch_norm_forward_inference: x and y differ");
+  check_same_desc("batch_norm_forward_inference", {{"x", x.desc}, {"y", y.desc}});
   try {
     const auto& pd = bn_fwd_pd(x.desc, eps, false);
     execute(dnnl::batch_normalization_forward(pd),

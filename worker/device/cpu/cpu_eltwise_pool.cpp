@@ -38,7 +38,7 @@ size_t CpuBackend::relu_scratch_bytes(const TensorDesc& x) {
 }
 
 void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
-  if (!(x.desc == y.desc)) throw BackendError("relu_forward: x and y descriptors differ");
+  check_same_desc("relu_forward", {{"x", x.desc}, {"y", y.desc}});
   try {
     const auto& pd = relu_fwd_pd(x.desc);
     execute(dnnl::eltwise_forward(pd),
@@ -50,9 +50,7 @@ void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
 }
 
 void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
-  if (!(y.desc == dy.desc) || !(dy.desc == dx.desc)) {
-    throw BackendError("relu_backward: y, dy and dx descriptors must match");
-  }
+  check_same_desc("relu_backward", {{"y", y.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
   try {
     const auto& pd = relu_bwd_pd(y.desc);
     execute(dnnl::eltwise_backward(pd),

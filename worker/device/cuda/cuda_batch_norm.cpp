@@ -11,7 +11,8 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
                                               const float* scale_shift, float* save_mean,
                                               float* save_var, float* running_mean,
                                               float* running_var, float momentum, float eps) {
-  if (!(x.desc == y.desc)) throw BackendError("batch_norm_forward_training: x and y differ");
+  check_same_desc("cuda backend", "batch_norm_forward_training",
+                  {{"x", x.desc}, {"y", y.desc}});
   require_plain("batch_norm_forward_training", x.desc);
   const int64_t c = x.shape().c;
   const std::string what = "batch_norm_forward_training " + x.shape().str();
@@ -31,7 +32,8 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
 void CudaBackend::batch_norm_forward_inference(const Tensor& x, const Tensor& y,
                                                const float* scale_shift, const float* running_mean,
                                                const float* running_var, float eps) {
-  if (!(x.desc == y.desc)) throw BackendError("batch_norm_forward_inference: x and y differ");
+  check_same_desc("cuda backend", "batch_norm_forward_inference",
+                  {{"x", x.desc}, {"y", y.desc}});
   require_plain("batch_norm_forward_inference", x.desc);
   const int64_t c = x.shape().c;
   const float one = 1.0f, zero = 0.0f;

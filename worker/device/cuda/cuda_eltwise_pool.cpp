@@ -6,7 +6,7 @@ namespace vtrain::worker::cuda {
 // ----------------------------------------------------------------- eltwise
 
 void CudaBackend::relu_forward(const Tensor& x, const Tensor& y) {
-  if (!(x.desc == y.desc)) throw BackendError("relu_forward: x and y descriptors differ");
+  check_same_desc("cuda backend", "relu_forward", {{"x", x.desc}, {"y", y.desc}});
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t d = storage_desc(x.desc);  // relu(0) = 0 keeps padding zero
   VTRAIN_CUDA_CHECK(
@@ -15,9 +15,8 @@ void CudaBackend::relu_forward(const Tensor& x, const Tensor& y) {
 }
 
 void CudaBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
-  if (!(y.desc == dy.desc) || !(dy.desc == dx.desc)) {
-    throw BackendError("relu_backward: y, dy and dx descriptors must match");
-  }
+  check_same_desc("cuda backend", "relu_backward",
+                  {{"y", y.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t d = storage_desc(y.desc);
   // y stands in for x: y > 0 exactly where x > 0. dx may alias dy (cuDNN

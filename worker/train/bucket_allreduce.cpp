@@ -1,0 +1,79 @@
+#include "worker/train/bucket_allreduce.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace vtrain::worker {
+namespace {
+
+int64_t gradient_count(const BucketPlan& plan) {
+  int64_t count = 0;
+  for (const Bucket& b : plan.buckets) count = std::max(count, b.offset + b.count);
+  return count;
+}
+
+}  // namespace
+
+common::DataType wire_type(GradientAllreduce type, common::Precision precision) {
+  if (type == GradientAllreduce::kFp32) return common::DataType::kF32;
+  if (!common::is_half(precision)) {
+    throw std::invalid_argument(
+        std::string("train.gradient_allreduce: half needs a half train.precision (bf16 or "
+                    "fp16), got ") + common::precision_name(precision));
+  }
+  return common::storage_type(precision);
+}
+
+size_t staging_bytes_per_parameter(GradientAllreduce type, int ranks) {
+  return type == GradientAllreduce::kHalf && ranks > 1 ? 2 : 0;
+}
+
+BucketAllreduce::BucketAllreduce(Backend& backend, Communicator* comm, BucketPlan plan,
+                                 common::DataType wire)
+    : backend_(backend), comm_(comm), plan_(std::move(plan)), wire_(wire) {
+  if (wire_ != common::DataType::kF32 && comm_ != nullptr && comm_->size() > 1) {
+    const int64_t count = std::max<int64_t>(gradient_count(plan_), 1);
+    staging_ = backend_.allocate_device(static_cast<size_t>(count) * element_bytes(wire_));
+  }
+}
+
+BucketAllreduce::~BucketAllreduce() {
+  if (staging_ != nullptr) backend_.free_device(staging_);
+}
+
+void BucketAllreduce::launch(int b, float* gradients) {
+  const Bucket& bucket = plan_.buckets[static_cast<size_t>(b)];
+  float* sums = gradients + bucket.offset;
+  launched_.push_back(b);
+  if (staging_ == nullptr || bucket.count == 0) {
+    comm_->allreduce_async(sums, bucket.count);
+    return;
+  }
+  void* staged = static_cast<char*>(staging_) + bucket.offset * element_bytes(wire_);
+  backend_.convert(Tensor{vector_desc(bucket.count), sums},
+                   Tensor{vector_desc(bucket.count, wire_), staged});
+  comm_->allreduce_async(staged, bucket.count, wire_);
+}
+
+void BucketAllreduce::launch_all(float* gradients) {
+  for (int b = 0; b < static_cast<int>(plan_.buckets.size()); ++b) launch(b, gradients);
+}
+
+void BucketAllreduce::complete(float* gradients) {
+  if (comm_ == nullptr) return;
+  comm_->wait();
+  if (staging_ != nullptr) {
+    for (int b : launched_) {
+      const Bucket& bucket = plan_.buckets[static_cast<size_t>(b)];
+      if (bucket.count == 0) continue;
+      void* staged = static_cast<char*>(staging_) + bucket.offset * element_bytes(wire_);
+      backend_.convert(Tensor{vector_desc(bucket.count, wire_), staged},
+                       Tensor{vector_desc(bucket.count), gradients + bucket.offset});
+    }
+  }
+  launched_.clear();
+}
+
+}  // namespace vtrain::worker
