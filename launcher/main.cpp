@@ -125,21 +125,32 @@ Config load(const CliArgs& cli) {
 
 // Under a per-tensor memory.policy, the plan training would run: the
 // network built on this device for the largest rank batch (the batch check
-// counts), its costs measured in place. A capacity no plan fits throws the
+// counts), its costs from the perf DB when it holds them for this device
+// and batch, else measured in place. A capacity no plan fits throws the
 // planner's OutOfMemoryError (the tensor, the least capacity).
 void print_memory_plan(const Config& cfg, const worker::Graph& graph) {
   if (!memory::plans_per_tensor(cfg.memory.policy)) return;
   const int64_t batch = largest_rank_batch(cfg, 1);
   auto backend = worker::make_backend(backend_options(cfg));
-  const worker::Network network(graph, *backend, network_options(cfg, batch));
+  worker::NetworkOptions options = network_options(cfg, batch);
+  std::string note;
+  std::optional<memory::StepCosts> costs =
+      profiled_memory_costs(cfg, graph, backend->device_info(), batch, &note);
+  if (costs) options.memory_costs = std::move(*costs);
+  const worker::Network network(graph, *backend, options);
   const memory::MemoryPlan* plan = network.memory_plan();
   if (plan == nullptr) {
     throw std::logic_error(std::string("memory.policy ") + memory::policy_name(cfg.memory.policy) +
                            ": the network made no per-tensor plan");
   }
-  std::printf("memory: batch %lld on %s, capacity %s\n%s", static_cast<long long>(batch),
-              backend->device_info().name.c_str(),
+  std::printf("memory: batch %lld on %s, capacity %s; costs %s\n%s",
+              static_cast<long long>(batch), backend->device_info().name.c_str(),
               common::format_bytes_fixed(network.memory_stats().capacity).c_str(),
+              options.memory_costs.forward_seconds.empty()
+                  ? ("measured in place, each layer alone" +
+                     (note.empty() ? std::string() : " (" + note + ")"))
+                        .c_str()
+                  : ("profiled in " + cfg.profile.db).c_str(),
               memory::plan_report(network.memory_model(), *plan).c_str());
 }
 
@@ -231,6 +242,19 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   std::fflush(stdout);
 
   worker::TrainerOptions options = trainer_options(cfg);
+  options.memory_costs_at = [&cfg, &graph, info = backend->device_info(),
+                             rank = comm.rank()](int64_t batch) {
+    std::string note;
+    std::optional<memory::StepCosts> costs = profiled_memory_costs(cfg, graph, info, batch, &note);
+    if (rank == 0 && memory::plans_per_tensor(cfg.memory.policy)) {
+      std::printf("memory: planning batch %lld with %s\n", static_cast<long long>(batch),
+                  costs ? ("the costs profiled in " + cfg.profile.db).c_str()
+                        : ("costs measured in place, each layer alone" +
+                           (note.empty() ? std::string() : " (" + note + ")"))
+                              .c_str());
+    }
+    return costs;
+  };
   options.trace_path = cli.trace;
   options.comm = gradient_comm.get();
   options.batch_norm_comm = batch_norm_comm.get();

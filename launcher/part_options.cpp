@@ -1,6 +1,10 @@
 #include "launcher/part_options.h"
 
+#include <filesystem>
+
+#include "perfdb/perf_db.h"
 #include "worker/engine/optimizer.h"
+#include "worker/profile/step_costs.h"
 
 namespace vtrain::launcher {
 
@@ -49,6 +53,32 @@ worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_ba
   o.memory_planner = cfg.memory.planner;
   o.optimizer_bytes_per_parameter = worker::Sgd::kStateBytesPerParameter;
   return o;
+}
+
+std::optional<memory::StepCosts> profiled_memory_costs(const config::Config& cfg,
+                                                       const worker::Graph& graph,
+                                                       const worker::DeviceInfo& info,
+                                                       int64_t batch, std::string* note) {
+  if (!memory::plans_per_tensor(cfg.memory.policy)) return std::nullopt;
+  if (cfg.profile.db.empty() || !std::filesystem::is_regular_file(cfg.profile.db)) {
+    return std::nullopt;
+  }
+  try {
+    perfdb::PerfDb db(cfg.profile.db, {.mode = perfdb::OpenMode::kReadOnly});
+    const perfdb::Device device = worker::perfdb_device(info);
+    for (const perfdb::DeviceRecord& r : db.find_devices(info.name)) {
+      const perfdb::Device& d = r.device;
+      if (d.backend != device.backend || d.memory_bytes != device.memory_bytes ||
+          d.library_version != device.library_version || d.threads != device.threads ||
+          d.host != device.host) {
+        continue;
+      }
+      return worker::profiled_step_costs(db, r.id, graph, batch).costs;
+    }
+  } catch (const perfdb::PerfDbError& e) {
+    if (note) *note = e.what();
+  }
+  return std::nullopt;
 }
 
 worker::ProfileOptions profile_options(const config::Config& cfg) {

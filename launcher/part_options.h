@@ -3,6 +3,10 @@
 // run time (the communicator, the split, a plan, signals) the caller adds.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <string>
+
 #include "balancer/batch_split.h"
 #include "configs/config.h"
 #include "worker/device/backend.h"
@@ -24,6 +28,18 @@ worker::TrainerOptions trainer_options(const config::Config& cfg);
 // conv.algorithm, memory.policy and memory.planner, room left for the
 // optimizer's state (training's Sgd). What `vtrain check` plans with.
 worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch);
+
+// Under a per-tensor memory.policy, the simulator's costs of `graph` at
+// `batch` on the device `info` describes, when profile.db exists and holds
+// them all (vtrain profile and balance.split: auto record them: the calls
+// of the step the profiler timed, else each layer alone); nullopt
+// otherwise, and the network measures them in place, each layer alone.
+// The file is only read; one it cannot read as a current perf DB gives
+// nullopt and says why in `note`.
+std::optional<memory::StepCosts> profiled_memory_costs(const config::Config& cfg,
+                                                       const worker::Graph& graph,
+                                                       const worker::DeviceInfo& info,
+                                                       int64_t batch, std::string* note = nullptr);
 
 // profile.* and memory.policy; batches is profile.batches (the caller
 // chooses when it is empty).

@@ -1,11 +1,13 @@
 // `vtrain check` under a per-tensor memory.policy (auto, memonger,
-// superneurons, tflms): it builds the network training would, measures the
-// step's costs in place, and prints the plan (per tensor kept, offloaded or
+// superneurons, tflms): it builds the network training would, with the
+// step's costs from the perf DB's profile of the device or measured in
+// place, and prints the plan (per tensor kept, offloaded or
 // recomputed; the predicted step time and peak), or fails naming the tensor
 // that does not fit and the least capacity that would. Run as users run it.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <regex>
 #include <string>
 
@@ -123,6 +125,27 @@ TEST_F(CheckPlan, AnImpossibleLimitNamesATensorAndTheLeastCapacity) {
   const double least = bytes_after(r.output, "the least capacity auto finds a plan for is ");
   EXPECT_GT(least, 0.6 * keep_all_) << r.output;
   EXPECT_EQ(r.output.find("effective config"), std::string::npos) << r.output;
+}
+
+// With a perf DB that holds this device's profile at the batch, check
+// plans with its costs (`vtrain profile` records them, the calls as its
+// step made them); without the file it measures them in place and creates
+// nothing.
+TEST_F(CheckPlan, PlansWithTheProfiledCostsWhenThePerfDbHoldsThem) {
+  const std::string db = dir_.path("perf.db");
+  const std::string args = config_ + " --set memory.policy=auto --set device.memory_limit=" +
+                           std::to_string(kRoomy) + " --set profile.db=" + db;
+  const RunResult before = run_vtrain("check " + args);
+  ASSERT_EQ(before.exit_code, 0) << before.output;
+  EXPECT_CONTAINS(before.output, "; costs measured in place, each layer alone");
+  EXPECT_FALSE(std::filesystem::exists(db));
+  const RunResult profiled =
+      run_vtrain("profile " + args + " --set profile.batches=[16] --set profile.repeats=1");
+  ASSERT_EQ(profiled.exit_code, 0) << profiled.output;
+  const RunResult after = run_vtrain("check " + args);
+  ASSERT_EQ(after.exit_code, 0) << after.output;
+  EXPECT_CONTAINS(after.output, "; costs profiled in " + db);
+  EXPECT_CONTAINS(after.output, "memory plan: auto (");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <utility>
 
@@ -341,6 +342,18 @@ memory::StepCosts measure_graph_step_costs(const Graph& graph, Backend& backend,
   return measure_step_costs(graph, layers, out_desc, backend, n, bandwidth, timing);
 }
 
+TimingBatch timing_batch(const Graph& graph, int64_t n) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  TimingBatch batch;
+  batch.images.resize(static_cast<size_t>(graph.output_shape(graph.input_index()).per_sample() * n));
+  for (float& v : batch.images) v = normal(rng);
+  for (int64_t i = 0; i < n; ++i) {
+    batch.labels.push_back(static_cast<int32_t>(i % graph.classes()));
+  }
+  return batch;
+}
+
 memory::StepCosts median_call_times(const std::vector<memory::StepCosts>& steps) {
   if (steps.empty()) throw std::invalid_argument("median_call_times: no steps");
   const size_t layers = steps.front().forward_seconds.size();
@@ -369,11 +382,9 @@ memory::StepCosts measure_costs_in_steps(Network& net, int64_t n, int steps,
                                          const CopyBandwidth& bandwidth) {
   if (steps < 1) throw std::invalid_argument("measure_costs_in_steps: steps must be >= 1");
   Backend& backend = net.backend();
-  const Tensor input = net.input(n);
-  const std::vector<float> images(static_cast<size_t>(input.shape().elements()), 0.1f);
-  const std::vector<int32_t> labels(static_cast<size_t>(n), 0);
-  backend.upload(images.data(), input);
-  backend.upload_labels(labels.data(), net.labels(), n);
+  const TimingBatch batch = timing_batch(net.graph(), n);
+  backend.upload(batch.images.data(), net.input(n));
+  backend.upload_labels(batch.labels.data(), net.labels(), n);
   const float scale = 1.0f / static_cast<float>(n);
   net.train_step(n, scale);  // untimed: first touches, lazily made primitives
   std::vector<memory::StepCosts> times;

@@ -157,13 +157,12 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
   // buffers conv.algorithm auto timed its candidates in.
   backend.reset_peak();
   const Tensor input = net->input(b);
-  const std::vector<float> images(static_cast<size_t>(input.shape().elements()), 0.1f);
-  const std::vector<int32_t> labels(static_cast<size_t>(b), 0);
+  const TimingBatch batch = timing_batch(graph, b);
   std::vector<memory::StepCosts> calls;
   net->record_call_times(&calls);
   const Timing t = time_runs(backend, options.warmup, options.repeats, [&] {
-    backend.upload(images.data(), input);
-    backend.upload_labels(labels.data(), net->labels(), b);
+    backend.upload(batch.images.data(), input);
+    backend.upload_labels(batch.labels.data(), net->labels(), b);
     net->train_step(b, 1.0f / static_cast<float>(b));
     sgd.step(net->parameters(), net->gradients(), 0.0f);
   });

@@ -79,6 +79,9 @@ NetworkOptions network_options(const JobShape& job, const TrainerOptions& option
   net.conv_workspace_bytes = options.conv_workspace_bytes;
   net.memory_policy = options.memory_policy;
   net.memory_planner = options.memory_planner;
+  if (options.memory_costs_at) {
+    if (auto costs = options.memory_costs_at(net.max_batch)) net.memory_costs = std::move(*costs);
+  }
   // The optimizer's state and the allreduce's staging buffer come after the network.
   net.optimizer_bytes_per_parameter =
       optimizer_allocated
