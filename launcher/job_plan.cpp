@@ -180,9 +180,14 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
 }  // namespace
 
 ProfileGroup profile_group(worker::Communicator& comm, const worker::DeviceInfo& info) {
+  // CPU processes on one cpuset share its cores whatever their memory
+  // limits (each records under its own perf DB device); GPUs split the
+  // items of one perf DB device, so theirs must be the same.
+  const bool cpu = info.backend == "cpu";
   const auto same_device = [&](const worker::DeviceInfo& other) {
     return other.host == info.host && other.name == info.name && other.backend == info.backend &&
-           other.library_version == info.library_version && other.threads == info.threads;
+           other.library_version == info.library_version && other.threads == info.threads &&
+           (cpu || other.memory_bytes == info.memory_bytes);
   };
   const std::vector<worker::DeviceInfo> all = worker::gather_device_infos(comm, info);
   ProfileGroup group;
@@ -195,7 +200,7 @@ ProfileGroup profile_group(worker::Communicator& comm, const worker::DeviceInfo&
     ++group.peers.count;
   }
   group.peers.count = std::max(group.peers.count, 1);
-  group.peers.together = info.backend == "cpu" && group.peers.count > 1;
+  group.peers.together = cpu && group.peers.count > 1;
   if (comm.size() > 1) {
     // Every rank takes part in the split, also one in a group of one.
     std::unique_ptr<worker::Communicator> members = worker::make_mpi_subcommunicator(first);
