@@ -322,7 +322,8 @@ beside the config; share one file between all nodes):
     own in training), with its peak device memory.
 Measurements the DB already has for this device and library version are not
 taken again. Under mpirun every rank profiles its own device; ranks with
-identical devices on one host split the work.
+identical GPUs on one host split the work, and CPU ranks sharing a host's
+cores measure every item together (each under the contention training meets).
 )";
   }
   if (topic == "balance") {
