@@ -5,10 +5,10 @@ Three ranks under an Open MPI rankfile: rank 0 has a core to itself, ranks
 1 and 2 share the other (they profile together, so their profile is the
 shared core's under the contention training meets). With --speeds 3, rank 2
 runs under `nice -n 5`, so when both compete it gets about a quarter of the
-shared core and rank 1 three quarters, and it is registered as a device of
-its own (a device.memory_limit of 23 GiB, which is part of a device's
-identity), so the perf DB keeps its slower profile apart, as it would a
-slower GPU's. Every rank profiles into one perf
+shared core and rank 1 three quarters. (Not a true third speed for the
+balancer: ranks 1 and 2 are one device to the perf DB, same CPU and
+cpuset, so they share one profile and the balancer cannot give the niced
+rank less.) Every rank profiles into one perf
 DB; then training runs alternate between the splits and the script prints,
 per split, the median measured step time, images/s, and the throughput as
 a percentage of the ideal bound (the plan's ideal_step_ms: every device's
@@ -107,8 +107,6 @@ def main():
         ranks = [[command, args.config] + common + splits[name][1] + extra for _ in range(3)]
         if name in ("excluded", "joint"):
             ranks[0] += limit
-        if args.speeds == 3:
-            ranks[2] += ["--set", "device.memory_limit=23GiB"]
         return ranks
 
     who = "rank 0 alone on cpu 0, ranks 1 and 2 sharing cpu 1"

@@ -149,22 +149,31 @@ struct Profiled {
   memory::StepCosts costs;
 };
 
+// The layers' costs and the copy bandwidth on this device at the bench's
+// batch: timed in the steps of a network that keeps everything, or with
+// --isolated each layer alone.
+memory::StepCosts measured_costs(worker::Backend& backend, const worker::Graph& graph,
+                                 const Settings& s) {
+  const worker::CopyBandwidth bandwidth = worker::measure_copy_bandwidth(backend);
+  if (s.isolated) {
+    return worker::measure_graph_step_costs(graph, backend, s.batch, bandwidth, s.algorithm);
+  }
+  worker::NetworkOptions o;
+  o.max_batch = s.batch;
+  o.conv_algorithm = s.algorithm;
+  o.memory_policy = memory::Policy::kNone;
+  worker::Network net(graph, backend, o);
+  net.init_parameters(1);
+  return worker::measure_costs_in_steps(net, s.batch, s.steps, bandwidth);
+}
+
 Profiled profile(worker::Backend& backend, const worker::Graph& graph, const Settings& s) {
   worker::NetworkOptions o;
   o.max_batch = s.batch;
   o.conv_algorithm = s.algorithm;
   o.memory_policy = memory::Policy::kAll;
   memory::MemoryModel model = worker::Network(graph, backend, o).memory_model();
-  const worker::CopyBandwidth bandwidth = worker::measure_copy_bandwidth(backend);
-  if (s.isolated) {
-    return {std::move(model), worker::measure_graph_step_costs(graph, backend, s.batch, bandwidth,
-                                                               s.algorithm)};
-  }
-  // Timed in the steps of a network that keeps everything.
-  o.memory_policy = memory::Policy::kNone;
-  worker::Network net(graph, backend, o);
-  net.init_parameters(1);
-  return {std::move(model), worker::measure_costs_in_steps(net, s.batch, s.steps, bandwidth)};
+  return {std::move(model), measured_costs(backend, graph, s)};
 }
 
 struct Measured {
@@ -247,7 +256,7 @@ std::string plan_key(const memory::MemoryPlan& plan) {
 }
 
 // Each distinct plan's measured step and its simulated one: s.rounds
-// rounds, each timing the layers in steps afresh (as profile() does) and
+// rounds, each timing the layers afresh (measured_costs) and
 // then running every plan in turn (the order rotating); the plan's schedule
 // is simulated under the round's costs. Per plan the median of the rounds,
 // so the machine's drift falls alike on the prediction and the measurement.
@@ -262,7 +271,7 @@ std::vector<PlanTimes> measure_plans(worker::Backend& backend, const worker::Gra
   std::vector<std::vector<double>> measured(plans.size()), simulated(plans.size());
   std::vector<PlanTimes> out(plans.size());
   for (int round = 0; round < s.rounds; ++round) {
-    const memory::StepCosts costs = round == 0 ? p.costs : profile(backend, graph, s).costs;
+    const memory::StepCosts costs = round == 0 ? p.costs : measured_costs(backend, graph, s);
     for (size_t k = 0; k < plans.size(); ++k) {
       const size_t j = (k + static_cast<size_t>(round)) % plans.size();
       out[j].measured = measure(backend, graph, s, *plans[j], costs);

@@ -180,14 +180,12 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
 }  // namespace
 
 ProfileGroup profile_group(worker::Communicator& comm, const worker::DeviceInfo& info) {
-  // CPU processes on one cpuset share its cores whatever their memory
-  // limits (each records under its own perf DB device); GPUs split the
-  // items of one perf DB device, so theirs must be the same.
+  // One perf DB device (its identity leaves the memory limit out): CPU
+  // processes of one cpuset, which share its cores, or identical GPUs.
   const bool cpu = info.backend == "cpu";
   const auto same_device = [&](const worker::DeviceInfo& other) {
     return other.host == info.host && other.name == info.name && other.backend == info.backend &&
-           other.library_version == info.library_version && other.threads == info.threads &&
-           (cpu || other.memory_bytes == info.memory_bytes);
+           other.library_version == info.library_version && other.threads == info.threads;
   };
   const std::vector<worker::DeviceInfo> all = worker::gather_device_infos(comm, info);
   ProfileGroup group;

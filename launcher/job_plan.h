@@ -16,10 +16,9 @@
 
 namespace vtrain::launcher {
 
-// The ranks whose devices are identical and on one host profile as a group
-// (worker::ProfilePeers): CPU processes on one cpuset, which share its
-// cores, measure every item together (whatever their memory limits); GPUs
-// of one perf DB device (memory included) split the items. `comm` carries the
+// The ranks whose devices are one perf DB device on one host profile as a
+// group (worker::ProfilePeers): CPU processes on one cpuset, which share
+// its cores, measure every item together; identical GPUs split the items. `comm` carries the
 // group's agreement on each item (null for a group of one). Collective.
 struct ProfileGroup {
   std::unique_ptr<worker::Communicator> comm;

@@ -133,10 +133,8 @@ void print_memory_plan(const Config& cfg, const worker::Graph& graph) {
   const int64_t batch = largest_rank_batch(cfg, 1);
   auto backend = worker::make_backend(backend_options(cfg));
   worker::NetworkOptions options = network_options(cfg, batch);
-  std::string note;
-  std::optional<memory::StepCosts> costs =
-      profiled_memory_costs(cfg, graph, backend->device_info(), batch, &note);
-  if (costs) options.memory_costs = std::move(*costs);
+  PlanningCosts costs = planning_costs(cfg, graph, backend->device_info(), batch);
+  if (costs.costs) options.memory_costs = std::move(*costs.costs);
   const worker::Network network(graph, *backend, options);
   const memory::MemoryPlan* plan = network.memory_plan();
   if (plan == nullptr) {
@@ -146,12 +144,7 @@ void print_memory_plan(const Config& cfg, const worker::Graph& graph) {
   std::printf("memory: batch %lld on %s, capacity %s; costs %s\n%s",
               static_cast<long long>(batch), backend->device_info().name.c_str(),
               common::format_bytes_fixed(network.memory_stats().capacity).c_str(),
-              options.memory_costs.forward_seconds.empty()
-                  ? ("measured in place, each layer alone" +
-                     (note.empty() ? std::string() : " (" + note + ")"))
-                        .c_str()
-                  : ("profiled in " + cfg.profile.db).c_str(),
-              memory::plan_report(network.memory_model(), *plan).c_str());
+              costs.source.c_str(), memory::plan_report(network.memory_model(), *plan).c_str());
 }
 
 int run_check(const CliArgs& cli) {
@@ -244,16 +237,12 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   worker::TrainerOptions options = trainer_options(cfg);
   options.memory_costs_at = [&cfg, &graph, info = backend->device_info(),
                              rank = comm.rank()](int64_t batch) {
-    std::string note;
-    std::optional<memory::StepCosts> costs = profiled_memory_costs(cfg, graph, info, batch, &note);
+    PlanningCosts costs = planning_costs(cfg, graph, info, batch);
     if (rank == 0 && memory::plans_per_tensor(cfg.memory.policy)) {
-      std::printf("memory: planning batch %lld with %s\n", static_cast<long long>(batch),
-                  costs ? ("the costs profiled in " + cfg.profile.db).c_str()
-                        : ("costs measured in place, each layer alone" +
-                           (note.empty() ? std::string() : " (" + note + ")"))
-                              .c_str());
+      std::printf("memory: planning batch %lld with costs %s\n", static_cast<long long>(batch),
+                  costs.source.c_str());
     }
-    return costs;
+    return costs.costs;
   };
   options.trace_path = cli.trace;
   options.comm = gradient_comm.get();

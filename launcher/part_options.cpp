@@ -55,30 +55,23 @@ worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_ba
   return o;
 }
 
-std::optional<memory::StepCosts> profiled_memory_costs(const config::Config& cfg,
-                                                       const worker::Graph& graph,
-                                                       const worker::DeviceInfo& info,
-                                                       int64_t batch, std::string* note) {
-  if (!memory::plans_per_tensor(cfg.memory.policy)) return std::nullopt;
-  if (cfg.profile.db.empty() || !std::filesystem::is_regular_file(cfg.profile.db)) {
-    return std::nullopt;
+PlanningCosts planning_costs(const config::Config& cfg, const worker::Graph& graph,
+                             const worker::DeviceInfo& info, int64_t batch) {
+  PlanningCosts found{std::nullopt, "measured in place, each layer alone"};
+  if (!memory::plans_per_tensor(cfg.memory.policy) || cfg.profile.db.empty() ||
+      !std::filesystem::is_regular_file(cfg.profile.db)) {
+    return found;
   }
   try {
     perfdb::PerfDb db(cfg.profile.db, {.mode = perfdb::OpenMode::kReadOnly});
-    const perfdb::Device device = worker::perfdb_device(info);
-    for (const perfdb::DeviceRecord& r : db.find_devices(info.name)) {
-      const perfdb::Device& d = r.device;
-      if (d.backend != device.backend || d.memory_bytes != device.memory_bytes ||
-          d.library_version != device.library_version || d.threads != device.threads ||
-          d.host != device.host) {
-        continue;
-      }
-      return worker::profiled_step_costs(db, r.id, graph, batch).costs;
+    if (const auto device = db.find_device(worker::perfdb_device(info))) {
+      found.costs = worker::profiled_step_costs(db, *device, graph, batch).costs;
     }
   } catch (const perfdb::PerfDbError& e) {
-    if (note) *note = e.what();
+    found.source += std::string(" (") + e.what() + ")";
   }
-  return std::nullopt;
+  if (found.costs) found.source = "profiled in " + cfg.profile.db;
+  return found;
 }
 
 worker::ProfileOptions profile_options(const config::Config& cfg) {

@@ -34,12 +34,15 @@ worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_ba
 // them all (vtrain profile and balance.split: auto record them: the calls
 // of the step the profiler timed, else each layer alone); nullopt
 // otherwise, and the network measures them in place, each layer alone.
-// The file is only read; one it cannot read as a current perf DB gives
-// nullopt and says why in `note`.
-std::optional<memory::StepCosts> profiled_memory_costs(const config::Config& cfg,
-                                                       const worker::Graph& graph,
-                                                       const worker::DeviceInfo& info,
-                                                       int64_t batch, std::string* note = nullptr);
+// `source` says which, for the log ("profiled in perf.db", "measured in
+// place, each layer alone" with why when the file could not be read as a
+// current perf DB). The file is only read.
+struct PlanningCosts {
+  std::optional<memory::StepCosts> costs;
+  std::string source;
+};
+PlanningCosts planning_costs(const config::Config& cfg, const worker::Graph& graph,
+                             const worker::DeviceInfo& info, int64_t batch);
 
 // profile.* and memory.policy; batches is profile.batches (the caller
 // chooses when it is empty).

@@ -152,6 +152,23 @@ PerfDb& PerfDb::operator=(PerfDb&&) noexcept = default;
 
 const std::string& PerfDb::path() const { return impl_->path(); }
 
+namespace {
+
+// A device's identity (everything but memory_bytes) as ?1..?5.
+void bind_identity(Statement& s, const Device& device) {
+  s.bind(1, std::string_view(device.name));
+  s.bind(2, std::string_view(device.backend));
+  s.bind(3, std::string_view(device.library_version));
+  s.bind(4, int64_t{device.threads});
+  s.bind(5, std::string_view(device.host));
+}
+
+constexpr const char* kSelectDeviceId =
+    "SELECT id FROM devices WHERE name = ?1 AND backend = ?2 AND library_version = ?3 AND "
+    "threads = ?4 AND host = ?5";
+
+}  // namespace
+
 DeviceId PerfDb::upsert_device(const Device& device) {
   impl_->begin("upsert device");
   if (device.name.empty() || device.backend.empty()) {
@@ -162,29 +179,30 @@ DeviceId PerfDb::upsert_device(const Device& device) {
   }
   if (device.threads < 1) impl_->invalid("threads must be >= 1, got " + std::to_string(device.threads));
   return impl_->transact(Txn::kWrite, [&] {
-    auto bind_identity = [&](Statement& s) {
-      s.bind(1, std::string_view(device.name));
-      s.bind(2, std::string_view(device.backend));
-      s.bind(3, std::string_view(device.library_version));
-      s.bind(4, int64_t{device.threads});
-      s.bind(5, std::string_view(device.host));
-    };
     {
       StatementUse insert(impl_->cached(
           "INSERT INTO devices (name, backend, library_version, threads, host, memory_bytes) "
           "VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
           "ON CONFLICT (name, backend, library_version, threads, host) "
           "DO UPDATE SET memory_bytes = excluded.memory_bytes"));
-      bind_identity(*insert);
+      bind_identity(*insert, device);
       insert->bind(6, static_cast<int64_t>(device.memory_bytes));
       insert->run();
     }
     // last_insert_rowid is not set when the upsert took the update path.
-    StatementUse select(impl_->cached(
-        "SELECT id FROM devices WHERE name = ?1 AND backend = ?2 AND library_version = ?3 AND threads = ?4 "
-        "AND host = ?5"));
-    bind_identity(*select);
+    StatementUse select(impl_->cached(kSelectDeviceId));
+    bind_identity(*select, device);
     if (!select->step()) impl_->invalid("internal error: the device vanished right after it was inserted");
+    return DeviceId{select->column_int(0)};
+  });
+}
+
+std::optional<DeviceId> PerfDb::find_device(const Device& device) {
+  impl_->begin("find device");
+  return impl_->transact(Txn::kRead, [&]() -> std::optional<DeviceId> {
+    StatementUse select(impl_->cached(kSelectDeviceId));
+    bind_identity(*select, device);
+    if (!select->step()) return std::nullopt;
     return DeviceId{select->column_int(0)};
   });
 }

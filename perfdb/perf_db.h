@@ -256,6 +256,10 @@ class PerfDb {
   // Registers a device (or updates memory_bytes of a known one) and returns
   // its id. Ids are stable for the life of the file.
   DeviceId upsert_device(const Device& device);
+  // The id of the device with `device`'s identity (name, backend, library
+  // version, threads, host; memory_bytes is not part of it), or nullopt.
+  // Writes nothing (for read-only files).
+  std::optional<DeviceId> find_device(const Device& device);
 
   // Records all samples in one transaction: each kernel is registered if new,
   // and each measurement replaces any earlier one with the same (device,

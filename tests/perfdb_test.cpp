@@ -73,6 +73,10 @@ TEST(PerfDb, UpsertsAreIdempotent) {
   EXPECT_EQ(db.devices()[0].device.memory_bytes, 140'000'000'000u);
   // Another host is another device.
   EXPECT_NE(db.upsert_device(gpu("node9")), id);
+  // Found by its identity, whatever memory it is given now.
+  device.memory_bytes = 1;
+  EXPECT_EQ(db.find_device(device), id);
+  EXPECT_EQ(db.find_device(gpu("node7")), std::nullopt);
 
   db.record_kernel_measurements(id, std::vector{sample(conv(), "winograd", 64, 2.5)});
   KernelSample again = sample(conv(), "winograd", 64, 2.0, 4096);

@@ -137,6 +137,11 @@ TEST(Profiler, IdenticalDevicesSplitTheWork) {
 // would otherwise measure it alone, without this one's contention), also
 // what its DB holds; an item no member needs is cached; one it cannot
 // measure it skips whatever the others need.
+// What a process finds of an item, as WorkTurns::take asks for it.
+auto look(bool can, bool cached) {
+  return [=] { return ItemState{can, cached}; };
+}
+
 TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
   ProfilePeers peers{.index = 1, .count = 2, .together = true};
   bool other_needs = false;
@@ -146,11 +151,11 @@ TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
     return mine || other_needs;
   };
   WorkTurns turns(peers);
-  EXPECT_EQ(turns.take(true, false), Turn::kMeasure);
-  EXPECT_EQ(turns.take(true, true), Turn::kCached);
+  EXPECT_EQ(turns.take(look(true, false)), Turn::kMeasure);
+  EXPECT_EQ(turns.take(look(true, true)), Turn::kCached);
   other_needs = true;
-  EXPECT_EQ(turns.take(true, true), Turn::kMeasure);
-  EXPECT_EQ(turns.take(false, false), Turn::kSkip);
+  EXPECT_EQ(turns.take(look(true, true)), Turn::kMeasure);
+  EXPECT_EQ(turns.take(look(false, false)), Turn::kSkip);
   EXPECT_EQ(agreements, 4);  // once per item, whatever this process does with it
 
   auto backend = make_backend({.kind = "cpu", .threads = 1});
@@ -182,12 +187,12 @@ TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
 TEST(Profiler, SplitPeersTakeItemsInTurn) {
   const ProfilePeers second{.index = 1, .count = 2};
   WorkTurns turns(second);
-  EXPECT_EQ(turns.take(true, false), Turn::kSkip);
-  EXPECT_EQ(turns.take(true, true), Turn::kCached);
-  EXPECT_EQ(turns.take(true, false), Turn::kSkip);
-  EXPECT_EQ(turns.take(true, false), Turn::kMeasure);
-  EXPECT_EQ(turns.take(false, false), Turn::kSkip);
-  EXPECT_EQ(turns.take(false, false), Turn::kSkip);
+  EXPECT_EQ(turns.take(look(true, false)), Turn::kSkip);
+  EXPECT_EQ(turns.take(look(true, true)), Turn::kCached);
+  EXPECT_EQ(turns.take(look(true, false)), Turn::kSkip);
+  EXPECT_EQ(turns.take(look(true, false)), Turn::kMeasure);
+  EXPECT_EQ(turns.take(look(false, false)), Turn::kSkip);
+  EXPECT_EQ(turns.take(look(false, false)), Turn::kSkip);
 }
 
 TEST(ProfileCli, ProfileStatsAndExport) {

@@ -26,25 +26,36 @@ struct ProfilePeers {
 // What this process does with one work item.
 enum class Turn { kMeasure, kCached, kSkip };
 
+// What a process finds of one work item: whether it can measure it (it fits
+// its device), and whether the perf DB holds it.
+struct ItemState {
+  bool can = true;
+  bool cached = false;
+};
+
 // Deals the work items to the peers. Every member calls take() once per
 // item, in the same order, whatever it can or needs to do with it.
 class WorkTurns {
  public:
   explicit WorkTurns(const ProfilePeers& peers) : peers_(peers) {}
 
-  // `can`: this process can measure the item (it fits its device);
-  // `cached`: the perf DB holds it. kSkip for an item that is not this
+  // `look` says what this process finds of the item; split, it is called
+  // only for this process's own items. kSkip for an item that is not this
   // process's or that it cannot measure; kCached when no member needs it
   // (together) or the DB holds it (split); else kMeasure.
-  Turn take(bool can, bool cached) {
+  template <typename Look>
+  Turn take(const Look& look) {
     ++item_;
     if (peers_.together && peers_.count > 1) {
-      const bool needed = peers_.any(can && !cached);
-      if (!can) return Turn::kSkip;
+      const ItemState s = look();
+      const bool needed = peers_.any(s.can && !s.cached);
+      if (!s.can) return Turn::kSkip;
       return needed ? Turn::kMeasure : Turn::kCached;
     }
-    if (item_ % peers_.count != peers_.index || !can) return Turn::kSkip;
-    return cached ? Turn::kCached : Turn::kMeasure;
+    if (item_ % peers_.count != peers_.index) return Turn::kSkip;
+    const ItemState s = look();
+    if (!s.can) return Turn::kSkip;
+    return s.cached ? Turn::kCached : Turn::kMeasure;
   }
 
  private:

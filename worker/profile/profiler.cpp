@@ -243,18 +243,22 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
 
   for (const KernelSite& site : kernel_sites(graph, backend)) {
     for (const auto& [m, batches] : batches_of) {
-      const KernelItem item(site, m, backend);
-      bool cached = true;
-      for (int64_t b : batches) {
-        const perfdb::KernelSignature sig = kernel_signature(site.kind, site.problem.with_batch(b));
-        for (const ConvAlgoInfo& a : item.algos) {
-          cached = cached && db.find_kernel_measurement(device, sig, a.name, m).has_value();
+      std::optional<KernelItem> item;
+      const Turn turn = turns.take([&] {
+        item.emplace(site, m, backend);
+        bool cached = true;
+        for (int64_t b : batches) {
+          const perfdb::KernelSignature sig =
+              kernel_signature(site.kind, site.problem.with_batch(b));
+          for (const ConvAlgoInfo& a : item->algos) {
+            cached = cached && db.find_kernel_measurement(device, sig, a.name, m).has_value();
+          }
         }
-      }
-      const Turn turn = turns.take(!item.algos.empty(), cached);
+        return ItemState{!item->algos.empty(), cached};
+      });
       if (turn == Turn::kCached) ++report.kernel_cached;
       if (turn != Turn::kMeasure) continue;
-      db.record_kernel_measurements(device, item.measure(backend, batches, options));
+      db.record_kernel_measurements(device, item->measure(backend, batches, options));
       ++report.kernel_measured;
     }
   }
@@ -262,11 +266,12 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
   // Layer costs first: a per-tensor policy's step below plans with them.
   if (options.layer_costs) {
     const KernelTimingOptions timing{options.warmup, options.repeats, TimingStatistic::kMedian};
-    const Turn copy = turns.take(true, holds_copy_bandwidth(db, device));
+    const Turn copy = turns.take([&] { return ItemState{true, holds_copy_bandwidth(db, device)}; });
     if (copy == Turn::kMeasure) record_copy_bandwidth(backend, db, device, timing);
     if (copy != Turn::kSkip) ++(copy == Turn::kMeasure ? report.copy_measured : report.copy_cached);
     for (int64_t b : options.batches) {
-      const Turn turn = turns.take(true, holds_layer_costs(db, device, graph, b));
+      const Turn turn =
+          turns.take([&] { return ItemState{true, holds_layer_costs(db, device, graph, b)}; });
       if (turn == Turn::kCached) ++report.layer_costs_cached;
       if (turn != Turn::kMeasure) continue;
       try {
@@ -282,10 +287,12 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
     const std::vector<perfdb::StepMeasurement> known =
         profiled_steps(db, device, graph.profile_key(), options.memory_policy, capacity);
     for (int64_t b : options.batches) {
-      const Turn turn = turns.take(true, std::any_of(known.begin(), known.end(),
-                                                     [&](const perfdb::StepMeasurement& s) {
-                                                       return s.batch == b;
-                                                     }));
+      const Turn turn = turns.take([&] {
+        return ItemState{true, std::any_of(known.begin(), known.end(),
+                                           [&](const perfdb::StepMeasurement& s) {
+                                             return s.batch == b;
+                                           })};
+      });
       if (turn == Turn::kCached) ++report.step_cached;
       if (turn != Turn::kMeasure) continue;
       const std::optional<MeasuredStep> measured =
