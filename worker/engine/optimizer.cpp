@@ -31,8 +31,7 @@ double LrSchedule::at(int64_t step) const {
 
 Sgd::Sgd(Backend& backend, int64_t parameter_count, float momentum, float weight_decay)
     : backend_(backend), count_(parameter_count), momentum_(momentum), weight_decay_(weight_decay) {
-  velocity_ = static_cast<float*>(
-      backend.allocate_device(std::max<int64_t>(count_, 1) * sizeof(float)));
+  velocity_ = static_cast<float*>(backend.allocate_device(vector_desc(count_).bytes()));
   backend.fill(Tensor{vector_desc(count_), velocity_}, 0.0f);
 }
 
@@ -45,7 +44,7 @@ void Sgd::step(float* params, const float* grads, float lr, float grad_scale) {
 
 std::vector<float> Sgd::download_velocity() const {
   std::vector<float> host(static_cast<size_t>(count_));
-  if (count_ > 0) backend_.download(Tensor{{{count_, 1, 1, 1}}, velocity_}, host.data());
+  if (count_ > 0) backend_.download(Tensor{vector_desc(count_), velocity_}, host.data());
   return host;
 }
 
@@ -54,7 +53,7 @@ void Sgd::upload_velocity(const std::vector<float>& values) {
     throw std::invalid_argument("upload_velocity: " + std::to_string(values.size()) +
                                 " values for " + std::to_string(count_));
   }
-  if (count_ > 0) backend_.upload(values.data(), Tensor{{{count_, 1, 1, 1}}, velocity_});
+  if (count_ > 0) backend_.upload(values.data(), Tensor{vector_desc(count_), velocity_});
 }
 
 }  // namespace vtrain::worker

@@ -153,15 +153,6 @@ struct ChannelRun {
   }
 };
 
-void check_same(const char* op, const Tensor& x, const Tensor& other, const char* name) {
-  if (!(x.desc == other.desc)) {
-    throw BackendError(std::string(op) + ": " + name + " " + other.shape().str() + " (" +
-                       layout_name(other.desc.layout) + ", " + dtype_name(other.desc.dtype) +
-                       ") must have x's descriptor " + x.shape().str() + " (" +
-                       layout_name(x.desc.layout) + ", " + dtype_name(x.desc.dtype) + ")");
-  }
-}
-
 }  // namespace
 
 std::vector<double> CpuBackend::batch_norm_sums(const Tensor& x) {
@@ -191,7 +182,7 @@ std::vector<double> CpuBackend::batch_norm_sums(const Tensor& x) {
 std::vector<double> CpuBackend::batch_norm_backward_sums(const Tensor& x, const Tensor& dy,
                                                          const float* mean, const float* var,
                                                          float eps) {
-  check_same("batch_norm_backward_sums", x, dy, "dy");
+  check_same_desc("batch_norm_backward_sums", {{"x", x.desc}, {"dy", dy.desc}});
   const Shape& s = x.shape();
   const ChannelRun run(x.desc);
   std::vector<double> sums(2 * static_cast<size_t>(s.c), 0.0);
@@ -222,8 +213,7 @@ void CpuBackend::batch_norm_backward_data(const Tensor& x, const Tensor& dy,
                                           const float* scale_shift, const float* mean,
                                           const float* var, const float* dy_means,
                                           const Tensor& dx, float eps) {
-  check_same("batch_norm_backward_data", x, dy, "dy");
-  check_same("batch_norm_backward_data", x, dx, "dx");
+  check_same_desc("batch_norm_backward_data", {{"x", x.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
   const Shape& s = x.shape();
   const ChannelRun run(x.desc);
   with_element_type(x.desc.dtype, [&]<class T>(T) {

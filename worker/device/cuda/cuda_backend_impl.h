@@ -80,8 +80,12 @@ inline int to_int(int64_t value, const std::string& what) {
   return static_cast<int>(value);
 }
 
-// check_beta (backend.h) for this backend.
+// check_beta and check_same_desc (backend.h) for this backend.
 inline void check_beta(const char* op, float beta) { worker::check_beta("cuda backend", op, beta); }
+inline void check_same_desc(const char* op,
+                            std::initializer_list<std::pair<const char*, TensorDesc>> tensors) {
+  worker::check_same_desc("cuda backend", op, tensors);
+}
 
 // The ops built on cuDNN descriptors take plain NCHW (see cuda_backend.h).
 inline void require_plain(const char* op, const TensorDesc& d) {

@@ -11,7 +11,7 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
                                               const float* scale_shift, float* save_mean,
                                               float* save_var, float* running_mean,
                                               float* running_var, float momentum, float eps) {
-  check_same_desc("cuda backend", "batch_norm_forward_training",
+  check_same_desc("batch_norm_forward_training",
                   {{"x", x.desc}, {"y", y.desc}});
   require_plain("batch_norm_forward_training", x.desc);
   const int64_t c = x.shape().c;
@@ -32,7 +32,7 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
 void CudaBackend::batch_norm_forward_inference(const Tensor& x, const Tensor& y,
                                                const float* scale_shift, const float* running_mean,
                                                const float* running_var, float eps) {
-  check_same_desc("cuda backend", "batch_norm_forward_inference",
+  check_same_desc("batch_norm_forward_inference",
                   {{"x", x.desc}, {"y", y.desc}});
   require_plain("batch_norm_forward_inference", x.desc);
   const int64_t c = x.shape().c;
@@ -50,9 +50,7 @@ void CudaBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const f
                                       const Tensor& dx, float* dscale_shift, float beta,
                                       float eps) {
   check_beta("batch_norm_backward", beta);
-  if (!(x.desc == dy.desc) || !(x.desc == dx.desc)) {
-    throw BackendError("batch_norm_backward: x, dy and dx descriptors must match");
-  }
+  check_same_desc("batch_norm_backward", {{"x", x.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
   require_plain("batch_norm_backward", x.desc);
   const int64_t c = x.shape().c;
   float* inv_std = reinterpret_cast<float*>(scratch(bn_inverse_std_bytes(c)));
@@ -90,7 +88,7 @@ std::vector<double> CudaBackend::batch_norm_sums(const Tensor& x) {
 std::vector<double> CudaBackend::batch_norm_backward_sums(const Tensor& x, const Tensor& dy,
                                                           const float* mean, const float* var,
                                                           float eps) {
-  if (!(x.desc == dy.desc)) throw BackendError("batch_norm_backward_sums: x and dy differ");
+  check_same_desc("batch_norm_backward_sums", {{"x", x.desc}, {"dy", dy.desc}});
   require_plain("batch_norm_backward_sums", x.desc);
   const Shape& s = x.shape();
   auto* sums = reinterpret_cast<double*>(scratch(bn_sums_bytes(s.c)));
@@ -103,9 +101,7 @@ void CudaBackend::batch_norm_backward_data(const Tensor& x, const Tensor& dy,
                                            const float* scale_shift, const float* mean,
                                            const float* var, const float* dy_means,
                                            const Tensor& dx, float eps) {
-  if (!(x.desc == dy.desc) || !(x.desc == dx.desc)) {
-    throw BackendError("batch_norm_backward_data: x, dy and dx descriptors must match");
-  }
+  check_same_desc("batch_norm_backward_data", {{"x", x.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
   require_plain("batch_norm_backward_data", x.desc);
   const Shape& s = x.shape();
   cuda::batch_norm_backward_data(f32(x), f32(dy), scale_shift, mean, var, dy_means, eps, s.n, s.c,

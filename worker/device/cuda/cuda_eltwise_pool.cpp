@@ -6,7 +6,7 @@ namespace vtrain::worker::cuda {
 // ----------------------------------------------------------------- eltwise
 
 void CudaBackend::relu_forward(const Tensor& x, const Tensor& y) {
-  check_same_desc("cuda backend", "relu_forward", {{"x", x.desc}, {"y", y.desc}});
+  check_same_desc("relu_forward", {{"x", x.desc}, {"y", y.desc}});
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t d = storage_desc(x.desc);  // relu(0) = 0 keeps padding zero
   VTRAIN_CUDA_CHECK(
@@ -15,7 +15,7 @@ void CudaBackend::relu_forward(const Tensor& x, const Tensor& y) {
 }
 
 void CudaBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
-  check_same_desc("cuda backend", "relu_backward",
+  check_same_desc("relu_backward",
                   {{"y", y.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t d = storage_desc(y.desc);
