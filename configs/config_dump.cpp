@@ -203,6 +203,7 @@ void emit_planning(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "patience" << YAML::Value << r.patience;
   out << YAML::Key << "min_gain" << YAML::Value << r.min_gain;
   out << YAML::Key << "min_gain_ms" << YAML::Value << r.min_gain_ms;
+  out << YAML::Key << "probe_every" << YAML::Value << r.probe_every;
   out << YAML::EndMap;
   out << YAML::EndMap;
 

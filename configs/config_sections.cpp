@@ -349,7 +349,8 @@ TrainConfig read_train(const Field& field) {
 
 worker::RebalanceSettings read_rebalance(const Field& field) {
   const Section section(field);
-  section.allow({"enabled", "threshold", "window", "patience", "min_gain", "min_gain_ms"});
+  section.allow({"enabled", "threshold", "window", "patience", "min_gain", "min_gain_ms",
+                 "probe_every"});
   worker::RebalanceSettings r;
   if (Field f = section["enabled"]) r.enabled = to_bool(f);
   if (Field f = section["threshold"]) r.threshold = to_number(f, above(0));
@@ -357,6 +358,7 @@ worker::RebalanceSettings read_rebalance(const Field& field) {
   if (Field f = section["patience"]) r.patience = to_int(f, at_least(1));
   if (Field f = section["min_gain"]) r.min_gain = to_number(f, at_least(0));
   if (Field f = section["min_gain_ms"]) r.min_gain_ms = to_number(f, at_least(0));
+  if (Field f = section["probe_every"]) r.probe_every = to_int(f, at_least(0));
   return r;
 }
 

@@ -40,6 +40,10 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
   o.checkpoint_keep = static_cast<int>(cfg.checkpoint.keep);
   o.resume = cfg.checkpoint.resume == worker::ResumeSetting::kAuto;
   o.rebalance.settings = cfg.balance.rebalance;
+  // Only an auto split re-balances (rank 0 has curves to re-solve on); the
+  // other ranks must know too, or idle ones would probe for nothing.
+  o.rebalance.settings.enabled =
+      cfg.balance.rebalance.enabled && cfg.balance.split == balancer::SplitMode::kAuto;
   o.loss_scaling = cfg.train.loss_scaling;
   o.gradient_allreduce = cfg.train.gradient_allreduce;
   return o;

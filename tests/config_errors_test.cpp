@@ -85,6 +85,8 @@ TEST(ConfigErrorTest, OutOfRangeNumbers) {
             "range)");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train: {seed: -1}\n"),
             "t.yaml:5: train.seed: expected an integer >= 0, got -1");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "balance: {rebalance: {probe_every: -5}}\n"),
+            "t.yaml:5: balance.rebalance.probe_every: expected an integer >= 0, got -5");
 }
 
 TEST(ConfigErrorTest, BadEnumValue) {

@@ -5,6 +5,7 @@
 // drift over the threshold (this VM's own slowdowns).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -159,6 +160,40 @@ TEST(RebalanceMpi, AnUndisturbedRunOfAThousandStepsKeepsItsSplit) {
   ASSERT_EQ(end.size(), 1u) << out;
   EXPECT_EQ(number(end.front(), "steps"), 1000);
   EXPECT_EQ(number(end.front(), "rebalances"), static_cast<int64_t>(switches.size()));
+}
+
+// A rank slowed 12x gives up all its samples; while it has none it times a
+// probe every 5 steps, and when the slowdown ends (step 80) its probes
+// speed up and rank 0 gives it samples back.
+TEST(RebalanceMpi, ARankLeftWithoutSamplesGetsThemBackWhenItRecovers) {
+  constexpr int kSlowFrom = 20, kSlowUntil = 80, kSteps = 200;
+  test_support::TempDir dir;
+  std::string out;
+  ASSERT_EQ(test_support::run_command(
+                "VTRAIN_SLOW_RANK=1 VTRAIN_SLOW_FACTOR=12 VTRAIN_SLOW_AT_STEP=" +
+                    std::to_string(kSlowFrom) + " VTRAIN_SLOW_UNTIL_STEP=" +
+                    std::to_string(kSlowUntil) + " " + mpirun(2) +
+                    train_args(dir, 16, kSteps, true, "--set balance.rebalance.probe_every=5"),
+                &out),
+            0)
+      << out;
+  const std::vector<std::string> switches = records(dir.path("metrics.jsonl"), "rebalance");
+  const auto idle = std::find_if(switches.begin(), switches.end(), [](const std::string& r) {
+    return int_array(r, "split") == std::vector<int64_t>{16, 0};
+  });
+  ASSERT_NE(idle, switches.end()) << "rank 1 never lost all its samples\n" << out;
+  EXPECT_GT(number(*idle, "step"), kSlowFrom) << *idle;
+  ASSERT_NE(idle + 1, switches.end()) << "rank 1 never got samples back\n" << out;
+  const std::string& back = *(idle + 1);
+  EXPECT_GT(int_array(back, "split").at(1), 0) << back;
+  EXPECT_NE(back.find("rank 1's probes got"), std::string::npos) << back;
+  // No probe before the slowdown ends says so; three after it do.
+  EXPECT_GT(number(back, "step"), kSlowUntil) << back;
+  EXPECT_LE(number(back, "step"), kSlowUntil + 60) << back;
+  EXPECT_NE(out.find("rebalance: from step " + std::to_string(number(back, "step")) +
+                     ", split 16,0 -> "),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace

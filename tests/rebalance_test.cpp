@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -125,24 +126,99 @@ TEST(Rebalancer, RankZeroDecidesAndEveryRankSwitchesAtTheSameStep) {
     // Training runs at half the profiled times; rank 1 2x slower from step 6.
     const double t0 = 12, t1 = step >= 6 ? 24 : 12;
     std::vector<double> a, b;
-    zero.contribute(t0, a);
-    one.contribute(t1, b);
-    ASSERT_EQ(a.size(), 4u);
+    zero.contribute(t0, 0, a);
+    one.contribute(t1, 0, b);
+    ASSERT_EQ(a.size(), 6u);
     for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
     const auto s0 = zero.after_step(a, split, step);
     const auto s1 = one.after_step(a, split, step);
     EXPECT_EQ(zero.compute_ms(), (std::vector<double>{t0, t1}));
     ASSERT_EQ(s0.has_value(), s1.has_value()) << "step " << step;
-    if (step == 2) EXPECT_NE(zero.take_note().find("calibrated"), std::string::npos);
+    if (step == 2) {
+      EXPECT_NE(zero.take_note().find("calibrated"), std::string::npos);
+    }
     if (!s0) continue;
     EXPECT_EQ(s0->split, s1->split);
     EXPECT_EQ(s0->split, (std::vector<int64_t>{32, 16}));
+    EXPECT_NE(s0->reason.find("drifted"), std::string::npos) << s0->reason;
     EXPECT_EQ(s0->previous, split);
     EXPECT_TRUE(s1->previous.empty()) << "only rank 0 knows why";
     switched_at = step;
   }
   // The median turns at step 7, patience 2: decided at 8, switched at 9.
   EXPECT_EQ(switched_at, 9);
+}
+
+// Two ranks where rank 1 has no samples and times a probe every step
+// (`probe_ms(step)`); rank 0 trains its 48 as predicted. The step (0-based)
+// after which both switched, or -1; the switch in *out.
+int64_t run_with_idle_rank(const std::function<double(int64_t)>& probe_ms, int64_t steps,
+                           SplitSwitch* out) {
+  RebalanceOptions o;
+  o.settings.window = 3;
+  o.settings.patience = 2;
+  o.settings.probe_every = 1;
+  o.profiles = {linear_device("a", 1), linear_device("b", 1)};
+  o.split_options.granularity = 8;
+  Rebalancer zero(o, 0, 2, 48), one(RebalanceOptions{.settings = o.settings}, 1, 2, 48);
+  const std::vector<int64_t> split{48, 0};
+  for (int64_t step = 0; step < steps; ++step) {
+    EXPECT_TRUE(one.probes_at(step));
+    std::vector<double> a, b;
+    zero.contribute(48, 0, a);
+    one.contribute(0.5, probe_ms(step), b);  // an idle rank's compute time means nothing
+    for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+    const auto s0 = zero.after_step(a, split, step);
+    const auto s1 = one.after_step(a, split, step);
+    EXPECT_EQ(s0.has_value(), s1.has_value()) << "step " << step;
+    if (!s0 || !s1) continue;
+    EXPECT_EQ(s0->split, s1->split);
+    *out = *s0;
+    return step;
+  }
+  return -1;
+}
+
+// A rank that went idle while slow (its probes take 30 ms) speeds up 3x at
+// step 10: the median of its last three probes turns at step 11, rank 0
+// scales its curve by 1/3 and re-solves, and both switch a step later with
+// samples for rank 1 again.
+TEST(Rebalancer, AnIdleRankThatSpeedsUpGetsSamplesBack) {
+  SplitSwitch s;
+  const int64_t at = run_with_idle_rank([](int64_t step) { return step < 10 ? 30.0 : 10.0; }, 40, &s);
+  EXPECT_EQ(at, 12);
+  ASSERT_EQ(s.split.size(), 2u);
+  EXPECT_GT(s.split[1], 0);
+  EXPECT_EQ(s.split[0] + s.split[1], 48);
+  EXPECT_NE(s.reason.find("rank 1's probes got 3.00x faster"), std::string::npos) << s.reason;
+  EXPECT_NEAR(s.ratios[1], 1.0 / 3, 1e-12);
+  EXPECT_NE(describe_switch(s, at + 1).find(s.reason), std::string::npos);
+}
+
+// Probes that scatter +-15% around one speed (and a single fast outlier)
+// give no rank back its samples.
+TEST(Rebalancer, NoisyProbesOfAnIdleRankChangeNothing) {
+  SplitSwitch s;
+  const auto noisy = [](int64_t step) {
+    if (step == 20) return 5.0;  // one probe the OS favoured
+    return 30.0 * (1 + 0.15 * std::sin(static_cast<double>(step) * 1.7));
+  };
+  EXPECT_EQ(run_with_idle_rank(noisy, 200, &s), -1) << s.reason;
+}
+
+// Probes are the job's: off at probe_every 0, for one rank, or when
+// re-balancing is off.
+TEST(Rebalancer, ProbesFollowTheSettings) {
+  RebalanceOptions o;
+  o.settings.probe_every = 5;
+  EXPECT_TRUE(Rebalancer(o, 1, 2, 48).probes_at(10));
+  EXPECT_FALSE(Rebalancer(o, 1, 2, 48).probes_at(11));
+  EXPECT_FALSE(Rebalancer(o, 0, 1, 48).probes_at(10));
+  o.settings.probe_every = 0;
+  EXPECT_FALSE(Rebalancer(o, 1, 2, 48).probes_at(10));
+  o.settings.probe_every = 5;
+  o.settings.enabled = false;
+  EXPECT_FALSE(Rebalancer(o, 1, 2, 48).probes_at(10));
 }
 
 // A rank's network is built for max(its batch, its evaluation chunk): the

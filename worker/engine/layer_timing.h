@@ -73,7 +73,7 @@ struct TimingBatch {
 TimingBatch timing_batch(const Graph& graph, int64_t n);
 
 // The costs as a training step meets them: `net` runs `steps` training
-// steps at batch n (1..its max batch) on constant images and labels, after
+// steps at batch n (1..its max batch) on timing_batch's data, after
 // one untimed, and each call is timed where its step makes it
 // (Network::record_call_times), so it finds the caches as the calls before
 // it left them. Layers timed alone (above) find their own data warm and

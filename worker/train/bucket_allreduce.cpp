@@ -26,16 +26,16 @@ common::DataType wire_type(GradientAllreduce type, common::Precision precision) 
   return common::storage_type(precision);
 }
 
-size_t staging_bytes_per_parameter(GradientAllreduce type, int ranks) {
-  return type == GradientAllreduce::kHalf && ranks > 1 ? 2 : 0;
+size_t staging_bytes_per_parameter(common::DataType wire, int ranks) {
+  return wire != common::DataType::kF32 && ranks > 1 ? element_bytes(wire) : 0;
 }
 
 BucketAllreduce::BucketAllreduce(Backend& backend, Communicator* comm, BucketPlan plan,
                                  common::DataType wire)
     : backend_(backend), comm_(comm), plan_(std::move(plan)), wire_(wire) {
-  if (wire_ != common::DataType::kF32 && comm_ != nullptr && comm_->size() > 1) {
-    const int64_t count = std::max<int64_t>(gradient_count(plan_), 1);
-    staging_ = backend_.allocate_device(static_cast<size_t>(count) * element_bytes(wire_));
+  if (const size_t bytes = staging_bytes_per_parameter(wire_, comm_ ? comm_->size() : 1)) {
+    staging_ = backend_.allocate_device(
+        static_cast<size_t>(std::max<int64_t>(gradient_count(plan_), 1)) * bytes);
   }
 }
 

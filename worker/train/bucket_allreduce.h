@@ -26,14 +26,14 @@ inline constexpr auto kGradientAllreduceNames = std::to_array<common::Named<Grad
 // `precision`. Throws std::invalid_argument naming train.gradient_allreduce
 // for kHalf under fp32 or tf32.
 common::DataType wire_type(GradientAllreduce type, common::Precision precision);
-// Device bytes per parameter a BucketAllreduce of `type` over `ranks` ranks
-// allocates (its staging buffer).
-size_t staging_bytes_per_parameter(GradientAllreduce type, int ranks);
+// Device bytes per parameter a BucketAllreduce of `wire` over `ranks` ranks
+// allocates (its staging buffer: none for f32 or one rank).
+size_t staging_bytes_per_parameter(common::DataType wire, int ranks);
 
 // Launches and completes the allreduces of a BucketPlan's buckets over the
 // f32 gradient buffer of a network. With a 16-bit `wire` type each bucket
-// is converted to it into a staging buffer of its own (2 bytes per
-// parameter of device memory, allocated here) on the compute stream before
+// is converted to it into a staging buffer of its own
+// (staging_bytes_per_parameter of device memory, allocated here) on the compute stream before
 // its allreduce, which adds in f32 and rounds each sum once
 // (Communicator::allreduce_async), and converted back once every allreduce
 // is done. Every rank must launch the same buckets in the same order.

@@ -1,12 +1,13 @@
 #include "worker/train/failure_injection.h"
 
-#include <chrono>
 #include <charconv>
-#include <thread>
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 
 namespace vtrain::worker {
 namespace {
@@ -59,6 +60,7 @@ void FailureInjection::on_bucket_launched(const StepEvent& step) {
 
 std::optional<SlowdownInjection> SlowdownInjection::from_environment(int rank) {
   const std::optional<int64_t> step = env_count("VTRAIN_SLOW_AT_STEP");
+  const std::optional<int64_t> until = env_count("VTRAIN_SLOW_UNTIL_STEP");
   const std::optional<int64_t> only = env_count("VTRAIN_SLOW_RANK");
   double factor = 2;
   if (const char* text = std::getenv("VTRAIN_SLOW_FACTOR")) {
@@ -70,12 +72,16 @@ std::optional<SlowdownInjection> SlowdownInjection::from_environment(int rank) {
     }
   }
   if (!step || (only && *only != rank)) return std::nullopt;
-  return SlowdownInjection(*step, factor);
+  return SlowdownInjection(*step, until.value_or(INT64_MAX), factor);
 }
 
 void SlowdownInjection::on_compute_done(const StepEvent& step, double seconds) {
-  if (step.step < from_step_) return;
+  if (step.step < from_step_ || step.step >= until_step_) return;
   std::this_thread::sleep_for(std::chrono::duration<double>((factor_ - 1) * seconds));
+}
+
+void SlowdownInjection::on_probe_done(const StepEvent& step, double seconds) {
+  on_compute_done(step, seconds);
 }
 
 }  // namespace vtrain::worker

@@ -14,6 +14,8 @@
 //                             takes `factor` times as long: after forward
 //                             and backward it sleeps (factor - 1) times what
 //                             they took, before its compute time is read
+//                             (a rank without samples: after its probe)
+//   VTRAIN_SLOW_UNTIL_STEP=e  ... until step e (exclusive; unset: to the end)
 //   VTRAIN_SLOW_RANK=r        only on rank r (unset: on every rank)
 //   VTRAIN_SLOW_FACTOR=f      the factor, a number >= 1 (default 2)
 #pragma once
@@ -47,16 +49,18 @@ class FailureInjection : public TrainObserver {
 
 class SlowdownInjection : public TrainObserver {
  public:
-  SlowdownInjection(int64_t from_step, double factor) : from_step_(from_step), factor_(factor) {}
+  SlowdownInjection(int64_t from_step, int64_t until_step, double factor)
+      : from_step_(from_step), until_step_(until_step), factor_(factor) {}
 
   // The slowdown the environment asks of `rank`, or nullopt. Throws
   // std::invalid_argument naming the variable and what was expected.
   static std::optional<SlowdownInjection> from_environment(int rank);
 
   void on_compute_done(const StepEvent& step, double seconds) override;
+  void on_probe_done(const StepEvent& step, double seconds) override;
 
  private:
-  int64_t from_step_;
+  int64_t from_step_, until_step_;
   double factor_;
 };
 

@@ -72,31 +72,41 @@ bool Rebalancer::deciding() const {
          static_cast<int>(options_.profiles.size()) == ranks_;
 }
 
-void Rebalancer::contribute(double compute_ms, std::vector<double>& sums) const {
-  const size_t first = sums.size();
-  sums.resize(first + 2 * static_cast<size_t>(ranks_), 0.0);
+bool Rebalancer::probes_at(int64_t step) const {
+  return ranks_ > 1 && options_.settings.enabled && options_.settings.probe_every > 0 &&
+         step % options_.settings.probe_every == 0;
+}
+
+void Rebalancer::contribute(double compute_ms, double probe_ms, std::vector<double>& sums) const {
+  const size_t first = sums.size(), n = static_cast<size_t>(ranks_);
+  sums.resize(first + 3 * n, 0.0);
   sums[first + static_cast<size_t>(rank_)] = compute_ms;
+  sums[first + n + static_cast<size_t>(rank_)] = probe_ms;
   if (pending_) {
-    for (int r = 0; r < ranks_; ++r) {
-      sums[first + static_cast<size_t>(ranks_ + r)] = static_cast<double>(pending_->split[r]);
-    }
+    for (size_t r = 0; r < n; ++r) sums[first + 2 * n + r] = static_cast<double>(pending_->split[r]);
   }
 }
 
 std::optional<SplitSwitch> Rebalancer::after_step(std::span<const double> slots,
                                                   const std::vector<int64_t>& split,
                                                   int64_t step) {
+  const size_t n = static_cast<size_t>(ranks_);
   compute_ms_.assign(slots.begin(), slots.begin() + ranks_);
-  const std::span<const double> proposal = slots.subspan(static_cast<size_t>(ranks_));
+  const std::span<const double> probe_ms = slots.subspan(n, n);
+  const std::span<const double> proposal = slots.subspan(2 * n, n);
   if (std::any_of(proposal.begin(), proposal.end(), [](double v) { return v != 0; })) {
     SplitSwitch s = pending_ ? std::move(*pending_) : SplitSwitch{};
     pending_.reset();
     s.split.clear();
     for (double v : proposal) s.split.push_back(static_cast<int64_t>(v));
     detector_.reset();  // the next ratios are of the new split
+    probes_.assign(n, {});
     return s;
   }
-  if (deciding() && !pending_) decide(split, step);
+  if (deciding() && !pending_) {
+    decide(split, step);
+    if (calibrated_ && !pending_) follow_probes(probe_ms, split, step);
+  }
   return std::nullopt;
 }
 
@@ -116,26 +126,85 @@ void Rebalancer::decide(const std::vector<int64_t>& split, int64_t step) {
   const std::vector<double> medians = detector_.medians();
   const double drift = detector_.drift();
   detector_.reset();
-  // The curves now follow what was measured, whether the split changes or not.
-  const Resolved solved = resolve_split(options_.profiles, medians, split, batch_, options_.split_options);
+  // The curves follow what training measured, whether the split changes or not.
+  propose(medians, drift, split, step,
+          format("the compute times drifted %.0f%% apart", 100 * drift).c_str(), true);
+}
+
+// Rank 0, after every step once calibrated: keeps each idle rank's probes
+// and, when the last three say it got faster than its first three by over
+// the threshold, scales its curve by that and re-solves.
+void Rebalancer::follow_probes(std::span<const double> probe_ms,
+                               const std::vector<int64_t>& split, int64_t step) {
+  constexpr size_t kProbes = 3;  // in each median: one outlier moves nothing
+  probes_.resize(static_cast<size_t>(ranks_));
+  for (int r = 0; r < ranks_; ++r) {
+    std::vector<double>& probes = probes_[static_cast<size_t>(r)];
+    if (split[r] > 0) {
+      probes.clear();
+      continue;
+    }
+    if (probe_ms[r] <= 0) continue;
+    probes.push_back(probe_ms[r]);
+    if (probes.size() < 2 * kProbes) continue;
+    auto median3 = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[1];
+    };
+    const double baseline = median3({probes.begin(), probes.begin() + kProbes});
+    const double now = median3({probes.end() - kProbes, probes.end()});
+    if (baseline / now - 1 <= options_.settings.threshold) {
+      probes.erase(probes.begin() + kProbes, probes.end() - (kProbes - 1));  // a sliding "now"
+      continue;
+    }
+    std::vector<double> ratios(static_cast<size_t>(ranks_), 0.0);
+    ratios[static_cast<size_t>(r)] = now / baseline;
+    // A probe is a short forward pass, noisier than training's steps: the
+    // curve follows it only when the split does (the probes then count
+    // afresh, as a training rank's would); else they slide on, quietly.
+    if (propose(ratios, baseline / now - 1, split, step,
+                format("rank %d's probes got %.2fx faster while it had no samples", r,
+                       baseline / now).c_str(),
+                false)) {
+      probes.clear();
+      return;
+    }
+    probes.erase(probes.begin() + kProbes, probes.end() - (kProbes - 1));
+  }
+}
+
+// Rank 0: re-solves on the curves scaled by `ratios`; a split that pays
+// becomes the next step's proposal (true), and the curves stay scaled.
+// Where it does not pay, the scaled curves are kept only with
+// `scale_when_kept`, which also leaves a note of why the split stays.
+bool Rebalancer::propose(const std::vector<double>& ratios, double drift,
+                         const std::vector<int64_t>& split, int64_t step, const char* why,
+                         bool scale_when_kept) {
+  std::vector<balancer::DeviceProfile> scaled = options_.profiles;
+  const Resolved solved = resolve_split(scaled, ratios, split, batch_, options_.split_options);
   const double gain = solved.previous_ms / std::max(solved.split.step_time_ms, 1e-9) - 1;
   const double saved_ms = solved.previous_ms - solved.split.step_time_ms;
   if (solved.split.batch == split || gain < options_.settings.min_gain ||
       saved_ms < options_.settings.min_gain_ms) {
-    note_ = format("rebalance: at step %lld the compute times drifted %.0f%% apart, but the "
-                   "re-solved split %s is only %.1f%% (%.2f ms) faster than %s; keeping it",
-                   static_cast<long long>(step + 1), 100 * drift,
+    if (!scale_when_kept) return false;
+    options_.profiles = std::move(scaled);
+    note_ = format("rebalance: at step %lld %s, but the re-solved split %s is only %.1f%% "
+                   "(%.2f ms) faster than %s; keeping it",
+                   static_cast<long long>(step + 1), why,
                    balancer::join_batches(solved.split.batch).c_str(), 100 * std::max(gain, 0.0),
                    std::max(saved_ms, 0.0), balancer::join_batches(split).c_str());
-    return;
+    return false;
   }
+  options_.profiles = std::move(scaled);
   pending_ = SplitSwitch{.split = solved.split.batch,
                          .previous = split,
-                         .ratios = medians,
+                         .ratios = ratios,
                          .drift = drift,
+                         .reason = why,
                          .previous_ms = solved.previous_ms,
                          .predicted_ms = solved.split.step_time_ms,
                          .decided_at = step + 1};
+  return true;
 }
 
 // Scales every training rank's curve by its median ratio over the first
@@ -152,12 +221,12 @@ void Rebalancer::calibrate() {
 std::string Rebalancer::take_note() { return std::exchange(note_, std::string()); }
 
 std::string describe_switch(const SplitSwitch& s, int64_t step) {
-  return format("rebalance: from step %lld, split %s -> %s: measured / predicted compute time "
-                "per rank %s at step %lld (drift %.0f%%); predicted step %.2f ms -> %.2f ms",
+  return format("rebalance: from step %lld, split %s -> %s: %s at step %lld (measured / "
+                "predicted compute time per rank %s); predicted step %.2f ms -> %.2f ms",
                 static_cast<long long>(step), balancer::join_batches(s.previous).c_str(),
-                balancer::join_batches(s.split).c_str(), per_rank_ratios(s.ratios).c_str(),
-                static_cast<long long>(s.decided_at), 100 * s.drift, s.previous_ms,
-                s.predicted_ms);
+                balancer::join_batches(s.split).c_str(), s.reason.c_str(),
+                static_cast<long long>(s.decided_at), per_rank_ratios(s.ratios).c_str(),
+                s.previous_ms, s.predicted_ms);
 }
 
 JsonRecord switch_record(const SplitSwitch& s, int64_t step) {
@@ -169,6 +238,7 @@ JsonRecord switch_record(const SplitSwitch& s, int64_t step) {
       .add("previous_split", std::span<const int64_t>(s.previous))
       .add("ratios", s.ratios)
       .add("drift", s.drift)
+      .add("reason", s.reason)
       .add("previous_ms", s.previous_ms)
       .add("predicted_ms", s.predicted_ms);
 }

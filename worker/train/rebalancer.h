@@ -1,8 +1,8 @@
 // Online re-balancing: every rank measures its compute time per step (up to
 // the gradient exchange, Backend::end_compute_span_ms); the times ride on
-// the step's existing allreduce (loss, accuracy, stop) as 2 x ranks more
-// doubles: each rank's time in its own slot, and rank 0's decision, a new
-// split or zeros. Rank 0 compares the times with the plan's predictions
+// the step's existing allreduce (loss, accuracy, stop) as 3 x ranks more
+// doubles: each rank's time in its own slot, an idle rank's probe time, and
+// rank 0's decision, a new split or zeros. Rank 0 compares the times with the plan's predictions
 // (DriftDetector). The first window of steps calibrates: a profiled step
 // and a step in training differ by a per-device factor (the data upload,
 // caches, the other ranks profiling beside it), so each rank's median
@@ -11,6 +11,15 @@
 // profiled step-time curves scaled by what was measured, and proposes it in
 // the next step's allreduce, after which every rank switches at the same
 // step boundary. No collective of its own.
+//
+// A rank without samples has no step time to compare, so every
+// `probe_every` steps it times a probe instead: a forward pass in inference
+// mode on a fixed batch (no collective, no state changed). Its first three
+// probes are its baseline (the speed its curve was last scaled to); when
+// the median of its last three is faster than that by over the threshold,
+// rank 0 re-solves with its curve scaled by the two medians' ratio, and
+// switches where that pays as above (the curve then stays scaled), so a
+// device that recovers from a slowdown gets samples back.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +45,7 @@ struct RebalanceSettings {
                             // this much faster (0.1 = 10%) under the measured times
   double min_gain_ms = 2;   // ... and at least this many ms a step faster: below the
                             // scheduler's time slice, contention looks like drift
+  int64_t probe_every = 10;  // steps between an idle rank's probes (0: no probes)
 };
 
 struct RebalanceOptions {
@@ -54,7 +64,9 @@ struct SplitSwitch {
   // Rank 0 only (what it decided on; empty or 0 on other ranks):
   std::vector<int64_t> previous;  // the split it replaces
   std::vector<double> ratios;     // per rank, median measured / predicted compute time
-  double drift = 0;               // the detector's drift when it fired
+  double drift = 0;               // the detector's drift when it fired, or an idle rank's
+                                  // speed-up - 1 seen by its probes
+  std::string reason;             // what fired, in words
   double previous_ms = 0;         // the old split's step, predicted on the measured times
   double predicted_ms = 0;        // the new split's
   int64_t decided_at = 0;         // the step whose measurements decided it
@@ -79,8 +91,12 @@ class Rebalancer {
 
   // Rank 0, enabled, several ranks, and curves to re-solve on.
   bool deciding() const;
-  // Appends this rank's 2 x ranks slots to the step's allreduce.
-  void contribute(double compute_ms, std::vector<double>& sums) const;
+  // Whether a rank without samples times a probe before `step` (every rank
+  // knows: the settings are the job's).
+  bool probes_at(int64_t step) const;
+  // Appends this rank's 3 x ranks slots to the step's allreduce; probe_ms
+  // is 0 where this rank timed no probe.
+  void contribute(double compute_ms, double probe_ms, std::vector<double>& sums) const;
   // After the allreduce, with the summed slots: the switch every rank makes
   // now (rank 0's decision of the step before), or nullopt. On rank 0 it
   // also feeds the detector and may decide a switch for the next step.
@@ -94,6 +110,10 @@ class Rebalancer {
 
  private:
   void decide(const std::vector<int64_t>& split, int64_t step);
+  void follow_probes(std::span<const double> probe_ms, const std::vector<int64_t>& split,
+                     int64_t step);
+  bool propose(const std::vector<double>& ratios, double drift, const std::vector<int64_t>& split,
+               int64_t step, const char* why, bool scale_when_kept);
   void calibrate();
 
   RebalanceOptions options_;
@@ -103,6 +123,8 @@ class Rebalancer {
   std::vector<double> compute_ms_;
   bool calibrated_ = false;              // rank 0: the first window has scaled the curves
   std::optional<SplitSwitch> pending_;  // rank 0: decided, to propose in the next step
+  std::vector<std::vector<double>> probes_;  // rank 0: per idle rank, its probes' ms since
+                                             // its curve was last scaled
   std::string note_;
 };
 

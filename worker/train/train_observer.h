@@ -32,6 +32,13 @@ class TrainObserver {
     (void)step;
     (void)seconds;
   }
+  // After the forward pass a rank without samples times now and then
+  // (RebalanceSettings::probe_every), before its time is read: time spent
+  // here counts as the probe's.
+  virtual void on_probe_done(const StepEvent& step, double seconds) {
+    (void)step;
+    (void)seconds;
+  }
 };
 
 // Several observers, called in the order added. Not owned.
@@ -47,6 +54,9 @@ class ObserverList : public TrainObserver {
   }
   void on_compute_done(const StepEvent& step, double seconds) override {
     for (TrainObserver* o : observers_) o->on_compute_done(step, seconds);
+  }
+  void on_probe_done(const StepEvent& step, double seconds) override {
+    for (TrainObserver* o : observers_) o->on_probe_done(step, seconds);
   }
 
  private:

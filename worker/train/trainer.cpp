@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "common/text.h"
+#include "worker/engine/layer_timing.h"
 #include "worker/engine/network.h"
 #include "worker/train/batch_gatherer.h"
 #include "worker/train/bucket_allreduce.h"
@@ -70,8 +71,8 @@ std::optional<LossScaler> make_loss_scaler(const LossScalingSettings& s, common:
 // A rank with no samples still needs a network for the parameter buffers
 // and for its share of the evaluation. A network built after the optimizer
 // (a larger batch after a re-balance) finds its state in use already.
-NetworkOptions network_options(const JobShape& job, const TrainerOptions& options,
-                               bool optimizer_allocated = false) {
+NetworkOptions network_options(const Graph& graph, const JobShape& job,
+                               const TrainerOptions& options, bool optimizer_allocated = false) {
   NetworkOptions net;
   net.max_batch = network_batch(job);
   net.conv_algorithm = options.conv_algorithm;
@@ -87,7 +88,8 @@ NetworkOptions network_options(const JobShape& job, const TrainerOptions& option
       optimizer_allocated
           ? 0
           : Sgd::kStateBytesPerParameter +
-                staging_bytes_per_parameter(options.gradient_allreduce, job.ranks);
+                staging_bytes_per_parameter(
+                    wire_type(options.gradient_allreduce, graph.precision()), job.ranks);
   if (Communicator* comm = options.batch_norm_comm; comm != nullptr && job.ranks > 1) {
     net.sum_over_ranks = [comm](std::vector<double>& values) { comm->allreduce_sum(values); };
   }
@@ -179,6 +181,7 @@ class Trainer {
   StepTotals step(const std::vector<int64_t>& order, int64_t i);
   StepTotals compute(const std::vector<int64_t>& order, int64_t i);
   StepTotals contribute_zero_gradients();
+  double probe();
   void check_finite(double loss) const;
   std::optional<float> gradient_scale();
   void log_step(int64_t epoch, int64_t i, const StepTotals& totals);
@@ -217,6 +220,7 @@ class Trainer {
   Position at_;        // the next step
   Position resumed_;   // where this run began
   int64_t net_batch_ = network_batch(job_);  // the largest batch net_ was built for
+  std::optional<TimingBatch> probe_batch_;   // what an idle rank's probes run on
   double train_seconds_ = 0;
   int64_t timed_images_ = 0;
 };
@@ -232,7 +236,7 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       comm_(options.comm),
       observer_(options.observer),
       job_(job_shape(graph, train_set, options)),
-      net_(std::make_unique<Network>(graph, backend, network_options(job_, options))),
+      net_(std::make_unique<Network>(graph, backend, network_options(graph, job_, options))),
       sgd_(backend, prepare_network(), options.momentum, options.weight_decay),
       schedule_(schedule_for(job_, options)),
       progress_(leader() ? options.progress : Progress::Mode::kOff),
@@ -438,6 +442,8 @@ bool Trainer::epoch(int64_t epoch) {
 // their allreduce, the global loss and stop signal, the update.
 StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   if (observer_) observer_->on_step_start(step_event());
+  const double probe_ms =
+      parallel() && job_.my_batch == 0 && rebalancer_.probes_at(at_.step) ? probe() : 0.0;
   const auto start = Clock::now();
   // Only the re-balancer reads the compute time, and only with several
   // ranks: one rank spares the span's sync (on a GPU, a host wait).
@@ -450,7 +456,7 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   std::optional<SplitSwitch> to;
   if (parallel()) {
     std::vector<double> sums{totals.loss_sum, totals.correct, totals.stop ? 1.0 : 0.0};
-    rebalancer_.contribute(compute_ms, sums);
+    rebalancer_.contribute(compute_ms, probe_ms, sums);
     comm_->allreduce_sum(sums);
     totals = {sums[0], sums[1], sums[2] > 0};
     to = rebalancer_.after_step(std::span<const double>(sums).subspan(3), job_.split, at_.step);
@@ -492,7 +498,7 @@ void Trainer::fit_network_to_batch() {
   const std::vector<float> params = net_->download_parameters();
   const std::vector<float> buffers = net_->download_buffers();
   net_.reset();
-  net_ = std::make_unique<Network>(graph_, backend_, network_options(job_, options_, true));
+  net_ = std::make_unique<Network>(graph_, backend_, network_options(graph_, job_, options_, true));
   net_->upload_parameters(params);
   net_->upload_buffers(buffers);
   if (trace_ && at_.step - resumed_.step < options_.trace_steps) net_->set_trace(trace_.get());
@@ -528,6 +534,29 @@ StepTotals Trainer::contribute_zero_gradients() {
     allreduce_.launch_all(net_->gradients());
   }
   return {};
+}
+
+// A rank without samples times a forward pass in inference mode on a fixed
+// batch (the same every time: no collective, no running statistics
+// changed), so that rank 0 sees when its device speeds up again
+// (rebalancer.h). Returns its milliseconds on the device.
+double Trainer::probe() {
+  const int64_t n = std::min(net_batch_, std::max<int64_t>(1, job_.batch / job_.ranks));
+  const auto upload = [&] {
+    backend_.upload(probe_batch_->images.data(), net_->input(n));
+    backend_.upload_labels(probe_batch_->labels.data(), net_->labels(), n);
+  };
+  if (!probe_batch_ || static_cast<int64_t>(probe_batch_->labels.size()) != n) {
+    probe_batch_ = timing_batch(graph_, n);
+    upload();
+    net_->evaluate(n);  // untimed: the first pass at a batch also creates its primitives
+  }
+  const auto start = Clock::now();
+  backend_.begin_compute_span();
+  upload();
+  net_->evaluate(n);
+  if (observer_) observer_->on_probe_done(step_event(), seconds_since(start));
+  return backend_.end_compute_span_ms();
 }
 
 // What the update multiplies the (allreduced, so on every rank the same)
