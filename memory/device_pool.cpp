@@ -77,7 +77,7 @@ void DevicePool::release(void* ptr) {
   if (in_step_ && block.trace_id >= 0) recorder_.release(block.trace_id);
   if (options_.poison_freed) {
     const auto floats = static_cast<int64_t>(free_.block_size(block.offset) / sizeof(float));
-    backend_.fill(worker::Tensor{{{floats, 1, 1, 1}}, static_cast<float*>(ptr)},
+    backend_.fill(worker::Tensor{worker::vector_desc(floats), static_cast<float*>(ptr)},
                   std::numeric_limits<float>::quiet_NaN());
   }
   free_.release(block.offset);

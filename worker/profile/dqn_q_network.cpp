@@ -42,7 +42,7 @@ QNetwork::QNetwork(Backend& backend, QGraph graph, const QNetworkShape& shape, u
   params_ = static_cast<float*>(backend_.allocate_device(count_ * sizeof(float)));
   grads_ = static_cast<float*>(backend_.allocate_device(count_ * sizeof(float)));
   set_parameters(init);
-  backend_.fill(Tensor{{{count_, 1, 1, 1}}, grads_}, 0.0f);
+  backend_.fill(Tensor{vector_desc(count_), grads_}, 0.0f);
   sgd_ = std::make_unique<Sgd>(backend_, count_, momentum, 0.0f);
   buffers_ = std::make_unique<BufferPool>(backend_);
 }
@@ -59,7 +59,7 @@ float* QNetwork::gradient(Weight w) const { return grads_ + offset_[w]; }
 
 std::vector<float> QNetwork::parameters() const {
   std::vector<float> host(static_cast<size_t>(count_));
-  backend_.download(Tensor{{{count_, 1, 1, 1}}, params_}, host.data());
+  backend_.download(Tensor{vector_desc(count_), params_}, host.data());
   return host;
 }
 
@@ -68,12 +68,12 @@ void QNetwork::set_parameters(std::span<const float> values) {
     throw std::invalid_argument("q-network: " + std::to_string(values.size()) + " parameters for " +
                                 std::to_string(count_));
   }
-  backend_.upload(values.data(), Tensor{{{count_, 1, 1, 1}}, params_});
+  backend_.upload(values.data(), Tensor{vector_desc(count_), params_});
 }
 
 std::vector<float> QNetwork::gradients() const {
   std::vector<float> host(static_cast<size_t>(count_));
-  backend_.download(Tensor{{{count_, 1, 1, 1}}, grads_}, host.data());
+  backend_.download(Tensor{vector_desc(count_), grads_}, host.data());
   return host;
 }
 

@@ -70,7 +70,7 @@ void QNetwork::backward_embed(Pass& pass, const QBatch& batch, std::vector<float
     ds_host = neighbour_sum(graph_, dagg.download(), batch.states, p, true);
   }
   if (last == 0) {
-    backend_.fill(Tensor{{{static_cast<int64_t>(p) * p, 1, 1, 1}}, gradient(kW2)}, 0.0f);
+    backend_.fill(Tensor{vector_desc(static_cast<int64_t>(p) * p), gradient(kW2)}, 0.0f);
   }
   backend_.inner_product_backward_weights(**pass.x, *dc, gradient(kW1), nullptr, 0.0f);
   backward_edge_terms(pass, dc, batch.states);

@@ -63,8 +63,7 @@ constexpr size_t kAllocationSlack = size_t{64} << 10;
 struct KernelItem {
   KernelItem(const KernelSite& s, int64_t m, Backend& backend)
       : site(s), p(s.problem.with_batch(m)), w_shape(p.weight_shape()),
-        w_desc{w_shape, Layout::kPlain, p.x.dtype}, bias_desc{{p.k, 1, 1, 1}, Layout::kPlain,
-                                                             p.x.dtype} {
+        w_desc{w_shape, Layout::kPlain, p.x.dtype}, bias_desc(vector_desc(p.k, p.x.dtype)) {
     const size_t tensors = p.x.bytes() + p.y.bytes() + w_desc.bytes() + bias_desc.bytes() +
                            (w_shape.elements() + p.k) * sizeof(float);
     const size_t free = free_device_bytes(backend);
