@@ -23,7 +23,7 @@ best standalone throughput added up, less the exchange):
 
   /usr/bin/python3 bench/bench_hetero.py [--vtrain build/vtrain] [--rounds 3]
       [--speeds 2|3] [--config configs/synthetic-lenet.yaml] [--batch 96]
-      [--memory-limit 12MiB]
+      [--memory-limit 12MiB] [--step-rounds 3]
 
 Timings on a shared 2-vCPU VM are noisy: the runs alternate and the
 medians are quoted.
@@ -77,6 +77,8 @@ def main():
     ap.add_argument("--memory-limit", default="",
                     help="device.memory_limit of rank 0 for the excluded and joint splits")
     ap.add_argument("--profile-batches", default="8,16,24,32,40,48,56,64,72,80")
+    ap.add_argument("--step-rounds", type=int, default=3,
+                    help="profile.step_rounds: rounds over the batches' profiled steps")
     args = ap.parse_args()
 
     env = dict(os.environ, OMPI_MCA_btl="self,vader",
@@ -93,6 +95,7 @@ def main():
               "--set", "train.evaluate=false", "--set", "device.threads=1",
               "--set", "conv.algorithm=direct", "--set", "profile.db=" + db,
               "--set", "profile.batches=[%s]" % args.profile_batches,
+              "--set", "profile.step_rounds=%d" % args.step_rounds,
               "--set", "balance.granularity=8", "--set", "balance.candidates=interpolated",
               "--set", "balance.rebalance.enabled=false"]
     limit = ["--set", "device.memory_limit=" + args.memory_limit]

@@ -103,6 +103,7 @@ struct ProfileConfig {
   int64_t warmup = 1;               // untimed runs before the timed ones
   int64_t repeats = 5;              // timed runs; the median is recorded
   bool steps = true;                // also time whole steps (upload, fwd, bwd, update)
+  int64_t step_rounds = 1;          // rounds over the batches' steps; the median round is kept
 };
 
 struct CheckpointConfig {

@@ -227,6 +227,7 @@ void emit_planning(YAML::Emitter& out, const Config& config) {
       << balancer::micro_batch_policy_name(profile.micro_batches);
   out << YAML::Key << "warmup" << YAML::Value << profile.warmup;
   out << YAML::Key << "repeats" << YAML::Value << profile.repeats;
+  out << YAML::Key << "step_rounds" << YAML::Value << profile.step_rounds;
   out << YAML::Key << "steps" << YAML::Value << profile.steps;
   out << YAML::EndMap;
 }

@@ -403,7 +403,7 @@ BalanceConfig read_balance(const Field& field, const TrainConfig& train) {
 
 ProfileConfig read_profile(const Field& field) {
   const Section section(field);
-  section.allow({"db", "batches", "micro_batches", "warmup", "repeats", "steps"});
+  section.allow({"db", "batches", "micro_batches", "warmup", "repeats", "steps", "step_rounds"});
   ProfileConfig profile;
   if (Field f = section["db"]) profile.db = to_path(f);
   if (Field f = section["batches"]) {
@@ -416,6 +416,7 @@ ProfileConfig read_profile(const Field& field) {
   }
   if (Field f = section["warmup"]) profile.warmup = to_int(f, at_least(0));
   if (Field f = section["repeats"]) profile.repeats = to_int(f, at_least(1));
+  if (Field f = section["step_rounds"]) profile.step_rounds = to_int(f, at_least(1));
   if (Field f = section["steps"]) profile.steps = to_bool(f);
   return profile;
 }

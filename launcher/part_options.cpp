@@ -84,6 +84,7 @@ worker::ProfileOptions profile_options(const config::Config& cfg) {
   o.micro_batches = cfg.profile.micro_batches;
   o.warmup = static_cast<int>(cfg.profile.warmup);
   o.repeats = static_cast<int>(cfg.profile.repeats);
+  o.step_rounds = static_cast<int>(cfg.profile.step_rounds);
   o.steps = cfg.profile.steps;
   o.memory_policy = cfg.memory.policy;
   return o;

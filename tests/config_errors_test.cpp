@@ -87,6 +87,8 @@ TEST(ConfigErrorTest, OutOfRangeNumbers) {
             "t.yaml:5: train.seed: expected an integer >= 0, got -1");
   EXPECT_EQ(error_of(std::string(kMinimal) + "balance: {rebalance: {probe_every: -5}}\n"),
             "t.yaml:5: balance.rebalance.probe_every: expected an integer >= 0, got -5");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "profile: {step_rounds: 0}\n"),
+            "t.yaml:5: profile.step_rounds: expected an integer >= 1, got 0");
 }
 
 TEST(ConfigErrorTest, BadEnumValue) {

@@ -336,6 +336,7 @@ optimizer: {lr: 0.05, momentum: 0.9, weight_decay: 5e-4, schedule: cosine}
 device: {backend: cpu, memory_limit: 64MiB}
 balance: {rebalance: {threshold: 0.4, window: 9, patience: 3, min_gain: 0.2, min_gain_ms: 1,
                       probe_every: 7}}
+profile: {step_rounds: 3}
 output: {metrics: /tmp/x.jsonl, progress: off}
 )");
   const std::string text = to_yaml(a);
@@ -362,6 +363,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   const worker::RebalanceSettings& r = b.balance.rebalance;
   EXPECT_EQ(std::tie(r.threshold, r.window, r.patience, r.min_gain, r.min_gain_ms, r.probe_every),
             std::make_tuple(0.4, int64_t{9}, int64_t{3}, 0.2, 1.0, int64_t{7}));
+  EXPECT_EQ(b.profile.step_rounds, 3);
   EXPECT_EQ(b.data.shape, a.data.shape);
   EXPECT_EQ(b.data.mean, a.data.mean);
   EXPECT_EQ(b.data.stddev, a.data.stddev);

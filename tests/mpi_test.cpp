@@ -185,11 +185,13 @@ TEST(Mpi, HalfGradientAllreduceFollowsFp32UnderBf16) {
 
 // CPU processes that share the host's cores profile together: each
 // measures every item at the same time as the other, so each measurement
-// meets the contention training will.
+// meets the contention training will (in every round of the steps, too).
 TEST(Mpi, CpuProcessesOnOneHostProfileTogether) {
   TempDir dir;
   const std::string args = binary() + " profile " + source_dir() +
-                           "/configs/synthetic-lenet.yaml --set profile.repeats=1 --set device.threads=1 --set profile.batches=[32] "
+                           "/configs/synthetic-lenet.yaml --set profile.repeats=1 "
+                           "--set device.threads=1 --set profile.batches=[32] "
+                           "--set profile.step_rounds=2 "
                            "--set profile.micro_batches=powerOfTwo --db " + dir / "p.db";
   std::string out;
   // Unbound, both ranks see every core and so are the same device. (Open MPI

@@ -2,6 +2,8 @@
 // split of work between identical devices; and the profile/db commands.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <set>
 #include <span>
 
@@ -181,6 +183,34 @@ TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
   EXPECT_EQ(again.layer_costs_measured, 1);
   EXPECT_EQ(again.copy_measured, 1);
   EXPECT_EQ(agreements, items);
+}
+
+// profile.step_rounds: every round times every batch's step in turn, and
+// each batch is recorded once (its median round). Together peers keep step
+// in the later rounds with one agreement per batch, as in the first.
+TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
+  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  const Graph graph = small_graph();
+  ProfileOptions options{.batches = {4, 8}, .warmup = 0, .repeats = 1, .layer_costs = false};
+  int agreements = 0;
+  options.peers = {.index = 0, .count = 2, .together = true, .any = [&](bool mine) {
+                     ++agreements;
+                     return mine;
+                   }};
+  std::map<int, int> agreements_at;  // step_rounds -> agreements
+  for (int rounds : {1, 3}) {
+    perfdb::PerfDb db(":memory:");
+    const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
+    options.step_rounds = rounds;
+    agreements = 0;
+    const ProfileReport r = profile(graph, *backend, db, device, options);
+    EXPECT_EQ(r.step_measured, 2) << rounds << " rounds";
+    const auto steps = db.step_measurements(device, graph.signature(), "none");
+    ASSERT_EQ(steps.size(), 2u) << rounds << " rounds";
+    for (const auto& step : steps) EXPECT_GT(step.time_ms, 0);
+    agreements_at[rounds] = agreements;
+  }
+  EXPECT_EQ(agreements_at[3] - agreements_at[1], 2 * 2);  // 2 more rounds of 2 batches
 }
 
 // Split, the items are dealt in turn whether or not the DB holds them.

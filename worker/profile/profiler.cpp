@@ -285,28 +285,53 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
     const uint64_t capacity = backend.device_info().memory_bytes;
     const std::vector<perfdb::StepMeasurement> known =
         profiled_steps(db, device, graph.profile_key(), options.memory_policy, capacity);
-    for (int64_t b : options.batches) {
-      const Turn turn = turns.take([&] {
-        return ItemState{true, std::any_of(known.begin(), known.end(),
-                                           [&](const perfdb::StepMeasurement& s) {
-                                             return s.batch == b;
-                                           })};
-      });
-      if (turn == Turn::kCached) ++report.step_cached;
-      if (turn != Turn::kMeasure) continue;
-      const std::optional<MeasuredStep> measured =
-          measure_step(graph, backend, db, device, b, options);
-      if (!measured) {
-        report.step_infeasible.push_back(b);
-        continue;
+    // Round 1 deals the batches (turns); later rounds re-time what this
+    // process measured in round 1, in the same order, together peers
+    // keeping step with one `any` per batch as take() does.
+    std::map<int64_t, std::vector<MeasuredStep>> rounds_of;  // batch -> its rounds' steps
+    std::vector<int64_t> dealt;                               // this process's batches, in order
+    for (int round = 0; round < std::max(options.step_rounds, 1); ++round) {
+      for (int64_t b : options.batches) {
+        if (round == 0) {
+          const Turn turn = turns.take([&] {
+            return ItemState{true, std::any_of(known.begin(), known.end(),
+                                               [&](const perfdb::StepMeasurement& s) {
+                                                 return s.batch == b;
+                                               })};
+          });
+          if (turn == Turn::kCached) ++report.step_cached;
+          if (turn != Turn::kMeasure) continue;
+          dealt.push_back(b);
+        } else {
+          if (options.peers.together && options.peers.count > 1) options.peers.any(false);
+          if (!rounds_of.contains(b)) continue;  // not this process's, or it fit no step
+        }
+        std::optional<MeasuredStep> measured = measure_step(graph, backend, db, device, b, options);
+        if (measured) {
+          rounds_of[b].push_back(std::move(*measured));
+        } else if (round == 0) {
+          report.step_infeasible.push_back(b);
+        }
       }
-      db.record_step_measurements(device, std::span(&measured->step, 1));
+    }
+    for (int64_t b : dealt) {
+      auto found = rounds_of.find(b);
+      if (found == rounds_of.end()) continue;
+      // The round of median time (the lower of two middles), peak and all.
+      std::vector<MeasuredStep>& rounds = found->second;
+      const auto middle = rounds.begin() + static_cast<std::ptrdiff_t>((rounds.size() - 1) / 2);
+      std::nth_element(rounds.begin(), middle, rounds.end(),
+                       [](const MeasuredStep& x, const MeasuredStep& y) {
+                         return x.step.time_ms < y.step.time_ms;
+                       });
+      const MeasuredStep& measured = *middle;
+      db.record_step_measurements(device, std::span(&measured.step, 1));
       ++report.step_measured;
       // The layers as the step met them replace their times alone (see
       // measure_costs_in_steps): the simulator then predicts steps.
-      if (options.layer_costs && measured->calls) {
+      if (options.layer_costs && measured.calls) {
         db.record_layer_measurements(device, graph.profile_key(), b,
-                                     layer_rows(graph, *measured->calls));
+                                     layer_rows(graph, *measured.calls));
       }
     }
     std::sort(report.step_infeasible.begin(), report.step_infeasible.end());

@@ -29,6 +29,10 @@ struct ProfileOptions {
   int warmup = 1;                    // untimed runs before the timed ones
   int repeats = 5;                   // timed runs; the median is recorded
   bool steps = true;                 // also time a whole step (upload, fwd, bwd, update) per batch
+  int step_rounds = 1;               // rounds over the batches, each timing every batch's step
+                                     // in turn; a batch's recorded step is its rounds' median
+                                     // (a slow spell of a shared machine then falls on every
+                                     // batch's runs alike, not on all of one's)
   bool layer_costs = true;           // also each layer's forward and backward per batch and the
                                      // device's copy bandwidth (step_costs.h), what the
                                      // swap / recompute planners cost a step with: timed
