@@ -160,7 +160,9 @@ int64_t run_with_idle_rank(const std::function<double(int64_t)>& probe_ms, int64
   o.settings.probe_every = 1;
   o.profiles = {linear_device("a", 1), linear_device("b", 1)};
   o.split_options.granularity = 8;
-  Rebalancer zero(o, 0, 2, 48), one(RebalanceOptions{.settings = o.settings}, 1, 2, 48);
+  RebalanceOptions others;  // the settings only: other ranks have no curves
+  others.settings = o.settings;
+  Rebalancer zero(o, 0, 2, 48), one(others, 1, 2, 48);
   const std::vector<int64_t> split{48, 0};
   for (int64_t step = 0; step < steps; ++step) {
     EXPECT_TRUE(one.probes_at(step));

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <stdexcept>
+#include <utility>
 
 #include "common/text.h"
 #include "worker/device/backend.h"
@@ -212,7 +213,9 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
   for (size_t g = 0; g < devices.size(); ++g) {
     const PlanDevice& device = devices[g];
     if (split.batch[g] == 0) {
-      plan.ranks.push_back({.device = device.name});
+      balancer::RankPlan idle;  // no samples, no kernels
+      idle.device = device.name;
+      plan.ranks.push_back(std::move(idle));
       continue;
     }
     RankWorkspace w = plan_rank_workspace(graph, db, device, split.batch[g], workspace,

@@ -1,0 +1,144 @@
+#include <cstdlib>
+#include <istream>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "worker/train/checkpoint.h"
+#include "worker/train/trainer_internal.h"
+
+namespace vtrain::worker::trainer_internal {
+namespace {
+
+// A checkpoint's loss scale as words for the restore broadcast, exactly
+// (the scale in hexadecimal floating point); "-" for none.
+std::string loss_scale_words(const std::optional<LossScalerState>& s) {
+  if (!s) return " -";
+  return format(" %a %lld %lld", s->scale, static_cast<long long>(s->clean_steps),
+                static_cast<long long>(s->skipped_steps));
+}
+
+std::optional<LossScalerState> read_loss_scale(std::istream& in) {
+  std::string scale;
+  in >> scale;
+  if (scale == "-") return std::nullopt;
+  LossScalerState s{.scale = std::strtod(scale.c_str(), nullptr)};
+  in >> s.clean_steps >> s.skipped_steps;
+  return s;
+}
+
+}  // namespace
+
+// Continues from the newest checkpoint: rank 0 reads and checks the file;
+// every rank gets the same state. The position is global (a step and a
+// sample of the epoch's order), so the ranks and their split may differ
+// from the run that wrote it.
+void Trainer::restore() {
+  if (!options_.resume || options_.checkpoint_dir.empty()) return;
+  std::string path, position;  // position: "step epoch step_in_epoch world_size"
+  std::string change;          // rank 0: what differs from the run that wrote it
+  std::vector<float> params, buffers, velocity;
+  if (leader()) {
+    if (auto latest = latest_checkpoint(options_.checkpoint_dir)) {
+      path = *latest;
+      Checkpoint ckpt = load_checkpoint(path);
+      check_checkpoint_matches(ckpt, path, graph_.signature(), net_->parameter_count(),
+                               net_->buffer_count());
+      check_checkpoint_resumable(ckpt, path, job_.batch, options_.seed);
+      params = std::move(ckpt.parameters);
+      buffers = std::move(ckpt.buffers);
+      velocity = std::move(ckpt.velocity);
+      position = std::to_string(ckpt.step) + " " + std::to_string(ckpt.epoch) + " " +
+                 std::to_string(ckpt.step_in_epoch) + " " +
+                 std::to_string(ckpt.world_size) + loss_scale_words(ckpt.loss_scaler);
+      change = resume_change(ckpt, job_.split);
+    }
+  }
+  if (comm_) comm_->broadcast(path, 0);
+  if (path.empty()) return;
+  if (comm_) {
+    comm_->broadcast(params, 0);
+    comm_->broadcast(buffers, 0);
+    comm_->broadcast(velocity, 0);
+    comm_->broadcast(position, 0);
+  }
+  net_->upload_parameters(params);
+  net_->upload_buffers(buffers);
+  sgd_.upload_velocity(velocity);
+  std::istringstream words(position);
+  words >> at_.step >> at_.epoch >> at_.in_epoch >> result_.resumed_world_size;
+  result_.resumed_from = path;
+  progress_.line(format("resumed from %s (step %lld, epoch %lld)%s%s", path.c_str(),
+                        static_cast<long long>(at_.step), static_cast<long long>(at_.epoch + 1),
+                        change.empty() ? "" : "; ", change.c_str()));
+  restore_loss_scale(read_loss_scale(words), path);
+}
+
+// Loss scaling goes on with the checkpoint's scale and counts, whatever the
+// precision that wrote it. A checkpoint without them (an older vtrain's, or
+// a run's without loss scaling) leaves the scale at its initial value; a
+// run without loss scaling has no use for them.
+void Trainer::restore_loss_scale(const std::optional<LossScalerState>& saved,
+                                 const std::string& path) {
+  if (!scaler_) {
+    if (saved) {
+      progress_.line(format("loss scaling: off in this run; the checkpoint's scale %g is not used",
+                            saved->scale));
+    }
+    return;
+  }
+  if (!saved) {
+    progress_.line(format("loss scaling: %s holds no loss scale (written by an older vtrain or "
+                          "by a run without loss scaling); starting at "
+                          "train.loss_scaling.initial %g",
+                          path.c_str(), scaler_->scale()));
+    return;
+  }
+  try {
+    scaler_->restore(*saved);
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(path + ": " + e.what());
+  }
+  progress_.line(format("loss scaling: continuing at scale %g (%lld clean step(s) since its last "
+                        "change, %lld step(s) skipped so far)",
+                        saved->scale, static_cast<long long>(saved->clean_steps),
+                        static_cast<long long>(saved->skipped_steps)));
+}
+
+// With model.batch_norm: local, batch-norm running statistics follow each
+// rank's own samples: evaluate every share with rank 0's, as checkpoints
+// do. (Synchronised, every rank's are the same already.)
+void Trainer::share_batch_norm_statistics() {
+  if (!parallel() || net_->buffer_count() == 0) return;
+  std::vector<float> buffers = net_->download_buffers();
+  comm_->broadcast(buffers, 0);
+  net_->upload_buffers(buffers);
+}
+
+void Trainer::checkpoint(const Position& at) {
+  if (options_.checkpoint_dir.empty()) return;
+  // Batch-norm running statistics: every rank's are the same when
+  // synchronised, else each rank's follow its own samples; the checkpoint
+  // (like evaluation) uses rank 0's.
+  if (!leader()) return;
+  Checkpoint ckpt;
+  ckpt.model_signature = graph_.signature();
+  ckpt.step = at.step;
+  ckpt.epoch = at.epoch;
+  ckpt.step_in_epoch = at.in_epoch;
+  ckpt.seed = options_.seed;
+  ckpt.world_size = job_.ranks;
+  ckpt.global_batch = job_.batch;
+  ckpt.epoch_sample = at.in_epoch * job_.batch;
+  ckpt.split = job_.split;
+  ckpt.parameters = net_->download_parameters();
+  ckpt.buffers = net_->download_buffers();
+  ckpt.velocity = sgd_.download_velocity();
+  if (scaler_) ckpt.loss_scaler = scaler_->state();
+  result_.last_checkpoint = save_checkpoint(options_.checkpoint_dir, ckpt, options_.checkpoint_keep);
+  progress_.line("checkpoint: wrote " + result_.last_checkpoint);
+}
+
+}  // namespace vtrain::worker::trainer_internal

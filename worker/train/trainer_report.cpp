@@ -1,0 +1,203 @@
+#include <algorithm>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "worker/train/trainer_internal.h"
+
+namespace vtrain::worker::trainer_internal {
+namespace {
+
+struct Evaluation {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+// Each rank evaluates a contiguous share of the test set; the sums are added.
+Evaluation evaluate(Network& net, const Dataset& data, const ChannelStats& norm, int64_t chunk,
+                    Staging& stage, Communicator* comm) {
+  const int rank = comm ? comm->rank() : 0, ranks = comm ? comm->size() : 1;
+  const int64_t first = data.count * rank / ranks, last = data.count * (rank + 1) / ranks;
+  std::vector<double> sums{0.0, 0.0};  // loss, correct
+  for (int64_t at = first; at < last; at += chunk) {
+    const int64_t n = std::min(chunk, last - at);
+    stage.indices.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) stage.indices[i] = at + i;
+    gather_staged(data, norm, stage);
+    upload_staged(net, stage);
+    const LossStats s = net.evaluate(n);
+    sums[0] += s.loss_sum;
+    sums[1] += static_cast<double>(s.correct);
+  }
+  if (comm) comm->allreduce_sum(sums);
+  return {sums[0] / static_cast<double>(data.count), sums[1] / static_cast<double>(data.count)};
+}
+
+}  // namespace
+
+void Trainer::print_setup() {
+  const std::string split_text = balancer::join_batches(job_.split);
+  progress_.line(format("model: %d layers, %lld parameters, %s; batch %lld (per rank: %s), %lld "
+                        "steps/epoch; device memory %s in use (workspace %s)",
+                        graph_.size(), static_cast<long long>(net_->parameter_count()),
+                        common::precision_name(graph_.precision()),
+                        static_cast<long long>(job_.batch), split_text.c_str(),
+                        static_cast<long long>(job_.steps_per_epoch),
+                        common::format_mib(backend_.device_bytes_in_use()).c_str(),
+                        common::format_mib(net_->workspace_bytes()).c_str()));
+  for (const std::string& line : net_->algorithm_summary()) progress_.line("  " + line);
+  if (parallel() && options_.batch_norm_comm != nullptr && net_->buffer_count() > 0) {
+    progress_.line(format("batch norm: synchronised, statistics of the global batch of %lld "
+                          "over %d ranks",
+                          static_cast<long long>(job_.batch), job_.ranks));
+  }
+  const MemoryStats m = net_->memory_stats();
+  progress_.line(format("memory: policy %s, planner %s; pool %s reserved of %s (%s persistent), "
+                        "pinned host %s",
+                        m.policy.c_str(), m.planner.c_str(), common::format_mib(m.reservation).c_str(),
+                        common::format_mib(m.capacity).c_str(), common::format_mib(m.persistent_bytes).c_str(),
+                        common::format_mib(m.host_reservation).c_str()));
+}
+
+void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
+  const double loss = totals.loss_sum / static_cast<double>(job_.batch);
+  const double accuracy = totals.correct / static_cast<double>(job_.batch);
+  result_.step_losses.push_back(loss);
+  const double ips =
+      train_seconds_ > 0 ? static_cast<double>(timed_images_) / train_seconds_ : 0;
+  const int64_t step = at_.step;
+  const bool log_point = step % options_.log_every == 0 || step == job_.total_steps;
+  progress_.step(format("epoch %lld/%lld step %lld/%lld loss %.4f acc %.3f lr %.4g %.0f img/s",
+                        static_cast<long long>(epoch + 1), static_cast<long long>(options_.epochs),
+                        static_cast<long long>(i + 1),
+                        static_cast<long long>(job_.steps_per_epoch), loss, accuracy, totals.lr,
+                        ips),
+                 log_point);
+  if (!log_point) return;
+  const MemoryStats memory = net_->memory_stats();
+  metrics_.write(JsonRecord()
+                     .add("event", "step")
+                     .add("step", step)
+                     .add("epoch", epoch + 1)
+                     .add("loss", loss)
+                     .add("accuracy", accuracy)
+                     .add("lr", totals.lr)
+                     .add("images_per_second", ips)
+                     .add("device_bytes", static_cast<int64_t>(backend_.device_bytes_in_use()))
+                     .add("memory_step_peak_bytes", static_cast<int64_t>(memory.step_peak))
+                     .add("memory_step_average_bytes", memory.step_average)
+                     .add("compute_ms", rebalancer_.compute_ms())
+                     .add("split", std::span<const int64_t>(job_.split)));
+}
+
+// The epoch's summary line and record, with a test-set evaluation if asked.
+void Trainer::end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_point start) {
+  const double seen = static_cast<double>(std::max<int64_t>(totals.seen, 1));
+  JsonRecord record;
+  record.add("event", "epoch")
+      .add("epoch", epoch + 1)
+      .add("step", at_.step)
+      .add("train_loss", totals.loss_sum / seen)
+      .add("train_accuracy", totals.correct / seen)
+      .add("seconds", seconds_since(start));
+  std::string summary = format("epoch %lld/%lld: train loss %.4f acc %.4f",
+                               static_cast<long long>(epoch + 1),
+                               static_cast<long long>(options_.epochs), totals.loss_sum / seen,
+                               totals.correct / seen);
+  if (options_.evaluate && test_set_.count > 0) {
+    share_batch_norm_statistics();
+    const Evaluation e = evaluate(*net_, test_set_, norm_, job_.eval_chunk, eval_stage_, comm_);
+    result_.test_accuracy = e.accuracy;
+    result_.test_loss = e.loss;
+    record.add("test_loss", e.loss).add("test_accuracy", e.accuracy);
+    summary += format(", test loss %.4f acc %.4f", e.loss, e.accuracy);
+  }
+  summary += format(" (%.1f s)", seconds_since(start));
+  progress_.line(summary);
+  metrics_.write(record);
+}
+
+// The result's totals, and the trace: one file, one process per rank,
+// gathered and written by rank 0.
+void Trainer::finish() {
+  result_.steps = at_.step;
+  result_.final_loss = result_.step_losses.empty() ? 0 : result_.step_losses.back();
+  result_.images_per_second =
+      train_seconds_ > 0 ? static_cast<double>(timed_images_) / train_seconds_ : 0;
+  result_.peak_device_bytes = backend_.device_bytes_peak();
+  result_.memory = net_->memory_stats();
+  result_.final_split = job_.split;
+  result_.loss_scale = scaler_ ? scaler_->scale() : 0.0;
+  result_.skipped_steps = scaler_ ? scaler_->skipped_steps() : 0;
+  if (trace_) {
+    net_->set_trace(nullptr);
+    std::vector<std::string> parts = parallel()
+                                         ? comm_->gather(trace_->events_json(), 0)
+                                         : std::vector<std::string>{trace_->events_json()};
+    if (leader()) {
+      memory::write_trace_file(options_.trace_path, memory::merge_chrome_traces(parts));
+      progress_.line("trace: " + options_.trace_path);
+    }
+  }
+  if (comm_) {
+    result_.allreduce_seconds = comm_->allreduce_seconds();
+    result_.allreduce_exposed_seconds = comm_->wait_seconds();
+  }
+}
+
+void Trainer::write_end_record() {
+  const TrainResult& r = result_;
+  JsonRecord end;
+  end.add("event", "end")
+      .add("steps", r.steps)
+      .add("final_loss", r.final_loss)
+      .add("images_per_second", r.images_per_second)
+      .add("peak_device_bytes", static_cast<int64_t>(r.peak_device_bytes))
+      .add("precision", common::precision_name(graph_.precision()))
+      .add("memory_policy", r.memory.policy)
+      .add("memory_step_peak_bytes", static_cast<int64_t>(r.memory.step_peak))
+      .add("memory_step_average_bytes", r.memory.step_average)
+      .add("ranks", static_cast<int64_t>(job_.ranks))
+      .add("allreduce_seconds", r.allreduce_seconds)
+      .add("allreduce_exposed_seconds", r.allreduce_exposed_seconds)
+      .add("allreduce_type", common::dtype_name(allreduce_.wire()))
+      .add("rebalances", r.rebalances)
+      .add("skipped_steps", r.skipped_steps)
+      .add("loss_scale", r.loss_scale);
+  if (r.test_accuracy >= 0) end.add("test_accuracy", r.test_accuracy).add("test_loss", r.test_loss);
+  metrics_.write(end);
+}
+
+void Trainer::print_summary() {
+  const TrainResult& r = result_;
+  std::string comm_text;
+  if (job_.ranks > 1 && r.allreduce_seconds > 0) {
+    comm_text = format(", allreduce %.2f s of which %.0f%% hidden behind backward",
+                       r.allreduce_seconds,
+                       100.0 * std::max(0.0, 1.0 - r.allreduce_exposed_seconds /
+                                                       r.allreduce_seconds));
+  }
+  progress_.line(format("memory: last step peak %s, average %s, offloaded %s; pool reserved %s",
+                        common::format_mib(r.memory.step_peak).c_str(),
+                        common::format_mib(static_cast<size_t>(r.memory.step_average)).c_str(),
+                        common::format_mib(r.memory.offloaded_bytes).c_str(), common::format_mib(r.memory.reservation).c_str()));
+  if (const memory::StaticPlanReport& sp = r.memory.static_plan; sp.active && sp.blocks > 0) {
+    progress_.line(format(
+        "memory: static plan of %d blocks spans %s above the persistent tensors: "
+        "%.3fx the lower bound %s%s; %d plan(s), %d re-plan(s), %.2f ms to solve",
+        sp.blocks, common::format_mib(sp.plan_peak).c_str(),
+        sp.lower_bound > 0 ? static_cast<double>(sp.plan_peak) / sp.lower_bound : 1.0,
+        common::format_mib(sp.lower_bound).c_str(),
+        sp.pool_span > 0 ? (" (best fit as requests came: " + common::format_mib(sp.pool_span) + ")").c_str()
+                         : "",
+        sp.plans, sp.replans, 1000.0 * sp.plan_seconds));
+  }
+  progress_.line(format("done: %lld steps, %.0f img/s, peak device memory %s%s%s",
+                        static_cast<long long>(r.steps), r.images_per_second,
+                        common::format_mib(r.peak_device_bytes).c_str(),
+                        r.test_accuracy >= 0 ? format(", test accuracy %.4f", r.test_accuracy).c_str()
+                                             : "",
+                        comm_text.c_str()));
+}
+
+}  // namespace vtrain::worker::trainer_internal
