@@ -84,6 +84,16 @@ std::vector<int64_t> candidate_batches(const config::Config& cfg, int ranks) {
 }
 
 
+// What a rank measures at a share that was not a profiled batch: its
+// kernels (and layer costs) there, alone: only the ranks whose share is new
+// measure.
+worker::ProfileOptions kernels_alone_at(worker::ProfileOptions po, int64_t batch) {
+  po.batches = {batch};
+  po.steps = false;
+  po.peers = {};
+  return po;
+}
+
 // Training: profile in place, solve on rank 0. Returns the plan's text on
 // rank 0, "" elsewhere.
 std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph,
@@ -145,7 +155,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     }
     if (balance) {
       SplitProblem problem{worker::device_profiles(graph, db, devices, step_pricing(cfg)),
-                           split_options(cfg)};
+                           split_options(cfg), devices};
       // Every step pays the exchange once, idle ranks taking part: a cost
       // of the split, not of a device (a device sitting out saves none).
       problem.options.allreduce_ms = allreduce_ms;
@@ -162,11 +172,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   const int64_t my_batch = std::stoll(parts.at(comm.rank()));
   if (my_batch > 0 &&
       std::find(po.batches.begin(), po.batches.end(), my_batch) == po.batches.end()) {
-    worker::ProfileOptions at = po;
-    at.batches = {my_batch};
-    at.steps = false;
-    at.peers = {};  // alone: only the ranks whose share is new measure
-    worker::profile(graph, backend, db, id, at);
+    worker::profile(graph, backend, db, id, kernels_alone_at(po, my_batch));
   }
   comm.barrier();
   if (comm.rank() != 0) return "";
@@ -251,6 +257,55 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
     std::fflush(stdout);
   }
   return plan;
+}
+
+std::optional<worker::ConvPlan> replan_kernels(const config::Config& cfg, const worker::Graph& graph,
+                                               worker::Backend& backend, worker::Communicator& comm,
+                                               const SplitProblem& problem,
+                                               const worker::SplitSwitch& to) {
+  // A share the DB has no kernel measurements at is measured first (what
+  // the DB holds already is not measured again).
+  if (const int64_t mine = to.split.at(static_cast<size_t>(comm.rank())); mine > 0) {
+    perfdb::PerfDb db(cfg.profile.db);
+    const perfdb::DeviceId id = db.upsert_device(worker::perfdb_device(backend.device_info()));
+    const worker::ProfileReport r =
+        worker::profile(graph, backend, db, id, kernels_alone_at(profile_options(cfg), mine));
+    if (r.kernel_measured > 0) {
+      std::printf("rebalance: rank %d measured %lld kernel items at its new batch %lld (%.1f s)\n",
+                  comm.rank(), static_cast<long long>(r.kernel_measured),
+                  static_cast<long long>(mine), r.seconds);
+      std::fflush(stdout);
+    }
+  }
+  comm.barrier();
+  std::string text;
+  if (comm.rank() == 0) {
+    try {
+      perfdb::PerfDb db(cfg.profile.db, {.mode = perfdb::OpenMode::kReadOnly});
+      balancer::BatchSplit split;
+      split.batch = to.split;
+      split.time_ms = to.rank_ms;
+      split.step_time_ms = to.predicted_ms;
+      balancer::TrainingPlan plan =
+          worker::plan_workspaces(graph, db, problem.devices, split, step_pricing(cfg));
+      plan.memory_policy = memory::policy_name(cfg.memory.policy);
+      text = balancer::plan_to_yaml(plan);
+      std::fputs(worker::describe_plan(plan).c_str(), stdout);
+      if (!cfg.output.plan.empty()) {
+        balancer::save_plan(plan, cfg.output.plan);
+        std::printf("plan: wrote %s\n", cfg.output.plan.c_str());
+      }
+    } catch (const std::exception& e) {
+      std::printf("rebalance: the conv kernels stay as planned before the switch (%s)\n", e.what());
+      text.clear();
+    }
+    std::fflush(stdout);
+  }
+  comm.broadcast(text, 0);
+  if (text.empty()) return std::nullopt;
+  const balancer::TrainingPlan plan = balancer::parse_plan(text, "the re-balanced plan");
+  const balancer::RankPlan& mine = plan.ranks.at(static_cast<size_t>(comm.rank()));
+  return worker::ConvPlan{worker::conv_executions(mine), mine.workspace_bytes};
 }
 
 int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph) {

@@ -12,7 +12,9 @@
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/graph.h"
+#include "worker/profile/planning.h"
 #include "worker/profile/profile_peers.h"
+#include "worker/train/trainer.h"
 
 namespace vtrain::launcher {
 
@@ -27,10 +29,12 @@ struct ProfileGroup {
 ProfileGroup profile_group(worker::Communicator& comm, const worker::DeviceInfo& info);
 
 // What a batch split is solved on: the devices' step-time curves and the
-// solve's options (the measured allreduce included).
+// solve's options (the measured allreduce included), and the devices as
+// the perf DB knows them (for their kernels' workspace plans).
 struct SplitProblem {
   std::vector<balancer::DeviceProfile> profiles;
   balancer::BatchSplitOptions options;
+  std::vector<worker::PlanDevice> devices;
 };
 
 // The plan every rank follows, or nullopt when the config asks for none
@@ -48,6 +52,20 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
                                              worker::Communicator& gradient_comm,
                                              const std::vector<int64_t>& fixed_split,
                                              SplitProblem* solved_on = nullptr);
+
+// After a re-balance to `to.split`: every rank with samples measures its
+// kernels at its new batch where the perf DB has none (freed of its
+// network first: the trainer does that), then rank 0 plans every rank's
+// conv kernels from the DB, as at start (balance.workspace), prints the
+// plan and rewrites output.plan (when set) so that it holds the plan in
+// effect; the text is broadcast and every rank returns its part.
+// Collective over `comm`. nullopt on every rank, with the reason printed
+// by rank 0, when rank 0 cannot plan them: every rank then keeps its
+// kernels. `problem` is job_plan's `solved_on` (rank 0).
+std::optional<worker::ConvPlan> replan_kernels(const config::Config& cfg, const worker::Graph& graph,
+                                               worker::Backend& backend, worker::Communicator& comm,
+                                               const SplitProblem& problem,
+                                               const worker::SplitSwitch& to);
 
 // `vtrain balance`: prints (and with --out writes) a plan from the perf DB.
 int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph);

@@ -250,8 +250,15 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   options.split = split;
   if (plan) {
     const balancer::RankPlan& mine = plan->ranks[comm.rank()];
-    options.conv_executions = worker::conv_executions(mine);
-    options.conv_workspace_bytes = mine.workspace_bytes;
+    options.conv_plan = {worker::conv_executions(mine), mine.workspace_bytes};
+    // Only an auto split re-balances (every rank decides alike: the call is
+    // collective).
+    if (cfg.balance.split == balancer::SplitMode::kAuto) {
+      options.replan_kernels = [&cfg, &graph, &backend, &comm,
+                                &solved_on](const worker::SplitSwitch& to) {
+        return replan_kernels(cfg, graph, *backend, comm, solved_on, to);
+      };
+    }
   }
   options.rebalance.profiles = std::move(solved_on.profiles);
   options.rebalance.split_options = solved_on.options;

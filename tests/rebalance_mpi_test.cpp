@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "balancer/batch_split.h"
+#include "balancer/plan.h"
 #include "tests/mpi_runs.h"
 #include "tests/test_support.h"
 #include "worker/train/checkpoint.h"
@@ -87,7 +88,9 @@ TEST(RebalanceMpi, ASlowedRankGetsFewerSamplesWithinTwentyStepsAndWeightsStayExa
   const std::string every_step = "--set checkpoint.every=1 --set checkpoint.keep=1000";
   ASSERT_EQ(test_support::run_command("VTRAIN_SLOW_RANK=1 VTRAIN_SLOW_AT_STEP=" +
                                           std::to_string(kSlowFrom) + " " + mpirun(2) +
-                                          train_args(two, 48, kSteps, true, every_step),
+                                          train_args(two, 48, kSteps, true,
+                                                     every_step + " --set output.plan=" +
+                                                         two.path("plan.yaml")),
                                       &out),
             0)
       << out;
@@ -161,6 +164,30 @@ TEST(RebalanceMpi, ASlowedRankGetsFewerSamplesWithinTwentyStepsAndWeightsStayExa
   std::string all;
   for (const std::string& r : switches) all += r + "\n";
   EXPECT_LE(just_after, 1e-6) << all;
+
+  // After the last switch the ranks run the conv kernels planned for their
+  // new batches (output.plan, rewritten at every switch, holds that plan),
+  // not the old batch's calls cycled: from the checkpoint before it, a run
+  // that follows the plan file ends bit for bit where the auto run did.
+  const int64_t last = number(switches.back(), "step");
+  const std::string plan = two.path("plan.yaml");
+  std::vector<int64_t> planned;
+  for (const balancer::RankPlan& r : balancer::load_plan(plan).ranks) planned.push_back(r.batch);
+  EXPECT_EQ(planned, int_array(switches.back(), "split")) << all;
+  const int64_t until = std::min<int64_t>(last + 1, kSteps);
+  test_support::TempDir follow;
+  std::filesystem::create_directories(follow.path("ck"));
+  std::filesystem::copy_file(at_step(two, last - 1), at_step(follow, last - 1));
+  ASSERT_EQ(test_support::run_command(
+                mpirun(2) + train_args(follow, 48, static_cast<int>(until), false,
+                                       "--plan " + plan + " --resume"),
+                &out),
+            0)
+      << out;
+  const std::vector<float> followed = worker::load_checkpoint(at_step(follow, until)).parameters,
+                           ran = worker::load_checkpoint(at_step(two, until)).parameters;
+  EXPECT_TRUE(followed == ran) << "relative " << test_support::compare(followed, ran).relative
+                               << " after step " << until << "\n" << all;
   // After 60 steps, the same global batches as one rank's and as the fixed
   // splits'. Per-rank batches and kernels change the rounding, which this
   // LeNet amplifies when a ReLU or a max flips: a fixed split of 36 + 12

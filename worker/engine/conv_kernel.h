@@ -19,6 +19,7 @@ namespace vtrain::worker {
 struct ConvCall {
   std::string algorithm;
   int64_t size = 1;
+  friend bool operator==(const ConvCall&, const ConvCall&) = default;
 };
 
 // How one kernel runs: its calls in order, sizes summing to the rank's
@@ -28,12 +29,14 @@ struct ConvKernelExecution {
   std::vector<ConvCall> calls;
   uint64_t workspace_offset = 0;
   uint64_t workspace_bytes = 0;
+  friend bool operator==(const ConvKernelExecution&, const ConvKernelExecution&) = default;
 };
 
 // A conv layer's three kernels, indexed by ConvKind.
 struct ConvLayerExecution {
   std::string layer;  // the conv layer's name
   std::array<ConvKernelExecution, 3> kernels;
+  friend bool operator==(const ConvLayerExecution&, const ConvLayerExecution&) = default;
 };
 
 // A call resolved to the backend's algorithm id.

@@ -203,6 +203,7 @@ bool Rebalancer::propose(const std::vector<double>& ratios, double drift,
                          .reason = why,
                          .previous_ms = solved.previous_ms,
                          .predicted_ms = solved.split.step_time_ms,
+                         .rank_ms = solved.split.time_ms,
                          .decided_at = step + 1};
   return true;
 }

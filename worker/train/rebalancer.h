@@ -69,6 +69,7 @@ struct SplitSwitch {
   std::string reason;             // what fired, in words
   double previous_ms = 0;         // the old split's step, predicted on the measured times
   double predicted_ms = 0;        // the new split's
+  std::vector<double> rank_ms;    // per rank, its predicted step on the new split
   int64_t decided_at = 0;         // the step whose measurements decided it
 };
 

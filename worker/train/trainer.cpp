@@ -26,12 +26,13 @@ std::optional<LossScaler> make_loss_scaler(const LossScalingSettings& s, common:
 // and for its share of the evaluation. A network built after the optimizer
 // (a larger batch after a re-balance) finds its state in use already.
 NetworkOptions network_options(const Graph& graph, const JobShape& job,
-                               const TrainerOptions& options, bool optimizer_allocated = false) {
+                               const TrainerOptions& options, const ConvPlan& kernels,
+                               bool optimizer_allocated = false) {
   NetworkOptions net;
   net.max_batch = network_batch(job);
   net.conv_algorithm = options.conv_algorithm;
-  net.conv_executions = options.conv_executions;
-  net.conv_workspace_bytes = options.conv_workspace_bytes;
+  net.conv_executions = kernels.executions;
+  net.conv_workspace_bytes = kernels.workspace_bytes;
   net.memory_policy = options.memory_policy;
   net.memory_planner = options.memory_planner;
   if (options.memory_costs_at) {
@@ -70,7 +71,9 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       comm_(options.comm),
       observer_(options.observer),
       job_(job_shape(graph, train_set, options)),
-      net_(std::make_unique<Network>(graph, backend, network_options(graph, job_, options))),
+      conv_plan_(options.conv_plan),
+      net_(std::make_unique<Network>(graph, backend,
+                                     network_options(graph, job_, options, conv_plan_))),
       sgd_(backend, prepare_network(), options.momentum, options.weight_decay),
       schedule_(schedule_for(job_, options)),
       progress_(leader() ? options.progress : Progress::Mode::kOff),
@@ -217,32 +220,49 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
 
 // Every rank takes its new share from the next step on; the global batch,
 // its samples and the loss scale 1/B stay, so the gradient stays the
-// full-batch one.
+// full-batch one. With re-planning, a rank with samples runs the conv
+// kernels planned for its new batch: it frees its network first (the
+// kernels may need measuring there, in the device's memory) and builds it
+// again on them. Without, a share larger than the network was built for
+// needs a new network; a smaller one runs on the network as it is.
 void Trainer::switch_split(const SplitSwitch& to) {
   progress_.line(describe_switch(to, at_.step + 1));
   metrics_.write(switch_record(to, at_.step + 1));
   job_ = with_split(job_, to.split);
   ++result_.rebalances;
-  fit_network_to_batch();
+  if (!options_.replan_kernels) {
+    if (network_batch(job_) > net_batch_) rebuild_network(release_network(), "");
+    return;
+  }
+  std::optional<NetworkState> state;
+  if (job_.my_batch > 0) state = release_network();
+  std::optional<ConvPlan> kernels = options_.replan_kernels(to);  // collective
+  if (!state) return;  // no samples: the network stays for the collectives and the probes
+  const bool replanned = kernels.has_value();
+  if (kernels) conv_plan_ = std::move(*kernels);
+  rebuild_network(*state, replanned ? " on the conv kernels planned for it" : "");
 }
 
-// A share larger than the network was built for needs a new network: the
-// parameters and buffers move over through the host (the optimizer's
-// state lives apart), the old one is freed first so that the device holds
-// one at a time. A smaller share runs on the network as it is.
-void Trainer::fit_network_to_batch() {
-  if (network_batch(job_) <= net_batch_) return;
-  const std::vector<float> params = net_->download_parameters();
-  const std::vector<float> buffers = net_->download_buffers();
+// The network's parameters and buffers on the host (the optimizer's state
+// lives apart); the network itself is freed.
+Trainer::NetworkState Trainer::release_network() {
+  NetworkState state{net_->download_parameters(), net_->download_buffers()};
   net_.reset();
-  net_ = std::make_unique<Network>(graph_, backend_, network_options(graph_, job_, options_, true));
-  net_->upload_parameters(params);
-  net_->upload_buffers(buffers);
+  return state;
+}
+
+// A network for this rank's batch on conv_plan_'s kernels, holding `state`.
+void Trainer::rebuild_network(const NetworkState& state, const char* how) {
+  net_.reset();  // the device holds one network at a time
+  net_ = std::make_unique<Network>(graph_, backend_,
+                                   network_options(graph_, job_, options_, conv_plan_, true));
+  net_->upload_parameters(state.parameters);
+  net_->upload_buffers(state.buffers);
   if (trace_ && at_.step - resumed_.step < options_.trace_steps) net_->set_trace(trace_.get());
   install_bucket_hooks();
   net_batch_ = network_batch(job_);
-  progress_.line(format("rebalance: rebuilt the network for batch %lld",
-                        static_cast<long long>(net_batch_)));
+  progress_.line(format("rebalance: rebuilt the network for batch %lld%s",
+                        static_cast<long long>(net_batch_), how));
 }
 
 // Forward and backward on this rank's slice of the batch (the gradient

@@ -34,6 +34,15 @@ enum class BatchNormMode { kSync, kLocal };
 inline constexpr auto kBatchNormModeNames = std::to_array<common::Named<BatchNormMode>>(
     {{BatchNormMode::kSync, "sync"}, {BatchNormMode::kLocal, "local"}});
 
+// One rank's conv kernels as a plan configures them (NetworkOptions'
+// conv_executions and conv_workspace_bytes); empty = conv_algorithm,
+// undivided.
+struct ConvPlan {
+  std::vector<ConvLayerExecution> executions;
+  uint64_t workspace_bytes = 0;
+  friend bool operator==(const ConvPlan&, const ConvPlan&) = default;
+};
+
 struct TrainerOptions {
   int64_t batch = 64;            // global mini-batch B
   int64_t epochs = 1;
@@ -47,10 +56,14 @@ struct TrainerOptions {
   // train.loss_scaling (loss_scaler.h); auto: on under precision fp16.
   LossScalingSettings loss_scaling;
   std::string conv_algorithm = "auto";
-  // This rank's convolution executions from a plan (see NetworkOptions);
-  // empty = conv_algorithm, undivided.
-  std::vector<ConvLayerExecution> conv_executions;
-  uint64_t conv_workspace_bytes = 0;
+  // This rank's convolution kernels from the plan solved at start.
+  ConvPlan conv_plan;
+  // After a re-balance, this rank's conv kernels at its new batch.
+  // Collective: every rank calls it at the same step boundary, with the
+  // switch (whose rank-0-only fields are set on rank 0). nullopt: keep the
+  // kernels it has (their calls then run at the sizes planned for the old
+  // batch, cycled). Null: no re-planning.
+  std::function<std::optional<ConvPlan>(const SplitSwitch& to)> replan_kernels;
   // Memory (memory.policy and memory.planner in the config; see network.h).
   memory::Policy memory_policy = memory::Policy::kNone;
   memory::Planner memory_planner = memory::Planner::kPool;

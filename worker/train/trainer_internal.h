@@ -89,7 +89,11 @@ class Trainer {
   void print_setup();
   void install_bucket_hooks();
   void switch_split(const SplitSwitch& to);
-  void fit_network_to_batch();
+  struct NetworkState {
+    std::vector<float> parameters, buffers;
+  };
+  NetworkState release_network();
+  void rebuild_network(const NetworkState& state, const char* how);
   void restore();
   void restore_loss_scale(const std::optional<LossScalerState>& saved, const std::string& path);
   bool epoch(int64_t epoch);
@@ -120,6 +124,7 @@ class Trainer {
   Communicator* const comm_;
   TrainObserver* const observer_;
   JobShape job_;  // its split changes when the job re-balances
+  ConvPlan conv_plan_;  // the conv kernels net_ runs
   std::unique_ptr<Network> net_;
   std::unique_ptr<memory::ChromeTrace> trace_;  // before sgd_: prepare_network() sets it
   Sgd sgd_;
