@@ -130,6 +130,14 @@ bool parse_option(const std::string& a, ArgReader& in, CliArgs& cli) {
     cli.plan = in.value(a);
   } else if (a == "--trace" && command == "train") {
     cli.trace = in.value(a);
+  } else if (a == "--ranks" && command == "check") {
+    const std::string& v = in.value(a);
+    char* end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n < 1 || n > 1 << 20) {
+      throw UsageError("--ranks must be a whole number of ranks >= 1, got '" + v + "'");
+    }
+    cli.ranks = static_cast<int>(n);
   } else if (a == "--table" && command == "db") {
     cli.table = in.value(a);
   } else if (a == "--format" && command == "db") {
@@ -372,16 +380,20 @@ sqlite3 shell reads it too (see perfdb/README.md for the tables).
 )";
   }
   if (topic == "check") {
-    return R"(vtrain check CONFIG [--set KEY=VALUE]...
+    return R"(vtrain check CONFIG [--ranks N] [--set KEY=VALUE]...
 
 Validates CONFIG (every key, type and value), loads the data files' headers
 and data, builds the model graph, and prints the layers with their output
 shapes, the parameter count and the effective configuration. Under a
 per-tensor memory.policy (auto, memonger, superneurons, tflms) it also builds
 the network on this device as training would (the batch of one rank: the
-whole train.batch, or the largest balance.manual entry), measures each
-layer's time and the copy bandwidth, and prints the memory plan: per
-activation kept, offloaded or recomputed, the predicted step time and peak.
+largest balance.manual entry, or train.batch / N), measures each layer's
+time and the copy bandwidth, and prints the memory plan: per activation
+kept, offloaded or recomputed, the predicted step time and peak.
+  --ranks N   plan for one rank of an N-rank job (default: as many ranks as
+              balance.manual has entries, else 1): its share of the batch,
+              and the staging a train.gradient_allreduce: half exchange
+              holds on the device beside the network
 Nothing is trained. Exit code 0 if the run would start, 2 for a config or
 model error, 1 for a data error or a device.memory_limit no plan fits (the
 error names the tensor that does not fit and the least capacity that would).

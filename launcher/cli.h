@@ -40,6 +40,7 @@ struct CliArgs {
   std::string format = "csv";          // db export: --format csv|jsonl
   std::string plan;                    // train: --plan FILE (a plan to follow)
   std::string trace;                   // train: --trace FILE (Chrome trace of the first steps)
+  int ranks = 0;                       // check: --ranks N (0: balance.manual's count, else 1)
   int64_t batch = 0;                   // balance: --batch B (default train.batch)
   std::string devices;                 // balance: --devices "name,name,..." (default: the DB's)
   std::string workspace;               // balance: --workspace SIZE (balance.workspace_limit)

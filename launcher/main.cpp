@@ -128,11 +128,11 @@ Config load(const CliArgs& cli) {
 // counts), its costs from the perf DB when it holds them for this device
 // and batch, else measured in place. A capacity no plan fits throws the
 // planner's OutOfMemoryError (the tensor, the least capacity).
-void print_memory_plan(const Config& cfg, const worker::Graph& graph) {
+void print_memory_plan(const Config& cfg, const worker::Graph& graph, int ranks) {
   if (!memory::plans_per_tensor(cfg.memory.policy)) return;
-  const int64_t batch = largest_rank_batch(cfg, 1);
+  const int64_t batch = largest_rank_batch(cfg, ranks);
   auto backend = worker::make_backend(backend_options(cfg));
-  worker::NetworkOptions options = network_options(cfg, batch);
+  worker::NetworkOptions options = network_options(cfg, batch, ranks);
   PlanningCosts costs = planning_costs(cfg, graph, backend->device_info(), batch);
   if (costs.costs) options.memory_costs = std::move(*costs.costs);
   const worker::Network network(graph, *backend, options);
@@ -141,16 +141,33 @@ void print_memory_plan(const Config& cfg, const worker::Graph& graph) {
     throw std::logic_error(std::string("memory.policy ") + memory::policy_name(cfg.memory.policy) +
                            ": the network made no per-tensor plan");
   }
-  std::printf("memory: batch %lld on %s, capacity %s; costs %s\n%s",
-              static_cast<long long>(batch), backend->device_info().name.c_str(),
+  std::printf("memory: batch %lld (one of %d rank%s) on %s, capacity %s; costs %s\n%s",
+              static_cast<long long>(batch), ranks, ranks == 1 ? "" : "s",
+              backend->device_info().name.c_str(),
               common::format_bytes_fixed(network.memory_stats().capacity).c_str(),
               costs.source.c_str(), memory::plan_report(network.memory_model(), *plan).c_str());
+}
+
+// `vtrain check --ranks N`, or as many ranks as balance.manual has
+// entries, else 1; a --ranks other than balance.manual's count is a usage
+// error.
+int check_ranks(const CliArgs& cli, const Config& cfg) {
+  const int manual = static_cast<int>(cfg.balance.manual.size());
+  if (cli.ranks > 0 && manual > 0 && cli.ranks != manual &&
+      cfg.balance.split == balancer::SplitMode::kManual) {
+    throw UsageError("--ranks " + std::to_string(cli.ranks) + ": " + cfg.path +
+                     " splits the batch over " + std::to_string(manual) +
+                     " ranks (balance.manual)");
+  }
+  if (cli.ranks > 0) return cli.ranks;
+  return manual > 0 ? manual : 1;
 }
 
 int run_check(const CliArgs& cli) {
   const Config cfg = load(cli);
   const Datasets data = load_data(cfg);
-  const worker::Graph graph = build_graph(cfg, data, 1);
+  const int ranks = check_ranks(cli, cfg);
+  const worker::Graph graph = build_graph(cfg, data, ranks);
   std::printf("config %s is valid\n", cfg.path.c_str());
   std::printf("data: %lld train, %lld test samples of %s, %lld classes\n",
               static_cast<long long>(data.train.count), static_cast<long long>(data.test.count),
@@ -165,7 +182,7 @@ int run_check(const CliArgs& cli) {
     std::printf("  %-16s %-9s %-18s <- %s\n", l.name.c_str(), worker::layer_type_name(l.type),
                 graph.output_shape(i).str().c_str(), inputs.c_str());
   }
-  print_memory_plan(cfg, graph);
+  print_memory_plan(cfg, graph, ranks);
   std::printf("effective config:\n%s\n", config::to_yaml(cfg).c_str());
   return kExitOk;
 }

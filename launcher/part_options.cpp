@@ -49,13 +49,14 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
   return o;
 }
 
-worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch) {
+worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch, int ranks) {
   worker::NetworkOptions o;
   o.max_batch = max_batch;
   o.conv_algorithm = cfg.conv.algorithm;
   o.memory_policy = cfg.memory.policy;
   o.memory_planner = cfg.memory.planner;
-  o.optimizer_bytes_per_parameter = worker::Sgd::kStateBytesPerParameter;
+  o.optimizer_bytes_per_parameter = worker::training_bytes_per_parameter(
+      cfg.train.gradient_allreduce, cfg.train.precision, ranks);
   return o;
 }
 

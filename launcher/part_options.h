@@ -24,10 +24,12 @@ worker::BackendOptions backend_options(const config::Config& cfg);
 // checkpoint.* (checkpoint.resume: auto sets resume; --resume may too).
 worker::TrainerOptions trainer_options(const config::Config& cfg);
 
-// The network one rank trains with a batch of up to `max_batch` samples:
-// conv.algorithm, memory.policy and memory.planner, room left for the
-// optimizer's state (training's Sgd). What `vtrain check` plans with.
-worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch);
+// The network one rank of `ranks` trains with a batch of up to `max_batch`
+// samples: conv.algorithm, memory.policy and memory.planner, room left for
+// the optimizer's state and the gradient allreduce's staging (what
+// training allocates beside it). What `vtrain check` plans with.
+worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch,
+                                       int ranks = 1);
 
 // Under a per-tensor memory.policy, the simulator's costs of `graph` at
 // `batch` on the device `info` describes, when profile.db exists and holds

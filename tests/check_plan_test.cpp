@@ -85,7 +85,7 @@ TEST_F(CheckPlan, PrintsThePlanOfEveryPerTensorPolicy) {
   for (const char* policy : {"auto", "memonger", "superneurons", "tflms"}) {
     const RunResult r = check(policy, kRoomy);
     ASSERT_EQ(r.exit_code, 0) << policy << ": " << r.output;
-    EXPECT_CONTAINS(r.output, "memory: batch 16 on ");
+    EXPECT_CONTAINS(r.output, "memory: batch 16 (one of 1 rank) on ");
     EXPECT_CONTAINS(r.output, std::string("memory plan: ") + policy + " (");
     EXPECT_CONTAINS(r.output, "predicted step ");
     const Counts c = activation_counts(r.output);
@@ -125,6 +125,52 @@ TEST_F(CheckPlan, AnImpossibleLimitNamesATensorAndTheLeastCapacity) {
   const double least = bytes_after(r.output, "the least capacity auto finds a plan for is ");
   EXPECT_GT(least, 0.6 * keep_all_) << r.output;
   EXPECT_EQ(r.output.find("effective config"), std::string::npos) << r.output;
+}
+
+// --ranks N plans one rank's share of the batch (train.batch / N, or the
+// largest balance.manual entry); a count other than balance.manual's is a
+// usage error, and so is one below 1.
+TEST_F(CheckPlan, RanksPlanOneRanksShare) {
+  const RunResult four = run_vtrain("check " + config_ + " --set memory.policy=auto --ranks 4");
+  ASSERT_EQ(four.exit_code, 0) << four.output;
+  EXPECT_CONTAINS(four.output, "memory: batch 4 (one of 4 ranks) on ");
+  const std::string manual = " --set balance.split=manual --set balance.manual=[4,12]";
+  const RunResult two = run_vtrain("check " + config_ + " --set memory.policy=auto" + manual);
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_CONTAINS(two.output, "memory: batch 12 (one of 2 ranks) on ");
+  const RunResult mismatch =
+      run_vtrain("check " + config_ + " --set memory.policy=auto --ranks 3" + manual);
+  EXPECT_EQ(mismatch.exit_code, 2) << mismatch.output;
+  EXPECT_CONTAINS(mismatch.output,
+                  "--ranks 3: " + config_ + " splits the batch over 2 ranks (balance.manual)");
+  const RunResult zero = run_vtrain("check " + config_ + " --ranks 0");
+  EXPECT_EQ(zero.exit_code, 2) << zero.output;
+  EXPECT_CONTAINS(zero.output, "--ranks must be a whole number of ranks >= 1, got '0'");
+}
+
+// A half gradient exchange over several ranks stages every gradient in the
+// half type on the device (2 bytes a parameter): check leaves that room
+// out of the capacity it plans in, as training does. Needs bf16 on this
+// CPU (native AVX-512 BF16 or AMX); skipped elsewhere.
+TEST_F(CheckPlan, AHalfGradientExchangeOverSeveralRanksTakesItsStagingFromTheCapacity) {
+  const std::string half = " --set memory.policy=auto --set device.memory_limit=" +
+                           std::to_string(kRoomy) +
+                           " --set train.precision=bf16 --set train.gradient_allreduce=half";
+  const RunResult one = run_vtrain("check " + config_ + half + " --ranks 1");
+  if (one.exit_code != 0 && one.output.find("needs native bf16") != std::string::npos) {
+    GTEST_SKIP() << "bf16 is refused on this CPU: " << one.output;
+  }
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const RunResult two = run_vtrain("check " + config_ + half + " --ranks 2");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(one.output, m, std::regex(R"(model: \d+ layers, (\d+) parameters)")))
+      << one.output;
+  const double parameters = std::stod(m[1]);
+  // The capacity is printed to 0.1 MiB; the staging is 2 bytes a parameter.
+  EXPECT_NEAR(bytes_after(one.output, ", capacity ") - bytes_after(two.output, ", capacity "),
+              2 * parameters, 0.1 * (1 << 20))
+      << one.output << "\n" << two.output;
 }
 
 // With a perf DB that holds this device's profile at the batch, check

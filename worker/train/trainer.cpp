@@ -42,9 +42,7 @@ NetworkOptions network_options(const Graph& graph, const JobShape& job,
   net.optimizer_bytes_per_parameter =
       optimizer_allocated
           ? 0
-          : Sgd::kStateBytesPerParameter +
-                staging_bytes_per_parameter(
-                    wire_type(options.gradient_allreduce, graph.precision()), job.ranks);
+          : training_bytes_per_parameter(options.gradient_allreduce, graph.precision(), job.ranks);
   if (Communicator* comm = options.batch_norm_comm; comm != nullptr && job.ranks > 1) {
     net.sum_over_ranks = [comm](std::vector<double>& values) { comm->allreduce_sum(values); };
   }
@@ -357,6 +355,12 @@ void Trainer::check_finite(double loss) const {
 }  // namespace vtrain::worker::trainer_internal
 
 namespace vtrain::worker {
+
+size_t training_bytes_per_parameter(GradientAllreduce allreduce, common::Precision precision,
+                                    int ranks) {
+  return Sgd::kStateBytesPerParameter +
+         staging_bytes_per_parameter(wire_type(allreduce, precision), ranks);
+}
 
 TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set,
                   const Dataset& test_set, const ChannelStats& norm,

@@ -117,6 +117,12 @@ struct TrainerOptions {
   int gather_ahead = -1;
 };
 
+// Device bytes per parameter training holds beside the network: the
+// optimizer's state and the gradient allreduce's staging over `ranks`
+// (staging_bytes_per_parameter). Throws what wire_type throws.
+size_t training_bytes_per_parameter(GradientAllreduce allreduce, common::Precision precision,
+                                    int ranks);
+
 struct TrainResult {
   int64_t steps = 0;
   double final_loss = 0;              // mean loss of the last step
