@@ -11,7 +11,8 @@ namespace vtrain::launcher {
 worker::BackendOptions backend_options(const config::Config& cfg) {
   return {.kind = cfg.device.backend,
           .threads = cfg.device.threads,
-          .memory_limit = static_cast<size_t>(cfg.device.memory_limit)};
+          .memory_limit = static_cast<size_t>(cfg.device.memory_limit),
+          .precision = cfg.train.precision};
 }
 
 worker::TrainerOptions trainer_options(const config::Config& cfg) {

@@ -270,6 +270,54 @@ TEST_F(CudaBackendTest, ConvolutionErrorsNameTheProblem) {
       BackendError);
 }
 
+// Under train.precision tf32 every kind of convolution also comes in TF32
+// tensor-core variants ("<name>/tf32", timed and chosen like any
+// algorithm); their results stay within TF32's rounding (10-bit mantissa
+// inputs, f32 sums) of the reference. An fp32 backend offers none and
+// refuses to run one.
+TEST_F(CudaBackendTest, Tf32OffersTensorCoreVariantsWithinTf32RoundingOfTheReference) {
+  const std::unique_ptr<Backend> tf32 =
+      cuda::make_cuda_backend({.kind = "cuda", .precision = common::Precision::kTf32});
+  if (const std::optional<std::string> why = tf32->precision_unavailable(common::Precision::kTf32)) {
+    GTEST_SKIP() << *why;
+  }
+  const ConvProblem p = backend_test::conv_problem({"tf32", 32, 16, 16, 32, 3, 1, 1, 8});
+  const ConvData d(p);
+  Backend& b = *tf32;
+  const DeviceTensor x = to_device(b, d.x, p.x);
+  const DeviceBuffer w = to_device(b, d.w);
+  const DeviceBuffer bias = to_device(b, d.bias);
+  for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
+    const std::vector<ConvAlgoInfo> algos = b.conv_algorithms(kind, p, false);
+    const auto variants = std::count_if(algos.begin(), algos.end(), [](const ConvAlgoInfo& a) {
+      return a.name.ends_with("/tf32");
+    });
+    EXPECT_GT(variants, 0) << conv_kind_name(kind);
+    for (const ConvAlgoInfo& a : gpu().conv_algorithms(kind, p, false)) {
+      EXPECT_FALSE(a.name.ends_with("/tf32")) << a.name;
+    }
+  }
+  int ran = 0;
+  for (const ConvAlgoInfo& a : b.conv_algorithms(ConvKind::kForward, p, false)) {
+    if (!a.name.ends_with("/tf32")) continue;
+    DeviceTensor y(b, p.y);
+    DeviceBuffer ws(b, std::max<size_t>(a.workspace_bytes, 1));
+    b.conv_forward(a.algo, p, x.tensor, w.floats(), bias.floats(), y.tensor, 0.0f, ws.get(),
+                   a.workspace_bytes);
+    expect_close(from_device(b, y.tensor), d.y_ref, 1e-2, a.name);
+    ++ran;
+    DeviceTensor y32(gpu(), p.y);
+    const DeviceTensor x32 = to_device(gpu(), d.x, p.x);
+    const DeviceBuffer w32 = to_device(gpu(), d.w);
+    EXPECT_CONTAINS(test_support::error_message<BackendError>([&] {
+                      gpu().conv_forward(a.algo, p, x32.tensor, w32.floats(), nullptr, y32.tensor,
+                                         0.0f, ws.get(), a.workspace_bytes);
+                    }),
+                    "TF32");
+  }
+  EXPECT_GT(ran, 0);
+}
+
 // ============================================================== training
 
 // Images whose class sets the mean of one quadrant: learnable in a few steps.

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
+#include <string>
 
 #include "balancer/plan.h"
 #include "perfdb/perf_db.h"
@@ -244,6 +246,37 @@ TEST_F(PlanningTest, FastDeviceGetsTheLargerShareAndThePlanFitsTheModel) {
   EXPECT_EQ(executions[0].layer, "c1");
   EXPECT_TRUE(executions[0].kernels[1].calls.empty());
   EXPECT_EQ(executions[1].kernels[2].calls[0].size, 8);
+}
+
+// The perf DB keeps every precision's algorithms side by side: a TF32
+// tensor-core variant measured by a tf32 job ("direct/tf32", fastest here)
+// is a choice for tf32 plans only; an fp32 plan of the same kernels keeps
+// to FMA math.
+TEST_F(PlanningTest, Tf32AlgorithmsArePlannedForTf32JobsOnly) {
+  std::vector<perfdb::KernelSample> samples;
+  for (const auto& k : kernels(fast_, 16)) {
+    samples.push_back({k, {"direct/tf32", 16, 0.01, std::nullopt, 0, 0}});
+  }
+  db_->record_kernel_measurements(fast_.id, samples);
+  balancer::BatchSplit split;
+  split.batch = {16};
+  const std::vector<worker::PlanDevice> devices{fast_};
+  const auto chosen = [&](const worker::Graph& graph) {
+    std::set<std::string> algorithms;
+    const balancer::TrainingPlan plan = worker::plan_workspaces(graph, *db_, devices, split, {});
+    for (const auto& k : plan.ranks[0].kernels) {
+      for (const auto& call : k.calls) algorithms.insert(call.algorithm);
+    }
+    return algorithms;
+  };
+  EXPECT_EQ(chosen(graph_), std::set<std::string>{"winograd"});
+  const worker::Graph tf32 =
+      worker::Graph::build(graph_.layers(), {1, 3, 8, 8}, common::Precision::kTf32);
+  EXPECT_EQ(chosen(tf32), std::set<std::string>{"direct/tf32"});
+  EXPECT_TRUE(worker::conv_algorithm_allowed("implicit_gemm", common::Precision::kFp32));
+  EXPECT_FALSE(worker::conv_algorithm_allowed("implicit_gemm/tf32", common::Precision::kFp32));
+  EXPECT_FALSE(worker::conv_algorithm_allowed("implicit_gemm/tf32", common::Precision::kBf16));
+  EXPECT_TRUE(worker::conv_algorithm_allowed("implicit_gemm/tf32", common::Precision::kTf32));
 }
 
 TEST_F(PlanningTest, WorkspacePoliciesStayWithinTheirLimits) {

@@ -37,6 +37,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -85,6 +86,15 @@ void check_concat_slice(const Shape& dy, int64_t channel_offset, const Shape& dx
 // Backend-specific algorithm id; conv_algorithms() lists the valid ones and
 // conv_algorithm_name() names them (names are stable: the perf DB keys on them).
 using ConvAlgo = int;
+
+// A convolution algorithm that computes in a type other than its tensors'
+// is named for it: "<name>/tf32" runs f32 tensors on TF32 tensor cores
+// (the CUDA backend under train.precision tf32).
+inline constexpr std::string_view kTf32AlgorithmSuffix = "/tf32";
+// Whether train.precision `p` allows the algorithm named `name` (the perf
+// DB holds every precision's algorithms side by side): a /tf32 one only
+// under tf32, the others under every precision.
+bool conv_algorithm_allowed(std::string_view name, common::Precision p);
 
 // One convolution (groups = 1, dilation = 1). x.shape.n is the (micro-)batch.
 struct ConvProblem {
@@ -342,6 +352,11 @@ struct BackendOptions {
   std::string kind = "auto";  // "auto" (cuda if a GPU is visible, else cpu), "cpu", "cuda"
   int threads = 0;            // CPU threads; 0 = all cores
   size_t memory_limit = 0;    // device bytes the backend may serve; 0 = the device's memory
+  // The job's train.precision. Under tf32 the CUDA backend also offers each
+  // convolution algorithm in a TF32 tensor-core variant ("<name>/tf32",
+  // timed and chosen like any algorithm) and runs its GEMMs in TF32;
+  // fp32 keeps FMA math throughout.
+  common::Precision precision = common::Precision::kFp32;
 };
 
 // The only place that knows which backends were built. Throws BackendError

@@ -69,6 +69,10 @@ void check_same_desc(const char* backend, const char* op,
   }
 }
 
+bool conv_algorithm_allowed(std::string_view name, common::Precision p) {
+  return !name.ends_with(kTf32AlgorithmSuffix) || p == common::Precision::kTf32;
+}
+
 void check_beta(const char* backend, const char* op, float beta) {
   if (beta != 0.0f && beta != 1.0f) {
     throw BackendError(std::string(backend) + ": " + op + ": beta must be 0 or 1, got " +

@@ -98,8 +98,13 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
   VTRAIN_CUDA_CHECK(cublasCreate(&raw_cublas), where);
   cublas_.reset(raw_cublas);
   VTRAIN_CUDA_CHECK(cublasSetStream(cublas_.get(), compute_.get()), where);
-  // Plain float32 (no TF32 tensor cores): results comparable with the CPU.
-  VTRAIN_CUDA_CHECK(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH), where);
+  // Plain float32 (no TF32 tensor cores, results comparable with the CPU)
+  // unless the job trains in tf32.
+  tf32_ = options.precision == common::Precision::kTf32;
+  compute_capability_ = prop.major * 10 + prop.minor;
+  VTRAIN_CUDA_CHECK(
+      cublasSetMathMode(cublas_.get(), tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+      where);
 
   cudnnActivationDescriptor_t raw_act = nullptr;
   VTRAIN_CUDA_CHECK(cudnnCreateActivationDescriptor(&raw_act), where);

@@ -41,8 +41,8 @@
 namespace vtrain::worker::cuda {
 
 // A tensor's elements as floats: this backend runs f32 tensors only so far
-// (precision_unavailable refuses the half precisions and tf32), and throws
-// naming the tensor for any other.
+// (precision_unavailable refuses the half precisions; tf32 keeps f32
+// tensors), and throws naming the tensor for any other.
 inline float* f32(const Tensor& t) { return t.f32("cuda backend (f32 only)"); }
 
 // -------------------------------------------------------- RAII for handles
@@ -100,6 +100,11 @@ inline BlockedShape blocked(const TensorDesc& d) {
   return {d.shape.n, d.shape.c, d.shape.h, d.shape.w, channel_block(d.layout)};
 }
 
+// ConvAlgo ids from here on name TF32 tensor-core variants of cuDNN's
+// algorithms (cuDNN's number + kTf32Variant, named with
+// kTf32AlgorithmSuffix), offered under train.precision tf32 only.
+constexpr ConvAlgo kTf32Variant = 1000;
+
 // cuDNN descriptors of one convolution problem.
 struct ConvDescriptors {
   TensorDescriptor x, y, bias;
@@ -115,8 +120,13 @@ class CudaBackend final : public Backend {
   DeviceInfo device_info() const override { return info_; }
   std::optional<std::string> precision_unavailable(common::Precision precision) const override {
     if (precision == common::Precision::kFp32) return std::nullopt;
+    if (precision == common::Precision::kTf32) {
+      if (compute_capability_ >= 80) return std::nullopt;
+      return "train.precision tf32 needs TF32 tensor cores (compute capability 8.0, Ampere, or "
+             "newer); " + info_.name + " is sm_" + std::to_string(compute_capability_);
+    }
     return std::string("train.precision ") + common::precision_name(precision) +
-           " is not implemented in the CUDA backend yet (it trains in fp32)";
+           " is not implemented in the CUDA backend yet (it trains in fp32 or tf32)";
   }
   DeviceStreams streams() const { return {device_, compute_.get()}; }
 
@@ -287,6 +297,15 @@ class CudaBackend final : public Backend {
     return tensor_desc(d.storage_elements(), 1, 1, 1);
   }
   const ConvDescriptors& conv_descriptors(const ConvProblem& p);
+  // `d`'s math for the algorithm `algo` (ConvAlgo ids from kTf32Variant on
+  // are TF32 tensor-core variants: CUDNN_DEFAULT_MATH; the others
+  // CUDNN_FMA_MATH); returns cuDNN's own algorithm number. Throws for a
+  // TF32 variant when the backend was not made for tf32.
+  int set_conv_math(const ConvDescriptors& d, ConvKind kind, ConvAlgo algo);
+  // The algorithms cuDNN's heuristic ranks first-to-last for `p` in the
+  // descriptor's current math, those with a failure status left out.
+  std::vector<int> ranked_algorithms(ConvKind kind, const ConvDescriptors& d,
+                                     const std::string& what);
   cudnnPoolingDescriptor_t pool_desc(const PoolParams& p);
   void check_conv(const char* op, const ConvProblem& p, const Tensor& x, const Tensor& y,
                   ConvKind kind, ConvAlgo algo, size_t workspace_bytes);
@@ -295,6 +314,8 @@ class CudaBackend final : public Backend {
 
   DeviceInfo info_;
   int device_ = 0;
+  int compute_capability_ = 0;  // major * 10 + minor
+  bool tf32_ = false;           // BackendOptions::precision is tf32
   size_t capacity_ = 0;
   Stream compute_;
   Stream memory_;

@@ -35,7 +35,16 @@ std::string known_algorithms(ConvKind kind) {
   for (int a = 0; const char* name = conv_algo_name(kind, a); ++a) {
     known += (known.empty() ? "" : ", ") + std::to_string(a) + " " + name;
   }
-  return known;
+  return known + "; under tf32 each also as id + " + std::to_string(kTf32Variant) + ", <name>/tf32";
+}
+
+// The stable name of a ConvAlgo id, TF32 variants included; nullopt for
+// an unknown id.
+std::optional<std::string> algo_name(ConvKind kind, ConvAlgo algo) {
+  const bool tf32 = algo >= kTf32Variant;
+  const char* base = conv_algo_name(kind, tf32 ? algo - kTf32Variant : algo);
+  if (base == nullptr) return std::nullopt;
+  return std::string(base) + (tf32 ? std::string(kTf32AlgorithmSuffix) : "");
 }
 
 }  // namespace
@@ -98,7 +107,8 @@ const ConvDescriptors& CudaBackend::conv_descriptors(const ConvProblem& p) {
                                       to_int(p.stride_h, what), to_int(p.stride_w, what), 1, 1,
                                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
       what);
-  // No TF32 tensor-core math: float32 results comparable with the CPU.
+  // FMA math (float32 results comparable with the CPU) until a call asks
+  // for a TF32 variant (set_conv_math).
   VTRAIN_CUDA_CHECK(cudnnSetConvolutionMathType(raw_conv, CUDNN_FMA_MATH), what);
   return conv_descs_.emplace(key, std::move(d)).first->second;
 }
@@ -129,18 +139,27 @@ cudnnPoolingDescriptor_t CudaBackend::pool_desc(const PoolParams& p) {
 // ------------------------------------------------------------- convolution
 
 std::string CudaBackend::conv_algorithm_name(ConvKind kind, ConvAlgo algo) const {
-  if (const char* name = conv_algo_name(kind, algo)) return name;
+  if (std::optional<std::string> name = algo_name(kind, algo)) return *name;
   throw BackendError("cuda backend: unknown " + std::string(conv_kind_name(kind)) +
                      " convolution algorithm id " + std::to_string(algo) +
                      " (known: " + known_algorithms(kind) + ")");
 }
 
-std::vector<ConvAlgoInfo> CudaBackend::conv_algorithms(ConvKind kind, const ConvProblem& p,
-                                                       bool accumulate) {
-  const ConvDescriptors& d = conv_descriptors(p);
-  const std::string what = std::string(conv_kind_name(kind)) + " algorithms for " + p.str();
-  // cuDNN's heuristic ranking, best first; entries with a failure status are
-  // not supported for this problem.
+int CudaBackend::set_conv_math(const ConvDescriptors& d, ConvKind kind, ConvAlgo algo) {
+  const bool tf32 = algo >= kTf32Variant;
+  if (tf32 && !tf32_) {
+    throw BackendError("cuda backend: " + conv_algorithm_name(kind, algo) +
+                       " is a TF32 tensor-core algorithm; this backend was made for "
+                       "train.precision fp32, which keeps FMA math");
+  }
+  VTRAIN_CUDA_CHECK(
+      cudnnSetConvolutionMathType(d.conv.get(), tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH),
+      "convolution math type");
+  return tf32 ? algo - kTf32Variant : algo;
+}
+
+std::vector<int> CudaBackend::ranked_algorithms(ConvKind kind, const ConvDescriptors& d,
+                                                const std::string& what) {
   std::vector<int> ranked;
   int max_count = 0, returned = 0;
   switch (kind) {
@@ -184,16 +203,32 @@ std::vector<ConvAlgoInfo> CudaBackend::conv_algorithms(ConvKind kind, const Conv
       break;
     }
   }
+  return ranked;
+}
+
+// cuDNN's heuristic ranking in FMA math, best first; under tf32 then the
+// same in TF32 math, as the algorithms' /tf32 variants (mu-cuDNN's idea of
+// offering each compute type as an algorithm of its own: the profiler
+// times them and WR / WD choose among all).
+std::vector<ConvAlgoInfo> CudaBackend::conv_algorithms(ConvKind kind, const ConvProblem& p,
+                                                       bool accumulate) {
+  const ConvDescriptors& d = conv_descriptors(p);
+  const std::string what = std::string(conv_kind_name(kind)) + " algorithms for " + p.str();
   std::vector<ConvAlgoInfo> algos;
-  for (int algo : ranked) {
-    const bool seen = std::any_of(algos.begin(), algos.end(),
-                                  [&](const ConvAlgoInfo& a) { return a.algo == algo; });
-    if (seen || !conv_algo_name(kind, algo)) continue;
-    try {
-      algos.push_back(
-          {algo, conv_algo_name(kind, algo), conv_workspace(kind, algo, p, accumulate)});
-    } catch (const BackendError&) {
-      // The heuristic listed it, but cuDNN has no workspace size for it here.
+  for (const ConvAlgo variant : {0, kTf32Variant}) {
+    if (variant == kTf32Variant && !tf32_) break;
+    set_conv_math(d, kind, variant);
+    for (const int ranked : ranked_algorithms(kind, d, what)) {
+      const ConvAlgo algo = ranked + variant;
+      const bool seen = std::any_of(algos.begin(), algos.end(),
+                                    [&](const ConvAlgoInfo& a) { return a.algo == algo; });
+      const std::optional<std::string> name = algo_name(kind, algo);
+      if (seen || !name) continue;
+      try {
+        algos.push_back({algo, *name, conv_workspace(kind, algo, p, accumulate)});
+      } catch (const BackendError&) {
+        // The heuristic listed it, but cuDNN has no workspace size for it here.
+      }
     }
   }
   return algos;
@@ -207,23 +242,24 @@ size_t CudaBackend::conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProbl
   auto it = conv_workspaces_.find(key);
   if (it != conv_workspaces_.end()) return it->second;
   const ConvDescriptors& d = conv_descriptors(p);
+  const int base = set_conv_math(d, kind, algo);
   size_t bytes = 0;
   cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
   switch (kind) {
     case ConvKind::kForward:
       status = cudnnGetConvolutionForwardWorkspaceSize(
           cudnn_.get(), d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
-          static_cast<cudnnConvolutionFwdAlgo_t>(algo), &bytes);
+          static_cast<cudnnConvolutionFwdAlgo_t>(base), &bytes);
       break;
     case ConvKind::kBackwardData:
       status = cudnnGetConvolutionBackwardDataWorkspaceSize(
           cudnn_.get(), d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
-          static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), &bytes);
+          static_cast<cudnnConvolutionBwdDataAlgo_t>(base), &bytes);
       break;
     case ConvKind::kBackwardFilter:
       status = cudnnGetConvolutionBackwardFilterWorkspaceSize(
           cudnn_.get(), d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
-          static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), &bytes);
+          static_cast<cudnnConvolutionBwdFilterAlgo_t>(base), &bytes);
       break;
   }
   if (status != CUDNN_STATUS_SUCCESS) {
@@ -255,11 +291,12 @@ void CudaBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor
   check_beta("conv_forward", beta);
   const ConvDescriptors& d = conv_descriptors(p);
   check_conv("conv_forward", p, x, y, ConvKind::kForward, algo, workspace_bytes);
+  const int base = set_conv_math(d, ConvKind::kForward, algo);
   const std::string what = "conv_forward " + p.str();
   const float one = 1.0f;
   VTRAIN_CUDA_CHECK(
       cudnnConvolutionForward(cudnn_.get(), &one, d.x.get(), f32(x), d.w.get(), w, d.conv.get(),
-                              static_cast<cudnnConvolutionFwdAlgo_t>(algo), workspace,
+                              static_cast<cudnnConvolutionFwdAlgo_t>(base), workspace,
                               workspace_bytes, &beta, d.y.get(), f32(y)),
       what);
   if (bias) {
@@ -275,10 +312,11 @@ void CudaBackend::conv_backward_data(ConvAlgo algo, const ConvProblem& p, const 
   check_beta("conv_backward_data", beta);
   const ConvDescriptors& d = conv_descriptors(p);
   check_conv("conv_backward_data", p, dx, dy, ConvKind::kBackwardData, algo, workspace_bytes);
+  const int base = set_conv_math(d, ConvKind::kBackwardData, algo);
   const float one = 1.0f;
   VTRAIN_CUDA_CHECK(
       cudnnConvolutionBackwardData(cudnn_.get(), &one, d.w.get(), w, d.y.get(), f32(dy),
-                                   d.conv.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
+                                   d.conv.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(base),
                                    workspace, workspace_bytes, &beta, d.x.get(), f32(dx)),
       "conv_backward_data " + p.str());
 }
@@ -289,11 +327,12 @@ void CudaBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, cons
   check_beta("conv_backward_filter", beta);
   const ConvDescriptors& d = conv_descriptors(p);
   check_conv("conv_backward_filter", p, x, dy, ConvKind::kBackwardFilter, algo, workspace_bytes);
+  const int base = set_conv_math(d, ConvKind::kBackwardFilter, algo);
   const std::string what = "conv_backward_filter " + p.str();
   const float one = 1.0f;
   VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardFilter(
                         cudnn_.get(), &one, d.x.get(), f32(x), d.y.get(), f32(dy), d.conv.get(),
-                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), workspace,
+                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(base), workspace,
                         workspace_bytes, &beta, d.w.get(), dw),
                     what);
   if (dbias) {
