@@ -387,9 +387,10 @@ and data, builds the model graph, and prints the layers with their output
 shapes, the parameter count and the effective configuration. Under a
 per-tensor memory.policy (auto, memonger, superneurons, tflms) it also builds
 the network on this device as training would (the batch of one rank: the
-largest balance.manual entry, or train.batch / N), measures each layer's
-time and the copy bandwidth, and prints the memory plan: per activation
-kept, offloaded or recomputed, the predicted step time and peak.
+largest balance.manual entry, or train.batch / N), takes each layer's
+time and the copy bandwidth from profile.db or measures them in place (3
+steps), and prints the memory plan: per activation kept, offloaded or
+recomputed, the predicted step time and peak.
   --ranks N   plan for one rank of an N-rank job (default: as many ranks as
               balance.manual has entries, else 1): its share of the batch,
               and the staging a train.gradient_allreduce: half exchange

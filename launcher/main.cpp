@@ -133,7 +133,7 @@ void print_memory_plan(const Config& cfg, const worker::Graph& graph, int ranks)
   const int64_t batch = largest_rank_batch(cfg, ranks);
   auto backend = worker::make_backend(backend_options(cfg));
   worker::NetworkOptions options = network_options(cfg, batch, ranks);
-  PlanningCosts costs = planning_costs(cfg, graph, backend->device_info(), batch);
+  PlanningCosts costs = planning_costs(cfg, graph, *backend, options);
   if (costs.costs) options.memory_costs = std::move(*costs.costs);
   const worker::Network network(graph, *backend, options);
   const memory::MemoryPlan* plan = network.memory_plan();
@@ -252,12 +252,12 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   std::fflush(stdout);
 
   worker::TrainerOptions options = trainer_options(cfg);
-  options.memory_costs_at = [&cfg, &graph, info = backend->device_info(),
-                             rank = comm.rank()](int64_t batch) {
-    PlanningCosts costs = planning_costs(cfg, graph, info, batch);
-    if (rank == 0 && memory::plans_per_tensor(cfg.memory.policy)) {
-      std::printf("memory: planning batch %lld with costs %s\n", static_cast<long long>(batch),
-                  costs.source.c_str());
+  options.memory_costs_at = [&cfg, &graph, &backend,
+                             rank = comm.rank()](const worker::NetworkOptions& net) {
+    PlanningCosts costs = planning_costs(cfg, graph, *backend, net);
+    if (rank == 0 && costs.costs) {
+      std::printf("memory: planning batch %lld with costs %s\n",
+                  static_cast<long long>(net.max_batch), costs.source.c_str());
     }
     return costs.costs;
   };

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "perfdb/perf_db.h"
+#include "worker/engine/layer_timing.h"
 #include "worker/engine/optimizer.h"
 #include "worker/profile/step_costs.h"
 
@@ -62,22 +63,28 @@ worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_ba
 }
 
 PlanningCosts planning_costs(const config::Config& cfg, const worker::Graph& graph,
-                             const worker::DeviceInfo& info, int64_t batch) {
-  PlanningCosts found{std::nullopt, "measured in place, each layer alone"};
-  if (!memory::plans_per_tensor(cfg.memory.policy) || cfg.profile.db.empty() ||
-      !std::filesystem::is_regular_file(cfg.profile.db)) {
-    return found;
-  }
-  try {
-    perfdb::PerfDb db(cfg.profile.db, {.mode = perfdb::OpenMode::kReadOnly});
-    if (const auto device = db.find_device(worker::perfdb_device(info))) {
-      found.costs = worker::profiled_step_costs(db, *device, graph, batch).costs;
+                             worker::Backend& backend, const worker::NetworkOptions& net) {
+  if (!memory::plans_per_tensor(cfg.memory.policy)) return {};
+  std::string why_not;  // the perf DB's error, if reading it failed
+  if (!cfg.profile.db.empty() && std::filesystem::is_regular_file(cfg.profile.db)) {
+    try {
+      perfdb::PerfDb db(cfg.profile.db, {.mode = perfdb::OpenMode::kReadOnly});
+      if (const auto device = db.find_device(worker::perfdb_device(backend.device_info()))) {
+        if (auto costs = worker::profiled_step_costs(db, *device, graph, net.max_batch).costs) {
+          return {std::move(costs), "profiled in " + cfg.profile.db};
+        }
+      }
+    } catch (const perfdb::PerfDbError& e) {
+      why_not = std::string(" (") + e.what() + ")";
     }
-  } catch (const perfdb::PerfDbError& e) {
-    found.source += std::string(" (") + e.what() + ")";
   }
-  if (found.costs) found.source = "profiled in " + cfg.profile.db;
-  return found;
+  constexpr int kSteps = 3;
+  const worker::InPlaceCosts measured = worker::measure_costs_in_place(graph, backend, net, kSteps);
+  return {measured.costs,
+          (measured.in_steps ? "measured in place in " + std::to_string(kSteps) + " steps"
+                             : std::string("measured in place, each layer alone (the plan "
+                                           "offloads, and copies slow the calls they overlap)")) +
+              why_not};
 }
 
 worker::ProfileOptions profile_options(const config::Config& cfg) {

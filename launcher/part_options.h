@@ -31,20 +31,22 @@ worker::TrainerOptions trainer_options(const config::Config& cfg);
 worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch,
                                        int ranks = 1);
 
-// Under a per-tensor memory.policy, the simulator's costs of `graph` at
-// `batch` on the device `info` describes, when profile.db exists and holds
-// them all (vtrain profile and balance.split: auto record them: the calls
-// of the step the profiler timed, else each layer alone); nullopt
-// otherwise, and the network measures them in place, each layer alone.
-// `source` says which, for the log ("profiled in perf.db", "measured in
-// place, each layer alone" with why when the file could not be read as a
-// current perf DB). The file is only read.
+// Under a per-tensor memory.policy, the simulator's costs of `graph` for a
+// network on `net` (at its max_batch) on `backend`'s device: from
+// profile.db when it exists and holds them all (vtrain profile and
+// balance.split: auto record them: the calls of the step the profiler
+// timed, else each layer alone), else measured in place as a step meets
+// them (worker::measure_costs_in_place: a network on `net` runs a few
+// steps; each layer alone where its plan offloads). nullopt under the
+// other policies. `source` says which, for the log ("profiled in perf.db",
+// "measured in place in 3 steps", "measured in place, each layer alone"
+// with why). The file is only read. Throws what the network throws.
 struct PlanningCosts {
   std::optional<memory::StepCosts> costs;
   std::string source;
 };
 PlanningCosts planning_costs(const config::Config& cfg, const worker::Graph& graph,
-                             const worker::DeviceInfo& info, int64_t batch);
+                             worker::Backend& backend, const worker::NetworkOptions& net);
 
 // profile.* and memory.policy; batches is profile.batches (the caller
 // chooses when it is empty).

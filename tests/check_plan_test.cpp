@@ -183,7 +183,7 @@ TEST_F(CheckPlan, PlansWithTheProfiledCostsWhenThePerfDbHoldsThem) {
                            std::to_string(kRoomy) + " --set profile.db=" + db;
   const RunResult before = run_vtrain("check " + args);
   ASSERT_EQ(before.exit_code, 0) << before.output;
-  EXPECT_CONTAINS(before.output, "; costs measured in place, each layer alone");
+  EXPECT_CONTAINS(before.output, "; costs measured in place in 3 steps");
   EXPECT_FALSE(std::filesystem::exists(db));
   const RunResult profiled =
       run_vtrain("profile " + args + " --set profile.batches=[16] --set profile.repeats=1");

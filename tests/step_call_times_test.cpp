@@ -122,6 +122,45 @@ TEST(StepCallTimes, MeasuredInStepsWithTheGivenBandwidthAndParametersKept) {
   EXPECT_THROW(measure_costs_in_steps(net, 4, 0, {}), std::invalid_argument);
 }
 
+// Costs measured in place for a per-tensor plan: in steps (every layer
+// timed, the copy bandwidth the network measured kept) on a network that
+// is freed again; each layer alone where the plan offloads; refused where
+// there is nothing to measure.
+TEST(StepCallTimes, InPlaceCostsAreTimedInStepsUnlessThePlanOffloads) {
+  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  const Graph graph = test_support::preset_graph("vgg-small", 16);
+  NetworkOptions o = keep_everything(4);
+  o.memory_policy = memory::Policy::kAuto;
+  o.conv_algorithm = "direct";
+  const InPlaceCosts roomy = measure_costs_in_place(graph, *backend, o);
+  EXPECT_TRUE(roomy.in_steps);
+  test_support::expect_every_layer_timed(graph, roomy.costs);
+  EXPECT_GT(roomy.costs.to_host_bytes_per_second, 0);
+  EXPECT_GT(roomy.costs.to_device_bytes_per_second, 0);
+  // Only the ops' scratch, which the backend keeps for the next network,
+  // stays: a second measurement leaves the device as the first did.
+  const size_t in_use = backend->device_bytes_in_use();
+  measure_costs_in_place(graph, *backend, o);
+  EXPECT_EQ(backend->device_bytes_in_use(), in_use);
+
+  // TFLMS swaps the largest tensors out to fit: 128 KiB under what keeping
+  // everything peaks at (parameters included), it offloads.
+  const size_t keep_all = Network(graph, *backend, o).memory_stats().predicted_peak;
+  NetworkOptions tight = o;
+  tight.memory_policy = memory::Policy::kTflms;
+  tight.memory_capacity = keep_all - (size_t{128} << 10);
+  const InPlaceCosts swapped = measure_costs_in_place(graph, *backend, tight);
+  EXPECT_FALSE(swapped.in_steps);
+  test_support::expect_every_layer_timed(graph, swapped.costs);
+
+  NetworkOptions none = o;
+  none.memory_policy = memory::Policy::kNone;
+  EXPECT_THROW(measure_costs_in_place(graph, *backend, none), std::invalid_argument);
+  NetworkOptions given = o;
+  given.memory_costs = roomy.costs;
+  EXPECT_THROW(measure_costs_in_place(graph, *backend, given), std::invalid_argument);
+}
+
 // The profiler's layer rows come from its measured step (they then hold
 // the time outside the calls) where the step offloads nothing; under vDNN
 // "all" (every activation offloaded) they stay the layers timed alone.

@@ -402,4 +402,26 @@ memory::StepCosts measure_costs_in_steps(Network& net, int64_t n, int steps,
   return costs;
 }
 
+InPlaceCosts measure_costs_in_place(const Graph& graph, Backend& backend,
+                                    const NetworkOptions& options, int steps) {
+  if (!options.memory_costs.forward_seconds.empty()) {
+    throw std::invalid_argument("measure_costs_in_place: the options carry costs already");
+  }
+  // Each rank measures on its own: no batch-norm collective in these steps
+  // (ranks whose costs come from a profile do not run them).
+  NetworkOptions own = options;
+  own.sum_over_ranks = nullptr;
+  Network net(graph, backend, own);
+  const memory::StepCosts* alone = net.plan_costs();
+  if (alone == nullptr) {
+    throw std::invalid_argument(std::string("measure_costs_in_place: memory.policy ") +
+                                memory::policy_name(options.memory_policy) +
+                                " plans no tensors with costs");
+  }
+  if (net.activation_placement().offloaded_bytes > 0) return {*alone, false};
+  net.init_parameters(1);
+  const CopyBandwidth bandwidth{alone->to_host_bytes_per_second, alone->to_device_bytes_per_second};
+  return {measure_costs_in_steps(net, options.max_batch, steps, bandwidth), true};
+}
+
 }  // namespace vtrain::worker

@@ -19,6 +19,7 @@ namespace vtrain::worker {
 
 class Layer;
 class Network;
+struct NetworkOptions;
 
 // Bytes per second of the backend's memory stream, each way.
 struct CopyBandwidth {
@@ -84,6 +85,21 @@ TimingBatch timing_batch(const Graph& graph, int64_t n);
 // plan that offloads, the calls overlapping copies are slowed by them.
 memory::StepCosts measure_costs_in_steps(Network& net, int64_t n, int steps,
                                          const CopyBandwidth& bandwidth);
+
+// A per-tensor policy's costs where no profile holds them, measured in
+// place as a step meets them: a network on `options` (no memory_costs:
+// it plans with each layer timed alone) runs measure_costs_in_steps at
+// its max batch (parameters initialised, no update) and is freed before
+// this returns. Where that plan offloads, the layers timed alone stand
+// (in_steps false): on a device whose copies share its cores, the calls
+// that overlap copies come out slowed. Throws what the network throws (a
+// capacity no plan fits: memory::OutOfMemoryError naming the tensor).
+struct InPlaceCosts {
+  memory::StepCosts costs;
+  bool in_steps = false;  // timed in steps (else each layer alone)
+};
+InPlaceCosts measure_costs_in_place(const Graph& graph, Backend& backend,
+                                    const NetworkOptions& options, int steps = 3);
 
 // Per entry the median over `steps` (each with the same layer count, else
 // std::invalid_argument; at least one); the bandwidths are 0.

@@ -191,6 +191,9 @@ class Network {
   // The per-tensor plan the network runs (a per-tensor policy or explicit
   // memory_actions); null for none, all, conv and dyn.
   const memory::MemoryPlan* memory_plan() const { return plan_ ? &*plan_ : nullptr; }
+  // The costs a per-tensor policy planned with (NetworkOptions'
+  // memory_costs, or those measured in place); null without such a plan.
+  const memory::StepCosts* plan_costs() const { return plan_costs_ ? &*plan_costs_ : nullptr; }
   // Where the schedule keeps the activations: kept, offloaded, recomputed.
   memory::PlanSummary activation_placement() const {
     return memory::summarize(model_, schedule_.actions);
@@ -252,6 +255,7 @@ class Network {
   memory::MemoryModel model_;
   memory::Schedule schedule_;
   std::optional<memory::MemoryPlan> plan_;  // a per-tensor plan (schedule_ is its schedule)
+  std::optional<memory::StepCosts> plan_costs_;  // what plan_ was made with
   MemoryStats fixed_stats_;  // what plan_memory decided (policy, capacity, ...); the rest is live
   std::unique_ptr<ScheduleInterpreter> interpreter_;  // runs schedule_ in the pool it owns
 };

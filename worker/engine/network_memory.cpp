@@ -151,7 +151,8 @@ memory::Simulation Network::plan_per_tensor(size_t capacity, const std::string& 
                                   capacity, planner);
   } else {
     try {
-      plan_ = memory::plan_memory(options_.memory_policy, model_, step_costs(capacity), capacity,
+      plan_costs_ = step_costs(capacity);
+      plan_ = memory::plan_memory(options_.memory_policy, model_, *plan_costs_, capacity,
                                   planner);
     } catch (const memory::OutOfMemoryError& e) {
       // The planner's message names the policy, the tensor and the least capacity.

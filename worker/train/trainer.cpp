@@ -35,9 +35,6 @@ NetworkOptions network_options(const Graph& graph, const JobShape& job,
   net.conv_workspace_bytes = kernels.workspace_bytes;
   net.memory_policy = options.memory_policy;
   net.memory_planner = options.memory_planner;
-  if (options.memory_costs_at) {
-    if (auto costs = options.memory_costs_at(net.max_batch)) net.memory_costs = std::move(*costs);
-  }
   // The optimizer's state and the allreduce's staging buffer come after the network.
   net.optimizer_bytes_per_parameter =
       optimizer_allocated
@@ -45,6 +42,10 @@ NetworkOptions network_options(const Graph& graph, const JobShape& job,
           : training_bytes_per_parameter(options.gradient_allreduce, graph.precision(), job.ranks);
   if (Communicator* comm = options.batch_norm_comm; comm != nullptr && job.ranks > 1) {
     net.sum_over_ranks = [comm](std::vector<double>& values) { comm->allreduce_sum(values); };
+  }
+  // Last: costs measured in place are measured on a network like this one.
+  if (options.memory_costs_at) {
+    if (auto costs = options.memory_costs_at(net)) net.memory_costs = std::move(*costs);
   }
   return net;
 }

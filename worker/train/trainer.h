@@ -67,10 +67,11 @@ struct TrainerOptions {
   // Memory (memory.policy and memory.planner in the config; see network.h).
   memory::Policy memory_policy = memory::Policy::kNone;
   memory::Planner memory_planner = memory::Planner::kPool;
-  // Under a per-tensor policy, the simulator's costs at a network batch
-  // when they are known (the perf DB's profile of this device); null or
-  // nullopt: the network measures them in place.
-  std::function<std::optional<memory::StepCosts>(int64_t batch)> memory_costs_at;
+  // Under a per-tensor policy, the simulator's costs for a network on
+  // these options (the perf DB's profile of this device at its max_batch,
+  // or measured in place in steps); null or nullopt: the network measures
+  // them in place, each layer alone.
+  std::function<std::optional<memory::StepCosts>(const NetworkOptions& net)> memory_costs_at;
   // Chrome trace (vtrain train --trace FILE): compute and memory-stream
   // events of the first trace_steps steps of every rank, one process per
   // rank, written by rank 0 at the end. Empty = none.
