@@ -264,20 +264,37 @@ std::optional<worker::ConvPlan> replan_kernels(const config::Config& cfg, const 
                                                const SplitProblem& problem,
                                                const worker::SplitSwitch& to) {
   // A share the DB has no kernel measurements at is measured first (what
-  // the DB holds already is not measured again).
-  if (const int64_t mine = to.split.at(static_cast<size_t>(comm.rank())); mine > 0) {
-    perfdb::PerfDb db(cfg.profile.db);
-    const perfdb::DeviceId id = db.upsert_device(worker::perfdb_device(backend.device_info()));
-    const worker::ProfileReport r =
-        worker::profile(graph, backend, db, id, kernels_alone_at(profile_options(cfg), mine));
-    if (r.kernel_measured > 0) {
-      std::printf("rebalance: rank %d measured %lld kernel items at its new batch %lld (%.1f s)\n",
-                  comm.rank(), static_cast<long long>(r.kernel_measured),
-                  static_cast<long long>(mine), r.seconds);
+  // the DB holds already is not measured again). A rank that cannot (its
+  // device's memory, the DB) says why, and every rank keeps its kernels.
+  const int64_t my_batch = to.split.at(static_cast<size_t>(comm.rank()));
+  std::vector<double> failed{0.0};
+  if (my_batch > 0) {
+    try {
+      perfdb::PerfDb db(cfg.profile.db);
+      const perfdb::DeviceId id = db.upsert_device(worker::perfdb_device(backend.device_info()));
+      const worker::ProfileReport r =
+          worker::profile(graph, backend, db, id, kernels_alone_at(profile_options(cfg), my_batch));
+      if (r.kernel_measured > 0) {
+        std::printf("rebalance: rank %d measured %lld kernel items at its new batch %lld (%.1f s)\n",
+                    comm.rank(), static_cast<long long>(r.kernel_measured),
+                    static_cast<long long>(my_batch), r.seconds);
+      }
+    } catch (const std::exception& e) {
+      std::printf("rebalance: rank %d could not measure its kernels at its new batch %lld: %s\n",
+                  comm.rank(), static_cast<long long>(my_batch), e.what());
+      failed[0] = 1.0;
+    }
+    std::fflush(stdout);
+  }
+  comm.allreduce_sum(failed);  // also: rank 0 plans once every measurement is in the DB
+  if (failed[0] > 0) {
+    if (comm.rank() == 0) {
+      std::printf("rebalance: the conv kernels stay as planned before the switch (%g rank(s) "
+                  "could not measure their new batch)\n", failed[0]);
       std::fflush(stdout);
     }
+    return std::nullopt;
   }
-  comm.barrier();
   std::string text;
   if (comm.rank() == 0) {
     try {

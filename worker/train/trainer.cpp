@@ -222,24 +222,25 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
 // full-batch one. With re-planning, a rank with samples runs the conv
 // kernels planned for its new batch: it frees its network first (the
 // kernels may need measuring there, in the device's memory) and builds it
-// again on them. Without, a share larger than the network was built for
-// needs a new network; a smaller one runs on the network as it is.
+// again on them. Otherwise (no re-planning, or no samples: the network
+// serves the collectives, the probes and evaluation) the network stays
+// unless the new share, or evaluation's chunk, outgrows it.
 void Trainer::switch_split(const SplitSwitch& to) {
   progress_.line(describe_switch(to, at_.step + 1));
   metrics_.write(switch_record(to, at_.step + 1));
   job_ = with_split(job_, to.split);
   ++result_.rebalances;
-  if (!options_.replan_kernels) {
-    if (network_batch(job_) > net_batch_) rebuild_network(release_network(), "");
-    return;
-  }
+  const bool replans = static_cast<bool>(options_.replan_kernels);
   std::optional<NetworkState> state;
-  if (job_.my_batch > 0) state = release_network();
-  std::optional<ConvPlan> kernels = options_.replan_kernels(to);  // collective
-  if (!state) return;  // no samples: the network stays for the collectives and the probes
-  const bool replanned = kernels.has_value();
-  if (kernels) conv_plan_ = std::move(*kernels);
-  rebuild_network(*state, replanned ? " on the conv kernels planned for it" : "");
+  if (replans && job_.my_batch > 0) state = release_network();
+  std::optional<ConvPlan> kernels;
+  if (replans) kernels = options_.replan_kernels(to);  // collective: every rank calls it
+  if (state) {
+    if (kernels) conv_plan_ = std::move(*kernels);
+    rebuild_network(*state, kernels ? " on the conv kernels planned for it" : "");
+  } else if (network_batch(job_) > net_batch_) {
+    rebuild_network(release_network(), "");
+  }
 }
 
 // The network's parameters and buffers on the host (the optimizer's state

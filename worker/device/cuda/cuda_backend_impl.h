@@ -302,9 +302,10 @@ class CudaBackend final : public Backend {
   // CUDNN_FMA_MATH); returns cuDNN's own algorithm number. Throws for a
   // TF32 variant when the backend was not made for tf32.
   int set_conv_math(const ConvDescriptors& d, ConvKind kind, ConvAlgo algo);
-  // The algorithms cuDNN's heuristic ranks first-to-last for `p` in the
-  // descriptor's current math, those with a failure status left out.
-  std::vector<int> ranked_algorithms(ConvKind kind, const ConvDescriptors& d,
+  // The algorithms cuDNN's heuristic ranks first-to-last for `d` in the
+  // descriptor's current math (TF32 or FMA, as `tf32` says), those with a
+  // failure status or another math left out.
+  std::vector<int> ranked_algorithms(ConvKind kind, const ConvDescriptors& d, bool tf32,
                                      const std::string& what);
   cudnnPoolingDescriptor_t pool_desc(const PoolParams& p);
   void check_conv(const char* op, const ConvProblem& p, const Tensor& x, const Tensor& y,

@@ -47,6 +47,22 @@ std::optional<std::string> algo_name(ConvKind kind, ConvAlgo algo) {
   return std::string(base) + (tf32 ? std::string(kTf32AlgorithmSuffix) : "");
 }
 
+// cuDNN's heuristic entries that succeed, in its order, for one math: its
+// v7 heuristics may list an algorithm once per math type, each entry with
+// its own mathType, whatever the descriptor says. The FMA pass leaves out
+// tensor-op entries, the TF32 pass FMA ones.
+template <typename Perf>
+void keep_ranked(const std::vector<Perf>& perf, int returned, bool tf32, std::vector<int>& ranked) {
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+    const bool fma = perf[i].mathType == CUDNN_FMA_MATH;
+    const bool tensor_op = perf[i].mathType == CUDNN_TENSOR_OP_MATH ||
+                           perf[i].mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    if (tf32 ? fma : tensor_op) continue;
+    ranked.push_back(static_cast<int>(perf[i].algo));
+  }
+}
+
 }  // namespace
 
 // -------------------------------------------------------------- descriptors
@@ -159,7 +175,7 @@ int CudaBackend::set_conv_math(const ConvDescriptors& d, ConvKind kind, ConvAlgo
 }
 
 std::vector<int> CudaBackend::ranked_algorithms(ConvKind kind, const ConvDescriptors& d,
-                                                const std::string& what) {
+                                                bool tf32, const std::string& what) {
   std::vector<int> ranked;
   int max_count = 0, returned = 0;
   switch (kind) {
@@ -171,9 +187,7 @@ std::vector<int> CudaBackend::ranked_algorithms(ConvKind kind, const ConvDescrip
           cudnnGetConvolutionForwardAlgorithm_v7(cudnn_.get(), d.x.get(), d.w.get(), d.conv.get(),
                                                  d.y.get(), max_count, &returned, perf.data()),
           what);
-      for (int i = 0; i < returned; ++i) {
-        if (perf[i].status == CUDNN_STATUS_SUCCESS) ranked.push_back(perf[i].algo);
-      }
+      keep_ranked(perf, returned, tf32, ranked);
       break;
     }
     case ConvKind::kBackwardData: {
@@ -184,9 +198,7 @@ std::vector<int> CudaBackend::ranked_algorithms(ConvKind kind, const ConvDescrip
                             cudnn_.get(), d.w.get(), d.y.get(), d.conv.get(), d.x.get(), max_count,
                             &returned, perf.data()),
                         what);
-      for (int i = 0; i < returned; ++i) {
-        if (perf[i].status == CUDNN_STATUS_SUCCESS) ranked.push_back(perf[i].algo);
-      }
+      keep_ranked(perf, returned, tf32, ranked);
       break;
     }
     case ConvKind::kBackwardFilter: {
@@ -197,9 +209,7 @@ std::vector<int> CudaBackend::ranked_algorithms(ConvKind kind, const ConvDescrip
                             cudnn_.get(), d.x.get(), d.y.get(), d.conv.get(), d.w.get(), max_count,
                             &returned, perf.data()),
                         what);
-      for (int i = 0; i < returned; ++i) {
-        if (perf[i].status == CUDNN_STATUS_SUCCESS) ranked.push_back(perf[i].algo);
-      }
+      keep_ranked(perf, returned, tf32, ranked);
       break;
     }
   }
@@ -218,7 +228,7 @@ std::vector<ConvAlgoInfo> CudaBackend::conv_algorithms(ConvKind kind, const Conv
   for (const ConvAlgo variant : {0, kTf32Variant}) {
     if (variant == kTf32Variant && !tf32_) break;
     set_conv_math(d, kind, variant);
-    for (const int ranked : ranked_algorithms(kind, d, what)) {
+    for (const int ranked : ranked_algorithms(kind, d, variant == kTf32Variant, what)) {
       const ConvAlgo algo = ranked + variant;
       const bool seen = std::any_of(algos.begin(), algos.end(),
                                     [&](const ConvAlgoInfo& a) { return a.algo == algo; });
