@@ -480,6 +480,30 @@ std::string join_batches(const std::vector<int64_t>& batches, char separator) {
   return text;
 }
 
+void make_monotone(std::vector<StepSample>& steps) {
+  std::sort(steps.begin(), steps.end(),
+            [](const StepSample& a, const StepSample& b) { return a.batch < b.batch; });
+  struct Block {
+    double sum = 0;
+    size_t count = 0;
+    double mean() const { return sum / static_cast<double>(count); }
+  };
+  std::vector<Block> blocks;  // pooled runs, means non-decreasing
+  for (const StepSample& s : steps) {
+    blocks.push_back({s.time_ms, 1});
+    while (blocks.size() > 1 && blocks[blocks.size() - 2].mean() > blocks.back().mean()) {
+      const Block last = blocks.back();
+      blocks.pop_back();
+      blocks.back().sum += last.sum;
+      blocks.back().count += last.count;
+    }
+  }
+  size_t at = 0;
+  for (const Block& b : blocks) {
+    for (size_t k = 0; k < b.count; ++k) steps[at++].time_ms = b.mean();
+  }
+}
+
 std::optional<double> step_time_at(const DeviceProfile& device, int64_t batch) {
   const std::vector<StepSample> steps = sorted_samples(device);
   for (size_t i = 0; i < steps.size(); ++i) {

@@ -141,6 +141,15 @@ BatchSplit plan_batch_split(std::span<const DeviceProfile> devices, int64_t glob
 // malformed profile, as plan_batch_split does.
 std::optional<double> step_time_at(const DeviceProfile& device, int64_t batch);
 
+// A device's step does not get faster as its batch grows; measured times
+// that say so are noise (a slow spell of a shared machine on one batch's
+// runs). Makes `steps` (any order; returned sorted by batch) non-decreasing
+// in time by pooling adjacent violators into their mean (isotonic
+// regression, least squares). Two identical devices whose one profile
+// read t(12) < t(8) were otherwise split 4 + 12 of 16 and, once training
+// measured them alike, re-balanced back and forth.
+void make_monotone(std::vector<StepSample>& steps);
+
 // B / ranks each, the remainder to the first ranks.
 std::vector<int64_t> even_split(int64_t batch, int ranks);
 

@@ -373,6 +373,36 @@ TEST(BatchSplit, BeatsTheEvenSplitAndReportsIt) {
   EXPECT_TRUE(finer.idle_devices.empty());
 }
 
+// Isotonic regression of a step-time curve against known answers: adjacent
+// violators pooled into their mean, the rest untouched, sorted by batch.
+TEST(BatchSplit, MakeMonotonePoolsAdjacentViolators) {
+  const auto times = [](std::vector<StepSample> steps) {
+    make_monotone(steps);
+    std::vector<std::pair<int64_t, double>> out;
+    for (const StepSample& s : steps) out.emplace_back(s.batch, s.time_ms);
+    return out;
+  };
+  using Curve = std::vector<std::pair<int64_t, double>>;
+  EXPECT_EQ(times({{4, 5, 0}, {8, 12, 0}, {12, 10, 0}, {16, 14, 0}}),
+            (Curve{{4, 5}, {8, 11}, {12, 11}, {16, 14}}));
+  EXPECT_EQ(times({{16, 14, 0}, {4, 5, 0}, {12, 10, 0}, {8, 12, 0}}),
+            (Curve{{4, 5}, {8, 11}, {12, 11}, {16, 14}}));
+  EXPECT_EQ(times({{1, 1, 0}, {2, 2, 0}, {3, 3, 0}}), (Curve{{1, 1}, {2, 2}, {3, 3}}));
+  EXPECT_EQ(times({{1, 3, 0}, {2, 2, 0}, {3, 1, 0}}), (Curve{{1, 2}, {2, 2}, {3, 2}}));
+  // A late violation pulls back across an earlier pool.
+  EXPECT_EQ(times({{1, 1, 0}, {2, 4, 0}, {3, 2, 0}, {4, 0, 0}}),
+            (Curve{{1, 1}, {2, 2}, {3, 2}, {4, 2}}));
+  EXPECT_TRUE(times({}).empty());
+  // Two identical devices whose one profile read t(12) < t(8): uneven
+  // splits no longer beat the even one.
+  DeviceProfile noisy{"a", {{4, 5, 0}, {8, 12, 0}, {12, 10, 0}, {16, 14, 0}}};
+  EXPECT_LT(plan_batch_split(std::vector<DeviceProfile>{noisy, noisy}, 16, {}).step_time_ms, 12);
+  make_monotone(noisy.steps);
+  const BatchSplit split = plan_batch_split(std::vector<DeviceProfile>{noisy, noisy}, 16, {});
+  EXPECT_DOUBLE_EQ(split.step_time_ms, 11);
+  EXPECT_EQ(split.batch, (std::vector<int64_t>{8, 8}));  // of equal steps, the solver keeps this
+}
+
 TEST(BatchSplit, TheIdealBoundSumsEachDevicesBestThroughput) {
   std::vector<DeviceProfile> devices = two_devices();
   // 1 and 1/3 samples per ms: 128 samples in 96 ms at best.

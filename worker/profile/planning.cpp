@@ -176,6 +176,7 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb:
       }
       p.steps.push_back({batch, time_ms, s.peak_device_bytes});
     }
+    balancer::make_monotone(p.steps);
     profiles.push_back(std::move(p));
   }
   return profiles;
