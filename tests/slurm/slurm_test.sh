@@ -218,9 +218,9 @@ requeue_case() {
   grep -q "^vtrain.sbatch: vtrain exited with status 3" "$out" ||
     fail "the first run did not end with status 3 (stopped after checkpointing)"
   if [ "$how" = usr1 ]; then
-    grep -q "^vtrain.sbatch: requeued job $jid" "$out" || fail "the script did not requeue the job itself"
+    grep -q "^vtrain.sbatch: requeueing job $jid" "$out" || fail "the script did not requeue the job itself"
   else
-    grep -q "^vtrain.sbatch: requeued job" "$out" && fail "the script requeued a job SLURM was already requeueing"
+    grep -q "^vtrain.sbatch: requeueing job" "$out" && fail "the script requeued a job SLURM was already requeueing"
   fi
   stopped=$(sed -n 's/^vtrain: stopped by a signal after checkpointing \([^;]*\);.*/\1/p' "$out")
   resumed=$(sed -n 's/^resumed from \(.*\) (step \([0-9]*\), epoch [0-9]*)$/\1/p' "$out")
