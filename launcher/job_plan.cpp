@@ -36,6 +36,14 @@ void write_fronts(const std::string& path, const std::vector<worker::FrontPoint>
   common::write_file_whole(path, csv, "Pareto fronts");
 }
 
+// Prints the plan and, with a path, writes it there (whole or not at all).
+void print_and_save(const balancer::TrainingPlan& plan, const std::string& path) {
+  std::fputs(worker::describe_plan(plan).c_str(), stdout);
+  if (path.empty()) return;
+  balancer::save_plan(plan, path);
+  std::printf("plan: wrote %s\n", path.c_str());
+}
+
 std::vector<std::string> split_on(const std::string& text, char separator) {
   std::vector<std::string> out;
   size_t start = 0;
@@ -249,11 +257,7 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
     throw config::ConfigError(origin + ": " + *why);
   }
   if (comm.rank() == 0) {
-    std::fputs(worker::describe_plan(plan).c_str(), stdout);
-    if (!cfg.output.plan.empty() && cli.plan.empty()) {
-      balancer::save_plan(plan, cfg.output.plan);
-      std::printf("plan: wrote %s\n", cfg.output.plan.c_str());
-    }
+    print_and_save(plan, cli.plan.empty() ? cfg.output.plan : "");
     std::fflush(stdout);
   }
   return plan;
@@ -307,11 +311,7 @@ std::optional<worker::ConvPlan> replan_kernels(const config::Config& cfg, const 
           worker::plan_workspaces(graph, db, problem.devices, split, step_pricing(cfg));
       plan.memory_policy = memory::policy_name(cfg.memory.policy);
       text = balancer::plan_to_yaml(plan);
-      std::fputs(worker::describe_plan(plan).c_str(), stdout);
-      if (!cfg.output.plan.empty()) {
-        balancer::save_plan(plan, cfg.output.plan);
-        std::printf("plan: wrote %s\n", cfg.output.plan.c_str());
-      }
+      print_and_save(plan, cfg.output.plan);
     } catch (const std::exception& e) {
       std::printf("rebalance: the conv kernels stay as planned before the switch (%s)\n", e.what());
       text.clear();
@@ -382,11 +382,7 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
   balancer::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split, pricing,
                                                       cli.fronts.empty() ? nullptr : &fronts);
   plan.memory_policy = memory::policy_name(cfg.memory.policy);
-  std::fputs(worker::describe_plan(plan).c_str(), stdout);
-  if (!cli.out.empty()) {
-    balancer::save_plan(plan, cli.out);
-    std::printf("plan: wrote %s\n", cli.out.c_str());
-  }
+  print_and_save(plan, cli.out);
   if (!cli.fronts.empty()) {
     write_fronts(cli.fronts, fronts, plan);
     std::printf("fronts: wrote %s\n", cli.fronts.c_str());
