@@ -1,5 +1,7 @@
 #include "common/machine.h"
 
+#include "common/cgroup_limits.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +17,13 @@ uint64_t physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+uint64_t usable_memory_bytes() {
+  const uint64_t physical = physical_memory_bytes();
+  const std::optional<uint64_t> limit = cgroup_memory_limit();
+  if (!limit) return physical;
+  return physical == 0 ? *limit : std::min(physical, *limit);
 }
 
 }  // namespace vtrain::common

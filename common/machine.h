@@ -1,5 +1,5 @@
 // What the host offers, asked of the OS: hardware threads and physical
-// memory. The CPU backend sizes itself by these, and the config checks
+// memory (less a memory cgroup's limit). The CPU backend sizes itself by these, and the config checks
 // (configs/config_limits.h) refuse what would not fit them.
 #pragma once
 
@@ -13,5 +13,9 @@ int hardware_threads();
 
 // Physical memory in bytes; 0 when the OS does not say.
 uint64_t physical_memory_bytes();
+
+// The memory this process may use: physical memory, or its memory cgroup's
+// limit where that is lower (common/cgroup_limits.h); 0 when unknown.
+uint64_t usable_memory_bytes();
 
 }  // namespace vtrain::common

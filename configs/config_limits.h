@@ -15,7 +15,7 @@ namespace vtrain::config {
 // What the machine that runs the config offers.
 struct Machine {
   int hardware_threads = 1;    // common::hardware_threads()
-  uint64_t memory_bytes = 0;   // physical memory; 0 = unknown (no memory checks)
+  uint64_t memory_bytes = 0;   // common::usable_memory_bytes(); 0 = unknown (no memory checks)
   bool device_is_host = true;  // the CPU backend: device memory is this memory
 };
 

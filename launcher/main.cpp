@@ -77,7 +77,7 @@ Datasets load_data(const Config& cfg) {
 config::Machine this_machine(const Config& cfg) {
   const bool host = cfg.device.backend == "cpu" ||
                     (cfg.device.backend == "auto" && !worker::gpu_available());
-  return {common::hardware_threads(), common::physical_memory_bytes(), host};
+  return {common::hardware_threads(), common::usable_memory_bytes(), host};
 }
 
 // The largest batch one of `ranks` ranks trains on: the most of
@@ -128,14 +128,14 @@ Config load(const CliArgs& cli) {
 // counts), its costs from the perf DB when it holds them for this device
 // and batch, else measured in place. A capacity no plan fits throws the
 // planner's OutOfMemoryError (the tensor, the least capacity).
-void print_memory_plan(const Config& cfg, const worker::Graph& graph, int ranks) {
+void print_memory_plan(const Config& cfg, const worker::Graph& graph, int ranks,
+                       worker::Backend& backend) {
   if (!memory::plans_per_tensor(cfg.memory.policy)) return;
   const int64_t batch = largest_rank_batch(cfg, ranks);
-  auto backend = worker::make_backend(backend_options(cfg));
   worker::NetworkOptions options = network_options(cfg, batch, ranks);
-  PlanningCosts costs = planning_costs(cfg, graph, *backend, options);
+  PlanningCosts costs = planning_costs(cfg, graph, backend, options);
   if (costs.costs) options.memory_costs = std::move(*costs.costs);
-  const worker::Network network(graph, *backend, options);
+  const worker::Network network(graph, backend, options);
   const memory::MemoryPlan* plan = network.memory_plan();
   if (plan == nullptr) {
     throw std::logic_error(std::string("memory.policy ") + memory::policy_name(cfg.memory.policy) +
@@ -143,7 +143,7 @@ void print_memory_plan(const Config& cfg, const worker::Graph& graph, int ranks)
   }
   std::printf("memory: batch %lld (one of %d rank%s) on %s, capacity %s; costs %s\n%s",
               static_cast<long long>(batch), ranks, ranks == 1 ? "" : "s",
-              backend->device_info().name.c_str(),
+              backend.device_info().name.c_str(),
               common::format_bytes_fixed(network.memory_stats().capacity).c_str(),
               costs.source.c_str(), memory::plan_report(network.memory_model(), *plan).c_str());
 }
@@ -182,7 +182,12 @@ int run_check(const CliArgs& cli) {
     std::printf("  %-16s %-9s %-18s <- %s\n", l.name.c_str(), worker::layer_type_name(l.type),
                 graph.output_shape(i).str().c_str(), inputs.c_str());
   }
-  print_memory_plan(cfg, graph, ranks);
+  const auto backend = worker::make_backend(backend_options(cfg));
+  const worker::DeviceInfo device = backend->device_info();
+  std::printf("device: %s %s, %d thread%s, %s of memory, %s\n", device.backend.c_str(),
+              device.name.c_str(), device.threads, device.threads == 1 ? "" : "s",
+              common::format_bytes(device.memory_bytes).c_str(), device.library_version.c_str());
+  print_memory_plan(cfg, graph, ranks, *backend);
   std::printf("effective config:\n%s\n", config::to_yaml(cfg).c_str());
   return kExitOk;
 }

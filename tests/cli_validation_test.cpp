@@ -183,7 +183,7 @@ TEST_F(CliValidation, ModelsWithMoreParametersThanTheMemoryAreRefused) {
 }
 
 TEST_F(CliValidation, AMemoryLimitAboveTheMachineNamesBoth) {
-  const std::string memory = common::format_bytes(common::physical_memory_bytes());
+  const std::string memory = common::format_bytes(common::usable_memory_bytes());
   expect_refused(synthetic_config("  threads: 1\n  memory_limit: 18446744073709551615\n"),
                  "10: device.memory_limit",
                  "16 EiB (18446744073709551615 bytes) asked, this machine has " + memory +

@@ -350,7 +350,8 @@ class Backend {
 
 struct BackendOptions {
   std::string kind = "auto";  // "auto" (cuda if a GPU is visible, else cpu), "cpu", "cuda"
-  int threads = 0;            // CPU threads; 0 = all cores
+  int threads = 0;            // CPU threads; 0 = all cores the process may run on, no more than
+                              // its cgroup CPU quota keeps busy (common/cgroup_limits.h)
   size_t memory_limit = 0;    // device bytes the backend may serve; 0 = the device's memory
   // The job's train.precision. Under tf32 the CUDA backend also offers each
   // convolution algorithm in a TF32 tensor-core variant ("<name>/tf32",

@@ -2,13 +2,16 @@
 // See cpu_backend.h; the class is in cpu_backend_impl.h.
 #include "worker/device/cpu/cpu_backend_impl.h"
 
+#include "common/cgroup_limits.h"
 #include "common/machine.h"
+#include "common/text.h"
 
 #include <omp.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -30,21 +33,26 @@ std::string cpu_model_name() {
 }
 
 // " (cpus 0,2)" when this process may run on only some of the online CPUs
-// (a rankfile, taskset, a SLURM cpuset): such a device is not the whole CPU,
-// and the perf DB must keep its measurements apart.
-std::string affinity_suffix() {
+// (a rankfile, taskset, a SLURM cpuset), " (cpu quota 0.5)" when its
+// cgroup's CFS quota gives it half a CPU's time (a container's CPU limit),
+// both when both: such a device is a slice of the CPU, and the perf DB
+// must keep its measurements apart.
+std::string slice_suffix(std::optional<double> quota) {
+  std::vector<std::string> parts;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return "";
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  if (online <= 0 || CPU_COUNT(&set) >= online) return "";
-  std::string cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (!CPU_ISSET(c, &set)) continue;
-    if (!cpus.empty()) cpus += ',';  // not "," + to_string(c): a GCC 12 -Wrestrict false positive
-    cpus += std::to_string(c);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && online > 0 && CPU_COUNT(&set) < online) {
+    std::string cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (!CPU_ISSET(c, &set)) continue;
+      if (!cpus.empty()) cpus += ',';  // not "," + to_string(c): a GCC 12 -Wrestrict false positive
+      cpus += std::to_string(c);
+    }
+    parts.push_back("cpus " + cpus);
   }
-  return " (cpus " + cpus + ")";
+  if (quota) parts.push_back("cpu quota " + common::format_cpus(*quota));
+  return parts.empty() ? "" : " (" + common::join(parts, ", ") + ")";
 }
 
 std::string host_name() {
@@ -58,15 +66,23 @@ std::string host_name() {
 // ----------------------------------------------------------------- lifecycle
 
 CpuBackend::CpuBackend(const BackendOptions& options) {
-  if (options.threads > 0) omp_set_num_threads(options.threads);
+  const std::optional<double> quota = common::cpu_quota();
+  if (options.threads > 0) {
+    omp_set_num_threads(options.threads);
+  } else if (quota) {
+    // More threads than the quota keeps busy only wait for each other at
+    // every parallel region's end while the quota throttles them.
+    const int busy = static_cast<int>(std::ceil(*quota - 1e-6));
+    omp_set_num_threads(std::clamp(busy, 1, omp_get_max_threads()));
+  }
   const dnnl::version_t* v = dnnl::version();
   info_.backend = "cpu";
-  info_.name = cpu_model_name() + affinity_suffix();
+  info_.name = cpu_model_name() + slice_suffix(quota);
   info_.threads = omp_get_max_threads();
   info_.library_version = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
                           "." + std::to_string(v->patch);
   info_.host = host_name();
-  capacity_ = options.memory_limit > 0 ? options.memory_limit : static_cast<size_t>(common::physical_memory_bytes());
+  capacity_ = options.memory_limit > 0 ? options.memory_limit : static_cast<size_t>(common::usable_memory_bytes());
   info_.memory_bytes = capacity_;
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
   if (isa == dnnl::cpu_isa::avx512_core || isa == dnnl::cpu_isa::avx512_core_vnni ||
