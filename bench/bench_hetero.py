@@ -23,7 +23,12 @@ best standalone throughput added up, less the exchange):
 
   /usr/bin/python3 bench/bench_hetero.py [--vtrain build/vtrain] [--rounds 3]
       [--speeds 2|3] [--config configs/synthetic-lenet.yaml] [--batch 96]
-      [--memory-limit 12MiB] [--step-rounds 3]
+      [--memory-limit 12MiB] [--step-rounds 3] [--quotas -,0.6,0.4]
+
+With --quotas each rank runs in a cgroup of its own with that CFS quota
+(cpu_slices.py; needs root): ranks 1 and 2 then share cpu 1 at fixed,
+independent speeds, and each is a device of its own in the perf DB (the
+quota is part of a CPU device's identity), a true 3-speed mix.
 
 Timings on a shared 2-vCPU VM are noisy: the runs alternate and the
 medians are quoted.
@@ -35,6 +40,7 @@ import statistics
 import sys
 import tempfile
 
+from cpu_slices import describe, parse_quotas, quota_cgroups
 from vtrain_metrics import end_record, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,14 +58,15 @@ def plan_number(plan_path, key):
     return float(match.group(1)) if match else None
 
 
-def launch(args, rankfile, per_rank):
+def launch(args, rankfile, per_rank, prefixes):
     """mpirun of 3 ranks as one MPMD line: per_rank[r] is rank r's extra
-    arguments; rank 2 runs under nice with --speeds 3."""
+    arguments, prefixes[r] what starts it in its CPU slice (cpu_slices.py);
+    rank 2 runs under nice with --speeds 3."""
     cmd = [os.path.join(ROOT, "scripts", "mpirun.sh"), "--rankfile", rankfile, "--oversubscribe"]
     for r in range(3):
         if r > 0:
             cmd.append(":")
-        cmd += ["-np", "1"]
+        cmd += ["-np", "1"] + prefixes[r]
         if r == 2 and args.speeds == 3:
             cmd += ["nice", "-n", "5"]
         cmd += [args.vtrain] + per_rank[r]
@@ -79,7 +86,16 @@ def main():
     ap.add_argument("--profile-batches", default="8,16,24,32,40,48,56,64,72,80")
     ap.add_argument("--step-rounds", type=int, default=3,
                     help="profile.step_rounds: rounds over the batches' profiled steps")
+    ap.add_argument("--quotas", default="",
+                    help="per rank, a CPU quota in a cgroup of its own ('-' for none), e.g. "
+                         "-,0.6,0.4: fixed, independent speeds for ranks 1 and 2 (cpu_slices.py)")
     args = ap.parse_args()
+    quotas = parse_quotas(args.quotas, 3) if args.quotas else [None] * 3
+    with quota_cgroups(quotas) as prefixes:
+        bench(args, quotas, prefixes)
+
+
+def bench(args, quotas, prefixes):
 
     env = dict(os.environ, OMPI_MCA_btl="self,vader",
                # Ranks 1 and 2 share a core: a rank waiting in MPI must yield it
@@ -115,11 +131,13 @@ def main():
     who = "rank 0 alone on cpu 0, ranks 1 and 2 sharing cpu 1"
     if args.speeds == 3:
         who += ", rank 2 at nice 5"
+    if any(quotas):
+        who += ", " + describe(quotas)
     print("profiling 3 ranks (%s) ..." % who, flush=True)
     for name in splits:
         if name in ("even", "excluded"):  # static shares even's profile (policy none, no limit)
             continue
-        out = run(launch(args, rankfile, per_rank("profile", name, [])), env)
+        out = run(launch(args, rankfile, per_rank("profile", name, []), prefixes), env)
         print("\n".join("  %s: %s" % (name, l.strip()) for l in out.splitlines()
                         if "share" in l or "together" in l or "fits no plan" in l))
 
@@ -132,7 +150,7 @@ def main():
             plan = os.path.join(work, "plan-%s.yaml" % name)
             extra = ["--set", "balance.split=" + mode, "--metrics", metrics,
                      "--set", "output.plan=" + plan]
-            out = run(launch(args, rankfile, per_rank("train", name, extra)), env)
+            out = run(launch(args, rankfile, per_rank("train", name, extra), prefixes), env)
             times[name].append(step_ms(metrics, args.batch))
             note = ""
             if mode == "auto":

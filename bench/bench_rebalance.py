@@ -13,6 +13,11 @@ exposed exchange and the wait for the slowest rank), and writes the
 per-step table for scripts/plot_rebalance.py.
 
   /usr/bin/python3 bench/bench_rebalance.py [--vtrain build/vtrain] [--out rebalance.jsonl]
+      [--quotas -,0.6,0.4]
+
+--quotas runs each rank in a cgroup with that CPU quota (cpu_slices.py,
+needs root): ranks 1 and 2 keep fixed speeds on their shared core instead of
+taking the core from each other whenever one waits.
 """
 import argparse
 import json
@@ -21,6 +26,7 @@ import shutil
 import statistics
 import tempfile
 
+from cpu_slices import describe, parse_quotas, quota_cgroups
 from vtrain_metrics import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,26 +70,39 @@ def main():
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--slow-at", type=int, default=200)
     ap.add_argument("--out", default="rebalance.jsonl", help="the run's metrics file, kept")
+    ap.add_argument("--quotas", default="",
+                    help="per rank, a CPU quota in a cgroup of its own ('-' for none), e.g. "
+                         "-,0.6,0.4: fixed, independent speeds for ranks 1 and 2 (cpu_slices.py)")
     args = ap.parse_args()
+    quotas = parse_quotas(args.quotas, 3) if args.quotas else [None] * 3
+    if any(quotas):
+        print("CPU slices: " + describe(quotas))
+    with quota_cgroups(quotas) as prefixes:
+        bench(args, prefixes)
 
+
+def bench(args, prefixes):
     env = dict(os.environ, OMPI_MCA_btl="self,vader", OMPI_MCA_mpi_yield_when_idle="1",
                VTRAIN_SLOW_RANK="0", VTRAIN_SLOW_AT_STEP=str(args.slow_at), VTRAIN_SLOW_FACTOR="2")
     work = tempfile.mkdtemp(prefix="vtrain-rebalance.")
     rankfile = os.path.join(work, "rankfile")
     with open(rankfile, "w") as f:
         f.write("rank 0=localhost slot=0\nrank 1=localhost slot=1\nrank 2=localhost slot=1\n")
-    mpirun = [os.path.join(ROOT, "scripts", "mpirun.sh"), "-np", "3", "--rankfile", rankfile,
-              "--oversubscribe"]
     metrics = os.path.join(work, "m.jsonl")
-    out = run(mpirun + [args.vtrain, "train", args.config, "--progress", "line", "--metrics", metrics,
-                        "--set", "train.batch=%d" % args.batch, "--set", "train.max_steps=%d" % args.steps,
-                        "--set", "train.epochs=100", "--set", "train.log_every=1",
-                        "--set", "train.evaluate=false", "--set", "device.threads=1",
-                        "--set", "conv.algorithm=direct", "--set", "balance.split=auto",
-                        "--set", "profile.db=" + os.path.join(work, "perf.db"),
-                        "--set", "profile.batches=[8,16,24,32,40,48,56,64,72,80]",
-                        "--set", "profile.step_rounds=3",
-                        "--set", "balance.granularity=8"], env)
+    vtrain = [args.vtrain, "train", args.config, "--progress", "line", "--metrics", metrics,
+              "--set", "train.batch=%d" % args.batch, "--set", "train.max_steps=%d" % args.steps,
+              "--set", "train.epochs=100", "--set", "train.log_every=1",
+              "--set", "train.evaluate=false", "--set", "device.threads=1",
+              "--set", "conv.algorithm=direct", "--set", "balance.split=auto",
+              "--set", "profile.db=" + os.path.join(work, "perf.db"),
+              "--set", "profile.batches=[8,16,24,32,40,48,56,64,72,80]",
+              "--set", "profile.step_rounds=3",
+              "--set", "balance.granularity=8"]
+    # One MPMD line: each rank started in its CPU slice.
+    mpirun = [os.path.join(ROOT, "scripts", "mpirun.sh"), "--rankfile", rankfile, "--oversubscribe"]
+    for r in range(3):
+        mpirun += ([":"] if r else []) + ["-np", "1"] + prefixes[r] + vtrain
+    out = run(mpirun, env)
     for line in out.splitlines():
         if line.startswith(("plan: split", "rebalance:")):
             print(line)

@@ -1,0 +1,108 @@
+"""CPU slices for the heterogeneity benchmarks: each rank in a cgroup of
+its own with a CFS quota (what a container's CPU limit is), so that ranks
+sharing a core get fixed, independent speeds. Without quotas, two ranks on
+one core share it by the scheduler's whim: a rank that waits in the
+allreduce gives its neighbour the whole core, so each one's speed depends
+on the other's batch, which no per-device step-time curve can model.
+
+vtrain names a quota in the CPU device's identity ("... (cpus 1, cpu quota
+0.6)"), so each slice is a device of its own in the perf DB.
+
+Needs root and a writable cgroup filesystem (v1's cpu controller or v2 with
+the cpu controller available); quota_cgroups() raises SystemExit naming
+what is missing.
+"""
+import contextlib
+import os
+
+PERIOD_US = 5000  # short periods: a throttled rank waits at most this long at once
+
+
+def _cgroup_root():
+    """(mount point, version) of the hierarchy carrying the cpu controller."""
+    v1 = v2 = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            dash = fields.index("-")
+            fstype, options = fields[dash + 1], fields[dash + 3].split(",")
+            if fstype == "cgroup" and "cpu" in options:
+                v1 = fields[4]
+            elif fstype == "cgroup2":
+                v2 = fields[4]
+    if v1:
+        return v1, 1
+    if v2 and os.path.exists(os.path.join(v2, "cgroup.controllers")):
+        return v2, 2
+    raise SystemExit("no cgroup hierarchy with the cpu controller is mounted: "
+                     "--quotas needs one (and root)")
+
+
+def _write(path, text):
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise SystemExit("cannot write %r to %s (%s): --quotas needs root and a writable "
+                         "cgroup filesystem" % (text, path, e.strerror))
+
+
+def parse_quotas(text, ranks):
+    """"-,0.6,0.4" -> [None, 0.6, 0.4]: CPUs per rank, "-" for no quota."""
+    items = [q.strip() for q in text.split(",")]
+    if len(items) != ranks:
+        raise SystemExit("--quotas %s: expected %d comma-separated values" % (text, ranks))
+    quotas = []
+    for q in items:
+        if q == "-":
+            quotas.append(None)
+            continue
+        try:
+            value = float(q)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise SystemExit("--quotas %s: %r is not a number of CPUs > 0 or '-'" % (text, q))
+        quotas.append(value)
+    return quotas
+
+
+@contextlib.contextmanager
+def quota_cgroups(quotas):
+    """Makes one cgroup per quota (None: no cgroup) and yields, per rank,
+    the command prefix that starts a program in it ([] for none). Removes
+    the cgroups on exit (their processes must have ended)."""
+    made = []
+    try:
+        prefixes = []
+        root, version = None, None
+        for r, quota in enumerate(quotas):
+            if quota is None:
+                prefixes.append([])
+                continue
+            if root is None:
+                root, version = _cgroup_root()
+                if version == 2:
+                    _write(os.path.join(root, "cgroup.subtree_control"), "+cpu")
+            path = os.path.join(root, "vtrain-bench-%d-rank%d" % (os.getpid(), r))
+            os.mkdir(path)
+            made.append(path)
+            quota_us = int(round(quota * PERIOD_US))
+            if version == 2:
+                _write(os.path.join(path, "cpu.max"), "%d %d" % (quota_us, PERIOD_US))
+            else:
+                _write(os.path.join(path, "cpu.cfs_period_us"), str(PERIOD_US))
+                _write(os.path.join(path, "cpu.cfs_quota_us"), str(quota_us))
+            prefixes.append(["sh", "-c", 'echo $$ > %s/cgroup.procs && exec "$@"' % path, "sh"])
+        yield prefixes
+    finally:
+        for path in made:
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+
+
+def describe(quotas):
+    """"rank 1 at 0.6 CPU, rank 2 at 0.4 CPU" (or "" without quotas)."""
+    return ", ".join("rank %d at %g CPU" % (r, q) for r, q in enumerate(quotas) if q is not None)
