@@ -62,6 +62,9 @@ struct Tolerances {
   // |loss_sum - reference| <= loss_relative * reference + loss_per_sample * n.
   double loss_relative, loss_per_sample;
   double dlogits;
+  // Half convolutions write dw in the half type before it is added to the
+  // f32 dw (cuDNN's dw is in the filter's type): one more rounding.
+  bool half_dw_rounded;
 
   // cuDNN's nonfused F(2x2, 5x5) Winograd on the H100: up to 2.4e-3 of the
   // output's scale off the double reference.
@@ -82,7 +85,8 @@ inline const Tolerances& tolerances(const std::string& kind) {
                               .batch_norm_dx = kSumRtol,
                               .loss_relative = 1e-5,
                               .loss_per_sample = 0.0,
-                              .dlogits = 1e-5};
+                              .dlogits = 1e-5,
+                              .half_dw_rounded = false};
   static const Tolerances cuda{.conv_transform = 1e-3,
                                .conv_large_winograd = 5e-3,
                                .exact_max_pooling = false,
@@ -91,7 +95,8 @@ inline const Tolerances& tolerances(const std::string& kind) {
                                .batch_norm_dx = 1e-3,
                                .loss_relative = 0.0,
                                .loss_per_sample = 1e-9,
-                               .dlogits = 1e-6};
+                               .dlogits = 1e-6,
+                               .half_dw_rounded = true};
   return kind == "cpu" ? cpu : cuda;
 }
 
@@ -155,6 +160,34 @@ inline double unit_roundoff(DataType type) {
 // contents: the reference adds to its rounded result and rounds again), so
 // 2u, plus kSumRtol for the f32 arithmetic before the rounding.
 inline double half_sum_rtol(DataType type) { return 2 * unit_roundoff(type) + kSumRtol; }
+
+// A half convolution with `algorithm` against the reference in half:
+// half outputs (y, dx) within half_sum_rtol, its f32 part widened to
+// t.conv() for FFT and Winograd; the f32 dw within t.conv(), plus one
+// rounding where the backend stages dw in the half type. An algorithm that
+// sums in f16 ("/true_half", cuDNN's TRUE_HALF) rounds at every step of
+// its K-term sums (K = c r s, k r s, or n p q for dw): their error grows
+// like sqrt(K) u of the output's scale, allowed twice. (The CUDA bounds
+// beyond the rounding are estimates, not yet run on a GPU.)
+inline double half_conv_rtol(const Tolerances& t, const std::string& algorithm,
+                             const ConvProblem& p, ConvKind kind) {
+  const DataType type = p.x.dtype;
+  const double u = unit_roundoff(type);
+  double rtol = t.conv(algorithm, p);
+  if (kind != ConvKind::kBackwardFilter) {
+    rtol += 2 * u;
+  } else if (t.half_dw_rounded) {
+    rtol += u;
+  }
+  if (algorithm.ends_with(worker::kTrueHalfAlgorithmSuffix)) {
+    const Shape& y = p.y.shape;
+    const int64_t terms = kind == ConvKind::kForward        ? p.x.shape.c * p.r * p.s
+                          : kind == ConvKind::kBackwardData ? p.k * p.r * p.s
+                                                            : y.n * y.h * y.w;
+    rtol += 2 * std::sqrt(static_cast<double>(terms)) * u;
+  }
+  return rtol;
+}
 
 // Cases of one op in each half type on every backend kind. A case skips,
 // saying why, where the backend is unusable here or cannot run the type's

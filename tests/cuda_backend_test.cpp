@@ -24,6 +24,7 @@
 
 #include "memory/device_pool.h"
 #include "memory/vdnn_plan.h"
+#include "tests/backend_conformance.h"
 #include "tests/backend_test_support.h"
 #include "tests/engine_runs.h"
 #include "tests/reference_ops.h"
@@ -318,6 +319,116 @@ TEST_F(CudaBackendTest, Tf32OffersTensorCoreVariantsWithinTf32RoundingOfTheRefer
   EXPECT_GT(ran, 0);
 }
 
+// ======================================================== half precision
+
+// The precision that stores tensors in `type`, and why this GPU cannot run
+// it (nothing when it can).
+std::optional<std::string> half_unavailable(DataType type) {
+  return gpu().precision_unavailable(type == DataType::kBF16 ? common::Precision::kBf16
+                                                             : common::Precision::kFp16);
+}
+
+bool has_suffix(const ConvAlgoInfo& a, std::string_view suffix) { return a.name.ends_with(suffix); }
+
+// Every algorithm of every kind for a `type` problem carries one of
+// `suffixes`, and the forward ones run within half_conv_rtol of the
+// reference (each configuration at least once); an f32 problem offers
+// none of them and refuses their ids, naming the types.
+void expect_half_configurations(DataType type, const std::vector<std::string_view>& suffixes) {
+  Backend& b = gpu();
+  const ConvCase cc{"half", 16, 12, 12, 32, 3, 1, 1, 4};
+  const ConvProblem p = backend_test::conv_problem(cc, Layout::kPlain, Layout::kPlain, type);
+  const ConvProblem p32 = backend_test::conv_problem(cc);
+  const ConvData d(p);
+  for (ConvKind kind : kConvKinds) {
+    const std::vector<ConvAlgoInfo> algos = b.conv_algorithms(kind, p, false);
+    ASSERT_FALSE(algos.empty()) << conv_kind_name(kind) << " " << p.str();
+    for (const ConvAlgoInfo& a : algos) {
+      EXPECT_TRUE(std::any_of(suffixes.begin(), suffixes.end(),
+                              [&](std::string_view s) { return has_suffix(a, s); }))
+          << conv_kind_name(kind) << " " << a.name;
+    }
+    for (const ConvAlgoInfo& a : b.conv_algorithms(kind, p32, false)) {
+      for (std::string_view s : suffixes) EXPECT_FALSE(has_suffix(a, s)) << a.name;
+    }
+    const std::string refused = test_support::error_message<BackendError>(
+        [&] { b.conv_workspace(kind, algos.front().algo, p32, false); });
+    EXPECT_CONTAINS(refused, dtype_name(type));
+    EXPECT_CONTAINS(refused, "f32");
+  }
+  std::vector<int> ran(suffixes.size(), 0);
+  for (const ConvAlgoInfo& a : b.conv_algorithms(ConvKind::kForward, p, false)) {
+    const std::vector<Vec> y =
+        run_conv(b, ConvKind::kForward, a, p, d, 0.0f, d.reference_of(ConvKind::kForward));
+    expect_close(y[0], d.y_ref, half_conv_rtol(tolerances("cuda"), a.name, p, ConvKind::kForward),
+                 a.name);
+    for (size_t i = 0; i < suffixes.size(); ++i) ran[i] += has_suffix(a, suffixes[i]) ? 1 : 0;
+  }
+  for (size_t i = 0; i < suffixes.size(); ++i) {
+    EXPECT_GT(ran[i], 0) << "no forward algorithm " << suffixes[i] << " for " << p.str();
+  }
+}
+
+// f16 convolutions come in both of cuDNN's f16 configurations, each as
+// algorithms of their own (mu-cuDNN's): "<name>/pseudo_half" (f32 compute)
+// and "<name>/true_half" (f16 compute), timed and chosen like any.
+TEST_F(CudaBackendTest, F16ConvolutionsOfferTrueAndPseudoHalfWithinHalfRoundingOfTheReference) {
+  if (const std::optional<std::string> why = half_unavailable(DataType::kF16)) GTEST_SKIP() << *why;
+  expect_half_configurations(DataType::kF16,
+                             {kPseudoHalfAlgorithmSuffix, kTrueHalfAlgorithmSuffix});
+}
+
+// bf16 has one: PSEUDO_BFLOAT16, f32 compute ("<name>/pseudo_bf16").
+TEST_F(CudaBackendTest, Bf16ConvolutionsOfferPseudoBf16WithinBf16RoundingOfTheReference) {
+  if (const std::optional<std::string> why = half_unavailable(DataType::kBF16)) {
+    GTEST_SKIP() << *why;
+  }
+  expect_half_configurations(DataType::kBF16, {kPseudoBf16AlgorithmSuffix});
+}
+
+// cuDNN writes a half convolution's dw in the half type; the contract's dw
+// is f32. The workspace holds the half dw beside cuDNN's own, and every
+// micro-batch's dw is added to the f32 dw with its beta (0 for the first,
+// 1 after): two halves sum to the undivided gradient, and dbias (summed
+// from the half dy in f32) likewise.
+TEST_F(CudaBackendTest, HalfWeightGradientStaysF32AndAccumulatesOverMicroBatches) {
+  Backend& b = gpu();
+  int types = 0;
+  for (DataType type : {DataType::kF16, DataType::kBF16}) {
+    if (half_unavailable(type)) continue;
+    ++types;
+    SCOPED_TRACE(dtype_name(type));
+    const ConvProblem p = backend_test::conv_problem({"mb", 8, 9, 9, 12, 3, 1, 1, 6},
+                                                     Layout::kPlain, Layout::kPlain, type);
+    const ConvData d(p);
+    const ConvProblem half = p.with_batch(3);
+    const int64_t dw_count = p.weight_shape().elements();
+    const DeviceTensor x = to_device(b, d.x, p.x);
+    const DeviceTensor dy = to_device(b, d.dy, p.y);
+    for (const ConvAlgoInfo& a : b.conv_algorithms(ConvKind::kBackwardFilter, half, true)) {
+      SCOPED_TRACE(a.name);
+      EXPECT_GE(a.workspace_bytes, static_cast<size_t>(dw_count) * element_bytes(type));
+      DeviceBuffer ws(b, a.workspace_bytes);
+      DeviceBuffer dw(b, dw_count * sizeof(float)), db(b, p.k * sizeof(float));
+      b.fill(flat(dw.floats(), dw_count), kNaN);
+      b.fill(flat(db.floats(), p.k), kNaN);
+      for (int64_t first : {0, 3}) {
+        b.conv_backward_filter(a.algo, half, x.tensor.samples(first, 3),
+                               dy.tensor.samples(first, 3), dw.floats(), db.floats(),
+                               first == 0 ? 0.0f : 1.0f, ws.get(), a.workspace_bytes);
+      }
+      // Each half's dw rounded once to the type before the f32 sum.
+      const double rtol = half_conv_rtol(tolerances("cuda"), a.name, half,
+                                         ConvKind::kBackwardFilter) +
+                          unit_roundoff(type);
+      expect_close(from_device(b, dw.floats(), dw_count), d.dw_ref, rtol, "dw of both halves");
+      expect_close(from_device(b, db.floats(), p.k), d.dbias_ref, kSumRtol,
+                   "dbias of both halves");
+    }
+  }
+  if (types == 0) GTEST_SKIP() << "neither f16 nor bf16: " << *half_unavailable(DataType::kF16);
+}
+
 // ============================================================== training
 
 // Images whose class sets the mean of one quadrant: learnable in a few steps.
@@ -377,6 +488,45 @@ TEST_F(CudaBackendTest, LeNetLossFallsAndStartsWhereTheCpuStarts) {
   }
   EXPECT_LT(last, 0.6 * first) << "mean loss of the first 5 steps " << first << ", last 5 " << last;
   EXPECT_FALSE(net.algorithm_summary().empty());
+}
+
+// A half network trains on the GPU: LeNet's loss falls in each half
+// precision this GPU runs (fp16 without loss scaling: LeNet's gradients
+// stay within f16's range).
+TEST_F(CudaBackendTest, LeNetLossFallsInHalfPrecision) {
+  int ran = 0;
+  for (const common::Precision precision : {common::Precision::kFp16, common::Precision::kBf16}) {
+    if (gpu().precision_unavailable(precision)) continue;
+    SCOPED_TRACE(common::precision_name(precision));
+    ++ran;
+    const Graph graph =
+        Graph::build(preset_layers("lenet", {.input = {1, 1, 28, 28}, .classes = 10}),
+                     {1, 1, 28, 28}, precision);
+    const int64_t n = 32;
+    NetworkOptions options;
+    options.max_batch = n;
+    options.conv_algorithm = "auto";
+    Backend& b = gpu();
+    Network net(graph, b, options);
+    net.init_parameters(1);
+    Sgd sgd(b, net.parameter_count(), 0.9f, 1e-4f);
+    std::mt19937 rng(3);
+    double first = 0, last = 0;
+    for (int step = 0; step < 60; ++step) {
+      synthetic_batch(b, net, n, rng);
+      const LossStats s = net.train_step(n, 1.0f / static_cast<float>(n));
+      sgd.step(net.parameters(), net.gradients(), 0.02f);
+      const double loss = s.loss_sum / n;
+      ASSERT_TRUE(std::isfinite(loss)) << "step " << step;
+      if (step < 5) first += loss / 5;
+      if (step >= 55) last += loss / 5;
+    }
+    EXPECT_LT(last, 0.6 * first) << "mean loss of the first 5 steps " << first << ", last 5 "
+                                 << last;
+  }
+  if (ran == 0) {
+    GTEST_SKIP() << *gpu().precision_unavailable(common::Precision::kFp16);
+  }
 }
 
 // ============================================================ memory part

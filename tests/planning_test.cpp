@@ -189,13 +189,16 @@ class PlanningTest : public ::testing::Test {
     db_->record_step_measurements(id, steps);
     return {name, id, d.memory_bytes, [](int64_t) { return worker::Layout::kPlain; }};
   }
-  std::vector<perfdb::KernelSignature> kernels(const worker::PlanDevice& d, int64_t b) {
-    const auto descs = worker::activation_descs(graph_, d.layout, b);
+  // The conv kernels of `graph` (graph_ if null) at batch b.
+  std::vector<perfdb::KernelSignature> kernels(const worker::PlanDevice& d, int64_t b,
+                                               const worker::Graph* graph = nullptr) {
+    const worker::Graph& g = graph ? *graph : graph_;
+    const auto descs = worker::activation_descs(g, d.layout, b);
     std::vector<perfdb::KernelSignature> out;
-    for (int i = 0; i < graph_.size(); ++i) {
-      if (graph_.layer(i).type != worker::LayerType::kConv) continue;
-      const int in = graph_.inputs(i)[0];
-      const auto p = worker::conv_problem(graph_.layer(i), descs[in], descs[i]);
+    for (int i = 0; i < g.size(); ++i) {
+      if (g.layer(i).type != worker::LayerType::kConv) continue;
+      const int in = g.inputs(i)[0];
+      const auto p = worker::conv_problem(g.layer(i), descs[in], descs[i]);
       for (auto kind : {worker::ConvKind::kForward, worker::ConvKind::kBackwardData,
                         worker::ConvKind::kBackwardFilter}) {
         out.push_back(worker::kernel_signature(kind, p));
@@ -277,6 +280,68 @@ TEST_F(PlanningTest, Tf32AlgorithmsArePlannedForTf32JobsOnly) {
   EXPECT_FALSE(worker::conv_algorithm_allowed("implicit_gemm/tf32", common::Precision::kFp32));
   EXPECT_FALSE(worker::conv_algorithm_allowed("implicit_gemm/tf32", common::Precision::kBf16));
   EXPECT_TRUE(worker::conv_algorithm_allowed("implicit_gemm/tf32", common::Precision::kTf32));
+}
+
+// The CUDA backend's half configurations (mu-cuDNN's): fp16 kernels come
+// as "<name>/pseudo_half" (f32 compute) and "<name>/true_half" (f16
+// compute), bf16 ones as "<name>/pseudo_bf16". A plan picks among its own
+// precision's only, whatever else a shared perf DB holds for the kernel.
+TEST_F(PlanningTest, HalfAlgorithmsArePlannedForTheirPrecisionOnly) {
+  balancer::BatchSplit split;
+  split.batch = {16};
+  const std::vector<worker::PlanDevice> devices{fast_};
+  const auto chosen = [&](const worker::Graph& graph) {
+    std::set<std::string> algorithms;
+    const balancer::TrainingPlan plan = worker::plan_workspaces(graph, *db_, devices, split, {});
+    for (const auto& k : plan.ranks[0].kernels) {
+      for (const auto& call : k.calls) algorithms.insert(call.algorithm);
+    }
+    return algorithms;
+  };
+  const worker::Graph fp16 =
+      worker::Graph::build(graph_.layers(), {1, 3, 8, 8}, common::Precision::kFp16);
+  const worker::Graph bf16 =
+      worker::Graph::build(graph_.layers(), {1, 3, 8, 8}, common::Precision::kBf16);
+  // Each graph's kernels with its own configurations, and the fastest rows
+  // with another precision's names.
+  std::vector<perfdb::KernelSample> samples;
+  for (const auto& k : kernels(fast_, 16, &fp16)) {
+    samples.push_back({k, {"direct/pseudo_half", 16, 0.03, std::nullopt, 0, 0}});
+    samples.push_back({k, {"direct/true_half", 16, 0.02, std::nullopt, 0, 0}});
+    samples.push_back({k, {"direct/pseudo_bf16", 16, 0.001, std::nullopt, 0, 0}});
+    samples.push_back({k, {"direct/tf32", 16, 0.001, std::nullopt, 0, 0}});
+  }
+  for (const auto& k : kernels(fast_, 16, &bf16)) {
+    samples.push_back({k, {"direct/pseudo_bf16", 16, 0.02, std::nullopt, 0, 0}});
+    samples.push_back({k, {"direct/true_half", 16, 0.001, std::nullopt, 0, 0}});
+    samples.push_back({k, {"direct/pseudo_half", 16, 0.001, std::nullopt, 0, 0}});
+  }
+  // An fp32 job's kernels: a half name beside them is never its choice.
+  for (const auto& k : kernels(fast_, 16)) {
+    samples.push_back({k, {"direct/true_half", 16, 0.001, std::nullopt, 0, 0}});
+  }
+  db_->record_kernel_measurements(fast_.id, samples);
+  EXPECT_EQ(chosen(fp16), std::set<std::string>{"direct/true_half"});
+  EXPECT_EQ(chosen(bf16), std::set<std::string>{"direct/pseudo_bf16"});
+  EXPECT_EQ(chosen(graph_), std::set<std::string>{"winograd"});
+  for (const std::string name : {"implicit_gemm/pseudo_half", "implicit_gemm/true_half"}) {
+    EXPECT_TRUE(worker::conv_algorithm_allowed(name, common::Precision::kFp16)) << name;
+    for (const auto p : {common::Precision::kFp32, common::Precision::kTf32,
+                         common::Precision::kBf16}) {
+      EXPECT_FALSE(worker::conv_algorithm_allowed(name, p))
+          << name << " " << common::precision_name(p);
+    }
+  }
+  EXPECT_TRUE(
+      worker::conv_algorithm_allowed("implicit_gemm/pseudo_bf16", common::Precision::kBf16));
+  EXPECT_FALSE(
+      worker::conv_algorithm_allowed("implicit_gemm/pseudo_bf16", common::Precision::kFp16));
+  EXPECT_FALSE(
+      worker::conv_algorithm_allowed("implicit_gemm/pseudo_bf16", common::Precision::kFp32));
+  EXPECT_FALSE(worker::conv_algorithm_allowed("implicit_gemm/tf32", common::Precision::kFp16));
+  // The CPU's bf16 algorithms keep their plain names.
+  EXPECT_TRUE(worker::conv_algorithm_allowed("direct", common::Precision::kBf16));
+  EXPECT_TRUE(worker::conv_algorithm_allowed("direct", common::Precision::kFp16));
 }
 
 TEST_F(PlanningTest, WorkspacePoliciesStayWithinTheirLimits) {

@@ -87,13 +87,22 @@ void check_concat_slice(const Shape& dy, int64_t channel_offset, const Shape& dx
 // conv_algorithm_name() names them (names are stable: the perf DB keys on them).
 using ConvAlgo = int;
 
-// A convolution algorithm that computes in a type other than its tensors'
-// is named for it: "<name>/tf32" runs f32 tensors on TF32 tensor cores
-// (the CUDA backend under train.precision tf32).
+// A convolution algorithm offered in several compute configurations (the
+// CUDA backend, as mu-cuDNN offers cuDNN's) is named for each, so that the
+// profiler times them and WR / WD choose among all:
+//   "<name>/tf32"         f32 tensors on TF32 tensor cores (train.precision tf32)
+//   "<name>/pseudo_half"  f16 tensors, f32 compute (cuDNN's PSEUDO_HALF; fp16)
+//   "<name>/true_half"    f16 tensors, f16 compute (cuDNN's TRUE_HALF; fp16)
+//   "<name>/pseudo_bf16"  bf16 tensors, f32 compute (cuDNN's PSEUDO_BFLOAT16; bf16)
+// An unsuffixed name computes as its tensors' type says (or, for the CPU
+// backend's bf16 algorithms, accumulates in f32 as oneDNN does).
 inline constexpr std::string_view kTf32AlgorithmSuffix = "/tf32";
+inline constexpr std::string_view kPseudoHalfAlgorithmSuffix = "/pseudo_half";
+inline constexpr std::string_view kTrueHalfAlgorithmSuffix = "/true_half";
+inline constexpr std::string_view kPseudoBf16AlgorithmSuffix = "/pseudo_bf16";
 // Whether train.precision `p` allows the algorithm named `name` (the perf
-// DB holds every precision's algorithms side by side): a /tf32 one only
-// under tf32, the others under every precision.
+// DB holds every precision's algorithms side by side): a suffixed one only
+// under the precision its suffix is for, the others under every precision.
 bool conv_algorithm_allowed(std::string_view name, common::Precision p);
 
 // One convolution (groups = 1, dilation = 1). x.shape.n is the (micro-)batch.
@@ -356,7 +365,8 @@ struct BackendOptions {
   // The job's train.precision. Under tf32 the CUDA backend also offers each
   // convolution algorithm in a TF32 tensor-core variant ("<name>/tf32",
   // timed and chosen like any algorithm) and runs its GEMMs in TF32;
-  // fp32 keeps FMA math throughout.
+  // fp32 keeps FMA math throughout. Half tensors need no option: a backend
+  // runs them whatever this says, where precision_unavailable() allows.
   common::Precision precision = common::Precision::kFp32;
 };
 

@@ -70,7 +70,13 @@ void check_same_desc(const char* backend, const char* op,
 }
 
 bool conv_algorithm_allowed(std::string_view name, common::Precision p) {
-  return !name.ends_with(kTf32AlgorithmSuffix) || p == common::Precision::kTf32;
+  using common::Precision;
+  if (name.ends_with(kTf32AlgorithmSuffix)) return p == Precision::kTf32;
+  if (name.ends_with(kPseudoHalfAlgorithmSuffix) || name.ends_with(kTrueHalfAlgorithmSuffix)) {
+    return p == Precision::kFp16;
+  }
+  if (name.ends_with(kPseudoBf16AlgorithmSuffix)) return p == Precision::kBf16;
+  return true;
 }
 
 void check_beta(const char* backend, const char* op, float beta) {

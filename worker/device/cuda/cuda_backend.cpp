@@ -313,31 +313,38 @@ void CudaBackend::copy_async(void* dst, const void* src, size_t bytes, StreamKin
                     "copy_async of " + std::to_string(bytes) + " bytes");
 }
 
+// Half tensors go through f32 staging in the scratch: the host's floats
+// are copied as they are, then rounded on the device (reorder converts
+// the element type and the layout in one pass).
 void CudaBackend::upload(const float* host, const Tensor& dst) {
   const size_t plain_bytes = static_cast<size_t>(dst.shape().elements()) * sizeof(float);
-  const std::string context = "upload " + dst.shape().str();
-  if (dst.desc.layout == Layout::kPlain) {
+  const std::string context = "upload " + dst.shape().str() + " " + dtype_name(dst.desc.dtype);
+  call_type("upload", {dst.desc});
+  if (dst.desc.layout == Layout::kPlain && dst.desc.dtype == DataType::kF32) {
     VTRAIN_CUDA_CHECK(
-        cudaMemcpyAsync(f32(dst), host, plain_bytes, cudaMemcpyHostToDevice, compute_.get()),
+        cudaMemcpyAsync(dst.data, host, plain_bytes, cudaMemcpyHostToDevice, compute_.get()),
         context);
   } else {
-    float* staging = reinterpret_cast<float*>(scratch(plain_bytes));
+    void* staging = scratch(plain_bytes);
     VTRAIN_CUDA_CHECK(
         cudaMemcpyAsync(staging, host, plain_bytes, cudaMemcpyHostToDevice, compute_.get()),
         context);
-    reorder(staging, 1, f32(dst), blocked(dst.desc), compute_.get());
+    reorder(Element::kF32, staging, 1, element(dst.desc.dtype), dst.data, blocked(dst.desc),
+            compute_.get());
   }
   sync_compute(context);  // the caller may reuse `host` on return
 }
 
 void CudaBackend::download(const Tensor& src, float* host) {
-  const size_t plain_bytes = static_cast<size_t>(src.shape().elements()) * sizeof(float);
-  const std::string context = "download " + src.shape().str();
-  const float* from = f32(src);
-  if (src.desc.layout != Layout::kPlain) {
-    float* staging = reinterpret_cast<float*>(scratch(plain_bytes));
-    reorder(f32(src), channel_block(src.desc.layout), staging,
-            {src.shape().n, src.shape().c, src.shape().h, src.shape().w, 1}, compute_.get());
+  const Shape& s = src.shape();
+  const size_t plain_bytes = static_cast<size_t>(s.elements()) * sizeof(float);
+  const std::string context = "download " + s.str() + " " + dtype_name(src.desc.dtype);
+  call_type("download", {src.desc});
+  const void* from = src.data;
+  if (src.desc.layout != Layout::kPlain || src.desc.dtype != DataType::kF32) {
+    void* staging = scratch(plain_bytes);
+    reorder(element(src.desc.dtype), src.data, channel_block(src.desc.layout), Element::kF32,
+            staging, {s.n, s.c, s.h, s.w, 1}, compute_.get());
     from = staging;
   }
   VTRAIN_CUDA_CHECK(
@@ -349,22 +356,28 @@ void CudaBackend::convert(const Tensor& src, const Tensor& dst) {
   if (!(src.shape() == dst.shape())) {
     throw BackendError("convert: shapes differ: " + src.shape().str() + " vs " + dst.shape().str());
   }
-  if (src.desc.layout == dst.desc.layout) {
-    if (f32(src) != f32(dst)) {
-      VTRAIN_CUDA_CHECK(cudaMemcpyAsync(f32(dst), f32(src), dst.bytes(), cudaMemcpyDeviceToDevice,
+  call_type("convert", {src.desc});
+  call_type("convert", {dst.desc});
+  if (src.desc.layout == dst.desc.layout && src.desc.dtype == dst.desc.dtype) {
+    if (src.data != dst.data) {
+      VTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice,
                                         compute_.get()),
                         "convert " + src.shape().str());
     }
     return;
   }
-  if (f32(src) == f32(dst)) {
-    throw BackendError("convert: cannot change the layout of " + src.shape().str() + " in place");
+  if (src.data == dst.data) {
+    throw BackendError("convert: cannot change the layout or element type of " +
+                       src.shape().str() + " in place");
   }
-  reorder(f32(src), channel_block(src.desc.layout), f32(dst), blocked(dst.desc), compute_.get());
+  reorder(element(src.desc.dtype), src.data, channel_block(src.desc.layout),
+          element(dst.desc.dtype), dst.data,
+          blocked(dst.desc), compute_.get());
 }
 
 void CudaBackend::fill(const Tensor& dst, float value) {
-  cuda::fill(f32(dst), blocked(dst.desc), value, compute_.get());
+  call_type("fill", {dst.desc});
+  cuda::fill(element(dst.desc.dtype), dst.data, blocked(dst.desc), value, compute_.get());
 }
 
 void CudaBackend::upload_labels(const int32_t* host, int32_t* device, int64_t count) {
@@ -375,11 +388,50 @@ void CudaBackend::upload_labels(const int32_t* host, int32_t* device, int64_t co
   sync_compute("upload_labels");
 }
 
-const float* CudaBackend::in_layout(const Tensor& t, Layout layout, float* staging) {
-  if (t.desc.layout == layout) return f32(t);
-  reorder(f32(t), channel_block(t.desc.layout), staging, blocked({t.shape(), layout}),
-          compute_.get());
+const void* CudaBackend::in_layout(const Tensor& t, Layout layout, void* staging) {
+  if (t.desc.layout == layout) return t.data;
+  reorder(element(t.desc.dtype), t.data, channel_block(t.desc.layout), element(t.desc.dtype),
+          staging, blocked({t.shape(), layout, t.desc.dtype}), compute_.get());
   return staging;
+}
+
+// ---------------------------------------------------------------- precision
+
+// bf16 and f16 run on tensor cores: cuDNN's PSEUDO_BFLOAT16 configuration
+// needs compute capability 8.0, and f16 convolutions and GEMMs are only
+// worth training in with Volta's tensor cores (cuDNN runs TRUE_HALF from
+// 5.3 on, without them).
+std::optional<std::string> CudaBackend::precision_unavailable(common::Precision precision) const {
+  const std::string gpu = info_.name + " is sm_" + std::to_string(compute_capability_);
+  switch (precision) {
+    case common::Precision::kFp32: return std::nullopt;
+    case common::Precision::kTf32:
+      if (compute_capability_ >= 80) return std::nullopt;
+      return "train.precision tf32 needs TF32 tensor cores (compute capability 8.0, Ampere, or "
+             "newer); " + gpu;
+    case common::Precision::kBf16:
+      if (compute_capability_ >= 80) return std::nullopt;
+      return "train.precision bf16 needs BF16 tensor cores (compute capability 8.0, Ampere, or "
+             "newer); " + gpu;
+    case common::Precision::kFp16:
+      if (compute_capability_ >= 70) return std::nullopt;
+      return "train.precision fp16 needs FP16 tensor cores (compute capability 7.0, Volta, or "
+             "newer); " + gpu;
+  }
+  return std::string("unknown precision");
+}
+
+DataType CudaBackend::call_type(const char* op, std::initializer_list<TensorDesc> tensors) const {
+  worker::check_same_dtype("cuda backend", op, tensors);
+  const DataType type = tensors.begin()->dtype;
+  if (type == DataType::kF32) return type;
+  const common::Precision precision =
+      type == DataType::kBF16 ? common::Precision::kBf16 : common::Precision::kFp16;
+  if (const std::optional<std::string> why = precision_unavailable(precision)) {
+    throw BackendError(std::string("cuda backend: ") + op + ": " + dtype_name(type) +
+                       " tensors: " + *why);
+  }
+  return type;
 }
 
 // ------------------------------------------------------------------ access

@@ -10,7 +10,13 @@
 // caller's workspace; the few ops that need temporary device memory (layout
 // staging, batch-norm statistics, loss results) share one backend-owned
 // scratch buffer that is counted as device memory, as in the CPU backend.
-// cuDNN descriptors are created once per shape and cached.
+// cuDNN descriptors are created once per shape and element type and cached.
+//
+// Element types: every op takes f32, bf16 or f16 tensors, one type per call
+// (call_type()); cuDNN descriptors carry the type (cudnn_type()), cuBLAS
+// runs half GEMMs through cublasGemmEx with f32 accumulation, and the
+// kernels of cuda_kernels.h are templated on it. See cuda_backend.h for
+// what each op does per type.
 #pragma once
 
 #include "worker/device/cuda/cuda_backend.h"
@@ -40,10 +46,40 @@
 
 namespace vtrain::worker::cuda {
 
-// A tensor's elements as floats: this backend runs f32 tensors only so far
-// (precision_unavailable refuses the half precisions; tf32 keeps f32
-// tensors), and throws naming the tensor for any other.
-inline float* f32(const Tensor& t) { return t.f32("cuda backend (f32 only)"); }
+// cuDNN's name for a tensor's element type.
+inline cudnnDataType_t cudnn_type(DataType type) {
+  switch (type) {
+    case DataType::kF32: return CUDNN_DATA_FLOAT;
+    case DataType::kBF16: return CUDNN_DATA_BFLOAT16;
+    case DataType::kF16: return CUDNN_DATA_HALF;
+  }
+  return CUDNN_DATA_FLOAT;
+}
+
+// The kernels' (cuda_kernels.h) name for it.
+inline Element element(DataType type) {
+  switch (type) {
+    case DataType::kF32: return Element::kF32;
+    case DataType::kBF16: return Element::kBF16;
+    case DataType::kF16: return Element::kF16;
+  }
+  return Element::kF32;
+}
+
+// cuBLAS's (CUDA's) name for it.
+inline cudaDataType_t cublas_type(DataType type) {
+  switch (type) {
+    case DataType::kF32: return CUDA_R_32F;
+    case DataType::kBF16: return CUDA_R_16BF;
+    case DataType::kF16: return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
+
+// Pointer arithmetic in elements of `type`.
+inline void* element_at(void* base, int64_t index, DataType type) {
+  return static_cast<char*>(base) + index * static_cast<int64_t>(element_bytes(type));
+}
 
 // -------------------------------------------------------- RAII for handles
 
@@ -100,16 +136,64 @@ inline BlockedShape blocked(const TensorDesc& d) {
   return {d.shape.n, d.shape.c, d.shape.h, d.shape.w, channel_block(d.layout)};
 }
 
-// ConvAlgo ids from here on name TF32 tensor-core variants of cuDNN's
-// algorithms (cuDNN's number + kTf32Variant, named with
-// kTf32AlgorithmSuffix), offered under train.precision tf32 only.
-constexpr ConvAlgo kTf32Variant = 1000;
+// ------------------------------------------------- convolution variants
 
-// cuDNN descriptors of one convolution problem.
+// A ConvAlgo id is cuDNN's algorithm number + kVariantStride * the variant
+// it runs in: the tensors' element type, the convolution descriptor's
+// compute type and its math type (mu-cuDNN's configurations, each offered
+// as algorithms of their own so that the profiler times them and WR / WD
+// choose among all), named with backend.h's suffixes:
+enum class ConvVariant : int {
+  kFma = 0,         // f32 tensors and compute, FMA math: "<name>"
+  kTf32 = 1,        // f32 tensors on TF32 tensor cores: "<name>/tf32" (tf32 backends only)
+  kPseudoHalf = 2,  // f16 tensors, f32 compute (PSEUDO_HALF_CONFIG): "<name>/pseudo_half"
+  kTrueHalf = 3,    // f16 tensors, f16 compute (TRUE_HALF_CONFIG): "<name>/true_half"
+  kPseudoBf16 = 4,  // bf16 tensors, f32 compute (PSEUDO_BFLOAT16_CONFIG): "<name>/pseudo_bf16"
+};
+constexpr ConvAlgo kVariantStride = 1000;
+
+struct ConvVariantInfo {
+  ConvVariant variant;
+  DataType tensors;           // the element type of x, w, y (and dx, dy, dw in cuDNN)
+  const char* suffix;         // appended to cuDNN's algorithm name
+  cudnnDataType_t compute;    // the convolution descriptor's compute type
+  cudnnMathType_t math;       // cudnnSetConvolutionMathType
+};
+
+// Every variant, in the order conv_algorithms() lists them for a type.
+inline constexpr ConvVariantInfo kConvVariants[] = {
+    {ConvVariant::kFma, DataType::kF32, "", CUDNN_DATA_FLOAT, CUDNN_FMA_MATH},
+    {ConvVariant::kTf32, DataType::kF32, kTf32AlgorithmSuffix.data(), CUDNN_DATA_FLOAT,
+     CUDNN_DEFAULT_MATH},
+    {ConvVariant::kPseudoHalf, DataType::kF16, kPseudoHalfAlgorithmSuffix.data(),
+     CUDNN_DATA_FLOAT, CUDNN_TENSOR_OP_MATH},
+    {ConvVariant::kTrueHalf, DataType::kF16, kTrueHalfAlgorithmSuffix.data(), CUDNN_DATA_HALF,
+     CUDNN_TENSOR_OP_MATH},
+    {ConvVariant::kPseudoBf16, DataType::kBF16, kPseudoBf16AlgorithmSuffix.data(),
+     CUDNN_DATA_FLOAT, CUDNN_TENSOR_OP_MATH},
+};
+
+// The variant of a ConvAlgo id, or null for an id of no variant.
+inline const ConvVariantInfo* conv_variant(ConvAlgo algo) {
+  if (algo < 0) return nullptr;
+  for (const ConvVariantInfo& v : kConvVariants) {
+    if (algo / kVariantStride == static_cast<ConvAlgo>(v.variant)) return &v;
+  }
+  return nullptr;
+}
+
+// cuDNN descriptors of one convolution problem, in its element type.
 struct ConvDescriptors {
-  TensorDescriptor x, y, bias;
-  FilterDescriptor w;
-  ConvDescriptor conv;
+  TensorDescriptor x, y, bias;  // bias {1, k, 1, 1} (the forward bias, in the tensors' type)
+  FilterDescriptor w;           // w, and for half problems the dw staged in the workspace
+  ConvDescriptor conv;          // compute type f32 (every variant but kTrueHalf)
+  ConvDescriptor conv_true_half;  // compute type f16: f16 problems only
+};
+
+// A convolution call's cuDNN arguments for one ConvAlgo id.
+struct ConvCall {
+  int algo = 0;                                // cuDNN's algorithm number
+  cudnnConvolutionDescriptor_t conv = nullptr;  // with the variant's compute and math type
 };
 
 class CudaBackend final : public Backend {
@@ -118,16 +202,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   DeviceInfo device_info() const override { return info_; }
-  std::optional<std::string> precision_unavailable(common::Precision precision) const override {
-    if (precision == common::Precision::kFp32) return std::nullopt;
-    if (precision == common::Precision::kTf32) {
-      if (compute_capability_ >= 80) return std::nullopt;
-      return "train.precision tf32 needs TF32 tensor cores (compute capability 8.0, Ampere, or "
-             "newer); " + info_.name + " is sm_" + std::to_string(compute_capability_);
-    }
-    return std::string("train.precision ") + common::precision_name(precision) +
-           " is not implemented in the CUDA backend yet (it trains in fp32 or tf32)";
-  }
+  std::optional<std::string> precision_unavailable(common::Precision precision) const override;
   DeviceStreams streams() const { return {device_, compute_.get()}; }
 
   void* allocate_device(size_t bytes) override;
@@ -289,29 +364,58 @@ class CudaBackend final : public Backend {
   // Host-side pinned staging for small results read back by the host.
   char* pinned_staging(size_t bytes);
 
-  cudnnTensorDescriptor_t tensor_desc(int64_t n, int64_t c, int64_t h, int64_t w);
-  cudnnTensorDescriptor_t tensor_desc(const Shape& s) { return tensor_desc(s.n, s.c, s.h, s.w); }
+  // The element type of a call's tensors: throws BackendError naming the
+  // op where they differ (check_same_dtype) or where this GPU cannot run a
+  // half type (precision_unavailable's reason).
+  DataType call_type(const char* op, std::initializer_list<TensorDesc> tensors) const;
+
+  cudnnTensorDescriptor_t tensor_desc(int64_t n, int64_t c, int64_t h, int64_t w, DataType type);
+  cudnnTensorDescriptor_t tensor_desc(const Shape& s, DataType type) {
+    return tensor_desc(s.n, s.c, s.h, s.w, type);
+  }
+  cudnnTensorDescriptor_t tensor_desc(const TensorDesc& d) { return tensor_desc(d.shape, d.dtype); }
+  // Batch norm's scale, shift, statistics and their gradients {1, c, 1, 1}:
+  // f32 whatever the data's type (cudnnDeriveBNTensorDescriptor's rule for
+  // f32, f16 and bf16 data).
+  cudnnTensorDescriptor_t param_desc(int64_t c) { return tensor_desc(1, c, 1, 1, DataType::kF32); }
   // A descriptor covering a tensor's whole storage, padding included, for
   // elementwise ops that do not care about the layout.
   cudnnTensorDescriptor_t storage_desc(const TensorDesc& d) {
-    return tensor_desc(d.storage_elements(), 1, 1, 1);
+    return tensor_desc(d.storage_elements(), 1, 1, 1, d.dtype);
   }
   const ConvDescriptors& conv_descriptors(const ConvProblem& p);
-  // `d`'s math for the algorithm `algo` (ConvAlgo ids from kTf32Variant on
-  // are TF32 tensor-core variants: CUDNN_DEFAULT_MATH; the others
-  // CUDNN_FMA_MATH); returns cuDNN's own algorithm number. Throws for a
-  // TF32 variant when the backend was not made for tf32.
-  int set_conv_math(const ConvDescriptors& d, ConvKind kind, ConvAlgo algo);
-  // The algorithms cuDNN's heuristic ranks first-to-last for `d` in the
-  // descriptor's current math (TF32 or FMA, as `tf32` says), those with a
-  // failure status or another math left out.
-  std::vector<int> ranked_algorithms(ConvKind kind, const ConvDescriptors& d, bool tf32,
-                                     const std::string& what);
+  // The descriptor and cuDNN algorithm number for the ConvAlgo id `algo`,
+  // with the descriptor's math type set to the variant's. Throws for an id
+  // whose variant is not for p's element type, and for a TF32 variant when
+  // the backend was not made for tf32.
+  ConvCall conv_call(const ConvDescriptors& d, const ConvProblem& p, ConvKind kind,
+                     ConvAlgo algo);
+  // The algorithms cuDNN's heuristic ranks first-to-last for `conv` (set to
+  // `variant`'s math), those with a failure status or a math type the
+  // variant excludes left out.
+  std::vector<int> ranked_algorithms(ConvKind kind, const ConvDescriptors& d,
+                                     cudnnConvolutionDescriptor_t conv,
+                                     const ConvVariantInfo& variant, const std::string& what);
+  // What cuDNN's call needs (cached); conv_workspace() adds the dw staging.
+  size_t cudnn_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p);
+  // A half BackwardFilter's dw in the half type, staged at the start of the
+  // workspace (cuDNN writes dw in the filter's type; the contract's dw is
+  // f32): 0 for f32 problems and the other kinds.
+  static size_t dw_staging_bytes(ConvKind kind, const ConvProblem& p) {
+    if (kind != ConvKind::kBackwardFilter || p.x.dtype == DataType::kF32) return 0;
+    return align_up(static_cast<size_t>(p.weight_shape().elements()) * element_bytes(p.x.dtype));
+  }
   cudnnPoolingDescriptor_t pool_desc(const PoolParams& p);
   void check_conv(const char* op, const ConvProblem& p, const Tensor& x, const Tensor& y,
                   ConvKind kind, ConvAlgo algo, size_t workspace_bytes);
   // A tensor's contents in `layout`: itself, or a reordered copy at `staging`.
-  const float* in_layout(const Tensor& t, Layout layout, float* staging);
+  const void* in_layout(const Tensor& t, Layout layout, void* staging);
+  // C = A * B + beta * C (cuBLAS's column-major terms): cublasSgemm for f32
+  // (in the handle's math: FMA, or TF32 under tf32), else cublasGemmEx with
+  // A and B of ab_type, C of c_type and f32 accumulation.
+  void gemm(const std::string& what, cublasOperation_t trans_a, cublasOperation_t trans_b, int m,
+            int n, int k, DataType ab_type, const void* a, int lda, const void* b, int ldb,
+            float beta, DataType c_type, void* c, int ldc);
 
   DeviceInfo info_;
   int device_ = 0;
@@ -339,7 +443,8 @@ class CudaBackend final : public Backend {
   char* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
 
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, TensorDescriptor> tensor_descs_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, DataType>, TensorDescriptor>
+      tensor_descs_;
   std::unordered_map<std::string, ConvDescriptors> conv_descs_;
   std::unordered_map<std::string, PoolDescriptor> pool_descs_;
   std::unordered_map<std::string, size_t> conv_workspaces_;

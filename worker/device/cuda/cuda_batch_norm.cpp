@@ -7,6 +7,9 @@ namespace vtrain::worker::cuda {
 
 // cuDNN saves 1 / sqrt(var + eps) for backward; the contract (and the CPU
 // backend) keeps the biased batch variance, so it is converted both ways.
+// x, y, dy and dx are in the call's type; scale_shift, the statistics and
+// their gradients are f32 (cuDNN's parameter descriptor for f16 and bf16
+// data is float: cudnnDeriveBNTensorDescriptor's rule).
 void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
                                               const float* scale_shift, float* save_mean,
                                               float* save_var, float* running_mean,
@@ -14,16 +17,17 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
   check_same_desc("batch_norm_forward_training",
                   {{"x", x.desc}, {"y", y.desc}});
   require_plain("batch_norm_forward_training", x.desc);
+  call_type("batch_norm_forward_training", {x.desc});
   const int64_t c = x.shape().c;
   const std::string what = "batch_norm_forward_training " + x.shape().str();
   float* inv_std = reinterpret_cast<float*>(scratch(bn_inverse_std_bytes(c)));
   const float one = 1.0f, zero = 0.0f;
-  const cudnnTensorDescriptor_t xd = tensor_desc(x.shape());
+  const cudnnTensorDescriptor_t xd = tensor_desc(x.desc);
   // cuDNN's running update is running = (1 - factor) * running + factor *
   // batch with the unbiased variance: the contract's, with factor = momentum.
   VTRAIN_CUDA_CHECK(cudnnBatchNormalizationForwardTraining(
-                        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, f32(x), xd, f32(y),
-                        tensor_desc(1, c, 1, 1), scale_shift, scale_shift + c, momentum,
+                        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x.data, xd, y.data,
+                        param_desc(c), scale_shift, scale_shift + c, momentum,
                         running_mean, running_var, eps, save_mean, inv_std),
                     what);
   inverse_std_to_variance(inv_std, save_var, c, eps, compute_.get());
@@ -35,13 +39,14 @@ void CudaBackend::batch_norm_forward_inference(const Tensor& x, const Tensor& y,
   check_same_desc("batch_norm_forward_inference",
                   {{"x", x.desc}, {"y", y.desc}});
   require_plain("batch_norm_forward_inference", x.desc);
+  call_type("batch_norm_forward_inference", {x.desc});
   const int64_t c = x.shape().c;
   const float one = 1.0f, zero = 0.0f;
-  const cudnnTensorDescriptor_t xd = tensor_desc(x.shape());
+  const cudnnTensorDescriptor_t xd = tensor_desc(x.desc);
   VTRAIN_CUDA_CHECK(
       cudnnBatchNormalizationForwardInference(
-          cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, f32(x), xd, f32(y),
-          tensor_desc(1, c, 1, 1), scale_shift, scale_shift + c, running_mean, running_var, eps),
+          cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x.data, xd, y.data,
+          param_desc(c), scale_shift, scale_shift + c, running_mean, running_var, eps),
       "batch_norm_forward_inference " + x.shape().str());
 }
 
@@ -52,14 +57,15 @@ void CudaBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const f
   check_beta("batch_norm_backward", beta);
   check_same_desc("batch_norm_backward", {{"x", x.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
   require_plain("batch_norm_backward", x.desc);
+  call_type("batch_norm_backward", {x.desc});
   const int64_t c = x.shape().c;
   float* inv_std = reinterpret_cast<float*>(scratch(bn_inverse_std_bytes(c)));
   variance_to_inverse_std(save_var, inv_std, c, eps, compute_.get());
   const float one = 1.0f, zero = 0.0f;
-  const cudnnTensorDescriptor_t xd = tensor_desc(x.shape());
+  const cudnnTensorDescriptor_t xd = tensor_desc(x.desc);
   VTRAIN_CUDA_CHECK(cudnnBatchNormalizationBackward(
-                        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &beta, xd, f32(x),
-                        xd, f32(dy), xd, f32(dx), tensor_desc(1, c, 1, 1), scale_shift,
+                        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &beta, xd, x.data,
+                        xd, dy.data, xd, dx.data, param_desc(c), scale_shift,
                         dscale_shift, dscale_shift + c, eps, save_mean, inv_std),
                     "batch_norm_backward " + x.shape().str());
 }
@@ -79,9 +85,10 @@ std::vector<double> CudaBackend::read_bn_sums(const double* device, int64_t chan
 
 std::vector<double> CudaBackend::batch_norm_sums(const Tensor& x) {
   require_plain("batch_norm_sums", x.desc);
+  const DataType type = call_type("batch_norm_sums", {x.desc});
   const Shape& s = x.shape();
   auto* sums = reinterpret_cast<double*>(scratch(bn_sums_bytes(s.c)));
-  cuda::batch_norm_sums(f32(x), s.n, s.c, s.h * s.w, sums, compute_.get());
+  cuda::batch_norm_sums(element(type), x.data, s.n, s.c, s.h * s.w, sums, compute_.get());
   return read_bn_sums(sums, s.c, "batch_norm_sums " + s.str());
 }
 
@@ -90,10 +97,11 @@ std::vector<double> CudaBackend::batch_norm_backward_sums(const Tensor& x, const
                                                           float eps) {
   check_same_desc("batch_norm_backward_sums", {{"x", x.desc}, {"dy", dy.desc}});
   require_plain("batch_norm_backward_sums", x.desc);
+  const DataType type = call_type("batch_norm_backward_sums", {x.desc});
   const Shape& s = x.shape();
   auto* sums = reinterpret_cast<double*>(scratch(bn_sums_bytes(s.c)));
-  cuda::batch_norm_backward_sums(f32(x), f32(dy), mean, var, eps, s.n, s.c, s.h * s.w, sums,
-                                 compute_.get());
+  cuda::batch_norm_backward_sums(element(type), x.data, dy.data, mean, var, eps, s.n, s.c,
+                                 s.h * s.w, sums, compute_.get());
   return read_bn_sums(sums, s.c, "batch_norm_backward_sums " + s.str());
 }
 
@@ -103,9 +111,10 @@ void CudaBackend::batch_norm_backward_data(const Tensor& x, const Tensor& dy,
                                            const Tensor& dx, float eps) {
   check_same_desc("batch_norm_backward_data", {{"x", x.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
   require_plain("batch_norm_backward_data", x.desc);
+  const DataType type = call_type("batch_norm_backward_data", {x.desc});
   const Shape& s = x.shape();
-  cuda::batch_norm_backward_data(f32(x), f32(dy), scale_shift, mean, var, dy_means, eps, s.n, s.c,
-                                 s.h * s.w, f32(dx), compute_.get());
+  cuda::batch_norm_backward_data(element(type), x.data, dy.data, scale_shift, mean, var, dy_means,
+                                 eps, s.n, s.c, s.h * s.w, dx.data, compute_.get());
 }
 
 }  // namespace vtrain::worker::cuda

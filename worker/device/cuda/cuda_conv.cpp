@@ -35,31 +35,54 @@ std::string known_algorithms(ConvKind kind) {
   for (int a = 0; const char* name = conv_algo_name(kind, a); ++a) {
     known += (known.empty() ? "" : ", ") + std::to_string(a) + " " + name;
   }
-  return known + "; under tf32 each also as id + " + std::to_string(kTf32Variant) + ", <name>/tf32";
+  std::string variants;
+  for (const ConvVariantInfo& v : kConvVariants) {
+    if (v.variant == ConvVariant::kFma) continue;
+    variants += std::string(variants.empty() ? "" : ", ") + "id + " +
+                std::to_string(static_cast<int>(v.variant) * kVariantStride) + " <name>" +
+                v.suffix + " (" + dtype_name(v.tensors) + ")";
+  }
+  return known + "; variants: " + variants;
 }
 
-// The stable name of a ConvAlgo id, TF32 variants included; nullopt for
-// an unknown id.
+// The stable name of a ConvAlgo id, variants included; nullopt for an
+// unknown id.
 std::optional<std::string> algo_name(ConvKind kind, ConvAlgo algo) {
-  const bool tf32 = algo >= kTf32Variant;
-  const char* base = conv_algo_name(kind, tf32 ? algo - kTf32Variant : algo);
+  const ConvVariantInfo* variant = conv_variant(algo);
+  if (variant == nullptr) return std::nullopt;
+  const char* base = conv_algo_name(kind, algo % kVariantStride);
   if (base == nullptr) return std::nullopt;
-  return std::string(base) + (tf32 ? std::string(kTf32AlgorithmSuffix) : "");
+  return std::string(base) + variant->suffix;
 }
 
-// cuDNN's heuristic entries that succeed, in its order, for one math: its
-// v7 heuristics may list an algorithm once per math type, each entry with
-// its own mathType, whatever the descriptor says. The FMA pass leaves out
-// tensor-op entries, the TF32 pass FMA ones.
+// Whether cuDNN's heuristic entry of math type `math` belongs to `variant`:
+// its v7 heuristics may list an algorithm once per math type, each entry
+// with its own mathType, whatever the descriptor says. The FMA variant
+// leaves out tensor-op entries, the TF32 one FMA entries; the half
+// variants take both (CUDNN_TENSOR_OP_MATH permits tensor cores, it does
+// not require them, so an algorithm cuDNN has only in FMA kernels still
+// runs).
+bool math_fits(cudnnMathType_t math, ConvVariant variant) {
+  const bool tensor_op =
+      math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  switch (variant) {
+    case ConvVariant::kFma: return !tensor_op;
+    case ConvVariant::kTf32: return math != CUDNN_FMA_MATH;
+    case ConvVariant::kPseudoHalf:
+    case ConvVariant::kTrueHalf:
+    case ConvVariant::kPseudoBf16: return true;
+  }
+  return false;
+}
+
+// cuDNN's heuristic entries that succeed and fit the variant, in its order.
 template <typename Perf>
-void keep_ranked(const std::vector<Perf>& perf, int returned, bool tf32, std::vector<int>& ranked) {
+void keep_ranked(const std::vector<Perf>& perf, int returned, ConvVariant variant,
+                 std::vector<int>& ranked) {
   for (int i = 0; i < returned; ++i) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
-    const bool fma = perf[i].mathType == CUDNN_FMA_MATH;
-    const bool tensor_op = perf[i].mathType == CUDNN_TENSOR_OP_MATH ||
-                           perf[i].mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-    if (tf32 ? fma : tensor_op) continue;
-    ranked.push_back(static_cast<int>(perf[i].algo));
+    if (perf[i].status != CUDNN_STATUS_SUCCESS || !math_fits(perf[i].mathType, variant)) continue;
+    const int algo = static_cast<int>(perf[i].algo);
+    if (std::find(ranked.begin(), ranked.end(), algo) == ranked.end()) ranked.push_back(algo);
   }
 }
 
@@ -67,15 +90,16 @@ void keep_ranked(const std::vector<Perf>& perf, int returned, bool tf32, std::ve
 
 // -------------------------------------------------------------- descriptors
 
-cudnnTensorDescriptor_t CudaBackend::tensor_desc(int64_t n, int64_t c, int64_t h, int64_t w) {
-  auto key = std::make_tuple(n, c, h, w);
+cudnnTensorDescriptor_t CudaBackend::tensor_desc(int64_t n, int64_t c, int64_t h, int64_t w,
+                                                 DataType type) {
+  auto key = std::make_tuple(n, c, h, w, type);
   auto it = tensor_descs_.find(key);
   if (it != tensor_descs_.end()) return it->second.get();
-  const std::string what = "tensor " + Shape{n, c, h, w}.str();
+  const std::string what = "tensor " + Shape{n, c, h, w}.str() + " " + dtype_name(type);
   cudnnTensorDescriptor_t raw = nullptr;
   VTRAIN_CUDA_CHECK(cudnnCreateTensorDescriptor(&raw), what);
   TensorDescriptor desc(raw);
-  VTRAIN_CUDA_CHECK(cudnnSetTensor4dDescriptor(raw, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+  VTRAIN_CUDA_CHECK(cudnnSetTensor4dDescriptor(raw, CUDNN_TENSOR_NCHW, cudnn_type(type),
                                                to_int(n, what + " n"), to_int(c, what + " c"),
                                                to_int(h, what + " h"), to_int(w, what + " w")),
                     what);
@@ -88,6 +112,7 @@ const ConvDescriptors& CudaBackend::conv_descriptors(const ConvProblem& p) {
   if (it != conv_descs_.end()) return it->second;
   require_plain("convolution input", p.x);
   require_plain("convolution output", p.y);
+  const DataType type = call_type("convolution", {p.x, p.y});
   if (!(p.y.shape == p.output_shape())) {
     throw BackendError("convolution " + p.str() + ": output shape should be " +
                        p.output_shape().str());
@@ -99,7 +124,7 @@ const ConvDescriptors& CudaBackend::conv_descriptors(const ConvProblem& p) {
     VTRAIN_CUDA_CHECK(cudnnCreateTensorDescriptor(&raw), what);
     TensorDescriptor desc(raw);
     VTRAIN_CUDA_CHECK(
-        cudnnSetTensor4dDescriptor(raw, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(s.n, what),
+        cudnnSetTensor4dDescriptor(raw, CUDNN_TENSOR_NCHW, cudnn_type(type), to_int(s.n, what),
                                    to_int(s.c, what), to_int(s.h, what), to_int(s.w, what)),
         what);
     return desc;
@@ -111,21 +136,26 @@ const ConvDescriptors& CudaBackend::conv_descriptors(const ConvProblem& p) {
   cudnnFilterDescriptor_t raw_filter = nullptr;
   VTRAIN_CUDA_CHECK(cudnnCreateFilterDescriptor(&raw_filter), what);
   d.w.reset(raw_filter);
-  VTRAIN_CUDA_CHECK(cudnnSetFilter4dDescriptor(raw_filter, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+  VTRAIN_CUDA_CHECK(cudnnSetFilter4dDescriptor(raw_filter, cudnn_type(type), CUDNN_TENSOR_NCHW,
                                                to_int(ws.n, what), to_int(ws.c, what),
                                                to_int(ws.h, what), to_int(ws.w, what)),
                     what);
-  cudnnConvolutionDescriptor_t raw_conv = nullptr;
-  VTRAIN_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&raw_conv), what);
-  d.conv.reset(raw_conv);
-  VTRAIN_CUDA_CHECK(
-      cudnnSetConvolution2dDescriptor(raw_conv, to_int(p.pad_h, what), to_int(p.pad_w, what),
-                                      to_int(p.stride_h, what), to_int(p.stride_w, what), 1, 1,
-                                      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
-      what);
-  // FMA math (float32 results comparable with the CPU) until a call asks
-  // for a TF32 variant (set_conv_math).
-  VTRAIN_CUDA_CHECK(cudnnSetConvolutionMathType(raw_conv, CUDNN_FMA_MATH), what);
+  // One descriptor per compute type: f32 (the FMA, TF32 and pseudo-half
+  // variants) and, for f16 tensors, f16 (true half).
+  auto make_conv = [&](cudnnDataType_t compute) {
+    cudnnConvolutionDescriptor_t raw_conv = nullptr;
+    VTRAIN_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&raw_conv), what);
+    ConvDescriptor conv(raw_conv);
+    VTRAIN_CUDA_CHECK(
+        cudnnSetConvolution2dDescriptor(raw_conv, to_int(p.pad_h, what), to_int(p.pad_w, what),
+                                        to_int(p.stride_h, what), to_int(p.stride_w, what), 1, 1,
+                                        CUDNN_CROSS_CORRELATION, compute),
+        what);
+    return conv;
+  };
+  d.conv = make_conv(CUDNN_DATA_FLOAT);
+  if (type == DataType::kF16) d.conv_true_half = make_conv(CUDNN_DATA_HALF);
+  // The math type is set per call (conv_call) from the algorithm's variant.
   return conv_descs_.emplace(key, std::move(d)).first->second;
 }
 
@@ -161,21 +191,30 @@ std::string CudaBackend::conv_algorithm_name(ConvKind kind, ConvAlgo algo) const
                      " (known: " + known_algorithms(kind) + ")");
 }
 
-int CudaBackend::set_conv_math(const ConvDescriptors& d, ConvKind kind, ConvAlgo algo) {
-  const bool tf32 = algo >= kTf32Variant;
-  if (tf32 && !tf32_) {
-    throw BackendError("cuda backend: " + conv_algorithm_name(kind, algo) +
+ConvCall CudaBackend::conv_call(const ConvDescriptors& d, const ConvProblem& p, ConvKind kind,
+                                ConvAlgo algo) {
+  const std::string name = conv_algorithm_name(kind, algo);  // throws for unknown ids
+  const ConvVariantInfo& v = *conv_variant(algo);
+  if (v.tensors != p.x.dtype) {
+    throw BackendError("cuda backend: " + std::string(conv_kind_name(kind)) + " algorithm " + name +
+                       " runs " + dtype_name(v.tensors) + " tensors, not " +
+                       dtype_name(p.x.dtype) + " ones (" + p.str() + ")");
+  }
+  if (v.variant == ConvVariant::kTf32 && !tf32_) {
+    throw BackendError("cuda backend: " + name +
                        " is a TF32 tensor-core algorithm; this backend was made for "
                        "train.precision fp32, which keeps FMA math");
   }
-  VTRAIN_CUDA_CHECK(
-      cudnnSetConvolutionMathType(d.conv.get(), tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH),
-      "convolution math type");
-  return tf32 ? algo - kTf32Variant : algo;
+  const cudnnConvolutionDescriptor_t conv =
+      v.compute == CUDNN_DATA_HALF ? d.conv_true_half.get() : d.conv.get();
+  VTRAIN_CUDA_CHECK(cudnnSetConvolutionMathType(conv, v.math), "convolution math type of " + name);
+  return {algo % kVariantStride, conv};
 }
 
 std::vector<int> CudaBackend::ranked_algorithms(ConvKind kind, const ConvDescriptors& d,
-                                                bool tf32, const std::string& what) {
+                                                cudnnConvolutionDescriptor_t conv,
+                                                const ConvVariantInfo& variant,
+                                                const std::string& what) {
   std::vector<int> ranked;
   int max_count = 0, returned = 0;
   switch (kind) {
@@ -184,10 +223,10 @@ std::vector<int> CudaBackend::ranked_algorithms(ConvKind kind, const ConvDescrip
                         what);
       std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(max_count));
       VTRAIN_CUDA_CHECK(
-          cudnnGetConvolutionForwardAlgorithm_v7(cudnn_.get(), d.x.get(), d.w.get(), d.conv.get(),
+          cudnnGetConvolutionForwardAlgorithm_v7(cudnn_.get(), d.x.get(), d.w.get(), conv,
                                                  d.y.get(), max_count, &returned, perf.data()),
           what);
-      keep_ranked(perf, returned, tf32, ranked);
+      keep_ranked(perf, returned, variant.variant, ranked);
       break;
     }
     case ConvKind::kBackwardData: {
@@ -195,10 +234,10 @@ std::vector<int> CudaBackend::ranked_algorithms(ConvKind kind, const ConvDescrip
                         what);
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(max_count));
       VTRAIN_CUDA_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                            cudnn_.get(), d.w.get(), d.y.get(), d.conv.get(), d.x.get(), max_count,
+                            cudnn_.get(), d.w.get(), d.y.get(), conv, d.x.get(), max_count,
                             &returned, perf.data()),
                         what);
-      keep_ranked(perf, returned, tf32, ranked);
+      keep_ranked(perf, returned, variant.variant, ranked);
       break;
     }
     case ConvKind::kBackwardFilter: {
@@ -206,34 +245,32 @@ std::vector<int> CudaBackend::ranked_algorithms(ConvKind kind, const ConvDescrip
           cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnn_.get(), &max_count), what);
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<size_t>(max_count));
       VTRAIN_CUDA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                            cudnn_.get(), d.x.get(), d.y.get(), d.conv.get(), d.w.get(), max_count,
+                            cudnn_.get(), d.x.get(), d.y.get(), conv, d.w.get(), max_count,
                             &returned, perf.data()),
                         what);
-      keep_ranked(perf, returned, tf32, ranked);
+      keep_ranked(perf, returned, variant.variant, ranked);
       break;
     }
   }
   return ranked;
 }
 
-// cuDNN's heuristic ranking in FMA math, best first; under tf32 then the
-// same in TF32 math, as the algorithms' /tf32 variants (mu-cuDNN's idea of
-// offering each compute type as an algorithm of its own: the profiler
-// times them and WR / WD choose among all).
+// cuDNN's heuristic ranking per variant of the problem's element type,
+// best first within each: f32 in FMA math, then (under tf32) in TF32 math;
+// f16 in PSEUDO_HALF then TRUE_HALF; bf16 in PSEUDO_BFLOAT16.
 std::vector<ConvAlgoInfo> CudaBackend::conv_algorithms(ConvKind kind, const ConvProblem& p,
                                                        bool accumulate) {
   const ConvDescriptors& d = conv_descriptors(p);
   const std::string what = std::string(conv_kind_name(kind)) + " algorithms for " + p.str();
   std::vector<ConvAlgoInfo> algos;
-  for (const ConvAlgo variant : {0, kTf32Variant}) {
-    if (variant == kTf32Variant && !tf32_) break;
-    set_conv_math(d, kind, variant);
-    for (const int ranked : ranked_algorithms(kind, d, variant == kTf32Variant, what)) {
-      const ConvAlgo algo = ranked + variant;
-      const bool seen = std::any_of(algos.begin(), algos.end(),
-                                    [&](const ConvAlgoInfo& a) { return a.algo == algo; });
+  for (const ConvVariantInfo& variant : kConvVariants) {
+    if (variant.tensors != p.x.dtype || (variant.variant == ConvVariant::kTf32 && !tf32_)) continue;
+    const ConvAlgo first = static_cast<ConvAlgo>(variant.variant) * kVariantStride;
+    const ConvCall call = conv_call(d, p, kind, first);
+    for (const int ranked : ranked_algorithms(kind, d, call.conv, variant, what)) {
+      const ConvAlgo algo = first + ranked;
       const std::optional<std::string> name = algo_name(kind, algo);
-      if (seen || !name) continue;
+      if (!name) continue;
       try {
         algos.push_back({algo, *name, conv_workspace(kind, algo, p, accumulate)});
       } catch (const BackendError&) {
@@ -244,32 +281,31 @@ std::vector<ConvAlgoInfo> CudaBackend::conv_algorithms(ConvKind kind, const Conv
   return algos;
 }
 
-size_t CudaBackend::conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
-                                   bool /*accumulate: beta is native in cuDNN, no extra space*/) {
+size_t CudaBackend::cudnn_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p) {
   const std::string name = conv_algorithm_name(kind, algo);  // throws for unknown ids
   const std::string key =
       std::to_string(static_cast<int>(kind)) + "/" + std::to_string(algo) + "/" + p.str();
   auto it = conv_workspaces_.find(key);
   if (it != conv_workspaces_.end()) return it->second;
   const ConvDescriptors& d = conv_descriptors(p);
-  const int base = set_conv_math(d, kind, algo);
+  const ConvCall call = conv_call(d, p, kind, algo);
   size_t bytes = 0;
   cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
   switch (kind) {
     case ConvKind::kForward:
       status = cudnnGetConvolutionForwardWorkspaceSize(
-          cudnn_.get(), d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
-          static_cast<cudnnConvolutionFwdAlgo_t>(base), &bytes);
+          cudnn_.get(), d.x.get(), d.w.get(), call.conv, d.y.get(),
+          static_cast<cudnnConvolutionFwdAlgo_t>(call.algo), &bytes);
       break;
     case ConvKind::kBackwardData:
       status = cudnnGetConvolutionBackwardDataWorkspaceSize(
-          cudnn_.get(), d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
-          static_cast<cudnnConvolutionBwdDataAlgo_t>(base), &bytes);
+          cudnn_.get(), d.w.get(), d.y.get(), call.conv, d.x.get(),
+          static_cast<cudnnConvolutionBwdDataAlgo_t>(call.algo), &bytes);
       break;
     case ConvKind::kBackwardFilter:
       status = cudnnGetConvolutionBackwardFilterWorkspaceSize(
-          cudnn_.get(), d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
-          static_cast<cudnnConvolutionBwdFilterAlgo_t>(base), &bytes);
+          cudnn_.get(), d.x.get(), d.y.get(), call.conv, d.w.get(),
+          static_cast<cudnnConvolutionBwdFilterAlgo_t>(call.algo), &bytes);
       break;
   }
   if (status != CUDNN_STATUS_SUCCESS) {
@@ -281,11 +317,20 @@ size_t CudaBackend::conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProbl
   return bytes;
 }
 
+// cuDNN's workspace, after the half dw staging where there is one. Beta
+// needs no extra space: cuDNN scales natively, and the staged dw is added
+// to the f32 dw with the caller's beta by a kernel.
+size_t CudaBackend::conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
+                                   bool /*accumulate*/) {
+  return dw_staging_bytes(kind, p) + cudnn_workspace(kind, algo, p);
+}
+
 void CudaBackend::check_conv(const char* op, const ConvProblem& p, const Tensor& x, const Tensor& y,
                              ConvKind kind, ConvAlgo algo, size_t workspace_bytes) {
   if (!(x.desc == p.x) || !(y.desc == p.y)) {
-    throw BackendError(std::string("cuda backend: ") + op + ": tensors " + x.shape().str() +
-                       " and " + y.shape().str() + " do not match the problem " + p.str());
+    throw BackendError(std::string("cuda backend: ") + op + ": tensors " + x.shape().str() + " " +
+                       dtype_name(x.desc.dtype) + " and " + y.shape().str() + " " +
+                       dtype_name(y.desc.dtype) + " do not match the problem " + p.str());
   }
   const size_t need = conv_workspace(kind, algo, p, false);
   if (workspace_bytes < need) {
@@ -295,23 +340,27 @@ void CudaBackend::check_conv(const char* op, const ConvProblem& p, const Tensor&
   }
 }
 
+// Scaling factors are floats for f32, f16 and bf16 tensors alike (cuDNN
+// takes doubles for double tensors only); y is read only where beta is 1.
 void CudaBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const void* w,
                                const void* bias, const Tensor& y, float beta, void* workspace,
                                size_t workspace_bytes) {
   check_beta("conv_forward", beta);
   const ConvDescriptors& d = conv_descriptors(p);
   check_conv("conv_forward", p, x, y, ConvKind::kForward, algo, workspace_bytes);
-  const int base = set_conv_math(d, ConvKind::kForward, algo);
+  const ConvCall call = conv_call(d, p, ConvKind::kForward, algo);
   const std::string what = "conv_forward " + p.str();
   const float one = 1.0f;
   VTRAIN_CUDA_CHECK(
-      cudnnConvolutionForward(cudnn_.get(), &one, d.x.get(), f32(x), d.w.get(), w, d.conv.get(),
-                              static_cast<cudnnConvolutionFwdAlgo_t>(base), workspace,
-                              workspace_bytes, &beta, d.y.get(), f32(y)),
+      cudnnConvolutionForward(cudnn_.get(), &one, d.x.get(), x.data, d.w.get(), w, call.conv,
+                              static_cast<cudnnConvolutionFwdAlgo_t>(call.algo), workspace,
+                              workspace_bytes, &beta, d.y.get(), y.data),
       what);
   if (bias) {
+    // The bias is in the tensors' type (backend.h); a half y rounds twice,
+    // after the convolution and after the bias.
     VTRAIN_CUDA_CHECK(
-        cudnnAddTensor(cudnn_.get(), &one, d.bias.get(), bias, &one, d.y.get(), f32(y)),
+        cudnnAddTensor(cudnn_.get(), &one, d.bias.get(), bias, &one, d.y.get(), y.data),
         what + " bias");
   }
 }
@@ -322,33 +371,59 @@ void CudaBackend::conv_backward_data(ConvAlgo algo, const ConvProblem& p, const 
   check_beta("conv_backward_data", beta);
   const ConvDescriptors& d = conv_descriptors(p);
   check_conv("conv_backward_data", p, dx, dy, ConvKind::kBackwardData, algo, workspace_bytes);
-  const int base = set_conv_math(d, ConvKind::kBackwardData, algo);
+  const ConvCall call = conv_call(d, p, ConvKind::kBackwardData, algo);
   const float one = 1.0f;
   VTRAIN_CUDA_CHECK(
-      cudnnConvolutionBackwardData(cudnn_.get(), &one, d.w.get(), w, d.y.get(), f32(dy),
-                                   d.conv.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(base),
-                                   workspace, workspace_bytes, &beta, d.x.get(), f32(dx)),
+      cudnnConvolutionBackwardData(cudnn_.get(), &one, d.w.get(), w, d.y.get(), dy.data, call.conv,
+                                   static_cast<cudnnConvolutionBwdDataAlgo_t>(call.algo),
+                                   workspace, workspace_bytes, &beta, d.x.get(), dx.data),
       "conv_backward_data " + p.str());
 }
 
+// f32 tensors: cuDNN writes dw and dbias with the caller's beta. Half
+// tensors: cuDNN's dw is in the filter's (half) type, so it computes into
+// the staging at the workspace's start with beta 0 (never reading it) and
+// accumulate() adds that to the f32 dw with the caller's beta (beta 0
+// never reads dw): micro-batches after the first pass beta 1 and sum in
+// f32. dbias is summed from the half dy straight into f32 (bias_gradient),
+// not rounded to half first as cuDNN's bias gradient would.
 void CudaBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const Tensor& x,
                                        const Tensor& dy, float* dw, float* dbias, float beta,
                                        void* workspace, size_t workspace_bytes) {
   check_beta("conv_backward_filter", beta);
   const ConvDescriptors& d = conv_descriptors(p);
   check_conv("conv_backward_filter", p, x, dy, ConvKind::kBackwardFilter, algo, workspace_bytes);
-  const int base = set_conv_math(d, ConvKind::kBackwardFilter, algo);
+  const ConvCall call = conv_call(d, p, ConvKind::kBackwardFilter, algo);
   const std::string what = "conv_backward_filter " + p.str();
-  const float one = 1.0f;
+  const DataType type = p.x.dtype;
+  const float one = 1.0f, zero = 0.0f;
+  if (type == DataType::kF32) {
+    VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardFilter(
+                          cudnn_.get(), &one, d.x.get(), x.data, d.y.get(), dy.data, call.conv,
+                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(call.algo), workspace,
+                          workspace_bytes, &beta, d.w.get(), dw),
+                      what);
+    if (dbias) {
+      VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardBias(cudnn_.get(), &one, d.y.get(), dy.data, &beta,
+                                                     d.bias.get(), dbias),
+                        what + " bias");
+    }
+    return;
+  }
+  const size_t staging = dw_staging_bytes(ConvKind::kBackwardFilter, p);
+  void* half_dw = workspace;
   VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardFilter(
-                        cudnn_.get(), &one, d.x.get(), f32(x), d.y.get(), f32(dy), d.conv.get(),
-                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(base), workspace,
-                        workspace_bytes, &beta, d.w.get(), dw),
+                        cudnn_.get(), &one, d.x.get(), x.data, d.y.get(), dy.data, call.conv,
+                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(call.algo),
+                        static_cast<char*>(workspace) + staging, workspace_bytes - staging, &zero,
+                        d.w.get(), half_dw),
                     what);
+  cuda::accumulate(element(type), half_dw, Element::kF32, dw, beta, p.weight_shape().elements(),
+                   compute_.get());
   if (dbias) {
-    VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardBias(cudnn_.get(), &one, d.y.get(), f32(dy), &beta,
-                                                   d.bias.get(), dbias),
-                      what + " bias");
+    const Shape& ys = p.y.shape;
+    cuda::bias_gradient(element(type), dy.data, ys.n, ys.c, ys.h * ys.w, dbias, beta,
+                        compute_.get());
   }
 }
 

@@ -5,40 +5,45 @@ namespace vtrain::worker::cuda {
 
 // ----------------------------------------------------------------- eltwise
 
+// cuDNN's activation takes f32, f16 and bf16 tensors alike (float scaling
+// factors).
 void CudaBackend::relu_forward(const Tensor& x, const Tensor& y) {
   check_same_desc("relu_forward", {{"x", x.desc}, {"y", y.desc}});
+  call_type("relu_forward", {x.desc});
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t d = storage_desc(x.desc);  // relu(0) = 0 keeps padding zero
   VTRAIN_CUDA_CHECK(
-      cudnnActivationForward(cudnn_.get(), relu_.get(), &one, d, f32(x), &zero, d, f32(y)),
+      cudnnActivationForward(cudnn_.get(), relu_.get(), &one, d, x.data, &zero, d, y.data),
       "relu_forward " + x.shape().str());
 }
 
 void CudaBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
   check_same_desc("relu_backward",
                   {{"y", y.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
+  call_type("relu_backward", {y.desc});
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t d = storage_desc(y.desc);
   // y stands in for x: y > 0 exactly where x > 0. dx may alias dy (cuDNN
   // allows it with identical descriptors).
-  VTRAIN_CUDA_CHECK(cudnnActivationBackward(cudnn_.get(), relu_.get(), &one, d, f32(y), d, f32(dy),
-                                            d, f32(y), &zero, d, f32(dx)),
+  VTRAIN_CUDA_CHECK(cudnnActivationBackward(cudnn_.get(), relu_.get(), &one, d, y.data, d, dy.data,
+                                            d, y.data, &zero, d, dx.data),
                     "relu_backward " + y.shape().str());
 }
 
+// add and accumulate sum in float and round once to the tensors' type.
 void CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
   if (!(a.shape() == b.shape()) || !(a.shape() == y.shape())) {
     throw BackendError("add: shapes differ: " + a.shape().str() + ", " + b.shape().str() + " -> " +
                        y.shape().str());
   }
+  const DataType type = call_type("add", {a.desc, b.desc, y.desc});
   const Layout layout = y.desc.layout;
   const size_t bytes = y.bytes();
   const size_t staging_bytes = add_staging_bytes(a.desc, b.desc, y.desc);
-  float* staging = staging_bytes > 0 ? reinterpret_cast<float*>(scratch(staging_bytes)) : nullptr;
-  const float* pa = in_layout(a, layout, staging);
-  const float* pb =
-      in_layout(b, layout, staging ? staging + align_up(bytes) / sizeof(float) : nullptr);
-  cuda::add(pa, pb, f32(y), y.desc.storage_elements(), compute_.get());
+  char* staging = staging_bytes > 0 ? scratch(staging_bytes) : nullptr;
+  const void* pa = in_layout(a, layout, staging);
+  const void* pb = in_layout(b, layout, staging ? staging + align_up(bytes) : nullptr);
+  cuda::add(element(type), pa, pb, y.data, y.desc.storage_elements(), compute_.get());
 }
 
 void CudaBackend::accumulate(const Tensor& x, const Tensor& y, float beta) {
@@ -46,14 +51,15 @@ void CudaBackend::accumulate(const Tensor& x, const Tensor& y, float beta) {
   if (!(x.shape() == y.shape())) {
     throw BackendError("accumulate: shapes differ: " + x.shape().str() + " vs " + y.shape().str());
   }
+  const DataType type = call_type("accumulate", {x.desc, y.desc});  // beta 0 would convert silently
   if (beta == 0.0f) {
     convert(x, y);
     return;
   }
   const Layout layout = y.desc.layout;
-  float* staging = x.desc.layout != layout ? reinterpret_cast<float*>(scratch(y.bytes())) : nullptr;
-  cuda::accumulate(in_layout(x, layout, staging), f32(y), beta, y.desc.storage_elements(),
-                   compute_.get());
+  void* staging = x.desc.layout != layout ? scratch(y.bytes()) : nullptr;
+  cuda::accumulate(element(type), in_layout(x, layout, staging), element(type), y.data, beta,
+                   y.desc.storage_elements(), compute_.get());
 }
 
 void CudaBackend::scale(float* x, int64_t count, float alpha) {
@@ -72,19 +78,21 @@ void CudaBackend::sgd_update(float* w, const float* g, float* velocity, int64_t 
 void CudaBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y, void*) {
   require_plain("pooling_forward", x.desc);
   require_plain("pooling_forward", y.desc);
+  call_type("pooling_forward", {x.desc, y.desc});
   const float one = 1.0f, zero = 0.0f;
-  VTRAIN_CUDA_CHECK(cudnnPoolingForward(cudnn_.get(), pool_desc(p), &one, tensor_desc(x.shape()),
-                                        f32(x), &zero, tensor_desc(y.shape()), f32(y)),
+  VTRAIN_CUDA_CHECK(cudnnPoolingForward(cudnn_.get(), pool_desc(p), &one, tensor_desc(x.desc),
+                                        x.data, &zero, tensor_desc(y.desc), y.data),
                     "pooling_forward " + x.shape().str() + " -> " + y.shape().str());
 }
 
 void CudaBackend::pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y,
                                    const Tensor& dy, const Tensor& dx, const void*) {
   for (const Tensor* t : {&x, &y, &dy, &dx}) require_plain("pooling_backward", t->desc);
+  call_type("pooling_backward", {x.desc, y.desc, dy.desc, dx.desc});
   const float one = 1.0f, zero = 0.0f;
-  const cudnnTensorDescriptor_t xd = tensor_desc(x.shape()), yd = tensor_desc(y.shape());
-  VTRAIN_CUDA_CHECK(cudnnPoolingBackward(cudnn_.get(), pool_desc(p), &one, yd, f32(y), yd, f32(dy),
-                                         xd, f32(x), &zero, xd, f32(dx)),
+  const cudnnTensorDescriptor_t xd = tensor_desc(x.desc), yd = tensor_desc(y.desc);
+  VTRAIN_CUDA_CHECK(cudnnPoolingBackward(cudnn_.get(), pool_desc(p), &one, yd, y.data, yd, dy.data,
+                                         xd, x.data, &zero, xd, dx.data),
                     "pooling_backward " + x.shape().str() + " <- " + y.shape().str());
 }
 
@@ -96,6 +104,7 @@ void CudaBackend::concat_forward(std::span<const Tensor> xs, const Tensor& y) {
   int64_t channels = 0;
   for (const Tensor& x : xs) {
     require_plain("concat_forward", x.desc);
+    call_type("concat_forward", {x.desc, y.desc});
     if (x.shape().n != ys.n || x.shape().h != ys.h || x.shape().w != ys.w) {
       throw BackendError("concat: input " + x.shape().str() + " does not fit output " + ys.str());
     }
@@ -105,11 +114,13 @@ void CudaBackend::concat_forward(std::span<const Tensor> xs, const Tensor& y) {
     throw BackendError("concat: inputs have " + std::to_string(channels) + " channels, output " +
                        std::to_string(ys.c));
   }
+  const DataType type = y.desc.dtype;
   const int64_t hw = ys.h * ys.w;
   int64_t offset = 0;
   for (const Tensor& x : xs) {
     const int64_t part = x.shape().c * hw;
-    copy_rows(f32(x), part, f32(y) + offset * hw, ys.c * hw, ys.n, part, 0.0f, compute_.get());
+    copy_rows(element(type), x.data, part, element_at(y.data, offset * hw, type), ys.c * hw, ys.n,
+              part, 0.0f, compute_.get());
     offset += x.shape().c;
   }
 }
@@ -119,12 +130,13 @@ void CudaBackend::concat_backward(const Tensor& dy, int64_t channel_offset, cons
   check_beta("concat_backward", beta);
   require_plain("concat_backward", dy.desc);
   require_plain("concat_backward", dx.desc);
+  const DataType type = call_type("concat_backward", {dy.desc, dx.desc});
   const Shape ys = dy.shape();
   const Shape xs = dx.shape();
   check_concat_slice(ys, channel_offset, xs);
   const int64_t hw = ys.h * ys.w;
-  copy_rows(f32(dy) + channel_offset * hw, ys.c * hw, f32(dx), xs.c * hw, ys.n, xs.c * hw, beta,
-            compute_.get());
+  copy_rows(element(type), element_at(dy.data, channel_offset * hw, type), ys.c * hw, dx.data,
+            xs.c * hw, ys.n, xs.c * hw, beta, compute_.get());
 }
 
 }  // namespace vtrain::worker::cuda

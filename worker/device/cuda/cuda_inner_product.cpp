@@ -17,24 +17,45 @@ void check_fc_output(const char* op, const Tensor& y) {
 
 }  // namespace
 
+void CudaBackend::gemm(const std::string& what, cublasOperation_t trans_a,
+                       cublasOperation_t trans_b, int m, int n, int k, DataType ab_type,
+                       const void* a, int lda, const void* b, int ldb, float beta,
+                       DataType c_type, void* c, int ldc) {
+  const float one = 1.0f;
+  if (ab_type == DataType::kF32 && c_type == DataType::kF32) {
+    VTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), trans_a, trans_b, m, n, k, &one,
+                                  static_cast<const float*>(a), lda, static_cast<const float*>(b),
+                                  ldb, &beta, static_cast<float*>(c), ldc),
+                      what);
+    return;
+  }
+  // CUBLAS_COMPUTE_32F takes 16F or 16BF A and B with C of their type or
+  // 32F, and float alpha and beta.
+  VTRAIN_CUDA_CHECK(cublasGemmEx(cublas_.get(), trans_a, trans_b, m, n, k, &one, a,
+                                 cublas_type(ab_type), lda, b, cublas_type(ab_type), ldb, &beta, c,
+                                 cublas_type(c_type), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                    what);
+}
+
 // cuBLAS is column-major: a row-major {rows, cols} matrix is its transpose.
 // So row-major y{n, out} = x{n, in} w{out, in}^T is, column-major,
 // y^T(out x n) = W^T * X where W = w^T (in x out) and X = x^T (in x n).
+// x, w, the bias, y, dy and dx are in the call's type; dw and dbias f32.
 void CudaBackend::inner_product_forward(const Tensor& x, const void* w, const void* bias,
                                         const Tensor& y) {
   check_fc_output("inner_product_forward", y);
   require_plain("inner_product_forward", x.desc);
+  const DataType type = call_type("inner_product_forward", {x.desc, y.desc});
   const std::string what = "inner_product_forward " + x.shape().str() + " -> " + y.shape().str();
   if (x.shape().n != y.shape().n) throw BackendError(what + ": batch sizes differ");
   const int n = to_int(x.shape().n, what), in = to_int(x.shape().per_sample(), what),
             out = to_int(y.shape().c, what);
-  const float one = 1.0f, zero = 0.0f;
-  VTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one,
-                                static_cast<const float*>(w), in, f32(x), in, &zero, f32(y), out),
-                    what);
+  gemm(what, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, type, w, in, x.data, in, 0.0f, type, y.data,
+       out);
   if (bias) {
-    VTRAIN_CUDA_CHECK(cudnnAddTensor(cudnn_.get(), &one, tensor_desc(1, out, 1, 1), bias, &one,
-                                     tensor_desc(y.shape()), f32(y)),
+    const float one = 1.0f;
+    VTRAIN_CUDA_CHECK(cudnnAddTensor(cudnn_.get(), &one, tensor_desc(1, out, 1, 1, type), bias,
+                                     &one, tensor_desc(y.desc), y.data),
                       what + " bias");
   }
 }
@@ -42,16 +63,15 @@ void CudaBackend::inner_product_forward(const Tensor& x, const void* w, const vo
 void CudaBackend::inner_product_backward_data(const Tensor& dy, const void* w, const Tensor& dx) {
   check_fc_output("inner_product_backward_data", dy);
   require_plain("inner_product_backward_data", dx.desc);
+  const DataType type = call_type("inner_product_backward_data", {dy.desc, dx.desc});
   const std::string what =
       "inner_product_backward_data " + dx.shape().str() + " <- " + dy.shape().str();
   if (dx.shape().n != dy.shape().n) throw BackendError(what + ": batch sizes differ");
   const int n = to_int(dx.shape().n, what), in = to_int(dx.shape().per_sample(), what),
             out = to_int(dy.shape().c, what);
-  const float one = 1.0f, zero = 0.0f;
   // dx^T(in x n) = W^T(in x out) * dy^T(out x n)
-  VTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &one,
-                                static_cast<const float*>(w), in, f32(dy), out, &zero, f32(dx), in),
-                    what);
+  gemm(what, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, type, w, in, dy.data, out, 0.0f, type, dx.data,
+       in);
 }
 
 void CudaBackend::inner_product_backward_weights(const Tensor& x, const Tensor& dy, float* dw,
@@ -59,21 +79,25 @@ void CudaBackend::inner_product_backward_weights(const Tensor& x, const Tensor& 
   check_fc_output("inner_product_backward_weights", dy);
   require_plain("inner_product_backward_weights", x.desc);
   check_beta("inner_product_backward_weights", beta);
+  const DataType type = call_type("inner_product_backward_weights", {x.desc, dy.desc});
   const std::string what =
       "inner_product_backward_weights " + x.shape().str() + " / " + dy.shape().str();
   if (x.shape().n != dy.shape().n) throw BackendError(what + ": batch sizes differ");
   const int n = to_int(x.shape().n, what), in = to_int(x.shape().per_sample(), what),
             out = to_int(dy.shape().c, what);
-  const float one = 1.0f;
-  // dW^T(in x out) = x^T(in x n) * dy(n x out)
-  VTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &one, f32(x),
-                                in, f32(dy), out, &beta, dw, in),
-                    what);
-  if (dbias) {
+  // dW^T(in x out) = x^T(in x n) * dy(n x out), into f32 whatever x's type.
+  gemm(what, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, type, x.data, in, dy.data, out, beta,
+       DataType::kF32, dw, in);
+  if (!dbias) return;
+  if (type == DataType::kF32) {
+    const float one = 1.0f;
     VTRAIN_CUDA_CHECK(
-        cudnnConvolutionBackwardBias(cudnn_.get(), &one, tensor_desc(dy.shape()), f32(dy), &beta,
-                                     tensor_desc(1, out, 1, 1), dbias),
+        cudnnConvolutionBackwardBias(cudnn_.get(), &one, tensor_desc(dy.desc), dy.data, &beta,
+                                     tensor_desc(1, out, 1, 1, DataType::kF32), dbias),
         what + " bias");
+  } else {
+    // Summed from the half dy in float (as conv_backward_filter's dbias).
+    cuda::bias_gradient(element(type), dy.data, dy.shape().n, out, 1, dbias, beta, compute_.get());
   }
 }
 
@@ -88,6 +112,8 @@ LossStats CudaBackend::softmax_cross_entropy(const Tensor& logits, const int32_t
     throw BackendError("softmax_cross_entropy: dlogits " + dlogits->shape().str() +
                        " does not match logits " + logits.shape().str());
   }
+  const DataType type = dlogits ? call_type("softmax_cross_entropy", {logits.desc, dlogits->desc})
+                                : call_type("softmax_cross_entropy", {logits.desc});
   if (n == 0) return {};
   // Per-row results (loss, correct) and the bad-label flag, read back at once.
   const size_t loss_bytes = static_cast<size_t>(n) * sizeof(double);
@@ -98,8 +124,9 @@ LossStats CudaBackend::softmax_cross_entropy(const Tensor& logits, const int32_t
   int32_t* bad = correct + n;
   const std::string what = "softmax_cross_entropy " + logits.shape().str();
   VTRAIN_CUDA_CHECK(cudaMemsetAsync(bad, 0, 2 * sizeof(int32_t), compute_.get()), what);
-  cuda::softmax_cross_entropy(f32(logits), labels, n, k, scale, dlogits ? f32(*dlogits) : nullptr,
-                              loss, correct, bad, compute_.get());
+  cuda::softmax_cross_entropy(element(type), logits.data, labels, n, k, scale,
+                              dlogits ? dlogits->data : nullptr, loss, correct, bad,
+                              compute_.get());
   char* host = pinned_staging(result_bytes);
   VTRAIN_CUDA_CHECK(
       cudaMemcpyAsync(host, device, result_bytes, cudaMemcpyDeviceToHost, compute_.get()), what);

@@ -1,11 +1,16 @@
 // Kernels of the CUDA backend. See cuda_kernels.h.
 //
 // Every elementwise kernel is a grid-stride loop over 64-bit indices, so one
-// launch shape (kThreads x at most kMaxBlocks) serves any size.
+// launch shape (kThreads x at most kMaxBlocks) serves any size. Kernels that
+// touch tensors are templates over the element type (float, __nv_bfloat16,
+// __half); with_type() picks the instance for an Element.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "worker/device/cuda/cuda_check.h"
 #include "worker/device/cuda/cuda_kernels.h"
@@ -19,6 +24,33 @@ constexpr int kWarp = 32;
 
 unsigned blocks_for(int64_t count) {
   return static_cast<unsigned>(std::min<int64_t>((count + kThreads - 1) / kThreads, kMaxBlocks));
+}
+
+// f(T{}) with T the CUDA element type of `type`.
+template <typename F>
+void with_type(Element type, F&& f) {
+  switch (type) {
+    case Element::kF32: f(float{}); return;
+    case Element::kBF16: f(__nv_bfloat16{}); return;
+    case Element::kF16: f(__half{}); return;
+  }
+}
+
+// Elements to float and back; from_float rounds to nearest even (and
+// overflows to infinity) as the Backend contract's conversions do.
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
 }
 
 __device__ int64_t first_index() {
@@ -46,28 +78,36 @@ __device__ int64_t offset_of(const Position& p, int64_t c, int64_t hw, int64_t b
          p.c % block;
 }
 
-__global__ void reorder_kernel(const float* src, int64_t src_block, float* dst, int64_t c,
-                               int64_t hw, int64_t dst_block, int64_t count) {
+template <typename S, typename D>
+__global__ void reorder_kernel(const S* src, int64_t src_block, D* dst, int64_t c, int64_t hw,
+                               int64_t dst_block, int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
     const Position p = position_of(i, c, hw, dst_block);
-    dst[i] = p.c < c ? src[offset_of(p, c, hw, src_block)] : 0.0f;
+    dst[i] = from_float<D>(p.c < c ? to_float(src[offset_of(p, c, hw, src_block)]) : 0.0f);
   }
 }
 
-__global__ void fill_kernel(float* dst, int64_t c, int64_t hw, int64_t block, float value,
+template <typename T>
+__global__ void fill_kernel(T* dst, int64_t c, int64_t hw, int64_t block, float value,
                             int64_t count) {
+  const T v = from_float<T>(value), zero = from_float<T>(0.0f);
   for (int64_t i = first_index(); i < count; i += index_stride()) {
-    dst[i] = position_of(i, c, hw, block).c < c ? value : 0.0f;
+    dst[i] = position_of(i, c, hw, block).c < c ? v : zero;
   }
 }
 
-__global__ void add_kernel(const float* a, const float* b, float* y, int64_t count) {
-  for (int64_t i = first_index(); i < count; i += index_stride()) y[i] = a[i] + b[i];
+template <typename T>
+__global__ void add_kernel(const T* a, const T* b, T* y, int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    y[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
+  }
 }
 
-__global__ void accumulate_kernel(const float* x, float* y, float beta, int64_t count) {
+template <typename X, typename Y>
+__global__ void accumulate_kernel(const X* x, Y* y, float beta, int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
-    y[i] = beta == 0.0f ? x[i] : x[i] + beta * y[i];
+    const float v = to_float(x[i]);
+    y[i] = from_float<Y>(beta == 0.0f ? v : v + beta * to_float(y[i]));
   }
 }
 
@@ -81,25 +121,27 @@ __global__ void flag_non_finite_kernel(const float* x, int64_t count, int32_t* f
   }
 }
 
-__global__ void copy_rows_kernel(const float* src, int64_t src_pitch, float* dst, int64_t dst_pitch,
+template <typename T>
+__global__ void copy_rows_kernel(const T* src, int64_t src_pitch, T* dst, int64_t dst_pitch,
                                  int64_t row_length, float beta, int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
     const int64_t row = i / row_length, col = i % row_length;
-    const float v = src[row * src_pitch + col];
-    float& out = dst[row * dst_pitch + col];
-    out = beta == 0.0f ? v : v + beta * out;
+    const float v = to_float(src[row * src_pitch + col]);
+    T& out = dst[row * dst_pitch + col];
+    out = beta == 0.0f ? from_float<T>(v) : from_float<T>(v + beta * to_float(out));
   }
 }
 
 // One warp per row.
-__global__ void softmax_xent_kernel(const float* logits, const int32_t* labels, int64_t n,
-                                    int64_t classes, float scale, float* dlogits, double* loss,
+template <typename T>
+__global__ void softmax_xent_kernel(const T* logits, const int32_t* labels, int64_t n,
+                                    int64_t classes, float scale, T* dlogits, double* loss,
                                     int32_t* correct, int32_t* bad_label) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = static_cast<int>(threadIdx.x % kWarp);
   if (row >= n) return;
-  const float* z = logits + row * classes;
-  float* d = dlogits ? dlogits + row * classes : nullptr;
+  const T* z = logits + row * classes;
+  T* d = dlogits ? dlogits + row * classes : nullptr;
   const int32_t label = labels[row];
   if (label < 0 || label >= classes) {
     if (lane == 0) {
@@ -109,7 +151,7 @@ __global__ void softmax_xent_kernel(const float* logits, const int32_t* labels, 
       correct[row] = 0;
     }
     if (d) {
-      for (int64_t j = lane; j < classes; j += kWarp) d[j] = 0.0f;
+      for (int64_t j = lane; j < classes; j += kWarp) d[j] = from_float<T>(0.0f);
     }
     return;
   }
@@ -118,8 +160,9 @@ __global__ void softmax_xent_kernel(const float* logits, const int32_t* labels, 
   float best = -INFINITY;
   int64_t best_j = INT64_MAX;
   for (int64_t j = lane; j < classes; j += kWarp) {
-    if (best_j == INT64_MAX || z[j] > best) {
-      best = z[j];
+    const float zj = to_float(z[j]);
+    if (best_j == INT64_MAX || zj > best) {
+      best = zj;
       best_j = j;
     }
   }
@@ -134,19 +177,21 @@ __global__ void softmax_xent_kernel(const float* logits, const int32_t* labels, 
   }
   const double zmax = best;
   double denom = 0.0;
-  for (int64_t j = lane; j < classes; j += kWarp) denom += exp(static_cast<double>(z[j]) - zmax);
+  for (int64_t j = lane; j < classes; j += kWarp) {
+    denom += exp(static_cast<double>(to_float(z[j])) - zmax);
+  }
   for (int offset = kWarp / 2; offset > 0; offset /= 2) {
     denom += __shfl_xor_sync(0xffffffffu, denom, offset);
   }
   const double log_denom = log(denom);
   if (lane == 0) {
-    loss[row] = log_denom - (static_cast<double>(z[label]) - zmax);
+    loss[row] = log_denom - (static_cast<double>(to_float(z[label])) - zmax);
     correct[row] = best_j == label ? 1 : 0;
   }
   if (d) {
     for (int64_t j = lane; j < classes; j += kWarp) {
-      const double p = exp(static_cast<double>(z[j]) - zmax - log_denom);
-      d[j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * scale);
+      const double p = exp(static_cast<double>(to_float(z[j])) - zmax - log_denom);
+      d[j] = from_float<T>(static_cast<float>((p - (j == label ? 1.0 : 0.0)) * scale));
     }
   }
 }
@@ -183,8 +228,8 @@ void check_launch(const char* kernel) {
 // n * hw elements in double, then the block adds the threads' sums in
 // shared memory (a fixed tree, so the result does not vary between runs).
 // with_dy: the backward sums (dy and dy * xhat), else x and x^2.
-template <bool with_dy>
-__global__ void batch_norm_sums_kernel(const float* x, const float* dy, const float* mean,
+template <bool with_dy, typename T>
+__global__ void batch_norm_sums_kernel(const T* x, const T* dy, const float* mean,
                                        const float* var, float eps, int64_t n, int64_t c,
                                        int64_t hw, double* sums) {
   __shared__ double first[kThreads], second[kThreads];
@@ -194,12 +239,14 @@ __global__ void batch_norm_sums_kernel(const float* x, const float* dy, const fl
   double a = 0, b = 0;
   for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) {
     const int64_t at = (i / hw * c + ch) * hw + i % hw;
+    const float xi = to_float(x[at]);
     if (with_dy) {
-      a += dy[at];
-      b += static_cast<double>(dy[at]) * ((x[at] - m) * inv_std);
+      const float dyi = to_float(dy[at]);
+      a += dyi;
+      b += static_cast<double>(dyi) * ((xi - m) * inv_std);
     } else {
-      a += x[at];
-      b += static_cast<double>(x[at]) * x[at];
+      a += xi;
+      b += static_cast<double>(xi) * xi;
     }
   }
   first[threadIdx.x] = a;
@@ -218,47 +265,90 @@ __global__ void batch_norm_sums_kernel(const float* x, const float* dy, const fl
   }
 }
 
-__global__ void batch_norm_backward_data_kernel(const float* x, const float* dy,
-                                                const float* gamma, const float* mean,
-                                                const float* var, const float* dy_means,
-                                                float eps, int64_t c, int64_t hw, float* dx,
-                                                int64_t count) {
+template <typename T>
+__global__ void batch_norm_backward_data_kernel(const T* x, const T* dy, const float* gamma,
+                                                const float* mean, const float* var,
+                                                const float* dy_means, float eps, int64_t c,
+                                                int64_t hw, T* dx, int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
     const int64_t ch = i / hw % c;
     const float inv_std = 1.0f / sqrtf(var[ch] + eps);
-    const float xhat = (x[i] - mean[ch]) * inv_std;
-    dx[i] = gamma[ch] * inv_std * (dy[i] - dy_means[ch] - xhat * dy_means[c + ch]);
+    const float xhat = (to_float(x[i]) - mean[ch]) * inv_std;
+    dx[i] = from_float<T>(gamma[ch] * inv_std *
+                          (to_float(dy[i]) - dy_means[ch] - xhat * dy_means[c + ch]));
   }
+}
+
+// One block per channel, as batch_norm_sums_kernel, in float.
+template <typename T>
+__global__ void bias_gradient_kernel(const T* dy, int64_t n, int64_t c, int64_t hw, float beta,
+                                     float* dbias) {
+  __shared__ float partial[kThreads];
+  const int64_t ch = blockIdx.x;
+  float a = 0.0f;
+  for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) {
+    a += to_float(dy[(i / hw * c + ch) * hw + i % hw]);
+  }
+  partial[threadIdx.x] = a;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dbias[ch] = beta == 0.0f ? partial[0] : partial[0] + beta * dbias[ch];
 }
 
 }  // namespace
 
-void reorder(const float* src, int64_t src_block, float* dst, const BlockedShape& dst_shape,
-             cudaStream_t stream) {
+void reorder(Element src_type, const void* src, int64_t src_block, Element dst_type, void* dst,
+             const BlockedShape& dst_shape, cudaStream_t stream) {
   const int64_t count = dst_shape.storage_elements();
   if (count == 0) return;
-  reorder_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
-      src, src_block, dst, dst_shape.c, dst_shape.h * dst_shape.w, dst_shape.block, count);
+  with_type(src_type, [&](auto s) {
+    with_type(dst_type, [&](auto d) {
+      using S = decltype(s);
+      using D = decltype(d);
+      reorder_kernel<S, D><<<blocks_for(count), kThreads, 0, stream>>>(
+          static_cast<const S*>(src), src_block, static_cast<D*>(dst), dst_shape.c,
+          dst_shape.h * dst_shape.w, dst_shape.block, count);
+    });
+  });
   check_launch("reorder_kernel");
 }
 
-void fill(float* dst, const BlockedShape& shape, float value, cudaStream_t stream) {
+void fill(Element type, void* dst, const BlockedShape& shape, float value, cudaStream_t stream) {
   const int64_t count = shape.storage_elements();
   if (count == 0) return;
-  fill_kernel<<<blocks_for(count), kThreads, 0, stream>>>(dst, shape.c, shape.h * shape.w,
-                                                          shape.block, value, count);
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    fill_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(
+        static_cast<T*>(dst), shape.c, shape.h * shape.w, shape.block, value, count);
+  });
   check_launch("fill_kernel");
 }
 
-void add(const float* a, const float* b, float* y, int64_t count, cudaStream_t stream) {
+void add(Element type, const void* a, const void* b, void* y, int64_t count,
+         cudaStream_t stream) {
   if (count == 0) return;
-  add_kernel<<<blocks_for(count), kThreads, 0, stream>>>(a, b, y, count);
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    add_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(
+        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), count);
+  });
   check_launch("add_kernel");
 }
 
-void accumulate(const float* x, float* y, float beta, int64_t count, cudaStream_t stream) {
+void accumulate(Element x_type, const void* x, Element y_type, void* y, float beta,
+                int64_t count, cudaStream_t stream) {
   if (count == 0) return;
-  accumulate_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, y, beta, count);
+  with_type(x_type, [&](auto xt) {
+    with_type(y_type, [&](auto yt) {
+      using X = decltype(xt);
+      using Y = decltype(yt);
+      accumulate_kernel<X, Y><<<blocks_for(count), kThreads, 0, stream>>>(
+          static_cast<const X*>(x), static_cast<Y*>(y), beta, count);
+    });
+  });
   check_launch("accumulate_kernel");
 }
 
@@ -274,23 +364,31 @@ void flag_non_finite(const float* x, int64_t count, int32_t* flag, cudaStream_t 
   check_launch("flag_non_finite_kernel");
 }
 
-void copy_rows(const float* src, int64_t src_pitch, float* dst, int64_t dst_pitch, int64_t rows,
-               int64_t row_length, float beta, cudaStream_t stream) {
+void copy_rows(Element type, const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch,
+               int64_t rows, int64_t row_length, float beta, cudaStream_t stream) {
   const int64_t count = rows * row_length;
   if (count == 0) return;
-  copy_rows_kernel<<<blocks_for(count), kThreads, 0, stream>>>(src, src_pitch, dst, dst_pitch,
-                                                               row_length, beta, count);
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    copy_rows_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(
+        static_cast<const T*>(src), src_pitch, static_cast<T*>(dst), dst_pitch, row_length, beta,
+        count);
+  });
   check_launch("copy_rows_kernel");
 }
 
-void softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t n, int64_t classes,
-                           float scale, float* dlogits, double* loss, int32_t* correct,
-                           int32_t* bad_label, cudaStream_t stream) {
+void softmax_cross_entropy(Element type, const void* logits, const int32_t* labels, int64_t n,
+                           int64_t classes, float scale, void* dlogits, double* loss,
+                           int32_t* correct, int32_t* bad_label, cudaStream_t stream) {
   if (n == 0) return;
   constexpr int kRowsPerBlock = kThreads / kWarp;
   const auto blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
-  softmax_xent_kernel<<<blocks, kThreads, 0, stream>>>(logits, labels, n, classes, scale, dlogits,
-                                                       loss, correct, bad_label);
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    softmax_xent_kernel<T><<<blocks, kThreads, 0, stream>>>(
+        static_cast<const T*>(logits), labels, n, classes, scale, static_cast<T*>(dlogits), loss,
+        correct, bad_label);
+  });
   check_launch("softmax_xent_kernel");
 }
 
@@ -318,32 +416,53 @@ void variance_to_inverse_std(const float* var, float* inv_std, int64_t count, fl
   check_launch("variance_to_inverse_std_kernel");
 }
 
-void batch_norm_sums(const float* x, int64_t n, int64_t c, int64_t hw, double* sums,
-                     cudaStream_t stream) {
+void batch_norm_sums(Element type, const void* x, int64_t n, int64_t c, int64_t hw,
+                     double* sums, cudaStream_t stream) {
   if (c == 0) return;
-  batch_norm_sums_kernel<false><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
-      x, nullptr, nullptr, nullptr, 0.0f, n, c, hw, sums);
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    batch_norm_sums_kernel<false, T><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), nullptr, nullptr, nullptr, 0.0f, n, c, hw, sums);
+  });
   check_launch("batch_norm_sums_kernel");
 }
 
-void batch_norm_backward_sums(const float* x, const float* dy, const float* mean,
+void batch_norm_backward_sums(Element type, const void* x, const void* dy, const float* mean,
                               const float* var, float eps, int64_t n, int64_t c, int64_t hw,
                               double* sums, cudaStream_t stream) {
   if (c == 0) return;
-  batch_norm_sums_kernel<true><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
-      x, dy, mean, var, eps, n, c, hw, sums);
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    batch_norm_sums_kernel<true, T><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(dy), mean, var, eps, n, c, hw, sums);
+  });
   check_launch("batch_norm_sums_kernel");
 }
 
-void batch_norm_backward_data(const float* x, const float* dy, const float* gamma,
+void batch_norm_backward_data(Element type, const void* x, const void* dy, const float* gamma,
                               const float* mean, const float* var, const float* dy_means,
-                              float eps, int64_t n, int64_t c, int64_t hw, float* dx,
+                              float eps, int64_t n, int64_t c, int64_t hw, void* dx,
                               cudaStream_t stream) {
   const int64_t count = n * c * hw;
   if (count == 0) return;
-  batch_norm_backward_data_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
-      x, dy, gamma, mean, var, dy_means, eps, c, hw, dx, count);
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    batch_norm_backward_data_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(dy), gamma, mean, var, dy_means, eps, c,
+        hw, static_cast<T*>(dx), count);
+  });
   check_launch("batch_norm_backward_data_kernel");
+}
+
+void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t hw, float* dbias,
+                   float beta, cudaStream_t stream) {
+  if (c == 0) return;
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    bias_gradient_kernel<T><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
+        static_cast<const T*>(dy), n, c, hw, beta, dbias);
+  });
+  check_launch("bias_gradient_kernel");
 }
 
 }  // namespace vtrain::worker::cuda

@@ -1,8 +1,14 @@
-// The CUDA kernels of the backend: the ops no library provides (layout
-// reorders, fills, elementwise sums, strided channel copies, softmax
-// cross-entropy, SGD, batch-norm statistic conversions). Each function
-// enqueues one kernel on `stream` and throws BackendError if the launch
-// fails; a zero count enqueues nothing. Internal to worker/device/cuda.
+// The CUDA kernels of the backend: the ops no library provides (layout and
+// element-type conversions, fills, elementwise sums, strided channel
+// copies, softmax cross-entropy, SGD, batch-norm statistics, the f32 bias
+// gradient of half tensors). Each function enqueues one kernel on `stream`
+// and throws BackendError if the launch fails; a zero count enqueues
+// nothing. Internal to worker/device/cuda.
+//
+// Element types: an `Element` argument says what the `void` pointers next
+// to it hold (f32, bf16 or f16); the kernels read every type into float,
+// compute in float (double where noted) and round once to the stored type
+// (to nearest even). `float*` arguments are always f32.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,6 +16,11 @@
 #include <cstdint>
 
 namespace vtrain::worker::cuda {
+
+// common::Element's element types, for the kernels: this header is
+// compiled by nvcc as C++17, below what common/precision.h needs
+// (cuda_backend_impl.h's element() maps one to the other).
+enum class Element : uint8_t { kF32, kBF16, kF16 };
 
 // A 4-D tensor's logical shape and its channel block (1 = plain NCHW,
 // 8 / 16 = nChw8c / nChw16c with zero-padded channels).
@@ -19,34 +30,41 @@ struct BlockedShape {
   int64_t storage_elements() const { return n * (c + block - 1) / block * block * h * w; }
 };
 
-// dst = src with a layout change; padding channels of dst become 0.
-void reorder(const float* src, int64_t src_block, float* dst, const BlockedShape& dst_shape,
-             cudaStream_t stream);
-// Every element = value, padding channels = 0.
-void fill(float* dst, const BlockedShape& shape, float value, cudaStream_t stream);
+// dst = src with a layout and element-type change (either or both);
+// padding channels of dst become 0. src has dst_shape's logical shape.
+void reorder(Element src_type, const void* src, int64_t src_block, Element dst_type, void* dst,
+             const BlockedShape& dst_shape, cudaStream_t stream);
+// Every element = value (rounded to the type), padding channels = 0.
+void fill(Element type, void* dst, const BlockedShape& shape, float value, cudaStream_t stream);
 
-// y = a + b over count floats; y may alias a or b.
-void add(const float* a, const float* b, float* y, int64_t count, cudaStream_t stream);
-// y = x + beta * y over count floats; beta = 0 never reads y.
-void accumulate(const float* x, float* y, float beta, int64_t count, cudaStream_t stream);
+// y = a + b over count elements of `type`; y may alias a or b.
+void add(Element type, const void* a, const void* b, void* y, int64_t count,
+         cudaStream_t stream);
+// y = x + beta * y over count elements, x of x_type and y of y_type (a half
+// x into an f32 y: a half convolution's weight gradient); beta = 0 never
+// reads y.
+void accumulate(Element x_type, const void* x, Element y_type, void* y, float beta,
+                int64_t count, cudaStream_t stream);
 // x *= alpha over count floats.
 void scale(float* x, float alpha, int64_t count, cudaStream_t stream);
 // *flag = 1 when any of x[0, count) is infinite or NaN (flag left as is otherwise).
 void flag_non_finite(const float* x, int64_t count, int32_t* flag, cudaStream_t stream);
 
 // For each of `rows` rows: dst[row * dst_pitch + i] = src[row * src_pitch + i]
-// + beta * dst[...] for i < row_length (all in floats); beta = 0 never reads dst.
-void copy_rows(const float* src, int64_t src_pitch, float* dst, int64_t dst_pitch, int64_t rows,
-               int64_t row_length, float beta, cudaStream_t stream);
+// + beta * dst[...] for i < row_length (pitches and lengths in elements of
+// `type`); beta = 0 never reads dst.
+void copy_rows(Element type, const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch,
+               int64_t rows, int64_t row_length, float beta, cudaStream_t stream);
 
-// Softmax cross-entropy over n rows of `classes` logits: per row, loss[i] =
-// log-sum-exp - logit[label] (in double), correct[i] = arg-max (first
-// maximum) == label, and dlogits (if non-null) = (softmax - onehot) * scale.
-// A label outside [0, classes) sets bad_label[0] = 1 and bad_label[1] = the
-// label (both untouched otherwise) and zeroes that row's outputs.
-void softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t n, int64_t classes,
-                           float scale, float* dlogits, double* loss, int32_t* correct,
-                           int32_t* bad_label, cudaStream_t stream);
+// Softmax cross-entropy over n rows of `classes` logits of `type`: per row,
+// loss[i] = log-sum-exp - logit[label] (in double), correct[i] = arg-max
+// (first maximum) == label, and dlogits (if non-null, of `type`) =
+// (softmax - onehot) * scale. A label outside [0, classes) sets
+// bad_label[0] = 1 and bad_label[1] = the label (both untouched otherwise)
+// and zeroes that row's outputs.
+void softmax_cross_entropy(Element type, const void* logits, const int32_t* labels, int64_t n,
+                           int64_t classes, float scale, void* dlogits, double* loss,
+                           int32_t* correct, int32_t* bad_label, cudaStream_t stream);
 
 // v = momentum * v + g * grad_scale + weight_decay * w; w -= lr * v.
 void sgd_update(float* w, const float* g, float* v, int64_t count, float lr, float momentum,
@@ -59,18 +77,25 @@ void inverse_std_to_variance(const float* inv_std, float* var, int64_t count, fl
 void variance_to_inverse_std(const float* var, float* inv_std, int64_t count, float eps,
                              cudaStream_t stream);
 
-// Synchronised batch norm on plain NCHW {n, c, h*w} (see Backend). Per
-// channel, in double: sums[c] = sum of x and sums[c + C] = sum of x^2; or,
-// with xhat = (x - mean) / sqrt(var + eps), sum of dy and sum of dy * xhat.
-void batch_norm_sums(const float* x, int64_t n, int64_t c, int64_t hw, double* sums,
-                     cudaStream_t stream);
-void batch_norm_backward_sums(const float* x, const float* dy, const float* mean,
+// Synchronised batch norm on plain NCHW {n, c, h*w} of `type` (see
+// Backend). Per channel, in double: sums[c] = sum of x and sums[c + C] =
+// sum of x^2; or, with xhat = (x - mean) / sqrt(var + eps), sum of dy and
+// sum of dy * xhat.
+void batch_norm_sums(Element type, const void* x, int64_t n, int64_t c, int64_t hw,
+                     double* sums, cudaStream_t stream);
+void batch_norm_backward_sums(Element type, const void* x, const void* dy, const float* mean,
                               const float* var, float eps, int64_t n, int64_t c, int64_t hw,
                               double* sums, cudaStream_t stream);
 // dx = gamma / sqrt(var + eps) * (dy - dy_means[c] - xhat * dy_means[C + c]).
-void batch_norm_backward_data(const float* x, const float* dy, const float* gamma,
+void batch_norm_backward_data(Element type, const void* x, const void* dy, const float* gamma,
                               const float* mean, const float* var, const float* dy_means,
-                              float eps, int64_t n, int64_t c, int64_t hw, float* dx,
+                              float eps, int64_t n, int64_t c, int64_t hw, void* dx,
                               cudaStream_t stream);
+
+// The bias gradient of plain NCHW dy {n, c, hw} of `type` into f32: per
+// channel, dbias[c] = sum of dy (in float, a fixed reduction tree) +
+// beta * dbias[c]; beta = 0 never reads dbias.
+void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t hw, float* dbias,
+                   float beta, cudaStream_t stream);
 
 }  // namespace vtrain::worker::cuda
