@@ -23,7 +23,7 @@ best standalone throughput added up, less the exchange):
 
   /usr/bin/python3 bench/bench_hetero.py [--vtrain build/vtrain] [--rounds 3]
       [--speeds 2|3] [--config configs/synthetic-lenet.yaml] [--batch 96]
-      [--memory-limit 12MiB] [--step-rounds 3] [--quotas -,0.6,0.4]
+      [--memory-limit 12MiB] [--step-rounds 3] [--quotas none,0.6,0.4]
 
 With --quotas each rank runs in a cgroup of its own with that CFS quota
 (cpu_slices.py; needs root): ranks 1 and 2 then share cpu 1 at fixed,
@@ -87,8 +87,8 @@ def main():
     ap.add_argument("--step-rounds", type=int, default=3,
                     help="profile.step_rounds: rounds over the batches' profiled steps")
     ap.add_argument("--quotas", default="",
-                    help="per rank, a CPU quota in a cgroup of its own ('-' for none), e.g. "
-                         "-,0.6,0.4: fixed, independent speeds for ranks 1 and 2 (cpu_slices.py)")
+                    help="per rank, a CPU quota in a cgroup of its own ('none' for none), e.g. "
+                         "none,0.6,0.4: fixed, independent speeds for ranks 1 and 2 (cpu_slices.py)")
     args = ap.parse_args()
     quotas = parse_quotas(args.quotas, 3) if args.quotas else [None] * 3
     with quota_cgroups(quotas) as prefixes:

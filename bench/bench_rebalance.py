@@ -13,7 +13,7 @@ exposed exchange and the wait for the slowest rank), and writes the
 per-step table for scripts/plot_rebalance.py.
 
   /usr/bin/python3 bench/bench_rebalance.py [--vtrain build/vtrain] [--out rebalance.jsonl]
-      [--quotas -,0.6,0.4]
+      [--quotas none,0.6,0.4]
 
 --quotas runs each rank in a cgroup with that CPU quota (cpu_slices.py,
 needs root): ranks 1 and 2 keep fixed speeds on their shared core instead of
@@ -71,8 +71,8 @@ def main():
     ap.add_argument("--slow-at", type=int, default=200)
     ap.add_argument("--out", default="rebalance.jsonl", help="the run's metrics file, kept")
     ap.add_argument("--quotas", default="",
-                    help="per rank, a CPU quota in a cgroup of its own ('-' for none), e.g. "
-                         "-,0.6,0.4: fixed, independent speeds for ranks 1 and 2 (cpu_slices.py)")
+                    help="per rank, a CPU quota in a cgroup of its own ('none' for none), e.g. "
+                         "none,0.6,0.4: fixed, independent speeds for ranks 1 and 2 (cpu_slices.py)")
     args = ap.parse_args()
     quotas = parse_quotas(args.quotas, 3) if args.quotas else [None] * 3
     if any(quotas):

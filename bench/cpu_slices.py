@@ -48,13 +48,13 @@ def _write(path, text):
 
 
 def parse_quotas(text, ranks):
-    """"-,0.6,0.4" -> [None, 0.6, 0.4]: CPUs per rank, "-" for no quota."""
+    """"none,0.6,0.4" -> [None, 0.6, 0.4]: CPUs per rank, "none" for no quota."""
     items = [q.strip() for q in text.split(",")]
     if len(items) != ranks:
         raise SystemExit("--quotas %s: expected %d comma-separated values" % (text, ranks))
     quotas = []
     for q in items:
-        if q == "-":
+        if q == "none":
             quotas.append(None)
             continue
         try:
@@ -62,7 +62,7 @@ def parse_quotas(text, ranks):
         except ValueError:
             value = 0
         if value <= 0:
-            raise SystemExit("--quotas %s: %r is not a number of CPUs > 0 or '-'" % (text, q))
+            raise SystemExit("--quotas %s: %r is not a number of CPUs > 0 or 'none'" % (text, q))
         quotas.append(value)
     return quotas
 
