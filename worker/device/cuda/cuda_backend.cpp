@@ -3,6 +3,8 @@
 // in cuda_backend_impl.h.
 #include "worker/device/cuda/cuda_backend_impl.h"
 
+#include "common/half.h"
+
 #include <unistd.h>
 
 #include <climits>
@@ -99,11 +101,15 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
   cublas_.reset(raw_cublas);
   VTRAIN_CUDA_CHECK(cublasSetStream(cublas_.get(), compute_.get()), where);
   // Plain float32 (no TF32 tensor cores, results comparable with the CPU)
-  // unless the job trains in tf32.
+  // unless the job trains in tf32. Half GEMMs with a half output reduce
+  // split-K partial sums in float too (by default cuBLAS may reduce them in
+  // the output type), so they round once, as the contract says.
   tf32_ = options.precision == common::Precision::kTf32;
   compute_capability_ = prop.major * 10 + prop.minor;
+  const cublasMath_t math = tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
   VTRAIN_CUDA_CHECK(
-      cublasSetMathMode(cublas_.get(), tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+      cublasSetMathMode(cublas_.get(), static_cast<cublasMath_t>(
+                                           math | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
       where);
 
   cudnnActivationDescriptor_t raw_act = nullptr;
@@ -313,23 +319,40 @@ void CudaBackend::copy_async(void* dst, const void* src, size_t bytes, StreamKin
                     "copy_async of " + std::to_string(bytes) + " bytes");
 }
 
-// Half tensors go through f32 staging in the scratch: the host's floats
-// are copied as they are, then rounded on the device (reorder converts
-// the element type and the layout in one pass).
+// Plain tensors move as they are stored: a half one is rounded on the host
+// (common/half.h, to nearest even as on the device) into the pinned
+// staging, or widened from it, so that a step's input upload takes no
+// device memory outside the plan. Other layouts (not this backend's
+// preferred one) go through f32 staging in the scratch and a device reorder.
 void CudaBackend::upload(const float* host, const Tensor& dst) {
-  const size_t plain_bytes = static_cast<size_t>(dst.shape().elements()) * sizeof(float);
+  const int64_t elements = dst.shape().elements();
+  const size_t plain_bytes = static_cast<size_t>(elements) * sizeof(float);
   const std::string context = "upload " + dst.shape().str() + " " + dtype_name(dst.desc.dtype);
-  call_type("upload", {dst.desc});
-  if (dst.desc.layout == Layout::kPlain && dst.desc.dtype == DataType::kF32) {
+  const DataType type = call_type("upload", {dst.desc});
+  if (dst.desc.layout == Layout::kPlain && type == DataType::kF32) {
     VTRAIN_CUDA_CHECK(
         cudaMemcpyAsync(dst.data, host, plain_bytes, cudaMemcpyHostToDevice, compute_.get()),
         context);
+  } else if (dst.desc.layout == Layout::kPlain) {
+    // The pinned staging is free between calls: every op that copies
+    // through it waits for the copy before it returns.
+    char* staging = pinned_staging(static_cast<size_t>(elements) * element_bytes(type));
+    if (type == DataType::kBF16) {
+      auto* out = reinterpret_cast<common::Bf16*>(staging);
+      for (int64_t i = 0; i < elements; ++i) out[i] = common::to_bf16(host[i]);
+    } else {
+      auto* out = reinterpret_cast<common::F16*>(staging);
+      for (int64_t i = 0; i < elements; ++i) out[i] = common::to_f16(host[i]);
+    }
+    VTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data, staging, dst.bytes(), cudaMemcpyHostToDevice,
+                                      compute_.get()),
+                      context);
   } else {
     void* staging = scratch(plain_bytes);
     VTRAIN_CUDA_CHECK(
         cudaMemcpyAsync(staging, host, plain_bytes, cudaMemcpyHostToDevice, compute_.get()),
         context);
-    reorder(Element::kF32, staging, 1, element(dst.desc.dtype), dst.data, blocked(dst.desc),
+    reorder(Element::kF32, staging, 1, element(type), dst.data, blocked(dst.desc),
             compute_.get());
   }
   sync_compute(context);  // the caller may reuse `host` on return
@@ -337,14 +360,30 @@ void CudaBackend::upload(const float* host, const Tensor& dst) {
 
 void CudaBackend::download(const Tensor& src, float* host) {
   const Shape& s = src.shape();
-  const size_t plain_bytes = static_cast<size_t>(s.elements()) * sizeof(float);
+  const int64_t elements = s.elements();
+  const size_t plain_bytes = static_cast<size_t>(elements) * sizeof(float);
   const std::string context = "download " + s.str() + " " + dtype_name(src.desc.dtype);
-  call_type("download", {src.desc});
+  const DataType type = call_type("download", {src.desc});
+  if (src.desc.layout == Layout::kPlain && type != DataType::kF32) {
+    char* staging = pinned_staging(src.bytes());
+    VTRAIN_CUDA_CHECK(cudaMemcpyAsync(staging, src.data, src.bytes(), cudaMemcpyDeviceToHost,
+                                      compute_.get()),
+                      context);
+    sync_compute(context);
+    if (type == DataType::kBF16) {
+      const auto* in = reinterpret_cast<const common::Bf16*>(staging);
+      for (int64_t i = 0; i < elements; ++i) host[i] = common::to_float(in[i]);
+    } else {
+      const auto* in = reinterpret_cast<const common::F16*>(staging);
+      for (int64_t i = 0; i < elements; ++i) host[i] = common::to_float(in[i]);
+    }
+    return;
+  }
   const void* from = src.data;
-  if (src.desc.layout != Layout::kPlain || src.desc.dtype != DataType::kF32) {
+  if (src.desc.layout != Layout::kPlain) {
     void* staging = scratch(plain_bytes);
-    reorder(element(src.desc.dtype), src.data, channel_block(src.desc.layout), Element::kF32,
-            staging, {s.n, s.c, s.h, s.w, 1}, compute_.get());
+    reorder(element(type), src.data, channel_block(src.desc.layout), Element::kF32, staging,
+            {s.n, s.c, s.h, s.w, 1}, compute_.get());
     from = staging;
   }
   VTRAIN_CUDA_CHECK(

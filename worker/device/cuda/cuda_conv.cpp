@@ -107,12 +107,14 @@ cudnnTensorDescriptor_t CudaBackend::tensor_desc(int64_t n, int64_t c, int64_t h
 }
 
 const ConvDescriptors& CudaBackend::conv_descriptors(const ConvProblem& p) {
+  // Checked before the cache: the key (p.str()) names x's type only, and a
+  // y of another type must not find x's descriptors.
+  const DataType type = call_type("convolution", {p.x, p.y});
   const std::string key = p.str();
   auto it = conv_descs_.find(key);
   if (it != conv_descs_.end()) return it->second;
   require_plain("convolution input", p.x);
   require_plain("convolution output", p.y);
-  const DataType type = call_type("convolution", {p.x, p.y});
   if (!(p.y.shape == p.output_shape())) {
     throw BackendError("convolution " + p.str() + ": output shape should be " +
                        p.output_shape().str());
