@@ -4,6 +4,7 @@ same model, batch, input shape and SGD recipe, on synthetic data.
 
     python3 bench/bench_gpu_train.py [--models lenet:64,resnet18:128] [--runs 5]
         [--steps 300] [--vtrain build/vtrain] [--conv-algorithm auto] [--json FILE]
+        [--precisions fp32,tf32,bf16,fp16] [--torch-channels-last auto|on|off]
 
 Each run is a fresh process: `vtrain train configs/synthetic-lenet.yaml` with
 the model, shape and batch set by --set, then this script in --torch-worker
@@ -16,8 +17,16 @@ gathers, normalizes and uploads a batch of the host-side synthetic samples
 (generated once, before training), runs forward and backward, reads the loss
 back and applies the SGD update. PyTorch: a fixed random batch already on the device, --warmup
 untimed steps (default 10), then the remaining steps timed between two
-torch.cuda.synchronize() calls. TF32 is off on the PyTorch side (vtrain
-computes in plain fp32) and cudnn.benchmark is on.
+torch.cuda.synchronize() calls. cudnn.benchmark is on.
+
+Precisions (--precisions, each model is run in each): vtrain's
+train.precision against PyTorch's counterpart:
+  fp32  vtrain fp32              torch fp32, TF32 off
+  tf32  vtrain tf32              torch fp32 with TF32 on (matmuls and cuDNN)
+  bf16  vtrain bf16              torch AMP: autocast(bfloat16)
+  fp16  vtrain fp16 (loss scaling) torch AMP: autocast(float16) + GradScaler
+PyTorch runs its model and input channels_last for bf16 and fp16 on a GPU
+(--torch-channels-last auto), as its AMP recipe recommends.
 
 Both sides are checked to build the same net: the PyTorch model's parameter
 count is printed beside the one `vtrain check` reports for the same preset.
@@ -25,6 +34,7 @@ count is printed beside the one `vtrain check` reports for the same preset.
 --device cpu --backend cpu runs the same comparison on the CPU (vtrain's
 oneDNN backend vs PyTorch's CPU path): for smoke-testing this script."""
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -40,7 +50,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 # Per-sample input shape [C, H, W] of each model; both sides use 10 classes.
-SHAPES = {"lenet": (1, 28, 28), "resnet18": (3, 32, 32)}
+SHAPES = {"lenet": (1, 28, 28), "resnet18": (3, 32, 32), "resnet50": (3, 224, 224),
+          "vgg16": (3, 224, 224)}
+BATCHES = {"lenet": 64, "resnet18": 128, "resnet50": 64, "vgg16": 64}
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 CLASSES = 10
 LR = 0.01
 MOMENTUM = 0.9
@@ -57,7 +70,7 @@ def parse_models(text):
         name, _, batch = item.partition(":")
         if name not in SHAPES:
             raise SystemExit(f"unknown model '{name}' (known: {', '.join(SHAPES)})")
-        pairs.append((name, int(batch) if batch else {"lenet": 64, "resnet18": 128}[name]))
+        pairs.append((name, int(batch) if batch else BATCHES[name]))
     return pairs
 
 
@@ -75,24 +88,40 @@ def torch_worker(a):
     torch.manual_seed(1)
     device = torch.device(a.device)
     torch.backends.cudnn.benchmark = True
-    # Plain fp32 like vtrain: no TF32 in matmuls or cuDNN convolutions.
+    tf32 = a.precision == "tf32"
     try:  # PyTorch >= 2.9's API (the allow_tf32 flags are deprecated there)
-        torch.backends.cuda.matmul.fp32_precision = "ieee"
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if tf32 else "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "tf32" if tf32 else "ieee"
     except (AttributeError, AssertionError):  # older: no fp32_precision
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
+    if a.precision == "fp16" and device.type != "cuda":
+        raise SystemExit("torch fp16 AMP runs on a GPU only (autocast on the CPU is bf16)")
+    scaler = None
+    if a.precision == "fp16":
+        try:
+            scaler = torch.amp.GradScaler("cuda")
+        except (AttributeError, TypeError):  # older PyTorch
+            scaler = torch.cuda.amp.GradScaler()
+    channels_last = a.torch_channels_last == "on" or (
+        a.torch_channels_last == "auto" and amp_dtype is not None and device.type == "cuda")
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
 
     if a.model == "lenet":
         model = torch_train.lenet(CLASSES)
-    else:
+    elif a.model == "resnet18":
         model = torch_train.resnet18(CLASSES, in_channels=c, small_input=min(h, w) < 64)
-    model = model.to(device).train()
+    elif a.model == "resnet50":
+        model = torch_train.resnet50(CLASSES, in_channels=c, small_input=min(h, w) < 64)
+    else:
+        model = torch_train.vgg16(CLASSES, in_channels=c, side=h)
+    model = model.to(device, memory_format=memory_format).train()
     parameters = sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     loss_fn = nn.CrossEntropyLoss()
 
-    x_host = torch.randn(a.batch, c, h, w)
+    x_host = torch.randn(a.batch, c, h, w).contiguous(memory_format=memory_format)
     y_host = torch.randint(0, CLASSES, (a.batch,))
     if a.torch_data == "host" and device.type == "cuda":
         x_host, y_host = x_host.pin_memory(), y_host.pin_memory()
@@ -109,9 +138,16 @@ def torch_worker(a):
         else:
             xb, yb = x, y
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xb), yb)
-        loss.backward()
-        opt.step()
+        with (torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None
+              else contextlib.nullcontext()):
+            loss = loss_fn(model(xb), yb)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
         if a.sync_each_step:
             loss.item()  # a host read-back per step, as vtrain does
         return loss
@@ -132,11 +168,13 @@ def torch_worker(a):
         "timed_steps": a.steps - warmup,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
+        "channels_last": channels_last,
     }))
 
 
-def run_torch(a, model, batch):
-    cmd = [a.python, os.path.abspath(__file__), "--torch-worker",
+def run_torch(a, model, batch, precision):
+    cmd = [a.python, os.path.abspath(__file__), "--torch-worker", "--precision", precision,
+           "--torch-channels-last", a.torch_channels_last,
            "--model", model, "--batch", str(batch), "--steps", str(a.steps),
            "--warmup", str(a.warmup), "--device", a.device, "--threads", str(a.threads),
            "--torch-data", a.torch_data] + (["--sync-each-step"] if a.sync_each_step else [])
@@ -145,7 +183,7 @@ def run_torch(a, model, batch):
 
 # ---- vtrain side -------------------------------------------------------------
 
-def vtrain_sets(a, model, batch):
+def vtrain_sets(a, model, batch, precision="fp32"):
     c, h, w = SHAPES[model]
     train_size = max(TRAIN_SIZE, batch)
     epochs = math.ceil(a.steps / (train_size // batch))
@@ -162,6 +200,7 @@ def vtrain_sets(a, model, batch):
         f"optimizer.lr={LR}",
         f"optimizer.momentum={MOMENTUM}",
         f"conv.algorithm={a.conv_algorithm}",
+        f"train.precision={precision}",
     ]
     if a.threads > 0:
         sets.append(f"device.threads={a.threads}")
@@ -177,12 +216,12 @@ def vtrain_check(a, model, batch):
     return int(m.group(1)), int(m.group(2))
 
 
-def run_vtrain(a, model, batch):
+def run_vtrain(a, model, batch, precision):
     fd, metrics = tempfile.mkstemp(prefix="vtrain-bench-", suffix=".jsonl")
     os.close(fd)
     try:
         cmd = [a.vtrain, a.config, "--progress", "off", "--metrics", metrics] + \
-            vtrain_sets(a, model, batch)
+            vtrain_sets(a, model, batch, precision)
         run(cmd)
         end = end_record(metrics)
         if end.get("steps") != a.steps:
@@ -198,7 +237,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="lenet:64,resnet18:128",
-                   help="comma-separated model:batch pairs (models: lenet, resnet18)")
+                   help="comma-separated model:batch pairs (models: " + ", ".join(SHAPES) + ")")
+    p.add_argument("--precisions", default="fp32",
+                   help="comma-separated precisions to run each model in: " + ", ".join(PRECISIONS))
+    p.add_argument("--torch-channels-last", default="auto", choices=["auto", "on", "off"],
+                   help="PyTorch's model and input in channels_last (auto: for bf16 and fp16 "
+                        "on a GPU)")
     p.add_argument("--runs", type=int, default=5, help="runs of each side per model")
     p.add_argument("--steps", type=int, default=300, help="training steps per run")
     p.add_argument("--warmup", type=int, default=10,
@@ -226,6 +270,7 @@ def main():
     p.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.torch_worker:
         return torch_worker(a)
@@ -234,12 +279,17 @@ def main():
         raise SystemExit("--steps must be at least 2")
     a.vtrain = os.path.abspath(a.vtrain)
     models = parse_models(a.models)
+    precisions = [x.strip() for x in a.precisions.split(",") if x.strip()]
+    for x in precisions:
+        if x not in PRECISIONS:
+            raise SystemExit(f"--precisions: unknown '{x}' (known: {', '.join(PRECISIONS)})")
     if a.threads > 0:
         os.environ["OMP_NUM_THREADS"] = str(a.threads)
 
     print(f"vtrain {a.vtrain} (backend {a.backend}, conv.algorithm {a.conv_algorithm}) vs "
-          f"PyTorch on {a.device}; {a.runs} alternating runs of {a.steps} steps per model, "
-          f"SGD lr {LR} momentum {MOMENTUM}, fp32 (TF32 off), cudnn.benchmark on")
+          f"PyTorch on {a.device}; {a.runs} alternating runs of {a.steps} steps per model and "
+          f"precision ({', '.join(precisions)}), SGD lr {LR} momentum {MOMENTUM}, "
+          f"cudnn.benchmark on")
     print("  vtrain: synthetic data on the host, gathered, normalized and uploaded every step "
           "(in the timing); first step excluded")
     data = ("a fixed random batch resident on the device" if a.torch_data == "device"
@@ -250,32 +300,38 @@ def main():
     for model, batch in models:
         layers, v_params = vtrain_check(a, model, batch)
         c, h, w = SHAPES[model]
-        print(f"\n{model} batch {batch}, input {c}x{h}x{w}, {CLASSES} classes", flush=True)
-        v, t = [], []
-        t_params = None
-        for i in range(a.runs):
-            end = run_vtrain(a, model, batch)
-            v.append(end["images_per_second"])
-            tr = run_torch(a, model, batch)
-            t.append(tr["images_per_second"])
-            t_params = tr["parameters"]
-            if i == 0:
-                print(f"  torch {tr['torch']} on {tr['device']}")
-            print(f"  run {i + 1}: vtrain {v[-1]:10.1f} img/s (final loss {end['final_loss']:.4f})"
-                  f"   torch {t[-1]:10.1f} img/s (final loss {tr['final_loss']:.4f})", flush=True)
-        match = "match" if t_params == v_params else "MISMATCH"
-        print(f"  parameters: vtrain {v_params} ({layers} layers), torch {t_params}: {match}")
-        mv, mt = statistics.median(v), statistics.median(t)
-        results.append({"model": model, "batch": batch, "shape": [c, h, w],
-                        "vtrain_images_per_second": mv, "torch_images_per_second": mt,
-                        "ratio": mv / mt, "vtrain_runs": v, "torch_runs": t,
-                        "vtrain_parameters": v_params, "torch_parameters": t_params,
-                        "parameters_match": t_params == v_params})
+        for precision in precisions:
+            print(f"\n{model} batch {batch}, input {c}x{h}x{w}, {CLASSES} classes, {precision}",
+                  flush=True)
+            v, t = [], []
+            t_params = None
+            for i in range(a.runs):
+                end = run_vtrain(a, model, batch, precision)
+                v.append(end["images_per_second"])
+                tr = run_torch(a, model, batch, precision)
+                t.append(tr["images_per_second"])
+                t_params = tr["parameters"]
+                if i == 0:
+                    print(f"  torch {tr['torch']} on {tr['device']}"
+                          + (", channels_last" if tr.get("channels_last") else ""))
+                print(f"  run {i + 1}: vtrain {v[-1]:10.1f} img/s (final loss "
+                      f"{end['final_loss']:.4f})   torch {t[-1]:10.1f} img/s (final loss "
+                      f"{tr['final_loss']:.4f})", flush=True)
+            match = "match" if t_params == v_params else "MISMATCH"
+            print(f"  parameters: vtrain {v_params} ({layers} layers), torch {t_params}: {match}")
+            mv, mt = statistics.median(v), statistics.median(t)
+            results.append({"model": model, "batch": batch, "shape": [c, h, w],
+                            "precision": precision,
+                            "vtrain_images_per_second": mv, "torch_images_per_second": mt,
+                            "ratio": mv / mt, "vtrain_runs": v, "torch_runs": t,
+                            "vtrain_parameters": v_params, "torch_parameters": t_params,
+                            "parameters_match": t_params == v_params})
 
-    print(f"\n{'model':10} {'batch':>6} {'vtrain img/s':>13} {'torch img/s':>12} "
+    print(f"\n{'model':10} {'batch':>6} {'precision':>9} {'vtrain img/s':>13} {'torch img/s':>12} "
           f"{'vtrain/torch':>13} {'params':>9}")
     for r in results:
-        print(f"{r['model']:10} {r['batch']:6d} {r['vtrain_images_per_second']:13.1f} "
+        print(f"{r['model']:10} {r['batch']:6d} {r['precision']:>9} "
+              f"{r['vtrain_images_per_second']:13.1f} "
               f"{r['torch_images_per_second']:12.1f} {r['ratio']:13.3f} "
               f"{'match' if r['parameters_match'] else 'MISMATCH':>9}")
     if a.json:

@@ -5,8 +5,9 @@
 #   bash bench/gpu_figures.sh BIN_DIR OUT_DIR [PART,PART,...]
 #
 # Parts (default all): gpu_tests train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
-# vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts. Each takes one
-# to three minutes on an H100. alexnet_fronts writes the plans and fronts CSVs
+# vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
+# precisions_vs_torch pseudo_half. Each takes one to three minutes on an
+# H100 but precisions_vs_torch (four models in four precisions, about 15). alexnet_fronts writes the plans and fronts CSVs
 # to OUT_DIR; draw them where matplotlib is installed with
 #   /usr/bin/python3 scripts/plot_balance.py OUT_DIR/plan-wd.yaml \
 #     --fronts OUT_DIR/fronts-wd.csv -o docs/balance-front-alexnet-h100.png
@@ -62,3 +63,11 @@ fronts() {
     done
 }
 part alexnet_fronts fronts
+# Issue 15: vtrain fp32 / tf32 / bf16 / fp16 against PyTorch fp32 / TF32 /
+# AMP bf16 / AMP fp16 (channels_last), and mu-cuDNN's per-kernel speedup of
+# allowing PSEUDO_HALF beside TRUE_HALF.
+part precisions_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 3 \
+  --steps 200 --models lenet:64,resnet18:128,resnet50:64,vgg16:64 \
+  --precisions fp32,tf32,bf16,fp16 --json "$out/precisions_vs_torch.json"
+part pseudo_half python3 bench/bench_pseudo_half.py --vtrain "$bin/vtrain" \
+  --models resnet50:64,vgg16:64 --db "$out/pseudo_half.db"

@@ -73,6 +73,68 @@ def resnet18(classes=10, in_channels=3, small_input=True):
     return nn.Sequential(*layers)
 
 
+class Bottleneck(nn.Module):
+    # torchvision's (v1.5) bottleneck, as vtrain's bottleneck_block: 1x1,
+    # 3x3 (the stride here), 1x1 to 4x the planes, each conv without bias and
+    # with a bn, relus after the first two; a 1x1 strided projection + bn
+    # where the shape changes; add, relu.
+    expansion = 4
+
+    def __init__(self, inplanes, planes, stride):
+        super().__init__()
+        out = planes * self.expansion
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or inplanes != out:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, out, 1, stride, bias=False),
+                                            nn.BatchNorm2d(out))
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return self.relu(y + (x if self.downsample is None else self.downsample(x)))
+
+
+def resnet50(classes=10, in_channels=3, small_input=False):
+    # vtrain's `resnet50` preset (torchvision's ResNet-50); the stem as resnet18's.
+    stem = (nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False) if small_input
+            else nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False))
+    layers = [stem, nn.BatchNorm2d(64), nn.ReLU(inplace=True)]
+    if not small_input:
+        layers.append(nn.MaxPool2d(3, 2, 1))
+    inplanes = 64
+    for stage, blocks in enumerate([3, 4, 6, 3]):
+        planes = 64 << stage
+        for k in range(blocks):
+            layers.append(Bottleneck(inplanes, planes, 2 if stage > 0 and k == 0 else 1))
+            inplanes = planes * Bottleneck.expansion
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(inplanes, classes)]
+    return nn.Sequential(*layers)
+
+
+def vgg16(classes=10, in_channels=3, side=224):
+    # vtrain's `vgg16` preset: VGG configuration D without dropout, 3x3 pad-1
+    # convs with relus, a 2x2 max pool after each of the five groups, then
+    # fc 4096, relu, fc 4096, relu, fc classes.
+    layers, c = [], in_channels
+    for channels, convs in [(64, 2), (128, 2), (256, 3), (512, 3), (512, 3)]:
+        for _ in range(convs):
+            layers += [nn.Conv2d(c, channels, 3, 1, 1), nn.ReLU(inplace=True)]
+            c = channels
+        layers.append(nn.MaxPool2d(2, 2))
+        side //= 2
+    layers += [nn.Flatten(), nn.Linear(c * side * side, 4096), nn.ReLU(inplace=True),
+               nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Linear(4096, classes)]
+    return nn.Sequential(*layers)
+
+
 def load_idx(path):
     with gzip.open(path, "rb") as f:
         data = f.read()
