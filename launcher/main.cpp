@@ -355,6 +355,11 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
                                     : "another share's",
                 r.seconds);
   std::string text = line;
+  if (!r.algorithms_refused.empty()) {
+    text += "; " + std::to_string(r.algorithms_refused.size()) +
+            " algorithm(s) refused to run and are left out: " +
+            common::join(r.algorithms_refused, "; ");
+  }
   if (!r.step_infeasible.empty()) {
     text += "; no step under memory.policy ";
     text += memory::policy_name(options.memory_policy);

@@ -27,4 +27,31 @@ KernelTime time_kernel(Backend& backend, const KernelTimingOptions& options,
   return {value, quantile(0.75) - quantile(0.25)};
 }
 
+std::vector<AlgorithmTime> time_algorithms(Backend& backend,
+                                           const std::vector<ConvAlgoInfo>& algos,
+                                           const KernelTimingOptions& options,
+                                           const std::function<void(ConvAlgo)>& run) {
+  std::vector<AlgorithmTime> times;
+  for (const ConvAlgoInfo& a : algos) {
+    AlgorithmTime t{a, std::nullopt, {}};
+    try {
+      t.time = time_kernel(backend, options, [&] { run(a.algo); });
+    } catch (const BackendError& e) {
+      // Its work, if any was issued, must not run into the next one's.
+      backend.synchronize(StreamKind::kCompute);
+      t.error = e.what();
+    }
+    times.push_back(std::move(t));
+  }
+  return times;
+}
+
+std::vector<std::string> refusals(const std::vector<AlgorithmTime>& times) {
+  std::vector<std::string> out;
+  for (const AlgorithmTime& t : times) {
+    if (!t.time) out.push_back(t.algo.name + " (" + t.error + ")");
+  }
+  return out;
+}
+
 }  // namespace vtrain::worker

@@ -211,7 +211,9 @@ class Network {
   // step's time outside them. A recompute call is not a forward's time.
   // On a device with asynchronous compute each call is waited for.
   void record_call_times(std::vector<memory::StepCosts>* steps);
-  // "conv1: Forward=direct BackwardData=direct BackwardFilter=direct" lines.
+  // "conv1: Forward=direct BackwardData=direct BackwardFilter=direct" lines,
+  // each followed by the algorithms tuning left out because they refused
+  // to run (ConvAlgorithmChoice::refused), if any.
   std::vector<std::string> algorithm_summary() const;
 
  private:

@@ -74,9 +74,12 @@ struct KernelItem {
     });
   }
 
-  // Every algorithm's time, as samples for each of `batches`.
+  // Every algorithm's time, as samples for each of `batches`; an algorithm
+  // that refuses to run (time_algorithms) has none, and is added to
+  // *refused as "<kind> <name> (<error>) at <problem>".
   std::vector<perfdb::KernelSample> measure(Backend& backend, const std::vector<int64_t>& batches,
-                                            const ProfileOptions& options) const {
+                                            const ProfileOptions& options,
+                                            std::vector<std::string>* refused) const {
     size_t workspace = 0;
     for (const ConvAlgoInfo& a : algos) workspace = std::max(workspace, a.workspace_bytes);
     DeviceBlocks blocks(backend, std::string("profiling a ") + conv_kind_name(site.kind) +
@@ -87,26 +90,33 @@ struct KernelItem {
     float* dw = blocks.floats(w_shape.elements(), 0.0f);
     float* dbias = blocks.floats(p.k, 0.0f);
     void* ws = blocks.get(workspace);
+    // BackwardFilter is timed as a later micro-batch, which adds to dW.
+    const float beta = sums_over_micro_batches(site.kind) ? 1.0f : 0.0f;
+    const std::vector<AlgorithmTime> times = time_algorithms(
+        backend, algos, {options.warmup, options.repeats, TimingStatistic::kMedian},
+        [&](ConvAlgo algo) {
+          switch (site.kind) {
+            case ConvKind::kForward:
+              backend.conv_forward(algo, p, xt, w, bias, yt, 0.0f, ws, workspace);
+              break;
+            case ConvKind::kBackwardData:
+              backend.conv_backward_data(algo, p, yt, w, xt, 0.0f, ws, workspace);
+              break;
+            case ConvKind::kBackwardFilter:
+              backend.conv_backward_filter(algo, p, xt, yt, dw, dbias, beta, ws, workspace);
+              break;
+          }
+        });
+    for (const std::string& r : refusals(times)) {
+      refused->push_back(std::string(conv_kind_name(site.kind)) + " " + r + " at " + p.str());
+    }
     std::vector<perfdb::KernelSample> samples;
-    for (const ConvAlgoInfo& a : algos) {
-      // BackwardFilter is timed as a later micro-batch, which adds to dW.
-      const float beta = sums_over_micro_batches(site.kind) ? 1.0f : 0.0f;
-      const Timing t = time_runs(backend, options.warmup, options.repeats, [&] {
-        switch (site.kind) {
-          case ConvKind::kForward:
-            backend.conv_forward(a.algo, p, xt, w, bias, yt, 0.0f, ws, workspace);
-            break;
-          case ConvKind::kBackwardData:
-            backend.conv_backward_data(a.algo, p, yt, w, xt, 0.0f, ws, workspace);
-            break;
-          case ConvKind::kBackwardFilter:
-            backend.conv_backward_filter(a.algo, p, xt, yt, dw, dbias, beta, ws, workspace);
-            break;
-        }
-      });
+    for (const AlgorithmTime& t : times) {
+      if (!t.time) continue;
       for (int64_t b : batches) {
         samples.push_back({kernel_signature(site.kind, site.problem.with_batch(b)),
-                           {a.name, p.x.shape.n, t.median_ms, t.iqr_ms, a.workspace_bytes, 0}});
+                           {t.algo.name, p.x.shape.n, t.time->seconds * 1000.0,
+                            t.time->iqr_seconds * 1000.0, t.algo.workspace_bytes, 0}});
       }
     }
     return samples;
@@ -140,9 +150,8 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
   net_options.memory_policy = options.memory_policy;
   net_options.optimizer_bytes_per_parameter = Sgd::kStateBytesPerParameter;
   if (memory::plans_per_tensor(options.memory_policy)) {
-    if (auto costs = profiled_step_costs(db, device, graph, b).costs) {
-      net_options.memory_costs = std::move(*costs);
-    }
+    StepCostsLookup found = profiled_step_costs(db, device, graph, b);
+    if (found.costs.has_value()) net_options.memory_costs = std::move(found.costs.value());
   }
   std::optional<Network> net;
   try {
@@ -209,7 +218,10 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
 
 std::string step_policy_key(memory::Policy memory_policy, uint64_t capacity_bytes) {
   std::string key = memory::policy_name(memory_policy);
-  if (memory::plans_for_capacity(memory_policy)) key += "@" + std::to_string(capacity_bytes);
+  if (memory::plans_for_capacity(memory_policy)) {
+    key += '@';  // not "@" + to_string(...): a GCC 12 -Wrestrict false positive
+    key += std::to_string(capacity_bytes);
+  }
   return key;
 }
 
@@ -257,7 +269,8 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       });
       if (turn == Turn::kCached) ++report.kernel_cached;
       if (turn != Turn::kMeasure) continue;
-      db.record_kernel_measurements(device, item->measure(backend, batches, options));
+      db.record_kernel_measurements(
+          device, item->measure(backend, batches, options, &report.algorithms_refused));
       ++report.kernel_measured;
     }
   }

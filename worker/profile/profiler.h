@@ -51,6 +51,9 @@ struct ProfileReport {
   int64_t step_measured = 0;
   int64_t step_cached = 0;
   std::vector<int64_t> step_infeasible;  // batches no step fits (under the policy), largest last
+  // Algorithms the backend offered that refused to run, each "<kind>
+  // <name> (<error>) at <problem>": left out of the perf DB.
+  std::vector<std::string> algorithms_refused;
   int64_t layer_costs_measured = 0;  // batches whose layers were measured now
   int64_t layer_costs_cached = 0;    // batches whose layers the DB already held
   int64_t copy_measured = 0;         // 1 when the copy bandwidth was measured now

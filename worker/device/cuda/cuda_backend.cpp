@@ -3,12 +3,12 @@
 // in cuda_backend_impl.h.
 #include "worker/device/cuda/cuda_backend_impl.h"
 
-#include "common/half.h"
-
 #include <unistd.h>
 
 #include <climits>
 #include <cstdlib>
+
+#include "common/half.h"
 
 namespace vtrain::worker::cuda {
 

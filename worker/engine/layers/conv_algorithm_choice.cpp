@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "common/text.h"
 #include "worker/engine/conv_kernel.h"
 #include "worker/engine/kernel_timing.h"
 
@@ -55,20 +56,28 @@ size_t ConvAlgorithmChoice::candidate_workspace() const {
 void ConvAlgorithmChoice::tune(Backend& backend, ConvKind kind,
                                const std::function<void(ConvAlgo)>& run) {
   const int k = static_cast<int>(kind);
-  const auto& options = candidates_[k];
+  auto& options = candidates_[k];
   if (options.size() < 2) return;
   // One warm-up run (creates the primitive, warms caches), then the
   // fastest of two: noise only ever adds time.
-  const KernelTimingOptions timing{1, 2, TimingStatistic::kMin};
-  double best = 0;
-  for (const ConvAlgoInfo& a : options) {
-    const double seconds = time_kernel(backend, timing, [&] { run(a.algo); }).seconds;
-    seconds_[k][a.name] = seconds;
-    if (&a == &options.front() || seconds < best) {
-      best = seconds;
-      chosen_[k] = a;
-    }
+  const std::vector<AlgorithmTime> times =
+      time_algorithms(backend, options, {1, 2, TimingStatistic::kMin}, run);
+  std::vector<ConvAlgoInfo> ran;
+  const AlgorithmTime* best = nullptr;
+  for (const AlgorithmTime& t : times) {
+    if (!t.time) continue;
+    seconds_[k][t.algo.name] = t.time->seconds;
+    ran.push_back(t.algo);
+    if (best == nullptr || t.time->seconds < best->time->seconds) best = &t;
   }
+  const std::vector<std::string> refused = refusals(times);
+  if (best == nullptr) {
+    throw BackendError("layer '" + layer_ + "': no " + conv_kind_name(kind) +
+                       " algorithm ran: " + common::join(refused, "; "));
+  }
+  for (const std::string& r : refused) refused_.push_back(std::string(conv_kind_name(kind)) + " " + r);
+  options = std::move(ran);  // what refused is no candidate
+  chosen_[k] = best->algo;
 }
 
 std::vector<std::pair<ConvAlgoInfo, double>> ConvAlgorithmChoice::timed_candidates(

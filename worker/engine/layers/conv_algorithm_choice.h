@@ -31,8 +31,13 @@ class ConvAlgorithmChoice {
   // Workspace that every candidate fits in (for tuning).
   size_t candidate_workspace() const;
   // Times each candidate of `kind` (when it has two or more) with
-  // `run(algo)` and chooses the fastest; the first wins ties.
+  // `run(algo)` and chooses the fastest; the first wins ties. A candidate
+  // whose run throws BackendError (the backend offered it, then refused
+  // the problem) is no candidate from then on (refused()); throws
+  // BackendError naming the layer when none ran.
   void tune(Backend& backend, ConvKind kind, const std::function<void(ConvAlgo)>& run);
+  // The algorithms tune() dropped, each "<kind> <name> (<the error>)".
+  const std::vector<std::string>& refused() const { return refused_; }
 
   // The kind's candidates with their tuned seconds (0 where not timed).
   std::vector<std::pair<ConvAlgoInfo, double>> timed_candidates(ConvKind kind) const;
@@ -46,6 +51,7 @@ class ConvAlgorithmChoice {
   std::array<std::vector<ConvAlgoInfo>, 3> candidates_;  // per kind
   std::array<ConvAlgoInfo, 3> chosen_;
   std::array<std::map<std::string, double>, 3> seconds_;  // tuned time per candidate
+  std::vector<std::string> refused_;
 };
 
 }  // namespace vtrain::worker

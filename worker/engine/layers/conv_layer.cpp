@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "common/text.h"
 #include "worker/engine/device_blocks.h"
 
 namespace vtrain::worker {
@@ -119,6 +120,9 @@ std::string ConvLayer::algorithms(Backend& backend) const {
     out += std::string(conv_kind_name(kind)) + "=";
     out += plan_ ? plan_->describe(backend, kind)
                  : backend.conv_algorithm_name(kind, choice_->chosen(kind).algo);
+  }
+  if (!plan_ && !choice_->refused().empty()) {
+    out += "; refused to run, left out: " + common::join(choice_->refused(), "; ");
   }
   return out;
 }
