@@ -297,7 +297,7 @@ std::vector<PlanTimes> measure_plans(worker::Backend& backend, const worker::Gra
 // With a measurement, the simulated time is the median of its rounds'.
 void print_row(const Row& r, const std::optional<PlanTimes>& m2, const std::string& name,
                const Profiled& p, const Settings& s, FILE* csv) {
-  const std::optional<Measured> m = m2 ? std::optional(m2->measured) : std::nullopt;
+  const Measured* m = m2 ? &m2->measured : nullptr;
   if (!r.plan) {
     const bool too_big = r.method == "oracle" && plannable_count(p.model) > s.oracle_max;
     std::printf("  %4.0f%% %-13s %10s\n", r.fraction * 100, r.method.c_str(),

@@ -168,7 +168,7 @@ TEST(Elastic, ChangedBatchOrModelIsRefusedOnAnyRankCount) {
 worker::Checkpoint written_by_two_ranks() {
   return {.model_signature = "lenet:abc", .step = 7, .epoch = 2, .step_in_epoch = 3,
           .seed = 42, .world_size = 2, .global_batch = 64, .epoch_sample = 3 * 64,
-          .split = {16, 48}, .parameters = {}, .buffers = {}, .velocity = {}};
+          .split = {16, 48}, .parameters = {}, .buffers = {}, .velocity = {}, .loss_scaler = {}};
 }
 
 std::string resume_error(const std::function<void()>& fn) {

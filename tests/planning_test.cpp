@@ -165,10 +165,10 @@ class PlanningTest : public ::testing::Test {
     std::vector<perfdb::StepMeasurement> steps;
     for (int64_t b : {4, 8, 12, 16, 20, 24}) {
       steps.push_back({graph_.signature(), b, "none", worker::kProfiledStepPlan,
-                       factor * (1.0 + 0.5 * b), static_cast<uint64_t>(b) << 20, 0});
+                       factor * (1.0 + 0.5 * b), static_cast<uint64_t>(b) << 20, 0, {}});
       // A row of an older profiler (forward + backward only), which sorts
       // first: the planner must not take it.
-      steps.push_back({graph_.signature(), b, "none", "auto", 1000.0, 1, 0});
+      steps.push_back({graph_.signature(), b, "none", "auto", 1000.0, 1, 0, {}});
       const worker::PlanDevice plain{name, id, d.memory_bytes,
                                      [](int64_t) { return worker::Layout::kPlain; }};
       std::vector<perfdb::KernelSample> samples;

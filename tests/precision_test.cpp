@@ -293,7 +293,10 @@ TEST(LossScaling, OverflowedStepsAreSkippedAndTheScaleHalves) {
   const worker::Graph graph =
       worker::Graph::build(worker::preset_layers("lenet", {input, 4}), input);
   auto backend = worker::make_backend({.kind = "cpu", .threads = 1});
-  worker::Network net(graph, *backend, {.max_batch = 1, .conv_algorithm = "direct"});
+  worker::NetworkOptions net_options;
+  net_options.max_batch = 1;
+  net_options.conv_algorithm = "direct";
+  worker::Network net(graph, *backend, net_options);
   net.init_parameters(trainer_options("", 1).seed);  // as train() initialises
   const std::vector<float> initial = net.download_parameters();
   const ScaledRun scaled = lenet_run(

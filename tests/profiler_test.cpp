@@ -34,10 +34,13 @@ TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
   perfdb::PerfDb db(":memory:");
   const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
   const Graph graph = small_graph();
-  ProfileOptions options{.batches = {4, 6}, .micro_batches = MicroBatchPolicy::kPowerOfTwo,
-                         .warmup = 0, .repeats = 2};
+  ProfileOptions options;
+  options.batches = {4, 6};
+  options.micro_batches = MicroBatchPolicy::kPowerOfTwo;
+  options.warmup = 0;
+  options.repeats = 2;
   // An older profiler's step row (forward + backward only) is not a cache hit.
-  const perfdb::StepMeasurement old{graph.signature(), 4, "none", "auto", 1.0, 1, 0};
+  const perfdb::StepMeasurement old{graph.signature(), 4, "none", "auto", 1.0, 1, 0, {}};
   db.record_step_measurements(device, std::span(&old, 1));
   const ProfileReport first = profile(graph, *backend, db, device, options);
   // LeNet: conv1 (Forward, BackwardFilter; its input is the data) and conv2
@@ -93,7 +96,10 @@ TEST(Profiler, StepsAreRecordedUnderTheirMemoryPolicy) {
   perfdb::PerfDb db(":memory:");
   const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
   const Graph graph = Graph::build(preset_layers("vgg-small", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
-  ProfileOptions options{.batches = {16}, .warmup = 0, .repeats = 1};
+  ProfileOptions options;
+  options.batches = {16};
+  options.warmup = 0;
+  options.repeats = 1;
   for (memory::Policy policy : {memory::Policy::kNone, memory::Policy::kAll}) {
     options.memory_policy = policy;
     EXPECT_EQ(profile(graph, *backend, db, device, options).step_measured, 1)
@@ -112,8 +118,11 @@ TEST(Profiler, IdenticalDevicesSplitTheWork) {
   auto backend = make_backend({.kind = "cpu", .threads = 1});
   TempDir dir;
   const Graph graph = small_graph();
-  ProfileOptions options{.batches = {4}, .micro_batches = MicroBatchPolicy::kAll, .warmup = 0,
-                         .repeats = 1};
+  ProfileOptions options;
+  options.batches = {4};
+  options.micro_batches = MicroBatchPolicy::kAll;
+  options.warmup = 0;
+  options.repeats = 1;
   int64_t measured = 0, steps = 0;
   for (int share = 0; share < 2; ++share) {
     perfdb::PerfDb db(dir.path("split.db"));
@@ -145,7 +154,7 @@ auto look(bool can, bool cached) {
 }
 
 TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
-  ProfilePeers peers{.index = 1, .count = 2, .together = true};
+  ProfilePeers peers{.index = 1, .count = 2, .together = true, .any = {}};
   bool other_needs = false;
   int agreements = 0;
   peers.any = [&](bool mine) {
@@ -165,8 +174,11 @@ TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
   const Graph graph = small_graph();
   perfdb::PerfDb db(dir.path("together.db"));
   const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
-  ProfileOptions options{.batches = {4}, .micro_batches = MicroBatchPolicy::kAll, .warmup = 0,
-                         .repeats = 1};
+  ProfileOptions options;
+  options.batches = {4};
+  options.micro_batches = MicroBatchPolicy::kAll;
+  options.warmup = 0;
+  options.repeats = 1;
   profile(graph, *backend, db, device, options);  // alone: the DB now holds everything
   options.peers = peers;
   other_needs = false;
@@ -191,7 +203,11 @@ TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
 TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
   auto backend = make_backend({.kind = "cpu", .threads = 1});
   const Graph graph = small_graph();
-  ProfileOptions options{.batches = {4, 8}, .warmup = 0, .repeats = 1, .layer_costs = false};
+  ProfileOptions options;
+  options.batches = {4, 8};
+  options.warmup = 0;
+  options.repeats = 1;
+  options.layer_costs = false;
   int agreements = 0;
   options.peers = {.index = 0, .count = 2, .together = true, .any = [&](bool mine) {
                      ++agreements;
@@ -215,7 +231,7 @@ TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
 
 // Split, the items are dealt in turn whether or not the DB holds them.
 TEST(Profiler, SplitPeersTakeItemsInTurn) {
-  const ProfilePeers second{.index = 1, .count = 2};
+  const ProfilePeers second{.index = 1, .count = 2, .together = false, .any = {}};
   WorkTurns turns(second);
   EXPECT_EQ(turns.take(look(true, false)), Turn::kSkip);
   EXPECT_EQ(turns.take(look(true, true)), Turn::kCached);
