@@ -6,8 +6,10 @@
 #
 # Parts (default all): gpu_tests train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
-# precisions_vs_torch pseudo_half. Each takes one to three minutes on an
-# H100 but precisions_vs_torch (four models in four precisions, about 15). alexnet_fronts writes the plans and fronts CSVs
+# precisions_vs_torch pseudo_half accuracy_parity. Each takes one to three
+# minutes on an H100 but precisions_vs_torch (four models in four
+# precisions, about 15). accuracy_parity reads Fashion-MNIST from the
+# dataset-fashion-mnist package carried with the others (docs/cuda.md). alexnet_fronts writes the plans and fronts CSVs
 # to OUT_DIR; draw them where matplotlib is installed with
 #   /usr/bin/python3 scripts/plot_balance.py OUT_DIR/plan-wd.yaml \
 #     --fronts OUT_DIR/fronts-wd.csv -o docs/balance-front-alexnet-h100.png
@@ -71,3 +73,18 @@ part precisions_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain"
   --precisions fp32,tf32,bf16,fp16 --json "$out/precisions_vs_torch.json"
 part pseudo_half python3 bench/bench_pseudo_half.py --vtrain "$bin/vtrain" \
   --models resnet50:64,vgg16:64 --db "$out/pseudo_half.db"
+# Accuracy parity: LeNet on Fashion-MNIST, 3 epochs, in each precision on
+# the GPU (target: bf16 and fp16 within 0.5 points of fp32).
+fmnist=/tmp/vtrain-deps/usr/share/datasets/fashion-mnist
+parity() {
+  for p in fp32 tf32 bf16 fp16; do
+    "$bin/vtrain" configs/fmnist-lenet.yaml --set device.backend=cuda --set train.epochs=3 \
+      --set train.precision=$p --progress line --metrics "$out/parity-$p.jsonl" \
+      --set data.train_images=$fmnist/train-images-idx3-ubyte.gz \
+      --set data.train_labels=$fmnist/train-labels-idx1-ubyte.gz \
+      --set data.test_images=$fmnist/t10k-images-idx3-ubyte.gz \
+      --set data.test_labels=$fmnist/t10k-labels-idx1-ubyte.gz | grep "^done:" |
+      sed "s/^/$p: /" || return 1
+  done
+}
+part accuracy_parity parity
