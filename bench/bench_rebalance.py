@@ -69,6 +69,8 @@ def main():
     ap.add_argument("--batch", type=int, default=96)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--slow-at", type=int, default=200)
+    ap.add_argument("--profile-batches", default="8,16,24,32,40,48,56,64,72,80",
+                    help="profile.batches: the per-rank batches profiled (cover the split)")
     ap.add_argument("--out", default="rebalance.jsonl", help="the run's metrics file, kept")
     ap.add_argument("--quotas", default="",
                     help="per rank, a CPU quota in a cgroup of its own ('none' for none), e.g. "
@@ -95,7 +97,7 @@ def bench(args, prefixes):
               "--set", "train.evaluate=false", "--set", "device.threads=1",
               "--set", "conv.algorithm=direct", "--set", "balance.split=auto",
               "--set", "profile.db=" + os.path.join(work, "perf.db"),
-              "--set", "profile.batches=[8,16,24,32,40,48,56,64,72,80]",
+              "--set", "profile.batches=[%s]" % args.profile_batches,
               "--set", "profile.step_rounds=3",
               "--set", "balance.granularity=8"]
     # One MPMD line: each rank started in its CPU slice.
