@@ -22,6 +22,7 @@
 #include "memory/device_pool.h"
 #include "memory/vdnn_plan.h"
 #include "worker/data/data.h"
+#include "worker/device/backend.h"
 #include "worker/engine/graph.h"
 #include "worker/engine/optimizer.h"
 #include "worker/train/checkpoint.h"
@@ -127,6 +128,7 @@ struct DeviceConfig {
   std::string backend = "auto";   // "auto", "cpu" or "cuda"
   int threads = 0;                // CPU threads; 0 = all cores
   uint64_t memory_limit = 0;      // bytes; 0 = the device's memory
+  worker::LayoutChoice layout = worker::LayoutChoice::kAuto;  // activations: auto, nchw, nhwc
 };
 
 struct ConvConfig {

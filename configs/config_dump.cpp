@@ -158,6 +158,8 @@ void emit_device(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "backend" << YAML::Value << config.device.backend;
   out << YAML::Key << "threads" << YAML::Value << config.device.threads;
   out << YAML::Key << "memory_limit" << YAML::Value << format_size(config.device.memory_limit);
+  out << YAML::Key << "layout" << YAML::Value
+      << common::name_of(worker::kLayoutChoiceNames, config.device.layout);
   out << YAML::EndMap;
 
   out << YAML::Key << "conv" << YAML::Value << YAML::BeginMap;

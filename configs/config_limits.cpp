@@ -164,7 +164,9 @@ worker::Graph build_model(const Config& config, const worker::Shape& input) {
     if (!config.model.preset.empty()) {
       layers = worker::preset_layers(config.model.preset, {input, config.model.classes});
     }
-    return worker::Graph::build(std::move(layers), input, config.train.precision);
+    worker::Graph graph = worker::Graph::build(std::move(layers), input, config.train.precision);
+    graph.set_layout_choice(config.device.layout);
+    return graph;
   } catch (const worker::GraphError& error) {
     fail_model(config, input, error.layer(), error.detail());
   }

@@ -452,7 +452,7 @@ OptimizerConfig read_optimizer(const Field& field) {
 
 DeviceConfig read_device(const Field& field) {
   const Section section(field);
-  section.allow({"backend", "threads", "memory_limit"});
+  section.allow({"backend", "threads", "memory_limit", "layout"});
   DeviceConfig device;
   if (Field f = section["backend"]) device.backend = to_choice(f, {"auto", "cpu", "cuda"});
   if (Field f = section["threads"]) {
@@ -460,6 +460,7 @@ DeviceConfig read_device(const Field& field) {
         static_cast<int>(to_int(f, between(0, std::numeric_limits<int>::max(), false, false)));
   }
   if (Field f = section["memory_limit"]) device.memory_limit = to_size(f);
+  if (Field f = section["layout"]) device.layout = to_choice(f, worker::kLayoutChoiceNames);
   return device;
 }
 

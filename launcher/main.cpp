@@ -187,6 +187,14 @@ int run_check(const CliArgs& cli) {
   std::printf("device: %s %s, %d thread%s, %s of memory, %s\n", device.backend.c_str(),
               device.name.c_str(), device.threads, device.threads == 1 ? "" : "s",
               common::format_bytes(device.memory_bytes).c_str(), device.library_version.c_str());
+  std::vector<worker::Layout> used;  // the activations' layouts, in layer order
+  for (const worker::TensorDesc& d : worker::activation_descs(graph, *backend, 1)) {
+    if (std::find(used.begin(), used.end(), d.layout) == used.end()) used.push_back(d.layout);
+  }
+  std::string layouts;
+  for (worker::Layout l : used) layouts += (layouts.empty() ? "" : ", ") + std::string(worker::layout_name(l));
+  std::printf("activation layouts: %s (device.layout %s)\n", layouts.c_str(),
+              common::name_of(worker::kLayoutChoiceNames, cfg.device.layout));
   print_memory_plan(cfg, graph, ranks, *backend);
   std::printf("effective config:\n%s\n", config::to_yaml(cfg).c_str());
   return kExitOk;

@@ -13,7 +13,8 @@ worker::BackendOptions backend_options(const config::Config& cfg) {
   return {.kind = cfg.device.backend,
           .threads = cfg.device.threads,
           .memory_limit = static_cast<size_t>(cfg.device.memory_limit),
-          .precision = cfg.train.precision};
+          .precision = cfg.train.precision,
+          .layout = cfg.device.layout};
 }
 
 worker::TrainerOptions trainer_options(const config::Config& cfg) {

@@ -27,8 +27,22 @@
 
 namespace vtrain::backend_test {
 
+// The suite's backend kinds: "cpu" and "cuda" with their own layout rule
+// (device.layout auto), and "cpu_nhwc" / "cuda_nhwc" with activations
+// channels last (device.layout nhwc).
+inline constexpr const char* kNhwcKindSuffix = "_nhwc";
+inline std::string base_kind(const std::string& kind) {
+  return kind.ends_with(kNhwcKindSuffix) ? kind.substr(0, kind.size() - 5) : kind;
+}
+inline worker::BackendOptions suite_options(const std::string& kind) {
+  return {.kind = base_kind(kind),
+          .layout = kind.ends_with(kNhwcKindSuffix) ? worker::LayoutChoice::kNhwc
+                                                     : worker::LayoutChoice::kAuto};
+}
+
 // Why the backend of `kind` cannot run here, or nothing when it can.
-inline std::optional<std::string> why_unusable(const std::string& kind) {
+inline std::optional<std::string> why_unusable(const std::string& suite_kind) {
+  const std::string kind = base_kind(suite_kind);
   if (kind == "cpu") return std::nullopt;
 #ifdef VTRAIN_HAVE_CUDA
   if (!worker::gpu_available()) return "no CUDA GPU visible (worker::gpu_available() is false)";
@@ -44,7 +58,7 @@ inline std::optional<std::string> why_unusable(const std::string& kind) {
 inline Backend& shared_backend(const std::string& kind) {
   static std::map<std::string, std::unique_ptr<Backend>> backends;
   std::unique_ptr<Backend>& backend = backends[kind];
-  if (!backend) backend = worker::make_backend({.kind = kind});
+  if (!backend) backend = worker::make_backend(suite_options(kind));
   return *backend;
 }
 
@@ -76,7 +90,8 @@ struct Tolerances {
   }
 };
 
-inline const Tolerances& tolerances(const std::string& kind) {
+inline const Tolerances& tolerances(const std::string& suite_kind) {
+  const std::string kind = base_kind(suite_kind);
   static const Tolerances cpu{.conv_transform = kSumRtol,
                               .conv_large_winograd = kSumRtol,
                               .exact_max_pooling = true,
@@ -126,11 +141,13 @@ struct BackendCaseName {
 
 // Every backend kind the suite knows, built here or not: an unbuilt one shows
 // as skipped cases rather than vanishing from the report.
+#define VTRAIN_SUITE_BACKEND_KINDS                                                        \
+  ::testing::Values(std::string("cpu"), std::string("cpu_nhwc"), std::string("cuda"), \
+                    std::string("cuda_nhwc"))
 #define VTRAIN_ON_EVERY_BACKEND(fixture, cases)                                                 \
   INSTANTIATE_TEST_SUITE_P(                                                                     \
       Backends, fixture,                                                                        \
-      ::testing::Combine(::testing::Values(std::string("cpu"), std::string("cuda")),            \
-                         ::testing::ValuesIn(cases)),                                           \
+      ::testing::Combine(VTRAIN_SUITE_BACKEND_KINDS, ::testing::ValuesIn(cases)),              \
       ::vtrain::backend_test::BackendCaseName())
 
 // ========================================================== half precision
@@ -240,7 +257,7 @@ struct HalfCaseName {
 #define VTRAIN_IN_HALF_ON_EVERY_BACKEND(fixture, cases)                                         \
   INSTANTIATE_TEST_SUITE_P(                                                                     \
       HalfBackends, fixture,                                                                    \
-      ::testing::Combine(::testing::Values(std::string("cpu"), std::string("cuda")),            \
+      ::testing::Combine(VTRAIN_SUITE_BACKEND_KINDS,                                            \
                          ::testing::ValuesIn(::vtrain::backend_test::kHalfTypes),               \
                          ::testing::ValuesIn(cases)),                                           \
       ::vtrain::backend_test::HalfCaseName())

@@ -248,7 +248,7 @@ const ScratchCase kScratchCases[] = {
 class ScratchConformance : public OnEveryBackend<ScratchCase> {};
 
 TEST_P(ScratchConformance, QueryCoversEveryCall) {
-  const std::unique_ptr<Backend> b = worker::make_backend({.kind = kind()});
+  const std::unique_ptr<Backend> b = worker::make_backend(suite_options(kind()));
   const size_t bytes = param().query(*b);
   b->reserve_scratch(bytes);
   EXPECT_EQ(b->scratch_bytes(), bytes) << param().name;

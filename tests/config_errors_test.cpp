@@ -96,6 +96,8 @@ TEST(ConfigErrorTest, BadEnumValue) {
             "t.yaml:6: optimizer.schedule: unknown value 'linear' (allowed: none, step, cosine)");
   EXPECT_EQ(error_of(std::string(kMinimal) + "device: {backend: tpu}\n"),
             "t.yaml:5: device.backend: unknown value 'tpu' (allowed: auto, cpu, cuda)");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "device: {layout: nchw16c}\n"),
+            "t.yaml:5: device.layout: unknown value 'nchw16c' (allowed: auto, nchw, nhwc)");
   EXPECT_EQ(error_of("model:\n  preset: lenet\n  batch_norm: global\ndata: {kind: synthetic}\n"),
             "t.yaml:3: model.batch_norm: unknown value 'global' (allowed: sync, local)");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precision: half\n"),

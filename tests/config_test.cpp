@@ -48,6 +48,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.0);
   EXPECT_EQ(c.optimizer.schedule, worker::ScheduleKind::kNone);
   EXPECT_EQ(c.device.backend, "auto");
+  EXPECT_EQ(c.device.layout, worker::LayoutChoice::kAuto);
   EXPECT_EQ(c.device.threads, 0);
   EXPECT_EQ(c.device.memory_limit, 0u);
   EXPECT_EQ(c.conv.algorithm, "auto");
@@ -78,7 +79,7 @@ optimizer:
   step_epochs: 2
   gamma: 0.5
   warmup_steps: 10
-device: {backend: cpu, threads: 4, memory_limit: 1.5GB}
+device: {backend: cpu, threads: 4, memory_limit: 1.5GB, layout: nhwc}
 conv: {algorithm: winograd}
 output: {metrics: /tmp/m.jsonl, progress: line}
 )");
@@ -106,6 +107,7 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_EQ(c.device.backend, "cpu");
   EXPECT_EQ(c.device.threads, 4);
   EXPECT_EQ(c.device.memory_limit, 1'500'000'000u);
+  EXPECT_EQ(c.device.layout, worker::LayoutChoice::kNhwc);
   EXPECT_EQ(c.conv.algorithm, "winograd");
   EXPECT_EQ(c.output.metrics, "/tmp/m.jsonl");
   EXPECT_EQ(c.output.progress, worker::ProgressSetting::kLine);

@@ -214,13 +214,16 @@ TEST(CpuBackend, ConvertRoundTripsThroughEveryLayout) {
   expect_equal(from_device(cpu(), b8.tensor), x, "plain -> nChw8c");
   cpu().convert(b8.tensor, b16.tensor);
   expect_equal(from_device(cpu(), b16.tensor), x, "nChw8c -> nChw16c");
-  cpu().convert(b16.tensor, back.tensor);
-  expect_equal(from_device(cpu(), back.tensor), x, "nChw16c -> plain");
+  DeviceTensor nhwc(cpu(), desc(s, Layout::kNhwc));
+  cpu().convert(b16.tensor, nhwc.tensor);
+  expect_equal(from_device(cpu(), nhwc.tensor), x, "nChw16c -> nhwc");
+  cpu().convert(nhwc.tensor, back.tensor);
+  expect_equal(from_device(cpu(), back.tensor), x, "nhwc -> plain");
 }
 
 TEST(CpuBackend, FillSetsEveryLogicalElement) {
   const Shape s{3, 20, 4, 4};
-  for (Layout layout : {Layout::kPlain, Layout::kBlocked8, Layout::kBlocked16}) {
+  for (Layout layout : {Layout::kPlain, Layout::kBlocked8, Layout::kBlocked16, Layout::kNhwc}) {
     DeviceTensor t(cpu(), desc(s, layout));
     cpu().fill(t.tensor, 3.5f);
     expect_equal(from_device(cpu(), t.tensor), Vec(static_cast<size_t>(s.elements()), 3.5f),

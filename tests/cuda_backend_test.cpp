@@ -76,7 +76,19 @@ TEST_F(CudaBackendTest, DescribesTheDevice) {
   EXPECT_GT(info.memory_bytes, size_t{1} << 28);
   EXPECT_EQ(info.library_version.rfind("cuDNN 9.", 0), 0u) << info.library_version;
   EXPECT_FALSE(info.host.empty());
-  EXPECT_EQ(gpu().preferred_layout(64), Layout::kPlain);
+  EXPECT_EQ(gpu().preferred_layout(64), Layout::kPlain);  // fp32: NCHW
+  // Half precision keeps activations channels last (tensor cores' layout),
+  // device.layout forces either.
+  EXPECT_EQ(make_backend({.kind = "cuda", .precision = common::Precision::kFp16})
+                ->preferred_layout(64),
+            Layout::kNhwc);
+  EXPECT_EQ(make_backend({.kind = "cuda", .layout = LayoutChoice::kNhwc})->preferred_layout(3),
+            Layout::kNhwc);
+  EXPECT_EQ(make_backend({.kind = "cuda",
+                          .precision = common::Precision::kBf16,
+                          .layout = LayoutChoice::kNchw})
+                ->preferred_layout(64),
+            Layout::kPlain);
   EXPECT_EQ(gpu().pooling_state_bytes({}, desc({2, 3, 4, 4}), desc({2, 3, 2, 2})), 0u);
 }
 
@@ -147,11 +159,13 @@ TEST_F(CudaBackendTest, UploadDownloadConvertAndFillInEveryLayout) {
   std::mt19937 rng(3);
   const Shape s{2, 11, 3, 5};  // channels not a multiple of any block
   const Vec host = random_vec(rng, s.elements());
-  for (Layout layout : {Layout::kPlain, Layout::kBlocked8, Layout::kBlocked16}) {
+  constexpr Layout kLayouts[] = {Layout::kPlain, Layout::kBlocked8, Layout::kBlocked16,
+                                 Layout::kNhwc};
+  for (Layout layout : kLayouts) {
     SCOPED_TRACE(layout_name(layout));
     const DeviceTensor t = to_device(b, host, desc(s, layout));
     EXPECT_EQ(from_device(b, t.tensor), host);
-    for (Layout other : {Layout::kPlain, Layout::kBlocked8, Layout::kBlocked16}) {
+    for (Layout other : kLayouts) {
       DeviceTensor u(b, desc(s, other));
       b.convert(t.tensor, u.tensor);
       EXPECT_EQ(from_device(b, u.tensor), host) << "to " << layout_name(other);

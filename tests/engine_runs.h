@@ -3,6 +3,8 @@
 // planners (CPU) and across policies on real streams (CUDA).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -78,6 +80,16 @@ inline std::string traced_step(worker::Backend& backend, worker::Network& net,
 
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Largest |a - b| over the largest |a| (a and b of one size).
+inline double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
+  }
+  return diff / scale;
 }
 
 }  // namespace vtrain::test_support

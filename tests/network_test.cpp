@@ -61,32 +61,44 @@ class NetworkTest : public ::testing::Test {
   void SetUp() override { backend_ = make_backend({.kind = "cpu", .threads = 2}); }
 
   // Writes a deterministic random batch and labels into the network.
-  void fill_batch(Network& net, int64_t n, uint32_t seed) {
+  void fill_batch(Network& net, int64_t n, uint32_t seed) { fill_batch(*backend_, net, n, seed); }
+  static void fill_batch(Backend& backend, Network& net, int64_t n, uint32_t seed) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     const Tensor in = net.input(n);
     std::vector<float> x(static_cast<size_t>(in.shape().elements()));
     for (float& v : x) v = dist(rng);
-    backend_->upload(x.data(), in);
+    backend.upload(x.data(), in);
     std::vector<int32_t> labels(static_cast<size_t>(n));
     for (auto& l : labels) l = static_cast<int32_t>(rng() % net.graph().classes());
-    backend_->upload_labels(labels.data(), net.labels(), n);
+    backend.upload_labels(labels.data(), net.labels(), n);
   }
 
   // Compares every parameter range's analytic gradient with central
   // differences on a sample of its entries. The algorithm is fixed (not
   // "auto", which picks by timing) so that the numerics do not change from
   // run to run; every algorithm has its own case below.
+  //
+  // In the CPU's own layouts (blocked where its vector width allows), then
+  // with every activation channels last (device.layout nhwc).
   void check_gradients(const Graph& graph, const std::string& algorithm = "direct",
                        int64_t n = 3) {
-    Network net(graph, *backend_, options(n, algorithm));
+    check_gradients_in(*backend_, graph, algorithm, n);
+    const std::unique_ptr<Backend> nhwc =
+        make_backend({.kind = "cpu", .threads = 2, .layout = LayoutChoice::kNhwc});
+    SCOPED_TRACE("nhwc");
+    check_gradients_in(*nhwc, graph, algorithm, n);
+  }
+  void check_gradients_in(Backend& backend, const Graph& graph, const std::string& algorithm,
+                          int64_t n) {
+    Network net(graph, backend, options(n, algorithm));
     net.init_parameters(7);
-    fill_batch(net, n, 11);
+    fill_batch(backend, net, n, 11);
     const float scale = 1.0f / static_cast<float>(n);
     net.train_step(n, scale);
     const std::vector<float> grads = [&] {
       std::vector<float> g(static_cast<size_t>(net.parameter_count()));
-      backend_->download(Tensor{{{net.parameter_count(), 1, 1, 1}}, net.gradients()}, g.data());
+      backend.download(Tensor{{{net.parameter_count(), 1, 1, 1}}, net.gradients()}, g.data());
       return g;
     }();
     const std::vector<float> base = net.download_parameters();

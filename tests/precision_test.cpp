@@ -29,21 +29,12 @@ namespace {
 using common::Precision;
 using memory::Policy;
 using test_support::bitwise_equal;
+using test_support::relative_difference;
 using test_support::TrainRun;
 
 worker::Graph graph_of(const std::string& preset, int64_t side, Precision precision) {
   const worker::Shape input{1, 3, side, side};
   return worker::Graph::build(worker::preset_layers(preset, {input, 10}), input, precision);
-}
-
-// Largest |a - b| over the largest |a|.
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
-  }
-  return diff / scale;
 }
 
 class Bf16Test : public ::testing::Test {

@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <array>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -189,7 +190,8 @@ class Backend {
   virtual void* allocate_pinned(size_t bytes) = 0;
   virtual void free_pinned(void* ptr) = 0;
 
-  // Layout this backend prefers for an activation with this many channels.
+  // Layout this backend keeps an activation with this many channels in
+  // (BackendOptions::layout, by the rules of activation_layout below).
   virtual Layout preferred_layout(int64_t channels) const = 0;
 
   // --------------------------------------------------- streams and copies
@@ -357,6 +359,29 @@ class Backend {
   virtual size_t scratch_bytes() const = 0;  // the scratch's current size
 };
 
+// The activation layout a job asks for (device.layout): the backend's own
+// choice, or one forced.
+enum class LayoutChoice : uint8_t {
+  kAuto,  // the CPU: its ISA's channel block (nChw16c / nChw8c); a GPU:
+          // NHWC under bf16 / fp16 (tensor cores' layout), NCHW otherwise
+  kNchw,  // plain NCHW everywhere
+  kNhwc,  // channels last everywhere
+};
+inline constexpr auto kLayoutChoiceNames = std::to_array<common::Named<LayoutChoice>>(
+    {{LayoutChoice::kAuto, "auto"}, {LayoutChoice::kNchw, "nchw"}, {LayoutChoice::kNhwc, "nhwc"}});
+
+// The layout rule of every backend, also what the offline planner assumes
+// for a rank it cannot ask: the layout of an activation of `channels`
+// under `choice` on a device whose own choice is `native_block` for the
+// CPU (its ISA's channel block: 16, 8 or 1) or, for a GPU, `gpu` set.
+struct LayoutRule {
+  LayoutChoice choice = LayoutChoice::kAuto;
+  bool gpu = false;
+  int64_t native_block = 1;  // CPU
+  common::Precision precision = common::Precision::kFp32;
+  Layout operator()(int64_t channels) const;
+};
+
 struct BackendOptions {
   std::string kind = "auto";  // "auto" (cuda if a GPU is visible, else cpu), "cpu", "cuda"
   int threads = 0;            // CPU threads; 0 = all cores the process may run on, no more than
@@ -368,6 +393,8 @@ struct BackendOptions {
   // fp32 keeps FMA math throughout. Half tensors need no option: a backend
   // runs them whatever this says, where precision_unavailable() allows.
   common::Precision precision = common::Precision::kFp32;
+  // Activations' layout (preferred_layout()).
+  LayoutChoice layout = LayoutChoice::kAuto;
 };
 
 // The only place that knows which backends were built. Throws BackendError

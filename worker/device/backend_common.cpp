@@ -69,6 +69,20 @@ void check_same_desc(const char* backend, const char* op,
   }
 }
 
+Layout LayoutRule::operator()(int64_t channels) const {
+  switch (choice) {
+    case LayoutChoice::kNchw: return Layout::kPlain;
+    case LayoutChoice::kNhwc: return Layout::kNhwc;
+    case LayoutChoice::kAuto: break;
+  }
+  if (gpu) return common::is_half(precision) ? Layout::kNhwc : Layout::kPlain;
+  // Blocked layouts pad channels up to the block; below one block the
+  // padding would cost more than the vector kernels gain.
+  if (native_block == 16 && channels >= 16) return Layout::kBlocked16;
+  if (native_block >= 8 && channels >= 8) return Layout::kBlocked8;
+  return Layout::kPlain;
+}
+
 bool conv_algorithm_allowed(std::string_view name, common::Precision p) {
   using common::Precision;
   if (name.ends_with(kTf32AlgorithmSuffix)) return p == Precision::kTf32;

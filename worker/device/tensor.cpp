@@ -14,15 +14,17 @@ const char* layout_name(Layout layout) {
     case Layout::kPlain: return "plain";
     case Layout::kBlocked8: return "nChw8c";
     case Layout::kBlocked16: return "nChw16c";
+    case Layout::kNhwc: return "nhwc";
   }
   return "unknown";
 }
 
-int64_t channel_block(Layout layout) {
-  switch (layout) {
+int64_t channel_block(const TensorDesc& desc) {
+  switch (desc.layout) {
     case Layout::kPlain: return 1;
     case Layout::kBlocked8: return 8;
     case Layout::kBlocked16: return 16;
+    case Layout::kNhwc: return desc.shape.c > 0 ? desc.shape.c : 1;
   }
   return 1;
 }
@@ -36,7 +38,7 @@ float* Tensor::f32(const char* op) const {
 }
 
 int64_t TensorDesc::storage_elements() const {
-  const int64_t block = channel_block(layout);
+  const int64_t block = channel_block(*this);
   const int64_t padded_c = (shape.c + block - 1) / block * block;
   return shape.n * padded_c * shape.h * shape.w;
 }

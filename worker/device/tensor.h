@@ -39,12 +39,10 @@ enum class Layout : uint8_t {
   kPlain,      // row-major NCHW (weights: OIHW); what reference code and files use
   kBlocked8,   // nChw8c: channels in blocks of 8, padded with zeros (CPU, AVX2)
   kBlocked16,  // nChw16c: channels in blocks of 16, padded with zeros (CPU, AVX-512)
+  kNhwc,       // channels last: NHWC (tensor cores' layout; a CPU backend may use it too)
 };
 
 const char* layout_name(Layout layout);
-
-// Channel block of a layout: 1 for kPlain.
-int64_t channel_block(Layout layout);
 
 struct TensorDesc {
   Shape shape;
@@ -56,6 +54,15 @@ struct TensorDesc {
   size_t bytes() const { return static_cast<size_t>(storage_elements()) * element_bytes(dtype); }
   bool operator==(const TensorDesc&) const = default;
 };
+
+// The channel block of a tensor: its elements are stored as nChw[block]c,
+// channel c of pixel (h, w) of sample n at
+//   ((n * blocks + c / block) * h_w + pixel) * block + c % block,
+// blocks = ceil(c / block), padding channels zero. 1 for kPlain, 8 or 16 for
+// the blocked layouts, and all of the tensor's channels for kNhwc (one block
+// of every channel is NHWC). Code that walks a tensor by this formula
+// serves every layout.
+int64_t channel_block(const TensorDesc& desc);
 
 // A flat array of `count` elements as a plain {count, 1, 1, 1} tensor (at
 // least one element: a zero-sized descriptor is no tensor).

@@ -441,8 +441,17 @@ std::string Graph::signature() const {
 }
 
 std::string Graph::profile_key() const {
-  if (precision_ == common::Precision::kFp32) return signature();
-  return signature() + "@" + common::precision_name(precision_);
+  // One append at a time: "@" + name trips a GCC 12 -Wrestrict false positive.
+  std::string key = signature();
+  if (precision_ != common::Precision::kFp32) {
+    key += '@';
+    key += common::precision_name(precision_);
+  }
+  if (layout_choice_ != LayoutChoice::kAuto) {
+    key += '@';
+    key += common::name_of(kLayoutChoiceNames, layout_choice_);
+  }
+  return key;
 }
 
 }  // namespace vtrain::worker

@@ -111,9 +111,13 @@ class Graph {
   std::string signature() const;
   common::Precision precision() const { return precision_; }
   DataType activation_type() const { return common::storage_type(precision_); }
+  // The activation layout the job asks for (device.layout): its timings are
+  // not those of another layout.
+  void set_layout_choice(LayoutChoice choice) { layout_choice_ = choice; }
+  LayoutChoice layout_choice() const { return layout_choice_; }
   // What the perf DB keys a model's layer and step timings on, and a plan's
-  // `model:`: the signature, with "@<precision>" unless fp32 (whose keys
-  // predate precisions).
+  // `model:`: the signature, with "@<precision>" unless fp32 and
+  // "@<layout>" unless auto (whose keys predate both).
   std::string profile_key() const;
 
  private:
@@ -122,6 +126,7 @@ class Graph {
   std::vector<std::vector<int>> consumers_;
   std::vector<Shape> shapes_;
   common::Precision precision_ = common::Precision::kFp32;
+  LayoutChoice layout_choice_ = LayoutChoice::kAuto;
 };
 
 // Presets: "lenet", "vgg-small", "alexnet", "overfeat", "googlenet", "vgg16",

@@ -36,11 +36,15 @@ std::vector<KernelAt> kernels_at(const Graph& graph, const PlanDevice& device, i
 
 }  // namespace
 
-std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind) {
-  if (backend_kind == "cuda") return [](int64_t) { return Layout::kPlain; };
+std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind, LayoutChoice choice,
+                                           common::Precision precision) {
+  if (backend_kind == "cuda") {
+    return LayoutRule{.choice = choice, .gpu = true, .precision = precision};
+  }
   if (backend_kind == "cpu") {
     // The rule of this machine's CPU backend (blocked by its vector width).
-    std::shared_ptr<Backend> cpu = make_backend({.kind = "cpu", .threads = 1, .memory_limit = 0});
+    std::shared_ptr<Backend> cpu = make_backend(
+        {.kind = "cpu", .threads = 1, .memory_limit = 0, .precision = precision, .layout = choice});
     return [cpu](int64_t channels) { return cpu->preferred_layout(channels); };
   }
   throw std::runtime_error("unknown backend kind '" + backend_kind + "' (known: cpu, cuda)");

@@ -28,9 +28,11 @@ struct PlanDevice {
   std::function<Layout(int64_t)> layout;      // its backend's preferred_layout
 };
 
-// The layout rule of a backend kind as the perf DB names it ("cpu": this
-// machine's CPU backend; "cuda": plain NCHW). Throws for other kinds.
-std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind);
+// The layout rule of a backend kind as the perf DB names it, under the
+// job's device.layout and precision ("cpu": this machine's CPU backend's;
+// "cuda": LayoutRule's for a GPU). Throws for other kinds.
+std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind, LayoutChoice choice,
+                                           common::Precision precision);
 
 struct WorkspaceRequest {
   balancer::WorkspacePolicy policy = balancer::WorkspacePolicy::kUndivided;

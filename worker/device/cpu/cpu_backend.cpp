@@ -88,12 +88,11 @@ CpuBackend::CpuBackend(const BackendOptions& options) {
   if (isa == dnnl::cpu_isa::avx512_core || isa == dnnl::cpu_isa::avx512_core_vnni ||
       isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx ||
       isa == dnnl::cpu_isa::avx512_mic || isa == dnnl::cpu_isa::avx512_mic_4ops) {
-    block_ = 16;
+    layout_rule_.native_block = 16;
   } else if (isa == dnnl::cpu_isa::avx2 || isa == dnnl::cpu_isa::avx2_vnni) {
-    block_ = 8;
-  } else {
-    block_ = 1;
+    layout_rule_.native_block = 8;
   }
+  layout_rule_.choice = options.layout;
 }
 
 CpuBackend::~CpuBackend() {
@@ -136,13 +135,7 @@ void* CpuBackend::allocate_pinned(size_t bytes) {
   return ptr;
 }
 
-Layout CpuBackend::preferred_layout(int64_t channels) const {
-  // Blocked layouts pad channels up to the block; below one block the
-  // padding would cost more than the vector kernels gain.
-  if (block_ == 16 && channels >= 16) return Layout::kBlocked16;
-  if (block_ >= 8 && channels >= 8) return Layout::kBlocked8;
-  return Layout::kPlain;
-}
+Layout CpuBackend::preferred_layout(int64_t channels) const { return layout_rule_(channels); }
 
 char* CpuBackend::scratch(size_t bytes) {
   if (bytes > scratch_bytes_) {
@@ -244,7 +237,7 @@ void CpuBackend::convert(const Tensor& src, const Tensor& dst) {
 
 void CpuBackend::fill(const Tensor& dst, float value) {
   const Shape& s = dst.shape();
-  const int64_t block = channel_block(dst.desc.layout);
+  const int64_t block = channel_block(dst.desc);
   const int64_t blocks = (s.c + block - 1) / block;
   const int64_t spatial = s.h * s.w;
   with_element_type(dst.desc.dtype, [&]<class T>(T) {

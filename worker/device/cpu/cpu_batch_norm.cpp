@@ -145,7 +145,7 @@ namespace {
 struct ChannelRun {
   int64_t block, padded, hw;
   explicit ChannelRun(const TensorDesc& d)
-      : block(channel_block(d.layout)),
+      : block(channel_block(d)),
         padded((d.shape.c + block - 1) / block * block),
         hw(d.shape.h * d.shape.w) {}
   int64_t start(int64_t n, int64_t c) const {

@@ -230,25 +230,25 @@ void CpuBackend::accumulate(const Tensor& x, const Tensor& y, float beta) {
   add(y, x, y);
 }
 
-// A blocked output is assembled in a plain copy.
-static size_t concat_forward_scratch(const TensorDesc& y) {
-  return y.layout == Layout::kPlain ? 0 : plain_md(y.shape, y.dtype).get_size();
-}
-
-// A blocked gradient can be sliced in place when the slice is block-aligned
-// (GoogLeNet's channel counts are); otherwise it goes through a plain copy.
-static bool concat_slice_in_place(const TensorDesc& dy, int64_t channel_offset, int64_t channels) {
-  const int64_t block = channel_block(dy.layout);
+// Plain and NHWC tensors take a channel slice as a strided view; a blocked
+// one only where the slice is block-aligned (GoogLeNet's channel counts are).
+static bool concat_slice_in_place(const TensorDesc& y, int64_t channel_offset, int64_t channels) {
+  if (y.layout == Layout::kPlain || y.layout == Layout::kNhwc) return true;
+  const int64_t block = channel_block(y);
   return channel_offset % block == 0 && channels % block == 0;
 }
 
+// A blocked output is assembled in a plain copy; plain and NHWC ones in place.
+static bool concat_forward_direct(const TensorDesc& y) {
+  return y.layout == Layout::kPlain || y.layout == Layout::kNhwc;
+}
+
 size_t CpuBackend::concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) {
-  size_t bytes = concat_forward_scratch(y);
+  const size_t plain_copy = plain_md(y.shape, y.dtype).get_size();
+  size_t bytes = concat_forward_direct(y) ? 0 : plain_copy;
   int64_t offset = 0;
   for (const TensorDesc& x : xs) {
-    if (!concat_slice_in_place(y, offset, x.shape.c)) {
-      bytes = std::max(bytes, plain_md(y.shape, y.dtype).get_size());
-    }
+    if (!concat_slice_in_place(y, offset, x.shape.c)) bytes = plain_copy;
     offset += x.shape.c;
   }
   return bytes;
@@ -268,12 +268,12 @@ void CpuBackend::concat_forward(std::span<const Tensor> xs, const Tensor& y) {
     throw BackendError("concat: inputs have " + std::to_string(channels) +
                        " channels, output " + std::to_string(y.shape().c));
   }
-  // Each input is reordered into its channel slice of a plain view; for a
-  // blocked output whose slices are not block-aligned, through a plain copy.
-  const bool direct = y.desc.layout == Layout::kPlain;
+  // Each input is reordered into its channel slice of y, or of a plain copy
+  // of a blocked y.
+  const bool direct = concat_forward_direct(y.desc);
   Shape ys = y.shape();
-  void* plain = direct ? y.data : scratch(concat_forward_scratch(y.desc));
-  const memory::desc whole = plain_md(ys, y.desc.dtype);
+  void* plain = direct ? y.data : scratch(plain_md(ys, y.desc.dtype).get_size());
+  const memory::desc whole = direct ? md_of(y.desc) : plain_md(ys, y.desc.dtype);
   int64_t offset = 0;
   for (const Tensor& x : xs) {
     const memory::desc part =

@@ -105,6 +105,7 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
   // split-K partial sums in float too (by default cuBLAS may reduce them in
   // the output type), so they round once, as the contract says.
   tf32_ = options.precision == common::Precision::kTf32;
+  layout_rule_ = {.choice = options.layout, .gpu = true, .precision = options.precision};
   compute_capability_ = prop.major * 10 + prop.minor;
   const cublasMath_t math = tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
   VTRAIN_CUDA_CHECK(
@@ -321,9 +322,9 @@ void CudaBackend::copy_async(void* dst, const void* src, size_t bytes, StreamKin
 
 // Plain tensors move as they are stored: a half one is rounded on the host
 // (common/half.h, to nearest even as on the device) into the pinned
-// staging, or widened from it, so that a step's input upload takes no
-// device memory outside the plan. Other layouts (not this backend's
-// preferred one) go through f32 staging in the scratch and a device reorder.
+// staging, or widened from it, so that a step's input upload (the input
+// layer is plain) takes no device memory outside the plan. Other layouts
+// go through f32 staging in the scratch and a device reorder.
 void CudaBackend::upload(const float* host, const Tensor& dst) {
   const int64_t elements = dst.shape().elements();
   const size_t plain_bytes = static_cast<size_t>(elements) * sizeof(float);
@@ -382,7 +383,7 @@ void CudaBackend::download(const Tensor& src, float* host) {
   const void* from = src.data;
   if (src.desc.layout != Layout::kPlain) {
     void* staging = scratch(plain_bytes);
-    reorder(element(type), src.data, channel_block(src.desc.layout), Element::kF32, staging,
+    reorder(element(type), src.data, channel_block(src.desc), Element::kF32, staging,
             {s.n, s.c, s.h, s.w, 1}, compute_.get());
     from = staging;
   }
@@ -409,7 +410,7 @@ void CudaBackend::convert(const Tensor& src, const Tensor& dst) {
     throw BackendError("convert: cannot change the layout or element type of " +
                        src.shape().str() + " in place");
   }
-  reorder(element(src.desc.dtype), src.data, channel_block(src.desc.layout),
+  reorder(element(src.desc.dtype), src.data, channel_block(src.desc),
           element(dst.desc.dtype), dst.data,
           blocked(dst.desc), compute_.get());
 }
@@ -429,7 +430,7 @@ void CudaBackend::upload_labels(const int32_t* host, int32_t* device, int64_t co
 
 const void* CudaBackend::in_layout(const Tensor& t, Layout layout, void* staging) {
   if (t.desc.layout == layout) return t.data;
-  reorder(element(t.desc.dtype), t.data, channel_block(t.desc.layout), element(t.desc.dtype),
+  reorder(element(t.desc.dtype), t.data, channel_block(t.desc), element(t.desc.dtype),
           staging, blocked({t.shape(), layout, t.desc.dtype}), compute_.get());
   return staging;
 }

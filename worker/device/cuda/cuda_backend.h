@@ -49,11 +49,18 @@ namespace vtrain::worker::cuda {
 //         sums and the loss) and round once to the half type. The f16
 //         and bf16 paths are compiled and linked but not yet run on a GPU.
 //
-// Layouts: preferred_layout() is always kPlain (NCHW), and the network hands
-// this backend only that layout (Network's activation_descs). upload,
-// download, convert, fill and the elementwise ops (relu, add, accumulate,
-// scale) accept every Layout; the other ops throw BackendError naming the
-// layout when given a blocked one.
+// Layouts: activations are NCHW (kPlain) or NHWC (kNhwc), by
+// BackendOptions::layout (LayoutRule: under auto, NHWC in bf16 / fp16,
+// where tensor cores want it, NCHW in fp32 / tf32). cuDNN takes both; in
+// NHWC a convolution's filters go to it as KRSC, reordered into the
+// workspace from the KCRS weights (and its KRSC dw reordered back), and
+// an input in the other layout is reordered there too; the inner products
+// read an NHWC x of more than one pixel through an NCHW copy in the
+// scratch; concat copies channel runs per sample (NCHW) or per pixel
+// (NHWC). upload, download, convert, fill and the elementwise ops (relu,
+// add, accumulate, scale) accept every Layout; the other ops throw
+// BackendError naming the layout when given a blocked one. The NHWC paths
+// are compiled and linked but not yet run on a GPU.
 //
 // Device selection: the GPU with index (local rank % visible GPUs), where the
 // local rank comes from OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,

@@ -123,17 +123,26 @@ inline void check_same_desc(const char* op,
   worker::check_same_desc("cuda backend", op, tensors);
 }
 
-// The ops built on cuDNN descriptors take plain NCHW (see cuda_backend.h).
-inline void require_plain(const char* op, const TensorDesc& d) {
-  if (d.layout != Layout::kPlain) {
+// The ops built on cuDNN descriptors take NCHW or NHWC (see cuda_backend.h).
+inline void require_cudnn_layout(const char* op, const TensorDesc& d) {
+  if (d.layout != Layout::kPlain && d.layout != Layout::kNhwc) {
     throw BackendError(std::string("cuda backend: ") + op + ": tensor " + d.shape.str() +
                        " is in layout " + layout_name(d.layout) +
-                       "; this backend takes activations in its preferred layout, plain NCHW");
+                       "; this backend takes activations in NCHW (plain) or NHWC");
   }
 }
 
+inline bool channels_last(const TensorDesc& d) { return d.layout == Layout::kNhwc; }
+
+// cuDNN's format of a tensor (require_cudnn_layout first) and of the
+// filters of a convolution whose activations are in `layout` (NHWC
+// activations take KRSC filters, as cuDNN's tensor-core kernels want).
+inline cudnnTensorFormat_t cudnn_format(Layout layout) {
+  return layout == Layout::kNhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+}
+
 inline BlockedShape blocked(const TensorDesc& d) {
-  return {d.shape.n, d.shape.c, d.shape.h, d.shape.w, channel_block(d.layout)};
+  return {d.shape.n, d.shape.c, d.shape.h, d.shape.w, channel_block(d)};
 }
 
 // ------------------------------------------------- convolution variants
@@ -182,10 +191,50 @@ inline const ConvVariantInfo* conv_variant(ConvAlgo algo) {
   return nullptr;
 }
 
+// The layout a convolution call runs in: its output's (forward: y;
+// backward data: dx; backward filter: dy, which is y's). An input in
+// another layout is reordered into it first.
+inline Layout conv_layout(ConvKind kind, const ConvProblem& p) {
+  return kind == ConvKind::kBackwardData ? p.x.layout : p.y.layout;
+}
+
+// What a convolution call's workspace holds before cuDNN's part, in this
+// order (each part 256-byte aligned):
+//  - dw: backward filter, where cuDNN cannot write the contract's f32 KCRS
+//    dw itself: half tensors (cuDNN writes dw in the filter's type) or NHWC
+//    (KRSC filters); cuDNN's dw, added to the caller's with its beta;
+//  - dw_f32: backward filter in NHWC: that dw reordered to KCRS in f32;
+//  - filter: forward and backward data in NHWC: w reordered to KRSC;
+//  - input: the input in another layout than the call's (x, or dy for
+//    backward data), reordered.
+struct ConvStaging {
+  size_t dw = 0, dw_f32 = 0, filter = 0, input = 0;
+  size_t dw_f32_offset() const { return dw; }
+  size_t filter_offset() const { return dw + dw_f32; }
+  size_t input_offset() const { return dw + dw_f32 + filter; }
+  size_t total() const { return dw + dw_f32 + filter + input; }
+};
+inline ConvStaging conv_staging(ConvKind kind, const ConvProblem& p) {
+  const Layout layout = conv_layout(kind, p);
+  const DataType type = p.x.dtype;
+  const size_t weights = static_cast<size_t>(p.weight_shape().elements());
+  const bool nhwc = layout == Layout::kNhwc;
+  ConvStaging s;
+  if (kind == ConvKind::kBackwardFilter) {
+    if (type != DataType::kF32 || nhwc) s.dw = align_up(weights * element_bytes(type));
+    if (nhwc) s.dw_f32 = align_up(weights * sizeof(float));
+  } else if (nhwc) {
+    s.filter = align_up(weights * element_bytes(type));
+  }
+  const TensorDesc& input = kind == ConvKind::kBackwardData ? p.y : p.x;
+  if (input.layout != layout) s.input = align_up(TensorDesc{input.shape, layout, type}.bytes());
+  return s;
+}
+
 // cuDNN descriptors of one convolution problem, in its element type.
 struct ConvDescriptors {
   TensorDescriptor x, y, bias;  // bias {1, k, 1, 1} (the forward bias, in the tensors' type)
-  FilterDescriptor w;           // w, and for half problems the dw staged in the workspace
+  FilterDescriptor w;           // w (KCRS, or KRSC for NHWC activations) and a staged dw
   ConvDescriptor conv;          // compute type f32 (every variant but kTrueHalf)
   ConvDescriptor conv_true_half;  // compute type f16: f16 problems only
 };
@@ -221,7 +270,7 @@ class CudaBackend final : public Backend {
   }
   void* allocate_pinned(size_t bytes) override;
   void free_pinned(void* ptr) override;
-  Layout preferred_layout(int64_t) const override { return Layout::kPlain; }
+  Layout preferred_layout(int64_t channels) const override { return layout_rule_(channels); }
 
   Event record_event(StreamKind stream) override;
   void wait_event(StreamKind stream, const Event& event) override;
@@ -293,13 +342,12 @@ class CudaBackend final : public Backend {
   void scale(float* x, int64_t count, float alpha) override;
   bool all_finite(const float* x, int64_t count) override;
 
-  // cuDNN's activation, pooling and the cuBLAS inner products need no
-  // scratch; concat copies in place.
+  // cuDNN's activation and pooling need no scratch.
   size_t relu_scratch_bytes(const TensorDesc&) override { return 0; }
   size_t pooling_scratch_bytes(const PoolParams&, const TensorDesc&, const TensorDesc&) override {
     return 0;
   }
-  size_t inner_product_scratch_bytes(const TensorDesc&, int64_t, bool) override { return 0; }
+  size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) override;
   size_t batch_norm_scratch_bytes(const TensorDesc& x, float) override {
     return std::max(bn_inverse_std_bytes(x.shape.c), bn_sums_bytes(x.shape.c));
   }
@@ -307,8 +355,14 @@ class CudaBackend final : public Backend {
                            const TensorDesc& y) override {
     return add_staging_bytes(a, b, y);
   }
-  size_t concat_scratch_bytes(std::span<const TensorDesc>, const TensorDesc&) override {
-    return 0;
+  // An input in another layout than y is reordered in the scratch (forward);
+  // its gradient goes through two copies (backward, concat_backward).
+  size_t concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) override {
+    size_t bytes = 0;
+    for (const TensorDesc& x : xs) {
+      if (x.layout != y.layout) bytes = std::max(bytes, 2 * align_up(x.bytes()));
+    }
+    return bytes;
   }
   size_t softmax_scratch_bytes(const TensorDesc& logits) override {
     return softmax_result_bytes(logits.shape.n);
@@ -369,11 +423,16 @@ class CudaBackend final : public Backend {
   // half type (precision_unavailable's reason).
   DataType call_type(const char* op, std::initializer_list<TensorDesc> tensors) const;
 
-  cudnnTensorDescriptor_t tensor_desc(int64_t n, int64_t c, int64_t h, int64_t w, DataType type);
-  cudnnTensorDescriptor_t tensor_desc(const Shape& s, DataType type) {
-    return tensor_desc(s.n, s.c, s.h, s.w, type);
+  cudnnTensorDescriptor_t tensor_desc(int64_t n, int64_t c, int64_t h, int64_t w, DataType type,
+                                      Layout layout = Layout::kPlain);
+  cudnnTensorDescriptor_t tensor_desc(const Shape& s, DataType type,
+                                      Layout layout = Layout::kPlain) {
+    return tensor_desc(s.n, s.c, s.h, s.w, type, layout);
   }
-  cudnnTensorDescriptor_t tensor_desc(const TensorDesc& d) { return tensor_desc(d.shape, d.dtype); }
+  // NCHW or NHWC (require_cudnn_layout).
+  cudnnTensorDescriptor_t tensor_desc(const TensorDesc& d) {
+    return tensor_desc(d.shape, d.dtype, d.layout);
+  }
   // Batch norm's scale, shift, statistics and their gradients {1, c, 1, 1}:
   // f32 whatever the data's type (cudnnDeriveBNTensorDescriptor's rule for
   // f32, f16 and bf16 data).
@@ -383,7 +442,9 @@ class CudaBackend final : public Backend {
   cudnnTensorDescriptor_t storage_desc(const TensorDesc& d) {
     return tensor_desc(d.storage_elements(), 1, 1, 1, d.dtype);
   }
-  const ConvDescriptors& conv_descriptors(const ConvProblem& p);
+  // p's descriptors with both activations in `layout` and the filters in
+  // its filter format (cudnn_format).
+  const ConvDescriptors& conv_descriptors(const ConvProblem& p, Layout layout);
   // The descriptor and cuDNN algorithm number for the ConvAlgo id `algo`,
   // with the descriptor's math type set to the variant's. Throws for an id
   // whose variant is not for p's element type, and for a TF32 variant when
@@ -396,18 +457,21 @@ class CudaBackend final : public Backend {
   std::vector<int> ranked_algorithms(ConvKind kind, const ConvDescriptors& d,
                                      cudnnConvolutionDescriptor_t conv,
                                      const ConvVariantInfo& variant, const std::string& what);
-  // What cuDNN's call needs (cached); conv_workspace() adds the dw staging.
+  // What cuDNN's call needs (cached); conv_workspace() adds conv_staging's.
   size_t cudnn_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p);
-  // A half BackwardFilter's dw in the half type, staged at the start of the
-  // workspace (cuDNN writes dw in the filter's type; the contract's dw is
-  // f32): 0 for f32 problems and the other kinds.
-  static size_t dw_staging_bytes(ConvKind kind, const ConvProblem& p) {
-    if (kind != ConvKind::kBackwardFilter || p.x.dtype == DataType::kF32) return 0;
-    return align_up(static_cast<size_t>(p.weight_shape().elements()) * element_bytes(p.x.dtype));
-  }
   cudnnPoolingDescriptor_t pool_desc(const PoolParams& p);
   void check_conv(const char* op, const ConvProblem& p, const Tensor& x, const Tensor& y,
                   ConvKind kind, ConvAlgo algo, size_t workspace_bytes);
+  // A convolution's filters w (KCRS) as cuDNN takes them with activations
+  // in `layout`: w itself, or for NHWC a KRSC copy at `staging`.
+  const void* filters_in_layout(const ConvProblem& p, const void* w, Layout layout,
+                                void* staging);
+  // An inner product's x as the NCHW rows its GEMMs read (ip_staged).
+  const void* ip_input(const Tensor& x);
+  // Copies a channel range between two tensors in one layout (concat).
+  void copy_channels(DataType type, const void* src, int64_t src_c, int64_t src_offset, void* dst,
+                     int64_t dst_c, int64_t dst_offset, int64_t channels, int64_t n, int64_t hw,
+                     Layout layout, float beta);
   // A tensor's contents in `layout`: itself, or a reordered copy at `staging`.
   const void* in_layout(const Tensor& t, Layout layout, void* staging);
   // C = A * B + beta * C (cuBLAS's column-major terms): cublasSgemm for f32
@@ -421,6 +485,7 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   int compute_capability_ = 0;  // major * 10 + minor
   bool tf32_ = false;           // BackendOptions::precision is tf32
+  LayoutRule layout_rule_;      // BackendOptions::layout, for a GPU
   size_t capacity_ = 0;
   Stream compute_;
   Stream memory_;
@@ -443,7 +508,7 @@ class CudaBackend final : public Backend {
   char* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
 
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, DataType>, TensorDescriptor>
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, DataType, Layout>, TensorDescriptor>
       tensor_descs_;
   std::unordered_map<std::string, ConvDescriptors> conv_descs_;
   std::unordered_map<std::string, PoolDescriptor> pool_descs_;

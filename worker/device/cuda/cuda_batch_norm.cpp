@@ -16,7 +16,7 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
                                               float* running_var, float momentum, float eps) {
   check_same_desc("batch_norm_forward_training",
                   {{"x", x.desc}, {"y", y.desc}});
-  require_plain("batch_norm_forward_training", x.desc);
+  require_cudnn_layout("batch_norm_forward_training", x.desc);
   call_type("batch_norm_forward_training", {x.desc});
   const int64_t c = x.shape().c;
   const std::string what = "batch_norm_forward_training " + x.shape().str();
@@ -38,7 +38,7 @@ void CudaBackend::batch_norm_forward_inference(const Tensor& x, const Tensor& y,
                                                const float* running_var, float eps) {
   check_same_desc("batch_norm_forward_inference",
                   {{"x", x.desc}, {"y", y.desc}});
-  require_plain("batch_norm_forward_inference", x.desc);
+  require_cudnn_layout("batch_norm_forward_inference", x.desc);
   call_type("batch_norm_forward_inference", {x.desc});
   const int64_t c = x.shape().c;
   const float one = 1.0f, zero = 0.0f;
@@ -56,7 +56,7 @@ void CudaBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const f
                                       float eps) {
   check_beta("batch_norm_backward", beta);
   check_same_desc("batch_norm_backward", {{"x", x.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
-  require_plain("batch_norm_backward", x.desc);
+  require_cudnn_layout("batch_norm_backward", x.desc);
   call_type("batch_norm_backward", {x.desc});
   const int64_t c = x.shape().c;
   float* inv_std = reinterpret_cast<float*>(scratch(bn_inverse_std_bytes(c)));
@@ -84,11 +84,12 @@ std::vector<double> CudaBackend::read_bn_sums(const double* device, int64_t chan
 }
 
 std::vector<double> CudaBackend::batch_norm_sums(const Tensor& x) {
-  require_plain("batch_norm_sums", x.desc);
+  require_cudnn_layout("batch_norm_sums", x.desc);
   const DataType type = call_type("batch_norm_sums", {x.desc});
   const Shape& s = x.shape();
   auto* sums = reinterpret_cast<double*>(scratch(bn_sums_bytes(s.c)));
-  cuda::batch_norm_sums(element(type), x.data, s.n, s.c, s.h * s.w, sums, compute_.get());
+  cuda::batch_norm_sums(element(type), x.data, s.n, s.c, s.h * s.w, channels_last(x.desc), sums,
+                        compute_.get());
   return read_bn_sums(sums, s.c, "batch_norm_sums " + s.str());
 }
 
@@ -96,12 +97,12 @@ std::vector<double> CudaBackend::batch_norm_backward_sums(const Tensor& x, const
                                                           const float* mean, const float* var,
                                                           float eps) {
   check_same_desc("batch_norm_backward_sums", {{"x", x.desc}, {"dy", dy.desc}});
-  require_plain("batch_norm_backward_sums", x.desc);
+  require_cudnn_layout("batch_norm_backward_sums", x.desc);
   const DataType type = call_type("batch_norm_backward_sums", {x.desc});
   const Shape& s = x.shape();
   auto* sums = reinterpret_cast<double*>(scratch(bn_sums_bytes(s.c)));
   cuda::batch_norm_backward_sums(element(type), x.data, dy.data, mean, var, eps, s.n, s.c,
-                                 s.h * s.w, sums, compute_.get());
+                                 s.h * s.w, channels_last(x.desc), sums, compute_.get());
   return read_bn_sums(sums, s.c, "batch_norm_backward_sums " + s.str());
 }
 
@@ -110,11 +111,12 @@ void CudaBackend::batch_norm_backward_data(const Tensor& x, const Tensor& dy,
                                            const float* var, const float* dy_means,
                                            const Tensor& dx, float eps) {
   check_same_desc("batch_norm_backward_data", {{"x", x.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
-  require_plain("batch_norm_backward_data", x.desc);
+  require_cudnn_layout("batch_norm_backward_data", x.desc);
   const DataType type = call_type("batch_norm_backward_data", {x.desc});
   const Shape& s = x.shape();
   cuda::batch_norm_backward_data(element(type), x.data, dy.data, scale_shift, mean, var, dy_means,
-                                 eps, s.n, s.c, s.h * s.w, dx.data, compute_.get());
+                                 eps, s.n, s.c, s.h * s.w, channels_last(x.desc), dx.data,
+                                 compute_.get());
 }
 
 }  // namespace vtrain::worker::cuda

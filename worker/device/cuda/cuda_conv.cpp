@@ -91,42 +91,45 @@ void keep_ranked(const std::vector<Perf>& perf, int returned, ConvVariant varian
 // -------------------------------------------------------------- descriptors
 
 cudnnTensorDescriptor_t CudaBackend::tensor_desc(int64_t n, int64_t c, int64_t h, int64_t w,
-                                                 DataType type) {
-  auto key = std::make_tuple(n, c, h, w, type);
+                                                 DataType type, Layout layout) {
+  auto key = std::make_tuple(n, c, h, w, type, layout);
   auto it = tensor_descs_.find(key);
   if (it != tensor_descs_.end()) return it->second.get();
-  const std::string what = "tensor " + Shape{n, c, h, w}.str() + " " + dtype_name(type);
+  const std::string what = "tensor " + Shape{n, c, h, w}.str() + " " + dtype_name(type) + " " +
+                           layout_name(layout);
+  require_cudnn_layout("tensor descriptor", {{n, c, h, w}, layout, type});
   cudnnTensorDescriptor_t raw = nullptr;
   VTRAIN_CUDA_CHECK(cudnnCreateTensorDescriptor(&raw), what);
   TensorDescriptor desc(raw);
-  VTRAIN_CUDA_CHECK(cudnnSetTensor4dDescriptor(raw, CUDNN_TENSOR_NCHW, cudnn_type(type),
+  VTRAIN_CUDA_CHECK(cudnnSetTensor4dDescriptor(raw, cudnn_format(layout), cudnn_type(type),
                                                to_int(n, what + " n"), to_int(c, what + " c"),
                                                to_int(h, what + " h"), to_int(w, what + " w")),
                     what);
   return tensor_descs_.emplace(key, std::move(desc)).first->second.get();
 }
 
-const ConvDescriptors& CudaBackend::conv_descriptors(const ConvProblem& p) {
+const ConvDescriptors& CudaBackend::conv_descriptors(const ConvProblem& p, Layout layout) {
   // Checked before the cache: the key (p.str()) names x's type only, and a
   // y of another type must not find x's descriptors.
   const DataType type = call_type("convolution", {p.x, p.y});
-  const std::string key = p.str();
+  const std::string key = p.str() + " in " + layout_name(layout);
   auto it = conv_descs_.find(key);
   if (it != conv_descs_.end()) return it->second;
-  require_plain("convolution input", p.x);
-  require_plain("convolution output", p.y);
+  require_cudnn_layout("convolution input", p.x);
+  require_cudnn_layout("convolution output", p.y);
   if (!(p.y.shape == p.output_shape())) {
     throw BackendError("convolution " + p.str() + ": output shape should be " +
                        p.output_shape().str());
   }
   const std::string what = "convolution " + key;
+  const cudnnTensorFormat_t format = cudnn_format(layout);
   ConvDescriptors d;
   auto make_tensor = [&](const Shape& s) {
     cudnnTensorDescriptor_t raw = nullptr;
     VTRAIN_CUDA_CHECK(cudnnCreateTensorDescriptor(&raw), what);
     TensorDescriptor desc(raw);
     VTRAIN_CUDA_CHECK(
-        cudnnSetTensor4dDescriptor(raw, CUDNN_TENSOR_NCHW, cudnn_type(type), to_int(s.n, what),
+        cudnnSetTensor4dDescriptor(raw, format, cudnn_type(type), to_int(s.n, what),
                                    to_int(s.c, what), to_int(s.h, what), to_int(s.w, what)),
         what);
     return desc;
@@ -138,7 +141,7 @@ const ConvDescriptors& CudaBackend::conv_descriptors(const ConvProblem& p) {
   cudnnFilterDescriptor_t raw_filter = nullptr;
   VTRAIN_CUDA_CHECK(cudnnCreateFilterDescriptor(&raw_filter), what);
   d.w.reset(raw_filter);
-  VTRAIN_CUDA_CHECK(cudnnSetFilter4dDescriptor(raw_filter, cudnn_type(type), CUDNN_TENSOR_NCHW,
+  VTRAIN_CUDA_CHECK(cudnnSetFilter4dDescriptor(raw_filter, cudnn_type(type), format,
                                                to_int(ws.n, what), to_int(ws.c, what),
                                                to_int(ws.h, what), to_int(ws.w, what)),
                     what);
@@ -262,7 +265,7 @@ std::vector<int> CudaBackend::ranked_algorithms(ConvKind kind, const ConvDescrip
 // f16 in PSEUDO_HALF then TRUE_HALF; bf16 in PSEUDO_BFLOAT16.
 std::vector<ConvAlgoInfo> CudaBackend::conv_algorithms(ConvKind kind, const ConvProblem& p,
                                                        bool accumulate) {
-  const ConvDescriptors& d = conv_descriptors(p);
+  const ConvDescriptors& d = conv_descriptors(p, conv_layout(kind, p));
   const std::string what = std::string(conv_kind_name(kind)) + " algorithms for " + p.str();
   std::vector<ConvAlgoInfo> algos;
   for (const ConvVariantInfo& variant : kConvVariants) {
@@ -289,7 +292,7 @@ size_t CudaBackend::cudnn_workspace(ConvKind kind, ConvAlgo algo, const ConvProb
       std::to_string(static_cast<int>(kind)) + "/" + std::to_string(algo) + "/" + p.str();
   auto it = conv_workspaces_.find(key);
   if (it != conv_workspaces_.end()) return it->second;
-  const ConvDescriptors& d = conv_descriptors(p);
+  const ConvDescriptors& d = conv_descriptors(p, conv_layout(kind, p));
   const ConvCall call = conv_call(d, p, kind, algo);
   size_t bytes = 0;
   cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
@@ -319,12 +322,12 @@ size_t CudaBackend::cudnn_workspace(ConvKind kind, ConvAlgo algo, const ConvProb
   return bytes;
 }
 
-// cuDNN's workspace, after the half dw staging where there is one. Beta
-// needs no extra space: cuDNN scales natively, and the staged dw is added
-// to the f32 dw with the caller's beta by a kernel.
+// cuDNN's workspace, after the staging (ConvStaging). Beta needs no extra
+// space: cuDNN scales natively, and a staged dw is added to the f32 dw
+// with the caller's beta by a kernel.
 size_t CudaBackend::conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
                                    bool /*accumulate*/) {
-  return dw_staging_bytes(kind, p) + cudnn_workspace(kind, algo, p);
+  return conv_staging(kind, p).total() + cudnn_workspace(kind, algo, p);
 }
 
 void CudaBackend::check_conv(const char* op, const ConvProblem& p, const Tensor& x, const Tensor& y,
@@ -344,19 +347,27 @@ void CudaBackend::check_conv(const char* op, const ConvProblem& p, const Tensor&
 
 // Scaling factors are floats for f32, f16 and bf16 tensors alike (cuDNN
 // takes doubles for double tensors only); y is read only where beta is 1.
+// In NHWC the filters go to cuDNN as KRSC, reordered into the workspace;
+// an input in the other layout is reordered there too (ConvStaging).
 void CudaBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const void* w,
                                const void* bias, const Tensor& y, float beta, void* workspace,
                                size_t workspace_bytes) {
   check_beta("conv_forward", beta);
-  const ConvDescriptors& d = conv_descriptors(p);
+  const Layout layout = conv_layout(ConvKind::kForward, p);
+  const ConvDescriptors& d = conv_descriptors(p, layout);
   check_conv("conv_forward", p, x, y, ConvKind::kForward, algo, workspace_bytes);
   const ConvCall call = conv_call(d, p, ConvKind::kForward, algo);
+  const ConvStaging staging = conv_staging(ConvKind::kForward, p);
+  char* ws = static_cast<char*>(workspace);
+  const void* x_in = in_layout(x, layout, ws + staging.input_offset());
+  const void* w_in = filters_in_layout(p, w, layout, ws + staging.filter_offset());
   const std::string what = "conv_forward " + p.str();
   const float one = 1.0f;
   VTRAIN_CUDA_CHECK(
-      cudnnConvolutionForward(cudnn_.get(), &one, d.x.get(), x.data, d.w.get(), w, call.conv,
-                              static_cast<cudnnConvolutionFwdAlgo_t>(call.algo), workspace,
-                              workspace_bytes, &beta, d.y.get(), y.data),
+      cudnnConvolutionForward(cudnn_.get(), &one, d.x.get(), x_in, d.w.get(), w_in, call.conv,
+                              static_cast<cudnnConvolutionFwdAlgo_t>(call.algo),
+                              ws + staging.total(), workspace_bytes - staging.total(), &beta,
+                              d.y.get(), y.data),
       what);
   if (bias) {
     // The bias is in the tensors' type (backend.h); a half y rounds twice,
@@ -371,39 +382,53 @@ void CudaBackend::conv_backward_data(ConvAlgo algo, const ConvProblem& p, const 
                                      const void* w, const Tensor& dx, float beta, void* workspace,
                                      size_t workspace_bytes) {
   check_beta("conv_backward_data", beta);
-  const ConvDescriptors& d = conv_descriptors(p);
+  const Layout layout = conv_layout(ConvKind::kBackwardData, p);
+  const ConvDescriptors& d = conv_descriptors(p, layout);
   check_conv("conv_backward_data", p, dx, dy, ConvKind::kBackwardData, algo, workspace_bytes);
   const ConvCall call = conv_call(d, p, ConvKind::kBackwardData, algo);
+  const ConvStaging staging = conv_staging(ConvKind::kBackwardData, p);
+  char* ws = static_cast<char*>(workspace);
+  const void* dy_in = in_layout(dy, layout, ws + staging.input_offset());
+  const void* w_in = filters_in_layout(p, w, layout, ws + staging.filter_offset());
   const float one = 1.0f;
   VTRAIN_CUDA_CHECK(
-      cudnnConvolutionBackwardData(cudnn_.get(), &one, d.w.get(), w, d.y.get(), dy.data, call.conv,
+      cudnnConvolutionBackwardData(cudnn_.get(), &one, d.w.get(), w_in, d.y.get(), dy_in,
+                                   call.conv,
                                    static_cast<cudnnConvolutionBwdDataAlgo_t>(call.algo),
-                                   workspace, workspace_bytes, &beta, d.x.get(), dx.data),
+                                   ws + staging.total(), workspace_bytes - staging.total(), &beta,
+                                   d.x.get(), dx.data),
       "conv_backward_data " + p.str());
 }
 
-// f32 tensors: cuDNN writes dw and dbias with the caller's beta. Half
-// tensors: cuDNN's dw is in the filter's (half) type, so it computes into
-// the staging at the workspace's start with beta 0 (never reading it) and
-// accumulate() adds that to the f32 dw with the caller's beta (beta 0
-// never reads dw): micro-batches after the first pass beta 1 and sum in
-// f32. dbias is summed from the half dy straight into f32 (bias_gradient),
-// not rounded to half first as cuDNN's bias gradient would.
+// f32 NCHW: cuDNN writes dw and dbias with the caller's beta. Otherwise
+// cuDNN's dw is in the filter's type (half tensors) or format (KRSC for
+// NHWC), so it computes into the staging at the workspace's start with
+// beta 0 (never reading it); in NHWC a reorder takes that to KCRS f32; and
+// accumulate() adds it to the f32 dw with the caller's beta (beta 0 never
+// reads dw): micro-batches after the first pass beta 1 and sum in f32.
+// dbias is then summed from dy straight into f32 (bias_gradient), not
+// rounded to half first as cuDNN's bias gradient would.
 void CudaBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const Tensor& x,
                                        const Tensor& dy, float* dw, float* dbias, float beta,
                                        void* workspace, size_t workspace_bytes) {
   check_beta("conv_backward_filter", beta);
-  const ConvDescriptors& d = conv_descriptors(p);
+  const Layout layout = conv_layout(ConvKind::kBackwardFilter, p);
+  const ConvDescriptors& d = conv_descriptors(p, layout);
   check_conv("conv_backward_filter", p, x, dy, ConvKind::kBackwardFilter, algo, workspace_bytes);
   const ConvCall call = conv_call(d, p, ConvKind::kBackwardFilter, algo);
+  const ConvStaging staging = conv_staging(ConvKind::kBackwardFilter, p);
+  char* ws = static_cast<char*>(workspace);
+  const void* x_in = in_layout(x, layout, ws + staging.input_offset());
+  void* cudnn_ws = ws + staging.total();
+  const size_t cudnn_bytes = workspace_bytes - staging.total();
   const std::string what = "conv_backward_filter " + p.str();
   const DataType type = p.x.dtype;
   const float one = 1.0f, zero = 0.0f;
-  if (type == DataType::kF32) {
+  if (staging.dw == 0) {
     VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardFilter(
-                          cudnn_.get(), &one, d.x.get(), x.data, d.y.get(), dy.data, call.conv,
-                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(call.algo), workspace,
-                          workspace_bytes, &beta, d.w.get(), dw),
+                          cudnn_.get(), &one, d.x.get(), x_in, d.y.get(), dy.data, call.conv,
+                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(call.algo), cudnn_ws,
+                          cudnn_bytes, &beta, d.w.get(), dw),
                       what);
     if (dbias) {
       VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardBias(cudnn_.get(), &one, d.y.get(), dy.data, &beta,
@@ -412,21 +437,37 @@ void CudaBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, cons
     }
     return;
   }
-  const size_t staging = dw_staging_bytes(ConvKind::kBackwardFilter, p);
-  void* half_dw = workspace;
+  void* staged_dw = ws;
   VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardFilter(
-                        cudnn_.get(), &one, d.x.get(), x.data, d.y.get(), dy.data, call.conv,
-                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(call.algo),
-                        static_cast<char*>(workspace) + staging, workspace_bytes - staging, &zero,
-                        d.w.get(), half_dw),
+                        cudnn_.get(), &one, d.x.get(), x_in, d.y.get(), dy.data, call.conv,
+                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(call.algo), cudnn_ws,
+                        cudnn_bytes, &zero, d.w.get(), staged_dw),
                     what);
-  cuda::accumulate(element(type), half_dw, Element::kF32, dw, beta, p.weight_shape().elements(),
-                   compute_.get());
+  const Shape wshape = p.weight_shape();
+  Element dw_type = element(type);
+  if (layout == Layout::kNhwc) {
+    // KRSC is the NHWC layout of a {k, c, r, s} tensor.
+    void* kcrs = ws + staging.dw_f32_offset();
+    reorder(element(type), staged_dw, wshape.c, Element::kF32, kcrs,
+            {wshape.n, wshape.c, wshape.h, wshape.w, 1}, compute_.get());
+    staged_dw = kcrs;
+    dw_type = Element::kF32;
+  }
+  cuda::accumulate(dw_type, staged_dw, Element::kF32, dw, beta, wshape.elements(), compute_.get());
   if (dbias) {
     const Shape& ys = p.y.shape;
-    cuda::bias_gradient(element(type), dy.data, ys.n, ys.c, ys.h * ys.w, dbias, beta,
-                        compute_.get());
+    cuda::bias_gradient(element(type), dy.data, ys.n, ys.c, ys.h * ys.w, channels_last(p.y),
+                        dbias, beta, compute_.get());
   }
+}
+
+const void* CudaBackend::filters_in_layout(const ConvProblem& p, const void* w, Layout layout,
+                                           void* staging) {
+  if (layout != Layout::kNhwc) return w;
+  const Shape ws = p.weight_shape();
+  const Element type = element(p.x.dtype);
+  reorder(type, w, 1, type, staging, {ws.n, ws.c, ws.h, ws.w, ws.c}, compute_.get());
+  return staging;
 }
 
 }  // namespace vtrain::worker::cuda

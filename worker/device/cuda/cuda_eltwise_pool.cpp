@@ -75,9 +75,20 @@ void CudaBackend::sgd_update(float* w, const float* g, float* velocity, int64_t 
 
 // ----------------------------------------------------------------- pooling
 
+// cuDNN pools NCHW and NHWC alike; x and y (and dy, dx) in one layout.
+static void require_one_layout(const char* op, std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors) {
+    require_cudnn_layout(op, t->desc);
+    if (t->desc.layout != (*tensors.begin())->desc.layout) {
+      throw BackendError(std::string("cuda backend: ") + op + ": tensors in " +
+                         layout_name((*tensors.begin())->desc.layout) + " and " +
+                         layout_name(t->desc.layout) + "; this op takes one layout");
+    }
+  }
+}
+
 void CudaBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y, void*) {
-  require_plain("pooling_forward", x.desc);
-  require_plain("pooling_forward", y.desc);
+  require_one_layout("pooling_forward", {&x, &y});
   call_type("pooling_forward", {x.desc, y.desc});
   const float one = 1.0f, zero = 0.0f;
   VTRAIN_CUDA_CHECK(cudnnPoolingForward(cudnn_.get(), pool_desc(p), &one, tensor_desc(x.desc),
@@ -87,7 +98,7 @@ void CudaBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Te
 
 void CudaBackend::pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y,
                                    const Tensor& dy, const Tensor& dx, const void*) {
-  for (const Tensor* t : {&x, &y, &dy, &dx}) require_plain("pooling_backward", t->desc);
+  require_one_layout("pooling_backward", {&x, &y, &dy, &dx});
   call_type("pooling_backward", {x.desc, y.desc, dy.desc, dx.desc});
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t xd = tensor_desc(x.desc), yd = tensor_desc(y.desc);
@@ -98,12 +109,31 @@ void CudaBackend::pooling_backward(const PoolParams& p, const Tensor& x, const T
 
 // ------------------------------------------------------------ concat, loss
 
+// Channels [src_offset, src_offset + channels) of every pixel of src (src_c
+// channels) into channels [dst_offset, ...) of dst (dst_c channels), both
+// in `layout` (NCHW: a run of channels * hw per sample; NHWC: a run of
+// `channels` per pixel), + beta * dst.
+void CudaBackend::copy_channels(DataType type, const void* src, int64_t src_c, int64_t src_offset,
+                                void* dst, int64_t dst_c, int64_t dst_offset, int64_t channels,
+                                int64_t n, int64_t hw, Layout layout, float beta) {
+  if (layout == Layout::kNhwc) {
+    copy_rows(element(type), worker::element_at(src, src_offset, type), src_c,
+              element_at(dst, dst_offset, type), dst_c, n * hw, channels, beta, compute_.get());
+  } else {
+    copy_rows(element(type), worker::element_at(src, src_offset * hw, type), src_c * hw,
+              element_at(dst, dst_offset * hw, type), dst_c * hw, n, channels * hw, beta,
+              compute_.get());
+  }
+}
+
+// Inputs in y's layout are copied into their channels of y; others are
+// reordered into it first, one at a time, in the scratch.
 void CudaBackend::concat_forward(std::span<const Tensor> xs, const Tensor& y) {
-  require_plain("concat_forward", y.desc);
+  require_cudnn_layout("concat_forward", y.desc);
   const Shape ys = y.shape();
   int64_t channels = 0;
   for (const Tensor& x : xs) {
-    require_plain("concat_forward", x.desc);
+    require_cudnn_layout("concat_forward", x.desc);
     call_type("concat_forward", {x.desc, y.desc});
     if (x.shape().n != ys.n || x.shape().h != ys.h || x.shape().w != ys.w) {
       throw BackendError("concat: input " + x.shape().str() + " does not fit output " + ys.str());
@@ -114,29 +144,48 @@ void CudaBackend::concat_forward(std::span<const Tensor> xs, const Tensor& y) {
     throw BackendError("concat: inputs have " + std::to_string(channels) + " channels, output " +
                        std::to_string(ys.c));
   }
+  std::vector<TensorDesc> descs;
+  for (const Tensor& x : xs) descs.push_back(x.desc);
+  char* staging = nullptr;
+  if (const size_t bytes = concat_scratch_bytes(descs, y.desc); bytes > 0) staging = scratch(bytes);
   const DataType type = y.desc.dtype;
-  const int64_t hw = ys.h * ys.w;
   int64_t offset = 0;
   for (const Tensor& x : xs) {
-    const int64_t part = x.shape().c * hw;
-    copy_rows(element(type), x.data, part, element_at(y.data, offset * hw, type), ys.c * hw, ys.n,
-              part, 0.0f, compute_.get());
-    offset += x.shape().c;
+    const int64_t c = x.shape().c;
+    copy_channels(type, in_layout(x, y.desc.layout, staging), c, 0, y.data, ys.c, offset, c, ys.n,
+                  ys.h * ys.w, y.desc.layout, 0.0f);
+    offset += c;
   }
 }
 
+// dx in dy's layout takes its channels straight; in another layout they go
+// through the scratch in dy's layout (and, with beta, a second copy in dx's).
 void CudaBackend::concat_backward(const Tensor& dy, int64_t channel_offset, const Tensor& dx,
                                   float beta) {
   check_beta("concat_backward", beta);
-  require_plain("concat_backward", dy.desc);
-  require_plain("concat_backward", dx.desc);
+  require_cudnn_layout("concat_backward", dy.desc);
+  require_cudnn_layout("concat_backward", dx.desc);
   const DataType type = call_type("concat_backward", {dy.desc, dx.desc});
   const Shape ys = dy.shape();
   const Shape xs = dx.shape();
   check_concat_slice(ys, channel_offset, xs);
   const int64_t hw = ys.h * ys.w;
-  copy_rows(element(type), element_at(dy.data, channel_offset * hw, type), ys.c * hw, dx.data,
-            xs.c * hw, ys.n, xs.c * hw, beta, compute_.get());
+  if (dx.desc.layout == dy.desc.layout) {
+    copy_channels(type, dy.data, ys.c, channel_offset, dx.data, xs.c, 0, xs.c, ys.n, hw,
+                  dy.desc.layout, beta);
+    return;
+  }
+  const size_t part = align_up(dx.bytes());
+  char* staging = scratch(2 * part);
+  const Tensor slice{{xs, dy.desc.layout, type}, staging};
+  copy_channels(type, dy.data, ys.c, channel_offset, slice.data, xs.c, 0, xs.c, ys.n, hw,
+                dy.desc.layout, 0.0f);
+  if (beta == 0.0f) {
+    convert(slice, dx);
+    return;
+  }
+  cuda::accumulate(element(type), in_layout(slice, dx.desc.layout, staging + part), element(type),
+                   dx.data, beta, dx.desc.storage_elements(), compute_.get());
 }
 
 }  // namespace vtrain::worker::cuda

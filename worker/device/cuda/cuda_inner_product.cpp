@@ -17,6 +17,23 @@ void check_fc_output(const char* op, const Tensor& y) {
 
 }  // namespace
 
+// The GEMMs read x (and write dx) as NCHW rows of c * h * w, the weights'
+// order: an NHWC x of more than one pixel goes through an NCHW copy in the
+// scratch (one pixel is stored as NCHW already).
+static bool ip_staged(const TensorDesc& x) {
+  return x.layout == Layout::kNhwc && x.shape.h * x.shape.w > 1;
+}
+
+size_t CudaBackend::inner_product_scratch_bytes(const TensorDesc& x, int64_t, bool) {
+  return ip_staged(x) ? align_up(TensorDesc{x.shape, Layout::kPlain, x.dtype}.bytes()) : 0;
+}
+
+const void* CudaBackend::ip_input(const Tensor& x) {
+  require_cudnn_layout("inner product input", x.desc);
+  if (!ip_staged(x.desc)) return x.data;
+  return in_layout(x, Layout::kPlain, scratch(inner_product_scratch_bytes(x.desc, 0, false)));
+}
+
 void CudaBackend::gemm(const std::string& what, cublasOperation_t trans_a,
                        cublasOperation_t trans_b, int m, int n, int k, DataType ab_type,
                        const void* a, int lda, const void* b, int ldb, float beta,
@@ -44,13 +61,13 @@ void CudaBackend::gemm(const std::string& what, cublasOperation_t trans_a,
 void CudaBackend::inner_product_forward(const Tensor& x, const void* w, const void* bias,
                                         const Tensor& y) {
   check_fc_output("inner_product_forward", y);
-  require_plain("inner_product_forward", x.desc);
+  const void* x_rows = ip_input(x);
   const DataType type = call_type("inner_product_forward", {x.desc, y.desc});
   const std::string what = "inner_product_forward " + x.shape().str() + " -> " + y.shape().str();
   if (x.shape().n != y.shape().n) throw BackendError(what + ": batch sizes differ");
   const int n = to_int(x.shape().n, what), in = to_int(x.shape().per_sample(), what),
             out = to_int(y.shape().c, what);
-  gemm(what, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, type, w, in, x.data, in, 0.0f, type, y.data,
+  gemm(what, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, type, w, in, x_rows, in, 0.0f, type, y.data,
        out);
   if (bias) {
     const float one = 1.0f;
@@ -62,22 +79,27 @@ void CudaBackend::inner_product_forward(const Tensor& x, const void* w, const vo
 
 void CudaBackend::inner_product_backward_data(const Tensor& dy, const void* w, const Tensor& dx) {
   check_fc_output("inner_product_backward_data", dy);
-  require_plain("inner_product_backward_data", dx.desc);
+  require_cudnn_layout("inner_product_backward_data", dx.desc);
   const DataType type = call_type("inner_product_backward_data", {dy.desc, dx.desc});
   const std::string what =
       "inner_product_backward_data " + dx.shape().str() + " <- " + dy.shape().str();
   if (dx.shape().n != dy.shape().n) throw BackendError(what + ": batch sizes differ");
   const int n = to_int(dx.shape().n, what), in = to_int(dx.shape().per_sample(), what),
             out = to_int(dy.shape().c, what);
-  // dx^T(in x n) = W^T(in x out) * dy^T(out x n)
-  gemm(what, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, type, w, in, dy.data, out, 0.0f, type, dx.data,
-       in);
+  // dx^T(in x n) = W^T(in x out) * dy^T(out x n), NCHW rows (ip_staged).
+  const Tensor rows = ip_staged(dx.desc)
+                          ? Tensor{{dx.shape(), Layout::kPlain, type},
+                                   scratch(inner_product_scratch_bytes(dx.desc, 0, false))}
+                          : dx;
+  gemm(what, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, type, w, in, dy.data, out, 0.0f, type,
+       rows.data, in);
+  if (rows.data != dx.data) convert(rows, dx);
 }
 
 void CudaBackend::inner_product_backward_weights(const Tensor& x, const Tensor& dy, float* dw,
                                                  float* dbias, float beta) {
   check_fc_output("inner_product_backward_weights", dy);
-  require_plain("inner_product_backward_weights", x.desc);
+  const void* x_rows = ip_input(x);
   check_beta("inner_product_backward_weights", beta);
   const DataType type = call_type("inner_product_backward_weights", {x.desc, dy.desc});
   const std::string what =
@@ -86,7 +108,7 @@ void CudaBackend::inner_product_backward_weights(const Tensor& x, const Tensor& 
   const int n = to_int(x.shape().n, what), in = to_int(x.shape().per_sample(), what),
             out = to_int(dy.shape().c, what);
   // dW^T(in x out) = x^T(in x n) * dy(n x out), into f32 whatever x's type.
-  gemm(what, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, type, x.data, in, dy.data, out, beta,
+  gemm(what, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, type, x_rows, in, dy.data, out, beta,
        DataType::kF32, dw, in);
   if (!dbias) return;
   if (type == DataType::kF32) {
@@ -97,7 +119,8 @@ void CudaBackend::inner_product_backward_weights(const Tensor& x, const Tensor& 
         what + " bias");
   } else {
     // Summed from the half dy in float (as conv_backward_filter's dbias).
-    cuda::bias_gradient(element(type), dy.data, dy.shape().n, out, 1, dbias, beta, compute_.get());
+    cuda::bias_gradient(element(type), dy.data, dy.shape().n, out, 1, false, dbias, beta,
+                        compute_.get());
   }
 }
 

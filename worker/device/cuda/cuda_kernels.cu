@@ -224,6 +224,14 @@ void check_launch(const char* kernel) {
   VTRAIN_CUDA_CHECK(cudaGetLastError(), std::string("launch of ") + kernel);
 }
 
+// Where element `pixel_index` (sample * hw + pixel) of channel ch is stored
+// in a tensor of c channels and hw pixels: NCHW, or NHWC (channels_last).
+__device__ int64_t channel_element(int64_t pixel_index, int64_t ch, int64_t c, int64_t hw,
+                                   bool channels_last) {
+  return channels_last ? pixel_index * c + ch
+                       : (pixel_index / hw * c + ch) * hw + pixel_index % hw;
+}
+
 // One block per channel: each thread sums a strided share of the channel's
 // n * hw elements in double, then the block adds the threads' sums in
 // shared memory (a fixed tree, so the result does not vary between runs).
@@ -231,14 +239,14 @@ void check_launch(const char* kernel) {
 template <bool with_dy, typename T>
 __global__ void batch_norm_sums_kernel(const T* x, const T* dy, const float* mean,
                                        const float* var, float eps, int64_t n, int64_t c,
-                                       int64_t hw, double* sums) {
+                                       int64_t hw, bool channels_last, double* sums) {
   __shared__ double first[kThreads], second[kThreads];
   const int64_t ch = blockIdx.x;
   const float m = with_dy ? mean[ch] : 0.0f;
   const float inv_std = with_dy ? 1.0f / sqrtf(var[ch] + eps) : 1.0f;
   double a = 0, b = 0;
   for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) {
-    const int64_t at = (i / hw * c + ch) * hw + i % hw;
+    const int64_t at = channel_element(i, ch, c, hw, channels_last);
     const float xi = to_float(x[at]);
     if (with_dy) {
       const float dyi = to_float(dy[at]);
@@ -269,9 +277,10 @@ template <typename T>
 __global__ void batch_norm_backward_data_kernel(const T* x, const T* dy, const float* gamma,
                                                 const float* mean, const float* var,
                                                 const float* dy_means, float eps, int64_t c,
-                                                int64_t hw, T* dx, int64_t count) {
+                                                int64_t hw, bool channels_last, T* dx,
+                                                int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
-    const int64_t ch = i / hw % c;
+    const int64_t ch = channels_last ? i % c : i / hw % c;
     const float inv_std = 1.0f / sqrtf(var[ch] + eps);
     const float xhat = (to_float(x[i]) - mean[ch]) * inv_std;
     dx[i] = from_float<T>(gamma[ch] * inv_std *
@@ -281,13 +290,13 @@ __global__ void batch_norm_backward_data_kernel(const T* x, const T* dy, const f
 
 // One block per channel, as batch_norm_sums_kernel, in float.
 template <typename T>
-__global__ void bias_gradient_kernel(const T* dy, int64_t n, int64_t c, int64_t hw, float beta,
-                                     float* dbias) {
+__global__ void bias_gradient_kernel(const T* dy, int64_t n, int64_t c, int64_t hw,
+                                     bool channels_last, float beta, float* dbias) {
   __shared__ float partial[kThreads];
   const int64_t ch = blockIdx.x;
   float a = 0.0f;
   for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) {
-    a += to_float(dy[(i / hw * c + ch) * hw + i % hw]);
+    a += to_float(dy[channel_element(i, ch, c, hw, channels_last)]);
   }
   partial[threadIdx.x] = a;
   __syncthreads();
@@ -417,50 +426,51 @@ void variance_to_inverse_std(const float* var, float* inv_std, int64_t count, fl
 }
 
 void batch_norm_sums(Element type, const void* x, int64_t n, int64_t c, int64_t hw,
-                     double* sums, cudaStream_t stream) {
+                     bool channels_last, double* sums, cudaStream_t stream) {
   if (c == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
     batch_norm_sums_kernel<false, T><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), nullptr, nullptr, nullptr, 0.0f, n, c, hw, sums);
+        static_cast<const T*>(x), nullptr, nullptr, nullptr, 0.0f, n, c, hw, channels_last, sums);
   });
   check_launch("batch_norm_sums_kernel");
 }
 
 void batch_norm_backward_sums(Element type, const void* x, const void* dy, const float* mean,
                               const float* var, float eps, int64_t n, int64_t c, int64_t hw,
-                              double* sums, cudaStream_t stream) {
+                              bool channels_last, double* sums, cudaStream_t stream) {
   if (c == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
     batch_norm_sums_kernel<true, T><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(dy), mean, var, eps, n, c, hw, sums);
+        static_cast<const T*>(x), static_cast<const T*>(dy), mean, var, eps, n, c, hw,
+        channels_last, sums);
   });
   check_launch("batch_norm_sums_kernel");
 }
 
 void batch_norm_backward_data(Element type, const void* x, const void* dy, const float* gamma,
                               const float* mean, const float* var, const float* dy_means,
-                              float eps, int64_t n, int64_t c, int64_t hw, void* dx,
-                              cudaStream_t stream) {
+                              float eps, int64_t n, int64_t c, int64_t hw, bool channels_last,
+                              void* dx, cudaStream_t stream) {
   const int64_t count = n * c * hw;
   if (count == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
     batch_norm_backward_data_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(dy), gamma, mean, var, dy_means, eps, c,
-        hw, static_cast<T*>(dx), count);
+        hw, channels_last, static_cast<T*>(dx), count);
   });
   check_launch("batch_norm_backward_data_kernel");
 }
 
-void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t hw, float* dbias,
-                   float beta, cudaStream_t stream) {
+void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t hw,
+                   bool channels_last, float* dbias, float beta, cudaStream_t stream) {
   if (c == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
     bias_gradient_kernel<T><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
-        static_cast<const T*>(dy), n, c, hw, beta, dbias);
+        static_cast<const T*>(dy), n, c, hw, channels_last, beta, dbias);
   });
   check_launch("bias_gradient_kernel");
 }

@@ -23,7 +23,8 @@ namespace vtrain::worker::cuda {
 enum class Element : uint8_t { kF32, kBF16, kF16 };
 
 // A 4-D tensor's logical shape and its channel block (1 = plain NCHW,
-// 8 / 16 = nChw8c / nChw16c with zero-padded channels).
+// 8 / 16 = nChw8c / nChw16c with zero-padded channels, c = NHWC:
+// worker::channel_block).
 struct BlockedShape {
   int64_t n = 1, c = 1, h = 1, w = 1;
   int64_t block = 1;
@@ -77,25 +78,25 @@ void inverse_std_to_variance(const float* inv_std, float* var, int64_t count, fl
 void variance_to_inverse_std(const float* var, float* inv_std, int64_t count, float eps,
                              cudaStream_t stream);
 
-// Synchronised batch norm on plain NCHW {n, c, h*w} of `type` (see
-// Backend). Per channel, in double: sums[c] = sum of x and sums[c + C] =
-// sum of x^2; or, with xhat = (x - mean) / sqrt(var + eps), sum of dy and
-// sum of dy * xhat.
+// Synchronised batch norm on {n, c, h*w} of `type`, NCHW or (channels_last)
+// NHWC (see Backend). Per channel, in double: sums[c] = sum of x and
+// sums[c + C] = sum of x^2; or, with xhat = (x - mean) / sqrt(var + eps),
+// sum of dy and sum of dy * xhat.
 void batch_norm_sums(Element type, const void* x, int64_t n, int64_t c, int64_t hw,
-                     double* sums, cudaStream_t stream);
+                     bool channels_last, double* sums, cudaStream_t stream);
 void batch_norm_backward_sums(Element type, const void* x, const void* dy, const float* mean,
                               const float* var, float eps, int64_t n, int64_t c, int64_t hw,
-                              double* sums, cudaStream_t stream);
+                              bool channels_last, double* sums, cudaStream_t stream);
 // dx = gamma / sqrt(var + eps) * (dy - dy_means[c] - xhat * dy_means[C + c]).
 void batch_norm_backward_data(Element type, const void* x, const void* dy, const float* gamma,
                               const float* mean, const float* var, const float* dy_means,
-                              float eps, int64_t n, int64_t c, int64_t hw, void* dx,
-                              cudaStream_t stream);
+                              float eps, int64_t n, int64_t c, int64_t hw, bool channels_last,
+                              void* dx, cudaStream_t stream);
 
-// The bias gradient of plain NCHW dy {n, c, hw} of `type` into f32: per
-// channel, dbias[c] = sum of dy (in float, a fixed reduction tree) +
-// beta * dbias[c]; beta = 0 never reads dbias.
-void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t hw, float* dbias,
-                   float beta, cudaStream_t stream);
+// The bias gradient of dy {n, c, hw} of `type` (NCHW, or NHWC where
+// channels_last) into f32: per channel, dbias[c] = sum of dy (in float, a
+// fixed reduction tree) + beta * dbias[c]; beta = 0 never reads dbias.
+void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t hw,
+                   bool channels_last, float* dbias, float beta, cudaStream_t stream);
 
 }  // namespace vtrain::worker::cuda
