@@ -160,7 +160,9 @@ TEST_P(LayoutTraining, EveryLayoutTrainsTheSameWeights) {
   ASSERT_EQ(a.params.size(), b.params.size());
   EXPECT_LT(relative_difference(a.params, b.params), 1e-5);
   EXPECT_LT(relative_difference(a.params, c.params), 1e-5);
-  if (!a.buffers.empty()) EXPECT_LT(relative_difference(a.buffers, b.buffers), 1e-5);
+  if (!a.buffers.empty()) {
+    EXPECT_LT(relative_difference(a.buffers, b.buffers), 1e-5);
+  }
 
   const worker::Network plain_net(graph, *nchw, options());
   const worker::Network nhwc_net(graph, *nhwc, options());
