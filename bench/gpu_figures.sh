@@ -6,7 +6,7 @@
 #
 # Parts (default all): gpu_tests train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
-# precisions_vs_torch pseudo_half accuracy_parity. Each takes one to three
+# precisions_vs_torch pseudo_half accuracy_parity layouts. Each takes one to three
 # minutes on an H100 but precisions_vs_torch (four models in four
 # precisions, about 15). accuracy_parity reads Fashion-MNIST from the
 # dataset-fashion-mnist package carried with the others (docs/cuda.md). alexnet_fronts writes the plans and fronts CSVs
@@ -88,3 +88,6 @@ parity() {
   done
 }
 part accuracy_parity parity
+# NHWC against NCHW activations in half precision (auto is NHWC there).
+part layouts python3 bench/bench_layouts.py --backend cuda --vtrain "$bin/vtrain" --runs 3 \
+  --steps 200 --models resnet18:128,resnet50:64 --precisions bf16,fp16 --layouts auto,nchw

@@ -84,7 +84,11 @@ void apply_override(YAML::Node& root, const std::string& arg,
         throw ConfigError("--set " + key + ": " + what + " has " + std::to_string(cursor.size()) +
                           " entries, so no [" + std::to_string(index) + "]");
       }
-      path += "[" + std::to_string(index) + "]";  // as messages name it: [1], not [01]
+      // As messages name it: [1], not [01]. One append at a time: "[" + ...
+      // trips a GCC 12 -Wrestrict false positive.
+      path += '[';
+      path += std::to_string(index);
+      path += ']';
       if (last) {
         cursor[index] = value;
         break;

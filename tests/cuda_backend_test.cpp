@@ -7,6 +7,7 @@
 // by backend_conformance_test.
 #include "worker/comm/nccl_communicator.h"
 #include "worker/device/cuda/cuda_backend.h"
+#include "worker/device/cuda/cuda_kernels.h"
 
 #include <gtest/gtest.h>
 
@@ -68,6 +69,22 @@ class CudaBackendTest : public ::testing::Test {
 };
 
 // ================================================================ device
+
+// The kernels' storage count (the grid-stride bound of reorder and fill)
+// is the tensor's: host arithmetic, no GPU needed. It once rounded n * c up
+// to the block instead of c, which for NHWC (block = c) doubled the count.
+TEST(CudaKernelShapes, BlockedShapeCountsTheStorageOfEveryLayout) {
+  for (int64_t n : {1, 2, 7}) {
+    for (int64_t c : {1, 3, 11, 13, 64}) {
+      for (Layout layout : {Layout::kPlain, Layout::kBlocked8, Layout::kBlocked16, Layout::kNhwc}) {
+        const TensorDesc d{{n, c, 3, 5}, layout};
+        const cuda::BlockedShape b{n, c, 3, 5, channel_block(d)};
+        EXPECT_EQ(b.storage_elements(), d.storage_elements())
+            << d.shape.str() << " " << layout_name(layout);
+      }
+    }
+  }
+}
 
 TEST_F(CudaBackendTest, DescribesTheDevice) {
   const DeviceInfo info = gpu().device_info();

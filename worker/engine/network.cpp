@@ -89,10 +89,13 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
   check_conv_executions(graph, options);
   make_layers();
   // Parameter layout (the memory part allocates the buffers below).
+  const int64_t align = kComputeAlignBytes / static_cast<int64_t>(element_bytes(graph.activation_type()));
   for (int i = 0; i < graph.size(); ++i) {
     if (const int64_t c = layers_[i]->param_count()) {
       param_ranges_.push_back({i, param_count_, c});
       param_count_ += c;
+      compute_offsets_.push_back((compute_count_ + align - 1) / align * align);
+      compute_count_ = compute_offsets_.back() + c;
     }
     buffer_count_ += layers_[i]->buffer_count();
   }
@@ -158,8 +161,12 @@ void Network::bind_layers() {
   compute_params_ =
       compute_type == DataType::kF32 ? nullptr : interpreter_->persistent("compute_params");
   int64_t p = 0, b = 0;
+  size_t range = 0;
   for (const auto& layer : layers_) {
-    const void* compute = compute_params_ ? element_at(compute_params_, p, compute_type) : nullptr;
+    const void* compute = nullptr;
+    if (compute_params_ && layer->param_count() > 0) {
+      compute = element_at(compute_params_, compute_offsets_[range++], compute_type);
+    }
     layer->bind({params_ + p, grads_ + p, buffers_ + b, compute, compute_type});
     p += layer->param_count();
     b += layer->buffer_count();
@@ -179,13 +186,21 @@ void Network::init_parameters(uint64_t seed) {
 }
 
 TensorDesc Network::compute_params_desc() const {
-  return vector_desc(param_count_, graph_.activation_type());
+  return vector_desc(compute_count_, graph_.activation_type());
 }
 
+// Range by range: each starts aligned in the compute copy (the padding
+// between them is never read).
 void Network::refresh_compute_params() {
   if (compute_params_ && compute_params_stale_) {
-    backend_.convert(Tensor{vector_desc(param_count_), params_},
-                     Tensor{compute_params_desc(), compute_params_});
+    const DataType type = graph_.activation_type();
+    for (size_t i = 0; i < param_ranges_.size(); ++i) {
+      const ParamRange& r = param_ranges_[i];
+      void* compute = static_cast<char*>(compute_params_) +
+                      compute_offsets_[i] * static_cast<int64_t>(element_bytes(type));
+      backend_.convert(Tensor{vector_desc(r.count), params_ + r.offset},
+                       Tensor{vector_desc(r.count, type), compute});
+    }
   }
   compute_params_stale_ = false;
 }

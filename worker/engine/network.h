@@ -169,6 +169,11 @@ class Network {
   float* gradients() const { return grads_; }
   int64_t parameter_count() const { return param_count_; }
   const std::vector<ParamRange>& param_ranges() const { return param_ranges_; }
+  // Under a half precision, where param_ranges()[i] starts in the compute
+  // copy, in its elements: each range at a multiple of kComputeAlignBytes
+  // (tensor-core kernels want their operands 16-byte aligned at least).
+  static constexpr int64_t kComputeAlignBytes = 128;
+  int64_t compute_offset(size_t range) const { return compute_offsets_.at(range); }
   // Non-learned state saved with the model (batch-norm running statistics).
   float* buffers() const { return buffers_; }
   int64_t buffer_count() const { return buffer_count_; }
@@ -252,6 +257,8 @@ class Network {
   int64_t param_count_ = 0;
   int64_t buffer_count_ = 0;
   std::vector<ParamRange> param_ranges_;
+  std::vector<int64_t> compute_offsets_;  // per range, into the compute copy (aligned)
+  int64_t compute_count_ = 0;             // the compute copy's elements, padding included
 
   // Memory part.
   memory::MemoryModel model_;

@@ -28,7 +28,7 @@ enum class Element : uint8_t { kF32, kBF16, kF16 };
 struct BlockedShape {
   int64_t n = 1, c = 1, h = 1, w = 1;
   int64_t block = 1;
-  int64_t storage_elements() const { return n * (c + block - 1) / block * block * h * w; }
+  int64_t storage_elements() const { return n * ((c + block - 1) / block * block) * h * w; }
 };
 
 // dst = src with a layout and element-type change (either or both);
