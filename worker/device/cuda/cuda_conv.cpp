@@ -369,13 +369,18 @@ void CudaBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor
                               ws + staging.total(), workspace_bytes - staging.total(), &beta,
                               d.y.get(), y.data),
       what);
-  if (bias) {
-    // The bias is in the tensors' type (backend.h); a half y rounds twice,
-    // after the convolution and after the bias.
-    VTRAIN_CUDA_CHECK(
-        cudnnAddTensor(cudnn_.get(), &one, d.bias.get(), bias, &one, d.y.get(), y.data),
-        what + " bias");
+  if (!bias) return;
+  // The bias is in the tensors' type (backend.h); a half y rounds twice,
+  // after the convolution and after the bias. cudnnAddTensor is slow on
+  // NHWC tensors: there a kernel of ours adds it.
+  if (layout == Layout::kNhwc) {
+    const Shape& ys = p.y.shape;
+    add_bias(element(p.y.dtype), y.data, bias, ys.n, ys.c, ys.h * ys.w, true, compute_.get());
+    return;
   }
+  VTRAIN_CUDA_CHECK(
+      cudnnAddTensor(cudnn_.get(), &one, d.bias.get(), bias, &one, d.y.get(), y.data),
+      what + " bias");
 }
 
 void CudaBackend::conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy,

@@ -97,6 +97,15 @@ __global__ void fill_kernel(T* dst, int64_t c, int64_t hw, int64_t block, float 
 }
 
 template <typename T>
+__global__ void add_bias_kernel(T* y, const T* bias, int64_t c, int64_t hw, bool channels_last,
+                                int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    const int64_t ch = channels_last ? i % c : i / hw % c;
+    y[i] = from_float<T>(to_float(y[i]) + to_float(bias[ch]));
+  }
+}
+
+template <typename T>
 __global__ void add_kernel(const T* a, const T* b, T* y, int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
     y[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
@@ -345,6 +354,18 @@ void add(Element type, const void* a, const void* b, void* y, int64_t count,
         static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), count);
   });
   check_launch("add_kernel");
+}
+
+void add_bias(Element type, void* y, const void* bias, int64_t n, int64_t c, int64_t hw,
+              bool channels_last, cudaStream_t stream) {
+  const int64_t count = n * c * hw;
+  if (count == 0) return;
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    add_bias_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(
+        static_cast<T*>(y), static_cast<const T*>(bias), c, hw, channels_last, count);
+  });
+  check_launch("add_bias_kernel");
 }
 
 void accumulate(Element x_type, const void* x, Element y_type, void* y, float beta,

@@ -41,6 +41,11 @@ void fill(Element type, void* dst, const BlockedShape& shape, float value, cudaS
 // y = a + b over count elements of `type`; y may alias a or b.
 void add(Element type, const void* a, const void* b, void* y, int64_t count,
          cudaStream_t stream);
+// y += bias per channel over {n, c, hw} of `type` (NCHW, or NHWC where
+// channels_last), in float, rounded once: a convolution's bias in NHWC,
+// where cudnnAddTensor is slow.
+void add_bias(Element type, void* y, const void* bias, int64_t n, int64_t c, int64_t hw,
+              bool channels_last, cudaStream_t stream);
 // y = x + beta * y over count elements, x of x_type and y of y_type (a half
 // x into an f32 y: a half convolution's weight gradient); beta = 0 never
 // reads y.
