@@ -60,7 +60,7 @@ class ConvConformance : public OnEveryBackend<ConvCase> {
         const std::vector<ConvAlgoInfo> algos = b.conv_algorithms(op, p, accumulate);
         ASSERT_FALSE(algos.empty()) << conv_kind_name(op) << " lists no algorithm";
         std::vector<Vec> on_cpu;
-        if (kind() != "cpu") {
+        if (base_kind(kind()) != "cpu") {
           Backend& cpu = shared_backend("cpu");
           on_cpu = run_conv(cpu, op, cpu.conv_algorithms(op, p, accumulate).front(), p, d,
                             beta, previous);

@@ -335,7 +335,7 @@ data: {kind: synthetic, shape: [3, 8, 8], mean: [0.1, 0.2, 0.3], std: [1, 2, 3]}
 train: {batch: 16, seed: 7, evaluate: false, precision: bf16, gradient_allreduce: half,
         loss_scaling: {mode: on, initial: 256, growth_interval: 50}}
 optimizer: {lr: 0.05, momentum: 0.9, weight_decay: 5e-4, schedule: cosine}
-device: {backend: cpu, memory_limit: 64MiB}
+device: {backend: cpu, memory_limit: 64MiB, layout: nhwc}
 balance: {rebalance: {threshold: 0.4, window: 9, patience: 3, min_gain: 0.2, min_gain_ms: 1,
                       probe_every: 7}}
 profile: {step_rounds: 3}
@@ -345,6 +345,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   const Config b = parse(text);
   SCOPED_TRACE(text);
   EXPECT_EQ(to_yaml(b), text);
+  EXPECT_EQ(b.device.layout, worker::LayoutChoice::kNhwc);
   ASSERT_EQ(b.model.layers.size(), a.model.layers.size());
   for (size_t i = 0; i < a.model.layers.size(); ++i) {
     const auto& x = a.model.layers[i];
@@ -568,6 +569,7 @@ TEST(ConfigTest, NameTablesRoundTrip) {
   expect_table_round_trips(worker::kProgressSettingNames);
   expect_table_round_trips(worker::kResumeSettingNames);
   expect_table_round_trips(worker::kScheduleKindNames);
+  expect_table_round_trips(worker::kLayoutChoiceNames);
   EXPECT_STREQ(common::name_of(memory::kPolicyNames, static_cast<memory::Policy>(99)), "?");
 }
 

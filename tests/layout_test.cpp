@@ -64,6 +64,37 @@ TEST(LayoutRule, AForcedChoiceHoldsForEveryDeviceAndChannelCount) {
   }
 }
 
+// What the offline planner assumes for a rank is what its backend does,
+// for every choice and precision (the CUDA half only where one is built
+// and visible).
+TEST(LayoutRule, ThePlannersRuleIsTheBackendsOwn) {
+  for (LayoutChoice choice : {LayoutChoice::kAuto, LayoutChoice::kNchw, LayoutChoice::kNhwc}) {
+    for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+      const LayoutRule rule = worker::layout_rule_for("cpu", choice, p);
+      const auto cpu = worker::make_backend({.kind = "cpu", .precision = p, .layout = choice});
+      for (int64_t channels : {3, 8, 12, 16, 64}) {
+        EXPECT_EQ(rule(channels), cpu->preferred_layout(channels))
+            << worker::layout_name(rule(channels)) << " for " << channels << " channels";
+      }
+      if (worker::gpu_available()) {
+        const auto gpu = worker::make_backend({.kind = "cuda", .precision = p, .layout = choice});
+        EXPECT_EQ(worker::layout_rule_for("cuda", choice, p)(64), gpu->preferred_layout(64));
+      }
+    }
+  }
+  EXPECT_THROW(worker::layout_rule_for("tpu", LayoutChoice::kAuto, Precision::kFp32),
+               worker::BackendError);
+}
+
+// OpenMP's thread count belongs to the process: a CPU backend made for a
+// moment with one thread (as planners make them) hands the count back when
+// it goes, so the backend that trains keeps its threads.
+TEST(CpuThreads, AShortLivedBackendLeavesTheThreadCountAsItFoundIt) {
+  const int before = worker::make_backend({.kind = "cpu"})->device_info().threads;
+  { const auto one = worker::make_backend({.kind = "cpu", .threads = 1}); }
+  EXPECT_EQ(worker::make_backend({.kind = "cpu"})->device_info().threads, before);
+}
+
 // NHWC is one channel block of every channel: no padding, and channel c of
 // pixel (h, w) of sample n at ((n * H + h) * W + w) * C + c.
 TEST(NhwcLayout, StoresChannelsLastWithoutPadding) {

@@ -191,7 +191,7 @@ class Backend {
   virtual void free_pinned(void* ptr) = 0;
 
   // Layout this backend keeps an activation with this many channels in
-  // (BackendOptions::layout, by the rules of activation_layout below).
+  // (BackendOptions::layout, by LayoutRule below).
   virtual Layout preferred_layout(int64_t channels) const = 0;
 
   // --------------------------------------------------- streams and copies
@@ -396,6 +396,12 @@ struct BackendOptions {
   // Activations' layout (preferred_layout()).
   LayoutChoice layout = LayoutChoice::kAuto;
 };
+
+// The layout rule a backend of `kind` ("cpu": this machine's CPU; "cuda")
+// follows under `choice` and `precision`, without making one (what the
+// offline planner assumes for a rank). Throws BackendError for other kinds.
+LayoutRule layout_rule_for(const std::string& kind, LayoutChoice choice,
+                           common::Precision precision);
 
 // The only place that knows which backends were built. Throws BackendError
 // naming the known kinds for an unknown or unavailable one.

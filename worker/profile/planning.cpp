@@ -38,16 +38,11 @@ std::vector<KernelAt> kernels_at(const Graph& graph, const PlanDevice& device, i
 
 std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind, LayoutChoice choice,
                                            common::Precision precision) {
-  if (backend_kind == "cuda") {
-    return LayoutRule{.choice = choice, .gpu = true, .precision = precision};
+  try {
+    return layout_rule_for(backend_kind, choice, precision);
+  } catch (const BackendError& e) {
+    throw std::runtime_error(e.what());
   }
-  if (backend_kind == "cpu") {
-    // The rule of this machine's CPU backend (blocked by its vector width).
-    std::shared_ptr<Backend> cpu = make_backend(
-        {.kind = "cpu", .threads = 1, .memory_limit = 0, .precision = precision, .layout = choice});
-    return [cpu](int64_t channels) { return cpu->preferred_layout(channels); };
-  }
-  throw std::runtime_error("unknown backend kind '" + backend_kind + "' (known: cpu, cuda)");
 }
 
 namespace {
@@ -246,7 +241,8 @@ std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, con
                                          int ranks, int64_t global_batch,
                                          memory::Policy memory_policy) {
   if (plan.model != graph.profile_key()) {
-    return "the plan was made for another model or train.precision (its model key " + plan.model +
+    return "the plan was made for another model, train.precision or device.layout (its model key " +
+           plan.model +
            " differs from this config's " + graph.profile_key() + ")";
   }
   if (static_cast<int>(plan.ranks.size()) != ranks) {

@@ -65,7 +65,18 @@ std::string host_name() {
 
 // ----------------------------------------------------------------- lifecycle
 
-CpuBackend::CpuBackend(const BackendOptions& options) {
+int64_t native_channel_block() {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  if (isa == dnnl::cpu_isa::avx512_core || isa == dnnl::cpu_isa::avx512_core_vnni ||
+      isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx ||
+      isa == dnnl::cpu_isa::avx512_mic || isa == dnnl::cpu_isa::avx512_mic_4ops) {
+    return 16;
+  }
+  if (isa == dnnl::cpu_isa::avx2 || isa == dnnl::cpu_isa::avx2_vnni) return 8;
+  return 1;
+}
+
+CpuBackend::CpuBackend(const BackendOptions& options) : threads_before_(omp_get_max_threads()) {
   const std::optional<double> quota = common::cpu_quota();
   if (options.threads > 0) {
     omp_set_num_threads(options.threads);
@@ -84,18 +95,14 @@ CpuBackend::CpuBackend(const BackendOptions& options) {
   info_.host = host_name();
   capacity_ = options.memory_limit > 0 ? options.memory_limit : static_cast<size_t>(common::usable_memory_bytes());
   info_.memory_bytes = capacity_;
-  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-  if (isa == dnnl::cpu_isa::avx512_core || isa == dnnl::cpu_isa::avx512_core_vnni ||
-      isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx ||
-      isa == dnnl::cpu_isa::avx512_mic || isa == dnnl::cpu_isa::avx512_mic_4ops) {
-    layout_rule_.native_block = 16;
-  } else if (isa == dnnl::cpu_isa::avx2 || isa == dnnl::cpu_isa::avx2_vnni) {
-    layout_rule_.native_block = 8;
-  }
-  layout_rule_.choice = options.layout;
+  layout_rule_ = layout_rule_for("cpu", options.layout, options.precision);
 }
 
+// OpenMP's thread count is the process's: a backend made for a moment
+// (threads 1 for a planner's own network) must not leave the one that
+// trains on one thread.
 CpuBackend::~CpuBackend() {
+  omp_set_num_threads(threads_before_);
   memory_stream_.wait_all();
   if (scratch_) free_device(scratch_);
   // Anything else still allocated belongs to owners that outlived us: a bug,

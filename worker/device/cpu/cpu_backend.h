@@ -16,4 +16,8 @@ enum CpuConvAlgo : ConvAlgo { kDirect = 0, kWinograd = 1, kIm2colGemm = 2 };
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);
 
+// The channel block of the vector width oneDNN uses on this CPU: 16 on
+// AVX-512, 8 on AVX2, else 1 (LayoutRule::native_block).
+int64_t native_channel_block();
+
 }  // namespace vtrain::worker::cpu

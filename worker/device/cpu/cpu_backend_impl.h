@@ -47,14 +47,13 @@ inline memory::data_type dnnl_type(DataType type) {
 inline memory::desc md_of(const TensorDesc& d) {
   const memory::dims dims{d.shape.n, d.shape.c, d.shape.h, d.shape.w};
   const memory::data_type type = dnnl_type(d.dtype);
-  // A tensor stored byte for byte as NCHW is described as NCHW: one pixel
-  // in a layout with no channel padding (an inner product's input), or one
-  // channel in NHWC. oneDNN's primitive cache takes such descriptors for
-  // NCHW's (strides of size-1 dimensions do not count), so a primitive made
-  // for an NCHW tensor would be handed out for this one, weights expected in
-  // another format.
-  const int64_t block = channel_block(d);
-  if (block == 1 || (d.shape.h * d.shape.w == 1 && d.shape.c % block == 0)) {
+  // An NHWC tensor of one pixel (an inner product's input) or one channel
+  // is NCHW byte for byte, and oneDNN's primitive cache takes its
+  // descriptor for NCHW's (strides of size-1 dimensions do not count): a
+  // primitive made for an NCHW tensor would be handed out for it, weights
+  // expected in another format. So it is described as NCHW. (Blocked
+  // descriptors carry their blocking and are never taken for NCHW.)
+  if (d.layout == Layout::kNhwc && (d.shape.h * d.shape.w == 1 || d.shape.c == 1)) {
     return {dims, type, Tag::nchw};
   }
   switch (d.layout) {
@@ -343,6 +342,7 @@ class CpuBackend final : public Backend {
   DeviceInfo info_;
   size_t capacity_;
   LayoutRule layout_rule_;  // native_block: the channel block of the CPU's ISA (16, 8 or 1)
+  int threads_before_;      // OpenMP's thread count before this backend set its own
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream_{engine_};
   common::HostStream memory_stream_;

@@ -18,6 +18,15 @@ bool gpu_available() {
 #endif
 }
 
+LayoutRule layout_rule_for(const std::string& kind, LayoutChoice choice,
+                           common::Precision precision) {
+  if (kind == "cpu") {
+    return {.choice = choice, .native_block = cpu::native_channel_block(), .precision = precision};
+  }
+  if (kind == "cuda") return {.choice = choice, .gpu = true, .precision = precision};
+  throw BackendError("unknown backend kind '" + kind + "' (known: cpu, cuda)");
+}
+
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
   if (options.kind == "cpu" || (options.kind == "auto" && !gpu_available())) {
     return cpu::make_cpu_backend(options);

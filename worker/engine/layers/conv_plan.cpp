@@ -54,7 +54,11 @@ std::string ConvPlan::describe(Backend& backend, ConvKind kind) const {
   for (const ConvStep& step : steps(kind)) {
     calls.push_back({backend.conv_algorithm_name(kind, step.algo), step.size});
   }
-  return calls.empty() ? "-" : "[" + balancer::describe_calls(calls) + "]";
+  if (calls.empty()) return "-";
+  std::string text = "[";  // appended: "[" + ... trips a GCC 12 -Wrestrict false positive
+  text += balancer::describe_calls(calls);
+  text += ']';
+  return text;
 }
 
 }  // namespace vtrain::worker
