@@ -191,6 +191,7 @@ TEST_P(LayoutTraining, EveryLayoutTrainsTheSameWeights) {
   EXPECT_LT(relative_difference(a.params, c.params), 1e-5);
   if (!a.buffers.empty()) {
     EXPECT_LT(relative_difference(a.buffers, b.buffers), 1e-5);
+    EXPECT_LT(relative_difference(a.buffers, c.buffers), 1e-5);
   }
 
   const worker::Network plain_net(graph, *nchw, options());
