@@ -54,8 +54,8 @@ class BasicBlock(nn.Module):
         return self.relu(y + (x if self.downsample is None else self.downsample(x)))
 
 
-def resnet18(classes=10, in_channels=3, small_input=True):
-    # vtrain's `resnet18` preset (torchvision's ResNet-18). small_input (a side
+def _resnet(block, blocks, expansion, classes, in_channels, small_input):
+    # vtrain's `resnet` presets (torchvision's ResNets). small_input (a side
     # below 64, e.g. 32x32 CIFAR): the CIFAR stem, conv1 3x3 stride 1 pad 1
     # and no max pool; otherwise conv1 7x7 stride 2 pad 3 and a 3x3/2 max pool.
     stem = (nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False) if small_input
@@ -64,13 +64,18 @@ def resnet18(classes=10, in_channels=3, small_input=True):
     if not small_input:
         layers.append(nn.MaxPool2d(3, 2, 1))
     inplanes = 64
-    for stage in range(4):
+    for stage, count in enumerate(blocks):
         planes = 64 << stage
-        for k in range(2):
-            layers.append(BasicBlock(inplanes, planes, 2 if stage > 0 and k == 0 else 1))
-            inplanes = planes
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes)]
+        for k in range(count):
+            layers.append(block(inplanes, planes, 2 if stage > 0 and k == 0 else 1))
+            inplanes = planes * expansion
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(inplanes, classes)]
     return nn.Sequential(*layers)
+
+
+def resnet18(classes=10, in_channels=3, small_input=True):
+    # vtrain's `resnet18` preset (torchvision's ResNet-18).
+    return _resnet(BasicBlock, [2, 2, 2, 2], 1, classes, in_channels, small_input)
 
 
 class Bottleneck(nn.Module):
@@ -103,20 +108,9 @@ class Bottleneck(nn.Module):
 
 
 def resnet50(classes=10, in_channels=3, small_input=False):
-    # vtrain's `resnet50` preset (torchvision's ResNet-50); the stem as resnet18's.
-    stem = (nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False) if small_input
-            else nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False))
-    layers = [stem, nn.BatchNorm2d(64), nn.ReLU(inplace=True)]
-    if not small_input:
-        layers.append(nn.MaxPool2d(3, 2, 1))
-    inplanes = 64
-    for stage, blocks in enumerate([3, 4, 6, 3]):
-        planes = 64 << stage
-        for k in range(blocks):
-            layers.append(Bottleneck(inplanes, planes, 2 if stage > 0 and k == 0 else 1))
-            inplanes = planes * Bottleneck.expansion
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(inplanes, classes)]
-    return nn.Sequential(*layers)
+    # vtrain's `resnet50` preset (torchvision's ResNet-50).
+    return _resnet(Bottleneck, [3, 4, 6, 3], Bottleneck.expansion, classes, in_channels,
+                   small_input)
 
 
 def vgg16(classes=10, in_channels=3, side=224):

@@ -157,7 +157,8 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       worker::PlanDevice d;
       d.id.value = std::stoll(ids[r]);
       d.memory_bytes = infos[r].memory_bytes;
-      d.layout = worker::layout_rule(infos[r].backend, cfg.device.layout, cfg.train.precision);
+      d.layout =
+          worker::layout_rule_for(infos[r].backend, cfg.device.layout, cfg.train.precision);
       d.name = infos[r].name;
       devices.push_back(std::move(d));
     }
@@ -333,7 +334,8 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     worker::PlanDevice d;
     d.id = rec.id;
     d.memory_bytes = rec.device.memory_bytes;
-    d.layout = worker::layout_rule(rec.device.backend, cfg.device.layout, cfg.train.precision);
+    d.layout =
+        worker::layout_rule_for(rec.device.backend, cfg.device.layout, cfg.train.precision);
     d.name = rec.device.name;  // as the rank that runs on it will name its device
     devices.push_back(std::move(d));
   };

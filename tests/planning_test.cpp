@@ -189,6 +189,19 @@ class PlanningTest : public ::testing::Test {
     db_->record_step_measurements(id, steps);
     return {name, id, d.memory_bytes, [](int64_t) { return worker::Layout::kPlain; }};
   }
+  // The algorithms the workspace plan of `graph` on the fast device alone
+  // at batch 16 calls.
+  std::set<std::string> algorithms_planned(const worker::Graph& graph) {
+    balancer::BatchSplit split;
+    split.batch = {16};
+    const std::vector<worker::PlanDevice> devices{fast_};
+    std::set<std::string> algorithms;
+    const balancer::TrainingPlan plan = worker::plan_workspaces(graph, *db_, devices, split, {});
+    for (const auto& k : plan.ranks[0].kernels) {
+      for (const auto& call : k.calls) algorithms.insert(call.algorithm);
+    }
+    return algorithms;
+  }
   // The conv kernels of `graph` (graph_ if null) at batch b.
   std::vector<perfdb::KernelSignature> kernels(const worker::PlanDevice& d, int64_t b,
                                                const worker::Graph* graph = nullptr) {
@@ -261,21 +274,10 @@ TEST_F(PlanningTest, Tf32AlgorithmsArePlannedForTf32JobsOnly) {
     samples.push_back({k, {"direct/tf32", 16, 0.01, std::nullopt, 0, 0}});
   }
   db_->record_kernel_measurements(fast_.id, samples);
-  balancer::BatchSplit split;
-  split.batch = {16};
-  const std::vector<worker::PlanDevice> devices{fast_};
-  const auto chosen = [&](const worker::Graph& graph) {
-    std::set<std::string> algorithms;
-    const balancer::TrainingPlan plan = worker::plan_workspaces(graph, *db_, devices, split, {});
-    for (const auto& k : plan.ranks[0].kernels) {
-      for (const auto& call : k.calls) algorithms.insert(call.algorithm);
-    }
-    return algorithms;
-  };
-  EXPECT_EQ(chosen(graph_), std::set<std::string>{"winograd"});
+  EXPECT_EQ(algorithms_planned(graph_), std::set<std::string>{"winograd"});
   const worker::Graph tf32 =
       worker::Graph::build(graph_.layers(), {1, 3, 8, 8}, common::Precision::kTf32);
-  EXPECT_EQ(chosen(tf32), std::set<std::string>{"direct/tf32"});
+  EXPECT_EQ(algorithms_planned(tf32), std::set<std::string>{"direct/tf32"});
   EXPECT_TRUE(worker::conv_algorithm_allowed("implicit_gemm", common::Precision::kFp32));
   EXPECT_FALSE(worker::conv_algorithm_allowed("implicit_gemm/tf32", common::Precision::kFp32));
   EXPECT_FALSE(worker::conv_algorithm_allowed("implicit_gemm/tf32", common::Precision::kBf16));
@@ -287,17 +289,6 @@ TEST_F(PlanningTest, Tf32AlgorithmsArePlannedForTf32JobsOnly) {
 // compute), bf16 ones as "<name>/pseudo_bf16". A plan picks among its own
 // precision's only, whatever else a shared perf DB holds for the kernel.
 TEST_F(PlanningTest, HalfAlgorithmsArePlannedForTheirPrecisionOnly) {
-  balancer::BatchSplit split;
-  split.batch = {16};
-  const std::vector<worker::PlanDevice> devices{fast_};
-  const auto chosen = [&](const worker::Graph& graph) {
-    std::set<std::string> algorithms;
-    const balancer::TrainingPlan plan = worker::plan_workspaces(graph, *db_, devices, split, {});
-    for (const auto& k : plan.ranks[0].kernels) {
-      for (const auto& call : k.calls) algorithms.insert(call.algorithm);
-    }
-    return algorithms;
-  };
   const worker::Graph fp16 =
       worker::Graph::build(graph_.layers(), {1, 3, 8, 8}, common::Precision::kFp16);
   const worker::Graph bf16 =
@@ -321,9 +312,9 @@ TEST_F(PlanningTest, HalfAlgorithmsArePlannedForTheirPrecisionOnly) {
     samples.push_back({k, {"direct/true_half", 16, 0.001, std::nullopt, 0, 0}});
   }
   db_->record_kernel_measurements(fast_.id, samples);
-  EXPECT_EQ(chosen(fp16), std::set<std::string>{"direct/true_half"});
-  EXPECT_EQ(chosen(bf16), std::set<std::string>{"direct/pseudo_bf16"});
-  EXPECT_EQ(chosen(graph_), std::set<std::string>{"winograd"});
+  EXPECT_EQ(algorithms_planned(fp16), std::set<std::string>{"direct/true_half"});
+  EXPECT_EQ(algorithms_planned(bf16), std::set<std::string>{"direct/pseudo_bf16"});
+  EXPECT_EQ(algorithms_planned(graph_), std::set<std::string>{"winograd"});
   for (const std::string name : {"implicit_gemm/pseudo_half", "implicit_gemm/true_half"}) {
     EXPECT_TRUE(worker::conv_algorithm_allowed(name, common::Precision::kFp16)) << name;
     for (const auto p : {common::Precision::kFp32, common::Precision::kTf32,

@@ -164,9 +164,7 @@ void Network::bind_layers() {
   size_t range = 0;
   for (const auto& layer : layers_) {
     const void* compute = nullptr;
-    if (compute_params_ && layer->param_count() > 0) {
-      compute = element_at(compute_params_, compute_offsets_[range++], compute_type);
-    }
+    if (compute_params_ && layer->param_count() > 0) compute = compute_range(range++);
     layer->bind({params_ + p, grads_ + p, buffers_ + b, compute, compute_type});
     p += layer->param_count();
     b += layer->buffer_count();
@@ -185,6 +183,11 @@ void Network::init_parameters(uint64_t seed) {
   compute_params_stale_ = true;
 }
 
+void* Network::compute_range(size_t range) const {
+  return static_cast<char*>(compute_params_) +
+         compute_offsets_[range] * static_cast<int64_t>(element_bytes(graph_.activation_type()));
+}
+
 TensorDesc Network::compute_params_desc() const {
   return vector_desc(compute_count_, graph_.activation_type());
 }
@@ -193,13 +196,10 @@ TensorDesc Network::compute_params_desc() const {
 // between them is never read).
 void Network::refresh_compute_params() {
   if (compute_params_ && compute_params_stale_) {
-    const DataType type = graph_.activation_type();
     for (size_t i = 0; i < param_ranges_.size(); ++i) {
       const ParamRange& r = param_ranges_[i];
-      void* compute = static_cast<char*>(compute_params_) +
-                      compute_offsets_[i] * static_cast<int64_t>(element_bytes(type));
       backend_.convert(Tensor{vector_desc(r.count), params_ + r.offset},
-                       Tensor{vector_desc(r.count, type), compute});
+                       Tensor{vector_desc(r.count, graph_.activation_type()), compute_range(i)});
     }
   }
   compute_params_stale_ = false;

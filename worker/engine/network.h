@@ -225,6 +225,7 @@ class Network {
   void make_layers();
   TensorDesc compute_params_desc() const;  // the half compute copy of the parameters
   void refresh_compute_params();            // from params_ when stale
+  void* compute_range(size_t range) const;  // where param_ranges_[range] starts in the copy
   void reserve_op_scratch();
   void tune_convolutions();
   // Device bytes the network may use now: memory_capacity, else the

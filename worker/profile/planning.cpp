@@ -34,18 +34,6 @@ std::vector<KernelAt> kernels_at(const Graph& graph, const PlanDevice& device, i
   return out;
 }
 
-}  // namespace
-
-std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind, LayoutChoice choice,
-                                           common::Precision precision) {
-  try {
-    return layout_rule_for(backend_kind, choice, precision);
-  } catch (const BackendError& e) {
-    throw std::runtime_error(e.what());
-  }
-}
-
-namespace {
 
 // One rank's conv kernels at `batch` under the workspace request.
 struct RankWorkspace {

@@ -25,14 +25,8 @@ struct PlanDevice {
   std::string name;                           // for messages and the plan
   perfdb::DeviceId id;                        // its rows in the perf DB
   uint64_t memory_bytes = 0;                  // capacity a batch must fit in
-  std::function<Layout(int64_t)> layout;      // its backend's preferred_layout
+  std::function<Layout(int64_t)> layout;      // its backend's preferred_layout (layout_rule_for)
 };
-
-// The layout rule of a backend kind as the perf DB names it, under the
-// job's device.layout and precision ("cpu": this machine's CPU backend's;
-// "cuda": LayoutRule's for a GPU). Throws for other kinds.
-std::function<Layout(int64_t)> layout_rule(const std::string& backend_kind, LayoutChoice choice,
-                                           common::Precision precision);
 
 struct WorkspaceRequest {
   balancer::WorkspacePolicy policy = balancer::WorkspacePolicy::kUndivided;

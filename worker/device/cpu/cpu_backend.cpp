@@ -95,7 +95,9 @@ CpuBackend::CpuBackend(const BackendOptions& options) : threads_before_(omp_get_
   info_.host = host_name();
   capacity_ = options.memory_limit > 0 ? options.memory_limit : static_cast<size_t>(common::usable_memory_bytes());
   info_.memory_bytes = capacity_;
-  layout_rule_ = layout_rule_for("cpu", options.layout, options.precision);
+  layout_rule_ = {.choice = options.layout,
+                  .native_block = native_channel_block(),
+                  .precision = options.precision};
 }
 
 // OpenMP's thread count is the process's: a backend made for a moment
