@@ -263,12 +263,14 @@ std::string plan_key(const memory::MemoryPlan& plan) {
 struct PlanTimes {
   Measured measured;
   double simulated_ms = 0;
+  double overlapped_ms = 0;  // simulated with copy_compute_share 0 (copies beside compute)
 };
 std::vector<PlanTimes> measure_plans(worker::Backend& backend, const worker::Graph& graph,
                                      const Settings& s,
                                      const std::vector<const memory::MemoryPlan*>& plans,
                                      const Profiled& p) {
-  std::vector<std::vector<double>> measured(plans.size()), simulated(plans.size());
+  std::vector<std::vector<double>> measured(plans.size()), simulated(plans.size()),
+      overlapped(plans.size());
   std::vector<PlanTimes> out(plans.size());
   for (int round = 0; round < s.rounds; ++round) {
     const memory::StepCosts costs = round == 0 ? p.costs : measured_costs(backend, graph, s);
@@ -276,9 +278,14 @@ std::vector<PlanTimes> measure_plans(worker::Backend& backend, const worker::Gra
       const size_t j = (k + static_cast<size_t>(round)) % plans.size();
       out[j].measured = measure(backend, graph, s, *plans[j], costs);
       measured[j].push_back(out[j].measured.step_ms);
-      simulated[j].push_back(memory::simulate(p.model, plans[j]->schedule, 0,
-                                              memory::Planner::kPool, &costs)
-                                 .timing.step_seconds * 1e3);
+      const auto step_ms = [&](const memory::StepCosts& c) {
+        return memory::simulate(p.model, plans[j]->schedule, 0, memory::Planner::kPool, &c)
+                   .timing.step_seconds * 1e3;
+      };
+      simulated[j].push_back(step_ms(costs));
+      memory::StepCosts beside = costs;
+      beside.copy_compute_share = 0;
+      overlapped[j].push_back(step_ms(beside));
     }
     std::printf("  measured round %d of %d (%zu distinct plans)\n", round + 1, s.rounds,
                 plans.size());
@@ -290,6 +297,7 @@ std::vector<PlanTimes> measure_plans(worker::Backend& backend, const worker::Gra
   for (size_t j = 0; j < plans.size(); ++j) {
     out[j].measured.step_ms = median(measured[j]);
     out[j].simulated_ms = median(simulated[j]);
+    out[j].overlapped_ms = median(overlapped[j]);
   }
   return out;
 }
@@ -307,11 +315,14 @@ void print_row(const Row& r, const std::optional<PlanTimes>& m2, const std::stri
   }
   const double sim_ms = m2 ? m2->simulated_ms : r.plan->simulation.timing.step_seconds * 1e3;
   const double sim_mib = mib(double(r.plan->simulation.peak_bytes));
-  std::printf("  %4.0f%% %-13s %10.1f %10.1f %9.1f", r.fraction * 100, r.method.c_str(), sim_ms,
-              sim_mib, r.plan->solve_seconds * 1e3);
+  const memory::StepTiming& t = r.plan->simulation.timing;
+  std::printf("  %4.0f%% %-13s %10.1f %10.1f %9.1f %8.1f %8.1f", r.fraction * 100, r.method.c_str(),
+              sim_ms, sim_mib, r.plan->solve_seconds * 1e3, t.copy_seconds * 1e3,
+              t.stall_seconds * 1e3);
   if (m) {
-    std::printf(" %10.1f %10.1f %+6.1f%%", m->step_ms, mib(double(m->peak)),
-                100.0 * (sim_ms - m->step_ms) / m->step_ms);
+    std::printf(" %10.1f %10.1f %+6.1f%% %+6.1f%%", m->step_ms, mib(double(m->peak)),
+                100.0 * (sim_ms - m->step_ms) / m->step_ms,
+                100.0 * (m2->overlapped_ms - m->step_ms) / m->step_ms);
   }
   std::printf("\n");
   if (s.print_costs && r.method == "auto") {
@@ -331,10 +342,8 @@ void print_costs(const Profiled& p) {
     std::printf("    %-20s %9.3f %9.3f\n", p.model.layers[i].name.c_str(),
                 p.costs.forward_seconds[i] * 1e3, p.costs.backward_seconds[i] * 1e3);
   }
-  std::printf("    loss %.3f, outside the calls %.3f; copies %.2f GB/s to host, %.2f GB/s to "
-              "device\n",
-              p.costs.loss_seconds * 1e3, p.costs.other_seconds * 1e3,
-              p.costs.to_host_bytes_per_second / 1e9, p.costs.to_device_bytes_per_second / 1e9);
+  std::printf("    loss %.3f, outside the calls %.3f\n", p.costs.loss_seconds * 1e3,
+              p.costs.other_seconds * 1e3);
 }
 
 void run_net(worker::Backend& backend, const std::string& name, const Settings& s, FILE* csv) {
@@ -369,8 +378,13 @@ void run_net(worker::Backend& backend, const std::string& name, const Settings& 
   }
   const std::vector<PlanTimes> measured =
       s.measure ? measure_plans(backend, graph, s, distinct, p) : std::vector<PlanTimes>{};
-  std::printf("  %-5s %-13s %10s %10s %9s %10s %10s %7s\n", "cap", "plan", "sim ms", "sim MiB",
-              "solve ms", "meas ms", "meas MiB", "error");
+  std::printf("  %-5s %-13s %10s %10s %9s %8s %8s %10s %10s %7s %7s\n", "cap", "plan", "sim ms",
+              "sim MiB", "solve ms", "copy ms", "stall ms", "meas ms", "meas MiB", "error",
+              "error@0");
+  std::printf("  copies %.2f GB/s to host, %.2f GB/s to device; they cost compute %.2f of their "
+              "time (error@0: simulated as if 0)\n",
+              p.costs.to_host_bytes_per_second / 1e9, p.costs.to_device_bytes_per_second / 1e9,
+              p.costs.copy_compute_share);
   std::printf("  capacity = the persistent bytes + a fraction of none's other bytes\n");
   for (const Row& r : rows) {
     print_row(r, r.measured >= 0 ? std::optional<PlanTimes>(measured[r.measured]) : std::nullopt,

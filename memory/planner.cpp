@@ -426,6 +426,9 @@ std::string plan_report(const MemoryModel& model, const MemoryPlan& plan) {
       plan.simulations, plan.solve_seconds * 1e3);
   out += "  predicted step " + ms(t.step_seconds) + " (compute " + ms(t.compute_seconds) +
          ", recompute " + ms(t.recompute_seconds) + ", stalls " + ms(t.stall_seconds) +
+         (t.copy_contention_seconds > 0 ? ", copies on the compute's cores " +
+                                              ms(t.copy_contention_seconds)
+                                        : std::string()) +
          "), peak " + common::format_bytes_fixed(plan.simulation.peak_bytes) + ", reservation " +
          common::format_bytes_fixed(plan.simulation.reservation) + "\n";
   out += common::format("  activations: %d kept (%s), %d offloaded (%s), %d recomputed (%s)\n",

@@ -125,6 +125,12 @@ class StepClock {
       memory_ = start + length;
       t_.copy_seconds += length;
       copies_.push_back({e.tensor.layer, start, memory_});
+      // The compute stream's loss to the copy; at a share of 1 the copy
+      // ends when compute resumes, so it never stalls a sync.
+      const double lost = costs_.copy_compute_share * length;
+      bytes_time_ += static_cast<double>(in_use) * lost;
+      compute_ += lost;
+      t_.copy_contention_seconds += lost;
     } else if (e.op == Op::kSyncMemory && memory_ > compute_) {
       // The wait, charged to the copies by how much of it each covers.
       for (const Copy& c : copies_) {
@@ -260,6 +266,10 @@ Simulation simulate(const MemoryModel& model, const Schedule& schedule, size_t c
     }
     if (!(costs->to_host_bytes_per_second > 0) || !(costs->to_device_bytes_per_second > 0)) {
       throw MemoryError("step costs: the copy bandwidths must be positive");
+    }
+    if (!(costs->copy_compute_share >= 0 && costs->copy_compute_share <= 1)) {
+      throw MemoryError("step costs: the copies' share of the compute must be in [0, 1], got " +
+                        common::format("%g", costs->copy_compute_share));
     }
     if (!(costs->other_seconds >= 0)) {
       throw MemoryError("step costs: the time outside layer calls must be >= 0");

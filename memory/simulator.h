@@ -27,6 +27,11 @@ struct StepCosts {
                              // in a step (worker/engine/layer_timing.h), else 0
   double to_host_bytes_per_second = 0;
   double to_device_bytes_per_second = 0;
+  // The share of a copy's time the compute stream loses to it, in [0, 1]:
+  // 0 where a copy engine moves the bytes beside the compute (a GPU), 1
+  // where the copies take the cores the compute runs on (a CPU whose
+  // threads fill its cores). Measured with the bandwidths.
+  double copy_compute_share = 0;
 };
 
 // `costs` with every compute time (layer calls, loss, other_seconds)
@@ -36,14 +41,17 @@ StepCosts scaled(StepCosts costs, double factor);
 // The timed replay of a training step: the compute stream runs the layer
 // calls in schedule order; the memory stream runs offloads and prefetches
 // in issue order, each starting once compute has issued it (it waits for
-// what compute produced) and the stream is free; a kSyncMemory makes
-// compute wait for everything issued, and that wait is a stall.
+// what compute produced) and the stream is free, and costing the compute
+// stream copy_compute_share of its time (at 1 the copies run one after
+// another with the calls); a kSyncMemory makes compute wait for everything
+// issued, and that wait is a stall.
 struct StepTiming {
   double step_seconds = 0;       // the compute stream's time, stalls and other_seconds included
   double compute_seconds = 0;    // forward, loss and backward calls
   double recompute_seconds = 0;  // kRecompute calls
   double stall_seconds = 0;      // compute waiting for the memory stream
   double copy_seconds = 0;       // the memory stream's busy time
+  double copy_contention_seconds = 0;  // compute time lost to the copies (copy_compute_share)
   std::vector<double> stall_per_tensor;  // per layer: the stall its Y's copies caused
   double mean_bytes = 0;         // device bytes in use over the step, time-weighted
 };

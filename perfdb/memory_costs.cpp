@@ -32,6 +32,10 @@ std::string complaint_about(const CopyBandwidthMeasurement& m) {
     return "bytes_per_second must be finite and > 0, got " + std::to_string(m.bytes_per_second);
   }
   if (m.measured_at < 0) return "measured_at must be >= 0";
+  if (!m.compute_share) return "compute_share is required";
+  if (!(*m.compute_share >= 0 && *m.compute_share <= 1)) {
+    return "compute_share must be in [0, 1], got " + std::to_string(*m.compute_share);
+  }
   return {};
 }
 
@@ -83,15 +87,16 @@ void PerfDb::record_copy_bandwidth(DeviceId device,
     impl_->require_device(device);
     for (const CopyBandwidthMeasurement& m : measurements) {
       StatementUse insert(impl_->cached(
-          "INSERT INTO copy_bandwidth (device_id, direction, bytes, bytes_per_second, measured_at) "
-          "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (device_id, direction) DO UPDATE SET "
-          "bytes = excluded.bytes, bytes_per_second = excluded.bytes_per_second, "
-          "measured_at = excluded.measured_at"));
+          "INSERT INTO copy_bandwidth (device_id, direction, bytes, bytes_per_second, measured_at, "
+          "compute_share) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (device_id, direction) DO "
+          "UPDATE SET bytes = excluded.bytes, bytes_per_second = excluded.bytes_per_second, "
+          "measured_at = excluded.measured_at, compute_share = excluded.compute_share"));
       insert->bind(1, device.value);
       insert->bind(2, std::string_view(copy_direction_name(m.direction)));
       insert->bind(3, static_cast<int64_t>(m.bytes));
       insert->bind(4, m.bytes_per_second);
       insert->bind(5, m.measured_at != 0 ? m.measured_at : now);
+      insert->bind(6, *m.compute_share);
       insert->run();
     }
   });
@@ -102,13 +107,14 @@ std::optional<CopyBandwidthMeasurement> PerfDb::find_copy_bandwidth(DeviceId dev
   impl_->begin("find copy bandwidth");
   return impl_->transact(Txn::kRead, [&]() -> std::optional<CopyBandwidthMeasurement> {
     StatementUse select(impl_->cached(
-        "SELECT bytes, bytes_per_second, measured_at FROM copy_bandwidth "
+        "SELECT bytes, bytes_per_second, measured_at, compute_share FROM copy_bandwidth "
         "WHERE device_id = ?1 AND direction = ?2"));
     select->bind(1, device.value);
     select->bind(2, std::string_view(copy_direction_name(direction)));
     if (!select->step()) return std::nullopt;
     return CopyBandwidthMeasurement{direction, static_cast<uint64_t>(select->column_int(0)),
-                                    select->column_double(1), select->column_int(2)};
+                                    select->column_double(1), select->column_int(2),
+                                    select->column_optional_double(3)};
   });
 }
 

@@ -45,7 +45,7 @@ class PerfDbError : public std::runtime_error {
 
 // The schema version this code creates and writes. Opening a file with an
 // older version upgrades it in place; a newer version is an error.
-inline constexpr int kSchemaVersion = 5;
+inline constexpr int kSchemaVersion = 6;
 
 // ------------------------------------------------------------------ records
 
@@ -138,6 +138,10 @@ struct CopyBandwidthMeasurement {
   uint64_t bytes = 0;           // bytes per timed copy, >= 1
   double bytes_per_second = 0;  // median over the timed copies, > 0
   int64_t measured_at = 0;      // seconds since the Unix epoch; 0 when recording = now
+  // The share of a copy's time the compute stream loses while both run, in
+  // [0, 1] (memory::StepCosts::copy_compute_share); nullopt in rows recorded
+  // before schema version 6, which a profile then measures again.
+  std::optional<double> compute_share;
 };
 
 // layer_index of the loss (softmax cross-entropy on the logits) among a

@@ -76,16 +76,28 @@ TEST(LayerTiming, CopyBandwidthIsPositiveEachWayAndFitsTheDevice) {
   EXPECT_GT(b.to_host_bytes_per_second, 0);
   EXPECT_GT(b.to_device_bytes_per_second, 0);
   EXPECT_EQ(b.bytes, size_t{1} << 20);
-  EXPECT_EQ(backend->device_bytes_in_use(), 0u);
+  EXPECT_GE(b.compute_share, 0);
+  EXPECT_LE(b.compute_share, 1);
+  // Nothing is kept but the backend's own scratch (the product's weights
+  // in the primitive's format).
+  EXPECT_EQ(backend->device_bytes_in_use(), backend->scratch_bytes());
+  EXPECT_LE(backend->scratch_bytes(), size_t{128} << 10);
 
-  // Under a 64 KiB device the copies shrink to what is free.
+  // Under a 64 KiB device the copies shrink to what is free beside the
+  // compute share's product (in at most half of it).
   auto small = make_backend({.kind = "cpu", .threads = 1, .memory_limit = 64 << 10});
-  EXPECT_EQ(measure_copy_bandwidth(*small, size_t{1} << 20, 1).bytes, size_t{64} << 10);
+  const size_t copied = measure_copy_bandwidth(*small, size_t{1} << 20, 1).bytes;
+  EXPECT_GE(copied, size_t{32} << 10);
+  EXPECT_LT(copied, size_t{64} << 10);
+  EXPECT_EQ(small->device_bytes_in_use(), small->scratch_bytes());
   auto tiny = make_backend({.kind = "cpu", .threads = 1, .memory_limit = 1024});
-  EXPECT_EQ(test_support::error_message<memory::OutOfMemoryError>(
-                [&] { measure_copy_bandwidth(*tiny, size_t{1} << 20, 1); }),
-            "measuring the copy bandwidth needs 4.0 KiB of device memory and the device has "
-            "1.0 KiB free (device.memory_limit or its memory)");
+  // What the smallest product needs depends on the ISA's weight format.
+  const std::string message = test_support::error_message<memory::OutOfMemoryError>(
+      [&] { measure_copy_bandwidth(*tiny, size_t{1} << 20, 1); });
+  EXPECT_TRUE(message.starts_with("measuring the copy bandwidth needs ")) << message;
+  EXPECT_TRUE(message.ends_with(" KiB of device memory and the device has 1.0 KiB free "
+                                "(device.memory_limit or its memory)"))
+      << message;
   EXPECT_THROW(measure_copy_bandwidth(*backend, 0, 1), std::invalid_argument);
   EXPECT_THROW(measure_copy_bandwidth(*backend, 4096, 0), std::invalid_argument);
 }

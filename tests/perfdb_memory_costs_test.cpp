@@ -19,8 +19,9 @@ using internal::SqlShell;
 using Rows = std::vector<std::vector<std::string>>;
 using test_support::TempDir;
 
-CopyBandwidthMeasurement copy(CopyDirection direction, double bytes_per_second) {
-  return {direction, 64 << 20, bytes_per_second, 0};
+CopyBandwidthMeasurement copy(CopyDirection direction, double bytes_per_second,
+                              double compute_share = 0.25) {
+  return {direction, 64 << 20, bytes_per_second, 0, compute_share};
 }
 
 std::vector<LayerMeasurement> lenet_layers(double scale = 1.0) {
@@ -41,11 +42,13 @@ TEST(PerfDbMemoryCosts, CopyBandwidthRoundTripsAndIsReplaced) {
   EXPECT_EQ(to_host->bytes_per_second, 12e9);
   EXPECT_EQ(to_host->bytes, uint64_t{64} << 20);
   EXPECT_GT(to_host->measured_at, 0);  // 0 means now
+  EXPECT_EQ(to_host->compute_share, 0.25);
   EXPECT_EQ(db.find_copy_bandwidth(g, CopyDirection::kToDevice)->bytes_per_second, 13e9);
 
   // One row per device and direction: measuring again replaces it.
-  db.record_copy_bandwidth(g, std::vector{copy(CopyDirection::kToHost, 11e9)});
+  db.record_copy_bandwidth(g, std::vector{copy(CopyDirection::kToHost, 11e9, 1.0)});
   EXPECT_EQ(db.find_copy_bandwidth(g, CopyDirection::kToHost)->bytes_per_second, 11e9);
+  EXPECT_EQ(db.find_copy_bandwidth(g, CopyDirection::kToHost)->compute_share, 1.0);
   EXPECT_EQ(db.stats().copy_bandwidths, 2);
   // Another device has its own.
   EXPECT_EQ(db.find_copy_bandwidth(db.upsert_device(cpu()), CopyDirection::kToHost), std::nullopt);
@@ -113,6 +116,15 @@ TEST(PerfDbMemoryCosts, AnInvalidRowRecordsNothing) {
                                                       copy(CopyDirection::kToHost, 2e9)});
             }),
             "perf DB :memory:: record copy bandwidth: direction to_host is given twice");
+  EXPECT_EQ(error_of([&] {
+              db.record_copy_bandwidth(g, std::vector{copy(CopyDirection::kToHost, 1e9, 1.5)});
+            }),
+            "perf DB :memory:: record copy bandwidth: measurement 0: compute_share must be in "
+            "[0, 1], got 1.500000");
+  CopyBandwidthMeasurement without = copy(CopyDirection::kToDevice, 1e9);
+  without.compute_share.reset();
+  EXPECT_EQ(error_of([&] { db.record_copy_bandwidth(g, std::vector{without}); }),
+            "perf DB :memory:: record copy bandwidth: measurement 0: compute_share is required");
   const Stats stats = db.stats();
   EXPECT_EQ(stats.layer_measurements, 0);
   EXPECT_EQ(stats.copy_bandwidths, 0);
@@ -143,10 +155,11 @@ std::string older_file(const TempDir& dir, int version) {
     PerfDb db(path);
     db.record_step_measurements(db.upsert_device(gpu()), std::vector{step(64, 30.0)});
   }
-  // Version 3 is version 4 without the step's activation columns; version
-  // 2 also lacks the two tables.
+  // Version 3 is version 4 without the step's activation columns (and 5
+  // without the copies' compute share); version 2 also lacks the two tables.
   SqlShell(path).exec(
-      std::string(version == 2 ? "DROP TABLE copy_bandwidth; DROP TABLE layer_measurements; " : "") +
+      std::string(version == 2 ? "DROP TABLE copy_bandwidth; DROP TABLE layer_measurements; "
+                               : "ALTER TABLE copy_bandwidth DROP COLUMN compute_share; ") +
       "ALTER TABLE step_measurements DROP COLUMN kept_bytes; "
       "ALTER TABLE step_measurements DROP COLUMN offloaded_bytes; "
       "ALTER TABLE step_measurements DROP COLUMN recomputed_bytes; "
@@ -203,7 +216,8 @@ TEST(PerfDbMemoryCosts, Version4FilesKeepTheirLayerRowsAndTakeTheTimeOutsideTheC
       "backward_ms REAL NOT NULL, measured_at INTEGER NOT NULL, "
       "UNIQUE (device_id, model, batch, layer_index)); "
       "INSERT INTO old SELECT * FROM layer_measurements; DROP TABLE layer_measurements; "
-      "ALTER TABLE old RENAME TO layer_measurements; UPDATE schema_version SET version = 4");
+      "ALTER TABLE old RENAME TO layer_measurements; "
+      "ALTER TABLE copy_bandwidth DROP COLUMN compute_share; UPDATE schema_version SET version = 4");
   const Rows ids = SqlShell(path).query("SELECT id, layer_name FROM layer_measurements ORDER BY id");
   PerfDb db(path);
   EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
@@ -218,6 +232,29 @@ TEST(PerfDbMemoryCosts, Version4FilesKeepTheirLayerRowsAndTakeTheTimeOutsideTheC
                         "ORDER BY id"),
             ids);
   EXPECT_EQ(shell.query("PRAGMA foreign_key_check"), Rows{});
+}
+
+// Version 5's copy bandwidths have no compute share: kept, read without
+// one (a profile measures them again), and replaced with one.
+TEST(PerfDbMemoryCosts, Version5CopyBandwidthsAreKeptWithoutAComputeShare) {
+  TempDir dir;
+  const std::string path = dir.path("v5.db");
+  {
+    PerfDb db(path);
+    db.record_copy_bandwidth(db.upsert_device(gpu()), std::vector{copy(CopyDirection::kToHost, 9e9)});
+  }
+  SqlShell(path).exec(
+      "ALTER TABLE copy_bandwidth DROP COLUMN compute_share; UPDATE schema_version SET version = 5");
+  PerfDb db(path);
+  EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
+  const DeviceId g = db.find_devices("NVIDIA H200").at(0).id;
+  const auto old = db.find_copy_bandwidth(g, CopyDirection::kToHost);
+  ASSERT_TRUE(old.has_value());
+  EXPECT_EQ(old->bytes_per_second, 9e9);
+  EXPECT_EQ(old->compute_share, std::nullopt);
+  db.record_copy_bandwidth(g, std::vector{copy(CopyDirection::kToHost, 8e9, 0.75)});
+  EXPECT_EQ(db.find_copy_bandwidth(g, CopyDirection::kToHost)->compute_share, 0.75);
+  EXPECT_EQ(db.stats().copy_bandwidths, 1);
 }
 
 TEST(PerfDbMemoryCosts, TheNewTablesExport) {

@@ -173,6 +173,41 @@ TEST(TimedSimulator, StepIsTheCallsPlusTheStallsCopiesCause) {
   EXPECT_LE(fast.timing.mean_bytes, static_cast<double>(fast.peak_bytes));
 }
 
+// Where the copies take the compute's cores (a CPU), the compute stream
+// loses copy_compute_share of each copy's time: at 1 the copies run one
+// after another with the calls and never stall a sync; at 0.5 each 5 ms
+// copy costs compute 2.5 ms and then stalls it 0.5 ms.
+TEST(TimedSimulator, CopiesOnTheComputesCoresCostTheirShareOfComputeTime) {
+  const MemoryModel m = three_layers();
+  StepCosts c = costs_for(m, 1e7);  // a.y: 5 ms each way
+  std::vector<TensorAction> actions(m.layers.size(), TensorAction::kKeep);
+  actions[1] = TensorAction::kOffload;
+  const Schedule s = planned_schedule(m, actions);
+  const double calls = 15.1e-3;
+  c.copy_compute_share = 1;
+  const Simulation serial = simulate(m, s, 0, Planner::kPool, &c);
+  EXPECT_NEAR(serial.timing.compute_seconds, calls, 1e-12);
+  EXPECT_NEAR(serial.timing.copy_contention_seconds, 10e-3, 1e-12);
+  EXPECT_NEAR(serial.timing.stall_seconds, 0, 1e-12);
+  EXPECT_NEAR(serial.timing.step_seconds, calls + 10e-3, 1e-12);
+  c.copy_compute_share = 0.5;
+  const Simulation half = simulate(m, s, 0, Planner::kPool, &c);
+  EXPECT_NEAR(half.timing.copy_contention_seconds, 5e-3, 1e-12);
+  EXPECT_NEAR(half.timing.stall_seconds, 1e-3, 1e-12);
+  EXPECT_NEAR(half.timing.step_seconds, calls + 6e-3, 1e-12);
+  // Keeping everything copies nothing: no share of anything.
+  const Simulation kept = simulate(m, planned_schedule(m, std::vector<TensorAction>(
+                                                             m.layers.size(), TensorAction::kKeep)),
+                                   0, Planner::kPool, &c);
+  EXPECT_NEAR(kept.timing.step_seconds, calls, 1e-12);
+  c.copy_compute_share = 1.5;
+  const std::string message =
+      error_message<MemoryError>([&] { simulate(m, s, 0, Planner::kPool, &c); });
+  EXPECT_NE(message.find("the copies' share of the compute must be in [0, 1], got 1.5"),
+            std::string::npos)
+      << message;
+}
+
 TEST(TimedSimulator, RecomputationCostsItsForwardCalls) {
   std::mt19937 rng(3);
   for (const MemoryModel& m : {chain(), fork_join()}) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "perfdb/internal/sql_shell.h"
 #include "perfdb/perf_db.h"
 #include "tests/engine_support.h"
 #include "tests/test_support.h"
@@ -82,7 +83,8 @@ TEST_F(StepCostsTest, WhatIsMissingIsNamed) {
   EXPECT_EQ(profiled_step_costs(db_, device_, graph_, 8).missing,
             "the copy bandwidth to_host and to_device; layer times of data, conv1, pool1, "
             "conv2, pool2, ... (9 in all) at batch 8");
-  const perfdb::CopyBandwidthMeasurement to_device{perfdb::CopyDirection::kToDevice, 4096, 1e9, 0};
+  const perfdb::CopyBandwidthMeasurement to_device{perfdb::CopyDirection::kToDevice, 4096, 1e9, 0,
+                                                   0.5};
   db_.record_copy_bandwidth(device_, std::span(&to_device, 1));
   // Every layer but the last two, and no loss.
   memory::StepCosts some;
@@ -95,6 +97,32 @@ TEST_F(StepCostsTest, WhatIsMissingIsNamed) {
   EXPECT_EQ(profiled_step_costs(db_, device_, graph_, 8).missing,
             "the copy bandwidth to_host; layer times of " + graph_.layer(graph_.size() - 2).name +
                 ", " + graph_.layer(graph_.size() - 1).name + ", the loss at batch 8");
+}
+
+// A copy bandwidth recorded before schema version 6 has no compute share:
+// the costs name it missing and the next profile measures it again.
+TEST(StepCostsOldRows, ACopyBandwidthWithoutItsComputeShareIsMeasuredAgain) {
+  test_support::TempDir dir;
+  const std::string path = dir.path("perf.db");
+  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  const Graph graph = small_graph();
+  {
+    perfdb::PerfDb db(path);
+    profile(graph, *backend, db, db.upsert_device(perfdb_device(backend->device_info())),
+            layers_only({4}));
+  }
+  perfdb::internal::SqlShell(path).exec("UPDATE copy_bandwidth SET compute_share = NULL");
+  perfdb::PerfDb db(path);
+  const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
+  EXPECT_FALSE(holds_copy_bandwidth(db, device));
+  EXPECT_EQ(profiled_step_costs(db, device, graph, 4).missing,
+            "the copy bandwidth to_host (its compute share: measured before schema version 6) "
+            "and to_device (its compute share: measured before schema version 6)");
+  EXPECT_EQ(profile(graph, *backend, db, device, layers_only({4})).copy_measured, 1);
+  const StepCostsLookup lookup = profiled_step_costs(db, device, graph, 4);
+  ASSERT_TRUE(lookup.costs.has_value()) << lookup.missing;
+  EXPECT_GE(lookup.costs->copy_compute_share, 0);
+  EXPECT_LE(lookup.costs->copy_compute_share, 1);
 }
 
 }  // namespace

@@ -152,6 +152,13 @@ INSERT INTO layer_measurements_v5 SELECT id, device_id, model, batch, layer_inde
 DROP TABLE layer_measurements;
 ALTER TABLE layer_measurements_v5 RENAME TO layer_measurements;
 )sql"},
+    // Version 6: what a device's copies cost its compute stream when both
+    // run (a CPU's copies take the cores its compute runs on).
+    {6, R"sql(
+ALTER TABLE copy_bandwidth ADD COLUMN compute_share REAL;  -- share of a copy's time the compute
+                                                           -- stream loses, 0..1; NULL: measured
+                                                           -- before version 6
+)sql"},
 };
 
 static_assert(std::size(kMigrations) == static_cast<size_t>(kSchemaVersion),

@@ -1,6 +1,8 @@
 #include "worker/engine/layer_timing.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -263,21 +265,97 @@ double time_loss(const TensorDesc& logits_desc, Backend& backend, int64_t n,
          }).seconds;
 }
 
+// The share of the copies' time that a compute-bound call on every thread
+// (a matrix product of `features` square, batch 64) loses to them; see
+// measure_copy_bandwidth. `on_device` and `host` hold `bytes` each.
+constexpr int64_t kProductBatch = 64;
+
+TensorDesc product_rows(int64_t features) {
+  return {{kProductBatch, features, 1, 1}, Layout::kPlain, DataType::kF32};
+}
+
+// Device bytes of the product: input and output of kProductBatch rows, the
+// square weights, and what the backend's scratch grows by for it.
+size_t product_bytes(Backend& backend, int64_t features) {
+  const size_t scratch = backend.inner_product_scratch_bytes(product_rows(features), features,
+                                                             false);
+  return static_cast<size_t>(2 * kProductBatch * features + features * features) * sizeof(float) +
+         (scratch > backend.scratch_bytes() ? scratch - backend.scratch_bytes() : 0);
+}
+
+double measure_compute_share(Backend& backend, const CopyBandwidth& bandwidth, void* on_device,
+                             void* host, int64_t features, int repeats) {
+  constexpr double kTarget = 0.01;  // seconds of product per round: scheduler slices and more
+  DeviceBlocks blocks(backend, measuring(backend, "the copies' share of the compute",
+                                         product_bytes(backend, features)));
+  backend.reserve_scratch(
+      backend.inner_product_scratch_bytes(product_rows(features), features, false));
+  const Tensor x = blocks.tensor(product_rows(features), 0.01f);
+  const Tensor y = blocks.tensor(product_rows(features), 0.0f);
+  const float* w = blocks.floats(features * features, 0.01f);
+  using Clock = std::chrono::steady_clock;
+  const auto product = [&](int calls) {
+    const auto start = Clock::now();
+    for (int k = 0; k < calls; ++k) backend.inner_product_forward(x, w, nullptr, y);
+    backend.synchronize(StreamKind::kCompute);
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  product(1);  // untimed: the primitive's creation
+  const int calls =
+      static_cast<int>(std::clamp(std::ceil(kTarget / std::max(product(4) / 4, 1e-7)), 1.0, 1e5));
+  const double b = static_cast<double>(bandwidth.bytes);
+  const double copy_seconds =
+      (b / bandwidth.to_host_bytes_per_second + b / bandwidth.to_device_bytes_per_second) / 2;
+  std::vector<double> shares;
+  for (int round = 0; round < repeats; ++round) {
+    const double alone = product(calls);
+    const int copies = static_cast<int>(std::clamp(std::round(alone / copy_seconds), 1.0, 1e4));
+    const auto start = Clock::now();
+    for (int k = 0; k < copies; ++k) {
+      if (k % 2 == 0) {
+        backend.copy_async(host, on_device, bandwidth.bytes, StreamKind::kMemory);
+      } else {
+        backend.copy_async(on_device, host, bandwidth.bytes, StreamKind::kMemory);
+      }
+    }
+    const double together = product(calls);
+    backend.synchronize(StreamKind::kMemory);
+    const double copied = std::chrono::duration<double>(Clock::now() - start).count();
+    // Compute lost (together - alone) while the copies ran; the copies'
+    // own time is what they took alone, or longer where compute slowed them.
+    shares.push_back((together - alone) / std::max(copies * copy_seconds, copied - together));
+  }
+  std::sort(shares.begin(), shares.end());
+  return std::clamp(shares[shares.size() / 2], 0.0, 1.0);
+}
+
 }  // namespace
+
+memory::StepCosts with_copies(memory::StepCosts costs, const CopyBandwidth& bandwidth) {
+  costs.to_host_bytes_per_second = bandwidth.to_host_bytes_per_second;
+  costs.to_device_bytes_per_second = bandwidth.to_device_bytes_per_second;
+  costs.copy_compute_share = bandwidth.compute_share;
+  return costs;
+}
 
 CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats) {
   if (bytes == 0 || repeats < 1) {
     throw std::invalid_argument("measure_copy_bandwidth: bytes must be > 0 and repeats >= 1");
   }
+  // The compute share's matrix product: the largest of 128 down to 16
+  // features in half the free memory; the copies get the rest.
   constexpr size_t kLeast = 4096;
-  bytes = std::min(bytes, free_device_bytes(backend));
-  if (bytes < kLeast) {
+  const size_t free = free_device_bytes(backend);
+  int64_t features = 128;
+  while (features > 16 && product_bytes(backend, features) > free / 2) features /= 2;
+  if (free < kLeast + product_bytes(backend, features)) {
     throw memory::OutOfMemoryError(
-        "measuring the copy bandwidth needs " + common::format_bytes_fixed(kLeast) +
-        " of device memory and the device has " +
-        common::format_bytes_fixed(free_device_bytes(backend)) +
+        "measuring the copy bandwidth needs " +
+        common::format_bytes_fixed(kLeast + product_bytes(backend, features)) +
+        " of device memory and the device has " + common::format_bytes_fixed(free) +
         " free (device.memory_limit or its memory)");
   }
+  bytes = std::min(bytes, free - product_bytes(backend, features));
   DeviceBlocks device(backend, measuring(backend, "the copy bandwidth", bytes));
   float* on_device = device.get(bytes);
   const PinnedBlock host(backend, bytes);
@@ -289,6 +367,8 @@ CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats
       b / median_copy_seconds(backend, host.get(), on_device, bytes, repeats);
   bandwidth.to_device_bytes_per_second =
       b / median_copy_seconds(backend, on_device, host.get(), bytes, repeats);
+  bandwidth.compute_share =
+      measure_compute_share(backend, bandwidth, on_device, host.get(), features, repeats);
   return bandwidth;
 }
 
@@ -317,9 +397,7 @@ memory::StepCosts measure_step_costs(const Graph& graph,
     costs.backward_seconds[i] = s.backward;
   }
   costs.loss_seconds = time_loss(out_desc[graph.sink_index()], backend, n, timing);
-  costs.to_host_bytes_per_second = bandwidth.to_host_bytes_per_second;
-  costs.to_device_bytes_per_second = bandwidth.to_device_bytes_per_second;
-  return costs;
+  return with_copies(std::move(costs), bandwidth);
 }
 
 memory::StepCosts measure_graph_step_costs(const Graph& graph, Backend& backend, int64_t n,
@@ -397,9 +475,7 @@ memory::StepCosts measure_costs_in_steps(Network& net, int64_t n, int steps,
   }
   net.record_call_times(nullptr);
   memory::StepCosts costs = median_call_times(times);
-  costs.to_host_bytes_per_second = bandwidth.to_host_bytes_per_second;
-  costs.to_device_bytes_per_second = bandwidth.to_device_bytes_per_second;
-  return costs;
+  return with_copies(std::move(costs), bandwidth);
 }
 
 InPlaceCosts measure_costs_in_place(const Graph& graph, Backend& backend,
@@ -420,7 +496,10 @@ InPlaceCosts measure_costs_in_place(const Graph& graph, Backend& backend,
   }
   if (net.activation_placement().offloaded_bytes > 0) return {*alone, false};
   net.init_parameters(1);
-  const CopyBandwidth bandwidth{alone->to_host_bytes_per_second, alone->to_device_bytes_per_second};
+  CopyBandwidth bandwidth;
+  bandwidth.to_host_bytes_per_second = alone->to_host_bytes_per_second;
+  bandwidth.to_device_bytes_per_second = alone->to_device_bytes_per_second;
+  bandwidth.compute_share = alone->copy_compute_share;
   return {measure_costs_in_steps(net, options.max_batch, steps, bandwidth), true};
 }
 

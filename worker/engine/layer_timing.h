@@ -21,19 +21,30 @@ class Layer;
 class Network;
 struct NetworkOptions;
 
-// Bytes per second of the backend's memory stream, each way.
+// Bytes per second of the backend's memory stream, each way, and what the
+// copies cost the compute stream when both run.
 struct CopyBandwidth {
   double to_host_bytes_per_second = 0;    // device -> pinned host
   double to_device_bytes_per_second = 0;  // pinned host -> device
   size_t bytes = 0;                       // bytes per timed copy
+  double compute_share = 0;               // memory::StepCosts::copy_compute_share
 };
-// Each way the median of `repeats` copies of `bytes` (at most the device
-// memory free now: under a small device.memory_limit the copies are
-// smaller) after one untimed copy. Throws std::invalid_argument for bytes
-// 0 or repeats < 1, memory::OutOfMemoryError when the device has no room
-// for 4 KiB.
+// Each way the median of `repeats` copies of `bytes` after one untimed
+// copy. Then the compute share: in each of `repeats` rounds, a matrix
+// product (64 rows of 16 to 128 features, as many as half the free device
+// memory holds; the backend's scratch may grow by its weights' 70 KiB)
+// timed alone and again with copies of about its length
+// issued on the memory stream just before it; the time it lost over the
+// copies' time, the median round's, within [0, 1]. Under a small
+// device.memory_limit the copies shrink to the memory free beside the
+// product. Throws std::invalid_argument for bytes 0 or repeats < 1,
+// memory::OutOfMemoryError when the device has no room for 4 KiB of copies
+// and the smallest product (tens of KiB, by the ISA's weight format).
 CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes = size_t{64} << 20,
                                      int repeats = 5);
+
+// `costs` with the copy bandwidths and compute share of `bandwidth`.
+memory::StepCosts with_copies(memory::StepCosts costs, const CopyBandwidth& bandwidth);
 
 // Per layer of `graph` (built as `layers`, outputs `out_desc` at batch >=
 // n), the median time of its forward (training mode) and backward call at

@@ -65,13 +65,17 @@ StepCostsLookup profiled_step_costs(perfdb::PerfDb& db, perfdb::DeviceId device,
   std::vector<std::string> missing_copies;
   for (CopyDirection direction : kDirections) {
     const auto found = db.find_copy_bandwidth(device, direction);
-    if (!found) {
-      missing_copies.push_back(perfdb::copy_direction_name(direction));
+    if (!found || !found->compute_share) {
+      std::string what = perfdb::copy_direction_name(direction);
+      if (found) what += " (its compute share: measured before schema version 6)";
+      missing_copies.push_back(std::move(what));
       continue;
     }
     (direction == CopyDirection::kToHost ? costs.to_host_bytes_per_second
                                          : costs.to_device_bytes_per_second) =
         found->bytes_per_second;
+    // One share for both ways: the larger, should two measurements differ.
+    costs.copy_compute_share = std::max(costs.copy_compute_share, *found->compute_share);
   }
   const auto rows = rows_by_layer(db, device, graph, batch);
   const std::vector<std::string> missing = missing_layers(graph, rows);
@@ -98,8 +102,10 @@ StepCostsLookup profiled_step_costs(perfdb::PerfDb& db, perfdb::DeviceId device,
 }
 
 bool holds_copy_bandwidth(perfdb::PerfDb& db, perfdb::DeviceId device) {
+  // Rows from before schema version 6 lack the compute share: measured again.
   return std::all_of(std::begin(kDirections), std::end(kDirections), [&](CopyDirection d) {
-    return db.find_copy_bandwidth(device, d).has_value();
+    const auto found = db.find_copy_bandwidth(device, d);
+    return found && found->compute_share;
   });
 }
 
@@ -108,8 +114,8 @@ void record_copy_bandwidth(Backend& backend, perfdb::PerfDb& db, perfdb::DeviceI
   const CopyBandwidth b = measure_copy_bandwidth(backend, size_t{64} << 20,
                                                  std::max(timing.repeats, 1));
   const perfdb::CopyBandwidthMeasurement rows[] = {
-      {CopyDirection::kToHost, b.bytes, b.to_host_bytes_per_second, 0},
-      {CopyDirection::kToDevice, b.bytes, b.to_device_bytes_per_second, 0}};
+      {CopyDirection::kToHost, b.bytes, b.to_host_bytes_per_second, 0, b.compute_share},
+      {CopyDirection::kToDevice, b.bytes, b.to_device_bytes_per_second, 0, b.compute_share}};
   db.record_copy_bandwidth(device, rows);
 }
 

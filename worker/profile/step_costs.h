@@ -33,7 +33,8 @@ struct StepCostsLookup {
 StepCostsLookup profiled_step_costs(perfdb::PerfDb& db, perfdb::DeviceId device,
                                     const Graph& graph, int64_t batch);
 
-// Whether `db` holds `device`'s copy bandwidth both ways.
+// Whether `db` holds `device`'s copy bandwidth both ways, with the
+// copies' compute share (rows from before schema version 6 lack it).
 bool holds_copy_bandwidth(perfdb::PerfDb& db, perfdb::DeviceId device);
 // Measures `backend`'s copy bandwidth into `db`.
 void record_copy_bandwidth(Backend& backend, perfdb::PerfDb& db, perfdb::DeviceId device,
