@@ -93,6 +93,10 @@ TEST(CpuThreads, AShortLivedBackendLeavesTheThreadCountAsItFoundIt) {
   const int before = worker::make_backend({.kind = "cpu"})->device_info().threads;
   { const auto one = worker::make_backend({.kind = "cpu", .threads = 1}); }
   EXPECT_EQ(worker::make_backend({.kind = "cpu"})->device_info().threads, before);
+  // A backend of all threads made while one of threads 1 lives has them all
+  // (it used to inherit the 1 OpenMP was left at).
+  const auto one = worker::make_backend({.kind = "cpu", .threads = 1});
+  EXPECT_EQ(worker::make_backend({.kind = "cpu"})->device_info().threads, before);
 }
 
 // NHWC is one channel block of every channel: no padding, and channel c of

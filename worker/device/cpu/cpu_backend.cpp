@@ -77,6 +77,10 @@ int64_t native_channel_block() {
 }
 
 CpuBackend::CpuBackend(const BackendOptions& options) : threads_before_(omp_get_max_threads()) {
+  // OpenMP's own default (OMP_NUM_THREADS, else the cores the process may
+  // run on), as it was before any backend set a count: a backend of
+  // threads 0 made while another of threads 1 lives must not inherit 1.
+  static const int process_default = threads_before_;
   const std::optional<double> quota = common::cpu_quota();
   if (options.threads > 0) {
     omp_set_num_threads(options.threads);
@@ -84,7 +88,9 @@ CpuBackend::CpuBackend(const BackendOptions& options) : threads_before_(omp_get_
     // More threads than the quota keeps busy only wait for each other at
     // every parallel region's end while the quota throttles them.
     const int busy = static_cast<int>(std::ceil(*quota - 1e-6));
-    omp_set_num_threads(std::clamp(busy, 1, omp_get_max_threads()));
+    omp_set_num_threads(std::clamp(busy, 1, process_default));
+  } else {
+    omp_set_num_threads(process_default);
   }
   const dnnl::version_t* v = dnnl::version();
   info_.backend = "cpu";
