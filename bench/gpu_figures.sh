@@ -6,14 +6,17 @@
 #
 # Parts (default all): gpu_tests train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
-# precisions_vs_torch pseudo_half accuracy_parity layouts. Each takes one to three
+# precisions_vs_torch pseudo_half accuracy_parity layouts plans_gpu. Each takes one to three
 # minutes on an H100 but precisions_vs_torch (four models in four
 # precisions, about 15). accuracy_parity reads Fashion-MNIST from the
 # dataset-fashion-mnist package carried with the others (docs/cuda.md). alexnet_fronts writes the plans and fronts CSVs
 # to OUT_DIR; draw them where matplotlib is installed with
 #   /usr/bin/python3 scripts/plot_balance.py OUT_DIR/plan-wd.yaml \
 #     --fronts OUT_DIR/fronts-wd.csv -o docs/balance-front-alexnet-h100.png
-# BIN_DIR holds vtrain, cuda_backend_test and bench_memory built with
+# plans_gpu (issue 13's GPU target: 4x less activation memory at <= 10%
+# overhead on ResNet-50 and VGG-16) writes OUT_DIR/plans-gpu.csv for
+# scripts/plot_plans.py. BIN_DIR holds vtrain, cuda_backend_test,
+# bench_memory and bench_plans built with
 # VTRAIN_CUDA=ON (e.g. build/ and build/tests, build/bench copied together).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -91,3 +94,8 @@ part accuracy_parity parity
 # NHWC against NCHW activations in half precision (auto is NHWC there).
 part layouts python3 bench/bench_layouts.py --backend cuda --vtrain "$bin/vtrain" --runs 3 \
   --steps 200 --models resnet18:128,resnet50:64 --precisions bf16,fp16 --layouts auto,nchw
+# Swap and recompute on the GPU: every planner at 100..25% of none's
+# activations, simulated and measured (the copies' compute share near 0 on a
+# copy engine, printed in the header).
+part plans_gpu "$bin/bench_plans" --backend cuda --nets vgg16,resnet50 --size 224 --batch 32 \
+  --steps 3 --rounds 3 --measure --no-dqn --algorithm auto --csv "$out/plans-gpu.csv"

@@ -426,7 +426,7 @@ std::string plan_report(const MemoryModel& model, const MemoryPlan& plan) {
       plan.simulations, plan.solve_seconds * 1e3);
   out += "  predicted step " + ms(t.step_seconds) + " (compute " + ms(t.compute_seconds) +
          ", recompute " + ms(t.recompute_seconds) + ", stalls " + ms(t.stall_seconds) +
-         (t.copy_contention_seconds > 0 ? ", copies on the compute's cores " +
+         (t.copy_contention_seconds >= 5e-6 ? ", copies on the compute's cores " +
                                               ms(t.copy_contention_seconds)
                                         : std::string()) +
          "), peak " + common::format_bytes_fixed(plan.simulation.peak_bytes) + ", reservation " +
@@ -435,7 +435,7 @@ std::string plan_report(const MemoryModel& model, const MemoryPlan& plan) {
                         s.kept, common::format_bytes_fixed(s.kept_bytes).c_str(), s.offloaded,
                         common::format_bytes_fixed(s.offloaded_bytes).c_str(), s.recomputed,
                         common::format_bytes_fixed(s.recomputed_bytes).c_str());
-  out += common::format("  %-24s %12s  %-9s %s\n", "tensor", "bytes", "action", "stall");
+  out += common::format("  %-24s %12s  %-9s %s\n", "tensor", "bytes", "action", "copy cost");
   const std::vector<bool> can = plannable(model);
   for (size_t p = 0; p < can.size(); ++p) {
     if (!can[p]) continue;

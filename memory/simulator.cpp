@@ -131,6 +131,7 @@ class StepClock {
       bytes_time_ += static_cast<double>(in_use) * lost;
       compute_ += lost;
       t_.copy_contention_seconds += lost;
+      t_.stall_per_tensor[e.tensor.layer] += lost;
     } else if (e.op == Op::kSyncMemory && memory_ > compute_) {
       // The wait, charged to the copies by how much of it each covers.
       for (const Copy& c : copies_) {

@@ -52,7 +52,8 @@ struct StepTiming {
   double stall_seconds = 0;      // compute waiting for the memory stream
   double copy_seconds = 0;       // the memory stream's busy time
   double copy_contention_seconds = 0;  // compute time lost to the copies (copy_compute_share)
-  std::vector<double> stall_per_tensor;  // per layer: the stall its Y's copies caused
+  std::vector<double> stall_per_tensor;  // per layer: the compute time its Y's copies cost
+                                         // (stalls, and the copies' share of the compute)
   double mean_bytes = 0;         // device bytes in use over the step, time-weighted
 };
 

@@ -190,11 +190,13 @@ TEST(TimedSimulator, CopiesOnTheComputesCoresCostTheirShareOfComputeTime) {
   EXPECT_NEAR(serial.timing.copy_contention_seconds, 10e-3, 1e-12);
   EXPECT_NEAR(serial.timing.stall_seconds, 0, 1e-12);
   EXPECT_NEAR(serial.timing.step_seconds, calls + 10e-3, 1e-12);
+  EXPECT_NEAR(serial.timing.stall_per_tensor[1], 10e-3, 1e-12);  // a.y's copies' cost
   c.copy_compute_share = 0.5;
   const Simulation half = simulate(m, s, 0, Planner::kPool, &c);
   EXPECT_NEAR(half.timing.copy_contention_seconds, 5e-3, 1e-12);
   EXPECT_NEAR(half.timing.stall_seconds, 1e-3, 1e-12);
   EXPECT_NEAR(half.timing.step_seconds, calls + 6e-3, 1e-12);
+  EXPECT_NEAR(half.timing.stall_per_tensor[1], 6e-3, 1e-12);
   // Keeping everything copies nothing: no share of anything.
   const Simulation kept = simulate(m, planned_schedule(m, std::vector<TensorAction>(
                                                              m.layers.size(), TensorAction::kKeep)),

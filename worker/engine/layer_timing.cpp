@@ -285,11 +285,15 @@ size_t product_bytes(Backend& backend, int64_t features) {
 
 double measure_compute_share(Backend& backend, const CopyBandwidth& bandwidth, void* on_device,
                              void* host, int64_t features, int repeats) {
-  constexpr double kTarget = 0.01;  // seconds of product per round: scheduler slices and more
-  DeviceBlocks blocks(backend, measuring(backend, "the copies' share of the compute",
-                                         product_bytes(backend, features)));
-  backend.reserve_scratch(
-      backend.inner_product_scratch_bytes(product_rows(features), features, false));
+  const std::string what = "the copies' share of the compute";
+  DeviceBlocks blocks(backend, measuring(backend, what, product_bytes(backend, features)));
+  try {
+    backend.reserve_scratch(
+        backend.inner_product_scratch_bytes(product_rows(features), features, false));
+  } catch (const BackendError& e) {
+    throw memory::OutOfMemoryError(measuring(backend, what, product_bytes(backend, features)) +
+                                   ": " + e.what());
+  }
   const Tensor x = blocks.tensor(product_rows(features), 0.01f);
   const Tensor y = blocks.tensor(product_rows(features), 0.0f);
   const float* w = blocks.floats(features * features, 0.01f);
@@ -300,17 +304,19 @@ double measure_compute_share(Backend& backend, const CopyBandwidth& bandwidth, v
     backend.synchronize(StreamKind::kCompute);
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
-  product(1);  // untimed: the primitive's creation
-  const int calls =
-      static_cast<int>(std::clamp(std::ceil(kTarget / std::max(product(4) / 4, 1e-7)), 1.0, 1e5));
   const double b = static_cast<double>(bandwidth.bytes);
   const double copy_seconds =
       (b / bandwidth.to_host_bytes_per_second + b / bandwidth.to_device_bytes_per_second) / 2;
+  // Each round's product runs 10 ms (many scheduler slices) and at least
+  // two copies' time, so that the copies issued end within it.
+  const double target = std::max(0.01, 2 * copy_seconds);
+  product(1);  // untimed: the primitive's creation
+  const int calls =
+      static_cast<int>(std::clamp(std::ceil(target / std::max(product(4) / 4, 1e-7)), 1.0, 1e5));
   std::vector<double> shares;
   for (int round = 0; round < repeats; ++round) {
     const double alone = product(calls);
-    const int copies = static_cast<int>(std::clamp(std::round(alone / copy_seconds), 1.0, 1e4));
-    const auto start = Clock::now();
+    const int copies = static_cast<int>(std::clamp(std::floor(alone / copy_seconds), 1.0, 1e4));
     for (int k = 0; k < copies; ++k) {
       if (k % 2 == 0) {
         backend.copy_async(host, on_device, bandwidth.bytes, StreamKind::kMemory);
@@ -320,10 +326,9 @@ double measure_compute_share(Backend& backend, const CopyBandwidth& bandwidth, v
     }
     const double together = product(calls);
     backend.synchronize(StreamKind::kMemory);
-    const double copied = std::chrono::duration<double>(Clock::now() - start).count();
-    // Compute lost (together - alone) while the copies ran; the copies'
-    // own time is what they took alone, or longer where compute slowed them.
-    shares.push_back((together - alone) / std::max(copies * copy_seconds, copied - together));
+    // The compute the copies cost, over their time alone (what the
+    // simulator charges the share of).
+    shares.push_back((together - alone) / (copies * copy_seconds));
   }
   std::sort(shares.begin(), shares.end());
   return std::clamp(shares[shares.size() / 2], 0.0, 1.0);
@@ -345,17 +350,18 @@ CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats
   // The compute share's matrix product: the largest of 128 down to 16
   // features in half the free memory; the copies get the rest.
   constexpr size_t kLeast = 4096;
+  constexpr size_t kRounding = 4096;  // the blocks' alignment, rounded up
   const size_t free = free_device_bytes(backend);
   int64_t features = 128;
   while (features > 16 && product_bytes(backend, features) > free / 2) features /= 2;
-  if (free < kLeast + product_bytes(backend, features)) {
+  if (free < kLeast + kRounding + product_bytes(backend, features)) {
     throw memory::OutOfMemoryError(
         "measuring the copy bandwidth needs " +
-        common::format_bytes_fixed(kLeast + product_bytes(backend, features)) +
+        common::format_bytes_fixed(kLeast + kRounding + product_bytes(backend, features)) +
         " of device memory and the device has " + common::format_bytes_fixed(free) +
         " free (device.memory_limit or its memory)");
   }
-  bytes = std::min(bytes, free - product_bytes(backend, features));
+  bytes = std::min(bytes, free - kRounding - product_bytes(backend, features));
   DeviceBlocks device(backend, measuring(backend, "the copy bandwidth", bytes));
   float* on_device = device.get(bytes);
   const PinnedBlock host(backend, bytes);

@@ -35,6 +35,7 @@
 #include "worker/device/backend.h"
 #include "worker/engine/conv_kernel.h"
 #include "worker/engine/graph.h"
+#include "worker/engine/layer_timing.h"
 #include "worker/engine/layers/layer.h"
 
 namespace vtrain::worker {
@@ -237,8 +238,10 @@ class Network {
   memory::Simulation plan_dynamic(size_t capacity);
   // A per-tensor plan (memory_actions, or a planner's) into plan_ and schedule_.
   memory::Simulation plan_per_tensor(size_t capacity, const std::string& where);
-  // memory_costs, else measured on this device.
-  memory::StepCosts step_costs(size_t capacity);
+  // memory_costs, else measured on this device (the copies: copy_bandwidth_).
+  memory::StepCosts step_costs();
+  // Whether plan_memory measures the costs on this device.
+  bool measures_costs_in_place() const;
   // Sets schedule_ (and plan_) for the options; the simulation of schedule_.
   memory::Simulation choose_schedule(size_t capacity, const std::string& where);
   void plan_memory();
@@ -266,6 +269,7 @@ class Network {
   memory::Schedule schedule_;
   std::optional<memory::MemoryPlan> plan_;  // a per-tensor plan (schedule_ is its schedule)
   std::optional<memory::StepCosts> plan_costs_;  // what plan_ was made with
+  CopyBandwidth copy_bandwidth_;  // measured in place by plan_memory
   MemoryStats fixed_stats_;  // what plan_memory decided (policy, capacity, ...); the rest is live
   std::unique_ptr<ScheduleInterpreter> interpreter_;  // runs schedule_ in the pool it owns
 };

@@ -110,21 +110,24 @@ memory::Simulation Network::plan_dynamic(size_t capacity) {
   return std::move(d.simulation);
 }
 
-memory::StepCosts Network::step_costs(size_t capacity) {
+bool Network::measures_costs_in_place() const {
+  return options_.memory_costs.forward_seconds.empty() && options_.memory_actions.empty() &&
+         memory::plans_per_tensor(options_.memory_policy);
+}
+
+memory::StepCosts Network::step_costs() {
   if (!options_.memory_costs.forward_seconds.empty()) {
     check_costs(options_.memory_costs, model_.layers.size());
     return options_.memory_costs;
   }
-  // A quarter of the capacity at most, so the copies fit a small device.
-  const CopyBandwidth bandwidth = measure_copy_bandwidth(
-      backend_, std::clamp(capacity / 4, size_t{4} << 10, size_t{64} << 20));
   // On a device too small for one layer's tensors at max_batch (what the
   // planners are for), the largest halved batch that fits, its times scaled
   // by the batch ratio: a layer's time is close to linear in the batch.
   const int64_t batch = options_.max_batch;
   for (int64_t n = batch;; n = (n + 1) / 2) {
     try {
-      return memory::scaled(measure_step_costs(graph_, layers_, out_desc_, backend_, n, bandwidth,
+      return memory::scaled(measure_step_costs(graph_, layers_, out_desc_, backend_, n,
+                                               copy_bandwidth_,
                                                {}, options_.conv_workspace_bytes),
                             static_cast<double>(batch) / static_cast<double>(n));
     } catch (const memory::OutOfMemoryError&) {
@@ -146,12 +149,12 @@ memory::Simulation Network::plan_per_tensor(size_t capacity, const std::string& 
     fixed.policy = "explicit";
     // Explicit actions go untimed unless the costs are given.
     std::optional<memory::StepCosts> costs;
-    if (!options_.memory_costs.forward_seconds.empty()) costs = step_costs(capacity);
+    if (!options_.memory_costs.forward_seconds.empty()) costs = step_costs();
     plan_ = memory::evaluate_plan("explicit", actions, model_, costs ? &*costs : nullptr,
                                   capacity, planner);
   } else {
     try {
-      plan_costs_ = step_costs(capacity);
+      plan_costs_ = step_costs();
       plan_ = memory::plan_memory(options_.memory_policy, model_, *plan_costs_, capacity,
                                   planner);
     } catch (const memory::OutOfMemoryError& e) {
@@ -180,6 +183,13 @@ memory::Simulation Network::choose_schedule(size_t capacity, const std::string& 
 
 void Network::plan_memory() {
   describe_memory();
+  // Costs measured here start with the copies, whose compute share runs a
+  // matrix product that may grow the ops' scratch: measured before the
+  // capacity is taken, in a quarter of it at most so they fit a small device.
+  if (measures_costs_in_place()) {
+    copy_bandwidth_ = measure_copy_bandwidth(
+        backend_, std::clamp(room() / 4, size_t{4} << 10, size_t{64} << 20));
+  }
   // What the schedule must fit: the pool's capacity.
   const size_t capacity = room();
   const memory::Planner planner = options_.memory_planner;

@@ -1,0 +1,44 @@
+// What copies on the memory stream cost the compute stream, as
+// measure_copy_bandwidth measures it (worker/engine/layer_timing.h). On the
+// CPU the memory stream is a thread: where the compute's threads fill the
+// cores it takes one from them, and every copy delays the compute by about
+// its own length (2 vCPUs here: 0.88-1.00 of it); with a core left free the
+// copies run beside the compute (0.03). Claims every core (PROCESSORS 2), so
+// that no other test takes the free core.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "common/machine.h"
+#include "worker/device/backend.h"
+#include "worker/engine/layer_timing.h"
+
+namespace vtrain::worker {
+namespace {
+
+// The median of three measurements with `threads` compute threads.
+double share_with(int threads) {
+  std::vector<double> shares;
+  for (int k = 0; k < 3; ++k) {
+    auto backend = make_backend({.kind = "cpu", .threads = threads});
+    shares.push_back(measure_copy_bandwidth(*backend, size_t{16} << 20, 5).compute_share);
+  }
+  std::sort(shares.begin(), shares.end());
+  return shares[1];
+}
+
+TEST(CopyShare, CopiesCostTheComputeWhenItsThreadsFillTheCoresAndLessWithACoreFree) {
+  const int cores = common::hardware_threads();
+  if (cores < 2) GTEST_SKIP() << "one core: no thread count leaves a core free";
+  const double full = share_with(cores);
+  const double one_free = share_with(cores - 1);
+  std::printf("copies' share of the compute: %.2f with %d threads, %.2f with %d\n", full, cores,
+              one_free, cores - 1);
+  EXPECT_GE(full, 0.4) << "with every core computing, copies should cost the compute";
+  EXPECT_LE(one_free, full - 0.2) << "a free core should take the copies";
+}
+
+}  // namespace
+}  // namespace vtrain::worker
