@@ -30,6 +30,15 @@ With --quotas each rank runs in a cgroup of its own with that CFS quota
 independent speeds, and each is a device of its own in the perf DB (the
 quota is part of a CPU device's identity), a true 3-speed mix.
 
+With --gpu two ranks share the machine's GPU (issue 14's GPU figure:
+one GPU, two processes, rank 0 under --memory-limit), so that the joint
+split's offload and recompute run for real; they sum gradients over MPI
+through pinned host memory (NCCL needs a GPU per rank). E.g.
+
+  /usr/bin/python3 bench/bench_hetero.py --gpu --config configs/cifar10-resnet18.yaml \
+      --set data.kind=synthetic --batch 512 --memory-limit 2GiB \
+      --profile-batches 64,128,192,256,320,384,448
+
 Timings on a shared 2-vCPU VM are noisy: the runs alternate and the
 medians are quoted.
 """
@@ -59,11 +68,13 @@ def plan_number(plan_path, key):
 
 
 def launch(args, rankfile, per_rank, prefixes):
-    """mpirun of 3 ranks as one MPMD line: per_rank[r] is rank r's extra
+    """mpirun of the ranks as one MPMD line: per_rank[r] is rank r's extra
     arguments, prefixes[r] what starts it in its CPU slice (cpu_slices.py);
-    rank 2 runs under nice with --speeds 3."""
-    cmd = [os.path.join(ROOT, "scripts", "mpirun.sh"), "--rankfile", rankfile, "--oversubscribe"]
-    for r in range(3):
+    rank 2 runs under nice with --speeds 3. With --gpu no rankfile."""
+    cmd = [os.path.join(ROOT, "scripts", "mpirun.sh"), "--oversubscribe"]
+    if not args.gpu:
+        cmd += ["--rankfile", rankfile]
+    for r in range(len(per_rank)):
         if r > 0:
             cmd.append(":")
         cmd += ["-np", "1"] + prefixes[r]
@@ -86,11 +97,18 @@ def main():
     ap.add_argument("--profile-batches", default="8,16,24,32,40,48,56,64,72,80")
     ap.add_argument("--step-rounds", type=int, default=3,
                     help="profile.step_rounds: rounds over the batches' profiled steps")
+    ap.add_argument("--gpu", action="store_true",
+                    help="two ranks on the machine's GPU (device.backend cuda, conv.algorithm auto)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every rank (repeatable)")
     ap.add_argument("--quotas", default="",
                     help="per rank, a CPU quota in a cgroup of its own ('none' for none), e.g. "
                          "none,0.6,0.4: fixed, independent speeds for ranks 1 and 2 (cpu_slices.py)")
     args = ap.parse_args()
-    quotas = parse_quotas(args.quotas, 3) if args.quotas else [None] * 3
+    if args.gpu and (args.quotas or args.speeds != 2):
+        ap.error("--gpu takes neither --quotas nor --speeds")
+    args.ranks = 2 if args.gpu else 3
+    quotas = parse_quotas(args.quotas, 3) if args.quotas else [None] * args.ranks
     with quota_cgroups(quotas) as prefixes:
         bench(args, quotas, prefixes)
 
@@ -108,12 +126,17 @@ def bench(args, quotas, prefixes):
     db = os.path.join(work, "perf.db")
     common = ["--progress", "off",
               "--set", "train.batch=%d" % args.batch, "--set", "train.max_steps=%d" % args.steps,
-              "--set", "train.evaluate=false", "--set", "device.threads=1",
-              "--set", "conv.algorithm=direct", "--set", "profile.db=" + db,
+              "--set", "train.evaluate=false", "--set", "profile.db=" + db,
               "--set", "profile.batches=[%s]" % args.profile_batches,
               "--set", "profile.step_rounds=%d" % args.step_rounds,
               "--set", "balance.granularity=8", "--set", "balance.candidates=interpolated",
               "--set", "balance.rebalance.enabled=false"]
+    if args.gpu:
+        common += ["--set", "device.backend=cuda", "--set", "conv.algorithm=auto"]
+    else:
+        common += ["--set", "device.threads=1", "--set", "conv.algorithm=direct"]
+    for setting in args.set:
+        common += ["--set", setting]
     limit = ["--set", "device.memory_limit=" + args.memory_limit]
 
     # Each split: its mode and per-rank settings.
@@ -123,17 +146,20 @@ def bench(args, quotas, prefixes):
         splits["joint"] = ("auto", ["--set", "memory.policy=auto"])
 
     def per_rank(command, name, extra):
-        ranks = [[command, args.config] + common + splits[name][1] + extra for _ in range(3)]
+        ranks = [[command, args.config] + common + splits[name][1] + extra
+                 for _ in range(args.ranks)]
         if name in ("excluded", "joint"):
             ranks[0] += limit
         return ranks
 
     who = "rank 0 alone on cpu 0, ranks 1 and 2 sharing cpu 1"
+    if args.gpu:
+        who = "ranks 0 and 1 sharing the GPU"
     if args.speeds == 3:
         who += ", rank 2 at nice 5"
     if any(quotas):
         who += ", " + describe(quotas)
-    print("profiling 3 ranks (%s) ..." % who, flush=True)
+    print("profiling %d ranks (%s) ..." % (args.ranks, who), flush=True)
     for name in splits:
         if name in ("even", "excluded"):  # static shares even's profile (policy none, no limit)
             continue

@@ -6,7 +6,7 @@
 #
 # Parts (default all): gpu_tests train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
-# precisions_vs_torch pseudo_half accuracy_parity layouts plans_gpu. Each takes one to three
+# precisions_vs_torch pseudo_half accuracy_parity layouts plans_gpu joint_split_gpu. Each takes one to three
 # minutes on an H100 but precisions_vs_torch (four models in four
 # precisions, about 15). accuracy_parity reads Fashion-MNIST from the
 # dataset-fashion-mnist package carried with the others (docs/cuda.md). alexnet_fronts writes the plans and fronts CSVs
@@ -99,3 +99,10 @@ part layouts python3 bench/bench_layouts.py --backend cuda --vtrain "$bin/vtrain
 # copy engine, printed in the header).
 part plans_gpu "$bin/bench_plans" --backend cuda --nets vgg16,resnet50 --size 224 --batch 32 \
   --steps 3 --rounds 3 --measure --no-dqn --algorithm auto --csv "$out/plans-gpu.csv"
+# The joint split with offload and recompute for real (issue 14): two ranks
+# on the one GPU, rank 0 limited to 1500 MiB; even, static, and the best
+# split excluding batches above the limit against the joint one.
+part joint_split_gpu python3 bench/bench_hetero.py --gpu --vtrain "$bin/vtrain" \
+  --config configs/synthetic-lenet.yaml --set model.preset=resnet18 --set "data.shape=[3,32,32]" \
+  --set data.train_size=16384 --batch 512 --steps 30 --memory-limit 1500MiB \
+  --profile-batches 64,128,192,256,320,384,448

@@ -239,7 +239,8 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   }
   auto backend = worker::make_backend(backend_options(cfg));
   // Gradients go over NCCL when several ranks train on GPUs, else over MPI.
-  const auto gradient_comm = worker::make_gradient_communicator(*backend);
+  std::string comm_note;
+  const auto gradient_comm = worker::make_gradient_communicator(*backend, &comm_note);
   // Synchronised batch norm's sums, on host memory, in forward and backward.
   const auto batch_norm_comm = cfg.model.batch_norm == worker::BatchNormMode::kSync &&
                                        comm.size() > 1
@@ -252,6 +253,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
                 worker::data_kind_name(cfg.data.kind),
                 static_cast<long long>(data.train.count), static_cast<long long>(data.test.count),
                 data.train.sample.str().c_str());
+    if (!comm_note.empty()) std::printf("%s\n", comm_note.c_str());
   }
   std::fflush(stdout);
   SplitProblem solved_on;  // rank 0, auto split: for re-balancing

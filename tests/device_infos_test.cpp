@@ -17,7 +17,8 @@ DeviceInfo awkward(const std::string& name) {
           .memory_bytes = (size_t{3} << 40) + 7,
           .threads = 48,
           .library_version = "oneDNN 3.1|x, 2",
-          .host = "node:7\n"};
+          .host = "node:7\n",
+          .device_key = "0000:41:00.0"};
 }
 
 void expect_same(const DeviceInfo& a, const DeviceInfo& b) {
@@ -27,6 +28,7 @@ void expect_same(const DeviceInfo& a, const DeviceInfo& b) {
   EXPECT_EQ(a.threads, b.threads);
   EXPECT_EQ(a.library_version, b.library_version);
   EXPECT_EQ(a.host, b.host);
+  EXPECT_EQ(a.device_key, b.device_key);
 }
 
 TEST(DeviceInfos, AnyNameRoundTrips) {
@@ -47,7 +49,7 @@ TEST(DeviceInfos, MalformedTextNamesTheField) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(error(good.substr(0, good.size() - 1)).find("field host"), std::string::npos);
+  EXPECT_NE(error(good.substr(0, good.size() - 1)).find("field device_key"), std::string::npos);
   EXPECT_NE(error(good + "x").find("1 bytes left"), std::string::npos);
   EXPECT_NE(error("3:cpu7:GPU|0,11:x1:12:v11:h").find("memory_bytes: expected a number, got 'x'"),
             std::string::npos);

@@ -87,9 +87,14 @@ class Backend;
 
 // The communicator for gradients in `backend`'s device memory: NCCL (see
 // worker/device/cuda/cuda_backend.h) when `backend` is the CUDA backend and the job
-// has several ranks, else MPI. Collective; requires a live MpiRuntime.
-// Defined with the backend factory, the one place that knows what is built.
-std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend);
+// has several ranks, each on a GPU of its own; MPI through pinned host
+// memory (worker/comm/host_staged.h) where two ranks share a GPU, and
+// `note` (when given) then says so and which ranks; else MPI. A testing
+// aid: VTRAIN_STAGE_GRADIENTS=1 stages through host memory on any backend.
+// Collective; requires a live MpiRuntime. Defined with the backend
+// factory, the one place that knows what is built.
+std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend,
+                                                         std::string* note = nullptr);
 
 // Aborts the MPI job if MPI is running with more than one rank; returns
 // otherwise (for error paths that run before a communicator exists).

@@ -68,6 +68,7 @@ std::string encode_device_info(const DeviceInfo& info) {
   put(out, std::to_string(info.threads));
   put(out, info.library_version);
   put(out, info.host);
+  put(out, info.device_key);
   return out;
 }
 
@@ -80,6 +81,7 @@ DeviceInfo decode_device_info(const std::string& text) {
   info.threads = in.number<int>("threads");
   info.library_version = in.field("library_version");
   info.host = in.field("host");
+  info.device_key = in.field("device_key");
   in.expect_end();
   return info;
 }

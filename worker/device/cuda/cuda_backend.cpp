@@ -85,6 +85,9 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
   info_.library_version = "cuDNN " + std::to_string(version / 10000) + "." +
                           std::to_string(version / 100 % 100) + "." + std::to_string(version % 100);
   info_.host = host_name();
+  char bus_id[32] = {};
+  VTRAIN_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_), where);
+  info_.device_key = bus_id;
 
   cudaStream_t raw_stream = nullptr;
   VTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&raw_stream, cudaStreamNonBlocking), where);
