@@ -86,13 +86,15 @@ std::unique_ptr<Communicator> make_mpi_subcommunicator(int color);
 class Backend;
 
 // The communicator for gradients in `backend`'s device memory: NCCL (see
-// worker/device/cuda/cuda_backend.h) when `backend` is the CUDA backend and the job
-// has several ranks, each on a GPU of its own; MPI through pinned host
-// memory (worker/comm/host_staged.h) where two ranks share a GPU, and
-// `note` (when given) then says so and which ranks; else MPI. A testing
-// aid: VTRAIN_STAGE_GRADIENTS=1 stages through host memory on any backend.
-// Collective; requires a live MpiRuntime. Defined with the backend
-// factory, the one place that knows what is built.
+// worker/device/cuda/cuda_backend.h) when the job has several ranks and
+// every one is on a GPU of its own (DeviceInfo::device_key); else MPI, a
+// GPU's buckets going through pinned host memory (worker/comm/host_staged.h;
+// two ranks sharing a GPU, or a rank on the CPU), and `note` (when given)
+// then says why. A testing aid: VTRAIN_STAGE_GRADIENTS=1 on any rank
+// stages every rank's gradients through host memory, also on the CPU.
+// Collective (every rank takes part in the same gather and broadcast);
+// requires a live MpiRuntime. Defined with the backend factory, the one
+// place that knows what is built.
 std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend,
                                                          std::string* note = nullptr);
 

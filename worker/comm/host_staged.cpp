@@ -31,36 +31,42 @@ class HostStagedCommunicator final : public Communicator {
 
   void allreduce_async(void* data, int64_t count, common::DataType type) override {
     if (host_->size() == 1 || count == 0) return;
+    const auto start = std::chrono::steady_clock::now();
     const size_t bytes = static_cast<size_t>(count) * common::element_bytes(type);
     if (queued_ == slots_.size()) slots_.push_back({});
-    Slot& s = slots_[queued_++];
-    if (s.capacity < bytes) {
-      // The buffer may still be read by the last step's copy back.
-      backend_.synchronize(StreamKind::kCompute);
+    Slot& s = slots_[queued_];
+    // A slot past the queued ones is read by nothing: wait() synchronised
+    // the copies back. One far larger than its bucket (the profiler's
+    // single bucket of every gradient) is given back.
+    if (s.capacity < bytes || s.capacity > 2 * bytes) {
       if (s.host) backend_.free_pinned(s.host);
       s.host = nullptr;
       s.capacity = 0;
       s.host = backend_.allocate_pinned(bytes);
       s.capacity = bytes;
     }
-    s.device = data;
-    s.bytes = bytes;
     // After the kernels that made the bucket; then the host has it.
     backend_.copy_async(s.host, data, bytes, StreamKind::kCompute);
     backend_.synchronize(StreamKind::kCompute);
     host_->allreduce_async(s.host, count, type);
+    s.device = data;
+    s.bytes = bytes;
+    ++queued_;
+    // The host waited for the compute stream: time the exchange cost it.
+    wait_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
   void wait() override {
     const auto start = std::chrono::steady_clock::now();
+    const size_t queued = std::exchange(queued_, 0);  // also when the sums fail
     host_->wait();
-    for (size_t k = 0; k < queued_; ++k) {
+    for (size_t k = 0; k < queued; ++k) {
       backend_.copy_async(slots_[k].device, slots_[k].host, slots_[k].bytes,
                           StreamKind::kCompute);
     }
-    queued_ = 0;
     // As NCCL's wait(): the sums are in place when it returns, for readers
-    // on any stream.
+    // on any stream, and no copy reads a slot any more.
     backend_.synchronize(StreamKind::kCompute);
     wait_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

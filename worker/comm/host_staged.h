@@ -18,13 +18,15 @@ namespace vtrain::worker {
 // stream, waits for the copy (so for the kernels that made the bucket),
 // and queues the sum on `host`; wait() waits for the sums and copies each
 // back (on the compute stream, waiting for the copies). Pinned buffers are
-// kept per bucket and reused step after step.
+// kept per bucket and reused step after step. The host's waits for the
+// compute stream count in wait_seconds(): the bucket's exchange cannot
+// start before its kernels end, so backward does not run ahead of it.
 // Everything else goes to `host`. `backend` must outlive the communicator.
 std::unique_ptr<Communicator> make_host_staged_communicator(Backend& backend,
                                                             std::unique_ptr<Communicator> host);
 
-// The first two ranks whose `keys` (one per rank: host and device, e.g.
-// "node1/0000:41:00.0") are equal, as "ranks 0 and 2 share <key>"; "" when
+// The first two ranks whose `keys` (one per rank: DeviceInfo::device_key,
+// e.g. "GPU-8f1e...") are equal, as "ranks 0 and 2 share <key>"; "" when
 // every key is its own. Empty keys never match (a device without one).
 std::string shared_device(const std::vector<std::string>& keys);
 

@@ -61,8 +61,8 @@ struct DeviceInfo {
   int threads = 1;              // CPU threads used (1 for CUDA)
   std::string library_version;  // "oneDNN 2.6.3" or "cuDNN 9.x"
   std::string host;             // hostname
-  std::string device_key;       // the device among its host's: a GPU's PCI bus id ("" on the
-                                // CPU); ranks with the same host and key share the device
+  std::string device_key;       // a GPU's UUID ("GPU-" and 32 hex digits; "" on the CPU):
+                                // ranks with the same key share the device
 };
 
 // ---------------------------------------------------------------- convolution

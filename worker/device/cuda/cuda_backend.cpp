@@ -85,9 +85,15 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
   info_.library_version = "cuDNN " + std::to_string(version / 10000) + "." +
                           std::to_string(version / 100 % 100) + "." + std::to_string(version % 100);
   info_.host = host_name();
-  char bus_id[32] = {};
-  VTRAIN_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_), where);
-  info_.device_key = bus_id;
+  // The UUID, not host and bus id: containers on one machine have
+  // hostnames of their own, and single-GPU nodes share bus ids.
+  info_.device_key = "GPU-";
+  constexpr char kHex[] = "0123456789abcdef";
+  for (const char byte : prop.uuid.bytes) {
+    const auto b = static_cast<unsigned char>(byte);
+    info_.device_key += kHex[b >> 4];
+    info_.device_key += kHex[b & 15];
+  }
 
   cudaStream_t raw_stream = nullptr;
   VTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&raw_stream, cudaStreamNonBlocking), where);
