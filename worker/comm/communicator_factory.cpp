@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "worker/comm/communicator.h"
+#include "worker/comm/device_infos.h"
 #include "worker/comm/host_staged.h"
 #include "worker/device/backend.h"
 #ifdef VTRAIN_HAVE_CUDA
@@ -17,47 +18,50 @@
 
 namespace vtrain::worker {
 
+namespace {
+
+// Why the job's gradients cannot go over NCCL ("" where they can): a rank
+// forcing staging, a rank not on a GPU, or two ranks on one GPU. The same
+// on every rank, from the same gathered facts.
+std::string why_not_nccl(const std::vector<DeviceInfo>& devices,
+                         const std::vector<double>& forced) {
+  for (size_t r = 0; r < forced.size(); ++r) {
+    if (forced[r] > 0) return "VTRAIN_STAGE_GRADIENTS=1 on rank " + std::to_string(r);
+  }
+  std::vector<std::string> keys;
+  for (size_t r = 0; r < devices.size(); ++r) {
+    if (devices[r].backend != "cuda") {
+      return "rank " + std::to_string(r) + " is on the " + devices[r].backend;
+    }
+    keys.push_back(devices[r].device_key);
+  }
+  const std::string shared = shared_device(keys);
+  return shared.empty() ? shared : shared + " (NCCL needs a GPU per rank)";
+}
+
+}  // namespace
+
 std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend, std::string* note) {
   std::unique_ptr<Communicator> mpi = make_mpi_communicator();
   if (mpi->size() == 1) return mpi;
-  // Every rank takes part in the same collectives, whatever its backend
-  // or environment, and rank 0 decides for all: NCCL only where every rank
-  // is on a GPU of its own and none forces staging.
-  const DeviceInfo& device = backend.device_info();
+  // Every rank takes part in the same collectives, whatever its backend or
+  // environment, and so reaches the same decision: NCCL only where every
+  // rank is on a GPU of its own and none forces staging.
   const char* forced_env = std::getenv("VTRAIN_STAGE_GRADIENTS");
   const bool forced = forced_env != nullptr && std::string_view(forced_env) == "1";
-  std::string mine = device.backend;
-  mine += forced ? "|staged|" : "||";
-  mine += device.device_key;
-  const std::vector<std::string> all = mpi->gather(mine, 0);
-  std::string why;  // rank 0: why not NCCL ("" for NCCL)
-  if (mpi->rank() == 0) {
-    std::vector<std::string> keys;
-    for (size_t r = 0; r < all.size(); ++r) {
-      const size_t bar = all[r].find('|'), key = all[r].find('|', bar + 1);
-      const std::string kind = all[r].substr(0, bar);
-      if (why.empty() && all[r].compare(bar, key - bar + 1, "|staged|") == 0) {
-        why = "VTRAIN_STAGE_GRADIENTS=1 on rank " + std::to_string(r);
-      }
-      if (why.empty() && kind != "cuda") why = "rank " + std::to_string(r) + " is on the " + kind;
-      keys.push_back(all[r].substr(key + 1));
-    }
-    if (why.empty()) {
-      const std::string shared = shared_device(keys);
-      if (!shared.empty()) why = shared + " (NCCL needs a GPU per rank)";
-    }
-    if (why.empty()) why = "nccl";
-  }
-  mpi->broadcast(why, 0);
+  std::vector<double> forcing(static_cast<size_t>(mpi->size()), 0.0);
+  forcing[static_cast<size_t>(mpi->rank())] = forced ? 1.0 : 0.0;
+  mpi->allreduce_sum(forcing);
+  const std::string why = why_not_nccl(gather_device_infos(*mpi, backend.device_info()), forcing);
 #ifdef VTRAIN_HAVE_CUDA
-  if (why == "nccl") return cuda::make_nccl_communicator(backend);
+  if (why.empty()) return cuda::make_nccl_communicator(backend);
 #endif
-  if (why == "nccl") {
+  if (why.empty()) {
     throw std::logic_error("make_gradient_communicator: NCCL chosen in a build without CUDA");
   }
   // MPI sums host memory: a GPU's buckets go through pinned host memory
   // (as every rank's where forced, the testing aid).
-  if (device.backend != "cuda" && !forced) return mpi;
+  if (backend.device_info().backend != "cuda" && !forced) return mpi;
   if (note) *note = "gradients: summed over MPI through pinned host memory: " + why;
   return make_host_staged_communicator(backend, std::move(mpi));
 }

@@ -265,9 +265,7 @@ double time_loss(const TensorDesc& logits_desc, Backend& backend, int64_t n,
          }).seconds;
 }
 
-// The share of the copies' time that a compute-bound call on every thread
-// (a matrix product of `features` square, batch 64) loses to them; see
-// measure_copy_bandwidth. `on_device` and `host` hold `bytes` each.
+// The compute share's matrix product: kProductBatch rows of `features`.
 constexpr int64_t kProductBatch = 64;
 
 TensorDesc product_rows(int64_t features) {
@@ -283,16 +281,19 @@ size_t product_bytes(Backend& backend, int64_t features) {
          (scratch > backend.scratch_bytes() ? scratch - backend.scratch_bytes() : 0);
 }
 
+// The share of the copies' time that a compute-bound call on every thread
+// (the product of `features`, needing `need` = product_bytes) loses to
+// them; see measure_copy_bandwidth. `on_device` and `host` hold
+// bandwidth.bytes each.
 double measure_compute_share(Backend& backend, const CopyBandwidth& bandwidth, void* on_device,
-                             void* host, int64_t features, int repeats) {
-  const std::string what = "the copies' share of the compute";
-  DeviceBlocks blocks(backend, measuring(backend, what, product_bytes(backend, features)));
+                             void* host, int64_t features, size_t need, int repeats) {
+  const std::string why = measuring(backend, "the copies' share of the compute", need);
+  DeviceBlocks blocks(backend, why);
   try {
     backend.reserve_scratch(
         backend.inner_product_scratch_bytes(product_rows(features), features, false));
   } catch (const BackendError& e) {
-    throw memory::OutOfMemoryError(measuring(backend, what, product_bytes(backend, features)) +
-                                   ": " + e.what());
+    throw memory::OutOfMemoryError(why + ": " + e.what());
   }
   const Tensor x = blocks.tensor(product_rows(features), 0.01f);
   const Tensor y = blocks.tensor(product_rows(features), 0.0f);
@@ -353,15 +354,16 @@ CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats
   constexpr size_t kRounding = 4096;  // the blocks' alignment, rounded up
   const size_t free = free_device_bytes(backend);
   int64_t features = 128;
-  while (features > 16 && product_bytes(backend, features) > free / 2) features /= 2;
-  if (free < kLeast + kRounding + product_bytes(backend, features)) {
+  size_t product = product_bytes(backend, features);
+  while (features > 16 && product > free / 2) product = product_bytes(backend, features /= 2);
+  if (free < kLeast + kRounding + product) {
     throw memory::OutOfMemoryError(
         "measuring the copy bandwidth needs " +
-        common::format_bytes_fixed(kLeast + kRounding + product_bytes(backend, features)) +
+        common::format_bytes_fixed(kLeast + kRounding + product) +
         " of device memory and the device has " + common::format_bytes_fixed(free) +
         " free (device.memory_limit or its memory)");
   }
-  bytes = std::min(bytes, free - kRounding - product_bytes(backend, features));
+  bytes = std::min(bytes, free - kRounding - product);
   DeviceBlocks device(backend, measuring(backend, "the copy bandwidth", bytes));
   float* on_device = device.get(bytes);
   const PinnedBlock host(backend, bytes);
@@ -374,7 +376,7 @@ CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats
   bandwidth.to_device_bytes_per_second =
       b / median_copy_seconds(backend, on_device, host.get(), bytes, repeats);
   bandwidth.compute_share =
-      measure_compute_share(backend, bandwidth, on_device, host.get(), features, repeats);
+      measure_compute_share(backend, bandwidth, on_device, host.get(), features, product, repeats);
   return bandwidth;
 }
 

@@ -65,15 +65,17 @@ std::string host_name() {
 
 // ----------------------------------------------------------------- lifecycle
 
-int64_t native_channel_block() {
+LayoutRule layout_rule(LayoutChoice choice, common::Precision precision) {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  int64_t block = 1;
   if (isa == dnnl::cpu_isa::avx512_core || isa == dnnl::cpu_isa::avx512_core_vnni ||
       isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx ||
       isa == dnnl::cpu_isa::avx512_mic || isa == dnnl::cpu_isa::avx512_mic_4ops) {
-    return 16;
+    block = 16;
+  } else if (isa == dnnl::cpu_isa::avx2 || isa == dnnl::cpu_isa::avx2_vnni) {
+    block = 8;
   }
-  if (isa == dnnl::cpu_isa::avx2 || isa == dnnl::cpu_isa::avx2_vnni) return 8;
-  return 1;
+  return {.choice = choice, .native_block = block, .precision = precision};
 }
 
 CpuBackend::CpuBackend(const BackendOptions& options) : threads_before_(omp_get_max_threads()) {
@@ -101,9 +103,7 @@ CpuBackend::CpuBackend(const BackendOptions& options) : threads_before_(omp_get_
   info_.host = host_name();
   capacity_ = options.memory_limit > 0 ? options.memory_limit : static_cast<size_t>(common::usable_memory_bytes());
   info_.memory_bytes = capacity_;
-  layout_rule_ = {.choice = options.layout,
-                  .native_block = native_channel_block(),
-                  .precision = options.precision};
+  layout_rule_ = layout_rule(options.layout, options.precision);
 }
 
 // OpenMP's thread count is the process's: a backend made for a moment

@@ -16,8 +16,9 @@ enum CpuConvAlgo : ConvAlgo { kDirect = 0, kWinograd = 1, kIm2colGemm = 2 };
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);
 
-// The channel block of the vector width oneDNN uses on this CPU: 16 on
-// AVX-512, 8 on AVX2, else 1 (LayoutRule::native_block).
-int64_t native_channel_block();
+// The layout rule of this machine's CPU backend under `choice` and
+// `precision`: blocked by the vector width oneDNN uses here (native_block
+// 16 on AVX-512, 8 on AVX2, else 1).
+LayoutRule layout_rule(LayoutChoice choice, common::Precision precision);
 
 }  // namespace vtrain::worker::cpu

@@ -20,9 +20,7 @@ bool gpu_available() {
 
 LayoutRule layout_rule_for(const std::string& kind, LayoutChoice choice,
                            common::Precision precision) {
-  if (kind == "cpu") {
-    return {.choice = choice, .native_block = cpu::native_channel_block(), .precision = precision};
-  }
+  if (kind == "cpu") return cpu::layout_rule(choice, precision);
   if (kind == "cuda") return {.choice = choice, .gpu = true, .precision = precision};
   throw BackendError("unknown backend kind '" + kind + "' (known: cpu, cuda)");
 }
