@@ -23,7 +23,7 @@ best standalone throughput added up, less the exchange):
 
   /usr/bin/python3 bench/bench_hetero.py [--vtrain build/vtrain] [--rounds 3]
       [--speeds 2|3] [--config configs/synthetic-lenet.yaml] [--batch 96]
-      [--memory-limit 12MiB] [--step-rounds 3] [--quotas none,0.6,0.4]
+      [--memory-limit 12MiB] [--step-rounds 3] [--quotas none,0.6,0.4] [--granularity 8]
 
 With --quotas each rank runs in a cgroup of its own with that CFS quota
 (cpu_slices.py; needs root): ranks 1 and 2 then share cpu 1 at fixed,
@@ -89,7 +89,10 @@ def main():
     ap.add_argument("--vtrain", default=os.path.join(ROOT, "build", "vtrain"))
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "synthetic-lenet.yaml"))
     ap.add_argument("--batch", type=int, default=96)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=40,
+                    help="training steps per run (the synthetic data set is sized to them)")
+    ap.add_argument("--granularity", type=int, default=8,
+                    help="balance.granularity: every rank's batch a multiple of this")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--speeds", type=int, choices=[2, 3], default=2)
     ap.add_argument("--memory-limit", default="",
@@ -127,9 +130,13 @@ def bench(args, quotas, prefixes):
     common = ["--progress", "off",
               "--set", "train.batch=%d" % args.batch, "--set", "train.max_steps=%d" % args.steps,
               "--set", "train.evaluate=false", "--set", "profile.db=" + db,
+              # One epoch of exactly --steps steps (the first, which creates the
+              # primitives, is not timed): the config's own data set would end
+              # a run of a large batch after a handful of steps.
+              "--set", "data.train_size=%d" % (args.batch * args.steps), "--set", "train.epochs=1",
               "--set", "profile.batches=[%s]" % args.profile_batches,
               "--set", "profile.step_rounds=%d" % args.step_rounds,
-              "--set", "balance.granularity=8", "--set", "balance.candidates=interpolated",
+              "--set", "balance.granularity=%d" % args.granularity, "--set", "balance.candidates=interpolated",
               "--set", "balance.rebalance.enabled=false"]
     if args.gpu:
         common += ["--set", "device.backend=cuda", "--set", "conv.algorithm=auto"]

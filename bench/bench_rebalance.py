@@ -13,7 +13,7 @@ exposed exchange and the wait for the slowest rank), and writes the
 per-step table for scripts/plot_rebalance.py.
 
   /usr/bin/python3 bench/bench_rebalance.py [--vtrain build/vtrain] [--out rebalance.jsonl]
-      [--quotas none,0.6,0.4]
+      [--quotas none,0.6,0.4] [--batch 96] [--profile-batches 8,16,...] [--granularity 8]
 
 --quotas runs each rank in a cgroup with that CPU quota (cpu_slices.py,
 needs root): ranks 1 and 2 keep fixed speeds on their shared core instead of
@@ -71,6 +71,8 @@ def main():
     ap.add_argument("--slow-at", type=int, default=200)
     ap.add_argument("--profile-batches", default="8,16,24,32,40,48,56,64,72,80",
                     help="profile.batches: the per-rank batches profiled (cover the split)")
+    ap.add_argument("--granularity", type=int, default=8,
+                    help="balance.granularity: every rank's batch a multiple of this")
     ap.add_argument("--out", default="rebalance.jsonl", help="the run's metrics file, kept")
     ap.add_argument("--quotas", default="",
                     help="per rank, a CPU quota in a cgroup of its own ('none' for none), e.g. "
@@ -93,13 +95,14 @@ def bench(args, prefixes):
     metrics = os.path.join(work, "m.jsonl")
     vtrain = [args.vtrain, "train", args.config, "--progress", "line", "--metrics", metrics,
               "--set", "train.batch=%d" % args.batch, "--set", "train.max_steps=%d" % args.steps,
-              "--set", "train.epochs=100", "--set", "train.log_every=1",
+              "--set", "train.epochs=1",
+              "--set", "data.train_size=%d" % (args.batch * args.steps), "--set", "train.log_every=1",
               "--set", "train.evaluate=false", "--set", "device.threads=1",
               "--set", "conv.algorithm=direct", "--set", "balance.split=auto",
               "--set", "profile.db=" + os.path.join(work, "perf.db"),
               "--set", "profile.batches=[%s]" % args.profile_batches,
               "--set", "profile.step_rounds=3",
-              "--set", "balance.granularity=8"]
+              "--set", "balance.granularity=%d" % args.granularity]
     # One MPMD line: each rank started in its CPU slice.
     mpirun = [os.path.join(ROOT, "scripts", "mpirun.sh"), "--rankfile", rankfile, "--oversubscribe"]
     for r in range(3):

@@ -15,7 +15,17 @@ what is missing.
 import contextlib
 import os
 
-PERIOD_US = 5000  # short periods: a throttled rank waits at most this long at once
+MIN_QUOTA_US = 1000  # the least quota (and period) the kernel accepts
+
+
+def period_us(quotas):
+    """The shortest CFS period that gives every quota at least the kernel's
+    1 ms: a throttled rank waits at most (1 - quota) of a period at once,
+    so the shorter the periods, the more evenly slow a slice is. With 5 ms
+    periods a 0.4 slice stalled for up to 3 ms at a time, often inside the
+    allreduce, where every rank waits on it; 0.4 gets 2.5 ms periods."""
+    smallest = min(q for q in quotas if q is not None)
+    return max(MIN_QUOTA_US, int(-(-MIN_QUOTA_US // smallest)))
 
 
 def _cgroup_root():
@@ -76,6 +86,7 @@ def quota_cgroups(quotas):
     try:
         prefixes = []
         root, version = None, None
+        period = period_us(quotas) if any(q is not None for q in quotas) else 0
         for r, quota in enumerate(quotas):
             if quota is None:
                 prefixes.append([])
@@ -87,11 +98,11 @@ def quota_cgroups(quotas):
             path = os.path.join(root, "vtrain-bench-%d-rank%d" % (os.getpid(), r))
             os.mkdir(path)
             made.append(path)
-            quota_us = int(round(quota * PERIOD_US))
+            quota_us = int(round(quota * period))
             if version == 2:
-                _write(os.path.join(path, "cpu.max"), "%d %d" % (quota_us, PERIOD_US))
+                _write(os.path.join(path, "cpu.max"), "%d %d" % (quota_us, period))
             else:
-                _write(os.path.join(path, "cpu.cfs_period_us"), str(PERIOD_US))
+                _write(os.path.join(path, "cpu.cfs_period_us"), str(period))
                 _write(os.path.join(path, "cpu.cfs_quota_us"), str(quota_us))
             prefixes.append(["sh", "-c", 'echo $$ > %s/cgroup.procs && exec "$@"' % path, "sh"])
         yield prefixes
@@ -105,4 +116,5 @@ def quota_cgroups(quotas):
 
 def describe(quotas):
     """"rank 1 at 0.6 CPU, rank 2 at 0.4 CPU" (or "" without quotas)."""
-    return ", ".join("rank %d at %g CPU" % (r, q) for r, q in enumerate(quotas) if q is not None)
+    slices = ", ".join("rank %d at %g CPU" % (r, q) for r, q in enumerate(quotas) if q is not None)
+    return slices and "%s (%g ms periods)" % (slices, period_us(quotas) / 1000.0)
