@@ -195,35 +195,28 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
 }  // namespace
 
 ProfileGroup profile_group(worker::Communicator& comm, const worker::DeviceInfo& info) {
-  // One perf DB device (its identity leaves the memory limit out): CPU
-  // processes of one cpuset, which share its cores, or identical GPUs.
-  const bool cpu = info.backend == "cpu";
-  const auto same_device = [&](const worker::DeviceInfo& other) {
-    return other.host == info.host && other.name == info.name && other.backend == info.backend &&
-           other.library_version == info.library_version && other.threads == info.threads;
-  };
   const std::vector<worker::DeviceInfo> all = worker::gather_device_infos(comm, info);
+  const std::vector<int> colours = worker::profile_group_colours(all);
+  const int mine = colours[static_cast<size_t>(comm.rank())];
   ProfileGroup group;
-  int first = -1;  // the group's lowest rank: its colour
   group.peers.count = 0;
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    if (!same_device(all[r])) continue;
-    if (first < 0) first = r;
+    if (colours[static_cast<size_t>(r)] != mine) continue;
     if (r < comm.rank()) ++group.peers.index;
     ++group.peers.count;
   }
-  group.peers.count = std::max(group.peers.count, 1);
-  group.peers.together = cpu && group.peers.count > 1;
+  group.peers.together = info.backend == "cpu" && group.peers.count > 1;
   if (comm.size() > 1) {
     // Every rank takes part in the split, also one in a group of one.
-    std::unique_ptr<worker::Communicator> members = worker::make_mpi_subcommunicator(first);
+    std::unique_ptr<worker::Communicator> members = worker::make_mpi_subcommunicator(mine);
     if (group.peers.together) {
       worker::Communicator* c = members.get();
-      group.peers.any = [c](bool mine) {
-        std::vector<double> v{mine ? 1.0 : 0.0};
+      group.peers.any = [c](bool mine_needs) {
+        std::vector<double> v{mine_needs ? 1.0 : 0.0};
         c->allreduce_sum(v);
         return v[0] > 0;
       };
+      group.peers.keep_busy = [c](const std::function<void()>& work) { c->barrier_while(work); };
       group.comm = std::move(members);
     }
   }

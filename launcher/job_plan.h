@@ -18,10 +18,11 @@
 
 namespace vtrain::launcher {
 
-// The ranks whose devices are one perf DB device on one host profile as a
-// group (worker::ProfilePeers): CPU processes on one cpuset, which share
-// its cores, measure every item together; identical GPUs split the items. `comm` carries the
-// group's agreement on each item (null for a group of one). Collective.
+// This rank's profiling group (worker::profile_group_colours): CPU
+// processes on one host that share a core measure every item together,
+// each into its own device's rows; identical GPUs split the items. `comm`
+// carries the group's agreement on each item and its keep_busy barrier
+// (null unless together). Collective.
 struct ProfileGroup {
   std::unique_ptr<worker::Communicator> comm;
   worker::ProfilePeers peers;

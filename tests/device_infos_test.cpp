@@ -18,7 +18,8 @@ DeviceInfo awkward(const std::string& name) {
           .threads = 48,
           .library_version = "oneDNN 3.1|x, 2",
           .host = "node:7\n",
-          .device_key = "0000:41:00.0"};
+          .device_key = "0000:41:00.0",
+          .cpus = {1, 3, 17}};
 }
 
 void expect_same(const DeviceInfo& a, const DeviceInfo& b) {
@@ -29,6 +30,7 @@ void expect_same(const DeviceInfo& a, const DeviceInfo& b) {
   EXPECT_EQ(a.library_version, b.library_version);
   EXPECT_EQ(a.host, b.host);
   EXPECT_EQ(a.device_key, b.device_key);
+  EXPECT_EQ(a.cpus, b.cpus);
 }
 
 TEST(DeviceInfos, AnyNameRoundTrips) {
@@ -49,7 +51,13 @@ TEST(DeviceInfos, MalformedTextNamesTheField) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(error(good.substr(0, good.size() - 1)).find("field device_key"), std::string::npos);
+  EXPECT_NE(error(good.substr(0, good.size() - 1)).find("field cpus"), std::string::npos);
+  DeviceInfo no_cpus = awkward("x");
+  no_cpus.cpus.clear();
+  const std::string unlisted = encode_device_info(no_cpus);
+  EXPECT_TRUE(decode_device_info(unlisted).cpus.empty());
+  EXPECT_NE(error(unlisted.substr(0, unlisted.size() - 2) + "3:1:x").find("cpu: expected a number, got 'x'"),
+            std::string::npos);
   EXPECT_NE(error(good + "x").find("1 bytes left"), std::string::npos);
   EXPECT_NE(error("3:cpu7:GPU|0,11:x1:12:v11:h").find("memory_bytes: expected a number, got 'x'"),
             std::string::npos);

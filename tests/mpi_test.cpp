@@ -247,6 +247,37 @@ TEST(Mpi, CpuProcessesOnOneHostProfileTogether) {
   EXPECT_NE(out.find("0 steps measured, 1 cached"), std::string::npos) << out;
 }
 
+// Processes of other devices that share the cores (another thread count
+// here; another CPU quota in bench_hetero.py) profile together too, each
+// into its own device's rows, the one done first with an item running it
+// again until the other is done (Communicator::barrier_while).
+TEST(Mpi, CpuProcessesOfOtherDevicesOnSharedCoresProfileTogether) {
+  TempDir dir;
+  const std::string args = binary() + " profile " + source_dir() +
+                           "/configs/synthetic-lenet.yaml --set profile.repeats=1 "
+                           "--set profile.batches=[16,32] --set profile.micro_batches=undivided "
+                           "--db " + dir / "p.db";
+  std::string out;
+  ASSERT_EQ(run(mpirun(1, "--bind-to none") + args + " --set device.threads=1 : -np 1 " + args +
+                    " --set device.threads=2",
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("together, 1 of 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("together, 2 of 2"), std::string::npos) << out;
+  ASSERT_EQ(run(binary() + " db stats --db " + dir / "p.db", &out), 0) << out;
+  EXPECT_NE(out.find("2 devices"), std::string::npos) << out;
+  // Each device has both batches' steps of its own.
+  EXPECT_NE(out.find("1 threads, host"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 threads, host"), std::string::npos) << out;
+  int devices_with_both_steps = 0;
+  for (size_t at = out.find(" kernel, 2 step, "); at != std::string::npos;
+       at = out.find(" kernel, 2 step, ", at + 1)) {
+    ++devices_with_both_steps;
+  }
+  EXPECT_EQ(devices_with_both_steps, 2) << out;
+}
+
 TEST(Mpi, StopSignalCheckpointsAndExitsWithThree) {
   TempDir dir;
   const std::string log = dir / "log.txt";

@@ -2,6 +2,7 @@
 // split of work between identical devices; and the profile/db commands.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 
 #include <set>
@@ -154,12 +155,18 @@ auto look(bool can, bool cached) {
 }
 
 TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
-  ProfilePeers peers{.index = 1, .count = 2, .together = true, .any = {}};
+  ProfilePeers peers{.index = 1, .count = 2, .together = true, .any = {}, .keep_busy = {}};
   bool other_needs = false;
   int agreements = 0;
   peers.any = [&](bool mine) {
     ++agreements;
     return mine || other_needs;
+  };
+  // The other member "arrives" after two more runs of what this one measured.
+  int arrivals = 0, reruns = 0;
+  peers.keep_busy = [&](const std::function<void()>& work) {
+    ++arrivals;
+    for (int i = 0; i < 2 && work; ++i, ++reruns) work();
   };
   WorkTurns turns(peers);
   EXPECT_EQ(turns.take(look(true, false)), Turn::kMeasure);
@@ -187,14 +194,21 @@ TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
   EXPECT_EQ(cached.kernel_measured + cached.step_measured + cached.layer_costs_measured, 0);
   EXPECT_EQ(cached.kernel_cached, 20);
   const int items = agreements;
+  EXPECT_EQ(arrivals, items);  // at the end of every item, measured or not
+  EXPECT_EQ(reruns, 0);
   other_needs = true;
   agreements = 0;
+  arrivals = 0;
   const ProfileReport again = profile(graph, *backend, db, device, options);
   EXPECT_EQ(again.kernel_measured, 20);
   EXPECT_EQ(again.step_measured, 1);
   EXPECT_EQ(again.layer_costs_measured, 1);
   EXPECT_EQ(again.copy_measured, 1);
   EXPECT_EQ(agreements, items);
+  EXPECT_EQ(arrivals, items);
+  // Each kernel item and the step keep the cores busy with their own work
+  // (the copy bandwidth and the layer costs wait idle).
+  EXPECT_EQ(reruns, 2 * (20 + 1));
 }
 
 // profile.step_rounds: every round times every batch's step in turn, and
@@ -209,10 +223,15 @@ TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
   options.repeats = 1;
   options.layer_costs = false;
   int agreements = 0;
-  options.peers = {.index = 0, .count = 2, .together = true, .any = [&](bool mine) {
-                     ++agreements;
-                     return mine;
-                   }};
+  options.peers = {.index = 0,
+                   .count = 2,
+                   .together = true,
+                   .any =
+                       [&](bool mine) {
+                         ++agreements;
+                         return mine;
+                       },
+                   .keep_busy = {}};
   std::map<int, int> agreements_at;  // step_rounds -> agreements
   for (int rounds : {1, 3}) {
     perfdb::PerfDb db(":memory:");
@@ -229,9 +248,38 @@ TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
   EXPECT_EQ(agreements_at[3] - agreements_at[1], 2 * 2);  // 2 more rounds of 2 batches
 }
 
+// Profiling groups: CPU processes on one host that share a core (whatever
+// their device: a quota or a thread count of their own), and identical GPUs.
+TEST(Profiler, ProcessesSharingACoreProfileAsOneGroup) {
+  const auto cpu = [](std::vector<int> cpus, std::string host = "a") {
+    return DeviceInfo{.backend = "cpu", .name = "EPYC (quota)", .memory_bytes = 1, .threads = 1,
+                      .library_version = "oneDNN", .host = std::move(host), .device_key = "",
+                      .cpus = std::move(cpus)};
+  };
+  const auto gpu = [](std::string name) {
+    return DeviceInfo{.backend = "cuda", .name = std::move(name), .memory_bytes = 1, .threads = 1,
+                      .library_version = "cuDNN", .host = "a", .device_key = "", .cpus = {}};
+  };
+  // Rank 0 on core 0 alone; ranks 1 and 2 share core 1, under other quotas.
+  DeviceInfo slow = cpu({1});
+  slow.name = "EPYC (other quota)";
+  slow.threads = 2;
+  EXPECT_EQ(profile_group_colours({cpu({0}), cpu({1}), slow}), (std::vector<int>{0, 1, 1}));
+  // A chain of overlaps is one group; an unbound process shares every core.
+  EXPECT_EQ(profile_group_colours({cpu({2, 3}), cpu({0, 1}), cpu({1, 2})}),
+            (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(profile_group_colours({cpu({0}), cpu({1}), cpu({})}), (std::vector<int>{0, 0, 0}));
+  // Other hosts share nothing.
+  EXPECT_EQ(profile_group_colours({cpu({}, "a"), cpu({}, "b"), cpu({0}, "a")}),
+            (std::vector<int>{0, 1, 0}));
+  // GPUs group by device; a CPU process never joins them.
+  EXPECT_EQ(profile_group_colours({gpu("H100"), gpu("A100"), gpu("H100"), cpu({})}),
+            (std::vector<int>{0, 1, 0, 3}));
+}
+
 // Split, the items are dealt in turn whether or not the DB holds them.
 TEST(Profiler, SplitPeersTakeItemsInTurn) {
-  const ProfilePeers second{.index = 1, .count = 2, .together = false, .any = {}};
+  const ProfilePeers second{.index = 1, .count = 2, .together = false, .any = {}, .keep_busy = {}};
   WorkTurns turns(second);
   EXPECT_EQ(turns.take(look(true, false)), Turn::kSkip);
   EXPECT_EQ(turns.take(look(true, true)), Turn::kCached);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,14 @@ class Communicator {
   virtual void broadcast(std::string& text, int root) = 0;
   virtual std::vector<std::string> gather(const std::string& text, int root) = 0;  // empty off root
   virtual void barrier() = 0;
+  // A barrier that runs `work` (when not null) again and again until every
+  // rank has arrived: CPU processes profiling together keep loading their
+  // shared cores while the slower ones finish measuring. MPI overrides it;
+  // elsewhere `work` does not run and this is barrier().
+  virtual void barrier_while(const std::function<void()>& work) {
+    (void)work;
+    barrier();
+  }
 
   // Ends every rank of the job with `code` (no rank is left waiting).
   [[noreturn]] virtual void abort(int code) = 0;

@@ -46,6 +46,8 @@ class Reader {
     return value;
   }
 
+  bool at_end() const { return at_ == text_.size(); }
+
   void expect_end() const {
     if (at_ != text_.size()) {
       throw std::invalid_argument("device info: " + std::to_string(text_.size() - at_) +
@@ -69,6 +71,9 @@ std::string encode_device_info(const DeviceInfo& info) {
   put(out, info.library_version);
   put(out, info.host);
   put(out, info.device_key);
+  std::string cpus;
+  for (int c : info.cpus) put(cpus, std::to_string(c));
+  put(out, cpus);
   return out;
 }
 
@@ -82,6 +87,9 @@ DeviceInfo decode_device_info(const std::string& text) {
   info.library_version = in.field("library_version");
   info.host = in.field("host");
   info.device_key = in.field("device_key");
+  const std::string cpu_list = in.field("cpus");  // LENGTH:NUMBER for each CPU
+  Reader cpus(cpu_list);
+  while (!cpus.at_end()) info.cpus.push_back(cpus.number<int>("cpu"));
   in.expect_end();
   return info;
 }

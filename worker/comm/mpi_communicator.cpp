@@ -141,6 +141,16 @@ class MpiCommunicator final : public Communicator {
     return out;
   }
   void barrier() override { check(MPI_Barrier(comm_), "Barrier"); }
+  void barrier_while(const std::function<void()>& work) override {
+    if (!work || size_ == 1) return barrier();
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Ibarrier(comm_, &request), "Ibarrier");
+    for (int done = 0;;) {
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "Test");
+      if (done) return;
+      work();
+    }
+  }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);  // MPI_Abort does not return; be certain

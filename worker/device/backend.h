@@ -63,6 +63,8 @@ struct DeviceInfo {
   std::string host;             // hostname
   std::string device_key;       // a GPU's UUID ("GPU-" and 32 hex digits; "" on the CPU):
                                 // ranks with the same key share the device
+  std::vector<int> cpus;        // CPU: the CPUs this process may run on when only
+                                // some of the host's (empty: every one; on GPUs)
 };
 
 // ---------------------------------------------------------------- convolution

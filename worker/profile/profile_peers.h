@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
+
+#include "worker/device/backend.h"
 
 namespace vtrain::worker {
 
@@ -21,7 +24,23 @@ struct ProfilePeers {
   // any member passes true. Every member calls it once per work item, in
   // the same order.
   std::function<bool(bool)> any;
+  // With together and count > 1: a barrier of the members that runs `work`
+  // (when not null) until every member has arrived. Each member arrives
+  // once per work item, after its measurement (WorkTurns::done), so the
+  // faster ones keep loading the shared cores while the slower measure, as
+  // every rank computes until the end of a balanced step in training.
+  // Null: members do not wait for each other.
+  std::function<void(const std::function<void()>&)> keep_busy;
 };
+
+// Which ranks profile as one group, from every rank's device: each rank's
+// group colour, the lowest rank of its group. CPU processes on one host
+// that share a core (their cpus overlap; none listed is every one) are one
+// group whatever their devices (a slice under a quota of its own is one of
+// its own) and measure together, so that each measurement meets the
+// contention training will. Other ranks group with the ranks of the same
+// perf DB device on their host (identical GPUs), which split the items.
+std::vector<int> profile_group_colours(const std::vector<DeviceInfo>& ranks);
 
 // What this process does with one work item.
 enum class Turn { kMeasure, kCached, kSkip };
@@ -34,7 +53,8 @@ struct ItemState {
 };
 
 // Deals the work items to the peers. Every member calls take() once per
-// item, in the same order, whatever it can or needs to do with it.
+// item, in the same order, whatever it can or needs to do with it, and
+// then done() once (with the item's work when it measured it).
 class WorkTurns {
  public:
   explicit WorkTurns(const ProfilePeers& peers) : peers_(peers) {}
@@ -56,6 +76,13 @@ class WorkTurns {
     const ItemState s = look();
     if (!s.can) return Turn::kSkip;
     return s.cached ? Turn::kCached : Turn::kMeasure;
+  }
+
+  // The end of this member's part in the item. Together, it waits for the
+  // other members, running `work` (one more run of what it measured; null
+  // when it measured nothing) meanwhile; split, it returns at once.
+  void done(const std::function<void()>& work = {}) const {
+    if (peers_.together && peers_.count > 1 && peers_.keep_busy) peers_.keep_busy(work);
   }
 
  private:

@@ -76,9 +76,10 @@ struct KernelItem {
 
   // Every algorithm's time, as samples for each of `batches`; an algorithm
   // that refuses to run (time_algorithms) has none, and is added to
-  // *refused as "<kind> <name> (<error>) at <problem>".
+  // *refused as "<kind> <name> (<error>) at <problem>". Ends the item's
+  // turn (turns.done, running the fastest algorithm).
   std::vector<perfdb::KernelSample> measure(Backend& backend, const std::vector<int64_t>& batches,
-                                            const ProfileOptions& options,
+                                            const ProfileOptions& options, const WorkTurns& turns,
                                             std::vector<std::string>* refused) const {
     size_t workspace = 0;
     for (const ConvAlgoInfo& a : algos) workspace = std::max(workspace, a.workspace_bytes);
@@ -92,21 +93,33 @@ struct KernelItem {
     void* ws = blocks.get(workspace);
     // BackwardFilter is timed as a later micro-batch, which adds to dW.
     const float beta = sums_over_micro_batches(site.kind) ? 1.0f : 0.0f;
+    const auto run = [&](ConvAlgo algo) {
+      switch (site.kind) {
+        case ConvKind::kForward:
+          backend.conv_forward(algo, p, xt, w, bias, yt, 0.0f, ws, workspace);
+          break;
+        case ConvKind::kBackwardData:
+          backend.conv_backward_data(algo, p, yt, w, xt, 0.0f, ws, workspace);
+          break;
+        case ConvKind::kBackwardFilter:
+          backend.conv_backward_filter(algo, p, xt, yt, dw, dbias, beta, ws, workspace);
+          break;
+      }
+    };
     const std::vector<AlgorithmTime> times = time_algorithms(
-        backend, algos, {options.warmup, options.repeats, TimingStatistic::kMedian},
-        [&](ConvAlgo algo) {
-          switch (site.kind) {
-            case ConvKind::kForward:
-              backend.conv_forward(algo, p, xt, w, bias, yt, 0.0f, ws, workspace);
-              break;
-            case ConvKind::kBackwardData:
-              backend.conv_backward_data(algo, p, yt, w, xt, 0.0f, ws, workspace);
-              break;
-            case ConvKind::kBackwardFilter:
-              backend.conv_backward_filter(algo, p, xt, yt, dw, dbias, beta, ws, workspace);
-              break;
-          }
-        });
+        backend, algos, {options.warmup, options.repeats, TimingStatistic::kMedian}, run);
+    const AlgorithmTime* fastest = nullptr;
+    for (const AlgorithmTime& t : times) {
+      if (t.time && (!fastest || t.time->seconds < fastest->time->seconds)) fastest = &t;
+    }
+    if (fastest) {
+      turns.done([&] {
+        run(fastest->algo.algo);
+        backend.synchronize(StreamKind::kCompute);
+      });
+    } else {
+      turns.done();
+    }
     for (const std::string& r : refusals(times)) {
       refused->push_back(std::string(conv_kind_name(site.kind)) + " " + r + " at " + p.str());
     }
@@ -136,14 +149,15 @@ struct KernelItem {
 // policy fits the device at this batch. A per-tensor policy plans with the
 // layer costs `db` holds at `b` (else measures them in place). Also the
 // step's calls as it made them (their medians over the runs), unless the
-// step offloaded: copies on a shared CPU slow the calls they overlap.
+// step offloaded: copies on a shared CPU slow the calls they overlap. Ends
+// the item's turn (turns.done, running the step again).
 struct MeasuredStep {
   perfdb::StepMeasurement step;
   std::optional<memory::StepCosts> calls;
 };
 std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
                                          perfdb::DeviceId device, int64_t b,
-                                         const ProfileOptions& options) {
+                                         const ProfileOptions& options, const WorkTurns& turns) {
   const size_t base = backend.device_bytes_in_use();
   NetworkOptions net_options;
   net_options.max_batch = b;
@@ -157,6 +171,7 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
   try {
     net.emplace(graph, backend, net_options);
   } catch (const memory::OutOfMemoryError&) {
+    turns.done();
     return std::nullopt;
   }
   Sgd sgd(backend, net->parameter_count(), 0.9f, 0.0f);  // its velocity counts in the peak
@@ -168,13 +183,18 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
   const TimingBatch batch = timing_batch(graph, b);
   std::vector<memory::StepCosts> calls;
   net->record_call_times(&calls);
-  const Timing t = time_runs(backend, options.warmup, options.repeats, [&] {
+  const auto run_step = [&] {
     backend.upload(batch.images.data(), input);
     backend.upload_labels(batch.labels.data(), net->labels(), b);
     net->train_step(b, 1.0f / static_cast<float>(b));
     sgd.step(net->parameters(), net->gradients(), 0.0f);
-  });
+  };
+  const Timing t = time_runs(backend, options.warmup, options.repeats, run_step);
   net->record_call_times(nullptr);
+  turns.done([&] {
+    run_step();
+    backend.synchronize(StreamKind::kCompute);
+  });
   MeasuredStep measured;
   perfdb::StepMeasurement& step = measured.step;
   step.model = graph.profile_key();
@@ -268,9 +288,12 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
         return ItemState{!item->algos.empty(), cached};
       });
       if (turn == Turn::kCached) ++report.kernel_cached;
-      if (turn != Turn::kMeasure) continue;
+      if (turn != Turn::kMeasure) {
+        turns.done();
+        continue;
+      }
       db.record_kernel_measurements(
-          device, item->measure(backend, batches, options, &report.algorithms_refused));
+          device, item->measure(backend, batches, options, turns, &report.algorithms_refused));
       ++report.kernel_measured;
     }
   }
@@ -280,18 +303,21 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
     const KernelTimingOptions timing{options.warmup, options.repeats, TimingStatistic::kMedian};
     const Turn copy = turns.take([&] { return ItemState{true, holds_copy_bandwidth(db, device)}; });
     if (copy == Turn::kMeasure) record_copy_bandwidth(backend, db, device, timing);
+    turns.done();
     if (copy != Turn::kSkip) ++(copy == Turn::kMeasure ? report.copy_measured : report.copy_cached);
     for (int64_t b : options.batches) {
       const Turn turn =
           turns.take([&] { return ItemState{true, holds_layer_costs(db, device, graph, b)}; });
       if (turn == Turn::kCached) ++report.layer_costs_cached;
-      if (turn != Turn::kMeasure) continue;
-      try {
-        record_layer_costs(graph, backend, db, device, b, timing);
-        ++report.layer_costs_measured;
-      } catch (const memory::OutOfMemoryError&) {
-        // Layer by layer needs less than a step; the step below says it too.
+      if (turn == Turn::kMeasure) {
+        try {
+          record_layer_costs(graph, backend, db, device, b, timing);
+          ++report.layer_costs_measured;
+        } catch (const memory::OutOfMemoryError&) {
+          // Layer by layer needs less than a step; the step below says it too.
+        }
       }
+      turns.done();
     }
   }
   if (options.steps) {
@@ -313,13 +339,20 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
                                                })};
           });
           if (turn == Turn::kCached) ++report.step_cached;
-          if (turn != Turn::kMeasure) continue;
+          if (turn != Turn::kMeasure) {
+            turns.done();
+            continue;
+          }
           dealt.push_back(b);
         } else {
           if (options.peers.together && options.peers.count > 1) options.peers.any(false);
-          if (!rounds_of.contains(b)) continue;  // not this process's, or it fit no step
+          if (!rounds_of.contains(b)) {  // not this process's, or it fit no step
+            turns.done();
+            continue;
+          }
         }
-        std::optional<MeasuredStep> measured = measure_step(graph, backend, db, device, b, options);
+        std::optional<MeasuredStep> measured =
+            measure_step(graph, backend, db, device, b, options, turns);
         if (measured) {
           rounds_of[b].push_back(std::move(*measured));
         } else if (round == 0) {

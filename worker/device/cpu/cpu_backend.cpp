@@ -32,24 +32,31 @@ std::string cpu_model_name() {
   return "unknown CPU";
 }
 
-// " (cpus 0,2)" when this process may run on only some of the online CPUs
-// (a rankfile, taskset, a SLURM cpuset), " (cpu quota 0.5)" when its
-// cgroup's CFS quota gives it half a CPU's time (a container's CPU limit),
-// both when both: such a device is a slice of the CPU, and the perf DB
-// must keep its measurements apart.
-std::string slice_suffix(std::optional<double> quota) {
-  std::vector<std::string> parts;
+// The CPUs this process may run on when only some of the online ones (a
+// rankfile, taskset, a SLURM cpuset); empty when every one.
+std::vector<int> allowed_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  std::vector<int> cpus;
   if (sched_getaffinity(0, sizeof set, &set) == 0 && online > 0 && CPU_COUNT(&set) < online) {
-    std::string cpus;
     for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (!CPU_ISSET(c, &set)) continue;
-      if (!cpus.empty()) cpus += ',';  // not "," + to_string(c): a GCC 12 -Wrestrict false positive
-      cpus += std::to_string(c);
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
     }
-    parts.push_back("cpus " + cpus);
+  }
+  return cpus;
+}
+
+// " (cpus 0,2)" when this process may run on only some of the online CPUs
+// (`cpus`), " (cpu quota 0.5)" when its cgroup's CFS quota gives it half a
+// CPU's time (a container's CPU limit), both when both: such a device is a
+// slice of the CPU, and the perf DB must keep its measurements apart.
+std::string slice_suffix(const std::vector<int>& cpus, std::optional<double> quota) {
+  std::vector<std::string> parts;
+  if (!cpus.empty()) {
+    std::vector<std::string> numbers;
+    for (int c : cpus) numbers.push_back(std::to_string(c));
+    parts.push_back("cpus " + common::join(numbers, ","));
   }
   if (quota) parts.push_back("cpu quota " + common::format_cpus(*quota));
   return parts.empty() ? "" : " (" + common::join(parts, ", ") + ")";
@@ -96,7 +103,8 @@ CpuBackend::CpuBackend(const BackendOptions& options) : threads_before_(omp_get_
   }
   const dnnl::version_t* v = dnnl::version();
   info_.backend = "cpu";
-  info_.name = cpu_model_name() + slice_suffix(quota);
+  info_.cpus = allowed_cpus();
+  info_.name = cpu_model_name() + slice_suffix(info_.cpus, quota);
   info_.threads = omp_get_max_threads();
   info_.library_version = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
                           "." + std::to_string(v->patch);
