@@ -100,6 +100,14 @@ TEST(LayerTiming, CopyBandwidthIsPositiveEachWayAndFitsTheDevice) {
       << message;
   EXPECT_THROW(measure_copy_bandwidth(*backend, 0, 1), std::invalid_argument);
   EXPECT_THROW(measure_copy_bandwidth(*backend, 4096, 0), std::invalid_argument);
+
+  // Step costs carry the copies' three figures, and give them back.
+  const memory::StepCosts costs = with_copies({}, b);
+  EXPECT_EQ(costs.to_host_bytes_per_second, b.to_host_bytes_per_second);
+  const CopyBandwidth back = copies_of(costs);
+  EXPECT_EQ(back.to_host_bytes_per_second, b.to_host_bytes_per_second);
+  EXPECT_EQ(back.to_device_bytes_per_second, b.to_device_bytes_per_second);
+  EXPECT_EQ(back.compute_share, b.compute_share);
 }
 
 TEST(LayerTiming, ATooSmallDeviceNamesTheLayerAlikeEveryTimeAndKeepsNothing) {

@@ -344,6 +344,14 @@ memory::StepCosts with_copies(memory::StepCosts costs, const CopyBandwidth& band
   return costs;
 }
 
+CopyBandwidth copies_of(const memory::StepCosts& costs) {
+  CopyBandwidth bandwidth;
+  bandwidth.to_host_bytes_per_second = costs.to_host_bytes_per_second;
+  bandwidth.to_device_bytes_per_second = costs.to_device_bytes_per_second;
+  bandwidth.compute_share = costs.copy_compute_share;
+  return bandwidth;
+}
+
 CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats) {
   if (bytes == 0 || repeats < 1) {
     throw std::invalid_argument("measure_copy_bandwidth: bytes must be > 0 and repeats >= 1");
@@ -504,11 +512,7 @@ InPlaceCosts measure_costs_in_place(const Graph& graph, Backend& backend,
   }
   if (net.activation_placement().offloaded_bytes > 0) return {*alone, false};
   net.init_parameters(1);
-  CopyBandwidth bandwidth;
-  bandwidth.to_host_bytes_per_second = alone->to_host_bytes_per_second;
-  bandwidth.to_device_bytes_per_second = alone->to_device_bytes_per_second;
-  bandwidth.compute_share = alone->copy_compute_share;
-  return {measure_costs_in_steps(net, options.max_batch, steps, bandwidth), true};
+  return {measure_costs_in_steps(net, options.max_batch, steps, copies_of(*alone)), true};
 }
 
 }  // namespace vtrain::worker

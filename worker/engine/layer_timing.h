@@ -43,8 +43,10 @@ struct CopyBandwidth {
 CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes = size_t{64} << 20,
                                      int repeats = 5);
 
-// `costs` with the copy bandwidths and compute share of `bandwidth`.
+// `costs` with the copy bandwidths and compute share of `bandwidth`, and
+// back: the copy bandwidths and compute share that `costs` carry.
 memory::StepCosts with_copies(memory::StepCosts costs, const CopyBandwidth& bandwidth);
+CopyBandwidth copies_of(const memory::StepCosts& costs);
 
 // Per layer of `graph` (built as `layers`, outputs `out_desc` at batch >=
 // n), the median time of its forward (training mode) and backward call at
