@@ -120,7 +120,9 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   po.batches.erase(std::remove(po.batches.begin(), po.batches.end(), 0), po.batches.end());
   po.steps = balance;
   const ProfileGroup group = profile_group(comm, info);
-  po.peers = group.peers;
+  // Without an auto split each rank measures its own share, the ranks of a
+  // group other batches (or none): they cannot take the same items in turn.
+  if (balance) po.peers = group.peers;
   if (!po.batches.empty()) {
     const worker::ProfileReport r = worker::profile(graph, backend, db, id, po);
     if (comm.rank() == 0) {

@@ -102,12 +102,18 @@ TEST(LayerTiming, CopyBandwidthIsPositiveEachWayAndFitsTheDevice) {
   EXPECT_THROW(measure_copy_bandwidth(*backend, 4096, 0), std::invalid_argument);
 
   // Step costs carry the copies' three figures, and give them back.
-  const memory::StepCosts costs = with_copies({}, b);
-  EXPECT_EQ(costs.to_host_bytes_per_second, b.to_host_bytes_per_second);
+  const CopyBandwidth made{.to_host_bytes_per_second = 1e9,
+                           .to_device_bytes_per_second = 2e9,
+                           .bytes = 4096,
+                           .compute_share = 0.37};
+  const memory::StepCosts costs = with_copies({}, made);
+  EXPECT_EQ(costs.to_host_bytes_per_second, 1e9);
+  EXPECT_EQ(costs.to_device_bytes_per_second, 2e9);
+  EXPECT_EQ(costs.copy_compute_share, 0.37);
   const CopyBandwidth back = copies_of(costs);
-  EXPECT_EQ(back.to_host_bytes_per_second, b.to_host_bytes_per_second);
-  EXPECT_EQ(back.to_device_bytes_per_second, b.to_device_bytes_per_second);
-  EXPECT_EQ(back.compute_share, b.compute_share);
+  EXPECT_EQ(back.to_host_bytes_per_second, 1e9);
+  EXPECT_EQ(back.to_device_bytes_per_second, 2e9);
+  EXPECT_EQ(back.compute_share, 0.37);
 }
 
 TEST(LayerTiming, ATooSmallDeviceNamesTheLayerAlikeEveryTimeAndKeepsNothing) {

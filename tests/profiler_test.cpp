@@ -162,10 +162,12 @@ TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
     ++agreements;
     return mine || other_needs;
   };
-  // The other member "arrives" after two more runs of what this one measured.
+  // The other member "arrives" after two more runs of what this one
+  // measured. This one arrives once per item, right after agreeing on it.
   int arrivals = 0, reruns = 0;
   peers.keep_busy = [&](const std::function<void()>& work) {
     ++arrivals;
+    EXPECT_EQ(arrivals, agreements);
     for (int i = 0; i < 2 && work; ++i, ++reruns) work();
   };
   WorkTurns turns(peers);
@@ -223,6 +225,7 @@ TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
   options.repeats = 1;
   options.layer_costs = false;
   int agreements = 0;
+  int arrivals = 0;
   options.peers = {.index = 0,
                    .count = 2,
                    .together = true,
@@ -231,13 +234,17 @@ TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
                          ++agreements;
                          return mine;
                        },
-                   .keep_busy = {}};
+                   .keep_busy = [&](const std::function<void()>&) {
+                     ++arrivals;
+                     EXPECT_EQ(arrivals, agreements);
+                   }};
   std::map<int, int> agreements_at;  // step_rounds -> agreements
   for (int rounds : {1, 3}) {
     perfdb::PerfDb db(":memory:");
     const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
     options.step_rounds = rounds;
     agreements = 0;
+    arrivals = 0;
     const ProfileReport r = profile(graph, *backend, db, device, options);
     EXPECT_EQ(r.step_measured, 2) << rounds << " rounds";
     const auto steps = db.step_measurements(device, graph.signature(), "none");
@@ -246,6 +253,54 @@ TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
     agreements_at[rounds] = agreements;
   }
   EXPECT_EQ(agreements_at[3] - agreements_at[1], 2 * 2);  // 2 more rounds of 2 batches
+}
+
+// A member whose device cannot hold an item (a step at the larger batch
+// here) still arrives once for it, without work, as the others measure.
+TEST(Profiler, TogetherPeersArriveOnceForAnItemTheirDeviceCannotHold) {
+  const Graph graph = small_graph();
+  ProfileOptions options;
+  options.batches = {4, 64};
+  options.warmup = 0;
+  options.repeats = 1;
+  options.layer_costs = false;
+  // The peak of each step alone, to set a limit between them (beside the
+  // backend's own scratch).
+  auto roomy = make_backend({.kind = "cpu", .threads = 1});
+  perfdb::PerfDb alone(":memory:");
+  const perfdb::DeviceId roomy_id = alone.upsert_device(perfdb_device(roomy->device_info()));
+  profile(graph, *roomy, alone, roomy_id, options);
+  const auto steps = alone.step_measurements(roomy_id, graph.signature(), "none");
+  ASSERT_EQ(steps.size(), 2u);
+  const size_t small_peak = std::min(steps[0].peak_device_bytes, steps[1].peak_device_bytes);
+  const size_t large_peak = std::max(steps[0].peak_device_bytes, steps[1].peak_device_bytes);
+  ASSERT_LT(small_peak, large_peak);
+
+  const size_t limit = roomy->scratch_bytes() + (small_peak + large_peak) / 2;
+  auto limited = make_backend({.kind = "cpu", .threads = 1, .memory_limit = limit});
+  int agreements = 0, arrivals = 0, with_work = 0;
+  options.peers = {.index = 1,
+                   .count = 2,
+                   .together = true,
+                   .any =
+                       [&](bool) {
+                         ++agreements;
+                         return true;  // the other member needs every item
+                       },
+                   .keep_busy = [&](const std::function<void()>& work) {
+                     ++arrivals;
+                     EXPECT_EQ(arrivals, agreements);
+                     if (work) ++with_work;
+                   }};
+  perfdb::PerfDb db(":memory:");
+  const perfdb::DeviceId id = db.upsert_device(perfdb_device(limited->device_info()));
+  const ProfileReport r = profile(graph, *limited, db, id, options);
+  EXPECT_EQ(r.step_infeasible, std::vector<int64_t>{64});
+  EXPECT_EQ(r.step_measured, 1);
+  EXPECT_GT(agreements, 0);
+  EXPECT_EQ(arrivals, agreements);
+  // The kernel items it measured and its one step came with their work.
+  EXPECT_EQ(with_work, static_cast<int>(r.kernel_measured) + 1);
 }
 
 // Profiling groups: CPU processes on one host that share a core (whatever

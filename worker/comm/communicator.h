@@ -49,8 +49,10 @@ class Communicator {
   virtual void barrier() = 0;
   // A barrier that runs `work` (when not null) again and again until every
   // rank has arrived: CPU processes profiling together keep loading their
-  // shared cores while the slower ones finish measuring. MPI overrides it;
-  // elsewhere `work` does not run and this is barrier().
+  // shared cores while the slower ones finish measuring. Ranks may pass
+  // work or not, each its own. Matches only barrier_while on the other
+  // ranks, not barrier(). MPI overrides it; elsewhere `work` does not run
+  // and this is barrier().
   virtual void barrier_while(const std::function<void()>& work) {
     (void)work;
     barrier();

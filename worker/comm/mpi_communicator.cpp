@@ -142,9 +142,15 @@ class MpiCommunicator final : public Communicator {
   }
   void barrier() override { check(MPI_Barrier(comm_), "Barrier"); }
   void barrier_while(const std::function<void()>& work) override {
-    if (!work || size_ == 1) return barrier();
+    if (size_ == 1) return;
+    // Always the non-blocking barrier, with work or without: it does not
+    // match a blocking MPI_Barrier on the other ranks.
     MPI_Request request = MPI_REQUEST_NULL;
     check(MPI_Ibarrier(comm_, &request), "Ibarrier");
+    if (!work) {
+      check(MPI_Wait(&request, MPI_STATUS_IGNORE), "Wait");
+      return;
+    }
     for (int done = 0;;) {
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "Test");
       if (done) return;
