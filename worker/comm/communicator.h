@@ -51,8 +51,8 @@ class Communicator {
   // rank has arrived: CPU processes profiling together keep loading their
   // shared cores while the slower ones finish measuring. Ranks may pass
   // work or not, each its own. Matches only barrier_while on the other
-  // ranks, not barrier(). MPI overrides it; elsewhere `work` does not run
-  // and this is barrier().
+  // ranks, not barrier(). MPI overrides it (the communicators over an MPI
+  // one forward it); elsewhere `work` does not run and this is barrier().
   virtual void barrier_while(const std::function<void()>& work) {
     (void)work;
     barrier();

@@ -83,6 +83,7 @@ class HostStagedCommunicator final : public Communicator {
     return host_->gather(text, root);
   }
   void barrier() override { host_->barrier(); }
+  void barrier_while(const std::function<void()>& work) override { host_->barrier_while(work); }
   [[noreturn]] void abort(int code) override {
     host_->abort(code);
     std::_Exit(code);  // abort() does not return; be certain

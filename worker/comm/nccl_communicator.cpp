@@ -151,6 +151,7 @@ class NcclCommunicator final : public Communicator {
     return host_->gather(text, root);
   }
   void barrier() override { host_->barrier(); }
+  void barrier_while(const std::function<void()>& work) override { host_->barrier_while(work); }
   [[noreturn]] void abort(int code) override {
     ncclCommAbort(comm_);  // no rank stays blocked in a kernel waiting for this one
     host_->abort(code);
