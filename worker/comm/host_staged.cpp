@@ -6,14 +6,15 @@
 #include <utility>
 
 #include "common/precision.h"
+#include "worker/comm/host_collectives.h"
 
 namespace vtrain::worker {
 namespace {
 
-class HostStagedCommunicator final : public Communicator {
+class HostStagedCommunicator final : public HostCollectivesOf {
  public:
   HostStagedCommunicator(Backend& backend, std::unique_ptr<Communicator> host)
-      : backend_(backend), host_(std::move(host)) {}
+      : HostCollectivesOf(std::move(host)), backend_(backend) {}
   ~HostStagedCommunicator() override {
     try {
       host_->wait();
@@ -74,16 +75,6 @@ class HostStagedCommunicator final : public Communicator {
   double allreduce_seconds() const override { return host_->allreduce_seconds(); }
   double wait_seconds() const override { return wait_seconds_; }
 
-  void allreduce_sum(std::vector<double>& values) override { host_->allreduce_sum(values); }
-  void broadcast(std::vector<float>& values, int root) override {
-    host_->broadcast(values, root);
-  }
-  void broadcast(std::string& text, int root) override { host_->broadcast(text, root); }
-  std::vector<std::string> gather(const std::string& text, int root) override {
-    return host_->gather(text, root);
-  }
-  void barrier() override { host_->barrier(); }
-  void barrier_while(const std::function<void()>& work) override { host_->barrier_while(work); }
   [[noreturn]] void abort(int code) override {
     host_->abort(code);
     std::_Exit(code);  // abort() does not return; be certain
@@ -99,7 +90,6 @@ class HostStagedCommunicator final : public Communicator {
   };
 
   Backend& backend_;
-  std::unique_ptr<Communicator> host_;
   std::vector<Slot> slots_;  // the k-th allreduce since the last wait() uses slots_[k]
   size_t queued_ = 0;
   double wait_seconds_ = 0;

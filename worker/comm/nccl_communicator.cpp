@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "worker/comm/host_collectives.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/device/cuda/cuda_backend.h"
 #include "worker/device/cuda/cuda_check.h"
@@ -60,10 +61,10 @@ ncclDataType_t nccl_type(common::DataType type) {
   return ncclFloat;
 }
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public HostCollectivesOf {
  public:
   explicit NcclCommunicator(Backend& backend)
-      : host_(make_mpi_communicator()), streams_(device_streams(backend)) {
+      : HostCollectivesOf(make_mpi_communicator()), streams_(device_streams(backend)) {
     rank_ = host_->rank();
     size_ = host_->size();
     const std::string where =
@@ -144,14 +145,6 @@ class NcclCommunicator final : public Communicator {
   double allreduce_seconds() const override { return allreduce_seconds_; }
   double wait_seconds() const override { return wait_seconds_; }
 
-  void allreduce_sum(std::vector<double>& values) override { host_->allreduce_sum(values); }
-  void broadcast(std::vector<float>& values, int root) override { host_->broadcast(values, root); }
-  void broadcast(std::string& text, int root) override { host_->broadcast(text, root); }
-  std::vector<std::string> gather(const std::string& text, int root) override {
-    return host_->gather(text, root);
-  }
-  void barrier() override { host_->barrier(); }
-  void barrier_while(const std::function<void()>& work) override { host_->barrier_while(work); }
   [[noreturn]] void abort(int code) override {
     ncclCommAbort(comm_);  // no rank stays blocked in a kernel waiting for this one
     host_->abort(code);
@@ -165,7 +158,6 @@ class NcclCommunicator final : public Communicator {
     CudaEvent end;
   };
 
-  std::unique_ptr<Communicator> host_;  // MPI, for the host-side collectives
   DeviceStreams streams_;
   int rank_ = 0;
   int size_ = 1;
