@@ -78,6 +78,11 @@ int64_t number(const std::string& record, const std::string& key) {
   return at == std::string::npos ? -1 : std::stoll(record.substr(at + key.size() + 4));
 }
 
+// LeNet's step at batch 48 is about 4 ms: moving samples off the rank
+// slowed 2x saves 1.5-2 ms of it, at times under the default
+// balance.rebalance.min_gain_ms of 2 (a full-suite run kept 24,24 at a 51%
+// drift predicted 22.7%, 1.52 ms, faster). The 10% least gain still stands
+// against noise.
 TEST(RebalanceMpi, ASlowedRankGetsFewerSamplesWithinTwentyStepsAndWeightsStayExact) {
   constexpr int kSlowFrom = 25, kSteps = 60;
   test_support::TempDir one, two;
@@ -89,7 +94,9 @@ TEST(RebalanceMpi, ASlowedRankGetsFewerSamplesWithinTwentyStepsAndWeightsStayExa
   ASSERT_EQ(test_support::run_command("VTRAIN_SLOW_RANK=1 VTRAIN_SLOW_AT_STEP=" +
                                           std::to_string(kSlowFrom) + " " + mpirun(2) +
                                           train_args(two, 48, kSteps, true,
-                                                     every_step + " --set output.plan=" +
+                                                     every_step +
+                                                         " --set balance.rebalance.min_gain_ms=0.5"
+                                                         " --set output.plan=" +
                                                          two.path("plan.yaml")),
                                       &out),
             0)
