@@ -206,6 +206,7 @@ ProfileGroup profile_group(worker::Communicator& comm, const worker::DeviceInfo&
     if (colours[static_cast<size_t>(r)] != mine) continue;
     if (r < comm.rank()) ++group.peers.index;
     ++group.peers.count;
+    group.peers.ranks.push_back(r);
   }
   group.peers.together = info.backend == "cpu" && group.peers.count > 1;
   if (comm.size() > 1) {
@@ -219,6 +220,12 @@ ProfileGroup profile_group(worker::Communicator& comm, const worker::DeviceInfo&
         return v[0] > 0;
       };
       group.peers.keep_busy = [c](const std::function<void()>& work) { c->barrier_while(work); };
+      group.peers.all_texts = [c](const std::string& text) {
+        std::vector<std::string> texts = c->gather(text, 0);
+        texts.resize(static_cast<size_t>(c->size()));
+        for (std::string& t : texts) c->broadcast(t, 0);
+        return texts;
+      };
       group.comm = std::move(members);
     }
   }

@@ -278,6 +278,26 @@ TEST(Mpi, CpuProcessesOfOtherDevicesOnSharedCoresProfileTogether) {
   EXPECT_NE(out.find(" kernel, 2 step, "), std::string::npos) << out;  // rank 1: 16 and 32
 }
 
+// An MPMD run whose processes on shared cores ask for other items (another
+// profile.batches) stops at once with the difference named, where the
+// members would otherwise wait on each other for ever (timeout: 124).
+TEST(Mpi, ProcessesProfilingTogetherWithOtherSettingsAreRefused) {
+  TempDir dir;
+  const std::string args = binary() + " profile " + source_dir() +
+                           "/configs/synthetic-lenet.yaml --set profile.repeats=1 "
+                           "--set profile.micro_batches=undivided --db " + dir / "p.db";
+  std::string out;
+  const int rc = run("timeout 120 " + mpirun(1, "--bind-to none") + args +
+                         " --set profile.batches=[16,32] : -np 1 " + args +
+                         " --set profile.batches=[16]",
+                     &out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 124) << "the members waited on each other\n" << out;
+  EXPECT_NE(out.find("rank 0 has profile.batches: 16, 32 where rank 1 has profile.batches: 16;"),
+            std::string::npos)
+      << out;
+}
+
 TEST(Mpi, StopSignalCheckpointsAndExitsWithThree) {
   TempDir dir;
   const std::string log = dir / "log.txt";

@@ -4,9 +4,12 @@
 
 #include <functional>
 #include <map>
-
 #include <set>
 #include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "perfdb/perf_db.h"
 #include "tests/test_support.h"
@@ -21,6 +24,15 @@ using test_support::TempDir;
 
 Graph small_graph() {
   return Graph::build(preset_layers("lenet", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
+}
+
+// Profiling `batches`, each timing run once, without warm-up.
+ProfileOptions timed_once(std::vector<int64_t> batches) {
+  ProfileOptions options;
+  options.batches = std::move(batches);
+  options.warmup = 0;
+  options.repeats = 1;
+  return options;
 }
 
 TEST(Profiler, MicroBatchPolicyNames) {
@@ -97,10 +109,7 @@ TEST(Profiler, StepsAreRecordedUnderTheirMemoryPolicy) {
   perfdb::PerfDb db(":memory:");
   const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
   const Graph graph = Graph::build(preset_layers("vgg-small", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
-  ProfileOptions options;
-  options.batches = {16};
-  options.warmup = 0;
-  options.repeats = 1;
+  ProfileOptions options = timed_once({16});
   for (memory::Policy policy : {memory::Policy::kNone, memory::Policy::kAll}) {
     options.memory_policy = policy;
     EXPECT_EQ(profile(graph, *backend, db, device, options).step_measured, 1)
@@ -119,11 +128,8 @@ TEST(Profiler, IdenticalDevicesSplitTheWork) {
   auto backend = make_backend({.kind = "cpu", .threads = 1});
   TempDir dir;
   const Graph graph = small_graph();
-  ProfileOptions options;
-  options.batches = {4};
+  ProfileOptions options = timed_once({4});
   options.micro_batches = MicroBatchPolicy::kAll;
-  options.warmup = 0;
-  options.repeats = 1;
   int64_t measured = 0, steps = 0;
   for (int share = 0; share < 2; ++share) {
     perfdb::PerfDb db(dir.path("split.db"));
@@ -155,7 +161,8 @@ auto look(bool can, bool cached) {
 }
 
 TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
-  ProfilePeers peers{.index = 1, .count = 2, .together = true, .any = {}, .keep_busy = {}};
+  ProfilePeers peers{.index = 1, .count = 2, .together = true, .any = {}, .keep_busy = {},
+                     .all_texts = {}, .ranks = {}};
   bool other_needs = false;
   int agreements = 0;
   peers.any = [&](bool mine) {
@@ -183,11 +190,8 @@ TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
   const Graph graph = small_graph();
   perfdb::PerfDb db(dir.path("together.db"));
   const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
-  ProfileOptions options;
-  options.batches = {4};
+  ProfileOptions options = timed_once({4});
   options.micro_batches = MicroBatchPolicy::kAll;
-  options.warmup = 0;
-  options.repeats = 1;
   profile(graph, *backend, db, device, options);  // alone: the DB now holds everything
   options.peers = peers;
   other_needs = false;
@@ -219,10 +223,7 @@ TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
 TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
   auto backend = make_backend({.kind = "cpu", .threads = 1});
   const Graph graph = small_graph();
-  ProfileOptions options;
-  options.batches = {4, 8};
-  options.warmup = 0;
-  options.repeats = 1;
+  ProfileOptions options = timed_once({4, 8});
   options.layer_costs = false;
   int agreements = 0;
   int arrivals = 0;
@@ -237,7 +238,9 @@ TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
                    .keep_busy = [&](const std::function<void()>&) {
                      ++arrivals;
                      EXPECT_EQ(arrivals, agreements);
-                   }};
+                   },
+                   .all_texts = {},
+                   .ranks = {}};
   std::map<int, int> agreements_at;  // step_rounds -> agreements
   for (int rounds : {1, 3}) {
     perfdb::PerfDb db(":memory:");
@@ -259,10 +262,7 @@ TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
 // here) still arrives once for it, without work, as the others measure.
 TEST(Profiler, TogetherPeersArriveOnceForAnItemTheirDeviceCannotHold) {
   const Graph graph = small_graph();
-  ProfileOptions options;
-  options.batches = {4, 64};
-  options.warmup = 0;
-  options.repeats = 1;
+  ProfileOptions options = timed_once({4, 64});
   options.layer_costs = false;
   // The peak of each step alone, to set a limit between them (beside the
   // backend's own scratch).
@@ -291,7 +291,9 @@ TEST(Profiler, TogetherPeersArriveOnceForAnItemTheirDeviceCannotHold) {
                      ++arrivals;
                      EXPECT_EQ(arrivals, agreements);
                      if (work) ++with_work;
-                   }};
+                   },
+                   .all_texts = {},
+                   .ranks = {}};
   perfdb::PerfDb db(":memory:");
   const perfdb::DeviceId id = db.upsert_device(perfdb_device(limited->device_info()));
   const ProfileReport r = profile(graph, *limited, db, id, options);
@@ -301,6 +303,57 @@ TEST(Profiler, TogetherPeersArriveOnceForAnItemTheirDeviceCannotHold) {
   EXPECT_EQ(arrivals, agreements);
   // The kernel items it measured and its one step came with their work.
   EXPECT_EQ(with_work, static_cast<int>(r.kernel_measured) + 1);
+}
+
+// Members whose settings give other items (here another profile.batches)
+// are stopped before the first item, every one with the same message
+// naming the setting and both ranks; the same settings pass.
+TEST(Profiler, TogetherPeersWithOtherItemsAreRefusedNamingTheSetting) {
+  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  const Graph graph = small_graph();
+  ProfileOptions options = timed_once({4, 8});
+  std::string other;  // the other member's settings; empty: this one's
+  int exchanges = 0;
+  options.peers = {.index = 0,
+                   .count = 2,
+                   .together = true,
+                   .any = [](bool mine) { return mine; },
+                   .keep_busy = {},
+                   .all_texts =
+                       [&](const std::string& mine) {
+                         ++exchanges;
+                         return std::vector<std::string>{mine, other.empty() ? mine : other};
+                       },
+                   .ranks = {1, 2}};
+  perfdb::PerfDb db(":memory:");
+  const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
+  ProfileOptions others = options;
+  others.batches = {4, 8, 16};
+  // What that member passes: its own settings, as profile() writes them.
+  others.peers.all_texts = [&](const std::string& mine) {
+    other = mine;
+    throw std::runtime_error("taken");
+    return std::vector<std::string>{};
+  };
+  EXPECT_THROW(profile(graph, *backend, db, device, others), std::runtime_error);
+  ASSERT_NE(other.find("profile.batches: 4, 8, 16"), std::string::npos) << other;
+  try {
+    profile(graph, *backend, db, device, options);
+    ADD_FAILURE() << "other profile.batches were not refused";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("ranks 1, 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("rank 1 has profile.batches: 4, 8 where rank 2 has profile.batches: "
+                        "4, 8, 16"),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_EQ(db.stats().step_measurements, 0);  // refused before any item
+  other.clear();
+  exchanges = 0;
+  const ProfileReport same = profile(graph, *backend, db, device, options);
+  EXPECT_EQ(exchanges, 1);
+  EXPECT_EQ(same.step_measured, 2);
 }
 
 // Profiling groups: CPU processes on one host that share a core (whatever
@@ -334,7 +387,8 @@ TEST(Profiler, ProcessesSharingACoreProfileAsOneGroup) {
 
 // Split, the items are dealt in turn whether or not the DB holds them.
 TEST(Profiler, SplitPeersTakeItemsInTurn) {
-  const ProfilePeers second{.index = 1, .count = 2, .together = false, .any = {}, .keep_busy = {}};
+  const ProfilePeers second{.index = 1, .count = 2, .together = false, .any = {}, .keep_busy = {},
+                     .all_texts = {}, .ranks = {}};
   WorkTurns turns(second);
   EXPECT_EQ(turns.take(look(true, false)), Turn::kSkip);
   EXPECT_EQ(turns.take(look(true, true)), Turn::kCached);

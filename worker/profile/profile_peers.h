@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "worker/device/backend.h"
@@ -31,7 +32,21 @@ struct ProfilePeers {
   // every rank computes until the end of a balanced step in training.
   // Null: members do not wait for each other.
   std::function<void(const std::function<void()>&)> keep_busy;
+  // With together and count > 1: a collective over the members returning
+  // every member's `text`, in member order, on every member. Before the
+  // first item the members compare what decides their item lists
+  // (require_same_items). Null: no check.
+  std::function<std::vector<std::string>(const std::string&)> all_texts;
+  std::vector<int> ranks;  // the members' job ranks, in member order, for messages
 };
+
+// Together, every member walks the same work items, one collective each;
+// members whose settings give other items would wait on each other for
+// ever (an MPMD run with another profile.batches on one rank). `settings`
+// is this member's "name: value" lines that decide its items. Throws
+// std::invalid_argument, on every member alike, naming the first line that
+// differs and the ranks on either side. A collective (with all_texts).
+void require_same_items(const ProfilePeers& peers, const std::string& settings);
 
 // Which ranks profile as one group, from every rank's device: each rank's
 // group colour, the lowest rank of its group. CPU processes on one host

@@ -8,6 +8,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "common/text.h"
 #include "memory/memory_error.h"
 #include "worker/engine/device_blocks.h"
 #include "worker/engine/kernel_timing.h"
@@ -50,6 +51,24 @@ std::vector<KernelSite> kernel_sites(const Graph& graph, const Backend& backend)
     }
   }
   return sites;
+}
+
+// What decides the work items profile() walks, as "name: value" lines
+// (require_same_items).
+std::string item_settings(const Graph& graph, const std::vector<KernelSite>& sites,
+                          const std::map<int64_t, std::vector<int64_t>>& batches_of,
+                          const ProfileOptions& options) {
+  std::vector<int64_t> micro_batches;
+  for (const auto& [m, batches] : batches_of) micro_batches.push_back(m);
+  const std::string steps =
+      options.steps ? common::format("%d rounds (profile.step_rounds)", options.step_rounds)
+                    : "none (profile.steps)";
+  return common::format(
+      "model: %s\nconv kernels: %zu\nprofile.batches: %s\nmicro-batches "
+      "(profile.micro_batches): %s\nlayer costs: %s\nsteps: %s\n",
+      graph.profile_key().c_str(), sites.size(), common::format_list(options.batches).c_str(),
+      common::format_list(micro_batches).c_str(), options.layer_costs ? "yes" : "no",
+      steps.c_str());
 }
 
 // What a measurement's buffers may round up to, together.
@@ -270,9 +289,11 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       batches_of[m].push_back(b);
     }
   }
+  const std::vector<KernelSite> sites = kernel_sites(graph, backend);
+  require_same_items(options.peers, item_settings(graph, sites, batches_of, options));
   WorkTurns turns(options.peers);
 
-  for (const KernelSite& site : kernel_sites(graph, backend)) {
+  for (const KernelSite& site : sites) {
     for (const auto& [m, batches] : batches_of) {
       std::optional<KernelItem> item;
       const Turn turn = turns.take([&] {
