@@ -107,6 +107,7 @@ worker::ProfileOptions kernels_alone_at(worker::ProfileOptions po, int64_t batch
 std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph,
                            worker::Backend& backend, worker::Communicator& comm,
                            worker::Communicator& gradient_comm,
+                           const std::vector<worker::DeviceInfo>& cluster,
                            const std::vector<int64_t>& fixed_split,
                            SplitProblem* solved_on) {
   const bool balance = cfg.balance.split == balancer::SplitMode::kAuto;
@@ -119,7 +120,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
                        : std::vector<int64_t>{fixed_split[comm.rank()]};
   po.batches.erase(std::remove(po.batches.begin(), po.batches.end(), 0), po.batches.end());
   po.steps = balance;
-  const ProfileGroup group = profile_group(comm, info);
+  const ProfileGroup group = profile_group(comm, cluster);
   // Without an auto split each rank measures its own share, the ranks of a
   // group other batches (or none): they cannot take the same items in turn.
   if (balance) po.peers = group.peers;
@@ -148,20 +149,19 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     }
   }
 
-  // Rank 0 learns every rank's device and its row in the perf DB.
-  const std::vector<worker::DeviceInfo> infos = worker::gather_device_infos(comm, info);
+  // Rank 0 learns every rank's row in the perf DB.
   const std::vector<std::string> ids = comm.gather(std::to_string(id.value), 0);
   std::vector<worker::PlanDevice> devices;
   std::string split_text;
   balancer::BatchSplit split;
   if (comm.rank() == 0) {
-    for (size_t r = 0; r < infos.size(); ++r) {
+    for (size_t r = 0; r < cluster.size(); ++r) {
       worker::PlanDevice d;
       d.id.value = std::stoll(ids[r]);
-      d.memory_bytes = infos[r].memory_bytes;
+      d.memory_bytes = cluster[r].memory_bytes;
       d.layout =
-          worker::layout_rule_for(infos[r].backend, cfg.device.layout, cfg.train.precision);
-      d.name = infos[r].name;
+          worker::layout_rule_for(cluster[r].backend, cfg.device.layout, cfg.train.precision);
+      d.name = cluster[r].name;
       devices.push_back(std::move(d));
     }
     if (balance) {
@@ -196,19 +196,20 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
 
 }  // namespace
 
-ProfileGroup profile_group(worker::Communicator& comm, const worker::DeviceInfo& info) {
-  const std::vector<worker::DeviceInfo> all = worker::gather_device_infos(comm, info);
-  const std::vector<int> colours = worker::profile_group_colours(all);
+ProfileGroup profile_group(worker::Communicator& comm,
+                           const std::vector<worker::DeviceInfo>& cluster) {
+  const std::vector<int> colours = worker::profile_group_colours(cluster);
   const int mine = colours[static_cast<size_t>(comm.rank())];
   ProfileGroup group;
   group.peers.count = 0;
-  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+  for (int r = 0; r < static_cast<int>(cluster.size()); ++r) {
     if (colours[static_cast<size_t>(r)] != mine) continue;
     if (r < comm.rank()) ++group.peers.index;
     ++group.peers.count;
     group.peers.ranks.push_back(r);
   }
-  group.peers.together = info.backend == "cpu" && group.peers.count > 1;
+  group.peers.together =
+      cluster[static_cast<size_t>(comm.rank())].backend == "cpu" && group.peers.count > 1;
   if (comm.size() > 1) {
     // Every rank takes part in the split, also one in a group of one.
     std::unique_ptr<worker::Communicator> members = worker::make_mpi_subcommunicator(mine);
@@ -237,6 +238,7 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
                                              worker::Backend& backend,
                                              worker::Communicator& comm,
                                              worker::Communicator& gradient_comm,
+                                             const std::vector<worker::DeviceInfo>& cluster,
                                              const std::vector<int64_t>& fixed_split,
                                              SplitProblem* solved_on) {
   std::string text, origin;
@@ -246,7 +248,8 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
   } else if (cfg.balance.split == balancer::SplitMode::kAuto ||
              cfg.balance.workspace != balancer::WorkspacePolicy::kUndivided) {
     origin = "the plan solved at start";
-    text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, fixed_split, solved_on);
+    text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, cluster, fixed_split,
+                          solved_on);
   } else {
     return std::nullopt;
   }

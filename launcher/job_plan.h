@@ -22,12 +22,14 @@ namespace vtrain::launcher {
 // processes on one host that share a core measure every item together,
 // each into its own device's rows; identical GPUs split the items. `comm`
 // carries the group's agreement on each item and its keep_busy barrier
-// (null unless together). Collective.
+// (null unless together). `cluster` is every rank's device
+// (gather_device_infos). Collective.
 struct ProfileGroup {
   std::unique_ptr<worker::Communicator> comm;
   worker::ProfilePeers peers;
 };
-ProfileGroup profile_group(worker::Communicator& comm, const worker::DeviceInfo& info);
+ProfileGroup profile_group(worker::Communicator& comm,
+                           const std::vector<worker::DeviceInfo>& cluster);
 
 // What a batch split is solved on: the devices' step-time curves and the
 // solve's options (the measured allreduce included), and the devices as
@@ -45,12 +47,14 @@ struct SplitProblem {
 // plan's text is broadcast. Throws ConfigError when the plan does not fit
 // the model, the rank count or the batch. With `solved_on`, rank 0 also
 // gets what an auto split was solved on (online re-balancing re-solves the
-// same problem); its profiles are left empty otherwise.
+// same problem); its profiles are left empty otherwise. `cluster` is every
+// rank's device (gather_device_infos).
 std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config::Config& cfg,
                                              const worker::Graph& graph,
                                              worker::Backend& backend,
                                              worker::Communicator& comm,
                                              worker::Communicator& gradient_comm,
+                                             const std::vector<worker::DeviceInfo>& cluster,
                                              const std::vector<int64_t>& fixed_split,
                                              SplitProblem* solved_on = nullptr);
 

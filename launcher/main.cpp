@@ -201,9 +201,8 @@ int run_check(const CliArgs& cli) {
 }
 
 // Rank 0 prints one line per rank: what each device is.
-void print_cluster(worker::Communicator& comm, const worker::DeviceInfo& info,
+void print_cluster(const worker::Communicator& comm, const std::vector<worker::DeviceInfo>& all,
                    const std::vector<int64_t>& split) {
-  const std::vector<worker::DeviceInfo> all = worker::gather_device_infos(comm, info);
   if (comm.rank() != 0) return;
   std::printf("cluster: %d rank%s\n", comm.size(), comm.size() == 1 ? "" : "s");
   std::printf("  %-4s %-7s %-6s %-9s %-7s %-14s %-12s %s\n", "rank", "backend", "batch",
@@ -238,9 +237,11 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
     split = cfg.balance.manual;
   }
   auto backend = worker::make_backend(backend_options(cfg));
+  const std::vector<worker::DeviceInfo> cluster =
+      worker::gather_device_infos(comm, backend->device_info());
   // Gradients go over NCCL when several ranks train on GPUs, else over MPI.
   std::string comm_note;
-  const auto gradient_comm = worker::make_gradient_communicator(*backend, &comm_note);
+  const auto gradient_comm = worker::make_gradient_communicator(*backend, cluster, &comm_note);
   // Synchronised batch norm's sums, on host memory, in forward and backward.
   const auto batch_norm_comm = cfg.model.batch_norm == worker::BatchNormMode::kSync &&
                                        comm.size() > 1
@@ -258,12 +259,12 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   std::fflush(stdout);
   SplitProblem solved_on;  // rank 0, auto split: for re-balancing
   const std::optional<balancer::TrainingPlan> plan =
-      job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, split, &solved_on);
+      job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, cluster, split, &solved_on);
   if (plan) {
     split.clear();
     for (const balancer::RankPlan& r : plan->ranks) split.push_back(r.batch);
   }
-  print_cluster(comm, backend->device_info(), split);
+  print_cluster(comm, cluster, split);
   std::fflush(stdout);
 
   worker::TrainerOptions options = trainer_options(cfg);
@@ -332,13 +333,14 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   const worker::Graph graph = build_graph(cfg, data, comm.size());
   auto backend = worker::make_backend(backend_options(cfg));
   const worker::DeviceInfo info = backend->device_info();
-  print_cluster(comm, info, balancer::even_split(cfg.train.batch, comm.size()));
+  const std::vector<worker::DeviceInfo> cluster = worker::gather_device_infos(comm, info);
+  print_cluster(comm, cluster, balancer::even_split(cfg.train.batch, comm.size()));
 
   worker::ProfileOptions options = profile_options(cfg);
   if (options.batches.empty()) {
     options.batches = {(cfg.train.batch + comm.size() - 1) / comm.size()};
   }
-  const ProfileGroup group = profile_group(comm, info);
+  const ProfileGroup group = profile_group(comm, cluster);
   options.peers = group.peers;
   const std::string share =
       options.peers.together

@@ -95,6 +95,7 @@ std::unique_ptr<Communicator> make_separate_mpi_communicator();
 std::unique_ptr<Communicator> make_mpi_subcommunicator(int color);
 
 class Backend;
+struct DeviceInfo;
 
 // The communicator for gradients in `backend`'s device memory: NCCL (see
 // worker/device/cuda/cuda_backend.h) when the job has several ranks and
@@ -103,10 +104,12 @@ class Backend;
 // two ranks sharing a GPU, or a rank on the CPU), and `note` (when given)
 // then says why. A testing aid: VTRAIN_STAGE_GRADIENTS=1 on any rank
 // stages every rank's gradients through host memory, also on the CPU.
-// Collective (every rank takes part in the same gather and broadcast);
-// requires a live MpiRuntime. Defined with the backend factory, the one
-// place that knows what is built.
+// `cluster` is every rank's device (gather_device_infos). Collective
+// (every rank takes part in the same allreduce); requires a live
+// MpiRuntime. Defined with the backend factory, the one place that knows
+// what is built.
 std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend,
+                                                         const std::vector<DeviceInfo>& cluster,
                                                          std::string* note = nullptr);
 
 // Aborts the MPI job if MPI is running with more than one rank; returns

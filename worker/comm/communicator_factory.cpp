@@ -41,7 +41,9 @@ std::string why_not_nccl(const std::vector<DeviceInfo>& devices,
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend, std::string* note) {
+std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend,
+                                                         const std::vector<DeviceInfo>& cluster,
+                                                         std::string* note) {
   std::unique_ptr<Communicator> mpi = make_mpi_communicator();
   if (mpi->size() == 1) return mpi;
   // Every rank takes part in the same collectives, whatever its backend or
@@ -52,7 +54,7 @@ std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend, std::
   std::vector<double> forcing(static_cast<size_t>(mpi->size()), 0.0);
   forcing[static_cast<size_t>(mpi->rank())] = forced ? 1.0 : 0.0;
   mpi->allreduce_sum(forcing);
-  const std::string why = why_not_nccl(gather_device_infos(*mpi, backend.device_info()), forcing);
+  const std::string why = why_not_nccl(cluster, forcing);
 #ifdef VTRAIN_HAVE_CUDA
   if (why.empty()) return cuda::make_nccl_communicator(backend);
 #endif
