@@ -23,6 +23,7 @@
 
 #include "common/precision.h"
 #include "tests/backend_test_support.h"
+#include "tests/test_support.h"
 #include "worker/device/backend.h"
 
 namespace vtrain::backend_test {
@@ -44,12 +45,10 @@ inline worker::BackendOptions suite_options(const std::string& kind) {
 inline std::optional<std::string> why_unusable(const std::string& suite_kind) {
   const std::string kind = base_kind(suite_kind);
   if (kind == "cpu") return std::nullopt;
-#ifdef VTRAIN_HAVE_CUDA
-  if (!worker::gpu_available()) return "no CUDA GPU visible (worker::gpu_available() is false)";
+  if (const std::optional<std::string> why = worker::why_no_gpu()) {
+    return "no CUDA GPU usable (" + *why + ")";
+  }
   return std::nullopt;
-#else
-  return "the CUDA backend is not built (VTRAIN_HAVE_CUDA is off: no CUDA toolkit, or VTRAIN_CUDA=OFF)";
-#endif
 }
 
 // The backend of each kind that the cases share, created on first use:
@@ -122,7 +121,7 @@ class OnEveryBackend : public ::testing::TestWithParam<std::tuple<std::string, C
  protected:
   void SetUp() override {
     if (const std::optional<std::string> why = why_unusable(kind())) {
-      GTEST_SKIP() << "backend " << kind() << ": " << *why;
+      VTRAIN_SKIP_WITHOUT_GPU("backend " + kind() + ": " + *why);
     }
   }
   const std::string& kind() const { return std::get<0>(this->GetParam()); }
@@ -215,7 +214,7 @@ class InHalfOnEveryBackend
  protected:
   void SetUp() override {
     if (const std::optional<std::string> why = why_unusable(kind())) {
-      GTEST_SKIP() << "backend " << kind() << ": " << *why;
+      VTRAIN_SKIP_WITHOUT_GPU("backend " + kind() + ": " + *why);
     }
     if (const std::optional<std::string> why =
             backend().precision_unavailable(half_precision(type()))) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -194,6 +195,39 @@ TEST_P(ScaleConformance, MultipliesInPlaceExactly) {
 }
 
 VTRAIN_ON_EVERY_BACKEND(ScaleConformance, kScaleCases);
+
+struct AllFiniteCase {
+  const char* name;
+  int64_t count;
+};
+
+const AllFiniteCase kAllFiniteCases[] = {{"n1", 1}, {"n257", 257}, {"n100003", 100003}};
+
+class AllFiniteConformance : public OnEveryBackend<AllFiniteCase> {};
+
+// Loss scaling's overflow check: one NaN or infinity anywhere (first,
+// middle or last element) is found; the largest finite floats are not one.
+TEST_P(AllFiniteConformance, FindsOneNonFiniteAnywhere) {
+  Backend& b = backend();
+  const int64_t n = param().count;
+  std::mt19937 rng(22);
+  Vec x = random_vec(rng, n);
+  x[0] = std::numeric_limits<float>::max();
+  x[static_cast<size_t>(n - 1)] = -std::numeric_limits<float>::max();
+  EXPECT_TRUE(b.all_finite(to_device(b, x).floats(), n));
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity()};
+  for (const int64_t at : {int64_t{0}, n / 2, n - 1}) {
+    for (const float v : bad) {
+      Vec y = x;
+      y[static_cast<size_t>(at)] = v;
+      EXPECT_FALSE(b.all_finite(to_device(b, y).floats(), n)) << v << " at " << at;
+    }
+  }
+}
+
+VTRAIN_ON_EVERY_BACKEND(AllFiniteConformance, kAllFiniteCases);
 
 }  // namespace
 }  // namespace vtrain::backend_test

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -46,11 +47,11 @@ using namespace vtrain::backend_test;  // NOLINT: the shared test helpers
 // FFT and Winograd convolutions round more (transforms in float).
 constexpr double kTransformRtol = 1e-3;
 
-#define SKIP_WITHOUT_GPU()                                                                  \
-  do {                                                                                      \
-    if (!cuda::cuda_device_visible()) {                                                     \
-      GTEST_SKIP() << "no CUDA GPU visible (cudaGetDeviceCount found no driver or device)"; \
-    }                                                                                       \
+#define SKIP_WITHOUT_GPU()                                                         \
+  do {                                                                             \
+    if (const std::optional<std::string> why = cuda::cuda_unavailable()) {         \
+      VTRAIN_SKIP_WITHOUT_GPU("no CUDA GPU usable (" + *why + ")");                \
+    }                                                                              \
   } while (0)
 
 // Backends shared by the tests, created on first use (never without a GPU).
@@ -558,7 +559,11 @@ TEST_F(CudaBackendTest, LeNetLossFallsInHalfPrecision) {
     NetworkOptions options;
     options.max_batch = n;
     options.conv_algorithm = "auto";
-    Backend& b = gpu();
+    // A backend of the job's precision, as vtrain makes: its layout rule
+    // puts half activations channels last (NHWC), the default path.
+    const std::unique_ptr<Backend> own =
+        cuda::make_cuda_backend({.kind = "cuda", .precision = precision});
+    Backend& b = *own;
     Network net(graph, b, options);
     const LossWindow loss = train_lenet(b, net, n);
     if (HasFatalFailure()) return;
@@ -640,6 +645,20 @@ TEST_F(CudaBackendTest, NcclAllreduceIsOrderedAfterComputeOnOneRank) {
     comm->wait();
     const Vec host = from_device(b, buffer.floats(), count);
     EXPECT_EQ(std::count(host.begin(), host.end(), value), count) << value;
+  }
+  // The half types' buckets (train.gradient_allreduce: half) as NCCL's
+  // ncclFloat16 / ncclBfloat16: accepted, ordered, and (one rank) unchanged.
+  for (const DataType type : {DataType::kF16, DataType::kBF16}) {
+    SCOPED_TRACE(dtype_name(type));
+    const Tensor half{vector_desc(count, type), buffer.get()};
+    for (float value : {1.5f, -2.0f}) {
+      b.fill(half, value);
+      comm->allreduce_async(half.data, count, type);
+      comm->wait();
+      Vec host(static_cast<size_t>(count));
+      b.download(half, host.data());
+      EXPECT_EQ(std::count(host.begin(), host.end(), value), count) << value;
+    }
   }
   EXPECT_GT(comm->allreduce_seconds(), 0.0);
 }

@@ -27,6 +27,24 @@
 
 namespace vtrain::test_support {
 
+// VTRAIN_REQUIRE_GPU=1: this run is on a GPU (a lent machine), so a GPU
+// test that finds none fails instead of skipping: a driver the CUDA runtime
+// cannot use must not pass as a row of skips.
+inline bool gpu_required() {
+  const char* v = std::getenv("VTRAIN_REQUIRE_GPU");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// Leaves a GPU test that cannot run here, saying why: skipped, or failed
+// under VTRAIN_REQUIRE_GPU=1.
+#define VTRAIN_SKIP_WITHOUT_GPU(why)                                 \
+  do {                                                               \
+    if (::vtrain::test_support::gpu_required()) {                    \
+      FAIL() << "VTRAIN_REQUIRE_GPU=1, but no GPU test can run: " << (why); \
+    }                                                                \
+    GTEST_SKIP() << (why);                                           \
+  } while (0)
+
 #define EXPECT_CONTAINS(text, part)                          \
   EXPECT_NE(std::string(text).find(part), std::string::npos) \
       << "message \"" << (text) << "\" does not contain \"" << (part) << "\""

@@ -16,6 +16,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -104,6 +105,7 @@ class NcclCommunicator final : public HostCollectivesOf {
   }
 
   int rank() const override { return rank_; }
+
   int size() const override { return size_; }
 
   void allreduce_async(void* data, int64_t count, common::DataType type) override {
@@ -128,11 +130,16 @@ class NcclCommunicator final : public HostCollectivesOf {
   void wait() override {
     if (pending_ == 0) return;
     const auto start = std::chrono::steady_clock::now();
-    const cudaError_t status = cudaStreamSynchronize(stream_.get());
+    // Polled, not cudaStreamSynchronize: an NCCL kernel whose peer is gone
+    // never ends, and its error only shows in the communicator's async
+    // error; the throw then aborts the communicator (the destructor).
+    cudaError_t status = cudaErrorNotReady;
+    while ((status = cudaStreamQuery(stream_.get())) == cudaErrorNotReady) {
+      check_async_error();
+      std::this_thread::yield();
+    }
     wait_seconds_ += seconds_since(start);
-    ncclResult_t async_error = ncclSuccess;
-    VTRAIN_CUDA_CHECK(ncclCommGetAsyncError(comm_, &async_error), "wait");
-    VTRAIN_CUDA_CHECK(async_error, "an allreduce");
+    check_async_error();
     VTRAIN_CUDA_CHECK(status, "waiting for the allreduces");
     for (size_t i = 0; i < pending_; ++i) {
       float ms = 0;
@@ -152,6 +159,14 @@ class NcclCommunicator final : public HostCollectivesOf {
   }
 
  private:
+  // Throws the communicator's asynchronous error (a failed or aborted
+  // allreduce, a peer gone), if any.
+  void check_async_error() {
+    ncclResult_t async_error = ncclSuccess;
+    VTRAIN_CUDA_CHECK(ncclCommGetAsyncError(comm_, &async_error), "wait");
+    VTRAIN_CUDA_CHECK(async_error, "an allreduce");
+  }
+
   // Marks around one allreduce on the NCCL stream, for allreduce_seconds().
   struct Timing {
     CudaEvent begin;

@@ -413,5 +413,8 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& options);
 
 // Whether a GPU backend is built and a GPU is visible.
 bool gpu_available();
+// Why not (the backend is not built; the CUDA runtime's error, e.g. a
+// driver too old for it; or no device), or nullopt when one is.
+std::optional<std::string> why_no_gpu();
 
 }  // namespace vtrain::worker

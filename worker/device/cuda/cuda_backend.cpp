@@ -122,11 +122,14 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
                                            math | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
       where);
 
+  // NaNs propagate, as oneDNN's relu and pooling do: a NaN made in
+  // forward (half overflow) must reach the loss and the overflow check, not
+  // turn into a zero.
   cudnnActivationDescriptor_t raw_act = nullptr;
   VTRAIN_CUDA_CHECK(cudnnCreateActivationDescriptor(&raw_act), where);
   relu_.reset(raw_act);
   VTRAIN_CUDA_CHECK(cudnnSetActivationDescriptor(relu_.get(), CUDNN_ACTIVATION_RELU,
-                                                 CUDNN_NOT_PROPAGATE_NAN, 0.0),
+                                                 CUDNN_PROPAGATE_NAN, 0.0),
                     where);
 
   // What this backend may allocate: device.memory_limit, else what is free
@@ -495,13 +498,8 @@ DeviceStreams device_streams(Backend& backend) {
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess || count < 1) {
-    cudaGetLastError();
-    const std::string reason =
-        status != cudaSuccess ? std::string("CUDA: ") + cudaGetErrorString(status) : "0 devices";
-    throw BackendError("backend 'cuda': no CUDA GPU is visible (" + reason +
+  if (const std::optional<std::string> why = cuda_unavailable()) {
+    throw BackendError("backend 'cuda': no CUDA GPU is visible (" + *why +
                        "); use device.backend cpu or auto (known: auto, cpu, cuda)");
   }
   return std::make_unique<CudaBackend>(options);
@@ -517,6 +515,17 @@ int cuda_device_count() {
   return count;
 }
 
-bool cuda_device_visible() { return cuda_device_count() > 0; }
+std::optional<std::string> cuda_unavailable() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("CUDA: ") + cudaGetErrorString(status);
+  }
+  if (count < 1) return "0 devices";
+  return std::nullopt;
+}
+
+bool cuda_device_visible() { return !cuda_unavailable(); }
 
 }  // namespace vtrain::worker::cuda

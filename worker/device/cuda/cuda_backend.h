@@ -5,6 +5,8 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "worker/device/backend.h"
 
@@ -70,6 +72,9 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
 // Whether a CUDA GPU is usable: the runtime finds a driver and at least one
 // device. Never throws and never aborts, also without libcuda.so.
 bool cuda_device_visible();
+// Why none is: the runtime's error ("CUDA: ...": no driver, one too old
+// for this runtime) or "0 devices"; nullopt when one is. Never throws.
+std::optional<std::string> cuda_unavailable();
 // How many CUDA GPUs the runtime sees (0 without a driver). Never throws.
 int cuda_device_count();
 

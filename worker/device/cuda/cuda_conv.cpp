@@ -176,11 +176,12 @@ cudnnPoolingDescriptor_t CudaBackend::pool_desc(const PoolParams& p) {
   VTRAIN_CUDA_CHECK(cudnnCreatePoolingDescriptor(&raw), what);
   PoolDescriptor desc(raw);
   // Deterministic max pooling: backward does not depend on thread timing.
+  // NaNs propagate, as in relu (cuda_backend.cpp).
   const cudnnPoolingMode_t mode = p.kind == PoolKind::kMax
                                       ? CUDNN_POOLING_MAX_DETERMINISTIC
                                       : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
   VTRAIN_CUDA_CHECK(
-      cudnnSetPooling2dDescriptor(raw, mode, CUDNN_NOT_PROPAGATE_NAN, to_int(p.kh, what),
+      cudnnSetPooling2dDescriptor(raw, mode, CUDNN_PROPAGATE_NAN, to_int(p.kh, what),
                                   to_int(p.kw, what), to_int(p.pad_h, what), to_int(p.pad_w, what),
                                   to_int(p.stride_h, what), to_int(p.stride_w, what)),
       what);

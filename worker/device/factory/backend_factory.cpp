@@ -10,11 +10,14 @@
 
 namespace vtrain::worker {
 
-bool gpu_available() {
+bool gpu_available() { return !why_no_gpu(); }
+
+std::optional<std::string> why_no_gpu() {
 #ifdef VTRAIN_HAVE_CUDA
-  return cuda::cuda_device_visible();
+  return cuda::cuda_unavailable();
 #else
-  return false;
+  return "the CUDA backend is not built (VTRAIN_HAVE_CUDA is off: no CUDA toolkit, or "
+         "VTRAIN_CUDA=OFF)";
 #endif
 }
 
