@@ -105,7 +105,6 @@ class NcclCommunicator final : public HostCollectivesOf {
   }
 
   int rank() const override { return rank_; }
-
   int size() const override { return size_; }
 
   void allreduce_async(void* data, int64_t count, common::DataType type) override {
