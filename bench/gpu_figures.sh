@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu_figures.sh BIN_DIR OUT_DIR [PART,PART,...]
 #
-# Parts (default all): gpu_tests train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
+# Parts (default all): gpu_tests conformance_gpu train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
 # precisions_vs_torch pseudo_half accuracy_parity layouts plans_gpu joint_split_gpu. Each takes one to three
 # minutes on an H100 but precisions_vs_torch (four models in four
@@ -17,7 +17,11 @@
 # overhead on ResNet-50 and VGG-16) writes OUT_DIR/plans-gpu.csv for
 # scripts/plot_plans.py. BIN_DIR holds vtrain, cuda_backend_test,
 # bench_memory and bench_plans built with
-# VTRAIN_CUDA=ON (e.g. build/ and build/tests, build/bench copied together).
+# VTRAIN_CUDA=ON (e.g. build/ and build/tests, build/bench copied together),
+# and backend_conformance_test for conformance_gpu (the backend conformance
+# suite's cuda and cuda_nhwc cases: every op in every precision and layout).
+# VTRAIN_PART_TIMEOUT=SECONDS stops a part that runs longer (default: none),
+# so that a whole run fits a lease of the GPU machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$1 out=$2 parts=${3:-all}
@@ -29,12 +33,26 @@ part() {  # name, then the command
   local name=$1; shift
   [[ $parts == all || ,$parts, == *,$name,* ]] || return 0
   echo "== $name: $*"
-  local start=$SECONDS
-  "$@" > "$out/$name.log" 2>&1
-  echo "   exit $?, $((SECONDS - start)) s"
+  local start=$SECONDS dog= rc
+  # Job control puts the part (a command or a function) in a process group
+  # of its own, which the watchdog stops whole: children included.
+  set -m
+  "$@" > "$out/$name.log" 2>&1 &
+  local pid=$!
+  if [ "${VTRAIN_PART_TIMEOUT:-0}" != 0 ]; then
+    (sleep "$VTRAIN_PART_TIMEOUT" && echo "   stopped after $VTRAIN_PART_TIMEOUT s" &&
+      kill -TERM -- -"$pid") 2>/dev/null &
+    dog=$!
+  fi
+  wait "$pid"; rc=$?
+  [ -n "$dog" ] && kill -- -"$dog" 2>/dev/null
+  set +m
+  echo "   exit $rc, $((SECONDS - start)) s"
   tail -n 25 "$out/$name.log"
 }
+export VTRAIN_REQUIRE_GPU=1  # a GPU test that would skip fails instead, naming why
 part gpu_tests "$bin/cuda_backend_test"
+part conformance_gpu "$bin/backend_conformance_test" --gtest_filter='*cuda*'
 part train_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 3 --steps 300 \
   --models lenet:64,resnet18:128 --json "$out/train_vs_torch.json"
 part vdnn_vgg16_b64 "$bin/bench_memory" --backend cuda --nets vgg16 --size 224 --batch 64 \

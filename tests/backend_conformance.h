@@ -183,8 +183,7 @@ inline double half_sum_rtol(DataType type) { return 2 * unit_roundoff(type) + kS
 // rounding where the backend stages dw in the half type. An algorithm that
 // sums in f16 ("/true_half", cuDNN's TRUE_HALF) rounds at every step of
 // its K-term sums (K = c r s, k r s, or n p q for dw): their error grows
-// like sqrt(K) u of the output's scale, allowed twice. (The CUDA bounds
-// beyond the rounding are estimates, not yet run on a GPU.)
+// like sqrt(K) u of the output's scale, allowed twice.
 inline double half_conv_rtol(const Tolerances& t, const std::string& algorithm,
                              const ConvProblem& p, ConvKind kind) {
   const DataType type = p.x.dtype;
@@ -194,6 +193,13 @@ inline double half_conv_rtol(const Tolerances& t, const std::string& algorithm,
     rtol += 2 * u;
   } else if (t.half_dw_rounded) {
     rtol += u;
+  }
+  // cuDNN's BackwardData algo_0 (its non-deterministic one) adds partial
+  // sums into a half dx in dx's type, up to one per filter tap: seen on an
+  // H100 (cuDNN 9.19) 1.03-1.13x over the bound above on one element of
+  // LeNet's 5x5 convolutions, PSEUDO_HALF and PSEUDO_BF16 alike.
+  if (kind == ConvKind::kBackwardData && algorithm.starts_with("algo_0/")) {
+    rtol += 2 * std::sqrt(static_cast<double>(p.r * p.s)) * u;
   }
   if (algorithm.ends_with(worker::kTrueHalfAlgorithmSuffix)) {
     const Shape& y = p.y.shape;
