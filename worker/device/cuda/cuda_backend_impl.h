@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -349,7 +350,10 @@ class CudaBackend final : public Backend {
   }
   size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) override;
   size_t batch_norm_scratch_bytes(const TensorDesc& x, float) override {
-    return std::max(bn_inverse_std_bytes(x.shape.c), bn_sums_bytes(x.shape.c));
+    const std::optional<size_t> ex = bn_persistent_workspace(x);
+    return std::max(ex ? align_up(bn_inverse_std_bytes(x.shape.c)) + *ex
+                       : bn_inverse_std_bytes(x.shape.c),
+                    bn_sums_bytes(x.shape.c));
   }
   size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
                            const TensorDesc& y) override {
@@ -375,6 +379,15 @@ class CudaBackend final : public Backend {
   static size_t bn_inverse_std_bytes(int64_t channels) {
     return static_cast<size_t>(channels) * sizeof(float);
   }
+  // Batch norm of NHWC half tensors runs cuDNN's persistent kernels (the
+  // *Ex calls, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, as PyTorch does for
+  // channels-last): the spatial mode's NHWC kernels took 26 ms of ResNet-18's
+  // 35 ms bf16 step (batch 128) on an H100, against 2.2 ms in NCHW. The
+  // bytes of workspace they take after the inverse std in the scratch, or
+  // nullopt where the spatial mode runs: other layouts and types, and a
+  // cuDNN that asks for reserve space (kept from forward to backward, which
+  // the backend interface has no place for; said once on stderr).
+  std::optional<size_t> bn_persistent_workspace(const TensorDesc& x);
   // The synchronised ops' per-channel sums (two doubles per channel).
   static size_t bn_sums_bytes(int64_t channels) {
     return 2 * static_cast<size_t>(channels) * sizeof(double);
@@ -510,6 +523,9 @@ class CudaBackend final : public Backend {
 
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, DataType, Layout>, TensorDescriptor>
       tensor_descs_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, DataType>, std::optional<size_t>>
+      bn_persistent_;  // bn_persistent_workspace's answers
+  bool bn_reserve_said_ = false;
   std::unordered_map<std::string, ConvDescriptors> conv_descs_;
   std::unordered_map<std::string, PoolDescriptor> pool_descs_;
   std::unordered_map<std::string, size_t> conv_workspaces_;

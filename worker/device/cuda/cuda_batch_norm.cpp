@@ -1,5 +1,8 @@
-// CUDA backend: batch normalisation (cuDNN spatial mode).
+// CUDA backend: batch normalisation (cuDNN spatial mode; persistent for NHWC
+// half tensors).
 #include "worker/device/cuda/cuda_backend_impl.h"
+
+#include <cstdio>
 
 namespace vtrain::worker::cuda {
 
@@ -20,16 +23,29 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
   call_type("batch_norm_forward_training", {x.desc});
   const int64_t c = x.shape().c;
   const std::string what = "batch_norm_forward_training " + x.shape().str();
-  float* inv_std = reinterpret_cast<float*>(scratch(bn_inverse_std_bytes(c)));
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t xd = tensor_desc(x.desc);
   // cuDNN's running update is running = (1 - factor) * running + factor *
   // batch with the unbiased variance: the contract's, with factor = momentum.
-  VTRAIN_CUDA_CHECK(cudnnBatchNormalizationForwardTraining(
-                        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x.data, xd, y.data,
-                        param_desc(c), scale_shift, scale_shift + c, momentum,
-                        running_mean, running_var, eps, save_mean, inv_std),
-                    what);
+  float* inv_std = nullptr;
+  if (const std::optional<size_t> work = bn_persistent_workspace(x.desc)) {
+    char* base = scratch(align_up(bn_inverse_std_bytes(c)) + *work);
+    inv_std = reinterpret_cast<float*>(base);
+    VTRAIN_CUDA_CHECK(cudnnBatchNormalizationForwardTrainingEx(
+                          cudnn_.get(), CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
+                          CUDNN_BATCHNORM_OPS_BN, &one, &zero, xd, x.data, nullptr, nullptr, xd,
+                          y.data, param_desc(c), scale_shift, scale_shift + c, momentum,
+                          running_mean, running_var, eps, save_mean, inv_std, nullptr,
+                          base + align_up(bn_inverse_std_bytes(c)), *work, nullptr, 0),
+                      what);
+  } else {
+    inv_std = reinterpret_cast<float*>(scratch(bn_inverse_std_bytes(c)));
+    VTRAIN_CUDA_CHECK(cudnnBatchNormalizationForwardTraining(
+                          cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x.data, xd,
+                          y.data, param_desc(c), scale_shift, scale_shift + c, momentum,
+                          running_mean, running_var, eps, save_mean, inv_std),
+                      what);
+  }
   inverse_std_to_variance(inv_std, save_var, c, eps, compute_.get());
 }
 
@@ -59,15 +75,64 @@ void CudaBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const f
   require_cudnn_layout("batch_norm_backward", x.desc);
   call_type("batch_norm_backward", {x.desc});
   const int64_t c = x.shape().c;
-  float* inv_std = reinterpret_cast<float*>(scratch(bn_inverse_std_bytes(c)));
+  const std::string what = "batch_norm_backward " + x.shape().str();
+  const std::optional<size_t> work = bn_persistent_workspace(x.desc);
+  char* base = scratch(work ? align_up(bn_inverse_std_bytes(c)) + *work : bn_inverse_std_bytes(c));
+  float* inv_std = reinterpret_cast<float*>(base);
   variance_to_inverse_std(save_var, inv_std, c, eps, compute_.get());
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t xd = tensor_desc(x.desc);
+  if (work) {
+    VTRAIN_CUDA_CHECK(cudnnBatchNormalizationBackwardEx(
+                          cudnn_.get(), CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
+                          CUDNN_BATCHNORM_OPS_BN, &one, &zero, &one, &beta, xd, x.data, nullptr,
+                          nullptr, xd, dy.data, nullptr, nullptr, xd, dx.data, param_desc(c),
+                          scale_shift, scale_shift + c, dscale_shift, dscale_shift + c, eps,
+                          save_mean, inv_std, nullptr, base + align_up(bn_inverse_std_bytes(c)),
+                          *work, nullptr, 0),
+                      what);
+    return;
+  }
   VTRAIN_CUDA_CHECK(cudnnBatchNormalizationBackward(
                         cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &beta, xd, x.data,
                         xd, dy.data, xd, dx.data, param_desc(c), scale_shift,
                         dscale_shift, dscale_shift + c, eps, save_mean, inv_std),
-                    "batch_norm_backward " + x.shape().str());
+                    what);
+}
+
+std::optional<size_t> CudaBackend::bn_persistent_workspace(const TensorDesc& x) {
+  if (x.layout != Layout::kNhwc || x.dtype == DataType::kF32) return std::nullopt;
+  const Shape& s = x.shape;
+  const auto key = std::make_tuple(s.n, s.c, s.h, s.w, x.dtype);
+  if (auto it = bn_persistent_.find(key); it != bn_persistent_.end()) return it->second;
+  const std::string what = "persistent batch norm of " + s.str() + " " + dtype_name(x.dtype);
+  const cudnnTensorDescriptor_t xd = tensor_desc(x);
+  const cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+  const cudnnBatchNormOps_t ops = CUDNN_BATCHNORM_OPS_BN;
+  size_t reserve = 0, forward = 0, backward = 0;
+  VTRAIN_CUDA_CHECK(
+      cudnnGetBatchNormalizationTrainingExReserveSpaceSize(cudnn_.get(), mode, ops, nullptr, xd,
+                                                           &reserve),
+      what);
+  std::optional<size_t> work;
+  if (reserve == 0) {
+    VTRAIN_CUDA_CHECK(cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+                          cudnn_.get(), mode, ops, xd, nullptr, xd, param_desc(s.c), nullptr,
+                          &forward),
+                      what);
+    VTRAIN_CUDA_CHECK(cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+                          cudnn_.get(), mode, ops, xd, nullptr, xd, nullptr, xd, param_desc(s.c),
+                          nullptr, &backward),
+                      what);
+    work = align_up(std::max(forward, backward));
+  } else if (!bn_reserve_said_) {
+    bn_reserve_said_ = true;
+    std::fprintf(stderr,
+                 "cuda backend: cuDNN's persistent batch norm asks for %zu bytes of reserve "
+                 "space for %s; NHWC batch norm runs cuDNN's spatial kernels (slower)\n",
+                 reserve, what.c_str());
+  }
+  return bn_persistent_.emplace(key, work).first->second;
 }
 
 // ------------------------------------------------ synchronised batch norm
