@@ -6,7 +6,7 @@
 #
 # Parts (default all): gpu_tests conformance_gpu train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
-# precisions_vs_torch pseudo_half accuracy_parity layouts plans_gpu joint_split_gpu. Each takes one to three
+# precisions_vs_torch breakdown_gpu pseudo_half accuracy_parity layouts plans_gpu joint_split_gpu. Each takes one to three
 # minutes on an H100 but precisions_vs_torch (four models in four
 # precisions, about 15). accuracy_parity reads Fashion-MNIST from the
 # dataset-fashion-mnist package carried with the others (docs/cuda.md). alexnet_fronts writes the plans and fronts CSVs
@@ -92,6 +92,20 @@ part alexnet_fronts fronts
 part precisions_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 3 \
   --steps 200 --models lenet:64,resnet18:128,resnet50:64,vgg16:64 \
   --precisions fp32,tf32,bf16,fp16 --json "$out/precisions_vs_torch.json"
+# Where a step's time goes on the models where vtrain's half precision
+# trails PyTorch AMP (scripts/trace_summary.py over vtrain's --trace).
+breakdown() {
+  for m in resnet50 vgg16; do
+    for p in fp32 bf16; do
+      "$bin/vtrain" configs/synthetic-lenet.yaml --set model.preset=$m --set "data.shape=[3,224,224]" \
+        --set train.batch=64 --set train.max_steps=12 --set train.evaluate=false \
+        --set device.backend=cuda --set train.precision=$p --progress off \
+        --trace "$out/trace-$m-$p.json" > /dev/null &&
+        python3 scripts/trace_summary.py "$out/trace-$m-$p.json" --skip 2 || return 1
+    done
+  done
+}
+part breakdown_gpu breakdown
 part pseudo_half python3 bench/bench_pseudo_half.py --vtrain "$bin/vtrain" \
   --models resnet50:64,vgg16:64 --db "$out/pseudo_half.db"
 # Accuracy parity: LeNet on Fashion-MNIST, 3 epochs, in each precision on

@@ -348,6 +348,25 @@ TEST(Mpi, MemoryPolicyTrainsLikeNoneAndTracesEveryRank) {
   EXPECT_NE(json.find("\"pid\":0"), std::string::npos);
   EXPECT_NE(json.find("\"pid\":1"), std::string::npos);
   EXPECT_NE(json.find("\"cat\":\"offload\""), std::string::npos);
+  // scripts/trace_summary.py reads it: each rank's steps, the first left
+  // out, and its layer types' time.
+  ASSERT_EQ(test_support::run_command("/usr/bin/python3 " + test_support::source_dir() +
+                                          "/scripts/trace_summary.py " + trace + " --layers 2",
+                                      &out),
+            0)
+      << out;
+  for (const char* rank : {"rank 0: 5 steps (1 left out)", "rank 1: 5 steps (1 left out)"}) {
+    EXPECT_NE(out.find(rank), std::string::npos) << out;
+  }
+  EXPECT_NE(out.find("  conv "), std::string::npos) << out;
+  EXPECT_NE(out.find("slowest calls"), std::string::npos) << out;
+  EXPECT_NE(test_support::run_command("/usr/bin/python3 " + test_support::source_dir() +
+                                          "/scripts/trace_summary.py " + std::string(dir / "none"),
+                                      &out),
+            0);
+  EXPECT_NE(out.find("trace_summary: " + std::string(dir / "none") + ": cannot read it"),
+            std::string::npos)
+      << out;
 
   // LeNet's ops need ~2 MB of scratch of their own (the fc weights'
   // reorder), reserved before the pool: under 2 MiB nothing is left for it.

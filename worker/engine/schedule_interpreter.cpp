@@ -288,7 +288,10 @@ void ScheduleInterpreter::run_layer_call(const ScheduleEvent& e, const std::stri
     backward_layer(i, n);
   }
   if (trace_ || timed) backend_.synchronize(StreamKind::kCompute);  // the work, not its issue
-  if (trace_) trace_->span("compute", label, call_kind(e.op), start, trace_->now_us() - start);
+  if (trace_) {
+    trace_->span("compute", label, call_kind(e.op), start, trace_->now_us() - start,
+                 layer_type_name(graph_.layers()[i].type));
+  }
   if (timed) {
     const double seconds = seconds_since(clock_start);
     calls_seconds_ += seconds;
