@@ -6,7 +6,7 @@
 #
 # Parts (default all): gpu_tests conformance_gpu train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
-# precisions_vs_torch breakdown_gpu pseudo_half accuracy_parity layouts plans_gpu joint_split_gpu. Each takes one to three
+# precisions_vs_torch graph_vs_torch breakdown_gpu pseudo_half accuracy_parity layouts plans_gpu joint_split_gpu. Each takes one to three
 # minutes on an H100 but precisions_vs_torch (four models in four
 # precisions, about 15). accuracy_parity reads Fashion-MNIST from the
 # dataset-fashion-mnist package carried with the others (docs/cuda.md). alexnet_fronts writes the plans and fronts CSVs
@@ -92,6 +92,11 @@ part alexnet_fronts fronts
 part precisions_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 3 \
   --steps 200 --models lenet:64,resnet18:128,resnet50:64,vgg16:64 \
   --precisions fp32,tf32,bf16,fp16 --json "$out/precisions_vs_torch.json"
+# The same with cuDNN's graph-API engines offered beside the legacy
+# algorithms (conv.cudnn_graph), on the models where the legacy ones trail AMP.
+part graph_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 2 \
+  --steps 100 --models resnet50:64,vgg16:64 --precisions bf16,fp16 \
+  --vtrain-set conv.cudnn_graph=true --json "$out/graph_vs_torch.json"
 # Where a step's time goes on the models where vtrain's half precision
 # trails PyTorch AMP (scripts/trace_summary.py over vtrain's --trace).
 breakdown() {

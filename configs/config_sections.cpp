@@ -466,11 +466,12 @@ DeviceConfig read_device(const Field& field) {
 
 ConvConfig read_conv(const Field& field) {
   const Section section(field);
-  section.allow({"algorithm"});
+  section.allow({"algorithm", "cudnn_graph"});
   ConvConfig conv;
   if (Field f = section["algorithm"]) {
     conv.algorithm = to_choice(f, {"auto", "direct", "winograd", "im2col_gemm"});
   }
+  if (Field f = section["cudnn_graph"]) conv.cudnn_graph = to_bool(f);
   return conv;
 }
 

@@ -14,7 +14,8 @@ worker::BackendOptions backend_options(const config::Config& cfg) {
           .threads = cfg.device.threads,
           .memory_limit = static_cast<size_t>(cfg.device.memory_limit),
           .precision = cfg.train.precision,
-          .layout = cfg.device.layout};
+          .layout = cfg.device.layout,
+          .cudnn_graph = cfg.conv.cudnn_graph};
 }
 
 worker::TrainerOptions trainer_options(const config::Config& cfg) {

@@ -58,6 +58,8 @@ TEST(ConfigErrorTest, WrongTypes) {
             "t.yaml:6: optimizer.lr: expected a number > 0, got 'fast'");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  evaluate: maybe\n"),
             "t.yaml:6: train.evaluate: expected true or false, got 'maybe'");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "conv: {cudnn_graph: 1.5}\n"),
+            "t.yaml:5: conv.cudnn_graph: expected true or false, got '1.5'");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train: [1, 2]\n"),
             "t.yaml:5: train: expected a map of keys, got a list");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch:\n"),

@@ -425,6 +425,58 @@ TEST_F(CudaBackendTest, Bf16ConvolutionsOfferPseudoBf16WithinBf16RoundingOfTheRe
   expect_half_configurations(DataType::kBF16, {kPseudoBf16AlgorithmSuffix});
 }
 
+// Under BackendOptions::cudnn_graph (conv.cudnn_graph) half convolutions
+// also come as the engine configurations of cuDNN's graph API
+// ("eng<index>[_k<knob>=<value>...]" and the variant's suffix): every kind
+// offers some in NCHW and NHWC, each within half rounding of the reference
+// with beta 0 and 1; a backend without the option offers none.
+TEST_F(CudaBackendTest, GraphEnginesRunEveryKindInBothLayoutsWithinHalfRoundingOfTheReference) {
+  const std::unique_ptr<Backend> graph =
+      cuda::make_cuda_backend({.kind = "cuda", .cudnn_graph = true});
+  int types = 0;
+  for (DataType type : {DataType::kBF16, DataType::kF16}) {
+    if (half_unavailable(type)) continue;
+    ++types;
+    for (Layout layout : {Layout::kPlain, Layout::kNhwc}) {
+      const ConvCase cc{"graph", 16, 12, 12, 32, 3, 1, 1, 4};
+      const ConvProblem p = backend_test::conv_problem(cc, layout, layout, type);
+      SCOPED_TRACE(p.str());
+      const ConvData d(p);
+      std::mt19937 rng(7);
+      for (ConvKind kind : kConvKinds) {
+        const std::vector<Vec> reference = d.reference_of(kind);
+        const DataType out_type = kind == ConvKind::kBackwardFilter ? DataType::kF32 : type;
+        std::vector<Vec> previous;
+        for (const Vec& r : reference) previous.push_back(rounded(out_type, random_vec(rng, r.size())));
+        int engines = 0;
+        for (const ConvAlgoInfo& a : graph->conv_algorithms(kind, p, false)) {
+          if (!a.name.starts_with("eng")) continue;
+          ++engines;
+          for (const float beta : {0.0f, 1.0f}) {
+            const std::string what = std::string(conv_kind_name(kind)) + "/" + a.name +
+                                     " beta=" + std::to_string(int(beta));
+            EXPECT_EQ(graph->conv_algorithm_name(kind, a.algo), a.name) << what;
+            const std::vector<Vec> got = run_conv(*graph, kind, a, p, d, beta, previous);
+            for (size_t i = 0; i < reference.size(); ++i) {
+              const Vec expected = beta == 1.0f
+                                       ? rounded(out_type, plus(reference[i], previous[i]))
+                                       : reference[i];
+              expect_close(got[i], expected,
+                           half_conv_rtol(tolerances("cuda"), a.name, p, kind),
+                           what + " output " + std::to_string(i));
+            }
+          }
+        }
+        EXPECT_GT(engines, 0) << conv_kind_name(kind) << ": no graph engine offered";
+        for (const ConvAlgoInfo& a : gpu().conv_algorithms(kind, p, false)) {
+          EXPECT_FALSE(a.name.starts_with("eng")) << a.name << " without cudnn_graph";
+        }
+      }
+    }
+  }
+  if (types == 0) GTEST_SKIP() << "this GPU runs neither bf16 nor f16";
+}
+
 // cuDNN writes a half convolution's dw in the half type; the contract's dw
 // is f32. The workspace holds the half dw beside cuDNN's own, and every
 // micro-batch's dw is added to the f32 dw with its beta (0 for the first,

@@ -399,6 +399,10 @@ struct BackendOptions {
   common::Precision precision = common::Precision::kFp32;
   // Activations' layout (preferred_layout()).
   LayoutChoice layout = LayoutChoice::kAuto;
+  // CUDA: also offer half convolutions as the engine configurations of
+  // cuDNN's graph API (conv.cudnn_graph; "eng<index>..." algorithms).
+  // Other backends ignore it.
+  bool cudnn_graph = false;
 };
 
 // The layout rule a backend of `kind` ("cpu": this machine's CPU; "cuda")

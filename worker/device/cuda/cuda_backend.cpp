@@ -114,6 +114,7 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
   // split-K partial sums in float too (by default cuBLAS may reduce them in
   // the output type), so they round once, as the contract says.
   tf32_ = options.precision == common::Precision::kTf32;
+  cudnn_graph_ = options.cudnn_graph;
   layout_rule_ = {.choice = options.layout, .gpu = true, .precision = options.precision};
   compute_capability_ = prop.major * 10 + prop.minor;
   const cublasMath_t math = tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;

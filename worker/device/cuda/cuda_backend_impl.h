@@ -40,6 +40,7 @@
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "worker/device/cuda/cuda_check.h"
 #include "worker/device/cuda/cuda_device.h"
@@ -191,6 +192,48 @@ inline const ConvVariantInfo* conv_variant(ConvAlgo algo) {
   }
   return nullptr;
 }
+
+// ------------------------------------- cuDNN graph-API convolution engines
+//
+// Under BackendOptions::cudnn_graph, half convolutions (the three half
+// variants above) are also offered as the engine configurations that the
+// heuristics of cuDNN's graph API (mode A) rank first for the problem, each
+// an algorithm of its own: named "eng<global index>[_k<knob>=<value>...]"
+// and the variant's suffix (cudnn-frontend's tag), id kGraphAlgoBase + its
+// place in the backend's registry (ids are per process; names are what
+// the perf DB and plans keep). The legacy API's algorithm enums reach
+// fewer kernels than the graph API's engines: vtrain's bf16 ResNet-50 and
+// VGG-16 at 224x224 trailed PyTorch AMP, which uses the graph API, 2-2.6x
+// on an H100. Engines that compile at run time are left out (their first
+// plan takes seconds, per problem), and for the f32-compute variants those
+// whose reductions round to half.
+constexpr ConvAlgo kGraphAlgoBase = 1'000'000;
+constexpr int kGraphEnginesPerVariant = 4;  // the heuristic's first that finalize
+
+// cuDNN backend descriptors (cudnnBackendDescriptor_t is a void*).
+struct BackendDescriptorDeleter {
+  void operator()(void* d) const { cudnnBackendDestroyDescriptor(d); }
+};
+using BackendDescriptor = std::unique_ptr<void, BackendDescriptorDeleter>;
+
+struct GraphEngine {
+  ConvKind kind = ConvKind::kForward;
+  const ConvVariantInfo* variant = nullptr;
+  int64_t global_index = 0;
+  std::vector<std::pair<int64_t, int64_t>> knobs;  // (cudnnBackendKnobType_t, value)
+  std::string name;
+};
+
+// One engine configuration finalized for one problem, layout and beta,
+// with every descriptor it was made of (kept alive with it, as
+// cudnn-frontend keeps them).
+struct GraphPlan {
+  std::deque<BackendDescriptor> parts;  // tensors, convolution, operation, graph, engine, ...
+  BackendDescriptor plan;  // null where cuDNN refused it: `refused` says why
+  size_t workspace = 0;
+  int64_t alignment = 16;  // the bytes every tensor's address must be a multiple of
+  std::string refused;
+};
 
 // The layout a convolution call runs in: its output's (forward: y;
 // backward data: dx; backward filter: dy, which is y's). An input in
@@ -472,6 +515,24 @@ class CudaBackend final : public Backend {
                                      const ConvVariantInfo& variant, const std::string& what);
   // What cuDNN's call needs (cached); conv_workspace() adds conv_staging's.
   size_t cudnn_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p);
+  // cuda_conv_graph.cpp: the graph API's engine configurations for p in
+  // the half variants of p's type (BackendOptions::cudnn_graph), as
+  // algorithms; a failure of the graph API leaves them out, never the
+  // legacy ones.
+  std::vector<ConvAlgoInfo> graph_algorithms(ConvKind kind, const ConvProblem& p);
+  // The registry entry of a graph id of `kind`, or null.
+  const GraphEngine* graph_engine(ConvKind kind, ConvAlgo algo) const;
+  // The finalized plan of a graph id for p (cached per beta); throws
+  // BackendError naming the engine and problem where cuDNN refuses it.
+  const GraphPlan& graph_plan(ConvKind kind, ConvAlgo algo, const ConvProblem& p, float beta);
+  // Workspace a graph id needs for p: the larger of its beta 0 and 1 plans.
+  size_t graph_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p);
+  // Runs a graph id: forward (a = x, b = w, out = y), backward data (a =
+  // dy, b = w, out = dx) or backward filter (a = x, b = dy, out = dw), the
+  // operands already in the call's layout and cuDNN's filter format.
+  void graph_execute(ConvKind kind, ConvAlgo algo, const ConvProblem& p, float beta,
+                     const void* a, const void* b, void* out, void* workspace,
+                     size_t workspace_bytes);
   cudnnPoolingDescriptor_t pool_desc(const PoolParams& p);
   void check_conv(const char* op, const ConvProblem& p, const Tensor& x, const Tensor& y,
                   ConvKind kind, ConvAlgo algo, size_t workspace_bytes);
@@ -498,6 +559,7 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   int compute_capability_ = 0;  // major * 10 + minor
   bool tf32_ = false;           // BackendOptions::precision is tf32
+  bool cudnn_graph_ = false;    // BackendOptions::cudnn_graph
   LayoutRule layout_rule_;      // BackendOptions::layout, for a GPU
   size_t capacity_ = 0;
   Stream compute_;
@@ -529,6 +591,8 @@ class CudaBackend final : public Backend {
   std::unordered_map<std::string, ConvDescriptors> conv_descs_;
   std::unordered_map<std::string, PoolDescriptor> pool_descs_;
   std::unordered_map<std::string, size_t> conv_workspaces_;
+  std::vector<GraphEngine> graph_engines_;  // graph id - kGraphAlgoBase -> engine configuration
+  std::unordered_map<std::string, GraphPlan> graph_plans_;  // by kind, id, problem, beta
 };
 
 }  // namespace vtrain::worker::cuda

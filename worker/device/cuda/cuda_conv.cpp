@@ -191,6 +191,7 @@ cudnnPoolingDescriptor_t CudaBackend::pool_desc(const PoolParams& p) {
 // ------------------------------------------------------------- convolution
 
 std::string CudaBackend::conv_algorithm_name(ConvKind kind, ConvAlgo algo) const {
+  if (const GraphEngine* e = graph_engine(kind, algo)) return e->name;
   if (std::optional<std::string> name = algo_name(kind, algo)) return *name;
   throw BackendError("cuda backend: unknown " + std::string(conv_kind_name(kind)) +
                      " convolution algorithm id " + std::to_string(algo) +
@@ -284,6 +285,7 @@ std::vector<ConvAlgoInfo> CudaBackend::conv_algorithms(ConvKind kind, const Conv
       }
     }
   }
+  for (ConvAlgoInfo& a : graph_algorithms(kind, p)) algos.push_back(std::move(a));
   return algos;
 }
 
@@ -328,7 +330,9 @@ size_t CudaBackend::cudnn_workspace(ConvKind kind, ConvAlgo algo, const ConvProb
 // with the caller's beta by a kernel.
 size_t CudaBackend::conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
                                    bool /*accumulate*/) {
-  return conv_staging(kind, p).total() + cudnn_workspace(kind, algo, p);
+  return conv_staging(kind, p).total() + (graph_engine(kind, algo)
+                                              ? graph_workspace(kind, algo, p)
+                                              : cudnn_workspace(kind, algo, p));
 }
 
 void CudaBackend::check_conv(const char* op, const ConvProblem& p, const Tensor& x, const Tensor& y,
@@ -357,19 +361,24 @@ void CudaBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor
   const Layout layout = conv_layout(ConvKind::kForward, p);
   const ConvDescriptors& d = conv_descriptors(p, layout);
   check_conv("conv_forward", p, x, y, ConvKind::kForward, algo, workspace_bytes);
-  const ConvCall call = conv_call(d, p, ConvKind::kForward, algo);
   const ConvStaging staging = conv_staging(ConvKind::kForward, p);
   char* ws = static_cast<char*>(workspace);
   const void* x_in = in_layout(x, layout, ws + staging.input_offset());
   const void* w_in = filters_in_layout(p, w, layout, ws + staging.filter_offset());
   const std::string what = "conv_forward " + p.str();
   const float one = 1.0f;
-  VTRAIN_CUDA_CHECK(
-      cudnnConvolutionForward(cudnn_.get(), &one, d.x.get(), x_in, d.w.get(), w_in, call.conv,
-                              static_cast<cudnnConvolutionFwdAlgo_t>(call.algo),
-                              ws + staging.total(), workspace_bytes - staging.total(), &beta,
-                              d.y.get(), y.data),
-      what);
+  if (graph_engine(ConvKind::kForward, algo)) {
+    graph_execute(ConvKind::kForward, algo, p, beta, x_in, w_in, y.data, ws + staging.total(),
+                  workspace_bytes - staging.total());
+  } else {
+    const ConvCall call = conv_call(d, p, ConvKind::kForward, algo);
+    VTRAIN_CUDA_CHECK(
+        cudnnConvolutionForward(cudnn_.get(), &one, d.x.get(), x_in, d.w.get(), w_in, call.conv,
+                                static_cast<cudnnConvolutionFwdAlgo_t>(call.algo),
+                                ws + staging.total(), workspace_bytes - staging.total(), &beta,
+                                d.y.get(), y.data),
+        what);
+  }
   if (!bias) return;
   // The bias is in the tensors' type (backend.h); a half y rounds twice,
   // after the convolution and after the bias. cudnnAddTensor is slow on
@@ -391,11 +400,16 @@ void CudaBackend::conv_backward_data(ConvAlgo algo, const ConvProblem& p, const 
   const Layout layout = conv_layout(ConvKind::kBackwardData, p);
   const ConvDescriptors& d = conv_descriptors(p, layout);
   check_conv("conv_backward_data", p, dx, dy, ConvKind::kBackwardData, algo, workspace_bytes);
-  const ConvCall call = conv_call(d, p, ConvKind::kBackwardData, algo);
   const ConvStaging staging = conv_staging(ConvKind::kBackwardData, p);
   char* ws = static_cast<char*>(workspace);
   const void* dy_in = in_layout(dy, layout, ws + staging.input_offset());
   const void* w_in = filters_in_layout(p, w, layout, ws + staging.filter_offset());
+  if (graph_engine(ConvKind::kBackwardData, algo)) {
+    graph_execute(ConvKind::kBackwardData, algo, p, beta, dy_in, w_in, dx.data,
+                  ws + staging.total(), workspace_bytes - staging.total());
+    return;
+  }
+  const ConvCall call = conv_call(d, p, ConvKind::kBackwardData, algo);
   const float one = 1.0f;
   VTRAIN_CUDA_CHECK(
       cudnnConvolutionBackwardData(cudnn_.get(), &one, d.w.get(), w_in, d.y.get(), dy_in,
@@ -421,7 +435,8 @@ void CudaBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, cons
   const Layout layout = conv_layout(ConvKind::kBackwardFilter, p);
   const ConvDescriptors& d = conv_descriptors(p, layout);
   check_conv("conv_backward_filter", p, x, dy, ConvKind::kBackwardFilter, algo, workspace_bytes);
-  const ConvCall call = conv_call(d, p, ConvKind::kBackwardFilter, algo);
+  const bool graph = graph_engine(ConvKind::kBackwardFilter, algo) != nullptr;
+  const ConvCall call = graph ? ConvCall{} : conv_call(d, p, ConvKind::kBackwardFilter, algo);
   const ConvStaging staging = conv_staging(ConvKind::kBackwardFilter, p);
   char* ws = static_cast<char*>(workspace);
   const void* x_in = in_layout(x, layout, ws + staging.input_offset());
@@ -430,6 +445,9 @@ void CudaBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, cons
   const std::string what = "conv_backward_filter " + p.str();
   const DataType type = p.x.dtype;
   const float one = 1.0f, zero = 0.0f;
+  if (graph && staging.dw == 0) {
+    throw BackendError("cuda backend: " + what + ": graph engines run half weight gradients only");
+  }
   if (staging.dw == 0) {
     VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardFilter(
                           cudnn_.get(), &one, d.x.get(), x_in, d.y.get(), dy.data, call.conv,
@@ -444,11 +462,16 @@ void CudaBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, cons
     return;
   }
   void* staged_dw = ws;
-  VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardFilter(
-                        cudnn_.get(), &one, d.x.get(), x_in, d.y.get(), dy.data, call.conv,
-                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(call.algo), cudnn_ws,
-                        cudnn_bytes, &zero, d.w.get(), staged_dw),
-                    what);
+  if (graph) {
+    graph_execute(ConvKind::kBackwardFilter, algo, p, 0.0f, x_in, dy.data, staged_dw, cudnn_ws,
+                  cudnn_bytes);
+  } else {
+    VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardFilter(
+                          cudnn_.get(), &one, d.x.get(), x_in, d.y.get(), dy.data, call.conv,
+                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(call.algo), cudnn_ws,
+                          cudnn_bytes, &zero, d.w.get(), staged_dw),
+                      what);
+  }
   const Shape wshape = p.weight_shape();
   Element dw_type = element(type);
   if (layout == Layout::kNhwc) {
