@@ -57,7 +57,9 @@ std::vector<BackendDescriptor> get_descriptors(const BackendDescriptor& d,
                                                count, &returned, raw.data()),
                       what);
   }
-  out.resize(static_cast<size_t>(returned));
+  // The count cuDNN returns is the attribute's, which may exceed what it
+  // wrote: keep no more than was asked for.
+  out.resize(static_cast<size_t>(std::clamp<int64_t>(returned, 0, count)));
   return out;
 }
 
@@ -71,7 +73,8 @@ std::vector<Note> get_notes(const BackendDescriptor& engine, cudnnBackendAttribu
                                              static_cast<int64_t>(notes.size()), &count,
                                              notes.data()),
                     what);
-  return std::vector<Note>(notes.begin(), notes.begin() + count);
+  return std::vector<Note>(
+      notes.begin(), notes.begin() + std::clamp<int64_t>(count, 0, static_cast<int64_t>(notes.size())));
 }
 
 // The largest power of two up to 16 that divides `bytes`.
