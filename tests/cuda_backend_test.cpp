@@ -612,16 +612,20 @@ TEST_F(CudaBackendTest, LeNetLossFallsInHalfPrecision) {
     options.max_batch = n;
     options.conv_algorithm = "auto";
     // A backend of the job's precision, as vtrain makes: its layout rule
-    // puts half activations channels last (NHWC), the default path.
-    const std::unique_ptr<Backend> own =
-        cuda::make_cuda_backend({.kind = "cuda", .precision = precision});
-    Backend& b = *own;
-    Network net(graph, b, options);
-    const LossWindow loss = train_lenet(b, net, n);
-    if (HasFatalFailure()) return;
-    const double first = loss.first, last = loss.last;
-    EXPECT_LT(last, 0.6 * first) << "mean loss of the first 5 steps " << first << ", last 5 "
-                                 << last;
+    // keeps LeNet's 20- and 50-channel activations NCHW (not in groups of
+    // 8), the default path; and channels last (NHWC) forced.
+    for (const LayoutChoice layout : {LayoutChoice::kAuto, LayoutChoice::kNhwc}) {
+      SCOPED_TRACE(layout == LayoutChoice::kAuto ? "layout auto" : "layout nhwc");
+      const std::unique_ptr<Backend> own =
+          cuda::make_cuda_backend({.kind = "cuda", .precision = precision, .layout = layout});
+      Backend& b = *own;
+      Network net(graph, b, options);
+      const LossWindow loss = train_lenet(b, net, n);
+      if (HasFatalFailure()) return;
+      const double first = loss.first, last = loss.last;
+      EXPECT_LT(last, 0.6 * first) << "mean loss of the first 5 steps " << first << ", last 5 "
+                                   << last;
+    }
   }
   if (ran == 0) {
     GTEST_SKIP() << *gpu().precision_unavailable(common::Precision::kFp16);

@@ -43,7 +43,10 @@ TEST(LayoutRule, AutoIsBlockedOnTheCpuAndChannelsLastForHalfOnAGpu) {
 
   for (Precision p : {Precision::kBf16, Precision::kFp16}) {
     EXPECT_EQ((LayoutRule{.gpu = true, .precision = p}(64)), Layout::kNhwc);
-    EXPECT_EQ((LayoutRule{.gpu = true, .precision = p}(3)), Layout::kNhwc);
+    EXPECT_EQ((LayoutRule{.gpu = true, .precision = p}(8)), Layout::kNhwc);
+    // Channels not in groups of 8 stay NCHW (tensor cores' NHWC kernels).
+    EXPECT_EQ((LayoutRule{.gpu = true, .precision = p}(20)), Layout::kPlain);
+    EXPECT_EQ((LayoutRule{.gpu = true, .precision = p}(3)), Layout::kPlain);
   }
   for (Precision p : {Precision::kFp32, Precision::kTf32}) {
     EXPECT_EQ((LayoutRule{.gpu = true, .precision = p}(64)), Layout::kPlain);

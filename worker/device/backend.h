@@ -367,7 +367,8 @@ class Backend {
 // choice, or one forced.
 enum class LayoutChoice : uint8_t {
   kAuto,  // the CPU: its ISA's channel block (nChw16c / nChw8c); a GPU:
-          // NHWC under bf16 / fp16 (tensor cores' layout), NCHW otherwise
+          // NHWC under bf16 / fp16 (tensor cores' layout) for channels in
+          // groups of 8, NCHW otherwise
   kNchw,  // plain NCHW everywhere
   kNhwc,  // channels last everywhere
 };
