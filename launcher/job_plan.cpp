@@ -383,7 +383,7 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
   balancer::BatchSplitOptions options = split_options(cfg);
   options.candidates = balancer::CandidateSizes::kMeasured;
   options.allreduce_ms = cli.allreduce_ms;  // once per step (see solve_job_plan)
-  const worker::StepPricing pricing{{policy, limit}, cfg.memory.policy};
+  const worker::StepPricing pricing{{policy, limit, cfg.conv.cudnn_graph}, cfg.memory.policy};
   const balancer::BatchSplit split = worker::plan_split(graph, db, devices, batch, options, pricing);
   std::vector<worker::FrontPoint> fronts;
   balancer::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split, pricing,

@@ -109,7 +109,8 @@ balancer::BatchSplitOptions split_options(const config::Config& cfg) {
 }
 
 worker::StepPricing step_pricing(const config::Config& cfg) {
-  return {{cfg.balance.workspace, cfg.balance.workspace_limit}, cfg.memory.policy};
+  return {{cfg.balance.workspace, cfg.balance.workspace_limit, cfg.conv.cudnn_graph},
+          cfg.memory.policy};
 }
 
 }  // namespace vtrain::launcher

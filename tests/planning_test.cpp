@@ -191,12 +191,14 @@ class PlanningTest : public ::testing::Test {
   }
   // The algorithms the workspace plan of `graph` on the fast device alone
   // at batch 16 calls.
-  std::set<std::string> algorithms_planned(const worker::Graph& graph) {
+  std::set<std::string> algorithms_planned(const worker::Graph& graph,
+                                           const worker::StepPricing& pricing = {}) {
     balancer::BatchSplit split;
     split.batch = {16};
     const std::vector<worker::PlanDevice> devices{fast_};
     std::set<std::string> algorithms;
-    const balancer::TrainingPlan plan = worker::plan_workspaces(graph, *db_, devices, split, {});
+    const balancer::TrainingPlan plan =
+        worker::plan_workspaces(graph, *db_, devices, split, pricing);
     for (const auto& k : plan.ranks[0].kernels) {
       for (const auto& call : k.calls) algorithms.insert(call.algorithm);
     }
@@ -333,6 +335,30 @@ TEST_F(PlanningTest, HalfAlgorithmsArePlannedForTheirPrecisionOnly) {
   // The CPU's bf16 algorithms keep their plain names.
   EXPECT_TRUE(worker::conv_algorithm_allowed("direct", common::Precision::kBf16));
   EXPECT_TRUE(worker::conv_algorithm_allowed("direct", common::Precision::kFp16));
+}
+
+// cuDNN's graph-API engines ("eng<index>...", conv.cudnn_graph) in a
+// shared perf DB are planned only for a job that offers them: a job
+// without them would not find the algorithm its plan names.
+TEST_F(PlanningTest, GraphEnginesArePlannedOnlyWhereTheJobOffersThem) {
+  const worker::Graph bf16 =
+      worker::Graph::build(graph_.layers(), {1, 3, 8, 8}, common::Precision::kBf16);
+  std::vector<perfdb::KernelSample> samples;
+  for (const auto& k : kernels(fast_, 16, &bf16)) {
+    samples.push_back({k, {"direct/pseudo_bf16", 16, 0.02, std::nullopt, 0, 0}});
+    samples.push_back({k, {"eng12_k2=1_k3=0/pseudo_bf16", 16, 0.005, std::nullopt, 0, 0}});
+  }
+  db_->record_kernel_measurements(fast_.id, samples);
+  EXPECT_EQ(algorithms_planned(bf16), std::set<std::string>{"direct/pseudo_bf16"});
+  const worker::StepPricing graph_engines{{.graph_engines = true}, memory::Policy::kNone};
+  EXPECT_EQ(algorithms_planned(bf16, graph_engines),
+            std::set<std::string>{"eng12_k2=1_k3=0/pseudo_bf16"});
+  EXPECT_TRUE(worker::is_graph_engine("eng0/pseudo_half"));
+  EXPECT_FALSE(worker::is_graph_engine("engine"));
+  EXPECT_FALSE(worker::is_graph_engine("implicit_gemm/pseudo_bf16"));
+  EXPECT_FALSE(worker::conv_algorithm_allowed("eng3/true_half", common::Precision::kFp16));
+  EXPECT_TRUE(worker::conv_algorithm_allowed("eng3/true_half", common::Precision::kFp16, true));
+  EXPECT_FALSE(worker::conv_algorithm_allowed("eng3/true_half", common::Precision::kBf16, true));
 }
 
 TEST_F(PlanningTest, WorkspacePoliciesStayWithinTheirLimits) {

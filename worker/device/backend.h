@@ -105,10 +105,16 @@ inline constexpr std::string_view kTf32AlgorithmSuffix = "/tf32";
 inline constexpr std::string_view kPseudoHalfAlgorithmSuffix = "/pseudo_half";
 inline constexpr std::string_view kTrueHalfAlgorithmSuffix = "/true_half";
 inline constexpr std::string_view kPseudoBf16AlgorithmSuffix = "/pseudo_bf16";
-// Whether train.precision `p` allows the algorithm named `name` (the perf
-// DB holds every precision's algorithms side by side): a suffixed one only
-// under the precision its suffix is for, the others under every precision.
-bool conv_algorithm_allowed(std::string_view name, common::Precision p);
+// Whether the name is one of cuDNN's graph-API engine configurations
+// ("eng<index>...", offered under conv.cudnn_graph).
+bool is_graph_engine(std::string_view name);
+// Whether a job in train.precision `p` that offers graph engines or not
+// (conv.cudnn_graph) runs the algorithm named `name` (the perf DB holds
+// every precision's and setting's algorithms side by side): a suffixed one
+// only under the precision its suffix is for, the others under every
+// precision; a graph engine only where they are offered.
+bool conv_algorithm_allowed(std::string_view name, common::Precision p,
+                            bool graph_engines = false);
 
 // One convolution (groups = 1, dilation = 1). x.shape.n is the (micro-)batch.
 struct ConvProblem {

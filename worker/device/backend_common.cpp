@@ -90,8 +90,13 @@ Layout LayoutRule::operator()(int64_t channels) const {
   return Layout::kPlain;
 }
 
-bool conv_algorithm_allowed(std::string_view name, common::Precision p) {
+bool is_graph_engine(std::string_view name) {
+  return name.size() > 3 && name.starts_with("eng") && name[3] >= '0' && name[3] <= '9';
+}
+
+bool conv_algorithm_allowed(std::string_view name, common::Precision p, bool graph_engines) {
   using common::Precision;
+  if (is_graph_engine(name) && !graph_engines) return false;
   if (name.ends_with(kTf32AlgorithmSuffix)) return p == Precision::kTf32;
   if (name.ends_with(kPseudoHalfAlgorithmSuffix) || name.ends_with(kTrueHalfAlgorithmSuffix)) {
     return p == Precision::kFp16;

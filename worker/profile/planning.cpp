@@ -57,7 +57,10 @@ RankWorkspace plan_rank_workspace(const Graph& graph, perfdb::PerfDb& db, const 
     k.batch = batch;
     double fastest = -1;
     for (const perfdb::KernelMeasurement& m : db.kernel_measurements(device.id, site.signature)) {
-      if (m.micro_batch > batch || !conv_algorithm_allowed(m.algorithm, graph.precision())) continue;
+      if (m.micro_batch > batch ||
+          !conv_algorithm_allowed(m.algorithm, graph.precision(), workspace.graph_engines)) {
+        continue;
+      }
       if (m.micro_batch == batch && (fastest < 0 || m.time_ms < fastest)) fastest = m.time_ms;
       if (workspace.policy == WorkspacePolicy::kUndivided && m.micro_batch != batch) continue;
       k.options.push_back({m.algorithm, m.micro_batch, m.time_ms, align_up(m.workspace_bytes)});

@@ -31,6 +31,7 @@ struct PlanDevice {
 struct WorkspaceRequest {
   balancer::WorkspacePolicy policy = balancer::WorkspacePolicy::kUndivided;
   uint64_t limit = 0;                // bytes; 0 = no limit (not allowed for wd)
+  bool graph_engines = false;        // conv.cudnn_graph: measured graph engines may be planned
 };
 
 // How a device's step at a batch is priced: the step it will run, under
