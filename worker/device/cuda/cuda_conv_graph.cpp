@@ -1,7 +1,7 @@
 // CUDA backend: half convolutions as the engine configurations of cuDNN's
 // graph (backend) API, beside the legacy API's algorithms (see "cuDNN
 // graph-API convolution engines" in cuda_backend_impl.h).
-#include "worker/device/cuda/cuda_backend_impl.h"
+#include "worker/device/cuda/cuda_conv_graph.h"
 
 #include <array>
 #include <cstdint>
@@ -116,7 +116,7 @@ BackendDescriptor make_tensor(int64_t uid, const GraphTensor& t, DataType type, 
 // graph of one node. The descriptors the graph refers to are kept in
 // `keep` (cuDNN holds no references of its own; a deque, so that the
 // references taken here stay valid as it grows).
-BackendDescriptor make_graph(cudnnHandle_t handle, ConvKind kind, const ConvProblem& p,
+BackendDescriptor make_graph(const GraphTarget& target, ConvKind kind, const ConvProblem& p,
                              Layout layout, cudnnDataType_t compute, float beta,
                              int64_t alignment, std::deque<BackendDescriptor>& keep,
                              const std::string& what) {
@@ -200,7 +200,10 @@ BackendDescriptor make_graph(cudnnHandle_t handle, ConvKind kind, const ConvProb
   const cudnnBackendDescriptor_t op_raw = op.get();
   set_attribute(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &op_raw,
                 what);
-  set_attribute(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, what);
+  if (target.handle) {
+    set_attribute(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &target.handle,
+                  what);
+  }
   finalize(graph, what);
   return graph;
 }
@@ -208,7 +211,7 @@ BackendDescriptor make_graph(cudnnHandle_t handle, ConvKind kind, const ConvProb
 // The engine configuration (global index, knobs) on `graph`, finalized as
 // an execution plan; null with cuDNN's reason where it does not finalize.
 // The descriptors made on the way join out.parts.
-void make_plan(cudnnHandle_t handle, const BackendDescriptor& graph, const GraphEngine& e,
+void make_plan(const GraphTarget& target, const BackendDescriptor& graph, const GraphEngine& e,
                GraphPlan& out, const std::string& what) {
   const cudnnBackendDescriptor_t graph_raw = graph.get();
   const BackendDescriptor& engine =
@@ -216,6 +219,10 @@ void make_plan(cudnnHandle_t handle, const BackendDescriptor& graph, const Graph
   set_attribute(engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                 &graph_raw, what);
   set_attribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &e.global_index, what);
+  if (target.device) {
+    set_attribute(engine, CUDNN_ATTR_ENGINE_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                  &target.device, what);
+  }
   if (cudnnStatus_t s = cudnnBackendFinalize(engine.get()); s != CUDNN_STATUS_SUCCESS) {
     out.refused = std::string("engine: ") + cudnnGetErrorString(s);
     return;
@@ -245,7 +252,10 @@ void make_plan(cudnnHandle_t handle, const BackendDescriptor& graph, const Graph
   }
   BackendDescriptor plan = make_descriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, what);
   const cudnnBackendDescriptor_t config_raw = config.get();
-  set_attribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, what);
+  if (target.handle) {
+    set_attribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &target.handle,
+                  what);
+  }
   set_attribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                 &config_raw, what);
   if (cudnnStatus_t s = cudnnBackendFinalize(plan.get()); s != CUDNN_STATUS_SUCCESS) {
@@ -326,55 +336,86 @@ std::optional<GraphEngine> engine_of(const BackendDescriptor& config, ConvKind k
 
 }  // namespace
 
+std::vector<GraphEngine> ranked_graph_engines(const GraphTarget& target, ConvKind kind,
+                                              const ConvProblem& p,
+                                              const ConvVariantInfo& variant) {
+  const std::string what = std::string(conv_kind_name(kind)) + " graph engines for " + p.str() +
+                           variant.suffix;
+  std::deque<BackendDescriptor> keep;
+  BackendDescriptor graph = make_graph(target, kind, p, conv_layout(kind, p), variant.compute,
+                                       0.0f, problem_alignment(p), keep, what);
+  BackendDescriptor heuristics = make_descriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, what);
+  const cudnnBackendDescriptor_t graph_raw = graph.get();
+  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+  set_attribute(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                1, &graph_raw, what);
+  set_attribute(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, what);
+  if (target.device) {
+    set_attribute(heuristics, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                  &target.device, what);
+  }
+  finalize(heuristics, what);
+  std::vector<GraphEngine> out;
+  for (const BackendDescriptor& config :
+       get_descriptors(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                       CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, 0, what)) {
+    try {
+      if (std::optional<GraphEngine> e = engine_of(config, kind, variant, what)) {
+        out.push_back(std::move(*e));
+      }
+    } catch (const BackendError&) {
+      // A result whose attributes cannot be read: left out.
+    }
+  }
+  return out;
+}
+
+GraphPlan graph_plan_for(const GraphTarget& target, ConvKind kind, const ConvProblem& p,
+                         const GraphEngine& e, float beta) {
+  const std::string what = std::string(conv_kind_name(kind)) + " " + e.name + " on " + p.str();
+  GraphPlan plan;
+  plan.alignment = problem_alignment(p);
+  const BackendDescriptor& graph = plan.parts.emplace_back(
+      make_graph(target, kind, p, conv_layout(kind, p), e.variant->compute, beta, plan.alignment,
+                 plan.parts, what));
+  make_plan(target, graph, e, plan, what);
+  return plan;
+}
+
 std::vector<ConvAlgoInfo> CudaBackend::graph_algorithms(ConvKind kind, const ConvProblem& p) {
   std::vector<ConvAlgoInfo> algos;
   if (!cudnn_graph_ || p.x.dtype == DataType::kF32) return algos;
-  const Layout layout = conv_layout(kind, p);
   for (const ConvVariantInfo& variant : kConvVariants) {
     if (variant.tensors != p.x.dtype) continue;
-    const std::string what = std::string(conv_kind_name(kind)) + " graph engines for " + p.str() +
-                             variant.suffix;
+    std::vector<GraphEngine> ranked;
     try {
-      std::deque<BackendDescriptor> keep;
-      BackendDescriptor graph = make_graph(cudnn_.get(), kind, p, layout, variant.compute, 0.0f,
-                                           problem_alignment(p), keep, what);
-      BackendDescriptor heuristics = make_descriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, what);
-      const cudnnBackendDescriptor_t graph_raw = graph.get();
-      const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-      set_attribute(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
-                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph_raw, what);
-      set_attribute(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, what);
-      finalize(heuristics, what);
-      int offered = 0;
-      for (const BackendDescriptor& config :
-           get_descriptors(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                           CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, 0, what)) {
-        if (offered == kGraphEnginesPerVariant) break;
-        try {
-          std::optional<GraphEngine> e = engine_of(config, kind, variant, what);
-          if (!e) continue;
-          auto known = std::find_if(
-              graph_engines_.begin(), graph_engines_.end(),
-              [&](const GraphEngine& g) { return g.kind == kind && g.name == e->name; });
-          if (known == graph_engines_.end()) {
-            graph_engines_.push_back(std::move(*e));
-            known = graph_engines_.end() - 1;
-          }
-          const ConvAlgo algo =
-              kGraphAlgoBase + static_cast<ConvAlgo>(known - graph_engines_.begin());
-          if (std::any_of(algos.begin(), algos.end(),
-                          [&](const ConvAlgoInfo& a) { return a.algo == algo; })) {
-            continue;
-          }
-          algos.push_back({algo, known->name, conv_workspace(kind, algo, p, false)});
-          ++offered;
-        } catch (const BackendError&) {
-          // Ranked by the heuristic, but unreadable or its plan does not
-          // finalize here (for beta 0 or 1): left out.
-        }
-      }
+      ranked = ranked_graph_engines({.handle = cudnn_.get()}, kind, p, variant);
     } catch (const BackendError&) {
-      // The graph API failed for this problem: the legacy algorithms stand.
+      continue;  // the graph API failed for this problem: the legacy algorithms stand
+    }
+    int offered = 0;
+    for (GraphEngine& e : ranked) {
+      if (offered == kGraphEnginesPerVariant) break;
+      auto known = std::find_if(graph_engines_.begin(), graph_engines_.end(),
+                                [&](const GraphEngine& g) {
+                                  return g.kind == kind && g.name == e.name;
+                                });
+      if (known == graph_engines_.end()) {
+        graph_engines_.push_back(std::move(e));
+        known = graph_engines_.end() - 1;
+      }
+      const ConvAlgo algo = kGraphAlgoBase + static_cast<ConvAlgo>(known - graph_engines_.begin());
+      if (std::any_of(algos.begin(), algos.end(),
+                      [&](const ConvAlgoInfo& a) { return a.algo == algo; })) {
+        continue;
+      }
+      try {
+        algos.push_back({algo, known->name, conv_workspace(kind, algo, p, false)});
+        ++offered;
+      } catch (const BackendError&) {
+        // Ranked by the heuristic, but its plan does not finalize here (for
+        // beta 0 or 1): left out.
+      }
     }
   }
   return algos;
@@ -405,12 +446,7 @@ const GraphPlan& CudaBackend::graph_plan(ConvKind kind, ConvAlgo algo, const Con
                           std::to_string(static_cast<int>(beta));
   auto it = graph_plans_.find(key);
   if (it == graph_plans_.end()) {
-    const std::string what = std::string(conv_kind_name(kind)) + " " + e->name + " on " + p.str();
-    GraphPlan plan;
-    plan.alignment = problem_alignment(p);
-    const BackendDescriptor& graph = plan.parts.emplace_back(make_graph(
-        cudnn_.get(), kind, p, layout, e->variant->compute, beta, plan.alignment, plan.parts, what));
-    make_plan(cudnn_.get(), graph, *e, plan, what);
+    GraphPlan plan = graph_plan_for({.handle = cudnn_.get()}, kind, p, *e, beta);
     it = graph_plans_.emplace(key, std::move(plan)).first;
   }
   if (!it->second.plan) {
