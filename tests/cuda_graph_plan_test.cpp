@@ -56,14 +56,16 @@ class CudaGraphPlanTest : public ::testing::Test {
   BackendDescriptor device_;
 };
 
-// Every half configuration, layout and kind of a ResNet 3x3 convolution
-// and of a strided 1x1 one gets engine configurations from the heuristics,
-// named "eng<index>[_k<knob>=<value>...]" and the configuration's suffix;
+// Every half configuration, layout and kind of a ResNet 3x3 convolution,
+// a strided 1x1 one and one of VGG-16's at batch 64 gets engine
+// configurations from the heuristics, named "eng<index>[_k<knob>=<value>...]"
+// and the configuration's suffix;
 // each of the first four rebuilt from its name's parts finalizes a plan
 // for beta 0 and (but for the weight gradient, always staged) beta 1.
 TEST_F(CudaGraphPlanTest, RanksAndRebuildsEngineConfigurationsForAnH100WithoutAGpu) {
   const ConvCase cases[] = {{"resnet_3x3", 64, 28, 28, 64, 3, 1, 1, 8},
-                            {"downsample_1x1", 64, 28, 28, 128, 1, 0, 2, 8}};
+                            {"downsample_1x1", 64, 28, 28, 128, 1, 0, 2, 8},
+                            {"vgg16_conv3", 256, 56, 56, 256, 3, 1, 1, 64}};
   int plans = 0;
   for (const ConvVariantInfo& variant : kConvVariants) {
     if (variant.tensors == DataType::kF32) continue;
