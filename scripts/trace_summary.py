@@ -66,28 +66,26 @@ def summarize(rank, calls, skip, layers, out):
     kept = steps[skip:] if len(steps) > skip else steps
     if kept is steps and skip:
         print(f"rank {rank}: only {len(steps)} step(s); none left out", file=out)
-    totals = [sum(c[3] for c in s) for s in kept]
     kinds = ["forward", "backward", "recompute"]
-    by_type = collections.defaultdict(lambda: collections.defaultdict(list))
+    per_step = []  # per kept step: (layer type, kind) -> ms
     by_call = collections.defaultdict(list)
     for s in kept:
         per = collections.defaultdict(float)
         for name, kind, layer_type, ms in s:
             per[(layer_type, kind)] += ms
             by_call[f"{name} {kind}"].append(ms)
-        for (layer_type, kind), ms in per.items():
-            by_type[layer_type][kind].append(ms)
-    median_total = statistics.median(totals)
+        per_step.append(per)
+    median_total = statistics.median(sum(per.values()) for per in per_step)
     print(f"rank {rank}: {len(kept)} steps ({len(steps) - len(kept)} left out), "
           f"compute per step: median {median_total:.3f} ms", file=out)
     rows = []
-    for layer_type, per_kind in by_type.items():
-        # A type absent from a step counts 0 there.
-        med = {k: statistics.median(v + [0.0] * (len(kept) - len(v))) if v else None
-               for k in kinds for v in [per_kind.get(k, [])]}
+    for layer_type in {t for per in per_step for t, _ in per}:
+        # None where the type has no such call; 0 in a step without one.
+        med = {k: statistics.median(per.get((layer_type, k), 0.0) for per in per_step)
+               if any((layer_type, k) in per for per in per_step) else None for k in kinds}
         rows.append((sum(m for m in med.values() if m), layer_type, med))
     rows.sort(key=lambda r: -r[0])
-    print(f"  {'type':<10} {'forward':>9} {'backward':>9} {'recompute':>9} {'total':>9} {'share':>6}",
+    print(f"  {'type':<10} " + " ".join(f"{k:>9}" for k in kinds) + f" {'total':>9} {'share':>6}",
           file=out)
     for total, layer_type, med in rows:
         cells = " ".join(f"{med[k]:9.3f}" if med[k] is not None else f"{'-':>9}" for k in kinds)

@@ -20,6 +20,41 @@
 
 namespace vtrain::backend_test {
 
+// One kind of a half convolution p with every algorithm b offers that
+// `wanted` keeps, beta 0 and 1, against the reference in half: y and dx
+// in p's type (beta 1 adds to the previous contents in that type), dw and
+// dbias f32, each within half_conv_rtol. Returns how many algorithms ran.
+template <typename Wanted>
+int check_half_conv_algorithms(Backend& b, ConvKind op, const ConvProblem& p, const ConvData& d,
+                               const Tolerances& t, Wanted wanted) {
+  const std::vector<Vec> reference = d.reference_of(op);
+  const DataType out_type = op != ConvKind::kBackwardFilter ? p.x.dtype : DataType::kF32;
+  std::mt19937 rng(5);
+  std::vector<Vec> previous;
+  for (const Vec& r : reference) previous.push_back(rounded(out_type, random_vec(rng, r.size())));
+  int ran = 0;
+  for (const bool accumulate : {false, true}) {
+    const float beta = accumulate ? 1.0f : 0.0f;
+    const std::vector<ConvAlgoInfo> algos = b.conv_algorithms(op, p, accumulate);
+    EXPECT_FALSE(algos.empty()) << conv_kind_name(op) << " lists no algorithm for " << p.str();
+    for (const ConvAlgoInfo& info : algos) {
+      if (!wanted(info)) continue;
+      const std::string what = std::string(conv_kind_name(op)) + "/" + info.name +
+                               " beta=" + std::to_string(int(beta));
+      EXPECT_EQ(info.workspace_bytes, b.conv_workspace(op, info.algo, p, accumulate)) << what;
+      const double rtol = half_conv_rtol(t, info.name, p, op);
+      const std::vector<Vec> got = run_conv(b, op, info, p, d, beta, previous);
+      for (size_t i = 0; i < reference.size(); ++i) {
+        const Vec expected =
+            accumulate ? rounded(out_type, plus(reference[i], previous[i])) : reference[i];
+        expect_close(got[i], expected, rtol, what + " output " + std::to_string(i));
+      }
+      ran += accumulate ? 0 : 1;
+    }
+  }
+  return ran;
+}
+
 // relu forward and backward in every layout b prefers, dx aliasing dy too:
 // exact (relu selects).
 inline void check_relu(Backend& b, const ReluCase& rc, DataType type) {

@@ -28,6 +28,7 @@
 #include "memory/device_pool.h"
 #include "memory/vdnn_plan.h"
 #include "tests/backend_conformance.h"
+#include "tests/backend_conformance_checks.h"
 #include "tests/backend_test_support.h"
 #include "tests/engine_runs.h"
 #include "tests/reference_ops.h"
@@ -442,34 +443,15 @@ TEST_F(CudaBackendTest, GraphEnginesRunEveryKindInBothLayoutsWithinHalfRoundingO
       const ConvProblem p = backend_test::conv_problem(cc, layout, layout, type);
       SCOPED_TRACE(p.str());
       const ConvData d(p);
-      std::mt19937 rng(7);
       for (ConvKind kind : kConvKinds) {
-        const std::vector<Vec> reference = d.reference_of(kind);
-        const DataType out_type = kind == ConvKind::kBackwardFilter ? DataType::kF32 : type;
-        std::vector<Vec> previous;
-        for (const Vec& r : reference) previous.push_back(rounded(out_type, random_vec(rng, r.size())));
-        int engines = 0;
-        for (const ConvAlgoInfo& a : graph->conv_algorithms(kind, p, false)) {
-          if (!a.name.starts_with("eng")) continue;
-          ++engines;
-          for (const float beta : {0.0f, 1.0f}) {
-            const std::string what = std::string(conv_kind_name(kind)) + "/" + a.name +
-                                     " beta=" + std::to_string(int(beta));
-            EXPECT_EQ(graph->conv_algorithm_name(kind, a.algo), a.name) << what;
-            const std::vector<Vec> got = run_conv(*graph, kind, a, p, d, beta, previous);
-            for (size_t i = 0; i < reference.size(); ++i) {
-              const Vec expected = beta == 1.0f
-                                       ? rounded(out_type, plus(reference[i], previous[i]))
-                                       : reference[i];
-              expect_close(got[i], expected,
-                           half_conv_rtol(tolerances("cuda"), a.name, p, kind),
-                           what + " output " + std::to_string(i));
-            }
-          }
-        }
+        const int engines = check_half_conv_algorithms(
+            *graph, kind, p, d, tolerances("cuda"), [&](const ConvAlgoInfo& a) {
+              EXPECT_EQ(graph->conv_algorithm_name(kind, a.algo), a.name);
+              return is_graph_engine(a.name);
+            });
         EXPECT_GT(engines, 0) << conv_kind_name(kind) << ": no graph engine offered";
         for (const ConvAlgoInfo& a : gpu().conv_algorithms(kind, p, false)) {
-          EXPECT_FALSE(a.name.starts_with("eng")) << a.name << " without cudnn_graph";
+          EXPECT_FALSE(is_graph_engine(a.name)) << a.name << " without cudnn_graph";
         }
       }
     }

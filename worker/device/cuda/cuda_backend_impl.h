@@ -393,9 +393,7 @@ class CudaBackend final : public Backend {
   }
   size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) override;
   size_t batch_norm_scratch_bytes(const TensorDesc& x, float) override {
-    const std::optional<size_t> ex = bn_persistent_workspace(x);
-    return std::max(ex ? align_up(bn_inverse_std_bytes(x.shape.c)) + *ex
-                       : bn_inverse_std_bytes(x.shape.c),
+    return std::max(bn_call_bytes(x.shape.c, bn_persistent_workspace(x)),
                     bn_sums_bytes(x.shape.c));
   }
   size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
@@ -431,6 +429,15 @@ class CudaBackend final : public Backend {
   // cuDNN that asks for reserve space (kept from forward to backward, which
   // the backend interface has no place for; said once on stderr).
   std::optional<size_t> bn_persistent_workspace(const TensorDesc& x);
+  // Where that workspace starts in the scratch, and the scratch a batch-norm
+  // call takes: the inverse std, and the persistent kernels' workspace.
+  static size_t bn_workspace_offset(int64_t channels) {
+    return align_up(bn_inverse_std_bytes(channels));
+  }
+  static size_t bn_call_bytes(int64_t channels, std::optional<size_t> workspace) {
+    return workspace ? bn_workspace_offset(channels) + *workspace
+                     : bn_inverse_std_bytes(channels);
+  }
   // The synchronised ops' per-channel sums (two doubles per channel).
   static size_t bn_sums_bytes(int64_t channels) {
     return 2 * static_cast<size_t>(channels) * sizeof(double);

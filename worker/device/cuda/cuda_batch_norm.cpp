@@ -27,19 +27,18 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& y,
   const cudnnTensorDescriptor_t xd = tensor_desc(x.desc);
   // cuDNN's running update is running = (1 - factor) * running + factor *
   // batch with the unbiased variance: the contract's, with factor = momentum.
-  float* inv_std = nullptr;
-  if (const std::optional<size_t> work = bn_persistent_workspace(x.desc)) {
-    char* base = scratch(align_up(bn_inverse_std_bytes(c)) + *work);
-    inv_std = reinterpret_cast<float*>(base);
+  const std::optional<size_t> work = bn_persistent_workspace(x.desc);
+  char* base = scratch(bn_call_bytes(c, work));
+  float* inv_std = reinterpret_cast<float*>(base);
+  if (work) {
     VTRAIN_CUDA_CHECK(cudnnBatchNormalizationForwardTrainingEx(
                           cudnn_.get(), CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
                           CUDNN_BATCHNORM_OPS_BN, &one, &zero, xd, x.data, nullptr, nullptr, xd,
                           y.data, param_desc(c), scale_shift, scale_shift + c, momentum,
                           running_mean, running_var, eps, save_mean, inv_std, nullptr,
-                          base + align_up(bn_inverse_std_bytes(c)), *work, nullptr, 0),
+                          base + bn_workspace_offset(c), *work, nullptr, 0),
                       what);
   } else {
-    inv_std = reinterpret_cast<float*>(scratch(bn_inverse_std_bytes(c)));
     VTRAIN_CUDA_CHECK(cudnnBatchNormalizationForwardTraining(
                           cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x.data, xd,
                           y.data, param_desc(c), scale_shift, scale_shift + c, momentum,
@@ -75,9 +74,8 @@ void CudaBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const f
   require_cudnn_layout("batch_norm_backward", x.desc);
   call_type("batch_norm_backward", {x.desc});
   const int64_t c = x.shape().c;
-  const std::string what = "batch_norm_backward " + x.shape().str();
   const std::optional<size_t> work = bn_persistent_workspace(x.desc);
-  char* base = scratch(work ? align_up(bn_inverse_std_bytes(c)) + *work : bn_inverse_std_bytes(c));
+  char* base = scratch(bn_call_bytes(c, work));
   float* inv_std = reinterpret_cast<float*>(base);
   variance_to_inverse_std(save_var, inv_std, c, eps, compute_.get());
   const float one = 1.0f, zero = 0.0f;
@@ -88,16 +86,16 @@ void CudaBackend::batch_norm_backward(const Tensor& x, const Tensor& dy, const f
                           CUDNN_BATCHNORM_OPS_BN, &one, &zero, &one, &beta, xd, x.data, nullptr,
                           nullptr, xd, dy.data, nullptr, nullptr, xd, dx.data, param_desc(c),
                           scale_shift, scale_shift + c, dscale_shift, dscale_shift + c, eps,
-                          save_mean, inv_std, nullptr, base + align_up(bn_inverse_std_bytes(c)),
-                          *work, nullptr, 0),
-                      what);
+                          save_mean, inv_std, nullptr, base + bn_workspace_offset(c), *work,
+                          nullptr, 0),
+                      "batch_norm_backward " + x.shape().str());
     return;
   }
   VTRAIN_CUDA_CHECK(cudnnBatchNormalizationBackward(
                         cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &beta, xd, x.data,
                         xd, dy.data, xd, dx.data, param_desc(c), scale_shift,
                         dscale_shift, dscale_shift + c, eps, save_mean, inv_std),
-                    what);
+                    "batch_norm_backward " + x.shape().str());
 }
 
 std::optional<size_t> CudaBackend::bn_persistent_workspace(const TensorDesc& x) {

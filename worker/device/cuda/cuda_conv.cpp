@@ -445,9 +445,6 @@ void CudaBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, cons
   const std::string what = "conv_backward_filter " + p.str();
   const DataType type = p.x.dtype;
   const float one = 1.0f, zero = 0.0f;
-  if (graph && staging.dw == 0) {
-    throw BackendError("cuda backend: " + what + ": graph engines run half weight gradients only");
-  }
   if (staging.dw == 0) {
     VTRAIN_CUDA_CHECK(cudnnConvolutionBackwardFilter(
                           cudnn_.get(), &one, d.x.get(), x_in, d.y.get(), dy.data, call.conv,

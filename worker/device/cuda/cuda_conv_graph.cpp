@@ -14,7 +14,7 @@ namespace {
 
 // Tensor ids in a convolution's operation graph and variant pack: the
 // first operand, the second, the output (graph_execute's a, b, out).
-constexpr int64_t kUidA = 1, kUidB = 2, kUidOut = 3;
+constexpr int64_t kUidA = 1, kUidB = 2, kUidOut = 3;  // kUidA + 0, 1, 2
 
 BackendDescriptor make_descriptor(cudnnBackendDescriptorType_t type, const std::string& what) {
   cudnnBackendDescriptor_t raw = nullptr;
@@ -73,8 +73,8 @@ std::vector<Note> get_notes(const BackendDescriptor& engine, cudnnBackendAttribu
                                              static_cast<int64_t>(notes.size()), &count,
                                              notes.data()),
                     what);
-  return std::vector<Note>(
-      notes.begin(), notes.begin() + std::clamp<int64_t>(count, 0, static_cast<int64_t>(notes.size())));
+  const int64_t kept = std::clamp<int64_t>(count, 0, static_cast<int64_t>(notes.size()));
+  return std::vector<Note>(notes.begin(), notes.begin() + kept);
 }
 
 // The largest power of two up to 16 that divides `bytes`.
@@ -120,17 +120,22 @@ BackendDescriptor make_graph(const GraphTarget& target, ConvKind kind, const Con
                              Layout layout, cudnnDataType_t compute, float beta,
                              int64_t alignment, std::deque<BackendDescriptor>& keep,
                              const std::string& what) {
-  const DataType type = p.x.dtype;
-  const BackendDescriptor& x = keep.emplace_back(
-      make_tensor(kind == ConvKind::kBackwardData ? kUidOut : kUidA,
-                  graph_tensor(p.x.shape, layout), type, alignment, what));
-  const BackendDescriptor& w = keep.emplace_back(
-      make_tensor(kind == ConvKind::kBackwardFilter ? kUidOut : kUidB,
-                  graph_tensor(p.weight_shape(), layout), type, 16, what));
-  const BackendDescriptor& y = keep.emplace_back(
-      make_tensor(kind == ConvKind::kForward ? kUidOut : (kind == ConvKind::kBackwardData ? kUidA
-                                                                                        : kUidB),
-                  graph_tensor(p.y.shape, layout), type, alignment, what));
+  // The operands a, b, out (uids 1, 2, 3: graph_execute's order) of each
+  // kind: x, w, y; dy, w, dx; x, dy, dw. The filters' alignment is 16.
+  struct Operand {
+    Shape shape;
+    int64_t alignment;
+  };
+  const Operand x{p.x.shape, alignment}, w{p.weight_shape(), 16}, y{p.y.shape, alignment};
+  const Operand* operands[3] = {&x, &w, &y};
+  if (kind == ConvKind::kBackwardData) operands[0] = &y, operands[2] = &x;
+  if (kind == ConvKind::kBackwardFilter) operands[1] = &y, operands[2] = &w;
+  cudnnBackendDescriptor_t tensors[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    tensors[i] = keep.emplace_back(make_tensor(kUidA + i, graph_tensor(operands[i]->shape, layout),
+                                               p.x.dtype, operands[i]->alignment, what))
+                     .get();
+  }
 
   const BackendDescriptor& conv =
       keep.emplace_back(make_descriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, what));
@@ -177,23 +182,15 @@ BackendDescriptor make_graph(const GraphTarget& target, ConvKind kind, const Con
                          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
                          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
                          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW};
-  // The operands by uid: a, b, out as graph_execute takes them.
-  const BackendDescriptor* by_uid[3] = {};
-  by_uid[(kind == ConvKind::kBackwardData ? kUidOut : kUidA) - 1] = &x;
-  by_uid[(kind == ConvKind::kBackwardFilter ? kUidOut : kUidB) - 1] = &w;
-  by_uid[(kind == ConvKind::kForward ? kUidOut
-                                     : (kind == ConvKind::kBackwardData ? kUidA : kUidB)) -
-         1] = &y;
   const BackendDescriptor& op = keep.emplace_back(make_descriptor(attrs.type, what));
   const float one = 1.0f;
-  const cudnnBackendDescriptor_t conv_raw = conv.get(), a = by_uid[0]->get(),
-                                 b = by_uid[1]->get(), out = by_uid[2]->get();
+  const cudnnBackendDescriptor_t conv_raw = conv.get();
   set_attribute(op, attrs.alpha, CUDNN_TYPE_FLOAT, 1, &one, what);
   set_attribute(op, attrs.beta, CUDNN_TYPE_FLOAT, 1, &beta, what);
   set_attribute(op, attrs.conv, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv_raw, what);
-  set_attribute(op, attrs.a, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a, what);
-  set_attribute(op, attrs.b, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, what);
-  set_attribute(op, attrs.out, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &out, what);
+  set_attribute(op, attrs.a, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tensors[0], what);
+  set_attribute(op, attrs.b, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tensors[1], what);
+  set_attribute(op, attrs.out, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tensors[2], what);
   finalize(op, what);
 
   BackendDescriptor graph = make_descriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, what);
