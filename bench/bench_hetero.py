@@ -24,6 +24,14 @@ best standalone throughput added up, less the exchange):
   /usr/bin/python3 bench/bench_hetero.py [--vtrain build/vtrain] [--rounds 3]
       [--speeds 2|3] [--config configs/synthetic-lenet.yaml] [--batch 96]
       [--memory-limit 12MiB] [--step-rounds 3] [--quotas none,0.6,0.4] [--granularity 8]
+      [--db perf.db] [--splits static,...] [--log-every 1]
+
+--db keeps the profile: a second run with the same options and DB trains
+at once (profiling the 3-speed mix takes minutes). --splits times only
+those. --log-every 1 records every step, and the table then splits rank
+0's step into the slowest rank's compute and the rest (the step records'
+step_ms and compute_ms): the time the split's model prices as the
+exchange, where a throttled slice also waits for its quota.
 
 With --quotas each rank runs in a cgroup of its own with that CFS quota
 (cpu_slices.py; needs root): ranks 1 and 2 then share cpu 1 at fixed,
@@ -50,7 +58,7 @@ import sys
 import tempfile
 
 from cpu_slices import describe, parse_quotas, quota_cgroups
-from vtrain_metrics import end_record, run
+from vtrain_metrics import end_record, run, step_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,6 +68,18 @@ def step_ms(metrics_path, batch):
     if end["images_per_second"] <= 0:
         sys.exit("no throughput in the end record of " + metrics_path)
     return 1000.0 * batch / end["images_per_second"]
+
+
+def step_parts(metrics_path):
+    """(rank 0's step, the slowest rank's compute, the rest) in ms, one
+    triple per step record with every rank's compute_ms, the first step
+    (which creates every primitive) left out."""
+    parts = []
+    for r in step_records(metrics_path):
+        if r["step"] > 1 and r.get("compute_ms") and "step_ms" in r:
+            slowest = max(r["compute_ms"])
+            parts.append((r["step_ms"], slowest, r["step_ms"] - slowest))
+    return parts
 
 
 def plan_number(plan_path, key):
@@ -104,6 +124,14 @@ def main():
                     help="two ranks on the machine's GPU (device.backend cuda, conv.algorithm auto)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every rank (repeatable)")
+    ap.add_argument("--db", default="",
+                    help="the perf DB to profile into (default: a new one in the run's temporary "
+                         "folder); one the same options profiled before is reused as it is")
+    ap.add_argument("--splits", default="",
+                    help="comma-separated splits to time (default: every one that applies)")
+    ap.add_argument("--log-every", type=int, default=0,
+                    help="train.log_every: with 1, every step is recorded and the table adds the "
+                         "slowest rank's compute and the rest of each step (step_ms, compute_ms)")
     ap.add_argument("--quotas", default="",
                     help="per rank, a CPU quota in a cgroup of its own ('none' for none), e.g. "
                          "none,0.6,0.4: fixed, independent speeds for ranks 1 and 2 (cpu_slices.py)")
@@ -126,7 +154,7 @@ def bench(args, quotas, prefixes):
     rankfile = os.path.join(work, "rankfile")
     with open(rankfile, "w") as f:
         f.write("rank 0=localhost slot=0\nrank 1=localhost slot=1\nrank 2=localhost slot=1\n")
-    db = os.path.join(work, "perf.db")
+    db = os.path.abspath(args.db) if args.db else os.path.join(work, "perf.db")
     common = ["--progress", "off",
               "--set", "train.batch=%d" % args.batch, "--set", "train.max_steps=%d" % args.steps,
               "--set", "train.evaluate=false", "--set", "profile.db=" + db,
@@ -142,6 +170,8 @@ def bench(args, quotas, prefixes):
         common += ["--set", "device.backend=cuda", "--set", "conv.algorithm=auto"]
     else:
         common += ["--set", "device.threads=1", "--set", "conv.algorithm=direct"]
+    if args.log_every:
+        common += ["--set", "train.log_every=%d" % args.log_every]
     for setting in args.set:
         common += ["--set", setting]
     limit = ["--set", "device.memory_limit=" + args.memory_limit]
@@ -151,6 +181,12 @@ def bench(args, quotas, prefixes):
     if args.memory_limit:
         splits["excluded"] = ("auto", ["--set", "memory.policy=none"])
         splits["joint"] = ("auto", ["--set", "memory.policy=auto"])
+    if args.splits:
+        wanted = args.splits.split(",")
+        unknown = [w for w in wanted if w not in splits]
+        if unknown:
+            raise SystemExit("--splits: %s is not one of %s" % (",".join(unknown), ",".join(splits)))
+        splits = {name: splits[name] for name in wanted}
 
     def per_rank(command, name, extra):
         ranks = [[command, args.config] + common + splits[name][1] + extra
@@ -175,6 +211,7 @@ def bench(args, quotas, prefixes):
                         if "share" in l or "together" in l or "fits no plan" in l))
 
     times = {name: [] for name in splits}
+    parts = {name: [] for name in splits}
     ideal = {name: [] for name in splits}
     split_text = {}
     for r in range(args.rounds):
@@ -185,6 +222,7 @@ def bench(args, quotas, prefixes):
                      "--set", "output.plan=" + plan]
             out = run(launch(args, rankfile, per_rank("train", name, extra), prefixes), env)
             times[name].append(step_ms(metrics, args.batch))
+            parts[name] += step_parts(metrics)
             note = ""
             if mode == "auto":
                 split_text[name] = re.search(r"plan: split (\S+)", out).group(1)
@@ -194,21 +232,34 @@ def bench(args, quotas, prefixes):
             print("  round %d %-8s %.2f ms/step%s" % (r + 1, name, times[name][-1], note),
                   flush=True)
 
-    bound = statistics.median(ideal["static"])
-    print("ideal bound (static's plan): %.2f ms/step, %.0f images/s" % (bound, 1e3 * args.batch / bound))
+    planned = [name for name in splits if ideal[name]]
+    bound = statistics.median(ideal[planned[0]]) if planned else None
+    if bound:
+        print("ideal bound (%s's plan): %.2f ms/step, %.0f images/s"
+              % (planned[0], bound, 1e3 * args.batch / bound))
     print("%-9s %-12s %10s %9s %14s" % ("split", "batches", "ms/step", "images/s", "% of bound"))
     for name in splits:
         ms = statistics.median(times[name])
         own = statistics.median(ideal[name]) if ideal[name] else bound
         batches = split_text.get(name, "even")
-        print("%-9s %-12s %10.2f %9.0f %13.1f%%" % (name, batches, ms, 1e3 * args.batch / ms,
-                                                   100.0 * own / ms))
-    e = statistics.median(times["even"])
-    print("speedup of the static split over even: %.2fx" % (e / statistics.median(times["static"])))
-    if args.memory_limit:
+        share = "%13.1f%%" % (100.0 * own / ms) if own else "%14s" % "-"
+        print("%-9s %-12s %10.2f %9.0f %s" % (name, batches, ms, 1e3 * args.batch / ms, share))
+    if any(parts.values()):
+        print("per step (medians over every round's steps): rank 0's step = the slowest rank's "
+              "compute + the rest (exchange, waiting, update)")
+        for name in splits:
+            if parts[name]:
+                step, slowest, rest = (statistics.median(p) for p in zip(*parts[name]))
+                print("%-9s %8.2f ms = %8.2f + %6.2f ms (%d steps)"
+                      % (name, step, slowest, rest, len(parts[name])))
+    if "even" in splits and "static" in splits:
+        e = statistics.median(times["even"])
+        print("speedup of the static split over even: %.2fx" % (e / statistics.median(times["static"])))
+    if "excluded" in splits and "joint" in splits:
         x, j = statistics.median(times["excluded"]), statistics.median(times["joint"])
         print("joint split vs the best split excluding batches above %s: %.2fx (%.2f vs %.2f ms)"
               % (args.memory_limit, x / j, j, x))
+    print("metrics files and plans: " + work)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,13 @@ def end_record(path):
     return end
 
 
+def step_records(path):
+    """The {"event": "step", ...} objects of a metrics file, in order."""
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return [r for r in records if r.get("event") == "step"]
+
+
 def layer_span_ms(trace_path, layers):
     """Per training step, the time the named layers' forward and backward
     spans took in a Chrome trace written by `vtrain train --trace`: for each

@@ -82,18 +82,29 @@ std::vector<std::string> records(const std::string& path, const std::string& eve
   return out;
 }
 
-// The integers of the JSON array `key` in `record`.
-std::vector<int64_t> int_array(const std::string& record, const std::string& key) {
+// The numbers of the JSON array `key` in `record`.
+std::vector<double> real_array(const std::string& record, const std::string& key) {
   const size_t at = record.find("\"" + key + "\": [");
   if (at == std::string::npos) return {};
-  std::vector<int64_t> out;
+  std::vector<double> out;
   const char* p = record.c_str() + record.find('[', at) + 1;
   while (*p != ']') {
     char* end = nullptr;
-    out.push_back(std::strtoll(p, &end, 10));
+    out.push_back(std::strtod(p, &end));
     p = *end == ',' ? end + 1 : end;
   }
   return out;
+}
+
+// The integers of the JSON array `key` in `record` (batches: exact in a double).
+std::vector<int64_t> int_array(const std::string& record, const std::string& key) {
+  const std::vector<double> reals = real_array(record, key);
+  return std::vector<int64_t>(reals.begin(), reals.end());
+}
+
+double real(const std::string& record, const std::string& key) {
+  const size_t at = record.find("\"" + key + "\": ");
+  return at == std::string::npos ? -1 : std::stod(record.substr(at + key.size() + 4));
 }
 
 int64_t number(const std::string& record, const std::string& key) {
@@ -250,6 +261,16 @@ TEST(RebalanceMpi, AnUndisturbedRunOfAThousandStepsKeepsItsSplit) {
     const size_t at = r.find("\"drift\": ");
     ASSERT_NE(at, std::string::npos) << r;
     EXPECT_GE(std::stod(r.substr(at + 9)), 0.25) << r;  // balance.rebalance.threshold
+  }
+  // Each step record: rank 0's wall time of the step, which holds its own
+  // compute (the rest is the exchange, the wait for the others, the update).
+  const std::vector<std::string> steps = records(dir.path("metrics.jsonl"), "step");
+  EXPECT_EQ(steps.size(), 10u) << out;
+  for (const std::string& s : steps) {
+    const std::vector<double> compute = real_array(s, "compute_ms");
+    ASSERT_EQ(compute.size(), 2u) << s;
+    EXPECT_GT(compute[0], 0) << s;
+    EXPECT_GE(real(s, "step_ms"), compute[0]) << s;
   }
   const std::vector<std::string> end = records(dir.path("metrics.jsonl"), "end");
   ASSERT_EQ(end.size(), 1u) << out;

@@ -205,11 +205,12 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   if (const std::optional<float> grad_scale = gradient_scale()) {
     sgd_.step(net_->parameters(), net_->gradients(), static_cast<float>(totals.lr), *grad_scale);
   }
+  totals.seconds = seconds_since(start);
   ++at_.step;
   const int64_t run_steps = at_.step - resumed_.step;
   if (trace_ && run_steps == options_.trace_steps) net_->set_trace(nullptr);
   if (run_steps > 1) {  // the first step also creates every primitive
-    train_seconds_ += seconds_since(start);
+    train_seconds_ += totals.seconds;
     timed_images_ += job_.batch;
   }
   if (to) switch_split(*to);

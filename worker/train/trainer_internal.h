@@ -48,6 +48,7 @@ struct StepTotals {
   double correct = 0;
   bool stop = false;
   double lr = 0;  // the learning rate the step applied
+  double seconds = 0;  // this rank's wall time from the step's start to after its update
 };
 
 struct EpochTotals {

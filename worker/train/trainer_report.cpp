@@ -83,6 +83,7 @@ void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
                      .add("accuracy", accuracy)
                      .add("lr", totals.lr)
                      .add("images_per_second", ips)
+                     .add("step_ms", 1e3 * totals.seconds)
                      .add("device_bytes", static_cast<int64_t>(backend_.device_bytes_in_use()))
                      .add("memory_step_peak_bytes", static_cast<int64_t>(memory.step_peak))
                      .add("memory_step_average_bytes", memory.step_average)
