@@ -58,7 +58,7 @@ import sys
 import tempfile
 
 from cpu_slices import describe, parse_quotas, quota_cgroups
-from vtrain_metrics import end_record, run, step_records
+from vtrain_metrics import end_record, records, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -75,7 +75,7 @@ def step_parts(metrics_path):
     triple per step record with every rank's compute_ms, the first step
     (which creates every primitive) left out."""
     parts = []
-    for r in step_records(metrics_path):
+    for r in records(metrics_path, "step"):
         if r["step"] > 1 and r.get("compute_ms") and "step_ms" in r:
             slowest = max(r["compute_ms"])
             parts.append((r["step_ms"], slowest, r["step_ms"] - slowest))

@@ -15,27 +15,20 @@ def run(cmd, env=None):
     return p.stdout
 
 
+def records(path, event):
+    """The {"event": EVENT, ...} objects of a metrics file, in order."""
+    with open(path) as f:
+        every = [json.loads(line) for line in f if line.strip()]
+    return [r for r in every if r.get("event") == event]
+
+
 def end_record(path):
     """The last {"event": "end", ...} object of a metrics file; exits naming
     the file when there is none."""
-    end = None
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                record = json.loads(line)
-                if record.get("event") == "end":
-                    end = record
-    if end is None:
+    ends = records(path, "end")
+    if not ends:
         raise SystemExit(f"no \"end\" record in vtrain's metrics file {path}")
-    return end
-
-
-def step_records(path):
-    """The {"event": "step", ...} objects of a metrics file, in order."""
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return [r for r in records if r.get("event") == "step"]
+    return ends[-1]
 
 
 def layer_span_ms(trace_path, layers):

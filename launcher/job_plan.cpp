@@ -375,15 +375,15 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     }
   }
   const int64_t batch = cli.batch > 0 ? cli.batch : cfg.train.batch;
-  const balancer::WorkspacePolicy policy = cli.policy.value_or(cfg.balance.workspace);
-  const uint64_t limit =
-      cli.workspace.empty() ? cfg.balance.workspace_limit : config::parse_size(cli.workspace);
   // Offline no device can profile an interpolated batch's kernels (training
   // does, on the rank that gets it): every rank's batch is a profiled one.
   balancer::BatchSplitOptions options = split_options(cfg);
   options.candidates = balancer::CandidateSizes::kMeasured;
   options.allreduce_ms = cli.allreduce_ms;  // once per step (see solve_job_plan)
-  const worker::StepPricing pricing{{policy, limit, cfg.conv.cudnn_graph}, cfg.memory.policy};
+  // The config's pricing, with --policy and --workspace where given.
+  worker::StepPricing pricing = step_pricing(cfg);
+  if (cli.policy) pricing.workspace.policy = *cli.policy;
+  if (!cli.workspace.empty()) pricing.workspace.limit = config::parse_size(cli.workspace);
   const balancer::BatchSplit split = worker::plan_split(graph, db, devices, batch, options, pricing);
   std::vector<worker::FrontPoint> fronts;
   balancer::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split, pricing,

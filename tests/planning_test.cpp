@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "balancer/plan.h"
 #include "perfdb/perf_db.h"
@@ -221,6 +223,16 @@ class PlanningTest : public ::testing::Test {
     }
     return out;
   }
+  // For every conv kernel of `graph` (null: graph_) on the fast device at
+  // batch 16, a row per (algorithm, ms) of an undivided call.
+  void add_rows(std::vector<perfdb::KernelSample>& samples, const worker::Graph* graph,
+                std::initializer_list<std::pair<const char*, double>> rows) {
+    for (const auto& k : kernels(fast_, 16, graph)) {
+      for (const auto& [algorithm, ms] : rows) {
+        samples.push_back({k, {algorithm, 16, ms, std::nullopt, 0, 0}});
+      }
+    }
+  }
 
   TempDir dir_;
   worker::Graph graph_ = small_graph();
@@ -272,9 +284,7 @@ TEST_F(PlanningTest, FastDeviceGetsTheLargerShareAndThePlanFitsTheModel) {
 // to FMA math.
 TEST_F(PlanningTest, Tf32AlgorithmsArePlannedForTf32JobsOnly) {
   std::vector<perfdb::KernelSample> samples;
-  for (const auto& k : kernels(fast_, 16)) {
-    samples.push_back({k, {"direct/tf32", 16, 0.01, std::nullopt, 0, 0}});
-  }
+  add_rows(samples, nullptr, {{"direct/tf32", 0.01}});
   db_->record_kernel_measurements(fast_.id, samples);
   EXPECT_EQ(algorithms_planned(graph_), std::set<std::string>{"winograd"});
   const worker::Graph tf32 =
@@ -298,21 +308,14 @@ TEST_F(PlanningTest, HalfAlgorithmsArePlannedForTheirPrecisionOnly) {
   // Each graph's kernels with its own configurations, and the fastest rows
   // with another precision's names.
   std::vector<perfdb::KernelSample> samples;
-  for (const auto& k : kernels(fast_, 16, &fp16)) {
-    samples.push_back({k, {"direct/pseudo_half", 16, 0.03, std::nullopt, 0, 0}});
-    samples.push_back({k, {"direct/true_half", 16, 0.02, std::nullopt, 0, 0}});
-    samples.push_back({k, {"direct/pseudo_bf16", 16, 0.001, std::nullopt, 0, 0}});
-    samples.push_back({k, {"direct/tf32", 16, 0.001, std::nullopt, 0, 0}});
-  }
-  for (const auto& k : kernels(fast_, 16, &bf16)) {
-    samples.push_back({k, {"direct/pseudo_bf16", 16, 0.02, std::nullopt, 0, 0}});
-    samples.push_back({k, {"direct/true_half", 16, 0.001, std::nullopt, 0, 0}});
-    samples.push_back({k, {"direct/pseudo_half", 16, 0.001, std::nullopt, 0, 0}});
-  }
+  add_rows(samples, &fp16,
+           {{"direct/pseudo_half", 0.03}, {"direct/true_half", 0.02},
+            {"direct/pseudo_bf16", 0.001}, {"direct/tf32", 0.001}});
+  add_rows(samples, &bf16,
+           {{"direct/pseudo_bf16", 0.02}, {"direct/true_half", 0.001},
+            {"direct/pseudo_half", 0.001}});
   // An fp32 job's kernels: a half name beside them is never its choice.
-  for (const auto& k : kernels(fast_, 16)) {
-    samples.push_back({k, {"direct/true_half", 16, 0.001, std::nullopt, 0, 0}});
-  }
+  add_rows(samples, nullptr, {{"direct/true_half", 0.001}});
   db_->record_kernel_measurements(fast_.id, samples);
   EXPECT_EQ(algorithms_planned(fp16), std::set<std::string>{"direct/true_half"});
   EXPECT_EQ(algorithms_planned(bf16), std::set<std::string>{"direct/pseudo_bf16"});
@@ -344,10 +347,8 @@ TEST_F(PlanningTest, GraphEnginesArePlannedOnlyWhereTheJobOffersThem) {
   const worker::Graph bf16 =
       worker::Graph::build(graph_.layers(), {1, 3, 8, 8}, common::Precision::kBf16);
   std::vector<perfdb::KernelSample> samples;
-  for (const auto& k : kernels(fast_, 16, &bf16)) {
-    samples.push_back({k, {"direct/pseudo_bf16", 16, 0.02, std::nullopt, 0, 0}});
-    samples.push_back({k, {"eng12_k2=1_k3=0/pseudo_bf16", 16, 0.005, std::nullopt, 0, 0}});
-  }
+  add_rows(samples, &bf16,
+           {{"direct/pseudo_bf16", 0.02}, {"eng12_k2=1_k3=0/pseudo_bf16", 0.005}});
   db_->record_kernel_measurements(fast_.id, samples);
   EXPECT_EQ(algorithms_planned(bf16), std::set<std::string>{"direct/pseudo_bf16"});
   const worker::StepPricing graph_engines{{.graph_engines = true}, memory::Policy::kNone};
