@@ -23,7 +23,7 @@ best standalone throughput added up, less the exchange):
 
   /usr/bin/python3 bench/bench_hetero.py [--vtrain build/vtrain] [--rounds 3]
       [--speeds 2|3] [--config configs/synthetic-lenet.yaml] [--batch 96]
-      [--memory-limit 12MiB] [--step-rounds 3] [--quotas none,0.6,0.4] [--granularity 8]
+      [--memory-limit 12MiB] [--step-rounds 3] [--quotas none,0.5,0.3] [--granularity 8]
       [--db perf.db] [--splits static,...] [--log-every 1]
 
 --db keeps the profile: a second run with the same options and DB trains
@@ -31,7 +31,11 @@ at once (profiling the 3-speed mix takes minutes). --splits times only
 those. --log-every 1 records every step, and the table then splits rank
 0's step into the slowest rank's compute and the rest (the step records'
 step_ms and compute_ms): the time the split's model prices as the
-exchange, where a throttled slice also waits for its quota.
+exchange, where a throttled slice also waits for its quota. It also
+prints each step against the bound at the rates its ranks computed at in
+that step (vtrain_metrics.measured_rate): the split's balance as trained,
+apart from the profile, which the VM may have run faster or slower than
+training (the plan's bound comes from the profile).
 
 With --quotas each rank runs in a cgroup of its own with that CFS quota
 (cpu_slices.py; needs root): ranks 1 and 2 then share cpu 1 at fixed,
@@ -57,8 +61,8 @@ import statistics
 import sys
 import tempfile
 
-from cpu_slices import describe, parse_quotas, quota_cgroups
-from vtrain_metrics import end_record, records, run
+from cpu_slices import check_headroom, describe, parse_quotas, quota_cgroups
+from vtrain_metrics import end_record, measured_rate, records, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,14 +75,17 @@ def step_ms(metrics_path, batch):
 
 
 def step_parts(metrics_path):
-    """(rank 0's step, the slowest rank's compute, the rest) in ms, one
-    triple per step record with every rank's compute_ms, the first step
-    (which creates every primitive) left out."""
+    """(rank 0's step, the slowest rank's compute, the rest, the measured
+    bound) in ms, one per step record with every rank's compute_ms, the
+    first step (which creates every primitive) left out. The measured
+    bound is the step at the rates the ranks computed at in it
+    (measured_rate)."""
     parts = []
     for r in records(metrics_path, "step"):
         if r["step"] > 1 and r.get("compute_ms") and "step_ms" in r:
             slowest = max(r["compute_ms"])
-            parts.append((r["step_ms"], slowest, r["step_ms"] - slowest))
+            bound = sum(r["split"]) / measured_rate(r)
+            parts.append((r["step_ms"], slowest, r["step_ms"] - slowest, bound))
     return parts
 
 
@@ -134,12 +141,14 @@ def main():
                          "slowest rank's compute and the rest of each step (step_ms, compute_ms)")
     ap.add_argument("--quotas", default="",
                     help="per rank, a CPU quota in a cgroup of its own ('none' for none), e.g. "
-                         "none,0.6,0.4: fixed, independent speeds for ranks 1 and 2 (cpu_slices.py)")
+                         "none,0.5,0.3: fixed, independent speeds for ranks 1 and 2 (cpu_slices.py)")
     args = ap.parse_args()
     if args.gpu and (args.quotas or args.speeds != 2):
         ap.error("--gpu takes neither --quotas nor --speeds")
     args.ranks = 2 if args.gpu else 3
     quotas = parse_quotas(args.quotas, 3) if args.quotas else [None] * args.ranks
+    if args.quotas:
+        check_headroom(quotas, [1, 2])
     with quota_cgroups(quotas) as prefixes:
         bench(args, quotas, prefixes)
 
@@ -246,12 +255,15 @@ def bench(args, quotas, prefixes):
         print("%-9s %-12s %10.2f %9.0f %s" % (name, batches, ms, 1e3 * args.batch / ms, share))
     if any(parts.values()):
         print("per step (medians over every round's steps): rank 0's step = the slowest rank's "
-              "compute + the rest (exchange, waiting, update)")
+              "compute + the rest (exchange, waiting, update); the bound at the rates the ranks "
+              "computed at in the step (no exchange), and the step's throughput against it")
         for name in splits:
             if parts[name]:
-                step, slowest, rest = (statistics.median(p) for p in zip(*parts[name]))
-                print("%-9s %8.2f ms = %8.2f + %6.2f ms (%d steps)"
-                      % (name, step, slowest, rest, len(parts[name])))
+                step, slowest, rest, _ = (statistics.median(p) for p in zip(*parts[name]))
+                share = statistics.median(100.0 * p[3] / p[0] for p in parts[name])
+                bound = statistics.median(p[3] for p in parts[name])
+                print("%-9s %8.2f ms = %8.2f + %6.2f ms; measured bound %8.2f ms, %5.1f%% (%d steps)"
+                      % (name, step, slowest, rest, bound, share, len(parts[name])))
     if "even" in splits and "static" in splits:
         e = statistics.median(times["even"])
         print("speedup of the static split over even: %.2fx" % (e / statistics.median(times["static"])))

@@ -13,7 +13,7 @@ exposed exchange and the wait for the slowest rank), and writes the
 per-step table for scripts/plot_rebalance.py.
 
   /usr/bin/python3 bench/bench_rebalance.py [--vtrain build/vtrain] [--out rebalance.jsonl]
-      [--quotas none,0.6,0.4] [--batch 96] [--profile-batches 8,16,...] [--granularity 8]
+      [--quotas none,0.5,0.3] [--batch 96] [--profile-batches 8,16,...] [--granularity 8]
 
 --quotas runs each rank in a cgroup with that CPU quota (cpu_slices.py,
 needs root): ranks 1 and 2 keep fixed speeds on their shared core instead of
@@ -26,8 +26,8 @@ import shutil
 import statistics
 import tempfile
 
-from cpu_slices import describe, parse_quotas, quota_cgroups
-from vtrain_metrics import run
+from cpu_slices import check_headroom, describe, parse_quotas, quota_cgroups
+from vtrain_metrics import measured_rate, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,7 +58,7 @@ def phase(steps, first, last):
     for s in steps:
         if first <= s["step"] < last and s["wall_ms"]:
             achieved.append(sum(s["split"]) / s["wall_ms"] * 1000)
-            ideal.append(sum(b / c * 1000 for b, c in zip(s["split"], s["compute_ms"]) if b > 0 and c > 0))
+            ideal.append(1000 * measured_rate(s))
     return statistics.median(achieved), statistics.median(ideal)
 
 
@@ -76,11 +76,12 @@ def main():
     ap.add_argument("--out", default="rebalance.jsonl", help="the run's metrics file, kept")
     ap.add_argument("--quotas", default="",
                     help="per rank, a CPU quota in a cgroup of its own ('none' for none), e.g. "
-                         "none,0.6,0.4: fixed, independent speeds for ranks 1 and 2 (cpu_slices.py)")
+                         "none,0.5,0.3: fixed, independent speeds for ranks 1 and 2 (cpu_slices.py)")
     args = ap.parse_args()
     quotas = parse_quotas(args.quotas, 3) if args.quotas else [None] * 3
     if any(quotas):
         print("CPU slices: " + describe(quotas))
+        check_headroom(quotas, [1, 2])
     with quota_cgroups(quotas) as prefixes:
         bench(args, prefixes)
 

@@ -5,6 +5,15 @@ one core share it by the scheduler's whim: a rank that waits in the
 allreduce gives its neighbour the whole core, so each one's speed depends
 on the other's batch, which no per-device step-time curve can model.
 
+Independent only while the quotas of the ranks on one core leave it
+headroom: quotas that fill it (0.6 + 0.4) cannot both be met while both
+slices run (the kernel, MPI and every other thread on that core take
+their share too), so each gets less than its quota then, and its full
+quota while the other waits. On the Intel Xeon the slices of 0.6 and 0.4
+trained about 10% faster than they profiled, the lone core as profiled;
+with 0.5 and 0.3 no side was consistently faster (README, "Figures").
+check_headroom() warns.
+
 vtrain names a quota in the CPU device's identity ("... (cpus 1, cpu quota
 0.6)"), so each slice is a device of its own in the perf DB.
 
@@ -112,6 +121,17 @@ def quota_cgroups(quotas):
                 os.rmdir(path)
             except OSError:
                 pass
+
+
+def check_headroom(quotas, sharing):
+    """Warns (on stdout) when the quotas of the ranks in `sharing`, which
+    share one core, add up to more than 0.9 of it."""
+    total = sum(quotas[r] for r in sharing if quotas[r] is not None)
+    if total > 0.9:
+        print("note: the quotas of ranks %s add up to %g of their shared core: with under 10%% "
+              "of it left, each slice runs faster while the other waits than when both run, "
+              "so neither has one speed (cpu_slices.py); e.g. none,0.5,0.3 leaves headroom"
+              % (",".join(str(r) for r in sharing), total), flush=True)
 
 
 def describe(quotas):

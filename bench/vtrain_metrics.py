@@ -22,6 +22,14 @@ def records(path, event):
     return [r for r in every if r.get("event") == event]
 
 
+def measured_rate(step):
+    """Images per ms a step record's ranks computed at (each rank's batch
+    over its compute_ms, added up): global batch / this rate is the step
+    had the batch been split at exactly the rates the ranks ran at, with no
+    exchange, the bound measured in the step itself rather than profiled."""
+    return sum(b / c for b, c in zip(step["split"], step["compute_ms"]) if b > 0 and c > 0)
+
+
 def end_record(path):
     """The last {"event": "end", ...} object of a metrics file; exits naming
     the file when there is none."""
