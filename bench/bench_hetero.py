@@ -12,7 +12,8 @@ rank less.) Every rank profiles into one perf
 DB; then training runs alternate between the splits and the script prints,
 per split, the median measured step time, images/s, and the throughput as
 a percentage of the ideal bound (the plan's ideal_step_ms: every device's
-best standalone throughput added up, less the exchange):
+best standalone throughput added up, less the exchange), and the ILP's
+optimum: the split's predicted step as a percentage of that bound:
 
   even      the even split
   static    balance.split: auto, the balancer's split of the profiled steps
@@ -222,6 +223,7 @@ def bench(args, quotas, prefixes):
     times = {name: [] for name in splits}
     parts = {name: [] for name in splits}
     ideal = {name: [] for name in splits}
+    predicted = {name: [] for name in splits}
     split_text = {}
     for r in range(args.rounds):
         for name, (mode, _) in splits.items():
@@ -236,8 +238,8 @@ def bench(args, quotas, prefixes):
             if mode == "auto":
                 split_text[name] = re.search(r"plan: split (\S+)", out).group(1)
                 ideal[name].append(plan_number(plan, "ideal_step_ms"))
-                note = " (split %s, predicted %.2f ms)" % (
-                    split_text[name], plan_number(plan, "predicted_step_ms"))
+                predicted[name].append(plan_number(plan, "predicted_step_ms"))
+                note = " (split %s, predicted %.2f ms)" % (split_text[name], predicted[name][-1])
             print("  round %d %-8s %.2f ms/step%s" % (r + 1, name, times[name][-1], note),
                   flush=True)
 
@@ -246,24 +248,28 @@ def bench(args, quotas, prefixes):
     if bound:
         print("ideal bound (%s's plan): %.2f ms/step, %.0f images/s"
               % (planned[0], bound, 1e3 * args.batch / bound))
-    print("%-9s %-12s %10s %9s %14s" % ("split", "batches", "ms/step", "images/s", "% of bound"))
+    print("%-9s %-12s %10s %9s %14s %14s" % ("split", "batches", "ms/step", "images/s",
+                                             "% of bound", "ILP optimum"))
     for name in splits:
         ms = statistics.median(times[name])
         own = statistics.median(ideal[name]) if ideal[name] else bound
         batches = split_text.get(name, "even")
         share = "%13.1f%%" % (100.0 * own / ms) if own else "%14s" % "-"
-        print("%-9s %-12s %10.2f %9.0f %s" % (name, batches, ms, 1e3 * args.batch / ms, share))
+        # The split's own prediction against the bound: the ILP's optimum.
+        optimum = ("%13.1f%%" % (100.0 * own / statistics.median(predicted[name]))
+                   if predicted[name] else "%14s" % "-")
+        print("%-9s %-12s %10.2f %9.0f %s %s"
+              % (name, batches, ms, 1e3 * args.batch / ms, share, optimum))
     if any(parts.values()):
         print("per step (medians over every round's steps): rank 0's step = the slowest rank's "
               "compute + the rest (exchange, waiting, update); the bound at the rates the ranks "
               "computed at in the step (no exchange), and the step's throughput against it")
         for name in splits:
             if parts[name]:
-                step, slowest, rest, _ = (statistics.median(p) for p in zip(*parts[name]))
+                step, slowest, rest, measured = (statistics.median(p) for p in zip(*parts[name]))
                 share = statistics.median(100.0 * p[3] / p[0] for p in parts[name])
-                bound = statistics.median(p[3] for p in parts[name])
                 print("%-9s %8.2f ms = %8.2f + %6.2f ms; measured bound %8.2f ms, %5.1f%% (%d steps)"
-                      % (name, step, slowest, rest, bound, share, len(parts[name])))
+                      % (name, step, slowest, rest, measured, share, len(parts[name])))
     if "even" in splits and "static" in splits:
         e = statistics.median(times["even"])
         print("speedup of the static split over even: %.2fx" % (e / statistics.median(times["static"])))
