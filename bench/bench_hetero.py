@@ -62,7 +62,7 @@ import statistics
 import sys
 import tempfile
 
-from cpu_slices import check_headroom, describe, parse_quotas, quota_cgroups
+from cpu_slices import check_headroom, describe, parse_quotas, quota_cgroups, write_rankfile
 from vtrain_metrics import end_record, measured_rate, records, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,7 +149,7 @@ def main():
     args.ranks = 2 if args.gpu else 3
     quotas = parse_quotas(args.quotas, 3) if args.quotas else [None] * args.ranks
     if args.quotas:
-        check_headroom(quotas, [1, 2])
+        check_headroom(quotas)
     with quota_cgroups(quotas) as prefixes:
         bench(args, quotas, prefixes)
 
@@ -162,8 +162,7 @@ def bench(args, quotas, prefixes):
                OMPI_MCA_mpi_yield_when_idle="1")
     work = tempfile.mkdtemp(prefix="vtrain-hetero.")
     rankfile = os.path.join(work, "rankfile")
-    with open(rankfile, "w") as f:
-        f.write("rank 0=localhost slot=0\nrank 1=localhost slot=1\nrank 2=localhost slot=1\n")
+    write_rankfile(rankfile)
     db = os.path.abspath(args.db) if args.db else os.path.join(work, "perf.db")
     common = ["--progress", "off",
               "--set", "train.batch=%d" % args.batch, "--set", "train.max_steps=%d" % args.steps,

@@ -20,14 +20,13 @@ needs root): ranks 1 and 2 keep fixed speeds on their shared core instead of
 taking the core from each other whenever one waits.
 """
 import argparse
-import json
 import os
 import shutil
 import statistics
 import tempfile
 
-from cpu_slices import check_headroom, describe, parse_quotas, quota_cgroups
-from vtrain_metrics import measured_rate, run
+from cpu_slices import check_headroom, describe, parse_quotas, quota_cgroups, write_rankfile
+from vtrain_metrics import measured_rate, records, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,14 +34,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def read_steps(path):
     """Step records (with wall time per step from the cumulative img/s) and
     rebalance records of a metrics file."""
-    steps, switches, prev_t = [], [], None
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            if r["event"] == "rebalance":
-                switches.append(r)
-            elif r["event"] == "step" and r.get("compute_ms"):
-                steps.append(r)
+    switches = records(path, "rebalance")
+    steps = [r for r in records(path, "step") if r.get("compute_ms")]
+    prev_t = None
     batch = sum(steps[0]["split"])
     # images_per_second is cumulative over timed steps (the first is not timed).
     for i, s in enumerate(steps):
@@ -81,7 +75,7 @@ def main():
     quotas = parse_quotas(args.quotas, 3) if args.quotas else [None] * 3
     if any(quotas):
         print("CPU slices: " + describe(quotas))
-        check_headroom(quotas, [1, 2])
+        check_headroom(quotas)
     with quota_cgroups(quotas) as prefixes:
         bench(args, prefixes)
 
@@ -91,8 +85,7 @@ def bench(args, prefixes):
                VTRAIN_SLOW_RANK="0", VTRAIN_SLOW_AT_STEP=str(args.slow_at), VTRAIN_SLOW_FACTOR="2")
     work = tempfile.mkdtemp(prefix="vtrain-rebalance.")
     rankfile = os.path.join(work, "rankfile")
-    with open(rankfile, "w") as f:
-        f.write("rank 0=localhost slot=0\nrank 1=localhost slot=1\nrank 2=localhost slot=1\n")
+    write_rankfile(rankfile)
     metrics = os.path.join(work, "m.jsonl")
     vtrain = [args.vtrain, "train", args.config, "--progress", "line", "--metrics", metrics,
               "--set", "train.batch=%d" % args.batch, "--set", "train.max_steps=%d" % args.steps,

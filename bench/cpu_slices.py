@@ -123,15 +123,28 @@ def quota_cgroups(quotas):
                 pass
 
 
-def check_headroom(quotas, sharing):
-    """Warns (on stdout) when the quotas of the ranks in `sharing`, which
-    share one core, add up to more than 0.9 of it."""
-    total = sum(quotas[r] for r in sharing if quotas[r] is not None)
-    if total > 0.9:
-        print("note: the quotas of ranks %s add up to %g of their shared core: with under 10%% "
-              "of it left, each slice runs faster while the other waits than when both run, "
-              "so neither has one speed (cpu_slices.py); e.g. none,0.5,0.3 leaves headroom"
-              % (",".join(str(r) for r in sharing), total), flush=True)
+# The benches' three ranks: rank r runs on core CORES[r] (rank 0 alone,
+# ranks 1 and 2 sharing cpu 1).
+CORES = (0, 1, 1)
+
+
+def write_rankfile(path):
+    """An Open MPI rankfile that pins every rank to its core in CORES."""
+    with open(path, "w") as f:
+        f.writelines("rank %d=localhost slot=%d\n" % (r, c) for r, c in enumerate(CORES))
+
+
+def check_headroom(quotas):
+    """Warns (on stdout) where the quotas of the ranks sharing a core
+    (CORES) add up to more than 0.9 of it."""
+    for core in sorted(set(CORES)):
+        sharing = [r for r, c in enumerate(CORES) if c == core]
+        total = sum(quotas[r] for r in sharing if quotas[r] is not None)
+        if len(sharing) > 1 and total > 0.9:
+            print("note: the quotas of ranks %s add up to %g of their shared core: with under "
+                  "10%% of it left, each slice runs faster while the other waits than when both "
+                  "run, so neither has one speed (cpu_slices.py); e.g. none,0.5,0.3 leaves headroom"
+                  % (",".join(str(r) for r in sharing), total), flush=True)
 
 
 def describe(quotas):
