@@ -3,15 +3,20 @@
 data and threads (the foundation issue's benchmark).
 
     /usr/bin/python3 bench/bench_train.py [--runs 5] [--steps 200] [--threads 2] [--vtrain PATH]
-                                          [--precisions fp32,bf16]
+                                          [--precisions fp32,bf16] [--baseline PATH]
 
 Alternates vtrain and PyTorch runs (A B A B ...) so drifting machine load hits
 both alike, and prints per-model (and per-precision) medians, the ratio of
 medians, vtrain's peak device memory and GFLOP/s. Precision bf16 is vtrain's
 train.precision: bf16 against PyTorch's CPU autocast to bfloat16 (needs a CPU
 with AVX-512 BF16 or AMX for vtrain; a ratio column compares each precision
-with fp32 of the same program) (training FLOPs = 3 x forward multiply-adds x 2, the usual
+with fp32 of the same program). --baseline runs a second vtrain binary (an
+older build, say) in the same rounds and prints this one's ratio to it (training FLOPs = 3 x forward multiply-adds x 2, the usual
 convention; the first conv's skipped backward-data is not subtracted).
+--models takes lenet and vgg-small (Fashion-MNIST, against PyTorch) and
+PRESET:CxHxW, a preset on synthetic data of that shape, vtrain alone (its
+PyTorch and GFLOP/s columns print nan), e.g. alexnet:3x224x224 with
+--vtrain-set train.batch=16 --baseline OLD_BUILD/vtrain.
 Needs build/vtrain and Debian's python3-torch (with libopenblas0)."""
 import argparse
 import os
@@ -35,10 +40,25 @@ CONFIGS = {"lenet": "configs/fmnist-lenet.yaml", "vgg-small": "configs/fmnist-vg
 LR = {"lenet": 0.05, "vgg-small": 0.02}
 
 
+def model_args(model):
+    """The config and --set options that train `model`: a name of CONFIGS
+    (Fashion-MNIST), or PRESET:CxHxW, the preset on synthetic data of that
+    shape (vtrain only: PyTorch is not run for it)."""
+    if model in CONFIGS:
+        return [os.path.join(ROOT, CONFIGS[model])]
+    preset, _, shape = model.partition(":")
+    dims = shape.split("x")
+    if len(dims) != 3 or not all(d.isdigit() for d in dims):
+        raise SystemExit(f"bench_train: --models entry '{model}': expected one of "
+                         f"{', '.join(CONFIGS)} or PRESET:CxHxW, e.g. alexnet:3x224x224")
+    return [os.path.join(ROOT, "configs", "synthetic-lenet.yaml"),
+            "--set", f"model.preset={preset}", "--set", f"data.shape=[{','.join(dims)}]"]
+
+
 def run_vtrain(binary, model, steps, threads, precision, extra):
     """(images/s, peak device bytes) of one run."""
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as m:
-        cmd = [binary, os.path.join(ROOT, CONFIGS[model]),
+        cmd = [binary] + model_args(model) + [
                "--progress", "off", "--metrics", m.name,
                "--set", f"train.max_steps={steps}", "--set", "train.evaluate=false",
                "--set", f"device.threads={threads}",
@@ -66,6 +86,7 @@ def main():
                    help="comma-separated train.precision values (fp32, bf16)")
     p.add_argument("--vtrain", default=os.path.join(ROOT, "build", "vtrain"),
                    help="the vtrain binary (default: build/vtrain in the repo)")
+    p.add_argument("--baseline", help="another vtrain binary to alternate with --vtrain")
     p.add_argument("--vtrain-set", action="append", default=[],
                    help="extra --set for vtrain, e.g. conv.algorithm=winograd")
     a = p.parse_args()
@@ -73,29 +94,41 @@ def main():
     os.environ["OMP_NUM_THREADS"] = env_threads
     extra = [x for s in a.vtrain_set for x in ("--set", s)]
     precisions = a.precisions.split(",")
+    base_cols = f" {'baseline img/s':>15} {'vs baseline':>11}" if a.baseline else ""
     print(f"{'model':10} {'prec':5} {'vtrain img/s':>13} {'torch img/s':>12} {'ratio':>6} "
-          f"{'vs fp32 (vtrain, torch)':>24} {'vtrain peak MiB':>16} {'GFLOP/s':>8}")
+          f"{'vs fp32 (vtrain, torch)':>24} {'vtrain peak MiB':>16} {'GFLOP/s':>8}{base_cols}")
     for model in a.models.split(","):
         v = {p: [] for p in precisions}
         peak = {p: [] for p in precisions}
         t = {p: [] for p in precisions}
+        base = {p: [] for p in precisions}
         for _ in range(a.runs):
             for prec in precisions:
                 ips, peak_bytes = run_vtrain(a.vtrain, model, a.steps, a.threads, prec, extra)
                 v[prec].append(ips)
                 peak[prec].append(peak_bytes)
-                t[prec].append(run_torch(model, a.steps, a.threads, prec))
+                if a.baseline:
+                    base[prec].append(run_vtrain(a.baseline, model, a.steps, a.threads, prec,
+                                                 extra)[0])
+                if model in CONFIGS:
+                    t[prec].append(run_torch(model, a.steps, a.threads, prec))
         for prec in precisions:
-            mv, mt = statistics.median(v[prec]), statistics.median(t[prec])
+            mv = statistics.median(v[prec])
+            mt = statistics.median(t[prec]) if t[prec] else float("nan")
             vs = "-"
             if prec != "fp32" and "fp32" in v:
                 vs = (f"{mv / statistics.median(v['fp32']):.2f}x, "
-                      f"{mt / statistics.median(t['fp32']):.2f}x")
-            gflops = mv * 3 * 2 * FORWARD_MACS[model] / 1e9
-            print(f"{model:10} {prec:5} {mv:13.0f} {mt:12.0f} {mv / mt:6.2f} {vs:>24} "
-                  f"{max(peak[prec]) / 2**20:16.1f} {gflops:8.1f}")
-            print(f"  runs vtrain {[round(x) for x in v[prec]]}  torch {[round(x) for x in t[prec]]}",
-                  flush=True)
+                      f"{mt / statistics.median(t['fp32']) if t[prec] else mt:.2f}x")
+            gflops = mv * 3 * 2 * FORWARD_MACS.get(model, float("nan")) / 1e9
+            base_cells, base_runs = "", ""
+            if a.baseline:
+                mb = statistics.median(base[prec])
+                base_cells = f" {mb:15.1f} {mv / mb:10.2f}x"
+                base_runs = f"  baseline {[round(x, 1) for x in base[prec]]}"
+            print(f"{model:10} {prec:5} {mv:13.1f} {mt:12.1f} {mv / mt:6.2f} {vs:>24} "
+                  f"{max(peak[prec]) / 2**20:16.1f} {gflops:8.1f}{base_cells}")
+            print(f"  runs vtrain {[round(x, 1) for x in v[prec]]}  torch {[round(x) for x in t[prec]]}"
+                  f"{base_runs}", flush=True)
 
 
 if __name__ == "__main__":

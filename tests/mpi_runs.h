@@ -33,11 +33,17 @@ inline int run(const std::string& command, std::string* output = nullptr) {
   return test_support::run_command(command, output);
 }
 
-// LeNet on small synthetic data, fixed algorithms (bitwise reproducible).
+inline const std::string kLeNetConfig = "configs/synthetic-lenet.yaml";
+// For comparing weights across splits (see the file).
+inline const std::string kSmoothLeNetConfig = "tests/configs/smooth-lenet.yaml";
+
+// LeNet on small synthetic data, fixed algorithms (bitwise reproducible);
+// `config` relative to the source tree.
 inline std::string train_args(const std::string& ckpt_dir, int steps,
-                              const std::string& extra = "") {
-  return test_support::vtrain_binary() + " " + test_support::source_dir() +
-         "/configs/synthetic-lenet.yaml --progress off" +
+                              const std::string& extra = "",
+                              const std::string& config = kLeNetConfig) {
+  return test_support::vtrain_binary() + " " + test_support::source_dir() + "/" + config +
+         " --progress off" +
          " --set train.batch=48 --set train.max_steps=" + std::to_string(steps) +
          " --set train.evaluate=false --set conv.algorithm=direct --set device.threads=1" +
          " --set checkpoint.dir=" + ckpt_dir + " " + extra;
