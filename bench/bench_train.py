@@ -10,9 +10,10 @@ both alike, and prints per-model (and per-precision) medians, the ratio of
 medians, vtrain's peak device memory and GFLOP/s. Precision bf16 is vtrain's
 train.precision: bf16 against PyTorch's CPU autocast to bfloat16 (needs a CPU
 with AVX-512 BF16 or AMX for vtrain; a ratio column compares each precision
-with fp32 of the same program). --baseline runs a second vtrain binary (an
-older build, say) in the same rounds and prints this one's ratio to it (training FLOPs = 3 x forward multiply-adds x 2, the usual
-convention; the first conv's skipped backward-data is not subtracted).
+with fp32 of the same program). Training FLOPs = 3 x forward multiply-adds
+x 2, the usual convention; the first conv's skipped backward-data is not
+subtracted. --baseline runs a second vtrain binary (an older build, say) in
+the same rounds and prints this one's ratio to it.
 --models takes lenet and vgg-small (Fashion-MNIST, against PyTorch) and
 PRESET:CxHxW, a preset on synthetic data of that shape, vtrain alone (its
 PyTorch and GFLOP/s columns print nan), e.g. alexnet:3x224x224 with
