@@ -118,8 +118,8 @@ def main():
             mt = statistics.median(t[prec]) if t[prec] else float("nan")
             vs = "-"
             if prec != "fp32" and "fp32" in v:
-                vs = (f"{mv / statistics.median(v['fp32']):.2f}x, "
-                      f"{mt / statistics.median(t['fp32']) if t[prec] else mt:.2f}x")
+                torch_vs = mt / statistics.median(t["fp32"]) if t[prec] else float("nan")
+                vs = f"{mv / statistics.median(v['fp32']):.2f}x, {torch_vs:.2f}x"
             gflops = mv * 3 * 2 * FORWARD_MACS.get(model, float("nan")) / 1e9
             base_cells, base_runs = "", ""
             if a.baseline:
