@@ -10,8 +10,11 @@ one chosen.
 
 For each model, `vtrain profile` with train.precision fp16 times every
 algorithm cuDNN offers for each convolution kernel (Forward, BackwardData,
-BackwardFilter) at the batch, undivided, into the perf DB; the script then
-reads the DB back (`vtrain db export`). Needs the CUDA backend and a GPU
+BackwardFilter) at the batch, undivided, into a perf DB of that model's own
+(--db pseudo_half.db gives pseudo_half-resnet50.db, ...: in one DB a model
+would also list the kernels of the models profiled before it); the script
+then reads the DB back (`vtrain db export`). The summary counts each
+distinct kernel once. Needs the CUDA backend and a GPU
 with fp16 (compute capability 7.0 or newer)."""
 import argparse
 import csv
@@ -68,10 +71,11 @@ def main():
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "synthetic-lenet.yaml"))
     ap.add_argument("--models", default="resnet50:64,vgg16:64",
                     help="comma-separated model:batch pairs (" + ", ".join(SHAPES) + ")")
-    ap.add_argument("--db", default="pseudo_half.db", help="the perf DB to profile into")
+    ap.add_argument("--db", default="pseudo_half.db",
+                    help="the perf DBs' name: X.db profiles each model M into X-M.db")
     ap.add_argument("--repeats", type=int, default=5, help="profile.repeats")
     a = ap.parse_args()
-    all_speedups, wins, kernels_seen, without_true = [], 0, 0, 0
+    distinct = {}  # (kind, problem) -> (true_half ms or None, best ms, whether pseudo wins)
     for item in a.models.split(","):
         model, _, batch = item.partition(":")
         if model not in SHAPES or not batch.isdigit():
@@ -79,31 +83,35 @@ def main():
                              % (item, ", ".join(SHAPES)))
         batch = int(batch)
         c, h, w = SHAPES[model]
-        run([a.vtrain, "profile", a.config, "--db", a.db, "--set", "model.preset=" + model,
+        stem, ext = os.path.splitext(a.db)
+        db = "%s-%s%s" % (stem, model, ext or ".db")
+        run([a.vtrain, "profile", a.config, "--db", db, "--set", "model.preset=" + model,
              "--set", "data.shape=[%d,%d,%d]" % (c, h, w), "--set", "train.batch=%d" % batch,
              "--set", "train.precision=fp16", "--set", "device.backend=cuda",
              "--set", "profile.batches=[%d]" % batch, "--set", "profile.steps=false",
              "--set", "profile.repeats=%d" % a.repeats])
-        rows = speedups(export(a.vtrain, a.db, "kernels"),
-                        export(a.vtrain, a.db, "kernel_measurements"), batch)
+        rows = speedups(export(a.vtrain, db, "kernels"),
+                        export(a.vtrain, db, "kernel_measurements"), batch)
         print("\n%s batch %d: %d fp16 kernels" % (model, batch, len(rows)))
         print("  %-15s %-28s %12s %12s %8s  %s" % ("kind", "problem", "true_half ms",
                                                    "best ms", "speedup", "fastest"))
         for kind, shape, true_ms, best_ms, pseudo in rows:
-            kernels_seen += 1
-            wins += pseudo
+            distinct[(kind, shape)] = (true_ms, best_ms, pseudo)
             if true_ms is None:
-                without_true += 1
                 print("  %-15s %-28s %12s %12.3f %8s  %s" % (kind, shape, "none", best_ms, "-",
                                                               "pseudo_half"))
                 continue
-            all_speedups.append(true_ms / best_ms)
             print("  %-15s %-28s %12.3f %12.3f %7.2fx  %s"
                   % (kind, shape, true_ms, best_ms, true_ms / best_ms,
                      "pseudo_half" if pseudo else "true_half"))
-    if kernels_seen == 0:
-        raise SystemExit("no fp16 kernel measurements in " + a.db)
-    print("\n%d kernels: PSEUDO_HALF fastest in %d (%.0f%%; mu-cuDNN on a V100: 69%%)"
+    if not distinct:
+        raise SystemExit("no fp16 kernel measurements in the perf DBs of " + a.db)
+    kernels_seen = len(distinct)
+    wins = sum(pseudo for _, _, pseudo in distinct.values())
+    without_true = sum(true_ms is None for true_ms, _, _ in distinct.values())
+    all_speedups = [true_ms / best_ms for true_ms, best_ms, _ in distinct.values()
+                    if true_ms is not None]
+    print("\n%d distinct kernels: PSEUDO_HALF fastest in %d (%.0f%%; mu-cuDNN on a V100: 69%%)"
           % (kernels_seen, wins, 100.0 * wins / kernels_seen))
     if without_true:
         print("%d kernels have no TRUE_HALF algorithm on this GPU" % without_true)

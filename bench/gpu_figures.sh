@@ -93,7 +93,9 @@ part precisions_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain"
   --steps 200 --models lenet:64,resnet18:128,resnet50:64,vgg16:64 \
   --precisions fp32,tf32,bf16,fp16 --json "$out/precisions_vs_torch.json"
 # The same with cuDNN's graph-API engines offered beside the legacy
-# algorithms (conv.cudnn_graph), on the models where the legacy ones trail AMP.
+# algorithms (conv.cudnn_graph, the default since 2026-11-27; named here so
+# the part keeps measuring them), on the models where the legacy ones
+# trailed AMP.
 part graph_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 2 \
   --steps 100 --models resnet50:64,vgg16:64 --precisions bf16,fp16 \
   --vtrain-set conv.cudnn_graph=true --json "$out/graph_vs_torch.json"

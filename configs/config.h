@@ -133,7 +133,7 @@ struct DeviceConfig {
 
 struct ConvConfig {
   std::string algorithm = "auto";  // "auto" or a backend algorithm name (cpu: direct, winograd, im2col_gemm)
-  bool cudnn_graph = false;        // CUDA, half precision: also cuDNN's graph-API engines
+  bool cudnn_graph = true;         // CUDA, half precision: also cuDNN's graph-API engines
 };
 
 struct MemoryConfig {

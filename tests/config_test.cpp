@@ -52,7 +52,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_EQ(c.device.threads, 0);
   EXPECT_EQ(c.device.memory_limit, 0u);
   EXPECT_EQ(c.conv.algorithm, "auto");
-  EXPECT_FALSE(c.conv.cudnn_graph);
+  EXPECT_TRUE(c.conv.cudnn_graph);
   EXPECT_EQ(c.output.metrics, "");
   EXPECT_EQ(c.output.progress, worker::ProgressSetting::kAuto);
 }
@@ -81,7 +81,7 @@ optimizer:
   gamma: 0.5
   warmup_steps: 10
 device: {backend: cpu, threads: 4, memory_limit: 1.5GB, layout: nhwc}
-conv: {algorithm: winograd, cudnn_graph: true}
+conv: {algorithm: winograd, cudnn_graph: false}
 output: {metrics: /tmp/m.jsonl, progress: line}
 )");
   EXPECT_EQ(c.model.preset, "vgg-small");
@@ -110,7 +110,7 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_EQ(c.device.memory_limit, 1'500'000'000u);
   EXPECT_EQ(c.device.layout, worker::LayoutChoice::kNhwc);
   EXPECT_EQ(c.conv.algorithm, "winograd");
-  EXPECT_TRUE(c.conv.cudnn_graph);
+  EXPECT_FALSE(c.conv.cudnn_graph);
   EXPECT_EQ(c.output.metrics, "/tmp/m.jsonl");
   EXPECT_EQ(c.output.progress, worker::ProgressSetting::kLine);
 }
@@ -338,7 +338,7 @@ train: {batch: 16, seed: 7, evaluate: false, precision: bf16, gradient_allreduce
         loss_scaling: {mode: on, initial: 256, growth_interval: 50}}
 optimizer: {lr: 0.05, momentum: 0.9, weight_decay: 5e-4, schedule: cosine}
 device: {backend: cpu, memory_limit: 64MiB, layout: nhwc}
-conv: {cudnn_graph: true}
+conv: {cudnn_graph: false}
 balance: {rebalance: {threshold: 0.4, window: 9, patience: 3, min_gain: 0.2, min_gain_ms: 1,
                       probe_every: 7}}
 profile: {step_rounds: 3}
@@ -349,7 +349,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   SCOPED_TRACE(text);
   EXPECT_EQ(to_yaml(b), text);
   EXPECT_EQ(b.device.layout, worker::LayoutChoice::kNhwc);
-  EXPECT_TRUE(b.conv.cudnn_graph);
+  EXPECT_FALSE(b.conv.cudnn_graph);
   ASSERT_EQ(b.model.layers.size(), a.model.layers.size());
   for (size_t i = 0; i < a.model.layers.size(); ++i) {
     const auto& x = a.model.layers[i];
