@@ -8,7 +8,7 @@
 #include <climits>
 #include <cstdlib>
 
-#include "common/half.h"
+#include "common/half_convert.h"
 
 namespace vtrain::worker::cuda {
 
@@ -334,7 +334,7 @@ void CudaBackend::copy_async(void* dst, const void* src, size_t bytes, StreamKin
 }
 
 // Plain tensors move as they are stored: a half one is rounded on the host
-// (common/half.h, to nearest even as on the device) into the pinned
+// (common/half_convert.h, to nearest even as on the device) into the pinned
 // staging, or widened from it, so that a step's input upload (the input
 // layer is plain) takes no device memory outside the plan. Other layouts
 // go through f32 staging in the scratch and a device reorder.
@@ -351,12 +351,11 @@ void CudaBackend::upload(const float* host, const Tensor& dst) {
     // The pinned staging is free between calls: every op that copies
     // through it waits for the copy before it returns.
     char* staging = pinned_staging(static_cast<size_t>(elements) * element_bytes(type));
+    const std::span<const float> in(host, static_cast<size_t>(elements));
     if (type == DataType::kBF16) {
-      auto* out = reinterpret_cast<common::Bf16*>(staging);
-      for (int64_t i = 0; i < elements; ++i) out[i] = common::to_bf16(host[i]);
+      common::to_bf16(in, reinterpret_cast<common::Bf16*>(staging));
     } else {
-      auto* out = reinterpret_cast<common::F16*>(staging);
-      for (int64_t i = 0; i < elements; ++i) out[i] = common::to_f16(host[i]);
+      common::to_f16(in, reinterpret_cast<common::F16*>(staging));
     }
     VTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data, staging, dst.bytes(), cudaMemcpyHostToDevice,
                                       compute_.get()),
@@ -384,12 +383,11 @@ void CudaBackend::download(const Tensor& src, float* host) {
                                       compute_.get()),
                       context);
     sync_compute(context);
+    const auto count = static_cast<size_t>(elements);
     if (type == DataType::kBF16) {
-      const auto* in = reinterpret_cast<const common::Bf16*>(staging);
-      for (int64_t i = 0; i < elements; ++i) host[i] = common::to_float(in[i]);
+      common::to_float({reinterpret_cast<const common::Bf16*>(staging), count}, host);
     } else {
-      const auto* in = reinterpret_cast<const common::F16*>(staging);
-      for (int64_t i = 0; i < elements; ++i) host[i] = common::to_float(in[i]);
+      common::to_float({reinterpret_cast<const common::F16*>(staging), count}, host);
     }
     return;
   }
