@@ -2,7 +2,8 @@
 // storage types (common/precision.h), rounding to nearest even as the
 // devices do. For code that touches half-precision elements one at a time
 // (reference ops, fills, per-channel loops); bulk conversions go through
-// the backend (Backend::convert).
+// the backend (Backend::convert) on the device, common/half_convert.h on
+// the host.
 #pragma once
 
 #include <bit>
