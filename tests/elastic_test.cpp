@@ -29,7 +29,10 @@ using mpi_runs::launch;
 using mpi_runs::run;
 using mpi_runs::TempDir;
 
-// LeNet (no batch norm) on 480 samples in batches of 48: 10 steps an epoch.
+// The smooth LeNet (tests/configs/smooth-lenet.yaml: no max pool or ReLU
+// whose near-tie rounding could flip, which left LeNet's other rank counts
+// 2e-4 to 4e-4 apart after 16 steps for 2 of 13 seeds) on 480 samples in
+// batches of 48: 10 steps an epoch.
 // The first run stops after kFirst steps, mid-epoch; the continuation runs
 // on into the second epoch, so both the position inside an epoch and the
 // next epoch's shuffle are exercised. Momentum and weight decay make the
@@ -38,14 +41,16 @@ constexpr int kFirst = 7;
 constexpr int kTotal = 16;
 constexpr int kBatch = 48;
 // Relative to the weights' scale: runs that add the same gradients in
-// another order (another rank count) stay this close; the continuation
-// itself moves the weights by more than 1e-2.
-constexpr double kTolerance = 2e-6;
+// another order (another rank count) stay this close (seeds 1-13: at most
+// 1.0e-6); the continuation itself moves the weights by more than 1e-2.
+constexpr double kTolerance = 1e-5;
 
-std::string lenet(const std::string& ckpt_dir, int steps, const std::string& extra = "") {
+std::string lenet(const std::string& ckpt_dir, int steps, const std::string& extra = "",
+                  const std::string& config = mpi_runs::kSmoothLeNetConfig) {
   return mpi_runs::train_args(ckpt_dir, steps,
                               "--set data.train_size=480 --set optimizer.momentum=0.9 "
-                              "--set optimizer.weight_decay=5e-4 " + extra);
+                              "--set optimizer.weight_decay=5e-4 " + extra,
+                              config);
 }
 
 // Runs `ranks` ranks for `steps` steps with checkpoints in `ckpt_dir`;
@@ -105,7 +110,7 @@ TEST(Elastic, EveryRankCountContinuesEveryOther) {
                   name.c_str(), m, to_m.max_abs, to_m.relative, to_one.max_abs, to_one.relative);
       // The same ranks sum the same gradients in the same order: bit for
       // bit. Other rank counts add the gradients' parts in another order
-      // (seen: up to 3e-7 relative).
+      // (seen: up to 1.0e-6 relative over seeds 1-13).
       if (n == m) {
         EXPECT_EQ(continued, uninterrupted[m]);
       }
@@ -154,9 +159,8 @@ TEST(Elastic, ChangedBatchOrModelIsRefusedOnAnyRankCount) {
                                "it stopped before global sample 336 of epoch 1"),
             std::string::npos)
       << out;
-  EXPECT_EQ(run(launch(3) + lenet(dir / "ck", kTotal,
-                                  "--resume --set model.preset=vgg-small --set train.batch=48"),
-                &out),
+  // Another model: LeNet with its max pools and ReLUs.
+  EXPECT_EQ(run(launch(3) + lenet(dir / "ck", kTotal, "--resume", mpi_runs::kLeNetConfig), &out),
             1)
       << out;
   EXPECT_NE(out.find(written + " was written for another model"), std::string::npos) << out;

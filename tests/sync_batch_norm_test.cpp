@@ -1,5 +1,6 @@
 // Synchronised batch norm (model.batch_norm: sync), through mpirun the way
-// users run vtrain (ctest label mpi): ResNet-18 on a batch of 64 split over
+// users run vtrain (ctest label mpi): ResNet-18 (its ReLUs left out, below)
+// on a batch of 64 split over
 // 3 ranks ends its steps where one rank with the whole batch does, weights and
 // running statistics; with `local` it does not; an idle rank and per-rank
 // recomputation (memonger plans differ with the batch) take part without a
@@ -26,17 +27,22 @@ struct Weights {
   std::vector<float> buffers;  // batch norm's running statistics
 };
 
-// What each run trains: ResNet-18 on synthetic samples of `shape` (the
-// small-input stem), fixed conv algorithm, one thread per rank, SGD with
-// momentum.
+// What each run trains: tests/configs/smooth-resnet18.yaml, ResNet-18 with
+// the small-input stem and without its ReLUs, on synthetic samples of
+// `shape`, fixed conv algorithm, one thread per rank, SGD with momentum.
 //
-// ResNet-18 on this tiny synthetic data is chaotic: a rounding-level change
-// grows about tenfold per step after the third, whatever causes it. One rank
-// with conv.algorithm im2col_gemm instead of direct, no MPI at all, differs
-// from direct by 3e-7 after 3 steps and 1e-3 after 20 (3x4x4, lr 0.05); two
-// synchronised splits differ alike. So equality within 1e-5 is checked after
-// 3 steps, where rounding has not yet been amplified past it, and after 20
-// steps a split is checked against that rounding floor instead.
+// Without the ReLUs a step is a smooth function of the weights. With them
+// (the resnet18 preset) a rounding-level difference, another split's
+// summation order or one rank with im2col_gemm instead of direct alike,
+// flips a ReLU near zero for some seeds: the weights then end 1e-5 to 1e-2
+// apart within 1 to 3 steps, nothing being wrong (9 of 13 seeds at 3
+// steps; seed 10 moved 1.6e-3 in one step with one rank and another
+// algorithm). On the smooth model, seeds 1-13: weights 1.4e-7 to 6.6e-7
+// apart after 3 steps of 3x4x4 at lr 0.05, with local statistics
+// 0.05-0.2. Longer runs at
+// 3x4x4 (batch norm over 64 values where the spatial size reaches 1x1)
+// amplify rounding to 1e-5-1e-3 by step 20, so the 20-step test trains
+// 3x8x8 at lr 0.01.
 struct Run {
   const char* shape;
   const char* lr;
@@ -47,7 +53,7 @@ constexpr Run kLong{"[3,8,8]", "0.01", 20};
 
 std::string train_args(const Run& run, const std::string& ckpt_dir, const std::string& extra) {
   return test_support::vtrain_binary() + " " + test_support::source_dir() +
-         "/configs/synthetic-lenet.yaml --progress off --set model.preset=resnet18"
+         "/tests/configs/smooth-resnet18.yaml --progress off"
          " --set data.shape=" + run.shape + " --set train.batch=64 --set train.max_steps=" +
          std::to_string(run.steps) +
          " --set train.evaluate=false --set conv.algorithm=direct --set device.threads=1"
@@ -132,13 +138,13 @@ TEST_F(SyncBatchNorm, IdleRankAndRecomputationKeepTheNumbers) {
                      split("0,20,44") + " --set memory.policy=memonger", true);
 }
 
-// After 20 steps (the issue's horizon) a synchronised split is as close to
-// one rank with the whole batch as rounding lets two one-rank runs be: the
-// floor is one rank with another convolution algorithm, the same arithmetic
-// summed in another order. Local statistics are an order of magnitude
-// further out (measured: sync 2.9e-4, floor 4.2e-4, local 5.4e-2 for the
-// weights).
-TEST(SyncBatchNormTwentySteps, UnevenSplitStaysWithinRoundingOfTheWholeBatch) {
+// After 20 steps (issue 14's target): a synchronised split 7/13/44 equals
+// one rank with the whole batch within 1e-5 relative, weights and running
+// statistics; local statistics end far from it. Printed beside them, for
+// scale: one rank with another convolution algorithm, the same arithmetic
+// summed in another order (seeds 1-3: weights 1.2e-7 to 2.4e-7 for both
+// it and sync, statistics up to 6e-6; local 1.2e-2 and 0.4-0.7).
+TEST(SyncBatchNormTwentySteps, UnevenSplitEqualsTheWholeBatchAfterTwentySteps) {
   test_support::TempDir dir;
   const Weights whole = train(kLong, "", dir.path("one"), "");
   const Weights other_algorithm =
@@ -157,14 +163,13 @@ TEST(SyncBatchNormTwentySteps, UnevenSplitStaysWithinRoundingOfTheWholeBatch) {
                 "relative\n", name, kLong.steps, p.relative, b.relative);
     return std::pair{p.relative, b.relative};
   };
-  const auto [floor_w, floor_b] = print("1 rank, im2col_gemm (rounding floor)", other_algorithm);
+  print("1 rank, im2col_gemm (for scale)", other_algorithm);
   const auto [sync_w, sync_b] = print("sync 7/13/44", sync);
   const auto [local_w, local_b] = print("local 7/13/44", local);
-  ASSERT_GT(floor_w, 0.0) << "the two algorithms gave identical weights: no floor to compare with";
-  EXPECT_LE(sync_w, 2 * floor_w);
-  EXPECT_LE(sync_b, 2 * floor_b);
-  EXPECT_GE(local_w, 10 * floor_w);
-  EXPECT_GE(local_b, 10 * floor_b);
+  EXPECT_LE(sync_w, 1e-5);
+  EXPECT_LE(sync_b, 1e-5);
+  EXPECT_GT(local_w, 1e-3);
+  EXPECT_GT(local_b, 1e-3);
 }
 
 }  // namespace
