@@ -76,6 +76,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5, help="profile.repeats")
     a = ap.parse_args()
     distinct = {}  # (kind, problem) -> (true_half ms or None, best ms, whether pseudo wins)
+    stem, ext = os.path.splitext(a.db)
     for item in a.models.split(","):
         model, _, batch = item.partition(":")
         if model not in SHAPES or not batch.isdigit():
@@ -83,7 +84,6 @@ def main():
                              % (item, ", ".join(SHAPES)))
         batch = int(batch)
         c, h, w = SHAPES[model]
-        stem, ext = os.path.splitext(a.db)
         db = "%s-%s%s" % (stem, model, ext or ".db")
         run([a.vtrain, "profile", a.config, "--db", db, "--set", "model.preset=" + model,
              "--set", "data.shape=[%d,%d,%d]" % (c, h, w), "--set", "train.batch=%d" % batch,

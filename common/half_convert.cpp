@@ -105,11 +105,6 @@ void to_float(std::span<const Bf16> in, float* out, ConvertPath path) {
   scalar(in, out, [](Bf16 h) { return to_float(h); });
 }
 
-void to_f16(std::span<const float> in, F16* out) { to_f16(in, out, ConvertPath::kVector); }
-void to_bf16(std::span<const float> in, Bf16* out) { to_bf16(in, out, ConvertPath::kVector); }
-void to_float(std::span<const F16> in, float* out) { to_float(in, out, ConvertPath::kVector); }
-void to_float(std::span<const Bf16> in, float* out) { to_float(in, out, ConvertPath::kVector); }
-
 const char* vector_conversions() {
   if (has_f16c()) return has_avx2() ? "f16 F16C, bf16 AVX2" : "f16 F16C, bf16 scalar";
   return has_avx2() ? "f16 scalar, bf16 AVX2" : "scalar";

@@ -14,21 +14,18 @@
 
 namespace vtrain::common {
 
-// out[i] = in[i] rounded to nearest even; out holds in.size() elements.
-void to_f16(std::span<const float> in, F16* out);
-void to_bf16(std::span<const float> in, Bf16* out);
-// out[i] = in[i] widened (exact); out holds in.size() elements.
-void to_float(std::span<const F16> in, float* out);
-void to_float(std::span<const Bf16> in, float* out);
-
-// The paths behind the calls above, for tests and benchmarks: kScalar is
-// half.h's loop; kVector the instructions named above, or the scalar loop
-// where this CPU lacks them (vector_conversions() says which).
+// The two ways the calls below can convert, for tests and benchmarks:
+// kScalar is half.h's loop; kVector (the default) the instructions named
+// above, or the scalar loop where this CPU lacks them
+// (vector_conversions() says which).
 enum class ConvertPath { kScalar, kVector };
-void to_f16(std::span<const float> in, F16* out, ConvertPath path);
-void to_bf16(std::span<const float> in, Bf16* out, ConvertPath path);
-void to_float(std::span<const F16> in, float* out, ConvertPath path);
-void to_float(std::span<const Bf16> in, float* out, ConvertPath path);
+
+// out[i] = in[i] rounded to nearest even; out holds in.size() elements.
+void to_f16(std::span<const float> in, F16* out, ConvertPath path = ConvertPath::kVector);
+void to_bf16(std::span<const float> in, Bf16* out, ConvertPath path = ConvertPath::kVector);
+// out[i] = in[i] widened (exact); out holds in.size() elements.
+void to_float(std::span<const F16> in, float* out, ConvertPath path = ConvertPath::kVector);
+void to_float(std::span<const Bf16> in, float* out, ConvertPath path = ConvertPath::kVector);
 // What kVector runs on this CPU, e.g. "f16 F16C, bf16 AVX2", or "scalar".
 const char* vector_conversions();
 
