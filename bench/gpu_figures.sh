@@ -6,7 +6,8 @@
 #
 # Parts (default all): gpu_tests conformance_gpu train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
-# precisions_vs_torch graph_vs_torch breakdown_gpu pseudo_half accuracy_parity layouts plans_gpu joint_split_gpu. Each takes one to three
+# precisions_vs_torch graph_vs_torch graph_engines breakdown_gpu pseudo_half accuracy_parity layouts
+# plans_gpu joint_split_gpu. Each takes one to three
 # minutes on an H100 but precisions_vs_torch (four models in four
 # precisions, about 15). accuracy_parity reads Fashion-MNIST from the
 # dataset-fashion-mnist package carried with the others (docs/cuda.md). alexnet_fronts writes the plans and fronts CSVs
@@ -99,6 +100,34 @@ part precisions_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain"
 part graph_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 2 \
   --steps 100 --models resnet50:64,vgg16:64 --precisions bf16,fp16 \
   --vtrain-set conv.cudnn_graph=true --json "$out/graph_vs_torch.json"
+# How many of cuDNN's graph engines to time (conv.graph_engines): VGG-16
+# bf16's first convolutions' weight gradients took 6.1 ms with the default
+# 4, PyTorch's sm90 kernel 0.44 ms (2026-11-27, H200). The per-kernel
+# profile with 16 (every candidate's time, fastest first, for the 224x224
+# layers), then training at 4 and 16 alternating, img/s from "done:".
+graph_engines() {
+  "$bin/vtrain" profile configs/synthetic-lenet.yaml --db "$out/graph-engines.db" \
+    --set model.preset=vgg16 --set "data.shape=[3,224,224]" --set train.batch=64 \
+    --set device.backend=cuda --set train.precision=bf16 --set conv.graph_engines=16 \
+    --set profile.micro_batches=undivided --set "profile.batches=[64]" > /dev/null || return 1
+  python3 - "$out/graph-engines.db" <<'PY' | head -60
+import sqlite3, sys
+rows = sqlite3.connect(sys.argv[1]).execute(
+    "select k.c, k.kind, m.algorithm, m.time_ms from kernel_measurements m"
+    " join kernels k on k.id = m.kernel_id where k.h = 224 order by k.c, k.kind, m.time_ms")
+for r in rows: print(*r, sep="\t")
+PY
+  for round in 1 2; do
+    for n in 4 16; do
+      echo -n "graph_engines $n, round $round: "
+      "$bin/vtrain" configs/synthetic-lenet.yaml --set model.preset=vgg16 \
+        --set "data.shape=[3,224,224]" --set train.batch=64 --set train.max_steps=60 \
+        --set train.evaluate=false --set device.backend=cuda --set train.precision=bf16 \
+        --set conv.graph_engines=$n --progress off | grep "^done:" || return 1
+    done
+  done
+}
+part graph_engines graph_engines
 # Where a step's time goes on the models where vtrain's half precision
 # trails PyTorch AMP (scripts/trace_summary.py over vtrain's --trace).
 breakdown() {

@@ -466,12 +466,15 @@ DeviceConfig read_device(const Field& field) {
 
 ConvConfig read_conv(const Field& field) {
   const Section section(field);
-  section.allow({"algorithm", "cudnn_graph"});
+  section.allow({"algorithm", "cudnn_graph", "graph_engines"});
   ConvConfig conv;
   if (Field f = section["algorithm"]) {
     conv.algorithm = to_choice(f, {"auto", "direct", "winograd", "im2col_gemm"});
   }
   if (Field f = section["cudnn_graph"]) conv.cudnn_graph = to_bool(f);
+  if (Field f = section["graph_engines"]) {
+    conv.graph_engines = static_cast<int>(to_int(f, between(1, 64, false, false)));
+  }
   return conv;
 }
 

@@ -15,7 +15,8 @@ worker::BackendOptions backend_options(const config::Config& cfg) {
           .memory_limit = static_cast<size_t>(cfg.device.memory_limit),
           .precision = cfg.train.precision,
           .layout = cfg.device.layout,
-          .cudnn_graph = cfg.conv.cudnn_graph};
+          .cudnn_graph = cfg.conv.cudnn_graph,
+          .graph_engines = cfg.conv.graph_engines};
 }
 
 worker::TrainerOptions trainer_options(const config::Config& cfg) {

@@ -53,10 +53,12 @@ struct PoolCase {
   std::string name;
   PoolParams params;
   Shape x;
+  bool ties = false;  // x holds five values only, so most windows tie
 };
 
 // Max and average, 2x2 stride 2 and 3x3 stride 2 pad 1 (overlapping), on
-// sizes that divide and that do not.
+// sizes that divide and that do not; and max 2x2 with ties (as after a
+// ReLU), where the gradient goes to each window's first maximum.
 inline std::vector<PoolCase> pool_cases() {
   const PoolParams k2s2{.kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2};
   const PoolParams k3s2p1{.kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
@@ -73,6 +75,7 @@ inline std::vector<PoolCase> pool_cases() {
       }
     }
   }
+  cases.push_back({"max_k2s2p0_ties_c20_12x12", k2s2, {2, 20, 12, 12}, true});
   return cases;
 }
 

@@ -60,6 +60,8 @@ TEST(ConfigErrorTest, WrongTypes) {
             "t.yaml:6: train.evaluate: expected true or false, got 'maybe'");
   EXPECT_EQ(error_of(std::string(kMinimal) + "conv: {cudnn_graph: 1.5}\n"),
             "t.yaml:5: conv.cudnn_graph: expected true or false, got '1.5'");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "conv: {graph_engines: 0}\n"),
+            "t.yaml:5: conv.graph_engines: expected an integer in [1, 64], got 0");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train: [1, 2]\n"),
             "t.yaml:5: train: expected a map of keys, got a list");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch:\n"),

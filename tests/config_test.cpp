@@ -53,6 +53,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_EQ(c.device.memory_limit, 0u);
   EXPECT_EQ(c.conv.algorithm, "auto");
   EXPECT_TRUE(c.conv.cudnn_graph);
+  EXPECT_EQ(c.conv.graph_engines, 4);
   EXPECT_EQ(c.output.metrics, "");
   EXPECT_EQ(c.output.progress, worker::ProgressSetting::kAuto);
 }
@@ -81,7 +82,7 @@ optimizer:
   gamma: 0.5
   warmup_steps: 10
 device: {backend: cpu, threads: 4, memory_limit: 1.5GB, layout: nhwc}
-conv: {algorithm: winograd, cudnn_graph: false}
+conv: {algorithm: winograd, cudnn_graph: false, graph_engines: 10}
 output: {metrics: /tmp/m.jsonl, progress: line}
 )");
   EXPECT_EQ(c.model.preset, "vgg-small");
@@ -111,6 +112,7 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_EQ(c.device.layout, worker::LayoutChoice::kNhwc);
   EXPECT_EQ(c.conv.algorithm, "winograd");
   EXPECT_FALSE(c.conv.cudnn_graph);
+  EXPECT_EQ(c.conv.graph_engines, 10);
   EXPECT_EQ(c.output.metrics, "/tmp/m.jsonl");
   EXPECT_EQ(c.output.progress, worker::ProgressSetting::kLine);
 }

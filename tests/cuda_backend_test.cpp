@@ -12,11 +12,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -171,6 +173,40 @@ TEST_F(CudaBackendTest, CopyAsyncRoundTripOnTheMemoryStreamWithEvents) {
   EXPECT_THROW(b.synchronize(Event{StreamKind::kMemory, 1u << 30}), BackendError);
   b.free_pinned(host_in);
   b.free_pinned(host_out);
+}
+
+// A staged batch sits in pinned memory and converts on the device; other
+// floats round on the host. Both give the same bits, in every type and
+// layout: rounding ties, subnormals and overflow included.
+TEST_F(CudaBackendTest, UploadsFromPinnedAndPageableMemoryAlike) {
+  Backend& b = gpu();
+  const Shape shape{3, 5, 7, 9};
+  std::mt19937 rng(5);
+  Vec x = random_vec(rng, shape.elements(), -4.0f, 4.0f);
+  const float edges[] = {1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 1.0f + 1.0f / 256, 1e-6f,
+                         -3e-8f, 1e-40f, 70000.0f, -1e30f, 65520.0f, 0.0f, -0.0f};
+  std::copy(std::begin(edges), std::end(edges), x.begin());
+  float* pinned = static_cast<float*>(b.allocate_pinned(x.size() * sizeof(float)));
+  std::copy(x.begin(), x.end(), pinned);
+  for (DataType type : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+    for (Layout layout : {Layout::kPlain, Layout::kNhwc}) {
+      SCOPED_TRACE(std::string(dtype_name(type)) + " " + layout_name(layout));
+      DeviceTensor from_pageable(b, desc(shape, layout, type));
+      DeviceTensor from_pinned(b, desc(shape, layout, type));
+      b.upload(x.data(), from_pageable.tensor);
+      b.upload(pinned, from_pinned.tensor);
+      const Vec a = from_device(b, from_pageable.tensor);
+      const Vec c = from_device(b, from_pinned.tensor);
+      const Vec want = rounded(type, x);
+      for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(want[i]))
+            << "pageable element " << i << " = " << x[i];
+        ASSERT_EQ(std::bit_cast<uint32_t>(c[i]), std::bit_cast<uint32_t>(want[i]))
+            << "pinned element " << i << " = " << x[i];
+      }
+    }
+  }
+  b.free_pinned(pinned);
 }
 
 TEST_F(CudaBackendTest, UploadDownloadConvertAndFillInEveryLayout) {
@@ -457,6 +493,38 @@ TEST_F(CudaBackendTest, GraphEnginesRunEveryKindInBothLayoutsWithinHalfRoundingO
     }
   }
   if (types == 0) GTEST_SKIP() << "this GPU runs neither bf16 nor f16";
+}
+
+// conv.graph_engines: how many of the heuristic's engines each variant
+// offers. One gives at most one per variant; eight give more for some kind
+// (cuDNN ranks more than one engine for a 3x3 convolution).
+TEST_F(CudaBackendTest, GraphEnginesOfferTheConfiguredNumberPerVariant) {
+  const DataType type = half_unavailable(DataType::kBF16) ? DataType::kF16 : DataType::kBF16;
+  if (half_unavailable(type)) GTEST_SKIP() << "this GPU runs neither bf16 nor f16";
+  const ConvProblem p = backend_test::conv_problem({"count", 16, 12, 12, 32, 3, 1, 1, 4},
+                                                   Layout::kNhwc, Layout::kNhwc, type);
+  // Engines offered per variant suffix ("/pseudo_bf16", ...), the most of any.
+  const auto most_per_variant = [&](Backend& b, ConvKind kind) {
+    std::map<std::string, int> per;
+    for (const ConvAlgoInfo& a : b.conv_algorithms(kind, p, false)) {
+      if (is_graph_engine(a.name)) ++per[a.name.substr(a.name.find('/'))];
+    }
+    int most = 0;
+    for (const auto& [suffix, count] : per) most = std::max(most, count);
+    return most;
+  };
+  const auto one = cuda::make_cuda_backend({.kind = "cuda", .cudnn_graph = true, .graph_engines = 1});
+  const auto eight =
+      cuda::make_cuda_backend({.kind = "cuda", .cudnn_graph = true, .graph_engines = 8});
+  int more = 0;
+  for (ConvKind kind : kConvKinds) {
+    SCOPED_TRACE(conv_kind_name(kind));
+    const int few = most_per_variant(*one, kind), many = most_per_variant(*eight, kind);
+    EXPECT_EQ(few, 1);
+    EXPECT_LE(many, 8);
+    if (many > 1) ++more;
+  }
+  EXPECT_GT(more, 0) << "no kind offered more than one engine with graph_engines 8";
 }
 
 // cuDNN writes a half convolution's dw in the half type; the contract's dw

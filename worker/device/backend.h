@@ -407,9 +407,11 @@ struct BackendOptions {
   // Activations' layout (preferred_layout()).
   LayoutChoice layout = LayoutChoice::kAuto;
   // CUDA: also offer half convolutions as the engine configurations of
-  // cuDNN's graph API (conv.cudnn_graph; "eng<index>..." algorithms).
-  // Other backends ignore it.
+  // cuDNN's graph API (conv.cudnn_graph; "eng<index>..." algorithms):
+  // the first `graph_engines` of its heuristic's ranking that finalize, per
+  // configuration (conv.graph_engines). Other backends ignore both.
   bool cudnn_graph = false;
+  int graph_engines = 4;
 };
 
 // The layout rule a backend of `kind` ("cpu": this machine's CPU; "cuda")

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory_resource>
 #include <optional>
 #include <span>
 #include <vector>
@@ -13,9 +14,28 @@
 
 namespace vtrain::worker {
 
-// Host staging for one batch, uploaded to the network's input.
+// Host memory from the backend's allocate_pinned: page-locked on a GPU,
+// where a batch then copies at the bus's speed and the device converts it to
+// its layout and element type (from pageable memory the host would). Must
+// outlive what it allocated.
+class PinnedMemory : public std::pmr::memory_resource {
+ public:
+  explicit PinnedMemory(Backend& backend) : backend_(backend) {}
+
+ private:
+  void* do_allocate(size_t bytes, size_t alignment) override;
+  void do_deallocate(void* p, size_t bytes, size_t alignment) override;
+  bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override {
+    return this == &other;
+  }
+  Backend& backend_;
+};
+
+// Host staging for one batch, uploaded to the network's input; its images
+// in `host` memory.
 struct Staging {
-  std::vector<float> images;
+  explicit Staging(std::pmr::memory_resource* host) : images(host) {}
+  std::pmr::vector<float> images;
   std::vector<int32_t> labels;
   std::vector<int64_t> indices;  // the samples of the batch, in order
 };
@@ -31,12 +51,13 @@ void upload_staged(Network& net, const Staging& stage);
 // gathering takes longer than handing work to a thread: batches of at least
 // kMinPixels values (ImageNet-size inputs; not LeNet on 28x28), unless
 // TrainerOptions::gather_ahead says otherwise. `data` and `norm` must
-// outlive the gatherer.
+// outlive the gatherer; the batches are staged in `host` memory.
 class BatchGatherer {
  public:
   static constexpr int64_t kMinPixels = int64_t{1} << 20;
 
-  BatchGatherer(const Dataset& data, const ChannelStats& norm, bool ahead);
+  BatchGatherer(const Dataset& data, const ChannelStats& norm, bool ahead,
+                std::pmr::memory_resource* host);
   BatchGatherer(const BatchGatherer&) = delete;
   BatchGatherer& operator=(const BatchGatherer&) = delete;
 

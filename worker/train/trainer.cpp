@@ -84,7 +84,8 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       gatherer_(train_set, norm,
                 options.gather_ahead < 0
                     ? job_.my_batch * train_set.sample.per_sample() >= BatchGatherer::kMinPixels
-                    : options.gather_ahead > 0),
+                    : options.gather_ahead > 0,
+                &pinned_),
       rebalancer_(options.rebalance, job_.rank, job_.ranks, job_.batch),
       scaler_(make_loss_scaler(options.loss_scaling, graph.precision())) {
   // Peak device memory counts from here: what training holds, not the

@@ -133,7 +133,8 @@ class Trainer {
   Progress progress_;
   MetricsFile metrics_;
   BucketAllreduce allreduce_;  // the gradient buckets
-  Staging eval_stage_;
+  PinnedMemory pinned_{backend_};  // before the staging it holds
+  Staging eval_stage_{&pinned_};
   BatchGatherer gatherer_;
   Rebalancer rebalancer_;
   std::optional<LossScaler> scaler_;  // train.loss_scaling on

@@ -197,7 +197,8 @@ inline const ConvVariantInfo* conv_variant(ConvAlgo algo) {
 //
 // Under BackendOptions::cudnn_graph, half convolutions (the three half
 // variants above) are also offered as the engine configurations that the
-// heuristics of cuDNN's graph API (mode A) rank first for the problem, each
+// heuristics of cuDNN's graph API (mode A) rank first for the problem
+// (BackendOptions::graph_engines of them per variant that finalize), each
 // an algorithm of its own: named "eng<global index>[_k<knob>=<value>...]"
 // and the variant's suffix (cudnn-frontend's tag), id kGraphAlgoBase + its
 // place in the backend's registry (ids are per process; names are what
@@ -208,7 +209,6 @@ inline const ConvVariantInfo* conv_variant(ConvAlgo algo) {
 // plan takes seconds, per problem), and for the f32-compute variants those
 // whose reductions round to half.
 constexpr ConvAlgo kGraphAlgoBase = 1'000'000;
-constexpr int kGraphEnginesPerVariant = 4;  // the heuristic's first that finalize
 
 // cuDNN backend descriptors (cudnnBackendDescriptor_t is a void*).
 struct BackendDescriptorDeleter {
@@ -326,6 +326,8 @@ class CudaBackend final : public Backend {
 
   void upload(const float* host, const Tensor& dst) override;
   void download(const Tensor& src, float* host) override;
+  // Whether `host` is page-locked memory CUDA knows (allocate_pinned's).
+  static bool is_pinned(const void* host);
   void convert(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& dst, float value) override;
   void upload_labels(const int32_t* host, int32_t* device, int64_t count) override;
@@ -567,6 +569,7 @@ class CudaBackend final : public Backend {
   int compute_capability_ = 0;  // major * 10 + minor
   bool tf32_ = false;           // BackendOptions::precision is tf32
   bool cudnn_graph_ = false;    // BackendOptions::cudnn_graph
+  int graph_engines_per_variant_ = 4;  // BackendOptions::graph_engines
   LayoutRule layout_rule_;      // BackendOptions::layout, for a GPU
   size_t capacity_ = 0;
   Stream compute_;

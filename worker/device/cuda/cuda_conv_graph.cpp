@@ -392,7 +392,7 @@ std::vector<ConvAlgoInfo> CudaBackend::graph_algorithms(ConvKind kind, const Con
     }
     int offered = 0;
     for (GraphEngine& e : ranked) {
-      if (offered == kGraphEnginesPerVariant) break;
+      if (offered == graph_engines_per_variant_) break;
       auto known = std::find_if(graph_engines_.begin(), graph_engines_.end(),
                                 [&](const GraphEngine& g) {
                                   return g.kind == kind && g.name == e.name;

@@ -75,7 +75,10 @@ void CudaBackend::sgd_update(float* w, const float* g, float* velocity, int64_t 
 
 // ----------------------------------------------------------------- pooling
 
-// cuDNN pools NCHW and NHWC alike; x and y (and dy, dx) in one layout.
+// cuDNN pools NCHW and NHWC alike; x and y (and dy, dx) in one layout. Max
+// pooling over windows that tile x (VGG's 2x2, stride 2) goes backward in
+// our own kernel, which reads x and dy once and writes dx once: cuDNN's NHWC
+// backward took 6.2 ms for VGG-16's pool1 at batch 64 on an H100.
 static void require_one_layout(const char* op, std::initializer_list<const Tensor*> tensors) {
   for (const Tensor* t : tensors) {
     require_cudnn_layout(op, t->desc);
@@ -99,7 +102,14 @@ void CudaBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Te
 void CudaBackend::pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y,
                                    const Tensor& dy, const Tensor& dx, const void*) {
   require_one_layout("pooling_backward", {&x, &y, &dy, &dx});
-  call_type("pooling_backward", {x.desc, y.desc, dy.desc, dx.desc});
+  const DataType type = call_type("pooling_backward", {x.desc, y.desc, dy.desc, dx.desc});
+  const Shape& s = x.shape();
+  if (p.kind == PoolKind::kMax && p.kh == p.stride_h && p.kw == p.stride_w && p.pad_h == 0 &&
+      p.pad_w == 0 && s.h % p.kh == 0 && s.w % p.kw == 0) {
+    cuda::max_pool_backward_tiled(element(type), x.data, dy.data, dx.data, s.n, s.c, s.h, s.w,
+                                  p.kh, p.kw, x.desc.layout == Layout::kNhwc, compute_.get());
+    return;
+  }
   const float one = 1.0f, zero = 0.0f;
   const cudnnTensorDescriptor_t xd = tensor_desc(x.desc), yd = tensor_desc(y.desc);
   VTRAIN_CUDA_CHECK(cudnnPoolingBackward(cudnn_.get(), pool_desc(p), &one, yd, y.data, yd, dy.data,

@@ -316,6 +316,51 @@ __global__ void bias_gradient_kernel(const T* dy, int64_t n, int64_t c, int64_t 
   if (threadIdx.x == 0) dbias[ch] = beta == 0.0f ? partial[0] : partial[0] + beta * dbias[ch];
 }
 
+// One thread per output position: finds the first maximum of its window (row
+// by row) and writes dy there and 0 to the window's other elements. The
+// windows tile x, so every element of dx is written once.
+template <typename T>
+__global__ void max_pool_backward_tiled_kernel(const T* x, const T* dy, T* dx, int64_t c,
+                                               int64_t h, int64_t w, int64_t oh, int64_t ow,
+                                               int kh, int kw, bool channels_last,
+                                               int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    int64_t ch, ox, oy, n;
+    if (channels_last) {
+      ch = i % c;
+      ox = i / c % ow;
+      oy = i / (c * ow) % oh;
+      n = i / (c * ow * oh);
+    } else {
+      ox = i % ow;
+      oy = i / ow % oh;
+      ch = i / (ow * oh) % c;
+      n = i / (ow * oh * c);
+    }
+    // Element (row, col) of x for this channel: offset + row * row_step + col * col_step.
+    const int64_t col_step = channels_last ? c : 1, row_step = w * col_step;
+    const int64_t origin = channels_last ? ((n * h + oy * kh) * w + ox * kw) * c + ch
+                                         : ((n * c + ch) * h + oy * kh) * w + ox * kw;
+    int best_at = 0;
+    float best = to_float(x[origin]);
+    for (int r = 0; r < kh; ++r) {
+      for (int q = 0; q < kw; ++q) {
+        const float v = to_float(x[origin + r * row_step + q * col_step]);
+        if (v > best) {
+          best = v;
+          best_at = r * kw + q;
+        }
+      }
+    }
+    const T g = dy[i], zero = from_float<T>(0.0f);
+    for (int r = 0; r < kh; ++r) {
+      for (int q = 0; q < kw; ++q) {
+        dx[origin + r * row_step + q * col_step] = r * kw + q == best_at ? g : zero;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void reorder(Element src_type, const void* src, int64_t src_block, Element dst_type, void* dst,
@@ -494,6 +539,21 @@ void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t h
         static_cast<const T*>(dy), n, c, hw, channels_last, beta, dbias);
   });
   check_launch("bias_gradient_kernel");
+}
+
+void max_pool_backward_tiled(Element type, const void* x, const void* dy, void* dx, int64_t n,
+                             int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                             bool channels_last, cudaStream_t stream) {
+  const int64_t oh = h / kh, ow = w / kw;
+  const int64_t count = n * c * oh * ow;
+  if (count == 0) return;
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    max_pool_backward_tiled_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), c, h, w, oh, ow,
+        static_cast<int>(kh), static_cast<int>(kw), channels_last, count);
+  });
+  check_launch("max_pool_backward_tiled_kernel");
 }
 
 }  // namespace vtrain::worker::cuda

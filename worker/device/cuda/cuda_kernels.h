@@ -1,9 +1,10 @@
 // The CUDA kernels of the backend: the ops no library provides (layout and
 // element-type conversions, fills, elementwise sums, strided channel
 // copies, softmax cross-entropy, SGD, batch-norm statistics, the f32 bias
-// gradient of half tensors). Each function enqueues one kernel on `stream`
-// and throws BackendError if the launch fails; a zero count enqueues
-// nothing. Internal to worker/device/cuda.
+// gradient of half tensors) and one that cuDNN provides slowly (max-pooling
+// backward over tiling windows). Each function enqueues one kernel on
+// `stream` and throws BackendError if the launch fails; a zero count
+// enqueues nothing. Internal to worker/device/cuda.
 //
 // Element types: an `Element` argument says what the `void` pointers next
 // to it hold (f32, bf16 or f16); the kernels read every type into float,
@@ -97,6 +98,16 @@ void batch_norm_backward_data(Element type, const void* x, const void* dy, const
                               const float* mean, const float* var, const float* dy_means,
                               float eps, int64_t n, int64_t c, int64_t hw, bool channels_last,
                               void* dx, cudaStream_t stream);
+
+// Max-pooling backward where the windows tile x {n, c, h, w} of `type`
+// (NCHW, or NHWC where channels_last): kernel = stride, no padding, h and w
+// multiples of the kernel. Each window's dy goes to its first maximum in
+// row-major order (the reference's tie rule), 0 to the rest of dx. cuDNN's
+// NHWC pooling backward runs about 18x slower than its bytes need on an
+// H100 (VGG-16's pool1: 6.2 ms).
+void max_pool_backward_tiled(Element type, const void* x, const void* dy, void* dx, int64_t n,
+                             int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                             bool channels_last, cudaStream_t stream);
 
 // The bias gradient of dy {n, c, hw} of `type` (NCHW, or NHWC where
 // channels_last) into f32: per channel, dbias[c] = sum of dy (in float, a
