@@ -104,7 +104,10 @@ part graph_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --ru
 # bf16's first convolutions' weight gradients took 6.1 ms with the default
 # 4, PyTorch's sm90 kernel 0.44 ms (2026-11-27, H200). The per-kernel
 # profile with 16 (every candidate's time, fastest first, for the 224x224
-# layers), then training at 4 and 16 alternating, img/s from "done:".
+# layers), then training at 4 and 16 alternating, img/s from "done:"; and
+# at 16 with every activation channels last (device.layout nhwc: conv1_1's
+# 3-channel input too, which the layout rule keeps NCHW; PyTorch runs it
+# channels last).
 graph_engines() {
   "$bin/vtrain" profile configs/synthetic-lenet.yaml --db "$out/graph-engines.db" \
     --set model.preset=vgg16 --set "data.shape=[3,224,224]" --set train.batch=64 \
@@ -118,12 +121,14 @@ rows = sqlite3.connect(sys.argv[1]).execute(
 for r in rows: print(*r, sep="\t")
 PY
   for round in 1 2; do
-    for n in 4 16; do
-      echo -n "graph_engines $n, round $round: "
+    for v in "4 auto" "16 auto" "16 nhwc"; do
+      set -- $v
+      echo -n "graph_engines $1, layout $2, round $round: "
       "$bin/vtrain" configs/synthetic-lenet.yaml --set model.preset=vgg16 \
         --set "data.shape=[3,224,224]" --set train.batch=64 --set train.max_steps=60 \
         --set train.evaluate=false --set device.backend=cuda --set train.precision=bf16 \
-        --set conv.graph_engines=$n --progress off | grep "^done:" || return 1
+        --set conv.graph_engines=$1 --set device.layout=$2 --progress off |
+        grep "^done:" || return 1
     done
   done
 }
