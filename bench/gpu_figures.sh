@@ -127,7 +127,7 @@ PY
       "$bin/vtrain" configs/synthetic-lenet.yaml --set model.preset=vgg16 \
         --set "data.shape=[3,224,224]" --set train.batch=64 --set train.max_steps=60 \
         --set train.evaluate=false --set device.backend=cuda --set train.precision=bf16 \
-        --set conv.graph_engines=$1 --set device.layout=$2 --progress off |
+        --set conv.graph_engines=$1 --set device.layout=$2 --progress line |
         grep "^done:" || return 1
     done
   done
