@@ -134,7 +134,7 @@ struct DeviceConfig {
 struct ConvConfig {
   std::string algorithm = "auto";  // "auto" or a backend algorithm name (cpu: direct, winograd, im2col_gemm)
   bool cudnn_graph = true;         // CUDA, half precision: also cuDNN's graph-API engines
-  int graph_engines = 4;           // ... the heuristic's first this many per configuration
+  int graph_engines = worker::kDefaultGraphEngines;  // ... the heuristic's first this many per configuration
 };
 
 struct MemoryConfig {

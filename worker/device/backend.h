@@ -393,6 +393,10 @@ struct LayoutRule {
   Layout operator()(int64_t channels) const;
 };
 
+// How many of cuDNN's ranked graph engines each half configuration offers
+// unless conv.graph_engines says otherwise.
+inline constexpr int kDefaultGraphEngines = 4;
+
 struct BackendOptions {
   std::string kind = "auto";  // "auto" (cuda if a GPU is visible, else cpu), "cpu", "cuda"
   int threads = 0;            // CPU threads; 0 = all cores the process may run on, no more than
@@ -411,7 +415,7 @@ struct BackendOptions {
   // the first `graph_engines` of its heuristic's ranking that finalize, per
   // configuration (conv.graph_engines). Other backends ignore both.
   bool cudnn_graph = false;
-  int graph_engines = 4;
+  int graph_engines = kDefaultGraphEngines;
 };
 
 // The layout rule a backend of `kind` ("cpu": this machine's CPU; "cuda")

@@ -569,7 +569,7 @@ class CudaBackend final : public Backend {
   int compute_capability_ = 0;  // major * 10 + minor
   bool tf32_ = false;           // BackendOptions::precision is tf32
   bool cudnn_graph_ = false;    // BackendOptions::cudnn_graph
-  int graph_engines_per_variant_ = 4;  // BackendOptions::graph_engines
+  int graph_engines_per_variant_ = kDefaultGraphEngines;  // BackendOptions::graph_engines
   LayoutRule layout_rule_;      // BackendOptions::layout, for a GPU
   size_t capacity_ = 0;
   Stream compute_;
