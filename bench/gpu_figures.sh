@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu_figures.sh BIN_DIR OUT_DIR [PART,PART,...]
 #
-# Parts (default all): gpu_tests conformance_gpu train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
+# Parts (default all): gpu_tests cuda_ops conformance_gpu train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
 # precisions_vs_torch graph_vs_torch graph_engines breakdown_gpu pseudo_half accuracy_parity layouts
 # plans_gpu joint_split_gpu. Each takes one to three
@@ -17,7 +17,7 @@
 # plans_gpu (issue 13's GPU target: 4x less activation memory at <= 10%
 # overhead on ResNet-50 and VGG-16) writes OUT_DIR/plans-gpu.csv for
 # scripts/plot_plans.py. BIN_DIR holds vtrain, cuda_backend_test,
-# bench_memory and bench_plans built with
+# bench_memory, bench_plans and bench_cuda_ops built with
 # VTRAIN_CUDA=ON (e.g. build/ and build/tests, build/bench copied together),
 # and backend_conformance_test for conformance_gpu (the backend conformance
 # suite's cuda and cuda_nhwc cases: every op in every precision and layout).
@@ -53,6 +53,9 @@ part() {  # name, then the command
 }
 export VTRAIN_REQUIRE_GPU=1  # a GPU test that would skip fails instead, naming why
 part gpu_tests "$bin/cuda_backend_test"
+# Our memory-bound kernels (relu, the bias gradient and add, tiled max
+# pooling) against the cuDNN calls they replaced, on VGG-16's activations.
+part cuda_ops "$bin/bench_cuda_ops" --batch 64
 part conformance_gpu "$bin/backend_conformance_test" --gtest_filter='*cuda*'
 part train_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 3 --steps 300 \
   --models lenet:64,resnet18:128 --json "$out/train_vs_torch.json"
@@ -102,7 +105,9 @@ part graph_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --ru
   --vtrain-set conv.cudnn_graph=true --json "$out/graph_vs_torch.json"
 # How many of cuDNN's graph engines to time (conv.graph_engines): VGG-16
 # bf16's first convolutions' weight gradients took 6.1 ms with the default
-# 4, PyTorch's sm90 kernel 0.44 ms (2026-11-27, H200). The per-kernel
+# 4, PyTorch's sm90 kernel 0.44 ms (2026-11-27, H200); most of those 6.1 ms
+# were the bias gradient's old one-block-per-channel kernel, timed with the
+# weight gradient (kernels r2 replaced it). The per-kernel
 # profile with 16 (every candidate's time, fastest first, for the 224x224
 # layers), then training at 4 and 16 alternating, img/s from "done:"; and
 # at 16 with every activation channels last (device.layout nhwc: conv1_1's

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 bins=("$build/vtrain" "$build/tests/cuda_backend_test" "$build/tests/backend_conformance_test"
-      "$build/bench/bench_memory" "$build/bench/bench_plans")
+      "$build/bench/bench_memory" "$build/bench/bench_plans" "$build/bench/bench_cuda_ops")
 for b in "${bins[@]}"; do
   [ -x "$b" ] || { echo "gpu_pack: $b is missing: build with the CUDA backend first" >&2; exit 2; }
 done

@@ -570,6 +570,126 @@ TEST_F(CudaBackendTest, HalfWeightGradientStaysF32AndAccumulatesOverMicroBatches
   if (types == 0) GTEST_SKIP() << "neither f16 nor bf16: " << *half_unavailable(DataType::kF16);
 }
 
+// ============================================== our memory-bound kernels
+
+// The bias gradient's two passes (channel_sum_grid.h) where dy is large
+// enough for hundreds of chunks in NHWC and tens in NCHW, against double
+// sums on the host. dy > 0, so a missed or twice-counted element moves a
+// channel's sum by more than the tolerance.
+TEST_F(CudaBackendTest, BiasGradientOverManyChunksMatchesTheHostSum) {
+  Backend& b = gpu();
+  std::mt19937 rng(11);
+  for (DataType type : {DataType::kBF16, DataType::kF16, DataType::kF32}) {
+    if (type != DataType::kF32 && half_unavailable(type)) continue;
+    for (Layout layout : {Layout::kPlain, Layout::kNhwc}) {
+      // f32 NCHW sums in cuDNN's bias gradient, not ours.
+      if (type == DataType::kF32 && layout == Layout::kPlain) continue;
+      SCOPED_TRACE(std::string(dtype_name(type)) + " " + layout_name(layout));
+      const ConvProblem p = backend_test::conv_problem({"bias", 8, 56, 56, 40, 1, 0, 1, 16},
+                                                       layout, layout, type);
+      ConvData d(p);
+      d.dy = rounded(type, random_vec(rng, p.y.shape.elements(), 0.5f, 1.0f));
+      const Shape& ys = p.y.shape;
+      const int64_t hw = ys.h * ys.w;
+      std::vector<double> want(static_cast<size_t>(ys.c), 0.0);
+      for (int64_t n = 0; n < ys.n; ++n) {
+        for (int64_t c = 0; c < ys.c; ++c) {
+          for (int64_t i = 0; i < hw; ++i) want[c] += d.dy[static_cast<size_t>((n * ys.c + c) * hw + i)];
+        }
+      }
+      const ConvAlgoInfo a = b.conv_algorithms(ConvKind::kBackwardFilter, p, true).front();
+      const Vec dw_before(static_cast<size_t>(p.weight_shape().elements()), 0.0f);
+      const Vec db_before(static_cast<size_t>(p.k), 3.0f);
+      for (float beta : {0.0f, 1.0f}) {
+        const std::vector<Vec> out =
+            run_conv(b, ConvKind::kBackwardFilter, a, p, d, beta, {dw_before, db_before});
+        for (int64_t c = 0; c < ys.c; ++c) {
+          const double expected = want[c] + (beta == 0.0f ? 0.0 : 3.0);
+          EXPECT_NEAR(out[1][static_cast<size_t>(c)], expected, 1e-6 * expected + 1e-3)
+              << "channel " << c << ", beta " << beta;
+        }
+      }
+    }
+  }
+}
+
+// relu in our kernel, packed (16-byte accesses) and not: NaN propagates,
+// -0 and negatives become +0, the rest passes bit for bit; backward passes
+// dy where y is positive or NaN.
+TEST_F(CudaBackendTest, ReluPropagatesNaNAndZeroesTheRestBitForBit) {
+  Backend& b = gpu();
+  std::mt19937 rng(12);
+  const float specials[] = {kNaN, -0.0f, 0.0f, std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), 1e-40f, -1e-40f, 2.5f, -2.5f};
+  for (const Shape shape : {Shape{2, 16, 8, 8}, Shape{1, 3, 5, 7}}) {
+    for (DataType type : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+      if (type != DataType::kF32 && half_unavailable(type)) continue;
+      for (Layout layout : {Layout::kPlain, Layout::kNhwc}) {
+        SCOPED_TRACE(shape.str() + " " + dtype_name(type) + " " + layout_name(layout));
+        Vec x = random_vec(rng, shape.elements(), -2.0f, 2.0f);
+        std::copy(std::begin(specials), std::end(specials), x.begin());
+        x = rounded(type, x);
+        const Vec dy = rounded(type, random_vec(rng, shape.elements(), -2.0f, 2.0f));
+        const DeviceTensor xt = to_device(b, x, desc(shape, layout, type));
+        const DeviceTensor dyt = to_device(b, dy, desc(shape, layout, type));
+        DeviceTensor yt(b, desc(shape, layout, type)), dxt(b, desc(shape, layout, type));
+        b.relu_forward(xt.tensor, yt.tensor);
+        b.relu_backward(yt.tensor, dyt.tensor, dxt.tensor);
+        const Vec y = from_device(b, yt.tensor), dx = from_device(b, dxt.tensor);
+        for (size_t i = 0; i < x.size(); ++i) {
+          const float want_y = x[i] <= 0.0f ? 0.0f : x[i];  // NaN <= 0 is false
+          const float want_dx = x[i] <= 0.0f ? 0.0f : dy[i];
+          ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want_y))
+              << "element " << i << " = " << x[i];
+          ASSERT_EQ(std::bit_cast<uint32_t>(dx[i]), std::bit_cast<uint32_t>(want_dx))
+              << "element " << i << " = " << x[i];
+        }
+      }
+    }
+  }
+}
+
+// Max pooling over tiling windows in our kernels, packed (NHWC, channels a
+// multiple of 8) and not, bit for bit against the reference; then a NaN in
+// a window: forward gives NaN, backward sends that window's dy to it.
+TEST_F(CudaBackendTest, TiledMaxPoolingMatchesTheReferenceAndPropagatesNaN) {
+  Backend& b = gpu();
+  std::mt19937 rng(13);
+  const PoolParams pool{};  // max, 2x2, stride 2
+  for (const Shape shape : {Shape{4, 16, 32, 32}, Shape{2, 3, 6, 10}}) {
+    for (DataType type : {DataType::kF32, DataType::kBF16}) {
+      if (type != DataType::kF32 && half_unavailable(type)) continue;
+      for (Layout layout : {Layout::kPlain, Layout::kNhwc}) {
+        SCOPED_TRACE(shape.str() + " " + dtype_name(type) + " " + layout_name(layout));
+        const Shape out{shape.n, shape.c, shape.h / 2, shape.w / 2};
+        // Few distinct values: many ties, which go to the first maximum.
+        Vec x = random_vec(rng, shape.elements(), -2.0f, 2.0f);
+        for (float& v : x) v = std::round(v * 2.0f) / 2.0f;
+        const Vec dy = rounded(type, random_vec(rng, out.elements(), -2.0f, 2.0f));
+        const Vec y_ref = reference::pooling_forward(pool, shape, x);
+        const Vec dx_ref = reference::pooling_backward(pool, shape, x, dy);
+        const DeviceTensor xt = to_device(b, x, desc(shape, layout, type));
+        const DeviceTensor dyt = to_device(b, dy, desc(out, layout, type));
+        DeviceTensor yt(b, desc(out, layout, type)), dxt(b, desc(shape, layout, type));
+        b.pooling_forward(pool, xt.tensor, yt.tensor, nullptr);
+        b.pooling_backward(pool, xt.tensor, yt.tensor, dyt.tensor, dxt.tensor, nullptr);
+        expect_equal(from_device(b, yt.tensor), y_ref, "y");
+        expect_equal(from_device(b, dxt.tensor), dx_ref, "dx");
+
+        // Element (0, 0, 1, 1) is the last of window (0, 0, 0, 0).
+        x[static_cast<size_t>(shape.w + 1)] = kNaN;
+        const DeviceTensor nan_x = to_device(b, x, desc(shape, layout, type));
+        b.pooling_forward(pool, nan_x.tensor, yt.tensor, nullptr);
+        b.pooling_backward(pool, nan_x.tensor, yt.tensor, dyt.tensor, dxt.tensor, nullptr);
+        EXPECT_TRUE(std::isnan(from_device(b, yt.tensor)[0]));
+        const Vec dx = from_device(b, dxt.tensor);
+        EXPECT_EQ(dx[static_cast<size_t>(shape.w + 1)], dy[0]);
+        EXPECT_EQ(dx[0], 0.0f);
+      }
+    }
+  }
+}
+
 // ============================================================== training
 
 // Images whose class sets the mean of one quadrant: learnable in a few steps.

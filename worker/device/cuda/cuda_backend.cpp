@@ -83,7 +83,8 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
   info_.name = prop.name;
   info_.threads = 1;
   info_.library_version = "cuDNN " + std::to_string(version / 10000) + "." +
-                          std::to_string(version / 100 % 100) + "." + std::to_string(version % 100);
+                          std::to_string(version / 100 % 100) + "." + std::to_string(version % 100) +
+                          ", kernels r" + std::to_string(kKernelRevision);
   info_.host = host_name();
   // The UUID, not host and bus id: containers on one machine have
   // hostnames of their own, and single-GPU nodes share bus ids.
@@ -123,16 +124,6 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
       cublasSetMathMode(cublas_.get(), static_cast<cublasMath_t>(
                                            math | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
       where);
-
-  // NaNs propagate, as oneDNN's relu and pooling do: a NaN made in
-  // forward (half overflow) must reach the loss and the overflow check, not
-  // turn into a zero.
-  cudnnActivationDescriptor_t raw_act = nullptr;
-  VTRAIN_CUDA_CHECK(cudnnCreateActivationDescriptor(&raw_act), where);
-  relu_.reset(raw_act);
-  VTRAIN_CUDA_CHECK(cudnnSetActivationDescriptor(relu_.get(), CUDNN_ACTIVATION_RELU,
-                                                 CUDNN_PROPAGATE_NAN, 0.0),
-                    where);
 
   // What this backend may allocate: device.memory_limit, else what is free
   // now that the context and the cuDNN and cuBLAS handles exist, less

@@ -97,7 +97,6 @@ using TensorDescriptor = Owned<cudnnTensorDescriptor_t, cudnnDestroyTensorDescri
 using FilterDescriptor = Owned<cudnnFilterDescriptor_t, cudnnDestroyFilterDescriptor>;
 using ConvDescriptor = Owned<cudnnConvolutionDescriptor_t, cudnnDestroyConvolutionDescriptor>;
 using PoolDescriptor = Owned<cudnnPoolingDescriptor_t, cudnnDestroyPoolingDescriptor>;
-using ActivationDescriptor = Owned<cudnnActivationDescriptor_t, cudnnDestroyActivationDescriptor>;
 using CudnnHandle = Owned<cudnnHandle_t, cudnnDestroy>;
 using CublasHandle = Owned<cublasHandle_t, cublasDestroy>;
 using Stream = Owned<cudaStream_t, cudaStreamDestroy>;
@@ -250,13 +249,17 @@ inline Layout conv_layout(ConvKind kind, const ConvProblem& p) {
 //  - dw_f32: backward filter in NHWC: that dw reordered to KCRS in f32;
 //  - filter: forward and backward data in NHWC: w reordered to KRSC;
 //  - input: the input in another layout than the call's (x, or dy for
-//    backward data), reordered.
+//    backward data), reordered;
+//  - bias_partials: backward filter with a dw staging: the bias gradient's
+//    partial sums (cuda::bias_gradient; cuDNN's bias gradient serves the
+//    f32 NCHW calls).
 struct ConvStaging {
-  size_t dw = 0, dw_f32 = 0, filter = 0, input = 0;
+  size_t dw = 0, dw_f32 = 0, filter = 0, input = 0, bias_partials = 0;
   size_t dw_f32_offset() const { return dw; }
   size_t filter_offset() const { return dw + dw_f32; }
   size_t input_offset() const { return dw + dw_f32 + filter; }
-  size_t total() const { return dw + dw_f32 + filter + input; }
+  size_t bias_partials_offset() const { return dw + dw_f32 + filter + input; }
+  size_t total() const { return dw + dw_f32 + filter + input + bias_partials; }
 };
 inline ConvStaging conv_staging(ConvKind kind, const ConvProblem& p) {
   const Layout layout = conv_layout(kind, p);
@@ -265,7 +268,12 @@ inline ConvStaging conv_staging(ConvKind kind, const ConvProblem& p) {
   const bool nhwc = layout == Layout::kNhwc;
   ConvStaging s;
   if (kind == ConvKind::kBackwardFilter) {
-    if (type != DataType::kF32 || nhwc) s.dw = align_up(weights * element_bytes(type));
+    if (type != DataType::kF32 || nhwc) {
+      s.dw = align_up(weights * element_bytes(type));
+      const Shape& y = p.y.shape;
+      s.bias_partials = align_up(static_cast<size_t>(
+          bias_gradient_partial_bytes(y.n, y.c, y.h * y.w, p.y.layout == Layout::kNhwc)));
+    }
     if (nhwc) s.dw_f32 = align_up(weights * sizeof(float));
   } else if (nhwc) {
     s.filter = align_up(weights * element_bytes(type));
@@ -395,8 +403,7 @@ class CudaBackend final : public Backend {
   }
   size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) override;
   size_t batch_norm_scratch_bytes(const TensorDesc& x, float) override {
-    return std::max(bn_call_bytes(x.shape.c, bn_persistent_workspace(x)),
-                    bn_sums_bytes(x.shape.c));
+    return std::max(bn_call_bytes(x.shape.c, bn_persistent_workspace(x)), bn_sums_call_bytes(x));
   }
   size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
                            const TensorDesc& y) override {
@@ -440,9 +447,16 @@ class CudaBackend final : public Backend {
     return workspace ? bn_workspace_offset(channels) + *workspace
                      : bn_inverse_std_bytes(channels);
   }
-  // The synchronised ops' per-channel sums (two doubles per channel).
+  // The synchronised ops' per-channel sums (two doubles per channel), and
+  // the scratch their calls take: the sums, then the kernels' partial sums.
   static size_t bn_sums_bytes(int64_t channels) {
     return 2 * static_cast<size_t>(channels) * sizeof(double);
+  }
+  static size_t bn_sums_call_bytes(const TensorDesc& x) {
+    const Shape& s = x.shape;
+    return align_up(bn_sums_bytes(s.c)) +
+           static_cast<size_t>(
+               batch_norm_sum_partial_bytes(s.n, s.c, s.h * s.w, x.layout == Layout::kNhwc));
   }
   // Reads back the 2C sums a kernel wrote to `device` (synchronises).
   std::vector<double> read_bn_sums(const double* device, int64_t channels,
@@ -502,11 +516,6 @@ class CudaBackend final : public Backend {
   // f32 whatever the data's type (cudnnDeriveBNTensorDescriptor's rule for
   // f32, f16 and bf16 data).
   cudnnTensorDescriptor_t param_desc(int64_t c) { return tensor_desc(1, c, 1, 1, DataType::kF32); }
-  // A descriptor covering a tensor's whole storage, padding included, for
-  // elementwise ops that do not care about the layout.
-  cudnnTensorDescriptor_t storage_desc(const TensorDesc& d) {
-    return tensor_desc(d.storage_elements(), 1, 1, 1, d.dtype);
-  }
   // p's descriptors with both activations in `layout` and the filters in
   // its filter format (cudnn_format).
   const ConvDescriptors& conv_descriptors(const ConvProblem& p, Layout layout);
@@ -576,7 +585,6 @@ class CudaBackend final : public Backend {
   Stream memory_;
   CudnnHandle cudnn_;
   CublasHandle cublas_;
-  ActivationDescriptor relu_;
 
   mutable std::mutex alloc_mutex_;
   std::unordered_map<void*, size_t> allocations_;

@@ -150,9 +150,10 @@ std::vector<double> CudaBackend::batch_norm_sums(const Tensor& x) {
   require_cudnn_layout("batch_norm_sums", x.desc);
   const DataType type = call_type("batch_norm_sums", {x.desc});
   const Shape& s = x.shape();
-  auto* sums = reinterpret_cast<double*>(scratch(bn_sums_bytes(s.c)));
+  char* base = scratch(bn_sums_call_bytes(x.desc));
+  auto* sums = reinterpret_cast<double*>(base);
   cuda::batch_norm_sums(element(type), x.data, s.n, s.c, s.h * s.w, channels_last(x.desc), sums,
-                        compute_.get());
+                        base + align_up(bn_sums_bytes(s.c)), compute_.get());
   return read_bn_sums(sums, s.c, "batch_norm_sums " + s.str());
 }
 
@@ -163,9 +164,11 @@ std::vector<double> CudaBackend::batch_norm_backward_sums(const Tensor& x, const
   require_cudnn_layout("batch_norm_backward_sums", x.desc);
   const DataType type = call_type("batch_norm_backward_sums", {x.desc});
   const Shape& s = x.shape();
-  auto* sums = reinterpret_cast<double*>(scratch(bn_sums_bytes(s.c)));
+  char* base = scratch(bn_sums_call_bytes(x.desc));
+  auto* sums = reinterpret_cast<double*>(base);
   cuda::batch_norm_backward_sums(element(type), x.data, dy.data, mean, var, eps, s.n, s.c,
-                                 s.h * s.w, channels_last(x.desc), sums, compute_.get());
+                                 s.h * s.w, channels_last(x.desc), sums,
+                                 base + align_up(bn_sums_bytes(s.c)), compute_.get());
   return read_bn_sums(sums, s.c, "batch_norm_backward_sums " + s.str());
 }
 

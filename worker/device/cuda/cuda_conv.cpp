@@ -176,7 +176,7 @@ cudnnPoolingDescriptor_t CudaBackend::pool_desc(const PoolParams& p) {
   VTRAIN_CUDA_CHECK(cudnnCreatePoolingDescriptor(&raw), what);
   PoolDescriptor desc(raw);
   // Deterministic max pooling: backward does not depend on thread timing.
-  // NaNs propagate, as in relu (cuda_backend.cpp).
+  // NaNs propagate, as in relu and the tiled max pooling (cuda_kernels.h).
   const cudnnPoolingMode_t mode = p.kind == PoolKind::kMax
                                       ? CUDNN_POOLING_MAX_DETERMINISTIC
                                       : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
@@ -426,8 +426,9 @@ void CudaBackend::conv_backward_data(ConvAlgo algo, const ConvProblem& p, const 
 // beta 0 (never reading it); in NHWC a reorder takes that to KCRS f32; and
 // accumulate() adds it to the f32 dw with the caller's beta (beta 0 never
 // reads dw): micro-batches after the first pass beta 1 and sum in f32.
-// dbias is then summed from dy straight into f32 (bias_gradient), not
-// rounded to half first as cuDNN's bias gradient would.
+// dbias is then summed from dy straight into f32 (bias_gradient, its
+// partial sums in the staging), not rounded to half first as cuDNN's bias
+// gradient would.
 void CudaBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const Tensor& x,
                                        const Tensor& dy, float* dw, float* dbias, float beta,
                                        void* workspace, size_t workspace_bytes) {
@@ -483,7 +484,7 @@ void CudaBackend::conv_backward_filter(ConvAlgo algo, const ConvProblem& p, cons
   if (dbias) {
     const Shape& ys = p.y.shape;
     cuda::bias_gradient(element(type), dy.data, ys.n, ys.c, ys.h * ys.w, channels_last(p.y),
-                        dbias, beta, compute_.get());
+                        dbias, beta, ws + staging.bias_partials_offset(), compute_.get());
   }
 }
 

@@ -24,14 +24,23 @@ static bool ip_staged(const TensorDesc& x) {
   return x.layout == Layout::kNhwc && x.shape.h * x.shape.w > 1;
 }
 
-size_t CudaBackend::inner_product_scratch_bytes(const TensorDesc& x, int64_t, bool) {
+// The staged x, then (half dy with a bias) the bias gradient's partial sums.
+static size_t ip_staging_bytes(const TensorDesc& x) {
   return ip_staged(x) ? align_up(TensorDesc{x.shape, Layout::kPlain, x.dtype}.bytes()) : 0;
+}
+static size_t ip_bias_partial_bytes(const TensorDesc& x, int64_t out) {
+  return align_up(static_cast<size_t>(bias_gradient_partial_bytes(x.shape.n, out, 1, true)));
+}
+
+size_t CudaBackend::inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) {
+  const bool half_bias = bias && x.dtype != DataType::kF32;
+  return ip_staging_bytes(x) + (half_bias ? ip_bias_partial_bytes(x, out) : 0);
 }
 
 const void* CudaBackend::ip_input(const Tensor& x) {
   require_cudnn_layout("inner product input", x.desc);
   if (!ip_staged(x.desc)) return x.data;
-  return in_layout(x, Layout::kPlain, scratch(inner_product_scratch_bytes(x.desc, 0, false)));
+  return in_layout(x, Layout::kPlain, scratch(ip_staging_bytes(x.desc)));
 }
 
 void CudaBackend::gemm(const std::string& what, cublasOperation_t trans_a,
@@ -89,7 +98,7 @@ void CudaBackend::inner_product_backward_data(const Tensor& dy, const void* w, c
   // dx^T(in x n) = W^T(in x out) * dy^T(out x n), NCHW rows (ip_staged).
   const Tensor rows = ip_staged(dx.desc)
                           ? Tensor{{dx.shape(), Layout::kPlain, type},
-                                   scratch(inner_product_scratch_bytes(dx.desc, 0, false))}
+                                   scratch(ip_staging_bytes(dx.desc))}
                           : dx;
   gemm(what, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, type, w, in, dy.data, out, 0.0f, type,
        rows.data, in);
@@ -118,8 +127,11 @@ void CudaBackend::inner_product_backward_weights(const Tensor& x, const Tensor& 
                                      tensor_desc(1, out, 1, 1, DataType::kF32), dbias),
         what + " bias");
   } else {
-    // Summed from the half dy in float (as conv_backward_filter's dbias).
-    cuda::bias_gradient(element(type), dy.data, dy.shape().n, out, 1, false, dbias, beta,
+    // Summed from the half dy in float (as conv_backward_filter's dbias),
+    // its partial sums after the staged x in the scratch.
+    char* partials = scratch(inner_product_scratch_bytes(x.desc, out, true)) +
+                     ip_staging_bytes(x.desc);
+    cuda::bias_gradient(element(type), dy.data, dy.shape().n, out, 1, true, dbias, beta, partials,
                         compute_.get());
   }
 }

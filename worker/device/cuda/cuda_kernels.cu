@@ -10,8 +10,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
+#include <type_traits>
 
+#include "worker/device/cuda/channel_sum_grid.h"
 #include "worker/device/cuda/cuda_check.h"
 #include "worker/device/cuda/cuda_kernels.h"
 
@@ -58,6 +61,34 @@ __device__ int64_t first_index() {
 }
 __device__ int64_t index_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
+// The memory-bound kernels below (relu, the bias, tiled max pooling) index
+// in 32 bits where every index fits: a division by a runtime size, which
+// their index arithmetic needs, costs several times more in 64. I is their
+// index type, uint32_t or int64_t (with_shape picks it on the host).
+template <typename I>
+__device__ I first_index_as() {
+  return static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+}
+template <typename I>
+__device__ I index_stride_as() {
+  return static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x);
+}
+
+// V adjacent elements of T, loaded and stored as one access: 16 bytes
+// (V = 16 / sizeof(T)) where the pointers and sizes allow, else V = 1.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+template <typename T, int V>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& v) {
+  *reinterpret_cast<Pack<T, V>*>(p) = v;
+}
+
 __device__ int64_t padded_channels(int64_t c, int64_t block) {
   return (c + block - 1) / block * block;
 }
@@ -96,12 +127,54 @@ __global__ void fill_kernel(T* dst, int64_t c, int64_t hw, int64_t block, float 
   }
 }
 
-template <typename T>
-__global__ void add_bias_kernel(T* y, const T* bias, int64_t c, int64_t hw, bool channels_last,
-                                int64_t count) {
-  for (int64_t i = first_index(); i < count; i += index_stride()) {
-    const int64_t ch = channels_last ? i % c : i / hw % c;
-    y[i] = from_float<T>(to_float(y[i]) + to_float(bias[ch]));
+// One thread per V adjacent elements: V channels of a pixel (NHWC, c a
+// multiple of V) or V pixels of a channel (NCHW, hw a multiple of V).
+template <typename T, int V, typename I>
+__global__ void add_bias_kernel(T* y, const T* bias, I c, I hw, bool channels_last, I vectors) {
+  for (I i = first_index_as<I>(); i < vectors; i += index_stride_as<I>()) {
+    const I first = i * V;
+    Pack<T, V> p = load_pack<T, V>(y + first);
+    if (channels_last) {
+      const I ch = first % c;
+#pragma unroll
+      for (int l = 0; l < V; ++l) p.v[l] = from_float<T>(to_float(p.v[l]) + to_float(bias[ch + l]));
+    } else {
+      const float b = to_float(bias[first / hw % c]);
+#pragma unroll
+      for (int l = 0; l < V; ++l) p.v[l] = from_float<T>(to_float(p.v[l]) + b);
+    }
+    store_pack<T, V>(y + first, p);
+  }
+}
+
+// relu over V elements a thread. NaN propagates (as oneDNN's relu and
+// cuDNN's with CUDNN_PROPAGATE_NAN): a NaN made in forward by a half
+// overflow must reach the loss and the overflow check. -0 goes to +0.
+// Backward reads y: y > 0 exactly where x > 0 (and y is NaN where x is).
+template <typename T, int V, typename I>
+__global__ void relu_forward_kernel(const T* x, T* y, I vectors) {
+  const T zero = from_float<T>(0.0f);
+  for (I i = first_index_as<I>(); i < vectors; i += index_stride_as<I>()) {
+    Pack<T, V> p = load_pack<T, V>(x + i * V);
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      if (to_float(p.v[l]) <= 0.0f) p.v[l] = zero;
+    }
+    store_pack<T, V>(y + i * V, p);
+  }
+}
+
+template <typename T, int V, typename I>
+__global__ void relu_backward_kernel(const T* y, const T* dy, T* dx, I vectors) {
+  const T zero = from_float<T>(0.0f);
+  for (I i = first_index_as<I>(); i < vectors; i += index_stride_as<I>()) {
+    const Pack<T, V> a = load_pack<T, V>(y + i * V);
+    Pack<T, V> g = load_pack<T, V>(dy + i * V);
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      if (to_float(a.v[l]) <= 0.0f) g.v[l] = zero;
+    }
+    store_pack<T, V>(dx + i * V, g);
   }
 }
 
@@ -233,54 +306,109 @@ void check_launch(const char* kernel) {
   VTRAIN_CUDA_CHECK(cudaGetLastError(), std::string("launch of ") + kernel);
 }
 
-// Where element `pixel_index` (sample * hw + pixel) of channel ch is stored
-// in a tensor of c channels and hw pixels: NCHW, or NHWC (channels_last).
-__device__ int64_t channel_element(int64_t pixel_index, int64_t ch, int64_t c, int64_t hw,
-                                   bool channels_last) {
-  return channels_last ? pixel_index * c + ch
-                       : (pixel_index / hw * c + ch) * hw + pixel_index % hw;
-}
+// ------------------------------------------ per-channel sums (two passes)
 
-// One block per channel: each thread sums a strided share of the channel's
-// n * hw elements in double, then the block adds the threads' sums in
-// shared memory (a fixed tree, so the result does not vary between runs).
-// with_dy: the backward sums (dy and dy * xhat), else x and x^2.
-template <bool with_dy, typename T>
-__global__ void batch_norm_sums_kernel(const T* x, const T* dy, const float* mean,
-                                       const float* var, float eps, int64_t n, int64_t c,
-                                       int64_t hw, bool channels_last, double* sums) {
-  __shared__ double first[kThreads], second[kThreads];
-  const int64_t ch = blockIdx.x;
-  const float m = with_dy ? mean[ch] : 0.0f;
-  const float inv_std = with_dy ? 1.0f / sqrtf(var[ch] + eps) : 1.0f;
-  double a = 0, b = 0;
-  for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) {
-    const int64_t at = channel_element(i, ch, c, hw, channels_last);
-    const float xi = to_float(x[at]);
-    if (with_dy) {
-      const float dyi = to_float(dy[at]);
-      a += dyi;
-      b += static_cast<double>(dyi) * ((xi - m) * inv_std);
-    } else {
-      a += xi;
-      b += static_cast<double>(xi) * xi;
-    }
-  }
-  first[threadIdx.x] = a;
-  second[threadIdx.x] = b;
+// Pass one (channel_sum_grid.h): block (chunk, group) sums its share of
+// each of its channels into partial[(k * chunks + chunk) * c + channel] for
+// each of the kSums quantities; each thread in Acc, then the block's
+// threads in a fixed tree. Term: acc[k] += the quantities of element `at`
+// of channel `ch`.
+template <int kSums, typename Acc, typename Term>
+__global__ void channel_partials_kernel(ChannelSumGrid g, Term term, Acc* partials) {
+  __shared__ Acc shared[kSums][kChannelSumThreads];
+  Acc acc[kSums];
+#pragma unroll
+  for (int k = 0; k < kSums; ++k) acc[k] = Acc(0);
+  g.for_each_element(blockIdx.x, blockIdx.y, static_cast<int>(threadIdx.x),
+                     [&](int64_t at, int64_t ch) { term(at, ch, acc); });
+#pragma unroll
+  for (int k = 0; k < kSums; ++k) shared[k][threadIdx.x] = acc[k];
   __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) {
-      first[threadIdx.x] += first[threadIdx.x + half];
-      second[threadIdx.x] += second[threadIdx.x + half];
+  // Thread t holds channel lane t % lanes_c: t and t + half * lanes_c hold one channel.
+  for (int half = g.lanes_p / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half * g.lanes_c) {
+#pragma unroll
+      for (int k = 0; k < kSums; ++k) shared[k][threadIdx.x] += shared[k][threadIdx.x + half * g.lanes_c];
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    sums[ch] = first[0];
-    sums[c + ch] = second[0];
+  if (static_cast<int>(threadIdx.x) < g.lanes_c) {
+    const int64_t ch = static_cast<int64_t>(blockIdx.y) * g.lanes_c + threadIdx.x;
+    if (ch < g.c) {
+#pragma unroll
+      for (int k = 0; k < kSums; ++k) {
+        partials[(k * g.chunks + blockIdx.x) * g.c + ch] = shared[k][threadIdx.x];
+      }
+    }
   }
 }
+
+// Pass two: one thread per channel adds its chunks' partials in chunk order
+// and hands the totals to finish(channel, totals).
+template <int kSums, typename Acc, typename Finish>
+__global__ void channel_totals_kernel(const Acc* partials, int64_t chunks, int64_t c,
+                                      Finish finish) {
+  for (int64_t ch = first_index(); ch < c; ch += index_stride()) {
+    Acc total[kSums];
+#pragma unroll
+    for (int k = 0; k < kSums; ++k) {
+      Acc sum = Acc(0);
+      for (int64_t b = 0; b < chunks; ++b) sum += partials[(k * chunks + b) * c + ch];
+      total[k] = sum;
+    }
+    finish(ch, total);
+  }
+}
+
+template <typename T>
+struct SumTerm {  // the bias gradient: sum of dy, in float
+  const T* dy;
+  __device__ void operator()(int64_t at, int64_t, float (&acc)[1]) const {
+    acc[0] += to_float(dy[at]);
+  }
+};
+
+struct BiasFinish {  // dbias = sum (+ beta * dbias)
+  float* dbias;
+  float beta;
+  __device__ void operator()(int64_t ch, const float (&total)[1]) const {
+    dbias[ch] = beta == 0.0f ? total[0] : total[0] + beta * dbias[ch];
+  }
+};
+
+template <typename T>
+struct MomentsTerm {  // sum of x and of x^2, in double
+  const T* x;
+  __device__ void operator()(int64_t at, int64_t, double (&acc)[2]) const {
+    const float v = to_float(x[at]);
+    acc[0] += v;
+    acc[1] += static_cast<double>(v) * v;
+  }
+};
+
+template <typename T>
+struct GradientMomentsTerm {  // sum of dy and of dy * xhat, in double
+  const T* x;
+  const T* dy;
+  const float* mean;
+  const float* var;
+  float eps;
+  __device__ void operator()(int64_t at, int64_t ch, double (&acc)[2]) const {
+    const float inv_std = 1.0f / sqrtf(var[ch] + eps);
+    const float dyi = to_float(dy[at]);
+    acc[0] += dyi;
+    acc[1] += static_cast<double>(dyi) * ((to_float(x[at]) - mean[ch]) * inv_std);
+  }
+};
+
+struct SumsFinish {  // sums[ch], sums[c + ch]
+  double* sums;
+  int64_t c;
+  __device__ void operator()(int64_t ch, const double (&total)[2]) const {
+    sums[ch] = total[0];
+    sums[c + ch] = total[1];
+  }
+};
 
 template <typename T>
 __global__ void batch_norm_backward_data_kernel(const T* x, const T* dy, const float* gamma,
@@ -297,68 +425,125 @@ __global__ void batch_norm_backward_data_kernel(const T* x, const T* dy, const f
   }
 }
 
-// One block per channel, as batch_norm_sums_kernel, in float.
-template <typename T>
-__global__ void bias_gradient_kernel(const T* dy, int64_t n, int64_t c, int64_t hw,
-                                     bool channels_last, float beta, float* dbias) {
-  __shared__ float partial[kThreads];
-  const int64_t ch = blockIdx.x;
-  float a = 0.0f;
-  for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) {
-    a += to_float(dy[channel_element(i, ch, c, hw, channels_last)]);
-  }
-  partial[threadIdx.x] = a;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) dbias[ch] = beta == 0.0f ? partial[0] : partial[0] + beta * dbias[ch];
-}
+// --------------------------------------------------- tiled max pooling
 
-// One thread per output position: finds the first maximum of its window (row
-// by row) and writes dy there and 0 to the window's other elements. The
-// windows tile x, so every element of dx is written once.
-template <typename T>
-__global__ void max_pool_backward_tiled_kernel(const T* x, const T* dy, T* dx, int64_t c,
-                                               int64_t h, int64_t w, int64_t oh, int64_t ow,
-                                               int kh, int kw, bool channels_last,
-                                               int64_t count) {
-  for (int64_t i = first_index(); i < count; i += index_stride()) {
-    int64_t ch, ox, oy, n;
+// One thread per output position and V adjacent channels (V > 1 in NHWC
+// only, c a multiple of V): finds each channel's first maximum in its
+// window (row by row; a NaN beats every number, so it propagates as in
+// cuDNN with CUDNN_PROPAGATE_NAN) and writes it to y (forward) or writes dy
+// there and 0 to the window's other elements of dx (backward). The windows tile x, so
+// every element of dx is written once; both directions select alike.
+// Outputs are stored in x's layout, so output i's first element is i * V.
+template <bool kBackward, typename T, int V, typename I>
+__global__ void max_pool_tiled_kernel(const T* x, const T* dy, T* out, I c, I h, I w, I oh, I ow,
+                                      int kh, int kw, bool channels_last, I count) {
+  for (I i = first_index_as<I>(); i < count; i += index_stride_as<I>()) {
+    I ch, ox, oy, n;
     if (channels_last) {
-      ch = i % c;
-      ox = i / c % ow;
-      oy = i / (c * ow) % oh;
-      n = i / (c * ow * oh);
+      const I groups = c / V;
+      ch = i % groups * V;
+      I rest = i / groups;
+      ox = rest % ow;
+      rest /= ow;
+      oy = rest % oh;
+      n = rest / oh;
     } else {
       ox = i % ow;
-      oy = i / ow % oh;
-      ch = i / (ow * oh) % c;
-      n = i / (ow * oh * c);
+      I rest = i / ow;
+      oy = rest % oh;
+      rest /= oh;
+      ch = rest % c;
+      n = rest / c;
     }
-    // Element (row, col) of x for this channel: offset + row * row_step + col * col_step.
-    const int64_t col_step = channels_last ? c : 1, row_step = w * col_step;
-    const int64_t origin = channels_last ? ((n * h + oy * kh) * w + ox * kw) * c + ch
-                                         : ((n * c + ch) * h + oy * kh) * w + ox * kw;
-    int best_at = 0;
-    float best = to_float(x[origin]);
+    // Element (row, col) of x for these channels: origin + row * row_step + col * col_step.
+    const I col_step = channels_last ? c : 1, row_step = w * col_step;
+    const I origin = channels_last ? ((n * h + oy * kh) * w + ox * kw) * c + ch
+                                   : ((n * c + ch) * h + oy * kh) * w + ox * kw;
+    Pack<T, V> best = load_pack<T, V>(x + origin);
+    float best_value[V];
+    int best_at[V];
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      best_value[l] = to_float(best.v[l]);
+      best_at[l] = 0;
+    }
     for (int r = 0; r < kh; ++r) {
       for (int q = 0; q < kw; ++q) {
-        const float v = to_float(x[origin + r * row_step + q * col_step]);
-        if (v > best) {
-          best = v;
-          best_at = r * kw + q;
+        if (r == 0 && q == 0) continue;
+        const Pack<T, V> v = load_pack<T, V>(x + origin + r * row_step + q * col_step);
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+          const float f = to_float(v.v[l]);
+          if (f > best_value[l] || (isnan(f) && !isnan(best_value[l]))) {
+            best_value[l] = f;
+            best.v[l] = v.v[l];
+            best_at[l] = r * kw + q;
+          }
         }
       }
     }
-    const T g = dy[i], zero = from_float<T>(0.0f);
-    for (int r = 0; r < kh; ++r) {
-      for (int q = 0; q < kw; ++q) {
-        dx[origin + r * row_step + q * col_step] = r * kw + q == best_at ? g : zero;
+    if constexpr (!kBackward) {
+      store_pack<T, V>(out + i * V, best);
+    } else {
+      const Pack<T, V> g = load_pack<T, V>(dy + i * V);
+      const T zero = from_float<T>(0.0f);
+      for (int r = 0; r < kh; ++r) {
+        for (int q = 0; q < kw; ++q) {
+          Pack<T, V> o;
+#pragma unroll
+          for (int l = 0; l < V; ++l) o.v[l] = r * kw + q == best_at[l] ? g.v[l] : zero;
+          store_pack<T, V>(out + origin + r * row_step + q * col_step, o);
+        }
       }
     }
   }
+}
+
+// 16-byte packs where every address a kernel touches is a multiple of 16
+// bytes: its pointers, and `unit` elements (the run a pack must not cross).
+bool packs_fit(Element type, int64_t unit, std::initializer_list<const void*> pointers) {
+  const int64_t bytes = type == Element::kF32 ? 4 : 2;
+  if (unit * bytes % 16 != 0) return false;
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// f(T{}, std::integral_constant<int, V>{}, I{}): T the element type of
+// `type`, V = 16 / sizeof(T) where `packed` (else 1), and I uint32_t where
+// every index is below `elements` < 2^31 (else int64_t).
+template <typename F>
+void with_shape(Element type, bool packed, int64_t elements, F&& f) {
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    const auto with_v = [&](auto v) {
+      if (elements < (int64_t{1} << 31)) {
+        f(t, v, uint32_t{});
+      } else {
+        f(t, v, int64_t{});
+      }
+    };
+    if (packed) {
+      with_v(std::integral_constant<int, static_cast<int>(16 / sizeof(T))>{});
+    } else {
+      with_v(std::integral_constant<int, 1>{});
+    }
+  });
+}
+
+// Launches the two passes of a per-channel reduction of {n, c, hw}.
+template <int kSums, typename Acc, typename Term, typename Finish>
+void channel_sums(int64_t n, int64_t c, int64_t hw, bool channels_last, Term term, Finish finish,
+                  void* partials, cudaStream_t stream, const char* what) {
+  const ChannelSumGrid g = channel_sum_grid(n, c, hw, channels_last);
+  auto* acc = static_cast<Acc*>(partials);
+  const dim3 grid(static_cast<unsigned>(g.chunks), static_cast<unsigned>(g.groups));
+  channel_partials_kernel<kSums, Acc, Term><<<grid, kChannelSumThreads, 0, stream>>>(g, term, acc);
+  check_launch(what);
+  channel_totals_kernel<kSums, Acc, Finish><<<blocks_for(c), kThreads, 0, stream>>>(
+      acc, g.chunks, c, finish);
+  check_launch(what);
 }
 
 }  // namespace
@@ -405,12 +590,46 @@ void add_bias(Element type, void* y, const void* bias, int64_t n, int64_t c, int
               bool channels_last, cudaStream_t stream) {
   const int64_t count = n * c * hw;
   if (count == 0) return;
-  with_type(type, [&](auto t) {
+  // The bias is read an element at a time: only y's accesses are packed.
+  const bool packed = packs_fit(type, channels_last ? c : hw, {y});
+  with_shape(type, packed, count, [&](auto t, auto v, auto index) {
     using T = decltype(t);
-    add_bias_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(
-        static_cast<T*>(y), static_cast<const T*>(bias), c, hw, channels_last, count);
+    using I = decltype(index);
+    constexpr int V = decltype(v)::value;
+    const int64_t vectors = count / V;
+    add_bias_kernel<T, V, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
+        static_cast<T*>(y), static_cast<const T*>(bias), static_cast<I>(c), static_cast<I>(hw),
+        channels_last, static_cast<I>(vectors));
   });
   check_launch("add_bias_kernel");
+}
+
+void relu_forward(Element type, const void* x, void* y, int64_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  with_shape(type, packs_fit(type, count, {x, y}), count, [&](auto t, auto v, auto index) {
+    using T = decltype(t);
+    using I = decltype(index);
+    constexpr int V = decltype(v)::value;
+    const int64_t vectors = count / V;
+    relu_forward_kernel<T, V, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), static_cast<I>(vectors));
+  });
+  check_launch("relu_forward_kernel");
+}
+
+void relu_backward(Element type, const void* y, const void* dy, void* dx, int64_t count,
+                   cudaStream_t stream) {
+  if (count == 0) return;
+  with_shape(type, packs_fit(type, count, {y, dy, dx}), count, [&](auto t, auto v, auto index) {
+    using T = decltype(t);
+    using I = decltype(index);
+    constexpr int V = decltype(v)::value;
+    const int64_t vectors = count / V;
+    relu_backward_kernel<T, V, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
+        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx),
+        static_cast<I>(vectors));
+  });
+  check_launch("relu_backward_kernel");
 }
 
 void accumulate(Element x_type, const void* x, Element y_type, void* y, float beta,
@@ -491,28 +710,32 @@ void variance_to_inverse_std(const float* var, float* inv_std, int64_t count, fl
   check_launch("variance_to_inverse_std_kernel");
 }
 
+int64_t batch_norm_sum_partial_bytes(int64_t n, int64_t c, int64_t hw, bool channels_last) {
+  return channel_sum_partial_bytes(n, c, hw, channels_last, 2, sizeof(double));
+}
+
 void batch_norm_sums(Element type, const void* x, int64_t n, int64_t c, int64_t hw,
-                     bool channels_last, double* sums, cudaStream_t stream) {
+                     bool channels_last, double* sums, void* partials, cudaStream_t stream) {
   if (c == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
-    batch_norm_sums_kernel<false, T><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), nullptr, nullptr, nullptr, 0.0f, n, c, hw, channels_last, sums);
+    channel_sums<2, double>(n, c, hw, channels_last, MomentsTerm<T>{static_cast<const T*>(x)},
+                            SumsFinish{sums, c}, partials, stream, "batch_norm_sums");
   });
-  check_launch("batch_norm_sums_kernel");
 }
 
 void batch_norm_backward_sums(Element type, const void* x, const void* dy, const float* mean,
                               const float* var, float eps, int64_t n, int64_t c, int64_t hw,
-                              bool channels_last, double* sums, cudaStream_t stream) {
+                              bool channels_last, double* sums, void* partials,
+                              cudaStream_t stream) {
   if (c == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
-    batch_norm_sums_kernel<true, T><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(dy), mean, var, eps, n, c, hw,
-        channels_last, sums);
+    channel_sums<2, double>(
+        n, c, hw, channels_last,
+        GradientMomentsTerm<T>{static_cast<const T*>(x), static_cast<const T*>(dy), mean, var, eps},
+        SumsFinish{sums, c}, partials, stream, "batch_norm_backward_sums");
   });
-  check_launch("batch_norm_sums_kernel");
 }
 
 void batch_norm_backward_data(Element type, const void* x, const void* dy, const float* gamma,
@@ -530,30 +753,61 @@ void batch_norm_backward_data(Element type, const void* x, const void* dy, const
   check_launch("batch_norm_backward_data_kernel");
 }
 
+int64_t bias_gradient_partial_bytes(int64_t n, int64_t c, int64_t hw, bool channels_last) {
+  return channel_sum_partial_bytes(n, c, hw, channels_last, 1, sizeof(float));
+}
+
 void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t hw,
-                   bool channels_last, float* dbias, float beta, cudaStream_t stream) {
+                   bool channels_last, float* dbias, float beta, void* partials,
+                   cudaStream_t stream) {
   if (c == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
-    bias_gradient_kernel<T><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(
-        static_cast<const T*>(dy), n, c, hw, channels_last, beta, dbias);
+    channel_sums<1, float>(n, c, hw, channels_last, SumTerm<T>{static_cast<const T*>(dy)},
+                           BiasFinish{dbias, beta}, partials, stream, "bias_gradient");
   });
-  check_launch("bias_gradient_kernel");
+}
+
+namespace {
+
+// Packs of V channels in NHWC where c is a multiple of V; one channel a
+// thread otherwise.
+template <bool kBackward>
+void max_pool_tiled(Element type, const void* x, const void* dy, void* out, int64_t n, int64_t c,
+                    int64_t h, int64_t w, int64_t kh, int64_t kw, bool channels_last,
+                    cudaStream_t stream, const char* what) {
+  const int64_t oh = h / kh, ow = w / kw;
+  const int64_t outputs = n * c * oh * ow;
+  if (outputs == 0) return;
+  const bool packed = channels_last && packs_fit(type, c, {x, dy, out});
+  with_shape(type, packed, n * c * h * w, [&](auto t, auto v, auto index) {
+    using T = decltype(t);
+    using I = decltype(index);
+    constexpr int V = decltype(v)::value;
+    const int64_t count = outputs / V;
+    max_pool_tiled_kernel<kBackward, T, V, I><<<blocks_for(count), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(out),
+        static_cast<I>(c), static_cast<I>(h), static_cast<I>(w), static_cast<I>(oh),
+        static_cast<I>(ow), static_cast<int>(kh), static_cast<int>(kw), channels_last,
+        static_cast<I>(count));
+  });
+  check_launch(what);
+}
+
+}  // namespace
+
+void max_pool_forward_tiled(Element type, const void* x, void* y, int64_t n, int64_t c, int64_t h,
+                            int64_t w, int64_t kh, int64_t kw, bool channels_last,
+                            cudaStream_t stream) {
+  max_pool_tiled<false>(type, x, nullptr, y, n, c, h, w, kh, kw, channels_last, stream,
+                        "max_pool_forward_tiled");
 }
 
 void max_pool_backward_tiled(Element type, const void* x, const void* dy, void* dx, int64_t n,
                              int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
                              bool channels_last, cudaStream_t stream) {
-  const int64_t oh = h / kh, ow = w / kw;
-  const int64_t count = n * c * oh * ow;
-  if (count == 0) return;
-  with_type(type, [&](auto t) {
-    using T = decltype(t);
-    max_pool_backward_tiled_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), c, h, w, oh, ow,
-        static_cast<int>(kh), static_cast<int>(kw), channels_last, count);
-  });
-  check_launch("max_pool_backward_tiled_kernel");
+  max_pool_tiled<true>(type, x, dy, dx, n, c, h, w, kh, kw, channels_last, stream,
+                       "max_pool_backward_tiled");
 }
 
 }  // namespace vtrain::worker::cuda

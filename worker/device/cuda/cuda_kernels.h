@@ -1,8 +1,8 @@
 // The CUDA kernels of the backend: the ops no library provides (layout and
 // element-type conversions, fills, elementwise sums, strided channel
 // copies, softmax cross-entropy, SGD, batch-norm statistics, the f32 bias
-// gradient of half tensors) and one that cuDNN provides slowly (max-pooling
-// backward over tiling windows). Each function enqueues one kernel on
+// gradient of half tensors) and those cuDNN provides slowly (relu, and max
+// pooling over tiling windows; the bias in NHWC). Each function enqueues one kernel on
 // `stream` and throws BackendError if the launch fails; a zero count
 // enqueues nothing. Internal to worker/device/cuda.
 //
@@ -17,6 +17,13 @@
 #include <cstdint>
 
 namespace vtrain::worker::cuda {
+
+// The revision of these kernels, part of the backend's library version
+// (DeviceInfo::library_version, "cuDNN 9.19.0, kernels r2"), so that a perf
+// DB keeps measurements per revision: raise it when a kernel change moves a
+// profiled time or a convolution's workspace (r2: the two-pass bias
+// gradient, whose partial sums take workspace, relu, tiled max pooling).
+inline constexpr int kKernelRevision = 2;
 
 // common::Element's element types, for the kernels: this header is
 // compiled by nvcc as C++17, below what common/precision.h needs
@@ -84,35 +91,59 @@ void inverse_std_to_variance(const float* inv_std, float* var, int64_t count, fl
 void variance_to_inverse_std(const float* var, float* inv_std, int64_t count, float eps,
                              cudaStream_t stream);
 
+// Per-channel sums (channel_sum_grid.h: two passes, no atomics, the same
+// result every run) need `partials`, device memory of the bytes the
+// *_partial_bytes function gives for the same arguments; it may be reused
+// once the call's work on `stream` is done.
+//
 // Synchronised batch norm on {n, c, h*w} of `type`, NCHW or (channels_last)
 // NHWC (see Backend). Per channel, in double: sums[c] = sum of x and
 // sums[c + C] = sum of x^2; or, with xhat = (x - mean) / sqrt(var + eps),
 // sum of dy and sum of dy * xhat.
+int64_t batch_norm_sum_partial_bytes(int64_t n, int64_t c, int64_t hw, bool channels_last);
 void batch_norm_sums(Element type, const void* x, int64_t n, int64_t c, int64_t hw,
-                     bool channels_last, double* sums, cudaStream_t stream);
+                     bool channels_last, double* sums, void* partials, cudaStream_t stream);
 void batch_norm_backward_sums(Element type, const void* x, const void* dy, const float* mean,
                               const float* var, float eps, int64_t n, int64_t c, int64_t hw,
-                              bool channels_last, double* sums, cudaStream_t stream);
+                              bool channels_last, double* sums, void* partials,
+                              cudaStream_t stream);
 // dx = gamma / sqrt(var + eps) * (dy - dy_means[c] - xhat * dy_means[C + c]).
 void batch_norm_backward_data(Element type, const void* x, const void* dy, const float* gamma,
                               const float* mean, const float* var, const float* dy_means,
                               float eps, int64_t n, int64_t c, int64_t hw, bool channels_last,
                               void* dx, cudaStream_t stream);
 
-// Max-pooling backward where the windows tile x {n, c, h, w} of `type`
-// (NCHW, or NHWC where channels_last): kernel = stride, no padding, h and w
-// multiples of the kernel. Each window's dy goes to its first maximum in
-// row-major order (the reference's tie rule), 0 to the rest of dx. cuDNN's
-// NHWC pooling backward runs about 18x slower than its bytes need on an
-// H100 (VGG-16's pool1: 6.2 ms).
+// The bias gradient of dy {n, c, hw} of `type` (NCHW, or NHWC where
+// channels_last) into f32: per channel, dbias[c] = sum of dy (in float) +
+// beta * dbias[c]; beta = 0 never reads dbias.
+int64_t bias_gradient_partial_bytes(int64_t n, int64_t c, int64_t hw, bool channels_last);
+void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t hw,
+                   bool channels_last, float* dbias, float beta, void* partials,
+                   cudaStream_t stream);
+
+// relu over `count` elements of `type` in any layout (relu(0) = 0 keeps
+// padding zero): y = x <= 0 ? 0 : x, and dx = y <= 0 ? 0 : dy (y > 0
+// exactly where x > 0), so a NaN propagates. y may alias x, dx dy. cuDNN's activation ran at a
+// fifth of the memory's speed on NHWC half tensors (VGG-16's relu1_1: 0.49
+// ms forward at batch 64 on an H200).
+void relu_forward(Element type, const void* x, void* y, int64_t count, cudaStream_t stream);
+void relu_backward(Element type, const void* y, const void* dy, void* dx, int64_t count,
+                   cudaStream_t stream);
+
+// Max pooling where the windows tile x {n, c, h, w} of `type` (NCHW, or
+// NHWC where channels_last): kernel = stride, no padding, h and w multiples
+// of the kernel; y and dy {n, c, h / kh, w / kw} in x's layout. Each window
+// selects its first maximum in row-major order (the reference's tie rule;
+// its first NaN, if any, so that NaN propagates): forward writes it to y,
+// backward writes dy there and 0 to the rest of dx. cuDNN's NHWC pooling
+// backward ran about 18x slower than its bytes need on an H100 (VGG-16's
+// pool1: 6.2 ms), its forward at a seventh of the memory's speed on an
+// H200 (0.49 ms).
+void max_pool_forward_tiled(Element type, const void* x, void* y, int64_t n, int64_t c, int64_t h,
+                            int64_t w, int64_t kh, int64_t kw, bool channels_last,
+                            cudaStream_t stream);
 void max_pool_backward_tiled(Element type, const void* x, const void* dy, void* dx, int64_t n,
                              int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
                              bool channels_last, cudaStream_t stream);
-
-// The bias gradient of dy {n, c, hw} of `type` (NCHW, or NHWC where
-// channels_last) into f32: per channel, dbias[c] = sum of dy (in float, a
-// fixed reduction tree) + beta * dbias[c]; beta = 0 never reads dbias.
-void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t hw,
-                   bool channels_last, float* dbias, float beta, cudaStream_t stream);
 
 }  // namespace vtrain::worker::cuda
