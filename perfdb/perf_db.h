@@ -57,7 +57,7 @@ struct Device {
   std::string name;             // CPU model name or GPU name, e.g. "NVIDIA H200"
   std::string backend;          // "cpu" or "cuda"
   uint64_t memory_bytes = 0;    // device memory capacity the backend serves
-  std::string library_version;  // e.g. "oneDNN 3.0.0" or "cuDNN 9.1.0"
+  std::string library_version;  // e.g. "oneDNN 3.0.0" or "cuDNN 9.1.0, kernels r2"
   int threads = 1;              // CPU threads used (1 for a GPU)
   std::string host;             // hostname
 };

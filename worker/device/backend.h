@@ -59,7 +59,7 @@ struct DeviceInfo {
   std::string name;             // CPU model name or GPU name
   size_t memory_bytes = 0;      // device memory capacity the backend will serve
   int threads = 1;              // CPU threads used (1 for CUDA)
-  std::string library_version;  // "oneDNN 2.6.3" or "cuDNN 9.x"
+  std::string library_version;  // "oneDNN 2.6.3" or "cuDNN 9.x.y, kernels rN" (cuda_kernels.h)
   std::string host;             // hostname
   std::string device_key;       // a GPU's UUID ("GPU-" and 32 hex digits; "" on the CPU):
                                 // ranks with the same key share the device

@@ -89,40 +89,43 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& v) {
   *reinterpret_cast<Pack<T, V>*>(p) = v;
 }
 
-__device__ int64_t padded_channels(int64_t c, int64_t block) {
+template <typename I>
+__device__ I padded_channels(I c, I block) {
   return (c + block - 1) / block * block;
 }
 
 // Storage index i of a tensor with channel block `block` -> its sample,
-// channel and spatial position.
+// channel and spatial position (in the index type I: see first_index_as).
+template <typename I>
 struct Position {
-  int64_t n, c, s;
+  I n, c, s;
 };
-__device__ Position position_of(int64_t i, int64_t c, int64_t hw, int64_t block) {
-  const int64_t per_sample = padded_channels(c, block) * hw;
-  const int64_t r = i % per_sample;
-  const int64_t in_block = r % (hw * block);
+template <typename I>
+__device__ Position<I> position_of(I i, I c, I hw, I block) {
+  const I per_sample = padded_channels(c, block) * hw;
+  const I r = i % per_sample;
+  const I in_block = r % (hw * block);
   return {i / per_sample, (r / (hw * block)) * block + in_block % block, in_block / block};
 }
-__device__ int64_t offset_of(const Position& p, int64_t c, int64_t hw, int64_t block) {
+template <typename I>
+__device__ I offset_of(const Position<I>& p, I c, I hw, I block) {
   return p.n * padded_channels(c, block) * hw + (p.c / block) * hw * block + p.s * block +
          p.c % block;
 }
 
-template <typename S, typename D>
-__global__ void reorder_kernel(const S* src, int64_t src_block, D* dst, int64_t c, int64_t hw,
-                               int64_t dst_block, int64_t count) {
-  for (int64_t i = first_index(); i < count; i += index_stride()) {
-    const Position p = position_of(i, c, hw, dst_block);
+template <typename S, typename D, typename I>
+__global__ void reorder_kernel(const S* src, I src_block, D* dst, I c, I hw, I dst_block,
+                               I count) {
+  for (I i = first_index_as<I>(); i < count; i += index_stride_as<I>()) {
+    const Position<I> p = position_of(i, c, hw, dst_block);
     dst[i] = from_float<D>(p.c < c ? to_float(src[offset_of(p, c, hw, src_block)]) : 0.0f);
   }
 }
 
-template <typename T>
-__global__ void fill_kernel(T* dst, int64_t c, int64_t hw, int64_t block, float value,
-                            int64_t count) {
+template <typename T, typename I>
+__global__ void fill_kernel(T* dst, I c, I hw, I block, float value, I count) {
   const T v = from_float<T>(value), zero = from_float<T>(0.0f);
-  for (int64_t i = first_index(); i < count; i += index_stride()) {
+  for (I i = first_index_as<I>(); i < count; i += index_stride_as<I>()) {
     dst[i] = position_of(i, c, hw, block).c < c ? v : zero;
   }
 }
@@ -510,6 +513,17 @@ bool packs_fit(Element type, int64_t unit, std::initializer_list<const void*> po
   return true;
 }
 
+// f(I{}): I uint32_t where every index is below `elements` < 2^31, else
+// int64_t.
+template <typename F>
+void with_index(int64_t elements, F&& f) {
+  if (elements < (int64_t{1} << 31)) {
+    f(uint32_t{});
+  } else {
+    f(int64_t{});
+  }
+}
+
 // f(T{}, std::integral_constant<int, V>{}, I{}): T the element type of
 // `type`, V = 16 / sizeof(T) where `packed` (else 1), and I uint32_t where
 // every index is below `elements` < 2^31 (else int64_t).
@@ -517,13 +531,7 @@ template <typename F>
 void with_shape(Element type, bool packed, int64_t elements, F&& f) {
   with_type(type, [&](auto t) {
     using T = decltype(t);
-    const auto with_v = [&](auto v) {
-      if (elements < (int64_t{1} << 31)) {
-        f(t, v, uint32_t{});
-      } else {
-        f(t, v, int64_t{});
-      }
-    };
+    const auto with_v = [&](auto v) { with_index(elements, [&](auto i) { f(t, v, i); }); };
     if (packed) {
       with_v(std::integral_constant<int, static_cast<int>(16 / sizeof(T))>{});
     } else {
@@ -552,13 +560,19 @@ void reorder(Element src_type, const void* src, int64_t src_block, Element dst_t
              const BlockedShape& dst_shape, cudaStream_t stream) {
   const int64_t count = dst_shape.storage_elements();
   if (count == 0) return;
+  BlockedShape src_shape = dst_shape;
+  src_shape.block = src_block;
   with_type(src_type, [&](auto s) {
     with_type(dst_type, [&](auto d) {
-      using S = decltype(s);
-      using D = decltype(d);
-      reorder_kernel<S, D><<<blocks_for(count), kThreads, 0, stream>>>(
-          static_cast<const S*>(src), src_block, static_cast<D*>(dst), dst_shape.c,
-          dst_shape.h * dst_shape.w, dst_shape.block, count);
+      with_index(std::max(count, src_shape.storage_elements()), [&](auto index) {
+        using S = decltype(s);
+        using D = decltype(d);
+        using I = decltype(index);
+        reorder_kernel<S, D, I><<<blocks_for(count), kThreads, 0, stream>>>(
+            static_cast<const S*>(src), static_cast<I>(src_block), static_cast<D*>(dst),
+            static_cast<I>(dst_shape.c), static_cast<I>(dst_shape.h * dst_shape.w),
+            static_cast<I>(dst_shape.block), static_cast<I>(count));
+      });
     });
   });
   check_launch("reorder_kernel");
@@ -568,9 +582,13 @@ void fill(Element type, void* dst, const BlockedShape& shape, float value, cudaS
   const int64_t count = shape.storage_elements();
   if (count == 0) return;
   with_type(type, [&](auto t) {
-    using T = decltype(t);
-    fill_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(
-        static_cast<T*>(dst), shape.c, shape.h * shape.w, shape.block, value, count);
+    with_index(count, [&](auto index) {
+      using T = decltype(t);
+      using I = decltype(index);
+      fill_kernel<T, I><<<blocks_for(count), kThreads, 0, stream>>>(
+          static_cast<T*>(dst), static_cast<I>(shape.c), static_cast<I>(shape.h * shape.w),
+          static_cast<I>(shape.block), value, static_cast<I>(count));
+    });
   });
   check_launch("fill_kernel");
 }
