@@ -83,6 +83,28 @@ TEST(ChannelSumGrid, EveryElementIsSummedOnceIntoItsChannel) {
   }
 }
 
+// Workspace sized for a micro-batch must serve every smaller call (the last
+// micro-batch of a step may be smaller): the partial sums' bytes never
+// shrink as n grows, and always cover the grid's partials. Rounding the
+// chunk size up once made {334, 16, 196} need more than {384, 16, 196}.
+TEST(ChannelSumGrid, PartialBytesGrowWithTheBatchAndCoverThePartials) {
+  for (int64_t c : {1, 3, 16, 64, 100}) {
+    for (int64_t hw : {1, 7, 196, 3136}) {
+      for (bool nhwc : {false, true}) {
+        int64_t previous = 0;
+        for (int64_t n = 1; n <= 512; ++n) {
+          const ChannelSumGrid g = channel_sum_grid(n, c, hw, nhwc);
+          const int64_t bytes = channel_sum_partial_bytes(n, c, hw, nhwc, 2, 8);
+          ASSERT_GE(bytes, previous) << describe({n, c, hw, nhwc});
+          ASSERT_GE(bytes, g.partials() * 2 * 8) << describe({n, c, hw, nhwc});
+          ASSERT_LE(g.chunks, g.chunk_bound) << describe({n, c, hw, nhwc});
+          previous = bytes;
+        }
+      }
+    }
+  }
+}
+
 // The grid's size on the shapes that matter (VGG-16's and ResNet-50's at
 // batch 64, an inner product's): enough blocks to fill a GPU where the
 // tensor is large, few where it is small, and partial sums that stay small

@@ -572,11 +572,13 @@ TEST_F(CudaBackendTest, HalfWeightGradientStaysF32AndAccumulatesOverMicroBatches
 
 // ============================================== our memory-bound kernels
 
-// The bias gradient's two passes (channel_sum_grid.h) where dy is large
-// enough for hundreds of chunks in NHWC and tens in NCHW, against double
-// sums on the host. dy > 0, so a missed or twice-counted element moves a
-// channel's sum by more than the tolerance.
-TEST_F(CudaBackendTest, BiasGradientOverManyChunksMatchesTheHostSum) {
+// The per-channel sums' two passes (channel_sum_grid.h) where the tensor is
+// large enough for hundreds of chunks in NHWC and tens in NCHW, against
+// double sums on the host: a convolution's bias gradient, the synchronised
+// batch norm's sums of the same tensor, and an inner product's bias
+// gradient over 5000 rows. The data is positive, so a missed or
+// twice-counted element moves a sum by more than the tolerance.
+TEST_F(CudaBackendTest, ChannelSumsOverManyChunksMatchTheHost) {
   Backend& b = gpu();
   std::mt19937 rng(11);
   for (DataType type : {DataType::kBF16, DataType::kF16, DataType::kF32}) {
@@ -609,6 +611,38 @@ TEST_F(CudaBackendTest, BiasGradientOverManyChunksMatchesTheHostSum) {
               << "channel " << c << ", beta " << beta;
         }
       }
+      // The synchronised batch norm's sums of x and x^2 over the same tensor.
+      std::vector<double> squares(static_cast<size_t>(ys.c), 0.0);
+      for (int64_t n = 0; n < ys.n; ++n) {
+        for (int64_t c = 0; c < ys.c; ++c) {
+          for (int64_t i = 0; i < hw; ++i) {
+            const double v = d.dy[static_cast<size_t>((n * ys.c + c) * hw + i)];
+            squares[c] += v * v;
+          }
+        }
+      }
+      const DeviceTensor dyt = to_device(b, d.dy, p.y);
+      const std::vector<double> sums = b.batch_norm_sums(dyt.tensor);
+      ASSERT_EQ(sums.size(), static_cast<size_t>(2 * ys.c));
+      for (int64_t c = 0; c < ys.c; ++c) {
+        EXPECT_NEAR(sums[c], want[c], 1e-9 * want[c]) << "sum, channel " << c;
+        EXPECT_NEAR(sums[ys.c + c], squares[c], 1e-9 * squares[c]) << "sum of squares, channel " << c;
+      }
+    }
+    // An inner product's dy {5000, 10}: 79 chunks of 64 rows.
+    SCOPED_TRACE(std::string("inner product ") + dtype_name(type));
+    const Shape xs{5000, 6, 1, 1}, ys{5000, 10, 1, 1};
+    const Vec x = rounded(type, random_vec(rng, xs.elements()));
+    const Vec dy = rounded(type, random_vec(rng, ys.elements(), 0.5f, 1.0f));
+    const DeviceTensor xt = to_device(b, x, desc(xs, Layout::kPlain, type));
+    const DeviceTensor dyt = to_device(b, dy, desc(ys, Layout::kPlain, type));
+    DeviceBuffer dw(b, 60 * sizeof(float)), db(b, 10 * sizeof(float));
+    b.inner_product_backward_weights(xt.tensor, dyt.tensor, dw.floats(), db.floats(), 0.0f);
+    const Vec got = from_device(b, db.floats(), 10);
+    for (int64_t o = 0; o < 10; ++o) {
+      double expected = 0;
+      for (int64_t n = 0; n < 5000; ++n) expected += dy[static_cast<size_t>(n * 10 + o)];
+      EXPECT_NEAR(got[static_cast<size_t>(o)], expected, 1e-6 * expected + 1e-3) << "output " << o;
     }
   }
 }
@@ -649,19 +683,29 @@ TEST_F(CudaBackendTest, ReluPropagatesNaNAndZeroesTheRestBitForBit) {
   }
 }
 
-// Max pooling over tiling windows in our kernels, packed (NHWC, channels a
-// multiple of 8) and not, bit for bit against the reference; then a NaN in
-// a window: forward gives NaN, backward sends that window's dy to it.
+// Max pooling over tiling windows (2x2 and 3x3) in our kernels, packed
+// (NHWC, channels a multiple of 8) and not, bit for bit against the
+// reference; then a NaN in a window: forward gives NaN, backward sends that
+// window's dy to it.
 TEST_F(CudaBackendTest, TiledMaxPoolingMatchesTheReferenceAndPropagatesNaN) {
   Backend& b = gpu();
   std::mt19937 rng(13);
-  const PoolParams pool{};  // max, 2x2, stride 2
-  for (const Shape shape : {Shape{4, 16, 32, 32}, Shape{2, 3, 6, 10}}) {
+  // 2x2 stride 2 (VGG's), and 3x3 stride 3.
+  const PoolParams two{}, three{.kh = 3, .kw = 3, .stride_h = 3, .stride_w = 3};
+  struct PoolCase {
+    Shape shape;
+    PoolParams pool;
+  };
+  for (const PoolCase& pc : {PoolCase{{4, 16, 32, 32}, two}, PoolCase{{2, 3, 6, 10}, two},
+                             PoolCase{{2, 16, 9, 12}, three}}) {
+    const Shape& shape = pc.shape;
+    const PoolParams& pool = pc.pool;
     for (DataType type : {DataType::kF32, DataType::kBF16}) {
       if (type != DataType::kF32 && half_unavailable(type)) continue;
       for (Layout layout : {Layout::kPlain, Layout::kNhwc}) {
-        SCOPED_TRACE(shape.str() + " " + dtype_name(type) + " " + layout_name(layout));
-        const Shape out{shape.n, shape.c, shape.h / 2, shape.w / 2};
+        SCOPED_TRACE(shape.str() + " " + std::to_string(pool.kh) + "x" + std::to_string(pool.kw) +
+                     " " + dtype_name(type) + " " + layout_name(layout));
+        const Shape out{shape.n, shape.c, shape.h / pool.kh, shape.w / pool.kw};
         // Few distinct values: many ties, which go to the first maximum.
         Vec x = random_vec(rng, shape.elements(), -2.0f, 2.0f);
         for (float& v : x) v = std::round(v * 2.0f) / 2.0f;
@@ -676,7 +720,7 @@ TEST_F(CudaBackendTest, TiledMaxPoolingMatchesTheReferenceAndPropagatesNaN) {
         expect_equal(from_device(b, yt.tensor), y_ref, "y");
         expect_equal(from_device(b, dxt.tensor), dx_ref, "dx");
 
-        // Element (0, 0, 1, 1) is the last of window (0, 0, 0, 0).
+        // Element (0, 0, 1, 1) is in window (0, 0, 0, 0), not its first.
         x[static_cast<size_t>(shape.w + 1)] = kNaN;
         const DeviceTensor nan_x = to_device(b, x, desc(shape, layout, type));
         b.pooling_forward(pool, nan_x.tensor, yt.tensor, nullptr);

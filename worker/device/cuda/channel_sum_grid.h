@@ -5,7 +5,7 @@
 // tests, so the arithmetic is checked on machines without a GPU
 // (channel_sum_grid_test).
 //
-// Two passes, deterministic (no atomics): blocks (chunk, group) each sum
+// Two passes, deterministic (no atomics): blocks (group, chunk) each sum
 // one chunk of the pixels (sample * hw + position) for a group of channels,
 // their threads in a fixed tree, into partial[chunk * c + channel]; then one
 // thread per channel adds its chunks' partials in chunk order. The old
@@ -42,16 +42,20 @@ struct ChannelSumGrid {
   // (NHWC: 32 adjacent channels, so a warp reads one run of each pixel;
   // NCHW: all 256 along a channel's contiguous pixels).
   int lanes_c = 1, lanes_p = kChannelSumThreads;
-  int64_t groups = 0;        // channel groups, ceil(c / lanes_c): the grid's y
-  int64_t chunks = 0;        // pixel chunks: the grid's x
+  int64_t groups = 0;        // channel groups, ceil(c / lanes_c): the grid's x
+  int64_t chunks = 0;        // pixel chunks: the grid's y (at most kChannelSumTargetBlocks)
   int64_t chunk_pixels = 0;  // pixels per chunk (the last may have fewer)
+  // At least `chunks`, and never smaller for a larger n: what the partial
+  // sums are sized for (channel_sum_partial_bytes), so that workspace sized
+  // for a micro-batch serves every smaller one.
+  int64_t chunk_bound = 0;
 
   VTRAIN_HOST_DEVICE int64_t pixels() const { return n * hw; }
   // Partial sums per summed quantity: one per (chunk, channel).
   VTRAIN_HOST_DEVICE int64_t partials() const { return chunks * c; }
 
   // Calls f(storage index, channel) for every element thread `thread` of
-  // block (chunk, group) sums, kChannelSumUnroll at a time where it can
+  // the block of (chunk, group) sums, kChannelSumUnroll at a time where it can
   // (f adds into that thread's accumulators). Every element of the tensor
   // is visited once over all blocks and threads.
   template <typename F>
@@ -103,18 +107,19 @@ inline ChannelSumGrid channel_sum_grid(int64_t n, int64_t c, int64_t hw,
   const int64_t by_blocks = (kChannelSumTargetBlocks + g.groups - 1) / std::max<int64_t>(g.groups, 1);
   const int64_t per_chunk_min = g.lanes_p * kChannelSumMinPixelsPerThread;
   const int64_t by_work = (pixels + per_chunk_min - 1) / per_chunk_min;
-  g.chunks = std::max<int64_t>(1, std::min(by_blocks, by_work));
-  g.chunk_pixels = std::max<int64_t>(1, (pixels + g.chunks - 1) / g.chunks);
+  g.chunk_bound = std::max<int64_t>(1, std::min(by_blocks, by_work));
+  g.chunk_pixels = std::max<int64_t>(1, (pixels + g.chunk_bound - 1) / g.chunk_bound);
   // Rounding the chunk size up may leave the last chunks empty: drop them.
   g.chunks = std::max<int64_t>(1, (pixels + g.chunk_pixels - 1) / g.chunk_pixels);
   return g;
 }
 
 // Bytes of the partial sums of `sums` quantities of `accumulator_bytes`
-// each (float: the bias gradient; double: batch-norm sums) for {n, c, hw}.
+// each (float: the bias gradient; double: batch-norm sums) for {n, c, hw}:
+// enough for the grid's partials, and never fewer for a larger n.
 inline int64_t channel_sum_partial_bytes(int64_t n, int64_t c, int64_t hw, bool channels_last,
                                          int sums, int accumulator_bytes) {
-  return channel_sum_grid(n, c, hw, channels_last).partials() * sums * accumulator_bytes;
+  return channel_sum_grid(n, c, hw, channels_last).chunk_bound * c * sums * accumulator_bytes;
 }
 
 }  // namespace vtrain::worker::cuda

@@ -311,7 +311,7 @@ void check_launch(const char* kernel) {
 
 // ------------------------------------------ per-channel sums (two passes)
 
-// Pass one (channel_sum_grid.h): block (chunk, group) sums its share of
+// Pass one (channel_sum_grid.h): block (group, chunk) sums its share of
 // each of its channels into partial[(k * chunks + chunk) * c + channel] for
 // each of the kSums quantities; each thread in Acc, then the block's
 // threads in a fixed tree. Term: acc[k] += the quantities of element `at`
@@ -322,7 +322,7 @@ __global__ void channel_partials_kernel(ChannelSumGrid g, Term term, Acc* partia
   Acc acc[kSums];
 #pragma unroll
   for (int k = 0; k < kSums; ++k) acc[k] = Acc(0);
-  g.for_each_element(blockIdx.x, blockIdx.y, static_cast<int>(threadIdx.x),
+  g.for_each_element(blockIdx.y, blockIdx.x, static_cast<int>(threadIdx.x),
                      [&](int64_t at, int64_t ch) { term(at, ch, acc); });
 #pragma unroll
   for (int k = 0; k < kSums; ++k) shared[k][threadIdx.x] = acc[k];
@@ -336,11 +336,11 @@ __global__ void channel_partials_kernel(ChannelSumGrid g, Term term, Acc* partia
     __syncthreads();
   }
   if (static_cast<int>(threadIdx.x) < g.lanes_c) {
-    const int64_t ch = static_cast<int64_t>(blockIdx.y) * g.lanes_c + threadIdx.x;
+    const int64_t ch = static_cast<int64_t>(blockIdx.x) * g.lanes_c + threadIdx.x;
     if (ch < g.c) {
 #pragma unroll
       for (int k = 0; k < kSums; ++k) {
-        partials[(k * g.chunks + blockIdx.x) * g.c + ch] = shared[k][threadIdx.x];
+        partials[(k * g.chunks + blockIdx.y) * g.c + ch] = shared[k][threadIdx.x];
       }
     }
   }
@@ -546,7 +546,8 @@ void channel_sums(int64_t n, int64_t c, int64_t hw, bool channels_last, Term ter
                   void* partials, cudaStream_t stream, const char* what) {
   const ChannelSumGrid g = channel_sum_grid(n, c, hw, channels_last);
   auto* acc = static_cast<Acc*>(partials);
-  const dim3 grid(static_cast<unsigned>(g.chunks), static_cast<unsigned>(g.groups));
+  // Groups on x (up to 2^31 - 1), chunks on y (at most kChannelSumTargetBlocks).
+  const dim3 grid(static_cast<unsigned>(g.groups), static_cast<unsigned>(g.chunks));
   channel_partials_kernel<kSums, Acc, Term><<<grid, kChannelSumThreads, 0, stream>>>(g, term, acc);
   check_launch(what);
   channel_totals_kernel<kSums, Acc, Finish><<<blocks_for(c), kThreads, 0, stream>>>(
