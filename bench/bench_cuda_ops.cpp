@@ -104,20 +104,28 @@ struct Options {
   int calls = 10;
 };
 
-// One op: ours and cuDNN's, alternating; `bytes` moved per call.
-void compare(const char* op, const char* shape, double bytes, const Options& o, cudaStream_t s,
-             const std::function<void()>& ours, const std::function<void()>& theirs,
-             double difference) {
+// One op: ours and cuDNN's, each once (a warm-up, after which
+// `difference` compares their results), then alternating; `bytes` moved per
+// call.
+void compare(const char* op, const std::string& shape, double bytes, const Options& o,
+             cudaStream_t s, const std::function<void()>& ours,
+             const std::function<void()>& theirs, const std::function<double()>& difference) {
   ours();
-  theirs();  // warm up both
+  theirs();
+  const double diff = difference();
   std::vector<double> a, b;
   for (int r = 0; r < o.rounds; ++r) {
     a.push_back(time_calls(s, o.calls, ours));
     b.push_back(time_calls(s, o.calls, theirs));
   }
   const double ma = median(a), mb = median(b);
-  std::printf("%-16s %-18s %9.3f %9.3f %7.2fx %8.0f %8.0f %10.3g\n", op, shape, ma, mb, mb / ma,
-              bytes / ma / 1e6, bytes / mb / 1e6, difference);
+  std::printf("%-16s %-18s %9.3f %9.3f %7.2fx %8.0f %8.0f %10.3g\n", op, shape.c_str(), ma, mb,
+              mb / ma, bytes / ma / 1e6, bytes / mb / 1e6, diff);
+}
+
+// The largest difference of two bf16 tensors of `count` elements on the GPU.
+double bf16_difference(const void* a, const void* b, int64_t count) {
+  return max_difference(to_host(a, count, Element::kBF16), to_host(b, count, Element::kBF16));
 }
 
 int run(const Options& o) {
@@ -145,11 +153,16 @@ int run(const Options& o) {
   CHECK(cudnnCreatePoolingDescriptor(&pool));
   CHECK(cudnnSetPooling2dDescriptor(pool, CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_PROPAGATE_NAN, 2,
                                     2, 0, 0, 2, 2));
-  const auto tensor = [](int64_t n, int64_t c, int64_t h, int64_t w) {
+  // A cuDNN descriptor (bf16 NHWC unless said otherwise), destroyed with the
+  // others at the end.
+  std::vector<cudnnTensorDescriptor_t> descriptors;
+  const auto tensor = [&](int64_t n, int64_t c, int64_t h, int64_t w,
+                          cudnnTensorFormat_t format = CUDNN_TENSOR_NHWC,
+                          cudnnDataType_t type = CUDNN_DATA_BFLOAT16) {
     cudnnTensorDescriptor_t d;
     CHECK(cudnnCreateTensorDescriptor(&d));
-    CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, int(n), int(c),
-                                     int(h), int(w)));
+    descriptors.push_back(d);
+    CHECK(cudnnSetTensor4dDescriptor(d, format, type, int(n), int(c), int(h), int(w)));
     return d;
   };
   const float one = 1.0f, zero = 0.0f;
@@ -162,26 +175,13 @@ int run(const Options& o) {
     Buffer src(count * 4), ours(count * 2), theirs(count * 2);
     fill_random(ours.p, count, -1.0f, 1.0f, 4, s);  // bf16 noise, then widened to the f32 source
     cuda::reorder(Element::kBF16, ours.p, 1, Element::kF32, src.p, {1, count, 1, 1, 1}, s);
-    cudnnTensorDescriptor_t from, to;
-    CHECK(cudnnCreateTensorDescriptor(&from));
-    CHECK(cudnnCreateTensorDescriptor(&to));
-    CHECK(cudnnSetTensor4dDescriptor(from, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(n), int(c),
-                                     int(h), int(w)));
-    CHECK(cudnnSetTensor4dDescriptor(to, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, int(n), int(c),
-                                     int(h), int(w)));
-    const auto run_ours = [&] {
-      cuda::reorder(Element::kF32, src.p, 1, Element::kBF16, ours.p, {n, c, h, w, c}, s);
-    };
-    const auto run_theirs = [&] {
-      CHECK(cudnnTransformTensor(handle, &one, from, src.p, &zero, to, theirs.p));
-    };
-    run_ours();
-    run_theirs();
-    compare("reorder_to_nhwc", shape.c_str(), 6.0 * count, o, s, run_ours, run_theirs,
-            max_difference(to_host(ours.p, count, Element::kBF16),
-                           to_host(theirs.p, count, Element::kBF16)));
-    cudnnDestroyTensorDescriptor(from);
-    cudnnDestroyTensorDescriptor(to);
+    const cudnnTensorDescriptor_t from = tensor(n, c, h, w, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT),
+                                  to = tensor(n, c, h, w);
+    compare(
+        "reorder_to_nhwc", shape, 6.0 * count, o, s,
+        [&] { cuda::reorder(Element::kF32, src.p, 1, Element::kBF16, ours.p, {n, c, h, w, c}, s); },
+        [&] { CHECK(cudnnTransformTensor(handle, &one, from, src.p, &zero, to, theirs.p)); },
+        [&] { return bf16_difference(ours.p, theirs.p, count); });
   }
 
   struct Layer {
@@ -198,87 +198,73 @@ int run(const Options& o) {
     fill_random(x.p, count, -1.0f, 1.0f, 1, s);
     fill_random(dy.p, count, -1.0f, 1.0f, 2, s);
     fill_random(bias.p, c, -1.0f, 1.0f, 3, s);
-    cudnnTensorDescriptor_t full = tensor(n, c, h, w), half = tensor(n, c, h / 2, w / 2),
-                            channel = tensor(1, c, 1, 1);
-    // cuDNN's activation on a tensor's storage, as the backend called it.
-    cudnnTensorDescriptor_t flat;
-    CHECK(cudnnCreateTensorDescriptor(&flat));
-    CHECK(cudnnSetTensor4dDescriptor(flat, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, int(count), 1,
-                                     1, 1));
+    const cudnnTensorDescriptor_t full = tensor(n, c, h, w), half = tensor(n, c, h / 2, w / 2),
+                                  channel = tensor(1, c, 1, 1),
+                                  // cuDNN's activation ran on a tensor's storage.
+                                  flat = tensor(count, 1, 1, 1, CUDNN_TENSOR_NCHW);
 
-    cuda::relu_forward(Element::kBF16, x.p, y.p, count, s);
-    CHECK(cudnnActivationForward(handle, relu, &one, flat, x.p, &zero, flat, y2.p));
-    compare("relu_forward", shape.c_str(), 2 * bytes, o, s,
-            [&] { cuda::relu_forward(Element::kBF16, x.p, y.p, count, s); },
-            [&] { CHECK(cudnnActivationForward(handle, relu, &one, flat, x.p, &zero, flat, y2.p)); },
-            max_difference(to_host(y.p, count, Element::kBF16), to_host(y2.p, count, Element::kBF16)));
+    compare(
+        "relu_forward", shape, 2 * bytes, o, s,
+        [&] { cuda::relu_forward(Element::kBF16, x.p, y.p, count, s); },
+        [&] { CHECK(cudnnActivationForward(handle, relu, &one, flat, x.p, &zero, flat, y2.p)); },
+        [&] { return bf16_difference(y.p, y2.p, count); });
 
-    cuda::relu_backward(Element::kBF16, y.p, dy.p, dx.p, count, s);
-    CHECK(cudnnActivationBackward(handle, relu, &one, flat, y.p, flat, dy.p, flat, y.p, &zero,
-                                  flat, dx2.p));
-    compare("relu_backward", shape.c_str(), 3 * bytes, o, s,
-            [&] { cuda::relu_backward(Element::kBF16, y.p, dy.p, dx.p, count, s); },
-            [&] {
-              CHECK(cudnnActivationBackward(handle, relu, &one, flat, y.p, flat, dy.p, flat, y.p,
-                                            &zero, flat, dx2.p));
-            },
-            max_difference(to_host(dx.p, count, Element::kBF16),
-                           to_host(dx2.p, count, Element::kBF16)));
+    compare(
+        "relu_backward", shape, 3 * bytes, o, s,
+        [&] { cuda::relu_backward(Element::kBF16, y.p, dy.p, dx.p, count, s); },
+        [&] {
+          CHECK(cudnnActivationBackward(handle, relu, &one, flat, y.p, flat, dy.p, flat, y.p,
+                                        &zero, flat, dx2.p));
+        },
+        [&] { return bf16_difference(dx.p, dx2.p, count); });
 
-    const auto ours_db = [&] {
-      cuda::bias_gradient(Element::kBF16, dy.p, n, c, h * w, true,
-                          static_cast<float*>(db_ours.p), 0.0f, partials.p, s);
-    };
-    const auto cudnn_db = [&] {
-      CHECK(cudnnConvolutionBackwardBias(handle, &one, full, dy.p, &zero, channel, db_cudnn.p));
-    };
-    ours_db();
-    cudnn_db();
-    compare("bias_gradient", shape.c_str(), bytes, o, s, ours_db, cudnn_db,
-            max_difference(to_host(db_ours.p, c, Element::kF32),
-                           to_host(db_cudnn.p, c, Element::kBF16)));
+    compare(
+        "bias_gradient", shape, bytes, o, s,
+        [&] {
+          cuda::bias_gradient(Element::kBF16, dy.p, n, c, h * w, true,
+                              static_cast<float*>(db_ours.p), 0.0f, partials.p, s);
+        },
+        [&] {
+          CHECK(cudnnConvolutionBackwardBias(handle, &one, full, dy.p, &zero, channel, db_cudnn.p));
+        },
+        [&] {
+          return max_difference(to_host(db_ours.p, c, Element::kF32),
+                                to_host(db_cudnn.p, c, Element::kBF16));
+        });
 
     // The bias add writes y in place: ours on y, cuDNN's on y2 (both from
     // x), compared after one call each.
     CHECK(cudaMemcpy(y.p, x.p, count * 2, cudaMemcpyDeviceToDevice));
     CHECK(cudaMemcpy(y2.p, x.p, count * 2, cudaMemcpyDeviceToDevice));
-    const auto ours_bias = [&] { cuda::add_bias(Element::kBF16, y.p, bias.p, n, c, h * w, true, s); };
-    const auto cudnn_bias = [&] {
-      CHECK(cudnnAddTensor(handle, &one, channel, bias.p, &one, full, y2.p));
-    };
-    ours_bias();
-    cudnn_bias();
-    compare("add_bias", shape.c_str(), 2 * bytes, o, s, ours_bias, cudnn_bias,
-            max_difference(to_host(y.p, count, Element::kBF16),
-                           to_host(y2.p, count, Element::kBF16)));
+    compare(
+        "add_bias", shape, 2 * bytes, o, s,
+        [&] { cuda::add_bias(Element::kBF16, y.p, bias.p, n, c, h * w, true, s); },
+        [&] { CHECK(cudnnAddTensor(handle, &one, channel, bias.p, &one, full, y2.p)); },
+        [&] { return bf16_difference(y.p, y2.p, count); });
 
-    cuda::max_pool_forward_tiled(Element::kBF16, x.p, y.p, n, c, h, w, 2, 2, true, s);
-    CHECK(cudnnPoolingForward(handle, pool, &one, full, x.p, &zero, half, y2.p));
-    compare("max_pool_forward", shape.c_str(), 1.25 * bytes, o, s,
-            [&] { cuda::max_pool_forward_tiled(Element::kBF16, x.p, y.p, n, c, h, w, 2, 2, true, s); },
-            [&] { CHECK(cudnnPoolingForward(handle, pool, &one, full, x.p, &zero, half, y2.p)); },
-            max_difference(to_host(y.p, pooled, Element::kBF16),
-                           to_host(y2.p, pooled, Element::kBF16)));
+    compare(
+        "max_pool_forward", shape, 1.25 * bytes, o, s,
+        [&] { cuda::max_pool_forward_tiled(Element::kBF16, x.p, y.p, n, c, h, w, 2, 2, true, s); },
+        [&] { CHECK(cudnnPoolingForward(handle, pool, &one, full, x.p, &zero, half, y2.p)); },
+        [&] { return bf16_difference(y.p, y2.p, pooled); });
 
     // dy of the pooled shape: the first quarter of dy. cuDNN's backward
     // reads its forward's y (y2). Random bf16 windows tie now and then,
     // where cuDNN may pick another element than the first maximum: a
     // nonzero difference here is not by itself an error of ours (the
     // tests check ours against the reference).
-    const auto ours_pool = [&] {
-      cuda::max_pool_backward_tiled(Element::kBF16, x.p, dy.p, dx.p, n, c, h, w, 2, 2, true, s);
-    };
-    const auto cudnn_pool = [&] {
-      CHECK(cudnnPoolingBackward(handle, pool, &one, half, y2.p, half, dy.p, full, x.p, &zero, full,
-                                 dx2.p));
-    };
-    ours_pool();
-    cudnn_pool();
-    compare("max_pool_backward", shape.c_str(), 2.25 * bytes, o, s, ours_pool, cudnn_pool,
-            max_difference(to_host(dx.p, count, Element::kBF16),
-                           to_host(dx2.p, count, Element::kBF16)));
-    for (cudnnTensorDescriptor_t d : {full, half, channel, flat}) cudnnDestroyTensorDescriptor(d);
+    compare(
+        "max_pool_backward", shape, 2.25 * bytes, o, s,
+        [&] {
+          cuda::max_pool_backward_tiled(Element::kBF16, x.p, dy.p, dx.p, n, c, h, w, 2, 2, true, s);
+        },
+        [&] {
+          CHECK(cudnnPoolingBackward(handle, pool, &one, half, y2.p, half, dy.p, full, x.p, &zero,
+                                     full, dx2.p));
+        },
+        [&] { return bf16_difference(dx.p, dx2.p, count); });
   }
+  for (cudnnTensorDescriptor_t d : descriptors) cudnnDestroyTensorDescriptor(d);
   cudnnDestroyPoolingDescriptor(pool);
   cudnnDestroyActivationDescriptor(relu);
   cudnnDestroy(handle);

@@ -272,7 +272,7 @@ inline ConvStaging conv_staging(ConvKind kind, const ConvProblem& p) {
       s.dw = align_up(weights * element_bytes(type));
       const Shape& y = p.y.shape;
       s.bias_partials = align_up(static_cast<size_t>(
-          bias_gradient_partial_bytes(y.n, y.c, y.h * y.w, p.y.layout == Layout::kNhwc)));
+          bias_gradient_partial_bytes(y.n, y.c, y.h * y.w, channels_last(p.y))));
     }
     if (nhwc) s.dw_f32 = align_up(weights * sizeof(float));
   } else if (nhwc) {
@@ -456,7 +456,7 @@ class CudaBackend final : public Backend {
     const Shape& s = x.shape;
     return align_up(bn_sums_bytes(s.c)) +
            static_cast<size_t>(
-               batch_norm_sum_partial_bytes(s.n, s.c, s.h * s.w, x.layout == Layout::kNhwc));
+               batch_norm_sum_partial_bytes(s.n, s.c, s.h * s.w, channels_last(x)));
   }
   // Reads back the 2C sums a kernel wrote to `device` (synchronises).
   std::vector<double> read_bn_sums(const double* device, int64_t channels,

@@ -56,15 +56,12 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-__device__ int64_t first_index() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ int64_t index_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
-
-// The memory-bound kernels below (relu, the bias, tiled max pooling) index
-// in 32 bits where every index fits: a division by a runtime size, which
-// their index arithmetic needs, costs several times more in 64. I is their
-// index type, uint32_t or int64_t (with_shape picks it on the host).
+// A grid-stride loop's first index and stride in the index type I. The
+// memory-bound kernels (relu, the bias, tiled max pooling, reorder, fill)
+// index in 32 bits where every index fits: a division by a runtime size,
+// which their index arithmetic needs, costs several times more in 64. I is
+// uint32_t or int64_t there (with_index picks it on the host); the others
+// index in 64 bits.
 template <typename I>
 __device__ I first_index_as() {
   return static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
@@ -73,6 +70,8 @@ template <typename I>
 __device__ I index_stride_as() {
   return static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x);
 }
+__device__ int64_t first_index() { return first_index_as<int64_t>(); }
+__device__ int64_t index_stride() { return index_stride_as<int64_t>(); }
 
 // V adjacent elements of T, loaded and stored as one access: 16 bytes
 // (V = 16 / sizeof(T)) where the pointers and sizes allow, else V = 1.
