@@ -60,6 +60,10 @@ struct DataConfig {
   int64_t test_size = 256;
   // Standardisation; empty = the training set's per-channel statistics.
   std::vector<float> mean, stddev;
+  // Gather the next batch on a thread while a step runs and copy it to the
+  // device meanwhile: auto (gather where a rank's batch holds 2^20 values
+  // or more, copy where the device is a GPU), on (both, always), off.
+  worker::PrefetchSetting prefetch = worker::PrefetchSetting::kAuto;
 };
 
 struct TrainConfig {

@@ -114,6 +114,8 @@ void emit_data(YAML::Emitter& out, const Config& config) {
     out << YAML::Key << "std" << YAML::Value;
     emit_floats(out, data.stddev);
   }
+  out << YAML::Key << "prefetch" << YAML::Value
+      << common::name_of(worker::kPrefetchSettingNames, data.prefetch);
   out << YAML::EndMap;
 }
 

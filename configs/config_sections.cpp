@@ -62,7 +62,7 @@ DataConfig read_data(const Field& field) {
   }
   Keys allowed = {"kind"};
   allowed.insert(allowed.end(), kind_keys.begin(), kind_keys.end());
-  allowed.insert(allowed.end(), {"mean", "std"});
+  allowed.insert(allowed.end(), {"mean", "std", "prefetch"});
   section.allow(allowed, "for kind " + kind_name);
 
   if (data.kind == worker::DataKind::kIdx) {
@@ -90,6 +90,7 @@ DataConfig read_data(const Field& field) {
     if (Field size = section["test_size"]) data.test_size = to_int(size, at_least(1));
   }
 
+  if (Field f = section["prefetch"]) data.prefetch = to_choice(f, worker::kPrefetchSettingNames);
   const Field mean = section["mean"];
   const Field stddev = section["std"];
   if (mean && !stddev) stddev.fail("missing (mean and std go together)");

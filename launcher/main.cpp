@@ -133,6 +133,10 @@ void print_memory_plan(const Config& cfg, const worker::Graph& graph, int ranks,
   if (!memory::plans_per_tensor(cfg.memory.policy)) return;
   const int64_t batch = largest_rank_batch(cfg, ranks);
   worker::NetworkOptions options = network_options(cfg, batch, ranks);
+  // The input staging training would hold (data.prefetch).
+  const int64_t sample_values = graph.output_shape(graph.input_index()).per_sample();
+  options.prefetch_input =
+      worker::batch_staging(trainer_options(cfg), batch, sample_values, backend).prefetch_input;
   PlanningCosts costs = planning_costs(cfg, graph, backend, options);
   if (costs.costs) options.memory_costs = std::move(*costs.costs);
   const worker::Network network(graph, backend, options);

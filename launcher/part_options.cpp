@@ -51,6 +51,11 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
       cfg.balance.rebalance.enabled && cfg.balance.split == balancer::SplitMode::kAuto;
   o.loss_scaling = cfg.train.loss_scaling;
   o.gradient_allreduce = cfg.train.gradient_allreduce;
+  const int prefetch = cfg.data.prefetch == worker::PrefetchSetting::kAuto ? -1
+                       : cfg.data.prefetch == worker::PrefetchSetting::kOn ? 1
+                                                                            : 0;
+  o.gather_ahead = prefetch;
+  o.prefetch_input = prefetch;
   return o;
 }
 

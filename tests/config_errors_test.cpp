@@ -38,7 +38,7 @@ TEST(ConfigErrorTest, UnknownNestedKey) {
 TEST(ConfigErrorTest, KeyOfAnotherDataKind) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "  train_images: x.gz\n"),
             "t.yaml:5: data.train_images: unknown key for kind synthetic "
-            "(allowed: kind, shape, classes, train_size, test_size, mean, std)");
+            "(allowed: kind, shape, classes, train_size, test_size, mean, std, prefetch)");
 }
 
 TEST(ConfigErrorTest, KeyOfAnotherLayerType) {
@@ -108,6 +108,8 @@ TEST(ConfigErrorTest, BadEnumValue) {
             "t.yaml:6: train.precision: unknown value 'half' (allowed: fp32, tf32, bf16, fp16)");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  gradient_allreduce: bf16\n"),
             "t.yaml:6: train.gradient_allreduce: unknown value 'bf16' (allowed: fp32, half)");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "  prefetch: yes\n"),
+            "t.yaml:5: data.prefetch: unknown value 'yes' (allowed: auto, on, off)");
   // half is the precision's half type: fp32 and tf32 have none.
   for (const char* precision : {"fp32", "tf32"}) {
     EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precision: " + precision +

@@ -38,6 +38,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_EQ(c.data.test_size, 256);
   EXPECT_TRUE(c.data.mean.empty());
   EXPECT_TRUE(c.data.stddev.empty());
+  EXPECT_EQ(c.data.prefetch, worker::PrefetchSetting::kAuto);
   EXPECT_EQ(c.train.batch, 64);
   EXPECT_EQ(c.train.epochs, 1);
   EXPECT_EQ(c.train.max_steps, 0);
@@ -71,6 +72,7 @@ data:
   test_size: 20
   mean: [0.5, 0.25, 0]
   std: [1, 2, 0.5]
+  prefetch: off
 train: {batch: 32, epochs: 3, max_steps: 7, seed: 18446744073709551615,
         log_every: 5, evaluate: false}
 optimizer:
@@ -93,6 +95,7 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_EQ(c.data.test_size, 20);
   EXPECT_EQ(c.data.mean, (std::vector<float>{0.5f, 0.25f, 0.0f}));
   EXPECT_EQ(c.data.stddev, (std::vector<float>{1.0f, 2.0f, 0.5f}));
+  EXPECT_EQ(c.data.prefetch, worker::PrefetchSetting::kOff);
   EXPECT_EQ(c.train.batch, 32);
   EXPECT_EQ(c.train.epochs, 3);
   EXPECT_EQ(c.train.max_steps, 7);
@@ -335,7 +338,7 @@ TEST(ConfigTest, ToYamlReadsBackToTheSameConfig) {
     - {name: pool, type: pool, mode: avg, kernel: 2}
     - {name: gap, type: pool, global: true}
     - {name: fc, type: fc, out: 10}
-data: {kind: synthetic, shape: [3, 8, 8], mean: [0.1, 0.2, 0.3], std: [1, 2, 3]}
+data: {kind: synthetic, shape: [3, 8, 8], mean: [0.1, 0.2, 0.3], std: [1, 2, 3], prefetch: on}
 train: {batch: 16, seed: 7, evaluate: false, precision: bf16, gradient_allreduce: half,
         loss_scaling: {mode: on, initial: 256, growth_interval: 50}}
 optimizer: {lr: 0.05, momentum: 0.9, weight_decay: 5e-4, schedule: cosine}
@@ -376,6 +379,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   EXPECT_EQ(b.data.shape, a.data.shape);
   EXPECT_EQ(b.data.mean, a.data.mean);
   EXPECT_EQ(b.data.stddev, a.data.stddev);
+  EXPECT_EQ(b.data.prefetch, worker::PrefetchSetting::kOn);
   EXPECT_EQ(b.train.seed, 7u);
   EXPECT_FALSE(b.train.evaluate);
   EXPECT_EQ(b.train.precision, common::Precision::kBf16);

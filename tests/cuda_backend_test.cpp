@@ -846,6 +846,20 @@ TEST_F(CudaBackendTest, LeNetLossFallsInHalfPrecision) {
   }
 }
 
+// The input prefetch on the real memory stream: cudaMemcpyAsync from
+// pinned memory into the staging, ordered by events
+// (test_support::check_input_prefetch), in every precision this GPU runs.
+TEST_F(CudaBackendTest, PrefetchedInputIsTheBatchUploaded) {
+  for (const common::Precision precision :
+       {common::Precision::kFp32, common::Precision::kBf16, common::Precision::kFp16}) {
+    if (gpu().precision_unavailable(precision)) continue;
+    SCOPED_TRACE(common::precision_name(precision));
+    const std::unique_ptr<Backend> own =
+        cuda::make_cuda_backend({.kind = "cuda", .precision = precision});
+    test_support::check_input_prefetch(*own, precision);
+  }
+}
+
 // ============================================================ memory part
 
 // Offloads and prefetches on the real memory stream (cudaMemcpyAsync on a

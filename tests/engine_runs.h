@@ -7,15 +7,19 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory_resource>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "memory/chrome_trace.h"
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
+#include "worker/train/batch_gatherer.h"
 
 namespace vtrain::test_support {
 
@@ -90,6 +94,83 @@ inline double relative_difference(const std::vector<float>& a, const std::vector
     scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
   }
   return diff / scale;
+}
+
+// The input prefetch (NetworkOptions::prefetch_input) on `backend`: a
+// batch copied on the memory stream ahead of its upload is what the upload
+// writes, in the input's type; an upload of another batch or size takes
+// that batch instead; the batch's host memory may change once its upload
+// returned; the staging is a persistent block of the pool, there only with
+// the option.
+inline void check_input_prefetch(worker::Backend& backend, common::Precision precision) {
+  using worker::Network;
+  const worker::Shape input{1, 3, 16, 16};
+  const worker::Graph g =
+      worker::Graph::build(worker::preset_layers("lenet", {input, 4}), input, precision);
+  worker::NetworkOptions o;
+  o.max_batch = 8;
+  o.conv_algorithm = "auto";
+  {
+    Network plain(g, backend, o);
+    for (const auto& p : plain.memory_model().persistent) EXPECT_NE(p.name, "input_staging");
+    EXPECT_THROW(plain.prefetch_input(nullptr, 1), std::logic_error);
+  }
+  o.prefetch_input = true;
+  Network net(g, backend, o);
+  const int64_t per_sample = net.input(1).shape().elements();
+  const auto batch_floats = static_cast<size_t>(8 * per_sample);
+  size_t staging = 0;
+  for (const auto& p : net.memory_model().persistent) {
+    if (p.name == "input_staging") staging = p.bytes;
+  }
+  EXPECT_EQ(staging, batch_floats * sizeof(float));
+
+  // Values a half input holds exactly: integers up to 256, another set per batch.
+  worker::PinnedMemory pinned(backend);
+  auto fill = [](std::pmr::vector<float>& v, int tag) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(tag * 40 + i % 37);
+  };
+  std::pmr::vector<float> a(batch_floats, &pinned), b(batch_floats, &pinned);
+  fill(a, 1);
+  fill(b, 2);
+  const std::vector<float> a_values(a.begin(), a.end()), b_values(b.begin(), b.end());
+  auto input_now = [&](int64_t n) {
+    std::vector<float> x(static_cast<size_t>(n * per_sample));
+    backend.download(net.input(n), x.data());
+    return x;
+  };
+  auto leading = [&](const std::vector<float>& v, int64_t n) {
+    return std::vector<float>(v.begin(), v.begin() + n * per_sample);
+  };
+
+  // The upload writes the copy the prefetch made: a change to the host
+  // memory after the copy (the memory stream waited for here) is not seen.
+  net.prefetch_input(a.data(), 8);
+  backend.synchronize(worker::StreamKind::kMemory);
+  fill(a, 3);
+  EXPECT_TRUE(net.upload_input(a.data(), 8));
+  EXPECT_EQ(input_now(8), a_values);
+  fill(a, 1);
+
+  net.prefetch_input(b.data(), 5);
+  EXPECT_TRUE(net.upload_input(b.data(), 5));
+  fill(b, 4);  // free once uploaded
+  EXPECT_EQ(input_now(5), leading(b_values, 5));
+  fill(b, 2);
+
+  net.prefetch_input(a.data(), 8);  // dropped: another batch is uploaded
+  EXPECT_FALSE(net.upload_input(b.data(), 8));
+  EXPECT_EQ(input_now(8), b_values);
+  net.prefetch_input(a.data(), 8);  // dropped: another size
+  EXPECT_FALSE(net.upload_input(a.data(), 6));
+  EXPECT_EQ(input_now(6), leading(a_values, 6));
+  net.prefetch_input(a.data(), 8);  // replaced by the next one
+  net.prefetch_input(b.data(), 8);
+  EXPECT_TRUE(net.upload_input(b.data(), 8));
+  EXPECT_EQ(input_now(8), b_values);
+  EXPECT_FALSE(net.upload_input(b.data(), 8));  // taken once
+  EXPECT_THROW(net.prefetch_input(a.data(), 9), std::invalid_argument);
+  net.prefetch_input(a.data(), 8);  // left pending: the destructor waits for it
 }
 
 }  // namespace vtrain::test_support

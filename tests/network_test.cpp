@@ -14,6 +14,7 @@
 #include "worker/engine/layers/layer_registry.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
+#include "tests/engine_runs.h"
 
 namespace vtrain::worker {
 namespace {
@@ -236,6 +237,16 @@ TEST_F(NetworkTest, SmallerBatchUsesLeadingSamples) {
   const double loss6 = net.evaluate(6).loss_sum;
   EXPECT_LT(loss4, loss6);  // a sum over fewer positive per-sample losses
   EXPECT_GT(loss4, 0.0);
+}
+
+// The input prefetch on the CPU, the memory stream a thread of its own
+// (test_support::check_input_prefetch; CudaBackendTest runs it on a GPU).
+TEST_F(NetworkTest, PrefetchedInputIsTheBatchUploaded) {
+  for (const common::Precision precision : {common::Precision::kFp32, common::Precision::kBf16}) {
+    SCOPED_TRACE(common::precision_name(precision));
+    if (backend_->precision_unavailable(precision)) continue;  // bf16 without the ISA
+    test_support::check_input_prefetch(*backend_, precision);
+  }
 }
 
 TEST_F(NetworkTest, GradientHookSeesEveryParameterRangeOnce) {

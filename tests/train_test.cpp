@@ -77,16 +77,19 @@ TEST(Train, LossFallsOnSyntheticData) {
   EXPECT_GT(r.peak_device_bytes, 0u);
 }
 
-// Gathering the next batch on a thread while a step computes changes
-// nothing: the same losses, bit for bit, over epoch boundaries and a partial
-// last epoch, as gathering each batch when its step starts.
-TEST(Train, GatheringAheadGivesTheSameLosses) {
+// Gathering the next batch on a thread while a step computes, and copying
+// it to the device's input staging meanwhile (the memory stream's thread
+// here), change nothing: the same losses, bit for bit, over epoch
+// boundaries and a partial last epoch, as gathering and uploading each
+// batch when its step starts.
+TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
   const worker::Dataset train = worker::make_synthetic({1, 1, 16, 16}, 4, 200, 5);
   const worker::Graph graph = worker::Graph::build(
       worker::preset_layers("lenet", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
   auto backend = worker::make_backend({.kind = "cpu"});
-  std::vector<double> losses[2];
-  for (int ahead : {0, 1}) {
+  std::vector<double> losses[3];
+  int64_t prefetched[3] = {};
+  for (int ahead : {0, 1, 2}) {
     worker::TrainerOptions options;
     options.batch = 24;  // 8 steps per epoch, 8 samples left over
     options.epochs = 3;
@@ -95,13 +98,42 @@ TEST(Train, GatheringAheadGivesTheSameLosses) {
     options.evaluate = false;
     options.conv_algorithm = "direct";
     options.progress = worker::Progress::Mode::kOff;
-    options.gather_ahead = ahead;
-    losses[ahead] = worker::train(graph, *backend, train, worker::Dataset{},
-                                  worker::channel_stats(train), options)
-                        .step_losses;
+    options.gather_ahead = ahead > 0;
+    options.prefetch_input = ahead > 1;
+    const worker::TrainResult r = worker::train(graph, *backend, train, worker::Dataset{},
+                                                worker::channel_stats(train), options);
+    losses[ahead] = r.step_losses;
+    prefetched[ahead] = r.prefetched_batches;
   }
   ASSERT_EQ(losses[0].size(), 20u);
   EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(losses[0], losses[2]);
+  // Every batch gathered ahead: all but the last of each epoch's (7 + 7 +
+  // 3 of the third's 4 steps, the run's last step having no next).
+  EXPECT_EQ(prefetched[0], 0);
+  EXPECT_EQ(prefetched[1], 0);
+  EXPECT_EQ(prefetched[2], 17);
+}
+
+// data.prefetch decided: gathering ahead from 2^20 values a rank's batch
+// (auto), the device copy only with it and, under auto, not on the CPU.
+TEST(Train, BatchStagingFollowsTheOptionsAndTheBatch) {
+  auto backend = worker::make_backend({.kind = "cpu"});
+  const int64_t sample = 3 * 224 * 224;  // 2^20 values in 7 such samples
+  auto staging = [&](int gather, int prefetch, int64_t batch) {
+    worker::TrainerOptions o;
+    o.gather_ahead = gather;
+    o.prefetch_input = prefetch;
+    const worker::BatchStaging s = worker::batch_staging(o, batch, sample, *backend);
+    return std::make_pair(s.gather_ahead, s.prefetch_input);
+  };
+  EXPECT_EQ(staging(-1, -1, 6), std::make_pair(false, false));
+  EXPECT_EQ(staging(-1, -1, 7), std::make_pair(true, false));  // no copy to make on the CPU
+  EXPECT_EQ(staging(-1, 1, 7), std::make_pair(true, true));
+  EXPECT_EQ(staging(-1, 1, 6), std::make_pair(false, false));  // nothing gathered ahead to copy
+  EXPECT_EQ(staging(1, 1, 1), std::make_pair(true, true));
+  EXPECT_EQ(staging(1, 0, 64), std::make_pair(true, false));
+  EXPECT_EQ(staging(0, 1, 64), std::make_pair(false, false));
 }
 
 // LeNet on 16x16 synthetic data, one process, quiet: the small run the

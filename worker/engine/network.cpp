@@ -104,7 +104,13 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
   plan_memory();
 }
 
-Network::~Network() = default;
+// A prefetch still copying must finish before the pool (its staging) goes.
+Network::~Network() {
+  try {
+    drop_prefetch();
+  } catch (...) {  // a device error: nothing is left to protect
+  }
+}
 
 // The ops' own scratch is taken now, so the pool is sized around it; a
 // device too small for it is refused like one too small for the pool.
@@ -157,6 +163,9 @@ void Network::bind_layers() {
   grads_ = static_cast<float*>(interpreter_->persistent("grads"));
   buffers_ = static_cast<float*>(interpreter_->persistent("buffers"));
   labels_ = static_cast<int32_t*>(interpreter_->persistent("labels"));
+  if (options_.prefetch_input) {
+    input_staging_ = static_cast<float*>(interpreter_->persistent("input_staging"));
+  }
   const DataType compute_type = graph_.activation_type();
   compute_params_ =
       compute_type == DataType::kF32 ? nullptr : interpreter_->persistent("compute_params");
@@ -210,6 +219,44 @@ Tensor Network::input(int64_t n) const {
   Tensor t{out_desc_[data], interpreter_->output(data)};
   t.desc.shape.n = n;
   return t;
+}
+
+bool Network::upload_input(const float* host, int64_t n) {
+  const Tensor dst = input(n);
+  const std::optional<Prefetch> p = prefetch_;
+  drop_prefetch();  // so that `host` may change on return (the copy ran during a step)
+  if (!p || p->host != host || p->n != n) {
+    backend_.upload(host, dst);
+    return false;
+  }
+  backend_.convert(Tensor{{dst.shape(), Layout::kPlain, DataType::kF32}, input_staging_}, dst);
+  staging_read_ = backend_.record_event(StreamKind::kCompute);
+  return true;
+}
+
+void Network::prefetch_input(const float* host, int64_t n) {
+  if (input_staging_ == nullptr) {
+    throw std::logic_error("prefetch_input: the network was built without prefetch_input");
+  }
+  if (n < 1 || n > options_.max_batch) {
+    throw std::invalid_argument("prefetch_input: " + std::to_string(n) +
+                                " samples for a network of at most " +
+                                std::to_string(options_.max_batch));
+  }
+  drop_prefetch();
+  backend_.wait_event(StreamKind::kMemory, staging_read_);
+  const Tensor dst = input(n);
+  backend_.copy_async(input_staging_, host,
+                      static_cast<size_t>(dst.shape().elements()) * sizeof(float),
+                      StreamKind::kMemory);
+  prefetch_ = Prefetch{host, n, backend_.record_event(StreamKind::kMemory)};
+}
+
+void Network::drop_prefetch() {
+  if (!prefetch_) return;
+  const Event copied = prefetch_->copied;
+  prefetch_.reset();
+  backend_.synchronize(copied);
 }
 
 LossStats Network::train_step(int64_t n, float loss_scale) {

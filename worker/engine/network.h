@@ -79,6 +79,10 @@ struct NetworkOptions {
   // statistics over the ranks in training steps (a collective of its own,
   // see LayerCall). Null: each rank normalises its own samples.
   SumOverRanks sum_over_ranks;
+  // A device copy of the input's floats at max_batch (a persistent block
+  // of the pool), for prefetch_input(): the trainer turns it on where the
+  // device has memory of its own (a GPU).
+  bool prefetch_input = false;
 };
 
 // What the memory part is doing for a network.
@@ -142,6 +146,23 @@ class Network {
   // Where the caller writes a batch of n samples (plain NCHW) and labels.
   Tensor input(int64_t n) const;
   int32_t* labels() const { return labels_; }
+
+  // Writes n samples of plain NCHW floats at `host` to input(n): from the
+  // prefetched copy when it is of this `host` and n (then only a conversion
+  // on the device is left), else as Backend::upload does. A prefetch of
+  // another batch is dropped. `host` may change once this returns. Returns
+  // whether the prefetched copy was taken.
+  bool upload_input(const float* host, int64_t n);
+  // Starts copying n samples of plain NCHW floats at `host` (page-locked:
+  // Backend::allocate_pinned) to the device on the memory stream, after the
+  // work issued so far (a step's backward runs meanwhile), for the next
+  // upload_input(host, n). `host` must not change until that returns, or
+  // until the next prefetch_input, which waits for this copy and drops it.
+  // Needs NetworkOptions::prefetch_input.
+  void prefetch_input(const float* host, int64_t n);
+  // Waits for a prefetch's copy, if one was not uploaded, and drops it: its
+  // `host` may then change or be freed. The destructor does it too.
+  void drop_prefetch();
 
   // One training step on the first n samples of input()/labels(): forward,
   // loss = scale * sum of per-sample losses, backward. Gradients are
@@ -272,6 +293,16 @@ class Network {
   CopyBandwidth copy_bandwidth_;  // measured in place by plan_memory
   MemoryStats fixed_stats_;  // what plan_memory decided (policy, capacity, ...); the rest is live
   std::unique_ptr<ScheduleInterpreter> interpreter_;  // runs schedule_ in the pool it owns
+
+  // Input prefetch (NetworkOptions::prefetch_input).
+  struct Prefetch {
+    const float* host = nullptr;
+    int64_t n = 0;
+    Event copied;  // on the memory stream
+  };
+  float* input_staging_ = nullptr;   // max_batch samples of floats; null without prefetch
+  std::optional<Prefetch> prefetch_;  // copied or copying, not yet uploaded
+  Event staging_read_;                // compute stream: after the last conversion from it
 };
 
 }  // namespace vtrain::worker

@@ -75,6 +75,10 @@ void Network::describe_memory() {
   if (graph_.activation_type() != DataType::kF32) {
     model_.persistent.push_back({"compute_params", compute_params_desc().bytes()});
   }
+  if (options_.prefetch_input) {
+    model_.persistent.push_back(
+        {"input_staging", floats(out_desc_[graph_.input_index()].shape.elements())});
+  }
   if (!options_.conv_executions.empty() && options_.conv_workspace_bytes > 0) {
     model_.persistent.push_back({"conv_workspace", options_.conv_workspace_bytes});
   }

@@ -51,7 +51,7 @@ class ScheduleInterpreter {
   ScheduleInterpreter& operator=(const ScheduleInterpreter&) = delete;
 
   // The persistent tensor called `name` in the memory model ("params",
-  // "grads", "buffers", "labels", "conv_workspace"). Throws
+  // "grads", "buffers", "labels", "input_staging", "conv_workspace"). Throws
   // std::logic_error listing the known names when there is none.
   void* persistent(const std::string& name) const;
   // Layer i's output now (null when it is not on the device).

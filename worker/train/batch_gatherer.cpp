@@ -13,10 +13,11 @@ void gather_staged(const Dataset& data, const ChannelStats& norm, Staging& stage
   gather_batch(data, stage.indices, norm, stage.images.data(), stage.labels.data());
 }
 
-void upload_staged(Network& net, const Staging& stage) {
+bool upload_staged(Network& net, const Staging& stage) {
   const auto n = static_cast<int64_t>(stage.indices.size());
-  net.backend().upload(stage.images.data(), net.input(n));
+  const bool prefetched = net.upload_input(stage.images.data(), n);
   net.backend().upload_labels(stage.labels.data(), net.labels(), n);
+  return prefetched;
 }
 
 void* PinnedMemory::do_allocate(size_t bytes, size_t alignment) {
@@ -33,8 +34,8 @@ BatchGatherer::BatchGatherer(const Dataset& data, const ChannelStats& norm, bool
 }
 
 const Staging& BatchGatherer::take(std::span<const int64_t> indices) {
-  if (std::exchange(pending_, false)) {
-    thread_->wait_all();  // rethrows a failed gather
+  if (const Ahead state = std::exchange(ahead_state_, Ahead::kNone); state != Ahead::kNone) {
+    if (state == Ahead::kGathering) thread_->wait_all();  // rethrows a failed gather
     if (std::equal(indices.begin(), indices.end(), ahead_.indices.begin(),
                    ahead_.indices.end())) {
       std::swap(current_, ahead_);
@@ -48,10 +49,19 @@ const Staging& BatchGatherer::take(std::span<const int64_t> indices) {
 
 void BatchGatherer::gather_ahead(std::span<const int64_t> indices) {
   if (!thread_) return;
-  if (std::exchange(pending_, false)) thread_->wait_all();
+  if (std::exchange(ahead_state_, Ahead::kNone) == Ahead::kGathering) thread_->wait_all();
   ahead_.indices.assign(indices.begin(), indices.end());
   thread_->enqueue([this] { gather_staged(data_, norm_, ahead_); });
-  pending_ = true;
+  ahead_state_ = Ahead::kGathering;
+}
+
+const Staging* BatchGatherer::finish_ahead() {
+  if (ahead_state_ == Ahead::kGathering) {
+    ahead_state_ = Ahead::kNone;  // stays so when the gather failed
+    thread_->wait_all();
+    ahead_state_ = Ahead::kReady;
+  }
+  return ahead_state_ == Ahead::kReady ? &ahead_ : nullptr;
 }
 
 }  // namespace vtrain::worker

@@ -43,8 +43,10 @@ struct Staging {
 // Gathers and normalises the samples of stage.indices into stage.
 void gather_staged(const Dataset& data, const ChannelStats& norm, Staging& stage);
 
-// Copies a gathered batch to the network's input and labels.
-void upload_staged(Network& net, const Staging& stage);
+// Copies a gathered batch to the network's input (Network::upload_input:
+// from its prefetched copy when there is one) and labels. Returns whether
+// the prefetched copy was taken.
+bool upload_staged(Network& net, const Staging& stage);
 
 // Gathers the next training batch on a thread of its own while the current
 // step computes, so that a step waits only for its upload. Worth it where
@@ -67,12 +69,17 @@ class BatchGatherer {
   const Staging& take(std::span<const int64_t> indices);
   // Starts gathering `indices` for a later take() (no-op without a thread).
   void gather_ahead(std::span<const int64_t> indices);
+  // The batch gathered ahead, once its gathering has finished (waits for
+  // it); null when none is. It stays unchanged until the next
+  // gather_ahead(). Rethrows a failed gather.
+  const Staging* finish_ahead();
 
  private:
+  enum class Ahead { kNone, kGathering, kReady };
   const Dataset& data_;
   const ChannelStats& norm_;
-  Staging current_, ahead_;  // ahead_ belongs to the thread while pending_
-  bool pending_ = false;
+  Staging current_, ahead_;  // ahead_ belongs to the thread while kGathering
+  Ahead ahead_state_ = Ahead::kNone;
   // Last: destroyed first, finishing a gather in flight while ahead_ lives.
   std::optional<common::HostStream> thread_;
 };

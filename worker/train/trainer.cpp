@@ -27,9 +27,10 @@ std::optional<LossScaler> make_loss_scaler(const LossScalingSettings& s, common:
 // (a larger batch after a re-balance) finds its state in use already.
 NetworkOptions network_options(const Graph& graph, const JobShape& job,
                                const TrainerOptions& options, const ConvPlan& kernels,
-                               bool optimizer_allocated = false) {
+                               bool prefetch_input, bool optimizer_allocated = false) {
   NetworkOptions net;
   net.max_batch = network_batch(job);
+  net.prefetch_input = prefetch_input;
   net.conv_algorithm = options.conv_algorithm;
   net.conv_executions = kernels.executions;
   net.conv_workspace_bytes = kernels.workspace_bytes;
@@ -70,9 +71,11 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       comm_(options.comm),
       observer_(options.observer),
       job_(job_shape(graph, train_set, options)),
+      staging_(batch_staging(options, job_.my_batch, train_set.sample.per_sample(), backend)),
       conv_plan_(options.conv_plan),
-      net_(std::make_unique<Network>(graph, backend,
-                                     network_options(graph, job_, options, conv_plan_))),
+      net_(std::make_unique<Network>(
+          graph, backend,
+          network_options(graph, job_, options, conv_plan_, staging_.prefetch_input))),
       sgd_(backend, prepare_network(), options.momentum, options.weight_decay),
       schedule_(schedule_for(job_, options)),
       progress_(leader() ? options.progress : Progress::Mode::kOff),
@@ -81,11 +84,7 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       allreduce_(backend, options.comm,
                  plan_buckets(net_->param_ranges(), options.allreduce_bucket),
                  wire_type(options.gradient_allreduce, graph.precision())),
-      gatherer_(train_set, norm,
-                options.gather_ahead < 0
-                    ? job_.my_batch * train_set.sample.per_sample() >= BatchGatherer::kMinPixels
-                    : options.gather_ahead > 0,
-                &pinned_),
+      gatherer_(train_set, norm, staging_.gather_ahead, &pinned_),
       rebalancer_(options.rebalance, job_.rank, job_.ranks, job_.batch),
       scaler_(make_loss_scaler(options.loss_scaling, graph.precision())) {
   // Peak device memory counts from here: what training holds, not the
@@ -93,6 +92,15 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
   backend_.reset_peak();
   print_setup();
   install_bucket_hooks();
+}
+
+// The batch gathered ahead may be copying to the device: wait before the
+// gatherer frees it.
+Trainer::~Trainer() {
+  try {
+    if (net_) net_->drop_prefetch();
+  } catch (...) {  // a device error: nothing is left to protect
+  }
 }
 
 // Attaches the trace and initialises the parameters before the optimizer
@@ -256,8 +264,9 @@ Trainer::NetworkState Trainer::release_network() {
 // A network for this rank's batch on conv_plan_'s kernels, holding `state`.
 void Trainer::rebuild_network(const NetworkState& state, const char* how) {
   net_.reset();  // the device holds one network at a time
-  net_ = std::make_unique<Network>(graph_, backend_,
-                                   network_options(graph_, job_, options_, conv_plan_, true));
+  net_ = std::make_unique<Network>(
+      graph_, backend_,
+      network_options(graph_, job_, options_, conv_plan_, staging_.prefetch_input, true));
   net_->upload_parameters(state.parameters);
   net_->upload_buffers(state.buffers);
   if (trace_ && at_.step - resumed_.step < options_.trace_steps) net_->set_trace(trace_.get());
@@ -274,13 +283,19 @@ StepTotals Trainer::compute(const std::vector<int64_t>& order, int64_t i) {
     return std::span<const int64_t>(order).subspan(
         static_cast<size_t>(at * job_.batch + job_.my_offset), static_cast<size_t>(job_.my_batch));
   };
-  upload_staged(*net_, gatherer_.take(slice(i)));
+  result_.prefetched_batches += upload_staged(*net_, gatherer_.take(slice(i))) ? 1 : 0;
   if (i + 1 < job_.steps_per_epoch && at_.step + 1 < job_.total_steps) {
     gatherer_.gather_ahead(slice(i + 1));
   }
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   const LossStats s =
       net_->train_step(job_.my_batch, static_cast<float>(scale / static_cast<double>(job_.batch)));
+  // Backward is issued; on a GPU it runs while the next batch copies.
+  if (staging_.prefetch_input) {
+    if (const Staging* next = gatherer_.finish_ahead()) {
+      net_->prefetch_input(next->images.data(), static_cast<int64_t>(next->indices.size()));
+    }
+  }
   return {s.loss_sum, static_cast<double>(s.correct)};
 }
 
@@ -359,6 +374,20 @@ void Trainer::check_finite(double loss) const {
 }  // namespace vtrain::worker::trainer_internal
 
 namespace vtrain::worker {
+
+// Gathering ahead pays where a rank's batch holds enough values for a
+// thread; the device copy where the device's memory is not the host's (on
+// the CPU it would only add a copy).
+BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
+                           int64_t sample_values, const Backend& backend) {
+  BatchStaging s;
+  s.gather_ahead = options.gather_ahead >= 0
+                       ? options.gather_ahead > 0
+                       : rank_batch * sample_values >= BatchGatherer::kMinPixels;
+  s.prefetch_input = s.gather_ahead && options.prefetch_input != 0 &&
+                     (options.prefetch_input > 0 || backend.device_info().backend != "cpu");
+  return s;
+}
 
 size_t training_bytes_per_parameter(GradientAllreduce allreduce, common::Precision precision,
                                     int ranks) {

@@ -116,7 +116,29 @@ struct TrainerOptions {
   // Gather the next batch on a thread while a step computes: -1 where the
   // batch holds at least 2^20 values (where it pays), 0 never, 1 always.
   int gather_ahead = -1;
+  // Copy the batch gathered ahead to the device while the step before it
+  // finishes (Network::prefetch_input): -1 on a device with memory of its
+  // own (a GPU), 0 never, 1 always; only batches gathered ahead.
+  int prefetch_input = -1;
 };
+
+// How a rank stages its batches (TrainerOptions::gather_ahead and
+// prefetch_input decided) for a batch of `rank_batch` samples of
+// `sample_values` values each on `backend`.
+struct BatchStaging {
+  bool gather_ahead = false;
+  bool prefetch_input = false;  // NetworkOptions::prefetch_input
+};
+BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
+                           int64_t sample_values, const Backend& backend);
+
+// data.prefetch in the config: gathering ahead and the device copy, each
+// auto (as TrainerOptions decides), on or off.
+enum class PrefetchSetting { kAuto, kOn, kOff };
+inline constexpr auto kPrefetchSettingNames = std::to_array<common::Named<PrefetchSetting>>(
+    {{PrefetchSetting::kAuto, "auto"},
+     {PrefetchSetting::kOn, "on"},
+     {PrefetchSetting::kOff, "off"}});
 
 // Device bytes per parameter training holds beside the network: the
 // optimizer's state and the gradient allreduce's staging over `ranks`
@@ -141,6 +163,7 @@ struct TrainResult {
   double allreduce_exposed_seconds = 0;  // time the step waited for them
   int64_t rebalances = 0;             // switches of split by online re-balancing
   int64_t skipped_steps = 0;          // steps loss scaling skipped for overflowed gradients
+  int64_t prefetched_batches = 0;     // steps whose batch was copied during the step before
   double loss_scale = 0;              // loss scaling's scale after the last step; 0 if off
   std::vector<int64_t> final_split;   // the split of the last step
 };

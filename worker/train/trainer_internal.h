@@ -83,6 +83,9 @@ class Trainer {
  public:
   Trainer(const Graph& graph, Backend& backend, const Dataset& train_set, const Dataset& test_set,
           const ChannelStats& norm, const TrainerOptions& options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
   TrainResult run();
 
  private:
@@ -125,6 +128,7 @@ class Trainer {
   Communicator* const comm_;
   TrainObserver* const observer_;
   JobShape job_;  // its split changes when the job re-balances
+  const BatchStaging staging_;  // TrainerOptions::gather_ahead and prefetch_input decided
   ConvPlan conv_plan_;  // the conv kernels net_ runs
   std::unique_ptr<Network> net_;
   std::unique_ptr<memory::ChromeTrace> trace_;  // before sgd_: prepare_network() sets it

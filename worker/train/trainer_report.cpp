@@ -57,6 +57,13 @@ void Trainer::print_setup() {
                         m.policy.c_str(), m.planner.c_str(), common::format_mib(m.reservation).c_str(),
                         common::format_mib(m.capacity).c_str(), common::format_mib(m.persistent_bytes).c_str(),
                         common::format_mib(m.host_reservation).c_str()));
+  if (staging_.gather_ahead) {
+    progress_.line(staging_.prefetch_input
+                       ? "data: each next batch gathered on a thread and copied to the device "
+                         "while the step before runs (data.prefetch)"
+                       : "data: each next batch gathered on a thread while the step before runs "
+                         "(data.prefetch)");
+  }
 }
 
 void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
@@ -164,6 +171,7 @@ void Trainer::write_end_record() {
       .add("allreduce_type", common::dtype_name(allreduce_.wire()))
       .add("rebalances", r.rebalances)
       .add("skipped_steps", r.skipped_steps)
+      .add("prefetched_batches", r.prefetched_batches)
       .add("loss_scale", r.loss_scale);
   if (r.test_accuracy >= 0) end.add("test_accuracy", r.test_accuracy).add("test_loss", r.test_loss);
   metrics_.write(end);
