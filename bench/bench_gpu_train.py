@@ -5,6 +5,7 @@ same model, batch, input shape and SGD recipe, on synthetic data.
     python3 bench/bench_gpu_train.py [--models lenet:64,resnet18:128] [--runs 5]
         [--steps 300] [--vtrain build/vtrain] [--conv-algorithm auto] [--json FILE]
         [--precisions fp32,tf32,bf16,fp16] [--torch-channels-last auto|on|off]
+        [--vtrain-set KEY=VALUE ...] [--vtrain-baseline-set KEY=VALUE ...]
 
 Each run is a fresh process: `vtrain train configs/synthetic-lenet.yaml` with
 the model, shape and batch set by --set, then this script in --torch-worker
@@ -13,9 +14,11 @@ table shows per-model medians and the ratio vtrain / torch.
 
 Timing. vtrain: `images_per_second` of the metrics file's "end" record, which
 sums the per-step wall times of every training step but the first; a step
-gathers, normalizes and uploads a batch of the host-side synthetic samples
-(generated once, before training), runs forward and backward, reads the loss
-back and applies the SGD update. PyTorch: a fixed random batch already on the device, --warmup
+takes a batch of the host-side synthetic samples (generated once, before
+training), gathered and normalized on a thread and copied to the device
+during the step before (data.prefetch auto, on a GPU; the runs print how
+many were), runs forward and backward, reads the loss back and applies the
+SGD update. PyTorch: a fixed random batch already on the device, --warmup
 untimed steps (default 10), then the remaining steps timed between two
 torch.cuda.synchronize() calls. cudnn.benchmark is on.
 
@@ -27,6 +30,12 @@ train.precision against PyTorch's counterpart:
   fp16  vtrain fp16 (loss scaling) torch AMP: autocast(float16) + GradScaler
 PyTorch runs its model and input channels_last for bf16 and fp16 on a GPU
 (--torch-channels-last auto), as its AMP recipe recommends.
+
+--vtrain-baseline-set KEY=VALUE (repeatable) adds a third side: vtrain with
+these settings as well, run between the two (A A' B A A' B ...), its median
+and the ratio vtrain / baseline printed beside; e.g.
+--vtrain-baseline-set data.prefetch=off measures what the input prefetch
+gains.
 
 Both sides are checked to build the same net: the PyTorch model's parameter
 count is printed beside the one `vtrain check` reports for the same preset.
@@ -183,7 +192,7 @@ def run_torch(a, model, batch, precision):
 
 # ---- vtrain side -------------------------------------------------------------
 
-def vtrain_sets(a, model, batch, precision="fp32"):
+def vtrain_sets(a, model, batch, precision="fp32", extra=()):
     c, h, w = SHAPES[model]
     train_size = max(TRAIN_SIZE, batch)
     epochs = math.ceil(a.steps / (train_size // batch))
@@ -205,6 +214,7 @@ def vtrain_sets(a, model, batch, precision="fp32"):
     if a.threads > 0:
         sets.append(f"device.threads={a.threads}")
     sets += a.vtrain_set
+    sets += list(extra)
     return [x for s in sets for x in ("--set", s)]
 
 
@@ -216,12 +226,12 @@ def vtrain_check(a, model, batch):
     return int(m.group(1)), int(m.group(2))
 
 
-def run_vtrain(a, model, batch, precision):
+def run_vtrain(a, model, batch, precision, extra=()):
     fd, metrics = tempfile.mkstemp(prefix="vtrain-bench-", suffix=".jsonl")
     os.close(fd)
     try:
         cmd = [a.vtrain, a.config, "--progress", "off", "--metrics", metrics] + \
-            vtrain_sets(a, model, batch, precision)
+            vtrain_sets(a, model, batch, precision, extra)
         run(cmd)
         end = end_record(metrics)
         if end.get("steps") != a.steps:
@@ -264,6 +274,8 @@ def main():
                    help="PyTorch reads the loss back every step, as vtrain does")
     p.add_argument("--vtrain-set", action="append", default=[],
                    help="extra --set for vtrain (repeatable), e.g. memory.policy=none")
+    p.add_argument("--vtrain-baseline-set", action="append", default=[],
+                   help="KEY=VALUE: also run vtrain with this set (a baseline), alternating")
     p.add_argument("--python", default=sys.executable, help="python for the PyTorch worker")
     p.add_argument("--json", help="write the medians (and every run) to this file")
     # Worker mode (internal): one PyTorch run, one JSON line on stdout.
@@ -291,7 +303,9 @@ def main():
           f"precision ({', '.join(precisions)}), SGD lr {LR} momentum {MOMENTUM}, "
           f"cudnn.benchmark on")
     print("  vtrain: synthetic data on the host, gathered, normalized and uploaded every step "
-          "(in the timing); first step excluded")
+          "(in the timing; data.prefetch as set); first step excluded")
+    if a.vtrain_baseline_set:
+        print(f"  baseline: vtrain with {', '.join(a.vtrain_baseline_set)}, run between the two")
     data = ("a fixed random batch resident on the device" if a.torch_data == "device"
             else "a pinned host batch copied to the device every step")
     print(f"  torch:  {data}; first {min(a.warmup, a.steps - 1)} steps excluded"
@@ -303,11 +317,14 @@ def main():
         for precision in precisions:
             print(f"\n{model} batch {batch}, input {c}x{h}x{w}, {CLASSES} classes, {precision}",
                   flush=True)
-            v, t = [], []
+            v, t, base = [], [], []
             t_params = None
             for i in range(a.runs):
                 end = run_vtrain(a, model, batch, precision)
                 v.append(end["images_per_second"])
+                if a.vtrain_baseline_set:
+                    bend = run_vtrain(a, model, batch, precision, a.vtrain_baseline_set)
+                    base.append(bend["images_per_second"])
                 tr = run_torch(a, model, batch, precision)
                 t.append(tr["images_per_second"])
                 t_params = tr["parameters"]
@@ -315,17 +332,29 @@ def main():
                     print(f"  torch {tr['torch']} on {tr['device']}"
                           + (", channels_last" if tr.get("channels_last") else ""))
                 print(f"  run {i + 1}: vtrain {v[-1]:10.1f} img/s (final loss "
-                      f"{end['final_loss']:.4f})   torch {t[-1]:10.1f} img/s (final loss "
+                      f"{end['final_loss']:.4f}, {end.get('prefetched_batches', 0)} batches "
+                      f"prefetched)   torch {t[-1]:10.1f} img/s (final loss "
                       f"{tr['final_loss']:.4f})", flush=True)
+                if a.vtrain_baseline_set:
+                    print(f"         baseline {base[-1]:10.1f} img/s (final loss "
+                          f"{bend['final_loss']:.4f}, {bend.get('prefetched_batches', 0)} "
+                          f"batches prefetched)", flush=True)
             match = "match" if t_params == v_params else "MISMATCH"
             print(f"  parameters: vtrain {v_params} ({layers} layers), torch {t_params}: {match}")
             mv, mt = statistics.median(v), statistics.median(t)
-            results.append({"model": model, "batch": batch, "shape": [c, h, w],
-                            "precision": precision,
-                            "vtrain_images_per_second": mv, "torch_images_per_second": mt,
-                            "ratio": mv / mt, "vtrain_runs": v, "torch_runs": t,
-                            "vtrain_parameters": v_params, "torch_parameters": t_params,
-                            "parameters_match": t_params == v_params})
+            result = {"model": model, "batch": batch, "shape": [c, h, w],
+                      "precision": precision,
+                      "vtrain_images_per_second": mv, "torch_images_per_second": mt,
+                      "ratio": mv / mt, "vtrain_runs": v, "torch_runs": t,
+                      "vtrain_parameters": v_params, "torch_parameters": t_params,
+                      "parameters_match": t_params == v_params}
+            if base:
+                mb = statistics.median(base)
+                result.update({"baseline_images_per_second": mb, "baseline_runs": base,
+                               "vtrain_over_baseline": mv / mb})
+                print(f"  vtrain / baseline: {mv / mb:.3f} (medians {mv:.1f} / {mb:.1f}; per "
+                      f"run {', '.join(f'{x / y:.3f}' for x, y in zip(v, base))})")
+            results.append(result)
 
     print(f"\n{'model':10} {'batch':>6} {'precision':>9} {'vtrain img/s':>13} {'torch img/s':>12} "
           f"{'vtrain/torch':>13} {'params':>9}")
@@ -339,7 +368,8 @@ def main():
             json.dump({"backend": a.backend, "device": a.device,
                        "conv_algorithm": a.conv_algorithm, "steps": a.steps, "runs": a.runs,
                        "warmup": a.warmup, "torch_data": a.torch_data,
-                       "sync_each_step": a.sync_each_step, "results": results}, f, indent=2)
+                       "sync_each_step": a.sync_each_step,
+                       "baseline_sets": a.vtrain_baseline_set, "results": results}, f, indent=2)
             f.write("\n")
     return 0 if all(r["parameters_match"] for r in results) else 1
 

@@ -6,7 +6,7 @@
 #
 # Parts (default all): gpu_tests cuda_ops conformance_gpu train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
-# precisions_vs_torch graph_vs_torch graph_engines breakdown_gpu pseudo_half accuracy_parity layouts
+# precisions_vs_torch graph_vs_torch prefetch graph_engines breakdown_gpu pseudo_half accuracy_parity layouts
 # plans_gpu joint_split_gpu. Each takes one to three
 # minutes on an H100 but precisions_vs_torch (four models in four
 # precisions, about 15). accuracy_parity reads Fashion-MNIST from the
@@ -103,6 +103,12 @@ part precisions_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain"
 part graph_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 2 \
   --steps 100 --models resnet50:64,vgg16:64 --precisions bf16,fp16 \
   --vtrain-set conv.cudnn_graph=true --json "$out/graph_vs_torch.json"
+# The input prefetch (data.prefetch: the next batch copied to the device
+# during the step before) against uploading each batch when its step
+# starts, alternating, beside PyTorch AMP.
+part prefetch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 2 \
+  --steps 100 --models resnet50:64,vgg16:64 --precisions bf16 \
+  --vtrain-baseline-set data.prefetch=off --json "$out/prefetch.json"
 # How many of cuDNN's graph engines to time (conv.graph_engines): VGG-16
 # bf16's first convolutions' weight gradients took 6.1 ms with the default
 # 4, PyTorch's sm90 kernel 0.44 ms (2026-11-27, H200); most of those 6.1 ms
