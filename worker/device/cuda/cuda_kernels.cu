@@ -17,6 +17,7 @@
 #include "worker/device/cuda/channel_sum_grid.h"
 #include "worker/device/cuda/cuda_check.h"
 #include "worker/device/cuda/cuda_kernels.h"
+#include "worker/device/cuda/kernel_bodies.h"
 
 namespace vtrain::worker::cuda {
 namespace {
@@ -73,51 +74,24 @@ __device__ I index_stride_as() {
 __device__ int64_t first_index() { return first_index_as<int64_t>(); }
 __device__ int64_t index_stride() { return index_stride_as<int64_t>(); }
 
-// V adjacent elements of T, loaded and stored as one access: 16 bytes
-// (V = 16 / sizeof(T)) where the pointers and sizes allow, else V = 1.
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
+// The kernels' element conversions, for kernel_bodies.h.
+struct DeviceConvert {
+  template <typename T>
+  __device__ static float to_float(T v) {
+    return cuda::to_float(v);
+  }
+  template <typename T>
+  __device__ static T from_float(float v) {
+    return cuda::from_float<T>(v);
+  }
 };
-template <typename T, int V>
-__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
-  return *reinterpret_cast<const Pack<T, V>*>(p);
-}
-template <typename T, int V>
-__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& v) {
-  *reinterpret_cast<Pack<T, V>*>(p) = v;
-}
 
-template <typename I>
-__device__ I padded_channels(I c, I block) {
-  return (c + block - 1) / block * block;
-}
-
-// Storage index i of a tensor with channel block `block` -> its sample,
-// channel and spatial position (in the index type I: see first_index_as).
-template <typename I>
-struct Position {
-  I n, c, s;
-};
-template <typename I>
-__device__ Position<I> position_of(I i, I c, I hw, I block) {
-  const I per_sample = padded_channels(c, block) * hw;
-  const I r = i % per_sample;
-  const I in_block = r % (hw * block);
-  return {i / per_sample, (r / (hw * block)) * block + in_block % block, in_block / block};
-}
-template <typename I>
-__device__ I offset_of(const Position<I>& p, I c, I hw, I block) {
-  return p.n * padded_channels(c, block) * hw + (p.c / block) * hw * block + p.s * block +
-         p.c % block;
-}
-
+// Grid-stride loops over the bodies of kernel_bodies.h.
 template <typename S, typename D, typename I>
 __global__ void reorder_kernel(const S* src, I src_block, D* dst, I c, I hw, I dst_block,
                                I count) {
   for (I i = first_index_as<I>(); i < count; i += index_stride_as<I>()) {
-    const Position<I> p = position_of(i, c, hw, dst_block);
-    dst[i] = from_float<D>(p.c < c ? to_float(src[offset_of(p, c, hw, src_block)]) : 0.0f);
+    reorder_at<DeviceConvert>(i, src, src_block, dst, c, hw, dst_block);
   }
 }
 
@@ -125,44 +99,22 @@ template <typename T, typename I>
 __global__ void fill_kernel(T* dst, I c, I hw, I block, float value, I count) {
   const T v = from_float<T>(value), zero = from_float<T>(0.0f);
   for (I i = first_index_as<I>(); i < count; i += index_stride_as<I>()) {
-    dst[i] = position_of(i, c, hw, block).c < c ? v : zero;
+    fill_at(i, dst, c, hw, block, v, zero);
   }
 }
 
-// One thread per V adjacent elements: V channels of a pixel (NHWC, c a
-// multiple of V) or V pixels of a channel (NCHW, hw a multiple of V).
 template <typename T, int V, typename I>
 __global__ void add_bias_kernel(T* y, const T* bias, I c, I hw, bool channels_last, I vectors) {
   for (I i = first_index_as<I>(); i < vectors; i += index_stride_as<I>()) {
-    const I first = i * V;
-    Pack<T, V> p = load_pack<T, V>(y + first);
-    if (channels_last) {
-      const I ch = first % c;
-#pragma unroll
-      for (int l = 0; l < V; ++l) p.v[l] = from_float<T>(to_float(p.v[l]) + to_float(bias[ch + l]));
-    } else {
-      const float b = to_float(bias[first / hw % c]);
-#pragma unroll
-      for (int l = 0; l < V; ++l) p.v[l] = from_float<T>(to_float(p.v[l]) + b);
-    }
-    store_pack<T, V>(y + first, p);
+    add_bias_at<DeviceConvert, T, V>(i, y, bias, c, hw, channels_last);
   }
 }
 
-// relu over V elements a thread. NaN propagates (as oneDNN's relu and
-// cuDNN's with CUDNN_PROPAGATE_NAN): a NaN made in forward by a half
-// overflow must reach the loss and the overflow check. -0 goes to +0.
-// Backward reads y: y > 0 exactly where x > 0 (and y is NaN where x is).
 template <typename T, int V, typename I>
 __global__ void relu_forward_kernel(const T* x, T* y, I vectors) {
   const T zero = from_float<T>(0.0f);
   for (I i = first_index_as<I>(); i < vectors; i += index_stride_as<I>()) {
-    Pack<T, V> p = load_pack<T, V>(x + i * V);
-#pragma unroll
-    for (int l = 0; l < V; ++l) {
-      if (to_float(p.v[l]) <= 0.0f) p.v[l] = zero;
-    }
-    store_pack<T, V>(y + i * V, p);
+    relu_forward_at<DeviceConvert, T, V>(i, x, y, zero);
   }
 }
 
@@ -170,13 +122,7 @@ template <typename T, int V, typename I>
 __global__ void relu_backward_kernel(const T* y, const T* dy, T* dx, I vectors) {
   const T zero = from_float<T>(0.0f);
   for (I i = first_index_as<I>(); i < vectors; i += index_stride_as<I>()) {
-    const Pack<T, V> a = load_pack<T, V>(y + i * V);
-    Pack<T, V> g = load_pack<T, V>(dy + i * V);
-#pragma unroll
-    for (int l = 0; l < V; ++l) {
-      if (to_float(a.v[l]) <= 0.0f) g.v[l] = zero;
-    }
-    store_pack<T, V>(dx + i * V, g);
+    relu_backward_at<DeviceConvert, T, V>(i, y, dy, dx, zero);
   }
 }
 
@@ -429,75 +375,11 @@ __global__ void batch_norm_backward_data_kernel(const T* x, const T* dy, const f
 
 // --------------------------------------------------- tiled max pooling
 
-// One thread per output position and V adjacent channels (V > 1 in NHWC
-// only, c a multiple of V): finds each channel's first maximum in its
-// window (row by row; a NaN beats every number, so it propagates as in
-// cuDNN with CUDNN_PROPAGATE_NAN) and writes it to y (forward) or writes dy
-// there and 0 to the window's other elements of dx (backward). The windows tile x, so
-// every element of dx is written once; both directions select alike.
-// Outputs are stored in x's layout, so output i's first element is i * V.
 template <bool kBackward, typename T, int V, typename I>
-__global__ void max_pool_tiled_kernel(const T* x, const T* dy, T* out, I c, I h, I w, I oh, I ow,
-                                      int kh, int kw, bool channels_last, I count) {
+__global__ void max_pool_tiled_kernel(const T* x, const T* dy, T* out, TiledPool<I> pool,
+                                      I count) {
   for (I i = first_index_as<I>(); i < count; i += index_stride_as<I>()) {
-    I ch, ox, oy, n;
-    if (channels_last) {
-      const I groups = c / V;
-      ch = i % groups * V;
-      I rest = i / groups;
-      ox = rest % ow;
-      rest /= ow;
-      oy = rest % oh;
-      n = rest / oh;
-    } else {
-      ox = i % ow;
-      I rest = i / ow;
-      oy = rest % oh;
-      rest /= oh;
-      ch = rest % c;
-      n = rest / c;
-    }
-    // Element (row, col) of x for these channels: origin + row * row_step + col * col_step.
-    const I col_step = channels_last ? c : 1, row_step = w * col_step;
-    const I origin = channels_last ? ((n * h + oy * kh) * w + ox * kw) * c + ch
-                                   : ((n * c + ch) * h + oy * kh) * w + ox * kw;
-    Pack<T, V> best = load_pack<T, V>(x + origin);
-    float best_value[V];
-    int best_at[V];
-#pragma unroll
-    for (int l = 0; l < V; ++l) {
-      best_value[l] = to_float(best.v[l]);
-      best_at[l] = 0;
-    }
-    for (int r = 0; r < kh; ++r) {
-      for (int q = 0; q < kw; ++q) {
-        if (r == 0 && q == 0) continue;
-        const Pack<T, V> v = load_pack<T, V>(x + origin + r * row_step + q * col_step);
-#pragma unroll
-        for (int l = 0; l < V; ++l) {
-          const float f = to_float(v.v[l]);
-          if (f > best_value[l] || (isnan(f) && !isnan(best_value[l]))) {
-            best_value[l] = f;
-            best.v[l] = v.v[l];
-            best_at[l] = r * kw + q;
-          }
-        }
-      }
-    }
-    if constexpr (!kBackward) {
-      store_pack<T, V>(out + i * V, best);
-    } else {
-      const Pack<T, V> g = load_pack<T, V>(dy + i * V);
-      const T zero = from_float<T>(0.0f);
-      for (int r = 0; r < kh; ++r) {
-        for (int q = 0; q < kw; ++q) {
-          Pack<T, V> o;
-#pragma unroll
-          for (int l = 0; l < V; ++l) o.v[l] = r * kw + q == best_at[l] ? g.v[l] : zero;
-          store_pack<T, V>(out + origin + r * row_step + q * col_step, o);
-        }
-      }
-    }
+    max_pool_tiled_at<kBackward, DeviceConvert, T, V>(i, x, dy, out, pool);
   }
 }
 
@@ -805,8 +687,9 @@ void max_pool_tiled(Element type, const void* x, const void* dy, void* out, int6
     const int64_t count = outputs / V;
     max_pool_tiled_kernel<kBackward, T, V, I><<<blocks_for(count), kThreads, 0, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(out),
-        static_cast<I>(c), static_cast<I>(h), static_cast<I>(w), static_cast<I>(oh),
-        static_cast<I>(ow), static_cast<int>(kh), static_cast<int>(kw), channels_last,
+        TiledPool<I>{static_cast<I>(c), static_cast<I>(h), static_cast<I>(w), static_cast<I>(oh),
+                     static_cast<I>(ow), static_cast<int>(kh), static_cast<int>(kw),
+                     channels_last},
         static_cast<I>(count));
   });
   check_launch(what);

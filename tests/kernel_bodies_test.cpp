@@ -1,0 +1,334 @@
+// The CUDA backend's memory-bound kernels run the bodies of
+// kernel_bodies.h, one index of their grid-stride loop a call. Here every
+// index of a launch runs on the host, in the index types and pack widths
+// the kernels instantiate (float in packs of 1 and 4; a 16-bit integer type
+// standing in for bf16 / f16 in packs of 1 and 8), and the results are
+// compared with references written from the logical coordinates: reorder
+// and fill between NCHW, nChw8c, nChw16c and NHWC (padding channels zeroed),
+// the bias add, relu (NaN, signed zeros, infinities, bit for bit), and max
+// pooling over tiling windows forward and backward (first maximum, ties,
+// NaN). Plain C++: every build, GPU or not. What the device's conversions
+// round is checked on a GPU (cuda_backend_test, backend_conformance_test).
+#include "worker/device/cuda/kernel_bodies.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace vtrain::worker::cuda {
+namespace {
+
+// Exact conversions: the tests' values are small integers (and, in float,
+// the special values), so any rounding would show.
+struct HostConvert {
+  template <typename T>
+  static float to_float(T v) {
+    return static_cast<float>(v);
+  }
+  template <typename T>
+  static T from_float(float v) {
+    return static_cast<T>(v);
+  }
+};
+
+// Buffers aligned for 16-byte packs, as cudaMalloc's are.
+template <typename T>
+struct Aligned {
+  explicit Aligned(size_t n, T value = T{}) : storage((n * sizeof(T) + 15) / 16 + 1) {
+    for (size_t i = 0; i < n; ++i) data()[i] = value;
+    size = n;
+  }
+  T* data() { return reinterpret_cast<T*>(storage.data()); }
+  const T* data() const { return reinterpret_cast<const T*>(storage.data()); }
+  T& operator[](size_t i) { return data()[i]; }
+  const T& operator[](size_t i) const { return data()[i]; }
+  struct alignas(16) Chunk {
+    unsigned char bytes[16];
+  };
+  std::vector<Chunk> storage;
+  size_t size = 0;
+};
+
+// Where logical element (n, ch, s) of {n, c, hw} lies in storage with
+// channel block `block` (1: NCHW; 8, 16: blocked, channels padded; c: NHWC),
+// written out case by case.
+int64_t storage_index(int64_t n, int64_t ch, int64_t s, int64_t c, int64_t hw, int64_t block) {
+  if (block == 1) return (n * c + ch) * hw + s;
+  if (block == c) return (n * hw + s) * c + ch;
+  const int64_t padded = (c + block - 1) / block * block;
+  return n * padded * hw + (ch / block) * hw * block + s * block + ch % block;
+}
+
+struct Dims {
+  int64_t n, c, h, w;
+  int64_t hw() const { return h * w; }
+};
+
+std::string describe(const Dims& d) {
+  std::ostringstream out;
+  out << "{" << d.n << ", " << d.c << ", " << d.h << ", " << d.w << "}";
+  return out.str();
+}
+
+// ------------------------------------------------------ reorder and fill
+
+template <typename I>
+void check_reorder(const Dims& d) {
+  const int64_t hw = d.hw();
+  for (const int64_t from : {int64_t{1}, int64_t{8}, int64_t{16}, d.c}) {
+    for (const int64_t to : {int64_t{1}, int64_t{8}, int64_t{16}, d.c}) {
+      SCOPED_TRACE(describe(d) + " block " + std::to_string(from) + " -> " + std::to_string(to));
+      auto storage = [&](int64_t block) { return d.n * ((d.c + block - 1) / block * block) * hw; };
+      Aligned<float> src(static_cast<size_t>(storage(from)), -7.0f);  // -7: padding
+      for (int64_t n = 0; n < d.n; ++n) {
+        for (int64_t ch = 0; ch < d.c; ++ch) {
+          for (int64_t s = 0; s < hw; ++s) {
+            src[storage_index(n, ch, s, d.c, hw, from)] = static_cast<float>((n * d.c + ch) * hw + s);
+          }
+        }
+      }
+      const int64_t count = storage(to);
+      Aligned<int16_t> dst(static_cast<size_t>(count), 99);
+      for (I i = 0; i < static_cast<I>(count); ++i) {
+        reorder_at<HostConvert>(i, src.data(), static_cast<I>(from), dst.data(),
+                                static_cast<I>(d.c), static_cast<I>(hw), static_cast<I>(to));
+      }
+      std::vector<bool> logical(static_cast<size_t>(count), false);
+      for (int64_t n = 0; n < d.n; ++n) {
+        for (int64_t ch = 0; ch < d.c; ++ch) {
+          for (int64_t s = 0; s < hw; ++s) {
+            const int64_t at = storage_index(n, ch, s, d.c, hw, to);
+            logical[static_cast<size_t>(at)] = true;
+            ASSERT_EQ(dst[static_cast<size_t>(at)], (n * d.c + ch) * hw + s)
+                << "n " << n << " channel " << ch << " position " << s;
+          }
+        }
+      }
+      for (int64_t at = 0; at < count; ++at) {
+        if (!logical[static_cast<size_t>(at)]) {
+          ASSERT_EQ(dst[static_cast<size_t>(at)], 0) << "padding at " << at;
+        }
+      }
+      // fill: every logical element the value, padding 0.
+      Aligned<float> filled(static_cast<size_t>(count), -1.0f);
+      for (I i = 0; i < static_cast<I>(count); ++i) {
+        fill_at(i, filled.data(), static_cast<I>(d.c), static_cast<I>(hw), static_cast<I>(to),
+                2.5f, 0.0f);
+      }
+      for (int64_t at = 0; at < count; ++at) {
+        ASSERT_EQ(filled[static_cast<size_t>(at)], logical[static_cast<size_t>(at)] ? 2.5f : 0.0f)
+            << "fill at " << at;
+      }
+    }
+  }
+}
+
+TEST(KernelBodies, ReorderAndFillBetweenEveryLayout) {
+  for (const Dims& d : {Dims{1, 1, 1, 1}, Dims{2, 3, 2, 3}, Dims{2, 8, 3, 3}, Dims{1, 13, 5, 1},
+                        Dims{3, 16, 2, 2}, Dims{2, 20, 3, 2}, Dims{1, 33, 1, 7}}) {
+    check_reorder<uint32_t>(d);
+    check_reorder<int64_t>(d);
+  }
+}
+
+// -------------------------------------------------------------- bias add
+
+template <typename T, int V, typename I>
+void check_add_bias(const Dims& d, bool channels_last) {
+  SCOPED_TRACE(describe(d) + (channels_last ? " NHWC" : " NCHW") + " V " + std::to_string(V));
+  const int64_t hw = d.hw(), count = d.n * d.c * hw;
+  ASSERT_EQ((channels_last ? d.c : hw) % V, 0) << "the kernels pack only such shapes";
+  Aligned<T> y(static_cast<size_t>(count)), bias(static_cast<size_t>(d.c));
+  for (int64_t i = 0; i < count; ++i) y[static_cast<size_t>(i)] = static_cast<T>(i % 50);
+  for (int64_t ch = 0; ch < d.c; ++ch) bias[static_cast<size_t>(ch)] = static_cast<T>(100 * (ch + 1));
+  for (I i = 0; i < static_cast<I>(count / V); ++i) {
+    add_bias_at<HostConvert, T, V>(i, y.data(), bias.data(), static_cast<I>(d.c),
+                                   static_cast<I>(hw), channels_last);
+  }
+  for (int64_t n = 0; n < d.n; ++n) {
+    for (int64_t ch = 0; ch < d.c; ++ch) {
+      for (int64_t s = 0; s < hw; ++s) {
+        const int64_t at = storage_index(n, ch, s, d.c, hw, channels_last ? d.c : 1);
+        ASSERT_EQ(static_cast<int64_t>(y[static_cast<size_t>(at)]), at % 50 + 100 * (ch + 1))
+            << "n " << n << " channel " << ch << " position " << s;
+      }
+    }
+  }
+}
+
+TEST(KernelBodies, BiasAddReachesEveryElementsChannelInPacks) {
+  for (const bool nhwc : {false, true}) {
+    check_add_bias<float, 1, uint32_t>({2, 3, 5, 3}, nhwc);
+    check_add_bias<float, 1, int64_t>({2, 3, 5, 3}, nhwc);
+    check_add_bias<float, 4, uint32_t>({2, 8, 2, 2}, nhwc);
+    check_add_bias<int16_t, 8, uint32_t>({3, 16, 4, 2}, nhwc);
+    check_add_bias<int16_t, 8, int64_t>({3, 16, 4, 2}, nhwc);
+  }
+  check_add_bias<int16_t, 8, uint32_t>({2, 24, 1, 3}, true);   // c = 3 packs, hw odd
+  check_add_bias<int16_t, 8, uint32_t>({2, 3, 4, 4}, false);   // c odd, hw = 2 packs
+}
+
+// ------------------------------------------------------------------ relu
+
+TEST(KernelBodies, ReluPropagatesNaNAndZeroesTheRestBitForBit) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float denormal = std::numeric_limits<float>::denorm_min();
+  const std::vector<float> values = {1.5f, -2.0f, 0.0f, -0.0f, nan, -nan, inf, -inf,
+                                     denormal, -denormal, 3.0f, -1e-30f};
+  auto check = [&](auto v_tag, auto i_tag) {
+    constexpr int V = decltype(v_tag)::value;
+    using I = decltype(i_tag);
+    SCOPED_TRACE("V " + std::to_string(V));
+    const size_t count = values.size();
+    Aligned<float> x(count), y(count, 7.0f), dy(count), dx(count, 7.0f);
+    for (size_t i = 0; i < count; ++i) {
+      x[i] = values[i];
+      dy[i] = static_cast<float>(i + 1);
+    }
+    for (I i = 0; i < static_cast<I>(count / V); ++i) {
+      relu_forward_at<HostConvert, float, V>(i, x.data(), y.data(), 0.0f);
+    }
+    for (I i = 0; i < static_cast<I>(count / V); ++i) {
+      relu_backward_at<HostConvert, float, V>(i, y.data(), dy.data(), dx.data(), 0.0f);
+    }
+    for (size_t i = 0; i < count; ++i) {
+      const float want_y = std::isnan(values[i]) || values[i] > 0 ? values[i] : 0.0f;
+      EXPECT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want_y))
+          << "relu(" << values[i] << ")";
+      const float want_dx = std::isnan(values[i]) || values[i] > 0 ? dy[i] : 0.0f;
+      EXPECT_EQ(std::bit_cast<uint32_t>(dx[i]), std::bit_cast<uint32_t>(want_dx))
+          << "relu'(" << values[i] << ")";
+    }
+  };
+  check(std::integral_constant<int, 1>{}, uint32_t{});
+  check(std::integral_constant<int, 4>{}, uint32_t{});
+  check(std::integral_constant<int, 4>{}, int64_t{});
+}
+
+// ------------------------------------------------------ tiled max pooling
+
+// The reference: each logical window row by row, its first maximum, a NaN
+// beating every number (the first NaN).
+template <typename T>
+struct PoolReference {
+  std::vector<float> y;          // logical {n, c, oh, ow}
+  std::vector<int64_t> argmax;   // storage index in x of each output's pick
+};
+
+template <typename T>
+PoolReference<T> pool_reference(const Aligned<T>& x, const Dims& d, int kh, int kw,
+                                 int64_t block) {
+  const int64_t oh = d.h / kh, ow = d.w / kw;
+  PoolReference<T> r;
+  for (int64_t n = 0; n < d.n; ++n) {
+    for (int64_t ch = 0; ch < d.c; ++ch) {
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          int64_t best = -1;
+          float best_value = 0;
+          for (int r = 0; r < kh; ++r) {
+            for (int q = 0; q < kw; ++q) {
+              const int64_t at =
+                  storage_index(n, ch, (oy * kh + r) * d.w + ox * kw + q, d.c, d.hw(), block);
+              const float v = static_cast<float>(x[static_cast<size_t>(at)]);
+              const bool better = best < 0 || (std::isnan(v) && !std::isnan(best_value)) ||
+                                  (!std::isnan(best_value) && v > best_value);
+              if (better) {
+                best = at;
+                best_value = v;
+              }
+            }
+          }
+          r.y.push_back(best_value);
+          r.argmax.push_back(best);
+        }
+      }
+    }
+  }
+  return r;
+}
+
+template <typename T, int V, typename I>
+void check_tiled_pool(const Dims& d, int kh, int kw, bool channels_last, uint32_t seed) {
+  SCOPED_TRACE(describe(d) + " window " + std::to_string(kh) + "x" + std::to_string(kw) +
+               (channels_last ? " NHWC" : " NCHW") + " V " + std::to_string(V));
+  ASSERT_EQ(d.h % kh, 0);
+  ASSERT_EQ(d.w % kw, 0);
+  const int64_t oh = d.h / kh, ow = d.w / kw, block = channels_last ? d.c : 1;
+  const int64_t count = d.n * d.c * d.hw(), outputs = d.n * d.c * oh * ow;
+  // Few distinct values, half of them 0 (as after a relu): windows tie often.
+  std::mt19937 rng(seed);
+  Aligned<T> x(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t v = static_cast<int64_t>(rng() % 8) - 4;
+    x[static_cast<size_t>(i)] = static_cast<T>(v < 0 ? 0 : v);
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    for (int k = 0; k < 3; ++k) {  // NaNs, the window's first element or not
+      x[static_cast<size_t>(rng() % count)] = std::numeric_limits<T>::quiet_NaN();
+    }
+  }
+  const PoolReference<T> ref = pool_reference(x, d, kh, kw, block);
+  const TiledPool<I> pool{static_cast<I>(d.c), static_cast<I>(d.h), static_cast<I>(d.w),
+                          static_cast<I>(oh), static_cast<I>(ow), kh, kw, channels_last};
+  // Forward: outputs in x's layout.
+  Aligned<T> y(static_cast<size_t>(outputs), static_cast<T>(-9));
+  for (I i = 0; i < static_cast<I>(outputs / V); ++i) {
+    max_pool_tiled_at<false, HostConvert, T, V>(i, x.data(), nullptr, y.data(), pool);
+  }
+  // Backward: dy[output] = its logical index + 1; dx = 0 but at each pick.
+  Aligned<T> dy(static_cast<size_t>(outputs)), dx(static_cast<size_t>(count), static_cast<T>(-9));
+  std::vector<T> want_dx(static_cast<size_t>(count), static_cast<T>(0));
+  int64_t o = 0;
+  for (int64_t n = 0; n < d.n; ++n) {
+    for (int64_t ch = 0; ch < d.c; ++ch) {
+      for (int64_t s = 0; s < oh * ow; ++s, ++o) {
+        const int64_t at = storage_index(n, ch, s, d.c, oh * ow, block);
+        const float want = ref.y[static_cast<size_t>(o)];
+        const float got = static_cast<float>(y[static_cast<size_t>(at)]);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(got)) << "output " << o;
+        } else {
+          ASSERT_EQ(got, want) << "output " << o;
+        }
+        dy[static_cast<size_t>(at)] = static_cast<T>(o % 100 + 1);
+        want_dx[static_cast<size_t>(ref.argmax[static_cast<size_t>(o)])] = static_cast<T>(o % 100 + 1);
+      }
+    }
+  }
+  for (I i = 0; i < static_cast<I>(outputs / V); ++i) {
+    max_pool_tiled_at<true, HostConvert, T, V>(i, x.data(), dy.data(), dx.data(), pool);
+  }
+  for (int64_t at = 0; at < count; ++at) {  // -9 left: an element no window wrote
+    ASSERT_EQ(dx[static_cast<size_t>(at)], want_dx[static_cast<size_t>(at)]) << "dx at " << at;
+  }
+}
+
+TEST(KernelBodies, TiledMaxPoolingPicksTheFirstMaximumOrNaNForwardAndBackward) {
+  uint32_t seed = 1;
+  for (const auto& [kh, kw] : {std::pair{2, 2}, std::pair{3, 3}, std::pair{2, 3}}) {
+    const Dims d{2, 5, 6 * kh / 2, 4 * kw / 2};
+    for (const bool nhwc : {false, true}) {
+      check_tiled_pool<float, 1, uint32_t>(d, kh, kw, nhwc, ++seed);
+      check_tiled_pool<float, 1, int64_t>(d, kh, kw, nhwc, ++seed);
+    }
+    const Dims packed{2, 16, 2 * kh, 3 * kw};
+    check_tiled_pool<float, 4, uint32_t>(packed, kh, kw, true, ++seed);
+    check_tiled_pool<float, 4, int64_t>(packed, kh, kw, true, ++seed);
+    check_tiled_pool<int16_t, 8, uint32_t>(packed, kh, kw, true, ++seed);
+    check_tiled_pool<int16_t, 1, uint32_t>(packed, kh, kw, false, ++seed);
+  }
+}
+
+}  // namespace
+}  // namespace vtrain::worker::cuda
