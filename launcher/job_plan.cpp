@@ -115,7 +115,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   perfdb::PerfDb db(cfg.profile.db);
   const perfdb::DeviceId id = db.upsert_device(worker::perfdb_device(info));
 
-  worker::ProfileOptions po = profile_options(cfg);
+  worker::ProfileOptions po = profile_options(cfg, graph, backend);
   po.batches = balance ? candidate_batches(cfg, comm.size())
                        : std::vector<int64_t>{fixed_split[comm.rank()]};
   po.batches.erase(std::remove(po.batches.begin(), po.batches.end(), 0), po.batches.end());
@@ -283,7 +283,7 @@ std::optional<worker::ConvPlan> replan_kernels(const config::Config& cfg, const 
       perfdb::PerfDb db(cfg.profile.db);
       const perfdb::DeviceId id = db.upsert_device(worker::perfdb_device(backend.device_info()));
       const worker::ProfileReport r =
-          worker::profile(graph, backend, db, id, kernels_alone_at(profile_options(cfg), my_batch));
+          worker::profile(graph, backend, db, id, kernels_alone_at(profile_options(cfg, graph, backend), my_batch));
       if (r.kernel_measured > 0) {
         std::printf("rebalance: rank %d measured %lld kernel items at its new batch %lld (%.1f s)\n",
                     comm.rank(), static_cast<long long>(r.kernel_measured),

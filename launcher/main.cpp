@@ -133,10 +133,7 @@ void print_memory_plan(const Config& cfg, const worker::Graph& graph, int ranks,
   if (!memory::plans_per_tensor(cfg.memory.policy)) return;
   const int64_t batch = largest_rank_batch(cfg, ranks);
   worker::NetworkOptions options = network_options(cfg, batch, ranks);
-  // The input staging training would hold (data.prefetch).
-  const int64_t sample_values = graph.output_shape(graph.input_index()).per_sample();
-  options.prefetch_input =
-      worker::batch_staging(trainer_options(cfg), batch, sample_values, backend).prefetch_input;
+  options.prefetch_input = input_staging(cfg, graph, backend, batch);  // data.prefetch
   PlanningCosts costs = planning_costs(cfg, graph, backend, options);
   if (costs.costs) options.memory_costs = std::move(*costs.costs);
   const worker::Network network(graph, backend, options);
@@ -340,7 +337,7 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   const std::vector<worker::DeviceInfo> cluster = worker::gather_device_infos(comm, info);
   print_cluster(comm, cluster, balancer::even_split(cfg.train.batch, comm.size()));
 
-  worker::ProfileOptions options = profile_options(cfg);
+  worker::ProfileOptions options = profile_options(cfg, graph, *backend);
   if (options.batches.empty()) {
     options.batches = {(cfg.train.batch + comm.size() - 1) / comm.size()};
   }

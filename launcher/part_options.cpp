@@ -95,8 +95,19 @@ PlanningCosts planning_costs(const config::Config& cfg, const worker::Graph& gra
               why_not};
 }
 
-worker::ProfileOptions profile_options(const config::Config& cfg) {
+bool input_staging(const config::Config& cfg, const worker::Graph& graph,
+                   const worker::Backend& backend, int64_t rank_batch) {
+  const int64_t sample_values = graph.output_shape(graph.input_index()).per_sample();
+  return worker::batch_staging(trainer_options(cfg), rank_batch, sample_values, backend)
+      .prefetch_input;
+}
+
+worker::ProfileOptions profile_options(const config::Config& cfg, const worker::Graph& graph,
+                                       const worker::Backend& backend) {
   worker::ProfileOptions o;
+  o.input_staging = [&cfg = std::as_const(cfg), &graph, &backend](int64_t batch) {
+    return input_staging(cfg, graph, backend, batch);
+  };
   o.batches = cfg.profile.batches;
   o.micro_batches = cfg.profile.micro_batches;
   o.warmup = static_cast<int>(cfg.profile.warmup);

@@ -48,9 +48,16 @@ struct PlanningCosts {
 PlanningCosts planning_costs(const config::Config& cfg, const worker::Graph& graph,
                              worker::Backend& backend, const worker::NetworkOptions& net);
 
-// profile.* and memory.policy; batches is profile.batches (the caller
-// chooses when it is empty).
-worker::ProfileOptions profile_options(const config::Config& cfg);
+// Whether training's network for a rank batch on `backend` holds the input
+// staging (data.prefetch, as worker::batch_staging decides).
+bool input_staging(const config::Config& cfg, const worker::Graph& graph,
+                   const worker::Backend& backend, int64_t rank_batch);
+
+// profile.* and memory.policy, and input_staging on `backend` (which must
+// outlive the options); batches is profile.batches (the caller chooses when
+// it is empty).
+worker::ProfileOptions profile_options(const config::Config& cfg, const worker::Graph& graph,
+                                       const worker::Backend& backend);
 
 // balance.granularity and balance.candidates.
 balancer::BatchSplitOptions split_options(const config::Config& cfg);

@@ -98,10 +98,10 @@ inline double relative_difference(const std::vector<float>& a, const std::vector
 
 // The input prefetch (NetworkOptions::prefetch_input) on `backend`: a
 // batch copied on the memory stream ahead of its upload is what the upload
-// writes, in the input's type; an upload of another batch or size takes
-// that batch instead; the batch's host memory may change once its upload
-// returned; the staging is a persistent block of the pool, there only with
-// the option.
+// writes, in the input's type, bit for bit what Backend::upload writes; an
+// upload of another batch or size takes that batch instead; the batch's
+// host memory may change once its upload returned; the staging is a
+// persistent block of the pool, there only with the option.
 inline void check_input_prefetch(worker::Backend& backend, common::Precision precision) {
   using worker::Network;
   const worker::Shape input{1, 3, 16, 16};
@@ -115,10 +115,15 @@ inline void check_input_prefetch(worker::Backend& backend, common::Precision pre
     for (const auto& p : plain.memory_model().persistent) EXPECT_NE(p.name, "input_staging");
     EXPECT_THROW(plain.prefetch_input(nullptr, 1), std::logic_error);
   }
+  // The host batches outlive the network: its destructor waits for the
+  // copy left pending at the end.
+  const int64_t per_sample = input.per_sample();
+  const auto batch_floats = static_cast<size_t>(8 * per_sample);
+  worker::PinnedMemory pinned(backend);
+  std::pmr::vector<float> a(batch_floats, &pinned), b(batch_floats, &pinned);
   o.prefetch_input = true;
   Network net(g, backend, o);
-  const int64_t per_sample = net.input(1).shape().elements();
-  const auto batch_floats = static_cast<size_t>(8 * per_sample);
+  ASSERT_EQ(net.input(1).shape().elements(), per_sample);
   size_t staging = 0;
   for (const auto& p : net.memory_model().persistent) {
     if (p.name == "input_staging") staging = p.bytes;
@@ -126,11 +131,9 @@ inline void check_input_prefetch(worker::Backend& backend, common::Precision pre
   EXPECT_EQ(staging, batch_floats * sizeof(float));
 
   // Values a half input holds exactly: integers up to 256, another set per batch.
-  worker::PinnedMemory pinned(backend);
   auto fill = [](std::pmr::vector<float>& v, int tag) {
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(tag * 40 + i % 37);
   };
-  std::pmr::vector<float> a(batch_floats, &pinned), b(batch_floats, &pinned);
   fill(a, 1);
   fill(b, 2);
   const std::vector<float> a_values(a.begin(), a.end()), b_values(b.begin(), b.end());
@@ -169,6 +172,20 @@ inline void check_input_prefetch(worker::Backend& backend, common::Precision pre
   EXPECT_TRUE(net.upload_input(b.data(), 8));
   EXPECT_EQ(input_now(8), b_values);
   EXPECT_FALSE(net.upload_input(b.data(), 8));  // taken once
+
+  // Values a half input rounds: the prefetched and the plain path round alike.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (float& v : a) v = normal(rng);
+  backend.upload(a.data(), net.input(8));
+  const std::vector<float> uploaded = input_now(8);
+  net.prefetch_input(a.data(), 8);
+  EXPECT_TRUE(net.upload_input(a.data(), 8));
+  const std::vector<float> prefetched = input_now(8);
+  EXPECT_TRUE(bitwise_equal(prefetched, uploaded));
+  EXPECT_FALSE(net.upload_input(a.data(), 8));  // through the staging, not prefetched
+  EXPECT_TRUE(bitwise_equal(input_now(8), uploaded));
+
   EXPECT_THROW(net.prefetch_input(a.data(), 9), std::invalid_argument);
   net.prefetch_input(a.data(), 8);  // left pending: the destructor waits for it
 }

@@ -124,6 +124,39 @@ TEST(Profiler, StepsAreRecordedUnderTheirMemoryPolicy) {
   EXPECT_EQ(profile(graph, *backend, db, device, options).step_cached, 1);
 }
 
+// A step profiled for a job whose network holds the input staging
+// (data.prefetch, ProfileOptions::input_staging) records that in its peak,
+// as the balancer checks it against the device: the batch's floats more.
+TEST(Profiler, StepPeakCountsTheInputStagingTrainingHolds) {
+  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  const Graph graph = small_graph();
+  constexpr int64_t kBatch = 16;
+  size_t peak[2] = {0, 0};
+  // The first profile also grows the backend's scratch, which stays: a
+  // run before the two compared.
+  for (const bool staging : {false, false, true}) {
+    perfdb::PerfDb db(":memory:");
+    const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
+    ProfileOptions options = timed_once({kBatch});
+    options.layer_costs = false;
+    std::vector<int64_t> asked;
+    if (staging) {
+      options.input_staging = [&](int64_t b) {
+        asked.push_back(b);
+        return true;
+      };
+    }
+    ASSERT_EQ(profile(graph, *backend, db, device, options).step_measured, 1);
+    const auto steps = db.step_measurements(device, graph.signature(), "none");
+    ASSERT_EQ(steps.size(), 1u);
+    peak[staging] = steps[0].peak_device_bytes;
+    if (staging) EXPECT_EQ(asked, std::vector<int64_t>{kBatch});
+  }
+  const size_t staging_bytes = kBatch * 16 * 16 * sizeof(float);
+  EXPECT_GE(peak[1], peak[0] + staging_bytes);
+  EXPECT_LE(peak[1], peak[0] + staging_bytes + 64);  // the pool aligns its blocks to 64 bytes
+}
+
 TEST(Profiler, IdenticalDevicesSplitTheWork) {
   auto backend = make_backend({.kind = "cpu", .threads = 1});
   TempDir dir;

@@ -221,17 +221,27 @@ Tensor Network::input(int64_t n) const {
   return t;
 }
 
+// With a staging, a batch not prefetched goes through it too: a half
+// input's upload would otherwise take as much again in the backend's
+// scratch.
 bool Network::upload_input(const float* host, int64_t n) {
   const Tensor dst = input(n);
   const std::optional<Prefetch> p = prefetch_;
   drop_prefetch();  // so that `host` may change on return (the copy ran during a step)
-  if (!p || p->host != host || p->n != n) {
+  const bool prefetched = p && p->host == host && p->n == n;
+  if (input_staging_ == nullptr) {
     backend_.upload(host, dst);
     return false;
   }
+  if (!prefetched) {
+    backend_.copy_async(input_staging_, host,
+                        static_cast<size_t>(dst.shape().elements()) * sizeof(float),
+                        StreamKind::kCompute);
+  }
   backend_.convert(Tensor{{dst.shape(), Layout::kPlain, DataType::kF32}, input_staging_}, dst);
   staging_read_ = backend_.record_event(StreamKind::kCompute);
-  return true;
+  if (!prefetched) backend_.synchronize(StreamKind::kCompute);  // `host` may change on return
+  return prefetched;
 }
 
 void Network::prefetch_input(const float* host, int64_t n) {
@@ -254,9 +264,8 @@ void Network::prefetch_input(const float* host, int64_t n) {
 
 void Network::drop_prefetch() {
   if (!prefetch_) return;
-  const Event copied = prefetch_->copied;
+  backend_.synchronize(prefetch_->copied);
   prefetch_.reset();
-  backend_.synchronize(copied);
 }
 
 LossStats Network::train_step(int64_t n, float loss_scale) {

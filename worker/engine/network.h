@@ -149,9 +149,9 @@ class Network {
 
   // Writes n samples of plain NCHW floats at `host` to input(n): from the
   // prefetched copy when it is of this `host` and n (then only a conversion
-  // on the device is left), else as Backend::upload does. A prefetch of
-  // another batch is dropped. `host` may change once this returns. Returns
-  // whether the prefetched copy was taken.
+  // on the device is left), else copied now (through the staging where the
+  // network has one). A prefetch of another batch is dropped. `host` may
+  // change once this returns. Returns whether the prefetched copy was taken.
   bool upload_input(const float* host, int64_t n);
   // Starts copying n samples of plain NCHW floats at `host` (page-locked:
   // Backend::allocate_pinned) to the device on the memory stream, after the

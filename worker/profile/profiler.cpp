@@ -182,6 +182,7 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
   net_options.max_batch = b;
   net_options.memory_policy = options.memory_policy;
   net_options.optimizer_bytes_per_parameter = Sgd::kStateBytesPerParameter;
+  net_options.prefetch_input = options.input_staging && options.input_staging(b);
   if (memory::plans_per_tensor(options.memory_policy)) {
     StepCostsLookup found = profiled_step_costs(db, device, graph, b);
     if (found.costs.has_value()) net_options.memory_costs = std::move(found.costs.value());
@@ -198,12 +199,11 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
   // The peak counts from here, as in training: what the step holds, not the
   // buffers conv.algorithm auto timed its candidates in.
   backend.reset_peak();
-  const Tensor input = net->input(b);
   const TimingBatch batch = timing_batch(graph, b);
   std::vector<memory::StepCosts> calls;
   net->record_call_times(&calls);
   const auto run_step = [&] {
-    backend.upload(batch.images.data(), input);
+    net->upload_input(batch.images.data(), b);  // through the staging where training's would
     backend.upload_labels(batch.labels.data(), net->labels(), b);
     net->train_step(b, 1.0f / static_cast<float>(b));
     sgd.step(net->parameters(), net->gradients(), 0.0f);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,11 @@ struct ProfileOptions {
                                      // nothing) as the step made them
   memory::Policy memory_policy = memory::Policy::kNone;  // memory.policy the steps run (and
                                                         // are recorded) under
+  // Whether a step's network at a batch holds the input staging training's
+  // would (NetworkOptions::prefetch_input: data.prefetch, decided as the
+  // trainer decides), so that the recorded peak is what training holds.
+  // Null: never.
+  std::function<bool(int64_t batch)> input_staging;
   // The processes on this host that profile the same device, and how they
   // share the work (profile_peers.h); alone by default.
   ProfilePeers peers;

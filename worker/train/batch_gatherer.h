@@ -70,8 +70,13 @@ class BatchGatherer {
   // Starts gathering `indices` for a later take() (no-op without a thread).
   void gather_ahead(std::span<const int64_t> indices);
   // The batch gathered ahead, once its gathering has finished (waits for
-  // it); null when none is. It stays unchanged until the next
-  // gather_ahead(). Rethrows a failed gather.
+  // it); null when none is. Its memory stays where it is, unchanged, until
+  // the take() that returns it (which swaps it into the current batch,
+  // still unchanged) is followed by a gather_ahead(), or until a
+  // gather_ahead() without such a take(). A device copy of it made in
+  // between (Network::prefetch_input) must be over by then: the trainer
+  // uploads every batch it takes (Network::upload_input waits for the
+  // copy) before it gathers the next. Rethrows a failed gather.
   const Staging* finish_ahead();
 
  private:
