@@ -187,6 +187,17 @@ inline void check_input_prefetch(worker::Backend& backend, common::Precision pre
   EXPECT_TRUE(bitwise_equal(input_now(8), uploaded));
 
   EXPECT_THROW(net.prefetch_input(a.data(), 9), std::invalid_argument);
+
+  // A traced prefetch is a span of the memory stream.
+  memory::ChromeTrace trace(0, "prefetch");
+  net.set_trace(&trace);
+  net.prefetch_input(b.data(), 8);
+  net.set_trace(nullptr);
+  EXPECT_NE(trace.events_json().find("\"prefetch input\""), std::string::npos)
+      << trace.events_json();
+  EXPECT_TRUE(net.upload_input(b.data(), 8));
+  EXPECT_EQ(input_now(8), b_values);
+
   net.prefetch_input(a.data(), 8);  // left pending: the destructor waits for it
 }
 

@@ -254,12 +254,19 @@ void Network::prefetch_input(const float* host, int64_t n) {
                                 std::to_string(options_.max_batch));
   }
   drop_prefetch();
+  const double issued_us = trace_ ? trace_->now_us() : 0.0;
   backend_.wait_event(StreamKind::kMemory, staging_read_);
   const Tensor dst = input(n);
   backend_.copy_async(input_staging_, host,
                       static_cast<size_t>(dst.shape().elements()) * sizeof(float),
                       StreamKind::kMemory);
   prefetch_ = Prefetch{host, n, backend_.record_event(StreamKind::kMemory)};
+  // Traced steps wait for every call (set_trace), the copy too: its span.
+  if (trace_) {
+    backend_.synchronize(prefetch_->copied);
+    trace_->span("memory stream", "prefetch input", "prefetch", issued_us,
+                 trace_->now_us() - issued_us, std::to_string(n) + " samples");
+  }
 }
 
 void Network::drop_prefetch() {
@@ -292,7 +299,10 @@ LossStats Network::evaluate(int64_t n) {
 
 size_t Network::workspace_bytes() const { return interpreter_->shared_workspace().second; }
 
-void Network::set_trace(memory::ChromeTrace* trace) { interpreter_->set_trace(trace); }
+void Network::set_trace(memory::ChromeTrace* trace) {
+  trace_ = trace;
+  interpreter_->set_trace(trace);
+}
 
 void Network::record_call_times(std::vector<memory::StepCosts>* steps) {
   interpreter_->record_call_times(steps);

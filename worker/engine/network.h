@@ -228,9 +228,10 @@ class Network {
   // The alloc/free trace of the last training step (for the DSA planner).
   const std::vector<memory::DsaBlock>& last_step_trace() const;
   // Records compute and memory-stream events of the following steps into
-  // `trace` (null: stop). The trace must outlive the network's use of it.
-  // Also samples the bytes in use at once, so a policy that allocates
-  // nothing during steps (none) still has a memory line.
+  // `trace` (null: stop), each call waited for, an input prefetch's copy
+  // too. The trace must outlive the network's use of it. Also samples the
+  // bytes in use at once, so a policy that allocates nothing during steps
+  // (none) still has a memory line.
   void set_trace(memory::ChromeTrace* trace);
   // While `steps` is set (null: stop), every training step appends the
   // times of its calls as it made them (memory::StepCosts, bandwidths 0):
@@ -300,6 +301,7 @@ class Network {
     int64_t n = 0;
     Event copied;  // on the memory stream
   };
+  memory::ChromeTrace* trace_ = nullptr;  // set_trace's
   float* input_staging_ = nullptr;   // max_batch samples of floats; null without prefetch
   std::optional<Prefetch> prefetch_;  // copied or copying, not yet uploaded
   Event staging_read_;                // compute stream: after the last conversion from it
