@@ -94,8 +94,12 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
     if (const int64_t c = layers_[i]->param_count()) {
       param_ranges_.push_back({i, param_count_, c});
       param_count_ += c;
-      compute_offsets_.push_back((compute_count_ + align - 1) / align * align);
-      compute_count_ = compute_offsets_.back() + c;
+      if (layers_[i]->reads_compute_params()) {
+        compute_offsets_.push_back((compute_count_ + align - 1) / align * align);
+        compute_count_ = compute_offsets_.back() + c;
+      } else {
+        compute_offsets_.push_back(-1);
+      }
     }
     buffer_count_ += layers_[i]->buffer_count();
   }
@@ -167,13 +171,15 @@ void Network::bind_layers() {
     input_staging_ = static_cast<float*>(interpreter_->persistent("input_staging"));
   }
   const DataType compute_type = graph_.activation_type();
-  compute_params_ =
-      compute_type == DataType::kF32 ? nullptr : interpreter_->persistent("compute_params");
+  compute_params_ = has_compute_copy() ? interpreter_->persistent("compute_params") : nullptr;
   int64_t p = 0, b = 0;
   size_t range = 0;
   for (const auto& layer : layers_) {
     const void* compute = nullptr;
-    if (compute_params_ && layer->param_count() > 0) compute = compute_range(range++);
+    if (layer->param_count() > 0) {
+      if (compute_params_ && compute_offsets_[range] >= 0) compute = compute_range(range);
+      ++range;
+    }
     layer->bind({params_ + p, grads_ + p, buffers_ + b, compute, compute_type});
     p += layer->param_count();
     b += layer->buffer_count();
@@ -197,15 +203,21 @@ void* Network::compute_range(size_t range) const {
          compute_offsets_[range] * static_cast<int64_t>(element_bytes(graph_.activation_type()));
 }
 
+bool Network::has_compute_copy() const {
+  return graph_.activation_type() != DataType::kF32 && compute_count_ > 0;
+}
+
 TensorDesc Network::compute_params_desc() const {
   return vector_desc(compute_count_, graph_.activation_type());
 }
 
 // Range by range: each starts aligned in the compute copy (the padding
-// between them is never read).
+// between them is never read); the ranges of layers that read their f32
+// parameters have none.
 void Network::refresh_compute_params() {
   if (compute_params_ && compute_params_stale_) {
     for (size_t i = 0; i < param_ranges_.size(); ++i) {
+      if (compute_offsets_[i] < 0) continue;
       const ParamRange& r = param_ranges_[i];
       backend_.convert(Tensor{vector_desc(r.count), params_ + r.offset},
                        Tensor{vector_desc(r.count, graph_.activation_type()), compute_range(i)});

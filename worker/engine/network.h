@@ -193,7 +193,9 @@ class Network {
   const std::vector<ParamRange>& param_ranges() const { return param_ranges_; }
   // Under a half precision, where param_ranges()[i] starts in the compute
   // copy, in its elements: each range at a multiple of kComputeAlignBytes
-  // (tensor-core kernels want their operands 16-byte aligned at least).
+  // (tensor-core kernels want their operands 16-byte aligned at least); -1
+  // for a layer that reads its f32 parameters (Layer::reads_compute_params:
+  // batch norm), which has no copy.
   static constexpr int64_t kComputeAlignBytes = 128;
   int64_t compute_offset(size_t range) const { return compute_offsets_.at(range); }
   // Non-learned state saved with the model (batch-norm running statistics).
@@ -246,6 +248,7 @@ class Network {
 
  private:
   void make_layers();
+  bool has_compute_copy() const;           // a half precision with conv or fc parameters
   TensorDesc compute_params_desc() const;  // the half compute copy of the parameters
   void refresh_compute_params();            // from params_ when stale
   void* compute_range(size_t range) const;  // where param_ranges_[range] starts in the copy
@@ -283,7 +286,7 @@ class Network {
   int64_t param_count_ = 0;
   int64_t buffer_count_ = 0;
   std::vector<ParamRange> param_ranges_;
-  std::vector<int64_t> compute_offsets_;  // per range, into the compute copy (aligned)
+  std::vector<int64_t> compute_offsets_;  // per range, into the compute copy (aligned); -1: none
   int64_t compute_count_ = 0;             // the compute copy's elements, padding included
 
   // Memory part.

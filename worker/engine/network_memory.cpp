@@ -72,7 +72,7 @@ void Network::describe_memory() {
                        {"grads", floats(param_count_)},
                        {"buffers", floats(buffer_count_)},
                        {"labels", static_cast<size_t>(options_.max_batch) * sizeof(int32_t)}};
-  if (graph_.activation_type() != DataType::kF32) {
+  if (has_compute_copy()) {
     model_.persistent.push_back({"compute_params", compute_params_desc().bytes()});
   }
   if (options_.prefetch_input) {

@@ -20,6 +20,7 @@ class ConvLayer final : public Layer {
   explicit ConvLayer(const LayerSite& site);
 
   int64_t param_count() const override;
+  bool reads_compute_params() const override { return true; }
   void init(Rng& rng, Backend& backend) override;
   void forward(LayerCall& call, bool training) override;
   void backward(LayerCall& call) override;

@@ -9,6 +9,7 @@ namespace {
 class FcLayer final : public Layer {
  public:
   FcLayer(const LayerSpec& s, const Shape& x) : Layer(s), in_(x.per_sample()) {}
+  bool reads_compute_params() const override { return true; }
   int64_t param_count() const override {
     return spec().out * in_ + (spec().bias ? spec().out : 0);
   }

@@ -72,6 +72,10 @@ class Layer {
   // the layer keeps; fixed at construction.
   virtual int64_t param_count() const { return 0; }
   virtual int64_t buffer_count() const { return 0; }
+  // Whether its kernels read the parameters through compute_params() (conv
+  // and fc): under a half precision the network keeps those a half copy.
+  // The others (batch norm) read params() in f32 and get none.
+  virtual bool reads_compute_params() const { return false; }
   // Where those live from now on (the network binds once; tuning binds
   // temporary buffers and unbinds). Never owned by the layer.
   void bind(const LayerStorage& storage) { storage_ = storage; }
