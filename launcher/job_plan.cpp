@@ -282,8 +282,8 @@ std::optional<worker::ConvPlan> replan_kernels(const config::Config& cfg, const 
     try {
       perfdb::PerfDb db(cfg.profile.db);
       const perfdb::DeviceId id = db.upsert_device(worker::perfdb_device(backend.device_info()));
-      const worker::ProfileReport r =
-          worker::profile(graph, backend, db, id, kernels_alone_at(profile_options(cfg, graph, backend), my_batch));
+      const worker::ProfileReport r = worker::profile(
+          graph, backend, db, id, kernels_alone_at(profile_options(cfg, graph, backend), my_batch));
       if (r.kernel_measured > 0) {
         std::printf("rebalance: rank %d measured %lld kernel items at its new batch %lld (%.1f s)\n",
                     comm.rank(), static_cast<long long>(r.kernel_measured),

@@ -53,9 +53,9 @@ PlanningCosts planning_costs(const config::Config& cfg, const worker::Graph& gra
 bool input_staging(const config::Config& cfg, const worker::Graph& graph,
                    const worker::Backend& backend, int64_t rank_batch);
 
-// profile.* and memory.policy, and input_staging on `backend` (which must
-// outlive the options); batches is profile.batches (the caller chooses when
-// it is empty).
+// profile.* and memory.policy, and input_staging on `backend` (cfg, graph
+// and backend must outlive the options); batches is profile.batches (the
+// caller chooses when it is empty).
 worker::ProfileOptions profile_options(const config::Config& cfg, const worker::Graph& graph,
                                        const worker::Backend& backend);
 
