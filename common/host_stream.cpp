@@ -2,7 +2,7 @@
 
 namespace vtrain::common {
 
-HostStream::HostStream() : thread_([this] { run(); }) {}
+HostStream::HostStream(bool lazy) : lazy_(lazy), thread_([this] { run(); }) {}
 
 HostStream::~HostStream() {
   {
@@ -29,6 +29,10 @@ uint64_t HostStream::record() {
 
 void HostStream::wait(uint64_t ticket) {
   std::unique_lock lock(mutex_);
+  if (lazy_ && ticket > released_) {
+    released_ = ticket;
+    work_ready_.notify_one();
+  }
   work_done_.wait(lock, [&] { return completed_ >= ticket; });
   if (error_) {
     std::exception_ptr error = std::exchange(error_, nullptr);
@@ -39,7 +43,10 @@ void HostStream::wait(uint64_t ticket) {
 void HostStream::run() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    // Lazy: the next task once a wait() asked for it (the destructor drains).
+    work_ready_.wait(lock, [&] {
+      return stopping_ || (!queue_.empty() && (!lazy_ || completed_ < released_));
+    });
     if (queue_.empty()) return;  // stopping and drained
     std::function<void()> work = std::move(queue_.front());
     queue_.pop_front();

@@ -15,7 +15,10 @@ namespace vtrain::common {
 
 class HostStream {
  public:
-  HostStream();
+  // `lazy` (tests): queued work starts only once a wait() asks for it, as
+  // if the stream were slow, so that a caller that forgot to wait reads what
+  // was there before the work.
+  explicit HostStream(bool lazy = false);
   ~HostStream();  // drains the queue, then joins
   HostStream(const HostStream&) = delete;
   HostStream& operator=(const HostStream&) = delete;
@@ -38,6 +41,8 @@ class HostStream {
   std::deque<std::function<void()>> queue_;
   uint64_t issued_ = 0;     // tasks queued so far
   uint64_t completed_ = 0;  // tasks finished so far
+  const bool lazy_;
+  uint64_t released_ = 0;   // lazy: tasks a wait() asked for so far
   bool stopping_ = false;
   std::exception_ptr error_;
   std::thread thread_;

@@ -260,6 +260,29 @@ TEST(CpuBackend, MemoryStreamCopiesThroughPinnedMemory) {
   cpu().synchronize(later);
 }
 
+// The tests' lazy memory stream (BackendOptions::lazy_memory_stream): a
+// copy happens only once something waits for it, and then every copy
+// before it too, in order; one nobody waits for happens by the backend's
+// end at the latest.
+TEST(CpuBackend, LazyMemoryStreamCopiesOnlyWhenWaitedFor) {
+  const std::unique_ptr<Backend> b = make_backend({.kind = "cpu", .lazy_memory_stream = true});
+  float src[3] = {1, 2, 3}, dst[3] = {0, 0, 0};
+  b->copy_async(&dst[0], &src[0], sizeof(float), StreamKind::kMemory);
+  const Event first = b->record_event(StreamKind::kMemory);
+  b->copy_async(&dst[1], &src[1], sizeof(float), StreamKind::kMemory);
+  const Event second = b->record_event(StreamKind::kMemory);
+  b->copy_async(&dst[2], &src[2], sizeof(float), StreamKind::kMemory);
+  EXPECT_EQ(dst[0], 0.0f);  // not waited for: not copied
+  b->synchronize(first);
+  EXPECT_EQ(dst[0], 1.0f);
+  EXPECT_EQ(dst[1], 0.0f);
+  b->wait_event(StreamKind::kCompute, second);  // compute runs on this thread: the host waits
+  EXPECT_EQ(dst[1], 2.0f);
+  EXPECT_EQ(dst[2], 0.0f);
+  b->synchronize(StreamKind::kMemory);
+  EXPECT_EQ(dst[2], 3.0f);
+}
+
 // ============================================== memory accounting, misc
 
 TEST(CpuBackendMemory, AccountingPeakAndLimit) {

@@ -240,12 +240,19 @@ TEST_F(NetworkTest, SmallerBatchUsesLeadingSamples) {
 }
 
 // The input prefetch on the CPU, the memory stream a thread of its own
-// (test_support::check_input_prefetch; CudaBackendTest runs it on a GPU).
+// (test_support::check_input_prefetch; CudaBackendTest runs it on a GPU),
+// also lazy: its copies happen only when waited for, so an upload that
+// converted the staging without waiting for the prefetch's copy would
+// convert the batch before.
 TEST_F(NetworkTest, PrefetchedInputIsTheBatchUploaded) {
-  for (const common::Precision precision : {common::Precision::kFp32, common::Precision::kBf16}) {
-    SCOPED_TRACE(common::precision_name(precision));
-    if (backend_->precision_unavailable(precision)) continue;  // bf16 without the ISA
-    test_support::check_input_prefetch(*backend_, precision);
+  for (const bool lazy : {false, true}) {
+    const std::unique_ptr<Backend> b =
+        make_backend({.kind = "cpu", .threads = 2, .lazy_memory_stream = lazy});
+    for (const common::Precision precision : {common::Precision::kFp32, common::Precision::kBf16}) {
+      SCOPED_TRACE(std::string(common::precision_name(precision)) + (lazy ? ", lazy" : ""));
+      if (b->precision_unavailable(precision)) continue;  // bf16 without the ISA
+      test_support::check_input_prefetch(*b, precision);
+    }
   }
 }
 

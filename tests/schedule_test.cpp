@@ -290,6 +290,15 @@ TEST_F(EngineTest, GoogLeNetTrainsToBitIdenticalWeightsUnderEveryPolicy) {
 TEST_F(EngineTest, ResNetTrainsToBitIdenticalWeightsUnderEveryPolicy) {
   expect_bit_identical("resnet18", 8, false);
 }
+// The same on a memory stream whose copies happen only when waited for
+// (BackendOptions::lazy_memory_stream), as on a device whose copies are
+// slow: a prefetch the backward did not wait for, or an offload a release
+// did not, would read what was there before.
+TEST_F(EngineTest, EveryPolicyAndPlannerWaitsForItsCopies) {
+  backend_ = worker::make_backend({.kind = "cpu", .threads = 2, .lazy_memory_stream = true});
+  expect_bit_identical("vgg-small", 16, true);
+  expect_bit_identical("resnet18", 8, false);
+}
 
 // The schedules of the real presets (their fork/join graphs as the engine
 // models them) keep every tensor a later layer reads.

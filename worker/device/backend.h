@@ -416,6 +416,10 @@ struct BackendOptions {
   // configuration (conv.graph_engines). Other backends ignore both.
   bool cudnn_graph = false;
   int graph_engines = kDefaultGraphEngines;
+  // Tests, CPU: the memory stream's work starts only when something waits
+  // for it (common::HostStream's lazy mode), as on a device whose copies
+  // are slow, so that a missing wait reads stale data deterministically.
+  bool lazy_memory_stream = false;
 };
 
 // The layout rule a backend of `kind` ("cpu": this machine's CPU; "cuda")

@@ -85,7 +85,8 @@ LayoutRule layout_rule(LayoutChoice choice, common::Precision precision) {
   return {.choice = choice, .native_block = block, .precision = precision};
 }
 
-CpuBackend::CpuBackend(const BackendOptions& options) : threads_before_(omp_get_max_threads()) {
+CpuBackend::CpuBackend(const BackendOptions& options)
+    : threads_before_(omp_get_max_threads()), memory_stream_(options.lazy_memory_stream) {
   // OpenMP's own default (OMP_NUM_THREADS, else the cores the process may
   // run on), as it was before any backend set a count: a backend of
   // threads 0 made while another of threads 1 lives must not inherit 1.
