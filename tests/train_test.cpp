@@ -79,17 +79,20 @@ TEST(Train, LossFallsOnSyntheticData) {
 
 // Gathering the next batch on a thread while a step computes, and copying
 // it to the device's input staging meanwhile (the memory stream's thread
-// here), change nothing: the same losses, bit for bit, over epoch
-// boundaries and a partial last epoch, as gathering and uploading each
-// batch when its step starts.
+// here, and a lazy one whose copies happen only when waited for), change
+// nothing: the same losses, bit for bit, over epoch boundaries and a
+// partial last epoch, as gathering and uploading each batch when its step
+// starts.
 TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
   const worker::Dataset train = worker::make_synthetic({1, 1, 16, 16}, 4, 200, 5);
   const worker::Graph graph = worker::Graph::build(
       worker::preset_layers("lenet", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
-  auto backend = worker::make_backend({.kind = "cpu"});
-  std::vector<double> losses[3];
-  int64_t prefetched[3] = {};
-  for (int ahead : {0, 1, 2}) {
+  auto eager = worker::make_backend({.kind = "cpu"});
+  auto lazy = worker::make_backend({.kind = "cpu", .lazy_memory_stream = true});
+  std::vector<double> losses[4];
+  int64_t prefetched[4] = {};
+  for (int ahead : {0, 1, 2, 3}) {
+    worker::Backend& backend = ahead == 3 ? *lazy : *eager;
     worker::TrainerOptions options;
     options.batch = 24;  // 8 steps per epoch, 8 samples left over
     options.epochs = 3;
@@ -100,7 +103,7 @@ TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
     options.progress = worker::Progress::Mode::kOff;
     options.gather_ahead = ahead > 0;
     options.prefetch_input = ahead > 1;
-    const worker::TrainResult r = worker::train(graph, *backend, train, worker::Dataset{},
+    const worker::TrainResult r = worker::train(graph, backend, train, worker::Dataset{},
                                                 worker::channel_stats(train), options);
     losses[ahead] = r.step_losses;
     prefetched[ahead] = r.prefetched_batches;
@@ -108,11 +111,13 @@ TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
   ASSERT_EQ(losses[0].size(), 20u);
   EXPECT_EQ(losses[0], losses[1]);
   EXPECT_EQ(losses[0], losses[2]);
+  EXPECT_EQ(losses[0], losses[3]);
   // Every batch gathered ahead: all but the last of each epoch's (7 + 7 +
   // 3 of the third's 4 steps, the run's last step having no next).
   EXPECT_EQ(prefetched[0], 0);
   EXPECT_EQ(prefetched[1], 0);
   EXPECT_EQ(prefetched[2], 17);
+  EXPECT_EQ(prefetched[3], 17);
 }
 
 // data.prefetch decided: gathering ahead from 2^20 values a rank's batch
