@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
+#include "bench/bench_timing.h"
 #include "worker/device/cuda/cuda_check.h"
 #include "worker/device/cuda/cuda_kernels.h"
 
@@ -57,11 +59,6 @@ double time_calls(cudaStream_t stream, int k, const std::function<void()>& f) {
   CHECK(cudaEventDestroy(start));
   CHECK(cudaEventDestroy(stop));
   return ms / k;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Random bf16 in [lo, hi), rounded on the GPU from host floats.
@@ -118,7 +115,7 @@ void compare(const char* op, const std::string& shape, double bytes, const Optio
     a.push_back(time_calls(s, o.calls, ours));
     b.push_back(time_calls(s, o.calls, theirs));
   }
-  const double ma = median(a), mb = median(b);
+  const double ma = vtrain::bench::median(a), mb = vtrain::bench::median(b);
   std::printf("%-16s %-18s %9.3f %9.3f %7.2fx %8.0f %8.0f %10.3g\n", op, shape.c_str(), ma, mb,
               mb / ma, bytes / ma / 1e6, bytes / mb / 1e6, diff);
 }
@@ -276,14 +273,16 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if ((a == "--batch" || a == "--rounds" || a == "--calls") && i + 1 < argc) {
+  vtrain::bench::Args args(argc, argv);
+  while (args.next()) {
+    const std::string a = args.arg();
+    if (a == "--batch" || a == "--rounds" || a == "--calls") {
+      const std::string text = args.value();
       char* end = nullptr;
-      const long v = std::strtol(argv[++i], &end, 10);
+      const long v = std::strtol(text.c_str(), &end, 10);
       if (*end != '\0' || v <= 0) {
         std::fprintf(stderr, "bench_cuda_ops: %s takes a positive integer, got '%s'\n", a.c_str(),
-                     argv[i]);
+                     text.c_str());
         return 2;
       }
       // cuDNN's descriptors take int sizes: VGG-16's largest activation

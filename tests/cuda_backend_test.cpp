@@ -593,10 +593,15 @@ TEST_F(CudaBackendTest, ChannelSumsOverManyChunksMatchTheHost) {
       d.dy = rounded(type, random_vec(rng, p.y.shape.elements(), 0.5f, 1.0f));
       const Shape& ys = p.y.shape;
       const int64_t hw = ys.h * ys.w;
-      std::vector<double> want(static_cast<size_t>(ys.c), 0.0);
+      // Per channel: the sum (the bias gradient's) and the sum of squares.
+      std::vector<double> want(static_cast<size_t>(ys.c), 0.0), squares(want.size(), 0.0);
       for (int64_t n = 0; n < ys.n; ++n) {
         for (int64_t c = 0; c < ys.c; ++c) {
-          for (int64_t i = 0; i < hw; ++i) want[c] += d.dy[static_cast<size_t>((n * ys.c + c) * hw + i)];
+          for (int64_t i = 0; i < hw; ++i) {
+            const double v = d.dy[static_cast<size_t>((n * ys.c + c) * hw + i)];
+            want[c] += v;
+            squares[c] += v * v;
+          }
         }
       }
       const ConvAlgoInfo a = b.conv_algorithms(ConvKind::kBackwardFilter, p, true).front();
@@ -612,15 +617,6 @@ TEST_F(CudaBackendTest, ChannelSumsOverManyChunksMatchTheHost) {
         }
       }
       // The synchronised batch norm's sums of x and x^2 over the same tensor.
-      std::vector<double> squares(static_cast<size_t>(ys.c), 0.0);
-      for (int64_t n = 0; n < ys.n; ++n) {
-        for (int64_t c = 0; c < ys.c; ++c) {
-          for (int64_t i = 0; i < hw; ++i) {
-            const double v = d.dy[static_cast<size_t>((n * ys.c + c) * hw + i)];
-            squares[c] += v * v;
-          }
-        }
-      }
       const DeviceTensor dyt = to_device(b, d.dy, p.y);
       const std::vector<double> sums = b.batch_norm_sums(dyt.tensor);
       ASSERT_EQ(sums.size(), static_cast<size_t>(2 * ys.c));

@@ -196,10 +196,10 @@ TEST(KernelBodies, ReluPropagatesNaNAndZeroesTheRestBitForBit) {
       dy[i] = static_cast<float>(i + 1);
     }
     for (I i = 0; i < static_cast<I>(count / V); ++i) {
-      relu_forward_at<HostConvert, float, V>(i, x.data(), y.data(), 0.0f);
+      relu_forward_at<HostConvert, float, V>(i, x.data(), y.data());
     }
     for (I i = 0; i < static_cast<I>(count / V); ++i) {
-      relu_backward_at<HostConvert, float, V>(i, y.data(), dy.data(), dx.data(), 0.0f);
+      relu_backward_at<HostConvert, float, V>(i, y.data(), dy.data(), dx.data());
     }
     for (size_t i = 0; i < count; ++i) {
       const float want_y = std::isnan(values[i]) || values[i] > 0 ? values[i] : 0.0f;

@@ -245,12 +245,9 @@ bool Network::upload_input(const float* host, int64_t n) {
     backend_.upload(host, dst);
     return false;
   }
-  if (!prefetched) {
-    backend_.copy_async(input_staging_, host,
-                        static_cast<size_t>(dst.shape().elements()) * sizeof(float),
-                        StreamKind::kCompute);
-  }
-  backend_.convert(Tensor{{dst.shape(), Layout::kPlain, DataType::kF32}, input_staging_}, dst);
+  const Tensor staging = input_staging(n);
+  if (!prefetched) backend_.copy_async(staging.data, host, staging.bytes(), StreamKind::kCompute);
+  backend_.convert(staging, dst);
   staging_read_ = backend_.record_event(StreamKind::kCompute);
   if (!prefetched) backend_.synchronize(StreamKind::kCompute);  // `host` may change on return
   return prefetched;
@@ -266,19 +263,22 @@ void Network::prefetch_input(const float* host, int64_t n) {
                                 std::to_string(options_.max_batch));
   }
   drop_prefetch();
-  const double issued_us = trace_ ? trace_->now_us() : 0.0;
+  memory::ChromeTrace* const trace = interpreter_->trace();
+  const double issued_us = trace ? trace->now_us() : 0.0;
   backend_.wait_event(StreamKind::kMemory, staging_read_);
-  const Tensor dst = input(n);
-  backend_.copy_async(input_staging_, host,
-                      static_cast<size_t>(dst.shape().elements()) * sizeof(float),
-                      StreamKind::kMemory);
+  const Tensor staging = input_staging(n);
+  backend_.copy_async(staging.data, host, staging.bytes(), StreamKind::kMemory);
   prefetch_ = Prefetch{host, n, backend_.record_event(StreamKind::kMemory)};
   // Traced steps wait for every call (set_trace), the copy too: its span.
-  if (trace_) {
+  if (trace) {
     backend_.synchronize(prefetch_->copied);
-    trace_->span("memory stream", "prefetch input", "prefetch", issued_us,
-                 trace_->now_us() - issued_us, std::to_string(n) + " samples");
+    trace->span("memory stream", "prefetch input", "prefetch", issued_us,
+                trace->now_us() - issued_us, std::to_string(n) + " samples");
   }
+}
+
+Tensor Network::input_staging(int64_t n) const {
+  return Tensor{{input(n).shape(), Layout::kPlain, DataType::kF32}, input_staging_};
 }
 
 void Network::drop_prefetch() {
@@ -311,10 +311,7 @@ LossStats Network::evaluate(int64_t n) {
 
 size_t Network::workspace_bytes() const { return interpreter_->shared_workspace().second; }
 
-void Network::set_trace(memory::ChromeTrace* trace) {
-  trace_ = trace;
-  interpreter_->set_trace(trace);
-}
+void Network::set_trace(memory::ChromeTrace* trace) { interpreter_->set_trace(trace); }
 
 void Network::record_call_times(std::vector<memory::StepCosts>* steps) {
   interpreter_->record_call_times(steps);

@@ -304,8 +304,8 @@ class Network {
     int64_t n = 0;
     Event copied;  // on the memory stream
   };
-  memory::ChromeTrace* trace_ = nullptr;  // set_trace's
   float* input_staging_ = nullptr;   // max_batch samples of floats; null without prefetch
+  Tensor input_staging(int64_t n) const;  // its first n samples, plain f32
   std::optional<Prefetch> prefetch_;  // copied or copying, not yet uploaded
   Event staging_read_;                // compute stream: after the last conversion from it
 };

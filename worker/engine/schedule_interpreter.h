@@ -74,6 +74,7 @@ class ScheduleInterpreter {
   size_t offloaded_bytes() const { return offloaded_bytes_; }  // in the last training step
   // See Network::set_trace and Network::record_call_times.
   void set_trace(memory::ChromeTrace* trace);
+  memory::ChromeTrace* trace() const { return trace_; }
   void record_call_times(std::vector<memory::StepCosts>* steps) { call_times_ = steps; }
 
  private:

@@ -112,17 +112,15 @@ __global__ void add_bias_kernel(T* y, const T* bias, I c, I hw, bool channels_la
 
 template <typename T, int V, typename I>
 __global__ void relu_forward_kernel(const T* x, T* y, I vectors) {
-  const T zero = from_float<T>(0.0f);
   for (I i = first_index_as<I>(); i < vectors; i += index_stride_as<I>()) {
-    relu_forward_at<DeviceConvert, T, V>(i, x, y, zero);
+    relu_forward_at<DeviceConvert, T, V>(i, x, y);
   }
 }
 
 template <typename T, int V, typename I>
 __global__ void relu_backward_kernel(const T* y, const T* dy, T* dx, I vectors) {
-  const T zero = from_float<T>(0.0f);
   for (I i = first_index_as<I>(); i < vectors; i += index_stride_as<I>()) {
-    relu_backward_at<DeviceConvert, T, V>(i, y, dy, dx, zero);
+    relu_backward_at<DeviceConvert, T, V>(i, y, dy, dx);
   }
 }
 

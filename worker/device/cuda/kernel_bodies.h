@@ -119,7 +119,8 @@ VTRAIN_UNROLL
 // cuDNN's with CUDNN_PROPAGATE_NAN): a NaN made in forward by a half
 // overflow must reach the loss and the overflow check. -0 goes to +0.
 template <typename C, typename T, int V, typename I>
-VTRAIN_KERNEL_BODY void relu_forward_at(I i, const T* x, T* y, T zero) {
+VTRAIN_KERNEL_BODY void relu_forward_at(I i, const T* x, T* y) {
+  const T zero = C::template from_float<T>(0.0f);
   Pack<T, V> p = load_pack<T, V>(x + i * V);
 VTRAIN_UNROLL
   for (int l = 0; l < V; ++l) {
@@ -130,7 +131,8 @@ VTRAIN_UNROLL
 
 // Backward reads y: y > 0 exactly where x > 0 (and y is NaN where x is).
 template <typename C, typename T, int V, typename I>
-VTRAIN_KERNEL_BODY void relu_backward_at(I i, const T* y, const T* dy, T* dx, T zero) {
+VTRAIN_KERNEL_BODY void relu_backward_at(I i, const T* y, const T* dy, T* dx) {
+  const T zero = C::template from_float<T>(0.0f);
   const Pack<T, V> a = load_pack<T, V>(y + i * V);
   Pack<T, V> g = load_pack<T, V>(dy + i * V);
 VTRAIN_UNROLL
