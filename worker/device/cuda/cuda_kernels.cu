@@ -289,16 +289,20 @@ __global__ void channel_partials_kernel(ChannelSumGrid g, Term term, Acc* partia
   }
 }
 
-// Pass two: one thread per channel adds its chunks' partials in chunk order
-// and hands the totals to finish(channel, totals).
+// Pass two: one thread per channel adds its chunks' partials in chunk order,
+// in double whatever Acc is, and hands the totals to finish(channel,
+// totals). In float, up to 1024 additions into a total far larger than
+// each partial drift by more than the single rounding of a sum: f32 NHWC
+// dy of {16, 40, 56, 56} in [0.5, 1) summed over 512 chunks came out 0.04
+// off a total of 37,630 in a host replay of these passes.
 template <int kSums, typename Acc, typename Finish>
 __global__ void channel_totals_kernel(const Acc* partials, int64_t chunks, int64_t c,
                                       Finish finish) {
   for (int64_t ch = first_index(); ch < c; ch += index_stride()) {
-    Acc total[kSums];
+    double total[kSums];
 #pragma unroll
     for (int k = 0; k < kSums; ++k) {
-      Acc sum = Acc(0);
+      double sum = 0.0;
       for (int64_t b = 0; b < chunks; ++b) sum += partials[(k * chunks + b) * c + ch];
       total[k] = sum;
     }
@@ -314,11 +318,11 @@ struct SumTerm {  // the bias gradient: sum of dy, in float
   }
 };
 
-struct BiasFinish {  // dbias = sum (+ beta * dbias)
+struct BiasFinish {  // dbias = sum (+ beta * dbias), rounded to float once
   float* dbias;
   float beta;
-  __device__ void operator()(int64_t ch, const float (&total)[1]) const {
-    dbias[ch] = beta == 0.0f ? total[0] : total[0] + beta * dbias[ch];
+  __device__ void operator()(int64_t ch, const double (&total)[1]) const {
+    dbias[ch] = static_cast<float>(beta == 0.0f ? total[0] : total[0] + double{beta} * dbias[ch]);
   }
 };
 
