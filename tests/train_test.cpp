@@ -85,39 +85,48 @@ TEST(Train, LossFallsOnSyntheticData) {
 // starts.
 TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
   const worker::Dataset train = worker::make_synthetic({1, 1, 16, 16}, 4, 200, 5);
+  const worker::Dataset test = worker::make_synthetic({1, 1, 16, 16}, 4, 40, 6);
   const worker::Graph graph = worker::Graph::build(
       worker::preset_layers("lenet", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
   auto eager = worker::make_backend({.kind = "cpu"});
   auto lazy = worker::make_backend({.kind = "cpu", .lazy_memory_stream = true});
-  std::vector<double> losses[4];
-  int64_t prefetched[4] = {};
-  for (int ahead : {0, 1, 2, 3}) {
-    worker::Backend& backend = ahead == 3 ? *lazy : *eager;
-    worker::TrainerOptions options;
-    options.batch = 24;  // 8 steps per epoch, 8 samples left over
-    options.epochs = 3;
-    options.max_steps = 20;
-    options.schedule.base_lr = 0.05;
-    options.evaluate = false;
-    options.conv_algorithm = "direct";
-    options.progress = worker::Progress::Mode::kOff;
-    options.gather_ahead = ahead > 0;
-    options.prefetch_input = ahead > 1;
-    const worker::TrainResult r = worker::train(graph, backend, train, worker::Dataset{},
-                                                worker::channel_stats(train), options);
-    losses[ahead] = r.step_losses;
-    prefetched[ahead] = r.prefetched_batches;
+  for (bool evaluate : {false, true}) {
+    SCOPED_TRACE(evaluate ? "evaluating after each epoch" : "no evaluation");
+    std::vector<double> losses[4];
+    int64_t prefetched[4] = {};
+    double accuracy[4] = {};
+    for (int ahead : {0, 1, 2, 3}) {
+      worker::Backend& backend = ahead == 3 ? *lazy : *eager;
+      worker::TrainerOptions options;
+      options.batch = 24;  // 8 steps per epoch, 8 samples left over
+      options.epochs = 3;
+      options.max_steps = 20;
+      options.schedule.base_lr = 0.05;
+      options.evaluate = evaluate;
+      options.conv_algorithm = "direct";
+      options.progress = worker::Progress::Mode::kOff;
+      options.gather_ahead = ahead > 0;
+      options.prefetch_input = ahead > 1;
+      const worker::TrainResult r =
+          worker::train(graph, backend, train, evaluate ? test : worker::Dataset{},
+                        worker::channel_stats(train), options);
+      losses[ahead] = r.step_losses;
+      prefetched[ahead] = r.prefetched_batches;
+      accuracy[ahead] = r.test_accuracy;
+    }
+    ASSERT_EQ(losses[0].size(), 20u);
+    for (int ahead : {1, 2, 3}) {
+      EXPECT_EQ(losses[0], losses[ahead]) << ahead;
+      EXPECT_EQ(accuracy[0], accuracy[ahead]) << ahead;
+    }
+    // Every batch but the run's first gathered ahead, an epoch's first
+    // during the epoch before's last step. The evaluation after an epoch
+    // uploads its own batches, so the next epoch's first goes up again.
+    EXPECT_EQ(prefetched[0], 0);
+    EXPECT_EQ(prefetched[1], 0);
+    EXPECT_EQ(prefetched[2], evaluate ? 17 : 19);
+    EXPECT_EQ(prefetched[3], evaluate ? 17 : 19);
   }
-  ASSERT_EQ(losses[0].size(), 20u);
-  EXPECT_EQ(losses[0], losses[1]);
-  EXPECT_EQ(losses[0], losses[2]);
-  EXPECT_EQ(losses[0], losses[3]);
-  // Every batch gathered ahead: all but the last of each epoch's (7 + 7 +
-  // 3 of the third's 4 steps, the run's last step having no next).
-  EXPECT_EQ(prefetched[0], 0);
-  EXPECT_EQ(prefetched[1], 0);
-  EXPECT_EQ(prefetched[2], 17);
-  EXPECT_EQ(prefetched[3], 17);
 }
 
 // data.prefetch decided: gathering ahead from 2^20 values a rank's batch

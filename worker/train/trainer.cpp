@@ -156,7 +156,8 @@ TrainResult Trainer::run() {
 // Runs the steps of `epoch` left to run; false when a stop signal ended
 // the run (after a checkpoint).
 bool Trainer::epoch(int64_t epoch) {
-  const std::vector<int64_t> order = epoch_permutation(options_.seed, epoch, train_set_.count);
+  std::erase_if(orders_, [&](const auto& o) { return o.first < epoch; });
+  const std::vector<int64_t>& order = order_of(epoch);
   EpochTotals totals;
   const auto start = Clock::now();
   for (int64_t i = epoch == resumed_.epoch ? resumed_.in_epoch : 0;
@@ -181,6 +182,14 @@ bool Trainer::epoch(int64_t epoch) {
   }
   end_epoch(epoch, totals, start);
   return true;
+}
+
+// Computed once: an epoch's last step asks for the next epoch's, to gather
+// its first batch ahead.
+const std::vector<int64_t>& Trainer::order_of(int64_t epoch) {
+  auto [it, inserted] = orders_.try_emplace(epoch);
+  if (inserted) it->second = epoch_permutation(options_.seed, epoch, train_set_.count);
+  return it->second;
 }
 
 // Step i of an epoch whose samples come in `order`: this rank's gradients,
@@ -278,14 +287,17 @@ void Trainer::rebuild_network(const NetworkState& state, const char* how) {
 
 // Forward and backward on this rank's slice of the batch (the gradient
 // allreduces start from backward's hooks).
+// The step after the last of an epoch is the next epoch's first: its
+// batch is gathered ahead too.
 StepTotals Trainer::compute(const std::vector<int64_t>& order, int64_t i) {
-  auto slice = [&](int64_t at) {
-    return std::span<const int64_t>(order).subspan(
+  auto slice = [&](const std::vector<int64_t>& samples, int64_t at) {
+    return std::span<const int64_t>(samples).subspan(
         static_cast<size_t>(at * job_.batch + job_.my_offset), static_cast<size_t>(job_.my_batch));
   };
-  result_.prefetched_batches += upload_staged(*net_, gatherer_.take(slice(i))) ? 1 : 0;
-  if (i + 1 < job_.steps_per_epoch && at_.step + 1 < job_.total_steps) {
-    gatherer_.gather_ahead(slice(i + 1));
+  result_.prefetched_batches += upload_staged(*net_, gatherer_.take(slice(order, i))) ? 1 : 0;
+  if (at_.step + 1 < job_.total_steps) {
+    gatherer_.gather_ahead(i + 1 < job_.steps_per_epoch ? slice(order, i + 1)
+                                                        : slice(order_of(at_.epoch + 1), 0));
   }
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   const LossStats s =

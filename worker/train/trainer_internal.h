@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,6 +102,7 @@ class Trainer {
   void restore();
   void restore_loss_scale(const std::optional<LossScalerState>& saved, const std::string& path);
   bool epoch(int64_t epoch);
+  const std::vector<int64_t>& order_of(int64_t epoch);  // epoch_permutation's
   StepTotals step(const std::vector<int64_t>& order, int64_t i);
   StepTotals compute(const std::vector<int64_t>& order, int64_t i);
   StepTotals contribute_zero_gradients(double* probe_ms = nullptr);
@@ -145,6 +147,7 @@ class Trainer {
   TrainResult result_;
   Position at_;        // the next step
   Position resumed_;   // where this run began
+  std::map<int64_t, std::vector<int64_t>> orders_;  // order_of's: this epoch's and the next's
   int64_t net_batch_ = network_batch(job_);  // the largest batch net_ was built for
   std::optional<TimingBatch> probe_batch_;   // what an idle rank's probes run on
   double train_seconds_ = 0;
