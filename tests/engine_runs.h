@@ -173,6 +173,36 @@ inline void check_input_prefetch(worker::Backend& backend, common::Precision pre
   EXPECT_EQ(input_now(8), b_values);
   EXPECT_FALSE(net.upload_input(b.data(), 8));  // taken once
 
+  // Each wait between the streams, with the stream it waits for held up by
+  // a long copy, so that on a GPU a missing wait reads or overwrites the
+  // staging every time, not by chance (on the CPU the compute stream is
+  // the host's own, and the lazy memory stream catches a missing wait).
+  const size_t stall_bytes = size_t{64} << 20;  // over a millisecond on a PCIe 5 bus
+  auto* stall_host = static_cast<char*>(backend.allocate_pinned(stall_bytes));
+  void* stall_device = backend.allocate_device(stall_bytes);
+  std::memset(stall_host, 0, stall_bytes);
+  // The conversion waits for the copy: the memory stream busy before it,
+  // the staging holding another batch.
+  EXPECT_FALSE(net.upload_input(a.data(), 8));
+  backend.copy_async(stall_device, stall_host, stall_bytes, worker::StreamKind::kMemory);
+  net.prefetch_input(b.data(), 8);
+  EXPECT_TRUE(net.upload_input(b.data(), 8));
+  EXPECT_EQ(input_now(8), b_values);
+  // The next copy into the staging waits for the conversion that reads
+  // it: the compute stream busy before that conversion (a copy to the
+  // host, on another copy engine than the prefetch's).
+  net.prefetch_input(a.data(), 8);
+  backend.synchronize(worker::StreamKind::kMemory);
+  backend.copy_async(stall_host, stall_device, stall_bytes, worker::StreamKind::kCompute);
+  EXPECT_TRUE(net.upload_input(a.data(), 8));
+  net.prefetch_input(b.data(), 8);
+  EXPECT_EQ(input_now(8), a_values);
+  EXPECT_TRUE(net.upload_input(b.data(), 8));
+  EXPECT_EQ(input_now(8), b_values);
+  backend.synchronize(worker::StreamKind::kCompute);
+  backend.free_device(stall_device);
+  backend.free_pinned(stall_host);
+
   // Values a half input rounds: the prefetched and the plain path round alike.
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 3.0f);
