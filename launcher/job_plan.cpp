@@ -128,10 +128,11 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     const worker::ProfileReport r = worker::profile(graph, backend, db, id, po);
     if (comm.rank() == 0) {
       std::printf("profile: batches %s: %lld kernel items measured, %lld cached; %lld steps "
-                  "measured, %lld cached (%.1f s, rank 0)\n",
+                  "measured%s, %lld cached (%.1f s, rank 0)\n",
                   balancer::join_batches(po.batches).c_str(), static_cast<long long>(r.kernel_measured),
                   static_cast<long long>(r.kernel_cached), static_cast<long long>(r.step_measured),
-                  static_cast<long long>(r.step_cached), r.seconds);
+                  worker::copied_ahead_note(r).c_str(), static_cast<long long>(r.step_cached),
+                  r.seconds);
       std::fflush(stdout);
     }
   }

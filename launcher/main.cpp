@@ -356,11 +356,12 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   char line[512];
   std::snprintf(line, sizeof line,
                 "rank %d (%s, %s): %lld kernel items measured, %lld cached; %lld steps "
-                "measured, %lld cached; layer times at %lld batches measured, %lld cached; copy "
+                "measured%s, %lld cached; layer times at %lld batches measured, %lld cached; copy "
                 "bandwidth %s; %.1f s",
                 comm.rank(), info.name.c_str(), share.c_str(),
                 static_cast<long long>(r.kernel_measured), static_cast<long long>(r.kernel_cached),
-                static_cast<long long>(r.step_measured), static_cast<long long>(r.step_cached),
+                static_cast<long long>(r.step_measured), worker::copied_ahead_note(r).c_str(),
+                static_cast<long long>(r.step_cached),
                 static_cast<long long>(r.layer_costs_measured),
                 static_cast<long long>(r.layer_costs_cached),
                 r.copy_measured > 0  ? "measured"

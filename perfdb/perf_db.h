@@ -115,7 +115,8 @@ struct StepMeasurement {
   int64_t batch = 1;            // per-rank batch
   std::string memory_policy;    // e.g. "none", "vdnn-all", "vdnn-conv", "dsa"
   std::string workspace_plan;   // signature of the workspace/micro-batch plan; "" = none
-  double time_ms = 0;           // upload, forward, backward, update (no exchange), ms
+  double time_ms = 0;           // upload (as training makes it: copied ahead where it is),
+                                // forward, backward, update (no exchange), ms
   uint64_t peak_device_bytes = 0;
   int64_t measured_at = 0;      // seconds since the Unix epoch; 0 when recording = now
   // The memory plan the step ran; nullopt for rows recorded without one

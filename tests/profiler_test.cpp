@@ -126,7 +126,8 @@ TEST(Profiler, StepsAreRecordedUnderTheirMemoryPolicy) {
 
 // A step profiled for a job whose network holds the input staging
 // (data.prefetch, ProfileOptions::input_staging) records that in its peak,
-// as the balancer checks it against the device: the batch's floats more.
+// as the balancer checks it against the device: the batch's floats more;
+// and its time as training's steps run, the batch copied ahead.
 TEST(Profiler, StepPeakCountsTheInputStagingTrainingHolds) {
   auto backend = make_backend({.kind = "cpu", .threads = 1});
   const Graph graph = small_graph();
@@ -138,6 +139,7 @@ TEST(Profiler, StepPeakCountsTheInputStagingTrainingHolds) {
     perfdb::PerfDb db(":memory:");
     const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
     ProfileOptions options = timed_once({kBatch});
+    options.repeats = 2;  // the first has no step before it to copy its batch
     options.layer_costs = false;
     std::vector<int64_t> asked;
     if (staging) {
@@ -146,11 +148,16 @@ TEST(Profiler, StepPeakCountsTheInputStagingTrainingHolds) {
         return true;
       };
     }
-    ASSERT_EQ(profile(graph, *backend, db, device, options).step_measured, 1);
+    const ProfileReport report = profile(graph, *backend, db, device, options);
+    ASSERT_EQ(report.step_measured, 1);
+    // Timed as training runs it: the batch copied during the step before.
+    EXPECT_EQ(report.step_copied_ahead, staging ? 1 : 0);
     const auto steps = db.step_measurements(device, graph.signature(), "none");
     ASSERT_EQ(steps.size(), 1u);
     peak[staging] = steps[0].peak_device_bytes;
-    if (staging) EXPECT_EQ(asked, std::vector<int64_t>{kBatch});
+    if (staging) {
+      EXPECT_EQ(asked, std::vector<int64_t>{kBatch});
+    }
   }
   const size_t staging_bytes = kBatch * 16 * 16 * sizeof(float);
   EXPECT_GE(peak[1], peak[0] + staging_bytes);

@@ -10,6 +10,7 @@
 
 #include "common/text.h"
 #include "memory/memory_error.h"
+#include "worker/device/pinned_memory.h"
 #include "worker/engine/device_blocks.h"
 #include "worker/engine/layers/conv_layer.h"
 #include "worker/engine/layers/layer_registry.h"
@@ -26,21 +27,6 @@ std::string measuring(const Backend& backend, const std::string& what, size_t ne
          common::format_bytes_fixed(free_device_bytes(backend)) +
          " free (device.memory_limit or its memory)";
 }
-
-// Pinned host memory, returned on destruction.
-class PinnedBlock {
- public:
-  PinnedBlock(Backend& backend, size_t bytes)
-      : backend_(backend), ptr_(backend.allocate_pinned(bytes)) {}
-  ~PinnedBlock() { backend_.free_pinned(ptr_); }
-  PinnedBlock(const PinnedBlock&) = delete;
-  PinnedBlock& operator=(const PinnedBlock&) = delete;
-  void* get() const { return ptr_; }
-
- private:
-  Backend& backend_;
-  void* ptr_;
-};
 
 double median_copy_seconds(Backend& backend, void* dst, const void* src, size_t bytes,
                            int repeats) {
@@ -374,17 +360,19 @@ CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats
   bytes = std::min(bytes, free - kRounding - product);
   DeviceBlocks device(backend, measuring(backend, "the copy bandwidth", bytes));
   float* on_device = device.get(bytes);
-  const PinnedBlock host(backend, bytes);
+  PinnedMemory pinned(backend);
+  std::pmr::vector<char> pinned_bytes(bytes, &pinned);
+  char* const host = pinned_bytes.data();
   backend.fill(Tensor{vector_desc(static_cast<int64_t>(bytes / sizeof(float))), on_device}, 0.01f);
   CopyBandwidth bandwidth;
   bandwidth.bytes = bytes;
   const double b = static_cast<double>(bytes);
   bandwidth.to_host_bytes_per_second =
-      b / median_copy_seconds(backend, host.get(), on_device, bytes, repeats);
+      b / median_copy_seconds(backend, host, on_device, bytes, repeats);
   bandwidth.to_device_bytes_per_second =
-      b / median_copy_seconds(backend, on_device, host.get(), bytes, repeats);
+      b / median_copy_seconds(backend, on_device, host, bytes, repeats);
   bandwidth.compute_share =
-      measure_compute_share(backend, bandwidth, on_device, host.get(), features, product, repeats);
+      measure_compute_share(backend, bandwidth, on_device, host, features, product, repeats);
   return bandwidth;
 }
 
@@ -436,10 +424,10 @@ memory::StepCosts measure_graph_step_costs(const Graph& graph, Backend& backend,
   return measure_step_costs(graph, layers, out_desc, backend, n, bandwidth, timing);
 }
 
-TimingBatch timing_batch(const Graph& graph, int64_t n) {
+TimingBatch timing_batch(const Graph& graph, int64_t n, std::pmr::memory_resource* host) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  TimingBatch batch;
+  TimingBatch batch{std::pmr::vector<float>(host), {}};
   batch.images.resize(static_cast<size_t>(graph.output_shape(graph.input_index()).per_sample() * n));
   for (float& v : batch.images) v = normal(rng);
   for (int64_t i = 0; i < n; ++i) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <memory_resource>
 #include <string>
 #include <vector>
 
@@ -80,11 +81,14 @@ memory::StepCosts measure_graph_step_costs(const Graph& graph, Backend& backend,
 // cycling over the classes, spread as real data is. (Constant images give
 // batch norm a batch variance of 0 and send tiny values down the net;
 // ResNet-50's steps then ran 30% slower on a Xeon than on real data.)
+// The images in `host` memory (PinnedMemory, for a step that copies them
+// as training's does).
 struct TimingBatch {
-  std::vector<float> images;    // n samples of the graph's input
-  std::vector<int32_t> labels;  // n
+  std::pmr::vector<float> images;  // n samples of the graph's input
+  std::vector<int32_t> labels;     // n
 };
-TimingBatch timing_batch(const Graph& graph, int64_t n);
+TimingBatch timing_batch(const Graph& graph, int64_t n,
+                         std::pmr::memory_resource* host = std::pmr::get_default_resource());
 
 // The costs as a training step meets them: `net` runs `steps` training
 // steps at batch n (1..its max batch) on timing_batch's data, after

@@ -10,6 +10,7 @@
 
 #include "common/text.h"
 #include "memory/memory_error.h"
+#include "worker/device/pinned_memory.h"
 #include "worker/engine/device_blocks.h"
 #include "worker/engine/kernel_timing.h"
 #include "worker/engine/layer_timing.h"
@@ -163,7 +164,10 @@ struct KernelItem {
 
 // One training step of `graph` at batch `b` under options.memory_policy,
 // as training runs it, less the gradient exchange (measured on its own):
-// the batch's upload from host memory, forward and backward, the update. A
+// the batch's upload from pinned host memory (where training's network
+// holds the input staging, the batch copied during the step before, once
+// its backward has been issued, as the trainer copies it), forward and
+// backward, the update. A
 // zero learning rate keeps the weights. nullopt when no step under the
 // policy fits the device at this batch. A per-tensor policy plans with the
 // layer costs `db` holds at `b` (else measures them in place). Also the
@@ -173,6 +177,7 @@ struct KernelItem {
 struct MeasuredStep {
   perfdb::StepMeasurement step;
   std::optional<memory::StepCosts> calls;
+  bool copied_ahead = false;  // every run's batch but the first's copied during the run before
 };
 std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
                                          perfdb::DeviceId device, int64_t b,
@@ -187,6 +192,9 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
     StepCostsLookup found = profiled_step_costs(db, device, graph, b);
     if (found.costs.has_value()) net_options.memory_costs = std::move(found.costs.value());
   }
+  // Before the network: its destructor waits for a copy still reading it.
+  PinnedMemory pinned(backend);
+  const TimingBatch batch = timing_batch(graph, b, &pinned);
   std::optional<Network> net;
   try {
     net.emplace(graph, backend, net_options);
@@ -199,13 +207,15 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
   // The peak counts from here, as in training: what the step holds, not the
   // buffers conv.algorithm auto timed its candidates in.
   backend.reset_peak();
-  const TimingBatch batch = timing_batch(graph, b);
   std::vector<memory::StepCosts> calls;
   net->record_call_times(&calls);
+  int64_t runs = 0, took_copies = 0;
   const auto run_step = [&] {
-    net->upload_input(batch.images.data(), b);  // through the staging where training's would
+    ++runs;
+    if (net->upload_input(batch.images.data(), b)) ++took_copies;
     backend.upload_labels(batch.labels.data(), net->labels(), b);
     net->train_step(b, 1.0f / static_cast<float>(b));
+    if (net_options.prefetch_input) net->prefetch_input(batch.images.data(), b);
     sgd.step(net->parameters(), net->gradients(), 0.0f);
   };
   const Timing t = time_runs(backend, options.warmup, options.repeats, run_step);
@@ -215,6 +225,7 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
     backend.synchronize(StreamKind::kCompute);
   });
   MeasuredStep measured;
+  measured.copied_ahead = runs > 1 && took_copies == runs - 1;
   perfdb::StepMeasurement& step = measured.step;
   step.model = graph.profile_key();
   step.batch = b;
@@ -230,6 +241,11 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
 }
 
 }  // namespace
+
+std::string copied_ahead_note(const ProfileReport& report) {
+  if (report.step_copied_ahead == 0) return "";
+  return " (" + std::to_string(report.step_copied_ahead) + " with the batch copied ahead)";
+}
 
 perfdb::Device perfdb_device(const DeviceInfo& info) {
   return {info.name, info.backend, info.memory_bytes, info.library_version, info.threads,
@@ -394,6 +410,7 @@ ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
       const MeasuredStep& measured = *middle;
       db.record_step_measurements(device, std::span(&measured.step, 1));
       ++report.step_measured;
+      if (measured.copied_ahead) ++report.step_copied_ahead;
       // The layers as the step met them replace their times alone (see
       // measure_costs_in_steps): the simulator then predicts steps.
       if (options.layer_costs && measured.calls) {

@@ -43,8 +43,9 @@ struct ProfileOptions {
                                                         // are recorded) under
   // Whether a step's network at a batch holds the input staging training's
   // would (NetworkOptions::prefetch_input: data.prefetch, decided as the
-  // trainer decides), so that the recorded peak is what training holds.
-  // Null: never.
+  // trainer decides), so that the recorded peak is what training holds;
+  // its steps then copy the batch ahead as training's do, so that the
+  // recorded time is too. Null: never.
   std::function<bool(int64_t batch)> input_staging;
   // The processes on this host that profile the same device, and how they
   // share the work (profile_peers.h); alone by default.
@@ -55,6 +56,8 @@ struct ProfileReport {
   int64_t kernel_measured = 0;  // (kernel, micro-batch) items measured now
   int64_t kernel_cached = 0;    // items the DB already held for this device
   int64_t step_measured = 0;
+  int64_t step_copied_ahead = 0;  // of those, steps timed with the batch copied ahead
+                                  // (ProfileOptions::input_staging), every run but the first
   int64_t step_cached = 0;
   std::vector<int64_t> step_infeasible;  // batches no step fits (under the policy), largest last
   // Algorithms the backend offered that refused to run, each "<kind>
@@ -67,6 +70,10 @@ struct ProfileReport {
   double seconds = 0;
 };
 
+// " (N with the batch copied ahead)" where the report's steps were timed
+// so (ProfileReport::step_copied_ahead), else "": for the profile lines.
+std::string copied_ahead_note(const ProfileReport& report);
+
 // The perf DB's description of a backend's device.
 perfdb::Device perfdb_device(const DeviceInfo& info);
 
@@ -75,7 +82,8 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& probl
 
 // The workspace_plan under which the profiler records whole steps: every
 // conv kernel's fastest undivided algorithm, the step timed with the batch's
-// upload and the update. Rows under other plans (older "auto" rows timed
+// upload (copied ahead where training's is: ProfileOptions::input_staging)
+// and the update. Rows under other plans (older "auto" rows timed
 // forward and backward only) are neither used nor taken as cached.
 inline constexpr const char* kProfiledStepPlan = "auto+update";
 

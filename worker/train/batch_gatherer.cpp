@@ -1,7 +1,6 @@
 #include "worker/train/batch_gatherer.h"
 
 #include <algorithm>
-#include <new>
 #include <utility>
 
 namespace vtrain::worker {
@@ -19,13 +18,6 @@ bool upload_staged(Network& net, const Staging& stage) {
   net.backend().upload_labels(stage.labels.data(), net.labels(), n);
   return prefetched;
 }
-
-void* PinnedMemory::do_allocate(size_t bytes, size_t alignment) {
-  if (alignment > 64) throw std::bad_alloc();  // allocate_pinned aligns to 64 bytes
-  return backend_.allocate_pinned(bytes);
-}
-
-void PinnedMemory::do_deallocate(void* p, size_t, size_t) { backend_.free_pinned(p); }
 
 BatchGatherer::BatchGatherer(const Dataset& data, const ChannelStats& norm, bool ahead,
                              std::pmr::memory_resource* host)

@@ -10,26 +10,10 @@
 
 #include "common/host_stream.h"
 #include "worker/data/data.h"
+#include "worker/device/pinned_memory.h"
 #include "worker/engine/network.h"
 
 namespace vtrain::worker {
-
-// Host memory from the backend's allocate_pinned: page-locked on a GPU,
-// where a batch then copies at the bus's speed and the device converts it to
-// its layout and element type (from pageable memory the host would). Must
-// outlive what it allocated.
-class PinnedMemory : public std::pmr::memory_resource {
- public:
-  explicit PinnedMemory(Backend& backend) : backend_(backend) {}
-
- private:
-  void* do_allocate(size_t bytes, size_t alignment) override;
-  void do_deallocate(void* p, size_t bytes, size_t alignment) override;
-  bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override {
-    return this == &other;
-  }
-  Backend& backend_;
-};
 
 // Host staging for one batch, uploaded to the network's input; its images
 // in `host` memory.

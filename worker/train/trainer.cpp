@@ -95,10 +95,13 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
 }
 
 // The batch gathered ahead may be copying to the device: wait before the
-// gatherer frees it.
+// gatherer frees it. The whole memory stream, not only the prefetch the
+// network knows of: a copy issued by a prefetch_input that then threw
+// (recording its event) would otherwise still read the batch.
 Trainer::~Trainer() {
   try {
     if (net_) net_->drop_prefetch();
+    backend_.synchronize(StreamKind::kMemory);
   } catch (...) {  // a device error: nothing is left to protect
   }
 }
