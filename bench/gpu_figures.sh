@@ -52,7 +52,27 @@ part() {  # name, then the command
   tail -n 25 "$out/$name.log"
 }
 export VTRAIN_REQUIRE_GPU=1  # a GPU test that would skip fails instead, naming why
-part gpu_tests "$bin/cuda_backend_test"
+# The CUDA tests; where some fail, each again alone with launches blocking
+# (CUDA_LAUNCH_BLOCKING=1), so that a device fault is reported by the
+# kernel that made it, not by a later call, and does not take the cases
+# after it down with the context (a crash: the case it ran in).
+gpu_tests() {
+  local log rc names
+  log=$(mktemp)
+  "$bin/cuda_backend_test" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" != 0 ]; then
+    names=$(sed -n 's/^\[  FAILED  \] \([A-Za-z0-9_/]*\.[A-Za-z0-9_/]*\).*/\1/p' "$log" | sort -u)
+    [ -n "$names" ] || names=$(sed -n 's/^\[ RUN      \] //p' "$log" | tail -n 1)
+    for name in $names; do
+      echo "== $name again, alone, CUDA_LAUNCH_BLOCKING=1"
+      CUDA_LAUNCH_BLOCKING=1 "$bin/cuda_backend_test" --gtest_filter="$name"
+    done
+  fi
+  rm -f "$log"
+  return "$rc"
+}
+part gpu_tests gpu_tests
 # Our memory-bound kernels (relu, the bias gradient and add, tiled max
 # pooling) against the cuDNN calls they replaced, on VGG-16's activations.
 part cuda_ops "$bin/bench_cuda_ops" --batch 64
