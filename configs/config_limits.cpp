@@ -71,7 +71,11 @@ void check_dataset(const Config& config, const Machine& machine) {
       {growth(static_cast<double>(data.test_size), defaults.test_size), "data.test_size"},
       {growth(classes, static_cast<double>(defaults.classes)), "data.classes"},
   };
-  const auto* key = std::max_element(std::begin(blame), std::end(blame));
+  // By growth alone, ties to the first: pairs would compare the names'
+  // addresses next, which the linker orders (an ASan build blamed
+  // data.classes where the release build blamed data.shape).
+  const auto* key = std::max_element(std::begin(blame), std::end(blame),
+                                     [](const auto& a, const auto& b) { return a.first < b.first; });
   fail_at(config, key->second,
           "the synthetic dataset needs " + bytes_text(bytes) + " (" +
               std::to_string(data.train_size) + " train + " + std::to_string(data.test_size) +
