@@ -83,7 +83,8 @@ inline std::string traced_step(worker::Backend& backend, worker::Network& net,
 }
 
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // Largest |a - b| over the largest |a| (a and b of one size).
