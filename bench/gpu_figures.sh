@@ -6,7 +6,7 @@
 #
 # Parts (default all): gpu_tests cuda_ops conformance_gpu train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
-# precisions_vs_torch graph_vs_torch prefetch graph_engines breakdown_gpu pseudo_half accuracy_parity layouts
+# precisions_vs_torch graph_vs_torch prefetch graph_engines breakdown_gpu breakdown_vgg16 pseudo_half accuracy_parity layouts
 # plans_gpu joint_split_gpu. Each takes one to three
 # minutes on an H100 but precisions_vs_torch (four models in four
 # precisions, about 15). accuracy_parity reads Fashion-MNIST from the
@@ -137,10 +137,10 @@ part prefetch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 1 \
 # were the bias gradient's old one-block-per-channel kernel, timed with the
 # weight gradient (kernels r2 replaced it). The per-kernel
 # profile with 16 (every candidate's time, fastest first, for the 224x224
-# layers), then training at 4 and 16 alternating, img/s from "done:"; and
-# at 16 with every activation channels last (device.layout nhwc: conv1_1's
-# 3-channel input too, which the layout rule keeps NCHW; PyTorch runs it
-# channels last).
+# layers), then training at 4, 10 (PyTorch's cudnn.benchmark_limit) and 16
+# alternating, img/s from "done:"; and at 16 with every activation channels
+# last (device.layout nhwc: conv1_1's 3-channel input too, which the layout
+# rule keeps NCHW; PyTorch runs it channels last).
 graph_engines() {
   "$bin/vtrain" profile configs/synthetic-lenet.yaml --db "$out/graph-engines.db" \
     --set model.preset=vgg16 --set "data.shape=[3,224,224]" --set train.batch=64 \
@@ -154,7 +154,7 @@ rows = sqlite3.connect(sys.argv[1]).execute(
 for r in rows: print(*r, sep="\t")
 PY
   for round in 1 2; do
-    for v in "4 auto" "16 auto" "16 nhwc"; do
+    for v in "4 auto" "10 auto" "16 auto" "16 nhwc"; do
       set -- $v
       echo -n "graph_engines $1, layout $2, round $round: "
       "$bin/vtrain" configs/synthetic-lenet.yaml --set model.preset=vgg16 \
@@ -167,10 +167,11 @@ PY
 }
 part graph_engines graph_engines
 # Where a step's time goes on the models where vtrain's half precision
-# trails PyTorch AMP (scripts/trace_summary.py over vtrain's --trace).
+# trailed PyTorch AMP (scripts/trace_summary.py over vtrain's --trace):
+# breakdown MODELS PRECISIONS, each a space-separated list.
 breakdown() {
-  for m in resnet50 vgg16; do
-    for p in fp32 bf16; do
+  for m in $1; do
+    for p in $2; do
       "$bin/vtrain" configs/synthetic-lenet.yaml --set model.preset=$m --set "data.shape=[3,224,224]" \
         --set train.batch=64 --set train.max_steps=12 --set train.evaluate=false \
         --set device.backend=cuda --set train.precision=$p --progress off \
@@ -179,7 +180,9 @@ breakdown() {
     done
   done
 }
-part breakdown_gpu breakdown
+part breakdown_gpu breakdown "resnet50 vgg16" "fp32 bf16"
+# VGG-16 bf16 alone (about 30 s): issue 15's open target, after part prefetch.
+part breakdown_vgg16 breakdown vgg16 bf16
 part pseudo_half python3 bench/bench_pseudo_half.py --vtrain "$bin/vtrain" \
   --models resnet50:64,vgg16:64 --db "$out/pseudo_half.db"
 # Accuracy parity: LeNet on Fashion-MNIST, 3 epochs, in each precision on
