@@ -51,11 +51,8 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
       cfg.balance.rebalance.enabled && cfg.balance.split == balancer::SplitMode::kAuto;
   o.loss_scaling = cfg.train.loss_scaling;
   o.gradient_allreduce = cfg.train.gradient_allreduce;
-  const int prefetch = cfg.data.prefetch == worker::PrefetchSetting::kAuto ? -1
-                       : cfg.data.prefetch == worker::PrefetchSetting::kOn ? 1
-                                                                            : 0;
-  o.gather_ahead = prefetch;
-  o.prefetch_input = prefetch;
+  o.gather_ahead = cfg.data.prefetch;
+  o.prefetch_input = cfg.data.prefetch;
   return o;
 }
 

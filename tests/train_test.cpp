@@ -105,8 +105,9 @@ TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
       options.evaluate = evaluate;
       options.conv_algorithm = "direct";
       options.progress = worker::Progress::Mode::kOff;
-      options.gather_ahead = ahead > 0;
-      options.prefetch_input = ahead > 1;
+      using enum worker::PrefetchSetting;
+      options.gather_ahead = ahead > 0 ? kOn : kOff;
+      options.prefetch_input = ahead > 1 ? kOn : kOff;
       const worker::TrainResult r =
           worker::train(graph, backend, train, evaluate ? test : worker::Dataset{},
                         worker::channel_stats(train), options);
@@ -134,20 +135,23 @@ TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
 TEST(Train, BatchStagingFollowsTheOptionsAndTheBatch) {
   auto backend = worker::make_backend({.kind = "cpu"});
   const int64_t sample = 3 * 224 * 224;  // 2^20 values in 7 such samples
-  auto staging = [&](int gather, int prefetch, int64_t batch) {
+  using enum worker::PrefetchSetting;
+  auto staging = [&](worker::PrefetchSetting gather, worker::PrefetchSetting prefetch,
+                     int64_t batch) {
     worker::TrainerOptions o;
     o.gather_ahead = gather;
     o.prefetch_input = prefetch;
     const worker::BatchStaging s = worker::batch_staging(o, batch, sample, *backend);
     return std::make_pair(s.gather_ahead, s.prefetch_input);
   };
-  EXPECT_EQ(staging(-1, -1, 6), std::make_pair(false, false));
-  EXPECT_EQ(staging(-1, -1, 7), std::make_pair(true, false));  // no copy to make on the CPU
-  EXPECT_EQ(staging(-1, 1, 7), std::make_pair(true, true));
-  EXPECT_EQ(staging(-1, 1, 6), std::make_pair(false, false));  // nothing gathered ahead to copy
-  EXPECT_EQ(staging(1, 1, 1), std::make_pair(true, true));
-  EXPECT_EQ(staging(1, 0, 64), std::make_pair(true, false));
-  EXPECT_EQ(staging(0, 1, 64), std::make_pair(false, false));
+  EXPECT_EQ(staging(kAuto, kAuto, 6), std::make_pair(false, false));
+  EXPECT_EQ(staging(kAuto, kAuto, 7), std::make_pair(true, false));  // no copy to make on the CPU
+  EXPECT_EQ(staging(kAuto, kOn, 7), std::make_pair(true, true));
+  // Nothing gathered ahead to copy:
+  EXPECT_EQ(staging(kAuto, kOn, 6), std::make_pair(false, false));
+  EXPECT_EQ(staging(kOn, kOn, 1), std::make_pair(true, true));
+  EXPECT_EQ(staging(kOn, kOff, 64), std::make_pair(true, false));
+  EXPECT_EQ(staging(kOff, kOn, 64), std::make_pair(false, false));
 }
 
 // LeNet on 16x16 synthetic data, one process, quiet: the small run the

@@ -396,11 +396,12 @@ namespace vtrain::worker {
 BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
                            int64_t sample_values, const Backend& backend) {
   BatchStaging s;
-  s.gather_ahead = options.gather_ahead >= 0
-                       ? options.gather_ahead > 0
-                       : rank_batch * sample_values >= BatchGatherer::kMinPixels;
-  s.prefetch_input = s.gather_ahead && options.prefetch_input != 0 &&
-                     (options.prefetch_input > 0 || backend.device_info().backend != "cpu");
+  s.gather_ahead = options.gather_ahead == PrefetchSetting::kAuto
+                       ? rank_batch * sample_values >= BatchGatherer::kMinPixels
+                       : options.gather_ahead == PrefetchSetting::kOn;
+  s.prefetch_input = s.gather_ahead && options.prefetch_input != PrefetchSetting::kOff &&
+                     (options.prefetch_input == PrefetchSetting::kOn ||
+                      backend.device_info().backend != "cpu");
   return s;
 }
 

@@ -43,6 +43,14 @@ struct ConvPlan {
   friend bool operator==(const ConvPlan&, const ConvPlan&) = default;
 };
 
+// data.prefetch in the config: gathering ahead and the device copy, each
+// auto (as TrainerOptions decides), on or off.
+enum class PrefetchSetting { kAuto, kOn, kOff };
+inline constexpr auto kPrefetchSettingNames = std::to_array<common::Named<PrefetchSetting>>(
+    {{PrefetchSetting::kAuto, "auto"},
+     {PrefetchSetting::kOn, "on"},
+     {PrefetchSetting::kOff, "off"}});
+
 struct TrainerOptions {
   int64_t batch = 64;            // global mini-batch B
   int64_t epochs = 1;
@@ -113,13 +121,13 @@ struct TrainerOptions {
   // Hooks called on this rank at fixed points of every step (the tests'
   // failure injection, failure_injection.h); null = none. Not owned.
   TrainObserver* observer = nullptr;
-  // Gather the next batch on a thread while a step computes: -1 where the
-  // batch holds at least 2^20 values (where it pays), 0 never, 1 always.
-  int gather_ahead = -1;
+  // Gather the next batch on a thread while a step computes; auto: where
+  // the batch holds at least 2^20 values (where it pays).
+  PrefetchSetting gather_ahead = PrefetchSetting::kAuto;
   // Copy the batch gathered ahead to the device while the step before it
-  // finishes (Network::prefetch_input): -1 on a device with memory of its
-  // own (a GPU), 0 never, 1 always; only batches gathered ahead.
-  int prefetch_input = -1;
+  // finishes (Network::prefetch_input); auto: on a device with memory of
+  // its own (a GPU). Only batches gathered ahead.
+  PrefetchSetting prefetch_input = PrefetchSetting::kAuto;
 };
 
 // How a rank stages its batches (TrainerOptions::gather_ahead and
@@ -131,14 +139,6 @@ struct BatchStaging {
 };
 BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
                            int64_t sample_values, const Backend& backend);
-
-// data.prefetch in the config: gathering ahead and the device copy, each
-// auto (as TrainerOptions decides), on or off.
-enum class PrefetchSetting { kAuto, kOn, kOff };
-inline constexpr auto kPrefetchSettingNames = std::to_array<common::Named<PrefetchSetting>>(
-    {{PrefetchSetting::kAuto, "auto"},
-     {PrefetchSetting::kOn, "on"},
-     {PrefetchSetting::kOff, "off"}});
 
 // Device bytes per parameter training holds beside the network: the
 // optimizer's state and the gradient allreduce's staging over `ranks`
