@@ -171,13 +171,13 @@ struct KernelItem {
 // zero learning rate keeps the weights. nullopt when no step under the
 // policy fits the device at this batch. A per-tensor policy plans with the
 // layer costs `db` holds at `b` (else measures them in place). Also the
-// step's calls as it made them (their medians over the runs), unless the
-// step offloaded: copies on a shared CPU slow the calls they overlap. Ends
-// the item's turn (turns.done, running the step again).
+// step's calls (their medians over runs of their own, each call waited
+// for), unless the step offloads. Ends the item's turn (turns.done,
+// running the step again).
 struct MeasuredStep {
   perfdb::StepMeasurement step;
   std::optional<memory::StepCosts> calls;
-  bool copied_ahead = false;  // every run's batch but the first's copied during the run before
+  bool copied_ahead = false;  // every timed run's batch copied during the run before
 };
 std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
                                          perfdb::DeviceId device, int64_t b,
@@ -207,8 +207,6 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
   // The peak counts from here, as in training: what the step holds, not the
   // buffers conv.algorithm auto timed its candidates in.
   backend.reset_peak();
-  std::vector<memory::StepCosts> calls;
-  net->record_call_times(&calls);
   int64_t runs = 0, took_copies = 0;
   const auto run_step = [&] {
     ++runs;
@@ -218,14 +216,29 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
     if (net_options.prefetch_input) net->prefetch_input(batch.images.data(), b);
     sgd.step(net->parameters(), net->gradients(), 0.0f);
   };
-  const Timing t = time_runs(backend, options.warmup, options.repeats, run_step);
-  net->record_call_times(nullptr);
+  // The step timed as training runs it: no call waited for on its own.
+  // Such waits would add a round trip to the host per call, lay bare each
+  // launch that training hides behind the call before, and end backward
+  // before the next batch's copy starts. A run without a batch copied
+  // ahead (the first) is never one of the timed ones.
+  const int warmup = net_options.prefetch_input ? std::max(options.warmup, 1) : options.warmup;
+  const Timing t = time_runs(backend, warmup, options.repeats, run_step);
+  MeasuredStep measured;
+  measured.copied_ahead = took_copies == runs - 1 && runs > 1;
+  const memory::PlanSummary placement = net->activation_placement();
+  // The calls, each waited for, in runs of their own; not where the step
+  // offloads (copies on a shared CPU slow the calls they overlap).
+  if (placement.offloaded_bytes == 0) {
+    std::vector<memory::StepCosts> calls;
+    net->record_call_times(&calls);
+    for (int i = 0; i < std::max(options.repeats, 1); ++i) run_step();
+    net->record_call_times(nullptr);
+    measured.calls = median_call_times(calls);
+  }
   turns.done([&] {
     run_step();
     backend.synchronize(StreamKind::kCompute);
   });
-  MeasuredStep measured;
-  measured.copied_ahead = runs > 1 && took_copies == runs - 1;
   perfdb::StepMeasurement& step = measured.step;
   step.model = graph.profile_key();
   step.batch = b;
@@ -233,10 +246,8 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
   step.workspace_plan = kProfiledStepPlan;
   step.time_ms = t.median_ms;
   step.peak_device_bytes = backend.device_bytes_peak() - base;
-  const memory::PlanSummary placement = net->activation_placement();
   step.activations = common::ActivationBytes{placement.kept_bytes, placement.offloaded_bytes,
                                              placement.recomputed_bytes};
-  if (placement.offloaded_bytes == 0) measured.calls = median_call_times(calls);
   return measured;
 }
 
