@@ -283,6 +283,20 @@ TEST(CpuBackend, LazyMemoryStreamCopiesOnlyWhenWaitedFor) {
   EXPECT_EQ(dst[2], 3.0f);
 }
 
+// free_pinned waits for the copies queued before it, which may still read
+// the memory: on the lazy stream, the copy has happened once it returns.
+TEST(CpuBackend, FreePinnedWaitsForTheCopiesQueuedBefore) {
+  const std::unique_ptr<Backend> b = make_backend({.kind = "cpu", .lazy_memory_stream = true});
+  auto* pinned = static_cast<float*>(b->allocate_pinned(3 * sizeof(float)));
+  std::fill(pinned, pinned + 3, 7.0f);
+  float dst[3] = {0, 0, 0};
+  b->copy_async(dst, pinned, sizeof(dst), StreamKind::kMemory);
+  EXPECT_EQ(dst[0], 0.0f);  // not waited for: not copied
+  b->free_pinned(pinned);
+  EXPECT_EQ(dst[0], 7.0f);
+  EXPECT_EQ(dst[2], 7.0f);
+}
+
 // ============================================== memory accounting, misc
 
 TEST(CpuBackendMemory, AccountingPeakAndLimit) {

@@ -198,6 +198,8 @@ class Backend {
   virtual void reset_peak() = 0;
   // Host memory that the memory stream can copy to and from asynchronously.
   virtual void* allocate_pinned(size_t bytes) = 0;
+  // Waits for the copies queued so far (they may still read or write the
+  // memory: an owner unwinding from an error need not), then frees it.
   virtual void free_pinned(void* ptr) = 0;
 
   // Layout this backend keeps an activation with this many channels in

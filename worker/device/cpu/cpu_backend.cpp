@@ -159,6 +159,13 @@ void* CpuBackend::allocate_pinned(size_t bytes) {
   return ptr;
 }
 
+// The memory stream's tasks are copies (memcpy), which do not throw.
+void CpuBackend::free_pinned(void* ptr) {
+  if (!ptr) return;
+  memory_stream_.wait_all();
+  std::free(ptr);
+}
+
 Layout CpuBackend::preferred_layout(int64_t channels) const { return layout_rule_(channels); }
 
 char* CpuBackend::scratch(size_t bytes) {

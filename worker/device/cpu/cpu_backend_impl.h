@@ -186,7 +186,7 @@ class CpuBackend final : public Backend {
     peak_ = in_use_;
   }
   void* allocate_pinned(size_t bytes) override;
-  void free_pinned(void* ptr) override { std::free(ptr); }
+  void free_pinned(void* ptr) override;
   Layout preferred_layout(int64_t channels) const override;
 
   Event record_event(StreamKind stream) override;

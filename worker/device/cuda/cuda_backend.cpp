@@ -196,8 +196,13 @@ void* CudaBackend::allocate_pinned(size_t bytes) {
   return ptr;
 }
 
+// Not checked: a failed wait is a sticky error, which cudaFreeHost reports.
 void CudaBackend::free_pinned(void* ptr) {
-  if (ptr) VTRAIN_CUDA_CHECK(cudaFreeHost(ptr), "free_pinned");
+  if (!ptr) return;
+  for (StreamKind kind : {StreamKind::kCompute, StreamKind::kMemory}) {
+    cudaStreamSynchronize(stream(kind));
+  }
+  VTRAIN_CUDA_CHECK(cudaFreeHost(ptr), "free_pinned");
 }
 
 char* CudaBackend::scratch(size_t bytes) {
