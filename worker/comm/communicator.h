@@ -27,9 +27,10 @@ class Communicator {
 
   // Sum over ranks, in place, of `count` elements of `type` in device
   // memory. f32 sums in f32. The 16-bit types (a gradient bucket in the
-  // job's half type, train.gradient_allreduce: half) add each pair of
-  // partial sums in f32 and round the result once to the type
-  // (half_sum.h on MPI; NCCL's bf16/f16 sum on GPUs).
+  // job's half type, train.gradient_allreduce: half) round the sums to the
+  // type: on MPI each pair of partial sums is added in f32 and rounded once
+  // (half_sum.h); NCCL's order and partial sums depend on the algorithm it
+  // picks, so the two agree to rounding, not bit for bit.
   virtual void allreduce_async(void* data, int64_t count, common::DataType type) = 0;
   void allreduce_async(float* data, int64_t count) {
     allreduce_async(data, count, common::DataType::kF32);
@@ -101,8 +102,8 @@ struct DeviceInfo;
 // worker/device/cuda/cuda_backend.h) when the job has several ranks and
 // every one is on a GPU of its own (DeviceInfo::device_key); else MPI, a
 // GPU's buckets going through pinned host memory (worker/comm/host_staged.h;
-// two ranks sharing a GPU, or a rank on the CPU), and `note` (when given)
-// then says why. A testing aid: VTRAIN_STAGE_GRADIENTS=1 on any rank
+// two ranks sharing a GPU, or a rank on the CPU). `note` (when given)
+// then says which of the GPU paths it is, and why not NCCL. A testing aid: VTRAIN_STAGE_GRADIENTS=1 on any rank
 // stages every rank's gradients through host memory, also on the CPU.
 // `cluster` is every rank's device (gather_device_infos). Collective
 // (every rank takes part in the same allreduce); requires a live

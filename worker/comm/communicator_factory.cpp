@@ -56,7 +56,10 @@ std::unique_ptr<Communicator> make_gradient_communicator(Backend& backend,
   mpi->allreduce_sum(forcing);
   const std::string why = why_not_nccl(cluster, forcing);
 #ifdef VTRAIN_HAVE_CUDA
-  if (why.empty()) return cuda::make_nccl_communicator(backend);
+  if (why.empty()) {
+    if (note) *note = "gradients: summed by NCCL, each rank on a GPU of its own";
+    return cuda::make_nccl_communicator(backend);
+  }
 #endif
   if (why.empty()) {
     throw std::logic_error("make_gradient_communicator: NCCL chosen in a build without CUDA");

@@ -51,8 +51,10 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// NCCL's element type for ours (its bf16 and f16 sums round each pairwise sum
-// to the type, as half_sum.h does).
+// NCCL's element type for ours. Its bf16 and f16 sums round to the type,
+// but in an order and with partial sums that depend on the algorithm NCCL
+// picks (ring and tree round each pairwise sum, as half_sum.h does; NVLS
+// reduces in the switch): not bit for bit MPI's.
 ncclDataType_t nccl_type(common::DataType type) {
   switch (type) {
     case common::DataType::kF32: return ncclFloat;
