@@ -286,13 +286,16 @@ Memory (memory.policy): none allocates every tensor once; all / conv (vDNN)
 allocate layer by layer, release dead tensors and offload layer inputs (of
 every layer / of conv layers) to host memory during forward, prefetching
 them back in backward; dyn picks the fastest of those, and the convolution
-algorithms, that fits the device (device.memory_limit on the CPU).
+algorithms, that fits the device (device.memory_limit on the CPU); auto,
+memonger, superneurons and tflms plan per tensor what to keep, swap to host
+memory or recompute in backward (see `vtrain check --help`).
 memory.planner: pool (best fit) or static (a DSA plan of the step's trace).
 
 Metrics (JSON lines, --metrics or output.metrics): one object per logged step
 ({"event": "step", ...}), one per epoch ({"event": "epoch", ...,
 "test_accuracy"}), and a final {"event": "end", "test_accuracy",
-"images_per_second", "peak_device_bytes", "steps", "final_loss"}.
+"images_per_second", "peak_device_bytes", "steps", "final_loss", ...}
+(README.md lists every field).
 
 Options:
   --set KEY.PATH=VALUE   override any config value, e.g. --set optimizer.lr=0.1
