@@ -235,7 +235,7 @@ int run(const Options& o) {
     CHECK(cudaMemcpy(y2.p, x.p, count * 2, cudaMemcpyDeviceToDevice));
     compare(
         "add_bias", shape, 2 * bytes, o, s,
-        [&] { cuda::add_bias(Element::kBF16, y.p, bias.p, n, c, h * w, true, s); },
+        [&] { cuda::add_bias(Element::kBF16, y.p, y.p, bias.p, n, c, h * w, true, false, s); },
         [&] { CHECK(cudnnAddTensor(handle, &one, channel, bias.p, &one, full, y2.p)); },
         [&] { return bf16_difference(y.p, y2.p, count); });
 

@@ -6,7 +6,7 @@
 #
 # Parts (default all): gpu_tests cuda_ops conformance_gpu train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
-# precisions_vs_torch graph_vs_torch prefetch graph_engines breakdown_gpu breakdown_vgg16 pseudo_half accuracy_parity layouts
+# precisions_vs_torch graph_vs_torch prefetch fuse_relu graph_engines breakdown_gpu breakdown_vgg16 pseudo_half accuracy_parity layouts
 # plans_gpu joint_split_gpu. Each takes one to three
 # minutes on an H100 but precisions_vs_torch (four models in four
 # precisions, about 15). accuracy_parity reads Fashion-MNIST from the
@@ -131,6 +131,13 @@ part graph_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --ru
 part prefetch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 1 \
   --steps 100 --models vgg16:64,resnet50:64 --precisions bf16,fp16 \
   --vtrain-baseline-set data.prefetch=off --json "$out/prefetch.json"
+# A convolution's bias added by the relu after it (conv.fuse_relu, on by
+# default on the GPU) against the convolution's own bias add and bias
+# gradient: VGG-16 (13 such pairs) in bf16, two alternating runs a side,
+# beside PyTorch AMP (about 2 minutes).
+part fuse_relu python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 2 \
+  --steps 100 --models vgg16:64 --precisions bf16 \
+  --vtrain-baseline-set conv.fuse_relu=off --json "$out/fuse_relu.json"
 # How many of cuDNN's graph engines to time (conv.graph_engines): VGG-16
 # bf16's first convolutions' weight gradients took 6.1 ms with the default
 # 4, PyTorch's sm90 kernel 0.44 ms (2026-11-27, H200); most of those 6.1 ms

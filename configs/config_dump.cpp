@@ -168,6 +168,8 @@ void emit_device(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "algorithm" << YAML::Value << config.conv.algorithm;
   out << YAML::Key << "cudnn_graph" << YAML::Value << config.conv.cudnn_graph;
   out << YAML::Key << "graph_engines" << YAML::Value << config.conv.graph_engines;
+  out << YAML::Key << "fuse_relu" << YAML::Value
+      << common::name_of(worker::kFuseReluNames, config.conv.fuse_relu);
   out << YAML::EndMap;
 
   out << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;

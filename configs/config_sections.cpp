@@ -467,7 +467,7 @@ DeviceConfig read_device(const Field& field) {
 
 ConvConfig read_conv(const Field& field) {
   const Section section(field);
-  section.allow({"algorithm", "cudnn_graph", "graph_engines"});
+  section.allow({"algorithm", "cudnn_graph", "graph_engines", "fuse_relu"});
   ConvConfig conv;
   if (Field f = section["algorithm"]) {
     conv.algorithm = to_choice(f, {"auto", "direct", "winograd", "im2col_gemm"});
@@ -476,6 +476,7 @@ ConvConfig read_conv(const Field& field) {
   if (Field f = section["graph_engines"]) {
     conv.graph_engines = static_cast<int>(to_int(f, between(1, 64, false, false)));
   }
+  if (Field f = section["fuse_relu"]) conv.fuse_relu = to_choice(f, worker::kFuseReluNames);
   return conv;
 }
 

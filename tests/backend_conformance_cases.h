@@ -44,8 +44,10 @@ struct ReluCase {
   Shape shape;
 };
 
+// n1c9_1x1: an fc's output at batch 1, one value per channel to sum.
 inline const ReluCase kReluCases[] = {{"n2c20_6x6", {2, 20, 6, 6}},
-                                      {"n3c7_5x5", {3, 7, 5, 5}}};
+                                      {"n3c7_5x5", {3, 7, 5, 5}},
+                                      {"n1c9_1x1", {1, 9, 1, 1}}};
 
 // ============================================================== pooling
 

@@ -55,8 +55,44 @@ int check_half_conv_algorithms(Backend& b, ConvKind op, const ConvProblem& p, co
   return ran;
 }
 
+// A convolution's bias paired with the relu after it, in every layout b
+// prefers: forward exact (one rounding of the sum, then relu selects); dx
+// exact and the bias gradient, the sum of dx, within a float sum's
+// rounding of the double reference.
+inline void check_bias_relu(Backend& b, const ReluCase& rc, DataType type) {
+  const Shape shape = rc.shape;
+  std::mt19937 rng(12);
+  const Vec x = rounded(type, random_vec(rng, shape.elements()));
+  const Vec bias = rounded(type, random_vec(rng, shape.c));
+  const Vec dy = rounded(type, random_vec(rng, shape.elements()));
+  const Vec y_ref = reference::bias_relu_forward(type, shape, x, bias);
+  const Vec dx_ref = reference::relu_backward(y_ref, dy);
+  const Vec dbias_ref = reference::channel_sums(shape, dx_ref);
+  const DeviceBuffer bias_t = to_device(b, bias, type);
+  for (Layout layout : layouts_for(b, shape.c)) {
+    SCOPED_TRACE(std::string("bias paired, ") + layout_name(layout));
+    const DeviceTensor xt = to_device(b, x, desc(shape, layout, type));
+    DeviceTensor yt(b, desc(shape, layout, type));
+    b.fill(yt.tensor, kNaN);
+    b.bias_relu_forward(xt.tensor, bias_t.get(), yt.tensor);
+    expect_equal(from_device(b, yt.tensor), y_ref, "bias relu y");
+    for (const bool alias : {false, true}) {
+      const DeviceTensor dyt = to_device(b, dy, desc(shape, layout, type));
+      DeviceTensor dxt(b, desc(shape, layout, type));
+      b.fill(dxt.tensor, kNaN);
+      const Tensor& dx = alias ? dyt.tensor : dxt.tensor;
+      DeviceBuffer dbias(b, shape.c * sizeof(float));
+      b.fill(flat(dbias.floats(), shape.c), kNaN);
+      b.relu_backward_bias(yt.tensor, dyt.tensor, dx, dbias.floats());
+      const std::string what = alias ? " (dx aliasing dy)" : "";
+      expect_equal(from_device(b, dx), dx_ref, "bias relu dx" + what);
+      expect_close(from_device(b, dbias.floats(), shape.c), dbias_ref, 1e-5, "dbias" + what);
+    }
+  }
+}
+
 // relu forward and backward in every layout b prefers, dx aliasing dy too:
-// exact (relu selects).
+// exact (relu selects); then check_bias_relu.
 inline void check_relu(Backend& b, const ReluCase& rc, DataType type) {
   const Shape shape = rc.shape;
   std::mt19937 rng(11);
@@ -79,6 +115,7 @@ inline void check_relu(Backend& b, const ReluCase& rc, DataType type) {
     b.relu_backward(yt.tensor, dyt.tensor, dyt.tensor);
     expect_equal(from_device(b, dyt.tensor), dx_ref, "relu dx aliasing dy");
   }
+  check_bias_relu(b, rc, type);
 }
 
 // Concatenation: all plain; all in their preferred layouts; plain inputs

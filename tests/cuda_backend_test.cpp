@@ -899,6 +899,36 @@ TEST_F(CudaBackendTest, MemoryPoliciesOnRealStreamsTrainToTheWeightsOfNone) {
   }
 }
 
+// conv.fuse_relu on the GPU (on by default there): the bias added by the
+// relu after its convolution, and its gradient summed there, against the
+// convolution's own bias add and bias gradient. Channels last both run our
+// kernels, with the same roundings and the same order of additions: the
+// same weights bit for bit. NCHW's own are cuDNN's (cudnnAddTensor,
+// cudnnConvolutionBackwardBias), which add up in another order.
+TEST_F(CudaBackendTest, BiasPairedWithReluTrainsLikeTheConvolutionsOwn) {
+  const Graph g = test_support::preset_graph("vgg-small", 16);
+  for (const LayoutChoice layout : {LayoutChoice::kNhwc, LayoutChoice::kAuto}) {
+    SCOPED_TRACE(layout == LayoutChoice::kNhwc ? "nhwc" : "nchw");
+    const std::unique_ptr<Backend> b = cuda::make_cuda_backend({.kind = "cuda", .layout = layout});
+    std::vector<float> params[2];
+    for (const FuseRelu fuse : {FuseRelu::kOff, FuseRelu::kAuto}) {
+      NetworkOptions o;
+      o.max_batch = 4;
+      o.conv_algorithm = "algo_1";
+      o.fuse_relu = fuse;
+      EXPECT_EQ(Network(g, *b, o).bias_relu_pairs() > 0, fuse == FuseRelu::kAuto);
+      params[fuse == FuseRelu::kAuto] = test_support::train_steps(*b, g, o, 3).params;
+    }
+    ASSERT_FALSE(params[0].empty());
+    for (float v : params[1]) ASSERT_TRUE(std::isfinite(v));
+    if (layout == LayoutChoice::kNhwc) {
+      EXPECT_TRUE(test_support::bitwise_equal(params[0], params[1]));
+    } else {
+      EXPECT_LT(test_support::relative_difference(params[0], params[1]), 1e-5);
+    }
+  }
+}
+
 // ================================================================== NCCL
 
 // One MPI runtime for the process (a singleton without mpirun).

@@ -142,24 +142,38 @@ TEST(KernelBodies, ReorderAndFillBetweenEveryLayout) {
 
 // -------------------------------------------------------------- bias add
 
+// In place, and out of place with relu (a convolution's bias paired with
+// the relu after it): odd channels' bias is negative, so relu has zeros to
+// make.
 template <typename T, int V, typename I>
 void check_add_bias(const Dims& d, bool channels_last) {
   SCOPED_TRACE(describe(d) + (channels_last ? " NHWC" : " NCHW") + " V " + std::to_string(V));
   const int64_t hw = d.hw(), count = d.n * d.c * hw;
   ASSERT_EQ((channels_last ? d.c : hw) % V, 0) << "the kernels pack only such shapes";
-  Aligned<T> y(static_cast<size_t>(count)), bias(static_cast<size_t>(d.c));
-  for (int64_t i = 0; i < count; ++i) y[static_cast<size_t>(i)] = static_cast<T>(i % 50);
-  for (int64_t ch = 0; ch < d.c; ++ch) bias[static_cast<size_t>(ch)] = static_cast<T>(100 * (ch + 1));
-  for (I i = 0; i < static_cast<I>(count / V); ++i) {
-    add_bias_at<HostConvert, T, V>(i, y.data(), bias.data(), static_cast<I>(d.c),
-                                   static_cast<I>(hw), channels_last);
-  }
-  for (int64_t n = 0; n < d.n; ++n) {
-    for (int64_t ch = 0; ch < d.c; ++ch) {
-      for (int64_t s = 0; s < hw; ++s) {
-        const int64_t at = storage_index(n, ch, s, d.c, hw, channels_last ? d.c : 1);
-        ASSERT_EQ(static_cast<int64_t>(y[static_cast<size_t>(at)]), at % 50 + 100 * (ch + 1))
-            << "n " << n << " channel " << ch << " position " << s;
+  const auto bias_of = [](int64_t ch) { return ch % 2 == 0 ? 100 * (ch + 1) : -30; };
+  Aligned<T> bias(static_cast<size_t>(d.c));
+  for (int64_t ch = 0; ch < d.c; ++ch) bias[static_cast<size_t>(ch)] = static_cast<T>(bias_of(ch));
+  for (const bool relu : {false, true}) {
+    SCOPED_TRACE(relu ? "out of place, relu" : "in place");
+    Aligned<T> x(static_cast<size_t>(count)), out(static_cast<size_t>(count), static_cast<T>(7));
+    for (int64_t i = 0; i < count; ++i) x[static_cast<size_t>(i)] = static_cast<T>(i % 50);
+    T* y = relu ? out.data() : x.data();
+    for (I i = 0; i < static_cast<I>(count / V); ++i) {
+      add_bias_at<HostConvert, T, V>(i, x.data(), y, bias.data(), static_cast<I>(d.c),
+                                     static_cast<I>(hw), channels_last, relu);
+    }
+    for (int64_t n = 0; n < d.n; ++n) {
+      for (int64_t ch = 0; ch < d.c; ++ch) {
+        for (int64_t s = 0; s < hw; ++s) {
+          const int64_t at = storage_index(n, ch, s, d.c, hw, channels_last ? d.c : 1);
+          const int64_t sum = at % 50 + bias_of(ch);
+          ASSERT_EQ(static_cast<int64_t>(y[static_cast<size_t>(at)]),
+                    relu ? std::max<int64_t>(sum, 0) : sum)
+              << "n " << n << " channel " << ch << " position " << s;
+          if (relu) {
+            ASSERT_EQ(static_cast<int64_t>(x[static_cast<size_t>(at)]), at % 50) << "x written";
+          }
+        }
       }
     }
   }

@@ -11,6 +11,7 @@
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
 #include "worker/engine/kernel_timing.h"
+#include "common/name_table.h"
 #include "worker/engine/layers/layer_registry.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
@@ -92,7 +93,9 @@ class NetworkTest : public ::testing::Test {
   }
   void check_gradients_in(Backend& backend, const Graph& graph, const std::string& algorithm,
                           int64_t n) {
-    Network net(graph, backend, options(n, algorithm));
+    NetworkOptions o = options(n, algorithm);
+    o.fuse_relu = fuse_relu_;
+    Network net(graph, backend, o);
     net.init_parameters(7);
     fill_batch(backend, net, n, 11);
     const float scale = 1.0f / static_cast<float>(n);
@@ -113,7 +116,8 @@ class NetworkTest : public ::testing::Test {
     int checked = 0;
     for (const ParamRange& r : net.param_ranges()) {
       for (int t = 0; t < 12; ++t) {
-        const int64_t i = r.offset + static_cast<int64_t>(pick() % r.count);
+        // The first the range's last entry: its bias, where the layer has one.
+        const int64_t i = r.offset + (t == 0 ? r.count - 1 : static_cast<int64_t>(pick() % r.count));
         const double eps = eps_scale_ * std::max(1.0, std::fabs(static_cast<double>(base[i])));
         std::vector<float> p = base;
         p[i] = base[i] + static_cast<float>(eps);
@@ -133,6 +137,7 @@ class NetworkTest : public ::testing::Test {
 
   std::unique_ptr<Backend> backend_;
   double eps_scale_ = 3e-4;  // finite-difference step relative to the parameter
+  FuseRelu fuse_relu_ = FuseRelu::kAuto;  // the networks' conv.fuse_relu
 };
 
 TEST_F(NetworkTest, ConvFcGradients) {
@@ -142,6 +147,59 @@ TEST_F(NetworkTest, ConvFcGradients) {
                                 fc("fc", "c2", 5)},
                                {1, 3, 9, 9});
   check_gradients(g);
+}
+
+// conv.fuse_relu: a convolution's bias goes to the relu after it only where
+// that relu alone reads the convolution's output and there is a bias; auto
+// pairs where the backend gains from it (not on the CPU, where oneDNN's
+// convolution adds its bias for free).
+TEST_F(NetworkTest, ConvBiasPairsWithTheReluThatAloneReadsIt) {
+  LayerSpec c2 = conv("c2", "r1", 16, 3, 1);
+  c2.bias = false;
+  LayerSpec sum = L("sum", LayerType::kAdd, {"r3", "c3"});
+  const Graph g = Graph::build({L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1),
+                                L("r1", LayerType::kRelu, {"c1"}), c2,
+                                L("r2", LayerType::kRelu, {"c2"}), conv("c3", "r2", 16, 3, 1),
+                                L("r3", LayerType::kRelu, {"c3"}), sum, fc("fc", "sum", 5)},
+                               {1, 3, 8, 8});
+  for (const auto& [fuse, pairs] : {std::pair{FuseRelu::kOn, 1}, std::pair{FuseRelu::kAuto, 0},
+                                    std::pair{FuseRelu::kOff, 0}}) {
+    NetworkOptions o = options(4, "direct");
+    o.fuse_relu = fuse;
+    const Network net(g, *backend_, o);
+    EXPECT_EQ(net.bias_relu_pairs(), pairs) << common::name_of(kFuseReluNames, fuse);
+    const std::vector<std::string> summary = net.algorithm_summary();
+    const bool said = std::find(summary.begin(), summary.end(),
+                                "r1: bias of c1 added here (conv.fuse_relu)") != summary.end();
+    EXPECT_EQ(said, pairs > 0);
+  }
+}
+
+// The paired relu's backward writes the convolution's bias gradient:
+// against central differences (a bias entry of c1 and of c2 among those
+// sampled), in the CPU's blocked layouts and channels last.
+TEST_F(NetworkTest, PairedBiasAndReluGradients) {
+  fuse_relu_ = FuseRelu::kOn;
+  const Graph g = Graph::build({L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1),
+                                L("r1", LayerType::kRelu, {"c1"}), conv("c2", "r1", 20, 3, 0, 2),
+                                L("r2", LayerType::kRelu, {"c2"}), fc("fc", "r2", 5)},
+                               {1, 3, 9, 9});
+  check_gradients(g);
+}
+
+// Training with the pairs against without, on the same seeds: the same
+// weights to float rounding (the bias sums run in another order).
+TEST_F(NetworkTest, PairedBiasTrainsLikeTheConvolutionsOwn) {
+  const Graph g = test_support::preset_graph("vgg-small", 32);
+  std::vector<float> params[2];
+  for (const FuseRelu fuse : {FuseRelu::kOff, FuseRelu::kOn}) {
+    NetworkOptions o = options(8, "direct");
+    o.fuse_relu = fuse;
+    EXPECT_EQ(Network(g, *backend_, o).bias_relu_pairs() > 0, fuse == FuseRelu::kOn);
+    params[fuse == FuseRelu::kOn] = test_support::train_steps(*backend_, g, o, 4).params;
+  }
+  ASSERT_FALSE(params[0].empty());
+  EXPECT_LT(test_support::relative_difference(params[0], params[1]), 1e-5);
 }
 
 TEST_F(NetworkTest, EveryConvolutionAlgorithmGivesTheSameGradients) {

@@ -153,6 +153,27 @@ Vec relu_backward(const Vec& y, const Vec& dy) {
   return dx;
 }
 
+Vec bias_relu_forward(common::DataType type, const Shape& shape, const Vec& x, const Vec& bias) {
+  check_size("bias_relu_forward", "x", x, shape.elements());
+  check_size("bias_relu_forward", "bias", bias, shape.c);
+  const int64_t hw = shape.h * shape.w;
+  Vec sum(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    sum[i] = x[i] + bias[static_cast<size_t>(static_cast<int64_t>(i) / hw % shape.c)];
+  }
+  return relu_forward(rounded(type, std::move(sum)));
+}
+
+Vec channel_sums(const Shape& shape, const Vec& x) {
+  check_size("channel_sums", "x", x, shape.elements());
+  const int64_t hw = shape.h * shape.w;
+  std::vector<double> sums(static_cast<size_t>(shape.c), 0.0);
+  for (size_t i = 0; i < x.size(); ++i) {
+    sums[static_cast<size_t>(static_cast<int64_t>(i) / hw % shape.c)] += x[i];
+  }
+  return Vec(sums.begin(), sums.end());
+}
+
 // ----------------------------------------------------------------- pooling
 
 namespace {

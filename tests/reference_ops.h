@@ -35,6 +35,10 @@ Vec conv_backward_filter(const ConvProblem& p, const Vec& x, const Vec& dy, Vec*
 
 Vec relu_forward(const Vec& x);
 Vec relu_backward(const Vec& y, const Vec& dy);
+// relu(x + bias[c]) over NCHW `shape`, the sum rounded to `type` first.
+Vec bias_relu_forward(common::DataType type, const Shape& shape, const Vec& x, const Vec& bias);
+// Per channel, the sum of x over n, h and w (NCHW `shape`), in double.
+Vec channel_sums(const Shape& shape, const Vec& x);
 
 // Max pooling ties pick the first maximum in row-major window order; average
 // pooling divides by the number of window elements inside the input.

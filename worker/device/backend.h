@@ -262,6 +262,19 @@ class Backend {
   virtual void relu_forward(const Tensor& x, const Tensor& y) = 0;
   // dx = dy where y > 0 else 0. dx may alias dy.
   virtual void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+  // A convolution's bias and the relu after it, each way in one pass over
+  // the activations (the network pairs them: conv.fuse_relu). Forward:
+  // y = relu(x + bias[c]), the bias in x's type, rounded to it once as a
+  // bias add would round, y not aliasing x. Backward: relu_backward into
+  // dx, and dbias[c] = the sum of dx over n, h and w, in f32, overwritten
+  // (the convolution's bias gradient).
+  virtual void bias_relu_forward(const Tensor& x, const void* bias, const Tensor& y) = 0;
+  virtual void relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx,
+                                  float* dbias) = 0;
+  // Whether that pairing saves work here: a pass over the activations each
+  // way (CUDA). Where a convolution adds its bias for free, as oneDNN's
+  // does, it does not.
+  virtual bool pairs_bias_with_relu() const = 0;
 
   // Bytes a pooling forward must leave for its backward (max indices), 0 if none.
   virtual size_t pooling_state_bytes(const PoolParams& p, const TensorDesc& x,
@@ -352,7 +365,7 @@ class Backend {
   // conv_workspace() does for convolutions, so that a network can
   // reserve_scratch() its largest before it sizes its pool and no step
   // allocates device memory outside the plan.
-  virtual size_t relu_scratch_bytes(const TensorDesc& x) = 0;
+  virtual size_t relu_scratch_bytes(const TensorDesc& x) = 0;  // bias-paired calls too
   virtual size_t pooling_scratch_bytes(const PoolParams& p, const TensorDesc& x,
                                        const TensorDesc& y) = 0;
   // The three inner-product calls with weights {out, x.c, x.h, x.w}.

@@ -8,6 +8,7 @@
 #include "worker/engine/layers/conv_layer.h"
 #include "worker/engine/op_scratch.h"
 #include "worker/engine/layers/layer_registry.h"
+#include "worker/engine/layers/relu_layer.h"
 #include "worker/engine/schedule_interpreter.h"
 
 namespace vtrain::worker {
@@ -88,6 +89,7 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
   out_desc_ = activation_descs(graph, backend, options.max_batch);
   check_conv_executions(graph, options);
   make_layers();
+  pair_bias_with_relu();
   // Parameter layout (the memory part allocates the buffers below).
   const int64_t align = kComputeAlignBytes / static_cast<int64_t>(element_bytes(graph.activation_type()));
   for (int i = 0; i < graph.size(); ++i) {
@@ -151,6 +153,23 @@ void Network::make_layers() {
     } catch (const BackendError& e) {
       throw BackendError("layer '" + spec.name + "': " + e.what());
     }
+  }
+}
+
+void Network::pair_bias_with_relu() {
+  if (options_.fuse_relu == FuseRelu::kOff ||
+      (options_.fuse_relu == FuseRelu::kAuto && !backend_.pairs_bias_with_relu())) {
+    return;
+  }
+  for (int i = 0; i < graph_.size(); ++i) {
+    auto* relu = dynamic_cast<ReluLayer*>(layers_[i].get());
+    if (!relu) continue;
+    const int in = graph_.inputs(i)[0];
+    auto* conv = dynamic_cast<ConvLayer*>(layers_[in].get());
+    if (!conv || !conv->has_bias() || graph_.consumer_count(in) != 1) continue;
+    conv->leave_bias_to_relu();
+    relu->take_bias_of(*conv);
+    ++bias_relu_pairs_;
   }
 }
 

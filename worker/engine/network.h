@@ -20,6 +20,7 @@
 // policy computes the same numbers.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -27,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/name_table.h"
 #include "memory/chrome_trace.h"
 #include "memory/device_pool.h"
 #include "memory/planner.h"
@@ -42,6 +44,15 @@ namespace vtrain::worker {
 
 class Layer;
 class ScheduleInterpreter;
+
+// conv.fuse_relu: a convolution with a bias whose only reader is a relu
+// leaves the bias to it, which adds it in forward and writes its gradient
+// in backward, a pass over the activations fewer each way
+// (Backend::bias_relu_forward, relu_backward_bias): auto where the backend
+// gains from it (Backend::pairs_bias_with_relu), on everywhere, or off.
+enum class FuseRelu { kAuto, kOn, kOff };
+inline constexpr auto kFuseReluNames = std::to_array<common::Named<FuseRelu>>(
+    {{FuseRelu::kAuto, "auto"}, {FuseRelu::kOn, "on"}, {FuseRelu::kOff, "off"}});
 
 struct NetworkOptions {
   int64_t max_batch = 64;                  // largest batch a step or evaluation will use
@@ -83,6 +94,7 @@ struct NetworkOptions {
   // of the pool), for prefetch_input(): the trainer turns it on where the
   // device has memory of its own (a GPU).
   bool prefetch_input = false;
+  FuseRelu fuse_relu = FuseRelu::kAuto;
 };
 
 // What the memory part is doing for a network.
@@ -190,6 +202,8 @@ class Network {
   // (train_without_samples also counts as a step here.)
   float* gradients() const { return grads_; }
   int64_t parameter_count() const { return param_count_; }
+  // The relu layers that add their convolution's bias (conv.fuse_relu).
+  int bias_relu_pairs() const { return bias_relu_pairs_; }
   const std::vector<ParamRange>& param_ranges() const { return param_ranges_; }
   // Under a half precision, where param_ranges()[i] starts in the compute
   // copy, in its elements: each range at a multiple of kComputeAlignBytes
@@ -248,6 +262,7 @@ class Network {
 
  private:
   void make_layers();
+  void pair_bias_with_relu();  // after make_layers, as options_.fuse_relu says
   bool has_compute_copy() const;           // a half precision with conv or fc parameters
   TensorDesc compute_params_desc() const;  // the half compute copy of the parameters
   void refresh_compute_params();            // from params_ when stale
@@ -276,6 +291,7 @@ class Network {
   Backend& backend_;
   NetworkOptions options_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  int bias_relu_pairs_ = 0;
   std::vector<TensorDesc> out_desc_;  // per layer, at max batch
   int32_t* labels_ = nullptr;
   float* params_ = nullptr;

@@ -16,6 +16,7 @@
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/graph.h"
+#include "worker/engine/network.h"
 #include "worker/profile/profile_peers.h"
 
 namespace vtrain::worker {
@@ -41,6 +42,7 @@ struct ProfileOptions {
                                      // nothing) as the step made them
   memory::Policy memory_policy = memory::Policy::kNone;  // memory.policy the steps run (and
                                                         // are recorded) under
+  FuseRelu fuse_relu = FuseRelu::kAuto;  // conv.fuse_relu, as the steps' networks run it
   // Whether a step's network at a batch holds the input staging training's
   // would (NetworkOptions::prefetch_input: data.prefetch, decided as the
   // trainer decides), so that the recorded peak is what training holds;

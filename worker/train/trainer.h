@@ -64,6 +64,7 @@ struct TrainerOptions {
   // train.loss_scaling (loss_scaler.h); auto: on under precision fp16.
   LossScalingSettings loss_scaling;
   std::string conv_algorithm = "auto";
+  FuseRelu fuse_relu = FuseRelu::kAuto;  // conv.fuse_relu (NetworkOptions::fuse_relu)
   // This rank's convolution kernels from the plan solved at start.
   ConvPlan conv_plan;
   // After a re-balance, this rank's conv kernels at its new batch.

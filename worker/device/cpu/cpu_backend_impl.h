@@ -224,6 +224,10 @@ class CpuBackend final : public Backend {
 
   void relu_forward(const Tensor& x, const Tensor& y) override;
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
+  void bias_relu_forward(const Tensor& x, const void* bias, const Tensor& y) override;
+  void relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx,
+                          float* dbias) override;
+  bool pairs_bias_with_relu() const override { return false; }
   size_t pooling_state_bytes(const PoolParams& p, const TensorDesc& x,
                              const TensorDesc& y) override;
   void pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y,
@@ -279,6 +283,8 @@ class CpuBackend final : public Backend {
   // Cached primitive descriptors, shared by each op and its scratch query.
   const dnnl::eltwise_forward::primitive_desc& relu_fwd_pd(const TensorDesc& x);
   const dnnl::eltwise_backward::primitive_desc& relu_bwd_pd(const TensorDesc& y);
+  const dnnl::binary::primitive_desc& bias_relu_pd(const TensorDesc& x);
+  const dnnl::reduction::primitive_desc& channel_sum_pd(const TensorDesc& x);
   const dnnl::pooling_forward::primitive_desc& pool_fwd_pd(const PoolParams& p,
                                                            const TensorDesc& x,
                                                            const TensorDesc& y);

@@ -28,10 +28,42 @@ const dnnl::eltwise_backward::primitive_desc& CpuBackend::relu_bwd_pd(const Tens
   });
 }
 
+// The bias as a {1, C, 1, 1} tensor of x's type, added per channel; relu
+// as a post-op.
+const dnnl::binary::primitive_desc& CpuBackend::bias_relu_pd(const TensorDesc& x) {
+  return cached<dnnl::binary::primitive_desc>("bias_relu" + shape_key(x), [&] {
+    const memory::desc md = md_of(x);
+    dnnl::binary::desc d(dnnl::algorithm::binary_add, md, plain_md({1, x.shape.c, 1, 1}, x.dtype),
+                         md);
+    dnnl::primitive_attr attr = user_scratchpad_attr();
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+    return dnnl::binary::primitive_desc(d, attr, engine_);
+  });
+}
+
+// Per-channel sums of dx into f32 {1, C, 1, 1}, where there is something to
+// add up (oneDNN refuses a reduction over nothing: n, h and w all 1).
+namespace {
+bool sums_over_channels(const TensorDesc& x) { return x.shape.n * x.shape.h * x.shape.w > 1; }
+}  // namespace
+
+const dnnl::reduction::primitive_desc& CpuBackend::channel_sum_pd(const TensorDesc& x) {
+  return cached<dnnl::reduction::primitive_desc>("channel_sum" + shape_key(x), [&] {
+    dnnl::reduction::desc d(dnnl::algorithm::reduction_sum, md_of(x),
+                            plain_md({1, x.shape.c, 1, 1}), 0.0f, 0.0f);
+    return dnnl::reduction::primitive_desc(d, user_scratchpad_attr(), engine_);
+  });
+}
+
 size_t CpuBackend::relu_scratch_bytes(const TensorDesc& x) {
   try {
-    return std::max(relu_fwd_pd(x).scratchpad_desc().get_size(),
-                    relu_bwd_pd(x).scratchpad_desc().get_size());
+    return std::max({relu_fwd_pd(x).scratchpad_desc().get_size(),
+                     relu_bwd_pd(x).scratchpad_desc().get_size(),
+                     bias_relu_pd(x).scratchpad_desc().get_size(),
+                     sums_over_channels(x) ? channel_sum_pd(x).scratchpad_desc().get_size()
+                                           : size_t{0}});
   } catch (const dnnl::error& e) {
     rethrow("relu " + x.shape.str(), e);
   }
@@ -60,6 +92,38 @@ void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& 
              {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
   } catch (const dnnl::error& e) {
     rethrow("relu_backward " + y.shape().str(), e);
+  }
+}
+
+void CpuBackend::bias_relu_forward(const Tensor& x, const void* bias, const Tensor& y) {
+  check_same_desc("bias_relu_forward", {{"x", x.desc}, {"y", y.desc}});
+  try {
+    const auto& pd = bias_relu_pd(x.desc);
+    execute(dnnl::binary(pd), {{DNNL_ARG_SRC_0, mem(pd.src_desc(0), x.data)},
+                               {DNNL_ARG_SRC_1, mem(pd.src_desc(1), bias)},
+                               {DNNL_ARG_DST, mem(pd.dst_desc(), y.data)},
+                               {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
+  } catch (const dnnl::error& e) {
+    rethrow("bias_relu_forward " + x.shape().str(), e);
+  }
+}
+
+// Two primitives: oneDNN has no fused one, and on the CPU a convolution's
+// bias is free in its kernel (pairs_bias_with_relu is false).
+void CpuBackend::relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx,
+                                    float* dbias) {
+  relu_backward(y, dy, dx);
+  if (!sums_over_channels(dx.desc)) {  // one value per channel: dbias is dx in f32
+    reorder(md_of(dx.desc), dx.data, plain_md({1, dx.shape().c, 1, 1}), dbias, false);
+    return;
+  }
+  try {
+    const auto& pd = channel_sum_pd(dx.desc);
+    execute(dnnl::reduction(pd), {{DNNL_ARG_SRC, mem(pd.src_desc(), dx.data)},
+                                  {DNNL_ARG_DST, mem(pd.dst_desc(), dbias)},
+                                  {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
+  } catch (const dnnl::error& e) {
+    rethrow("relu_backward_bias " + y.shape().str(), e);
   }
 }
 

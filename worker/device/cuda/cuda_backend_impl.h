@@ -357,6 +357,10 @@ class CudaBackend final : public Backend {
 
   void relu_forward(const Tensor& x, const Tensor& y) override;
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
+  void bias_relu_forward(const Tensor& x, const void* bias, const Tensor& y) override;
+  void relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx,
+                          float* dbias) override;
+  bool pairs_bias_with_relu() const override { return true; }
   size_t pooling_state_bytes(const PoolParams&, const TensorDesc&, const TensorDesc&) override {
     return 0;  // cuDNN's pooling backward recomputes the maxima from x and y
   }
@@ -396,8 +400,13 @@ class CudaBackend final : public Backend {
   void scale(float* x, int64_t count, float alpha) override;
   bool all_finite(const float* x, int64_t count) override;
 
-  // cuDNN's activation and pooling need no scratch.
-  size_t relu_scratch_bytes(const TensorDesc&) override { return 0; }
+  // relu needs none; relu_backward_bias the partial sums of its bias
+  // gradient. cuDNN's pooling needs none.
+  size_t relu_scratch_bytes(const TensorDesc& x) override {
+    const Shape& s = x.shape;
+    return static_cast<size_t>(
+        bias_gradient_partial_bytes(s.n, s.c, s.h * s.w, channels_last(x)));
+  }
   size_t pooling_scratch_bytes(const PoolParams&, const TensorDesc&, const TensorDesc&) override {
     return 0;
   }

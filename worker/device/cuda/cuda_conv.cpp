@@ -385,7 +385,8 @@ void CudaBackend::conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor
   // NHWC tensors: there a kernel of ours adds it.
   if (layout == Layout::kNhwc) {
     const Shape& ys = p.y.shape;
-    add_bias(element(p.y.dtype), y.data, bias, ys.n, ys.c, ys.h * ys.w, true, compute_.get());
+    add_bias(element(p.y.dtype), y.data, y.data, bias, ys.n, ys.c, ys.h * ys.w, true, false,
+             compute_.get());
     return;
   }
   VTRAIN_CUDA_CHECK(

@@ -22,6 +22,31 @@ void CudaBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor&
                       compute_.get());
 }
 
+// Our add_bias kernel with relu: the bias add cuDNN's convolution would be
+// followed by (cudnnAddTensor, or add_bias in NHWC) and relu_forward, in
+// one pass and bit for bit alike.
+void CudaBackend::bias_relu_forward(const Tensor& x, const void* bias, const Tensor& y) {
+  check_same_desc("bias_relu_forward", {{"x", x.desc}, {"y", y.desc}});
+  require_cudnn_layout("bias_relu_forward", x.desc);
+  const DataType type = call_type("bias_relu_forward", {x.desc});
+  const Shape& s = x.shape();
+  cuda::add_bias(element(type), x.data, y.data, bias, s.n, s.c, s.h * s.w, channels_last(x.desc),
+                 true, compute_.get());
+}
+
+// relu_backward and the bias gradient of its dx, as conv_backward_filter's
+// bias_gradient sums it, in one pass.
+void CudaBackend::relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx,
+                                     float* dbias) {
+  check_same_desc("relu_backward_bias", {{"y", y.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
+  require_cudnn_layout("relu_backward_bias", y.desc);
+  const DataType type = call_type("relu_backward_bias", {y.desc});
+  const Shape& s = y.shape();
+  cuda::relu_backward_bias(element(type), y.data, dy.data, dx.data, s.n, s.c, s.h * s.w,
+                           channels_last(y.desc), dbias, scratch(relu_scratch_bytes(y.desc)),
+                           compute_.get());
+}
+
 // add and accumulate sum in float and round once to the tensors' type.
 void CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
   if (!(a.shape() == b.shape()) || !(a.shape() == y.shape())) {

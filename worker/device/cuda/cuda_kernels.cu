@@ -104,9 +104,10 @@ __global__ void fill_kernel(T* dst, I c, I hw, I block, float value, I count) {
 }
 
 template <typename T, int V, typename I>
-__global__ void add_bias_kernel(T* y, const T* bias, I c, I hw, bool channels_last, I vectors) {
+__global__ void add_bias_kernel(const T* x, T* y, const T* bias, I c, I hw, bool channels_last,
+                                bool relu, I vectors) {
   for (I i = first_index_as<I>(); i < vectors; i += index_stride_as<I>()) {
-    add_bias_at<DeviceConvert, T, V>(i, y, bias, c, hw, channels_last);
+    add_bias_at<DeviceConvert, T, V>(i, x, y, bias, c, hw, channels_last, relu);
   }
 }
 
@@ -318,6 +319,20 @@ struct SumTerm {  // the bias gradient: sum of dy, in float
   }
 };
 
+// relu backward, dx = y <= 0 ? 0 : dy (as relu_backward_at), written, and
+// the bias gradient: the sum of dx, in float (as SumTerm over that dx).
+template <typename T>
+struct ReluBackwardTerm {
+  const T* y;
+  const T* dy;
+  T* dx;
+  __device__ void operator()(int64_t at, int64_t, float (&acc)[1]) const {
+    const T g = to_float(y[at]) <= 0.0f ? from_float<T>(0.0f) : dy[at];
+    dx[at] = g;
+    acc[0] += to_float(g);
+  }
+};
+
 struct BiasFinish {  // dbias = sum (+ beta * dbias), rounded to float once
   float* dbias;
   float beta;
@@ -488,20 +503,20 @@ void add(Element type, const void* a, const void* b, void* y, int64_t count,
   check_launch("add_kernel");
 }
 
-void add_bias(Element type, void* y, const void* bias, int64_t n, int64_t c, int64_t hw,
-              bool channels_last, cudaStream_t stream) {
+void add_bias(Element type, const void* x, void* y, const void* bias, int64_t n, int64_t c,
+              int64_t hw, bool channels_last, bool relu, cudaStream_t stream) {
   const int64_t count = n * c * hw;
   if (count == 0) return;
-  // The bias is read an element at a time: only y's accesses are packed.
-  const bool packed = packs_fit(type, channels_last ? c : hw, {y});
+  // The bias is read an element at a time: only x's and y's accesses are packed.
+  const bool packed = packs_fit(type, channels_last ? c : hw, {x, y});
   with_shape(type, packed, count, [&](auto t, auto v, auto index) {
     using T = decltype(t);
     using I = decltype(index);
     constexpr int V = decltype(v)::value;
     const int64_t vectors = count / V;
     add_bias_kernel<T, V, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
-        static_cast<T*>(y), static_cast<const T*>(bias), static_cast<I>(c), static_cast<I>(hw),
-        channels_last, static_cast<I>(vectors));
+        static_cast<const T*>(x), static_cast<T*>(y), static_cast<const T*>(bias),
+        static_cast<I>(c), static_cast<I>(hw), channels_last, relu, static_cast<I>(vectors));
   });
   check_launch("add_bias_kernel");
 }
@@ -667,6 +682,20 @@ void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t h
     using T = decltype(t);
     channel_sums<1, float>(n, c, hw, channels_last, SumTerm<T>{static_cast<const T*>(dy)},
                            BiasFinish{dbias, beta}, partials, stream, "bias_gradient");
+  });
+}
+
+void relu_backward_bias(Element type, const void* y, const void* dy, void* dx, int64_t n,
+                        int64_t c, int64_t hw, bool channels_last, float* dbias, void* partials,
+                        cudaStream_t stream) {
+  if (c == 0) return;
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    channel_sums<1, float>(
+        n, c, hw, channels_last,
+        ReluBackwardTerm<T>{static_cast<const T*>(y), static_cast<const T*>(dy),
+                            static_cast<T*>(dx)},
+        BiasFinish{dbias, 0.0f}, partials, stream, "relu_backward_bias");
   });
 }
 

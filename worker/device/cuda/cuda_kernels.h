@@ -49,11 +49,12 @@ void fill(Element type, void* dst, const BlockedShape& shape, float value, cudaS
 // y = a + b over count elements of `type`; y may alias a or b.
 void add(Element type, const void* a, const void* b, void* y, int64_t count,
          cudaStream_t stream);
-// y += bias per channel over {n, c, hw} of `type` (NCHW, or NHWC where
-// channels_last), in float, rounded once: a convolution's bias in NHWC,
-// where cudnnAddTensor is slow.
-void add_bias(Element type, void* y, const void* bias, int64_t n, int64_t c, int64_t hw,
-              bool channels_last, cudaStream_t stream);
+// y = x + bias per channel over {n, c, hw} of `type` (NCHW, or NHWC where
+// channels_last), in float, rounded once, and with `relu` relu of that; y
+// may alias x: a convolution's bias in NHWC, where cudnnAddTensor is slow,
+// and a bias paired with the relu after it (Backend::bias_relu_forward).
+void add_bias(Element type, const void* x, void* y, const void* bias, int64_t n, int64_t c,
+              int64_t hw, bool channels_last, bool relu, cudaStream_t stream);
 // y = x + beta * y over count elements, x of x_type and y of y_type (a half
 // x into an f32 y: a half convolution's weight gradient); beta = 0 never
 // reads y.
@@ -120,6 +121,13 @@ int64_t bias_gradient_partial_bytes(int64_t n, int64_t c, int64_t hw, bool chann
 void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t hw,
                    bool channels_last, float* dbias, float beta, void* partials,
                    cudaStream_t stream);
+
+// relu_backward over {n, c, hw} and, in one pass, the bias gradient of the
+// dx it writes into f32 dbias (overwritten), as bias_gradient would sum it;
+// partials as bias_gradient_partial_bytes gives. dx may alias dy.
+void relu_backward_bias(Element type, const void* y, const void* dy, void* dx, int64_t n,
+                        int64_t c, int64_t hw, bool channels_last, float* dbias, void* partials,
+                        cudaStream_t stream);
 
 // relu over `count` elements of `type` in any layout (relu(0) = 0 keeps
 // padding zero): y = x <= 0 ? 0 : x, and dx = y <= 0 ? 0 : dy (y > 0

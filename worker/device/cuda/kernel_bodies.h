@@ -94,13 +94,16 @@ VTRAIN_KERNEL_BODY void fill_at(I i, T* dst, I c, I hw, I block, T value, T zero
 
 // ------------------------------------------------------ bias add and relu
 
-// y += bias for the V elements from i * V: V channels of a pixel (NHWC, c
-// a multiple of V) or V pixels of a channel (NCHW, hw a multiple of V). The
-// bias is read an element at a time.
+// y = x + bias for the V elements from i * V: V channels of a pixel (NHWC,
+// c a multiple of V) or V pixels of a channel (NCHW, hw a multiple of V),
+// rounded once; then, with `relu`, relu (as relu_forward_at) of that. y may
+// alias x. The bias is read an element at a time.
 template <typename C, typename T, int V, typename I>
-VTRAIN_KERNEL_BODY void add_bias_at(I i, T* y, const T* bias, I c, I hw, bool channels_last) {
+VTRAIN_KERNEL_BODY void add_bias_at(I i, const T* x, T* y, const T* bias, I c, I hw,
+                                    bool channels_last, bool relu) {
   const I first = i * V;
-  Pack<T, V> p = load_pack<T, V>(y + first);
+  const T zero = C::template from_float<T>(0.0f);
+  Pack<T, V> p = load_pack<T, V>(x + first);
   if (channels_last) {
     const I ch = first % c;
 VTRAIN_UNROLL
@@ -111,6 +114,12 @@ VTRAIN_UNROLL
     const float b = C::to_float(bias[first / hw % c]);
 VTRAIN_UNROLL
     for (int l = 0; l < V; ++l) p.v[l] = C::template from_float<T>(C::to_float(p.v[l]) + b);
+  }
+  if (relu) {
+VTRAIN_UNROLL
+    for (int l = 0; l < V; ++l) {
+      if (C::to_float(p.v[l]) <= 0.0f) p.v[l] = zero;
+    }
   }
   store_pack<T, V>(y + first, p);
 }

@@ -79,7 +79,7 @@ void ConvLayer::forward(LayerCall& call, bool) {
   o.x = call.in[0];
   o.y = call.out;
   o.w = compute_params();
-  o.bias = compute_bias();
+  o.bias = bias_to_relu_ ? nullptr : compute_bias();
   run(call, ConvKind::kForward, o, 0.0f);
 }
 
@@ -89,7 +89,7 @@ void ConvLayer::backward(LayerCall& call) {
   o.dy = call.dout;
   o.w = compute_params();
   o.dw = grads();
-  o.dbias = bias(grads());
+  o.dbias = bias_to_relu_ ? nullptr : bias(grads());
   run(call, ConvKind::kBackwardFilter, o, 0.0f);
   call.gradients_ready();
   // Planned kernels were measured writing dx (beta 0): a second consumer's

@@ -37,6 +37,13 @@ class ConvLayer final : public Layer {
   // policy's downgrade). Throws std::logic_error when planned.
   ConvAlgorithmChoice& choice();
 
+  // The bias and its gradient left to the relu after it (ReluLayer::
+  // take_bias_of): forward adds no bias, backward writes no bias gradient.
+  void leave_bias_to_relu() { bias_to_relu_ = true; }
+  bool has_bias() const { return spec().bias; }
+  const void* compute_bias() const;  // the bias as kernels read it; null without one
+  float* bias_gradient() const { return bias(grads()); }
+
   // conv.algorithm auto: times every candidate of every kernel the layer
   // runs on buffers of its own, x and y at the layer's max batch, and keeps
   // the fastest. Candidates needing more workspace than room() (called once
@@ -52,7 +59,6 @@ class ConvLayer final : public Layer {
   // Where the bias starts in a parameter array: after the weights.
   int64_t bias_offset() const { return problem_.weight_shape().elements(); }
   float* bias(float* base) const;
-  const void* compute_bias() const;  // the bias in compute_params()
   // Runs one kernel: undivided with the chosen algorithm in the call's
   // workspace, or as the plan's calls in the kernel's segment of it.
   void run(LayerCall& call, ConvKind kind, const ConvOperands& o, float beta);
@@ -61,6 +67,7 @@ class ConvLayer final : public Layer {
   std::vector<ConvKind> kernels_;  // the kinds a step runs
   std::optional<ConvAlgorithmChoice> choice_;  // unplanned
   std::optional<ConvPlan> plan_;               // planned
+  bool bias_to_relu_ = false;
 };
 
 }  // namespace vtrain::worker

@@ -1,0 +1,30 @@
+// ReLU activation; its backward reads its own output. Paired with the
+// convolution before it (Network, conv.fuse_relu), it also adds that
+// convolution's bias in forward and writes its gradient in backward, one
+// pass over the activations each way instead of two.
+#pragma once
+
+#include "worker/engine/layers/conv_layer.h"
+#include "worker/engine/layers/layer.h"
+
+namespace vtrain::worker {
+
+class ReluLayer final : public Layer {
+ public:
+  using Layer::Layer;
+  void forward(LayerCall& call, bool training) override;
+  void backward(LayerCall& call) override;
+  void describe_backward(memory::LayerNode& node) const override;
+  // "bias of conv1 added here (conv.fuse_relu)" when paired, else "".
+  std::string algorithms(Backend& backend) const override;
+
+  // Takes over `conv`'s bias (its only reader's input is conv's output),
+  // which then leaves it out (ConvLayer::leave_bias_to_relu). Not owned.
+  void take_bias_of(const ConvLayer& conv) { conv_ = &conv; }
+  bool adds_bias() const { return conv_ != nullptr; }
+
+ private:
+  const ConvLayer* conv_ = nullptr;
+};
+
+}  // namespace vtrain::worker
