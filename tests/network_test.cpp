@@ -188,18 +188,24 @@ TEST_F(NetworkTest, PairedBiasAndReluGradients) {
 }
 
 // Training with the pairs against without, on the same seeds: the same
-// weights to float rounding (the bias sums run in another order).
+// weights to float rounding (the bias sums run in another order). Also
+// under a per-tensor memory policy that times its layers alone in place
+// before the network binds them (the pairs come after).
 TEST_F(NetworkTest, PairedBiasTrainsLikeTheConvolutionsOwn) {
   const Graph g = test_support::preset_graph("vgg-small", 32);
-  std::vector<float> params[2];
-  for (const FuseRelu fuse : {FuseRelu::kOff, FuseRelu::kOn}) {
-    NetworkOptions o = options(8, "direct");
-    o.fuse_relu = fuse;
-    EXPECT_EQ(Network(g, *backend_, o).bias_relu_pairs() > 0, fuse == FuseRelu::kOn);
-    params[fuse == FuseRelu::kOn] = test_support::train_steps(*backend_, g, o, 4).params;
+  for (const memory::Policy policy : {memory::Policy::kNone, memory::Policy::kAuto}) {
+    SCOPED_TRACE(memory::policy_name(policy));
+    std::vector<float> params[2];
+    for (const FuseRelu fuse : {FuseRelu::kOff, FuseRelu::kOn}) {
+      NetworkOptions o = options(8, "direct");
+      o.fuse_relu = fuse;
+      o.memory_policy = policy;
+      EXPECT_EQ(Network(g, *backend_, o).bias_relu_pairs() > 0, fuse == FuseRelu::kOn);
+      params[fuse == FuseRelu::kOn] = test_support::train_steps(*backend_, g, o, 4).params;
+    }
+    ASSERT_FALSE(params[0].empty());
+    EXPECT_LT(test_support::relative_difference(params[0], params[1]), 1e-5);
   }
-  ASSERT_FALSE(params[0].empty());
-  EXPECT_LT(test_support::relative_difference(params[0], params[1]), 1e-5);
 }
 
 TEST_F(NetworkTest, EveryConvolutionAlgorithmGivesTheSameGradients) {

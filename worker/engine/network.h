@@ -262,7 +262,7 @@ class Network {
 
  private:
   void make_layers();
-  void pair_bias_with_relu();  // after make_layers, as options_.fuse_relu says
+  void pair_bias_with_relu();  // once the layers are bound, as options_.fuse_relu says
   bool has_compute_copy() const;           // a half precision with conv or fc parameters
   TensorDesc compute_params_desc() const;  // the half compute copy of the parameters
   void refresh_compute_params();            // from params_ when stale

@@ -58,15 +58,22 @@ const dnnl::reduction::primitive_desc& CpuBackend::channel_sum_pd(const TensorDe
 }
 
 size_t CpuBackend::relu_scratch_bytes(const TensorDesc& x) {
+  size_t bytes = 0;
   try {
-    return std::max({relu_fwd_pd(x).scratchpad_desc().get_size(),
-                     relu_bwd_pd(x).scratchpad_desc().get_size(),
-                     bias_relu_pd(x).scratchpad_desc().get_size(),
-                     sums_over_channels(x) ? channel_sum_pd(x).scratchpad_desc().get_size()
-                                           : size_t{0}});
+    bytes = std::max(relu_fwd_pd(x).scratchpad_desc().get_size(),
+                     relu_bwd_pd(x).scratchpad_desc().get_size());
   } catch (const dnnl::error& e) {
     rethrow("relu " + x.shape.str(), e);
   }
+  // The bias-paired calls only where oneDNN offers them (off by default
+  // here): a refusal is the paired call's to report, not every relu's.
+  try {
+    bytes = std::max({bytes, bias_relu_pd(x).scratchpad_desc().get_size(),
+                      sums_over_channels(x) ? channel_sum_pd(x).scratchpad_desc().get_size()
+                                            : size_t{0}});
+  } catch (const dnnl::error&) {
+  }
+  return bytes;
 }
 
 void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
