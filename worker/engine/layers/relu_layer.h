@@ -18,10 +18,10 @@ class ReluLayer final : public Layer {
   // "bias of conv1 added here (conv.fuse_relu)" when paired, else "".
   std::string algorithms(Backend& backend) const override;
 
-  // Takes over `conv`'s bias (its only reader's input is conv's output),
-  // which then leaves it out (ConvLayer::leave_bias_to_relu). Not owned.
+  // Takes over `conv`'s bias (this layer being the only reader of conv's
+  // output), which conv then leaves out (ConvLayer::leave_bias_to_relu).
+  // Not owned.
   void take_bias_of(const ConvLayer& conv) { conv_ = &conv; }
-  bool adds_bias() const { return conv_ != nullptr; }
 
  private:
   const ConvLayer* conv_ = nullptr;
