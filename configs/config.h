@@ -63,7 +63,7 @@ struct DataConfig {
   // Gather the next batch on a thread while a step runs and copy it to the
   // device meanwhile: auto (gather where a rank's batch holds 2^20 values
   // or more, copy where the device is a GPU), on (both, always), off.
-  worker::PrefetchSetting prefetch = worker::PrefetchSetting::kAuto;
+  common::AutoOnOff prefetch = common::AutoOnOff::kAuto;
 };
 
 struct TrainConfig {
@@ -139,7 +139,8 @@ struct ConvConfig {
   std::string algorithm = "auto";  // "auto" or a backend algorithm name (cpu: direct, winograd, im2col_gemm)
   bool cudnn_graph = true;         // CUDA, half precision: also cuDNN's graph-API engines
   int graph_engines = worker::kDefaultGraphEngines;  // ... the heuristic's first this many per configuration
-  worker::FuseRelu fuse_relu = worker::FuseRelu::kAuto;  // a conv's bias added by the relu after it
+  // a conv's bias added by the relu after it (NetworkOptions::fuse_relu)
+  common::AutoOnOff fuse_relu = common::AutoOnOff::kAuto;
 };
 
 struct MemoryConfig {

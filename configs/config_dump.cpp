@@ -115,7 +115,7 @@ void emit_data(YAML::Emitter& out, const Config& config) {
     emit_floats(out, data.stddev);
   }
   out << YAML::Key << "prefetch" << YAML::Value
-      << common::name_of(worker::kPrefetchSettingNames, data.prefetch);
+      << common::name_of(common::kAutoOnOffNames, data.prefetch);
   out << YAML::EndMap;
 }
 
@@ -136,7 +136,7 @@ void emit_training(YAML::Emitter& out, const Config& config) {
       << common::name_of(worker::kGradientAllreduceNames, train.gradient_allreduce);
   const worker::LossScalingSettings& l = train.loss_scaling;
   out << YAML::Key << "loss_scaling" << YAML::Value << YAML::Flow << YAML::BeginMap;
-  out << YAML::Key << "mode" << YAML::Value << common::name_of(worker::kLossScalingModeNames, l.mode);
+  out << YAML::Key << "mode" << YAML::Value << common::name_of(common::kAutoOnOffNames, l.mode);
   out << YAML::Key << "initial" << YAML::Value << l.initial;
   out << YAML::Key << "growth_interval" << YAML::Value << l.growth_interval;
   out << YAML::EndMap;
@@ -169,7 +169,7 @@ void emit_device(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "cudnn_graph" << YAML::Value << config.conv.cudnn_graph;
   out << YAML::Key << "graph_engines" << YAML::Value << config.conv.graph_engines;
   out << YAML::Key << "fuse_relu" << YAML::Value
-      << common::name_of(worker::kFuseReluNames, config.conv.fuse_relu);
+      << common::name_of(common::kAutoOnOffNames, config.conv.fuse_relu);
   out << YAML::EndMap;
 
   out << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;

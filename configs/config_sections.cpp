@@ -90,7 +90,7 @@ DataConfig read_data(const Field& field) {
     if (Field size = section["test_size"]) data.test_size = to_int(size, at_least(1));
   }
 
-  if (Field f = section["prefetch"]) data.prefetch = to_choice(f, worker::kPrefetchSettingNames);
+  if (Field f = section["prefetch"]) data.prefetch = to_choice(f, common::kAutoOnOffNames);
   const Field mean = section["mean"];
   const Field stddev = section["std"];
   if (mean && !stddev) stddev.fail("missing (mean and std go together)");
@@ -308,7 +308,7 @@ worker::LossScalingSettings read_loss_scaling(const Field& field) {
   const Section section(field);
   section.allow({"mode", "initial", "growth_interval"});
   worker::LossScalingSettings l;
-  if (Field f = section["mode"]) l.mode = to_choice(f, worker::kLossScalingModeNames);
+  if (Field f = section["mode"]) l.mode = to_choice(f, common::kAutoOnOffNames);
   if (Field f = section["initial"]) {
     l.initial = to_number(f, above(0));
     if (!worker::LossScaler::valid_initial(l.initial)) {
@@ -476,7 +476,7 @@ ConvConfig read_conv(const Field& field) {
   if (Field f = section["graph_engines"]) {
     conv.graph_engines = static_cast<int>(to_int(f, between(1, 64, false, false)));
   }
-  if (Field f = section["fuse_relu"]) conv.fuse_relu = to_choice(f, worker::kFuseReluNames);
+  if (Field f = section["fuse_relu"]) conv.fuse_relu = to_choice(f, common::kAutoOnOffNames);
   return conv;
 }
 

@@ -38,7 +38,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_EQ(c.data.test_size, 256);
   EXPECT_TRUE(c.data.mean.empty());
   EXPECT_TRUE(c.data.stddev.empty());
-  EXPECT_EQ(c.data.prefetch, worker::PrefetchSetting::kAuto);
+  EXPECT_EQ(c.data.prefetch, common::AutoOnOff::kAuto);
   EXPECT_EQ(c.train.batch, 64);
   EXPECT_EQ(c.train.epochs, 1);
   EXPECT_EQ(c.train.max_steps, 0);
@@ -95,7 +95,7 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_EQ(c.data.test_size, 20);
   EXPECT_EQ(c.data.mean, (std::vector<float>{0.5f, 0.25f, 0.0f}));
   EXPECT_EQ(c.data.stddev, (std::vector<float>{1.0f, 2.0f, 0.5f}));
-  EXPECT_EQ(c.data.prefetch, worker::PrefetchSetting::kOff);
+  EXPECT_EQ(c.data.prefetch, common::AutoOnOff::kOff);
   EXPECT_EQ(c.train.batch, 32);
   EXPECT_EQ(c.train.epochs, 3);
   EXPECT_EQ(c.train.max_steps, 7);
@@ -379,11 +379,11 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   EXPECT_EQ(b.data.shape, a.data.shape);
   EXPECT_EQ(b.data.mean, a.data.mean);
   EXPECT_EQ(b.data.stddev, a.data.stddev);
-  EXPECT_EQ(b.data.prefetch, worker::PrefetchSetting::kOn);
+  EXPECT_EQ(b.data.prefetch, common::AutoOnOff::kOn);
   EXPECT_EQ(b.train.seed, 7u);
   EXPECT_FALSE(b.train.evaluate);
   EXPECT_EQ(b.train.precision, common::Precision::kBf16);
-  EXPECT_EQ(b.train.loss_scaling.mode, worker::LossScalingMode::kOn);
+  EXPECT_EQ(b.train.loss_scaling.mode, common::AutoOnOff::kOn);
   EXPECT_EQ(b.train.loss_scaling.initial, 256);
   EXPECT_EQ(b.train.loss_scaling.growth_interval, 50);
   EXPECT_EQ(b.train.gradient_allreduce, worker::GradientAllreduce::kHalf);

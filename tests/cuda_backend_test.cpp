@@ -960,13 +960,14 @@ TEST_F(CudaBackendTest, BiasPairedWithReluTrainsLikeTheConvolutionsOwn) {
     SCOPED_TRACE(layout == LayoutChoice::kNhwc ? "nhwc" : "nchw");
     const std::unique_ptr<Backend> b = cuda::make_cuda_backend({.kind = "cuda", .layout = layout});
     std::vector<float> params[2];
-    for (const FuseRelu fuse : {FuseRelu::kOff, FuseRelu::kAuto}) {
+    using enum common::AutoOnOff;
+    for (const common::AutoOnOff fuse : {kOff, kAuto}) {
       NetworkOptions o;
       o.max_batch = 4;
       o.conv_algorithm = "algo_1";
       o.fuse_relu = fuse;
-      EXPECT_EQ(Network(g, *b, o).bias_relu_pairs() > 0, fuse == FuseRelu::kAuto);
-      params[fuse == FuseRelu::kAuto] = test_support::train_steps(*b, g, o, 3).params;
+      EXPECT_EQ(Network(g, *b, o).bias_relu_pairs() > 0, fuse == kAuto);
+      params[fuse == kAuto] = test_support::train_steps(*b, g, o, 3).params;
     }
     ASSERT_FALSE(params[0].empty());
     for (float v : params[1]) ASSERT_TRUE(std::isfinite(v));

@@ -59,7 +59,7 @@ struct Job {
     o.checkpoint_dir = dir;
     o.checkpoint_every = kCheckpointStep;
     o.checkpoint_keep = 10;
-    o.loss_scaling = {.mode = worker::LossScalingMode::kOn, .initial = kInitial,
+    o.loss_scaling = {.mode = common::AutoOnOff::kOn, .initial = kInitial,
                       .growth_interval = 2};
     return o;
   }
@@ -141,7 +141,7 @@ TEST(LossScaleResume, WithoutASavedScaleTheScalerStartsAtInitial) {
   ASSERT_NE(saved.loss_scaler->scale, kInitial);
 
   worker::TrainerOptions off = job.resuming(folder_with(tmp, "off", saved), kCheckpointStep);
-  off.loss_scaling.mode = worker::LossScalingMode::kOff;
+  off.loss_scaling.mode = common::AutoOnOff::kOff;
   std::string printed;
   EXPECT_EQ(job.run(off, &printed).loss_scale, 0);
   EXPECT_NE(printed.find("loss scaling: off in this run; the checkpoint's scale"),

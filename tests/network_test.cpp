@@ -137,7 +137,7 @@ class NetworkTest : public ::testing::Test {
 
   std::unique_ptr<Backend> backend_;
   double eps_scale_ = 3e-4;  // finite-difference step relative to the parameter
-  FuseRelu fuse_relu_ = FuseRelu::kAuto;  // the networks' conv.fuse_relu
+  common::AutoOnOff fuse_relu_ = common::AutoOnOff::kAuto;  // the networks' conv.fuse_relu
 };
 
 TEST_F(NetworkTest, ConvFcGradients) {
@@ -162,12 +162,12 @@ TEST_F(NetworkTest, ConvBiasPairsWithTheReluThatAloneReadsIt) {
                                 L("r2", LayerType::kRelu, {"c2"}), conv("c3", "r2", 16, 3, 1),
                                 L("r3", LayerType::kRelu, {"c3"}), sum, fc("fc", "sum", 5)},
                                {1, 3, 8, 8});
-  for (const auto& [fuse, pairs] : {std::pair{FuseRelu::kOn, 1}, std::pair{FuseRelu::kAuto, 0},
-                                    std::pair{FuseRelu::kOff, 0}}) {
+  using enum common::AutoOnOff;
+  for (const auto& [fuse, pairs] : {std::pair{kOn, 1}, std::pair{kAuto, 0}, std::pair{kOff, 0}}) {
     NetworkOptions o = options(4, "direct");
     o.fuse_relu = fuse;
     const Network net(g, *backend_, o);
-    EXPECT_EQ(net.bias_relu_pairs(), pairs) << common::name_of(kFuseReluNames, fuse);
+    EXPECT_EQ(net.bias_relu_pairs(), pairs) << common::name_of(common::kAutoOnOffNames, fuse);
     const std::vector<std::string> summary = net.algorithm_summary();
     const bool said = std::find(summary.begin(), summary.end(),
                                 "r1: bias of c1 added here (conv.fuse_relu)") != summary.end();
@@ -179,7 +179,7 @@ TEST_F(NetworkTest, ConvBiasPairsWithTheReluThatAloneReadsIt) {
 // against central differences (a bias entry of c1 and of c2 among those
 // sampled), in the CPU's blocked layouts and channels last.
 TEST_F(NetworkTest, PairedBiasAndReluGradients) {
-  fuse_relu_ = FuseRelu::kOn;
+  fuse_relu_ = common::AutoOnOff::kOn;
   const Graph g = Graph::build({L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1),
                                 L("r1", LayerType::kRelu, {"c1"}), conv("c2", "r1", 20, 3, 0, 2),
                                 L("r2", LayerType::kRelu, {"c2"}), fc("fc", "r2", 5)},
@@ -196,12 +196,13 @@ TEST_F(NetworkTest, PairedBiasTrainsLikeTheConvolutionsOwn) {
   for (const memory::Policy policy : {memory::Policy::kNone, memory::Policy::kAuto}) {
     SCOPED_TRACE(memory::policy_name(policy));
     std::vector<float> params[2];
-    for (const FuseRelu fuse : {FuseRelu::kOff, FuseRelu::kOn}) {
+    using enum common::AutoOnOff;
+    for (const common::AutoOnOff fuse : {kOff, kOn}) {
       NetworkOptions o = options(8, "direct");
       o.fuse_relu = fuse;
       o.memory_policy = policy;
-      EXPECT_EQ(Network(g, *backend_, o).bias_relu_pairs() > 0, fuse == FuseRelu::kOn);
-      params[fuse == FuseRelu::kOn] = test_support::train_steps(*backend_, g, o, 4).params;
+      EXPECT_EQ(Network(g, *backend_, o).bias_relu_pairs() > 0, fuse == kOn);
+      params[fuse == kOn] = test_support::train_steps(*backend_, g, o, 4).params;
     }
     ASSERT_FALSE(params[0].empty());
     EXPECT_LT(test_support::relative_difference(params[0], params[1]), 1e-5);

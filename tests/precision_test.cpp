@@ -283,9 +283,9 @@ ScaledRun lenet_run(const worker::LossScalingSettings& scaling, int64_t max_step
 // Scales are powers of two: where nothing overflows, scaling the loss and
 // unscaling the gradients change no bit of the weights.
 TEST(LossScaling, PowerOfTwoScalesChangeNoBitOfTheWeights) {
-  const ScaledRun off = lenet_run({.mode = worker::LossScalingMode::kOff}, 8);
+  const ScaledRun off = lenet_run({.mode = common::AutoOnOff::kOff}, 8);
   const ScaledRun on = lenet_run(
-      {.mode = worker::LossScalingMode::kOn, .initial = 1024, .growth_interval = 3}, 8);
+      {.mode = common::AutoOnOff::kOn, .initial = 1024, .growth_interval = 3}, 8);
   EXPECT_TRUE(bitwise_equal(off.params, on.params));
   EXPECT_EQ(on.result.skipped_steps, 0);
   EXPECT_EQ(on.result.loss_scale, 1024 * 4);  // doubled after steps 3 and 6
@@ -310,7 +310,7 @@ TEST(LossScaling, OverflowedStepsAreSkippedAndTheScaleHalves) {
   net.init_parameters(trainer_options("", 1).seed);  // as train() initialises
   const std::vector<float> initial = net.download_parameters();
   const ScaledRun scaled = lenet_run(
-      {.mode = worker::LossScalingMode::kOn, .initial = 0x1p127, .growth_interval = 100}, 3,
+      {.mode = common::AutoOnOff::kOn, .initial = 0x1p127, .growth_interval = 100}, 3,
       1000);
   EXPECT_EQ(scaled.result.skipped_steps, 3);
   EXPECT_EQ(scaled.result.loss_scale, 0x1p124);

@@ -105,7 +105,7 @@ TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
       options.evaluate = evaluate;
       options.conv_algorithm = "direct";
       options.progress = worker::Progress::Mode::kOff;
-      using enum worker::PrefetchSetting;
+      using enum common::AutoOnOff;
       options.gather_ahead = ahead > 0 ? kOn : kOff;
       options.prefetch_input = ahead > 1 ? kOn : kOff;
       const worker::TrainResult r =
@@ -135,8 +135,8 @@ TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
 TEST(Train, BatchStagingFollowsTheOptionsAndTheBatch) {
   auto backend = worker::make_backend({.kind = "cpu"});
   const int64_t sample = 3 * 224 * 224;  // 2^20 values in 7 such samples
-  using enum worker::PrefetchSetting;
-  auto staging = [&](worker::PrefetchSetting gather, worker::PrefetchSetting prefetch,
+  using enum common::AutoOnOff;
+  auto staging = [&](common::AutoOnOff gather, common::AutoOnOff prefetch,
                      int64_t batch) {
     worker::TrainerOptions o;
     o.gather_ahead = gather;

@@ -103,8 +103,9 @@ struct DeviceInfo;
 // every one is on a GPU of its own (DeviceInfo::device_key); else MPI, a
 // GPU's buckets going through pinned host memory (worker/comm/host_staged.h;
 // two ranks sharing a GPU, or a rank on the CPU). `note` (when given)
-// then says which of the GPU paths it is, and why not NCCL. A testing aid: VTRAIN_STAGE_GRADIENTS=1 on any rank
-// stages every rank's gradients through host memory, also on the CPU.
+// then says which of the GPU paths it is, and why not NCCL. A testing aid:
+// VTRAIN_STAGE_GRADIENTS=1 on any rank stages every rank's gradients
+// through host memory, also on the CPU.
 // `cluster` is every rank's device (gather_device_infos). Collective
 // (every rank takes part in the same allreduce); requires a live
 // MpiRuntime. Defined with the backend factory, the one place that knows

@@ -160,8 +160,8 @@ void Network::make_layers() {
 }
 
 void Network::pair_bias_with_relu() {
-  if (options_.fuse_relu == FuseRelu::kOff ||
-      (options_.fuse_relu == FuseRelu::kAuto && !backend_.pairs_bias_with_relu())) {
+  if (options_.fuse_relu == common::AutoOnOff::kOff ||
+      (options_.fuse_relu == common::AutoOnOff::kAuto && !backend_.pairs_bias_with_relu())) {
     return;
   }
   for (int i = 0; i < graph_.size(); ++i) {

@@ -45,15 +45,6 @@ namespace vtrain::worker {
 class Layer;
 class ScheduleInterpreter;
 
-// conv.fuse_relu: a convolution with a bias whose only reader is a relu
-// leaves the bias to it, which adds it in forward and writes its gradient
-// in backward, a pass over the activations fewer each way
-// (Backend::bias_relu_forward, relu_backward_bias): auto where the backend
-// gains from it (Backend::pairs_bias_with_relu), on everywhere, or off.
-enum class FuseRelu { kAuto, kOn, kOff };
-inline constexpr auto kFuseReluNames = std::to_array<common::Named<FuseRelu>>(
-    {{FuseRelu::kAuto, "auto"}, {FuseRelu::kOn, "on"}, {FuseRelu::kOff, "off"}});
-
 struct NetworkOptions {
   int64_t max_batch = 64;                  // largest batch a step or evaluation will use
   std::string conv_algorithm = "auto";     // "auto": time every algorithm per layer and kind at
@@ -94,7 +85,12 @@ struct NetworkOptions {
   // of the pool), for prefetch_input(): the trainer turns it on where the
   // device has memory of its own (a GPU).
   bool prefetch_input = false;
-  FuseRelu fuse_relu = FuseRelu::kAuto;
+  // conv.fuse_relu: a convolution with a bias whose only reader is a relu
+  // leaves the bias to it, which adds it in forward and writes its gradient
+  // in backward, a pass over the activations fewer each way
+  // (Backend::bias_relu_forward, relu_backward_bias): auto where the
+  // backend gains from it (Backend::pairs_bias_with_relu).
+  common::AutoOnOff fuse_relu = common::AutoOnOff::kAuto;
 };
 
 // What the memory part is doing for a network.

@@ -17,15 +17,11 @@
 
 namespace vtrain::worker {
 
-// train.loss_scaling.mode: auto is on under train.precision fp16 (the
-// only type whose range needs it) and off otherwise.
-enum class LossScalingMode { kAuto, kOn, kOff };
-inline constexpr auto kLossScalingModeNames = std::to_array<common::Named<LossScalingMode>>(
-    {{LossScalingMode::kAuto, "auto"}, {LossScalingMode::kOn, "on"}, {LossScalingMode::kOff, "off"}});
-
 // train.loss_scaling in the config.
 struct LossScalingSettings {
-  LossScalingMode mode = LossScalingMode::kAuto;
+  // auto: on under train.precision fp16 (the only type whose range needs
+  // it), off otherwise.
+  common::AutoOnOff mode = common::AutoOnOff::kAuto;
   double initial = 65536;          // the first scale (2^16); a power of two
   int64_t growth_interval = 2000;  // clean steps in a row before the scale doubles
 };

@@ -16,8 +16,8 @@ namespace {
 
 // train.loss_scaling's scaler, or nothing when it is off (auto: on under fp16).
 std::optional<LossScaler> make_loss_scaler(const LossScalingSettings& s, common::Precision p) {
-  const bool on = s.mode == LossScalingMode::kOn ||
-                  (s.mode == LossScalingMode::kAuto && p == common::Precision::kFp16);
+  const bool on = s.mode == common::AutoOnOff::kOn ||
+                  (s.mode == common::AutoOnOff::kAuto && p == common::Precision::kFp16);
   if (!on) return std::nullopt;
   return LossScaler(s.initial, s.growth_interval);
 }
@@ -397,11 +397,11 @@ namespace vtrain::worker {
 BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
                            int64_t sample_values, const Backend& backend) {
   BatchStaging s;
-  s.gather_ahead = options.gather_ahead == PrefetchSetting::kAuto
+  s.gather_ahead = options.gather_ahead == common::AutoOnOff::kAuto
                        ? rank_batch * sample_values >= BatchGatherer::kMinPixels
-                       : options.gather_ahead == PrefetchSetting::kOn;
-  s.prefetch_input = s.gather_ahead && options.prefetch_input != PrefetchSetting::kOff &&
-                     (options.prefetch_input == PrefetchSetting::kOn ||
+                       : options.gather_ahead == common::AutoOnOff::kOn;
+  s.prefetch_input = s.gather_ahead && options.prefetch_input != common::AutoOnOff::kOff &&
+                     (options.prefetch_input == common::AutoOnOff::kOn ||
                       backend.device_info().backend != "cpu");
   return s;
 }

@@ -43,14 +43,6 @@ struct ConvPlan {
   friend bool operator==(const ConvPlan&, const ConvPlan&) = default;
 };
 
-// data.prefetch in the config: gathering ahead and the device copy, each
-// auto (as TrainerOptions decides), on or off.
-enum class PrefetchSetting { kAuto, kOn, kOff };
-inline constexpr auto kPrefetchSettingNames = std::to_array<common::Named<PrefetchSetting>>(
-    {{PrefetchSetting::kAuto, "auto"},
-     {PrefetchSetting::kOn, "on"},
-     {PrefetchSetting::kOff, "off"}});
-
 struct TrainerOptions {
   int64_t batch = 64;            // global mini-batch B
   int64_t epochs = 1;
@@ -64,7 +56,8 @@ struct TrainerOptions {
   // train.loss_scaling (loss_scaler.h); auto: on under precision fp16.
   LossScalingSettings loss_scaling;
   std::string conv_algorithm = "auto";
-  FuseRelu fuse_relu = FuseRelu::kAuto;  // conv.fuse_relu (NetworkOptions::fuse_relu)
+  // conv.fuse_relu (NetworkOptions::fuse_relu)
+  common::AutoOnOff fuse_relu = common::AutoOnOff::kAuto;
   // This rank's convolution kernels from the plan solved at start.
   ConvPlan conv_plan;
   // After a re-balance, this rank's conv kernels at its new batch.
@@ -124,11 +117,11 @@ struct TrainerOptions {
   TrainObserver* observer = nullptr;
   // Gather the next batch on a thread while a step computes; auto: where
   // the batch holds at least 2^20 values (where it pays).
-  PrefetchSetting gather_ahead = PrefetchSetting::kAuto;
+  common::AutoOnOff gather_ahead = common::AutoOnOff::kAuto;
   // Copy the batch gathered ahead to the device while the step before it
   // finishes (Network::prefetch_input); auto: on a device with memory of
   // its own (a GPU). Only batches gathered ahead.
-  PrefetchSetting prefetch_input = PrefetchSetting::kAuto;
+  common::AutoOnOff prefetch_input = common::AutoOnOff::kAuto;
 };
 
 // How a rank stages its batches (TrainerOptions::gather_ahead and
