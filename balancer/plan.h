@@ -4,7 +4,8 @@
 // back with `vtrain train --plan FILE`.
 //
 //   vtrain_plan: 1
-//   model: <Graph::profile_key(): the model's signature, @precision unless fp32, @layout unless auto>
+//   model: <Graph::profile_key(): the model's signature, @precision unless fp32, @layout unless
+//           auto, @fuse_relu=on|off unless auto>
 //   global_batch: 96
 //   memory_policy: none
 //   workspace_policy: wd            # undivided | wr | wd

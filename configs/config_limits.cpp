@@ -170,6 +170,7 @@ worker::Graph build_model(const Config& config, const worker::Shape& input) {
     }
     worker::Graph graph = worker::Graph::build(std::move(layers), input, config.train.precision);
     graph.set_layout_choice(config.device.layout);
+    graph.set_fuse_relu(config.conv.fuse_relu);
     return graph;
   } catch (const worker::GraphError& error) {
     fail_model(config, input, error.layer(), error.detail());

@@ -51,7 +51,6 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
       cfg.balance.rebalance.enabled && cfg.balance.split == balancer::SplitMode::kAuto;
   o.loss_scaling = cfg.train.loss_scaling;
   o.gradient_allreduce = cfg.train.gradient_allreduce;
-  o.fuse_relu = cfg.conv.fuse_relu;
   o.gather_ahead = cfg.data.prefetch;
   o.prefetch_input = cfg.data.prefetch;
   return o;
@@ -61,7 +60,6 @@ worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_ba
   worker::NetworkOptions o;
   o.max_batch = max_batch;
   o.conv_algorithm = cfg.conv.algorithm;
-  o.fuse_relu = cfg.conv.fuse_relu;
   o.memory_policy = cfg.memory.policy;
   o.memory_planner = cfg.memory.planner;
   o.optimizer_bytes_per_parameter = worker::training_bytes_per_parameter(
@@ -114,7 +112,6 @@ worker::ProfileOptions profile_options(const config::Config& cfg, const worker::
   o.step_rounds = static_cast<int>(cfg.profile.step_rounds);
   o.steps = cfg.profile.steps;
   o.memory_policy = cfg.memory.policy;
-  o.fuse_relu = cfg.conv.fuse_relu;
   return o;
 }
 

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "configs/config_limits.h"
 #include "tests/config_test_support.h"
 #include "tests/test_support.h"
 #include "worker/engine/graph.h"
@@ -84,7 +85,7 @@ optimizer:
   gamma: 0.5
   warmup_steps: 10
 device: {backend: cpu, threads: 4, memory_limit: 1.5GB, layout: nhwc}
-conv: {algorithm: winograd, cudnn_graph: false, graph_engines: 10}
+conv: {algorithm: winograd, cudnn_graph: false, graph_engines: 10, fuse_relu: off}
 output: {metrics: /tmp/m.jsonl, progress: line}
 )");
   EXPECT_EQ(c.model.preset, "vgg-small");
@@ -116,6 +117,12 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_EQ(c.conv.algorithm, "winograd");
   EXPECT_FALSE(c.conv.cudnn_graph);
   EXPECT_EQ(c.conv.graph_engines, 10);
+  EXPECT_EQ(c.conv.fuse_relu, common::AutoOnOff::kOff);
+  // The settings that change what a step computes reach the model, and the
+  // key its perf DB timings are kept under.
+  const worker::Graph model = build_model(c, c.data.shape);
+  EXPECT_EQ(model.fuse_relu(), common::AutoOnOff::kOff);
+  EXPECT_EQ(model.profile_key(), model.signature() + "@nhwc@fuse_relu=off");
   EXPECT_EQ(c.output.metrics, "/tmp/m.jsonl");
   EXPECT_EQ(c.output.progress, worker::ProgressSetting::kLine);
 }
@@ -580,6 +587,7 @@ TEST(ConfigTest, NameTablesRoundTrip) {
   expect_table_round_trips(worker::kResumeSettingNames);
   expect_table_round_trips(worker::kScheduleKindNames);
   expect_table_round_trips(worker::kLayoutChoiceNames);
+  expect_table_round_trips(common::kAutoOnOffNames);
   EXPECT_STREQ(common::name_of(memory::kPolicyNames, static_cast<memory::Policy>(99)), "?");
 }
 

@@ -955,17 +955,17 @@ TEST_F(CudaBackendTest, BiasReluOpsMatchTheConvolutionsOwnBitForBit) {
 // rounding (the algorithm auto picks, or cuDNN's NCHW bias ops, may add up
 // in another order).
 TEST_F(CudaBackendTest, BiasPairedWithReluTrainsLikeTheConvolutionsOwn) {
-  const Graph g = test_support::preset_graph("vgg-small", 16);
+  Graph g = test_support::preset_graph("vgg-small", 16);
   for (const LayoutChoice layout : {LayoutChoice::kNhwc, LayoutChoice::kAuto}) {
     SCOPED_TRACE(layout == LayoutChoice::kNhwc ? "nhwc" : "nchw");
     const std::unique_ptr<Backend> b = cuda::make_cuda_backend({.kind = "cuda", .layout = layout});
     std::vector<float> params[2];
     using enum common::AutoOnOff;
     for (const common::AutoOnOff fuse : {kOff, kAuto}) {
+      g.set_fuse_relu(fuse);
       NetworkOptions o;
       o.max_batch = 4;
       o.conv_algorithm = "algo_1";
-      o.fuse_relu = fuse;
       EXPECT_EQ(Network(g, *b, o).bias_relu_pairs() > 0, fuse == kAuto);
       params[fuse == kAuto] = test_support::train_steps(*b, g, o, 3).params;
     }

@@ -250,5 +250,19 @@ TEST(LayoutTraining, ProfileKeysKeepForcedLayoutsApart) {
   EXPECT_EQ(graph.profile_key(), graph.signature() + "@nchw");
 }
 
+// Where a convolution's bias is added (conv.fuse_relu) moves time between
+// layers and changes a step's: a forced setting keys its own timings, auto
+// (on where the backend gains from it) keeps the keys that predate it.
+TEST(LayoutTraining, ProfileKeysKeepForcedBiasPairingsApart) {
+  worker::Graph graph = test_support::preset_graph("vgg-small", 32);
+  graph.set_fuse_relu(common::AutoOnOff::kOn);
+  EXPECT_EQ(graph.profile_key(), graph.signature() + "@fuse_relu=on");
+  graph.set_layout_choice(LayoutChoice::kNhwc);
+  graph.set_fuse_relu(common::AutoOnOff::kOff);
+  EXPECT_EQ(graph.profile_key(), graph.signature() + "@nhwc@fuse_relu=off");
+  graph.set_fuse_relu(common::AutoOnOff::kAuto);
+  EXPECT_EQ(graph.profile_key(), graph.signature() + "@nhwc");
+}
+
 }  // namespace
 }  // namespace vtrain

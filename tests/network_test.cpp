@@ -94,7 +94,6 @@ class NetworkTest : public ::testing::Test {
   void check_gradients_in(Backend& backend, const Graph& graph, const std::string& algorithm,
                           int64_t n) {
     NetworkOptions o = options(n, algorithm);
-    o.fuse_relu = fuse_relu_;
     Network net(graph, backend, o);
     net.init_parameters(7);
     fill_batch(backend, net, n, 11);
@@ -137,7 +136,6 @@ class NetworkTest : public ::testing::Test {
 
   std::unique_ptr<Backend> backend_;
   double eps_scale_ = 3e-4;  // finite-difference step relative to the parameter
-  common::AutoOnOff fuse_relu_ = common::AutoOnOff::kAuto;  // the networks' conv.fuse_relu
 };
 
 TEST_F(NetworkTest, ConvFcGradients) {
@@ -157,16 +155,15 @@ TEST_F(NetworkTest, ConvBiasPairsWithTheReluThatAloneReadsIt) {
   LayerSpec c2 = conv("c2", "r1", 16, 3, 1);
   c2.bias = false;
   LayerSpec sum = L("sum", LayerType::kAdd, {"r3", "c3"});
-  const Graph g = Graph::build({L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1),
-                                L("r1", LayerType::kRelu, {"c1"}), c2,
-                                L("r2", LayerType::kRelu, {"c2"}), conv("c3", "r2", 16, 3, 1),
-                                L("r3", LayerType::kRelu, {"c3"}), sum, fc("fc", "sum", 5)},
-                               {1, 3, 8, 8});
+  Graph g = Graph::build({L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1),
+                          L("r1", LayerType::kRelu, {"c1"}), c2,
+                          L("r2", LayerType::kRelu, {"c2"}), conv("c3", "r2", 16, 3, 1),
+                          L("r3", LayerType::kRelu, {"c3"}), sum, fc("fc", "sum", 5)},
+                         {1, 3, 8, 8});
   using enum common::AutoOnOff;
   for (const auto& [fuse, pairs] : {std::pair{kOn, 1}, std::pair{kAuto, 0}, std::pair{kOff, 0}}) {
-    NetworkOptions o = options(4, "direct");
-    o.fuse_relu = fuse;
-    const Network net(g, *backend_, o);
+    g.set_fuse_relu(fuse);
+    const Network net(g, *backend_, options(4, "direct"));
     EXPECT_EQ(net.bias_relu_pairs(), pairs) << common::name_of(common::kAutoOnOffNames, fuse);
     const std::vector<std::string> summary = net.algorithm_summary();
     const bool said = std::find(summary.begin(), summary.end(),
@@ -179,11 +176,11 @@ TEST_F(NetworkTest, ConvBiasPairsWithTheReluThatAloneReadsIt) {
 // against central differences (a bias entry of c1 and of c2 among those
 // sampled), in the CPU's blocked layouts and channels last.
 TEST_F(NetworkTest, PairedBiasAndReluGradients) {
-  fuse_relu_ = common::AutoOnOff::kOn;
-  const Graph g = Graph::build({L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1),
-                                L("r1", LayerType::kRelu, {"c1"}), conv("c2", "r1", 20, 3, 0, 2),
-                                L("r2", LayerType::kRelu, {"c2"}), fc("fc", "r2", 5)},
-                               {1, 3, 9, 9});
+  Graph g = Graph::build({L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1),
+                          L("r1", LayerType::kRelu, {"c1"}), conv("c2", "r1", 20, 3, 0, 2),
+                          L("r2", LayerType::kRelu, {"c2"}), fc("fc", "r2", 5)},
+                         {1, 3, 9, 9});
+  g.set_fuse_relu(common::AutoOnOff::kOn);
   check_gradients(g);
 }
 
@@ -192,14 +189,14 @@ TEST_F(NetworkTest, PairedBiasAndReluGradients) {
 // under a per-tensor memory policy that times its layers alone in place
 // before the network binds them (the pairs come after).
 TEST_F(NetworkTest, PairedBiasTrainsLikeTheConvolutionsOwn) {
-  const Graph g = test_support::preset_graph("vgg-small", 32);
+  Graph g = test_support::preset_graph("vgg-small", 32);
   for (const memory::Policy policy : {memory::Policy::kNone, memory::Policy::kAuto}) {
     SCOPED_TRACE(memory::policy_name(policy));
     std::vector<float> params[2];
     using enum common::AutoOnOff;
     for (const common::AutoOnOff fuse : {kOff, kOn}) {
+      g.set_fuse_relu(fuse);
       NetworkOptions o = options(8, "direct");
-      o.fuse_relu = fuse;
       o.memory_policy = policy;
       EXPECT_EQ(Network(g, *backend_, o).bias_relu_pairs() > 0, fuse == kOn);
       params[fuse == kOn] = test_support::train_steps(*backend_, g, o, 4).params;

@@ -451,6 +451,10 @@ std::string Graph::profile_key() const {
     key += '@';
     key += common::name_of(kLayoutChoiceNames, layout_choice_);
   }
+  if (fuse_relu_ != common::AutoOnOff::kAuto) {
+    key += "@fuse_relu=";
+    key += common::name_of(common::kAutoOnOffNames, fuse_relu_);
+  }
   return key;
 }
 

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/name_table.h"
 #include "worker/device/backend.h"
 #include "worker/device/tensor.h"
 
@@ -115,9 +116,17 @@ class Graph {
   // not those of another layout.
   void set_layout_choice(LayoutChoice choice) { layout_choice_ = choice; }
   LayoutChoice layout_choice() const { return layout_choice_; }
+  // conv.fuse_relu: whether a convolution with a bias whose only reader is a
+  // relu leaves the bias to it, which adds it in forward and sums its
+  // gradient in backward (Network pairs them): auto where the backend gains
+  // from it (Backend::pairs_bias_with_relu). It moves time from one layer
+  // to another and changes a step's, so it is part of profile_key().
+  void set_fuse_relu(common::AutoOnOff setting) { fuse_relu_ = setting; }
+  common::AutoOnOff fuse_relu() const { return fuse_relu_; }
   // What the perf DB keys a model's layer and step timings on, and a plan's
-  // `model:`: the signature, with "@<precision>" unless fp32 and
-  // "@<layout>" unless auto (whose keys predate both).
+  // `model:`: the signature, with "@<precision>" unless fp32, "@<layout>"
+  // unless auto and "@fuse_relu=<on|off>" unless auto (auto's keys
+  // predate these settings: each device's rows are what auto does there).
   std::string profile_key() const;
 
  private:
@@ -127,6 +136,7 @@ class Graph {
   std::vector<Shape> shapes_;
   common::Precision precision_ = common::Precision::kFp32;
   LayoutChoice layout_choice_ = LayoutChoice::kAuto;
+  common::AutoOnOff fuse_relu_ = common::AutoOnOff::kAuto;
 };
 
 // Presets: "lenet", "vgg-small", "alexnet", "overfeat", "googlenet", "vgg16",

@@ -160,8 +160,9 @@ void Network::make_layers() {
 }
 
 void Network::pair_bias_with_relu() {
-  if (options_.fuse_relu == common::AutoOnOff::kOff ||
-      (options_.fuse_relu == common::AutoOnOff::kAuto && !backend_.pairs_bias_with_relu())) {
+  const common::AutoOnOff setting = graph_.fuse_relu();
+  if (setting == common::AutoOnOff::kOff ||
+      (setting == common::AutoOnOff::kAuto && !backend_.pairs_bias_with_relu())) {
     return;
   }
   for (int i = 0; i < graph_.size(); ++i) {

@@ -85,12 +85,6 @@ struct NetworkOptions {
   // of the pool), for prefetch_input(): the trainer turns it on where the
   // device has memory of its own (a GPU).
   bool prefetch_input = false;
-  // conv.fuse_relu: a convolution with a bias whose only reader is a relu
-  // leaves the bias to it, which adds it in forward and writes its gradient
-  // in backward, a pass over the activations fewer each way
-  // (Backend::bias_relu_forward, relu_backward_bias): auto where the
-  // backend gains from it (Backend::pairs_bias_with_relu).
-  common::AutoOnOff fuse_relu = common::AutoOnOff::kAuto;
 };
 
 // What the memory part is doing for a network.
@@ -258,7 +252,9 @@ class Network {
 
  private:
   void make_layers();
-  void pair_bias_with_relu();  // once the layers are bound, as options_.fuse_relu says
+  // Once the layers are bound, as graph_.fuse_relu() says: the relu adds
+  // the bias (Backend::bias_relu_forward, relu_backward_bias).
+  void pair_bias_with_relu();
   bool has_compute_copy() const;           // a half precision with conv or fc parameters
   TensorDesc compute_params_desc() const;  // the half compute copy of the parameters
   void refresh_compute_params();            // from params_ when stale

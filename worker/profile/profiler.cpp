@@ -188,7 +188,6 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
   net_options.memory_policy = options.memory_policy;
   net_options.optimizer_bytes_per_parameter = Sgd::kStateBytesPerParameter;
   net_options.prefetch_input = options.input_staging && options.input_staging(b);
-  net_options.fuse_relu = options.fuse_relu;
   if (memory::plans_per_tensor(options.memory_policy)) {
     StepCostsLookup found = profiled_step_costs(db, device, graph, b);
     if (found.costs.has_value()) net_options.memory_costs = std::move(found.costs.value());

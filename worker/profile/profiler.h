@@ -42,8 +42,6 @@ struct ProfileOptions {
                                      // nothing) as the step made them
   memory::Policy memory_policy = memory::Policy::kNone;  // memory.policy the steps run (and
                                                         // are recorded) under
-  // conv.fuse_relu, as the steps' networks run it
-  common::AutoOnOff fuse_relu = common::AutoOnOff::kAuto;
   // Whether a step's network at a batch holds the input staging training's
   // would (NetworkOptions::prefetch_input: data.prefetch, decided as the
   // trainer decides), so that the recorded peak is what training holds;

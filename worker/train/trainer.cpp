@@ -32,7 +32,6 @@ NetworkOptions network_options(const Graph& graph, const JobShape& job,
   net.max_batch = network_batch(job);
   net.prefetch_input = prefetch_input;
   net.conv_algorithm = options.conv_algorithm;
-  net.fuse_relu = options.fuse_relu;
   net.conv_executions = kernels.executions;
   net.conv_workspace_bytes = kernels.workspace_bytes;
   net.memory_policy = options.memory_policy;

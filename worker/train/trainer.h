@@ -56,8 +56,6 @@ struct TrainerOptions {
   // train.loss_scaling (loss_scaler.h); auto: on under precision fp16.
   LossScalingSettings loss_scaling;
   std::string conv_algorithm = "auto";
-  // conv.fuse_relu (NetworkOptions::fuse_relu)
-  common::AutoOnOff fuse_relu = common::AutoOnOff::kAuto;
   // This rank's convolution kernels from the plan solved at start.
   ConvPlan conv_plan;
   // After a re-balance, this rank's conv kernels at its new batch.
