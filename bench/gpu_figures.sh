@@ -139,8 +139,8 @@ part fuse_relu python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 2 
   --steps 100 --models vgg16:64 --precisions bf16 \
   --vtrain-baseline-set conv.fuse_relu=off --json "$out/fuse_relu.json"
 # How many of cuDNN's graph engines to time (conv.graph_engines): VGG-16
-# bf16's first convolutions' weight gradients took 6.1 ms with the default
-# 4, PyTorch's sm90 kernel 0.44 ms (2026-11-27, H200); most of those 6.1 ms
+# bf16's first convolutions' weight gradients took 6.1 ms with 4 (the
+# default until 2026-11-28, 10 since), PyTorch's sm90 kernel 0.44 ms (2026-11-27, H200); most of those 6.1 ms
 # were the bias gradient's old one-block-per-channel kernel, timed with the
 # weight gradient (kernels r2 replaced it). The per-kernel
 # profile with 16 (every candidate's time, fastest first, for the 224x224

@@ -55,7 +55,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_EQ(c.device.memory_limit, 0u);
   EXPECT_EQ(c.conv.algorithm, "auto");
   EXPECT_TRUE(c.conv.cudnn_graph);
-  EXPECT_EQ(c.conv.graph_engines, 4);
+  EXPECT_EQ(c.conv.graph_engines, 10);
   EXPECT_EQ(c.output.metrics, "");
   EXPECT_EQ(c.output.progress, worker::ProgressSetting::kAuto);
 }
@@ -85,7 +85,7 @@ optimizer:
   gamma: 0.5
   warmup_steps: 10
 device: {backend: cpu, threads: 4, memory_limit: 1.5GB, layout: nhwc}
-conv: {algorithm: winograd, cudnn_graph: false, graph_engines: 10, fuse_relu: off}
+conv: {algorithm: winograd, cudnn_graph: false, graph_engines: 16, fuse_relu: off}
 output: {metrics: /tmp/m.jsonl, progress: line}
 )");
   EXPECT_EQ(c.model.preset, "vgg-small");
@@ -116,7 +116,7 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_EQ(c.device.layout, worker::LayoutChoice::kNhwc);
   EXPECT_EQ(c.conv.algorithm, "winograd");
   EXPECT_FALSE(c.conv.cudnn_graph);
-  EXPECT_EQ(c.conv.graph_engines, 10);
+  EXPECT_EQ(c.conv.graph_engines, 16);
   EXPECT_EQ(c.conv.fuse_relu, common::AutoOnOff::kOff);
   // The settings that change what a step computes reach the model, and the
   // key its perf DB timings are kept under.

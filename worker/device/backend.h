@@ -409,8 +409,11 @@ struct LayoutRule {
 };
 
 // How many of cuDNN's ranked graph engines each half configuration offers
-// unless conv.graph_engines says otherwise.
-inline constexpr int kDefaultGraphEngines = 4;
+// unless conv.graph_engines says otherwise: as many as PyTorch's cuDNN path
+// times (torch.backends.cudnn.benchmark_limit, 10, of the same heuristic's
+// ranking, mode A), so that the kernels it can reach are among vtrain's
+// candidates too. Each costs a plan and its timing at profile time only.
+inline constexpr int kDefaultGraphEngines = 10;
 
 struct BackendOptions {
   std::string kind = "auto";  // "auto" (cuda if a GPU is visible, else cpu), "cpu", "cuda"
