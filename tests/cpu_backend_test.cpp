@@ -110,6 +110,74 @@ TEST(CpuBackend, ListsDirectIm2colAndWinogradWhereItApplies) {
   }
 }
 
+// bf16 problems also list the f32-compute variants (mu-cuDNN's precision
+// substitution): direct/pseudo_bf16 always, winograd/pseudo_bf16 where the
+// f32 problem lists winograd; f32 problems list neither. On integer data
+// every sum is exact in f32, so each kind's outputs are the exact results
+// rounded once to the tensor's type (dw and dbias f32, exact), also when
+// summing into previous contents (beta 1), with a bias in forward: the
+// conversions into and out of the f32 primitive, the bias's included.
+TEST(CpuBackend, Bf16ProblemsAlsoComputeInF32) {
+  if (const auto why = cpu().precision_unavailable(common::Precision::kBf16)) {
+    GTEST_SKIP() << *why;
+  }
+  const std::string direct = "direct" + std::string(kPseudoBf16AlgorithmSuffix);
+  const std::string winograd = "winograd" + std::string(kPseudoBf16AlgorithmSuffix);
+  const ConvCase cc = kListingCases[5].conv;  // 16 -> 32 channels, 3x3, pad 1, batch 4
+  std::mt19937 rng(3);
+  const auto integers = [&](size_t count, int most) {
+    std::uniform_int_distribution<int> dist(-most, most);
+    Vec v(count);
+    for (float& x : v) x = static_cast<float>(dist(rng));
+    return v;
+  };
+  for (const auto& [x_layout, y_layout] : conv_layouts(cpu(), cc)) {
+    const ConvProblem f32 = conv_problem(cc, x_layout, y_layout);
+    const ConvProblem p = conv_problem(cc, x_layout, y_layout, DataType::kBF16);
+    SCOPED_TRACE(p.str());
+    ConvData d(p);
+    d.x = integers(d.x.size(), 3);
+    d.w = integers(d.w.size(), 3);
+    d.bias = integers(d.bias.size(), 8);
+    d.dy = integers(d.dy.size(), 3);
+    // The exact results (integers well inside f32's 24 bits), not rounded.
+    d.y_ref = reference::conv_forward(p, d.x, d.w, d.bias);
+    d.dx_ref = reference::conv_backward_data(p, d.dy, d.w);
+    d.dw_ref = reference::conv_backward_filter(p, d.x, d.dy, &d.dbias_ref);
+    for (ConvKind kind : kConvKinds) {
+      const std::vector<std::string> f32_names =
+          algorithm_names(cpu().conv_algorithms(kind, f32, false));
+      EXPECT_FALSE(contains(f32_names, direct) || contains(f32_names, winograd))
+          << conv_kind_name(kind) << ": f32 lists " << joined(f32_names);
+      const std::vector<ConvAlgoInfo> algos = cpu().conv_algorithms(kind, p, false);
+      const std::vector<std::string> names = algorithm_names(algos);
+      EXPECT_TRUE(contains(names, direct)) << conv_kind_name(kind) << " lists " << joined(names);
+      EXPECT_EQ(contains(names, winograd), contains(f32_names, "winograd"))
+          << conv_kind_name(kind) << ": bf16 lists " << joined(names) << ", f32 "
+          << joined(f32_names);
+      for (const ConvAlgoInfo& info : algos) {
+        if (info.name != direct) continue;
+        const DataType out_type = kind == ConvKind::kBackwardFilter ? DataType::kF32 : p.x.dtype;
+        std::vector<Vec> previous;
+        for (const Vec& r : d.reference_of(kind)) previous.push_back(integers(r.size(), 8));
+        for (const float beta : {0.0f, 1.0f}) {
+          const ConvAlgoInfo sized{info.algo, info.name,
+                                   cpu().conv_workspace(kind, info.algo, p, beta != 0.0f)};
+          const std::vector<Vec> got = run_conv(cpu(), kind, sized, p, d, beta, previous);
+          const std::vector<Vec> reference = d.reference_of(kind);
+          for (size_t i = 0; i < got.size(); ++i) {
+            const Vec expected = reference::rounded(
+                out_type, beta == 0.0f ? reference[i] : plus(reference[i], previous[i]));
+            expect_equal(got[i], expected,
+                         std::string(conv_kind_name(kind)) + " beta " + std::to_string(int(beta)) +
+                             " output " + std::to_string(i));
+          }
+        }
+      }
+    }
+  }
+}
+
 // `auto` takes the CPU where no GPU is visible, on any build and machine: the
 // GPUs are hidden before CUDA is first touched (ctest runs every test in a
 // process of its own). Asking for cuda then says why it cannot be had.

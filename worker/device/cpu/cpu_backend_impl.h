@@ -143,6 +143,7 @@ struct ConvPlan {
   memory::desc scratch_md;
   size_t scratch_offset = 0;
   Stage in0, in1;        // fwd: src, weights; bwd-data: diff_dst, weights; bwd-filter: src, diff_dst
+  Stage in_bias;         // fwd: the bias (converted where the primitive computes in another type)
   Stage out;             // dst, diff_src or diff_weights
   Stage out_bias;        // diff_bias (bwd-filter with accumulate)
   // im2col path

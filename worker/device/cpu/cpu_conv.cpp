@@ -1,4 +1,5 @@
-// CPU backend: convolutions (oneDNN direct and winograd, im2col + sgemm).
+// CPU backend: convolutions (oneDNN direct and winograd, also computing a
+// bf16 problem in f32; im2col + sgemm).
 #include "worker/device/cpu/cpu_backend_impl.h"
 
 #include <cstring>
@@ -23,15 +24,32 @@ std::string CpuBackend::conv_algorithm_name(ConvKind, ConvAlgo algo) const {
     case kDirect: return "direct";
     case kWinograd: return "winograd";
     case kIm2colGemm: return "im2col_gemm";
+    case kDirectPseudoBf16: return "direct" + std::string(kPseudoBf16AlgorithmSuffix);
+    case kWinogradPseudoBf16: return "winograd" + std::string(kPseudoBf16AlgorithmSuffix);
   }
   throw BackendError("cpu backend: unknown convolution algorithm id " + std::to_string(algo) +
-                     " (known: 0 direct, 1 winograd, 2 im2col_gemm)");
+                     " (known: 0 direct, 1 winograd, 2 im2col_gemm, 3 direct/pseudo_bf16, "
+                     "4 winograd/pseudo_bf16)");
 }
+
+namespace {
+
+// The oneDNN algorithm of a direct or winograd id, pseudo or not.
+dnnl::algorithm dnnl_algorithm(ConvAlgo algo) {
+  return algo == kWinograd || algo == kWinogradPseudoBf16 ? dnnl::algorithm::convolution_winograd
+                                                           : dnnl::algorithm::convolution_direct;
+}
+// Whether the primitive computes in f32 on the (bf16) problem's tensors.
+bool computes_in_f32(ConvAlgo algo) {
+  return algo == kDirectPseudoBf16 || algo == kWinogradPseudoBf16;
+}
+
+}  // namespace
 
 std::vector<ConvAlgoInfo> CpuBackend::conv_algorithms(ConvKind kind, const ConvProblem& p,
                                                       bool accumulate) {
   std::vector<ConvAlgoInfo> algos;
-  for (ConvAlgo algo : {kDirect, kWinograd, kIm2colGemm}) {
+  for (ConvAlgo algo : {kDirect, kWinograd, kIm2colGemm, kDirectPseudoBf16, kWinogradPseudoBf16}) {
     try {
       const ConvPlan& plan = conv_plan(kind, algo, p, accumulate, true);
       algos.push_back({algo, conv_algorithm_name(kind, algo), plan.workspace});
@@ -56,7 +74,7 @@ const ConvPlan& CpuBackend::conv_plan(ConvKind kind, ConvAlgo algo, const ConvPr
   ConvPlan plan;
   if (algo == kIm2colGemm) {
     plan = build_im2col_conv(kind, p, accumulate, has_bias);
-  } else if (algo == kDirect || algo == kWinograd) {
+  } else if (algo == kDirect || algo == kWinograd || computes_in_f32(algo)) {
     plan = build_dnnl_conv(kind, algo, p, accumulate, has_bias);
   } else {
     conv_algorithm_name(kind, algo);  // throws naming the known ids
@@ -90,18 +108,24 @@ static void prepare_stage(const dnnl::engine& engine, Stage& s, const memory::de
 
 ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
                                      bool accumulate, bool has_bias) {
-  const auto alg =
-      algo == kWinograd ? dnnl::algorithm::convolution_winograd : dnnl::algorithm::convolution_direct;
+  if (computes_in_f32(algo) && p.x.dtype != DataType::kBF16) {
+    throw BackendError(std::string("cpu backend: ") + conv_kind_name(kind) + " algorithm " +
+                       conv_algorithm_name(kind, algo) + " is for bf16 problems, not " + p.str());
+  }
+  const dnnl::algorithm alg = dnnl_algorithm(algo);
   const memory::dims strides{p.stride_h, p.stride_w};
   const memory::dims pad{p.pad_h, p.pad_w};
   const Shape w_shape = p.weight_shape();
-  // Activations, the weights and the forward bias in the problem's type;
-  // weight and bias gradients in f32 (backend.h).
+  // Activations, the weights and the forward bias in the problem's type,
+  // which the primitive computes in unless the algorithm computes in f32
+  // (the stages below then convert them); weight and bias gradients in
+  // f32 (backend.h).
   const DataType type = p.x.dtype;
-  const memory::desc x_any = any_md(p.x.shape, type);
-  const memory::desc y_any = any_md(p.y.shape, type);
-  const memory::desc w_any = any_md(w_shape, type);
-  const memory::desc b_md = has_bias ? vector_md(p.k, type) : memory::desc();
+  const DataType compute = computes_in_f32(algo) ? DataType::kF32 : type;
+  const memory::desc x_any = any_md(p.x.shape, compute);
+  const memory::desc y_any = any_md(p.y.shape, compute);
+  const memory::desc w_any = any_md(w_shape, compute);
+  const memory::desc b_md = has_bias ? vector_md(p.k, compute) : memory::desc();
   const memory::desc dw_any = any_md(w_shape);
   const memory::desc db_md = has_bias ? vector_md(p.k) : memory::desc();
 
@@ -133,7 +157,7 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
         stage(plan.in0, md_of(p.x), pd.src_desc(), false, false);
         stage(plan.in1, plain_md(w_shape, type), pd.weights_desc(), false, false);
         stage(plan.out, md_of(p.y), pd.dst_desc(), true, false);
-        plan.out_bias.user_md = b_md;  // the forward bias is an input, never staged
+        if (has_bias) stage(plan.in_bias, vector_md(p.k, type), b_md, false, false);
         break;
       }
       case ConvKind::kBackwardData: {
@@ -319,7 +343,7 @@ void CpuBackend::run_dnnl_conv(ConvKind kind, const ConvPlan& plan, char* ws, co
   input(plan.in0, in0, ids[0]);
   input(plan.in1, in1, ids[1]);
   output(plan.out, out, ids[2]);
-  if (bias) args[DNNL_ARG_BIAS] = mem(plan.out_bias.user_md, bias);
+  if (bias) input(plan.in_bias, bias, DNNL_ARG_BIAS);
   if (dbias) output(plan.out_bias, dbias, DNNL_ARG_DIFF_BIAS);
   args[DNNL_ARG_SCRATCHPAD] = mem(plan.scratch_md, ws + plan.scratch_offset);
   plan.prim.execute(stream_, args);
