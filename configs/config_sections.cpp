@@ -1,6 +1,7 @@
 // Config loading, the sections: every map is checked against the keys it
 // may hold, every value against its type and range (see config.cpp).
 #include <algorithm>
+#include <cctype>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -470,7 +471,20 @@ ConvConfig read_conv(const Field& field) {
   section.allow({"algorithm", "cudnn_graph", "graph_engines", "fuse_relu"});
   ConvConfig conv;
   if (Field f = section["algorithm"]) {
-    conv.algorithm = to_choice(f, {"auto", "direct", "winograd", "im2col_gemm"});
+    // Any backend's name: the network refuses one that no convolution of
+    // the model offers on the backend it runs on.
+    const std::string what =
+        "auto or a convolution algorithm's name (cpu: direct, winograd, im2col_gemm; cuda: "
+        "cuDNN's, such as implicit_gemm or algo_1; either with a variant such as /tf32)";
+    conv.algorithm = to_string(f, what);
+    const std::string& a = conv.algorithm;
+    const bool name_like =
+        std::all_of(a.begin(), a.end(),
+                    [](char c) { return std::islower(static_cast<unsigned char>(c)) ||
+                                        std::isdigit(static_cast<unsigned char>(c)) ||
+                                        c == '_' || c == '/'; }) &&
+        std::count(a.begin(), a.end(), '/') <= 1 && a.front() != '/' && a.back() != '/';
+    if (!name_like) f.fail("expected " + what + ", got '" + a + "'");
   }
   if (Field f = section["cudnn_graph"]) conv.cudnn_graph = to_bool(f);
   if (Field f = section["graph_engines"]) {

@@ -3,9 +3,11 @@
 // Tuning (conv.algorithm: auto) and the profiler time algorithms through
 // time_algorithms (worker/engine/kernel_timing.h), which leaves such an
 // algorithm out instead of ending the job. The refusal is simulated here by
-// a run that throws for one algorithm, on the CPU backend.
+// a run that throws for one algorithm, on the CPU backend. Also how a
+// named algorithm (conv.algorithm) is found among the candidates.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -85,6 +87,39 @@ TEST(ConvAlgorithmChoice, TuningLeavesOutAnAlgorithmThatRefusesToRun) {
   });
   EXPECT_NE(message.find("layer 'conv1': no BackwardData algorithm ran"), std::string::npos)
       << message;
+}
+
+// conv.algorithm names an algorithm; where the problem's types offer it
+// only in another form (winograd in bf16: winograd/pseudo_bf16, f32
+// compute), that form is the one candidate; a name offered as it is wins.
+TEST(ConvAlgorithmChoice, ANamedAlgorithmTakesTheFormTheProblemsTypesOffer) {
+  auto backend = cpu();
+  if (const auto why = backend->precision_unavailable(common::Precision::kBf16)) {
+    GTEST_SKIP() << *why;
+  }
+  ConvProblem p = small_problem();
+  p.x.shape.c = 16;
+  p.k = 16;
+  p.x.layout = backend->preferred_layout(16);
+  p.y = {p.output_shape(), p.x.layout};
+  const auto names = [&](ConvKind kind) {
+    std::vector<std::string> out;
+    for (const ConvAlgoInfo& a : backend->conv_algorithms(kind, p, false)) out.push_back(a.name);
+    return out;
+  };
+  ConvProblem bf16 = p;
+  bf16.x.dtype = bf16.y.dtype = DataType::kBF16;
+  for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
+    const std::vector<std::string> f32 = names(kind);
+    if (std::find(f32.begin(), f32.end(), "winograd") == f32.end()) {
+      GTEST_SKIP() << "oneDNN has no f32 winograd on this CPU";
+    }
+    const ConvAlgorithmChoice winograd(*backend, bf16, "winograd", "conv1");
+    EXPECT_EQ(winograd.chosen(kind).name, "winograd/pseudo_bf16") << conv_kind_name(kind);
+    EXPECT_EQ(winograd.timed_candidates(kind).size(), 1u) << conv_kind_name(kind);
+    const ConvAlgorithmChoice direct(*backend, bf16, "direct", "conv1");
+    EXPECT_EQ(direct.chosen(kind).name, "direct") << conv_kind_name(kind);
+  }
 }
 
 }  // namespace

@@ -62,6 +62,15 @@ TEST(ConfigErrorTest, WrongTypes) {
             "t.yaml:5: conv.cudnn_graph: expected true or false, got '1.5'");
   EXPECT_EQ(error_of(std::string(kMinimal) + "conv: {graph_engines: 0}\n"),
             "t.yaml:5: conv.graph_engines: expected an integer in [1, 64], got 0");
+  // Any backend's algorithm name passes here (the network refuses one no
+  // convolution offers); what cannot be a name does not.
+  for (const char* bad : {"Winograd", "direct/", "a/b/c", "im2col gemm"}) {
+    EXPECT_EQ(error_of(std::string(kMinimal) + "conv: {algorithm: '" + bad + "'}\n"),
+              std::string("t.yaml:5: conv.algorithm: expected auto or a convolution algorithm's "
+                          "name (cpu: direct, winograd, im2col_gemm; cuda: cuDNN's, such as "
+                          "implicit_gemm or algo_1; either with a variant such as /tf32), got '") +
+                  bad + "'");
+  }
   EXPECT_EQ(error_of(std::string(kMinimal) + "train: [1, 2]\n"),
             "t.yaml:5: train: expected a map of keys, got a list");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch:\n"),

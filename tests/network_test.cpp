@@ -16,6 +16,7 @@
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
 #include "tests/engine_runs.h"
+#include "tests/test_support.h"
 
 namespace vtrain::worker {
 namespace {
@@ -204,6 +205,23 @@ TEST_F(NetworkTest, PairedBiasTrainsLikeTheConvolutionsOwn) {
     ASSERT_FALSE(params[0].empty());
     EXPECT_LT(test_support::relative_difference(params[0], params[1]), 1e-5);
   }
+}
+
+// conv.algorithm names an algorithm the network's convolutions must offer
+// for at least one kind (cuDNN's algo_1 is a backward algorithm only):
+// another backend's name, or a typo, is refused with what the CPU offers,
+// not run quietly as the backend's first algorithm.
+TEST_F(NetworkTest, ANamedAlgorithmNoConvolutionOffersIsRefused) {
+  const Graph g = test_support::preset_graph("lenet", 28);
+  const std::string message = test_support::error_message<BackendError>(
+      [&] { Network(g, *backend_, options(2, "algo_1")); });
+  EXPECT_NE(message.find("conv.algorithm 'algo_1': no convolution of the model offers an "
+                         "algorithm of that name on the cpu backend (its convolutions offer: "
+                         "direct, "),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("im2col_gemm"), std::string::npos) << message;
+  EXPECT_NO_THROW(Network(g, *backend_, options(2, "im2col_gemm")));
 }
 
 TEST_F(NetworkTest, EveryConvolutionAlgorithmGivesTheSameGradients) {

@@ -89,6 +89,7 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
   out_desc_ = activation_descs(graph, backend, options.max_batch);
   check_conv_executions(graph, options);
   make_layers();
+  check_named_algorithm();
   // Parameter layout (the memory part allocates the buffers below).
   const int64_t align = kComputeAlignBytes / static_cast<int64_t>(element_bytes(graph.activation_type()));
   for (int i = 0; i < graph.size(); ++i) {
@@ -136,6 +137,28 @@ void Network::reserve_op_scratch() {
         common::format_bytes_fixed(need));
   }
   backend_.reserve_scratch(need);
+}
+
+// A named conv.algorithm that no convolution offers (a typo, or another
+// backend's name) is refused, where each kind would otherwise quietly run
+// the backend's first algorithm.
+void Network::check_named_algorithm() const {
+  if (options_.conv_algorithm == "auto") return;
+  std::vector<std::string> instead;
+  for (const auto& layer : layers_) {
+    auto* conv = dynamic_cast<ConvLayer*>(layer.get());
+    if (!conv || conv->planned()) continue;
+    const ConvAlgorithmChoice& c = conv->choice();
+    if (c.offers_named()) return;
+    for (const std::string& name : c.offered_instead()) {
+      if (std::find(instead.begin(), instead.end(), name) == instead.end()) instead.push_back(name);
+    }
+  }
+  if (instead.empty()) return;  // no convolution chooses an algorithm
+  throw BackendError("conv.algorithm '" + options_.conv_algorithm + "': no convolution of the " +
+                     "model offers an algorithm of that name on the " +
+                     backend_.device_info().backend + " backend (its convolutions offer: " +
+                     common::join(instead, ", ") + "; or auto)");
 }
 
 void Network::make_layers() {

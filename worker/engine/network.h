@@ -252,6 +252,7 @@ class Network {
 
  private:
   void make_layers();
+  void check_named_algorithm() const;
   // Once the layers are bound, as graph_.fuse_relu() says: the relu adds
   // the bias (Backend::bias_relu_forward, relu_backward_bias).
   void pair_bias_with_relu();

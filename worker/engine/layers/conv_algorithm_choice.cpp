@@ -19,12 +19,31 @@ ConvAlgorithmChoice::ConvAlgorithmChoice(Backend& backend, const ConvProblem& pr
       throw std::runtime_error("layer '" + layer + "': no " + conv_kind_name(kind) +
                                " convolution algorithm for " + problem.str());
     }
-    // A named algorithm applies where the backend offers it; elsewhere,
-    // and for "auto" until tune() has measured, the backend's first one.
+    // A named algorithm applies where the backend offers it, else in the
+    // first form of it the backend offers for this problem's types,
+    // "<name>/<variant>" (the CPU's winograd/pseudo_bf16 for winograd in
+    // bf16, cuDNN's algo_1/pseudo_half in fp16); elsewhere, and for "auto"
+    // until tune() has measured, the backend's first one.
     auto it = std::find_if(options.begin(), options.end(),
                            [&](const ConvAlgoInfo& a) { return a.name == algorithm; });
+    if (it == options.end()) {
+      it = std::find_if(options.begin(), options.end(), [&](const ConvAlgoInfo& a) {
+        return a.name.starts_with(algorithm + "/");
+      });
+    }
     chosen_[static_cast<int>(kind)] = it != options.end() ? *it : options.front();
-    if (algorithm != "auto") options = {chosen_[static_cast<int>(kind)]};
+    if (algorithm == "auto") continue;
+    if (it != options.end()) {
+      offers_named_ = true;
+    } else {
+      for (const ConvAlgoInfo& a : options) {
+        if (std::find(offered_instead_.begin(), offered_instead_.end(), a.name) ==
+            offered_instead_.end()) {
+          offered_instead_.push_back(a.name);
+        }
+      }
+    }
+    options = {chosen_[static_cast<int>(kind)]};
   }
 }
 

@@ -19,8 +19,9 @@ class ConvAlgorithmChoice {
  public:
   // Lists each kind's candidates for `problem`. `algorithm` is "auto" (all
   // candidates, the backend's first chosen until tune() measures) or a name
-  // (the only candidate where the backend offers it, else the backend's
-  // first). Throws std::runtime_error naming `layer` when a kind has none.
+  // (the only candidate where the backend offers it, or a form of it,
+  // "<name>/<variant>", for the problem's types; else the backend's first).
+  // Throws std::runtime_error naming `layer` when a kind has none.
   ConvAlgorithmChoice(Backend& backend, const ConvProblem& problem, const std::string& algorithm,
                       const std::string& layer);
 
@@ -45,6 +46,11 @@ class ConvAlgorithmChoice {
   // layer when there is none.
   void choose(ConvKind kind, const std::string& name);
   const ConvAlgoInfo& chosen(ConvKind kind) const { return chosen_[static_cast<int>(kind)]; }
+  // For a named algorithm: whether some kind offered it (or a form of it);
+  // the names the kinds offered instead where none did (for the error a
+  // network gives when no layer offers it).
+  bool offers_named() const { return offers_named_; }
+  const std::vector<std::string>& offered_instead() const { return offered_instead_; }
 
  private:
   std::string layer_;
@@ -52,6 +58,8 @@ class ConvAlgorithmChoice {
   std::array<ConvAlgoInfo, 3> chosen_;
   std::array<std::map<std::string, double>, 3> seconds_;  // tuned time per candidate
   std::vector<std::string> refused_;
+  bool offers_named_ = false;
+  std::vector<std::string> offered_instead_;
 };
 
 }  // namespace vtrain::worker
