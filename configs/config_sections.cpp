@@ -1,8 +1,8 @@
 // Config loading, the sections: every map is checked against the keys it
 // may hold, every value against its type and range (see config.cpp).
 #include <algorithm>
-#include <cctype>
 #include <limits>
+#include <regex>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -477,14 +477,10 @@ ConvConfig read_conv(const Field& field) {
         "auto or a convolution algorithm's name (cpu: direct, winograd, im2col_gemm; cuda: "
         "cuDNN's, such as implicit_gemm or algo_1; either with a variant such as /tf32)";
     conv.algorithm = to_string(f, what);
-    const std::string& a = conv.algorithm;
-    const bool name_like =
-        std::all_of(a.begin(), a.end(),
-                    [](char c) { return std::islower(static_cast<unsigned char>(c)) ||
-                                        std::isdigit(static_cast<unsigned char>(c)) ||
-                                        c == '_' || c == '/'; }) &&
-        std::count(a.begin(), a.end(), '/') <= 1 && a.front() != '/' && a.back() != '/';
-    if (!name_like) f.fail("expected " + what + ", got '" + a + "'");
+    static const std::regex kName("[a-z0-9_]+(/[a-z0-9_]+)?");
+    if (!std::regex_match(conv.algorithm, kName)) {
+      f.fail("expected " + what + ", got '" + conv.algorithm + "'");
+    }
   }
   if (Field f = section["cudnn_graph"]) conv.cudnn_graph = to_bool(f);
   if (Field f = section["graph_engines"]) {

@@ -1,6 +1,7 @@
 #include "worker/engine/network.h"
 
 #include <algorithm>
+#include <set>
 #include <stdexcept>
 
 #include "common/text.h"
@@ -144,21 +145,19 @@ void Network::reserve_op_scratch() {
 // the backend's first algorithm.
 void Network::check_named_algorithm() const {
   if (options_.conv_algorithm == "auto") return;
-  std::vector<std::string> instead;
+  std::set<std::string> instead;
   for (const auto& layer : layers_) {
     auto* conv = dynamic_cast<ConvLayer*>(layer.get());
     if (!conv || conv->planned()) continue;
     const ConvAlgorithmChoice& c = conv->choice();
     if (c.offers_named()) return;
-    for (const std::string& name : c.offered_instead()) {
-      if (std::find(instead.begin(), instead.end(), name) == instead.end()) instead.push_back(name);
-    }
+    instead.insert(c.offered_instead().begin(), c.offered_instead().end());
   }
   if (instead.empty()) return;  // no convolution chooses an algorithm
   throw BackendError("conv.algorithm '" + options_.conv_algorithm + "': no convolution of the " +
                      "model offers an algorithm of that name on the " +
                      backend_.device_info().backend + " backend (its convolutions offer: " +
-                     common::join(instead, ", ") + "; or auto)");
+                     common::join({instead.begin(), instead.end()}, ", ") + "; or auto)");
 }
 
 void Network::make_layers() {

@@ -50,6 +50,7 @@ std::vector<ConvAlgoInfo> CpuBackend::conv_algorithms(ConvKind kind, const ConvP
                                                       bool accumulate) {
   std::vector<ConvAlgoInfo> algos;
   for (ConvAlgo algo : {kDirect, kWinograd, kIm2colGemm, kDirectPseudoBf16, kWinogradPseudoBf16}) {
+    if (computes_in_f32(algo) && p.x.dtype != DataType::kBF16) continue;
     try {
       const ConvPlan& plan = conv_plan(kind, algo, p, accumulate, true);
       algos.push_back({algo, conv_algorithm_name(kind, algo), plan.workspace});

@@ -36,12 +36,7 @@ ConvAlgorithmChoice::ConvAlgorithmChoice(Backend& backend, const ConvProblem& pr
     if (it != options.end()) {
       offers_named_ = true;
     } else {
-      for (const ConvAlgoInfo& a : options) {
-        if (std::find(offered_instead_.begin(), offered_instead_.end(), a.name) ==
-            offered_instead_.end()) {
-          offered_instead_.push_back(a.name);
-        }
-      }
+      for (const ConvAlgoInfo& a : options) offered_instead_.insert(a.name);
     }
     options = {chosen_[static_cast<int>(kind)]};
   }

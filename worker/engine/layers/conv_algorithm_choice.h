@@ -7,6 +7,7 @@
 #include <array>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,7 +51,7 @@ class ConvAlgorithmChoice {
   // the names the kinds offered instead where none did (for the error a
   // network gives when no layer offers it).
   bool offers_named() const { return offers_named_; }
-  const std::vector<std::string>& offered_instead() const { return offered_instead_; }
+  const std::set<std::string>& offered_instead() const { return offered_instead_; }
 
  private:
   std::string layer_;
@@ -59,7 +60,7 @@ class ConvAlgorithmChoice {
   std::array<std::map<std::string, double>, 3> seconds_;  // tuned time per candidate
   std::vector<std::string> refused_;
   bool offers_named_ = false;
-  std::vector<std::string> offered_instead_;
+  std::set<std::string> offered_instead_;
 };
 
 }  // namespace vtrain::worker
