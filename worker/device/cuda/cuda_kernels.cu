@@ -257,34 +257,55 @@ void check_launch(const char* kernel) {
 
 // Pass one (channel_sum_grid.h): block (group, chunk) sums its share of
 // each of its channels into partial[(k * chunks + chunk) * c + channel] for
-// each of the kSums quantities; each thread in Acc, then the block's
-// threads in a fixed tree. Term: acc[k] += the quantities of element `at`
-// of channel `ch`.
-template <int kSums, typename Acc, typename Term>
+// each of the kSums quantities; each thread in Acc, V channels at a time
+// (the grid's vec), then the block's threads in a fixed tree. Term:
+// term.template run<N>(at, ch, acc) loads the N packs of V elements at
+// at[0..N) (channels ch..ch + V) and adds their quantities to acc[k][l].
+template <int kSums, typename Acc, int V, typename Term>
 __global__ void channel_partials_kernel(ChannelSumGrid g, Term term, Acc* partials) {
-  __shared__ Acc shared[kSums][kChannelSumThreads];
-  Acc acc[kSums];
+  __shared__ Acc shared[kSums][V][kChannelSumThreads];
+  Acc acc[kSums][V];
 #pragma unroll
-  for (int k = 0; k < kSums; ++k) acc[k] = Acc(0);
-  g.for_each_element(blockIdx.y, blockIdx.x, static_cast<int>(threadIdx.x),
-                     [&](int64_t at, int64_t ch) { term(at, ch, acc); });
+  for (int k = 0; k < kSums; ++k) {
 #pragma unroll
-  for (int k = 0; k < kSums; ++k) shared[k][threadIdx.x] = acc[k];
+    for (int l = 0; l < V; ++l) acc[k][l] = Acc(0);
+  }
+  g.for_each_run(blockIdx.y, blockIdx.x, static_cast<int>(threadIdx.x),
+                 [&](const int64_t (&at)[kChannelSumUnroll], int count, int64_t ch) {
+                   if (count == kChannelSumUnroll) {
+                     term.template run<kChannelSumUnroll>(at, ch, acc);
+                   } else {
+                     for (int u = 0; u < count; ++u) term.template run<1>(at + u, ch, acc);
+                   }
+                 });
+#pragma unroll
+  for (int k = 0; k < kSums; ++k) {
+#pragma unroll
+    for (int l = 0; l < V; ++l) shared[k][l][threadIdx.x] = acc[k][l];
+  }
   __syncthreads();
   // Thread t holds channel lane t % lanes_c: t and t + half * lanes_c hold one channel.
   for (int half = g.lanes_p / 2; half > 0; half /= 2) {
     if (static_cast<int>(threadIdx.x) < half * g.lanes_c) {
 #pragma unroll
-      for (int k = 0; k < kSums; ++k) shared[k][threadIdx.x] += shared[k][threadIdx.x + half * g.lanes_c];
+      for (int k = 0; k < kSums; ++k) {
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+          shared[k][l][threadIdx.x] += shared[k][l][threadIdx.x + half * g.lanes_c];
+        }
+      }
     }
     __syncthreads();
   }
   if (static_cast<int>(threadIdx.x) < g.lanes_c) {
-    const int64_t ch = static_cast<int64_t>(blockIdx.x) * g.lanes_c + threadIdx.x;
+    const int64_t ch = (static_cast<int64_t>(blockIdx.x) * g.lanes_c + threadIdx.x) * V;
     if (ch < g.c) {
 #pragma unroll
       for (int k = 0; k < kSums; ++k) {
-        partials[(k * g.chunks + blockIdx.y) * g.c + ch] = shared[k][threadIdx.x];
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+          partials[(k * g.chunks + blockIdx.y) * g.c + ch + l] = shared[k][l][threadIdx.x];
+        }
       }
     }
   }
@@ -311,25 +332,50 @@ __global__ void channel_totals_kernel(const Acc* partials, int64_t chunks, int64
   }
 }
 
-template <typename T>
+// The terms of the sums, V channels of a pixel at a time (V = 1 but in
+// packed NHWC). Each loads its N packs before it uses any.
+template <typename T, int V>
 struct SumTerm {  // the bias gradient: sum of dy, in float
   const T* dy;
-  __device__ void operator()(int64_t at, int64_t, float (&acc)[1]) const {
-    acc[0] += to_float(dy[at]);
+  template <int N>
+  __device__ void run(const int64_t* at, int64_t, float (&acc)[1][V]) const {
+    Pack<T, V> d[N];
+#pragma unroll
+    for (int u = 0; u < N; ++u) d[u] = load_pack<T, V>(dy + at[u]);
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+#pragma unroll
+      for (int l = 0; l < V; ++l) acc[0][l] += to_float(d[u].v[l]);
+    }
   }
 };
 
 // relu backward, dx = y <= 0 ? 0 : dy (as relu_backward_at), written, and
 // the bias gradient: the sum of dx, in float (as SumTerm over that dx).
-template <typename T>
+// dx may alias dy: each element is read before it is written, and no
+// thread reads another's.
+template <typename T, int V>
 struct ReluBackwardTerm {
   const T* y;
   const T* dy;
   T* dx;
-  __device__ void operator()(int64_t at, int64_t, float (&acc)[1]) const {
-    const T g = to_float(y[at]) <= 0.0f ? from_float<T>(0.0f) : dy[at];
-    dx[at] = g;
-    acc[0] += to_float(g);
+  template <int N>
+  __device__ void run(const int64_t* at, int64_t, float (&acc)[1][V]) const {
+    Pack<T, V> a[N], g[N];
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      a[u] = load_pack<T, V>(y + at[u]);
+      g[u] = load_pack<T, V>(dy + at[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+#pragma unroll
+      for (int l = 0; l < V; ++l) {
+        if (to_float(a[u].v[l]) <= 0.0f) g[u].v[l] = from_float<T>(0.0f);
+        acc[0][l] += to_float(g[u].v[l]);
+      }
+      store_pack<T, V>(dx + at[u], g[u]);
+    }
   }
 };
 
@@ -341,28 +387,51 @@ struct BiasFinish {  // dbias = sum (+ beta * dbias), rounded to float once
   }
 };
 
-template <typename T>
+template <typename T, int V>
 struct MomentsTerm {  // sum of x and of x^2, in double
   const T* x;
-  __device__ void operator()(int64_t at, int64_t, double (&acc)[2]) const {
-    const float v = to_float(x[at]);
-    acc[0] += v;
-    acc[1] += static_cast<double>(v) * v;
+  template <int N>
+  __device__ void run(const int64_t* at, int64_t, double (&acc)[2][V]) const {
+    Pack<T, V> p[N];
+#pragma unroll
+    for (int u = 0; u < N; ++u) p[u] = load_pack<T, V>(x + at[u]);
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+#pragma unroll
+      for (int l = 0; l < V; ++l) {
+        const float v = to_float(p[u].v[l]);
+        acc[0][l] += v;
+        acc[1][l] += static_cast<double>(v) * v;
+      }
+    }
   }
 };
 
-template <typename T>
+template <typename T, int V>
 struct GradientMomentsTerm {  // sum of dy and of dy * xhat, in double
   const T* x;
   const T* dy;
   const float* mean;
   const float* var;
   float eps;
-  __device__ void operator()(int64_t at, int64_t ch, double (&acc)[2]) const {
-    const float inv_std = 1.0f / sqrtf(var[ch] + eps);
-    const float dyi = to_float(dy[at]);
-    acc[0] += dyi;
-    acc[1] += static_cast<double>(dyi) * ((to_float(x[at]) - mean[ch]) * inv_std);
+  template <int N>
+  __device__ void run(const int64_t* at, int64_t ch, double (&acc)[2][V]) const {
+    Pack<T, V> xs[N], dys[N];
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      xs[u] = load_pack<T, V>(x + at[u]);
+      dys[u] = load_pack<T, V>(dy + at[u]);
+    }
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      const float m = mean[ch + l], inv_std = 1.0f / sqrtf(var[ch + l] + eps);
+#pragma unroll
+      for (int u = 0; u < N; ++u) {
+        const float dyi = to_float(dys[u].v[l]);
+        acc[0][l] += dyi;
+        acc[1][l] += static_cast<double>(dyi) * ((to_float(xs[u].v[l]) - m) * inv_std);
+      }
+    }
   }
 };
 
@@ -438,18 +507,38 @@ void with_shape(Element type, bool packed, int64_t elements, F&& f) {
   });
 }
 
-// Launches the two passes of a per-channel reduction of {n, c, hw}.
-template <int kSums, typename Acc, typename Term, typename Finish>
-void channel_sums(int64_t n, int64_t c, int64_t hw, bool channels_last, Term term, Finish finish,
-                  void* partials, cudaStream_t stream, const char* what) {
-  const ChannelSumGrid g = channel_sum_grid(n, c, hw, channels_last);
-  auto* acc = static_cast<Acc*>(partials);
-  // Groups on x (up to 2^31 - 1), chunks on y (at most kChannelSumTargetBlocks).
-  const dim3 grid(static_cast<unsigned>(g.groups), static_cast<unsigned>(g.chunks));
-  channel_partials_kernel<kSums, Acc, Term><<<grid, kChannelSumThreads, 0, stream>>>(g, term, acc);
-  check_launch(what);
+// Launches the two passes of a per-channel reduction of {n, c, hw} of T
+// (term<T, V>{args...}), V channels a thread where the tensor is channels
+// last, c a multiple of the 16-byte pack and every pointer aligned to one
+// (`pointers`), else 1.
+template <int kSums, typename Acc, template <typename, int> class Term, typename T,
+          typename Finish, typename... Args>
+void channel_sums(int64_t n, int64_t c, int64_t hw, bool channels_last, Finish finish,
+                  void* partials, cudaStream_t stream, const char* what,
+                  std::initializer_list<const void*> pointers, Args... args) {
+  constexpr int kPack = static_cast<int>(16 / sizeof(T));
+  const bool packed = (channels_last || hw == 1) && c % kPack == 0 &&
+                      std::all_of(pointers.begin(), pointers.end(), [](const void* p) {
+                        return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+                      });
+  const auto launch = [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    const ChannelSumGrid g = channel_sum_grid(n, c, hw, channels_last, V);
+    auto* acc = static_cast<Acc*>(partials);
+    // Groups on x (up to 2^31 - 1), chunks on y (at most kChannelSumTargetBlocks).
+    const dim3 grid(static_cast<unsigned>(g.groups), static_cast<unsigned>(g.chunks));
+    channel_partials_kernel<kSums, Acc, V, Term<T, V>>
+        <<<grid, kChannelSumThreads, 0, stream>>>(g, Term<T, V>{args...}, acc);
+    check_launch(what);
+  };
+  if (packed) {
+    launch(std::integral_constant<int, kPack>{});
+  } else {
+    launch(std::integral_constant<int, 1>{});
+  }
   channel_totals_kernel<kSums, Acc, Finish><<<blocks_for(c), kThreads, 0, stream>>>(
-      acc, g.chunks, c, finish);
+      static_cast<const Acc*>(partials), channel_sum_grid(n, c, hw, channels_last).chunks, c,
+      finish);
   check_launch(what);
 }
 
@@ -636,8 +725,9 @@ void batch_norm_sums(Element type, const void* x, int64_t n, int64_t c, int64_t 
   if (c == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
-    channel_sums<2, double>(n, c, hw, channels_last, MomentsTerm<T>{static_cast<const T*>(x)},
-                            SumsFinish{sums, c}, partials, stream, "batch_norm_sums");
+    channel_sums<2, double, MomentsTerm, T>(n, c, hw, channels_last, SumsFinish{sums, c},
+                                            partials, stream, "batch_norm_sums", {x},
+                                            static_cast<const T*>(x));
   });
 }
 
@@ -648,10 +738,10 @@ void batch_norm_backward_sums(Element type, const void* x, const void* dy, const
   if (c == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
-    channel_sums<2, double>(
-        n, c, hw, channels_last,
-        GradientMomentsTerm<T>{static_cast<const T*>(x), static_cast<const T*>(dy), mean, var, eps},
-        SumsFinish{sums, c}, partials, stream, "batch_norm_backward_sums");
+    channel_sums<2, double, GradientMomentsTerm, T>(
+        n, c, hw, channels_last, SumsFinish{sums, c}, partials, stream,
+        "batch_norm_backward_sums", {x, dy}, static_cast<const T*>(x),
+        static_cast<const T*>(dy), mean, var, eps);
   });
 }
 
@@ -680,8 +770,9 @@ void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t h
   if (c == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
-    channel_sums<1, float>(n, c, hw, channels_last, SumTerm<T>{static_cast<const T*>(dy)},
-                           BiasFinish{dbias, beta}, partials, stream, "bias_gradient");
+    channel_sums<1, float, SumTerm, T>(n, c, hw, channels_last, BiasFinish{dbias, beta},
+                                       partials, stream, "bias_gradient", {dy},
+                                       static_cast<const T*>(dy));
   });
 }
 
@@ -691,11 +782,10 @@ void relu_backward_bias(Element type, const void* y, const void* dy, void* dx, i
   if (c == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
-    channel_sums<1, float>(
-        n, c, hw, channels_last,
-        ReluBackwardTerm<T>{static_cast<const T*>(y), static_cast<const T*>(dy),
-                            static_cast<T*>(dx)},
-        BiasFinish{dbias, 0.0f}, partials, stream, "relu_backward_bias");
+    channel_sums<1, float, ReluBackwardTerm, T>(
+        n, c, hw, channels_last, BiasFinish{dbias, 0.0f}, partials, stream,
+        "relu_backward_bias", {y, dy, dx}, static_cast<const T*>(y), static_cast<const T*>(dy),
+        static_cast<T*>(dx));
   });
 }
 
