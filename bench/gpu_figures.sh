@@ -6,7 +6,7 @@
 #
 # Parts (default all): gpu_tests cuda_ops conformance_gpu train_vs_torch vdnn_vgg16_b64 vdnn_vgg16_b128
 # vdnn_vgg16_b256 dyn_limit_vgg16 wr_wd_alexnet alexnet_fronts
-# precisions_vs_torch graph_vs_torch prefetch fuse_relu graph_engines breakdown_gpu breakdown_vgg16 pseudo_half accuracy_parity layouts
+# precisions_vs_torch graph_vs_torch vgg16_vs_amp prefetch fuse_relu graph_engines breakdown_gpu breakdown_vgg16 pseudo_half accuracy_parity layouts
 # plans_gpu joint_split_gpu. Each takes one to three
 # minutes on an H100 but precisions_vs_torch (four models in four
 # precisions, about 15). accuracy_parity reads Fashion-MNIST from the
@@ -123,6 +123,10 @@ part precisions_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain"
 part graph_vs_torch python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 2 \
   --steps 100 --models resnet50:64,vgg16:64 --precisions bf16,fp16 \
   --vtrain-set conv.cudnn_graph=true --json "$out/graph_vs_torch.json"
+# Issue 15's open target alone: VGG-16 in bf16 and fp16 against PyTorch
+# AMP, two alternating runs a side (about 2 minutes on an H200).
+part vgg16_vs_amp python3 bench/bench_gpu_train.py --vtrain "$bin/vtrain" --runs 2 \
+  --steps 100 --models vgg16:64 --precisions bf16,fp16 --json "$out/vgg16_vs_amp.json"
 # Issue 15's open target in one part: VGG-16 (first) and ResNet-50 in bf16
 # and fp16 against PyTorch AMP, and beside each vtrain run one without the
 # input prefetch (data.prefetch off: each batch uploaded when its step
