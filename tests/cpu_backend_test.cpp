@@ -424,5 +424,20 @@ TEST(CpuBackendMisc, UnknownKindThrowsNamingTheKnownOnes) {
   }
 }
 
+// An id no convolution algorithm has is refused naming every id the
+// backend knows, from the same table that names them.
+TEST(CpuBackendMisc, UnknownAlgorithmIdThrowsNamingTheKnownOnes) {
+  try {
+    cpu().conv_algorithm_name(ConvKind::kForward, 99);
+    FAIL() << "conv_algorithm_name accepted id 99";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "id 99 (known: 0 direct, 1 winograd, 2 im2col_gemm, 3 direct/pseudo_bf16, "
+                  "4 winograd/pseudo_bf16)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace vtrain::worker

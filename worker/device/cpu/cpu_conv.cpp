@@ -19,7 +19,10 @@ void check_workspace(const char* op, size_t have, size_t need, const ConvProblem
 
 // ------------------------------------------------------------- convolution
 
-std::string CpuBackend::conv_algorithm_name(ConvKind, ConvAlgo algo) const {
+namespace {
+
+// An id's name, empty for an id no algorithm has.
+std::string cpu_conv_algorithm_name(ConvAlgo algo) {
   switch (algo) {
     case kDirect: return "direct";
     case kWinograd: return "winograd";
@@ -27,9 +30,20 @@ std::string CpuBackend::conv_algorithm_name(ConvKind, ConvAlgo algo) const {
     case kDirectPseudoBf16: return "direct" + std::string(kPseudoBf16AlgorithmSuffix);
     case kWinogradPseudoBf16: return "winograd" + std::string(kPseudoBf16AlgorithmSuffix);
   }
+  return {};
+}
+
+}  // namespace
+
+std::string CpuBackend::conv_algorithm_name(ConvKind, ConvAlgo algo) const {
+  std::string name = cpu_conv_algorithm_name(algo);
+  if (!name.empty()) return name;
+  std::string known;
+  for (ConvAlgo id = 0; !cpu_conv_algorithm_name(id).empty(); ++id) {
+    known += (id == 0 ? "" : ", ") + std::to_string(id) + " " + cpu_conv_algorithm_name(id);
+  }
   throw BackendError("cpu backend: unknown convolution algorithm id " + std::to_string(algo) +
-                     " (known: 0 direct, 1 winograd, 2 im2col_gemm, 3 direct/pseudo_bf16, "
-                     "4 winograd/pseudo_bf16)");
+                     " (known: " + known + ")");
 }
 
 namespace {
