@@ -333,15 +333,20 @@ __global__ void channel_totals_kernel(const Acc* partials, int64_t chunks, int64
 }
 
 // The terms of the sums, V channels of a pixel at a time (V = 1 but in
-// packed NHWC). Each loads its N packs before it uses any.
+// packed NHWC). Each loads its N packs (load_packs) before it uses any.
+template <typename T, int V, int N>
+__device__ __forceinline__ void load_packs(const T* base, const int64_t* at, Pack<T, V> (&out)[N]) {
+#pragma unroll
+  for (int u = 0; u < N; ++u) out[u] = load_pack<T, V>(base + at[u]);
+}
+
 template <typename T, int V>
 struct SumTerm {  // the bias gradient: sum of dy, in float
   const T* dy;
   template <int N>
   __device__ void run(const int64_t* at, int64_t, float (&acc)[1][V]) const {
     Pack<T, V> d[N];
-#pragma unroll
-    for (int u = 0; u < N; ++u) d[u] = load_pack<T, V>(dy + at[u]);
+    load_packs(dy, at, d);
 #pragma unroll
     for (int u = 0; u < N; ++u) {
 #pragma unroll
@@ -362,11 +367,8 @@ struct ReluBackwardTerm {
   template <int N>
   __device__ void run(const int64_t* at, int64_t, float (&acc)[1][V]) const {
     Pack<T, V> a[N], g[N];
-#pragma unroll
-    for (int u = 0; u < N; ++u) {
-      a[u] = load_pack<T, V>(y + at[u]);
-      g[u] = load_pack<T, V>(dy + at[u]);
-    }
+    load_packs(y, at, a);
+    load_packs(dy, at, g);
 #pragma unroll
     for (int u = 0; u < N; ++u) {
 #pragma unroll
@@ -393,8 +395,7 @@ struct MomentsTerm {  // sum of x and of x^2, in double
   template <int N>
   __device__ void run(const int64_t* at, int64_t, double (&acc)[2][V]) const {
     Pack<T, V> p[N];
-#pragma unroll
-    for (int u = 0; u < N; ++u) p[u] = load_pack<T, V>(x + at[u]);
+    load_packs(x, at, p);
 #pragma unroll
     for (int u = 0; u < N; ++u) {
 #pragma unroll
@@ -417,11 +418,8 @@ struct GradientMomentsTerm {  // sum of dy and of dy * xhat, in double
   template <int N>
   __device__ void run(const int64_t* at, int64_t ch, double (&acc)[2][V]) const {
     Pack<T, V> xs[N], dys[N];
-#pragma unroll
-    for (int u = 0; u < N; ++u) {
-      xs[u] = load_pack<T, V>(x + at[u]);
-      dys[u] = load_pack<T, V>(dy + at[u]);
-    }
+    load_packs(x, at, xs);
+    load_packs(dy, at, dys);
 #pragma unroll
     for (int l = 0; l < V; ++l) {
       const float m = mean[ch + l], inv_std = 1.0f / sqrtf(var[ch + l] + eps);
