@@ -161,9 +161,12 @@ struct SyncCase {
   unsigned seed;
 };
 
-// 20 channels: blocked layouts pad them (to 24 or 32).
+// 20 channels: blocked layouts pad them (to 24 or 32). 16: whole 16-byte
+// packs of half (and float) channels, which the CUDA backend's NHWC sums
+// take a pack a thread (channel_sum_grid.h).
 inline const SyncCase kSyncCases[] = {{"n5c20_6x6_split2", {5, 20, 6, 6}, 2, 21},
-                                      {"n4c6_5x5_split1", {4, 6, 5, 5}, 1, 22}};
+                                      {"n4c6_5x5_split1", {4, 6, 5, 5}, 1, 22},
+                                      {"n4c16_3x3_split1", {4, 16, 3, 3}, 1, 23}};
 
 // ======================================================= add, accumulate
 
