@@ -340,18 +340,25 @@ __device__ __forceinline__ void load_packs(const T* base, const int64_t* at, Pac
   for (int u = 0; u < N; ++u) out[u] = load_pack<T, V>(base + at[u]);
 }
 
+// Loads the N packs of V elements at base + at[u] (load_packs), then calls
+// f(l, value) for each element, pack by pack, l its channel in the pack.
+template <int N, int V, typename T, typename F>
+__device__ __forceinline__ void for_each_loaded(const T* base, const int64_t* at, F&& f) {
+  Pack<T, V> p[N];
+  load_packs(base, at, p);
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+#pragma unroll
+    for (int l = 0; l < V; ++l) f(l, to_float(p[u].v[l]));
+  }
+}
+
 template <typename T, int V>
 struct SumTerm {  // the bias gradient: sum of dy, in float
   const T* dy;
   template <int N>
   __device__ void run(const int64_t* at, int64_t, float (&acc)[1][V]) const {
-    Pack<T, V> d[N];
-    load_packs(dy, at, d);
-#pragma unroll
-    for (int u = 0; u < N; ++u) {
-#pragma unroll
-      for (int l = 0; l < V; ++l) acc[0][l] += to_float(d[u].v[l]);
-    }
+    for_each_loaded<N, V>(dy, at, [&](int l, float v) { acc[0][l] += v; });
   }
 };
 
@@ -394,17 +401,10 @@ struct MomentsTerm {  // sum of x and of x^2, in double
   const T* x;
   template <int N>
   __device__ void run(const int64_t* at, int64_t, double (&acc)[2][V]) const {
-    Pack<T, V> p[N];
-    load_packs(x, at, p);
-#pragma unroll
-    for (int u = 0; u < N; ++u) {
-#pragma unroll
-      for (int l = 0; l < V; ++l) {
-        const float v = to_float(p[u].v[l]);
-        acc[0][l] += v;
-        acc[1][l] += static_cast<double>(v) * v;
-      }
-    }
+    for_each_loaded<N, V>(x, at, [&](int l, float v) {
+      acc[0][l] += v;
+      acc[1][l] += static_cast<double>(v) * v;
+    });
   }
 };
 
@@ -489,54 +489,52 @@ void with_index(int64_t elements, F&& f) {
   }
 }
 
+// f(std::integral_constant<int, V>{}): V = 16 / sizeof(T), the elements of
+// a 16-byte pack, where `packed` (else 1).
+template <typename T, typename F>
+void with_width(bool packed, F&& f) {
+  if (packed) {
+    f(std::integral_constant<int, static_cast<int>(16 / sizeof(T))>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
+}
+
 // f(T{}, std::integral_constant<int, V>{}, I{}): T the element type of
-// `type`, V = 16 / sizeof(T) where `packed` (else 1), and I uint32_t where
-// every index is below `elements` < 2^31 (else int64_t).
+// `type`, V as with_width, and I uint32_t where every index is below
+// `elements` < 2^31 (else int64_t).
 template <typename F>
 void with_shape(Element type, bool packed, int64_t elements, F&& f) {
   with_type(type, [&](auto t) {
-    using T = decltype(t);
-    const auto with_v = [&](auto v) { with_index(elements, [&](auto i) { f(t, v, i); }); };
-    if (packed) {
-      with_v(std::integral_constant<int, static_cast<int>(16 / sizeof(T))>{});
-    } else {
-      with_v(std::integral_constant<int, 1>{});
-    }
+    with_width<decltype(t)>(packed,
+                            [&](auto v) { with_index(elements, [&](auto i) { f(t, v, i); }); });
   });
 }
 
 // Launches the two passes of a per-channel reduction of {n, c, hw} of T
-// (term<T, V>{args...}), V channels a thread where the tensor is channels
-// last, c a multiple of the 16-byte pack and every pointer aligned to one
-// (`pointers`), else 1.
+// (`type`; term<T, V>{args...}), V channels a thread where the tensor is
+// channels last and its channels and `pointers` fit 16-byte packs
+// (packs_fit), else 1.
 template <int kSums, typename Acc, template <typename, int> class Term, typename T,
           typename Finish, typename... Args>
-void channel_sums(int64_t n, int64_t c, int64_t hw, bool channels_last, Finish finish,
-                  void* partials, cudaStream_t stream, const char* what,
+void channel_sums(Element type, int64_t n, int64_t c, int64_t hw, bool channels_last,
+                  Finish finish, void* partials, cudaStream_t stream, const char* what,
                   std::initializer_list<const void*> pointers, Args... args) {
-  constexpr int kPack = static_cast<int>(16 / sizeof(T));
-  const bool packed = (channels_last || hw == 1) && c % kPack == 0 &&
-                      std::all_of(pointers.begin(), pointers.end(), [](const void* p) {
-                        return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-                      });
-  const auto launch = [&](auto v) {
+  const bool packed = (channels_last || hw == 1) && packs_fit(type, c, pointers);
+  auto* acc = static_cast<Acc*>(partials);
+  int64_t chunks = 0;
+  with_width<T>(packed, [&](auto v) {
     constexpr int V = decltype(v)::value;
     const ChannelSumGrid g = channel_sum_grid(n, c, hw, channels_last, V);
-    auto* acc = static_cast<Acc*>(partials);
+    chunks = g.chunks;
     // Groups on x (up to 2^31 - 1), chunks on y (at most kChannelSumTargetBlocks).
     const dim3 grid(static_cast<unsigned>(g.groups), static_cast<unsigned>(g.chunks));
     channel_partials_kernel<kSums, Acc, V, Term<T, V>>
         <<<grid, kChannelSumThreads, 0, stream>>>(g, Term<T, V>{args...}, acc);
-    check_launch(what);
-  };
-  if (packed) {
-    launch(std::integral_constant<int, kPack>{});
-  } else {
-    launch(std::integral_constant<int, 1>{});
-  }
+  });
+  check_launch(what);
   channel_totals_kernel<kSums, Acc, Finish><<<blocks_for(c), kThreads, 0, stream>>>(
-      static_cast<const Acc*>(partials), channel_sum_grid(n, c, hw, channels_last).chunks, c,
-      finish);
+      acc, chunks, c, finish);
   check_launch(what);
 }
 
@@ -723,7 +721,7 @@ void batch_norm_sums(Element type, const void* x, int64_t n, int64_t c, int64_t 
   if (c == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
-    channel_sums<2, double, MomentsTerm, T>(n, c, hw, channels_last, SumsFinish{sums, c},
+    channel_sums<2, double, MomentsTerm, T>(type, n, c, hw, channels_last, SumsFinish{sums, c},
                                             partials, stream, "batch_norm_sums", {x},
                                             static_cast<const T*>(x));
   });
@@ -737,7 +735,7 @@ void batch_norm_backward_sums(Element type, const void* x, const void* dy, const
   with_type(type, [&](auto t) {
     using T = decltype(t);
     channel_sums<2, double, GradientMomentsTerm, T>(
-        n, c, hw, channels_last, SumsFinish{sums, c}, partials, stream,
+        type, n, c, hw, channels_last, SumsFinish{sums, c}, partials, stream,
         "batch_norm_backward_sums", {x, dy}, static_cast<const T*>(x),
         static_cast<const T*>(dy), mean, var, eps);
   });
@@ -768,7 +766,7 @@ void bias_gradient(Element type, const void* dy, int64_t n, int64_t c, int64_t h
   if (c == 0) return;
   with_type(type, [&](auto t) {
     using T = decltype(t);
-    channel_sums<1, float, SumTerm, T>(n, c, hw, channels_last, BiasFinish{dbias, beta},
+    channel_sums<1, float, SumTerm, T>(type, n, c, hw, channels_last, BiasFinish{dbias, beta},
                                        partials, stream, "bias_gradient", {dy},
                                        static_cast<const T*>(dy));
   });
@@ -781,7 +779,7 @@ void relu_backward_bias(Element type, const void* y, const void* dy, void* dx, i
   with_type(type, [&](auto t) {
     using T = decltype(t);
     channel_sums<1, float, ReluBackwardTerm, T>(
-        n, c, hw, channels_last, BiasFinish{dbias, 0.0f}, partials, stream,
+        type, n, c, hw, channels_last, BiasFinish{dbias, 0.0f}, partials, stream,
         "relu_backward_bias", {y, dy, dx}, static_cast<const T*>(y), static_cast<const T*>(dy),
         static_cast<T*>(dx));
   });
