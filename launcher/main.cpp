@@ -38,7 +38,8 @@ namespace {
 
 using config::Config;
 
-constexpr const char* kVersion = "0.1.0";
+// The version is written once, in CMakeLists.txt (project VERSION).
+constexpr const char* kVersion = VTRAIN_VERSION;
 
 struct Datasets {
   worker::Dataset train;

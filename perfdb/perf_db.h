@@ -113,7 +113,8 @@ struct KernelSample {
 struct StepMeasurement {
   std::string model;            // model signature (stable text naming layers and shapes)
   int64_t batch = 1;            // per-rank batch
-  std::string memory_policy;    // e.g. "none", "vdnn-all", "vdnn-conv", "dsa"
+  std::string memory_policy;    // memory.policy's name, e.g. "none", "conv", "dyn"; a
+                                // per-tensor policy adds its capacity: "auto@<bytes>"
   std::string workspace_plan;   // signature of the workspace/micro-batch plan; "" = none
   double time_ms = 0;           // upload (as training makes it: copied ahead where it is),
                                 // forward, backward, update (no exchange), ms

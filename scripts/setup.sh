@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for vtrain and builds it into build/.
 #
-#   bash scripts/setup.sh          install packages (if missing) and build build/vtrain
-#   bash scripts/setup.sh --test   the same, then run the whole test suite (ctest)
+#   bash scripts/setup.sh          install what the main job needs (if missing)
+#                                  and build build/vtrain alone
+#   bash scripts/setup.sh --test   also install what the tests need, build every
+#                                  target (tests, benchmarks) and run ctest
 #
 # Idempotent: packages already present are not reinstalled, and the build is
 # incremental. Needs root or sudo for apt-get. Environment: VTRAIN_CUDA
@@ -15,18 +17,24 @@ run_tests=0
 for arg in "$@"; do
   case "$arg" in
     --test) run_tests=1 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
 
+# To build vtrain (the configure step finds GoogleTest too) and run the main
+# job, LeNet on Fashion-MNIST.
 packages=(
   build-essential cmake ninja-build pkg-config
-  libyaml-cpp-dev libsqlite3-dev sqlite3 libglpk-dev glpk-utils
+  libyaml-cpp-dev libsqlite3-dev libglpk-dev
   libopenmpi-dev openmpi-bin libdnnl-dev ocl-icd-opencl-dev libgtest-dev zlib1g-dev
-  dataset-fashion-mnist python3 iproute2
-  munge slurmctld slurmd slurm-client
+  dataset-fashion-mnist
 )
+# What the tests use besides: the sqlite3 and GLPK shells, python3 for the
+# scripts they run, iproute2, and munge + SLURM for the SLURM test.
+if ((run_tests)); then
+  packages+=(sqlite3 glpk-utils python3 iproute2 munge slurmctld slurmd slurm-client)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -49,7 +57,10 @@ if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then cuda=ON; 
 cmake -S . -B build -G Ninja \
   -DCMAKE_BUILD_TYPE="${VTRAIN_BUILD_TYPE:-Release}" \
   -DVTRAIN_CUDA="${VTRAIN_CUDA:-$cuda}" "${launcher[@]}" >/dev/null
-cmake --build build -j "${VTRAIN_JOBS:-$(nproc)}"
+# The main job needs vtrain alone; the tests need every target.
+targets=(--target vtrain)
+if ((run_tests)); then targets=(); fi
+cmake --build build -j "${VTRAIN_JOBS:-$(nproc)}" "${targets[@]}"
 echo "setup: built build/vtrain"
 
 if ((run_tests)); then

@@ -1,7 +1,7 @@
 // The device interface: everything the engine, the memory part and the
 // profiler need from a device, and nothing vendor-specific.
 //
-// Implementations: worker/cpu (oneDNN; the "device" is host memory behind a
+// Implementations: worker/device/cpu (oneDNN; the "device" is host memory behind a
 // byte counter, the memory stream a background thread) and worker/device/cuda
 // (cuDNN/cuBLAS, two CUDA streams), chosen by make_backend() only.
 //
