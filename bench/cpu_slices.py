@@ -11,7 +11,7 @@ slices run (the kernel, MPI and every other thread on that core take
 their share too), so each gets less than its quota then, and its full
 quota while the other waits. On the Intel Xeon the slices of 0.6 and 0.4
 trained about 10% faster than they profiled, the lone core as profiled;
-with 0.5 and 0.3 no side was consistently faster (README, "Figures").
+with 0.5 and 0.3 no side was consistently faster (bench/results/2026-11-26-cpu-xeon.md).
 check_headroom() warns.
 
 vtrain names a quota in the CPU device's identity ("... (cpus 1, cpu quota

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA backend's tests and GPU figures in one go (issue 7), for a GPU
-# machine set up as docs/cuda.md describes. Writes one log per part to DIR.
+# machine set up as docs/gpu.md describes. Writes one log per part to DIR.
 #
 #   bash bench/gpu_figures.sh BIN_DIR OUT_DIR [PART,PART,...]
 #
@@ -10,7 +10,7 @@
 # plans_gpu joint_split_gpu. Each takes one to three
 # minutes on an H100 but precisions_vs_torch (four models in four
 # precisions, about 15). accuracy_parity reads Fashion-MNIST from the
-# dataset-fashion-mnist package carried with the others (docs/cuda.md). alexnet_fronts writes the plans and fronts CSVs
+# dataset-fashion-mnist package carried with the others (docs/gpu.md). alexnet_fronts writes the plans and fronts CSVs
 # to OUT_DIR; draw them where matplotlib is installed with
 #   /usr/bin/python3 scripts/plot_balance.py OUT_DIR/plan-wd.yaml \
 #     --fronts OUT_DIR/fronts-wd.csv -o docs/balance-front-alexnet-h100.png

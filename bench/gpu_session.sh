@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine (docs/cuda.md), after scripts/gpu_pack.sh
+# One call on a lent GPU machine (docs/gpu.md), after scripts/gpu_pack.sh
 # here: unpacks the binaries carried in .gpu/bin.tar.xz, runs the parts of
 # bench/gpu_figures.sh in the order given, each stopped after SECONDS
 # (default 170), and leaves every log in OUT_DIR/logs.tgz: a call returns 8

@@ -253,7 +253,7 @@ checkpoints and metrics). On SLURM: `sbatch scripts/vtrain.sbatch CONFIG`.
 Exit codes: 0 success, 1 runtime failure, 2 usage or config error,
 3 stopped by SIGTERM/SIGUSR1 after writing a checkpoint (requeue to resume),
 4 stopped by a signal with no checkpoint.dir (nothing to resume).
-Configs: see configs/*.yaml and README.md.
+Configs: see configs/*.yaml; every key is in docs/config.md, every flag in docs/cli.md.
 )";
   }
   if (topic == "train") {
@@ -295,7 +295,7 @@ Metrics (JSON lines, --metrics or output.metrics): one object per logged step
 ({"event": "step", ...}), one per epoch ({"event": "epoch", ...,
 "test_accuracy"}), and a final {"event": "end", "test_accuracy",
 "images_per_second", "peak_device_bytes", "steps", "final_loss", ...}
-(README.md lists every field).
+(docs/metrics.md lists every field).
 
 Options:
   --set KEY.PATH=VALUE   override any config value, e.g. --set optimizer.lr=0.1

@@ -17,7 +17,7 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Exit codes, documented in `vtrain --help` and the README.
+// Exit codes, documented in `vtrain --help` and docs/cli.md.
 enum ExitCode : int {
   kExitOk = 0,
   kExitFailure = 1,

@@ -1,5 +1,5 @@
 # Source this on a GPU machine that has the CUDA toolkit and PyTorch's
-# NVIDIA wheels but no package registry (see docs/cuda.md): it unpacks the
+# NVIDIA wheels but no package registry (see docs/gpu.md): it unpacks the
 # Debian runtime packages carried in .deps/debs into /tmp/vtrain-deps (never
 # into /) and points the loader at them and at the wheels' cuDNN, cuBLAS and
 # NCCL.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs what a GPU machine without a package registry needs (docs/cuda.md):
+# Packs what a GPU machine without a package registry needs (docs/gpu.md):
 # the Debian runtime packages into .deps/debs (downloaded once) and the CUDA
 # build's binaries, stripped, into .gpu/bin.tar.xz; both folders are kept
 # out of git (.git/info/exclude). Run it here, after a build with the CUDA

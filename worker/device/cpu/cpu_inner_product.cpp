@@ -63,7 +63,7 @@ IpScratch ip_gradient_scratch(const dnnl::inner_product_backward_weights::primit
 // beside a blocked one; the format oneDNN prefers is a transposed blocking
 // that costs more to stage than the product itself at small batches
 // (vgg-small at batch 16 on one core: its fc layers took 11.7 ms a training
-// step, 6.2 in the input's layout; figures in the README's "Inner products").
+// step, 6.2 in the input's layout; figures in bench/results/2026-11-27-cpu-xeon.md).
 template <class Make>
 auto with_weights_like_input(const TensorDesc& x, const Shape& w_shape, DataType w_type,
                              const Make& make) {
