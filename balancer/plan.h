@@ -83,8 +83,9 @@ std::string plan_to_yaml(const TrainingPlan& plan);
 // Throws PlanError naming `origin`, the line and the key path.
 TrainingPlan parse_plan(const std::string& yaml_text, const std::string& origin);
 TrainingPlan load_plan(const std::string& path);
-// Writes atomically (a temporary file renamed over `path`): a failed write
-// leaves no partial plan behind. Throws PlanError.
+// Writes as common::OutputFile does (a temporary file renamed over a file,
+// a device written in place): a failed write leaves no partial plan behind.
+// Throws common::OutputError.
 void save_plan(const TrainingPlan& plan, const std::string& path);
 
 }  // namespace vtrain::balancer

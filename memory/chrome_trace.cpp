@@ -1,10 +1,9 @@
 #include "memory/chrome_trace.h"
 
+#include "common/files.h"
 #include "common/text.h"
 
 #include <cstdio>
-#include <fstream>
-#include <stdexcept>
 
 namespace vtrain::memory {
 
@@ -96,10 +95,7 @@ std::string ChromeTrace::json() const { return merge_chrome_traces({events_json(
 void ChromeTrace::write(const std::string& path) const { write_trace_file(path, json()); }
 
 void write_trace_file(const std::string& path, const std::string& json) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << json;
-  out.close();
-  if (!out) throw std::runtime_error("cannot write the trace file '" + path + "'");
+  common::write_file_whole(path, json, "trace");
 }
 
 }  // namespace vtrain::memory

@@ -37,7 +37,7 @@ class ChromeTrace {
   std::string events_json() const;
   // {"traceEvents": [...], "displayTimeUnit": "ms"}
   std::string json() const;
-  // Throws std::runtime_error naming the path when it cannot be written.
+  // Throws common::OutputError naming the path when it cannot be written.
   void write(const std::string& path) const;
 
  private:
@@ -54,7 +54,8 @@ class ChromeTrace {
 // One trace file from the events_json() of several ranks.
 std::string merge_chrome_traces(const std::vector<std::string>& events_json);
 
-// Writes a trace's JSON to `path`; throws std::runtime_error naming it.
+// Writes a trace's JSON to `path` whole or not at all (common::OutputFile):
+// a failed write leaves no empty or partial trace. Throws common::OutputError.
 void write_trace_file(const std::string& path, const std::string& json);
 
 }  // namespace vtrain::memory

@@ -1,10 +1,15 @@
 // `vtrain balance` as users run it: it plans from the perf DB without ever
 // writing it (no file created for a missing --db, an empty file left empty,
 // a WAL file left in WAL mode), and a bad --db or --devices is a clear error.
+// Its --out writes through what is at the path as common::OutputFile does.
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstring>
+#include <iterator>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "perfdb/internal/sql_shell.h"
@@ -81,6 +86,78 @@ TEST(BalanceCli, EmptyDevicesIsAUsageError) {
     EXPECT_EQ(r.exit_code, 2) << devices << ": " << r.output;
     EXPECT_CONTAINS(r.output, "--devices names no device");
   }
+}
+
+// Runs `balance --out PATH` with a perf DB that holds this machine's
+// profile of the model, made once for the suite.
+class BalanceOut : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    db_dir_ = std::make_unique<TempDir>();
+    const test_support::RunResult r = test_support::run_vtrain(
+        "profile " + test_support::source_dir() + "/configs/synthetic-lenet.yaml --db " + db() +
+        " --set profile.repeats=1 --set profile.warmup=0");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { db_dir_.reset(); }
+  static std::string db() { return db_dir_->path("perf.db"); }
+
+  static BalanceRun balance_out(const std::string& path) {
+    return balance("--db " + db() + " --out " + path);
+  }
+
+  static inline std::unique_ptr<TempDir> db_dir_;
+  TempDir dir_;
+};
+
+// Replacing a device with a regular file (as root) would break what uses it.
+TEST_F(BalanceOut, ADeviceStaysADevice) {
+  const std::string null = test_support::make_char_device(dir_.path("null"), 3);
+  if (null.empty()) GTEST_SKIP() << "mknod is not permitted here: " << std::strerror(errno);
+  const BalanceRun r = balance_out(null);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "plan: wrote " + null);
+  EXPECT_TRUE(test_support::is_char_device(null)) << null << " was replaced by a file";
+}
+
+// A full disk (a full device) is a runtime failure, exit 1, naming the reason.
+TEST_F(BalanceOut, AFullDeviceIsARuntimeError) {
+  const std::string full = test_support::make_char_device(dir_.path("full"), 7);
+  if (full.empty()) GTEST_SKIP() << "mknod is not permitted here: " << std::strerror(errno);
+  const BalanceRun r = balance_out(full);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_CONTAINS(r.output, "vtrain: error: cannot write plan " + full + ": " + std::strerror(ENOSPC));
+  EXPECT_TRUE(test_support::is_char_device(full)) << full << " was replaced by a file";
+}
+
+TEST_F(BalanceOut, ASymlinkIsFollowed) {
+  const std::string target = dir_.write("real/plan.yaml", "old").string();
+  const std::string link = dir_.path("plan.yaml");
+  fs::create_symlink("real/plan.yaml", link);
+  const BalanceRun r = balance_out(link);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::is_symlink(link)) << link << " was replaced";
+  EXPECT_TRUE(read_file(target).starts_with("# vtrain plan")) << read_file(target);
+}
+
+TEST_F(BalanceOut, ADirectoryIsARuntimeErrorNamingIt) {
+  const std::string adir = dir_.path("adir");
+  fs::create_directories(adir);
+  const BalanceRun r = balance_out(adir);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_CONTAINS(r.output, "vtrain: error: cannot write plan " + adir +
+                                ": it is a directory, expected a file name");
+  EXPECT_EQ(r.output.find("config error"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Success"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(adir + ".tmp"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_.path()), fs::directory_iterator()), 1)
+      << "a temporary was left in " << dir_.path();
+  EXPECT_TRUE(fs::is_empty(adir));
+
+  const BalanceRun fronts = balance("--db " + db() + " --fronts " + adir);
+  EXPECT_EQ(fronts.exit_code, 1) << fronts.output;
+  EXPECT_CONTAINS(fronts.output, "vtrain: error: cannot write Pareto fronts " + adir +
+                                     ": it is a directory, expected a file name");
 }
 
 }  // namespace

@@ -1,17 +1,18 @@
 // Checkpoint files: the on-disk format, atomic saves and pruning, picking the
 // latest, and validation of torn, corrupt and foreign files. Each test works in
 // a fresh temporary directory.
+#include "common/files.h"
 #include "tests/test_support.h"
 #include "worker/train/checkpoint.h"
 
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <bit>
-#include <csignal>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -217,7 +218,7 @@ TEST(Checkpoint, LatestIsTheHighestStepAndIgnoresOtherFiles) {
   EXPECT_EQ(latest_checkpoint(dir.path("missing")), std::nullopt);
   EXPECT_EQ(latest_checkpoint(dir.path()), std::nullopt);
   for (int64_t step : {5, 40, 12}) save_checkpoint(dir.path(), small_checkpoint(step), 10);
-  write_bytes(dir.path(".ckpt-99.tmp.123"), {1});
+  write_bytes(dir.path(".ckpt-0000000099.vtc.tmp.123.0"), {1});  // a save's temporary
   write_bytes(dir.path("notes.txt"), {1});
   write_bytes(dir.path("ckpt-99.vtc"), {1});               // not 10 digits
   write_bytes(dir.path("ckpt-0000000099.vtc.bak"), {1});   // not the full name
@@ -424,29 +425,6 @@ TEST(Checkpoint, UnwritableDirectoryIsReported) {
   EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"file"});
 }
 
-// Lowers RLIMIT_FSIZE for its lifetime, so writes past `bytes` fail with
-// EFBIG (SIGXFSZ, which would kill the process, is ignored meanwhile).
-class FileSizeLimit {
- public:
-  explicit FileSizeLimit(rlim_t bytes) {
-    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
-    getrlimit(RLIMIT_FSIZE, &old_);
-    rlimit lowered = old_;
-    lowered.rlim_cur = bytes;
-    setrlimit(RLIMIT_FSIZE, &lowered);
-  }
-  ~FileSizeLimit() {
-    setrlimit(RLIMIT_FSIZE, &old_);
-    std::signal(SIGXFSZ, old_handler_);
-  }
-  FileSizeLimit(const FileSizeLimit&) = delete;
-  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
-
- private:
-  rlimit old_{};
-  void (*old_handler_)(int) = SIG_DFL;
-};
-
 TEST(Checkpoint, FailedWriteLeavesNoFileBehind) {
   const TempDir dir;
   const std::string previous = save_checkpoint(dir.path(), small_checkpoint(1), 5);
@@ -455,23 +433,22 @@ TEST(Checkpoint, FailedWriteLeavesNoFileBehind) {
   std::string message;
   {
     // The first write is cut short at the limit, the retry of the rest fails.
-    const FileSizeLimit limit(1000);
-    message = checkpoint_error([&] { save_checkpoint(dir.path(), big, 5); });
+    const test_support::FileSizeLimit limit(1000);
+    message = test_support::error_message<common::OutputError>(
+        [&] { save_checkpoint(dir.path(), big, 5); });
   }
-  EXPECT_CONTAINS(message, dir.path(".ckpt-2.tmp."));
-  EXPECT_CONTAINS(message, "write failed");
+  EXPECT_CONTAINS(message, "cannot write checkpoint " + dir.path("ckpt-0000000002.vtc") + ": " +
+                               std::strerror(EFBIG));
   EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"ckpt-0000000001.vtc"});
   EXPECT_EQ(load_checkpoint(previous).step, 1);
 }
 
-TEST(Checkpoint, FailedRenameLeavesNoTemporary) {
+TEST(Checkpoint, DirectoryAtTheNameIsRefusedLeavingNoTemporary) {
   const TempDir dir;
-  // A non-empty directory under the final name makes rename() fail.
   fs::create_directories(dir.path("ckpt-0000000007.vtc/x"));
-  const std::string message =
-      checkpoint_error([&] { save_checkpoint(dir.path(), small_checkpoint(7), 1); });
-  EXPECT_CONTAINS(message, dir.path("ckpt-0000000007.vtc"));
-  EXPECT_CONTAINS(message, "rename");
+  const std::string message = test_support::error_message<common::OutputError>(
+      [&] { save_checkpoint(dir.path(), small_checkpoint(7), 1); });
+  EXPECT_CONTAINS(message, dir.path("ckpt-0000000007.vtc") + ": it is a directory");
   EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"ckpt-0000000007.vtc"});
   EXPECT_TRUE(fs::is_directory(dir.path("ckpt-0000000007.vtc")));
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <iterator>
 #include <set>
 #include <string>
 #include <utility>
@@ -76,7 +77,10 @@ TEST(PlanFile, RoundTripsThroughYamlAndDisk) {
   TempDir dir;
   balancer::save_plan(p, dir.path("plan.yaml"));
   EXPECT_EQ(balancer::plan_to_yaml(balancer::load_plan(dir.path("plan.yaml"))), text);
-  EXPECT_FALSE(std::filesystem::exists(dir.path("plan.yaml.tmp")));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()),
+                          std::filesystem::directory_iterator()),
+            1)
+      << "a temporary was left beside " << dir.path("plan.yaml");
 }
 
 TEST(DescribePlan, TwoHundredRanksKeepEveryLineWhole) {

@@ -6,11 +6,15 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -164,6 +168,44 @@ inline Difference compare(const std::vector<float>& a, const std::vector<float>&
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Lowers RLIMIT_FSIZE for its lifetime, so writes past `bytes` fail with
+// EFBIG, as on a full disk (SIGXFSZ, which would kill the process, is
+// ignored meanwhile).
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    getrlimit(RLIMIT_FSIZE, &old_);
+    rlimit lowered = old_;
+    lowered.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &lowered);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &old_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  rlimit old_{};
+  void (*old_handler_)(int) = SIG_DFL;
+};
+
+// Makes a character device node at `path` for one of Linux's memory devices
+// (minor 3: null, 7: full) and returns `path`; "" with errno set when this
+// process may not (not root, a user namespace without CAP_MKNOD). Such a
+// node in a temporary folder lets a test write to "a device" without
+// risking /dev's.
+inline std::string make_char_device(const std::string& path, unsigned minor) {
+  return ::mknod(path.c_str(), S_IFCHR | 0666, makedev(1, minor)) == 0 ? path : "";
+}
+
+inline bool is_char_device(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode);
 }
 
 // Starts `command` under /bin/sh -c without waiting for it; its pid, or -1.

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -419,6 +420,38 @@ TEST(Cli, DivergedRunExitsWithOneNamingTheStep) {
   EXPECT_NE(text.find("\"event\": \"step\""), std::string::npos) << text;
   EXPECT_EQ(text.find("\"event\": \"end\""), std::string::npos) << text;
   EXPECT_EQ(text.find("null"), std::string::npos) << text;
+}
+
+// A metrics file that cannot be written is a runtime failure naming the
+// file and the reason (writing to /dev/full is safe: nothing replaces it).
+TEST(Cli, MetricsWriteErrorNamesTheReason) {
+  const RunResult r = run_vtrain(source_dir() + "/configs/synthetic-lenet.yaml --progress off "
+                                 "--set train.max_steps=2 --metrics /dev/full");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_CONTAINS(r.output, std::string("vtrain: error: cannot write metrics file /dev/full: ") +
+                                std::strerror(ENOSPC));
+}
+
+// A trace that cannot be written (past the file size limit, as on a full
+// disk) fails the run naming it and the reason, and leaves no file, empty
+// or partial, and no temporary. The trace of 16 steps is ~25 KiB; MPI's
+// singleton start writes no file that large when PMIx keeps its data in
+// memory (gds=hash) and no shared-memory transport is opened (btl=self).
+TEST(Cli, FailedTraceLeavesNoFile) {
+  test_support::TempDir dir;
+  const std::string trace = dir.path("trace.json");
+  RunResult r;
+  {
+    const test_support::FileSizeLimit limit(8 * 1024);  // inherited by vtrain
+    r.exit_code = test_support::run_command(
+        "env PMIX_MCA_gds=hash OMPI_MCA_btl=self " + test_support::vtrain_binary() + " " +
+            source_dir() + "/configs/synthetic-lenet.yaml --progress off --set train.max_steps=16 "
+            "--set train.batch=16 --set train.evaluate=false --trace " + trace,
+        &r.output);
+  }
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_CONTAINS(r.output, "vtrain: error: cannot write trace " + trace + ": " + std::strerror(EFBIG));
+  EXPECT_TRUE(fs::is_empty(dir.path())) << trace << " or a temporary was left";
 }
 
 TEST(Cli, CheckPrintsTheModel) {

@@ -16,6 +16,7 @@
 #include <system_error>
 #include <utility>
 
+#include "common/files.h"
 
 namespace vtrain::worker {
 namespace {
@@ -49,52 +50,13 @@ uint64_t load_le(const uint8_t* in, int bytes) {
   return value;
 }
 
-// A POSIX file descriptor, closed on destruction unless close() was called.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-
-  // Closes now; returns 0 or the errno. A writer must check it: close() can
-  // report a write error deferred by the file system (NFS does this).
-  int close() {
-    const int fd = std::exchange(fd_, -1);
-    return ::close(fd) == 0 ? 0 : errno;
-  }
-
- private:
-  int fd_;
-};
-
-// Writes all n bytes, resuming after short writes and EINTR. Returns 0 or the errno.
-int write_all(int fd, const uint8_t* data, size_t n) {
-  while (n > 0) {
-    const ssize_t written = ::write(fd, data, n);
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    // write() of a non-zero count returning 0 would loop forever; a regular
-    // file only does it when it cannot grow.
-    if (written == 0) return ENOSPC;
-    data += written;
-    n -= static_cast<size_t>(written);
-  }
-  return 0;
-}
+using common::Fd;
 
 // Encodes values little-endian into a chunk buffer and writes full chunks
 // out, keeping the CRC-32 of everything written before the trailer.
 class ChunkWriter {
  public:
-  ChunkWriter(int fd, const std::string& path) : fd_(fd), path_(path), buf_(kChunkBytes) {}
+  explicit ChunkWriter(common::OutputFile& out) : out_(out), buf_(kChunkBytes) {}
 
   void u32(uint32_t value) { put(value, 4); }
   void u64(uint64_t value) { put(value, 8); }
@@ -142,12 +104,11 @@ class ChunkWriter {
   }
 
   void write_out() {
-    if (const int err = write_all(fd_, buf_.data(), used_)) fail(path_, "write failed", err);
+    out_.write(buf_.data(), used_);
     used_ = 0;
   }
 
-  int fd_;
-  const std::string& path_;
+  common::OutputFile& out_;
   std::vector<uint8_t> buf_;
   size_t used_ = 0;
   uLong crc_ = crc32_z(0, nullptr, 0);
@@ -318,8 +279,8 @@ std::string checkpoint_name(int64_t step) {
   return name;
 }
 
-void write_checkpoint(int fd, const std::string& path, const Checkpoint& ckpt) {
-  ChunkWriter out(fd, path);
+void write_checkpoint(common::OutputFile& file, const Checkpoint& ckpt) {
+  ChunkWriter out(file);
   out.bytes(kMagic.data(), kMagic.size());
   out.u32(kVersion);
   out.str(ckpt.model_signature);
@@ -341,17 +302,6 @@ void write_checkpoint(int fd, const std::string& path, const Checkpoint& ckpt) {
     out.i64(s->skipped_steps);
   }
   out.finish();
-}
-
-// Makes the rename that published a checkpoint durable: without it a crash
-// can forget the new directory entry even though the file's data is on disk.
-void sync_directory(const std::string& dir, const std::string& written) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid() || ::fsync(fd.get()) != 0) {
-    const int err = errno;
-    fail(dir, "fsync of the checkpoint directory failed (" + written + " may not survive a crash)",
-         err);
-  }
 }
 
 // Removes all but `keep` checkpoints: `written` and the highest-numbered
@@ -406,28 +356,12 @@ std::string save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int 
   if (ec) throw CheckpointError(dir + ": cannot create checkpoint directory: " + ec.message());
 
   const fs::path final_path = fs::path(dir) / checkpoint_name(ckpt.step);
-  const std::string temp = (fs::path(dir) / (".ckpt-" + std::to_string(ckpt.step) + ".tmp." +
-                                             std::to_string(::getpid())))
-                               .string();
-  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd.valid()) fail(temp, "cannot create", errno);
-  try {
-    write_checkpoint(fd.get(), temp, ckpt);
-    // The data must be on disk before the rename publishes it, or a crash
-    // could leave a complete-looking name over a torn file.
-    if (::fsync(fd.get()) != 0) fail(temp, "fsync failed", errno);
-    if (const int err = fd.close()) fail(temp, "close failed", err);
-    if (::rename(temp.c_str(), final_path.c_str()) != 0) {
-      const int err = errno;
-      fail(final_path.string(), "rename from " + temp + " failed", err);
-    }
-  } catch (...) {
-    ::unlink(temp.c_str());
-    throw;
-  }
-  // Pruning waits until the new checkpoint is durable: if the directory sync
-  // fails, the older checkpoints are the ones a crash is sure to keep.
-  sync_directory(dir, final_path.string());
+  // Durable: fsync of the data before the rename publishes it, then of DIR.
+  // Pruning waits until then: if a sync fails, the older checkpoints are
+  // the ones a crash is sure to keep.
+  common::OutputFile file(final_path.string(), "checkpoint", common::OutputFile::Sync::kDurable);
+  write_checkpoint(file, ckpt);
+  file.commit();
   prune_checkpoints(dir, final_path, keep);
   return final_path.string();
 }

@@ -66,10 +66,11 @@ struct Checkpoint {
 // rename over the final name, fsync of DIR. Creates DIR if missing. Then
 // removes older checkpoints so that at most `keep` (>= 1) remain: the file
 // just written always stays, with the highest-numbered others. Returns the
-// path written. Throws CheckpointError; a failed write leaves no partial
-// ckpt-*.vtc behind (temporaries are named .ckpt-*.tmp and ignored by
-// readers). A failure to remove an old checkpoint is thrown only once the new
-// one is in place, and names the files left behind. Throws
+// path written. A failed write throws common::OutputError and leaves no
+// partial ckpt-*.vtc behind (the temporary, .ckpt-*.vtc.tmp.*, is removed
+// and ignored by readers); see common::OutputFile. A failure to remove an
+// old checkpoint (CheckpointError) is thrown only once the new one is in
+// place, and names the files left behind. Throws
 // std::invalid_argument for keep < 1 or a step outside [0, 9999999999].
 std::string save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int keep);
 

@@ -2,6 +2,7 @@
 
 #include "common/text.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,7 +10,6 @@
 #include <cstdlib>
 #include <iterator>
 #include <cstring>
-#include <stdexcept>
 
 #include "memory/chrome_trace.h"
 
@@ -70,17 +70,31 @@ std::string JsonRecord::str() const {
   return out + "}";
 }
 
-MetricsFile::MetricsFile(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
-  if (!out_) {
-    throw std::runtime_error("cannot write metrics file " + path + ": " + std::strerror(errno));
+// O_APPEND: after a cut-off partial record, a later record would land at the
+// new end, not past it.
+MetricsFile::MetricsFile(const std::string& path)
+    : path_(path),
+      fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0666)) {
+  if (!fd_.valid()) {
+    const int err = errno;
+    throw common::OutputError("cannot write metrics file " + path + ": " + std::strerror(err));
   }
 }
 
 void MetricsFile::write(const JsonRecord& record) {
-  if (!out_.is_open()) return;
-  out_ << record.str() << '\n';
-  out_.flush();
-  if (!out_) throw std::runtime_error("writing metrics file " + path_ + " failed");
+  if (!fd_.valid()) return;
+  const std::string line = record.str() + '\n';
+  if (const int err = common::write_all(fd_.get(), line.data(), line.size())) {
+    std::string message = "cannot write metrics file " + path_ + ": " + std::strerror(err);
+    // A full disk takes part of the line: cut it off, so that the file ends
+    // with the last whole record. A device or a FIFO has nothing to cut (EINVAL).
+    const int cut = ::ftruncate(fd_.get(), length_) == 0 ? 0 : errno;
+    if (cut != 0 && cut != EINVAL) {
+      message += std::string(" (and the partial record is left: ") + std::strerror(cut) + ")";
+    }
+    throw common::OutputError(message);
+  }
+  length_ += static_cast<int64_t>(line.size());
 }
 
 Progress::Mode Progress::mode_for(ProgressSetting setting) {

@@ -3,12 +3,12 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/files.h"
 #include "common/name_table.h"
 
 namespace vtrain::worker {
@@ -29,19 +29,23 @@ class JsonRecord {
   std::vector<std::pair<std::string, std::string>> fields_;  // value already JSON-encoded
 };
 
-// Appends records to a JSON-lines file, one flushed line per record, so a
+// Appends records to a JSON-lines file, each line in one write(), so a
 // reader (or a crash) never sees half a record.
 class MetricsFile {
  public:
   MetricsFile() = default;
-  // Creates or truncates `path`; throws std::runtime_error naming it.
+  // Creates or truncates `path` (a device or FIFO is written in place).
+  // Throws common::OutputError naming it and the reason.
   explicit MetricsFile(const std::string& path);
-  bool enabled() const { return out_.is_open(); }
+  bool enabled() const { return fd_.valid(); }
+  // Throws common::OutputError naming the file and the reason (a full disk);
+  // a line cut short is removed, so the file still ends with a whole record.
   void write(const JsonRecord& record);
 
  private:
   std::string path_;
-  std::ofstream out_;
+  common::Fd fd_;
+  int64_t length_ = 0;  // bytes of whole records written
 };
 
 // Step progress: a live line rewritten in place on a terminal, or plain log
