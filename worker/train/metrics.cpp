@@ -70,7 +70,8 @@ std::string JsonRecord::str() const {
   return out + "}";
 }
 
-MetricsFile::MetricsFile(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+MetricsFile::MetricsFile(const std::string& path, bool append)
+    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
   if (!out_) {
     throw std::runtime_error("cannot write metrics file " + path + ": " + std::strerror(errno));
   }
@@ -117,7 +118,7 @@ void Progress::step(const std::string& line, bool log_point) {
 }
 
 void Progress::line(const std::string& text) {
-  if (mode_ == Mode::kOff) return;
+  if (mode_ == Mode::kSilent) return;
   if (live_open_) {
     std::fputc('\n', out_);
     live_open_ = false;

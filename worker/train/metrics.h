@@ -34,8 +34,9 @@ class JsonRecord {
 class MetricsFile {
  public:
   MetricsFile() = default;
-  // Creates or truncates `path`; throws std::runtime_error naming it.
-  explicit MetricsFile(const std::string& path);
+  // Creates or truncates `path` (appends to it with `append`, as a resumed
+  // run does); throws std::runtime_error naming it.
+  explicit MetricsFile(const std::string& path, bool append = false);
   bool enabled() const { return out_.is_open(); }
   void write(const JsonRecord& record);
 
@@ -61,7 +62,10 @@ inline const char* progress_setting_name(ProgressSetting setting) {
 
 class Progress {
  public:
-  enum class Mode { kLive, kLines, kOff };
+  // kOff (output.progress off) leaves out the step lines only: line()s are
+  // the run's log (setup, epochs, checkpoints, resume) and still print.
+  // kSilent prints nothing (the ranks other than 0).
+  enum class Mode { kLive, kLines, kOff, kSilent };
   // kAuto: auto_mode() for this process's stdout and environment.
   static Mode mode_for(ProgressSetting setting);
   // What "auto" means. Outside a launcher: kLive when stdout is a terminal.
