@@ -135,23 +135,29 @@ TEST(CheckpointRun, AFolderOfTwoRunsIsNotResumed) {
 
 // Rewrites a checkpoint of format 4 as an older vtrain wrote it (format 3:
 // no run id or settings), so that a test can hold a folder of an older run.
-void make_format_three(const std::string& path) {
+// False for a file that is not of format 4.
+bool make_format_three(const std::string& path) {
   std::string bytes = test_support::read_file(path);
+  if (bytes.size() < 32 || bytes[8] != 4) return false;
   const auto u64_at = [&](size_t at) {
     uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<uint8_t>(bytes[at + i])} << (8 * i);
+    for (int i = 0; i < 8 && at + i < bytes.size(); ++i) {
+      v |= uint64_t{static_cast<uint8_t>(bytes[at + i])} << (8 * i);
+    }
     return v;
   };
-  size_t end = 12 + 8 + u64_at(12);  // after the run id
+  uint64_t end = 12 + 8 + u64_at(12);  // after the run id
   const uint64_t settings = u64_at(end);
   end += 8;
-  for (uint64_t i = 0; i < 2 * settings; ++i) end += 8 + u64_at(end);  // keys and values
+  for (uint64_t i = 0; i < 2 * settings && end < bytes.size(); ++i) end += 8 + u64_at(end);
+  if (end >= bytes.size()) return false;
   bytes.erase(12, end - 12);
   bytes[8] = 3;
   bytes.resize(bytes.size() - 4);
   const uLong crc = crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size());
   for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>(crc >> (8 * i)));
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  return true;
 }
 
 // A run of an older vtrain (format 3 files, no run id) continues under this
@@ -160,7 +166,9 @@ TEST(CheckpointRun, AnOlderVtrainsCheckpointResumesAndIsNotPruned) {
   const TempDir tmp;
   const std::string dir = tmp.path("ck");
   ASSERT_EQ(test_support::run_vtrain(train(dir, 10, "0.01")).exit_code, 0);
-  for (const std::string& name : checkpoint_names(dir)) make_format_three(dir + "/" + name);
+  for (const std::string& name : checkpoint_names(dir)) {
+    ASSERT_TRUE(make_format_three(dir + "/" + name)) << name << " is not of format 4";
+  }
   const RunResult r = test_support::run_vtrain(train(dir, 30, "0.01", "--resume"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_CONTAINS(r.output, "resumed from " + dir + "/ckpt-0000000010.vtc (step 10, epoch 1)");
