@@ -115,6 +115,7 @@ struct CheckpointConfig {
   std::string dir;                // where checkpoints go; empty = none
   int64_t every = 0;              // steps between checkpoints; 0 = only at the end and on a signal
   int64_t keep = 3;               // newest checkpoints kept
+  // never | auto | required (worker/train/checkpoint.h: ResumeSetting)
   worker::ResumeSetting resume = worker::ResumeSetting::kNever;
 };
 
@@ -201,5 +202,17 @@ std::string where_at(const Config& config, const std::string& key);
 
 // A readable YAML dump of the effective configuration (for logs).
 std::string to_yaml(const Config& config);
+
+// The values that define what a run trains, for its checkpoints
+// (worker::TrainerOptions::run_settings): every key of model.*, data.* and
+// optimizer.* as the dump writes it ("optimizer.lr" = "0.05"), except
+// data.prefetch and the data's file paths and test set, and a "training
+// set" entry for what `train` holds ("60000 samples of 1x28x28, 10
+// classes"). Left out, and so free to change on a resume: how and where
+// the run trains (ranks, split, device.*, conv.*, memory.*, balance.*,
+// train.precision, train.loss_scaling, train.gradient_allreduce), how long
+// (train.epochs, train.max_steps: a run may be extended), and what it
+// reports (output.*, train.log_every, train.evaluate, checkpoint.*).
+std::vector<worker::RunSetting> run_settings(const Config& config, const worker::Dataset& train);
 
 }  // namespace vtrain::config

@@ -432,7 +432,10 @@ CheckpointConfig read_checkpoint(const Field& field) {
   if (Field f = section["keep"]) ckpt.keep = to_int(f, at_least(1));
   if (Field f = section["resume"]) {
     ckpt.resume = to_choice(f, worker::kResumeSettingNames);
-    if (ckpt.resume == worker::ResumeSetting::kAuto && ckpt.dir.empty()) f.fail("resume: auto needs checkpoint.dir");
+    if (ckpt.resume != worker::ResumeSetting::kNever && ckpt.dir.empty()) {
+      f.fail(std::string("resume: ") + common::name_of(worker::kResumeSettingNames, ckpt.resume) +
+             " needs checkpoint.dir");
+    }
   }
   return ckpt;
 }

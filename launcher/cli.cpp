@@ -240,8 +240,10 @@ Options for train and check:
                          e.g. --set train.batch=32 --set data.mean=[0.5];
                          NAME[I] is entry I of a list: model.layers[2].out=64)
   --metrics FILE         write JSON-lines metrics to FILE (output.metrics)
-  --progress MODE        auto | line | off (output.progress)
+  --progress MODE        auto | line | off (output.progress; off: no step lines)
   --resume               continue from the newest checkpoint in checkpoint.dir
+                         (checkpoint.resume: required; auto starts afresh
+                         where there is none)
   --plan FILE            (train) follow this plan (from `vtrain balance --out`)
   --trace FILE           (train) Chrome trace of the first 20 steps (compute and
                          memory streams, one process per rank)
@@ -277,8 +279,13 @@ while backward still runs, so the update equals single-process training on
 the whole batch.
 
 Checkpoints (checkpoint.dir, every checkpoint.every steps and at the end,
-newest checkpoint.keep kept) hold the model, optimizer state and data
-position; --resume (checkpoint.resume: auto) continues from the newest. On
+the run's newest checkpoint.keep kept) hold the model, optimizer state, data
+position and the run they belong to. A run started afresh is refused where
+checkpoint.dir holds checkpoints already; --resume (checkpoint.resume:
+required) continues from the newest, an error where there is none;
+checkpoint.resume: auto continues where there is one and starts afresh,
+saying so, where there is none. A resume with other model, data or
+optimizer settings is refused naming them. On
 SIGTERM or SIGUSR1 the run finishes its step, writes a checkpoint and exits
 with code 3 (code 4 without a checkpoint.dir: nothing to resume).
 
@@ -301,8 +308,10 @@ Options:
   --set KEY.PATH=VALUE   override any config value, e.g. --set optimizer.lr=0.1
                          or --set model.layers[2].out=64 (entry 2 of a list)
   --metrics FILE         JSON-lines metrics file
-  --progress MODE        auto (live line on a TTY) | line | off
+  --progress MODE        auto (live line on a TTY) | line | off (no step lines;
+                         log lines such as "resumed from" still print)
   --resume               continue from the newest checkpoint in checkpoint.dir
+                         (an error where there is none)
   --plan FILE            follow a plan (`vtrain balance --out`, or output.plan of
                          an earlier run); a plan for another model, rank count,
                          batch or devices is an error

@@ -33,7 +33,7 @@ struct CliArgs {
   std::vector<std::string> overrides;  // --set key.path=value, in order
   std::string metrics;                 // --metrics FILE (overrides output.metrics)
   std::string progress;                // --progress MODE (overrides output.progress)
-  bool resume = false;                 // --resume (checkpoint.resume=auto)
+  bool resume = false;                 // --resume (checkpoint.resume=required)
   std::string db;                      // --db FILE (profile.db; required for `db`)
   std::string db_action;               // db: "stats" or "export"
   std::string table;                   // db export: --table NAME

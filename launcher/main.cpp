@@ -297,7 +297,8 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   }
   options.rebalance.profiles = std::move(solved_on.profiles);
   options.rebalance.split_options = solved_on.options;
-  options.resume = options.resume || cli.resume;
+  if (cli.resume) options.resume = worker::ResumeSetting::kRequired;
+  options.run_settings = config::run_settings(cfg, data.train);
   options.stop_signal = &stop_signal;
   // A testing aid (VTRAIN_FAIL_* in the environment, see the header).
   std::optional<worker::FailureInjection> injected_failure =

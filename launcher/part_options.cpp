@@ -43,7 +43,7 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
   o.checkpoint_dir = cfg.checkpoint.dir;
   o.checkpoint_every = cfg.checkpoint.every;
   o.checkpoint_keep = static_cast<int>(cfg.checkpoint.keep);
-  o.resume = cfg.checkpoint.resume == worker::ResumeSetting::kAuto;
+  o.resume = cfg.checkpoint.resume;
   o.rebalance.settings = cfg.balance.rebalance;
   // Only an auto split re-balances (rank 0 has curves to re-solve on); the
   // other ranks must know too, or idle ones would probe for nothing.

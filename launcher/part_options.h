@@ -21,7 +21,7 @@ namespace vtrain::launcher {
 worker::BackendOptions backend_options(const config::Config& cfg);
 
 // train.*, optimizer.*, conv.*, memory.*, output.metrics/progress and
-// checkpoint.* (checkpoint.resume: auto sets resume; --resume may too).
+// checkpoint.* (--resume overrides checkpoint.resume with required).
 worker::TrainerOptions trainer_options(const config::Config& cfg);
 
 // The network one rank of `ranks` trains with a batch of up to `max_batch`

@@ -5,7 +5,10 @@
 #include "tests/test_support.h"
 #include "worker/train/checkpoint.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -87,19 +90,36 @@ Checkpoint small_checkpoint(int64_t step = 7) {
   c.buffers = {0.5f, 4.0f};
   c.velocity = {0.0f, -0.0f, 3.0f};
   c.loss_scaler = LossScalerState{.scale = 0x1p12, .clean_steps = 5, .skipped_steps = 9};
+  c.run_id = "r1";
+  c.settings = {{"optimizer.lr", "0.05"}};
   return c;
 }
 
 // Byte offsets of small_checkpoint()'s fields in its file.
 struct SmallLayout {
-  static constexpr size_t kSignatureLength = 12;
-  static constexpr size_t kSplitCount = 20 + 9 + 7 * 8;
+  static constexpr size_t kRunIdLength = 12;
+  static constexpr size_t kSettingsCount = kRunIdLength + 8 + 2;
+  static constexpr size_t kKeyLength = kSettingsCount + 8;
+  static constexpr size_t kValueLength = kKeyLength + 8 + 12;
+  static constexpr size_t kSignatureLength = kValueLength + 8 + 4;
+  static constexpr size_t kSplitCount = kSignatureLength + 8 + 9 + 7 * 8;
   static constexpr size_t kParameterCount = kSplitCount + 8 + 2 * 8;
   static constexpr size_t kBufferCount = kParameterCount + 8 + 3 * 4;
   static constexpr size_t kVelocityCount = kBufferCount + 8 + 2 * 4;
   static constexpr size_t kLossScalerFlag = kVelocityCount + 8 + 3 * 4;
   static constexpr size_t kSize = kLossScalerFlag + 4 + 3 * 8 + 4;
 };
+
+// small_checkpoint()'s file as an older vtrain wrote it: version 3 without
+// the run's identity, version 2 also without the loss scaler.
+Bytes older_version(Bytes file, uint32_t version) {
+  if (version < 3) file.erase(file.begin() + SmallLayout::kLossScalerFlag, file.end() - 4);
+  file.erase(file.begin() + SmallLayout::kRunIdLength,
+             file.begin() + SmallLayout::kSignatureLength);
+  store_le(file, 8, version, 4);
+  fix_crc(file);
+  return file;
+}
 
 TEST(Checkpoint, RoundTripIsBitExact) {
   const TempDir dir;
@@ -139,6 +159,13 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   EXPECT_EQ(bits(back.buffers), bits(c.buffers));
   EXPECT_EQ(bits(back.velocity), bits(c.velocity));
   EXPECT_EQ(back.loss_scaler, c.loss_scaler);
+  EXPECT_EQ(back.run_id, "");
+  EXPECT_TRUE(back.settings.empty());
+  c.run_id = "0123456789abcdef";
+  c.settings = {{"optimizer.lr", "0.05"}, {"model.layers", "[{name: x}]"}, {"", ""}};
+  const Checkpoint identified = load_checkpoint(save_checkpoint(dir.path("id"), c, 1));
+  EXPECT_EQ(identified.run_id, c.run_id);
+  EXPECT_EQ(identified.settings, c.settings);
   c.loss_scaler.reset();  // a run without loss scaling
   EXPECT_EQ(load_checkpoint(save_checkpoint(dir.path("off"), c, 1)).loss_scaler, std::nullopt);
 }
@@ -155,9 +182,20 @@ TEST(Checkpoint, FileIsTheDocumentedLittleEndianLayout) {
   c.parameters = {1.0f};
   c.velocity = {-2.0f};
   c.loss_scaler = LossScalerState{.scale = 1024, .clean_steps = 3, .skipped_steps = 4};
+  c.run_id = "id";
+  c.settings = {{"k", "vw"}};
 
   Bytes expected = {'V', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
-  put_le(expected, 3, 4);
+  put_le(expected, 4, 4);
+  put_le(expected, 2, 8);  // run_id
+  expected.push_back('i');
+  expected.push_back('d');
+  put_le(expected, 1, 8);  // settings: one key and value
+  put_le(expected, 1, 8);
+  expected.push_back('k');
+  put_le(expected, 2, 8);
+  expected.push_back('v');
+  expected.push_back('w');
   put_le(expected, 2, 8);
   expected.push_back('a');
   expected.push_back('b');
@@ -254,7 +292,9 @@ TEST(Checkpoint, EveryFlippedByteIsReported) {
     const auto in = [&](size_t start, size_t size) {
       return offset >= start && offset < start + size;
     };
-    return in(0, 12) || in(SmallLayout::kSignatureLength, 8) ||
+    return in(0, 12) || in(SmallLayout::kRunIdLength, 8) || in(SmallLayout::kSettingsCount, 8) ||
+           in(SmallLayout::kKeyLength, 8) || in(SmallLayout::kValueLength, 8) ||
+           in(SmallLayout::kSignatureLength, 8) ||
            in(SmallLayout::kSplitCount, 8) || in(SmallLayout::kParameterCount, 8) || in(SmallLayout::kBufferCount, 8) ||
            in(SmallLayout::kVelocityCount, 8) || in(SmallLayout::kLossScalerFlag, 4);
   };
@@ -288,7 +328,7 @@ TEST(Checkpoint, NewerVersionIsRefused) {
   fix_crc(file);
   write_bytes(path, file);
   EXPECT_EQ(checkpoint_error([&] { load_checkpoint(path); }),
-            path + ": version 9 is newer than this vtrain's 3");
+            path + ": version 9 is newer than this vtrain's 4");
 }
 
 // A version 1 file (written before the global sample position and the split
@@ -327,20 +367,17 @@ TEST(Checkpoint, VersionOneIsStillRead) {
   EXPECT_EQ(c.velocity, std::vector<float>{-2.0f});
   EXPECT_NO_THROW(check_checkpoint_resumable(c, path, 48, 42));
   EXPECT_EQ(c.loss_scaler, std::nullopt);
-  // Saved again, it is a version 3 file.
-  EXPECT_EQ(read_bytes(save_checkpoint(dir.path("again"), c, 1))[8], 3);
+  EXPECT_EQ(c.run_id, "");
+  // Saved again, it is a version 4 file.
+  EXPECT_EQ(read_bytes(save_checkpoint(dir.path("again"), c, 1))[8], 4);
 }
 
 // A version 2 file is a version 3 one without the loss_scaler field: it
 // loads with no loss scale (a resumed run then starts at the initial one).
 TEST(Checkpoint, VersionTwoIsStillReadWithoutALossScale) {
   const TempDir dir;
-  Bytes file = read_bytes(save_checkpoint(dir.path(), small_checkpoint(), 1));
-  file.erase(file.begin() + SmallLayout::kLossScalerFlag, file.end() - 4);
-  store_le(file, 8, 2, 4);
-  fix_crc(file);
   const std::string path = dir.path("v2.vtc");
-  write_bytes(path, file);
+  write_bytes(path, older_version(read_bytes(save_checkpoint(dir.path(), small_checkpoint(), 1)), 2));
   const Checkpoint c = load_checkpoint(path);
   EXPECT_EQ(c.loss_scaler, std::nullopt);
   EXPECT_EQ(c.velocity, small_checkpoint().velocity);
@@ -453,15 +490,180 @@ TEST(Checkpoint, DirectoryAtTheNameIsRefusedLeavingNoTemporary) {
   EXPECT_TRUE(fs::is_directory(dir.path("ckpt-0000000007.vtc")));
 }
 
+// Makes a file undeletable for its lifetime, by root too: the immutable
+// attribute (ext4, xfs, btrfs; needs CAP_LINUX_IMMUTABLE). ok() says
+// whether it could.
+class Immutable {
+ public:
+  explicit Immutable(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    ok_ = fd_ >= 0 && ::ioctl(fd_, FS_IOC_GETFLAGS, &flags_) == 0 && set(flags_ | FS_IMMUTABLE_FL);
+  }
+  ~Immutable() {
+    if (ok_) set(flags_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Immutable(const Immutable&) = delete;
+  Immutable& operator=(const Immutable&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  bool set(int flags) { return ::ioctl(fd_, FS_IOC_SETFLAGS, &flags) == 0; }
+  int fd_;
+  int flags_ = 0;
+  bool ok_ = false;
+};
+
 TEST(Checkpoint, PruneFailureIsReportedAfterTheNewFileIsSafe) {
   const TempDir dir;
-  // A non-empty directory with a checkpoint's name cannot be removed.
-  fs::create_directories(dir.path("ckpt-0000000001.vtc/x"));
+  const std::string old = save_checkpoint(dir.path(), small_checkpoint(1), 1);
+  const Immutable stuck(old);
+  if (!stuck.ok()) GTEST_SKIP() << "cannot make a file undeletable here (immutable attribute)";
   const std::string message =
       checkpoint_error([&] { save_checkpoint(dir.path(), small_checkpoint(2), 1); });
   EXPECT_CONTAINS(message, dir.path("ckpt-0000000002.vtc") + " was saved");
-  EXPECT_CONTAINS(message, dir.path("ckpt-0000000001.vtc"));
+  EXPECT_CONTAINS(message, old);
   EXPECT_EQ(load_checkpoint(dir.path("ckpt-0000000002.vtc")).step, 2);
+}
+
+// small_checkpoint(step) of run `run`.
+Checkpoint of_run(const std::string& run, int64_t step) {
+  Checkpoint c = small_checkpoint(step);
+  c.run_id = run;
+  return c;
+}
+
+// A file from before version 4 carries no run: it loads as an unknown one.
+TEST(Checkpoint, VersionThreeIsReadAsAnUnknownRun) {
+  const TempDir dir;
+  const std::string path = dir.path("ckpt-0000000007.vtc");
+  write_bytes(path, older_version(read_bytes(save_checkpoint(dir.path("v4"), small_checkpoint(), 1)), 3));
+  const Checkpoint c = load_checkpoint(path);
+  EXPECT_EQ(c.run_id, "");
+  EXPECT_TRUE(c.settings.empty());
+  EXPECT_EQ(c.loss_scaler, small_checkpoint().loss_scaler);
+  EXPECT_EQ(c.parameters, small_checkpoint().parameters);
+}
+
+// The folder: run A left 20, 25, 30; run B's pruning (keep 3) must
+// keep its own 12 and leave A's alone, then drop its own oldest only.
+TEST(Checkpoint, PruningTouchesOnlyTheRunsOwnFiles) {
+  const TempDir dir;
+  for (int64_t step : {20, 25, 30}) save_checkpoint(dir.path(), of_run("a", step), 3);
+  save_checkpoint(dir.path(), of_run("b", 12), 3);
+  EXPECT_EQ(names_in(dir.path()),
+            (std::set<std::string>{"ckpt-0000000012.vtc", "ckpt-0000000020.vtc",
+                                   "ckpt-0000000025.vtc", "ckpt-0000000030.vtc"}));
+  for (int64_t step : {14, 16, 18}) save_checkpoint(dir.path(), of_run("b", step), 3);
+  EXPECT_EQ(names_in(dir.path()),
+            (std::set<std::string>{"ckpt-0000000014.vtc", "ckpt-0000000016.vtc",
+                                   "ckpt-0000000018.vtc", "ckpt-0000000020.vtc",
+                                   "ckpt-0000000025.vtc", "ckpt-0000000030.vtc"}));
+  // A file of an older version (no run) and one that is no checkpoint stay too.
+  write_bytes(dir.path("ckpt-0000000001.vtc"),
+              older_version(read_bytes(dir.path("ckpt-0000000014.vtc")), 3));
+  write_bytes(dir.path("ckpt-0000000002.vtc"), {'x'});
+  save_checkpoint(dir.path(), of_run("b", 19), 1);
+  EXPECT_EQ(names_in(dir.path()),
+            (std::set<std::string>{"ckpt-0000000001.vtc", "ckpt-0000000002.vtc",
+                                   "ckpt-0000000019.vtc", "ckpt-0000000020.vtc",
+                                   "ckpt-0000000025.vtc", "ckpt-0000000030.vtc"}));
+}
+
+TEST(CheckpointRuns, NewRunIdsDiffer) {
+  const std::string a = new_run_id(), b = new_run_id();
+  EXPECT_EQ(a.size(), 16u);
+  EXPECT_NE(a, b);
+}
+
+TEST(CheckpointRuns, AFreshStartIsRefusedWhereCheckpointsAre) {
+  const TempDir dir;
+  EXPECT_EQ(plan_run_start(dir.path("missing"), ResumeSetting::kNever).resume_from, "");
+  EXPECT_EQ(plan_run_start(dir.path(), ResumeSetting::kNever).resume_from, "");
+  save_checkpoint(dir.path(), of_run("0123abcd", 30), 3);
+  const std::string message =
+      checkpoint_error([&] { plan_run_start(dir.path(), ResumeSetting::kNever); });
+  EXPECT_CONTAINS(message, "checkpoint.dir " + dir.path() + " already holds checkpoints (the "
+                           "newest ckpt-0000000030.vtc, step 30, of run 0123abcd)");
+  EXPECT_CONTAINS(message, "--resume");
+  EXPECT_CONTAINS(message, "a new checkpoint.dir");
+}
+
+TEST(CheckpointRuns, ResumeTakesTheNewestAndNeedsOne) {
+  const TempDir dir;
+  EXPECT_CONTAINS(checkpoint_error([&] { plan_run_start(dir.path(), ResumeSetting::kRequired); }),
+                  "nothing to resume: checkpoint.dir " + dir.path() + " holds no checkpoint");
+  const RunStart fresh = plan_run_start(dir.path(), ResumeSetting::kAuto);
+  EXPECT_EQ(fresh.resume_from, "");
+  EXPECT_EQ(fresh.note, "checkpoint.resume auto: " + dir.path() + " holds no checkpoint; starting afresh");
+  for (int64_t step : {5, 10}) save_checkpoint(dir.path(), of_run("a", step), 3);
+  // A file of an older vtrain (no run id) does not make the folder ambiguous.
+  write_bytes(dir.path("ckpt-0000000001.vtc"),
+              older_version(read_bytes(dir.path("ckpt-0000000005.vtc")), 3));
+  for (ResumeSetting mode : {ResumeSetting::kAuto, ResumeSetting::kRequired}) {
+    const RunStart start = plan_run_start(dir.path(), mode);
+    EXPECT_EQ(start.resume_from, dir.path("ckpt-0000000010.vtc"));
+    EXPECT_EQ(start.note, "");
+  }
+}
+
+TEST(CheckpointRuns, AFolderOfTwoRunsCannotBeResumed) {
+  const TempDir dir;
+  for (int64_t step : {20, 25, 30}) save_checkpoint(dir.path(), of_run("a", step), 3);
+  save_checkpoint(dir.path(), of_run("b", 12), 3);
+  EXPECT_CONTAINS(checkpoint_error([&] { plan_run_start(dir.path(), ResumeSetting::kRequired); }),
+                  "checkpoint.dir " + dir.path() + " holds the checkpoints of 2 runs (run a: "
+                  "steps 20, 25, 30; run b: step 12)");
+}
+
+TEST(CheckpointRuns, SettingsThatDifferAreNamed) {
+  Checkpoint c = small_checkpoint();
+  c.settings = {{"optimizer.lr", "0.05"}, {"model.preset", "lenet"}, {"data.kind", "synthetic"},
+                {"model.layers", std::string(60, 'x')}};
+  const std::string path = "run/ckpt-0000000007.vtc";
+  EXPECT_NO_THROW(check_checkpoint_settings(c, path, c.settings));
+  // Keys only one side has are not compared.
+  EXPECT_NO_THROW(check_checkpoint_settings(c, path, {{"optimizer.gamma", "0.1"}}));
+  EXPECT_EQ(checkpoint_error([&] {
+              check_checkpoint_settings(c, path,
+                                        {{"optimizer.lr", "0.01"}, {"model.preset", "lenet"},
+                                         {"data.kind", "idx"}, {"model.layers", "y"}});
+            }),
+            path + " belongs to run r1, which was configured with optimizer.lr 0.05 (this run: "
+                   "0.01), data.kind synthetic (this run: idx), model.layers. A run continues "
+                   "with the settings it began with: set them back to resume it, or start this "
+                   "run afresh in another checkpoint.dir");
+  c.settings.clear();  // an older vtrain's file: nothing to compare
+  EXPECT_NO_THROW(check_checkpoint_settings(c, path, {{"optimizer.lr", "0.01"}}));
+}
+
+// The folder is held by one run at a time; taking it removes the
+// temporaries a killed writer left, and nothing else.
+TEST(CheckpointRuns, AFolderIsHeldByOneRunAndLosesItsLeftovers) {
+  const TempDir dir;
+  save_checkpoint(dir.path(), of_run("a", 5), 3);
+  write_bytes(dir.path(".ckpt-6.tmp.4000000"), Bytes(100, 1));
+  write_bytes(dir.path(".ckpt-7.tmp." + std::to_string(::getpid())), Bytes(100, 1));
+  // The name common::OutputFile gives a checkpoint's temporary.
+  write_bytes(dir.path(".ckpt-0000000008.vtc.tmp.4000000.0"), Bytes(100, 1));
+  write_bytes(dir.path(".ckpt-x.tmp.1"), {1});  // not a name save_checkpoint makes
+  write_bytes(dir.path("notes.txt"), {1});
+  std::vector<std::string> notes;
+  {
+    const CheckpointFolder held(dir.path());
+    notes = held.notes();
+    EXPECT_CONTAINS(checkpoint_error([&] { CheckpointFolder second(dir.path()); }),
+                    "checkpoint.dir " + dir.path() + " is in use by another vtrain run (pid " +
+                        std::to_string(::getpid()));
+  }
+  EXPECT_EQ(names_in(dir.path()), (std::set<std::string>{".ckpt-x.tmp.1", ".lock",
+                                                         "ckpt-0000000005.vtc", "notes.txt"}));
+  ASSERT_EQ(notes.size(), 3u);
+  for (const std::string& note : notes) EXPECT_CONTAINS(note, "left by a write that did not finish");
+  // Released with the holder: the next run takes it.
+  EXPECT_NO_THROW(CheckpointFolder again(dir.path()));
+  // A folder that does not exist yet is made.
+  EXPECT_NO_THROW(CheckpointFolder fresh(dir.path("new/sub")));
+  EXPECT_TRUE(fs::is_directory(dir.path("new/sub")));
 }
 
 }  // namespace

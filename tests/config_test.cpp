@@ -538,6 +538,40 @@ TEST(ConfigSections, BalanceAndCheckpoint) {
   EXPECT_EQ(c.train.precision, common::Precision::kFp16);
 }
 
+// What a checkpoint records of a run: the model, data and optimizer keys
+// and what the training set holds; not how, where or how long it trains.
+TEST(RunSettings, AreTheModelDataAndOptimizerKeys) {
+  const std::string base = "model:\n  preset: lenet\ndata:\n  kind: synthetic\noptimizer:\n  lr: 0.05\n";
+  worker::Dataset train;
+  train.sample = {1, 1, 28, 28};
+  train.classes = 10;
+  train.count = 2048;
+  const auto settings = [&](const std::vector<std::string>& overrides) {
+    return run_settings(parse_config(base, "t.yaml", overrides), train);
+  };
+  const std::vector<worker::RunSetting> plain = settings({});
+  const auto value = [&](const std::string& key) -> std::string {
+    for (const worker::RunSetting& s : plain) {
+      if (s.key == key) return s.value;
+    }
+    return "(none)";
+  };
+  EXPECT_EQ(value("optimizer.lr"), "0.05");
+  EXPECT_EQ(value("model.preset"), "lenet");
+  EXPECT_EQ(value("data.shape"), "[1, 28, 28]");
+  EXPECT_EQ(value("training set"), "2048 samples of 1x1x28x28, 10 classes");
+  for (const char* key : {"data.prefetch", "data.test_size", "train.epochs", "train.batch"}) {
+    EXPECT_EQ(value(key), "(none)") << key;
+  }
+  EXPECT_EQ(settings({"train.epochs=9", "train.max_steps=5", "device.threads=1",
+                      "checkpoint.dir=x", "train.precision=bf16", "balance.split=auto",
+                      "data.prefetch=off", "data.test_size=7"}),
+            plain);
+  EXPECT_NE(settings({"optimizer.lr=0.01"}), plain);
+  EXPECT_NE(settings({"optimizer.momentum=0.9"}), plain);
+  EXPECT_NE(settings({"data.train_size=100"}), plain);
+}
+
 std::string error_text(const std::string& text) {
   try {
     parse_config(text, "t.yaml");
@@ -558,6 +592,10 @@ TEST(ConfigSections, BalanceAndCheckpointErrors) {
             "t.yaml:8: balance.split: unknown value 'fast' (allowed: even, manual, auto)");
   EXPECT_EQ(error_text(base + "checkpoint:\n  resume: auto\n"),
             "t.yaml:8: checkpoint.resume: resume: auto needs checkpoint.dir");
+  EXPECT_EQ(error_text(base + "checkpoint:\n  resume: required\n"),
+            "t.yaml:8: checkpoint.resume: resume: required needs checkpoint.dir");
+  EXPECT_EQ(error_text(base + "checkpoint:\n  dir: ck\n  resume: always\n"),
+            "t.yaml:9: checkpoint.resume: unknown value 'always' (allowed: never, auto, required)");
   EXPECT_EQ(error_text(base + "checkpoint:\n  keep: 0\n"),
             "t.yaml:8: checkpoint.keep: expected an integer >= 1, got 0");
 }

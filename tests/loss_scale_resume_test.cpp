@@ -66,7 +66,7 @@ struct Job {
 
   worker::TrainerOptions resuming(const std::string& dir, int64_t max_steps) const {
     worker::TrainerOptions o = options(dir, max_steps);
-    o.resume = true;
+    o.resume = worker::ResumeSetting::kRequired;
     return o;
   }
 

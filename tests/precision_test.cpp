@@ -186,7 +186,7 @@ TEST_F(Bf16Test, LeNetLearnsAndItsCheckpointResumesInFp32) {
   EXPECT_NEAR(first, mean(full.step_losses, 0), 0.05 * mean(full.step_losses, 0));
 
   worker::TrainerOptions resume = trainer_options(dir.path("ck"), 3);
-  resume.resume = true;
+  resume.resume = worker::ResumeSetting::kRequired;
   const worker::TrainResult resumed = worker::train(fp32, *backend_, train, {}, norm, resume);
   EXPECT_FALSE(resumed.resumed_from.empty());
   EXPECT_EQ(resumed.steps, 72);

@@ -1,9 +1,15 @@
 #include "worker/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+
+#include <csignal>
+#include <map>
+#include <random>
+#include <regex>
 
 #include <algorithm>
 #include <array>
@@ -12,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -24,7 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr std::array<uint8_t, 8> kMagic = {'V', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
-constexpr uint32_t kVersion = 3;  // 2 added epoch_sample and split, 3 loss_scaler
+constexpr uint32_t kVersion = 4;  // 2 added epoch_sample and split, 3 loss_scaler, 4 the run
 constexpr size_t kHeaderBytes = kMagic.size() + 4;  // magic, version
 constexpr size_t kTrailerBytes = 4;                 // CRC-32
 constexpr int64_t kMaxStep = 9'999'999'999;         // the most 10 digits hold
@@ -172,6 +179,16 @@ class ChunkReader {
     return values;
   }
 
+  // Key and value strings, each at least its 8-byte length.
+  std::vector<RunSetting> settings(const char* field) {
+    std::vector<RunSetting> values(array_count(field, 16, "settings"));
+    for (RunSetting& v : values) {
+      v.key = str(field);
+      v.value = str(field);
+    }
+    return values;
+  }
+
   // The stored CRC; call once every field is read and remaining() is 0.
   uint32_t trailer() {
     std::array<uint8_t, kTrailerBytes> bytes{};
@@ -283,6 +300,12 @@ void write_checkpoint(common::OutputFile& file, const Checkpoint& ckpt) {
   ChunkWriter out(file);
   out.bytes(kMagic.data(), kMagic.size());
   out.u32(kVersion);
+  out.str(ckpt.run_id);
+  out.u64(ckpt.settings.size());
+  for (const RunSetting& s : ckpt.settings) {
+    out.str(s.key);
+    out.str(s.value);
+  }
   out.str(ckpt.model_signature);
   out.i64(ckpt.step);
   out.i64(ckpt.epoch);
@@ -304,15 +327,63 @@ void write_checkpoint(common::OutputFile& file, const Checkpoint& ckpt) {
   out.finish();
 }
 
-// Removes all but `keep` checkpoints: `written` and the highest-numbered
-// others. Tries every removal before reporting the ones that failed.
+uint64_t file_size(const Fd& fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail(path, "stat failed", errno);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+// Reads and checks the magic and the version of a file of `size` bytes;
+// returns the version. Bounded by the file size rather than the trailer, so that any short file that is
+// not a checkpoint is reported as such.
+uint32_t read_header(ChunkReader& in, uint64_t size) {
+  std::array<uint8_t, kHeaderBytes> header{};
+  const size_t have = static_cast<size_t>(std::min<uint64_t>(size, header.size()));
+  in.read(header.data(), have);
+  if (!std::equal(header.begin(), header.begin() + std::min(have, kMagic.size()), kMagic.begin())) {
+    throw in.error("not a vtrain checkpoint (bad magic)");
+  }
+  if (have < header.size()) {
+    throw in.error("truncated: " + std::to_string(size) + " bytes, shorter than the " +
+                   std::to_string(kHeaderBytes) + "-byte header");
+  }
+  const uint32_t version = static_cast<uint32_t>(load_le(&header[kMagic.size()], 4));
+  if (version > kVersion) {
+    throw in.error("version " + std::to_string(version) + " is newer than this vtrain's " +
+                   std::to_string(kVersion));
+  }
+  if (version == 0) throw in.error("invalid version 0");
+  return version;
+}
+
+// The run id in the first bytes of the checkpoint at `path` ("" before
+// version 4); nullopt when the file cannot be read as a checkpoint. Not
+// validated by its CRC: only pruning and the start of a run look here, and
+// both leave a file alone that they cannot attribute.
+std::optional<std::string> stored_run_id(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return std::nullopt;
+  try {
+    const uint64_t size = file_size(fd, path);
+    ChunkReader in(fd.get(), path, size);
+    return read_header(in, size) >= 4 ? in.str("run_id") : std::string();
+  } catch (const CheckpointError&) {
+    return std::nullopt;
+  }
+}
+
+// Removes all but `keep` checkpoints of the run that wrote `written`: it
+// and the highest-numbered others of its run id. Another run's files, and
+// files whose run cannot be read, stay. Tries every removal before
+// reporting the ones that failed.
 void prune_checkpoints(const std::string& dir, const fs::path& written, int keep) {
   const auto listed = list_checkpoints(dir);
-  if (!listed) return;
+  const std::optional<std::string> run = stored_run_id(written.string());
+  if (!listed || !run) return;
   int kept = 1;  // `written` itself
   std::string failures;
   for (auto it = listed->rbegin(); it != listed->rend(); ++it) {
-    if (it->path == written) continue;
+    if (it->path == written || stored_run_id(it->path.string()) != run) continue;
     if (kept < keep) {
       ++kept;
       continue;
@@ -375,31 +446,15 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 Checkpoint load_checkpoint(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) fail(path, "cannot open", errno);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) fail(path, "stat failed", errno);
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const uint64_t size = file_size(fd, path);
   ChunkReader in(fd.get(), path, size);
-
-  // Header first, bounded by the file size rather than the trailer, so that
-  // any short file that is not a checkpoint is reported as such.
-  std::array<uint8_t, kHeaderBytes> header{};
-  const size_t have = static_cast<size_t>(std::min<uint64_t>(size, header.size()));
-  in.read(header.data(), have);
-  if (!std::equal(header.begin(), header.begin() + std::min(have, kMagic.size()), kMagic.begin())) {
-    throw in.error("not a vtrain checkpoint (bad magic)");
-  }
-  if (have < header.size()) {
-    throw in.error("truncated: " + std::to_string(size) + " bytes, shorter than the " +
-                   std::to_string(kHeaderBytes) + "-byte header");
-  }
-  const uint32_t version = static_cast<uint32_t>(load_le(&header[kMagic.size()], 4));
-  if (version > kVersion) {
-    throw in.error("version " + std::to_string(version) + " is newer than this vtrain's " +
-                   std::to_string(kVersion));
-  }
-  if (version == 0) throw in.error("invalid version 0");
+  const uint32_t version = read_header(in, size);
 
   Checkpoint ckpt;
+  if (version >= 4) {
+    ckpt.run_id = in.str("run_id");
+    ckpt.settings = in.settings("settings");
+  }
   ckpt.model_signature = in.str("model_signature");
   ckpt.step = in.i64("step");
   ckpt.epoch = in.i64("epoch");
@@ -424,6 +479,157 @@ Checkpoint load_checkpoint(const std::string& path) {
   const uLong computed = in.crc();
   if (in.trailer() != computed) throw in.error("CRC mismatch (file corrupt)");
   return ckpt;
+}
+
+// --- Runs and their folder -------------------------------------------------
+
+namespace {
+
+// The pid of a checkpoint's temporary file: named by common::OutputFile
+// .ckpt-<step>.vtc.tmp.<pid>.<n>, or by vtrain before it .ckpt-<step>.tmp.<pid>;
+// nullopt for any other name.
+std::optional<pid_t> temporary_pid(const std::string& name) {
+  static const std::regex kTemporary(R"(\.ckpt-[0-9]{1,10}(\.vtc)?\.tmp\.([0-9]{1,9})(\.[0-9]+)?)");
+  std::smatch match;
+  if (!std::regex_match(name, match, kTemporary)) return std::nullopt;
+  return static_cast<pid_t>(std::stol(match[2].str()));
+}
+
+bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+
+// Removes the temporaries in `dir` that no writer is working on: every one
+// when `locked` (the folder's lock keeps other writers out), else those of
+// processes gone from this machine. Returns a note per file removed.
+std::vector<std::string> remove_stale_temporaries(const std::string& dir, bool locked) {
+  std::vector<std::string> notes;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::optional<pid_t> pid = temporary_pid(it->path().filename().string());
+    if (!pid || (!locked && process_alive(*pid))) continue;
+    std::error_code removed;
+    fs::remove(it->path(), removed);
+    notes.push_back(removed ? "checkpoint: cannot remove " + it->path().string() +
+                                  ", left by a write that did not finish: " + removed.message()
+                            : "checkpoint: removed " + it->path().string() +
+                                  ", left by a write that did not finish");
+  }
+  if (ec) throw CheckpointError(dir + ": cannot list checkpoint directory: " + ec.message());
+  return notes;
+}
+
+// Records this process as the lock's holder, for the message of the next
+// process that finds the folder locked (best effort: the lock is what counts).
+void write_holder(int fd) {
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  const std::string text = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
+  if (::ftruncate(fd, 0) == 0) {
+    (void)common::write_all(fd, reinterpret_cast<const uint8_t*>(text.data()), text.size());
+  }
+}
+
+std::string read_holder(const std::string& lock) {
+  std::string text;
+  std::getline(std::ifstream(lock), text);
+  return text.empty() ? "another process" : text;
+}
+
+// "run 0123abcd", or what is known of a file without a readable run id.
+std::string run_name(const std::optional<std::string>& id) {
+  if (!id) return "a run whose file cannot be read";
+  if (id->empty()) return "a run of an older vtrain, which did not record run ids";
+  return "run " + *id;
+}
+
+// Refuses to resume when `listed` holds checkpoints of two or more run ids:
+// which one --resume should continue cannot be told.
+void check_one_run(const std::string& dir, const std::vector<ListedCheckpoint>& listed) {
+  std::map<std::string, std::vector<int64_t>> runs;  // run id -> steps
+  for (const ListedCheckpoint& c : listed) {
+    const std::optional<std::string> id = stored_run_id(c.path.string());
+    if (id && !id->empty()) runs[*id].push_back(c.step);
+  }
+  if (runs.size() < 2) return;
+  std::string list;
+  for (const auto& [id, steps] : runs) {
+    list += (list.empty() ? "" : "; ") + std::string("run ") + id +
+            (steps.size() == 1 ? ": step" : ": steps");
+    for (size_t i = 0; i < steps.size(); ++i) list += (i ? ", " : " ") + std::to_string(steps[i]);
+  }
+  throw CheckpointError("checkpoint.dir " + dir + " holds the checkpoints of " +
+                        std::to_string(runs.size()) +
+                        " runs (" + list + "), and which one to continue cannot be told: move "
+                        "the other runs' ckpt-*.vtc files to folders of their own, then resume");
+}
+
+}  // namespace
+
+std::string new_run_id() {
+  std::random_device source;
+  const uint64_t id = (uint64_t{source()} << 32) ^ source();
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(id));
+  return text;
+}
+
+CheckpointFolder::CheckpointFolder(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw CheckpointError(dir + ": cannot create checkpoint directory: " + ec.message());
+  const std::string lock = (fs::path(dir) / ".lock").string();
+  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) fail(lock, "cannot open the checkpoint folder's lock file", errno);
+  try {
+    bool locked = true;
+    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == EWOULDBLOCK) {
+        throw CheckpointError("checkpoint.dir " + dir + " is in use by another vtrain run (" +
+                              read_holder(lock) + " holds " + lock + "); wait for it to end, "
+                              "or give this run another checkpoint.dir");
+      }
+      if (err != ENOLCK && err != EOPNOTSUPP && err != ENOSYS) fail(lock, "cannot lock", err);
+      locked = false;
+      notes_.push_back("checkpoint: " + dir + " cannot be locked (" + errno_text(err) +
+                       "): a second vtrain started in this folder meanwhile would not be stopped");
+    }
+    if (locked) write_holder(lock_fd_);
+    for (std::string& note : remove_stale_temporaries(dir, locked)) notes_.push_back(std::move(note));
+  } catch (...) {
+    ::close(lock_fd_);
+    throw;
+  }
+}
+
+CheckpointFolder::~CheckpointFolder() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // drops the lock
+}
+
+RunStart plan_run_start(const std::string& dir, ResumeSetting mode) {
+  const auto listed = list_checkpoints(dir);
+  const bool none = !listed || listed->empty();
+  if (mode == ResumeSetting::kNever) {
+    if (none) return {};
+    const ListedCheckpoint& newest = listed->back();
+    throw CheckpointError(
+        "checkpoint.dir " + dir + " already holds checkpoints (the newest " +
+        newest.path.filename().string() + ", step " + std::to_string(newest.step) + ", of " +
+        run_name(stored_run_id(newest.path.string())) + "); a run started afresh there would "
+        "mix its checkpoints with them. Continue that run with --resume (or checkpoint.resume: "
+        "auto), or give this run a new checkpoint.dir");
+  }
+  if (none) {
+    if (mode == ResumeSetting::kRequired) {
+      throw CheckpointError("nothing to resume: checkpoint.dir " + dir + " holds no "
+                            "checkpoint (ckpt-*.vtc). Start afresh without --resume (or with "
+                            "checkpoint.resume: auto), or point checkpoint.dir at the folder of "
+                            "the run to continue");
+    }
+    return {.resume_from = "",
+            .note = "checkpoint.resume auto: " + dir + " holds no checkpoint; starting afresh"};
+  }
+  check_one_run(dir, *listed);
+  return {.resume_from = listed->back().path.string(), .note = ""};
 }
 
 }  // namespace vtrain::worker

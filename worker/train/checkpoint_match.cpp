@@ -1,5 +1,6 @@
 // Whether a checkpoint belongs to this run, and what differs when it is
 // continued on another number of ranks (checkpoint.h).
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -63,6 +64,27 @@ void check_checkpoint_resumable(const Checkpoint& ckpt, const std::string& path,
                           std::to_string(ckpt.step_in_epoch + 1) + " of batch " +
                           std::to_string(ckpt.global_batch));
   }
+}
+
+void check_checkpoint_settings(const Checkpoint& ckpt, const std::string& path,
+                               const std::vector<RunSetting>& settings) {
+  // Long values (a model's layer list) are named, not quoted.
+  constexpr size_t kQuoted = 48;
+  std::string differences;
+  for (const RunSetting& mine : settings) {
+    const auto theirs = std::find_if(ckpt.settings.begin(), ckpt.settings.end(),
+                                     [&](const RunSetting& s) { return s.key == mine.key; });
+    if (theirs == ckpt.settings.end() || theirs->value == mine.value) continue;
+    differences += (differences.empty() ? "" : ", ") + mine.key;
+    if (theirs->value.size() <= kQuoted && mine.value.size() <= kQuoted) {
+      differences += " " + theirs->value + " (this run: " + mine.value + ")";
+    }
+  }
+  if (differences.empty()) return;
+  throw CheckpointError(path + " belongs to run " + ckpt.run_id + ", which was configured with " +
+                        differences + ". A run continues with the settings it began with: set "
+                        "them back to resume it, or start this run afresh in another "
+                        "checkpoint.dir");
 }
 
 std::string resume_change(const Checkpoint& ckpt, const std::vector<int64_t>& split) {

@@ -72,13 +72,17 @@ std::string JsonRecord::str() const {
 
 // O_APPEND: after a cut-off partial record, a later record would land at the
 // new end, not past it.
-MetricsFile::MetricsFile(const std::string& path)
+MetricsFile::MetricsFile(const std::string& path, bool append)
     : path_(path),
-      fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0666)) {
+      fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC),
+                 0666)) {
   if (!fd_.valid()) {
     const int err = errno;
     throw common::OutputError("cannot write metrics file " + path + ": " + std::strerror(err));
   }
+  // Appending: the records already there are whole ones to keep (a device
+  // or FIFO has no end to seek to, and nothing to cut back).
+  if (append) length_ = std::max<off_t>(::lseek(fd_.get(), 0, SEEK_END), 0);
 }
 
 void MetricsFile::write(const JsonRecord& record) {
@@ -131,7 +135,7 @@ void Progress::step(const std::string& line, bool log_point) {
 }
 
 void Progress::line(const std::string& text) {
-  if (mode_ == Mode::kOff) return;
+  if (mode_ == Mode::kSilent) return;
   if (live_open_) {
     std::fputc('\n', out_);
     live_open_ = false;

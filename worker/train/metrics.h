@@ -34,9 +34,10 @@ class JsonRecord {
 class MetricsFile {
  public:
   MetricsFile() = default;
-  // Creates or truncates `path` (a device or FIFO is written in place).
-  // Throws common::OutputError naming it and the reason.
-  explicit MetricsFile(const std::string& path);
+  // Creates or truncates `path`, or appends to it with `append` (as a
+  // resumed run does); a device or FIFO is written in place. Throws
+  // common::OutputError naming it and the reason.
+  explicit MetricsFile(const std::string& path, bool append = false);
   bool enabled() const { return fd_.valid(); }
   // Throws common::OutputError naming the file and the reason (a full disk);
   // a line cut short is removed, so the file still ends with a whole record.
@@ -65,7 +66,10 @@ inline const char* progress_setting_name(ProgressSetting setting) {
 
 class Progress {
  public:
-  enum class Mode { kLive, kLines, kOff };
+  // kOff (output.progress off) leaves out the step lines only: line()s are
+  // the run's log (setup, epochs, checkpoints, resume) and still print.
+  // kSilent prints nothing (the ranks other than 0).
+  enum class Mode { kLive, kLines, kOff, kSilent };
   // kAuto: auto_mode() for this process's stdout and environment.
   static Mode mode_for(ProgressSetting setting);
   // What "auto" means. Outside a launcher: kLive when stdout is a terminal.

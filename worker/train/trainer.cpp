@@ -78,9 +78,7 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
           network_options(graph, job_, options, conv_plan_, staging_.prefetch_input))),
       sgd_(backend, prepare_network(), options.momentum, options.weight_decay),
       schedule_(schedule_for(job_, options)),
-      progress_(leader() ? options.progress : Progress::Mode::kOff),
-      metrics_(leader() && !options.metrics_path.empty() ? MetricsFile(options.metrics_path)
-                                                         : MetricsFile()),
+      progress_(leader() ? options.progress : Progress::Mode::kSilent),
       allreduce_(backend, options.comm,
                  plan_buckets(net_->param_ranges(), options.allreduce_bucket),
                  wire_type(options.gradient_allreduce, graph.precision())),
@@ -134,6 +132,12 @@ void Trainer::install_bucket_hooks() {
 TrainResult Trainer::run() {
   restore();
   resumed_ = at_;
+  if (!result_.resumed_from.empty() && at_.step >= job_.total_steps) return already_finished();
+  // Once it is known whether the run resumed: a resumed run's records
+  // follow the ones it wrote before.
+  if (leader() && !options_.metrics_path.empty()) {
+    metrics_ = MetricsFile(options_.metrics_path, !result_.resumed_from.empty());
+  }
   DrainOnUnwind drain{parallel() ? comm_ : nullptr};
   bool stopped = false;
   for (int64_t e = at_.epoch; e < options_.epochs && at_.step < job_.total_steps; ++e) {

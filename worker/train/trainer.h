@@ -17,6 +17,7 @@
 #include "worker/data/data.h"
 #include "worker/engine/graph.h"
 #include "worker/train/bucket_allreduce.h"
+#include "worker/train/checkpoint.h"
 #include "worker/train/loss_scaler.h"
 #include "worker/train/metrics.h"
 #include "worker/train/rebalancer.h"
@@ -77,8 +78,10 @@ struct TrainerOptions {
   // rank, written by rank 0 at the end. Empty = none.
   std::string trace_path;
   int64_t trace_steps = 20;
-  std::string metrics_path;      // JSON lines; empty = none (written by rank 0)
-  Progress::Mode progress = Progress::Mode::kLines;  // rank 0; other ranks stay quiet
+  // JSON lines; empty = none (written by rank 0). A run started afresh
+  // creates or truncates it, a resumed run appends to it.
+  std::string metrics_path;
+  Progress::Mode progress = Progress::Mode::kLines;  // rank 0; other ranks stay silent
 
   // Data parallelism. Each global batch of B samples is cut into contiguous
   // per-rank slices of split[r] samples (sum = B); each rank's loss is its
@@ -103,10 +106,18 @@ struct TrainerOptions {
   Communicator* batch_norm_comm = nullptr;
 
   // Checkpoints (rank 0 writes; every rank resumes from the same file).
+  // Rank 0 holds checkpoint_dir for the run (CheckpointFolder) and starts
+  // in it as plan_run_start says for `resume` (checkpoint.h).
   std::string checkpoint_dir;    // empty = no checkpoints
   int64_t checkpoint_every = 0;  // steps; 0 = only at the end and on a stop signal
-  int checkpoint_keep = 3;
-  bool resume = false;           // continue from the newest checkpoint in checkpoint_dir
+  int checkpoint_keep = 3;       // of this run's own checkpoints
+  ResumeSetting resume = ResumeSetting::kNever;
+  // The config values that define what this run trains, stored in its
+  // checkpoints; a resume from a checkpoint with other values is refused
+  // naming them (check_checkpoint_settings). The launcher fills it
+  // (config::run_settings); empty: nothing compared beyond the model,
+  // the batch and the seed.
+  std::vector<RunSetting> run_settings;
   // Non-zero (a signal number) asks every rank to stop at the next step
   // boundary, after a checkpoint.
   const std::atomic<int>* stop_signal = nullptr;

@@ -31,22 +31,38 @@ std::optional<LossScalerState> read_loss_scale(std::istream& in) {
 
 }  // namespace
 
-// Continues from the newest checkpoint: rank 0 reads and checks the file;
-// every rank gets the same state. The position is global (a step and a
-// sample of the epoch's order), so the ranks and their split may differ
-// from the run that wrote it.
+// Starts the run in its checkpoint folder as plan_run_start says: rank 0
+// holds the folder, and either makes a new run id or reads and checks the
+// checkpoint to continue; every rank gets the same state. The position is
+// global (a step and a sample of the epoch's order), so the ranks and
+// their split may differ from the run that wrote it.
 void Trainer::restore() {
-  if (!options_.resume || options_.checkpoint_dir.empty()) return;
+  if (options_.checkpoint_dir.empty()) return;
   std::string path, position;  // position: "step epoch step_in_epoch world_size"
   std::string change;          // rank 0: what differs from the run that wrote it
   std::vector<float> params, buffers, velocity;
   if (leader()) {
-    if (auto latest = latest_checkpoint(options_.checkpoint_dir)) {
-      path = *latest;
+    folder_ = std::make_unique<CheckpointFolder>(options_.checkpoint_dir);
+    for (const std::string& note : folder_->notes()) progress_.line(note);
+    const RunStart start = plan_run_start(options_.checkpoint_dir, options_.resume);
+    path = start.resume_from;
+    run_id_ = new_run_id();  // a resume keeps the checkpoint's, where it has one
+    if (!start.note.empty()) progress_.line(start.note);
+    if (!path.empty()) {
       Checkpoint ckpt = load_checkpoint(path);
       check_checkpoint_matches(ckpt, path, graph_.signature(), net_->parameter_count(),
                                net_->buffer_count());
       check_checkpoint_resumable(ckpt, path, job_.batch, options_.seed);
+      check_checkpoint_settings(ckpt, path, options_.run_settings);
+      if (ckpt.run_id.empty()) {
+        progress_.line(format("checkpoint: %s was written by an older vtrain, which did not "
+                              "record the run or its settings: only the model, train.batch and "
+                              "train.seed were checked. This run's checkpoints carry run id %s; "
+                              "the older files are left in place, not pruned",
+                              path.c_str(), run_id_.c_str()));
+      } else {
+        run_id_ = ckpt.run_id;
+      }
       params = std::move(ckpt.parameters);
       buffers = std::move(ckpt.buffers);
       velocity = std::move(ckpt.velocity);
@@ -74,6 +90,22 @@ void Trainer::restore() {
                         static_cast<long long>(at_.step), static_cast<long long>(at_.epoch + 1),
                         change.empty() ? "" : "; ", change.c_str()));
   restore_loss_scale(read_loss_scale(words), path);
+}
+
+// A resumed run whose checkpoint is at or past the step this run ends at
+// has nothing to train: it says so and writes nothing, no checkpoint and
+// no metrics (the run that got there wrote its figures; an "end" record of
+// this one would hold zeros).
+TrainResult Trainer::already_finished() {
+  finish();
+  progress_.line(format("already finished: %s is at step %lld, and this run ends at step %lld "
+                        "(train.epochs %lld, train.max_steps %lld); nothing to train, nothing "
+                        "written. Raise train.epochs or train.max_steps to train on",
+                        result_.resumed_from.c_str(), static_cast<long long>(at_.step),
+                        static_cast<long long>(job_.total_steps),
+                        static_cast<long long>(options_.epochs),
+                        static_cast<long long>(options_.max_steps)));
+  return result_;
 }
 
 // Loss scaling goes on with the checkpoint's scale and counts, whatever the
@@ -137,6 +169,8 @@ void Trainer::checkpoint(const Position& at) {
   ckpt.buffers = net_->download_buffers();
   ckpt.velocity = sgd_.download_velocity();
   if (scaler_) ckpt.loss_scaler = scaler_->state();
+  ckpt.run_id = run_id_;
+  ckpt.settings = options_.run_settings;
   result_.last_checkpoint = save_checkpoint(options_.checkpoint_dir, ckpt, options_.checkpoint_keep);
   progress_.line("checkpoint: wrote " + result_.last_checkpoint);
 }

@@ -100,6 +100,7 @@ class Trainer {
   NetworkState release_network();
   void rebuild_network(const NetworkState& state, const char* how);
   void restore();
+  TrainResult already_finished();
   void restore_loss_scale(const std::optional<LossScalerState>& saved, const std::string& path);
   bool epoch(int64_t epoch);
   const std::vector<int64_t>& order_of(int64_t epoch);  // epoch_permutation's
@@ -137,7 +138,7 @@ class Trainer {
   Sgd sgd_;
   const LrSchedule schedule_;
   Progress progress_;
-  MetricsFile metrics_;
+  MetricsFile metrics_;  // opened by run(): truncated afresh, appended to on a resume
   BucketAllreduce allreduce_;  // the gradient buckets
   PinnedMemory pinned_{backend_};  // before the staging it holds
   Staging eval_stage_{&pinned_};
@@ -145,6 +146,10 @@ class Trainer {
   Rebalancer rebalancer_;
   std::optional<LossScaler> scaler_;  // train.loss_scaling on
   TrainResult result_;
+  // Rank 0 with a checkpoint_dir: its hold on the folder, and the run id
+  // its checkpoints carry (made afresh, or the resumed checkpoint's).
+  std::unique_ptr<CheckpointFolder> folder_;
+  std::string run_id_;
   Position at_;        // the next step
   Position resumed_;   // where this run began
   std::map<int64_t, std::vector<int64_t>> orders_;  // order_of's: this epoch's and the next's
