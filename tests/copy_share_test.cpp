@@ -5,10 +5,19 @@
 // its own length (2 vCPUs here: 0.88-1.00 of it); with a core left free the
 // copies run beside the compute (0.03). Claims every core (PROCESSORS 2), so
 // that no other test takes the free core.
+//
+// What it measures is the machine's: another process on the free core (a
+// build beside the run) makes the copies cost the compute there too, and a
+// `ctest -L cpu` on a busy machine failed it. So it is labelled `timing`,
+// not `cpu`, and skips unless VTRAIN_IDLE_MACHINE=1 says that nothing else
+// runs:
+//   VTRAIN_IDLE_MACHINE=1 ctest --test-dir build -L timing
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "common/machine.h"
@@ -31,7 +40,16 @@ std::vector<double> shares_with(int threads) {
   return shares;
 }
 
+bool idle_machine() {
+  const char* v = std::getenv("VTRAIN_IDLE_MACHINE");
+  return v != nullptr && std::string(v) == "1";
+}
+
 TEST(CopyShare, CopiesCostTheComputeWhenItsThreadsFillTheCoresAndLessWithACoreFree) {
+  if (!idle_machine()) {
+    GTEST_SKIP() << "needs a machine where nothing else runs, so that a free core is free: "
+                    "VTRAIN_IDLE_MACHINE=1 ctest -L timing";
+  }
   const int cores = common::hardware_threads();
   if (cores < 2) GTEST_SKIP() << "one core: no thread count leaves a core free";
   const double full = shares_with(cores).back();       // the most the copies cost
