@@ -79,9 +79,17 @@ struct TrainingPlan {
   std::vector<RankPlan> ranks;
 };
 
+// The most a plan file may hold: a plan is about 150 bytes per convolution
+// kernel and rank, so 64 MiB takes 400 ranks of VGG-416 (1,200 kernels
+// each); a path to a device or a wrong file is refused before it fills
+// memory (common/text_file.h).
+inline constexpr uint64_t kMaxPlanBytes = uint64_t{64} << 20;
+
 std::string plan_to_yaml(const TrainingPlan& plan);
-// Throws PlanError naming `origin`, the line and the key path.
+// Throws PlanError naming `origin`, the line and the key path. The text is
+// one YAML document.
 TrainingPlan parse_plan(const std::string& yaml_text, const std::string& origin);
+// A plan file of at most kMaxPlanBytes; throws PlanError.
 TrainingPlan load_plan(const std::string& path);
 // Writes as common::OutputFile does (a temporary file renamed over a file,
 // a device written in place): a failed write leaves no partial plan behind.

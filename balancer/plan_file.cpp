@@ -4,13 +4,10 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "common/files.h"
+#include "common/text_file.h"
 #include "common/yaml_reader.h"
 
 namespace vtrain::balancer {
@@ -95,13 +92,7 @@ RankPlan read_rank_plan(const Field& field) {
 
 TrainingPlan parse_plan(const std::string& yaml_text, const std::string& origin) {
   Source source{origin, fs::path(origin).parent_path(), {}};
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& error) {
-    throw PlanError(origin + ":" + std::to_string(error.mark.line + 1) + ":" +
-                      std::to_string(error.mark.column + 1) + ": YAML syntax error: " + error.msg);
-  }
+  const YAML::Node root = load_document(yaml_text, origin, "plan");
   const Section top(Field(source, root, true, "", 0));
   top.allow({"vtrain_plan", "model", "global_batch", "memory_policy", "workspace_policy",
              "workspace_limit", "predicted_step_ms", "split_ms", "even_split_ms", "ideal_step_ms",
@@ -140,14 +131,7 @@ TrainingPlan parse_plan(const std::string& yaml_text, const std::string& origin)
 }
 
 TrainingPlan load_plan(const std::string& path) {
-  std::error_code ignored;
-  if (fs::is_directory(path, ignored)) throw PlanError("cannot open plan " + path + ": is a directory");
-  std::ifstream in(path);
-  if (!in) throw PlanError("cannot open plan " + path + ": " + std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw PlanError("cannot read plan " + path + ": " + std::strerror(errno));
-  return parse_plan(text.str(), path);
+  return parse_plan(common::read_text_file(path, "plan", kMaxPlanBytes), path);
 }
 
 std::string plan_to_yaml(const TrainingPlan& plan) {

@@ -61,6 +61,18 @@ std::string format_list(std::span<const int64_t> values) {
   return text;
 }
 
+std::string escape_nul(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\0') {
+      out += "\\0";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::string json_quote(std::string_view text) {
   std::string out = "\"";
   for (char c : text) {

@@ -43,6 +43,10 @@ uint64_t parse_size(const std::string& text);
 // buffer that would cut a long line short).
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
+// `text` with each NUL byte written as \0: a message that holds one would
+// end there wherever it is read as a C string (what(), printf's %s).
+std::string escape_nul(std::string_view text);
+
 // `text` as a JSON string literal, quotes included: \" \\ \n \r \t escaped,
 // other control characters as \u00XX.
 std::string json_quote(std::string_view text);

@@ -57,6 +57,29 @@ struct Source {
   }
 };
 
+// The one YAML document of `text`, read from `origin` (a file name) and
+// holding a `what` ("config", "plan"); empty text is a null node. A
+// syntax error is "ORIGIN:LINE:COLUMN: YAML syntax error: ..."; a second
+// document with content ("---" and more keys), which reading only the
+// first would drop unseen, is an error at its line.
+inline YAML::Node load_document(const std::string& text, const std::string& origin,
+                                const std::string& what) {
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::Exception& error) {
+    throw InputError(origin + ":" + std::to_string(error.mark.line + 1) + ":" +
+                     std::to_string(error.mark.column + 1) + ": YAML syntax error: " + error.msg);
+  }
+  for (size_t i = 1; i < documents.size(); ++i) {
+    if (documents[i].IsNull()) continue;  // a stray "---" at the end: nothing is dropped
+    throw InputError(origin + ":" + std::to_string(documents[i].Mark().line + 1) +
+                     ": a second YAML document (after '---'); a " + what +
+                     " is one document: merge them or remove the '---'");
+  }
+  return documents.empty() ? YAML::Node() : documents.front();
+}
+
 // 1-based line of a node parsed from the file, or `fallback` for nodes that
 // were built in memory (no mark).
 inline int line_of(const YAML::Node& node, int fallback) {
@@ -104,7 +127,8 @@ class Field {
     } else {
       where = source_->file + (line_ > 0 ? ":" + std::to_string(line_) : std::string()) + ": ";
     }
-    throw InputError(where + (path_.empty() ? "" : path_ + ": ") + message);
+    // A scalar the message quotes may hold a NUL ("\0" in YAML).
+    throw InputError(escape_nul(where + (path_.empty() ? "" : path_ + ": ") + message));
   }
 
   // The items of a list; fails with `expected` for anything else.
@@ -315,7 +339,12 @@ E to_choice(const Field& field, const std::array<Named<E>, N>& table) {
 // Relative paths in the file resolve against its folder; those given with
 // --set against the current directory, as a shell user expects.
 inline std::string to_path(const Field& field) {
-  fs::path path = to_string(field, "a file path");
+  const std::string text = to_string(field, "a file path");
+  // The system would open the path up to the NUL: another file.
+  if (text.find('\0') != std::string::npos) {
+    field.fail("expected a file path, got '" + text + "', which holds a NUL byte (\\0)");
+  }
+  fs::path path = text;
   if (path.is_relative()) {
     const fs::path base = field.from_override() ? fs::current_path() : field.source().file_dir;
     path = base / path;

@@ -8,12 +8,9 @@
 // from (FILE:LINE or --set) and its key path.
 #include "configs/config.h"
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
+#include "common/text_file.h"
 #include "configs/internal/config_parts.h"
 
 namespace vtrain::config {
@@ -47,13 +44,7 @@ void record_origins(const YAML::Node& node, const std::string& path, const Sourc
 Config parse(const std::string& text, const std::string& file, const fs::path& file_dir,
              const std::vector<std::string>& overrides) {
   Source source{file, file_dir, {}};
-  YAML::Node root_node;
-  try {
-    root_node = YAML::Load(text);
-  } catch (const YAML::Exception& error) {
-    throw ConfigError(file + ":" + std::to_string(error.mark.line + 1) + ":" +
-                      std::to_string(error.mark.column + 1) + ": YAML syntax error: " + error.msg);
-  }
+  YAML::Node root_node = load_document(text, file, "config");
   for (const auto& arg : overrides) {
     internal::apply_override(root_node, arg, source.overridden);
   }
@@ -70,16 +61,8 @@ Config parse(const std::string& text, const std::string& file, const fs::path& f
 }  // namespace
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::error_code ignored;
-  if (fs::is_directory(path, ignored)) {
-    throw ConfigError("cannot open config " + path + ": is a directory");
-  }
-  std::ifstream in(path);
-  if (!in) throw ConfigError("cannot open config " + path + ": " + std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw ConfigError("cannot read config " + path + ": " + std::strerror(errno));
-  return parse(text.str(), path, fs::absolute(path).parent_path(), overrides);
+  const std::string text = common::read_text_file(path, "config", kMaxConfigBytes);
+  return parse(text, path, fs::absolute(path).parent_path(), overrides);
 }
 
 Config parse_config(const std::string& yaml_text, const std::string& origin,

@@ -111,6 +111,12 @@ struct ProfileConfig {
   int64_t step_rounds = 1;          // rounds over the batches' steps; the median round is kept
 };
 
+// The most profile.step_rounds: every round runs a whole step of every
+// profiled batch (100 rounds of five 1-second steps take over 8 minutes),
+// while the median's noise shrinks only as 1/sqrt(rounds) (at 100 rounds
+// to about an eighth of one round's spread); a larger count is a slip.
+inline constexpr int64_t kMaxStepRounds = 100;
+
 struct CheckpointConfig {
   std::string dir;                // where checkpoints go; empty = none
   int64_t every = 0;              // steps between checkpoints; 0 = only at the end and on a signal
@@ -180,9 +186,16 @@ struct Config {
   MemoryConfig memory;
 };
 
+// The most a config file may hold: a config with thousands of explicit
+// layers is well under 1 MiB; a path to a device or a wrong file is refused
+// before it fills memory (common/text_file.h).
+inline constexpr uint64_t kMaxConfigBytes = uint64_t{4} << 20;
+
 // Loads and validates `path`, applying `overrides` ("key.path=value", the
-// value parsed as YAML) before validation. Relative data paths are resolved
-// against the config file's folder. Throws ConfigError.
+// value parsed as YAML) before validation. Relative paths in the file are
+// resolved against the config file's folder, those given with --set against
+// the working directory. The file holds one YAML document of at most
+// kMaxConfigBytes. Throws ConfigError.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // The same from YAML text (`origin` stands for the file name in messages).

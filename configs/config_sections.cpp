@@ -416,9 +416,13 @@ ProfileConfig read_profile(const Field& field) {
   if (Field f = section["micro_batches"]) {
     profile.micro_batches = to_choice(f, balancer::kMicroBatchPolicyNames);
   }
-  if (Field f = section["warmup"]) profile.warmup = to_int(f, at_least(0));
-  if (Field f = section["repeats"]) profile.repeats = to_int(f, at_least(1));
-  if (Field f = section["step_rounds"]) profile.step_rounds = to_int(f, at_least(1));
+  // The profiler counts runs in an int.
+  constexpr double kMaxRuns = std::numeric_limits<int>::max();
+  if (Field f = section["warmup"]) profile.warmup = to_int(f, between(0, kMaxRuns, false, false));
+  if (Field f = section["repeats"]) profile.repeats = to_int(f, between(1, kMaxRuns, false, false));
+  if (Field f = section["step_rounds"]) {
+    profile.step_rounds = to_int(f, between(1, kMaxStepRounds, false, false));
+  }
   if (Field f = section["steps"]) profile.steps = to_bool(f);
   return profile;
 }

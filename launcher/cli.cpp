@@ -1,8 +1,10 @@
 #include "launcher/cli.h"
 
+#include <charconv>
 #include <cmath>
-#include <cstdlib>
+#include <optional>
 #include <string>
+#include <system_error>
 
 #include "perfdb/perf_db.h"
 
@@ -28,10 +30,13 @@ class ArgReader {
   ArgReader(const std::vector<std::string>& args, size_t first) : args_(args), i_(first) {}
   bool done() const { return i_ >= args_.size(); }
   const std::string& next() { return args_[i_++]; }
-  // The value after `flag`.
+  // The value after `flag`. An empty one is refused: for a file it would
+  // read as "not given" (--plan "" trains without the plan).
   const std::string& value(const std::string& flag) {
     if (done()) throw UsageError(flag + " needs a value");
-    return next();
+    const std::string& v = next();
+    if (v.empty()) throw UsageError(flag + " needs a value, got an empty one");
+    return v;
   }
 
  private:
@@ -62,14 +67,21 @@ size_t parse_command(const std::vector<std::string>& args, CliArgs& cli) {
   return 0;
 }
 
+// The number `v` is when it is one and nothing else: no blanks on either
+// side (" 3" and "3 " alike), no sign, no hex; nullopt otherwise.
+template <typename Number>
+std::optional<Number> exact_number(const std::string& v) {
+  Number n{};
+  const char* last = v.data() + v.size();
+  const auto [end, error] = std::from_chars(v.data(), last, n);
+  if (error != std::errc() || end != last) return std::nullopt;
+  return n;
+}
+
 int64_t positive_integer(const std::string& flag, const std::string& v) {
-  try {
-    size_t used = 0;
-    const int64_t n = std::stoll(v, &used);
-    if (used == v.size() && n >= 1) return n;
-  } catch (const std::exception&) {
-  }
-  throw UsageError(flag + " expects a positive integer, got '" + v + "'");
+  const std::optional<int64_t> n = exact_number<int64_t>(v);
+  if (!n || *n < 1) throw UsageError(flag + " expects a positive integer, got '" + v + "'");
+  return *n;
 }
 
 // balance's own options; false when `a` is none of them.
@@ -100,11 +112,11 @@ bool parse_balance_option(const std::string& a, ArgReader& in, CliArgs& cli) {
     cli.fronts = in.value(a);
   } else if (a == "--allreduce-ms") {
     const std::string& v = in.value(a);
-    char* end = nullptr;
-    cli.allreduce_ms = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0' || !(cli.allreduce_ms >= 0) || !std::isfinite(cli.allreduce_ms)) {
+    const std::optional<double> ms = exact_number<double>(v);
+    if (!ms || !(*ms >= 0) || !std::isfinite(*ms)) {
       throw UsageError("--allreduce-ms must be a number of milliseconds >= 0, got '" + v + "'");
     }
+    cli.allreduce_ms = *ms;
   } else {
     return false;
   }
@@ -132,12 +144,11 @@ bool parse_option(const std::string& a, ArgReader& in, CliArgs& cli) {
     cli.trace = in.value(a);
   } else if (a == "--ranks" && command == "check") {
     const std::string& v = in.value(a);
-    char* end = nullptr;
-    const long n = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || n < 1 || n > 1 << 20) {
+    const std::optional<int> n = exact_number<int>(v);
+    if (!n || *n < 1 || *n > 1 << 20) {
       throw UsageError("--ranks must be a whole number of ranks >= 1, got '" + v + "'");
     }
-    cli.ranks = static_cast<int>(n);
+    cli.ranks = *n;
   } else if (a == "--table" && command == "db") {
     cli.table = in.value(a);
   } else if (a == "--format" && command == "db") {

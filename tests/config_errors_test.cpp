@@ -101,7 +101,7 @@ TEST(ConfigErrorTest, OutOfRangeNumbers) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "balance: {rebalance: {probe_every: -5}}\n"),
             "t.yaml:5: balance.rebalance.probe_every: expected an integer >= 0, got -5");
   EXPECT_EQ(error_of(std::string(kMinimal) + "profile: {step_rounds: 0}\n"),
-            "t.yaml:5: profile.step_rounds: expected an integer >= 1, got 0");
+            "t.yaml:5: profile.step_rounds: expected an integer in [1, 100], got 0");
 }
 
 TEST(ConfigErrorTest, BadEnumValue) {

@@ -232,6 +232,34 @@ TEST_F(DataTest, IdxCorruptGzip) {
   EXPECT_CONTAINS(junk_msg, junk + ": corrupt gzip data");
 }
 
+// Bytes after the gzip data that do not start another gzip member (a
+// damaged download, a file appended to another) are an error; gzip members
+// one after another (gzip -c a b) read as one stream, as gunzip reads them.
+TEST_F(DataTest, IdxGzipWithTrailingBytes) {
+  const Bytes images = idx_images(4, 8, 8);
+  const std::string labels = write_plain("labels", idx_labels({0, 1, 2, 3}));
+  const Bytes compressed = read_all(write_gzip("good.gz", images));
+
+  Bytes trailing = compressed;
+  for (uint8_t b : {'j', 'u', 'n', 'k', '\n'}) trailing.push_back(b);
+  const std::string bad = write_plain("trailing.gz", trailing);
+  EXPECT_CONTAINS(data_error([&] { load_idx(bad, labels); }),
+                  bad + ": corrupt gzip data: 5 bytes follow the end of the gzip data at byte " +
+                      std::to_string(compressed.size()) + " and do not start another gzip member");
+  Bytes one_byte = compressed;
+  one_byte.push_back(0);
+  const std::string zero = write_plain("zero.gz", one_byte);
+  EXPECT_CONTAINS(data_error([&] { load_idx(zero, labels); }), zero + ": corrupt gzip data: 1 bytes");
+
+  // The header and half the pixels in one member, the rest in another.
+  const size_t half = 16 + 4 * 8 * 8 / 2;
+  Bytes members = read_all(write_gzip("a.gz", Bytes(images.begin(), images.begin() + half)));
+  const Bytes second = read_all(write_gzip("b.gz", Bytes(images.begin() + half, images.end())));
+  members.insert(members.end(), second.begin(), second.end());
+  const Dataset data = load_idx(write_plain("members.gz", members), labels);
+  EXPECT_EQ(data.pixels, Bytes(images.begin() + 16, images.end()));
+}
+
 // ---------------------------------------------------------------------------
 // CIFAR-10
 

@@ -92,31 +92,24 @@ FilePtr open_or_throw(const std::string& path) {
   return f;
 }
 
-// A data file read through zlib, which passes plain files through unchanged.
-// Whether the content is gzip is detected up front only so that messages can
-// say "corrupt gzip data" rather than a bare zlib string.
+// A data file, gzip-compressed or not (told by its first two bytes, not its
+// name). gzip data is inflated here rather than read through gzread, which
+// stops without a word at bytes after the gzip data that do not start
+// another gzip member (a damaged download, a file appended to another):
+// here they are an error. Members one after another (gzip -c a b) are one
+// stream, as gunzip reads them.
 class DataFile {
  public:
-  explicit DataFile(const std::string& path) : path_(path) {
-    {
-      FilePtr probe = open_or_throw(path);
-      unsigned char magic[2] = {0, 0};
-      const size_t got = std::fread(magic, 1, 2, probe.get());
-      // fopen succeeds on a directory; the read is where Linux reports it.
-      if (got < 2 && std::ferror(probe.get())) {
-        fail(std::string("cannot read: ") + std::strerror(errno));
-      }
-      gzip_ = got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
-    }
-    errno = 0;
-    file_ = gzopen(path.c_str(), "rb");
-    if (file_ == nullptr) {
-      fail(std::string("cannot open: ") +
-           (errno != 0 ? std::strerror(errno) : "zlib out of memory"));
-    }
-    gzbuffer(file_, 1 << 18);  // fewer read calls for the tens of MB of MNIST
+  explicit DataFile(const std::string& path)
+      : path_(path), file_(open_or_throw(path)), buffer_(kBufferBytes) {
+    fill(2);
+    gzip_ = stream_.avail_in >= 2 && buffer_[0] == 0x1f && buffer_[1] == 0x8b;
+    // 16 + MAX_WBITS: deflate data inside a gzip header and trailer.
+    if (gzip_ && inflateInit2(&stream_, 16 + MAX_WBITS) != Z_OK) fail("zlib out of memory");
   }
-  ~DataFile() { gzclose(file_); }
+  ~DataFile() {
+    if (gzip_) inflateEnd(&stream_);
+  }
   DataFile(const DataFile&) = delete;
   DataFile& operator=(const DataFile&) = delete;
 
@@ -125,24 +118,7 @@ class DataFile {
   [[noreturn]] void fail(const std::string& what) const { throw DataError(path_ + ": " + what); }
 
   // Reads up to `size` bytes into `dst`; fewer only where the data ends.
-  size_t read(uint8_t* dst, size_t size) {
-    size_t total = 0;
-    while (total < size) {
-      const unsigned chunk = static_cast<unsigned>(std::min<size_t>(size - total, INT_MAX / 2));
-      const int n = gzread(file_, dst + total, chunk);
-      if (n < 0) fail_with_zlib_error();
-      total += static_cast<size_t>(n);
-      if (static_cast<unsigned>(n) < chunk) break;
-    }
-    if (total < size) {
-      // A gzip stream cut short is not an error to gzread: it returns what it
-      // could decode and leaves Z_BUF_ERROR behind.
-      int err = Z_OK;
-      gzerror(file_, &err);
-      if (err != Z_OK) fail_with_zlib_error();
-    }
-    return total;
-  }
+  size_t read(uint8_t* dst, size_t size) { return gzip_ ? inflate_into(dst, size) : copy_into(dst, size); }
 
   // Appends up to `size` bytes to `out`, growing it as data arrives, so that a
   // corrupt header claiming gigabytes costs no more memory than the file has.
@@ -175,19 +151,97 @@ class DataFile {
   }
 
  private:
-  [[noreturn]] void fail_with_zlib_error() const {
-    int err = Z_OK;
-    const char* msg = gzerror(file_, &err);
-    if (err == Z_ERRNO) fail(std::string("read error: ") + std::strerror(errno));
-    if (gzip_ && err == Z_BUF_ERROR) {
-      fail(std::string("corrupt gzip data: the compressed stream ends early (zlib: ") + msg + ")");
+  static constexpr size_t kBufferBytes = size_t{1} << 18;  // fewer reads for the tens of MB of MNIST
+
+  // Reads from the file until the buffer holds at least `want` unconsumed
+  // bytes or the file ends.
+  void fill(size_t want) {
+    if (stream_.avail_in >= want || at_end_) return;
+    if (stream_.avail_in > 0) {
+      std::memmove(buffer_.data(), stream_.next_in, stream_.avail_in);  // keep the unconsumed rest
     }
-    fail(std::string(gzip_ ? "corrupt gzip data (zlib: " : "read error (zlib: ") + msg + ")");
+    size_t have = stream_.avail_in;
+    while (have < want && !at_end_) {
+      const size_t got = std::fread(buffer_.data() + have, 1, buffer_.size() - have, file_.get());
+      // fopen succeeds on a directory; the read is where Linux reports it.
+      if (got == 0 && std::ferror(file_.get())) fail(std::string("cannot read: ") + std::strerror(errno));
+      at_end_ = got == 0;
+      have += got;
+      file_bytes_ += got;
+    }
+    stream_.next_in = buffer_.data();
+    stream_.avail_in = static_cast<uInt>(have);
+  }
+
+  void consume(size_t bytes) {
+    stream_.next_in += bytes;
+    stream_.avail_in -= static_cast<uInt>(bytes);
+  }
+
+  size_t copy_into(uint8_t* dst, size_t size) {
+    size_t total = 0;
+    while (total < size) {
+      fill(1);
+      if (stream_.avail_in == 0) break;
+      const size_t n = std::min<size_t>(size - total, stream_.avail_in);
+      std::memcpy(dst + total, stream_.next_in, n);
+      consume(n);
+      total += n;
+    }
+    return total;
+  }
+
+  size_t inflate_into(uint8_t* dst, size_t size) {
+    size_t total = 0;
+    while (total < size) {
+      if (member_ended_ && !next_member()) break;
+      fill(1);
+      const uInt room = static_cast<uInt>(std::min<size_t>(size - total, INT_MAX / 2));
+      stream_.next_out = dst + total;
+      stream_.avail_out = room;
+      const int rc = inflate(&stream_, Z_NO_FLUSH);
+      total += room - stream_.avail_out;
+      if (rc == Z_STREAM_END) {
+        member_ended_ = true;
+      } else if (rc == Z_BUF_ERROR && stream_.avail_in == 0 && at_end_) {
+        fail("corrupt gzip data: the compressed stream ends early");
+      } else if (rc == Z_MEM_ERROR) {
+        fail("zlib out of memory");
+      } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+        fail(std::string("corrupt gzip data (zlib: ") + (stream_.msg ? stream_.msg : zError(rc)) + ")");
+      }
+    }
+    return total;
+  }
+
+  // After a gzip member: false at the end of the file, true when another
+  // member follows; anything else fails, naming where the gzip data ended.
+  bool next_member() {
+    fill(2);
+    if (stream_.avail_in == 0) return false;
+    if (stream_.avail_in >= 2 && stream_.next_in[0] == 0x1f && stream_.next_in[1] == 0x8b) {
+      inflateReset(&stream_);
+      member_ended_ = false;
+      return true;
+    }
+    const uint64_t end = file_bytes_ - stream_.avail_in;
+    uint64_t extra = 0;
+    for (; stream_.avail_in > 0; fill(1)) {
+      extra += stream_.avail_in;
+      consume(stream_.avail_in);
+    }
+    fail("corrupt gzip data: " + std::to_string(extra) + " bytes follow the end of the gzip data at byte " +
+         std::to_string(end) + " and do not start another gzip member");
   }
 
   std::string path_;
+  FilePtr file_;
+  std::vector<uint8_t> buffer_;
+  z_stream stream_{};      // next_in / avail_in: the buffer's unconsumed bytes, gzip or not
+  uint64_t file_bytes_ = 0;  // read from the file so far
+  bool at_end_ = false;      // the file has no more bytes
   bool gzip_ = false;
-  gzFile file_ = nullptr;
+  bool member_ended_ = false;
 };
 
 // ---------------------------------------------------------------------------
