@@ -16,7 +16,10 @@ int run_db(const CliArgs& cli) {
   if (!std::filesystem::exists(cli.db)) {
     throw std::runtime_error("perf DB " + cli.db + " does not exist (create it with vtrain profile)");
   }
-  perfdb::PerfDb db(cli.db);
+  // stats and export only read: like balance, they neither initialise an
+  // empty file, nor switch a WAL file to a rollback journal, nor roll back
+  // a crashed writer's journal (vtrain profile does).
+  perfdb::PerfDb db(cli.db, {.mode = perfdb::OpenMode::kReadOnly});
   if (cli.db_action == "export") {
     const auto table = perfdb::table_from_name(cli.table);
     if (!table) {
@@ -37,9 +40,11 @@ int run_db(const CliArgs& cli) {
               static_cast<long long>(st.copy_bandwidths),
               static_cast<long long>(st.layer_measurements));
   for (const perfdb::DeviceStats& d : st.per_device) {
-    std::printf("  device %lld: %s (%s, %s, %d threads, host %s): %lld kernel, %lld step, "
+    // The label is the name `vtrain balance --devices` takes.
+    std::printf("  device %lld: '%s' (%s, %s, %d threads, host %s): %lld kernel, %lld step, "
                 "%lld layer measurements\n",
-                static_cast<long long>(d.device.id.value), d.device.device.name.c_str(),
+                static_cast<long long>(d.device.id.value),
+                perfdb::device_label(d.device.device).c_str(),
                 d.device.device.backend.c_str(), d.device.device.library_version.c_str(),
                 d.device.device.threads, d.device.device.host.c_str(),
                 static_cast<long long>(d.kernel_measurements),

@@ -76,6 +76,54 @@ std::string trim(const std::string& s) {
   return s.substr(a, s.find_last_not_of(" \t") - a + 1);
 }
 
+// `names` in order, each once.
+std::vector<std::string> distinct(const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  for (const std::string& n : names) {
+    if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  }
+  return out;
+}
+
+// "'a', 'b'", or "none".
+std::string quoted_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "'" : ", '") + n + "'";
+  return out.empty() ? "none" : out;
+}
+
+// The device a --devices entry names, of the DB's `known` (ordered by id):
+// by its label (perfdb::device_label), or by its bare name where all the
+// devices of that name share one label (a GPU's label is its name); the
+// newest registration of it. An unknown name, or a bare CPU name that
+// devices of several thread counts share, is a usage error listing the
+// labels to choose from.
+perfdb::DeviceRecord device_named(const std::vector<perfdb::DeviceRecord>& known,
+                                  const std::string& name, const std::string& db) {
+  std::vector<std::string> labels, labels_of_name;
+  const perfdb::DeviceRecord* by_label = nullptr;
+  const perfdb::DeviceRecord* by_name = nullptr;
+  for (const perfdb::DeviceRecord& r : known) {
+    const std::string label = perfdb::device_label(r.device);
+    labels.push_back(label);
+    if (label == name) by_label = &r;
+    if (r.device.name == name) {
+      by_name = &r;
+      labels_of_name.push_back(label);
+    }
+  }
+  if (by_label) return *by_label;
+  const std::vector<std::string> candidates = distinct(labels_of_name);
+  if (candidates.size() == 1) return *by_name;
+  if (candidates.size() > 1) {
+    throw UsageError("--devices: '" + name + "' is ambiguous in " + db +
+                     ": devices of other thread counts share that name (candidates: " +
+                     quoted_list(candidates) + "); give one of those");
+  }
+  throw UsageError("--devices: no device named '" + name + "' in " + db +
+                   " (known: " + quoted_list(distinct(labels)) + ")");
+}
+
 // Per-rank batch sizes the profiler measures for a split: around B / ranks,
 // from a quarter to twice it, on the granularity.
 std::vector<int64_t> candidate_batches(const config::Config& cfg, int ranks) {
@@ -162,7 +210,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       d.memory_bytes = cluster[r].memory_bytes;
       d.layout =
           worker::layout_rule_for(cluster[r].backend, cfg.device.layout, cfg.train.precision);
-      d.name = cluster[r].name;
+      d.name = worker::device_label(cluster[r]);
       devices.push_back(std::move(d));
     }
     if (balance) {
@@ -260,7 +308,8 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
           worker::plan_mismatch(plan, graph, comm.size(), cfg.train.batch, cfg.memory.policy)) {
     throw config::ConfigError(origin + ": " + *why);
   }
-  if (auto why = worker::plan_device_mismatch(plan, comm.rank(), backend.device_info().name)) {
+  if (auto why = worker::plan_device_mismatch(plan, comm.rank(),
+                                              worker::device_label(backend.device_info()))) {
     throw config::ConfigError(origin + ": " + *why);
   }
   if (comm.rank() == 0) {
@@ -342,24 +391,13 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     d.memory_bytes = rec.device.memory_bytes;
     d.layout =
         worker::layout_rule_for(rec.device.backend, cfg.device.layout, cfg.train.precision);
-    d.name = rec.device.name;  // as the rank that runs on it will name its device
+    d.name = perfdb::device_label(rec.device);  // as the rank that runs on it will name its device
     devices.push_back(std::move(d));
   };
   if (!cli.devices.empty()) {
+    const std::vector<perfdb::DeviceRecord> known = db.devices();
     for (const std::string& raw : split_outside_parentheses(cli.devices, ',')) {
-      const std::string name = trim(raw);
-      const std::vector<perfdb::DeviceRecord> found = db.find_devices(name);
-      if (found.empty()) {
-        std::string known;
-        for (const perfdb::DeviceRecord& r : db.devices()) {
-          if (known.find("'" + r.device.name + "'") == std::string::npos) {
-            known += (known.empty() ? "'" : ", '") + r.device.name + "'";
-          }
-        }
-        throw UsageError("--devices: no device named '" + name + "' in " + cli.db +
-                         " (known: " + (known.empty() ? "none" : known) + ")");
-      }
-      add(found.back());  // the newest registration of that name
+      add(device_named(known, trim(raw), cli.db));
     }
   } else {
     for (const perfdb::DeviceRecord& r : db.devices()) {

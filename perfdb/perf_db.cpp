@@ -1,6 +1,7 @@
 #include "perfdb/perf_db.h"
 
 #include <algorithm>
+#include <charconv>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -37,6 +38,32 @@ std::string table_names() {
   std::string out;
   for (Table t : kTables) out += std::string(out.empty() ? "" : ", ") + table_name(t);
   return out;
+}
+
+namespace {
+
+// " (N threads)" as device_label writes it.
+std::string threads_qualifier(int threads) {
+  return " (" + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)");
+}
+
+}  // namespace
+
+std::string device_label(const Device& device) {
+  if (device.backend != "cpu") return device.name;
+  return device.name + threads_qualifier(device.threads);
+}
+
+std::string_view device_label_name(std::string_view label) {
+  const size_t open = label.rfind(" (");
+  if (open == std::string_view::npos) return label;
+  // A thread count is there when the qualifier is the one device_label
+  // would write for the number it starts with.
+  const std::string_view count = label.substr(open + 2);
+  int threads = 0;
+  std::from_chars(count.data(), count.data() + count.size(), threads);
+  return threads >= 1 && label.substr(open) == threads_qualifier(threads) ? label.substr(0, open)
+                                                                           : label;
 }
 
 namespace {

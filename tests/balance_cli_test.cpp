@@ -161,5 +161,57 @@ TEST_F(BalanceOut, ADirectoryIsARuntimeErrorNamingIt) {
                                      ": it is a directory, expected a file name");
 }
 
+// CPU devices that differ only in device.threads share a name: --devices
+// takes each by its label (the name with the thread count, as `vtrain db
+// stats` prints it), refuses the bare name as ambiguous, and the plan names
+// each rank's device apart. A name one device has alone still works.
+TEST(BalanceCli, DevicesOfOtherThreadCountsAreToldApart) {
+  TempDir dir;
+  const std::string db = dir.path("perf.db");
+  for (const char* threads : {"1", "2"}) {
+    std::string out;
+    ASSERT_EQ(test_support::run_command(
+                  test_support::vtrain_binary() + " profile " + test_support::source_dir() +
+                      "/configs/synthetic-lenet.yaml --db " + db + " --set device.threads=" +
+                      threads + " --set profile.batches=[8] --set profile.repeats=1 " +
+                      "--set profile.warmup=0",
+                  &out),
+              0)
+        << out;
+  }
+  const std::string name =
+      perfdb::PerfDb(db, {.mode = perfdb::OpenMode::kReadOnly}).devices().at(0).device.name;
+  const std::string one = name + " (1 thread)", two = name + " (2 threads)";
+
+  BalanceRun r = balance("--db " + db + " --batch 16 --devices '" + name + "," + name + "'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "--devices: '" + name + "' is ambiguous in " + db +
+                                ": devices of other thread counts share that name (candidates: '" +
+                                one + "', '" + two + "')");
+
+  const std::string plan = dir.path("plan.yaml");
+  r = balance("--db " + db + " --batch 16 --devices '" + one + "," + two + "' --out " + plan);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string text = read_file(plan);
+  EXPECT_CONTAINS(text, "- device: \"" + one + "\"");
+  EXPECT_CONTAINS(text, "- device: \"" + two + "\"");
+
+  r = balance("--db " + db + " --devices 'Some CPU'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "--devices: no device named 'Some CPU' in " + db + " (known: '" + one +
+                                "', '" + two + "')");
+}
+
+TEST(BalanceCli, ANameOfOneDeviceAloneNeedsNoThreadCount) {
+  TempDir dir;
+  const std::string db = dir.path("perf.db");
+  perfdb::PerfDb(db).upsert_device({"Some CPU", "cpu", 1 << 30, "oneDNN 3.0.0", 4, "node1"});
+  for (const std::string devices : {"'Some CPU'", "'Some CPU (4 threads)'"}) {
+    const BalanceRun r = balance("--db " + db + " --devices " + devices);
+    EXPECT_EQ(r.exit_code, 1) << devices << ": " << r.output;  // found, but never profiled
+    EXPECT_CONTAINS(r.output, "device Some CPU (4 threads) has no step measurements");
+  }
+}
+
 }  // namespace
 }  // namespace vtrain

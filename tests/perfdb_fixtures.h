@@ -1,11 +1,14 @@
 // Records and files shared by the perf DB's tests (perfdb_test.cpp,
-// perfdb_files_test.cpp).
+// perfdb_files_test.cpp, db_cli_test.cpp).
 #pragma once
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -14,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "perfdb/internal/sql_shell.h"
 #include "perfdb/perf_db.h"
 #include "tests/test_support.h"
 
@@ -35,6 +39,33 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 // The message of the PerfDbError that `action` throws (a test failure if none).
 inline std::string error_of(const std::function<void()>& action) {
   return test_support::error_message<PerfDbError>(action);
+}
+
+// A child starts a big transaction with a tiny page cache, so SQLite
+// spills uncommitted pages into `path` (a perf DB), and dies without
+// committing: the file then needs its journal (a "hot" journal) to be read
+// correctly, as after a node crashed mid-write.
+inline void leave_crashed_writers_journal(const std::string& path) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    try {
+      internal::SqlShell shell(path);
+      shell.exec(
+          "PRAGMA cache_size = 10; BEGIN IMMEDIATE;"
+          "WITH RECURSIVE i(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM i WHERE x < 2000) "
+          "INSERT INTO devices (name, backend, memory_bytes, library_version, threads, host) "
+          "SELECT 'spill' || x, 'cpu', 1, printf('%.500c', 'v'), 1, 'h' FROM i;");
+      _exit(0);  // no COMMIT, no close: as if the node had crashed
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      _exit(1);
+    }
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 inline Device gpu(const std::string& host = "node1") {

@@ -523,5 +523,25 @@ TEST_F(PlanningTest, TheSplitPricesTheWorkspacePlanAndThePlanPredictsIt) {
   }
 }
 
+// A CPU's label holds its thread count (perfdb::device_label): a plan for
+// one thread count is not followed on another, also when the cores the
+// process is pinned to stand before the count; a plan written before labels
+// held the count is followed on any.
+TEST(PlanDeviceMismatch, ThreadCountsInLabelsCount) {
+  balancer::TrainingPlan plan;
+  plan.ranks.resize(1);
+  plan.ranks[0].device = "AMD EPYC (2 threads)";
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, "AMD EPYC (2 threads)"), std::nullopt);
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, "AMD EPYC (1 thread)"),
+            "rank 0 was planned for device 'AMD EPYC (2 threads)', but it runs on 'AMD EPYC (1 "
+            "thread)' (plan again for these devices)");
+  plan.ranks[0].device = "AMD EPYC (cpus 0,1) (2 threads)";
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, "AMD EPYC (cpus 2,3) (2 threads)"), std::nullopt);
+  EXPECT_NE(worker::plan_device_mismatch(plan, 0, "AMD EPYC (cpus 2,3) (1 thread)"), std::nullopt);
+  plan.ranks[0].device = "AMD EPYC (cpus 0,1)";  // an older plan
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, "AMD EPYC (cpus 2) (4 threads)"), std::nullopt);
+  EXPECT_NE(worker::plan_device_mismatch(plan, 0, "Intel Xeon (4 threads)"), std::nullopt);
+}
+
 }  // namespace
 }  // namespace vtrain

@@ -277,10 +277,12 @@ namespace {
 
 // A device name without what says where it runs rather than what it is: the
 // cores a CPU process is pinned to (" (cpus 0,1)", which a requeued job may
-// get differently) and the " #rank" older offline plans appended.
+// get differently; a thread count may follow it) and the " #rank" older
+// offline plans appended.
 std::string hardware_name(std::string name) {
-  if (name.ends_with(")")) {
-    if (const size_t at = name.rfind(" (cpus "); at != std::string::npos) name.resize(at);
+  if (const size_t at = name.rfind(" (cpus "); at != std::string::npos) {
+    const size_t close = name.find(')', at);
+    if (close != std::string::npos) name.erase(at, close + 1 - at);
   }
   const size_t hash = name.rfind(" #");
   if (hash != std::string::npos && hash + 2 < name.size() &&
@@ -295,7 +297,15 @@ std::string hardware_name(std::string name) {
 std::optional<std::string> plan_device_mismatch(const balancer::TrainingPlan& plan, int rank,
                                                 const std::string& device) {
   const std::string& planned = plan.ranks.at(static_cast<size_t>(rank)).device;
-  if (planned.empty() || hardware_name(planned) == hardware_name(device)) return std::nullopt;
+  if (planned.empty()) return std::nullopt;
+  const std::string want = hardware_name(planned);
+  const std::string have = hardware_name(device);
+  // Plans written before a CPU's label held its thread count name none:
+  // such a plan is taken for any thread count.
+  const bool names_threads = perfdb::device_label_name(want) != want;
+  if (want == have || (!names_threads && want == perfdb::device_label_name(have))) {
+    return std::nullopt;
+  }
   return "rank " + std::to_string(rank) + " was planned for device '" + planned +
          "', but it runs on '" + device + "' (plan again for these devices)";
 }

@@ -97,10 +97,11 @@ std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, con
                                          int ranks, int64_t global_batch,
                                          memory::Policy memory_policy = memory::Policy::kNone);
 
-// Why rank `rank`, running on `device`, cannot follow `plan` (its batch and
-// kernel choices were timed on the device the plan names), or nullopt. The
-// cores a CPU device is pinned to do not count, nor does a plan that names
-// no device.
+// Why rank `rank`, running on `device` (its device_label), cannot follow
+// `plan` (its batch and kernel choices were timed on the device the plan
+// names), or nullopt. The cores a CPU device is pinned to do not count, nor
+// does a plan that names no device; a CPU's thread count counts where the
+// plan names one (older plans do not).
 std::optional<std::string> plan_device_mismatch(const balancer::TrainingPlan& plan, int rank,
                                                 const std::string& device);
 
