@@ -7,28 +7,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/files.h"
 #include "common/input_error.h"
 #include "common/text.h"
 
 namespace vtrain::common {
-namespace {
-
-// Closes the descriptor when leaving scope.
-class Descriptor {
- public:
-  explicit Descriptor(int fd) : fd_(fd) {}
-  ~Descriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Descriptor(const Descriptor&) = delete;
-  Descriptor& operator=(const Descriptor&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-}  // namespace
 
 std::string read_text_file(const std::string& path, const std::string& what, uint64_t limit) {
   const auto fail = [&](const char* action, const std::string& why) {
@@ -40,7 +23,7 @@ std::string read_text_file(const std::string& path, const std::string& what, uin
   };
   // O_NONBLOCK: opening a FIFO nobody writes to would otherwise wait for a
   // writer. Reads block again below, so a pipe's writer is waited for.
-  Descriptor file(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  Fd file(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   if (file.get() < 0) throw fail("open", std::strerror(errno));
   struct stat info {};
   if (::fstat(file.get(), &info) != 0) throw fail("open", std::strerror(errno));
