@@ -380,7 +380,8 @@ convolution kernel's micro-batches and algorithms under the workspace policy:
 --devices names devices the DB knows (`vtrain db stats`), one entry per rank,
 separated by commas (commas inside parentheses, as in X (cpus 0,1), belong
 to the name); repeat a name for several identical devices (what if I add a
-second one?).
+second one?). A CPU device's name ends with its thread count, X (2 threads);
+the name without it serves where the DB has that CPU at one thread count.
 Default: every device in the DB that has step measurements of this model.
 
 Prints the split with each device's predicted step time, the speedup over an
