@@ -13,6 +13,7 @@
 #include "launcher/part_options.h"
 #include "perfdb/perf_db.h"
 #include "worker/comm/device_infos.h"
+#include "worker/comm/wire.h"
 #include "worker/profile/planning.h"
 #include "worker/profile/profiler.h"
 #include "worker/train/trainer.h"
@@ -42,16 +43,6 @@ void print_and_save(const balancer::TrainingPlan& plan, const std::string& path)
   if (path.empty()) return;
   balancer::save_plan(plan, path);
   std::printf("plan: wrote %s\n", path.c_str());
-}
-
-std::vector<std::string> split_on(const std::string& text, char separator) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  for (size_t at; (at = text.find(separator, start)) != std::string::npos; start = at + 1) {
-    out.push_back(text.substr(start, at - start));
-  }
-  out.push_back(text.substr(start));
-  return out;
 }
 
 // `text` cut at every `separator` outside parentheses: device names such as
@@ -199,14 +190,14 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   }
 
   // Rank 0 learns every rank's row in the perf DB.
-  const std::vector<std::string> ids = comm.gather(std::to_string(id.value), 0);
+  const std::vector<perfdb::DeviceId> ids = worker::gather_messages(comm, id, 0);
   std::vector<worker::PlanDevice> devices;
-  std::string split_text;
+  worker::SplitShares shares;
   balancer::BatchSplit split;
   if (comm.rank() == 0) {
     for (size_t r = 0; r < cluster.size(); ++r) {
       worker::PlanDevice d;
-      d.id.value = std::stoll(ids[r]);
+      d.id = ids[r];
       d.memory_bytes = cluster[r].memory_bytes;
       d.layout =
           worker::layout_rule_for(cluster[r].backend, cfg.device.layout, cfg.train.precision);
@@ -224,12 +215,11 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     } else {
       split.batch = fixed_split;
     }
-    split_text = balancer::join_batches(split.batch);
+    shares.batch = split.batch;
   }
-  comm.broadcast(split_text, 0);
+  worker::broadcast_message(comm, shares, 0);
   // A rank whose share was not a profiled batch measures its kernels there.
-  const std::vector<std::string> parts = split_on(split_text, ',');
-  const int64_t my_batch = std::stoll(parts.at(comm.rank()));
+  const int64_t my_batch = shares.batch.at(static_cast<size_t>(comm.rank()));
   if (my_batch > 0 &&
       std::find(po.batches.begin(), po.batches.end(), my_batch) == po.batches.end()) {
     worker::profile(graph, backend, db, id, kernels_alone_at(po, my_batch));
@@ -271,10 +261,7 @@ ProfileGroup profile_group(worker::Communicator& comm,
       };
       group.peers.keep_busy = [c](const std::function<void()>& work) { c->barrier_while(work); };
       group.peers.all_texts = [c](const std::string& text) {
-        std::vector<std::string> texts = c->gather(text, 0);
-        texts.resize(static_cast<size_t>(c->size()));
-        for (std::string& t : texts) c->broadcast(t, 0);
-        return texts;
+        return worker::all_gather_texts(*c, text);
       };
       group.comm = std::move(members);
     }

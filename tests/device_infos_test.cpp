@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/scripted_comm.h"
 #include "worker/comm/device_infos.h"
 
 namespace vtrain::worker {
@@ -64,33 +65,10 @@ TEST(DeviceInfos, MalformedTextNamesTheField) {
   EXPECT_NE(error("").find("field backend at offset 0"), std::string::npos);
 }
 
-// Rank 0 of a job whose other ranks sent `others` (already encoded).
-class FakeComm final : public Communicator {
- public:
-  explicit FakeComm(std::vector<std::string> others) : others_(std::move(others)) {}
-  int rank() const override { return 0; }
-  int size() const override { return static_cast<int>(others_.size()) + 1; }
-  void allreduce_async(void*, int64_t, common::DataType) override {}
-  void wait() override {}
-  double allreduce_seconds() const override { return 0; }
-  double wait_seconds() const override { return 0; }
-  void allreduce_sum(std::vector<double>&) override {}
-  void broadcast(std::vector<float>&, int) override {}
-  void broadcast(std::string&, int) override {}
-  std::vector<std::string> gather(const std::string& text, int) override {
-    std::vector<std::string> all{text};
-    all.insert(all.end(), others_.begin(), others_.end());
-    return all;
-  }
-  void barrier() override {}
-  [[noreturn]] void abort(int code) override { throw std::runtime_error("abort"); }
-
- private:
-  std::vector<std::string> others_;
-};
-
 TEST(DeviceInfos, GatherKeepsRankOrderAndNames) {
-  FakeComm comm({encode_device_info(awkward("Tesla|K80, 0")), encode_device_info(awkward(""))});
+  // Rank 0 of a job whose other ranks sent these.
+  ScriptedComm comm(0, {"", encode_device_info(awkward("Tesla|K80, 0")),
+                        encode_device_info(awkward(""))});
   const std::vector<DeviceInfo> all = gather_device_infos(comm, awkward("mine, |"));
   ASSERT_EQ(all.size(), 3u);
   expect_same(all[0], awkward("mine, |"));

@@ -439,6 +439,36 @@ TEST(Profiler, SplitPeersTakeItemsInTurn) {
   EXPECT_EQ(turns.take(look(false, false)), Turn::kSkip);
 }
 
+// play(): an item this process measures goes to `measure`, which ends the
+// turn; every other turn ends at once. replay(): together, one agreement
+// per item again; only this process's items are measured.
+TEST(Profiler, PlayAndReplayEndEveryTurnOnce) {
+  std::string log;
+  ProfilePeers peers{.index = 0, .count = 2, .together = true, .any = {}, .keep_busy = {},
+                     .all_texts = {}, .ranks = {}};
+  peers.any = [&](bool mine) {
+    log += mine ? "any(1) " : "any(0) ";
+    return mine;
+  };
+  peers.keep_busy = [&](const std::function<void()>& work) { log += work ? "wait+work\n" : "wait\n"; };
+  WorkTurns turns(peers);
+  const auto measure = [&] {
+    log += "measure ";
+    turns.done([] {});
+  };
+  EXPECT_EQ(turns.play(look(true, false), measure), Turn::kMeasure);
+  EXPECT_EQ(turns.play(look(true, true), measure), Turn::kCached);
+  EXPECT_EQ(turns.play(look(false, false), measure), Turn::kSkip);
+  turns.replay(true, measure);
+  turns.replay(false, measure);
+  EXPECT_EQ(log,
+            "any(1) measure wait+work\n"
+            "any(0) wait\n"
+            "any(0) wait\n"
+            "any(0) measure wait+work\n"
+            "any(0) wait\n");
+}
+
 TEST(ProfileCli, ProfileStatsAndExport) {
   TempDir dir;
   const std::string vtrain = test_support::vtrain_binary();

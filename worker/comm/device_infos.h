@@ -1,21 +1,28 @@
-// Every rank's DeviceInfo, exchanged as one text per rank. The encoding
-// prefixes each field with its length, so any name (a GPU name holding '|',
-// a CPU model such as "AMD EPYC (cpus 0,1)") comes back exactly.
+// Every rank's DeviceInfo, exchanged as a typed message (worker/comm/wire.h):
+// any name (a GPU name holding '|', a CPU model such as "AMD EPYC (cpus
+// 0,1)") comes back exactly.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "worker/comm/communicator.h"
+#include "worker/comm/wire.h"
 #include "worker/device/backend.h"
 
 namespace vtrain::worker {
 
-// "4:cuda9:Tesla K80..." : every field as LENGTH:BYTES, in declaration order.
-std::string encode_device_info(const DeviceInfo& info);
+// Every field in declaration order, the cpus as one list.
+template <>
+struct WireFormat<DeviceInfo> {
+  static constexpr const char* kName = "device info";
+  static void write(WireWriter& out, const DeviceInfo& info);
+  static DeviceInfo read(WireReader& in);
+};
 
-// The inverse of encode_device_info. Throws std::invalid_argument naming the
-// field that is missing or malformed, and where in `text`.
+// encode_message / decode_message of a DeviceInfo. decode throws WireError
+// (a std::invalid_argument) naming the field that is missing or malformed.
+std::string encode_device_info(const DeviceInfo& info);
 DeviceInfo decode_device_info(const std::string& text);
 
 // Every rank's `mine`, in rank order, on every rank. Collective.

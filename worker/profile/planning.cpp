@@ -385,4 +385,20 @@ std::string describe_plan(const balancer::TrainingPlan& plan) {
   return out;
 }
 
+void WireFormat<perfdb::DeviceId>::write(WireWriter& out, const perfdb::DeviceId& id) {
+  out.number(id.value);
+}
+
+perfdb::DeviceId WireFormat<perfdb::DeviceId>::read(WireReader& in) {
+  return {in.number<int64_t>("value")};
+}
+
+void WireFormat<SplitShares>::write(WireWriter& out, const SplitShares& split) {
+  out.numbers(split.batch);
+}
+
+SplitShares WireFormat<SplitShares>::read(WireReader& in) {
+  return {in.numbers<int64_t>("batch", "rank's batch")};
+}
+
 }  // namespace vtrain::worker

@@ -15,6 +15,7 @@
 #include "balancer/plan.h"
 #include "memory/vdnn_plan.h"
 #include "perfdb/perf_db.h"
+#include "worker/comm/wire.h"
 #include "worker/engine/graph.h"
 #include "worker/engine/network.h"
 
@@ -107,6 +108,28 @@ std::optional<std::string> plan_device_mismatch(const balancer::TrainingPlan& pl
 
 // One rank's part of a plan, for NetworkOptions / TrainerOptions.
 std::vector<ConvLayerExecution> conv_executions(const balancer::RankPlan& rank);
+
+// What the ranks of a training job tell each other while planning it
+// (launcher/job_plan.cpp), as typed messages (worker/comm/wire.h): each
+// rank's perf DB device row goes to rank 0, and the split rank 0 solved
+// to every rank.
+template <>
+struct WireFormat<perfdb::DeviceId> {
+  static constexpr const char* kName = "perf DB device id";
+  static void write(WireWriter& out, const perfdb::DeviceId& id);
+  static perfdb::DeviceId read(WireReader& in);
+};
+
+// What a rank needs of the split: every rank's batch (balancer::BatchSplit::batch).
+struct SplitShares {
+  std::vector<int64_t> batch;  // per rank, in rank order; 0 = does not train
+};
+template <>
+struct WireFormat<SplitShares> {
+  static constexpr const char* kName = "batch split";
+  static void write(WireWriter& out, const SplitShares& split);
+  static SplitShares read(WireReader& in);
+};
 
 // A readable summary: the split with predicted times, the speedup over the
 // even split, and per rank the kernels that run divided or use workspace.

@@ -100,6 +100,35 @@ class WorkTurns {
     if (peers_.together && peers_.count > 1 && peers_.keep_busy) peers_.keep_busy(work);
   }
 
+  // One item's whole turn: take() it and, when it is this process's to
+  // measure, run `measure`, which ends the turn itself (done(), with the
+  // work to repeat while the others finish); any other turn ends at once.
+  // Returns the turn, for the caller's counts.
+  template <typename Look, typename Measure>
+  Turn play(const Look& look, const Measure& measure) {
+    const Turn turn = take(look);
+    if (turn == Turn::kMeasure) {
+      measure();
+    } else {
+      done();
+    }
+    return turn;
+  }
+
+  // An item dealt before, again (a later round over the same items):
+  // `mine` says whether this process measured it then; it measures it
+  // again as play() does, or ends its turn at once. Together, members
+  // keep step with one `any` per item, as take() does.
+  template <typename Measure>
+  void replay(bool mine, const Measure& measure) const {
+    if (peers_.together && peers_.count > 1) peers_.any(false);
+    if (mine) {
+      measure();
+    } else {
+      done();
+    }
+  }
+
  private:
   const ProfilePeers& peers_;
   int64_t item_ = -1;

@@ -94,6 +94,19 @@ struct KernelItem {
     });
   }
 
+  // Whether `db` holds every algorithm's time for each of `batches`.
+  bool held_by(perfdb::PerfDb& db, perfdb::DeviceId device,
+               const std::vector<int64_t>& batches) const {
+    bool cached = true;
+    for (int64_t b : batches) {
+      const perfdb::KernelSignature sig = kernel_signature(site.kind, site.problem.with_batch(b));
+      for (const ConvAlgoInfo& a : algos) {
+        cached = cached && db.find_kernel_measurement(device, sig, a.name, p.x.shape.n).has_value();
+      }
+    }
+    return cached;
+  }
+
   // Every algorithm's time, as samples for each of `batches`; an algorithm
   // that refuses to run (time_algorithms) has none, and is added to
   // *refused as "<kind> <name> (<error>) at <problem>". Ends the item's
@@ -305,136 +318,183 @@ std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::
   return steps;
 }
 
-ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
-                      perfdb::DeviceId device, const ProfileOptions& options) {
-  require_precision(backend, graph);
-  const auto start = Clock::now();
-  ProfileReport report;
-  // Micro-batch size -> the candidate batches whose policy set contains it.
-  std::map<int64_t, std::vector<int64_t>> batches_of;
+namespace {
+
+// Micro-batch size -> the candidate batches whose policy set contains it.
+using BatchesOf = std::map<int64_t, std::vector<int64_t>>;
+
+BatchesOf micro_batches_of(const ProfileOptions& options) {
+  BatchesOf batches_of;
   for (int64_t b : options.batches) {
     if (b < 1) throw std::invalid_argument("profile: batch sizes must be >= 1");
     for (int64_t m : balancer::micro_batch_sizes(options.micro_batches, b)) {
       batches_of[m].push_back(b);
     }
   }
-  const std::vector<KernelSite> sites = kernel_sites(graph, backend);
-  require_same_items(options.peers, item_settings(graph, sites, batches_of, options));
-  WorkTurns turns(options.peers);
+  return batches_of;
+}
 
+// What every phase of profile() works on, and the report they fill in.
+// `turns` is the peer protocol (profile_peers.h): which items this process
+// measures, and where it waits for the others; the phases walk their items
+// through it in the same order on every member.
+struct ProfileRun {
+  const Graph& graph;
+  Backend& backend;
+  perfdb::PerfDb& db;
+  perfdb::DeviceId device;
+  const ProfileOptions& options;
+  WorkTurns turns;
+  ProfileReport report;
+};
+
+// Kernels: every conv kernel at every micro-batch, each algorithm timed
+// once for every candidate batch whose policy set holds the micro-batch.
+void profile_kernels(ProfileRun& run, const std::vector<KernelSite>& sites,
+                     const BatchesOf& batches_of) {
   for (const KernelSite& site : sites) {
     for (const auto& [m, batches] : batches_of) {
       std::optional<KernelItem> item;
-      const Turn turn = turns.take([&] {
-        item.emplace(site, m, backend);
-        bool cached = true;
-        for (int64_t b : batches) {
-          const perfdb::KernelSignature sig =
-              kernel_signature(site.kind, site.problem.with_batch(b));
-          for (const ConvAlgoInfo& a : item->algos) {
-            cached = cached && db.find_kernel_measurement(device, sig, a.name, m).has_value();
-          }
-        }
-        return ItemState{!item->algos.empty(), cached};
-      });
-      if (turn == Turn::kCached) ++report.kernel_cached;
-      if (turn != Turn::kMeasure) {
-        turns.done();
-        continue;
-      }
-      db.record_kernel_measurements(
-          device, item->measure(backend, batches, options, turns, &report.algorithms_refused));
-      ++report.kernel_measured;
-    }
-  }
-
-  // Layer costs first: a per-tensor policy's step below plans with them.
-  if (options.layer_costs) {
-    const KernelTimingOptions timing{options.warmup, options.repeats, TimingStatistic::kMedian};
-    const Turn copy = turns.take([&] { return ItemState{true, holds_copy_bandwidth(db, device)}; });
-    if (copy == Turn::kMeasure) record_copy_bandwidth(backend, db, device, timing);
-    turns.done();
-    if (copy != Turn::kSkip) ++(copy == Turn::kMeasure ? report.copy_measured : report.copy_cached);
-    for (int64_t b : options.batches) {
-      const Turn turn =
-          turns.take([&] { return ItemState{true, holds_layer_costs(db, device, graph, b)}; });
-      if (turn == Turn::kCached) ++report.layer_costs_cached;
-      if (turn == Turn::kMeasure) {
-        try {
-          record_layer_costs(graph, backend, db, device, b, timing);
-          ++report.layer_costs_measured;
-        } catch (const memory::OutOfMemoryError&) {
-          // Layer by layer needs less than a step; the step below says it too.
-        }
-      }
-      turns.done();
-    }
-  }
-  if (options.steps) {
-    const uint64_t capacity = backend.device_info().memory_bytes;
-    const std::vector<perfdb::StepMeasurement> known =
-        profiled_steps(db, device, graph.profile_key(), options.memory_policy, capacity);
-    // Round 1 deals the batches (turns); later rounds re-time what this
-    // process measured in round 1, in the same order, together peers
-    // keeping step with one `any` per batch as take() does.
-    std::map<int64_t, std::vector<MeasuredStep>> rounds_of;  // batch -> its rounds' steps
-    std::vector<int64_t> dealt;                               // this process's batches, in order
-    for (int round = 0; round < std::max(options.step_rounds, 1); ++round) {
-      for (int64_t b : options.batches) {
-        if (round == 0) {
-          const Turn turn = turns.take([&] {
-            return ItemState{true, std::any_of(known.begin(), known.end(),
-                                               [&](const perfdb::StepMeasurement& s) {
-                                                 return s.batch == b;
-                                               })};
+      const Turn turn = run.turns.play(
+          [&] {
+            item.emplace(site, m, run.backend);
+            return ItemState{!item->algos.empty(), item->held_by(run.db, run.device, batches)};
+          },
+          [&] {
+            run.db.record_kernel_measurements(
+                run.device, item->measure(run.backend, batches, run.options, run.turns,
+                                          &run.report.algorithms_refused));
+            ++run.report.kernel_measured;
           });
-          if (turn == Turn::kCached) ++report.step_cached;
-          if (turn != Turn::kMeasure) {
-            turns.done();
-            continue;
-          }
-          dealt.push_back(b);
-        } else {
-          if (options.peers.together && options.peers.count > 1) options.peers.any(false);
-          if (!rounds_of.contains(b)) {  // not this process's, or it fit no step
-            turns.done();
-            continue;
-          }
-        }
-        std::optional<MeasuredStep> measured =
-            measure_step(graph, backend, db, device, b, options, turns);
-        if (measured) {
-          rounds_of[b].push_back(std::move(*measured));
-        } else if (round == 0) {
-          report.step_infeasible.push_back(b);
-        }
-      }
+      if (turn == Turn::kCached) ++run.report.kernel_cached;
     }
-    for (int64_t b : dealt) {
-      auto found = rounds_of.find(b);
-      if (found == rounds_of.end()) continue;
-      // The round of median time (the lower of two middles), peak and all.
-      std::vector<MeasuredStep>& rounds = found->second;
-      const auto middle = rounds.begin() + static_cast<std::ptrdiff_t>((rounds.size() - 1) / 2);
-      std::nth_element(rounds.begin(), middle, rounds.end(),
-                       [](const MeasuredStep& x, const MeasuredStep& y) {
-                         return x.step.time_ms < y.step.time_ms;
-                       });
-      const MeasuredStep& measured = *middle;
-      db.record_step_measurements(device, std::span(&measured.step, 1));
-      ++report.step_measured;
-      if (measured.copied_ahead) ++report.step_copied_ahead;
-      // The layers as the step met them replace their times alone (see
-      // measure_costs_in_steps): the simulator then predicts steps.
-      if (options.layer_costs && measured.calls) {
-        db.record_layer_measurements(device, graph.profile_key(), b,
-                                     layer_rows(graph, *measured.calls));
-      }
-    }
-    std::sort(report.step_infeasible.begin(), report.step_infeasible.end());
   }
-  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return report;
+}
+
+// Layer costs: the device's copy bandwidth, then each candidate batch's
+// layers, every layer timed alone (step_costs.h).
+void profile_layer_costs(ProfileRun& run) {
+  const KernelTimingOptions timing{run.options.warmup, run.options.repeats,
+                                   TimingStatistic::kMedian};
+  const Turn copy = run.turns.play(
+      [&] { return ItemState{true, holds_copy_bandwidth(run.db, run.device)}; },
+      [&] {
+        record_copy_bandwidth(run.backend, run.db, run.device, timing);
+        run.turns.done();
+      });
+  if (copy != Turn::kSkip) {
+    ++(copy == Turn::kMeasure ? run.report.copy_measured : run.report.copy_cached);
+  }
+  for (int64_t b : run.options.batches) {
+    const Turn turn = run.turns.play(
+        [&] { return ItemState{true, holds_layer_costs(run.db, run.device, run.graph, b)}; },
+        [&] {
+          try {
+            record_layer_costs(run.graph, run.backend, run.db, run.device, b, timing);
+            ++run.report.layer_costs_measured;
+          } catch (const memory::OutOfMemoryError&) {
+            // Layer by layer needs less than a step; the step says it too.
+          }
+          run.turns.done();
+        });
+    if (turn == Turn::kCached) ++run.report.layer_costs_cached;
+  }
+}
+
+// This process's steps over every round: each batch's measured rounds, and
+// its batches in the order they were dealt.
+struct StepRounds {
+  std::map<int64_t, std::vector<MeasuredStep>> of;
+  std::vector<int64_t> dealt;
+};
+
+// Steps, timed: round 1 deals the candidate batches (turns); each later
+// round re-times what this process measured in round 1, in the same order
+// (WorkTurns::replay keeps together peers in step). A batch no step fits
+// (under the policy) in round 1 is reported infeasible.
+StepRounds time_step_rounds(ProfileRun& run) {
+  const ProfileOptions& options = run.options;
+  const std::vector<perfdb::StepMeasurement> known =
+      profiled_steps(run.db, run.device, run.graph.profile_key(), options.memory_policy,
+                     run.backend.device_info().memory_bytes);
+  StepRounds rounds;
+  const auto measure = [&](int64_t b, bool first_round) {
+    std::optional<MeasuredStep> measured =
+        measure_step(run.graph, run.backend, run.db, run.device, b, options, run.turns);
+    if (measured) {
+      rounds.of[b].push_back(std::move(*measured));
+    } else if (first_round) {
+      run.report.step_infeasible.push_back(b);
+    }
+  };
+  for (int64_t b : options.batches) {
+    const Turn turn = run.turns.play(
+        [&] {
+          return ItemState{true, std::any_of(known.begin(), known.end(),
+                                             [&](const perfdb::StepMeasurement& s) {
+                                               return s.batch == b;
+                                             })};
+        },
+        [&] {
+          rounds.dealt.push_back(b);
+          measure(b, true);
+        });
+    if (turn == Turn::kCached) ++run.report.step_cached;
+  }
+  for (int round = 1; round < std::max(options.step_rounds, 1); ++round) {
+    for (int64_t b : options.batches) {
+      // Not this process's batch, or it fit no step: no measurement.
+      run.turns.replay(rounds.of.contains(b), [&] { measure(b, false); });
+    }
+  }
+  return rounds;
+}
+
+// Steps, recorded: each dealt batch's round of median time (the lower of
+// two middles), peak and all; with layer costs, the layers as that step
+// met them replace their times alone (see measure_costs_in_steps): the
+// simulator then predicts steps.
+void record_median_steps(ProfileRun& run, StepRounds& rounds) {
+  for (int64_t b : rounds.dealt) {
+    auto found = rounds.of.find(b);
+    if (found == rounds.of.end()) continue;
+    std::vector<MeasuredStep>& runs = found->second;
+    const auto middle = runs.begin() + static_cast<std::ptrdiff_t>((runs.size() - 1) / 2);
+    std::nth_element(runs.begin(), middle, runs.end(),
+                     [](const MeasuredStep& x, const MeasuredStep& y) {
+                       return x.step.time_ms < y.step.time_ms;
+                     });
+    const MeasuredStep& measured = *middle;
+    run.db.record_step_measurements(run.device, std::span(&measured.step, 1));
+    ++run.report.step_measured;
+    if (measured.copied_ahead) ++run.report.step_copied_ahead;
+    if (run.options.layer_costs && measured.calls) {
+      run.db.record_layer_measurements(run.device, run.graph.profile_key(), b,
+                                       layer_rows(run.graph, *measured.calls));
+    }
+  }
+  std::sort(run.report.step_infeasible.begin(), run.report.step_infeasible.end());
+}
+
+}  // namespace
+
+ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
+                      perfdb::DeviceId device, const ProfileOptions& options) {
+  require_precision(backend, graph);
+  const auto start = Clock::now();
+  const BatchesOf batches_of = micro_batches_of(options);
+  const std::vector<KernelSite> sites = kernel_sites(graph, backend);
+  require_same_items(options.peers, item_settings(graph, sites, batches_of, options));
+  ProfileRun run{graph, backend, db, device, options, WorkTurns(options.peers), {}};
+  profile_kernels(run, sites, batches_of);
+  // Layer costs before the steps: a per-tensor policy's step plans with them.
+  if (options.layer_costs) profile_layer_costs(run);
+  if (options.steps) {
+    StepRounds rounds = time_step_rounds(run);
+    record_median_steps(run, rounds);
+  }
+  run.report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return run.report;
 }
 
 double measure_allreduce_ms(Backend& backend, Communicator& comm, int64_t count,

@@ -108,7 +108,10 @@ std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::
 
 // Measures what `db` lacks for `device` and records it, one transaction per
 // work item. Every measurement runs on `backend` with freshly allocated
-// buffers; nothing of a training run is touched.
+// buffers; nothing of a training run is touched. Three phases, in this
+// order: the conv kernels, the layer costs (options.layer_costs), the
+// steps (options.steps); options.peers says which items this process
+// measures and where it waits for the others (profile_peers.h).
 ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
                       perfdb::DeviceId device, const ProfileOptions& options);
 

@@ -1,35 +1,14 @@
-#include <cstdlib>
-#include <istream>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "worker/comm/wire.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/resume_position.h"
 #include "worker/train/trainer_internal.h"
 
 namespace vtrain::worker::trainer_internal {
-namespace {
-
-// A checkpoint's loss scale as words for the restore broadcast, exactly
-// (the scale in hexadecimal floating point); "-" for none.
-std::string loss_scale_words(const std::optional<LossScalerState>& s) {
-  if (!s) return " -";
-  return format(" %a %lld %lld", s->scale, static_cast<long long>(s->clean_steps),
-                static_cast<long long>(s->skipped_steps));
-}
-
-std::optional<LossScalerState> read_loss_scale(std::istream& in) {
-  std::string scale;
-  in >> scale;
-  if (scale == "-") return std::nullopt;
-  LossScalerState s{.scale = std::strtod(scale.c_str(), nullptr)};
-  in >> s.clean_steps >> s.skipped_steps;
-  return s;
-}
-
-}  // namespace
 
 // Starts the run in its checkpoint folder as plan_run_start says: rank 0
 // holds the folder, and either makes a new run id or reads and checks the
@@ -38,8 +17,9 @@ std::optional<LossScalerState> read_loss_scale(std::istream& in) {
 // their split may differ from the run that wrote it.
 void Trainer::restore() {
   if (options_.checkpoint_dir.empty()) return;
-  std::string path, position;  // position: "step epoch step_in_epoch world_size"
-  std::string change;          // rank 0: what differs from the run that wrote it
+  std::string path;
+  ResumePosition position;
+  std::string change;  // rank 0: what differs from the run that wrote it
   std::vector<float> params, buffers, velocity;
   if (leader()) {
     folder_ = std::make_unique<CheckpointFolder>(options_.checkpoint_dir);
@@ -66,9 +46,7 @@ void Trainer::restore() {
       params = std::move(ckpt.parameters);
       buffers = std::move(ckpt.buffers);
       velocity = std::move(ckpt.velocity);
-      position = std::to_string(ckpt.step) + " " + std::to_string(ckpt.epoch) + " " +
-                 std::to_string(ckpt.step_in_epoch) + " " +
-                 std::to_string(ckpt.world_size) + loss_scale_words(ckpt.loss_scaler);
+      position = resume_position(ckpt);
       change = resume_change(ckpt, job_.split);
     }
   }
@@ -78,18 +56,18 @@ void Trainer::restore() {
     comm_->broadcast(params, 0);
     comm_->broadcast(buffers, 0);
     comm_->broadcast(velocity, 0);
-    comm_->broadcast(position, 0);
+    broadcast_message(*comm_, position, 0);
   }
   net_->upload_parameters(params);
   net_->upload_buffers(buffers);
   sgd_.upload_velocity(velocity);
-  std::istringstream words(position);
-  words >> at_.step >> at_.epoch >> at_.in_epoch >> result_.resumed_world_size;
+  at_ = {position.step, position.epoch, position.step_in_epoch};
+  result_.resumed_world_size = position.world_size;
   result_.resumed_from = path;
   progress_.line(format("resumed from %s (step %lld, epoch %lld)%s%s", path.c_str(),
                         static_cast<long long>(at_.step), static_cast<long long>(at_.epoch + 1),
                         change.empty() ? "" : "; ", change.c_str()));
-  restore_loss_scale(read_loss_scale(words), path);
+  restore_loss_scale(position.loss_scaler, path);
 }
 
 // A resumed run whose checkpoint is at or past the step this run ends at
