@@ -280,7 +280,7 @@ TEST(Planner, AutoFitsAndBeatsEveryBaselineAndIsNearTheOracle) {
       const StepCosts c = costs_for(m, bandwidth);
       const std::vector<TensorAction> keep(m.layers.size(), TensorAction::kKeep);
       const size_t most = simulate(m, planned_schedule(m, keep), 0, Planner::kPool).reservation;
-      const size_t least = least_capacity(m, c, Planner::kPool);
+      const size_t least = least_capacity(m);
       for (double fraction : {1.0, 0.75, 0.5, 0.25, 0.0}) {
         const size_t capacity = least + static_cast<size_t>(fraction * double(most - least));
         SCOPED_TRACE(std::to_string(m.layers.size()) + " layers at " + std::to_string(bandwidth) +
@@ -343,7 +343,7 @@ TEST(Planner, TflmsOffloadsTheFewestLargestThatFit) {
 TEST(Planner, ACapacityNoPlanMeetsNamesTheTensorAndTheLeastCapacity) {
   const MemoryModel m = fork_join();
   const StepCosts c = costs_for(m);
-  const size_t least = least_capacity(m, c, Planner::kPool);
+  const size_t least = least_capacity(m);
   EXPECT_NO_THROW(plan_memory(Policy::kAuto, m, c, least, Planner::kPool));
   const std::string message = error_message<MemoryError>([&] {
     plan_memory(Policy::kAuto, m, c, least / 2, Planner::kPool);
