@@ -355,6 +355,28 @@ TEST(Planner, ACapacityNoPlanMeetsNamesTheTensorAndTheLeastCapacity) {
   EXPECT_THROW(plan_memory(Policy::kAuto, m, c, least / 2, Planner::kPool), OutOfMemoryError);
 }
 
+// Where auto fits is decided on sizes: whatever the step's costs (measured
+// anew on every run, never twice alike), auto fits at the least capacity
+// and not one byte below it, so a capacity fits on every run or on none.
+TEST(Planner, WhereAutoFitsDoesNotDependOnTheCosts) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> factor(0.1, 10.0);
+  for (const MemoryModel& m : {chain(), fork_join(), deep_chain(5), deep_chain(9)}) {
+    const size_t least = least_capacity(m);
+    for (int trial = 0; trial < 20; ++trial) {
+      StepCosts c = costs_for(m, trial % 2 == 0 ? 4e6 : 1e9);
+      for (double& t : c.forward_seconds) t *= factor(rng);
+      for (double& t : c.backward_seconds) t *= factor(rng);
+      SCOPED_TRACE(std::to_string(m.layers.size()) + " layers, trial " + std::to_string(trial));
+      const std::optional<MemoryPlan> at = try_plan_memory(Policy::kAuto, m, c, least,
+                                                           Planner::kPool);
+      ASSERT_TRUE(at.has_value());
+      EXPECT_LE(at->simulation.reservation, least);
+      EXPECT_FALSE(try_plan_memory(Policy::kAuto, m, c, least - 1, Planner::kPool).has_value());
+    }
+  }
+}
+
 TEST(Planner, ReportListsEveryPlannableTensor) {
   const MemoryModel m = chain();
   const MemoryPlan plan = plan_memory(Policy::kMemonger, m, costs_for(m), 0, Planner::kPool);

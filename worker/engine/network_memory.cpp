@@ -216,7 +216,15 @@ memory::Simulation Network::fitting_schedule(size_t capacity, const std::string&
 std::string Network::with_least_limit(const std::string& message) const {
   const std::optional<size_t> least = least_pool_capacity();
   if (options_.memory_capacity > 0 || !least) return message;
-  const size_t in_use = backend_.device_bytes_in_use();
+  // In use before the pool: the ops' scratch, grown to what measuring the
+  // copies in place takes on a device with room for the pool.
+  size_t in_use = backend_.device_bytes_in_use();
+  if (measures_costs_in_place()) {
+    const auto held = [&](size_t scratch) {
+      return scratch == 0 ? 0 : backend_.allocation_bytes(scratch);
+    };
+    in_use += held(copy_measurement_scratch(backend_)) - held(backend_.scratch_bytes());
+  }
   const size_t after = allocations_after();
   const size_t limit = *least + in_use + after;
   return message + "; it fits a device.memory_limit of " + common::format_bytes_fixed(limit) +
