@@ -253,13 +253,14 @@ void Network::plan_memory() {
   // The timed algorithms decide how fast a step runs, never whether it
   // fits: where the plan with them does not, the least workspaces decide.
   std::optional<memory::Simulation> planned;
-  try {
-    planned = fitting_schedule(capacity, where);
-  } catch (const memory::OutOfMemoryError& e) {
-    if (!tuned_) throw memory::OutOfMemoryError(with_least_limit(e.what()));
+  if (tuned_) {
+    try {
+      planned = fitting_schedule(capacity, where);
+    } catch (const memory::OutOfMemoryError&) {
+      choose_smallest_workspaces();
+    }
   }
   if (!planned) {
-    choose_smallest_workspaces();
     try {
       planned = fitting_schedule(capacity, where);
     } catch (const memory::OutOfMemoryError& e) {
