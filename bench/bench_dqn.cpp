@@ -138,7 +138,7 @@ void bench_net(const std::string& name, const Settings& s) {
       name.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.size),
       static_cast<long long>(s.size), model.layers.size(), candidates, keep_seconds * 1e3,
       keep.simulation.reservation / 1048576.0);
-  const size_t least = memory::least_capacity(model, costs, planner);
+  const size_t least = memory::least_capacity(model);
   std::printf("  the least capacity auto plans for: %.1f MiB\n", least / 1048576.0);
   for (double f : s.fractions) {
     const size_t capacity =

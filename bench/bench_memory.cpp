@@ -82,7 +82,7 @@ Run train(worker::Backend& backend, const worker::Graph& graph, const Settings& 
   o.conv_algorithm = s.algorithm;
   o.memory_policy = policy;
   o.memory_capacity = capacity;
-  o.optimizer_bytes_per_parameter = worker::Sgd::kStateBytesPerParameter;
+  o.allocations_after_network = {worker::Sgd::kStateBytesPerParameter};
   worker::Network net(graph, backend, o);
   net.init_parameters(1);
   worker::Sgd sgd(backend, net.parameter_count(), 0.9f, 0.0f);
@@ -307,7 +307,7 @@ void run_deep(worker::Backend& backend, const Settings& s) {
     worker::NetworkOptions o;
     o.max_batch = ds.batch;
     o.conv_algorithm = ds.algorithm;
-    o.optimizer_bytes_per_parameter = worker::Sgd::kStateBytesPerParameter;
+    o.allocations_after_network = {worker::Sgd::kStateBytesPerParameter};
     worker::Network none(deep, *limited, o);
     std::printf("  none: unexpectedly fits\n");
   } catch (const std::exception& e) {

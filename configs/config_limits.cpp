@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "worker/engine/network.h"
+
 namespace vtrain::config {
 namespace {
 
@@ -217,6 +219,17 @@ void check_model_fits(const Config& config, const worker::Graph& graph, const Ma
                 chw(graph.output_shape(largest_output_at)) +
                 " floats per sample, with the parameters and their gradients), more than the " +
                 bytes_text(memory) + " of " + memory_source);
+  }
+}
+
+void check_backend(const Config& config, const worker::Graph& graph, worker::Backend& backend,
+                   int64_t rank_batch) {
+  if (const auto why = backend.precision_unavailable(graph.precision())) {
+    fail_at(config, "train.precision", *why);
+  }
+  if (const auto why =
+          worker::conv_algorithm_refusal(graph, backend, config.conv.algorithm, rank_batch)) {
+    fail_at(config, "conv.algorithm", *why);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "configs/config.h"
+#include "worker/device/backend.h"
 #include "worker/engine/graph.h"
 
 namespace vtrain::config {
@@ -49,5 +50,13 @@ void check_model_output(const Config& config, const worker::Graph& graph,
 // network refuses when it reserves its pool, naming what does not fit.
 void check_model_fits(const Config& config, const worker::Graph& graph, const Machine& machine,
                       int64_t rank_batch);
+
+// Once the backend training uses is made: the precision it must train in
+// (train.precision: an instruction set or GPU generation it lacks, a mode
+// of another backend) and a named conv.algorithm that none of the model's
+// convolutions offers at a batch of `rank_batch`, each an error naming the
+// key, where the network would refuse them later.
+void check_backend(const Config& config, const worker::Graph& graph, worker::Backend& backend,
+                   int64_t rank_batch);
 
 }  // namespace vtrain::config

@@ -408,20 +408,25 @@ sqlite3 shell reads it too (see perfdb/README.md for the tables).
 
 Validates CONFIG (every key, type and value), loads the data files' headers
 and data, builds the model graph, and prints the layers with their output
-shapes, the parameter count and the effective configuration. Under a
-per-tensor memory.policy (auto, memonger, superneurons, tflms) it also builds
-the network on this device as training would (the batch of one rank: the
-largest balance.manual entry, or train.batch / N), takes each layer's
-time and the copy bandwidth from profile.db or measures them in place (3
-steps), and prints the memory plan: per activation kept, offloaded or
-recomputed, the predicted step time and peak.
+shapes, the parameter count and the effective configuration. It refuses
+what training would: it makes the backend training uses and checks
+train.precision and a named conv.algorithm against it, then builds the
+network on this device as training would (the batch of one rank: the
+largest balance.manual entry, or train.batch / N) and prints what its
+memory.policy reserves. Whether memory fits is decided on each
+convolution's least-workspace algorithm, so check needs no timing for it.
+Under a per-tensor memory.policy (auto, memonger, superneurons, tflms) it
+takes each layer's time and the copy bandwidth from profile.db or measures
+them in place (3 steps), and prints the memory plan: per activation kept,
+offloaded or recomputed, the predicted step time and peak.
   --ranks N   plan for one rank of an N-rank job (default: as many ranks as
               balance.manual has entries, else 1): its share of the batch,
               and the staging a train.gradient_allreduce: half exchange
               holds on the device beside the network
 Nothing is trained. Exit code 0 if the run would start, 2 for a config or
 model error, 1 for a data error or a device.memory_limit no plan fits (the
-error names the tensor that does not fit and the least capacity that would).
+error names the tensor that does not fit and the least device.memory_limit
+that would, which trains).
 )";
   }
   if (topic == "version") return "vtrain --version: prints the version\n";

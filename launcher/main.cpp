@@ -93,11 +93,17 @@ int64_t largest_rank_batch(const Config& cfg, int ranks) {
 // The model for the data, built and checked as config_limits.h describes
 // (what check refuses, training would); every label of the data must be one
 // of its classes (checked here, before any work, naming the label file).
+// Synthetic labels are drawn below data.classes, so there a model with
+// fewer classes is the model's fault, named as such before the labels.
 worker::Graph build_graph(const Config& cfg, const Datasets& data, int ranks) {
   worker::Graph graph = config::build_model(cfg, data.train.sample);
+  const auto check_output = [&] {
+    config::check_model_output(cfg, graph, data.train.sample, data.train.classes);
+  };
+  if (cfg.data.kind == worker::DataKind::kSynthetic) check_output();
   worker::check_labels(data.train, graph.classes());
   worker::check_labels(data.test, graph.classes());
-  config::check_model_output(cfg, graph, data.train.sample, data.train.classes);
+  check_output();
   config::check_model_fits(cfg, graph, this_machine(cfg), largest_rank_batch(cfg, ranks));
   return graph;
 }
@@ -124,20 +130,35 @@ Config load(const CliArgs& cli) {
   return cfg;
 }
 
-// Under a per-tensor memory.policy, the plan training would run: the
-// network built on this device for the largest rank batch (the batch check
-// counts), its costs from the perf DB when it holds them for this device
-// and batch, else measured in place. A capacity no plan fits throws the
-// planner's OutOfMemoryError (the tensor, the least capacity).
+// The network training would build on this device for the largest rank
+// batch (the batch check counts), so that what training refuses for memory
+// check refuses alike: a capacity no schedule fits throws the planner's
+// OutOfMemoryError (the tensor, the device.memory_limit that fits). Under
+// a vDNN policy the convolutions go untimed (whether memory fits is
+// decided on their least workspaces, as in training) and the reservation
+// is printed; under a per-tensor policy, the plan training would run, its
+// costs from the perf DB when it holds them for this device and batch,
+// else measured in place.
 void print_memory_plan(const Config& cfg, const worker::Graph& graph, int ranks,
                        worker::Backend& backend) {
-  if (!memory::plans_per_tensor(cfg.memory.policy)) return;
   const int64_t batch = largest_rank_batch(cfg, ranks);
   worker::NetworkOptions options = network_options(cfg, batch, ranks);
   options.prefetch_input = input_staging(cfg, graph, backend, batch);  // data.prefetch
+  const bool per_tensor = memory::plans_per_tensor(cfg.memory.policy);
+  options.time_convolutions = per_tensor;
   PlanningCosts costs = planning_costs(cfg, graph, backend, options);
   if (costs.costs) options.memory_costs = std::move(*costs.costs);
   const worker::Network network(graph, backend, options);
+  const worker::MemoryStats stats = network.memory_stats();
+  if (!per_tensor) {
+    std::printf("memory: batch %lld (one of %d rank%s) on %s, capacity %s; memory.policy %s "
+                "reserves %s\n",
+                static_cast<long long>(batch), ranks, ranks == 1 ? "" : "s",
+                backend.device_info().name.c_str(),
+                common::format_bytes_fixed(stats.capacity).c_str(), stats.policy.c_str(),
+                common::format_bytes_fixed(stats.reservation).c_str());
+    return;
+  }
   const memory::MemoryPlan* plan = network.memory_plan();
   if (plan == nullptr) {
     throw std::logic_error(std::string("memory.policy ") + memory::policy_name(cfg.memory.policy) +
@@ -146,7 +167,7 @@ void print_memory_plan(const Config& cfg, const worker::Graph& graph, int ranks,
   std::printf("memory: batch %lld (one of %d rank%s) on %s, capacity %s; costs %s\n%s",
               static_cast<long long>(batch), ranks, ranks == 1 ? "" : "s",
               backend.device_info().name.c_str(),
-              common::format_bytes_fixed(network.memory_stats().capacity).c_str(),
+              common::format_bytes_fixed(stats.capacity).c_str(),
               costs.source.c_str(), memory::plan_report(network.memory_model(), *plan).c_str());
 }
 
@@ -185,6 +206,7 @@ int run_check(const CliArgs& cli) {
                 graph.output_shape(i).str().c_str(), inputs.c_str());
   }
   const auto backend = worker::make_backend(backend_options(cfg));
+  config::check_backend(cfg, graph, *backend, largest_rank_batch(cfg, ranks));
   const worker::DeviceInfo device = backend->device_info();
   std::printf("device: %s %s, %d thread%s, %s of memory, %s\n", device.backend.c_str(),
               device.name.c_str(), device.threads, device.threads == 1 ? "" : "s",
@@ -239,6 +261,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
     split = cfg.balance.manual;
   }
   auto backend = worker::make_backend(backend_options(cfg));
+  config::check_backend(cfg, graph, *backend, largest_rank_batch(cfg, comm.size()));
   const std::vector<worker::DeviceInfo> cluster =
       worker::gather_device_infos(comm, backend->device_info());
   // Gradients go over NCCL when several ranks train on GPUs, else over MPI.
@@ -335,6 +358,7 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   const Datasets data = load_data(cfg);
   const worker::Graph graph = build_graph(cfg, data, comm.size());
   auto backend = worker::make_backend(backend_options(cfg));
+  config::check_backend(cfg, graph, *backend, largest_rank_batch(cfg, comm.size()));
   const worker::DeviceInfo info = backend->device_info();
   const std::vector<worker::DeviceInfo> cluster = worker::gather_device_infos(comm, info);
   print_cluster(comm, cluster, balancer::even_split(cfg.train.batch, comm.size()));

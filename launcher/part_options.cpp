@@ -62,7 +62,7 @@ worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_ba
   o.conv_algorithm = cfg.conv.algorithm;
   o.memory_policy = cfg.memory.policy;
   o.memory_planner = cfg.memory.planner;
-  o.optimizer_bytes_per_parameter = worker::training_bytes_per_parameter(
+  o.allocations_after_network = worker::training_allocations_per_parameter(
       cfg.train.gradient_allreduce, cfg.train.precision, ranks);
   return o;
 }

@@ -38,12 +38,13 @@ std::vector<int> plannable_layers(const MemoryModel& model) {
 // second, bounded replay simulate() makes for a message).
 class Scorer {
  public:
-  Scorer(const MemoryModel& model, const StepCosts& costs, size_t capacity)
+  // `costs` null: the plans go untimed (only their sizes are wanted).
+  Scorer(const MemoryModel& model, const StepCosts* costs, size_t capacity)
       : model_(model), costs_(costs), capacity_(capacity) {}
 
   MemoryPlan operator()(const std::string& method, const Actions& actions) {
     ++count_;
-    MemoryPlan plan = evaluate_plan(method, actions, model_, &costs_, 0, Planner::kPool);
+    MemoryPlan plan = evaluate_plan(method, actions, model_, costs_, 0, Planner::kPool);
     plan.simulation.fits = capacity_ == 0 || plan.simulation.reservation <= capacity_;
     return plan;
   }
@@ -51,7 +52,7 @@ class Scorer {
 
  private:
   const MemoryModel& model_;
-  const StepCosts& costs_;
+  const StepCosts* costs_;
   const size_t capacity_;
   int count_ = 0;
 };
@@ -230,6 +231,42 @@ class GreedyPlanner {
   const std::vector<int> layers_;
 };
 
+// The greedy on sizes alone: the plannable tensors largest first (the
+// earlier on a tie), each taking offload or recompute where that leaves a
+// smaller reservation. Its plans' reservations fall step by step; returns
+// the first that is at most `stop_at` (0: none is), else the last, the
+// least. Timings play no part: on the same sizes it plans alike.
+MemoryPlan size_greedy(const MemoryModel& model, Scorer& score, size_t stop_at) {
+  std::vector<int> layers = plannable_layers(model);
+  std::stable_sort(layers.begin(), layers.end(), [&](int a, int b) {
+    return model.layers[a].output_bytes > model.layers[b].output_bytes;
+  });
+  MemoryPlan plan = score("auto", Actions(model.layers.size(), TensorAction::kKeep));
+  for (int p : layers) {
+    if (plan.simulation.reservation <= stop_at) break;
+    const Actions before = plan.actions;
+    for (TensorAction a : {TensorAction::kOffload, TensorAction::kRecompute}) {
+      Actions trial = before;
+      trial[p] = a;
+      MemoryPlan candidate = score("auto", trial);
+      if (candidate.simulation.reservation < plan.simulation.reservation) {
+        plan = std::move(candidate);
+      }
+    }
+  }
+  return plan;
+}
+
+// The plans whose reservations decide where auto fits: the frugal plans,
+// the conv baseline, the greedy on sizes and keeping everything allocated
+// once (the network-wide schedule). None depends on the costs.
+std::vector<MemoryPlan> sized_plans(const MemoryModel& model, Scorer& score, size_t stop_at) {
+  std::vector<MemoryPlan> plans = {score("", baseline_actions(model, Policy::kConv)),
+                                   size_greedy(model, score, stop_at)};
+  for (const Actions& actions : frugal_actions(model)) plans.push_back(score("", actions));
+  return plans;
+}
+
 MemoryPlan auto_plan(const MemoryModel& model, const StepCosts& costs, size_t capacity,
                      Scorer& score) {
   GreedyPlanner greedy(model, score);
@@ -241,9 +278,8 @@ MemoryPlan auto_plan(const MemoryModel& model, const StepCosts& costs, size_t ca
   if (better(none, best)) best = std::move(none);
   // Every layer-wise baseline and the most frugal plans as starting points;
   // the best that fits is improved by the same local search.
-  std::vector<MemoryPlan> starts = {tflms_plan(model, score),
-                                    score("", baseline_actions(model, Policy::kConv))};
-  for (const Actions& actions : frugal_actions(model)) starts.push_back(score("", actions));
+  std::vector<MemoryPlan> starts = sized_plans(model, score, capacity);
+  starts.push_back(tflms_plan(model, score));
   std::optional<MemoryPlan> start;
   for (MemoryPlan& plan : starts) {
     if (better(plan, best)) best = plan;
@@ -277,7 +313,7 @@ std::optional<MemoryPlan> try_plan_memory(Policy policy, const MemoryModel& mode
                                           const StepCosts& costs, size_t capacity,
                                           Planner planner) {
   const auto start = std::chrono::steady_clock::now();
-  Scorer score(model, costs, capacity);
+  Scorer score(model, &costs, capacity);
   MemoryPlan plan;
   bool scored = true;  // the plan comes from the search, simulated under the pool
   switch (policy) {
@@ -301,7 +337,13 @@ std::optional<MemoryPlan> try_plan_memory(Policy policy, const MemoryModel& mode
     case Policy::kMemonger:
     case Policy::kSuperNeurons: plan = score("", baseline_actions(model, policy)); break;
     case Policy::kTflms: plan = tflms_plan(model, score); break;
-    case Policy::kAuto: plan = auto_plan(model, costs, capacity, score); break;
+    case Policy::kAuto:
+      // Where auto fits is decided on sizes (least_capacity): timings
+      // differ from run to run, and a plan must not fit on one and not on
+      // the next. Below it, even a plan that the costs' greedy finds is refused.
+      if (capacity > 0 && least_capacity(model) > capacity) return std::nullopt;
+      plan = auto_plan(model, costs, capacity, score);
+      break;
   }
   plan.method = policy_name(policy);
   // The final plan under the planner the pool will use (the search's
@@ -332,7 +374,7 @@ MemoryPlan plan_memory(Policy policy, const MemoryModel& model, const StepCosts&
       best_try = simulate(model, schedule, capacity, planner);
     }
   }
-  const size_t least = least_capacity(model, costs, planner);
+  const size_t least = least_capacity(model);
   throw OutOfMemoryError(std::string("memory.policy ") + policy_name(policy) + ": no plan fits " +
                          common::format_bytes_fixed(capacity) + " = " + std::to_string(capacity) +
                          " bytes; offloading or recomputing every activation, " +
@@ -341,23 +383,14 @@ MemoryPlan plan_memory(Policy policy, const MemoryModel& model, const StepCosts&
                          " bytes");
 }
 
-size_t least_capacity(const MemoryModel& model, const StepCosts& costs, Planner planner) {
-  size_t hi = std::numeric_limits<size_t>::max();
-  for (const Actions& actions : frugal_actions(model)) {
-    hi = std::min(hi, simulate(model, planned_schedule(model, actions), 0, planner).reservation);
+size_t least_capacity(const MemoryModel& model) {
+  Scorer score(model, nullptr, 0);
+  // The network-wide schedule is auto's plan `none`.
+  size_t least = simulate(model, network_wide_schedule(model), 0, Planner::kPool).reservation;
+  for (const MemoryPlan& plan : sized_plans(model, score, 0)) {
+    least = std::min(least, plan.simulation.reservation);
   }
-  // auto fits at hi (a frugal plan does); search down to within 1%.
-  size_t lo = simulate(model, network_wide_schedule(model), 0, planner).persistent_bytes;
-  const size_t step = std::max<size_t>(hi / 100, 1);
-  while (lo + step < hi) {
-    const size_t mid = lo + (hi - lo) / 2;
-    if (try_plan_memory(Policy::kAuto, model, costs, mid, planner)) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
-  }
-  return hi;
+  return least;
 }
 
 std::optional<MemoryPlan> plan_oracle(const MemoryModel& model, const StepCosts& costs,
@@ -369,7 +402,7 @@ std::optional<MemoryPlan> plan_oracle(const MemoryModel& model, const StepCosts&
   std::stable_sort(layers.begin(), layers.end(), [&](int a, int b) {
     return model.layers[a].output_bytes > model.layers[b].output_bytes;
   });
-  Scorer score(model, costs, capacity);
+  Scorer score(model, &costs, capacity);
   Actions actions(model.layers.size(), TensorAction::kKeep);
   const double base = step_time(score("oracle", actions));
   std::optional<MemoryPlan> best;

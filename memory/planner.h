@@ -19,7 +19,9 @@
 //                        search (drop an action, swap offload and recompute)
 //                        while the plan fits and gets faster. The same local
 //                        search also starts from the fastest fitting baseline
-//                        or frugal plan; the fastest result wins.
+//                        or frugal plan; the fastest result wins. Whether
+//                        auto fits at all is decided on sizes alone
+//                        (least_capacity), never on the measured costs.
 // plan_oracle() is exact for small graphs (branch and bound over every
 // assignment), to measure how far the others are from optimal.
 #pragma once
@@ -82,10 +84,13 @@ std::optional<MemoryPlan> try_plan_memory(Policy policy, const MemoryModel& mode
 std::optional<MemoryPlan> plan_oracle(const MemoryModel& model, const StepCosts& costs,
                                       size_t capacity, Planner planner, int max_tensors = 12);
 
-// The least capacity (within 1%) for which auto finds a plan: a binary
-// search below the least reservation of keeping everything and of the most
-// frugal plans (offload all, recompute all, memonger, superneurons). For
-// error messages.
-size_t least_capacity(const MemoryModel& model, const StepCosts& costs, Planner planner);
+// The least capacity for which auto finds a plan: the least reservation
+// (under the pool's best fit, as the planners search) of the plans that
+// decide where auto fits: keeping everything, the most frugal plans
+// (offload all, recompute all, memonger, superneurons), the conv baseline
+// and a greedy on sizes alone. It does not depend on the step's costs, so
+// auto fits a capacity or not alike on every run; at this capacity and
+// above it always fits, below it never.
+size_t least_capacity(const MemoryModel& model);
 
 }  // namespace vtrain::memory

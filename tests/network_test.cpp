@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "memory/memory_error.h"
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
 #include "worker/engine/kernel_timing.h"
@@ -255,6 +256,81 @@ TEST_F(NetworkTest, GlobalPoolingGradients) {
       {L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1), gp, fc("fc", "gap", 4)},
       {1, 3, 6, 6});
   check_gradients(g);
+}
+
+// A model may end in a global pool: its {n, classes, 1, 1} logits keep the
+// pool's input layout (blocked, padded where the classes are not a whole
+// number of blocks, or NHWC), which the loss reads as the plain scores.
+TEST_F(NetworkTest, LogitsOfAGlobalPoolInTheirInputsLayoutTrain) {
+  for (int64_t classes : {10, 16}) {
+    SCOPED_TRACE(std::to_string(classes) + " classes");
+    LayerSpec gp = L("gap", LayerType::kPool, {"c2"});
+    gp.pool = PoolKind::kAverage;
+    gp.global = true;
+    const Graph g = Graph::build({L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1),
+                                  conv("c2", "c1", classes, 3, 1), gp},
+                                 {1, 2, 6, 6});
+    check_gradients(g);
+  }
+}
+
+// What the trainer allocates after the network (the optimizer's state) is
+// left free as the backend serves it, rounded up: the least device that
+// holds the network's pool and the state holds both, and one byte less is
+// refused by the network's plan, naming what does not fit, never by the
+// optimizer's allocation after it.
+TEST_F(NetworkTest, TheAllocationsAfterTheNetworkAreCountedAsTheBackendServesThem) {
+  const Graph g = Graph::build(
+      {L("data", LayerType::kInput, {}), conv("c1", "data", 3, 3, 1), fc("fc", "c1", 5)},
+      {1, 1, 7, 7});
+  NetworkOptions o = options(4, "direct");
+  o.allocations_after_network = {Sgd::kStateBytesPerParameter};
+  size_t least = 0;  // the device bytes the network and the optimizer's state take
+  int64_t parameters = 0;
+  {
+    Network net(g, *backend_, o);
+    parameters = net.parameter_count();
+    least = backend_->device_bytes_in_use() +
+            backend_->allocation_bytes(static_cast<size_t>(parameters) * sizeof(float));
+  }
+  // The case the rounding matters for: a state that is no whole number of
+  // the backend's 64-byte units.
+  ASSERT_NE(parameters * sizeof(float) % 64, 0u) << parameters;
+  {
+    const auto exact = make_backend({.kind = "cpu", .threads = 2, .memory_limit = least});
+    Network net(g, *exact, o);
+    EXPECT_NO_THROW(Sgd(*exact, net.parameter_count(), 0.9f, 0.0f));
+  }
+  const auto less = make_backend({.kind = "cpu", .threads = 2, .memory_limit = least - 1});
+  const std::string message =
+      test_support::error_message<memory::OutOfMemoryError>([&] { Network(g, *less, o); });
+  EXPECT_NE(message.find("it fits a device.memory_limit of "), std::string::npos) << message;
+  EXPECT_NE(message.find(" = " + std::to_string(least) + " bytes"), std::string::npos) << message;
+}
+
+// Whether memory fits is decided before conv.algorithm auto times anything:
+// a model no schedule fits is refused as under a named algorithm, with the
+// same error, without allocating the tensors its timing would take.
+TEST_F(NetworkTest, AutoRefusesAModelTooBigBeforeTimingItsConvolutions) {
+  const Graph g = Graph::build(
+      {L("data", LayerType::kInput, {}), conv("c1", "data", 512, 5), fc("fc", "c1", 4)},
+      {1, 1, 28, 28});
+  // Room for the timing's tensors of c1 (input, output, input gradient,
+  // weights), not for a step, which keeps its output and output gradient
+  // beside the fc's input gradient.
+  const auto device = make_backend({.kind = "cpu", .threads = 2, .memory_limit = 40 << 20});
+  const auto refusal = [&](const std::string& algorithm) {
+    return test_support::error_message<memory::OutOfMemoryError>(
+        [&] { Network(g, *device, options(16, algorithm)); });
+  };
+  const std::string direct = refusal("direct");
+  EXPECT_NE(direct.find("memory.policy none: out of memory allocating '"), std::string::npos)
+      << direct;
+  device->reset_peak();
+  EXPECT_EQ(refusal("auto"), direct);
+  // c1's output alone, which the timing would have taken.
+  const size_t output = size_t{16} * 512 * 24 * 24 * sizeof(float);
+  EXPECT_LT(device->device_bytes_peak(), output);
 }
 
 TEST_F(NetworkTest, BatchNormGradients) {

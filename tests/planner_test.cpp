@@ -280,7 +280,7 @@ TEST(Planner, AutoFitsAndBeatsEveryBaselineAndIsNearTheOracle) {
       const StepCosts c = costs_for(m, bandwidth);
       const std::vector<TensorAction> keep(m.layers.size(), TensorAction::kKeep);
       const size_t most = simulate(m, planned_schedule(m, keep), 0, Planner::kPool).reservation;
-      const size_t least = least_capacity(m, c, Planner::kPool);
+      const size_t least = least_capacity(m);
       for (double fraction : {1.0, 0.75, 0.5, 0.25, 0.0}) {
         const size_t capacity = least + static_cast<size_t>(fraction * double(most - least));
         SCOPED_TRACE(std::to_string(m.layers.size()) + " layers at " + std::to_string(bandwidth) +
@@ -343,7 +343,7 @@ TEST(Planner, TflmsOffloadsTheFewestLargestThatFit) {
 TEST(Planner, ACapacityNoPlanMeetsNamesTheTensorAndTheLeastCapacity) {
   const MemoryModel m = fork_join();
   const StepCosts c = costs_for(m);
-  const size_t least = least_capacity(m, c, Planner::kPool);
+  const size_t least = least_capacity(m);
   EXPECT_NO_THROW(plan_memory(Policy::kAuto, m, c, least, Planner::kPool));
   const std::string message = error_message<MemoryError>([&] {
     plan_memory(Policy::kAuto, m, c, least / 2, Planner::kPool);
@@ -353,6 +353,28 @@ TEST(Planner, ACapacityNoPlanMeetsNamesTheTensorAndTheLeastCapacity) {
       << message;
   EXPECT_NE(message.find(std::to_string(least) + " bytes"), std::string::npos) << message;
   EXPECT_THROW(plan_memory(Policy::kAuto, m, c, least / 2, Planner::kPool), OutOfMemoryError);
+}
+
+// Where auto fits is decided on sizes: whatever the step's costs (measured
+// anew on every run, never twice alike), auto fits at the least capacity
+// and not one byte below it, so a capacity fits on every run or on none.
+TEST(Planner, WhereAutoFitsDoesNotDependOnTheCosts) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> factor(0.1, 10.0);
+  for (const MemoryModel& m : {chain(), fork_join(), deep_chain(5), deep_chain(9)}) {
+    const size_t least = least_capacity(m);
+    for (int trial = 0; trial < 20; ++trial) {
+      StepCosts c = costs_for(m, trial % 2 == 0 ? 4e6 : 1e9);
+      for (double& t : c.forward_seconds) t *= factor(rng);
+      for (double& t : c.backward_seconds) t *= factor(rng);
+      SCOPED_TRACE(std::to_string(m.layers.size()) + " layers, trial " + std::to_string(trial));
+      const std::optional<MemoryPlan> at = try_plan_memory(Policy::kAuto, m, c, least,
+                                                           Planner::kPool);
+      ASSERT_TRUE(at.has_value());
+      EXPECT_LE(at->simulation.reservation, least);
+      EXPECT_FALSE(try_plan_memory(Policy::kAuto, m, c, least - 1, Planner::kPool).has_value());
+    }
+  }
 }
 
 TEST(Planner, ReportListsEveryPlannableTensor) {

@@ -147,7 +147,7 @@ TEST_P(RecomputeTest, EveryPlannerTrainsToBitIdenticalWeightsUnderATightCapacity
   const size_t keep_all =
       evaluate_plan("keep", every(model_, TensorAction::kKeep), model_, &costs, 0, Planner::kPool)
           .simulation.reservation;
-  const size_t least = least_capacity(model_, costs, Planner::kPool);
+  const size_t least = least_capacity(model_);
   ASSERT_LT(least, keep_all);
   ASSERT_LT(keep_all, base_.stats.reservation);
   const size_t tight = least + (keep_all - least) / 2;

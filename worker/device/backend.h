@@ -191,6 +191,10 @@ class Backend {
   // cannot provide the bytes. Returned memory is 64-byte aligned.
   virtual void* allocate_device(size_t bytes) = 0;
   virtual void free_device(void* ptr) = 0;
+  // The device bytes allocate_device(bytes) takes (its alignment rounding):
+  // what every count of device memory made before allocating (the memory
+  // plan's room, the least capacity an error suggests) must use.
+  virtual size_t allocation_bytes(size_t bytes) const = 0;
   // Bytes currently allocated with allocate_device, and the peak since start
   // or the last reset_peak().
   virtual size_t device_bytes_in_use() const = 0;

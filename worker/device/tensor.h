@@ -64,6 +64,14 @@ struct TensorDesc {
 // serves every layout.
 int64_t channel_block(const TensorDesc& desc);
 
+// Whether the tensor's storage is that of the plain layout, element for
+// element: plain, or one pixel a sample with no channel padding (a global
+// pool's {n, c, 1, 1} in NHWC, or blocked with c a multiple of the block).
+inline bool stored_as_plain(const TensorDesc& desc) {
+  return desc.layout == Layout::kPlain ||
+         (desc.shape.h == 1 && desc.shape.w == 1 && desc.shape.c % channel_block(desc) == 0);
+}
+
 // A flat array of `count` elements as a plain {count, 1, 1, 1} tensor (at
 // least one element: a zero-sized descriptor is no tensor).
 inline TensorDesc vector_desc(int64_t count, DataType type = DataType::kF32) {

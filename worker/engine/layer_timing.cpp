@@ -253,6 +253,7 @@ double time_loss(const TensorDesc& logits_desc, Backend& backend, int64_t n,
 
 // The compute share's matrix product: kProductBatch rows of `features`.
 constexpr int64_t kProductBatch = 64;
+constexpr int64_t kMostFeatures = 128;  // where the device has room for them
 
 TensorDesc product_rows(int64_t features) {
   return {{kProductBatch, features, 1, 1}, Layout::kPlain, DataType::kF32};
@@ -338,6 +339,12 @@ CopyBandwidth copies_of(const memory::StepCosts& costs) {
   return bandwidth;
 }
 
+size_t copy_measurement_scratch(Backend& backend) {
+  return std::max(backend.scratch_bytes(),
+                  backend.inner_product_scratch_bytes(product_rows(kMostFeatures), kMostFeatures,
+                                                      false));
+}
+
 CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats) {
   if (bytes == 0 || repeats < 1) {
     throw std::invalid_argument("measure_copy_bandwidth: bytes must be > 0 and repeats >= 1");
@@ -347,7 +354,7 @@ CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats
   constexpr size_t kLeast = 4096;
   constexpr size_t kRounding = 4096;  // the blocks' alignment, rounded up
   const size_t free = free_device_bytes(backend);
-  int64_t features = 128;
+  int64_t features = kMostFeatures;
   size_t product = product_bytes(backend, features);
   while (features > 16 && product > free / 2) product = product_bytes(backend, features /= 2);
   if (free < kLeast + kRounding + product) {

@@ -43,6 +43,11 @@ struct CopyBandwidth {
 // and the smallest product (tens of KiB, by the ISA's weight format).
 CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes = size_t{64} << 20,
                                      int repeats = 5);
+// The ops' scratch measure_copy_bandwidth leaves at most: its largest
+// product's, or the scratch as it is when that is larger. (With more free
+// memory the product is larger: what a device.memory_limit must hold
+// counts this one.)
+size_t copy_measurement_scratch(Backend& backend);
 
 // `costs` with the copy bandwidths and compute share of `bandwidth`, and
 // back: the copy bandwidths and compute share that `costs` carry.

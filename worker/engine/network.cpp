@@ -1,7 +1,6 @@
 #include "worker/engine/network.h"
 
 #include <algorithm>
-#include <set>
 #include <stdexcept>
 
 #include "common/text.h"
@@ -47,6 +46,21 @@ void require_precision(const Backend& backend, const Graph& graph) {
   if (std::optional<std::string> why = backend.precision_unavailable(graph.precision())) {
     throw BackendError(*why);
   }
+}
+
+std::optional<std::string> conv_algorithm_refusal(const Graph& graph, Backend& backend,
+                                                  const std::string& algorithm, int64_t n) {
+  if (algorithm == "auto") return std::nullopt;
+  const std::vector<TensorDesc> descs = activation_descs(graph, backend, n);
+  std::vector<ConvAlgorithmChoice> choices;
+  for (int i = 0; i < graph.size(); ++i) {
+    if (graph.layer(i).type != LayerType::kConv) continue;
+    choices.emplace_back(backend, conv_problem(graph.layer(i), descs[graph.inputs(i)[0]], descs[i]),
+                         algorithm, graph.layer(i).name);
+  }
+  std::vector<const ConvAlgorithmChoice*> views;
+  for (const ConvAlgorithmChoice& c : choices) views.push_back(&c);
+  return named_algorithm_refusal(algorithm, views, backend.device_info().backend);
 }
 
 namespace {
@@ -107,7 +121,16 @@ Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& opt
     buffer_count_ += layers_[i]->buffer_count();
   }
   reserve_op_scratch();
-  if (options.conv_algorithm == "auto") tune_convolutions();
+  // Whether memory fits is decided on the least-workspace algorithms (on
+  // sizes): timing only starts where some schedule can fit, so a model far
+  // too big is refused as fast as under a named algorithm, and the timed
+  // choice never decides whether a plan fits (plan_memory falls back).
+  choose_smallest_workspaces();
+  if (options.conv_algorithm == "auto" && options.time_convolutions) {
+    describe_memory();
+    const std::optional<size_t> least = least_pool_capacity();
+    if (!least || *least <= room()) tune_convolutions();
+  }
   plan_memory();
   // Last: the layers timed alone before (costs measured in place for the
   // memory plan) run on storage of their own, a paired relu's convolution's
@@ -144,20 +167,15 @@ void Network::reserve_op_scratch() {
 // backend's name) is refused, where each kind would otherwise quietly run
 // the backend's first algorithm.
 void Network::check_named_algorithm() const {
-  if (options_.conv_algorithm == "auto") return;
-  std::set<std::string> instead;
+  std::vector<const ConvAlgorithmChoice*> choices;
   for (const auto& layer : layers_) {
     auto* conv = dynamic_cast<ConvLayer*>(layer.get());
-    if (!conv || conv->planned()) continue;
-    const ConvAlgorithmChoice& c = conv->choice();
-    if (c.offers_named()) return;
-    instead.insert(c.offered_instead().begin(), c.offered_instead().end());
+    if (conv && !conv->planned()) choices.push_back(&conv->choice());
   }
-  if (instead.empty()) return;  // no convolution chooses an algorithm
-  throw BackendError("conv.algorithm '" + options_.conv_algorithm + "': no convolution of the " +
-                     "model offers an algorithm of that name on the " +
-                     backend_.device_info().backend + " backend (its convolutions offer: " +
-                     common::join({instead.begin(), instead.end()}, ", ") + "; or auto)");
+  if (auto why = named_algorithm_refusal(options_.conv_algorithm, choices,
+                                         backend_.device_info().backend)) {
+    throw BackendError(*why);
+  }
 }
 
 void Network::make_layers() {
@@ -199,7 +217,15 @@ void Network::pair_bias_with_relu() {
   }
 }
 
+void Network::choose_smallest_workspaces() {
+  for (const auto& layer : layers_) {
+    auto* conv = dynamic_cast<ConvLayer*>(layer.get());
+    if (conv && !conv->planned()) conv->choice().choose_smallest();
+  }
+}
+
 void Network::tune_convolutions() {
+  tuned_ = true;
   for (int i = 0; i < graph_.size(); ++i) {
     auto* conv = dynamic_cast<ConvLayer*>(layers_[i].get());
     if (!conv || conv->planned()) continue;  // a plan fixes its algorithms

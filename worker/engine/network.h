@@ -62,10 +62,17 @@ struct NetworkOptions {
   memory::Planner memory_planner = memory::Planner::kPool;
   size_t memory_capacity = 0;  // device bytes the pool may reserve; 0 = the device's memory
                                // (device.memory_limit on the CPU) less what is in use and
-                               // less the optimizer's state below
-  size_t optimizer_bytes_per_parameter = 0;  // device bytes per parameter the optimizer
-                                             // allocates after the network (Sgd: 4, its
-                                             // velocity), left free by the pool
+                               // less the allocations below
+  // The device allocations the trainer makes after the network, each of
+  // this many bytes per parameter (Sgd's velocity: 4; a half gradient
+  // exchange's staging: 2), left free by the pool as the backend serves
+  // them (Backend::allocation_bytes).
+  std::vector<size_t> allocations_after_network;
+  // conv.algorithm auto: time the candidates and run the fastest that the
+  // memory plan fits. False (`vtrain check`, which plans but does not
+  // train, under a vDNN policy): each kernel's least-workspace candidate,
+  // untimed; whether memory fits is decided on that choice either way.
+  bool time_convolutions = true;
   // Tests and benchmarks: a per-tensor plan, one action per graph layer
   // (memory/vdnn_plan.h's planned_schedule), run instead of memory_policy
   // when not empty.
@@ -122,6 +129,12 @@ std::vector<TensorDesc> activation_descs(const Graph& graph,
 // graph's precision: before anything builds or times the graph's layers
 // (a network, the profiler, layer timing).
 void require_precision(const Backend& backend, const Graph& graph);
+
+// Why a named conv.algorithm (not "auto") runs on none of the graph's
+// convolutions on `backend` at batch n, naming what they offer instead
+// (the error a network gives); nothing when one offers it.
+std::optional<std::string> conv_algorithm_refusal(const Graph& graph, Backend& backend,
+                                                  const std::string& algorithm, int64_t n);
 
 // A contiguous range of the flat parameter buffer owned by one layer.
 struct ParamRange {
@@ -262,11 +275,23 @@ class Network {
   void* compute_range(size_t range) const;  // where param_ranges_[range] starts in the copy
   void reserve_op_scratch();
   void tune_convolutions();
+  // Each unplanned conv kernel's least-workspace candidate (whether any
+  // schedule fits is decided on it: on sizes, never on timings).
+  void choose_smallest_workspaces();
+  // Device bytes the allocations after the network take.
+  size_t allocations_after() const;
   // Device bytes the network may use now: memory_capacity, else the
-  // device's memory less what is in use and the optimizer's state. Throws
+  // device's memory less what is in use and allocations_after(). Throws
   // OutOfMemoryError when nothing is left.
   size_t room() const;
+  // The memory model of the layers as they are now (their algorithms'
+  // workspaces) into model_.
   void describe_memory();
+  // The least pool capacity some schedule of the policy fits with the
+  // model as described, on sizes alone: auto's least capacity for a
+  // per-tensor policy, else the reservation of the policy's schedule (for
+  // dyn, of its first pass: offload all); nothing for memory_actions.
+  std::optional<size_t> least_pool_capacity() const;
   // The dynamic policy's choice of conv algorithms and offloads.
   memory::Simulation plan_dynamic(size_t capacity);
   // A per-tensor plan (memory_actions, or a planner's) into plan_ and schedule_.
@@ -277,6 +302,13 @@ class Network {
   bool measures_costs_in_place() const;
   // Sets schedule_ (and plan_) for the options; the simulation of schedule_.
   memory::Simulation choose_schedule(size_t capacity, const std::string& where);
+  // choose_schedule, throwing OutOfMemoryError when it does not fit.
+  memory::Simulation fitting_schedule(size_t capacity, const std::string& where);
+  // An out-of-memory error's message with the device.memory_limit it
+  // takes (the least capacity plus what the network does not plan: the
+  // bytes in use and allocations_after()), when the capacity is the
+  // device's.
+  std::string with_least_limit(const std::string& message) const;
   void plan_memory();
   void bind_layers();
 
@@ -304,6 +336,7 @@ class Network {
   std::optional<memory::MemoryPlan> plan_;  // a per-tensor plan (schedule_ is its schedule)
   std::optional<memory::StepCosts> plan_costs_;  // what plan_ was made with
   CopyBandwidth copy_bandwidth_;  // measured in place by plan_memory
+  bool tuned_ = false;            // conv.algorithm auto timed the candidates
   MemoryStats fixed_stats_;  // what plan_memory decided (policy, capacity, ...); the rest is live
   std::unique_ptr<ScheduleInterpreter> interpreter_;  // runs schedule_ in the pool it owns
 

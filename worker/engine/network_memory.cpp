@@ -2,6 +2,7 @@
 // network, the schedule of memory.policy (a static one, the dynamic
 // policy's, or a per-tensor plan), and the interpreter that runs it.
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 #include "common/text.h"
@@ -45,13 +46,20 @@ void check_costs(const memory::StepCosts& costs, size_t layers) {
 
 }  // namespace
 
+size_t Network::allocations_after() const {
+  size_t bytes = 0;
+  for (size_t per_parameter : options_.allocations_after_network) {
+    bytes += backend_.allocation_bytes(static_cast<size_t>(param_count_) * per_parameter);
+  }
+  return bytes;
+}
+
 size_t Network::room() const {
   if (options_.memory_capacity > 0) return options_.memory_capacity;
   const size_t device = backend_.device_info().memory_bytes;
   const size_t in_use = backend_.device_bytes_in_use();
-  const size_t optimizer =
-      static_cast<size_t>(param_count_) * options_.optimizer_bytes_per_parameter;
-  if (device <= in_use + optimizer) {
+  const size_t after = allocations_after();
+  if (device <= in_use + after) {
     // (A capacity of 0 would mean "unbounded" to the simulator.)
     throw memory::OutOfMemoryError(
         "no device memory left for the network: the device serves " +
@@ -59,12 +67,13 @@ size_t Network::room() const {
         common::format_bytes_fixed(in_use) + " are in use (" +
         common::format_bytes_fixed(backend_.scratch_bytes()) + " of it the ops' scratch) and the " +
         "optimizer's state needs " +
-        common::format_bytes_fixed(optimizer));
+        common::format_bytes_fixed(after));
   }
-  return device - in_use - optimizer;
+  return device - in_use - after;
 }
 
 void Network::describe_memory() {
+  model_ = {};
   auto floats = [](int64_t count) {
     return static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float);
   };
@@ -185,8 +194,46 @@ memory::Simulation Network::choose_schedule(size_t capacity, const std::string& 
   return memory::simulate(model_, schedule_, capacity, options_.memory_planner);
 }
 
-void Network::plan_memory() {
+std::optional<size_t> Network::least_pool_capacity() const {
+  const memory::Policy policy = options_.memory_policy;
+  if (!options_.memory_actions.empty()) return std::nullopt;
+  if (memory::plans_per_tensor(policy)) return memory::least_capacity(model_);
+  const memory::Policy first = policy == memory::Policy::kDyn ? memory::Policy::kAll : policy;
+  return memory::simulate(model_, memory::make_schedule(model_, first), 0, options_.memory_planner)
+      .reservation;
+}
+
+memory::Simulation Network::fitting_schedule(size_t capacity, const std::string& where) {
   describe_memory();
+  const memory::Simulation simulation = choose_schedule(capacity, where);
+  if (!simulation.fits) {
+    throw memory::OutOfMemoryError("memory.policy " + fixed_stats_.policy + ": " +
+                                   simulation.failure + "; " + where);
+  }
+  return simulation;
+}
+
+std::string Network::with_least_limit(const std::string& message) const {
+  const std::optional<size_t> least = least_pool_capacity();
+  if (options_.memory_capacity > 0 || !least) return message;
+  // In use before the pool: the ops' scratch, grown to what measuring the
+  // copies in place takes on a device with room for the pool.
+  size_t in_use = backend_.device_bytes_in_use();
+  if (measures_costs_in_place()) {
+    const auto held = [&](size_t scratch) {
+      return scratch == 0 ? 0 : backend_.allocation_bytes(scratch);
+    };
+    in_use += held(copy_measurement_scratch(backend_)) - held(backend_.scratch_bytes());
+  }
+  const size_t after = allocations_after();
+  const size_t limit = *least + in_use + after;
+  return message + "; it fits a device.memory_limit of " + common::format_bytes_fixed(limit) +
+         " = " + std::to_string(limit) + " bytes (" + std::to_string(*least) +
+         " for the network's pool, " + std::to_string(in_use) + " in use before it, " +
+         std::to_string(after) + " for the optimizer's state after it)";
+}
+
+void Network::plan_memory() {
   // Costs measured here start with the copies, whose compute share runs a
   // matrix product that may grow the ops' scratch: measured before the
   // capacity is taken, in a quarter of it at most so they fit a small device.
@@ -203,11 +250,24 @@ void Network::plan_memory() {
                                 : "capacity " + common::format_bytes_fixed(capacity) +
                                       " (device.memory_limit or the device's memory, less " +
                                       "what is in use)";
-  const memory::Simulation simulation = choose_schedule(capacity, where);
-  if (!simulation.fits) {
-    throw memory::OutOfMemoryError("memory.policy " + fixed.policy + ": " + simulation.failure +
-                                   "; " + where);
+  // The timed algorithms decide how fast a step runs, never whether it
+  // fits: where the plan with them does not, the least workspaces decide.
+  std::optional<memory::Simulation> planned;
+  if (tuned_) {
+    try {
+      planned = fitting_schedule(capacity, where);
+    } catch (const memory::OutOfMemoryError&) {
+      choose_smallest_workspaces();
+    }
   }
+  if (!planned) {
+    try {
+      planned = fitting_schedule(capacity, where);
+    } catch (const memory::OutOfMemoryError& e) {
+      throw memory::OutOfMemoryError(with_least_limit(e.what()));
+    }
+  }
+  const memory::Simulation& simulation = *planned;
   const bool offloads_some = std::count(schedule_.actions.begin(), schedule_.actions.end(),
                                         memory::TensorAction::kOffload) > 0;
   fixed.offload = plan_ ? (offloads_some ? "per tensor" : "none")

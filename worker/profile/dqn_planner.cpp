@@ -162,7 +162,7 @@ struct Best {
                                const Best& best, int episodes) {
   const memory::MemoryPlan closest = memory::evaluate_plan(
       "dqn", env.layer_actions(best.closest.decided), model, &costs, capacity, planner);
-  const size_t least = memory::least_capacity(model, costs, planner);
+  const size_t least = memory::least_capacity(model);
   throw memory::OutOfMemoryError(
       "dqn: no plan found in " + std::to_string(episodes) + " episodes fits " +
       common::format_bytes_fixed(capacity) + " = " + std::to_string(capacity) +

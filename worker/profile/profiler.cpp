@@ -199,7 +199,7 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
   NetworkOptions net_options;
   net_options.max_batch = b;
   net_options.memory_policy = options.memory_policy;
-  net_options.optimizer_bytes_per_parameter = Sgd::kStateBytesPerParameter;
+  net_options.allocations_after_network = {Sgd::kStateBytesPerParameter};
   net_options.prefetch_input = options.input_staging && options.input_staging(b);
   if (memory::plans_per_tensor(options.memory_policy)) {
     StepCostsLookup found = profiled_step_costs(db, device, graph, b);

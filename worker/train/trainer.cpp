@@ -37,10 +37,10 @@ NetworkOptions network_options(const Graph& graph, const JobShape& job,
   net.memory_policy = options.memory_policy;
   net.memory_planner = options.memory_planner;
   // The optimizer's state and the allreduce's staging buffer come after the network.
-  net.optimizer_bytes_per_parameter =
-      optimizer_allocated
-          ? 0
-          : training_bytes_per_parameter(options.gradient_allreduce, graph.precision(), job.ranks);
+  if (!optimizer_allocated) {
+    net.allocations_after_network = training_allocations_per_parameter(
+        options.gradient_allreduce, graph.precision(), job.ranks);
+  }
   if (Communicator* comm = options.batch_norm_comm; comm != nullptr && job.ranks > 1) {
     net.sum_over_ranks = [comm](std::vector<double>& values) { comm->allreduce_sum(values); };
   }
@@ -409,10 +409,13 @@ BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
   return s;
 }
 
-size_t training_bytes_per_parameter(GradientAllreduce allreduce, common::Precision precision,
-                                    int ranks) {
-  return Sgd::kStateBytesPerParameter +
-         staging_bytes_per_parameter(wire_type(allreduce, precision), ranks);
+std::vector<size_t> training_allocations_per_parameter(GradientAllreduce allreduce,
+                                                       common::Precision precision, int ranks) {
+  std::vector<size_t> allocations = {Sgd::kStateBytesPerParameter};
+  if (const size_t staging = staging_bytes_per_parameter(wire_type(allreduce, precision), ranks)) {
+    allocations.push_back(staging);
+  }
+  return allocations;
 }
 
 TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set,

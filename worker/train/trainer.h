@@ -143,11 +143,13 @@ struct BatchStaging {
 BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
                            int64_t sample_values, const Backend& backend);
 
-// Device bytes per parameter training holds beside the network: the
-// optimizer's state and the gradient allreduce's staging over `ranks`
-// (staging_bytes_per_parameter). Throws what wire_type throws.
-size_t training_bytes_per_parameter(GradientAllreduce allreduce, common::Precision precision,
-                                    int ranks);
+// The device allocations training makes beside the network, each in bytes
+// per parameter (NetworkOptions::allocations_after_network): the
+// optimizer's state and, where it has one, the gradient allreduce's
+// staging over `ranks` (staging_bytes_per_parameter). Throws what
+// wire_type throws.
+std::vector<size_t> training_allocations_per_parameter(GradientAllreduce allreduce,
+                                                       common::Precision precision, int ranks);
 
 struct TrainResult {
   int64_t steps = 0;

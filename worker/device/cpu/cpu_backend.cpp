@@ -129,7 +129,7 @@ CpuBackend::~CpuBackend() {
 
 void* CpuBackend::allocate_device(size_t bytes) {
   std::lock_guard lock(alloc_mutex_);
-  const size_t rounded = align_up(std::max<size_t>(bytes, 1));
+  const size_t rounded = allocation_bytes(bytes);
   if (in_use_ + rounded > capacity_) {
     throw BackendError("cpu device out of memory: requested " + std::to_string(bytes) +
                        " bytes with " + std::to_string(in_use_) + " in use of a capacity of " +

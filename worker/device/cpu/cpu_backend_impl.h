@@ -10,6 +10,7 @@
 // created once per (op, shapes, layouts) and cached.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -174,6 +175,9 @@ class CpuBackend final : public Backend {
 
   void* allocate_device(size_t bytes) override;
   void free_device(void* ptr) override;
+  size_t allocation_bytes(size_t bytes) const override {
+    return align_up(std::max<size_t>(bytes, 1));
+  }
   size_t device_bytes_in_use() const override {
     std::lock_guard lock(alloc_mutex_);
     return in_use_;

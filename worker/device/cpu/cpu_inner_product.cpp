@@ -227,26 +227,38 @@ void CpuBackend::inner_product_backward_weights(const Tensor& x, const Tensor& d
 }
 
 
+namespace {
+
+// Half logits, and logits in another layout than plain (a global pool's
+// {n, classes, 1, 1} keeps its input's blocked or NHWC layout), are read,
+// and their gradient written, through plain f32 copies.
+bool softmax_staged(const TensorDesc& logits) {
+  return logits.dtype != DataType::kF32 || logits.layout != Layout::kPlain;
+}
+
+}  // namespace
+
 size_t CpuBackend::softmax_scratch_bytes(const TensorDesc& logits) {
-  // Half logits are read, and their gradient written, through f32 copies.
-  if (logits.dtype == DataType::kF32) return 0;
+  if (!softmax_staged(logits)) return 0;
   return 2 * align_up(static_cast<size_t>(logits.shape.elements()) * sizeof(float));
 }
 
 LossStats CpuBackend::softmax_cross_entropy(const Tensor& logits, const int32_t* labels,
                                             float scale, const Tensor* dlogits) {
-  if (logits.desc.layout != Layout::kPlain || (dlogits && dlogits->desc.layout != Layout::kPlain)) {
-    throw BackendError("softmax_cross_entropy: logits must be plain {n, classes, 1, 1}");
+  if (dlogits) {
+    check_same_dtype("softmax_cross_entropy", {logits.desc, dlogits->desc});
+    if (dlogits->desc.layout != logits.desc.layout) {
+      throw BackendError("softmax_cross_entropy: dlogits in another layout than the logits");
+    }
   }
-  if (dlogits) check_same_dtype("softmax_cross_entropy", {logits.desc, dlogits->desc});
   const int64_t n = logits.shape().n;
   const int64_t k = logits.shape().per_sample();
-  const bool half = logits.desc.dtype != DataType::kF32;
+  const bool staged = softmax_staged(logits.desc);
   const memory::desc f32_md = plain_md(logits.shape());
-  char* buf = half ? scratch(softmax_scratch_bytes(logits.desc)) : nullptr;
+  char* buf = staged ? scratch(softmax_scratch_bytes(logits.desc)) : nullptr;
   const float* z_all = static_cast<const float*>(logits.data);
   float* d = dlogits ? static_cast<float*>(dlogits->data) : nullptr;
-  if (half) {
+  if (staged) {
     reorder(md_of(logits.desc), logits.data, f32_md, buf);
     z_all = reinterpret_cast<const float*>(buf);
     if (d) d = reinterpret_cast<float*>(buf + align_up(f32_md.get_size()));
@@ -275,7 +287,7 @@ LossStats CpuBackend::softmax_cross_entropy(const Tensor& logits, const int32_t*
       }
     }
   }
-  if (half && d) reorder(f32_md, d, md_of(dlogits->desc), dlogits->data);
+  if (staged && d) reorder(f32_md, d, md_of(dlogits->desc), dlogits->data);
   return {loss, correct};
 }
 

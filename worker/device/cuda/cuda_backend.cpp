@@ -155,7 +155,7 @@ void CudaBackend::sync_compute(const std::string& context) {
 void* CudaBackend::allocate_device(size_t bytes) {
   use_device();
   std::lock_guard lock(alloc_mutex_);
-  const size_t rounded = align_up(std::max<size_t>(bytes, 1));
+  const size_t rounded = allocation_bytes(bytes);
   if (in_use_ + rounded > capacity_) {
     throw BackendError("cuda device out of memory: requested " + std::to_string(bytes) +
                        " bytes with " + std::to_string(in_use_) + " in use of a capacity of " +

@@ -138,8 +138,10 @@ void CudaBackend::inner_product_backward_weights(const Tensor& x, const Tensor& 
 
 LossStats CudaBackend::softmax_cross_entropy(const Tensor& logits, const int32_t* labels,
                                              float scale, const Tensor* dlogits) {
-  if (logits.desc.layout != Layout::kPlain || (dlogits && dlogits->desc.layout != Layout::kPlain)) {
-    throw BackendError("softmax_cross_entropy: logits must be plain {n, classes, 1, 1}");
+  // Stored as plain is enough: the logits of a global pool keep its
+  // input's layout, NHWC, which at one pixel is the plain layout's storage.
+  if (!stored_as_plain(logits.desc) || (dlogits && !stored_as_plain(dlogits->desc))) {
+    throw BackendError("softmax_cross_entropy: logits must be stored as plain {n, classes, 1, 1}");
   }
   const int64_t n = logits.shape().n;
   const int64_t k = logits.shape().per_sample();

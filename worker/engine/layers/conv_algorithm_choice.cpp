@@ -8,6 +8,16 @@
 #include "worker/engine/kernel_timing.h"
 
 namespace vtrain::worker {
+namespace {
+
+// The candidate with the least workspace, the first on a tie.
+const ConvAlgoInfo& least_workspace(const std::vector<ConvAlgoInfo>& options) {
+  return *std::min_element(options.begin(), options.end(), [](const auto& a, const auto& b) {
+    return a.workspace_bytes < b.workspace_bytes;
+  });
+}
+
+}  // namespace
 
 ConvAlgorithmChoice::ConvAlgorithmChoice(Backend& backend, const ConvProblem& problem,
                                          const std::string& algorithm, const std::string& layer)
@@ -46,16 +56,21 @@ void ConvAlgorithmChoice::keep_within(size_t bytes) {
   for (int k = 0; k < 3; ++k) {
     auto& options = candidates_[k];
     if (options.empty()) continue;
-    const ConvAlgoInfo smallest =
-        *std::min_element(options.begin(), options.end(), [](const auto& a, const auto& b) {
-          return a.workspace_bytes < b.workspace_bytes;
-        });
+    const ConvAlgoInfo smallest = least_workspace(options);
     std::erase_if(options, [&](const ConvAlgoInfo& a) { return a.workspace_bytes > bytes; });
     if (options.empty()) options.push_back(smallest);
     if (std::none_of(options.begin(), options.end(),
                      [&](const ConvAlgoInfo& a) { return a.algo == chosen_[k].algo; })) {
       chosen_[k] = options.front();
     }
+  }
+}
+
+void ConvAlgorithmChoice::choose_smallest() {
+  for (int k = 0; k < 3; ++k) {
+    const auto& options = candidates_[k];
+    if (options.empty()) continue;
+    chosen_[k] = least_workspace(options);
   }
 }
 
@@ -114,6 +129,21 @@ void ConvAlgorithmChoice::choose(ConvKind kind, const std::string& name) {
   }
   throw BackendError("layer '" + layer_ + "': no " + conv_kind_name(kind) +
                      " candidate named '" + name + "'");
+}
+
+std::optional<std::string> named_algorithm_refusal(
+    const std::string& algorithm, const std::vector<const ConvAlgorithmChoice*>& choices,
+    const std::string& backend_name) {
+  if (algorithm == "auto") return std::nullopt;
+  std::set<std::string> instead;
+  for (const ConvAlgorithmChoice* c : choices) {
+    if (c->offers_named()) return std::nullopt;
+    instead.insert(c->offered_instead().begin(), c->offered_instead().end());
+  }
+  if (instead.empty()) return std::nullopt;  // no convolution chooses an algorithm
+  return "conv.algorithm '" + algorithm + "': no convolution of the model offers an algorithm " +
+         "of that name on the " + backend_name + " backend (its convolutions offer: " +
+         common::join({instead.begin(), instead.end()}, ", ") + "; or auto)";
 }
 
 }  // namespace vtrain::worker

@@ -7,6 +7,7 @@
 #include <array>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -30,6 +31,10 @@ class ConvAlgorithmChoice {
   // device has room for), keeping at least each kind's smallest, and
   // re-chooses where the choice was dropped.
   void keep_within(size_t bytes);
+  // Chooses each kind's candidate with the least workspace (the first on a
+  // tie): the choice a memory plan's fit is decided on, as it depends on
+  // sizes alone, never on timings.
+  void choose_smallest();
   // Workspace that every candidate fits in (for tuning).
   size_t candidate_workspace() const;
   // Times each candidate of `kind` (when it has two or more) with
@@ -62,5 +67,12 @@ class ConvAlgorithmChoice {
   bool offers_named_ = false;
   std::set<std::string> offered_instead_;
 };
+
+// Why a named conv.algorithm runs nowhere: no choice of `choices` (the
+// model's unplanned convolutions) offers it, with the names they offer
+// instead; nothing for "auto", when one offers it, or without choices.
+std::optional<std::string> named_algorithm_refusal(
+    const std::string& algorithm, const std::vector<const ConvAlgorithmChoice*>& choices,
+    const std::string& backend_name);
 
 }  // namespace vtrain::worker
