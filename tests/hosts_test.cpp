@@ -14,12 +14,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "tests/mpi_runs.h"
 #include "tests/test_support.h"
+#include "worker/train/checkpoint.h"
 
 namespace vtrain {
 namespace {
@@ -70,12 +72,19 @@ class HostSet {
 
   // Prefix of a command line: mpirun across the hosts, bounded in time.
   std::string mpirun(const std::string& flags = "") const {
-    return "timeout 300 " + hosts_script() + " mpirun " + dir_ + " --bind-to none " + flags + " ";
+    return "timeout -k 10 300 " + hosts_script() + " mpirun " + dir_ + " --bind-to none " + flags + " ";
   }
   // Every host's link: RATE ("none": unlimited), one-way DELAY, LOSS.
   int shape(const std::string& rate, const std::string& delay = "0ms",
             const std::string& loss = "0%", std::string* out = nullptr) const {
     return run(hosts_script() + " shape " + dir_ + " " + rate + " " + delay + " " + loss, out);
+  }
+  // Runs hosts.sh COMMAND DIR ARGS (cut, kill); its exit code.
+  int act(const std::string& command, const std::string& args) const {
+    std::string out;
+    const int rc = run(hosts_script() + " " + command + " " + dir_ + " " + args, &out);
+    EXPECT_EQ(rc, 0) << out;
+    return rc;
   }
   const std::string& dir() const { return dir_; }
   const std::string& subnet() const { return subnet_; }
@@ -363,6 +372,117 @@ TEST(Hosts, TrainingOverALossyLinkEndsWithTheSameWeights) {
   const std::vector<float> clean = final_parameters(dir / "clean");
   ASSERT_FALSE(clean.empty());
   EXPECT_EQ(final_parameters(dir / "lossy"), clean);
+}
+
+// A host lost mid-run, at a random moment after the first checkpoint: its
+// ranks killed, or its link cut. The job ends in bounded time (a cut link:
+// train.step_timeout, the watch's probe of 3 s, and mpirun giving up on the
+// lost host's daemon after ~13 s of unacknowledged data, tcp_retries2=5)
+// naming the lost host and ranks; every checkpoint is whole; and resuming
+// on the surviving host continues as the lost job would have. One trial of
+// each kind; `--gtest_repeat=10` makes the 20 of docs/multi-node.md.
+constexpr int kStepTimeoutS = 5;
+
+struct LossTrial {
+  std::string kind;  // "kill" or "cut"
+  double after_s;    // lost this long after the first checkpoint
+};
+
+void lose_a_host(const LossTrial& trial) {
+  SCOPED_TRACE(trial.kind + " after " + std::to_string(trial.after_s) + " s");
+  HostSet hosts(2);
+  TempDir dir;
+  const std::string ckpt = dir / "ck";
+  const std::string lossy_run =
+      hosts.mpirun() + "-np 4 " +
+      train_args(ckpt, 3000,
+                 kUnevenSplit + " --set train.epochs=1000 --set checkpoint.every=10 "
+                                "--set checkpoint.keep=1000 --set train.step_timeout=" +
+                     std::to_string(kStepTimeoutS),
+                 kModel) +
+      " >" + dir / "out" + " 2>&1";
+  const pid_t job = test_support::spawn_shell(lossy_run);
+  ASSERT_GT(job, 0);
+  ASSERT_TRUE(test_support::wait_until([&] { return worker::latest_checkpoint(ckpt).has_value(); },
+                                       std::chrono::seconds(120)))
+      << read_file(dir / "out");
+  std::this_thread::sleep_for(std::chrono::duration<double>(trial.after_s));
+  const auto lost = std::chrono::steady_clock::now();
+  if (trial.kind == "kill") {
+    hosts.act("kill", "node2 vtrain");
+  } else {
+    hosts.act("cut", "node2");
+  }
+  const std::optional<int> code = test_support::wait_exit(job, std::chrono::seconds(180));
+  const double exit_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - lost).count();
+  const std::string out = read_file(dir / "out");
+  ASSERT_TRUE(code.has_value()) << "the job hung: killed after 180 s\n" << out;
+  EXPECT_NE(*code, 0) << out;
+  EXPECT_NE(*code, 124) << "the job hung until timeout killed it\n" << out;
+  EXPECT_LT(exit_s, 90.0) << out;
+  // Open MPI names a killed rank and its node; the step watch the ranks
+  // that stopped answering and their host.
+  const std::string named = trial.kind == "kill" ? " on node node2 exited on signal 9"
+                                                 : "(host node2): its host or the link to it is lost";
+  EXPECT_NE(out.find(named), std::string::npos) << out;
+  // Every checkpoint reads back whole (load_checkpoint checks the CRC).
+  int whole = 0;
+  for (const auto& entry : fs::directory_iterator(ckpt)) {
+    const std::string name = entry.path().filename();
+    if (name.rfind("ckpt-", 0) != 0) continue;
+    EXPECT_NO_THROW(worker::load_checkpoint(entry.path())) << name;
+    ++whole;
+  }
+  const std::optional<std::string> last = worker::latest_checkpoint(ckpt);
+  ASSERT_TRUE(last.has_value());
+  const int64_t step = worker::load_checkpoint(*last).step;
+  std::printf("trial %s %.2f s after the first checkpoint: job ended %.1f s after the loss "
+              "(exit code %d); %d checkpoints whole, the last at step %lld\n",
+              trial.kind.c_str(), trial.after_s, exit_s, *code, whole,
+              static_cast<long long>(step));
+  // Resumed on node1 alone (2 ranks, even split), and on both hosts as if
+  // nothing was lost: 10 steps on, the same weights within the split tests'
+  // tolerance.
+  fs::copy(ckpt, dir / "both", fs::copy_options::recursive);
+  std::ofstream(dir / "survivors") << "node1 slots=2\n";
+  const std::string to = std::to_string(step + 10);
+  std::string resumed;
+  ASSERT_EQ(run("VTRAIN_HOSTS_HOSTFILE=" + dir / "survivors" + " " + hosts.mpirun() + "-np 2 " +
+                    train_args(ckpt, step + 10, "--resume --set balance.split=even", kModel),
+                &resumed),
+            0)
+      << resumed;
+  EXPECT_NE(resumed.find("resumed from " + *last), std::string::npos) << resumed;
+  if (trial.kind == "cut") {
+    hosts.act("uncut", "node2");
+  }
+  ASSERT_EQ(run(hosts.mpirun() + "-np 4 " +
+                    train_args(dir / "both", step + 10, "--resume " + kUnevenSplit, kModel),
+                &resumed),
+            0)
+      << resumed;
+  const std::vector<float> survivors = final_parameters(ckpt);
+  const std::vector<float> both = final_parameters(dir / "both");
+  ASSERT_FALSE(both.empty());
+  ASSERT_EQ(survivors.size(), both.size());
+  EXPECT_LE(mpi_runs::compare(both, survivors).relative, 1e-5);
+}
+
+// A moment in [0, 3) s, printed with the trial.
+double random_moment() {
+  static std::mt19937 rng(std::random_device{}());
+  return std::uniform_real_distribution<double>(0.0, 3.0)(rng);
+}
+
+TEST(HostLoss, AHostWhoseRanksAreKilledEndsTheJobAndTheSurvivorsResume) {
+  SKIP_WITHOUT_HOSTS();
+  lose_a_host({"kill", random_moment()});
+}
+
+TEST(HostLoss, AHostWhoseLinkIsCutEndsTheJobAndTheSurvivorsResume) {
+  SKIP_WITHOUT_HOSTS();
+  lose_a_host({"cut", random_moment()});
 }
 
 }  // namespace

@@ -4,9 +4,12 @@
 # on a bridge (a veth pair each) and a UTS namespace with a hostname of its
 # own, and CPUs of its own (the machine's divided among the hosts); the file
 # system is the machine's, shared by every host as an NFS
-# mount would be. Open MPI reaches the hosts from the machine itself (the
-# "login node", the bridge's address) through an rsh agent that enters a
-# host, over TCP only.
+# mount would be. mpirun runs on a login node (a network namespace "head"
+# with the bridge's address .254; the machine's hostname) and reaches the
+# hosts through an rsh agent that enters a host, over TCP only. Every
+# namespace gives up on a connection whose data go unacknowledged after
+# ~13 s (net.ipv4.tcp_retries2=5, see docs/multi-node.md), so that mpirun
+# notices a lost host in bounded time.
 #
 #   hosts.sh up DIR K [OWNER_PID]  start hosts node1..nodeK; state in DIR (a new
 #                                  folder); with OWNER_PID, a reaper tears them
@@ -23,6 +26,8 @@
 #                                  (tc: 1gbit, 100mbit; "none": unlimited),
 #                                  DELAY one way (0.5ms), LOSS of packets (1%)
 #   hosts.sh cut DIR HOST          take HOST's link down (a cable pulled)
+#   hosts.sh uncut DIR HOST        bring it up again
+#   hosts.sh kill DIR HOST NAME    SIGKILL every process called NAME in HOST
 #   hosts.sh check                 exit 0 if this machine can make hosts, else
 #                                  print why and exit 77
 #   hosts.sh rsh DIR HOST CMD      the plm_rsh_agent (DIR/rsh calls it)
@@ -39,7 +44,7 @@ die() { echo "hosts.sh: $*" >&2; exit 1; }
 # --- State of one set of hosts (DIR) --------------------------------------
 # DIR/id      a short id that names its namespaces and links (vtrain-ID-nodeN,
 #             vtbID, vtvIDnN), so that several sets can live side by side
-# DIR/subnet  its /24 (10.231.N), the bridge .254, host k .k
+# DIR/subnet  its /24 (10.231.N), the login node .254, host k .k
 # DIR/hosts   the host names, one a line
 # DIR/cpus-H  the CPUs of host H: the machine's divided among the hosts, so
 #             that a host's ranks contend for its cores alone, as on a cluster
@@ -52,7 +57,7 @@ load() {
 }
 netns_of() { echo "vtrain-$id-$1"; }
 bridge_of() { echo "vtb$id"; }
-veth_of() { echo "vtv${id}n${1#node}"; }
+veth_of() { if [ "$1" = head ]; then echo "vtv${id}n0"; else echo "vtv${id}n${1#node}"; fi; }
 uts_of() { echo "$dir/uts-$id-$1"; }
 
 # Becomes the rest, run in host $1 with the caller's environment.
@@ -138,21 +143,13 @@ up() {
   local bridge
   bridge=$(bridge_of)
   ip link add "$bridge" type bridge
-  ip addr add "$subnet.254/24" dev "$bridge"
   ip link set "$bridge" up
-  local i host ns veth
+  attach head 254
+  local i host
   for i in $(seq 1 "$k"); do
     host=node$i
     echo "$host" >>"$dir/hosts"
-    ns=$(netns_of "$host")
-    veth=$(veth_of "$host")
-    ip netns add "$ns"
-    ip link add "$veth" type veth peer name eth0 netns "$ns"
-    ip link set "$veth" master "$bridge" up
-    ip -n "$ns" addr add "$subnet.$i/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" link set lo up
-    ip -n "$ns" route add default via "$subnet.254"
+    attach "$host" "$i"
     # The hostname lives in a UTS namespace kept by a bind mount, not a process.
     : >"$(uts_of "$host")"
     unshare --uts="$(uts_of "$host")" hostname "$host"
@@ -168,6 +165,20 @@ up() {
     setsid "$self" reap "$dir" "$owner" </dev/null >/dev/null 2>&1 &
     echo $! >"$dir/reaper.pid"
   fi
+}
+
+# Makes namespace `name` with address .`n` on the bridge.
+attach() {
+  local name=$1 n=$2 ns veth
+  ns=$(netns_of "$name")
+  veth=$(veth_of "$name")
+  ip netns add "$ns"
+  ip link add "$veth" type veth peer name eth0 netns "$ns"
+  ip link set "$veth" master "$(bridge_of)" up
+  ip -n "$ns" addr add "$subnet.$n/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_retries2=5
 }
 
 # Tears the hosts down once `owner` has ended (a test that crashed or was
@@ -202,7 +213,7 @@ down() {
     kill "$(cat "$dir/reaper.pid")" 2>/dev/null || true
   fi
   local host ns status=0
-  for host in "${hosts[@]}"; do
+  for host in head "${hosts[@]}"; do
     ns=$(netns_of "$host")
     if [ -e "/run/netns/$ns" ]; then
       kill_in "$ns" || status=1
@@ -241,7 +252,7 @@ mpirun_across() {
   # TCP alone, on the hosts' subnet, for MPI messages (btl) and for Open
   # MPI's own wire-up (oob); the daemons are started by the agent, one by
   # one from here (no tree spawn: a host does not enter another).
-  exec mpirun --hostfile "${VTRAIN_HOSTS_HOSTFILE:-$dir/hostfile}" \
+  exec nsenter --net="/run/netns/$(netns_of head)" -- mpirun --hostfile "${VTRAIN_HOSTS_HOSTFILE:-$dir/hostfile}" \
     --mca plm_rsh_agent "$dir/rsh" --mca plm_rsh_no_tree_spawn 1 \
     --mca btl tcp,self --mca btl_tcp_if_include "$subnet.0/24" \
     --mca oob_tcp_if_include "$subnet.0/24" \
@@ -321,6 +332,20 @@ tc_rate_bits() {
   esac
 }
 
+uncut_link() {
+  load "$1"
+  ip -n "$(netns_of "$2")" link set eth0 up
+}
+
+kill_named() {
+  load "$1"
+  local pid
+  for pid in $(ip netns pids "$(netns_of "$2")"); do
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$3" ] && kill -KILL "$pid" 2>/dev/null
+  done
+  return 0
+}
+
 cut_link() {
   load "$1"
   ip -n "$(netns_of "$2")" link set eth0 down
@@ -339,5 +364,7 @@ case $command in
   rsh) rsh "$@" ;;
   shape) (($# >= 2)) || die "usage: hosts.sh shape DIR RATE [DELAY [LOSS]]"; shape "$@" ;;
   cut) (($# == 2)) || die "usage: hosts.sh cut DIR HOST"; cut_link "$@" ;;
-  *) sed -n '2,28p' "$self"; exit 2 ;;
+  uncut) (($# == 2)) || die "usage: hosts.sh uncut DIR HOST"; uncut_link "$@" ;;
+  kill) (($# == 3)) || die "usage: hosts.sh kill DIR HOST NAME"; kill_named "$@" ;;
+  *) sed -n '2,34p' "$self"; exit 2 ;;
 esac
