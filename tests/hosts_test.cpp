@@ -361,7 +361,10 @@ TEST(Hosts, TrainingOverALossyLinkEndsWithTheSameWeights) {
                 &out),
             0)
       << out;
-  ASSERT_EQ(hosts.shape("none", "0ms", "1%", &out), 0) << out;
+  if (hosts.shape("none", "0ms", "1%", &out) != 0) {
+    if (out.find("packet loss needs") != std::string::npos) GTEST_SKIP() << out;
+    FAIL() << out;
+  }
   const auto start = std::chrono::steady_clock::now();
   ASSERT_EQ(run(hosts.mpirun() + "-np 4 " + train_args(dir / "lossy", 20, kUnevenSplit, kModel),
                 &out),
