@@ -178,7 +178,7 @@ attach() {
   ip -n "$ns" addr add "$subnet.$n/24" dev eth0
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
-  ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_retries2=5
+  ip netns exec "$ns" sh -c 'echo 5 >/proc/sys/net/ipv4/tcp_retries2'
 }
 
 # Tears the hosts down once `owner` has ended (a test that crashed or was
@@ -237,7 +237,11 @@ leftovers() {
     ip -o link show | awk -F': ' -v b="vtb$id" -v v="vtv$id" \
       'index($2, b) == 1 || index($2, v) == 1 {print "link " $2}'
     awk -v p="/uts-$id-" 'index($2, p) {print "mount " $2}' /proc/mounts
-    pgrep -a -f "${subnet//./\\.}\\.[0-9]" | grep -v -e pgrep -e leftovers | sed 's/^/process /'
+    local f line
+    for f in /proc/[0-9]*/cmdline; do
+      line=$(tr '\0' ' ' <"$f" 2>/dev/null) || continue
+      [[ $line == *"$subnet".[0-9]* && $line != *leftovers* ]] && echo "process ${f//[^0-9]/}: $line"
+    done
   ) || true
   if [ -n "$left" ]; then
     echo "$left"
