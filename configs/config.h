@@ -85,6 +85,11 @@ struct TrainConfig {
   // precision's half type, summed in f32 (worker/train/bucket_allreduce.h),
   // and needs precision bf16 or fp16.
   worker::GradientAllreduce gradient_allreduce = worker::GradientAllreduce::kFp32;
+  // Seconds a rank of a job of several waits for a step (from one step's
+  // start to the next's) before it takes a rank or host for lost, names the
+  // ranks that do not answer and ends the job (worker/train/step_watch.h);
+  // 0: wait for ever.
+  double step_timeout = 600;
 };
 
 struct BalanceConfig {

@@ -129,6 +129,7 @@ void emit_training(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "seed" << YAML::Value << train.seed;
   out << YAML::Key << "log_every" << YAML::Value << train.log_every;
   out << YAML::Key << "evaluate" << YAML::Value << train.evaluate;
+  out << YAML::Key << "step_timeout" << YAML::Value << train.step_timeout;
   out << YAML::Key << "allreduce_bucket" << YAML::Value << format_size(train.allreduce_bucket);
   out << YAML::Key << "precision" << YAML::Value
       << common::name_of(common::kPrecisionNames, train.precision);

@@ -323,7 +323,8 @@ worker::LossScalingSettings read_loss_scaling(const Field& field) {
 TrainConfig read_train(const Field& field) {
   const Section section(field);
   section.allow({"batch", "epochs", "max_steps", "seed", "log_every", "evaluate",
-                 "allreduce_bucket", "precision", "loss_scaling", "gradient_allreduce"});
+                 "allreduce_bucket", "precision", "loss_scaling", "gradient_allreduce",
+                 "step_timeout"});
   TrainConfig train;
   if (Field f = section["batch"]) train.batch = to_dimension(f, 1);
   if (Field f = section["epochs"]) train.epochs = to_int(f, at_least(1));
@@ -331,6 +332,7 @@ TrainConfig read_train(const Field& field) {
   if (Field f = section["seed"]) train.seed = to_uint64(f);
   if (Field f = section["log_every"]) train.log_every = to_int(f, at_least(1));
   if (Field f = section["evaluate"]) train.evaluate = to_bool(f);
+  if (Field f = section["step_timeout"]) train.step_timeout = to_number(f, at_least(0));
   if (Field f = section["precision"]) train.precision = to_choice(f, common::kPrecisionNames);
   if (Field f = section["loss_scaling"]) train.loss_scaling = read_loss_scaling(f);
   if (Field f = section["gradient_allreduce"]) {

@@ -2,6 +2,8 @@
 // data, builds the model, and runs the requested phase.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -25,12 +27,14 @@
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/device_infos.h"
+#include "worker/comm/peer_probe.h"
 #include "worker/data/data.h"
 #include "worker/engine/graph.h"
 #include "worker/engine/network.h"
 #include "worker/profile/planning.h"
 #include "worker/profile/profiler.h"
 #include "worker/train/failure_injection.h"
+#include "worker/train/step_watch.h"
 #include "worker/train/trainer.h"
 
 namespace vtrain::launcher {
@@ -240,6 +244,34 @@ void print_cluster(const worker::Communicator& comm, const std::vector<worker::D
   }
 }
 
+// The bound on a step of a job of several ranks (train.step_timeout): a
+// rank that waits longer says which ranks do not answer and ends the job.
+struct WatchedSteps {
+  std::unique_ptr<worker::PeerProbe> probe;  // outlives the watch
+  std::unique_ptr<worker::StepWatch> watch;
+};
+
+WatchedSteps watch_steps(const Config& cfg, worker::Communicator& comm,
+                         const std::vector<worker::DeviceInfo>& cluster) {
+  WatchedSteps w;
+  if (comm.size() == 1 || cfg.train.step_timeout <= 0) return w;
+  w.probe = worker::make_mpi_peer_probe();  // collective
+  worker::StepWatchOptions options;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.train.step_timeout * 1000));
+  w.watch = std::make_unique<worker::StepWatch>(
+      options, w.probe.get(),
+      [&cluster](int r) {
+        return common::format("rank %d (host %s)", r, cluster.at(r).host.c_str());
+      },
+      [&comm](const std::string& message) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "[rank %d] error: %s\n", comm.rank(), message.c_str());
+        std::fflush(stderr);
+        comm.abort(kExitFailure);
+      });
+  return w;
+}
+
 int run_train(const CliArgs& cli, worker::Communicator& comm,
               const std::atomic<int>& stop_signal) {
   const Config cfg = load(cli);
@@ -331,6 +363,8 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   worker::ObserverList observers;
   if (injected_failure) observers.add(&*injected_failure);
   if (injected_slowdown) observers.add(&*injected_slowdown);
+  const WatchedSteps watch = watch_steps(cfg, comm, cluster);
+  if (watch.watch) observers.add(watch.watch.get());
   if (!observers.empty()) options.observer = &observers;
   const worker::TrainResult result =
       worker::train(graph, *backend, data.train, data.test, norm, options);

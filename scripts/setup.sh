@@ -31,9 +31,10 @@ packages=(
   dataset-fashion-mnist
 )
 # What the tests use besides: the sqlite3 and GLPK shells, python3 for the
-# scripts they run, iproute2, and munge + SLURM for the SLURM test.
+# scripts they run, iproute2 and nftables (hosts, links and packet loss for
+# the multi-host tests), and munge + SLURM for the SLURM test.
 if ((run_tests)); then
-  packages+=(sqlite3 glpk-utils python3 iproute2 munge slurmctld slurmd slurm-client)
+  packages+=(sqlite3 glpk-utils python3 iproute2 nftables munge slurmctld slurmd slurm-client)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -32,7 +32,7 @@ TEST(ConfigErrorTest, UnknownNestedKey) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: 3\n  bach: 3\n"),
             "t.yaml:7: train.bach: unknown key (allowed: batch, epochs, max_steps, seed, "
             "log_every, evaluate, allreduce_bucket, precision, loss_scaling, "
-            "gradient_allreduce)");
+            "gradient_allreduce, step_timeout)");
 }
 
 TEST(ConfigErrorTest, KeyOfAnotherDataKind) {
@@ -93,6 +93,8 @@ TEST(ConfigErrorTest, OutOfRangeNumbers) {
             "t.yaml:5: device.threads: expected an integer in [0, 2147483647], got -1");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train: {log_every: 0}\n"),
             "t.yaml:5: train.log_every: expected an integer >= 1, got 0");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train: {step_timeout: -5}\n"),
+            "t.yaml:5: train.step_timeout: expected a number >= 0, got -5");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train: {max_steps: 99999999999999999999}\n"),
             "t.yaml:5: train.max_steps: expected an integer >= 0, got 99999999999999999999 (out of "
             "range)");
@@ -257,7 +259,8 @@ TEST(ConfigErrorTest, LayerProblems) {
 TEST(ConfigErrorTest, SetWithUnknownKey) {
   EXPECT_EQ(error_of(kMinimal, {"train.bogus=1"}),
             "--set train.bogus: unknown key (allowed: batch, epochs, max_steps, seed, log_every, "
-            "evaluate, allreduce_bucket, precision, loss_scaling, gradient_allreduce)");
+            "evaluate, allreduce_bucket, precision, loss_scaling, gradient_allreduce, "
+            "step_timeout)");
   EXPECT_EQ(
       error_of(kMinimal, {"bogus.x=1"}),
       "--set bogus: unknown key (allowed: model, data, train, optimizer, device, conv, output, "

@@ -45,6 +45,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_EQ(c.train.max_steps, 0);
   EXPECT_EQ(c.train.seed, 1u);
   EXPECT_EQ(c.train.log_every, 50);
+  EXPECT_EQ(c.train.step_timeout, 600);
   EXPECT_TRUE(c.train.evaluate);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.01);
   EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.0);

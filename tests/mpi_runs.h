@@ -1,10 +1,11 @@
-// Helpers of the multi-rank tests (mpi_test, elastic_test): launching vtrain
+// Helpers of the multi-rank tests (mpi_test, elastic_test, hosts_test): launching vtrain
 // through mpirun as users do, LeNet training arguments that are bitwise
 // reproducible, and comparing the weights that runs end with.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,19 @@ inline std::vector<float> final_parameters(const std::string& dir) {
   const auto latest = worker::latest_checkpoint(dir);
   if (!latest) return {};
   return worker::load_checkpoint(*latest).parameters;
+}
+
+// The losses of the "step" records of a metrics file, as printed.
+inline std::vector<std::string> logged_losses(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> losses;
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t at = line.find("\"loss\": ");
+    if (line.find("\"event\": \"step\"") == std::string::npos || at == std::string::npos) continue;
+    losses.push_back(line.substr(at + 8, line.find(',', at) - at - 8));
+  }
+  return losses;
 }
 
 }  // namespace vtrain::mpi_runs

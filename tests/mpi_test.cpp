@@ -29,6 +29,7 @@ namespace fs = std::filesystem;
 using mpi_runs::compare;
 using mpi_runs::Difference;
 using mpi_runs::final_parameters;
+using mpi_runs::logged_losses;
 using mpi_runs::mpirun;
 using mpi_runs::run;
 using mpi_runs::TempDir;
@@ -104,19 +105,6 @@ TEST(Mpi, ARankFailingInBackwardEndsTheJobCleanly) {
   EXPECT_NE(out.find("[rank 1] error: injected failure in backward at step 5"), std::string::npos)
       << out;
   EXPECT_EQ(out.find("Segmentation fault"), std::string::npos) << out;
-}
-
-// The losses of the "step" records of a metrics file, as printed.
-std::vector<std::string> logged_losses(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> losses;
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t at = line.find("\"loss\": ");
-    if (line.find("\"event\": \"step\"") == std::string::npos || at == std::string::npos) continue;
-    losses.push_back(line.substr(at + 8, line.find(',', at) - at - 8));
-  }
-  return losses;
 }
 
 TEST(Mpi, ResumedRunRepeatsTheUninterruptedLossesBitwise) {

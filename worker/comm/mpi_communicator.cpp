@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <stdexcept>
+#include <thread>
 
 #include "worker/comm/communicator.h"
 #include "worker/comm/half_sum.h"
+#include "worker/comm/peer_probe.h"
 #include "common/host_stream.h"
 
 namespace vtrain::worker {
@@ -220,6 +222,85 @@ std::unique_ptr<Communicator> make_mpi_subcommunicator(int color) {
   check(MPI_Comm_split(MPI_COMM_WORLD, color, rank, &comm), "Comm_split");
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   return std::make_unique<MpiCommunicator>(comm, true);
+}
+
+namespace {
+
+// A ping is a synchronous send of one byte (MPI_Issend): it completes once
+// the other rank's posted receive has matched it, that is once that rank
+// answered. Each rank keeps one receive from any rank posted.
+class MpiPeerProbe final : public PeerProbe {
+ public:
+  explicit MpiPeerProbe(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    post();
+  }
+  ~MpiPeerProbe() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    if (incoming_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&incoming_);
+      MPI_Wait(&incoming_, MPI_STATUS_IGNORE);
+    }
+    MPI_Comm_free(&comm_);
+  }
+  MpiPeerProbe(const MpiPeerProbe&) = delete;
+  MpiPeerProbe& operator=(const MpiPeerProbe&) = delete;
+
+  void answer() override {
+    for (int done = 1; done;) {
+      check(MPI_Test(&incoming_, &done, MPI_STATUS_IGNORE), "Test");
+      if (done) post();
+    }
+  }
+
+  std::vector<int> silent_ranks(std::chrono::milliseconds window) override {
+    std::vector<MPI_Request> pings(static_cast<size_t>(size_), MPI_REQUEST_NULL);
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) check(MPI_Issend(&byte_, 1, MPI_CHAR, r, kTag, comm_, &pings[r]), "Issend");
+    }
+    const auto deadline = std::chrono::steady_clock::now() + window;
+    std::vector<int> silent;
+    for (;;) {
+      answer();
+      silent.clear();
+      for (int r = 0; r < size_; ++r) {
+        int done = 1;
+        if (pings[r] != MPI_REQUEST_NULL) check(MPI_Test(&pings[r], &done, MPI_STATUS_IGNORE), "Test");
+        if (!done) silent.push_back(r);
+      }
+      if (silent.empty() || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    // The pings still out are left to the job's end (the caller aborts it).
+    return silent;
+  }
+
+ private:
+  static constexpr int kTag = 7;
+  void post() { check(MPI_Irecv(&inbox_, 1, MPI_CHAR, MPI_ANY_SOURCE, kTag, comm_, &incoming_), "Irecv"); }
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  MPI_Request incoming_ = MPI_REQUEST_NULL;
+  char inbox_ = 0;
+  char byte_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<PeerProbe> make_mpi_peer_probe() {
+  int size = 1, provided = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  check(MPI_Query_thread(&provided), "Query_thread");
+  if (size == 1 || provided < MPI_THREAD_MULTIPLE) return nullptr;
+  MPI_Comm comm = MPI_COMM_NULL;
+  check(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "Comm_dup");
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  return std::make_unique<MpiPeerProbe>(comm);
 }
 
 void abort_job_if_parallel(int code) {
