@@ -127,20 +127,10 @@ Keys layer_keys(worker::LayerType type) {
   return {};
 }
 
-// Every layer type, in the order messages list them.
-constexpr worker::LayerType kLayerTypes[] = {
-    worker::LayerType::kInput, worker::LayerType::kConv,   worker::LayerType::kRelu,
-    worker::LayerType::kPool,  worker::LayerType::kFc,     worker::LayerType::kBatchNorm,
-    worker::LayerType::kAdd,   worker::LayerType::kConcat,
-};
-
 worker::LayerType to_layer_type(const Field& field) {
-  Keys known;
-  for (worker::LayerType type : kLayerTypes) known.push_back(worker::layer_type_name(type));
+  const Keys known = common::names_of(worker::kLayerTypeNames);
   const std::string name = to_string(field, "a layer type (" + join(known) + ")");
-  for (worker::LayerType type : kLayerTypes) {
-    if (name == worker::layer_type_name(type)) return type;
-  }
+  if (auto type = common::find_named(worker::kLayerTypeNames, name)) return *type;
   field.fail("unknown layer type '" + name + "' (known: " + join(known) + ")");
 }
 

@@ -15,22 +15,6 @@
 namespace vtrain::worker {
 namespace {
 
-struct TypeName {
-  LayerType type;
-  const char* name;
-};
-
-constexpr std::array<TypeName, 8> kTypeNames = {{
-    {LayerType::kInput, "input"},
-    {LayerType::kConv, "conv"},
-    {LayerType::kRelu, "relu"},
-    {LayerType::kPool, "pool"},
-    {LayerType::kFc, "fc"},
-    {LayerType::kBatchNorm, "batchnorm"},
-    {LayerType::kAdd, "add"},
-    {LayerType::kConcat, "concat"},
-}};
-
 // Error lists of known names stay readable even for the ~800-layer VGG-416.
 constexpr size_t kMaxListedNames = 16;
 
@@ -327,21 +311,10 @@ uint64_t fnv1a(std::string_view text) {
 
 }  // namespace
 
-const char* layer_type_name(LayerType type) {
-  for (const TypeName& t : kTypeNames) {
-    if (t.type == type) return t.name;
-  }
-  return "unknown";
-}
+const char* layer_type_name(LayerType type) { return common::name_of(kLayerTypeNames, type); }
 
 LayerType parse_layer_type(const std::string& name) {
-  std::string known;
-  for (const TypeName& t : kTypeNames) {
-    if (name == t.name) return t.type;
-    if (!known.empty()) known += ", ";
-    known += t.name;
-  }
-  throw GraphError("unknown layer type '" + name + "' (known: " + known + ")");
+  return common::parse_named<GraphError>(kLayerTypeNames, name, "layer type");
 }
 
 Graph Graph::build(std::vector<LayerSpec> layers, const Shape& input,

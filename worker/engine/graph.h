@@ -7,6 +7,8 @@
 // trainer feeds to softmax cross-entropy.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -47,6 +49,31 @@ enum class LayerType {
   kAdd,        // elementwise sum of two or more inputs (ResNet joins)
   kConcat,     // channel concatenation of two or more inputs (GoogLeNet joins)
 };
+
+// Every layer type with its name in a config, in enum order (entry i is
+// LayerType i, which tables indexed by LayerType such as the layer
+// registry rely on) and in the order messages list them.
+inline constexpr auto kLayerTypeNames = std::to_array<common::Named<LayerType>>({
+    {LayerType::kInput, "input"},
+    {LayerType::kConv, "conv"},
+    {LayerType::kRelu, "relu"},
+    {LayerType::kPool, "pool"},
+    {LayerType::kFc, "fc"},
+    {LayerType::kBatchNorm, "batchnorm"},
+    {LayerType::kAdd, "add"},
+    {LayerType::kConcat, "concat"},
+});
+inline constexpr size_t kLayerTypeCount = kLayerTypeNames.size();
+
+// Whether `table`'s entry i is about LayerType i, for every i.
+template <class Entry, size_t N>
+constexpr bool in_layer_type_order(const std::array<Entry, N>& table) {
+  for (size_t i = 0; i < N; ++i) {
+    if (table[i].value != static_cast<LayerType>(i)) return false;
+  }
+  return true;
+}
+static_assert(in_layer_type_order(kLayerTypeNames));
 
 // "input", "conv", "relu", "pool", "fc", "batchnorm", "add", "concat".
 const char* layer_type_name(LayerType type);

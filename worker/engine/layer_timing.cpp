@@ -101,7 +101,7 @@ LayerNeeds layer_needs(const Graph& graph, int i, const Layer& layer,
   needs.reads_inputs = node.backward_reads_inputs;
   needs.reads_output = node.backward_reads_output;
   needs.workspace = std::max(node.forward_workspace, node.backward_workspace);
-  const auto* conv = dynamic_cast<const ConvLayer*>(&layer);
+  const auto* conv = layer.as_conv();
   if (conv && conv->planned()) {
     if (plan_workspace_bytes == 0) {
       throw std::invalid_argument("measuring the step costs: layer '" + layer.spec().name +
@@ -421,9 +421,8 @@ memory::StepCosts measure_graph_step_costs(const Graph& graph, Backend& backend,
   for (int i = 0; i < graph.size(); ++i) {
     const std::vector<int>& in = graph.inputs(i);
     const TensorDesc* x = in.empty() ? nullptr : &out_desc[in[0]];
-    layers.push_back(layer_registry().make({graph, i, backend, x, out_desc[i], conv_algorithm,
-                                            nullptr}));
-    auto* conv = dynamic_cast<ConvLayer*>(layers.back().get());
+    layers.push_back(make_layer({graph, i, backend, x, out_desc[i], conv_algorithm, nullptr}));
+    auto* conv = layers.back()->as_conv();
     if (conv && conv_algorithm == "auto") {
       conv->tune(backend, *x, out_desc[i], [&] { return free_device_bytes(backend); });
     }

@@ -169,7 +169,7 @@ void Network::reserve_op_scratch() {
 void Network::check_named_algorithm() const {
   std::vector<const ConvAlgorithmChoice*> choices;
   for (const auto& layer : layers_) {
-    auto* conv = dynamic_cast<ConvLayer*>(layer.get());
+    auto* conv = layer->as_conv();
     if (conv && !conv->planned()) choices.push_back(&conv->choice());
   }
   if (auto why = named_algorithm_refusal(options_.conv_algorithm, choices,
@@ -179,7 +179,6 @@ void Network::check_named_algorithm() const {
 }
 
 void Network::make_layers() {
-  const LayerRegistry& registry = layer_registry();
   for (int i = 0; i < graph_.size(); ++i) {
     const LayerSpec& spec = graph_.layer(i);
     const std::vector<int>& in = graph_.inputs(i);
@@ -192,7 +191,7 @@ void Network::make_layers() {
                            options_.conv_algorithm,
                            spec.type == LayerType::kConv ? execution_of(options_, spec.name)
                                                          : nullptr};
-      layers_.push_back(registry.make(site));
+      layers_.push_back(make_layer(site));
     } catch (const BackendError& e) {
       throw BackendError("layer '" + spec.name + "': " + e.what());
     }
@@ -206,10 +205,10 @@ void Network::pair_bias_with_relu() {
     return;
   }
   for (int i = 0; i < graph_.size(); ++i) {
-    auto* relu = dynamic_cast<ReluLayer*>(layers_[i].get());
+    auto* relu = layers_[i]->as_relu();
     if (!relu) continue;
     const int in = graph_.inputs(i)[0];
-    auto* conv = dynamic_cast<ConvLayer*>(layers_[in].get());
+    auto* conv = layers_[in]->as_conv();
     if (!conv || !conv->has_bias() || graph_.consumer_count(in) != 1) continue;
     conv->leave_bias_to_relu();
     relu->take_bias_of(*conv);
@@ -219,7 +218,7 @@ void Network::pair_bias_with_relu() {
 
 void Network::choose_smallest_workspaces() {
   for (const auto& layer : layers_) {
-    auto* conv = dynamic_cast<ConvLayer*>(layer.get());
+    auto* conv = layer->as_conv();
     if (conv && !conv->planned()) conv->choice().choose_smallest();
   }
 }
@@ -227,7 +226,7 @@ void Network::choose_smallest_workspaces() {
 void Network::tune_convolutions() {
   tuned_ = true;
   for (int i = 0; i < graph_.size(); ++i) {
-    auto* conv = dynamic_cast<ConvLayer*>(layers_[i].get());
+    auto* conv = layers_[i]->as_conv();
     if (!conv || conv->planned()) continue;  // a plan fixes its algorithms
     conv->tune(backend_, out_desc_[graph_.inputs(i)[0]], out_desc_[i], [this] { return room(); });
   }

@@ -100,7 +100,7 @@ memory::Simulation Network::plan_dynamic(size_t capacity) {
   // The kernels' candidates with their tuned times (Sec. III-C).
   std::vector<memory::KernelChoices> kernels;
   for (int i = 0; i < graph_.size(); ++i) {
-    auto* conv = dynamic_cast<ConvLayer*>(layers_[i].get());
+    auto* conv = layers_[i]->as_conv();
     if (!conv || conv->planned()) continue;
     for (ConvKind kind : conv->kernels()) {
       memory::KernelChoices k{i, kind, {}};

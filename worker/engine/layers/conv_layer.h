@@ -27,6 +27,8 @@ class ConvLayer final : public Layer {
   void describe_backward(memory::LayerNode& node) const override;
   // "Forward=direct BackwardData=[2xdirect 5xgemm] BackwardFilter=-".
   std::string algorithms(Backend& backend) const override;
+  ConvLayer* as_conv() override { return this; }
+  const ConvLayer* as_conv() const override { return this; }
 
   // The kernels a training step runs (conv_kernels_of()).
   const std::vector<ConvKind>& kernels() const { return kernels_; }

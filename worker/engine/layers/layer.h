@@ -17,6 +17,9 @@
 
 namespace vtrain::worker {
 
+class ConvLayer;
+class ReluLayer;
+
 // Sums `values` over the ranks that train together, in place; synchronous
 // and collective (every rank makes the same calls in the same order).
 using SumOverRanks = std::function<void(std::vector<double>&)>;
@@ -114,6 +117,13 @@ class Layer {
   virtual void describe_backward(memory::LayerNode& node) const {}
   // The algorithms the layer runs, for the summary ("" when it has none).
   virtual std::string algorithms(Backend& backend) const { return ""; }
+
+  // This layer as a convolution or a relu, or null for every other type:
+  // the network reaches their own interfaces (a convolution's algorithm
+  // choice and tuning, pairing its bias with the relu after it) this way.
+  virtual ConvLayer* as_conv() { return nullptr; }
+  virtual const ConvLayer* as_conv() const { return nullptr; }
+  virtual ReluLayer* as_relu() { return nullptr; }
 
  protected:
   float* params() const { return storage_.params; }

@@ -1,56 +1,38 @@
 #include "worker/engine/layers/layer_registry.h"
 
-#include <stdexcept>
+#include <array>
 
 namespace vtrain::worker {
-
-void LayerRegistry::add(const std::string& type, LayerFactory factory) {
-  if (!factories_.emplace(type, factory).second) {
-    throw std::logic_error("layer registry: type '" + type + "' registered twice");
-  }
-}
-
-std::unique_ptr<Layer> LayerRegistry::make(const LayerSite& site) const {
-  const LayerSpec& spec = site.spec();
-  const std::string type = layer_type_name(spec.type);
-  auto it = factories_.find(type);
-  if (it == factories_.end()) {
-    std::string known;
-    for (const std::string& t : types()) known += (known.empty() ? "" : ", ") + t;
-    const std::string line =
-        spec.source_line > 0 ? " (line " + std::to_string(spec.source_line) + ")" : "";
-    throw GraphError("layer '" + spec.name + "'" + line + ": unknown layer type '" + type +
-                     "' (known types: " + known + ")");
-  }
-  return it->second(site);
-}
-
-std::vector<std::string> LayerRegistry::types() const {
-  std::vector<std::string> out;
-  for (const auto& [type, factory] : factories_) out.push_back(type);
-  return out;
-}
-
 namespace {
 
-LayerRegistry engine_layers() {
-  LayerRegistry r;
-  r.add(layer_type_name(LayerType::kInput), make_input_layer);
-  r.add(layer_type_name(LayerType::kConv), make_conv_layer);
-  r.add(layer_type_name(LayerType::kRelu), make_relu_layer);
-  r.add(layer_type_name(LayerType::kPool), make_pool_layer);
-  r.add(layer_type_name(LayerType::kFc), make_fc_layer);
-  r.add(layer_type_name(LayerType::kBatchNorm), make_batch_norm_layer);
-  r.add(layer_type_name(LayerType::kAdd), make_add_layer);
-  r.add(layer_type_name(LayerType::kConcat), make_concat_layer);
-  return r;
-}
+struct LayerFactoryEntry {
+  LayerType value;
+  LayerFactory make;
+};
+
+// One factory per layer type, indexed by the type: a type left out, or
+// listed out of order, fails the static_assert below.
+constexpr std::array<LayerFactoryEntry, kLayerTypeCount> kLayerFactories = {{
+    {LayerType::kInput, make_input_layer},
+    {LayerType::kConv, make_conv_layer},
+    {LayerType::kRelu, make_relu_layer},
+    {LayerType::kPool, make_pool_layer},
+    {LayerType::kFc, make_fc_layer},
+    {LayerType::kBatchNorm, make_batch_norm_layer},
+    {LayerType::kAdd, make_add_layer},
+    {LayerType::kConcat, make_concat_layer},
+}};
+static_assert(in_layer_type_order(kLayerFactories),
+              "kLayerFactories needs one entry per LayerType, in enum order");
 
 }  // namespace
 
-const LayerRegistry& layer_registry() {
-  static const LayerRegistry registry = engine_layers();
-  return registry;
+LayerFactory layer_factory(LayerType type) {
+  return kLayerFactories.at(static_cast<size_t>(type)).make;
+}
+
+std::unique_ptr<Layer> make_layer(const LayerSite& site) {
+  return layer_factory(site.spec().type)(site);
 }
 
 }  // namespace vtrain::worker

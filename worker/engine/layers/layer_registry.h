@@ -1,12 +1,11 @@
-// The layer registry: layer type name -> factory, filled by explicit calls
-// (no static self-registration: it breaks static linking). The network asks
-// it for one operator per graph node.
+// The layer registry: one factory per LayerType, in a table indexed by the
+// type and checked complete at compile time (no static self-registration:
+// it breaks static linking). The network asks it for one operator per
+// graph node. Layer type names live in kLayerTypeNames (graph.h).
 #pragma once
 
-#include <map>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "worker/engine/conv_kernel.h"
 #include "worker/engine/layers/layer.h"
@@ -30,23 +29,10 @@ struct LayerSite {
 
 using LayerFactory = std::unique_ptr<Layer> (*)(const LayerSite&);
 
-class LayerRegistry {
- public:
-  // Registers `factory` for `type` (layer_type_name()); throws
-  // std::logic_error when the type has one already.
-  void add(const std::string& type, LayerFactory factory);
-  // The operator of site's layer. Throws GraphError naming the layer, its
-  // type and the known types when no factory is registered for it.
-  std::unique_ptr<Layer> make(const LayerSite& site) const;
-  // Registered type names, sorted.
-  std::vector<std::string> types() const;
-
- private:
-  std::map<std::string, LayerFactory> factories_;
-};
-
-// The registry of every layer type the engine runs.
-const LayerRegistry& layer_registry();
+// The factory of `type`'s layers.
+LayerFactory layer_factory(LayerType type);
+// The operator of site's layer, from its type's factory.
+std::unique_ptr<Layer> make_layer(const LayerSite& site);
 
 // The factories, one per layer type (each in its layer's file).
 std::unique_ptr<Layer> make_input_layer(const LayerSite& site);

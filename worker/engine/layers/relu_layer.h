@@ -17,6 +17,7 @@ class ReluLayer final : public Layer {
   void describe_backward(memory::LayerNode& node) const override;
   // "bias of conv1 added here (conv.fuse_relu)" when paired, else "".
   std::string algorithms(Backend& backend) const override;
+  ReluLayer* as_relu() override { return this; }
 
   // Takes over `conv`'s bias (this layer being the only reader of conv's
   // output), which conv then leaves out (ConvLayer::leave_bias_to_relu).
