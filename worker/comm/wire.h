@@ -56,8 +56,11 @@ class WireWriter {
 // throws WireError("<message>: field <name> ...").
 class WireReader {
  public:
+  // Views `bytes`, which must outlive the reader; a temporary string is
+  // refused at compile time.
   WireReader(std::string_view bytes, std::string message)
       : bytes_(bytes), message_(std::move(message)) {}
+  WireReader(std::string&& bytes, std::string message) = delete;
 
   std::string text(std::string_view field);
   template <std::integral Int>
@@ -70,7 +73,8 @@ class WireReader {
   // A field written by WireWriter::numbers; `each` names its entries.
   template <std::integral Int>
   std::vector<Int> numbers(std::string_view field, std::string_view each) {
-    WireReader list(text(field), message_);
+    const std::string items = text(field);  // outlives the reader that views it
+    WireReader list(items, message_);
     std::vector<Int> values;
     while (!list.at_end()) values.push_back(list.number<Int>(each));
     return values;
