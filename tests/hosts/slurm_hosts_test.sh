@@ -98,21 +98,7 @@ start_cluster() {
   cat >"$SLURM_CONF" <<EOF
 ClusterName=vtrain-hosts
 SlurmctldHost=head($subnet.254)
-SlurmUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$work/munge/munge.socket
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-ReturnToService=2
-KillWait=30
-StateSaveLocation=$work/ctld
+$(local_slurm_settings "$work")
 SlurmdSpoolDir=$work/d-%n
 SlurmctldPidFile=$work/slurmctld.pid
 SlurmdPidFile=$work/slurmd-%n.pid

@@ -94,6 +94,30 @@ _ls_dump_logs() {
   done
 }
 
+# The settings every private cluster of the tests shares (root, munge's
+# socket and the controller's state under DIR, no accounting, cores as the
+# unit), one a line, for a slurm.conf written around them.
+local_slurm_settings() {
+  local dir=$1
+  cat <<EOF
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/munge/munge.socket
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+KillWait=30
+StateSaveLocation=$dir/ctld
+EOF
+}
+
 local_slurm_start() {
   local dir=$1 want_cpus=${2:-2}
   [ -n "$dir" ] || { _ls_log "usage: local_slurm_start DIR [CPUS]"; return 2; }
@@ -144,21 +168,7 @@ ClusterName=vtrain-ci
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
-SlurmUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$dir/munge/munge.socket
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-ReturnToService=2
-KillWait=30
-StateSaveLocation=$dir/ctld
+$(local_slurm_settings "$dir")
 SlurmdSpoolDir=$dir/d
 SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
