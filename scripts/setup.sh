@@ -28,13 +28,17 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libyaml-cpp-dev libsqlite3-dev libglpk-dev
   libopenmpi-dev openmpi-bin libdnnl-dev ocl-icd-opencl-dev libgtest-dev zlib1g-dev
+  libturbojpeg0-dev libpng-dev nlohmann-json3-dev libonnx-dev libprotobuf-dev
   dataset-fashion-mnist
 )
 # What the tests use besides: the sqlite3 and GLPK shells, python3 for the
 # scripts they run, iproute2 and nftables (hosts, links and packet loss for
-# the multi-host tests), and munge + SLURM for the SLURM test.
+# the multi-host tests), munge + SLURM for the SLURM test, and Debian's
+# PyTorch, torchvision and Pillow (the model-export and image-data tests
+# compare against them).
 if ((run_tests)); then
-  packages+=(sqlite3 glpk-utils python3 iproute2 nftables munge slurmctld slurmd slurm-client)
+  packages+=(sqlite3 glpk-utils python3 iproute2 nftables munge slurmctld slurmd slurm-client
+             python3-torch python3-torchvision python3-pil python3-numpy python3-venv)
 fi
 missing=()
 for p in "${packages[@]}"; do
@@ -65,6 +69,13 @@ cmake --build build -j "${VTRAIN_JOBS:-$(nproc)}" "${targets[@]}"
 echo "setup: built build/vtrain"
 
 if ((run_tests)); then
+  # ONNX Runtime, the ONNX checker and safetensors come from PyPI, into a
+  # venv beside Debian's packages (numpy kept below 2: Debian's torch is
+  # built against numpy 1). The tests find it as build/pyenv/bin/python.
+  if ! build/pyenv/bin/python -c "import onnxruntime, onnx, safetensors" 2>/dev/null; then
+    /usr/bin/python3 -m venv --system-site-packages build/pyenv
+    build/pyenv/bin/pip install -q "numpy<2" onnxruntime onnx safetensors
+  fi
   # Open MPI refuses root unless told; CI runs as root.
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   ctest --test-dir build --output-on-failure -j "${VTRAIN_JOBS:-$(nproc)}" --timeout 1200

@@ -111,6 +111,18 @@ inline std::string vtrain_binary() {
   return bin && *bin ? bin : VTRAIN_TEST_BINARY;
 }
 
+// The Python that has Debian's torch/torchvision and PyPI's onnxruntime,
+// onnx and safetensors (the venv scripts/setup.sh --test makes), and the
+// reason it cannot be used, empty when it can: tests that compare against
+// those tools GTEST_SKIP with that reason.
+inline std::string test_python() { return VTRAIN_TEST_PYTHON; }
+inline std::string test_python_missing(const std::string& modules) {
+  const std::string probe = test_python() + " -c 'import " + modules + "' >/dev/null 2>&1";
+  if (std::system(probe.c_str()) == 0) return "";
+  return test_python() + " cannot import " + modules +
+         " (run scripts/setup.sh --test, which makes that venv)";
+}
+
 // Runs a shell command; returns its exit code (-1 if it did not exit) and
 // its stdout and stderr together in *output.
 inline int run_command(const std::string& command, std::string* output = nullptr) {
