@@ -11,7 +11,8 @@
 namespace vtrain::launcher {
 namespace {
 
-const char* kCommands[] = {"train", "profile", "balance", "check", "db", "help", "version"};
+const char* kCommands[] = {"train",    "profile", "balance", "check", "db",
+                           "evaluate", "predict", "help",    "version"};
 
 bool is_command(const std::string& s) {
   for (const char* c : kCommands) {
@@ -123,6 +124,29 @@ bool parse_balance_option(const std::string& a, ArgReader& in, CliArgs& cli) {
   return true;
 }
 
+// evaluate's and predict's own options; false when `a` is none of them.
+bool parse_model_option(const std::string& a, ArgReader& in, CliArgs& cli) {
+  const bool evaluate = cli.command == "evaluate";
+  if (a == "--checkpoint") {
+    cli.checkpoint = in.value(a);
+  } else if (a == "--json") {
+    cli.json = true;
+  } else if (a == "--batch") {
+    cli.batch = positive_integer(a, in.value(a));
+  } else if (a == "--confusion" && evaluate) {
+    cli.confusion = in.value(a);
+  } else if (a == "--top" && !evaluate) {
+    cli.top = positive_integer(a, in.value(a));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool runs_a_checkpoint(const std::string& command) {
+  return command == "evaluate" || command == "predict";
+}
+
 // Options of train, db and of every command; false when `a` is none of them.
 bool parse_option(const std::string& a, ArgReader& in, CliArgs& cli) {
   const std::string& command = cli.command;
@@ -136,7 +160,8 @@ bool parse_option(const std::string& a, ArgReader& in, CliArgs& cli) {
     cli.progress = in.value(a);
   } else if (a == "--resume" && command == "train") {
     cli.resume = true;
-  } else if (a == "--db" && command != "train" && command != "check") {
+  } else if (a == "--db" && command != "train" && command != "check" &&
+             !runs_a_checkpoint(command)) {
     cli.db = in.value(a);
   } else if (a == "--plan" && command == "train") {
     cli.plan = in.value(a);
@@ -156,6 +181,8 @@ bool parse_option(const std::string& a, ArgReader& in, CliArgs& cli) {
     if (cli.format != "csv" && cli.format != "jsonl") {
       throw UsageError("--format must be csv or jsonl, got '" + cli.format + "'");
     }
+  } else if (runs_a_checkpoint(command)) {
+    return parse_model_option(a, in, cli);
   } else {
     return command == "balance" && parse_balance_option(a, in, cli);
   }
@@ -179,6 +206,14 @@ void check_complete(const CliArgs& cli) {
   if (cli.config.empty()) throw UsageError("'" + cli.command + "' needs a CONFIG file");
   if (cli.command == "balance" && cli.db.empty()) {
     throw UsageError("balance needs --db FILE (the perf DB that `vtrain profile` filled)");
+  }
+  if (runs_a_checkpoint(cli.command) && cli.checkpoint.empty()) {
+    throw UsageError(cli.command + " needs --checkpoint PATH (a checkpoint file, or the "
+                     "checkpoint.dir folder: its newest)");
+  }
+  if (cli.command == "predict" && cli.inputs.empty()) {
+    throw UsageError("predict needs at least one INPUT after the config (test:INDEX or "
+                     "train:INDEX: a sample of the config's data)");
   }
 }
 
@@ -221,14 +256,64 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
                        cli.command + " --help)");
     }
     if (cli.command == "db") throw UsageError("unexpected argument '" + a + "' for db " + cli.db_action);
-    if (!cli.config.empty()) {
+    if (cli.config.empty()) {
+      cli.config = a;
+    } else if (cli.command == "predict") {
+      cli.inputs.push_back(a);  // its form is checked against the data (predict_input)
+    } else {
       throw UsageError("unexpected argument '" + a + "': the config is already '" + cli.config + "'");
     }
-    cli.config = a;
   }
   check_complete(cli);
   return cli;
 }
+
+const char* const kEvaluateHelp =
+    R"(vtrain evaluate CONFIG --checkpoint PATH [--batch B] [--json] [--confusion FILE]
+                [--set KEY=VALUE]...
+mpirun -np N vtrain evaluate CONFIG --checkpoint PATH ...
+
+Scores the model of a checkpoint on CONFIG's test set: the mean loss, top-1
+and top-5 accuracy (a sample counts for top-5 when its label is among its 5
+highest scores; with 5 classes or fewer every sample does), and per class
+the samples and their top-1 accuracy. The model is CONFIG's; a checkpoint
+of another model is an error. Batch norm runs in inference form (its
+running statistics). PATH is a checkpoint file or a folder (checkpoint.dir):
+its newest checkpoint.
+
+Under mpirun the test set is divided among the ranks in whole batches and
+the counts added up: the figures do not depend on the number of ranks.
+Each convolution runs its least-workspace algorithm (or conv.algorithm when
+it names one), untimed, so that they do not depend on timing either.
+  --checkpoint PATH   the checkpoint file, or a folder: its newest
+  --batch B           samples per forward pass (default train.batch)
+  --json              print the figures as one JSON object (docs/evaluate.md)
+  --confusion FILE    write the confusion matrix as CSV: a row per label, a
+                      column per predicted class (top-1), counts
+Exit codes: 0 success, 1 runtime failure (no checkpoint at PATH, a
+checkpoint of another model, a file that cannot be written), 2 usage or
+config error.
+)";
+
+const char* const kPredictHelp =
+    R"(vtrain predict CONFIG --checkpoint PATH INPUT... [--top K] [--batch B] [--json]
+               [--set KEY=VALUE]...
+
+Runs the model of a checkpoint on each INPUT and prints its K most likely
+classes (default 5) with their probabilities (softmax of the scores) and
+names where the data has them (CIFAR-10's classes), else class indexes.
+INPUT is a sample of CONFIG's data:
+  test:INDEX    sample INDEX of the test set (from 0)
+  train:INDEX   sample INDEX of the training set
+normalised as training and evaluation normalise it; its label is shown.
+  --checkpoint PATH   the checkpoint file, or a folder: its newest
+  --top K             classes shown per input (at most the model's classes)
+  --batch B           inputs per forward pass (default train.batch)
+  --json              print one JSON object (docs/evaluate.md)
+Exit codes: 0 success, 1 runtime failure (no checkpoint at PATH, a
+checkpoint of another model), 2 usage or config error (an INPUT of another
+form, an INDEX outside the data).
+)";
 
 std::string help_text(const std::string& topic) {
   if (topic.empty() || topic == "help") {
@@ -243,6 +328,11 @@ Usage:
   vtrain db stats --db FILE        what the perf DB holds
   vtrain db export --db FILE --table NAME [--format csv|jsonl]
   vtrain check CONFIG [options]    validate the config, build the model, print a summary
+  vtrain evaluate CONFIG --checkpoint PATH [--json] [--confusion FILE]
+                                   score a checkpoint on the test set (loss, top-1,
+                                   top-5, per class; mpirun -np N splits the set)
+  vtrain predict CONFIG --checkpoint PATH INPUT... [--top K] [--json]
+                                   the top classes of samples (INPUT: test:N, train:N)
   vtrain help [COMMAND]            this help, or a command's
   vtrain --version
 
@@ -430,8 +520,11 @@ that would, which trains).
 )";
   }
   if (topic == "version") return "vtrain --version: prints the version\n";
+  if (topic == "evaluate") return kEvaluateHelp;
+  if (topic == "predict") return kPredictHelp;
   throw UsageError("no help for '" + topic +
-                   "' (commands: train, profile, balance, check, db, help, version)");
+                   "' (commands: train, profile, balance, check, db, evaluate, predict, help, "
+                   "version)");
 }
 
 }  // namespace vtrain::launcher

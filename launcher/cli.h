@@ -27,7 +27,8 @@ enum ExitCode : int {
 };
 
 struct CliArgs {
-  std::string command;                 // "train", "profile", "balance", "check", "db", "help", "version"
+  std::string command;                 // "train", "profile", "balance", "check", "db", "evaluate",
+                                       // "predict", "help", "version"
   std::string help_topic;              // for "help": a command name or empty
   std::string config;                  // CONFIG path
   std::vector<std::string> overrides;  // --set key.path=value, in order
@@ -41,7 +42,13 @@ struct CliArgs {
   std::string plan;                    // train: --plan FILE (a plan to follow)
   std::string trace;                   // train: --trace FILE (Chrome trace of the first steps)
   int ranks = 0;                       // check: --ranks N (0: balance.manual's count, else 1)
-  int64_t batch = 0;                   // balance: --batch B (default train.batch)
+  int64_t batch = 0;                   // balance: --batch B (default train.batch);
+                                       // evaluate, predict: samples per forward pass
+  std::string checkpoint;              // evaluate, predict: --checkpoint PATH (file or folder)
+  std::string confusion;               // evaluate: --confusion FILE (the confusion matrix as CSV)
+  bool json = false;                   // evaluate, predict: --json (JSON on stdout)
+  int64_t top = 5;                     // predict: --top K (classes shown per input)
+  std::vector<std::string> inputs;     // predict: INPUT... (test:N, train:N)
   std::string devices;                 // balance: --devices "name,name,..." (default: the DB's)
   std::string workspace;               // balance: --workspace SIZE (balance.workspace_limit)
   // balance: --policy undivided|wr|wd (overrides balance.workspace)

@@ -19,6 +19,7 @@
 #include "configs/config_limits.h"
 #include "launcher/cli.h"
 #include "launcher/db_command.h"
+#include "launcher/evaluate_command.h"
 #include "launcher/job_plan.h"
 #include "launcher/part_options.h"
 #include "launcher/stop_signals.h"
@@ -451,6 +452,16 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   return kExitOk;
 }
 
+// evaluate and predict: the config, data and model as training makes them.
+TrainedModelSetup trained_model_setup(const CliArgs& cli, int ranks) {
+  Config cfg = load(cli);
+  Datasets data = load_data(cfg);
+  worker::Graph graph = build_graph(cfg, data, ranks);
+  worker::ChannelStats norm = normalisation(cfg, data.train);
+  return {std::move(cfg), std::move(data.train), std::move(data.test), std::move(graph),
+          std::move(norm)};
+}
+
 // Prints an error the way every rank of a job does, then ends the job: with
 // several ranks one failing rank aborts them all, so none is left waiting.
 int fail(const char* kind, const char* what, int code, int rank, int ranks) {
@@ -487,7 +498,7 @@ int run(int argc, char** argv) {
   // Before MPI and every other library start their threads (see the class).
   std::optional<StopSignalWatcher> stop_signals;
   if (cli.command == "train") stop_signals.emplace();
-  if (cli.command == "train" || cli.command == "profile") {
+  if (cli.command == "train" || cli.command == "profile" || cli.command == "evaluate") {
     try {
       mpi.emplace(&argc, &argv);
     } catch (const std::exception& e) {
@@ -505,8 +516,12 @@ int run(int argc, char** argv) {
       const Datasets data = load_data(cfg);
       return run_balance(cli, cfg, build_graph(cfg, data, 1));
     }
+    if (cli.command == "predict") return run_predict(cli, trained_model_setup(cli, 1));
     auto comm = worker::make_mpi_communicator();
     if (cli.command == "profile") return run_profile(cli, *comm);
+    if (cli.command == "evaluate") {
+      return run_evaluate(cli, trained_model_setup(cli, comm->size()), *comm);
+    }
     return run_train(cli, *comm, stop_signals->received());
   } catch (const UsageError& e) {
     return fail("usage error", e.what(), kExitUsage, rank, ranks);

@@ -189,8 +189,11 @@ class Network {
   // (forward in graph order, then backward in reverse, as every schedule
   // runs them), contributing nothing; nothing without it.
   void train_without_samples();
-  // Forward in inference mode (batch norm uses running statistics).
-  LossStats evaluate(int64_t n);
+  // Forward in inference mode (batch norm uses running statistics). With
+  // `logits`, also copies the scores the loss read there: n x
+  // graph().classes() floats, sample by sample (evaluation's top-k and
+  // confusion, predict's probabilities).
+  LossStats evaluate(int64_t n, float* logits = nullptr);
 
   std::function<void(const ParamRange&)> on_gradients_ready;
 

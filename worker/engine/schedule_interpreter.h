@@ -64,7 +64,10 @@ class ScheduleInterpreter {
   // std::invalid_argument). On an error, whatever the step allocated goes
   // back to the pools before it propagates.
   LossStats train_step(int64_t n, float loss_scale);
-  LossStats evaluate(int64_t n);
+  // With `logits`, evaluate also downloads the loss's input there (plain
+  // f32, n x classes): it is read at the loss, before a layer-wise
+  // schedule releases it.
+  LossStats evaluate(int64_t n, float* logits = nullptr);
 
   // Called during backward once layer i's parameter gradients are final.
   std::function<void(int)> on_layer_gradients_ready;
@@ -94,6 +97,7 @@ class ScheduleInterpreter {
   void run_layer_call(const memory::ScheduleEvent& e, const std::string& label, int64_t n,
                       bool training);
   LossStats run_loss(int layer, int64_t n, bool training, float loss_scale);
+  float* logits_out_ = nullptr;  // evaluate()'s `logits` while it runs
   // Layer i's forward (or recompute) call: its inputs and output as they
   // are on the device now, its forward workspace.
   LayerCall forward_call(int i, int64_t n);

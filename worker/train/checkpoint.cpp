@@ -443,6 +443,18 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return listed->back().path.string();
 }
 
+std::string checkpoint_at(const std::string& path) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status)) {
+    throw CheckpointError("checkpoint " + path + " does not exist (give a checkpoint file, "
+                          "ckpt-<step>.vtc, or the checkpoint.dir folder that holds them)");
+  }
+  if (!fs::is_directory(status)) return path;
+  if (std::optional<std::string> newest = latest_checkpoint(path)) return *newest;
+  throw CheckpointError("checkpoint folder " + path + " holds no checkpoint (ckpt-<step>.vtc)");
+}
+
 Checkpoint load_checkpoint(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) fail(path, "cannot open", errno);

@@ -119,6 +119,13 @@ std::string save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int 
 // listed (rather than let a run restart from scratch over its checkpoints).
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
+// The checkpoint a command is pointed at (vtrain evaluate and predict
+// --checkpoint PATH): PATH when it is a file, the newest complete
+// checkpoint in it (latest_checkpoint) when it is a folder. Throws
+// CheckpointError naming PATH when nothing is there or the folder holds no
+// checkpoint.
+std::string checkpoint_at(const std::string& path);
+
 // Reads and validates a checkpoint: magic, version, lengths against the file
 // size, CRC. Throws CheckpointError naming the file and the problem
 // ("truncated", "CRC mismatch", "not a vtrain checkpoint", "version 9 is

@@ -24,6 +24,17 @@ std::string json_number(double value) {
   return buf;
 }
 
+// A JSON array of `values`, each encoded by `encode`.
+template <typename T, typename Encode>
+std::string json_array(std::span<const T> values, Encode encode) {
+  std::string array = "[";
+  for (const T& v : values) {
+    if (array.size() > 1) array += ",";
+    array += encode(v);
+  }
+  return array + "]";
+}
+
 }  // namespace
 
 JsonRecord& JsonRecord::add(const std::string& key, const std::string& value) {
@@ -37,22 +48,27 @@ JsonRecord& JsonRecord::add(const std::string& key, double value) {
 }
 
 JsonRecord& JsonRecord::add(const std::string& key, std::span<const double> values) {
-  std::string array = "[";
-  for (double v : values) {
-    if (array.size() > 1) array += ",";
-    array += json_number(v);
-  }
-  fields_.emplace_back(key, array + "]");
+  fields_.emplace_back(key, json_array(values, json_number));
   return *this;
 }
 
 JsonRecord& JsonRecord::add(const std::string& key, std::span<const int64_t> values) {
-  std::string array = "[";
-  for (int64_t v : values) {
-    if (array.size() > 1) array += ",";
-    array += std::to_string(v);
-  }
-  fields_.emplace_back(key, array + "]");
+  fields_.emplace_back(key, json_array(values, [](int64_t v) { return std::to_string(v); }));
+  return *this;
+}
+
+JsonRecord& JsonRecord::add(const std::string& key, std::span<const std::string> values) {
+  fields_.emplace_back(key, json_array(values, common::json_quote));
+  return *this;
+}
+
+JsonRecord& JsonRecord::add(const std::string& key, const JsonRecord& object) {
+  fields_.emplace_back(key, object.str());
+  return *this;
+}
+
+JsonRecord& JsonRecord::add(const std::string& key, std::span<const JsonRecord> objects) {
+  fields_.emplace_back(key, json_array(objects, [](const JsonRecord& o) { return o.str(); }));
   return *this;
 }
 

@@ -23,6 +23,9 @@ class JsonRecord {
   JsonRecord& add(const std::string& key, int value) { return add(key, static_cast<int64_t>(value)); }
   JsonRecord& add(const std::string& key, std::span<const double> values);  // a JSON array
   JsonRecord& add(const std::string& key, std::span<const int64_t> values);  // a JSON array
+  JsonRecord& add(const std::string& key, std::span<const std::string> values);  // a JSON array
+  JsonRecord& add(const std::string& key, const JsonRecord& object);  // a nested object
+  JsonRecord& add(const std::string& key, std::span<const JsonRecord> objects);  // an array of them
   std::string str() const;
 
  private:

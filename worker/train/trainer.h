@@ -155,6 +155,7 @@ struct TrainResult {
   int64_t steps = 0;
   double final_loss = 0;              // mean loss of the last step
   double test_accuracy = -1;          // last evaluation, -1 if none ran
+  double test_top5_accuracy = -1;     // its top-5 accuracy (evaluate.h), -1 if none ran
   double test_loss = -1;
   double images_per_second = 0;       // training steps only (evaluation excluded)
   size_t peak_device_bytes = 0;

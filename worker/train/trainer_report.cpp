@@ -3,37 +3,10 @@
 #include <string>
 #include <vector>
 
+#include "worker/train/evaluate.h"
 #include "worker/train/trainer_internal.h"
 
 namespace vtrain::worker::trainer_internal {
-namespace {
-
-struct Evaluation {
-  double loss = 0;
-  double accuracy = 0;
-};
-
-// Each rank evaluates a contiguous share of the test set; the sums are added.
-Evaluation evaluate(Network& net, const Dataset& data, const ChannelStats& norm, int64_t chunk,
-                    Staging& stage, Communicator* comm) {
-  const int rank = comm ? comm->rank() : 0, ranks = comm ? comm->size() : 1;
-  const int64_t first = data.count * rank / ranks, last = data.count * (rank + 1) / ranks;
-  std::vector<double> sums{0.0, 0.0};  // loss, correct
-  for (int64_t at = first; at < last; at += chunk) {
-    const int64_t n = std::min(chunk, last - at);
-    stage.indices.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) stage.indices[i] = at + i;
-    gather_staged(data, norm, stage);
-    upload_staged(net, stage);
-    const LossStats s = net.evaluate(n);
-    sums[0] += s.loss_sum;
-    sums[1] += static_cast<double>(s.correct);
-  }
-  if (comm) comm->allreduce_sum(sums);
-  return {sums[0] / static_cast<double>(data.count), sums[1] / static_cast<double>(data.count)};
-}
-
-}  // namespace
 
 void Trainer::print_setup() {
   const std::string split_text = balancer::join_batches(job_.split);
@@ -114,11 +87,16 @@ void Trainer::end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_po
                                totals.correct / seen);
   if (options_.evaluate && test_set_.count > 0) {
     share_batch_norm_statistics();
-    const Evaluation e = evaluate(*net_, test_set_, norm_, job_.eval_chunk, eval_stage_, comm_);
-    result_.test_accuracy = e.accuracy;
-    result_.test_loss = e.loss;
-    record.add("test_loss", e.loss).add("test_accuracy", e.accuracy);
-    summary += format(", test loss %.4f acc %.4f", e.loss, e.accuracy);
+    const EvaluationCounts e = evaluate(*net_, test_set_, norm_, eval_stage_,
+                                        {.chunk = job_.eval_chunk, .comm = comm_});
+    result_.test_accuracy = e.accuracy();
+    result_.test_top5_accuracy = e.top5_accuracy();
+    result_.test_loss = e.loss();
+    record.add("test_loss", e.loss())
+        .add("test_accuracy", e.accuracy())
+        .add("test_top5_accuracy", e.top5_accuracy());
+    summary += format(", test loss %.4f acc %.4f top-5 %.4f", e.loss(), e.accuracy(),
+                      e.top5_accuracy());
   }
   summary += format(" (%.1f s)", seconds_since(start));
   progress_.line(summary);
@@ -173,7 +151,11 @@ void Trainer::write_end_record() {
       .add("skipped_steps", r.skipped_steps)
       .add("prefetched_batches", r.prefetched_batches)
       .add("loss_scale", r.loss_scale);
-  if (r.test_accuracy >= 0) end.add("test_accuracy", r.test_accuracy).add("test_loss", r.test_loss);
+  if (r.test_accuracy >= 0) {
+    end.add("test_accuracy", r.test_accuracy)
+        .add("test_top5_accuracy", r.test_top5_accuracy)
+        .add("test_loss", r.test_loss);
+  }
   metrics_.write(end);
 }
 
@@ -204,7 +186,9 @@ void Trainer::print_summary() {
   progress_.line(format("done: %lld steps, %.0f img/s, peak device memory %s%s%s",
                         static_cast<long long>(r.steps), r.images_per_second,
                         common::format_mib(r.peak_device_bytes).c_str(),
-                        r.test_accuracy >= 0 ? format(", test accuracy %.4f", r.test_accuracy).c_str()
+                        r.test_accuracy >= 0 ? format(", test accuracy %.4f (top-5 %.4f)",
+                                                      r.test_accuracy, r.test_top5_accuracy)
+                                                   .c_str()
                                              : "",
                         comm_text.c_str()));
 }
