@@ -148,7 +148,7 @@ void print_evaluation(const LoadedCheckpoint& from, const worker::EvaluationCoun
                       const std::vector<std::string>& names, const std::string& setup_line) {
   std::printf("checkpoint: %s (step %lld)\n%s\n", from.path.c_str(),
               static_cast<long long>(from.step), setup_line.c_str());
-  std::printf("loss %.4f  top-1 %.4f (%lld/%lld)  top-5 %.4f (%lld/%lld)\n", e.loss(),
+  std::printf("loss %.4g  top-1 %.4f (%lld/%lld)  top-5 %.4f (%lld/%lld)\n", e.loss(),
               e.accuracy(), static_cast<long long>(e.top1), static_cast<long long>(e.samples),
               e.top5_accuracy(), static_cast<long long>(e.top5), static_cast<long long>(e.samples));
   std::printf("  %-18s %8s %8s\n", "class", "samples", "top-1");
@@ -282,7 +282,7 @@ int run_predict(const CliArgs& cli, const TrainedModelSetup& setup) {
     if (!cli.json) std::printf("%s: label %s\n", inputs[i].text.c_str(), class_text(names, labels[i]).c_str());
     for (int64_t c : top) {
       ranked.push_back(class_record(names, c).add("probability", p[static_cast<size_t>(c)]));
-      if (!cli.json) std::printf("  %.6f  %s\n", p[static_cast<size_t>(c)], class_text(names, c).c_str());
+      if (!cli.json) std::printf("  %-10.4g %s\n", p[static_cast<size_t>(c)], class_text(names, c).c_str());
     }
     predictions.push_back(JsonRecord()
                               .add("input", inputs[i].text)
