@@ -107,15 +107,16 @@ LoadedCheckpoint load_model_state(const std::string& where, worker::Network& net
 
 // --confusion: a row per label, a column per top-1 class.
 void write_confusion(const std::string& path, const worker::EvaluationCounts& counts) {
-  std::string csv = "label";
-  for (int64_t c = 0; c < counts.classes; ++c) csv += "," + std::to_string(c);
-  csv += "\n";
+  const auto row = [&](const std::string& first, auto cell) {
+    std::string line = first;
+    for (int64_t c = 0; c < counts.classes; ++c) line.append(",").append(std::to_string(cell(c)));
+    return line + "\n";
+  };
+  std::string csv = row("label", [](int64_t c) { return c; });
   for (int64_t label = 0; label < counts.classes; ++label) {
-    csv += std::to_string(label);
-    for (int64_t c = 0; c < counts.classes; ++c) {
-      csv += "," + std::to_string(counts.confusion[static_cast<size_t>(label * counts.classes + c)]);
-    }
-    csv += "\n";
+    csv += row(std::to_string(label), [&](int64_t c) {
+      return counts.confusion[static_cast<size_t>(label * counts.classes + c)];
+    });
   }
   common::write_file_whole(path, csv, "confusion matrix");
 }
@@ -227,6 +228,9 @@ std::vector<int32_t> input_labels(const std::vector<PredictInput>& inputs) {
 }  // namespace
 
 int run_evaluate(const CliArgs& cli, const TrainedModelSetup& setup, worker::Communicator& comm) {
+  if (setup.test.count == 0) {
+    throw config::ConfigError(setup.cfg.path + ": the test set is empty: nothing to evaluate");
+  }
   const int64_t chunk = forward_batch(cli, setup.cfg, setup.test.count);
   const auto backend = worker::make_backend(backend_options(setup.cfg));
   const std::unique_ptr<worker::Network> net = inference_network(setup, *backend, chunk);
