@@ -1,6 +1,8 @@
 #include "launcher/cli.h"
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -11,7 +13,8 @@
 namespace vtrain::launcher {
 namespace {
 
-const char* kCommands[] = {"train", "profile", "balance", "check", "db", "help", "version"};
+const char* kCommands[] = {"train", "profile", "balance", "check", "db", "export", "help",
+                           "version"};
 
 bool is_command(const std::string& s) {
   for (const char* c : kCommands) {
@@ -78,6 +81,18 @@ std::optional<Number> exact_number(const std::string& v) {
   return n;
 }
 
+// "onnx" or "onnx, safetensors": what export --format takes.
+std::string export_formats() {
+  std::string s;
+  for (const char* f : kExportFormats) s += (s.empty() ? "" : ", ") + std::string(f);
+  return s;
+}
+
+bool is_export_format(const std::string& f) {
+  return std::find(std::begin(kExportFormats), std::end(kExportFormats), f) !=
+         std::end(kExportFormats);
+}
+
 int64_t positive_integer(const std::string& flag, const std::string& v) {
   const std::optional<int64_t> n = exact_number<int64_t>(v);
   if (!n || *n < 1) throw UsageError(flag + " expects a positive integer, got '" + v + "'");
@@ -123,6 +138,24 @@ bool parse_balance_option(const std::string& a, ArgReader& in, CliArgs& cli) {
   return true;
 }
 
+// export's own options; false when `a` is none of them.
+bool parse_export_option(const std::string& a, ArgReader& in, CliArgs& cli) {
+  if (a == "--checkpoint") {
+    cli.checkpoint = in.value(a);
+  } else if (a == "--out") {
+    cli.out = in.value(a);
+  } else if (a == "--format") {
+    cli.format = in.value(a);
+    if (!is_export_format(cli.format)) {
+      throw UsageError("--format must be one of " + export_formats() + ", got '" + cli.format +
+                       "'");
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // Options of train, db and of every command; false when `a` is none of them.
 bool parse_option(const std::string& a, ArgReader& in, CliArgs& cli) {
   const std::string& command = cli.command;
@@ -156,6 +189,8 @@ bool parse_option(const std::string& a, ArgReader& in, CliArgs& cli) {
     if (cli.format != "csv" && cli.format != "jsonl") {
       throw UsageError("--format must be csv or jsonl, got '" + cli.format + "'");
     }
+  } else if (command == "export") {
+    return parse_export_option(a, in, cli);
   } else {
     return command == "balance" && parse_balance_option(a, in, cli);
   }
@@ -177,6 +212,16 @@ void check_complete(const CliArgs& cli) {
     return;
   }
   if (cli.config.empty()) throw UsageError("'" + cli.command + "' needs a CONFIG file");
+  if (cli.command == "export") {
+    if (cli.checkpoint.empty()) {
+      throw UsageError("export needs --checkpoint PATH (a checkpoint file, or a folder: its newest)");
+    }
+    // cli.format still holds db's default when --format was not given.
+    if (!is_export_format(cli.format)) {
+      throw UsageError("export needs --format FORMAT (" + export_formats() + ")");
+    }
+    if (cli.out.empty()) throw UsageError("export needs --out FILE (the model file to write)");
+  }
   if (cli.command == "balance" && cli.db.empty()) {
     throw UsageError("balance needs --db FILE (the perf DB that `vtrain profile` filled)");
   }
@@ -243,6 +288,8 @@ Usage:
   vtrain db stats --db FILE        what the perf DB holds
   vtrain db export --db FILE --table NAME [--format csv|jsonl]
   vtrain check CONFIG [options]    validate the config, build the model, print a summary
+  vtrain export CONFIG --checkpoint PATH --format onnx --out FILE
+                                   write a trained model for other tools
   vtrain help [COMMAND]            this help, or a command's
   vtrain --version
 
@@ -429,9 +476,28 @@ error names the tensor that does not fit and the least device.memory_limit
 that would, which trains).
 )";
   }
+  if (topic == "export") {
+    return R"(vtrain export CONFIG --checkpoint PATH --format FORMAT --out FILE [--set KEY=VALUE]...
+
+Writes the model of CONFIG with the weights of a checkpoint to FILE, for
+other tools. PATH is a checkpoint file (ckpt-*.vtc) or a checkpoint folder,
+whose newest checkpoint is taken; it must belong to CONFIG's model (the
+data is loaded to size the model, as training does).
+  --format onnx   an ONNX model, opset 17 (docs/onnx.md): one node per layer
+                  (Conv, BatchNormalization in inference form, Relu, MaxPool,
+                  AveragePool, GlobalAveragePool, Flatten + Gemm, Add,
+                  Concat), input N x C x H x W named after the input layer,
+                  output N x classes; the evaluation preprocessing (mean, std,
+                  input_shape, classes) in its metadata_props. Checked with
+                  the ONNX checker before it is written.
+  --out FILE      the file to write, whole or not at all
+Exit codes: 0 written, 1 a checkpoint or file that cannot be read or
+written, 2 a usage or config error.
+)";
+  }
   if (topic == "version") return "vtrain --version: prints the version\n";
   throw UsageError("no help for '" + topic +
-                   "' (commands: train, profile, balance, check, db, help, version)");
+                   "' (commands: train, profile, balance, check, db, export, help, version)");
 }
 
 }  // namespace vtrain::launcher

@@ -27,7 +27,8 @@ enum ExitCode : int {
 };
 
 struct CliArgs {
-  std::string command;                 // "train", "profile", "balance", "check", "db", "help", "version"
+  std::string command;                 // "train", "profile", "balance", "check", "db", "export",
+                                       // "help", "version"
   std::string help_topic;              // for "help": a command name or empty
   std::string config;                  // CONFIG path
   std::vector<std::string> overrides;  // --set key.path=value, in order
@@ -37,7 +38,8 @@ struct CliArgs {
   std::string db;                      // --db FILE (profile.db; required for `db`)
   std::string db_action;               // db: "stats" or "export"
   std::string table;                   // db export: --table NAME
-  std::string format = "csv";          // db export: --format csv|jsonl
+  std::string format = "csv";          // db export: --format csv|jsonl; export: --format (kExportFormats)
+  std::string checkpoint;              // export: --checkpoint PATH (a file, or a folder: its newest)
   std::string plan;                    // train: --plan FILE (a plan to follow)
   std::string trace;                   // train: --trace FILE (Chrome trace of the first steps)
   int ranks = 0;                       // check: --ranks N (0: balance.manual's count, else 1)
@@ -46,10 +48,13 @@ struct CliArgs {
   std::string workspace;               // balance: --workspace SIZE (balance.workspace_limit)
   // balance: --policy undivided|wr|wd (overrides balance.workspace)
   std::optional<balancer::WorkspacePolicy> policy;
-  std::string out;                     // balance: --out FILE (write the plan)
+  std::string out;                     // balance: --out FILE (write the plan); export: the model file
   std::string fronts;                  // balance: --fronts FILE (Pareto fronts as CSV)
   double allreduce_ms = 0;             // balance: --allreduce-ms MS (added to every step)
 };
+
+// The formats `vtrain export --format` writes.
+inline constexpr const char* kExportFormats[] = {"onnx"};
 
 // Throws UsageError. `vtrain CONFIG` means `vtrain train CONFIG`.
 CliArgs parse_cli(const std::vector<std::string>& args);

@@ -189,8 +189,10 @@ class Network {
   // (forward in graph order, then backward in reverse, as every schedule
   // runs them), contributing nothing; nothing without it.
   void train_without_samples();
-  // Forward in inference mode (batch norm uses running statistics).
-  LossStats evaluate(int64_t n);
+  // Forward in inference mode (batch norm uses running statistics). With
+  // `logits`, also the last layer's output as plain floats, n x classes
+  // (what an exported model computes from the same input).
+  LossStats evaluate(int64_t n, std::vector<float>* logits = nullptr);
 
   std::function<void(const ParamRange&)> on_gradients_ready;
 

@@ -64,7 +64,9 @@ class ScheduleInterpreter {
   // std::invalid_argument). On an error, whatever the step allocated goes
   // back to the pools before it propagates.
   LossStats train_step(int64_t n, float loss_scale);
-  LossStats evaluate(int64_t n);
+  // With `logits`: the logits as plain floats (n x classes), read before
+  // the schedule releases them.
+  LossStats evaluate(int64_t n, std::vector<float>* logits = nullptr);
 
   // Called during backward once layer i's parameter gradients are final.
   std::function<void(int)> on_layer_gradients_ready;
@@ -132,6 +134,7 @@ class ScheduleInterpreter {
   void* workspace_ = nullptr;               // shared: policy none, or a plan's buffer
   size_t workspace_bytes_ = 0;
   int32_t* labels_ = nullptr;
+  std::vector<float>* logits_out_ = nullptr;  // evaluate's logits, while it runs
   std::vector<bool> grad_written_;  // per step: gradient holds a value already
   size_t offloaded_bytes_ = 0;      // this step
   // Memory-stream copies issued since the last sync (for the trace).

@@ -443,6 +443,18 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return listed->back().path.string();
 }
 
+std::string checkpoint_file(const std::string& path) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status)) {
+    throw CheckpointError("checkpoint " + path + ": no such file or folder");
+  }
+  if (!fs::is_directory(status)) return path;
+  const std::optional<std::string> newest = latest_checkpoint(path);
+  if (!newest) throw CheckpointError("checkpoint folder " + path + " holds no checkpoint (ckpt-*.vtc)");
+  return *newest;
+}
+
 Checkpoint load_checkpoint(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) fail(path, "cannot open", errno);

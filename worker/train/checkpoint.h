@@ -119,6 +119,12 @@ std::string save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int 
 // listed (rather than let a run restart from scratch over its checkpoints).
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
+// The checkpoint a user names on the command line: `path` itself when it is
+// not a folder, else the newest checkpoint in that folder. Throws
+// CheckpointError naming `path` when nothing is there, or the folder holds
+// no checkpoint (load_checkpoint then validates the file).
+std::string checkpoint_file(const std::string& path);
+
 // Reads and validates a checkpoint: magic, version, lengths against the file
 // size, CRC. Throws CheckpointError naming the file and the problem
 // ("truncated", "CRC mismatch", "not a vtrain checkpoint", "version 9 is
