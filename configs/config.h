@@ -25,6 +25,7 @@
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
 #include "worker/engine/optimizer.h"
+#include "worker/engine/parameter_layout.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/metrics.h"
 #include "worker/train/rebalancer.h"
@@ -36,10 +37,17 @@ using ConfigError = common::InputError;
 
 struct ModelConfig {
   std::string preset;                          // a preset name, or empty when `layers` is given
-  // Explicit layers (`model.layers`). Empty with a preset: its layers depend
-  // on the data shape, known only once the data is opened, so the trainer
-  // expands it with worker::preset_layers(preset, {shape, classes}).
+  // Explicit layers (`model.layers`, or those of model.onnx). Empty with a
+  // preset: its layers depend on the data shape, known only once the data
+  // is opened, so the trainer expands it with
+  // worker::preset_layers(preset, {shape, classes}).
   std::vector<worker::LayerSpec> layers;
+  // model.onnx: the ONNX file `layers` were read from (model_io/onnx.h);
+  // empty otherwise. The per-sample input it declares (the data's must be
+  // the same), and its initializers: the weights training starts from.
+  std::string onnx;
+  worker::Shape onnx_input;
+  std::vector<worker::NamedTensor> initial_weights;
   int64_t classes = 10;                        // model.classes (presets); default data.classes or 10
   // model.batch_norm: sync (statistics of the global batch when several
   // ranks train) or local (each rank's own samples)

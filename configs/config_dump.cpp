@@ -78,6 +78,8 @@ void emit_model(YAML::Emitter& out, const Config& config) {
   if (!config.model.preset.empty()) {
     out << YAML::Key << "preset" << YAML::Value << config.model.preset;
     out << YAML::Key << "classes" << YAML::Value << config.model.classes;
+  } else if (!config.model.onnx.empty()) {
+    out << YAML::Key << "onnx" << YAML::Value << config.model.onnx;
   } else {
     out << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
     for (const auto& layer : config.model.layers) emit_layer(out, layer);

@@ -97,8 +97,9 @@ std::string layer_key(const Config& config, const std::string& name) {
 }
 
 // Fails naming `layer` (empty: the model as a whole): "FILE:LINE:
-// model.layers[i] (name): what", or for a preset "FILE:LINE: model.preset:
-// preset 'p' for input CxHxW (data.shape): layer 'name': what".
+// model.layers[i] (name): what", for a preset "FILE:LINE: model.preset:
+// preset 'p' for input CxHxW (data.shape): layer 'name': what", for an
+// ONNX file "FILE:LINE: model.onnx: ONNX_FILE: layer 'name': what".
 [[noreturn]] void fail_model(const Config& config, const worker::Shape& input,
                              const std::string& layer, const std::string& what) {
   if (!config.model.preset.empty()) {
@@ -106,6 +107,10 @@ std::string layer_key(const Config& config, const std::string& name) {
             "preset '" + config.model.preset + "' for input " + chw(input) + " (" +
                 input_key(config) + ")" + (layer.empty() ? "" : ": layer '" + layer + "'") +
                 ": " + what);
+  }
+  if (!config.model.onnx.empty()) {
+    fail_at(config, "model.onnx",
+            config.model.onnx + (layer.empty() ? "" : ": layer '" + layer + "'") + ": " + what);
   }
   const std::string key = layer.empty() ? "model.layers" : layer_key(config, layer);
   const std::string where = where_at(config, key);
@@ -169,6 +174,13 @@ worker::Graph build_model(const Config& config, const worker::Shape& input) {
     std::vector<worker::LayerSpec> layers = config.model.layers;
     if (!config.model.preset.empty()) {
       layers = worker::preset_layers(config.model.preset, {input, config.model.classes});
+    }
+    const worker::Shape& declared = config.model.onnx_input;
+    if (!config.model.onnx.empty() &&
+        (declared.c != input.c || declared.h != input.h || declared.w != input.w)) {
+      fail_at(config, "model.onnx",
+              config.model.onnx + " takes inputs of " + chw(declared) + ", but the data's "
+              "samples are " + chw(input) + " (" + input_key(config) + ")");
     }
     worker::Graph graph = worker::Graph::build(std::move(layers), input, config.train.precision);
     graph.set_layout_choice(config.device.layout);

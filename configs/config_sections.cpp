@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "configs/internal/config_parts.h"
+#include "model_io/onnx.h"
 
 namespace vtrain::config::internal {
 namespace {
@@ -249,11 +250,26 @@ std::vector<worker::LayerSpec> read_layers(const Field& field) {
   return layers;
 }
 
+// model.onnx: the layers and initial weights of an ONNX file, read whole
+// (model_io/onnx.h) or refused naming the file and the node.
+void read_onnx_model(const Field& field, ModelConfig& model) {
+  model.onnx = to_path(field);
+  try {
+    model_io::OnnxModel read = model_io::read_onnx(model.onnx);
+    model.layers = std::move(read.layers);
+    model.onnx_input = read.input;
+    model.initial_weights = std::move(read.weights);
+  } catch (const model_io::OnnxError& e) {
+    field.fail(e.what());
+  }
+}
+
 ModelConfig read_model(const Field& field, const DataConfig& data) {
   const Section section(field);
-  section.allow({"preset", "classes", "layers", "batch_norm"});
+  section.allow({"preset", "classes", "layers", "onnx", "batch_norm"});
   const Field preset = section["preset"];
   const Field layers = section["layers"];
+  const Field onnx = section["onnx"];
   const Field classes = section["classes"];
   const Keys known = worker::preset_names();
 
@@ -262,15 +278,16 @@ ModelConfig read_model(const Field& field, const DataConfig& data) {
   // datasets we read have ten.
   const bool synthetic = data.kind == worker::DataKind::kSynthetic;
   model.classes = synthetic ? data.classes : 10;
-  if (preset && layers) {
+  if (int(bool(preset)) + int(bool(layers)) + int(bool(onnx)) > 1) {
     // Blame a --set that caused the clash, else the section.
     const Field& culprit = layers.from_override()   ? layers
                            : preset.from_override() ? preset
+                           : onnx.from_override()   ? onnx
                                                     : field;
-    culprit.fail("give either preset or layers, not both");
+    culprit.fail("give one of preset, layers and onnx, not several");
   }
-  if (!preset && !layers) {
-    field.fail("missing preset or layers (known presets: " + join(known) + ")");
+  if (!preset && !layers && !onnx) {
+    field.fail("missing preset, layers or onnx (known presets: " + join(known) + ")");
   }
 
   if (preset) {
@@ -287,9 +304,14 @@ ModelConfig read_model(const Field& field, const DataConfig& data) {
     }
   } else {
     if (classes) {
-      classes.fail("only used with a preset (with layers, the last layer's out sets the classes)");
+      classes.fail("only used with a preset (with layers or onnx, the last layer's out sets the "
+                   "classes)");
     }
-    model.layers = read_layers(layers);
+    if (layers) {
+      model.layers = read_layers(layers);
+    } else {
+      read_onnx_model(onnx, model);
+    }
   }
   if (Field f = section["batch_norm"]) model.batch_norm = to_choice(f, worker::kBatchNormModeNames);
   return model;

@@ -1,6 +1,8 @@
 #include "launcher/cli.h"
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -12,7 +14,7 @@ namespace vtrain::launcher {
 namespace {
 
 const char* kCommands[] = {"train",    "profile", "balance", "check", "db",
-                           "evaluate", "predict", "help",    "version"};
+                           "evaluate", "predict", "export",  "help",  "version"};
 
 bool is_command(const std::string& s) {
   for (const char* c : kCommands) {
@@ -79,6 +81,18 @@ std::optional<Number> exact_number(const std::string& v) {
   return n;
 }
 
+// "onnx" or "onnx, safetensors": what export --format takes.
+std::string export_formats() {
+  std::string s;
+  for (const char* f : kExportFormats) s += (s.empty() ? "" : ", ") + std::string(f);
+  return s;
+}
+
+bool is_export_format(const std::string& f) {
+  return std::find(std::begin(kExportFormats), std::end(kExportFormats), f) !=
+         std::end(kExportFormats);
+}
+
 int64_t positive_integer(const std::string& flag, const std::string& v) {
   const std::optional<int64_t> n = exact_number<int64_t>(v);
   if (!n || *n < 1) throw UsageError(flag + " expects a positive integer, got '" + v + "'");
@@ -143,8 +157,26 @@ bool parse_model_option(const std::string& a, ArgReader& in, CliArgs& cli) {
   return true;
 }
 
+// export's own options; false when `a` is none of them.
+bool parse_export_option(const std::string& a, ArgReader& in, CliArgs& cli) {
+  if (a == "--checkpoint") {
+    cli.checkpoint = in.value(a);
+  } else if (a == "--out") {
+    cli.out = in.value(a);
+  } else if (a == "--format") {
+    cli.format = in.value(a);
+    if (!is_export_format(cli.format)) {
+      throw UsageError("--format must be one of " + export_formats() + ", got '" + cli.format +
+                       "'");
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
+
 bool runs_a_checkpoint(const std::string& command) {
-  return command == "evaluate" || command == "predict";
+  return command == "evaluate" || command == "predict" || command == "export";
 }
 
 // Options of train, db and of every command; false when `a` is none of them.
@@ -181,6 +213,8 @@ bool parse_option(const std::string& a, ArgReader& in, CliArgs& cli) {
     if (cli.format != "csv" && cli.format != "jsonl") {
       throw UsageError("--format must be csv or jsonl, got '" + cli.format + "'");
     }
+  } else if (command == "export") {
+    return parse_export_option(a, in, cli);
   } else if (runs_a_checkpoint(command)) {
     return parse_model_option(a, in, cli);
   } else {
@@ -204,12 +238,19 @@ void check_complete(const CliArgs& cli) {
     return;
   }
   if (cli.config.empty()) throw UsageError("'" + cli.command + "' needs a CONFIG file");
-  if (cli.command == "balance" && cli.db.empty()) {
-    throw UsageError("balance needs --db FILE (the perf DB that `vtrain profile` filled)");
-  }
   if (runs_a_checkpoint(cli.command) && cli.checkpoint.empty()) {
     throw UsageError(cli.command + " needs --checkpoint PATH (a checkpoint file, or the "
                      "checkpoint.dir folder: its newest)");
+  }
+  if (cli.command == "export") {
+    // cli.format still holds db's default when --format was not given.
+    if (!is_export_format(cli.format)) {
+      throw UsageError("export needs --format FORMAT (" + export_formats() + ")");
+    }
+    if (cli.out.empty()) throw UsageError("export needs --out FILE (the model file to write)");
+  }
+  if (cli.command == "balance" && cli.db.empty()) {
+    throw UsageError("balance needs --db FILE (the perf DB that `vtrain profile` filled)");
   }
   if (cli.command == "predict" && cli.inputs.empty()) {
     throw UsageError("predict needs at least one INPUT after the config (test:INDEX or "
@@ -333,6 +374,8 @@ Usage:
                                    top-5, per class; mpirun -np N splits the set)
   vtrain predict CONFIG --checkpoint PATH INPUT... [--top K] [--json]
                                    the top classes of samples (INPUT: test:N, train:N)
+  vtrain export CONFIG --checkpoint PATH --format onnx --out FILE
+                                   write a trained model for other tools
   vtrain help [COMMAND]            this help, or a command's
   vtrain --version
 
@@ -519,12 +562,31 @@ error names the tensor that does not fit and the least device.memory_limit
 that would, which trains).
 )";
   }
+  if (topic == "export") {
+    return R"(vtrain export CONFIG --checkpoint PATH --format FORMAT --out FILE [--set KEY=VALUE]...
+
+Writes the model of CONFIG with the weights of a checkpoint to FILE, for
+other tools. PATH is a checkpoint file (ckpt-*.vtc) or a checkpoint folder,
+whose newest checkpoint is taken; it must belong to CONFIG's model (the
+data is loaded to size the model, as training does).
+  --format onnx   an ONNX model, opset 17 (docs/onnx.md): one node per layer
+                  (Conv, BatchNormalization in inference form, Relu, MaxPool,
+                  AveragePool, GlobalAveragePool, Flatten + Gemm, Add,
+                  Concat), input N x C x H x W named after the input layer,
+                  output N x classes; the evaluation preprocessing (mean, std,
+                  input_shape, classes) in its metadata_props. Checked with
+                  the ONNX checker before it is written.
+  --out FILE      the file to write, whole or not at all
+Exit codes: 0 written, 1 a checkpoint or file that cannot be read or
+written, 2 a usage or config error.
+)";
+  }
   if (topic == "version") return "vtrain --version: prints the version\n";
   if (topic == "evaluate") return kEvaluateHelp;
   if (topic == "predict") return kPredictHelp;
   throw UsageError("no help for '" + topic +
-                   "' (commands: train, profile, balance, check, db, evaluate, predict, help, "
-                   "version)");
+                   "' (commands: train, profile, balance, check, db, evaluate, predict, export, "
+                   "help, version)");
 }
 
 }  // namespace vtrain::launcher

@@ -28,7 +28,7 @@ enum ExitCode : int {
 
 struct CliArgs {
   std::string command;                 // "train", "profile", "balance", "check", "db", "evaluate",
-                                       // "predict", "help", "version"
+                                       // "predict", "export", "help", "version"
   std::string help_topic;              // for "help": a command name or empty
   std::string config;                  // CONFIG path
   std::vector<std::string> overrides;  // --set key.path=value, in order
@@ -38,13 +38,13 @@ struct CliArgs {
   std::string db;                      // --db FILE (profile.db; required for `db`)
   std::string db_action;               // db: "stats" or "export"
   std::string table;                   // db export: --table NAME
-  std::string format = "csv";          // db export: --format csv|jsonl
+  std::string format = "csv";          // db export: --format csv|jsonl; export: --format (kExportFormats)
   std::string plan;                    // train: --plan FILE (a plan to follow)
   std::string trace;                   // train: --trace FILE (Chrome trace of the first steps)
   int ranks = 0;                       // check: --ranks N (0: balance.manual's count, else 1)
   int64_t batch = 0;                   // balance: --batch B (default train.batch);
                                        // evaluate, predict: samples per forward pass
-  std::string checkpoint;              // evaluate, predict: --checkpoint PATH (file or folder)
+  std::string checkpoint;              // evaluate, predict, export: --checkpoint PATH (file or folder)
   std::string confusion;               // evaluate: --confusion FILE (the confusion matrix as CSV)
   bool json = false;                   // evaluate, predict: --json (JSON on stdout)
   int64_t top = 5;                     // predict: --top K (classes shown per input)
@@ -53,10 +53,13 @@ struct CliArgs {
   std::string workspace;               // balance: --workspace SIZE (balance.workspace_limit)
   // balance: --policy undivided|wr|wd (overrides balance.workspace)
   std::optional<balancer::WorkspacePolicy> policy;
-  std::string out;                     // balance: --out FILE (write the plan)
+  std::string out;                     // balance: --out FILE (write the plan); export: the model file
   std::string fronts;                  // balance: --fronts FILE (Pareto fronts as CSV)
   double allreduce_ms = 0;             // balance: --allreduce-ms MS (added to every step)
 };
+
+// The formats `vtrain export --format` writes.
+inline constexpr const char* kExportFormats[] = {"onnx"};
 
 // Throws UsageError. `vtrain CONFIG` means `vtrain train CONFIG`.
 CliArgs parse_cli(const std::vector<std::string>& args);

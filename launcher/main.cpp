@@ -20,6 +20,7 @@
 #include "launcher/cli.h"
 #include "launcher/db_command.h"
 #include "launcher/evaluate_command.h"
+#include "launcher/export_command.h"
 #include "launcher/job_plan.h"
 #include "launcher/part_options.h"
 #include "launcher/stop_signals.h"
@@ -355,6 +356,10 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   options.rebalance.split_options = solved_on.options;
   if (cli.resume) options.resume = worker::ResumeSetting::kRequired;
   options.run_settings = config::run_settings(cfg, data.train);
+  if (!cfg.model.initial_weights.empty()) {  // model.onnx's initializers
+    options.initial_weights =
+        worker::flatten_weights(graph, cfg.model.initial_weights, "model.onnx " + cfg.model.onnx);
+  }
   options.stop_signal = &stop_signal;
   // A testing aid (VTRAIN_FAIL_* in the environment, see the header).
   std::optional<worker::FailureInjection> injected_failure =
@@ -511,6 +516,11 @@ int run(int argc, char** argv) {
   try {
     if (cli.command == "check") return run_check(cli);
     if (cli.command == "db") return run_db(cli);
+    if (cli.command == "export") {
+      const Config cfg = load(cli);
+      const Datasets data = load_data(cfg);
+      return run_export(cli, build_graph(cfg, data, 1), normalisation(cfg, data.train));
+    }
     if (cli.command == "balance") {
       const Config cfg = load(cli);
       const Datasets data = load_data(cfg);

@@ -174,17 +174,22 @@ TEST(ConfigErrorTest, MeanAndStdGoTogether) {
 TEST(ConfigErrorTest, PresetAndLayersBothGiven) {
   EXPECT_EQ(error_of("model:\n  preset: lenet\n  layers:\n    - {name: data, type: input}\ndata: "
                      "{kind: synthetic}\n"),
-            "t.yaml:1: model: give either preset or layers, not both");
+            "t.yaml:1: model: give one of preset, layers and onnx, not several");
 }
 
 TEST(ConfigErrorTest, LayersSetOverAPreset) {
   EXPECT_EQ(error_of(kMinimal, {"model.layers=[{name: d, type: input}]"}),
-            "--set model.layers: give either preset or layers, not both");
+            "--set model.layers: give one of preset, layers and onnx, not several");
+}
+
+TEST(ConfigErrorTest, OnnxSetOverAPreset) {
+  EXPECT_EQ(error_of(kMinimal, {"model.onnx=m.onnx"}),
+            "--set model.onnx: give one of preset, layers and onnx, not several");
 }
 
 TEST(ConfigErrorTest, NeitherPresetNorLayers) {
   EXPECT_EQ(error_of("model: {}\ndata: {kind: synthetic}\n"),
-            "t.yaml:1: model: missing preset or layers (known presets: " +
+            "t.yaml:1: model: missing preset, layers or onnx (known presets: " +
                 join(worker::preset_names()) + ")");
 }
 

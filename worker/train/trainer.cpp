@@ -113,6 +113,10 @@ int64_t Trainer::prepare_network() {
     net_->set_trace(trace_.get());
   }
   net_->init_parameters(options_.seed);
+  if (options_.initial_weights) {
+    net_->upload_parameters(options_.initial_weights->parameters);
+    net_->upload_buffers(options_.initial_weights->buffers);
+  }
   return net_->parameter_count();
 }
 

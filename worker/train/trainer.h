@@ -24,6 +24,7 @@
 #include "worker/train/train_observer.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
+#include "worker/engine/parameter_layout.h"
 
 namespace vtrain::worker {
 
@@ -49,6 +50,10 @@ struct TrainerOptions {
   int64_t epochs = 1;
   int64_t max_steps = 0;         // stop after this many steps in total; 0 = no limit
   uint64_t seed = 1;             // initialisation and shuffling
+  // The weights a run started afresh begins from (model.onnx's
+  // initializers), in place of the seeded initialisation; a resume takes
+  // its checkpoint's. Sizes must be the network's (flatten_weights).
+  std::optional<FlatWeights> initial_weights;
   int64_t log_every = 50;        // steps between log lines and step metrics
   bool evaluate = true;          // test accuracy after every epoch
   LrSchedule schedule;           // steps_per_epoch and total_steps are filled in by the trainer

@@ -1,0 +1,30 @@
+// `vtrain export`: a checkpoint's weights in the config's graph, written in
+// the format asked for.
+#include "launcher/export_command.h"
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "model_io/onnx.h"
+#include "worker/engine/parameter_layout.h"
+#include "worker/train/checkpoint.h"
+
+namespace vtrain::launcher {
+
+int run_export(const CliArgs& cli, const worker::Graph& graph, const worker::ChannelStats& norm) {
+  // parse_cli admits only kExportFormats.
+  if (cli.format != "onnx") throw std::logic_error("export: format '" + cli.format + "' unhandled");
+  const std::string path = worker::checkpoint_at(cli.checkpoint);
+  worker::Checkpoint ckpt = worker::load_checkpoint(path);
+  int64_t buffers = 0;
+  for (const worker::LayerTensor& t : worker::layer_tensors(graph)) buffers += t.buffer ? t.count : 0;
+  worker::check_checkpoint_matches(ckpt, path, graph.signature(), graph.parameter_count(), buffers);
+  const worker::FlatWeights weights{std::move(ckpt.parameters), std::move(ckpt.buffers)};
+  model_io::write_onnx(cli.out, graph, weights, {norm.mean, norm.stddev});
+  std::printf("exported %s (step %lld) as ONNX opset %lld to %s\n", path.c_str(),
+              static_cast<long long>(ckpt.step), static_cast<long long>(model_io::kOnnxOpset),
+              cli.out.c_str());
+  return kExitOk;
+}
+
+}  // namespace vtrain::launcher
