@@ -251,7 +251,7 @@ std::vector<worker::LayerSpec> read_layers(const Field& field) {
 
 ModelConfig read_model(const Field& field, const DataConfig& data) {
   const Section section(field);
-  section.allow({"preset", "classes", "layers", "batch_norm"});
+  section.allow({"preset", "classes", "layers", "batch_norm", "init", "init_skip"});
   const Field preset = section["preset"];
   const Field layers = section["layers"];
   const Field classes = section["classes"];
@@ -292,6 +292,13 @@ ModelConfig read_model(const Field& field, const DataConfig& data) {
     model.layers = read_layers(layers);
   }
   if (Field f = section["batch_norm"]) model.batch_norm = to_choice(f, worker::kBatchNormModeNames);
+  if (Field f = section["init"]) model.init = to_path(f);
+  if (Field f = section["init_skip"]) {
+    if (model.init.empty()) f.fail("only used with model.init (the layers it leaves out)");
+    for (const Field& item : f.items("a list of layer names")) {
+      model.init_skip.push_back(to_string(item, "a layer name"));
+    }
+  }
   return model;
 }
 

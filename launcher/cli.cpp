@@ -1,5 +1,6 @@
 #include "launcher/cli.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <optional>
@@ -11,7 +12,11 @@
 namespace vtrain::launcher {
 namespace {
 
-const char* kCommands[] = {"train", "profile", "balance", "check", "db", "help", "version"};
+const char* kCommands[] = {"train", "profile", "balance", "check", "db", "export", "help",
+                           "version"};
+
+// export --format: the formats it writes.
+const char* kExportFormats[] = {"safetensors"};
 
 bool is_command(const std::string& s) {
   for (const char* c : kCommands) {
@@ -149,6 +154,19 @@ bool parse_option(const std::string& a, ArgReader& in, CliArgs& cli) {
       throw UsageError("--ranks must be a whole number of ranks >= 1, got '" + v + "'");
     }
     cli.ranks = *n;
+  } else if (a == "--checkpoint" && command == "export") {
+    cli.checkpoint = in.value(a);
+  } else if (a == "--out" && command == "export") {
+    cli.out = in.value(a);
+  } else if (a == "--format" && command == "export") {
+    cli.export_format = in.value(a);
+    if (std::find(std::begin(kExportFormats), std::end(kExportFormats), cli.export_format) ==
+        std::end(kExportFormats)) {
+      throw UsageError("--format must be one of " +
+                       common::join(std::vector<std::string>(std::begin(kExportFormats),
+                                                             std::end(kExportFormats))) +
+                       ", got '" + cli.export_format + "'");
+    }
   } else if (a == "--table" && command == "db") {
     cli.table = in.value(a);
   } else if (a == "--format" && command == "db") {
@@ -177,6 +195,11 @@ void check_complete(const CliArgs& cli) {
     return;
   }
   if (cli.config.empty()) throw UsageError("'" + cli.command + "' needs a CONFIG file");
+  if (cli.command == "export") {
+    if (cli.checkpoint.empty()) throw UsageError("export needs --checkpoint PATH");
+    if (cli.export_format.empty()) throw UsageError("export needs --format safetensors");
+    if (cli.out.empty()) throw UsageError("export needs --out FILE");
+  }
   if (cli.command == "balance" && cli.db.empty()) {
     throw UsageError("balance needs --db FILE (the perf DB that `vtrain profile` filled)");
   }
@@ -243,6 +266,8 @@ Usage:
   vtrain db stats --db FILE        what the perf DB holds
   vtrain db export --db FILE --table NAME [--format csv|jsonl]
   vtrain check CONFIG [options]    validate the config, build the model, print a summary
+  vtrain export CONFIG --checkpoint PATH --format safetensors --out FILE
+                                   a checkpoint's weights in another format
   vtrain help [COMMAND]            this help, or a command's
   vtrain --version
 
@@ -429,9 +454,30 @@ error names the tensor that does not fit and the least device.memory_limit
 that would, which trains).
 )";
   }
+  if (topic == "export") {
+    return R"(vtrain export CONFIG --checkpoint PATH --format safetensors --out FILE [--set ...]
+
+Writes the weights of a checkpoint of the model CONFIG describes (PATH: a
+checkpoint file, or a checkpoint folder: its newest) in a format other
+tools read:
+  safetensors  parameters and batch-norm running statistics as F32 tensors
+               (torch: safetensors.torch.load_file). The presets that are
+               torchvision's architectures (resnet18, resnet50, vgg16,
+               alexnet) get torchvision's state_dict names, so that e.g.
+               torchvision.models.resnet50().load_state_dict(...) takes the
+               file; other models get vtrain's layer names (<layer>.weight,
+               <layer>.bias, <layer>.running_mean, <layer>.running_var).
+A file written so is also what model.init reads to start a training run
+from these weights (docs/weights.md). The checkpoint must be of this model
+(the error names what differs); FILE is written whole or not at all.
+  --checkpoint PATH  the checkpoint file, or a folder of them (the newest)
+  --format F         safetensors
+  --out FILE         the file to write
+)";
+  }
   if (topic == "version") return "vtrain --version: prints the version\n";
   throw UsageError("no help for '" + topic +
-                   "' (commands: train, profile, balance, check, db, help, version)");
+                   "' (commands: train, profile, balance, check, db, export, help, version)");
 }
 
 }  // namespace vtrain::launcher

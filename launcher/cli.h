@@ -27,7 +27,8 @@ enum ExitCode : int {
 };
 
 struct CliArgs {
-  std::string command;                 // "train", "profile", "balance", "check", "db", "help", "version"
+  std::string command;                 // "train", "profile", "balance", "check", "db", "export",
+                                       // "help", "version"
   std::string help_topic;              // for "help": a command name or empty
   std::string config;                  // CONFIG path
   std::vector<std::string> overrides;  // --set key.path=value, in order
@@ -46,9 +47,11 @@ struct CliArgs {
   std::string workspace;               // balance: --workspace SIZE (balance.workspace_limit)
   // balance: --policy undivided|wr|wd (overrides balance.workspace)
   std::optional<balancer::WorkspacePolicy> policy;
-  std::string out;                     // balance: --out FILE (write the plan)
+  std::string out;                     // balance: --out FILE (write the plan); export: the file
   std::string fronts;                  // balance: --fronts FILE (Pareto fronts as CSV)
   double allreduce_ms = 0;             // balance: --allreduce-ms MS (added to every step)
+  std::string checkpoint;              // export: --checkpoint PATH (a file, or a folder: its newest)
+  std::string export_format;           // export: --format safetensors
 };
 
 // Throws UsageError. `vtrain CONFIG` means `vtrain train CONFIG`.

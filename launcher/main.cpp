@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
+#include <filesystem>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -23,6 +25,8 @@
 #include "launcher/part_options.h"
 #include "launcher/stop_signals.h"
 #include "memory/planner.h"
+#include "model_io/initial_weights.h"
+#include "model_io/weights_export.h"
 #include "perfdb/perf_db.h"
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
@@ -75,6 +79,22 @@ Datasets load_data(const Config& cfg) {
   const worker::Dataset all =
       worker::make_synthetic(d.shape, d.classes, d.train_size + d.test_size, cfg.train.seed);
   return {take(all, 0, d.train_size), take(all, d.train_size, d.test_size)};
+}
+
+// model.init's weights for `graph`, read and checked whole (nothing when
+// the config sets none). An unknown model.init_skip layer is a config error.
+std::function<worker::InitialWeights()> initial_weights(const Config& cfg,
+                                                        const worker::Graph& graph) {
+  if (cfg.model.init.empty()) return nullptr;
+  std::vector<int> skip;
+  try {
+    skip = model_io::skipped_layers(graph, cfg.model.preset, cfg.model.init_skip);
+  } catch (const std::invalid_argument& e) {
+    throw config::ConfigError(cfg.path + ": model.init_skip: " + e.what());
+  }
+  return [&cfg, &graph, skip] {
+    return model_io::read_initial_weights(cfg.model.init, graph, cfg.model.preset, skip);
+  };
 }
 
 // This machine, for the config checks: its backend runs on the host unless
@@ -195,6 +215,7 @@ int run_check(const CliArgs& cli) {
   const Datasets data = load_data(cfg);
   const int ranks = check_ranks(cli, cfg);
   const worker::Graph graph = build_graph(cfg, data, ranks);
+  const auto init = initial_weights(cfg, graph);  // read once the rest is checked
   std::printf("config %s is valid\n", cfg.path.c_str());
   std::printf("data: %lld train, %lld test samples of %s, %lld classes\n",
               static_cast<long long>(data.train.count), static_cast<long long>(data.test.count),
@@ -224,6 +245,7 @@ int run_check(const CliArgs& cli) {
   std::printf("activation layouts: %s (device.layout %s)\n", layouts.c_str(),
               common::name_of(worker::kLayoutChoiceNames, cfg.device.layout));
   print_memory_plan(cfg, graph, ranks, *backend);
+  if (init) std::printf("%s\n", init().note.c_str());
   std::printf("effective config:\n%s\n", config::to_yaml(cfg).c_str());
   return kExitOk;
 }
@@ -354,6 +376,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   options.rebalance.split_options = solved_on.options;
   if (cli.resume) options.resume = worker::ResumeSetting::kRequired;
   options.run_settings = config::run_settings(cfg, data.train);
+  options.initial_weights = initial_weights(cfg, graph);
   options.stop_signal = &stop_signal;
   // A testing aid (VTRAIN_FAIL_* in the environment, see the header).
   std::optional<worker::FailureInjection> injected_failure =
@@ -451,6 +474,27 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   return kExitOk;
 }
 
+// `vtrain export`: the checkpoint at --checkpoint (a file, or a folder's
+// newest) of the model the config builds, written as --format.
+int run_export(const CliArgs& cli) {
+  const Config cfg = load(cli);
+  const Datasets data = load_data(cfg);
+  const worker::Graph graph = build_graph(cfg, data, 1);
+  std::string checkpoint = cli.checkpoint;
+  if (std::filesystem::is_directory(checkpoint)) {
+    const std::optional<std::string> newest = worker::latest_checkpoint(checkpoint);
+    if (!newest) throw worker::CheckpointError("--checkpoint " + checkpoint + ": no checkpoint in it");
+    checkpoint = *newest;
+  }
+  const model_io::ExportSummary written =
+      model_io::export_safetensors(graph, cfg.model.preset, checkpoint, cli.out);
+  std::printf("export: %s -> %s (safetensors, %lld tensors, %s, %s names)\n", checkpoint.c_str(),
+              cli.out.c_str(), static_cast<long long>(written.tensors),
+              common::format_bytes(written.bytes).c_str(),
+              written.torchvision ? "torchvision" : "vtrain");
+  return kExitOk;
+}
+
 // Prints an error the way every rank of a job does, then ends the job: with
 // several ranks one failing rank aborts them all, so none is left waiting.
 int fail(const char* kind, const char* what, int code, int rank, int ranks) {
@@ -500,6 +544,7 @@ int run(int argc, char** argv) {
   try {
     if (cli.command == "check") return run_check(cli);
     if (cli.command == "db") return run_db(cli);
+    if (cli.command == "export") return run_export(cli);
     if (cli.command == "balance") {
       const Config cfg = load(cli);
       const Datasets data = load_data(cfg);

@@ -131,6 +131,9 @@ void Trainer::install_bucket_hooks() {
 
 TrainResult Trainer::run() {
   restore();
+  // A resume continues the checkpoint's weights, which model.init's
+  // only ever started.
+  if (result_.resumed_from.empty()) apply_initial_weights();
   resumed_ = at_;
   if (!result_.resumed_from.empty() && at_.step >= job_.total_steps) return already_finished();
   // Once it is known whether the run resumed: a resumed run's records
