@@ -95,10 +95,9 @@ std::vector<ModelTensor> model_tensors(const worker::Graph& graph, const std::st
   int64_t params = 0, buffers = 0;
   for (int i = 0; i < graph.size(); ++i) {
     const LayerSpec& spec = graph.layer(i);
-    const std::string module = torchvision ? module_name(spec.name, preset) : spec.name;
     const auto add = [&](const char* suffix, WeightKind kind, std::vector<int64_t> shape) {
       ModelTensor t;
-      t.name = module + "." + suffix;
+      t.name = (torchvision ? module_name(spec.name, preset) : spec.name) + "." + suffix;
       t.vtrain_name = spec.name + "." + suffix;
       t.layer = i;
       t.kind = kind;

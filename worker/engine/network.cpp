@@ -374,9 +374,9 @@ void Network::train_without_samples() {
   }
 }
 
-LossStats Network::evaluate(int64_t n) {
+LossStats Network::evaluate(int64_t n, std::vector<float>* logits) {
   refresh_compute_params();
-  return interpreter_->evaluate(n);
+  return interpreter_->evaluate(n, logits);
 }
 
 size_t Network::workspace_bytes() const { return interpreter_->shared_workspace().second; }

@@ -190,7 +190,8 @@ class Network {
   // runs them), contributing nothing; nothing without it.
   void train_without_samples();
   // Forward in inference mode (batch norm uses running statistics).
-  LossStats evaluate(int64_t n);
+  // `logits`, when given, gets the n samples' logits (n x classes floats).
+  LossStats evaluate(int64_t n, std::vector<float>* logits = nullptr);
 
   std::function<void(const ParamRange&)> on_gradients_ready;
 

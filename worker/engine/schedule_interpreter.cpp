@@ -302,7 +302,13 @@ void ScheduleInterpreter::run_layer_call(const ScheduleEvent& e, const std::stri
 
 LossStats ScheduleInterpreter::run_loss(int t, int64_t n, bool training, float loss_scale) {
   const Tensor logits = view(t, output(t), n);
-  if (!training) return backend_.softmax_cross_entropy(logits, labels_, loss_scale, nullptr);
+  if (!training) {
+    if (logits_out_) {
+      logits_out_->resize(static_cast<size_t>(logits.desc.shape.elements()));
+      backend_.download(logits, logits_out_->data());
+    }
+    return backend_.softmax_cross_entropy(logits, labels_, loss_scale, nullptr);
+  }
   const Tensor dlogits = view(t, static_cast<float*>(slot(TensorKind::kGradient, t)), n);
   const auto start = Clock::now();
   const LossStats stats = backend_.softmax_cross_entropy(logits, labels_, loss_scale, &dlogits);
@@ -398,10 +404,14 @@ LossStats ScheduleInterpreter::train_step(int64_t n, float loss_scale) {
   return stats;
 }
 
-LossStats ScheduleInterpreter::evaluate(int64_t n) {
+LossStats ScheduleInterpreter::evaluate(int64_t n, std::vector<float>* logits) {
+  logits_out_ = logits;
   try {
-    return run(schedule_.evaluate, evaluate_text_, n, /*training=*/false, 1.0f);
+    const LossStats stats = run(schedule_.evaluate, evaluate_text_, n, /*training=*/false, 1.0f);
+    logits_out_ = nullptr;
+    return stats;
   } catch (...) {
+    logits_out_ = nullptr;
     abandon_step();
     throw;
   }

@@ -64,7 +64,8 @@ class ScheduleInterpreter {
   // std::invalid_argument). On an error, whatever the step allocated goes
   // back to the pools before it propagates.
   LossStats train_step(int64_t n, float loss_scale);
-  LossStats evaluate(int64_t n);
+  // `logits`, when given, gets the n samples' logits (plain, n x classes floats).
+  LossStats evaluate(int64_t n, std::vector<float>* logits = nullptr);
 
   // Called during backward once layer i's parameter gradients are final.
   std::function<void(int)> on_layer_gradients_ready;
@@ -122,6 +123,7 @@ class ScheduleInterpreter {
   const memory::MemoryModel& model_;
   const memory::Schedule& schedule_;
   ScheduleInterpreterOptions options_;
+  std::vector<float>* logits_out_ = nullptr;  // evaluate's `logits` while it runs
   EventText train_text_, evaluate_text_;  // of schedule_.train and schedule_.evaluate
   std::unique_ptr<memory::DevicePool> pool_;
   std::unique_ptr<memory::PinnedPool> pinned_;
