@@ -52,6 +52,11 @@ struct ModelConfig {
   // model.batch_norm: sync (statistics of the global batch when several
   // ranks train) or local (each rank's own samples)
   worker::BatchNormMode batch_norm = worker::BatchNormMode::kSync;
+  // model.init: a safetensors file of starting weights (docs/weights.md);
+  // empty: the seeded initialisation. model.init_skip: layers it leaves
+  // freshly initialised (vtrain layer names, or torchvision module names).
+  std::string init;
+  std::vector<std::string> init_skip;
 };
 
 struct DataConfig {

@@ -87,6 +87,10 @@ void emit_model(YAML::Emitter& out, const Config& config) {
   }
   out << YAML::Key << "batch_norm" << YAML::Value
       << common::name_of(worker::kBatchNormModeNames, config.model.batch_norm);
+  if (!config.model.init.empty()) {
+    out << YAML::Key << "init" << YAML::Value << config.model.init;
+    out << YAML::Key << "init_skip" << YAML::Value << YAML::Flow << config.model.init_skip;
+  }
   out << YAML::EndMap;
 }
 

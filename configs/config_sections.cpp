@@ -266,7 +266,7 @@ void read_onnx_model(const Field& field, ModelConfig& model) {
 
 ModelConfig read_model(const Field& field, const DataConfig& data) {
   const Section section(field);
-  section.allow({"preset", "classes", "layers", "onnx", "batch_norm"});
+  section.allow({"preset", "classes", "layers", "onnx", "batch_norm", "init", "init_skip"});
   const Field preset = section["preset"];
   const Field layers = section["layers"];
   const Field onnx = section["onnx"];
@@ -314,6 +314,13 @@ ModelConfig read_model(const Field& field, const DataConfig& data) {
     }
   }
   if (Field f = section["batch_norm"]) model.batch_norm = to_choice(f, worker::kBatchNormModeNames);
+  if (Field f = section["init"]) model.init = to_path(f);
+  if (Field f = section["init_skip"]) {
+    if (model.init.empty()) f.fail("only used with model.init (the layers it leaves out)");
+    for (const Field& item : f.items("a list of layer names")) {
+      model.init_skip.push_back(to_string(item, "a layer name"));
+    }
+  }
   return model;
 }
 

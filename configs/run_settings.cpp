@@ -18,11 +18,14 @@ constexpr std::array<const char*, 3> kDefiningSections = {"model", "data", "opti
 
 // Keys of those sections that do not: how the data is staged, where its
 // files lie (a requeued job may find a copy of them elsewhere: the
-// "training set" entry stands for what they hold), and the test set.
+// "training set" entry stands for what they hold), the test set, and the
+// starting weights (a resume continues its checkpoint's weights and never
+// reads model.init again).
 const std::set<std::string>& not_defining() {
   static const std::set<std::string> keys = {
       "data.prefetch",    "data.train_images", "data.train_labels", "data.train_files",
-      "data.test_images", "data.test_labels",  "data.test_files",   "data.test_size"};
+      "data.test_images", "data.test_labels",  "data.test_files",   "data.test_size",
+      "model.init",       "model.init_skip"};
   return keys;
 }
 

@@ -374,7 +374,7 @@ Usage:
                                    top-5, per class; mpirun -np N splits the set)
   vtrain predict CONFIG --checkpoint PATH INPUT... [--top K] [--json]
                                    the top classes of samples (INPUT: test:N, train:N)
-  vtrain export CONFIG --checkpoint PATH --format onnx --out FILE
+  vtrain export CONFIG --checkpoint PATH --format onnx|safetensors --out FILE
                                    write a trained model for other tools
   vtrain help [COMMAND]            this help, or a command's
   vtrain --version
@@ -576,6 +576,15 @@ data is loaded to size the model, as training does).
                   output N x classes; the evaluation preprocessing (mean, std,
                   input_shape, classes) in its metadata_props. Checked with
                   the ONNX checker before it is written.
+  --format safetensors
+                  parameters and batch-norm running statistics as F32
+                  tensors (torch: safetensors.torch.load_file). The presets
+                  that are torchvision's architectures (resnet18, resnet50,
+                  vgg16, alexnet) get torchvision's state_dict names, so that
+                  torchvision.models.resnet50().load_state_dict(...) takes
+                  the file; other models get vtrain's layer names
+                  (<layer>.weight, .bias, .running_mean, .running_var). It is
+                  also what model.init reads (docs/weights.md).
   --out FILE      the file to write, whole or not at all
 Exit codes: 0 written, 1 a checkpoint or file that cannot be read or
 written, 2 a usage or config error.

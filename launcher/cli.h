@@ -59,7 +59,7 @@ struct CliArgs {
 };
 
 // The formats `vtrain export --format` writes.
-inline constexpr const char* kExportFormats[] = {"onnx"};
+inline constexpr const char* kExportFormats[] = {"onnx", "safetensors"};
 
 // Throws UsageError. `vtrain CONFIG` means `vtrain train CONFIG`.
 CliArgs parse_cli(const std::vector<std::string>& args);

@@ -5,16 +5,27 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "common/text.h"
 #include "model_io/onnx.h"
+#include "model_io/weights_export.h"
 #include "worker/engine/parameter_layout.h"
 #include "worker/train/checkpoint.h"
 
 namespace vtrain::launcher {
 
-int run_export(const CliArgs& cli, const worker::Graph& graph, const worker::ChannelStats& norm) {
+int run_export(const CliArgs& cli, const worker::Graph& graph, const worker::ChannelStats& norm,
+               const std::string& preset) {
+  const std::string path = worker::checkpoint_at(cli.checkpoint);
+  if (cli.format == "safetensors") {
+    const model_io::ExportSummary written =
+        model_io::export_safetensors(graph, preset, path, cli.out);
+    std::printf("exported %s as safetensors (%lld tensors, %s, %s names) to %s\n", path.c_str(),
+                static_cast<long long>(written.tensors), common::format_bytes(written.bytes).c_str(),
+                written.torchvision ? "torchvision" : "vtrain", cli.out.c_str());
+    return kExitOk;
+  }
   // parse_cli admits only kExportFormats.
   if (cli.format != "onnx") throw std::logic_error("export: format '" + cli.format + "' unhandled");
-  const std::string path = worker::checkpoint_at(cli.checkpoint);
   worker::Checkpoint ckpt = worker::load_checkpoint(path);
   int64_t buffers = 0;
   for (const worker::LayerTensor& t : worker::layer_tensors(graph)) buffers += t.buffer ? t.count : 0;

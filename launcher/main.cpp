@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
+#include <filesystem>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -25,6 +27,9 @@
 #include "launcher/part_options.h"
 #include "launcher/stop_signals.h"
 #include "memory/planner.h"
+#include "model_io/initial_weights.h"
+#include "worker/engine/parameter_layout.h"
+#include "model_io/weights_export.h"
 #include "perfdb/perf_db.h"
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
@@ -77,6 +82,33 @@ Datasets load_data(const Config& cfg) {
   const worker::Dataset all =
       worker::make_synthetic(d.shape, d.classes, d.train_size + d.test_size, cfg.train.seed);
   return {take(all, 0, d.train_size), take(all, d.train_size, d.test_size)};
+}
+
+// The weights a run started afresh begins from, read and checked whole:
+// model.init's file, else model.onnx's initializers (checked against the
+// graph when the config was read); nothing when the config sets neither.
+// An unknown model.init_skip layer is a config error.
+std::function<worker::InitialWeights()> initial_weights(const Config& cfg,
+                                                        const worker::Graph& graph) {
+  if (cfg.model.init.empty() && !cfg.model.initial_weights.empty()) {
+    worker::FlatWeights flat =
+        worker::flatten_weights(graph, cfg.model.initial_weights, "model.onnx " + cfg.model.onnx);
+    auto shared = std::make_shared<worker::FlatWeights>(std::move(flat));
+    return [shared, &cfg] {
+      return worker::InitialWeights{{{0, shared->parameters}}, {{0, shared->buffers}},
+                                    "model.onnx: the initializers of " + cfg.model.onnx};
+    };
+  }
+  if (cfg.model.init.empty()) return nullptr;
+  std::vector<int> skip;
+  try {
+    skip = model_io::skipped_layers(graph, cfg.model.preset, cfg.model.init_skip);
+  } catch (const std::invalid_argument& e) {
+    throw config::ConfigError(cfg.path + ": model.init_skip: " + e.what());
+  }
+  return [&cfg, &graph, skip] {
+    return model_io::read_initial_weights(cfg.model.init, graph, cfg.model.preset, skip);
+  };
 }
 
 // This machine, for the config checks: its backend runs on the host unless
@@ -197,6 +229,7 @@ int run_check(const CliArgs& cli) {
   const Datasets data = load_data(cfg);
   const int ranks = check_ranks(cli, cfg);
   const worker::Graph graph = build_graph(cfg, data, ranks);
+  const auto init = initial_weights(cfg, graph);  // read once the rest is checked
   std::printf("config %s is valid\n", cfg.path.c_str());
   std::printf("data: %lld train, %lld test samples of %s, %lld classes\n",
               static_cast<long long>(data.train.count), static_cast<long long>(data.test.count),
@@ -226,6 +259,7 @@ int run_check(const CliArgs& cli) {
   std::printf("activation layouts: %s (device.layout %s)\n", layouts.c_str(),
               common::name_of(worker::kLayoutChoiceNames, cfg.device.layout));
   print_memory_plan(cfg, graph, ranks, *backend);
+  if (init) std::printf("%s\n", init().note.c_str());
   std::printf("effective config:\n%s\n", config::to_yaml(cfg).c_str());
   return kExitOk;
 }
@@ -356,10 +390,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   options.rebalance.split_options = solved_on.options;
   if (cli.resume) options.resume = worker::ResumeSetting::kRequired;
   options.run_settings = config::run_settings(cfg, data.train);
-  if (!cfg.model.initial_weights.empty()) {  // model.onnx's initializers
-    options.initial_weights =
-        worker::flatten_weights(graph, cfg.model.initial_weights, "model.onnx " + cfg.model.onnx);
-  }
+  options.initial_weights = initial_weights(cfg, graph);
   options.stop_signal = &stop_signal;
   // A testing aid (VTRAIN_FAIL_* in the environment, see the header).
   std::optional<worker::FailureInjection> injected_failure =
@@ -519,7 +550,8 @@ int run(int argc, char** argv) {
     if (cli.command == "export") {
       const Config cfg = load(cli);
       const Datasets data = load_data(cfg);
-      return run_export(cli, build_graph(cfg, data, 1), normalisation(cfg, data.train));
+      return run_export(cli, build_graph(cfg, data, 1), normalisation(cfg, data.train),
+                        cfg.model.preset);
     }
     if (cli.command == "balance") {
       const Config cfg = load(cli);

@@ -113,10 +113,6 @@ int64_t Trainer::prepare_network() {
     net_->set_trace(trace_.get());
   }
   net_->init_parameters(options_.seed);
-  if (options_.initial_weights) {
-    net_->upload_parameters(options_.initial_weights->parameters);
-    net_->upload_buffers(options_.initial_weights->buffers);
-  }
   return net_->parameter_count();
 }
 
@@ -135,6 +131,9 @@ void Trainer::install_bucket_hooks() {
 
 TrainResult Trainer::run() {
   restore();
+  // A resume continues the checkpoint's weights, which model.init's
+  // only ever started.
+  if (result_.resumed_from.empty()) apply_initial_weights();
   resumed_ = at_;
   if (!result_.resumed_from.empty() && at_.step >= job_.total_steps) return already_finished();
   // Once it is known whether the run resumed: a resumed run's records

@@ -24,7 +24,6 @@
 #include "worker/train/train_observer.h"
 #include "worker/engine/network.h"
 #include "worker/engine/optimizer.h"
-#include "worker/engine/parameter_layout.h"
 
 namespace vtrain::worker {
 
@@ -45,15 +44,24 @@ struct ConvPlan {
   friend bool operator==(const ConvPlan&, const ConvPlan&) = default;
 };
 
+// Values that replace parts of a fresh initialisation (model.init): ranges
+// of the network's flat parameter and buffer arrays (Network::parameters,
+// ::buffers), each already checked against the model it is for.
+struct WeightRange {
+  int64_t offset = 0;          // floats into the array
+  std::vector<float> values;
+};
+struct InitialWeights {
+  std::vector<WeightRange> parameters;
+  std::vector<WeightRange> buffers;
+  std::string note;  // said when they are applied ("model.init: 62 tensors from FILE ...")
+};
+
 struct TrainerOptions {
   int64_t batch = 64;            // global mini-batch B
   int64_t epochs = 1;
   int64_t max_steps = 0;         // stop after this many steps in total; 0 = no limit
   uint64_t seed = 1;             // initialisation and shuffling
-  // The weights a run started afresh begins from (model.onnx's
-  // initializers), in place of the seeded initialisation; a resume takes
-  // its checkpoint's. Sizes must be the network's (flatten_weights).
-  std::optional<FlatWeights> initial_weights;
   int64_t log_every = 50;        // steps between log lines and step metrics
   bool evaluate = true;          // test accuracy after every epoch
   LrSchedule schedule;           // steps_per_epoch and total_steps are filled in by the trainer
@@ -109,6 +117,14 @@ struct TrainerOptions {
   // run in forward and backward while comm's allreduces are in flight).
   // Null: each rank normalises its own samples (local).
   Communicator* batch_norm_comm = nullptr;
+
+  // model.init: called on every rank when the run starts afresh (after
+  // the checkpoint folder said so, before the first step), its values
+  // written over init_parameters(seed). A resumed run continues its
+  // checkpoint's weights and never calls it (the file may be gone by
+  // then). It throws when the file does not fit; nothing is written then.
+  // Null: none.
+  std::function<InitialWeights()> initial_weights;
 
   // Checkpoints (rank 0 writes; every rank resumes from the same file).
   // Rank 0 holds checkpoint_dir for the run (CheckpointFolder) and starts

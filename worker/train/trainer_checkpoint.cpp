@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -68,6 +69,37 @@ void Trainer::restore() {
                         static_cast<long long>(at_.step), static_cast<long long>(at_.epoch + 1),
                         change.empty() ? "" : "; ", change.c_str()));
   restore_loss_scale(position.loss_scaler, path);
+}
+
+namespace {
+
+// Writes each range over `values` (ranges were checked against the model
+// when the file was read; one outside is a bug).
+void overwrite(std::vector<float>& values, const std::vector<WeightRange>& ranges) {
+  for (const WeightRange& r : ranges) {
+    if (r.offset < 0 || r.offset + static_cast<int64_t>(r.values.size()) >
+                            static_cast<int64_t>(values.size())) {
+      throw std::logic_error("initial weights: a range outside the model's " +
+                             std::to_string(values.size()) + " values");
+    }
+    std::copy(r.values.begin(), r.values.end(), values.begin() + r.offset);
+  }
+}
+
+}  // namespace
+
+// model.init over the seeded initialisation (prepare_network), before the
+// first step; the layers it leaves out keep their fresh values.
+void Trainer::apply_initial_weights() {
+  if (!options_.initial_weights) return;
+  const InitialWeights init = options_.initial_weights();
+  std::vector<float> params = net_->download_parameters();
+  std::vector<float> buffers = net_->download_buffers();
+  overwrite(params, init.parameters);
+  overwrite(buffers, init.buffers);
+  net_->upload_parameters(params);
+  net_->upload_buffers(buffers);
+  if (!init.note.empty()) progress_.line(init.note);
 }
 
 // A resumed run whose checkpoint is at or past the step this run ends at

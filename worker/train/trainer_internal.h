@@ -100,6 +100,7 @@ class Trainer {
   NetworkState release_network();
   void rebuild_network(const NetworkState& state, const char* how);
   void restore();
+  void apply_initial_weights();
   TrainResult already_finished();
   void restore_loss_scale(const std::optional<LossScalerState>& saved, const std::string& path);
   bool epoch(int64_t epoch);

@@ -1,0 +1,31 @@
+// `vtrain export --format safetensors`: a checkpoint's weights as a
+// safetensors file that torch reads (safetensors.torch.load_file), named as
+// model_io/weight_names.h says, so that torchvision's model of a preset
+// loads it with load_state_dict(strict=True).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "worker/engine/graph.h"
+
+namespace vtrain::model_io {
+
+struct ExportSummary {
+  int64_t tensors = 0;       // tensors written
+  uint64_t bytes = 0;        // the file's size
+  bool torchvision = false;  // written with torchvision's names
+};
+
+// Reads the checkpoint at `checkpoint` (a file), checks that it belongs to
+// `graph` (the model its config builds; worker::CheckpointError naming the
+// file otherwise), and writes its parameters and batch-norm running
+// statistics to `out` as F32 tensors; with torchvision's names each batch
+// norm also gets num_batches_tracked (I64), the checkpoint's step count.
+// The metadata holds {"format": "pt"} (what safetensors.torch writes), the
+// naming, the step and the model signature. `out` is written whole or not
+// at all (common::OutputError).
+ExportSummary export_safetensors(const worker::Graph& graph, const std::string& preset,
+                                 const std::string& checkpoint, const std::string& out);
+
+}  // namespace vtrain::model_io
