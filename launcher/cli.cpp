@@ -399,7 +399,7 @@ vtrain db export --db FILE --table NAME [--format csv|jsonl]
 
 stats: the schema version, row counts and measurements per device.
 export: one table (devices, kernels, kernel_measurements, step_measurements,
-copy_bandwidth, layer_measurements) to stdout as CSV (default) or JSON lines. The file is plain SQLite: the
+copy_bandwidth, layer_measurements, input_rates) to stdout as CSV (default) or JSON lines. The file is plain SQLite: the
 sqlite3 shell reads it too (see perfdb/README.md for the tables).
 )";
   }
