@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "balancer/batch_split.h"
+#include "common/machine.h"
+#include "common/text.h"
 #include "launcher/part_options.h"
 #include "perfdb/perf_db.h"
 #include "worker/comm/device_infos.h"
@@ -141,6 +143,48 @@ worker::ProfileOptions kernels_alone_at(worker::ProfileOptions po, int64_t batch
   return po;
 }
 
+// Timed batches of an input rate measurement; the median is kept.
+constexpr int kInputRateBatches = 7;
+
+// This rank's input rate in images/s: the perf DB's for its key, measured
+// and recorded first where there is none, then limited to input.limit.
+double rank_input_rate(perfdb::PerfDb& db, const worker::DeviceInfo& info, const RankInput& input,
+                       int64_t batch) {
+  perfdb::InputKey key = input.key;
+  key.host = worker::perfdb_device(info).host;
+  key.workers = input.source->workers();
+  key.transform = input.source->transform();
+  std::optional<perfdb::InputRateMeasurement> known = db.find_input_rate(key);
+  if (!known) {
+    perfdb::InputRateMeasurement m;
+    m.key = key;
+    m.batch = std::max<int64_t>(batch, 1);
+    m.images_per_second = input.source->measure_images_per_second(m.batch, kInputRateBatches);
+    m.host_cores = std::max(1, common::hardware_threads());
+    db.record_input_rate(m);
+    known = m;
+  }
+  return input.limit ? std::min(known->images_per_second, *input.limit) : known->images_per_second;
+}
+
+// Every rank's input rate (images/s, 0 = not priced), on every rank.
+std::vector<double> input_rates(perfdb::PerfDb& db, const worker::DeviceInfo& info,
+                                const RankInput& input, int64_t batch, worker::Communicator& comm) {
+  std::vector<double> rates(static_cast<size_t>(comm.size()), 0.0);
+  if (input.source) rates[static_cast<size_t>(comm.rank())] = rank_input_rate(db, info, input, batch);
+  comm.allreduce_sum(rates);
+  if (comm.rank() == 0 && input.source) {
+    std::string text;
+    for (size_t r = 0; r < rates.size(); ++r) {
+      text += common::format("%s%zu %.0f", text.empty() ? "" : ", ", r, rates[r]);
+    }
+    std::printf("profile: input rates (images/s, VTRAIN_INPUT_RATE_LIMIT applied) per rank: %s\n",
+                text.c_str());
+    std::fflush(stdout);
+  }
+  return rates;
+}
+
 // Training: profile in place, solve on rank 0. Returns the plan's text on
 // rank 0, "" elsewhere.
 std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph,
@@ -148,7 +192,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
                            worker::Communicator& gradient_comm,
                            const std::vector<worker::DeviceInfo>& cluster,
                            const std::vector<int64_t>& fixed_split,
-                           SplitProblem* solved_on) {
+                           SplitProblem* solved_on, const RankInput& input) {
   const bool balance = cfg.balance.split == balancer::SplitMode::kAuto;
   const worker::DeviceInfo info = backend.device_info();
   perfdb::PerfDb db(cfg.profile.db);
@@ -189,6 +233,12 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     }
   }
 
+  // Every rank's input rate (also under balance.input_aware: false, which
+  // chooses the split without it: the plan then says what binds).
+  const std::vector<double> rates =
+      balance ? input_rates(db, info, input, (cfg.train.batch + comm.size() - 1) / comm.size(), comm)
+          : std::vector<double>(static_cast<size_t>(comm.size()), 0.0);
+
   // Rank 0 learns every rank's row in the perf DB.
   const std::vector<perfdb::DeviceId> ids = worker::gather_messages(comm, id, 0);
   std::vector<worker::PlanDevice> devices;
@@ -202,6 +252,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       d.layout =
           worker::layout_rule_for(cluster[r].backend, cfg.device.layout, cfg.train.precision);
       d.name = worker::device_label(cluster[r]);
+      d.input_rate = rates[r];
       devices.push_back(std::move(d));
     }
     if (balance) {
@@ -276,7 +327,7 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
                                              worker::Communicator& gradient_comm,
                                              const std::vector<worker::DeviceInfo>& cluster,
                                              const std::vector<int64_t>& fixed_split,
-                                             SplitProblem* solved_on) {
+                                             SplitProblem* solved_on, const RankInput& input) {
   std::string text, origin;
   if (!cli.plan.empty()) {
     origin = cli.plan;
@@ -285,7 +336,7 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
              cfg.balance.workspace != balancer::WorkspacePolicy::kUndivided) {
     origin = "the plan solved at start";
     text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, cluster, fixed_split,
-                          solved_on);
+                          solved_on, input);
   } else {
     return std::nullopt;
   }

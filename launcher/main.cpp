@@ -22,6 +22,7 @@
 #include "launcher/job_plan.h"
 #include "launcher/part_options.h"
 #include "launcher/stop_signals.h"
+#include "worker/train/input_rate.h"
 #include "memory/planner.h"
 #include "perfdb/perf_db.h"
 #include "worker/device/backend.h"
@@ -315,8 +316,13 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   }
   std::fflush(stdout);
   SplitProblem solved_on;  // rank 0, auto split: for re-balancing
-  const std::optional<balancer::TrainingPlan> plan =
-      job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, cluster, split, &solved_on);
+  // The data held in memory is gathered on one thread; its rate (and a
+  // throttle's) goes into the split.
+  worker::GatherRateSource gather_rate(data.train, norm);
+  const RankInput input{&gather_rate, input_key(cfg, data.train.sample),
+                        worker::input_rate_limit_from_environment(comm.rank())};
+  const std::optional<balancer::TrainingPlan> plan = job_plan(
+      cli, cfg, graph, *backend, comm, *gradient_comm, cluster, split, &solved_on, input);
   if (plan) {
     split.clear();
     for (const balancer::RankPlan& r : plan->ranks) split.push_back(r.batch);
@@ -352,6 +358,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   }
   options.rebalance.profiles = std::move(solved_on.profiles);
   options.rebalance.split_options = solved_on.options;
+  options.input_rate_limit = input.limit;
   if (cli.resume) options.resume = worker::ResumeSetting::kRequired;
   options.run_settings = config::run_settings(cfg, data.train);
   options.stop_signal = &stop_signal;
