@@ -52,6 +52,12 @@ struct RankInput {
   std::optional<double> limit;  // this rank's VTRAIN_INPUT_RATE_LIMIT, images/s
 };
 
+// This rank's input rate for `input`'s key on its host (input.source
+// non-null): the perf DB's, or measured over batches of `batch` samples
+// and recorded first where the DB has none (input.limit not applied).
+perfdb::InputRateMeasurement stored_input_rate(perfdb::PerfDb& db, const worker::DeviceInfo& info,
+                                               const RankInput& input, int64_t batch);
+
 // The plan every rank follows, or nullopt when the config asks for none
 // (split even/manual with undivided workspaces and no --plan). Collective:
 // with --plan rank 0 reads the file; otherwise every rank profiles its device

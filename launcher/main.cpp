@@ -420,11 +420,18 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   perfdb::PerfDb db(cfg.profile.db);
   const perfdb::DeviceId device = db.upsert_device(worker::perfdb_device(info));
   const worker::ProfileReport r = worker::profile(graph, *backend, db, device, options);
+  // The input's rate too, for a split that prices it (balance.input_aware).
+  const worker::ChannelStats norm = normalisation(cfg, data.train);
+  worker::GatherRateSource gather_rate(data.train, norm);
+  const double input_rate =
+      stored_input_rate(db, info, {&gather_rate, input_key(cfg, data.train.sample), std::nullopt},
+                        options.batches.front())
+          .images_per_second;
   char line[512];
   std::snprintf(line, sizeof line,
                 "rank %d (%s, %s): %lld kernel items measured, %lld cached; %lld steps "
                 "measured%s, %lld cached; layer times at %lld batches measured, %lld cached; copy "
-                "bandwidth %s; %.1f s",
+                "bandwidth %s; input %.0f images/s; %.1f s",
                 comm.rank(), info.name.c_str(), share.c_str(),
                 static_cast<long long>(r.kernel_measured), static_cast<long long>(r.kernel_cached),
                 static_cast<long long>(r.step_measured), worker::copied_ahead_note(r).c_str(),
@@ -434,7 +441,7 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
                 r.copy_measured > 0  ? "measured"
                 : r.copy_cached > 0 ? "cached"
                                     : "another share's",
-                r.seconds);
+                input_rate, r.seconds);
   std::string text = line;
   if (!r.algorithms_refused.empty()) {
     text += "; " + std::to_string(r.algorithms_refused.size()) +
