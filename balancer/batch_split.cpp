@@ -21,7 +21,8 @@ struct Candidate {
   int64_t batch = 0;
   double time_ms = 0;     // what the solvers minimise the slowest of
   double compute_ms = 0;  // compute at this size, the device's allreduce included
-  double input_ms = 0;    // input at this size (0: unlimited)
+  double input_ms = 0;    // input at this size (0: unlimited), less the exchange every
+                          // step pays (options.allreduce_ms), which it overlaps
   double step_ms() const { return std::max(compute_ms, input_ms); }  // what it runs in
 };
 
@@ -71,7 +72,9 @@ std::vector<Candidate> candidates_of(const DeviceProfile& device, int64_t limit,
   auto offer = [&](int64_t batch, double time_ms, double memory_bytes) {
     if (memory_bytes > capacity) return;
     const double compute = time_ms + device.allreduce_ms;
-    const double input = input_ms(device.input_rate, batch);
+    // Decoding runs beside the whole step, the exchange every step pays
+    // (added to T after the solve) included.
+    const double input = std::max(0.0, input_ms(device.input_rate, batch) - options.allreduce_ms);
     out.push_back({batch, options.input_aware ? std::max(compute, input) : compute, compute, input});
   };
   if (options.candidates == CandidateSizes::kMeasured) {
@@ -484,7 +487,7 @@ BatchSplit plan_batch_split(std::span<const DeviceProfile> devices, int64_t glob
       // What the device runs in, input included even when the split was
       // chosen without it.
       split.time_ms[d] = c.step_ms();
-      split.input_ms[d] = c.input_ms;
+      split.input_ms[d] = input_ms(devices[d].input_rate, c.batch);
       if (c.input_ms > c.compute_ms) split.binding[d] = Binding::kInput;
     }
     slowest = std::max(slowest, split.time_ms[d]);

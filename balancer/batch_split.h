@@ -33,13 +33,15 @@
 // decoding, augmenting) delivers input_rate images/s, decoded ahead while
 // it computes, runs a step at batch b in
 //
-//   t[g,b] = max(compute_g(b) + allreduce_g, 1000 b / input_rate_g)  ms
+//   t[g,b] = max(compute_g(b) + allreduce_g + A, 1000 b / input_rate_g)  ms
 //
-// (the input of the next step overlaps this one's compute; whichever is
-// slower sets the pace). In the ILP that is one more row per device,
-// T >= sum_b (1000 b / input_rate_g) x[g,b], beside the compute row: a
-// convex piecewise-linear compute and a linear input term stay linear in
-// x. input_rate 0 means input never binds (data in memory).
+// where A is options.allreduce_ms (the input of the next step overlaps the
+// whole of this one, the exchange included; whichever is slower sets the
+// pace). In the ILP that is one more row per device,
+// T >= sum_b (1000 b / input_rate_g - A) x[g,b], beside the compute row
+// (T + A is the step): a convex piecewise-linear compute and a linear
+// input term stay linear in x. input_rate 0 means input never binds (data
+// in memory).
 #pragma once
 
 #include <chrono>
@@ -138,7 +140,7 @@ struct BatchSplit {
   std::vector<double> time_ms;            // per device: predicted step time incl. its
                                           // allreduce_ms and input; 0 for an idle device
   std::vector<double> input_ms;           // per device: its input time at its batch (0:
-                                          // idle or unlimited input)
+                                          // idle or unlimited input), 1000 b / input_rate
   std::vector<Binding> binding;           // per device: what sets its time (kCompute when idle)
   double step_time_ms = 0;                // max of time_ms plus options.allreduce_ms
   std::vector<std::string> idle_devices;  // names of the devices that get 0, in input order

@@ -210,7 +210,9 @@ std::vector<TestCandidate> expected_candidates(const DeviceProfile& device, int6
     if (point && point->second <= double(device.memory_capacity_bytes)) {
       // Input decoded ahead overlaps compute: the slower of the two sets the step.
       const double compute = point->first + device.allreduce_ms;
-      const double input = device.input_rate > 0 ? 1000.0 * double(b) / device.input_rate : 0.0;
+      // The exchange every step pays overlaps the input too.
+      const double input =
+          device.input_rate > 0 ? std::max(0.0, 1000.0 * double(b) / device.input_rate - options.allreduce_ms) : 0.0;
       out.push_back({b, options.input_aware ? std::max(compute, input) : compute, std::max(compute, input)});
     }
   }
@@ -589,6 +591,11 @@ TEST(BatchSplit, InputThatBindsMovesWorkAwayFromTheDevice) {
     EXPECT_DOUBLE_EQ(aware.step_time_ms, 96);
     EXPECT_EQ(aware.binding[1], Binding::kInput);
     EXPECT_DOUBLE_EQ(aware.input_ms[0], 0);  // unlimited input
+    // Decoding overlaps the exchange every step pays: 64 + 64 with 10 ms of
+    // it takes max(64 + 10, 128) ms, not 128 + 10.
+    options.input_aware = false;
+    options.allreduce_ms = 10;
+    EXPECT_DOUBLE_EQ(plan_batch_split(devices, 128, options).step_time_ms, 128);
   }
 }
 

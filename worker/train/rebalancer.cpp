@@ -44,12 +44,15 @@ void scale_curves(std::vector<balancer::DeviceProfile>& profiles, std::span<cons
 
 // A rank's measured / predicted time at one step (see the top of
 // rebalancer.h): on compute alone, or, where it waited for its input, its
-// compute and that wait against its predicted step with input.
+// compute and that wait against its predicted step with input (less the
+// exchange every step pays, `exchange_ms`, which the input overlaps and
+// the measured compute leaves out).
 double step_ratio(const balancer::DeviceProfile& device, int64_t batch, double compute_ms,
-                  double input_wait_ms) {
+                  double input_wait_ms, double exchange_ms) {
   const double compute_pred = std::max(predicted_ms(device, batch), 1e-9);
   if (input_wait_ms <= kInputBoundShare * compute_ms) return compute_ms / compute_pred;
-  const double step_pred = std::max(compute_pred, balancer::input_ms(device.input_rate, batch));
+  const double step_pred =
+      std::max(compute_pred, balancer::input_ms(device.input_rate, batch) - exchange_ms);
   return (compute_ms + input_wait_ms) / step_pred;
 }
 
@@ -62,9 +65,10 @@ Resolved resolve_split(std::vector<balancer::DeviceProfile>& profiles,
   scale_curves(profiles, ratios);
   for (size_t r = 0; r < profiles.size(); ++r) {
     if (current[r] > 0) {
+      // The input overlaps the whole step, the exchange every step pays included.
       const double compute = predicted_ms(profiles[r], current[r]) + profiles[r].allreduce_ms;
-      out.previous_ms = std::max(
-          {out.previous_ms, compute, balancer::input_ms(profiles[r].input_rate, current[r])});
+      const double input = balancer::input_ms(profiles[r].input_rate, current[r]) - options.allreduce_ms;
+      out.previous_ms = std::max({out.previous_ms, compute, input});
     }
   }
   out.previous_ms += options.allreduce_ms;
@@ -132,7 +136,8 @@ std::optional<SplitSwitch> Rebalancer::after_step(std::span<const double> slots,
 void Rebalancer::decide(const std::vector<int64_t>& split, int64_t step) {
   std::vector<double> ratios(static_cast<size_t>(ranks_), 0.0);
   for (int r = 0; r < ranks_; ++r) {
-    if (split[r] > 0) ratios[r] = step_ratio(options_.profiles[r], split[r], compute_ms_[r], input_wait_ms_[r]);
+    if (split[r] > 0) ratios[r] = step_ratio(options_.profiles[r], split[r], compute_ms_[r], input_wait_ms_[r],
+                                          options_.split_options.allreduce_ms);
   }
   const bool fired = detector_.add(ratios);
   if (!calibrated_) {
