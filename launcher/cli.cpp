@@ -383,6 +383,11 @@ to the name); repeat a name for several identical devices (what if I add a
 second one?). A CPU device's name ends with its thread count, X (2 threads);
 the name without it serves where the DB has that CPU at one thread count.
 Default: every device in the DB that has step measurements of this model.
+An entry may end with its input for a what-if: NAME[input=IMAGES_PER_S], or
+NAME[workers=N] (the DB's measured input rate per worker on that device's
+host, times N up to its cores: what if this node had 8 decoding cores?);
+the split then takes that device's step as the larger of its compute and
+its input time (docs/balancing.md, Input rate).
 
 Prints the split with each device's predicted step time, the speedup over an
 even split, and the per-kernel choices and workspace; --out writes the plan
