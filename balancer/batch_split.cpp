@@ -14,11 +14,16 @@ namespace {
 using common::format_bytes;
 using internal::ReachableTotals;
 
-// One size a device may get, with its predicted step time (incl. the
-// device's allreduce).
+// One size a device may get, with its predicted step time: what the
+// split is chosen on (compute and input, or compute alone when the split
+// is not input-aware) and its parts.
 struct Candidate {
   int64_t batch = 0;
-  double time_ms = 0;
+  double time_ms = 0;     // what the solvers minimise the slowest of
+  double compute_ms = 0;  // compute at this size, the device's allreduce included
+  double input_ms = 0;    // input at this size (0: unlimited), less the exchange every
+                          // step pays (options.allreduce_ms), which it overlaps
+  double step_ms() const { return std::max(compute_ms, input_ms); }  // what it runs in
 };
 
 // Devices listed in a message at most; a 1024-device list helps nobody.
@@ -28,6 +33,9 @@ std::vector<StepSample> sorted_samples(const DeviceProfile& device) {
   const std::string where = "device " + device.name + ": ";
   if (!std::isfinite(device.allreduce_ms) || device.allreduce_ms < 0) {
     throw BalancerError(where + "allreduce time is not a finite non-negative number");
+  }
+  if (!std::isfinite(device.input_rate) || device.input_rate < 0) {
+    throw BalancerError(where + "input rate is not a finite non-negative number of images/s");
   }
   std::vector<StepSample> steps = device.steps;
   std::sort(steps.begin(), steps.end(),
@@ -62,7 +70,12 @@ std::vector<Candidate> candidates_of(const DeviceProfile& device, int64_t limit,
   const int64_t g = options.granularity;
   std::vector<Candidate> out;
   auto offer = [&](int64_t batch, double time_ms, double memory_bytes) {
-    if (memory_bytes <= capacity) out.push_back({batch, time_ms + device.allreduce_ms});
+    if (memory_bytes > capacity) return;
+    const double compute = time_ms + device.allreduce_ms;
+    // Decoding runs beside the whole step, the exchange every step pays
+    // (added to T after the solve) included.
+    const double input = std::max(0.0, input_ms(device.input_rate, batch) - options.allreduce_ms);
+    out.push_back({batch, options.input_aware ? std::max(compute, input) : compute, compute, input});
   };
   if (options.candidates == CandidateSizes::kMeasured) {
     for (const StepSample& step : steps) {
@@ -264,7 +277,7 @@ std::optional<double> even_split_time(const std::vector<std::vector<Candidate>>&
     const auto it = std::find_if(device.begin(), device.end(),
                                  [&](const Candidate& c) { return c.batch == share; });
     if (it == device.end()) return std::nullopt;  // also covers a share that is not a multiple of g
-    slowest = std::max(slowest, it->time_ms);
+    slowest = std::max(slowest, it->step_ms());
   }
   return slowest + options.allreduce_ms;
 }
@@ -277,8 +290,9 @@ double ideal_step_time(std::span<const DeviceProfile> devices,
   for (size_t d = 0; d < devices.size(); ++d) {
     double best = 0;
     for (const Candidate& c : candidates[d]) {
-      const double compute = c.time_ms - devices[d].allreduce_ms;
-      if (compute > 0) best = std::max(best, static_cast<double>(c.batch) / compute);
+      const double compute = c.compute_ms - devices[d].allreduce_ms;
+      const double alone = options.input_aware ? std::max(compute, c.input_ms) : compute;
+      if (alone > 0) best = std::max(best, static_cast<double>(c.batch) / alone);
     }
     per_ms += best;
     exchange = std::min(exchange, devices[d].allreduce_ms);
@@ -381,9 +395,10 @@ std::vector<int64_t> solve_by_threshold_search(const std::vector<std::vector<Can
   return read_back_split(candidates, tables_within(times[low], true), target, times[low], options);
 }
 
-// The paper's ILP as GLPK solves it. A reference: fine for a few dozen
-// devices, minutes for hundreds (the min-max objective gives branch and
-// bound a weak LP bound and many equivalent splits).
+// The paper's ILP as GLPK solves it, with a device's input as a second
+// lower bound on T beside its compute (see batch_split.h). A reference:
+// fine for a few dozen devices, minutes for hundreds (the min-max objective
+// gives branch and bound a weak LP bound and many equivalent splits).
 std::vector<int64_t> solve_with_glpk(std::span<const DeviceProfile> devices,
                                      const std::vector<std::vector<Candidate>>& candidates, int64_t global_batch,
                                      const BatchSplitOptions& options) {
@@ -394,15 +409,20 @@ std::vector<int64_t> solve_with_glpk(std::span<const DeviceProfile> devices,
   for (size_t d = 0; d < devices.size(); ++d) {
     if (candidates[d].empty()) continue;
     std::vector<Term> time_row = {{step_time, 1.0}};
+    std::vector<Term> input_row = {{step_time, 1.0}};
     std::vector<Term> choice_row;
     for (const Candidate& c : candidates[d]) {
       const int x = model.add_binary(0);
       columns[d].push_back(x);
-      time_row.push_back({x, -c.time_ms});
+      time_row.push_back({x, -c.compute_ms});
+      input_row.push_back({x, -c.input_ms});
       choice_row.push_back({x, 1.0});
       batch_row.push_back({x, static_cast<double>(c.batch)});
     }
     model.add_row("time_" + devices[d].name, RowSense::kGreaterEqual, 0, time_row);
+    if (options.input_aware && devices[d].input_rate > 0) {
+      model.add_row("input_" + devices[d].name, RowSense::kGreaterEqual, 0, input_row);
+    }
     model.add_row("one_size_" + devices[d].name,
                   options.allow_idle_devices ? RowSense::kLessEqual : RowSense::kEqual, 1, choice_row);
   }
@@ -454,6 +474,8 @@ BatchSplit plan_batch_split(std::span<const DeviceProfile> devices, int64_t glob
   BatchSplit split;
   split.batch = batch;
   split.time_ms.assign(devices.size(), 0);
+  split.input_ms.assign(devices.size(), 0);
+  split.binding.assign(devices.size(), Binding::kCompute);
   double slowest = 0;
   for (size_t d = 0; d < devices.size(); ++d) {
     if (batch[d] == 0) {
@@ -461,7 +483,12 @@ BatchSplit plan_batch_split(std::span<const DeviceProfile> devices, int64_t glob
       continue;
     }
     for (const Candidate& c : candidates[d]) {
-      if (c.batch == batch[d]) split.time_ms[d] = c.time_ms;
+      if (c.batch != batch[d]) continue;
+      // What the device runs in, input included even when the split was
+      // chosen without it.
+      split.time_ms[d] = c.step_ms();
+      split.input_ms[d] = input_ms(devices[d].input_rate, c.batch);
+      if (c.input_ms > c.compute_ms) split.binding[d] = Binding::kInput;
     }
     slowest = std::max(slowest, split.time_ms[d]);
   }
@@ -513,6 +540,10 @@ std::optional<double> step_time_at(const DeviceProfile& device, int64_t batch) {
     }
   }
   return std::nullopt;
+}
+
+double input_ms(double input_rate, int64_t batch) {
+  return input_rate > 0 ? 1e3 * static_cast<double>(batch) / input_rate : 0.0;
 }
 
 std::vector<int64_t> even_split(int64_t batch, int ranks) {

@@ -28,6 +28,20 @@
 // exposed allreduce time, e.g. behind a slow link) is added to t[g,b] for
 // every b, and options.allreduce_ms (the part every step pays) is added to T.
 // An idle device adds nothing: the plan leaves it out of training.
+//
+// Input, which the paper leaves out too: a device whose input (reading,
+// decoding, augmenting) delivers input_rate images/s, decoded ahead while
+// it computes, runs a step at batch b in
+//
+//   t[g,b] = max(compute_g(b) + allreduce_g + A, 1000 b / input_rate_g)  ms
+//
+// where A is options.allreduce_ms (the input of the next step overlaps the
+// whole of this one, the exchange included; whichever is slower sets the
+// pace). In the ILP that is one more row per device,
+// T >= sum_b (1000 b / input_rate_g - A) x[g,b], beside the compute row
+// (T + A is the step): a convex piecewise-linear compute and a linear
+// input term stay linear in x. input_rate 0 means input never binds (data
+// in memory).
 #pragma once
 
 #include <chrono>
@@ -55,7 +69,19 @@ struct DeviceProfile {
   uint64_t memory_capacity_bytes = 0; // a batch fits when its peak memory is at most this
   double allreduce_ms = 0;            // this device's exposed allreduce time, added to
                                       // its step time when it trains (>= 0)
+  double input_rate = 0;              // images/s its input delivers, decoded ahead of
+                                      // compute; 0 = unlimited (input never binds)
 };
+
+// What sets a device's step time at its batch: its compute (with its
+// exposed allreduce) or its input.
+enum class Binding { kCompute, kInput };
+inline constexpr auto kBindingNames = std::to_array<common::Named<Binding>>(
+    {{Binding::kCompute, "compute"}, {Binding::kInput, "input"}});
+
+// A device's input time in ms for `batch` samples at `input_rate` images/s;
+// 0 when the rate is 0 (unlimited).
+double input_ms(double input_rate, int64_t batch);
 
 // Which per-rank batch sizes a device may get (balance.candidates).
 enum class CandidateSizes { kMeasured, kInterpolated };
@@ -103,12 +129,19 @@ struct BatchSplitOptions {
   bool allow_idle_devices = true;                  // false: every device gets one of its candidates
   BatchSplitSolver solver = BatchSplitSolver::kThresholdSearch;
   std::chrono::milliseconds time_limit{0};         // kGlpk only: limit of the solve; 0 = none
+  // false: the split is chosen on compute alone (the devices' input_rate
+  // left out of the choice, as a compute-only balancer would); the times
+  // the split reports still include input, so they predict what it runs.
+  bool input_aware = true;
 };
 
 struct BatchSplit {
   std::vector<int64_t> batch;             // per device, in input order; 0 = does not train
   std::vector<double> time_ms;            // per device: predicted step time incl. its
-                                          // allreduce_ms; 0 for an idle device
+                                          // allreduce_ms and input; 0 for an idle device
+  std::vector<double> input_ms;           // per device: its input time at its batch (0:
+                                          // idle or unlimited input), 1000 b / input_rate
+  std::vector<Binding> binding;           // per device: what sets its time (kCompute when idle)
   double step_time_ms = 0;                // max of time_ms plus options.allreduce_ms
   std::vector<std::string> idle_devices;  // names of the devices that get 0, in input order
   // The step time of the even split B/n on every device, for comparison;

@@ -17,6 +17,8 @@
 //     - device: "Intel(R) Xeon(R) ..."
 //       batch: 64
 //       predicted_ms: 41.2
+//       input_rate: 400             # optional: images/s its input delivers (priced in the split)
+//       binds: input                # optional: compute | input, what sets its predicted step
 //       workspace_bytes: 1048576    # the rank's workspace buffer
 //       kernels:
 //         - {layer: conv1, kind: Forward, workspace_offset: 0, workspace_bytes: 4096,
@@ -33,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "balancer/batch_split.h"
 #include "balancer/workspace_plan.h"
 #include "common/activation_bytes.h"
 #include "common/conv_kind.h"
@@ -59,6 +62,9 @@ struct RankPlan {
   int64_t batch = 0;                    // per-rank batch; 0 = the rank does not train
   double predicted_ms = 0;              // predicted step time (0 when idle): what the split
                                         // was chosen on, its exposed allreduce included
+  std::optional<double> input_rate;     // images/s its input delivers, where the split
+                                        // priced it (DeviceProfile::input_rate)
+  std::optional<Binding> binds;         // what sets predicted_ms: its compute or its input
   uint64_t workspace_bytes = 0;         // the rank's workspace buffer
   std::optional<common::ActivationBytes> activations;  // its memory plan, when measured at
                                                        // its batch

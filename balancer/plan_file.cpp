@@ -55,11 +55,14 @@ PlannedKernel read_planned_kernel(const Field& field, const RankPlan& rank) {
 
 RankPlan read_rank_plan(const Field& field) {
   const Section section(field);
-  section.allow({"device", "batch", "predicted_ms", "workspace_bytes", "activations", "kernels"});
+  section.allow({"device", "batch", "predicted_ms", "input_rate", "binds", "workspace_bytes",
+                 "activations", "kernels"});
   RankPlan r;
   if (Field f = section["device"]) r.device = to_string(f);
   r.batch = to_int(section.required("batch", "the rank's per-step batch"), at_least(0));
   if (Field f = section["predicted_ms"]) r.predicted_ms = to_number(f, at_least(0));
+  if (Field f = section["input_rate"]) r.input_rate = to_number(f, above(0));
+  if (Field f = section["binds"]) r.binds = to_choice(f, kBindingNames);
   if (Field f = section["workspace_bytes"]) r.workspace_bytes = to_uint64(f);
   if (Field f = section["activations"]) {
     const Section bytes(f);
@@ -154,6 +157,8 @@ std::string plan_to_yaml(const TrainingPlan& plan) {
     out << YAML::Key << "device" << YAML::Value << YAML::DoubleQuoted << r.device;
     out << YAML::Key << "batch" << YAML::Value << r.batch;
     out << YAML::Key << "predicted_ms" << YAML::Value << r.predicted_ms;
+    if (r.input_rate) out << YAML::Key << "input_rate" << YAML::Value << *r.input_rate;
+    if (r.binds) out << YAML::Key << "binds" << YAML::Value << common::name_of(kBindingNames, *r.binds);
     out << YAML::Key << "workspace_bytes" << YAML::Value << r.workspace_bytes;
     if (const auto& a = r.activations) {
       out << YAML::Key << "activations" << YAML::Value << YAML::Flow << YAML::BeginMap;

@@ -113,6 +113,7 @@ struct BalanceConfig {
   balancer::WorkspacePolicy workspace = balancer::WorkspacePolicy::kUndivided;  // conv workspaces
   uint64_t workspace_limit = 64ull << 20;   // wr: per kernel; wd: per rank in total (bytes)
   balancer::AllreduceCost allreduce = balancer::AllreduceCost::kMeasure;  // auto
+  bool input_aware = true;     // auto: price each rank's input (its measured images/s) in the split
   // auto: online re-balancing (balance.rebalance: enabled, threshold,
   // window, patience, min_gain, min_gain_ms; see worker/train/rebalancer.h). Even and
   // manual splits are the user's and stay.

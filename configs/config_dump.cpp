@@ -207,6 +207,7 @@ void emit_planning(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "workspace_limit" << YAML::Value << config.balance.workspace_limit;
   out << YAML::Key << "allreduce" << YAML::Value
       << common::name_of(balancer::kAllreduceCostNames, config.balance.allreduce);
+  out << YAML::Key << "input_aware" << YAML::Value << config.balance.input_aware;
   if (!config.balance.manual.empty()) {
     out << YAML::Key << "manual" << YAML::Value << YAML::Flow << config.balance.manual;
   }

@@ -388,7 +388,7 @@ worker::RebalanceSettings read_rebalance(const Field& field) {
 BalanceConfig read_balance(const Field& field, const TrainConfig& train) {
   const Section section(field);
   section.allow({"split", "manual", "granularity", "candidates", "workspace", "workspace_limit",
-                 "allreduce", "rebalance"});
+                 "allreduce", "input_aware", "rebalance"});
   BalanceConfig balance;
   if (Field f = section["split"]) balance.split = to_choice(f, balancer::kSplitModeNames);
   if (Field f = section["granularity"]) balance.granularity = to_int(f, at_least(1));
@@ -402,6 +402,7 @@ BalanceConfig read_balance(const Field& field, const TrainConfig& train) {
   if (Field f = section["allreduce"]) {
     balance.allreduce = to_choice(f, balancer::kAllreduceCostNames);
   }
+  if (Field f = section["input_aware"]) balance.input_aware = to_bool(f);
   if (Field f = section["rebalance"]) balance.rebalance = read_rebalance(f);
   if (balance.workspace == balancer::WorkspacePolicy::kWd && balance.workspace_limit == 0) {
     section["workspace_limit"].fail("wd divides a total budget: expected a size > 0");

@@ -516,6 +516,11 @@ to the name); repeat a name for several identical devices (what if I add a
 second one?). A CPU device's name ends with its thread count, X (2 threads);
 the name without it serves where the DB has that CPU at one thread count.
 Default: every device in the DB that has step measurements of this model.
+An entry may end with its input for a what-if: NAME[input=IMAGES_PER_S], or
+NAME[workers=N] (the DB's measured input rate per worker on that device's
+host, times N up to its cores: what if this node had 8 decoding cores?);
+the split then takes that device's step as the larger of its compute and
+its input time (docs/balancing.md, Input rate).
 
 Prints the split with each device's predicted step time, the speedup over an
 even split, and the per-kernel choices and workspace; --out writes the plan
@@ -532,7 +537,7 @@ vtrain db export --db FILE --table NAME [--format csv|jsonl]
 
 stats: the schema version, row counts and measurements per device.
 export: one table (devices, kernels, kernel_measurements, step_measurements,
-copy_bandwidth, layer_measurements) to stdout as CSV (default) or JSON lines. The file is plain SQLite: the
+copy_bandwidth, layer_measurements, input_rates) to stdout as CSV (default) or JSON lines. The file is plain SQLite: the
 sqlite3 shell reads it too (see perfdb/README.md for the tables).
 )";
   }

@@ -3,6 +3,8 @@
 #include "common/files.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <set>
 #include <stdexcept>
@@ -10,6 +12,8 @@
 #include <vector>
 
 #include "balancer/batch_split.h"
+#include "common/machine.h"
+#include "common/text.h"
 #include "launcher/part_options.h"
 #include "perfdb/perf_db.h"
 #include "worker/comm/device_infos.h"
@@ -19,6 +23,27 @@
 #include "worker/train/trainer.h"
 
 namespace vtrain::launcher {
+namespace {
+// Timed batches of an input rate measurement; the median is kept.
+constexpr int kInputRateBatches = 7;
+}  // namespace
+
+perfdb::InputRateMeasurement stored_input_rate(perfdb::PerfDb& db, const worker::DeviceInfo& info,
+                                               const RankInput& input, int64_t batch) {
+  perfdb::InputKey key = input.key;
+  key.host = worker::perfdb_device(info).host;
+  key.workers = input.source->workers();
+  key.transform = input.source->transform();
+  if (std::optional<perfdb::InputRateMeasurement> known = db.find_input_rate(key)) return *known;
+  perfdb::InputRateMeasurement m;
+  m.key = key;
+  m.batch = std::max<int64_t>(batch, 1);
+  m.images_per_second = input.source->measure_images_per_second(m.batch, kInputRateBatches);
+  m.host_cores = std::max(1, common::hardware_threads());
+  db.record_input_rate(m);
+  return m;
+}
+
 namespace {
 
 // `vtrain balance --fronts`: every kernel's Pareto front, one row a point.
@@ -45,13 +70,14 @@ void print_and_save(const balancer::TrainingPlan& plan, const std::string& path)
   std::printf("plan: wrote %s\n", path.c_str());
 }
 
-// `text` cut at every `separator` outside parentheses: device names such as
-// "AMD EPYC (cpus 0,1)" hold commas.
+// `text` cut at every `separator` outside parentheses and brackets: device
+// names such as "AMD EPYC (cpus 0,1)" hold commas, and so may an entry's
+// "[input=...]".
 std::vector<std::string> split_outside_parentheses(const std::string& text, char separator) {
   std::vector<std::string> out(1);
   int depth = 0;
   for (char c : text) {
-    depth += c == '(' ? 1 : c == ')' && depth > 0 ? -1 : 0;
+    depth += c == '(' || c == '[' ? 1 : (c == ')' || c == ']') && depth > 0 ? -1 : 0;
     if (c == separator && depth == 0) {
       out.emplace_back();
     } else {
@@ -115,6 +141,74 @@ perfdb::DeviceRecord device_named(const std::vector<perfdb::DeviceRecord>& known
                    " (known: " + quoted_list(distinct(labels)) + ")");
 }
 
+// One --devices entry: a device name, and optionally what its input
+// delivers for the what-if: "NAME[input=IMAGES_PER_S]" or
+// "NAME[workers=N]" (the perf DB's rate per worker on the device's host,
+// linear in workers up to the host's cores).
+struct DeviceSpec {
+  std::string name;
+  std::optional<double> input_rate;
+  std::optional<int> workers;
+};
+
+DeviceSpec parse_device_spec(const std::string& entry) {
+  DeviceSpec spec{entry, std::nullopt, std::nullopt};
+  const size_t open = entry.rfind('[');
+  if (open == std::string::npos || entry.back() != ']') {
+    if (entry.find_first_of("[]") != std::string::npos) {
+      throw UsageError("--devices: entry '" + entry + "': a '[' or ']' outside NAME[input=IMAGES_PER_S] or "
+                       "NAME[workers=N]");
+    }
+    return spec;
+  }
+  spec.name = trim(entry.substr(0, open));
+  const std::string attribute = entry.substr(open + 1, entry.size() - open - 2);
+  const size_t eq = attribute.find('=');
+  const std::string key = trim(attribute.substr(0, eq));
+  const std::string value = eq == std::string::npos ? "" : trim(attribute.substr(eq + 1));
+  char* end = nullptr;
+  if (key == "input") {
+    const double rate = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || !(rate > 0) || !std::isfinite(rate)) {
+      throw UsageError("--devices: entry '" + entry + "': input= expects a number of images/s > 0, got '" +
+                       value + "'");
+    }
+    spec.input_rate = rate;
+  } else if (key == "workers") {
+    const long n = std::strtol(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || n < 1 || n > 1 << 20) {
+      throw UsageError("--devices: entry '" + entry + "': workers= expects an integer >= 1, got '" + value + "'");
+    }
+    spec.workers = static_cast<int>(n);
+  } else {
+    throw UsageError("--devices: entry '" + entry + "': unknown attribute '" + key +
+                     "' (known: input=IMAGES_PER_S, workers=N)");
+  }
+  if (spec.name.empty()) throw UsageError("--devices: entry '" + entry + "' names no device");
+  return spec;
+}
+
+// The input rate of `workers` decoding workers on `host` for the dataset
+// `dataset` (its kind and file): the perf DB's measured rate per worker
+// (its row with the most workers), times the workers up to the host's
+// cores. A usage error where the DB has no rate of that dataset there.
+double scaled_input_rate(perfdb::PerfDb& db, const std::string& host, const perfdb::InputKey& dataset,
+                         int workers, const std::string& entry, const std::string& path) {
+  std::optional<perfdb::InputRateMeasurement> best;
+  for (const perfdb::InputRateMeasurement& m : db.input_rates(host)) {
+    if (m.key.dataset_kind != dataset.dataset_kind || m.key.dataset != dataset.dataset) continue;
+    if (!best || m.key.workers > best->key.workers) best = m;
+  }
+  if (!best) {
+    throw UsageError("--devices: entry '" + entry + "': " + path + " has no input rate of this dataset (" +
+                     dataset.dataset_kind + (dataset.dataset.empty() ? "" : " " + dataset.dataset) +
+                     ") on host '" + host + "' to scale (train there with balance.split: auto first, or give "
+                     "[input=IMAGES_PER_S])");
+  }
+  const int usable = std::min(workers, best->host_cores);
+  return best->images_per_second / best->key.workers * usable;
+}
+
 // Per-rank batch sizes the profiler measures for a split: around B / ranks,
 // from a quarter to twice it, on the granularity.
 std::vector<int64_t> candidate_batches(const config::Config& cfg, int ranks) {
@@ -141,6 +235,31 @@ worker::ProfileOptions kernels_alone_at(worker::ProfileOptions po, int64_t batch
   return po;
 }
 
+// This rank's input rate in images/s, limited to input.limit.
+double rank_input_rate(perfdb::PerfDb& db, const worker::DeviceInfo& info, const RankInput& input,
+                       int64_t batch) {
+  const double rate = stored_input_rate(db, info, input, batch).images_per_second;
+  return input.limit ? std::min(rate, *input.limit) : rate;
+}
+
+// Every rank's input rate (images/s, 0 = not priced), on every rank.
+std::vector<double> input_rates(perfdb::PerfDb& db, const worker::DeviceInfo& info,
+                                const RankInput& input, int64_t batch, worker::Communicator& comm) {
+  std::vector<double> rates(static_cast<size_t>(comm.size()), 0.0);
+  if (input.source) rates[static_cast<size_t>(comm.rank())] = rank_input_rate(db, info, input, batch);
+  comm.allreduce_sum(rates);
+  if (comm.rank() == 0 && input.source) {
+    std::string text;
+    for (size_t r = 0; r < rates.size(); ++r) {
+      text += common::format("%s%zu %.0f", text.empty() ? "" : ", ", r, rates[r]);
+    }
+    std::printf("profile: input rates (images/s, VTRAIN_INPUT_RATE_LIMIT applied) per rank: %s\n",
+                text.c_str());
+    std::fflush(stdout);
+  }
+  return rates;
+}
+
 // Training: profile in place, solve on rank 0. Returns the plan's text on
 // rank 0, "" elsewhere.
 std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph,
@@ -148,7 +267,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
                            worker::Communicator& gradient_comm,
                            const std::vector<worker::DeviceInfo>& cluster,
                            const std::vector<int64_t>& fixed_split,
-                           SplitProblem* solved_on) {
+                           SplitProblem* solved_on, const RankInput& input) {
   const bool balance = cfg.balance.split == balancer::SplitMode::kAuto;
   const worker::DeviceInfo info = backend.device_info();
   perfdb::PerfDb db(cfg.profile.db);
@@ -189,6 +308,12 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
     }
   }
 
+  // Every rank's input rate (also under balance.input_aware: false, which
+  // chooses the split without it: the plan then says what binds).
+  const std::vector<double> rates =
+      balance ? input_rates(db, info, input, (cfg.train.batch + comm.size() - 1) / comm.size(), comm)
+          : std::vector<double>(static_cast<size_t>(comm.size()), 0.0);
+
   // Rank 0 learns every rank's row in the perf DB.
   const std::vector<perfdb::DeviceId> ids = worker::gather_messages(comm, id, 0);
   std::vector<worker::PlanDevice> devices;
@@ -202,6 +327,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       d.layout =
           worker::layout_rule_for(cluster[r].backend, cfg.device.layout, cfg.train.precision);
       d.name = worker::device_label(cluster[r]);
+      d.input_rate = rates[r];
       devices.push_back(std::move(d));
     }
     if (balance) {
@@ -276,7 +402,7 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
                                              worker::Communicator& gradient_comm,
                                              const std::vector<worker::DeviceInfo>& cluster,
                                              const std::vector<int64_t>& fixed_split,
-                                             SplitProblem* solved_on) {
+                                             SplitProblem* solved_on, const RankInput& input) {
   std::string text, origin;
   if (!cli.plan.empty()) {
     origin = cli.plan;
@@ -285,7 +411,7 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
              cfg.balance.workspace != balancer::WorkspacePolicy::kUndivided) {
     origin = "the plan solved at start";
     text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, cluster, fixed_split,
-                          solved_on);
+                          solved_on, input);
   } else {
     return std::nullopt;
   }
@@ -384,7 +510,14 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
   if (!cli.devices.empty()) {
     const std::vector<perfdb::DeviceRecord> known = db.devices();
     for (const std::string& raw : split_outside_parentheses(cli.devices, ',')) {
-      add(device_named(known, trim(raw), cli.db));
+      const DeviceSpec spec = parse_device_spec(trim(raw));
+      const perfdb::DeviceRecord record = device_named(known, spec.name, cli.db);
+      add(record);
+      if (spec.input_rate) devices.back().input_rate = *spec.input_rate;
+      if (spec.workers) {
+        devices.back().input_rate = scaled_input_rate(db, record.device.host, input_key(cfg, cfg.data.shape),
+                                                      *spec.workers, trim(raw), cli.db);
+      }
     }
   } else {
     for (const perfdb::DeviceRecord& r : db.devices()) {

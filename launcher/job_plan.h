@@ -6,7 +6,9 @@
 #include <optional>
 #include <utility>
 
+#include "common/input_rate_source.h"
 #include "configs/config.h"
+#include "perfdb/perf_db.h"
 #include "balancer/plan.h"
 #include "launcher/cli.h"
 #include "worker/device/backend.h"
@@ -40,6 +42,22 @@ struct SplitProblem {
   std::vector<worker::PlanDevice> devices;
 };
 
+// A rank's input, for an auto split that prices it (balance.input_aware).
+struct RankInput {
+  common::InputRateSource* source = nullptr;  // null: the split does not price input
+  // The dataset's part of the rate's perf DB key (dataset_kind, dataset,
+  // channels, height, width); host, workers and transform come from the
+  // rank and the source.
+  perfdb::InputKey key;
+  std::optional<double> limit;  // this rank's VTRAIN_INPUT_RATE_LIMIT, images/s
+};
+
+// This rank's input rate for `input`'s key on its host (input.source
+// non-null): the perf DB's, or measured over batches of `batch` samples
+// and recorded first where the DB has none (input.limit not applied).
+perfdb::InputRateMeasurement stored_input_rate(perfdb::PerfDb& db, const worker::DeviceInfo& info,
+                                               const RankInput& input, int64_t batch);
+
 // The plan every rank follows, or nullopt when the config asks for none
 // (split even/manual with undivided workspaces and no --plan). Collective:
 // with --plan rank 0 reads the file; otherwise every rank profiles its device
@@ -48,7 +66,10 @@ struct SplitProblem {
 // the model, the rank count or the batch. With `solved_on`, rank 0 also
 // gets what an auto split was solved on (online re-balancing re-solves the
 // same problem); its profiles are left empty otherwise. `cluster` is every
-// rank's device (gather_device_infos).
+// rank's device (gather_device_infos). With an auto split and
+// `input.source`, every rank takes its input rate from the perf DB
+// (measuring it there first where the DB has none for its key), limited
+// to `input.limit`, and the split prices it.
 std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config::Config& cfg,
                                              const worker::Graph& graph,
                                              worker::Backend& backend,
@@ -56,7 +77,8 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
                                              worker::Communicator& gradient_comm,
                                              const std::vector<worker::DeviceInfo>& cluster,
                                              const std::vector<int64_t>& fixed_split,
-                                             SplitProblem* solved_on = nullptr);
+                                             SplitProblem* solved_on = nullptr,
+                                             const RankInput& input = {});
 
 // After a re-balance to `to.split`: every rank with samples measures its
 // kernels at its new batch where the perf DB has none (freed of its

@@ -26,6 +26,7 @@
 #include "launcher/job_plan.h"
 #include "launcher/part_options.h"
 #include "launcher/stop_signals.h"
+#include "worker/train/input_rate.h"
 #include "memory/planner.h"
 #include "model_io/initial_weights.h"
 #include "worker/engine/parameter_layout.h"
@@ -351,8 +352,13 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   }
   std::fflush(stdout);
   SplitProblem solved_on;  // rank 0, auto split: for re-balancing
-  const std::optional<balancer::TrainingPlan> plan =
-      job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, cluster, split, &solved_on);
+  // The data held in memory is gathered on one thread; its rate (and a
+  // throttle's) goes into the split.
+  worker::GatherRateSource gather_rate(data.train, norm);
+  const RankInput input{&gather_rate, input_key(cfg, data.train.sample),
+                        worker::input_rate_limit_from_environment(comm.rank())};
+  const std::optional<balancer::TrainingPlan> plan = job_plan(
+      cli, cfg, graph, *backend, comm, *gradient_comm, cluster, split, &solved_on, input);
   if (plan) {
     split.clear();
     for (const balancer::RankPlan& r : plan->ranks) split.push_back(r.batch);
@@ -388,6 +394,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   }
   options.rebalance.profiles = std::move(solved_on.profiles);
   options.rebalance.split_options = solved_on.options;
+  options.input_rate_limit = input.limit;
   if (cli.resume) options.resume = worker::ResumeSetting::kRequired;
   options.run_settings = config::run_settings(cfg, data.train);
   options.initial_weights = initial_weights(cfg, graph);
@@ -450,11 +457,18 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   perfdb::PerfDb db(cfg.profile.db);
   const perfdb::DeviceId device = db.upsert_device(worker::perfdb_device(info));
   const worker::ProfileReport r = worker::profile(graph, *backend, db, device, options);
+  // The input's rate too, for a split that prices it (balance.input_aware).
+  const worker::ChannelStats norm = normalisation(cfg, data.train);
+  worker::GatherRateSource gather_rate(data.train, norm);
+  const double input_rate =
+      stored_input_rate(db, info, {&gather_rate, input_key(cfg, data.train.sample), std::nullopt},
+                        options.batches.front())
+          .images_per_second;
   char line[512];
   std::snprintf(line, sizeof line,
                 "rank %d (%s, %s): %lld kernel items measured, %lld cached; %lld steps "
                 "measured%s, %lld cached; layer times at %lld batches measured, %lld cached; copy "
-                "bandwidth %s; %.1f s",
+                "bandwidth %s; input %.0f images/s; %.1f s",
                 comm.rank(), info.name.c_str(), share.c_str(),
                 static_cast<long long>(r.kernel_measured), static_cast<long long>(r.kernel_cached),
                 static_cast<long long>(r.step_measured), worker::copied_ahead_note(r).c_str(),
@@ -464,7 +478,7 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
                 r.copy_measured > 0  ? "measured"
                 : r.copy_cached > 0 ? "cached"
                                     : "another share's",
-                r.seconds);
+                input_rate, r.seconds);
   std::string text = line;
   if (!r.algorithms_refused.empty()) {
     text += "; " + std::to_string(r.algorithms_refused.size()) +

@@ -119,7 +119,24 @@ balancer::BatchSplitOptions split_options(const config::Config& cfg) {
   balancer::BatchSplitOptions o;
   o.granularity = cfg.balance.granularity;
   o.candidates = cfg.balance.candidates;
+  o.input_aware = cfg.balance.input_aware;
   return o;
+}
+
+perfdb::InputKey input_key(const config::Config& cfg, const worker::Shape& sample) {
+  perfdb::InputKey key;
+  key.dataset_kind = worker::data_kind_name(cfg.data.kind);
+  switch (cfg.data.kind) {
+    case worker::DataKind::kIdx: key.dataset = cfg.data.train_images; break;
+    case worker::DataKind::kCifar10:
+      key.dataset = cfg.data.train_files.empty() ? "" : cfg.data.train_files.front();
+      break;
+    case worker::DataKind::kSynthetic: break;  // generated: its shape tells it apart
+  }
+  key.channels = sample.c;
+  key.height = sample.h;
+  key.width = sample.w;
+  return key;
 }
 
 worker::StepPricing step_pricing(const config::Config& cfg) {

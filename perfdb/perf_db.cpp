@@ -23,6 +23,7 @@ const char* table_name(Table table) {
     case Table::kStepMeasurements: return "step_measurements";
     case Table::kCopyBandwidth: return "copy_bandwidth";
     case Table::kLayerMeasurements: return "layer_measurements";
+    case Table::kInputRates: return "input_rates";
   }
   return "?";
 }
@@ -417,7 +418,7 @@ Stats PerfDb::stats() {
     StatementUse counts(impl_->cached(
         "SELECT (SELECT count(*) FROM devices), (SELECT count(*) FROM kernels), "
         "(SELECT count(*) FROM kernel_measurements), (SELECT count(*) FROM step_measurements), "
-        "(SELECT count(*) FROM copy_bandwidth), (SELECT count(*) FROM layer_measurements)"));
+        "(SELECT count(*) FROM copy_bandwidth), (SELECT count(*) FROM layer_measurements), (SELECT count(*) FROM input_rates)"));
     if (!counts->step()) impl_->invalid("internal error: counting rows returned nothing");
     stats.devices = counts->column_int(0);
     stats.kernels = counts->column_int(1);
@@ -425,6 +426,7 @@ Stats PerfDb::stats() {
     stats.step_measurements = counts->column_int(3);
     stats.copy_bandwidths = counts->column_int(4);
     stats.layer_measurements = counts->column_int(5);
+    stats.input_rates = counts->column_int(6);
     StatementUse per_device(impl_->cached(
         "SELECT d.id, d.name, d.backend, d.memory_bytes, d.library_version, d.threads, d.host, "
         "(SELECT count(*) FROM kernel_measurements m WHERE m.device_id = d.id), "
@@ -453,6 +455,7 @@ void PerfDb::export_table(Table table, ExportFormat format, std::ostream& out) {
     case Table::kStepMeasurements: sql = "SELECT * FROM step_measurements ORDER BY id"; break;
     case Table::kCopyBandwidth: sql = "SELECT * FROM copy_bandwidth ORDER BY id"; break;
     case Table::kLayerMeasurements: sql = "SELECT * FROM layer_measurements ORDER BY id"; break;
+    case Table::kInputRates: sql = "SELECT * FROM input_rates ORDER BY id"; break;
   }
   if (sql == nullptr) impl_->invalid("unknown table");
   // Rendered whole inside the transaction and written after it, so a retried

@@ -45,7 +45,7 @@ class PerfDbError : public std::runtime_error {
 
 // The schema version this code creates and writes. Opening a file with an
 // older version upgrades it in place; a newer version is an error.
-inline constexpr int kSchemaVersion = 6;
+inline constexpr int kSchemaVersion = 7;
 
 // ------------------------------------------------------------------ records
 
@@ -178,6 +178,35 @@ struct LayerMeasurement {
   int64_t measured_at = 0;  // seconds since the Unix epoch; 0 when recording = now
 };
 
+// What an input rate was measured for: a host's decoding workers turning
+// one dataset into batches through one transform. Every field is part of
+// the key (host, workers, dataset_kind, dataset, channels, height, width,
+// transform): a rate measured with other workers or another transform is
+// another row, so a change of either is measured afresh.
+struct InputKey {
+  std::string host;          // the node whose cores read and decode
+  int workers = 1;           // decoding workers (threads) the rate was measured with, >= 1
+  std::string dataset_kind;  // data.kind, e.g. "idx", "cifar10", "synthetic", "imagefolder"
+  std::string dataset;       // which dataset of that kind: its training file or folder
+                             // ("" for generated data)
+  int64_t channels = 1;      // the network's input [C, H, W] the samples become, each >= 1
+  int64_t height = 1;
+  int64_t width = 1;
+  std::string transform;     // the training transform's signature (InputRateSource::transform)
+  friend bool operator==(const InputKey&, const InputKey&) = default;
+};
+
+// Images per second a host's input delivers for one key: the rate the
+// batch split prices a rank's input with (balancer::DeviceProfile::input_rate).
+struct InputRateMeasurement {
+  InputKey key;
+  double images_per_second = 0;  // > 0, finite
+  int host_cores = 1;            // cores of the host when measured, >= 1 (what a what-if
+                                 // with more workers scales up to)
+  int64_t batch = 1;             // images per timed batch, >= 1
+  int64_t measured_at = 0;       // seconds since the Unix epoch; 0 when recording = now
+};
+
 // ------------------------------------------------------------------ queries
 
 struct DeviceStats {
@@ -195,6 +224,7 @@ struct Stats {
   int64_t step_measurements = 0;
   int64_t copy_bandwidths = 0;
   int64_t layer_measurements = 0;
+  int64_t input_rates = 0;
   std::vector<DeviceStats> per_device;  // ordered by device id
 };
 
@@ -205,13 +235,15 @@ enum class Table {
   kStepMeasurements,
   kCopyBandwidth,
   kLayerMeasurements,
+  kInputRates,
 };
 // Every table, in the order above.
 inline constexpr Table kTables[] = {Table::kDevices,          Table::kKernels,
                                     Table::kKernelMeasurements, Table::kStepMeasurements,
-                                    Table::kCopyBandwidth,    Table::kLayerMeasurements};
+                                    Table::kCopyBandwidth,    Table::kLayerMeasurements,
+                                    Table::kInputRates};
 // The SQL table name: "devices", "kernels", "kernel_measurements",
-// "step_measurements", "copy_bandwidth", "layer_measurements".
+// "step_measurements", "copy_bandwidth", "layer_measurements", "input_rates".
 const char* table_name(Table table);
 // The table with that SQL name; nullopt when there is none.
 std::optional<Table> table_from_name(std::string_view name);
@@ -313,6 +345,16 @@ class PerfDb {
   // (the loss first); empty when there is none.
   std::vector<LayerMeasurement> layer_measurements(DeviceId device, std::string_view model,
                                                    int64_t batch);
+
+  // Records an input rate; it replaces any earlier one with the same key.
+  // Throws for an invalid field (an empty host, dataset_kind or transform,
+  // workers, cores, batch or a dimension below 1, a rate not finite and
+  // > 0), recording nothing.
+  void record_input_rate(const InputRateMeasurement& rate);
+  // The rate recorded for exactly `key`; nullopt when there is none.
+  std::optional<InputRateMeasurement> find_input_rate(const InputKey& key);
+  // Every rate recorded on `host`, ordered by id; empty when there is none.
+  std::vector<InputRateMeasurement> input_rates(std::string_view host);
 
   // One measurement; nullopt when it was never recorded.
   std::optional<KernelMeasurement> find_kernel_measurement(DeviceId device,

@@ -215,3 +215,54 @@ TEST(BalanceCli, ANameOfOneDeviceAloneNeedsNoThreadCount) {
 
 }  // namespace
 }  // namespace vtrain
+
+namespace vtrain {
+namespace {
+
+// "what if this node's input were slower, or had more workers": a
+// --devices entry's [input=IMAGES_PER_S] or [workers=N] prices its input;
+// a slow one gets fewer samples and its input binds; a bad attribute is a
+// usage error naming the entry.
+TEST(BalanceCli, ADevicesInputRateOrWorkersArePriced) {
+  TempDir dir;
+  const std::string db = dir.path("perf.db");
+  std::string out;
+  ASSERT_EQ(test_support::run_command(test_support::vtrain_binary() + " profile " + test_support::source_dir() +
+                                          "/configs/synthetic-lenet.yaml --db " + db +
+                                          " --set profile.batches=[8,16,24] --set profile.repeats=1"
+                                          " --set profile.warmup=0",
+                                      &out),
+            0)
+      << out;
+  const std::string label =
+      perfdb::device_label(perfdb::PerfDb(db, {.mode = perfdb::OpenMode::kReadOnly}).devices().at(0).device);
+  const std::string plan = dir.path("plan.yaml");
+  BalanceRun r = balance("--db " + db + " --batch 32 --devices '" + label + "," + label +
+                         "[input=20]' --out " + plan);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string text = read_file(plan);
+  EXPECT_CONTAINS(text, "input_rate: 20");
+  EXPECT_CONTAINS(text, "binds: input");
+  EXPECT_CONTAINS(r.output, "input: 20 images/s");
+  EXPECT_CONTAINS(r.output, "input binds");
+  EXPECT_CONTAINS(r.output, "plan: split 24+8 of 32");
+
+  // workers=N scales the rate `vtrain profile` measured (1 worker) on this host.
+  r = balance("--db " + db + " --batch 32 --devices '" + label + "[workers=1]," + label + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "compute binds");
+
+  r = balance("--db " + db + " --batch 32 --devices '" + label + "[cores=8]," + label + "'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "--devices: entry '" + label +
+                                "[cores=8]': unknown attribute 'cores' (known: input=IMAGES_PER_S, workers=N)");
+  r = balance("--db " + db + " --batch 32 --devices '" + label + "[input=-3]," + label + "'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "input= expects a number of images/s > 0, got '-3'");
+  r = balance("--db " + db + " --batch 32 --devices '" + label + "[workers=0]," + label + "'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "workers= expects an integer >= 1, got '0'");
+}
+
+}  // namespace
+}  // namespace vtrain

@@ -182,7 +182,8 @@ TEST(ReachableTotals, MatchesNaiveSubsetSums) {
 
 struct TestCandidate {
   int64_t batch;
-  double time_ms;
+  double time_ms;   // what the split is chosen on
+  double step_ms;   // what the device runs in: compute and input
 };
 
 // Candidates the way batch_split.h documents them, written independently.
@@ -207,7 +208,12 @@ std::vector<TestCandidate> expected_candidates(const DeviceProfile& device, int6
       }
     }
     if (point && point->second <= double(device.memory_capacity_bytes)) {
-      out.push_back({b, point->first + device.allreduce_ms});
+      // Input decoded ahead overlaps compute: the slower of the two sets the step.
+      const double compute = point->first + device.allreduce_ms;
+      // The exchange every step pays overlaps the input too.
+      const double input =
+          device.input_rate > 0 ? std::max(0.0, 1000.0 * double(b) / device.input_rate - options.allreduce_ms) : 0.0;
+      out.push_back({b, options.input_aware ? std::max(compute, input) : compute, std::max(compute, input)});
     }
   }
   return out;
@@ -245,6 +251,9 @@ DeviceProfile random_device(std::mt19937& rng, int index) {
   }
   device.memory_capacity_bytes = base + per_sample_memory * uniform(rng, 4, 40);
   device.allreduce_ms = uniform(rng, 0, 3) == 0 ? eighths(rng, 0, 4) : 0;
+  // Half the devices read input at a rate that binds at some sizes: an
+  // input time per sample near the compute's.
+  if (uniform(rng, 0, 1) == 1) device.input_rate = 1000.0 / (eighths(rng, 0, 5) + 0.125);
   return device;
 }
 
@@ -267,7 +276,7 @@ void expect_valid_split(const BatchSplit& split, const std::vector<DeviceProfile
     const auto it = std::find_if(candidates[d].begin(), candidates[d].end(),
                                  [&](const TestCandidate& c) { return c.batch == split.batch[d]; });
     ASSERT_NE(it, candidates[d].end()) << devices[d].name << " got " << split.batch[d] << ", not a candidate";
-    EXPECT_NEAR(split.time_ms[d], it->time_ms, 1e-9);
+    EXPECT_NEAR(split.time_ms[d], it->step_ms, 1e-9);
     slowest = std::max(slowest, split.time_ms[d]);
   }
   EXPECT_EQ(total, global_batch);
@@ -288,6 +297,7 @@ void check_split_against_brute_force(BatchSplitSolver solver, uint32_t first_see
     options.candidates = uniform(rng, 0, 1) ? CandidateSizes::kInterpolated : CandidateSizes::kMeasured;
     options.allow_idle_devices = uniform(rng, 0, 3) != 0;
     options.allreduce_ms = uniform(rng, 0, 1) ? eighths(rng, 0, 5) : 0;
+    options.input_aware = uniform(rng, 0, 3) != 0;
     const int64_t global_batch = options.granularity * uniform(rng, 1, 80 / static_cast<int>(options.granularity));
     std::vector<std::vector<TestCandidate>> candidates;
     for (const DeviceProfile& device : devices) candidates.push_back(expected_candidates(device, global_batch, options));
@@ -299,8 +309,18 @@ void check_split_against_brute_force(BatchSplitSolver solver, uint32_t first_see
       continue;
     }
     const BatchSplit split = plan_batch_split(devices, global_batch, options);
-    EXPECT_NEAR(split.step_time_ms, *best, 1e-9);
-    EXPECT_LE(split.ideal_step_time_ms, split.step_time_ms + 1e-9);  // a bound
+    // Optimal for what it was chosen on (compute and input, or compute alone).
+    double chosen_on = 0;
+    for (size_t d = 0; d < devices.size(); ++d) {
+      for (const TestCandidate& c : candidates[d]) {
+        if (split.batch[d] > 0 && c.batch == split.batch[d]) chosen_on = std::max(chosen_on, c.time_ms);
+      }
+    }
+    EXPECT_NEAR(chosen_on + options.allreduce_ms, *best, 1e-9);
+    if (options.input_aware) {
+      EXPECT_NEAR(split.step_time_ms, *best, 1e-9);
+      EXPECT_LE(split.ideal_step_time_ms, split.step_time_ms + 1e-9);  // a bound
+    }
     EXPECT_GT(split.ideal_step_time_ms, 0);
     expect_valid_split(split, devices, candidates, global_batch, options);
     ++solved;
@@ -535,6 +555,55 @@ TEST(BatchSplit, RejectsMalformedInput) {
   devices = two_devices();
   devices[1].steps[0].time_ms = -1;
   EXPECT_CONTAINS(error_message<BalancerError>([&] { plan_batch_split(devices, 64, {}); }), "finite non-negative");
+}
+
+// Two devices of equal compute (1 ms a sample, measured at 16..112); the
+// second one's input delivers 500 images/s (2 ms a sample), decoded ahead.
+std::vector<DeviceProfile> equal_compute_slow_input() {
+  std::vector<DeviceProfile> devices(2);
+  for (size_t d = 0; d < 2; ++d) {
+    devices[d].name = d == 0 ? "fed" : "starved";
+    devices[d].memory_capacity_bytes = 64 * kMiB;
+    for (int64_t b = 16; b <= 112; b += 16) devices[d].steps.push_back({b, double(b), uint64_t(b) * kMiB / 4});
+  }
+  devices[1].input_rate = 500;
+  return devices;
+}
+
+TEST(BatchSplit, InputThatBindsMovesWorkAwayFromTheDevice) {
+  const std::vector<DeviceProfile> devices = equal_compute_slow_input();
+  for (BatchSplitSolver solver : {BatchSplitSolver::kThresholdSearch, BatchSplitSolver::kGlpk}) {
+    BatchSplitOptions options;
+    options.solver = solver;
+    options.granularity = 16;
+    // Compute alone sees two equal devices: 64 + 64, and the starved one
+    // then waits 128 ms for its input.
+    options.input_aware = false;
+    const BatchSplit blind = plan_batch_split(devices, 128, options);
+    EXPECT_EQ(blind.batch, (std::vector<int64_t>{64, 64}));
+    EXPECT_DOUBLE_EQ(blind.step_time_ms, 128);
+    EXPECT_DOUBLE_EQ(blind.input_ms[1], 128);
+    EXPECT_EQ(blind.binding, (std::vector<Binding>{Binding::kCompute, Binding::kInput}));
+    // Input-aware: the starved device takes less (32 or 48: 96 ms either way).
+    options.input_aware = true;
+    const BatchSplit aware = plan_batch_split(devices, 128, options);
+    EXPECT_LT(aware.batch[1], 64);
+    EXPECT_DOUBLE_EQ(aware.step_time_ms, 96);
+    EXPECT_EQ(aware.binding[1], Binding::kInput);
+    EXPECT_DOUBLE_EQ(aware.input_ms[0], 0);  // unlimited input
+    // Decoding overlaps the exchange every step pays: 64 + 64 with 10 ms of
+    // it takes max(64 + 10, 128) ms, not 128 + 10.
+    options.input_aware = false;
+    options.allreduce_ms = 10;
+    EXPECT_DOUBLE_EQ(plan_batch_split(devices, 128, options).step_time_ms, 128);
+  }
+}
+
+TEST(BatchSplit, RejectsAMalformedInputRate) {
+  std::vector<DeviceProfile> devices = equal_compute_slow_input();
+  devices[1].input_rate = -1;
+  EXPECT_EQ(error_message<BalancerError>([&] { plan_batch_split(devices, 64, {}); }),
+            "device starved: input rate is not a finite non-negative number of images/s");
 }
 
 TEST(BatchSplit, SpreadsSlackInsteadOfIdlingDevices) {

@@ -95,9 +95,10 @@ TEST(PerfDbFiles, NewerSchemaIsRejectedUntouched) {
   TempDir dir;
   const std::string path = dir.path("newer.db");
   { PerfDb db(path); }
-  SqlShell(path).exec("UPDATE schema_version SET version = 7");
-  expect_rejected_untouched(path, "perf DB " + path + " has schema version 7; this vtrain knows up to " +
-                                      std::to_string(kSchemaVersion));
+  const std::string newer = std::to_string(kSchemaVersion + 1);
+  SqlShell(path).exec("UPDATE schema_version SET version = " + newer);
+  expect_rejected_untouched(path, "perf DB " + path + " has schema version " + newer +
+                                      "; this vtrain knows up to " + std::to_string(kSchemaVersion));
 }
 
 TEST(PerfDbFiles, NewerSchemaWrittenWhileOpenIsAnError) {
@@ -257,6 +258,69 @@ INSERT INTO kernels VALUES (3, 'Forward', 64, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 
 INSERT INTO kernel_measurements VALUES (11, 5, 3, 'winograd', 32, 4.25, 1048576, 1600000000);
 INSERT INTO step_measurements VALUES (21, 5, 'resnet18/cifar10', 64, 'none', 120.5, 9000000000, 1600000001);
 )sql";
+
+// An input rate of a LeNet-shaped IDX dataset measured on `host`.
+InputRateMeasurement lenet_input_rate(const std::string& host, int workers, double images_per_second) {
+  InputRateMeasurement m;
+  m.key = {host, workers, "idx", "data/train-images-idx3-ubyte", 1, 28, 28, "normalise"};
+  m.images_per_second = images_per_second;
+  m.host_cores = 8;
+  m.batch = 64;
+  return m;
+}
+
+// A file as version 6 wrote it: the current layout less input_rates (the
+// one change of version 7), with rows in the older tables.
+TEST(PerfDbUpgrade, Version6GetsAnEmptyInputRatesTableAndKeepsItsRows) {
+  TempDir dir;
+  const std::string path = dir.path("v6.db");
+  {
+    PerfDb db(path);
+    const DeviceId id = db.upsert_device(gpu("old-node"));
+    db.record_step_measurements(id, std::vector{step(64, 120.5)});
+  }
+  SqlShell(path).exec("DROP TABLE input_rates; UPDATE schema_version SET version = 6;");
+  ASSERT_TRUE(SqlShell(path).query("SELECT name FROM sqlite_master WHERE name = 'input_rates'").empty());
+
+  PerfDb db(path);
+  EXPECT_EQ(db.stats().schema_version, 7);
+  EXPECT_EQ(db.stats().input_rates, 0);
+  const auto devices = db.find_devices(gpu().name);
+  ASSERT_EQ(devices.size(), 1u);
+  EXPECT_EQ(db.step_measurements(devices[0].id, step(64, 0).model, "none").at(0).time_ms, 120.5);
+
+  // The new table takes rows, one per key: other workers are another row,
+  // the same key is replaced.
+  db.record_input_rate(lenet_input_rate("old-node", 1, 900));
+  db.record_input_rate(lenet_input_rate("old-node", 4, 3400));
+  db.record_input_rate(lenet_input_rate("old-node", 1, 950));
+  const auto one = db.find_input_rate(lenet_input_rate("old-node", 1, 0).key);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(one->images_per_second, 950);
+  EXPECT_EQ(one->host_cores, 8);
+  EXPECT_EQ(one->key, lenet_input_rate("old-node", 1, 0).key);
+  EXPECT_EQ(db.input_rates("old-node").size(), 2u);
+  EXPECT_TRUE(db.input_rates("other-node").empty());
+  InputKey other_transform = lenet_input_rate("old-node", 1, 0).key;
+  other_transform.transform = "random_resized_crop(224)";
+  EXPECT_EQ(db.find_input_rate(other_transform), std::nullopt);
+
+  SqlShell shell(path);
+  EXPECT_EQ(shell.query("SELECT workers, images_per_second FROM input_rates ORDER BY workers"),
+            (Rows{{"1", "950.0"}, {"4", "3400.0"}}));
+  EXPECT_EQ(shell.query("PRAGMA integrity_check"), (Rows{{"ok"}}));
+}
+
+TEST(PerfDb, InvalidInputRatesAreRefusedNamingTheField) {
+  PerfDb db(":memory:");
+  InputRateMeasurement bad = lenet_input_rate("node1", 0, 900);
+  EXPECT_NE(error_of([&] { db.record_input_rate(bad); }).find("workers must be >= 1, got 0"),
+            std::string::npos);
+  bad = lenet_input_rate("node1", 1, 0);
+  EXPECT_NE(error_of([&] { db.record_input_rate(bad); }).find("images_per_second must be finite and > 0"),
+            std::string::npos);
+  EXPECT_EQ(db.stats().input_rates, 0);
+}
 
 TEST(PerfDbUpgrade, Version1IsUpgradedAndKeepsItsRows) {
   TempDir dir;

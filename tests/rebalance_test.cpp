@@ -128,7 +128,7 @@ TEST(Rebalancer, RankZeroDecidesAndEveryRankSwitchesAtTheSameStep) {
     std::vector<double> a, b;
     zero.contribute(t0, 0, a);
     one.contribute(t1, 0, b);
-    ASSERT_EQ(a.size(), 6u);
+    ASSERT_EQ(a.size(), 8u);  // per rank: compute, probe, proposal, input wait
     for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
     const auto s0 = zero.after_step(a, split, step);
     const auto s1 = one.after_step(a, split, step);

@@ -159,6 +159,26 @@ ALTER TABLE copy_bandwidth ADD COLUMN compute_share REAL;  -- share of a copy's 
                                                            -- stream loses, 0..1; NULL: measured
                                                            -- before version 6
 )sql"},
+    // Version 7: what a host's input delivers (images/s), keyed by what
+    // the rate depends on, so that the batch split can price a rank's input.
+    {7, R"sql(
+CREATE TABLE input_rates (
+  id INTEGER PRIMARY KEY,
+  host TEXT NOT NULL,                -- the node whose cores read and decode
+  workers INTEGER NOT NULL CHECK (workers >= 1),  -- decoding workers (threads)
+  dataset_kind TEXT NOT NULL,        -- data.kind
+  dataset TEXT NOT NULL,             -- its training file or folder; '' = generated
+  channels INTEGER NOT NULL,         -- the network's input [C, H, W]
+  height INTEGER NOT NULL,
+  width INTEGER NOT NULL,
+  transform TEXT NOT NULL,           -- the training transform's signature
+  images_per_second REAL NOT NULL,   -- median over the timed batches
+  host_cores INTEGER NOT NULL,       -- the host's cores when measured
+  batch INTEGER NOT NULL,            -- images per timed batch
+  measured_at INTEGER NOT NULL,      -- Unix seconds
+  UNIQUE (host, workers, dataset_kind, dataset, channels, height, width, transform)
+);
+)sql"},
 };
 
 static_assert(std::size(kMigrations) == static_cast<size_t>(kSchemaVersion),

@@ -145,6 +145,7 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb:
     balancer::DeviceProfile p;
     p.name = d.name;
     p.memory_capacity_bytes = d.memory_bytes;
+    p.input_rate = d.input_rate;
     const std::map<int64_t, perfdb::StepMeasurement> by_batch =
         steps_by_batch(db, graph, d, pricing.memory_policy);
     if (by_batch.empty()) {
@@ -217,6 +218,10 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
     // included); a fixed split has none, and the kernels are all we know.
     const double priced = g < split.time_ms.size() ? split.time_ms[g] : 0.0;
     rank.predicted_ms = priced > 0 ? priced : w.chosen_ms;
+    if (device.input_rate > 0) {
+      rank.input_rate = device.input_rate;
+      rank.binds = g < split.binding.size() ? split.binding[g] : balancer::Binding::kCompute;
+    }
     const auto steps = steps_by_batch(db, graph, device, pricing.memory_policy);
     if (const auto at = steps.find(rank.batch); at != steps.end()) {
       rank.activations = at->second.activations;
@@ -249,7 +254,7 @@ std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, con
     return "the plan's global_batch is " + std::to_string(plan.global_batch) +
            ", the config's train.batch is " + std::to_string(global_batch);
   }
-  const PlanDevice any{"", {}, 0, [](int64_t) { return Layout::kPlain; }};
+  const PlanDevice any{"", {}, 0, [](int64_t) { return Layout::kPlain; }, 0};
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
     const balancer::RankPlan& rank = plan.ranks[r];
     if (rank.batch == 0) continue;
@@ -371,6 +376,12 @@ std::string describe_plan(const balancer::TrainingPlan& plan) {
                   "kernels micro-batched\n",
                   r, rank.device.c_str(), static_cast<long long>(rank.batch), rank.predicted_ms,
                   common::format_mib(rank.workspace_bytes).c_str(), divided, rank.kernels.size());
+    if (rank.input_rate) {
+      out += format("    input: %.0f images/s (%.2f ms for its batch); %s binds\n", *rank.input_rate,
+                    balancer::input_ms(*rank.input_rate, rank.batch),
+                    common::name_of(balancer::kBindingNames,
+                                    rank.binds.value_or(balancer::Binding::kCompute)));
+    }
     if (const auto& a = rank.activations) {
       out += "    memory: activations kept " + common::format_mib(a->kept) + ", offloaded " +
              common::format_mib(a->offloaded) + ", recomputed " +

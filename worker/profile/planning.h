@@ -27,6 +27,8 @@ struct PlanDevice {
   perfdb::DeviceId id;                        // its rows in the perf DB
   uint64_t memory_bytes = 0;                  // capacity a batch must fit in
   std::function<Layout(int64_t)> layout;      // its backend's preferred_layout (layout_rule_for)
+  double input_rate = 0;                      // images/s its input delivers; 0 = not priced
+                                              // (balancer::DeviceProfile::input_rate)
 };
 
 struct WorkspaceRequest {

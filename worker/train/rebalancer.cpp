@@ -32,13 +32,28 @@ std::string per_rank_ratios(const std::vector<double>& ratios) {
   return text;
 }
 
-// Scales each rank's curve by its ratio (measured / predicted); a rank
-// without one (0: it did not train) keeps its curve.
+// Scales each rank's curve and input time by its ratio (measured /
+// predicted); a rank without one (0: it did not train) keeps its curve.
 void scale_curves(std::vector<balancer::DeviceProfile>& profiles, std::span<const double> ratios) {
   for (size_t r = 0; r < profiles.size(); ++r) {
     if (ratios[r] <= 0) continue;
     for (balancer::StepSample& s : profiles[r].steps) s.time_ms *= ratios[r];
+    profiles[r].input_rate /= ratios[r];
   }
+}
+
+// A rank's measured / predicted time at one step (see the top of
+// rebalancer.h): on compute alone, or, where it waited for its input, its
+// compute and that wait against its predicted step with input (less the
+// exchange every step pays, `exchange_ms`, which the input overlaps and
+// the measured compute leaves out).
+double step_ratio(const balancer::DeviceProfile& device, int64_t batch, double compute_ms,
+                  double input_wait_ms, double exchange_ms) {
+  const double compute_pred = std::max(predicted_ms(device, batch), 1e-9);
+  if (input_wait_ms <= kInputBoundShare * compute_ms) return compute_ms / compute_pred;
+  const double step_pred =
+      std::max(compute_pred, balancer::input_ms(device.input_rate, batch) - exchange_ms);
+  return (compute_ms + input_wait_ms) / step_pred;
 }
 
 }  // namespace
@@ -50,8 +65,10 @@ Resolved resolve_split(std::vector<balancer::DeviceProfile>& profiles,
   scale_curves(profiles, ratios);
   for (size_t r = 0; r < profiles.size(); ++r) {
     if (current[r] > 0) {
-      out.previous_ms = std::max(out.previous_ms,
-                                 predicted_ms(profiles[r], current[r]) + profiles[r].allreduce_ms);
+      // The input overlaps the whole step, the exchange every step pays included.
+      const double compute = predicted_ms(profiles[r], current[r]) + profiles[r].allreduce_ms;
+      const double input = balancer::input_ms(profiles[r].input_rate, current[r]) - options.allreduce_ms;
+      out.previous_ms = std::max({out.previous_ms, compute, input});
     }
   }
   out.previous_ms += options.allreduce_ms;
@@ -65,7 +82,8 @@ Rebalancer::Rebalancer(RebalanceOptions options, int rank, int ranks, int64_t ba
       ranks_(ranks),
       batch_(batch),
       detector_(options_.settings.window, options_.settings.patience, options_.settings.threshold),
-      compute_ms_(static_cast<size_t>(ranks), 0.0) {}
+      compute_ms_(static_cast<size_t>(ranks), 0.0),
+      input_wait_ms_(static_cast<size_t>(ranks), 0.0) {}
 
 bool Rebalancer::deciding() const {
   return rank_ == 0 && ranks_ > 1 && options_.settings.enabled &&
@@ -77,11 +95,13 @@ bool Rebalancer::probes_at(int64_t step) const {
          step % options_.settings.probe_every == 0;
 }
 
-void Rebalancer::contribute(double compute_ms, double probe_ms, std::vector<double>& sums) const {
+void Rebalancer::contribute(double compute_ms, double probe_ms, std::vector<double>& sums,
+                            double input_wait_ms) const {
   const size_t first = sums.size(), n = static_cast<size_t>(ranks_);
-  sums.resize(first + 3 * n, 0.0);
+  sums.resize(first + 4 * n, 0.0);
   sums[first + static_cast<size_t>(rank_)] = compute_ms;
   sums[first + n + static_cast<size_t>(rank_)] = probe_ms;
+  sums[first + 3 * n + static_cast<size_t>(rank_)] = input_wait_ms;
   if (pending_) {
     for (size_t r = 0; r < n; ++r) sums[first + 2 * n + r] = static_cast<double>(pending_->split[r]);
   }
@@ -92,6 +112,7 @@ std::optional<SplitSwitch> Rebalancer::after_step(std::span<const double> slots,
                                                   int64_t step) {
   const size_t n = static_cast<size_t>(ranks_);
   compute_ms_.assign(slots.begin(), slots.begin() + ranks_);
+  input_wait_ms_.assign(slots.begin() + 3 * ranks_, slots.begin() + 4 * ranks_);
   const std::span<const double> probe_ms = slots.subspan(n, n);
   const std::span<const double> proposal = slots.subspan(2 * n, n);
   if (std::any_of(proposal.begin(), proposal.end(), [](double v) { return v != 0; })) {
@@ -115,7 +136,8 @@ std::optional<SplitSwitch> Rebalancer::after_step(std::span<const double> slots,
 void Rebalancer::decide(const std::vector<int64_t>& split, int64_t step) {
   std::vector<double> ratios(static_cast<size_t>(ranks_), 0.0);
   for (int r = 0; r < ranks_; ++r) {
-    if (split[r] > 0) ratios[r] = compute_ms_[r] / std::max(predicted_ms(options_.profiles[r], split[r]), 1e-9);
+    if (split[r] > 0) ratios[r] = step_ratio(options_.profiles[r], split[r], compute_ms_[r], input_wait_ms_[r],
+                                          options_.split_options.allreduce_ms);
   }
   const bool fired = detector_.add(ratios);
   if (!calibrated_) {

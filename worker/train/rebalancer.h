@@ -1,8 +1,9 @@
 // Online re-balancing: every rank measures its compute time per step (up to
 // the gradient exchange, Backend::end_compute_span_ms); the times ride on
-// the step's existing allreduce (loss, accuracy, stop) as 3 x ranks more
-// doubles: each rank's time in its own slot, an idle rank's probe time, and
-// rank 0's decision, a new split or zeros. Rank 0 compares the times with the plan's predictions
+// the step's existing allreduce (loss, accuracy, stop) as 4 x ranks more
+// doubles: each rank's time in its own slot, an idle rank's probe time,
+// rank 0's decision (a new split or zeros), and each rank's wait for its
+// input. Rank 0 compares the times with the plan's predictions
 // (DriftDetector). The first window of steps calibrates: a profiled step
 // and a step in training differ by a per-device factor (the data upload,
 // caches, the other ranks profiling beside it), so each rank's median
@@ -11,6 +12,15 @@
 // profiled step-time curves scaled by what was measured, and proposes it in
 // the next step's allreduce, after which every rank switches at the same
 // step boundary. No collective of its own.
+//
+// Input counts as compute does: a rank that waited for its input this step
+// (more than kInputBoundShare of its compute time) was input-bound, and
+// its ratio is its compute plus that wait over its predicted step, the
+// larger of its predicted compute and input (balancer::DeviceProfile::
+// input_rate). A re-solve scales that rank's curve and its input time by
+// its ratio, so a rank whose input slowed down gets fewer samples, as one
+// whose compute did. A rank that did not wait is compared on compute
+// alone: input that does not bind says nothing of its speed.
 //
 // A rank without samples has no step time to compare, so every
 // `probe_every` steps it times a probe instead: a forward pass in inference
@@ -47,6 +57,11 @@ struct RebalanceSettings {
                             // scheduler's time slice, contention looks like drift
   int64_t probe_every = 10;  // steps between an idle rank's probes (0: no probes)
 };
+
+// The share of a rank's compute time its input wait must exceed for the
+// step to count as input-bound (a wait below it is the gather's own time
+// or noise).
+inline constexpr double kInputBoundShare = 0.05;
 
 struct RebalanceOptions {
   RebalanceSettings settings;
@@ -95,9 +110,11 @@ class Rebalancer {
   // Whether a rank without samples times a probe before `step` (every rank
   // knows: the settings are the job's).
   bool probes_at(int64_t step) const;
-  // Appends this rank's 3 x ranks slots to the step's allreduce; probe_ms
-  // is 0 where this rank timed no probe.
-  void contribute(double compute_ms, double probe_ms, std::vector<double>& sums) const;
+  // Appends this rank's 4 x ranks slots to the step's allreduce; probe_ms
+  // is 0 where this rank timed no probe; input_wait_ms is how long the
+  // step waited for its batch (0 when it was ready).
+  void contribute(double compute_ms, double probe_ms, std::vector<double>& sums,
+                  double input_wait_ms = 0) const;
   // After the allreduce, with the summed slots: the switch every rank makes
   // now (rank 0's decision of the step before), or nullopt. On rank 0 it
   // also feeds the detector and may decide a switch for the next step.
@@ -105,6 +122,8 @@ class Rebalancer {
                                         const std::vector<int64_t>& split, int64_t step);
   // Every rank's compute time at the last step, in ms.
   const std::vector<double>& compute_ms() const { return compute_ms_; }
+  // Every rank's input wait at the last step, in ms.
+  const std::vector<double>& input_wait_ms() const { return input_wait_ms_; }
   // Rank 0: the calibration, or a drift that did not pay to re-balance, for
   // the log; "" if none.
   std::string take_note();
@@ -122,6 +141,7 @@ class Rebalancer {
   int64_t batch_;
   DriftDetector detector_;
   std::vector<double> compute_ms_;
+  std::vector<double> input_wait_ms_;
   bool calibrated_ = false;              // rank 0: the first window has scaled the curves
   std::optional<SplitSwitch> pending_;  // rank 0: decided, to propose in the next step
   std::vector<std::vector<double>> probes_;  // rank 0: per idle rank, its probes' ms since

@@ -84,6 +84,8 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
                  wire_type(options.gradient_allreduce, graph.precision())),
       gatherer_(train_set, norm, staging_.gather_ahead, &pinned_),
       rebalancer_(options.rebalance, job_.rank, job_.ranks, job_.batch),
+      throttle_(options.input_rate_limit ? std::optional<InputThrottle>(*options.input_rate_limit)
+                                         : std::nullopt),
       scaler_(make_loss_scaler(options.loss_scaling, graph.precision())) {
   // Peak device memory counts from here: what training holds, not the
   // buffers conv.algorithm auto timed its candidates in (freed by now).
@@ -211,6 +213,9 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   const bool probing = parallel() && job_.my_batch == 0 && rebalancer_.probes_at(at_.step);
   double probe_ms = 0;
   const auto start = Clock::now();
+  // The wait for this step's input (a throttled rank's; the in-memory
+  // gather itself runs inside compute()).
+  const double input_wait_ms = throttle_ && job_.my_batch > 0 ? throttle_->wait(job_.my_batch) : 0.0;
   // Only the re-balancer reads the compute time, and only with several
   // ranks: one rank spares the span's sync (on a GPU, a host wait).
   if (parallel() && !probing) backend_.begin_compute_span();
@@ -223,7 +228,7 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   std::optional<SplitSwitch> to;
   if (parallel()) {
     std::vector<double> sums{totals.loss_sum, totals.correct, totals.stop ? 1.0 : 0.0};
-    rebalancer_.contribute(compute_ms, probe_ms, sums);
+    rebalancer_.contribute(compute_ms, probe_ms, sums, input_wait_ms);
     comm_->allreduce_sum(sums);
     totals = {sums[0], sums[1], sums[2] > 0};
     to = rebalancer_.after_step(std::span<const double>(sums).subspan(3), job_.split, at_.step);

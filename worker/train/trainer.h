@@ -152,6 +152,9 @@ struct TrainerOptions {
   // finishes (Network::prefetch_input); auto: on a device with memory of
   // its own (a GPU). Only batches gathered ahead.
   common::AutoOnOff prefetch_input = common::AutoOnOff::kAuto;
+  // Limits this rank's input to this many images/s (InputThrottle,
+  // input_rate.h: VTRAIN_INPUT_RATE_LIMIT); nullopt = as fast as it comes.
+  std::optional<double> input_rate_limit;
 };
 
 // How a rank stages its batches (TrainerOptions::gather_ahead and

@@ -21,6 +21,7 @@
 #include "worker/engine/network.h"
 #include "worker/train/batch_gatherer.h"
 #include "worker/train/bucket_allreduce.h"
+#include "worker/train/input_rate.h"
 #include "worker/train/job_shape.h"
 #include "worker/train/trainer.h"
 
@@ -145,6 +146,7 @@ class Trainer {
   Staging eval_stage_{&pinned_};
   BatchGatherer gatherer_;
   Rebalancer rebalancer_;
+  std::optional<InputThrottle> throttle_;  // TrainerOptions::input_rate_limit
   std::optional<LossScaler> scaler_;  // train.loss_scaling on
   TrainResult result_;
   // Rank 0 with a checkpoint_dir: its hold on the folder, and the run id
