@@ -331,7 +331,14 @@ PrecisionChoice read_precision_choice(const Field& field) {
       choice.by_device.emplace_back(name, to_choice(devices[name], common::kPrecisionNames));
     }
   } else {
-    choice.one = to_choice(field, common::kPrecisionNames);
+    const std::string name = to_string(field, "a precision, auto, a list or a map");
+    const auto one = common::find_named(common::kPrecisionNames, name);
+    if (!one) {
+      field.fail("unknown value '" + name + "' (allowed: " +
+                 join(names_of(common::kPrecisionNames)) +
+                 ", auto; or a list of one per rank, or a map from device names)");
+    }
+    choice.one = *one;
   }
   return choice;
 }
