@@ -202,6 +202,46 @@ TEST(BalanceCli, DevicesOfOtherThreadCountsAreToldApart) {
                                 "', '" + two + "')");
 }
 
+// --devices NAME@PRECISION: each device priced and planned at its own
+// precision's profile (profiled here with the test-only half emulation,
+// VTRAIN_EMULATE_HALF), the plan naming it per rank; a device without a
+// profile at the precision asked is refused naming it; an unknown
+// precision is a usage error.
+TEST(BalanceCli, EachDeviceAtItsOwnPrecision) {
+  TempDir dir;
+  const std::string db = dir.path("perf.db");
+  for (const char* precision : {"fp32", "bf16"}) {
+    std::string out;
+    ASSERT_EQ(test_support::run_command(
+                  "VTRAIN_EMULATE_HALF=1 " + test_support::vtrain_binary() + " profile " +
+                      test_support::source_dir() + "/configs/synthetic-lenet.yaml --db " + db +
+                      " --set device.threads=1 --set profile.batches=[8,16] " +
+                      "--set profile.repeats=1 --set profile.warmup=0 --set train.precision=" +
+                      precision,
+                  &out),
+              0)
+        << out;
+  }
+  const std::string name =
+      perfdb::PerfDb(db, {.mode = perfdb::OpenMode::kReadOnly}).devices().at(0).device.name;
+  const std::string plan = dir.path("plan.yaml");
+  BalanceRun r = balance("--db " + db + " --batch 24 --devices '" + name + "@fp32, " + name +
+                         "@bf16' --out " + plan);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "rank 0 (" + name + " (1 thread), fp32): batch");
+  EXPECT_CONTAINS(r.output, "rank 1 (" + name + " (1 thread), bf16): batch");
+  const std::string text = read_file(plan);
+  EXPECT_CONTAINS(text, "precision: fp32");
+  EXPECT_CONTAINS(text, "precision: bf16");
+
+  r = balance("--db " + db + " --batch 24 --devices '" + name + "@fp16'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_CONTAINS(r.output, "has no step measurements of this model in fp16");
+  r = balance("--db " + db + " --devices '" + name + "@fp8'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "unknown precision 'fp8' after '@' (known: fp32, tf32, bf16, fp16)");
+}
+
 TEST(BalanceCli, ANameOfOneDeviceAloneNeedsNoThreadCount) {
   TempDir dir;
   const std::string db = dir.path("perf.db");

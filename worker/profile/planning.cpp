@@ -156,8 +156,10 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb:
     const std::map<int64_t, perfdb::StepMeasurement> by_batch =
         steps_by_batch(db, graph, d, pricing.memory_policy);
     if (by_batch.empty()) {
-      throw std::runtime_error("device " + d.name + " has no step measurements of this model " +
-                               "under memory.policy " + memory::policy_name(pricing.memory_policy) +
+      const std::string at =
+          d.precision ? std::string(" in ") + common::precision_name(*d.precision) : "";
+      throw std::runtime_error("device " + d.name + " has no step measurements of this model" +
+                               at + " under memory.policy " + memory::policy_name(pricing.memory_policy) +
                                " in " + db.path() +
                                " (run `vtrain profile` on it with that policy first)");
     }
