@@ -336,7 +336,7 @@ PrecisionChoice read_precision_choice(const Field& field) {
     if (!one) {
       field.fail("unknown value '" + name + "' (allowed: " +
                  join(names_of(common::kPrecisionNames)) +
-                 ", auto; or a list of one per rank, or a map from device names)");
+                 ", auto); or a list of one per rank, or a map from device names");
     }
     choice.one = *one;
   }

@@ -117,7 +117,7 @@ TEST(ConfigErrorTest, BadEnumValue) {
             "t.yaml:3: model.batch_norm: unknown value 'global' (allowed: sync, local)");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precision: half\n"),
             "t.yaml:6: train.precision: unknown value 'half' (allowed: fp32, tf32, bf16, fp16, "
-            "auto; or a list of one per rank, or a map from device names)");
+            "auto); or a list of one per rank, or a map from device names");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precision: [fp32, half]\n"),
             "t.yaml:6: train.precision[1]: unknown value 'half' (allowed: fp32, tf32, bf16, fp16)");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precision: []\n"),
