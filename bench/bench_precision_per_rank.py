@@ -14,10 +14,11 @@ Three parts, each printed as a markdown table:
               end record's images/s) per job and its ratio to all-fp32
   accuracy    each job trains --epochs epochs; the test accuracy after the
               last, and its distance from all-fp32's in points
-  split       the mixed job with balance.split: auto (each rank profiled in
-              its own precision into a fresh perf DB): the plan's
-              predicted step against the measured median step of every
-              step record after the first (--log-every 1)
+  split       the mixed job (and, for comparison, all-fp32) with
+              balance.split: auto (each rank profiled in its own precision
+              into a fresh perf DB): the plan's predicted step against the
+              measured median step of every step record after the first
+              (train.log_every 1)
 
 Every run sets VTRAIN_EMULATE_HALF=1 so that the same command runs on any
 CPU: where the CPU lacks native bf16 (AVX2 only) the bf16 rank is the
@@ -87,9 +88,17 @@ def accuracy(args):
 
 
 def split(args):
-    plan = os.path.join(args.tmp, "plan.yaml")
-    db = os.path.join(args.tmp, "split.db")
-    m = train(args, JOBS["mixed"], ["--set", "train.max_steps=%d" % args.steps,
+    print("| job, balance.split auto | split | predicted step (ms) | measured median step (ms) | "
+          "error |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in args.split_jobs.split(","):
+        split_of(args, name)
+
+
+def split_of(args, name):
+    plan = os.path.join(args.tmp, name + "-plan.yaml")
+    db = os.path.join(args.tmp, name + "-split.db")
+    m = train(args, JOBS[name], ["--set", "train.max_steps=%d" % args.steps,
                                     "--set", "train.evaluate=false",
                                     "--set", "train.log_every=1",
                                     "--set", "balance.split=auto",
@@ -104,11 +113,9 @@ def split(args):
             if line.strip().startswith("batch:"):
                 batches.append(line.split(":", 1)[1].strip())
     measured = statistics.median(r["step_ms"] for r in records(m, "step")[1:])
-    print("| mixed job, balance.split auto | split (fp32 + bf16) | predicted step (ms) | "
-          "measured median step (ms) | error |")
-    print("| --- | --- | --- | --- | --- |")
-    print("| [fp32, bf16] | %s | %.2f | %.2f | %+.1f%% |" % (
-        " + ".join(batches), predicted, measured, 100.0 * (predicted - measured) / measured))
+    print("| %s | %s | %.2f | %.2f | %+.1f%% |" % (
+        JOBS[name], " + ".join(batches), predicted, measured,
+        100.0 * (predicted - measured) / measured))
 
 
 def main():
@@ -119,6 +126,9 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="device.threads of each rank")
     p.add_argument("--parts", default="throughput,accuracy,split")
+    p.add_argument("--split-jobs", default="mixed,fp32",
+                   help="the jobs whose auto split is timed (fp32: the same harness on one "
+                        "precision, for comparison)")
     args = p.parse_args()
     args.batch = 64  # configs/fmnist-lenet.yaml's train.batch
     with tempfile.TemporaryDirectory() as tmp:

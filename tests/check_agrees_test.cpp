@@ -7,10 +7,10 @@
 // device.memory_limit that fits, and that limit trains. Run as users run it.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <regex>
 #include <string>
 
+#include "common/machine.h"
 #include "tests/test_support.h"
 
 namespace vtrain {
@@ -22,17 +22,6 @@ using test_support::TempDir;
 
 // LeNet on synthetic data, one step; `train_extra` is added to the train
 // map (line 3), `extra` lines are appended (line 5 on).
-// This CPU's model name, as the CPU backend names its device.
-std::string cpu_name() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      return line.substr(line.find_first_not_of(' ', line.find(':') + 1));
-    }
-  }
-  return "unknown CPU";
-}
 
 std::string lenet_config(const std::string& extra = "", const std::string& train_extra = "") {
   return "model: {preset: lenet}\n"
@@ -150,9 +139,10 @@ TEST_F(CheckAgrees, APerRankPrecisionTheDeviceLacksNamesTheDeviceAndWhatItOffers
   EXPECT_CONTAINS(checked.output, two + ":3: train.precision[1]: train.precision fp16 runs on");
   EXPECT_CONTAINS(checked.output, " (cpu) offers fp32");
   // The map: a device named (this CPU, any model name) with a precision it lacks.
-  const RunResult named = check(one, "--set 'train.precision={\"" + cpu_name() + "\": tf32}'");
+  const std::string cpu = common::cpu_model_name();
+  const RunResult named = check(one, "--set 'train.precision={\"" + cpu + "\": tf32}'");
   EXPECT_EQ(named.exit_code, 2) << named.output;
-  EXPECT_CONTAINS(named.output, "--set train.precision." + cpu_name() +
+  EXPECT_CONTAINS(named.output, "--set train.precision." + cpu +
                                     ": train.precision tf32 is a GPU tensor-core mode");
   // Offered where the half types are emulated for tests, and auto's pick.
   EXPECT_EQ(check(two, "", "VTRAIN_EMULATE_HALF=1").exit_code, 0);

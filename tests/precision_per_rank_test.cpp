@@ -12,11 +12,11 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "tests/mpi_runs.h"
+#include "common/machine.h"
 #include "tests/test_support.h"
 
 namespace vtrain {
@@ -32,18 +32,6 @@ using mpi_runs::train_args;
 
 const std::string kEmulate = "VTRAIN_EMULATE_HALF=1 ";
 
-// The CPU's model name as the CPU backend names its device.
-std::string cpu_model_name() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
-  }
-  return "unknown CPU";
-}
 
 // Trains `ranks` ranks for 20 steps with `precision` (a train.precision
 // value) into `dir`; returns the final weights, the output in `out`.
@@ -121,8 +109,8 @@ TEST(PrecisionPerRank, AutoAndAMapByDeviceNameChooseOnEachRank) {
   train_in(dir, "auto16", 2, "auto", &out, "--set 'train.precisions=[fp16, fp32]'");
   EXPECT_NE(out.find("    fp16      24"), std::string::npos) << out;
   // This CPU named in the map trains in fp32 where auto would take bf16.
-  train_in(dir, "map", 2, "{\"" + cpu_model_name() + "\": fp32, \"Some GPU\": fp16}", &out,
-           "--set 'train.precisions=[bf16]'");
+  const std::string map = "{\"" + common::cpu_model_name() + "\": fp32, \"Some GPU\": fp16}";
+  train_in(dir, "map", 2, map, &out, "--set 'train.precisions=[bf16]'");
   EXPECT_NE(out.find("    fp32      24"), std::string::npos) << out;
   EXPECT_EQ(out.find("    bf16      24"), std::string::npos) << out;
 }
