@@ -161,6 +161,21 @@ TEST_F(BalanceOut, ADirectoryIsARuntimeErrorNamingIt) {
                                      ": it is a directory, expected a file name");
 }
 
+// `vtrain profile` of the synthetic LeNet into `db` at per-rank `batches`
+// ("[8]"), once each, with `flags`; `env` ("NAME=VALUE ") before it.
+void profile_lenet(const std::string& db, const std::string& batches, const std::string& flags,
+                   const std::string& env = "") {
+  std::string out;
+  ASSERT_EQ(test_support::run_command(env + test_support::vtrain_binary() + " profile " +
+                                          test_support::source_dir() +
+                                          "/configs/synthetic-lenet.yaml --db " + db +
+                                          " --set profile.batches=" + batches +
+                                          " --set profile.repeats=1 --set profile.warmup=0 " + flags,
+                                      &out),
+            0)
+      << out;
+}
+
 // CPU devices that differ only in device.threads share a name: --devices
 // takes each by its label (the name with the thread count, as `vtrain db
 // stats` prints it), refuses the bare name as ambiguous, and the plan names
@@ -169,15 +184,7 @@ TEST(BalanceCli, DevicesOfOtherThreadCountsAreToldApart) {
   TempDir dir;
   const std::string db = dir.path("perf.db");
   for (const char* threads : {"1", "2"}) {
-    std::string out;
-    ASSERT_EQ(test_support::run_command(
-                  test_support::vtrain_binary() + " profile " + test_support::source_dir() +
-                      "/configs/synthetic-lenet.yaml --db " + db + " --set device.threads=" +
-                      threads + " --set profile.batches=[8] --set profile.repeats=1 " +
-                      "--set profile.warmup=0",
-                  &out),
-              0)
-        << out;
+    profile_lenet(db, "[8]", std::string("--set device.threads=") + threads);
   }
   const std::string name =
       perfdb::PerfDb(db, {.mode = perfdb::OpenMode::kReadOnly}).devices().at(0).device.name;
@@ -211,16 +218,9 @@ TEST(BalanceCli, EachDeviceAtItsOwnPrecision) {
   TempDir dir;
   const std::string db = dir.path("perf.db");
   for (const char* precision : {"fp32", "bf16"}) {
-    std::string out;
-    ASSERT_EQ(test_support::run_command(
-                  "VTRAIN_EMULATE_HALF=1 " + test_support::vtrain_binary() + " profile " +
-                      test_support::source_dir() + "/configs/synthetic-lenet.yaml --db " + db +
-                      " --set device.threads=1 --set profile.batches=[8,16] " +
-                      "--set profile.repeats=1 --set profile.warmup=0 --set train.precision=" +
-                      precision,
-                  &out),
-              0)
-        << out;
+    profile_lenet(db, "[8,16]",
+                  std::string("--set device.threads=1 --set train.precision=") + precision,
+                  "VTRAIN_EMULATE_HALF=1 ");
   }
   const std::string name =
       perfdb::PerfDb(db, {.mode = perfdb::OpenMode::kReadOnly}).devices().at(0).device.name;
