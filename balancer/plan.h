@@ -15,6 +15,7 @@
 //   even_split_ms: 55.0             # optional: the even split's, the same way
 //   ranks:
 //     - device: "Intel(R) Xeon(R) ..."
+//       precision: bf16             # optional: the rank's own (a precision per rank)
 //       batch: 64
 //       predicted_ms: 41.2
 //       input_rate: 400             # optional: images/s its input delivers (priced in the split)
@@ -59,6 +60,10 @@ struct PlannedKernel {
 
 struct RankPlan {
   std::string device;                   // device name (for people and checks)
+  // train.precision the rank computes in, where ranks differ ("bf16");
+  // empty: the precision of the plan's model key (plans of one precision,
+  // and those written before a precision per rank)
+  std::string precision;
   int64_t batch = 0;                    // per-rank batch; 0 = the rank does not train
   double predicted_ms = 0;              // predicted step time (0 when idle): what the split
                                         // was chosen on, its exposed allreduce included
@@ -73,7 +78,7 @@ struct RankPlan {
 
 struct TrainingPlan {
   int version = kPlanVersion;
-  std::string model;                    // Graph::profile_key()
+  std::string model;                    // Graph::profile_key(), in rank 0's precision
   int64_t global_batch = 0;
   std::string memory_policy = "none";
   WorkspacePolicy workspace_policy = WorkspacePolicy::kUndivided;

@@ -1,6 +1,7 @@
 // The plan file format (balancer/plan.h): YAML text <-> TrainingPlan, read
 // strictly with the shared YAML reader so that errors name file, line and key.
 #include "balancer/plan.h"
+#include "common/precision.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -55,10 +56,11 @@ PlannedKernel read_planned_kernel(const Field& field, const RankPlan& rank) {
 
 RankPlan read_rank_plan(const Field& field) {
   const Section section(field);
-  section.allow({"device", "batch", "predicted_ms", "input_rate", "binds", "workspace_bytes",
-                 "activations", "kernels"});
+  section.allow({"device", "precision", "batch", "predicted_ms", "input_rate", "binds",
+                 "workspace_bytes", "activations", "kernels"});
   RankPlan r;
   if (Field f = section["device"]) r.device = to_string(f);
+  if (Field f = section["precision"]) r.precision = common::precision_name(to_choice(f, common::kPrecisionNames));
   r.batch = to_int(section.required("batch", "the rank's per-step batch"), at_least(0));
   if (Field f = section["predicted_ms"]) r.predicted_ms = to_number(f, at_least(0));
   if (Field f = section["input_rate"]) r.input_rate = to_number(f, above(0));
@@ -155,6 +157,7 @@ std::string plan_to_yaml(const TrainingPlan& plan) {
   for (const RankPlan& r : plan.ranks) {
     out << YAML::BeginMap;
     out << YAML::Key << "device" << YAML::Value << YAML::DoubleQuoted << r.device;
+    if (!r.precision.empty()) out << YAML::Key << "precision" << YAML::Value << r.precision;
     out << YAML::Key << "batch" << YAML::Value << r.batch;
     out << YAML::Key << "predicted_ms" << YAML::Value << r.predicted_ms;
     if (r.input_rate) out << YAML::Key << "input_rate" << YAML::Value << *r.input_rate;

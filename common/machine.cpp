@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <thread>
 
 namespace vtrain::common {
@@ -24,6 +25,18 @@ uint64_t usable_memory_bytes() {
   const std::optional<uint64_t> limit = cgroup_memory_limit();
   if (!limit) return physical;
   return physical == 0 ? *limit : std::min(physical, *limit);
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown CPU";
 }
 
 }  // namespace vtrain::common

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace vtrain::common {
 
@@ -17,5 +18,9 @@ uint64_t physical_memory_bytes();
 // The memory this process may use: physical memory, or its memory cgroup's
 // limit where that is lower (common/cgroup_limits.h); 0 when unknown.
 uint64_t usable_memory_bytes();
+
+// The CPU's model name (/proc/cpuinfo's "model name"), what the CPU
+// backend names its device by; "unknown CPU" when the OS does not say.
+std::string cpu_model_name();
 
 }  // namespace vtrain::common

@@ -13,6 +13,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "balancer/batch_split.h"
@@ -79,6 +80,18 @@ struct DataConfig {
   common::AutoOnOff prefetch = common::AutoOnOff::kAuto;
 };
 
+// train.precision in the config: one precision (`bf16`), `auto` (per
+// rank, the first of train.precisions its device offers), a list of one
+// per rank (`[fp32, bf16]`) or a map from device names to precisions
+// (devices it does not name choose as auto does).
+struct PrecisionChoice {
+  enum class Form { kOne, kAuto, kPerRank, kByDevice };
+  Form form = Form::kOne;
+  common::Precision one = common::Precision::kFp32;                  // kOne
+  std::vector<common::Precision> per_rank;                           // kPerRank
+  std::vector<std::pair<std::string, common::Precision>> by_device;  // kByDevice, in file order
+};
+
 struct TrainConfig {
   int64_t batch = 64;          // global mini-batch B (all ranks together)
   int64_t epochs = 1;
@@ -87,9 +100,17 @@ struct TrainConfig {
   int64_t log_every = 50;      // steps between progress lines / metric records
   bool evaluate = true;        // test accuracy after every epoch
   uint64_t allreduce_bucket = 4 << 20;  // bytes of gradients per allreduce (several ranks)
-  // fp32, tf32, bf16 or fp16 (common/precision.h): the type activations,
-  // their gradients and the weights the kernels read are stored in; master
-  // weights, gradients and the optimizer stay fp32.
+  // train.precision as written: one precision for every rank, auto, one
+  // per rank, or one per device name (configs/rank_precision.h).
+  PrecisionChoice precision_choice;
+  // train.precisions: what auto may choose, in order of preference.
+  std::vector<common::Precision> precisions = {common::Precision::kBf16, common::Precision::kFp16,
+                                               common::Precision::kFp32};
+  // This rank's precision, fp32, tf32, bf16 or fp16 (common/precision.h):
+  // the type activations, their gradients and the weights the kernels read
+  // are stored in; master weights, gradients and the optimizer stay fp32.
+  // The loader sets it for one precision; for the other forms the launcher
+  // resolves it on each rank's device (resolve_rank_precision).
   common::Precision precision = common::Precision::kFp32;
   // Dynamic loss scaling (worker/train/loss_scaler.h): mode auto | on | off
   // (auto: on under fp16), initial scale, growth_interval.

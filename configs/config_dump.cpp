@@ -125,6 +125,27 @@ void emit_data(YAML::Emitter& out, const Config& config) {
   out << YAML::EndMap;
 }
 
+// train.precision in the form it was written.
+void emit_precision_choice(YAML::Emitter& out, const PrecisionChoice& choice) {
+  out << YAML::Key << "precision" << YAML::Value;
+  switch (choice.form) {
+    case PrecisionChoice::Form::kOne: out << common::precision_name(choice.one); return;
+    case PrecisionChoice::Form::kAuto: out << "auto"; return;
+    case PrecisionChoice::Form::kPerRank:
+      out << YAML::Flow << YAML::BeginSeq;
+      for (common::Precision p : choice.per_rank) out << common::precision_name(p);
+      out << YAML::EndSeq;
+      return;
+    case PrecisionChoice::Form::kByDevice:
+      out << YAML::BeginMap;
+      for (const auto& [device, p] : choice.by_device) {
+        out << YAML::Key << device << YAML::Value << common::precision_name(p);
+      }
+      out << YAML::EndMap;
+      return;
+  }
+}
+
 // train and optimizer.
 void emit_training(YAML::Emitter& out, const Config& config) {
   const TrainConfig& train = config.train;
@@ -137,8 +158,10 @@ void emit_training(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "evaluate" << YAML::Value << train.evaluate;
   out << YAML::Key << "step_timeout" << YAML::Value << train.step_timeout;
   out << YAML::Key << "allreduce_bucket" << YAML::Value << format_size(train.allreduce_bucket);
-  out << YAML::Key << "precision" << YAML::Value
-      << common::name_of(common::kPrecisionNames, train.precision);
+  emit_precision_choice(out, train.precision_choice);
+  out << YAML::Key << "precisions" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (common::Precision p : train.precisions) out << common::precision_name(p);
+  out << YAML::EndSeq;
   out << YAML::Key << "gradient_allreduce" << YAML::Value
       << common::name_of(worker::kGradientAllreduceNames, train.gradient_allreduce);
   const worker::LossScalingSettings& l = train.loss_scaling;

@@ -2,6 +2,7 @@
 // Sizes are computed in double: the dimensions a config may give (each up to
 // 2^31 - 1) multiply beyond int64, and a bound needs no exact count.
 #include "configs/config_limits.h"
+#include "configs/rank_precision.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -237,7 +238,7 @@ void check_model_fits(const Config& config, const worker::Graph& graph, const Ma
 void check_backend(const Config& config, const worker::Graph& graph, worker::Backend& backend,
                    int64_t rank_batch) {
   if (const auto why = backend.precision_unavailable(graph.precision())) {
-    fail_at(config, "train.precision", *why);
+    fail_at(config, "train.precision", *why + "; " + offers_text(backend));
   }
   if (const auto why =
           worker::conv_algorithm_refusal(graph, backend, config.conv.algorithm, rank_batch)) {

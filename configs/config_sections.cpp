@@ -339,10 +339,57 @@ worker::LossScalingSettings read_loss_scaling(const Field& field) {
   return l;
 }
 
+// train.precision: a precision name, auto, a list (one per rank) or a map
+// from device names to precisions.
+PrecisionChoice read_precision_choice(const Field& field) {
+  PrecisionChoice choice;
+  const YAML::Node& node = field.node();
+  if (node.IsScalar() && node.Scalar() == "auto") {
+    choice.form = PrecisionChoice::Form::kAuto;
+  } else if (node.IsSequence()) {
+    choice.form = PrecisionChoice::Form::kPerRank;
+    for (const Field& item : field.items("a list of precisions, one per rank")) {
+      choice.per_rank.push_back(to_choice(item, common::kPrecisionNames));
+    }
+    if (choice.per_rank.empty()) field.fail("expected a precision per rank, got an empty list");
+  } else if (node.IsMap()) {
+    choice.form = PrecisionChoice::Form::kByDevice;
+    const Section devices(field);  // refuses duplicate names
+    for (const auto& entry : node) {
+      const std::string name = entry.first.Scalar();
+      choice.by_device.emplace_back(name, to_choice(devices[name], common::kPrecisionNames));
+    }
+  } else {
+    const std::string name = to_string(field, "a precision, auto, a list or a map");
+    const auto one = common::find_named(common::kPrecisionNames, name);
+    if (!one) {
+      field.fail("unknown value '" + name + "' (allowed: " +
+                 join(names_of(common::kPrecisionNames)) +
+                 ", auto); or a list of one per rank, or a map from device names");
+    }
+    choice.one = *one;
+  }
+  return choice;
+}
+
+// train.precisions: auto's candidates, in order of preference.
+std::vector<common::Precision> read_precisions(const Field& field) {
+  std::vector<common::Precision> out;
+  for (const Field& item : field.items("a list of precisions in order of preference")) {
+    const common::Precision p = to_choice(item, common::kPrecisionNames);
+    if (std::find(out.begin(), out.end(), p) != out.end()) {
+      item.fail(std::string("'") + common::precision_name(p) + "' is listed twice");
+    }
+    out.push_back(p);
+  }
+  if (out.empty()) field.fail("expected at least one precision, got an empty list");
+  return out;
+}
+
 TrainConfig read_train(const Field& field) {
   const Section section(field);
   section.allow({"batch", "epochs", "max_steps", "seed", "log_every", "evaluate",
-                 "allreduce_bucket", "precision", "loss_scaling", "gradient_allreduce",
+                 "allreduce_bucket", "precision", "precisions", "loss_scaling", "gradient_allreduce",
                  "step_timeout"});
   TrainConfig train;
   if (Field f = section["batch"]) train.batch = to_dimension(f, 1);
@@ -352,11 +399,18 @@ TrainConfig read_train(const Field& field) {
   if (Field f = section["log_every"]) train.log_every = to_int(f, at_least(1));
   if (Field f = section["evaluate"]) train.evaluate = to_bool(f);
   if (Field f = section["step_timeout"]) train.step_timeout = to_number(f, at_least(0));
-  if (Field f = section["precision"]) train.precision = to_choice(f, common::kPrecisionNames);
+  if (Field f = section["precision"]) train.precision_choice = read_precision_choice(f);
+  if (train.precision_choice.form == PrecisionChoice::Form::kOne) {
+    train.precision = train.precision_choice.one;
+  }
+  if (Field f = section["precisions"]) train.precisions = read_precisions(f);
   if (Field f = section["loss_scaling"]) train.loss_scaling = read_loss_scaling(f);
   if (Field f = section["gradient_allreduce"]) {
     train.gradient_allreduce = to_choice(f, worker::kGradientAllreduceNames);
+    // Under a precision per rank, half is taken where every rank shares
+    // one half type (worker::wire_type).
     if (train.gradient_allreduce == worker::GradientAllreduce::kHalf &&
+        train.precision_choice.form == PrecisionChoice::Form::kOne &&
         !common::is_half(train.precision)) {
       const std::string p = common::precision_name(train.precision);
       f.fail("expected fp32 under train.precision " + p + " (half is the half type of " +

@@ -209,6 +209,31 @@ double scaled_input_rate(perfdb::PerfDb& db, const std::string& host, const perf
   return best->images_per_second / best->key.workers * usable;
 }
 
+// A --devices entry's device (its [attribute] taken off by
+// parse_device_spec): a name or label, and after an '@' the
+// precision it computes in ("Tesla V100-SXM2-16GB@fp16"; none: the
+// config's train.precision). An '@' followed by no precision name is part
+// of the name.
+struct DeviceEntry {
+  std::string name;
+  std::optional<common::Precision> precision;
+};
+DeviceEntry device_entry(const std::string& text) {
+  const size_t at = text.rfind('@');
+  if (at == std::string::npos) return {text, std::nullopt};
+  const std::string suffix = trim(text.substr(at + 1));
+  const auto precision = common::find_named(common::kPrecisionNames, suffix);
+  if (!precision) {
+    if (suffix.find_first_of(" ()") == std::string::npos && !suffix.empty()) {
+      throw UsageError("--devices: '" + text + "': unknown precision '" + suffix +
+                       "' after '@' (known: " + common::join(common::names_of(common::kPrecisionNames)) +
+                       ")");
+    }
+    return {text, std::nullopt};
+  }
+  return {trim(text.substr(0, at)), precision};
+}
+
 // Per-rank batch sizes the profiler measures for a split: around B / ranks,
 // from a quarter to twice it, on the granularity.
 std::vector<int64_t> candidate_batches(const config::Config& cfg, int ranks) {
@@ -266,6 +291,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
                            worker::Backend& backend, worker::Communicator& comm,
                            worker::Communicator& gradient_comm,
                            const std::vector<worker::DeviceInfo>& cluster,
+                           const std::vector<common::Precision>& precisions,
                            const std::vector<int64_t>& fixed_split,
                            SplitProblem* solved_on, const RankInput& input) {
   const bool balance = cfg.balance.split == balancer::SplitMode::kAuto;
@@ -320,14 +346,16 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   worker::SplitShares shares;
   balancer::BatchSplit split;
   if (comm.rank() == 0) {
+    const bool mixed = !std::all_of(precisions.begin(), precisions.end(),
+                                    [&](common::Precision p) { return p == precisions.front(); });
     for (size_t r = 0; r < cluster.size(); ++r) {
       worker::PlanDevice d;
       d.id = ids[r];
       d.memory_bytes = cluster[r].memory_bytes;
-      d.layout =
-          worker::layout_rule_for(cluster[r].backend, cfg.device.layout, cfg.train.precision);
+      d.layout = worker::layout_rule_for(cluster[r].backend, cfg.device.layout, precisions[r]);
       d.name = worker::device_label(cluster[r]);
       d.input_rate = rates[r];
+      if (mixed) d.precision = precisions[r];
       devices.push_back(std::move(d));
     }
     if (balance) {
@@ -401,6 +429,7 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
                                              worker::Communicator& comm,
                                              worker::Communicator& gradient_comm,
                                              const std::vector<worker::DeviceInfo>& cluster,
+                                             const std::vector<common::Precision>& precisions,
                                              const std::vector<int64_t>& fixed_split,
                                              SplitProblem* solved_on, const RankInput& input) {
   std::string text, origin;
@@ -410,8 +439,8 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
   } else if (cfg.balance.split == balancer::SplitMode::kAuto ||
              cfg.balance.workspace != balancer::WorkspacePolicy::kUndivided) {
     origin = "the plan solved at start";
-    text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, cluster, fixed_split,
-                          solved_on, input);
+    text = solve_job_plan(cfg, graph, backend, comm, gradient_comm, cluster, precisions,
+                          fixed_split, solved_on, input);
   } else {
     return std::nullopt;
   }
@@ -419,6 +448,9 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
   balancer::TrainingPlan plan = balancer::parse_plan(text, origin);
   if (auto why =
           worker::plan_mismatch(plan, graph, comm.size(), cfg.train.batch, cfg.memory.policy)) {
+    throw config::ConfigError(origin + ": " + *why);
+  }
+  if (auto why = worker::plan_precision_mismatch(plan, comm.rank(), graph.precision())) {
     throw config::ConfigError(origin + ": " + *why);
   }
   if (auto why = worker::plan_device_mismatch(plan, comm.rank(),
@@ -498,21 +530,23 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
   // Offline planning only reads: the file is neither created nor changed.
   perfdb::PerfDb db(cli.db, {.mode = perfdb::OpenMode::kReadOnly});
   std::vector<worker::PlanDevice> devices;
-  auto add = [&](const perfdb::DeviceRecord& rec) {
+  auto add = [&](const perfdb::DeviceRecord& rec, std::optional<common::Precision> precision) {
     worker::PlanDevice d;
     d.id = rec.id;
     d.memory_bytes = rec.device.memory_bytes;
-    d.layout =
-        worker::layout_rule_for(rec.device.backend, cfg.device.layout, cfg.train.precision);
+    d.layout = worker::layout_rule_for(rec.device.backend, cfg.device.layout,
+                                       precision.value_or(cfg.train.precision));
     d.name = perfdb::device_label(rec.device);  // as the rank that runs on it will name its device
+    d.precision = precision;
     devices.push_back(std::move(d));
   };
   if (!cli.devices.empty()) {
     const std::vector<perfdb::DeviceRecord> known = db.devices();
     for (const std::string& raw : split_outside_parentheses(cli.devices, ',')) {
       const DeviceSpec spec = parse_device_spec(trim(raw));
-      const perfdb::DeviceRecord record = device_named(known, spec.name, cli.db);
-      add(record);
+      const DeviceEntry entry = device_entry(spec.name);
+      const perfdb::DeviceRecord record = device_named(known, entry.name, cli.db);
+      add(record, entry.precision);
       if (spec.input_rate) devices.back().input_rate = *spec.input_rate;
       if (spec.workers) {
         devices.back().input_rate = scaled_input_rate(db, record.device.host, input_key(cfg, cfg.data.shape),
@@ -524,7 +558,7 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
       if (!worker::profiled_steps(db, r.id, graph.profile_key(), cfg.memory.policy,
                                   r.device.memory_bytes)
                .empty()) {
-        add(r);
+        add(r, std::nullopt);
       }
     }
     if (devices.empty()) {

@@ -66,16 +66,18 @@ perfdb::InputRateMeasurement stored_input_rate(perfdb::PerfDb& db, const worker:
 // the model, the rank count or the batch. With `solved_on`, rank 0 also
 // gets what an auto split was solved on (online re-balancing re-solves the
 // same problem); its profiles are left empty otherwise. `cluster` is every
-// rank's device (gather_device_infos). With an auto split and
-// `input.source`, every rank takes its input rate from the perf DB
-// (measuring it there first where the DB has none for its key), limited
-// to `input.limit`, and the split prices it.
+// rank's device (gather_device_infos), `precisions` every rank's
+// train.precision (each rank is priced and planned in its own). With an
+// auto split and `input.source`, every rank takes its input rate from the
+// perf DB (measuring it there first where the DB has none for its key),
+// limited to `input.limit`, and the split prices it.
 std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config::Config& cfg,
                                              const worker::Graph& graph,
                                              worker::Backend& backend,
                                              worker::Communicator& comm,
                                              worker::Communicator& gradient_comm,
                                              const std::vector<worker::DeviceInfo>& cluster,
+                                             const std::vector<common::Precision>& precisions,
                                              const std::vector<int64_t>& fixed_split,
                                              SplitProblem* solved_on = nullptr,
                                              const RankInput& input = {});

@@ -19,6 +19,7 @@
 #include "common/text.h"
 #include "configs/config.h"
 #include "configs/config_limits.h"
+#include "configs/rank_precision.h"
 #include "launcher/cli.h"
 #include "launcher/db_command.h"
 #include "launcher/evaluate_command.h"
@@ -169,6 +170,27 @@ Config load(const CliArgs& cli) {
   return cfg;
 }
 
+// `cfg` with this rank's train.precision, decided on its device
+// (configs/rank_precision.h) where it is not one precision for every rank
+// (that one check_backend checks): a device asked for a precision it lacks
+// is a config error naming it and what it offers.
+Config for_rank(Config cfg, int rank, int ranks) {
+  if (cfg.train.precision_choice.form == config::PrecisionChoice::Form::kOne) return cfg;
+  const auto probe = worker::make_backend(backend_options(cfg));
+  return config::with_rank_precision(cfg, config::rank_precision(cfg, rank, ranks, *probe));
+}
+
+// Every rank's train.precision, in rank order. Collective.
+std::vector<common::Precision> gather_precisions(worker::Communicator& comm,
+                                                 common::Precision mine) {
+  std::vector<double> codes(static_cast<size_t>(comm.size()), 0.0);
+  codes[static_cast<size_t>(comm.rank())] = static_cast<double>(mine);
+  comm.allreduce_sum(codes);
+  std::vector<common::Precision> all;
+  for (double c : codes) all.push_back(static_cast<common::Precision>(static_cast<int>(c)));
+  return all;
+}
+
 // The network training would build on this device for the largest rank
 // batch (the batch check counts), so that what training refuses for memory
 // check refuses alike: a capacity no schedule fits throws the planner's
@@ -222,13 +244,27 @@ int check_ranks(const CliArgs& cli, const Config& cfg) {
                      " ranks (balance.manual)");
   }
   if (cli.ranks > 0) return cli.ranks;
-  return manual > 0 ? manual : 1;
+  if (manual > 0) return manual;
+  const config::PrecisionChoice& precision = cfg.train.precision_choice;
+  if (precision.form == config::PrecisionChoice::Form::kPerRank) {
+    return static_cast<int>(precision.per_rank.size());
+  }
+  return 1;
+}
+
+// `vtrain check`: this machine stands for every rank, so every entry of a
+// per-rank train.precision must be one its device offers.
+Config checked_precisions(Config cfg, int ranks) {
+  if (cfg.train.precision_choice.form == config::PrecisionChoice::Form::kOne) return cfg;
+  const auto probe = worker::make_backend(backend_options(cfg));
+  return config::with_rank_precision(cfg, config::check_precisions(cfg, ranks, *probe));
 }
 
 int run_check(const CliArgs& cli) {
-  const Config cfg = load(cli);
+  const Config loaded = load(cli);
+  const int ranks = check_ranks(cli, loaded);
+  const Config cfg = checked_precisions(loaded, ranks);
   const Datasets data = load_data(cfg);
-  const int ranks = check_ranks(cli, cfg);
   const worker::Graph graph = build_graph(cfg, data, ranks);
   const auto init = initial_weights(cfg, graph);  // read once the rest is checked
   std::printf("config %s is valid\n", cfg.path.c_str());
@@ -265,17 +301,19 @@ int run_check(const CliArgs& cli) {
   return kExitOk;
 }
 
-// Rank 0 prints one line per rank: what each device is.
+// Rank 0 prints one line per rank: what each device is and the precision
+// it computes in.
 void print_cluster(const worker::Communicator& comm, const std::vector<worker::DeviceInfo>& all,
+                   const std::vector<common::Precision>& precisions,
                    const std::vector<int64_t>& split) {
   if (comm.rank() != 0) return;
   std::printf("cluster: %d rank%s\n", comm.size(), comm.size() == 1 ? "" : "s");
-  std::printf("  %-4s %-7s %-6s %-9s %-7s %-14s %-12s %s\n", "rank", "backend", "batch",
-              "memory", "threads", "library", "host", "device");
+  std::printf("  %-4s %-7s %-9s %-6s %-9s %-7s %-14s %-12s %s\n", "rank", "backend", "precision",
+              "batch", "memory", "threads", "library", "host", "device");
   for (size_t r = 0; r < all.size(); ++r) {
     const worker::DeviceInfo& d = all[r];
-    std::printf("  %-4zu %-7s %-6lld %-9s %-7d %-14s %-12s %s\n", r, d.backend.c_str(),
-                static_cast<long long>(split[r]),
+    std::printf("  %-4zu %-7s %-9s %-6lld %-9s %-7d %-14s %-12s %s\n", r, d.backend.c_str(),
+                common::precision_name(precisions[r]), static_cast<long long>(split[r]),
                 (std::to_string(d.memory_bytes >> 20) + "MiB").c_str(), d.threads,
                 d.library_version.c_str(), d.host.c_str(), d.name.c_str());
   }
@@ -311,7 +349,7 @@ WatchedSteps watch_steps(const Config& cfg, worker::Communicator& comm,
 
 int run_train(const CliArgs& cli, worker::Communicator& comm,
               const std::atomic<int>& stop_signal) {
-  const Config cfg = load(cli);
+  const Config cfg = for_rank(load(cli), comm.rank(), comm.size());
   if (cli.resume && cfg.checkpoint.dir.empty()) {
     throw UsageError("--resume: " + cfg.path + " sets no checkpoint.dir to resume from (set one "
                      "there or with --set checkpoint.dir=DIR)");
@@ -333,6 +371,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   config::check_backend(cfg, graph, *backend, largest_rank_batch(cfg, comm.size()));
   const std::vector<worker::DeviceInfo> cluster =
       worker::gather_device_infos(comm, backend->device_info());
+  const std::vector<common::Precision> precisions = gather_precisions(comm, graph.precision());
   // Gradients go over NCCL when several ranks train on GPUs, else over MPI.
   std::string comm_note;
   const auto gradient_comm = worker::make_gradient_communicator(*backend, cluster, &comm_note);
@@ -357,16 +396,17 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   worker::GatherRateSource gather_rate(data.train, norm);
   const RankInput input{&gather_rate, input_key(cfg, data.train.sample),
                         worker::input_rate_limit_from_environment(comm.rank())};
-  const std::optional<balancer::TrainingPlan> plan = job_plan(
-      cli, cfg, graph, *backend, comm, *gradient_comm, cluster, split, &solved_on, input);
+  const std::optional<balancer::TrainingPlan> plan = job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, cluster, precisions, split,
+               &solved_on, input);
   if (plan) {
     split.clear();
     for (const balancer::RankPlan& r : plan->ranks) split.push_back(r.batch);
   }
-  print_cluster(comm, cluster, split);
+  print_cluster(comm, cluster, precisions, split);
   std::fflush(stdout);
 
   worker::TrainerOptions options = trainer_options(cfg);
+  options.rank_precisions = precisions;
   options.memory_costs_at = [&cfg, &graph, &backend,
                              rank = comm.rank()](const worker::NetworkOptions& net) {
     PlanningCosts costs = planning_costs(cfg, graph, *backend, net);
@@ -432,14 +472,15 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
 }
 
 int run_profile(const CliArgs& cli, worker::Communicator& comm) {
-  const Config cfg = load(cli);
+  const Config cfg = for_rank(load(cli), comm.rank(), comm.size());
   const Datasets data = load_data(cfg);
   const worker::Graph graph = build_graph(cfg, data, comm.size());
   auto backend = worker::make_backend(backend_options(cfg));
   config::check_backend(cfg, graph, *backend, largest_rank_batch(cfg, comm.size()));
   const worker::DeviceInfo info = backend->device_info();
   const std::vector<worker::DeviceInfo> cluster = worker::gather_device_infos(comm, info);
-  print_cluster(comm, cluster, balancer::even_split(cfg.train.batch, comm.size()));
+  print_cluster(comm, cluster, gather_precisions(comm, graph.precision()),
+                balancer::even_split(cfg.train.batch, comm.size()));
 
   worker::ProfileOptions options = profile_options(cfg, graph, *backend);
   if (options.batches.empty()) {

@@ -56,6 +56,15 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
   return o;
 }
 
+std::vector<common::Precision> planned_precisions(const config::Config& cfg, int ranks) {
+  const config::PrecisionChoice& choice = cfg.train.precision_choice;
+  if (choice.form == config::PrecisionChoice::Form::kPerRank &&
+      static_cast<int>(choice.per_rank.size()) == ranks) {
+    return choice.per_rank;
+  }
+  return std::vector<common::Precision>(static_cast<size_t>(ranks), cfg.train.precision);
+}
+
 worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch, int ranks) {
   worker::NetworkOptions o;
   o.max_batch = max_batch;
@@ -63,7 +72,7 @@ worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_ba
   o.memory_policy = cfg.memory.policy;
   o.memory_planner = cfg.memory.planner;
   o.allocations_after_network = worker::training_allocations_per_parameter(
-      cfg.train.gradient_allreduce, cfg.train.precision, ranks);
+      cfg.train.gradient_allreduce, planned_precisions(cfg, ranks));
   return o;
 }
 

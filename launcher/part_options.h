@@ -24,6 +24,12 @@ worker::BackendOptions backend_options(const config::Config& cfg);
 // checkpoint.* (--resume overrides checkpoint.resume with required).
 worker::TrainerOptions trainer_options(const config::Config& cfg);
 
+// The precisions the ranks of a `ranks`-rank job are planned in where they
+// are not known yet (`vtrain check`, a rank's memory room): a per-rank
+// train.precision of that length as written, else every rank in this
+// one's (cfg.train.precision, resolved).
+std::vector<common::Precision> planned_precisions(const config::Config& cfg, int ranks);
+
 // The network one rank of `ranks` trains with a batch of up to `max_batch`
 // samples: conv.algorithm, memory.policy and memory.planner, room left for
 // the optimizer's state and the gradient allreduce's staging (what

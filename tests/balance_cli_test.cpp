@@ -161,6 +161,21 @@ TEST_F(BalanceOut, ADirectoryIsARuntimeErrorNamingIt) {
                                      ": it is a directory, expected a file name");
 }
 
+// `vtrain profile` of the synthetic LeNet into `db` at per-rank `batches`
+// ("[8]"), once each, with `flags`; `env` ("NAME=VALUE ") before it.
+void profile_lenet(const std::string& db, const std::string& batches, const std::string& flags,
+                   const std::string& env = "") {
+  std::string out;
+  ASSERT_EQ(test_support::run_command(env + test_support::vtrain_binary() + " profile " +
+                                          test_support::source_dir() +
+                                          "/configs/synthetic-lenet.yaml --db " + db +
+                                          " --set profile.batches=" + batches +
+                                          " --set profile.repeats=1 --set profile.warmup=0 " + flags,
+                                      &out),
+            0)
+      << out;
+}
+
 // CPU devices that differ only in device.threads share a name: --devices
 // takes each by its label (the name with the thread count, as `vtrain db
 // stats` prints it), refuses the bare name as ambiguous, and the plan names
@@ -169,15 +184,7 @@ TEST(BalanceCli, DevicesOfOtherThreadCountsAreToldApart) {
   TempDir dir;
   const std::string db = dir.path("perf.db");
   for (const char* threads : {"1", "2"}) {
-    std::string out;
-    ASSERT_EQ(test_support::run_command(
-                  test_support::vtrain_binary() + " profile " + test_support::source_dir() +
-                      "/configs/synthetic-lenet.yaml --db " + db + " --set device.threads=" +
-                      threads + " --set profile.batches=[8] --set profile.repeats=1 " +
-                      "--set profile.warmup=0",
-                  &out),
-              0)
-        << out;
+    profile_lenet(db, "[8]", std::string("--set device.threads=") + threads);
   }
   const std::string name =
       perfdb::PerfDb(db, {.mode = perfdb::OpenMode::kReadOnly}).devices().at(0).device.name;
@@ -200,6 +207,39 @@ TEST(BalanceCli, DevicesOfOtherThreadCountsAreToldApart) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_CONTAINS(r.output, "--devices: no device named 'Some CPU' in " + db + " (known: '" + one +
                                 "', '" + two + "')");
+}
+
+// --devices NAME@PRECISION: each device priced and planned at its own
+// precision's profile (profiled here with the test-only half emulation,
+// VTRAIN_EMULATE_HALF), the plan naming it per rank; a device without a
+// profile at the precision asked is refused naming it; an unknown
+// precision is a usage error.
+TEST(BalanceCli, EachDeviceAtItsOwnPrecision) {
+  TempDir dir;
+  const std::string db = dir.path("perf.db");
+  for (const char* precision : {"fp32", "bf16"}) {
+    profile_lenet(db, "[8,16]",
+                  std::string("--set device.threads=1 --set train.precision=") + precision,
+                  "VTRAIN_EMULATE_HALF=1 ");
+  }
+  const std::string name =
+      perfdb::PerfDb(db, {.mode = perfdb::OpenMode::kReadOnly}).devices().at(0).device.name;
+  const std::string plan = dir.path("plan.yaml");
+  BalanceRun r = balance("--db " + db + " --batch 24 --devices '" + name + "@fp32, " + name +
+                         "@bf16' --out " + plan);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "rank 0 (" + name + " (1 thread), fp32): batch");
+  EXPECT_CONTAINS(r.output, "rank 1 (" + name + " (1 thread), bf16): batch");
+  const std::string text = read_file(plan);
+  EXPECT_CONTAINS(text, "precision: fp32");
+  EXPECT_CONTAINS(text, "precision: bf16");
+
+  r = balance("--db " + db + " --batch 24 --devices '" + name + "@fp16'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_CONTAINS(r.output, "has no step measurements of this model in fp16");
+  r = balance("--db " + db + " --devices '" + name + "@fp8'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "unknown precision 'fp8' after '@' (known: fp32, tf32, bf16, fp16)");
 }
 
 TEST(BalanceCli, ANameOfOneDeviceAloneNeedsNoThreadCount) {

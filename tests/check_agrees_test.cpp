@@ -10,6 +10,7 @@
 #include <regex>
 #include <string>
 
+#include "common/machine.h"
 #include "tests/test_support.h"
 
 namespace vtrain {
@@ -21,6 +22,7 @@ using test_support::TempDir;
 
 // LeNet on synthetic data, one step; `train_extra` is added to the train
 // map (line 3), `extra` lines are appended (line 5 on).
+
 std::string lenet_config(const std::string& extra = "", const std::string& train_extra = "") {
   return "model: {preset: lenet}\n"
          "data: {kind: synthetic, shape: [1, 28, 28], classes: 10, train_size: 64, test_size: 16}\n"
@@ -119,6 +121,32 @@ TEST_F(CheckAgrees, APrecisionTheCpuBackendCannotTrainInIsAConfigError) {
     EXPECT_EQ(checked.exit_code, 2) << checked.output;
     EXPECT_CONTAINS(checked.output, "--set train.precision: train.precision bf16 needs native");
   }
+}
+
+// A precision per rank: check and training refuse an entry of a per-rank
+// list or of the map by device name that the device lacks, naming the
+// entry, the device and what it offers; check plans as many ranks as the
+// list has and checks each entry (this machine stands for every rank).
+TEST_F(CheckAgrees, APerRankPrecisionTheDeviceLacksNamesTheDeviceAndWhatItOffers) {
+  const std::string one = write(lenet_config("", ", precision: [fp16]"));
+  expect_config_error(one, "",
+                      one + ":3: train.precision[0]: train.precision fp16 runs on the CUDA "
+                            "backend only");
+  EXPECT_CONTAINS(check(one).output, " (cpu) offers fp32");
+  const std::string two = write(lenet_config("", ", precision: [fp32, fp16]"));
+  const RunResult checked = check(two);
+  EXPECT_EQ(checked.exit_code, 2) << checked.output;
+  EXPECT_CONTAINS(checked.output, two + ":3: train.precision[1]: train.precision fp16 runs on");
+  EXPECT_CONTAINS(checked.output, " (cpu) offers fp32");
+  // The map: a device named (this CPU, any model name) with a precision it lacks.
+  const std::string cpu = common::cpu_model_name();
+  const RunResult named = check(one, "--set 'train.precision={\"" + cpu + "\": tf32}'");
+  EXPECT_EQ(named.exit_code, 2) << named.output;
+  EXPECT_CONTAINS(named.output, "--set train.precision." + cpu +
+                                    ": train.precision tf32 is a GPU tensor-core mode");
+  // Offered where the half types are emulated for tests, and auto's pick.
+  EXPECT_EQ(check(two, "", "VTRAIN_EMULATE_HALF=1").exit_code, 0);
+  EXPECT_EQ(check(one, "--set train.precision=auto").exit_code, 0);
 }
 
 // The {n, classes, 1, 1} scores of a global pool keep its input's layout

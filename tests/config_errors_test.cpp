@@ -31,7 +31,7 @@ TEST(ConfigErrorTest, UnknownTopLevelKey) {
 TEST(ConfigErrorTest, UnknownNestedKey) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: 3\n  bach: 3\n"),
             "t.yaml:7: train.bach: unknown key (allowed: batch, epochs, max_steps, seed, "
-            "log_every, evaluate, allreduce_bucket, precision, loss_scaling, "
+            "log_every, evaluate, allreduce_bucket, precision, precisions, loss_scaling, "
             "gradient_allreduce, step_timeout)");
 }
 
@@ -116,7 +116,17 @@ TEST(ConfigErrorTest, BadEnumValue) {
   EXPECT_EQ(error_of("model:\n  preset: lenet\n  batch_norm: global\ndata: {kind: synthetic}\n"),
             "t.yaml:3: model.batch_norm: unknown value 'global' (allowed: sync, local)");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precision: half\n"),
-            "t.yaml:6: train.precision: unknown value 'half' (allowed: fp32, tf32, bf16, fp16)");
+            "t.yaml:6: train.precision: unknown value 'half' (allowed: fp32, tf32, bf16, fp16, "
+            "auto); or a list of one per rank, or a map from device names");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precision: [fp32, half]\n"),
+            "t.yaml:6: train.precision[1]: unknown value 'half' (allowed: fp32, tf32, bf16, fp16)");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precision: []\n"),
+            "t.yaml:6: train.precision: expected a precision per rank, got an empty list");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precisions: [bf16, fp32, bf16]\n"),
+            "t.yaml:6: train.precisions[2]: 'bf16' is listed twice");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  precisions: fp32\n"),
+            "t.yaml:6: train.precisions: expected a list of precisions in order of preference, "
+            "got 'fp32'");
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  gradient_allreduce: bf16\n"),
             "t.yaml:6: train.gradient_allreduce: unknown value 'bf16' (allowed: fp32, half)");
   EXPECT_EQ(error_of(std::string(kMinimal) + "  prefetch: yes\n"),
@@ -264,7 +274,7 @@ TEST(ConfigErrorTest, LayerProblems) {
 TEST(ConfigErrorTest, SetWithUnknownKey) {
   EXPECT_EQ(error_of(kMinimal, {"train.bogus=1"}),
             "--set train.bogus: unknown key (allowed: batch, epochs, max_steps, seed, log_every, "
-            "evaluate, allreduce_bucket, precision, loss_scaling, gradient_allreduce, "
+            "evaluate, allreduce_bucket, precision, precisions, loss_scaling, gradient_allreduce, "
             "step_timeout)");
   EXPECT_EQ(
       error_of(kMinimal, {"bogus.x=1"}),

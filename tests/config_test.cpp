@@ -537,6 +537,26 @@ TEST(ConfigSections, BalanceAndCheckpoint) {
   EXPECT_EQ(c.train.allreduce_bucket, 1u << 20);
   c = parse_config(base, "t.yaml", {"train.precision=fp16"});
   EXPECT_EQ(c.train.precision, common::Precision::kFp16);
+  // A precision per rank: auto, a list, a map by device name, each read
+  // back from the dump as written; the rank's own is resolved later.
+  using Form = config::PrecisionChoice::Form;
+  for (const auto& [value, form] :
+       std::vector<std::pair<std::string, Form>>{{"auto", Form::kAuto},
+                                                 {"[fp32, bf16, fp16]", Form::kPerRank},
+                                                 {"{\"Tesla V100-SXM2-16GB\": fp16, \"AMD EPYC\": fp32}",
+                                                  Form::kByDevice}}) {
+    SCOPED_TRACE(value);
+    c = parse_config(base, "t.yaml",
+                     {"train.precision=" + value, "train.precisions=[fp16, fp32]"});
+    EXPECT_EQ(c.train.precision_choice.form, form);
+    EXPECT_EQ(c.train.precisions,
+              (std::vector<common::Precision>{common::Precision::kFp16, common::Precision::kFp32}));
+    const config::Config again = parse_config(config::to_yaml(c), "dump.yaml");
+    EXPECT_EQ(again.train.precision_choice.form, form);
+    EXPECT_EQ(again.train.precision_choice.per_rank, c.train.precision_choice.per_rank);
+    EXPECT_EQ(again.train.precision_choice.by_device, c.train.precision_choice.by_device);
+    EXPECT_EQ(again.train.precisions, c.train.precisions);
+  }
 }
 
 // What a checkpoint records of a run: the model, data and optimizer keys

@@ -46,8 +46,8 @@ balancer::TrainingPlan input_bound_plan() {
   plan.global_batch = 96;
   plan.predicted_step_ms = 120;
   plan.ranks.resize(2);
-  plan.ranks[0] = {"cpu a", 64, 100.0, 2e6, balancer::Binding::kCompute, 0, std::nullopt, {}};
-  plan.ranks[1] = {"cpu b", 32, 120.0, 400.0, balancer::Binding::kInput, 0, std::nullopt, {}};
+  plan.ranks[0] = {"cpu a", "", 64, 100.0, 2e6, balancer::Binding::kCompute, 0, std::nullopt, {}};
+  plan.ranks[1] = {"cpu b", "", 32, 120.0, 400.0, balancer::Binding::kInput, 0, std::nullopt, {}};
   return plan;
 }
 
@@ -119,15 +119,18 @@ TEST(InputRateRebalance, AnInputSlowdownMovesSamplesAwayFromTheRank) {
   EXPECT_NEAR(switched->ratios[1], 2.0, 1e-9);
 }
 
-// Two ranks of one device, rank 1's input throttled to 100 images/s, far
-// below what its compute takes (LeNet on one core: a few hundred images/s):
-// the split gives it fewer samples, and the plan says its input binds.
+// Two ranks of one device, both inputs throttled far below what their
+// compute takes (LeNet on one core: well over a thousand images/s on these
+// machines, and still several hundred on a loaded one), rank 1's to a
+// quarter of rank 0's: the split follows the inputs (about 76 + 20), and the
+// plan says input binds on both. (With only rank 1 throttled, a fast
+// machine rightly gives rank 1 nothing, and an idle rank binds on nothing.)
 TEST(InputRateMpi, AThrottledRankGetsFewerSamplesAndItsInputBinds) {
   test_support::TempDir dir;
   const std::string plan_path = dir.path("plan.yaml");
   std::string output;
   const int rc = test_support::run_command(
-      "env VTRAIN_INPUT_RATE_LIMIT=1:100 " + test_support::mpirun(2, "--bind-to none") +
+      "env VTRAIN_INPUT_RATE_LIMIT=0:200,1:50 " + test_support::mpirun(2, "--bind-to none") +
           test_support::vtrain_binary() + " " + source_dir() +
           "/configs/synthetic-lenet.yaml --progress line --set train.evaluate=false"
           " --set conv.algorithm=direct --set device.threads=1 --set train.batch=96"
@@ -139,10 +142,12 @@ TEST(InputRateMpi, AThrottledRankGetsFewerSamplesAndItsInputBinds) {
   const balancer::TrainingPlan plan = balancer::load_plan(plan_path);
   ASSERT_EQ(plan.ranks.size(), 2u);
   EXPECT_LT(plan.ranks[1].batch, plan.ranks[0].batch) << output;
-  EXPECT_EQ(plan.ranks[1].input_rate, 100.0);
+  EXPECT_GT(plan.ranks[1].batch, 0) << output;
+  EXPECT_EQ(plan.ranks[0].input_rate, 200.0);
+  EXPECT_EQ(plan.ranks[1].input_rate, 50.0);
+  EXPECT_EQ(plan.ranks[0].binds, balancer::Binding::kInput) << output;
   EXPECT_EQ(plan.ranks[1].binds, balancer::Binding::kInput) << output;
-  EXPECT_EQ(plan.ranks[0].binds, balancer::Binding::kCompute) << output;
-  EXPECT_NE(output.find("input: 100 images/s"), std::string::npos) << output;
+  EXPECT_NE(output.find("input: 50 images/s"), std::string::npos) << output;
 }
 
 }  // namespace

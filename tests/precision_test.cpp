@@ -319,3 +319,55 @@ TEST(LossScaling, OverflowedStepsAreSkippedAndTheScaleHalves) {
 
 }  // namespace
 }  // namespace vtrain
+
+namespace vtrain {
+namespace {
+
+using common::Precision;
+
+// A precision per rank: only the ranks in fp16 scale their loss under
+// auto; with every rank scaling the sum is divided at the update, with
+// some the scaling ranks unscale before the exchange; every rank keeps
+// the scaler where any scales (one scale, one skip decision).
+TEST(LossScaling, ThePlanPerRankScalesWhereFp16ComputesAndUnscalesBeforeAMixedExchange) {
+  const worker::LossScalingSettings automatic;
+  const std::vector<Precision> mixed = {Precision::kFp32, Precision::kBf16, Precision::kFp16};
+  for (int r = 0; r < 3; ++r) {
+    const worker::LossScalingPlan p = worker::plan_loss_scaling(automatic, mixed, r);
+    EXPECT_TRUE(p.job) << r;
+    EXPECT_EQ(p.here, r == 2) << r;
+    EXPECT_FALSE(p.divide_after_exchange) << r;
+    EXPECT_EQ(p.unscale_before_exchange, r == 2) << r;
+  }
+  const std::vector<Precision> all_fp16(2, Precision::kFp16);
+  const worker::LossScalingPlan uniform = worker::plan_loss_scaling(automatic, all_fp16, 1);
+  EXPECT_TRUE(uniform.here && uniform.divide_after_exchange);
+  EXPECT_FALSE(uniform.unscale_before_exchange);
+  const std::vector<Precision> no_fp16 = {Precision::kFp32, Precision::kBf16};
+  EXPECT_FALSE(worker::plan_loss_scaling(automatic, no_fp16, 0).job);
+  worker::LossScalingSettings on;
+  on.mode = common::AutoOnOff::kOn;
+  const worker::LossScalingPlan forced = worker::plan_loss_scaling(on, no_fp16, 0);
+  EXPECT_TRUE(forced.here && forced.divide_after_exchange);
+}
+
+// Half gradients travel only where every rank shares one half type.
+TEST(GradientAllreduce, HalfTravelsOnlyWhereEveryRankSharesOneHalfType) {
+  using worker::GradientAllreduce;
+  using worker::wire_type;
+  const std::vector<Precision> bf16(3, Precision::kBf16);
+  const std::vector<Precision> mixed = {Precision::kBf16, Precision::kFp16};
+  const std::vector<Precision> with_fp32 = {Precision::kBf16, Precision::kFp32};
+  const std::vector<Precision> fp32(2, Precision::kFp32);
+  EXPECT_EQ(wire_type(GradientAllreduce::kHalf, bf16), common::DataType::kBF16);
+  EXPECT_EQ(wire_type(GradientAllreduce::kHalf, mixed), common::DataType::kF32);
+  EXPECT_EQ(wire_type(GradientAllreduce::kHalf, with_fp32), common::DataType::kF32);
+  EXPECT_EQ(wire_type(GradientAllreduce::kFp32, bf16), common::DataType::kF32);
+  EXPECT_THROW(wire_type(GradientAllreduce::kHalf, fp32), std::invalid_argument);
+  // No staging buffer is planned where the exchange falls back to f32.
+  EXPECT_EQ(worker::training_allocations_per_parameter(GradientAllreduce::kHalf, mixed).size(), 1u);
+  EXPECT_EQ(worker::training_allocations_per_parameter(GradientAllreduce::kHalf, bf16).size(), 2u);
+}
+
+}  // namespace
+}  // namespace vtrain

@@ -138,6 +138,13 @@ class Graph {
   // any precision).
   std::string signature() const;
   common::Precision precision() const { return precision_; }
+  // The same model computed in `precision` (a rank of a job whose ranks
+  // differ in precision, as the planner prices it).
+  Graph with_precision(common::Precision precision) const {
+    Graph g = *this;
+    g.precision_ = precision;
+    return g;
+  }
   DataType activation_type() const { return common::storage_type(precision_); }
   // The activation layout the job asks for (device.layout): its timings are
   // not those of another layout.

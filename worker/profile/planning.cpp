@@ -25,6 +25,11 @@ struct KernelAt {
   perfdb::KernelSignature signature;
 };
 
+// `graph` as `device` computes it (PlanDevice::precision).
+Graph on_device(const Graph& graph, const PlanDevice& device) {
+  return device.precision ? graph.with_precision(*device.precision) : graph;
+}
+
 std::vector<KernelAt> kernels_at(const Graph& graph, const PlanDevice& device, int64_t batch) {
   const std::vector<TensorDesc> descs = activation_descs(graph, device.layout, batch);
   std::vector<KernelAt> out;
@@ -42,12 +47,14 @@ struct RankWorkspace {
   double fastest_ms = 0;     // their fastest undivided time (what a measured step ran)
 };
 
-RankWorkspace plan_rank_workspace(const Graph& graph, perfdb::PerfDb& db, const PlanDevice& device,
+RankWorkspace plan_rank_workspace(const Graph& model, perfdb::PerfDb& db, const PlanDevice& device,
                                   int64_t batch, const WorkspaceRequest& workspace, int rank_index,
                                   std::vector<FrontPoint>* fronts) {
   using balancer::WorkspacePolicy;
+  const Graph graph = on_device(model, device);
   RankWorkspace out;
   out.rank.device = device.name;
+  if (device.precision) out.rank.precision = common::precision_name(*device.precision);
   out.rank.batch = batch;
   const std::vector<KernelAt> sites = kernels_at(graph, device, batch);
   std::vector<balancer::ConvKernel> kernels;
@@ -123,7 +130,8 @@ std::map<int64_t, perfdb::StepMeasurement> steps_by_batch(perfdb::PerfDb& db, co
                                                           memory::Policy memory_policy) {
   std::map<int64_t, perfdb::StepMeasurement> out;
   for (perfdb::StepMeasurement& s :
-       profiled_steps(db, device.id, graph.profile_key(), memory_policy, device.memory_bytes)) {
+       profiled_steps(db, device.id, on_device(graph, device).profile_key(), memory_policy,
+                      device.memory_bytes)) {
     out.emplace(s.batch, std::move(s));
   }
   return out;
@@ -149,8 +157,10 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb:
     const std::map<int64_t, perfdb::StepMeasurement> by_batch =
         steps_by_batch(db, graph, d, pricing.memory_policy);
     if (by_batch.empty()) {
-      throw std::runtime_error("device " + d.name + " has no step measurements of this model " +
-                               "under memory.policy " + memory::policy_name(pricing.memory_policy) +
+      const std::string at =
+          d.precision ? std::string(" in ") + common::precision_name(*d.precision) : "";
+      throw std::runtime_error("device " + d.name + " has no step measurements of this model" +
+                               at + " under memory.policy " + memory::policy_name(pricing.memory_policy) +
                                " in " + db.path() +
                                " (run `vtrain profile` on it with that policy first)");
     }
@@ -196,7 +206,7 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
     throw std::invalid_argument("workspace policy wd needs a total workspace budget");
   }
   balancer::TrainingPlan plan;
-  plan.model = graph.profile_key();
+  plan.model = devices.empty() ? graph.profile_key() : on_device(graph, devices[0]).profile_key();
   plan.workspace_policy = workspace.policy;
   plan.workspace_limit = workspace.limit;
   plan.even_split_ms = split.even_split_time_ms;
@@ -207,6 +217,7 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
     if (split.batch[g] == 0) {
       balancer::RankPlan idle;  // no samples, no kernels
       idle.device = device.name;
+      if (device.precision) idle.precision = common::precision_name(*device.precision);
       plan.ranks.push_back(std::move(idle));
       continue;
     }
@@ -236,10 +247,15 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
 std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, const Graph& graph,
                                          int ranks, int64_t global_batch,
                                          memory::Policy memory_policy) {
-  if (plan.model != graph.profile_key()) {
+  // The key is in rank 0's precision; where ranks differ, each rank's
+  // own is checked by plan_precision_mismatch.
+  const std::string& first = plan.ranks.empty() ? std::string() : plan.ranks[0].precision;
+  const Graph model =
+      first.empty() ? graph : graph.with_precision(common::parse_named<std::invalid_argument>(common::kPrecisionNames, first, "precision"));
+  if (plan.model != model.profile_key()) {
     return "the plan was made for another model, train.precision or device.layout (its model key " +
            plan.model +
-           " differs from this config's " + graph.profile_key() + ")";
+           " differs from this config's " + model.profile_key() + ")";
   }
   if (static_cast<int>(plan.ranks.size()) != ranks) {
     return "the plan has " + std::to_string(plan.ranks.size()) + " ranks, the job has " +
@@ -315,6 +331,15 @@ std::optional<std::string> plan_device_mismatch(const balancer::TrainingPlan& pl
          "', but it runs on '" + device + "' (plan again for these devices)";
 }
 
+std::optional<std::string> plan_precision_mismatch(const balancer::TrainingPlan& plan, int rank,
+                                                   common::Precision precision) {
+  const std::string& planned = plan.ranks.at(static_cast<size_t>(rank)).precision;
+  if (planned.empty() || planned == common::precision_name(precision)) return std::nullopt;
+  return "rank " + std::to_string(rank) + " was planned to compute in " + planned +
+         ", but it computes in " + common::precision_name(precision) +
+         " (train.precision; plan again for these precisions)";
+}
+
 std::vector<ConvLayerExecution> conv_executions(const balancer::RankPlan& rank) {
   std::vector<ConvLayerExecution> out;
   for (const balancer::PlannedKernel& k : rank.kernels) {
@@ -331,6 +356,13 @@ std::vector<ConvLayerExecution> conv_executions(const balancer::RankPlan& rank) 
   }
   return out;
 }
+
+namespace {
+// ", bf16" after a rank's device where the plan names its precision.
+std::string precision_note(const balancer::RankPlan& rank) {
+  return rank.precision.empty() ? "" : ", " + rank.precision;
+}
+}  // namespace
 
 std::string describe_plan(const balancer::TrainingPlan& plan) {
   using common::format;
@@ -367,14 +399,16 @@ std::string describe_plan(const balancer::TrainingPlan& plan) {
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
     const balancer::RankPlan& rank = plan.ranks[r];
     if (rank.batch == 0) {
-      out += "  rank " + std::to_string(r) + " (" + rank.device + "): idle, gets no samples\n";
+      out += "  rank " + std::to_string(r) + " (" + rank.device + precision_note(rank) +
+             "): idle, gets no samples\n";
       continue;
     }
     int divided = 0;
     for (const balancer::PlannedKernel& k : rank.kernels) divided += k.calls.size() > 1;
     out += format("  rank %zu (%s): batch %lld, predicted %.2f ms, workspace %s, %d of %zu conv "
                   "kernels micro-batched\n",
-                  r, rank.device.c_str(), static_cast<long long>(rank.batch), rank.predicted_ms,
+                  r, (rank.device + precision_note(rank)).c_str(),
+                  static_cast<long long>(rank.batch), rank.predicted_ms,
                   common::format_mib(rank.workspace_bytes).c_str(), divided, rank.kernels.size());
     if (rank.input_rate) {
       out += format("    input: %.0f images/s (%.2f ms for its batch); %s binds\n", *rank.input_rate,

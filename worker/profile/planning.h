@@ -29,6 +29,9 @@ struct PlanDevice {
   std::function<Layout(int64_t)> layout;      // its backend's preferred_layout (layout_rule_for)
   double input_rate = 0;                      // images/s its input delivers; 0 = not priced
                                               // (balancer::DeviceProfile::input_rate)
+  // The precision it computes in (train.precision per rank); nullopt: the
+  // graph's. Its kernels, layers and steps are looked up in that one.
+  std::optional<common::Precision> precision;
 };
 
 struct WorkspaceRequest {
@@ -100,11 +103,17 @@ std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, con
                                          int ranks, int64_t global_batch,
                                          memory::Policy memory_policy = memory::Policy::kNone);
 
+// Why rank `rank`, computing in `precision`, cannot follow `plan` (it
+// names another precision for the rank), or nullopt.
+std::optional<std::string> plan_precision_mismatch(const balancer::TrainingPlan& plan, int rank,
+                                                   common::Precision precision);
+
 // Why rank `rank`, running on `device` (its device_label), cannot follow
 // `plan` (its batch and kernel choices were timed on the device the plan
 // names), or nullopt. The cores a CPU device is pinned to do not count, nor
 // does a plan that names no device; a CPU's thread count counts where the
 // plan names one (older plans do not).
+
 std::optional<std::string> plan_device_mismatch(const balancer::TrainingPlan& plan, int rank,
                                                 const std::string& device);
 

@@ -16,14 +16,19 @@ int64_t gradient_count(const BucketPlan& plan) {
 
 }  // namespace
 
-common::DataType wire_type(GradientAllreduce type, common::Precision precision) {
-  if (type == GradientAllreduce::kFp32) return common::DataType::kF32;
-  if (!common::is_half(precision)) {
+common::DataType wire_type(GradientAllreduce type, std::span<const common::Precision> ranks) {
+  if (type == GradientAllreduce::kFp32 || ranks.empty()) return common::DataType::kF32;
+  const common::DataType first = common::storage_type(ranks.front());
+  const bool shared = std::all_of(ranks.begin(), ranks.end(), [&](common::Precision p) {
+    return common::storage_type(p) == first;
+  });
+  if (!shared) return common::DataType::kF32;
+  if (first == common::DataType::kF32) {
     throw std::invalid_argument(
         std::string("train.gradient_allreduce: half needs a half train.precision (bf16 or "
-                    "fp16), got ") + common::precision_name(precision));
+                    "fp16), got ") + common::precision_name(ranks.front()));
   }
-  return common::storage_type(precision);
+  return first;
 }
 
 size_t staging_bytes_per_parameter(common::DataType wire, int ranks) {
@@ -47,6 +52,7 @@ void BucketAllreduce::launch(int b, float* gradients) {
   const Bucket& bucket = plan_.buckets[static_cast<size_t>(b)];
   float* sums = gradients + bucket.offset;
   launched_.push_back(b);
+  if (prescale_ != 1.0f && bucket.count > 0) backend_.scale(sums, bucket.count, prescale_);
   if (staging_ == nullptr || bucket.count == 0) {
     comm_->allreduce_async(sums, bucket.count);
     return;

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "common/name_table.h"
@@ -17,15 +18,19 @@
 namespace vtrain::worker {
 
 // train.gradient_allreduce: the type gradient buckets travel in. kHalf is
-// the job's half type (bf16 or fp16), so it needs a half train.precision.
+// the half type every rank computes in (bf16 or fp16), so it needs a half
+// train.precision; in a job whose ranks differ it falls back to f32.
 enum class GradientAllreduce { kFp32, kHalf };
 inline constexpr auto kGradientAllreduceNames = std::to_array<common::Named<GradientAllreduce>>(
     {{GradientAllreduce::kFp32, "fp32"}, {GradientAllreduce::kHalf, "half"}});
 
-// The type buckets travel in: f32, or for kHalf the half type of
-// `precision`. Throws std::invalid_argument naming train.gradient_allreduce
-// for kHalf under fp32 or tf32.
-common::DataType wire_type(GradientAllreduce type, common::Precision precision);
+// The type buckets travel in for a job whose ranks compute in `ranks`
+// (every rank's precision, in rank order): f32, or for kHalf the half
+// type every rank stores in; f32 where the ranks' types differ (half
+// gradients of two types cannot be summed as one). Throws
+// std::invalid_argument naming train.gradient_allreduce for kHalf when
+// every rank computes in one precision that is not half (fp32 or tf32).
+common::DataType wire_type(GradientAllreduce type, std::span<const common::Precision> ranks);
 // Device bytes per parameter a BucketAllreduce of `wire` over `ranks` ranks
 // allocates (its staging buffer: none for f32 or one rank).
 size_t staging_bytes_per_parameter(common::DataType wire, int ranks);
@@ -48,6 +53,10 @@ class BucketAllreduce {
 
   const BucketPlan& plan() const { return plan_; }
   common::DataType wire() const { return wire_; }
+  // Multiplies every bucket by `factor` before its exchange from the next
+  // launch on (1, the default: left as they are). A rank that scales its
+  // loss among ranks that do not unscales its gradients so (loss_scaler.h).
+  void set_prescale(float factor) { prescale_ = factor; }
   // Starts bucket `b` of `gradients` (the network's f32 gradient buffer).
   void launch(int b, float* gradients);
   void launch_all(float* gradients);
@@ -61,6 +70,7 @@ class BucketAllreduce {
   common::DataType wire_;
   void* staging_ = nullptr;   // the half copy of the gradients; null for f32
   std::vector<int> launched_;  // buckets in flight, in launch order
+  float prescale_ = 1.0f;
 };
 
 }  // namespace vtrain::worker

@@ -1,5 +1,6 @@
 #include "worker/train/loss_scaler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,20 @@ constexpr double kLeast = 0x1p-24;
 constexpr double kMost = 0x1p127;
 
 }  // namespace
+
+LossScalingPlan plan_loss_scaling(const LossScalingSettings& settings,
+                                  std::span<const common::Precision> ranks, int rank) {
+  const auto scales = [&](common::Precision p) {
+    return settings.mode == common::AutoOnOff::kOn ||
+           (settings.mode == common::AutoOnOff::kAuto && p == common::Precision::kFp16);
+  };
+  LossScalingPlan plan;
+  plan.job = std::any_of(ranks.begin(), ranks.end(), scales);
+  plan.here = scales(ranks[static_cast<size_t>(rank)]);
+  plan.divide_after_exchange = plan.job && std::all_of(ranks.begin(), ranks.end(), scales);
+  plan.unscale_before_exchange = plan.here && !plan.divide_after_exchange;
+  return plan;
+}
 
 bool LossScaler::valid_initial(double initial) {
   int exponent = 0;

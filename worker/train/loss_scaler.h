@@ -12,19 +12,41 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 
 #include "common/name_table.h"
+#include "common/precision.h"
 
 namespace vtrain::worker {
 
 // train.loss_scaling in the config.
 struct LossScalingSettings {
-  // auto: on under train.precision fp16 (the only type whose range needs
-  // it), off otherwise.
+  // auto: on where a rank computes in fp16 (the only type whose range
+  // needs it), off otherwise.
   common::AutoOnOff mode = common::AutoOnOff::kAuto;
   double initial = 65536;          // the first scale (2^16); a power of two
   int64_t growth_interval = 2000;  // clean steps in a row before the scale doubles
 };
+
+// Where loss scaling applies in a job whose ranks may compute in different
+// precisions (train.precision per rank). One scale for the job: every rank
+// keeps the scaler when any rank scales, so that the ranks agree on every
+// skip (they all see the same allreduced gradients) and on the scale.
+struct LossScalingPlan {
+  bool job = false;   // some rank scales its loss: every rank keeps a scaler
+  bool here = false;  // this rank multiplies its loss by the scale
+  // Every rank scales: the gradients are exchanged scaled and divided by
+  // the scale at the update (exact for a power of two). Otherwise a
+  // scaling rank divides its own gradients by the scale before the
+  // exchange (unscale_before_exchange), so the sum adds like with like,
+  // and the update takes the sum as it is.
+  bool divide_after_exchange = false;
+  bool unscale_before_exchange = false;
+};
+// For rank `rank` of a job whose ranks compute in `ranks` (in rank
+// order): mode on scales on every rank, auto on the fp16 ranks, off on none.
+LossScalingPlan plan_loss_scaling(const LossScalingSettings& settings,
+                                  std::span<const common::Precision> ranks, int rank);
 
 // A scaler's state, as a checkpoint keeps it, so that a resumed run goes on
 // with the scale it had.

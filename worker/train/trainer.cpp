@@ -14,18 +14,31 @@
 namespace vtrain::worker::trainer_internal {
 namespace {
 
-// train.loss_scaling's scaler, or nothing when it is off (auto: on under fp16).
-std::optional<LossScaler> make_loss_scaler(const LossScalingSettings& s, common::Precision p) {
-  const bool on = s.mode == common::AutoOnOff::kOn ||
-                  (s.mode == common::AutoOnOff::kAuto && p == common::Precision::kFp16);
-  if (!on) return std::nullopt;
+// train.loss_scaling's scaler, or nothing when no rank scales its loss.
+std::optional<LossScaler> make_loss_scaler(const LossScalingSettings& s,
+                                           const LossScalingPlan& plan) {
+  if (!plan.job) return std::nullopt;
   return LossScaler(s.initial, s.growth_interval);
+}
+
+// TrainerOptions::rank_precisions, or the graph's on every rank.
+std::vector<common::Precision> rank_precisions(const Graph& graph, const TrainerOptions& options,
+                                               int ranks) {
+  if (options.rank_precisions.empty()) {
+    return std::vector<common::Precision>(static_cast<size_t>(ranks), graph.precision());
+  }
+  if (static_cast<int>(options.rank_precisions.size()) != ranks) {
+    throw std::invalid_argument("rank_precisions: " +
+                                std::to_string(options.rank_precisions.size()) +
+                                " precisions for " + std::to_string(ranks) + " ranks");
+  }
+  return options.rank_precisions;
 }
 
 // A rank with no samples still needs a network for the parameter buffers
 // and for its share of the evaluation. A network built after the optimizer
 // (a larger batch after a re-balance) finds its state in use already.
-NetworkOptions network_options(const Graph& graph, const JobShape& job,
+NetworkOptions network_options(const JobShape& job, std::span<const common::Precision> precisions,
                                const TrainerOptions& options, const ConvPlan& kernels,
                                bool prefetch_input, bool optimizer_allocated = false) {
   NetworkOptions net;
@@ -38,8 +51,8 @@ NetworkOptions network_options(const Graph& graph, const JobShape& job,
   net.memory_planner = options.memory_planner;
   // The optimizer's state and the allreduce's staging buffer come after the network.
   if (!optimizer_allocated) {
-    net.allocations_after_network = training_allocations_per_parameter(
-        options.gradient_allreduce, graph.precision(), job.ranks);
+    net.allocations_after_network =
+        training_allocations_per_parameter(options.gradient_allreduce, precisions);
   }
   if (Communicator* comm = options.batch_norm_comm; comm != nullptr && job.ranks > 1) {
     net.sum_over_ranks = [comm](std::vector<double>& values) { comm->allreduce_sum(values); };
@@ -71,22 +84,24 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       comm_(options.comm),
       observer_(options.observer),
       job_(job_shape(graph, train_set, options)),
+      precisions_(rank_precisions(graph, options, job_.ranks)),
+      scaling_(plan_loss_scaling(options.loss_scaling, precisions_, job_.rank)),
       staging_(batch_staging(options, job_.my_batch, train_set.sample.per_sample(), backend)),
       conv_plan_(options.conv_plan),
       net_(std::make_unique<Network>(
           graph, backend,
-          network_options(graph, job_, options, conv_plan_, staging_.prefetch_input))),
+          network_options(job_, precisions_, options, conv_plan_, staging_.prefetch_input))),
       sgd_(backend, prepare_network(), options.momentum, options.weight_decay),
       schedule_(schedule_for(job_, options)),
       progress_(leader() ? options.progress : Progress::Mode::kSilent),
       allreduce_(backend, options.comm,
                  plan_buckets(net_->param_ranges(), options.allreduce_bucket),
-                 wire_type(options.gradient_allreduce, graph.precision())),
+                 wire_type(options.gradient_allreduce, precisions_)),
       gatherer_(train_set, norm, staging_.gather_ahead, &pinned_),
       rebalancer_(options.rebalance, job_.rank, job_.ranks, job_.batch),
       throttle_(options.input_rate_limit ? std::optional<InputThrottle>(*options.input_rate_limit)
                                          : std::nullopt),
-      scaler_(make_loss_scaler(options.loss_scaling, graph.precision())) {
+      scaler_(make_loss_scaler(options.loss_scaling, scaling_)) {
   // Peak device memory counts from here: what training holds, not the
   // buffers conv.algorithm auto timed its candidates in (freed by now).
   backend_.reset_peak();
@@ -290,7 +305,7 @@ void Trainer::rebuild_network(const NetworkState& state, const char* how) {
   net_.reset();  // the device holds one network at a time
   net_ = std::make_unique<Network>(
       graph_, backend_,
-      network_options(graph_, job_, options_, conv_plan_, staging_.prefetch_input, true));
+      network_options(job_, precisions_, options_, conv_plan_, staging_.prefetch_input, true));
   net_->upload_parameters(state.parameters);
   net_->upload_buffers(state.buffers);
   if (trace_ && at_.step - resumed_.step < options_.trace_steps) net_->set_trace(trace_.get());
@@ -314,7 +329,9 @@ StepTotals Trainer::compute(const std::vector<int64_t>& order, int64_t i) {
     gatherer_.gather_ahead(i + 1 < job_.steps_per_epoch ? slice(order, i + 1)
                                                         : slice(order_of(at_.epoch + 1), 0));
   }
-  const double scale = scaler_ ? scaler_->scale() : 1.0;
+  const double scale = scaler_ && scaling_.here ? scaler_->scale() : 1.0;
+  // Among ranks that do not scale, this one's gradients go out unscaled.
+  allreduce_.set_prescale(scaling_.unscale_before_exchange ? static_cast<float>(1.0 / scale) : 1.0f);
   const LossStats s =
       net_->train_step(job_.my_batch, static_cast<float>(scale / static_cast<double>(job_.batch)));
   // Backward is issued; on a GPU it runs while the next batch copies.
@@ -365,9 +382,11 @@ double Trainer::probe() {
 }
 
 // What the update multiplies the (allreduced, so on every rank the same)
-// gradients by: 1 without loss scaling, else 1 / the scale they were
-// computed at; nothing when they overflowed and the update is skipped. The
-// scaler then adjusts the scale.
+// gradients by: 1 without loss scaling or where the scaling ranks unscaled
+// theirs before the exchange, else 1 / the scale they were computed at;
+// nothing when they overflowed (on any rank: the sum is then not finite
+// on every rank) and the update is skipped. The scaler then adjusts the
+// scale.
 std::optional<float> Trainer::gradient_scale() {
   if (!scaler_) return 1.0f;
   const double scale = scaler_->scale();
@@ -378,7 +397,7 @@ std::optional<float> Trainer::gradient_scale() {
                           static_cast<long long>(at_.step + 1), scale, scaler_->scale()));
     return std::nullopt;
   }
-  return static_cast<float>(1.0 / scale);
+  return scaling_.divide_after_exchange ? static_cast<float>(1.0 / scale) : 1.0f;
 }
 
 // A diverged run stops before the update that would spread the non-finite
@@ -418,9 +437,10 @@ BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
 }
 
 std::vector<size_t> training_allocations_per_parameter(GradientAllreduce allreduce,
-                                                       common::Precision precision, int ranks) {
+                                                       std::span<const common::Precision> ranks) {
   std::vector<size_t> allocations = {Sgd::kStateBytesPerParameter};
-  if (const size_t staging = staging_bytes_per_parameter(wire_type(allreduce, precision), ranks)) {
+  if (const size_t staging = staging_bytes_per_parameter(wire_type(allreduce, ranks),
+                                                         static_cast<int>(ranks.size()))) {
     allocations.push_back(staging);
   }
   return allocations;

@@ -104,9 +104,14 @@ struct TrainerOptions {
   Communicator* comm = nullptr;  // null: a single process
   std::vector<int64_t> split;    // per-rank batch sizes; empty = balancer::even_split(B, ranks)
   uint64_t allreduce_bucket = 4 << 20;  // gradient bytes per allreduce
-  // train.gradient_allreduce: buckets travel in f32, or in the job's half
-  // type with f32 accumulation (bucket_allreduce.h; half needs bf16 or fp16).
+  // train.gradient_allreduce: buckets travel in f32, or in the half type
+  // every rank shares with f32 accumulation (bucket_allreduce.h: wire_type).
   GradientAllreduce gradient_allreduce = GradientAllreduce::kFp32;
+  // Every rank's train.precision, in rank order, where ranks differ (a
+  // precision per rank); empty: every rank computes in the graph's. Each
+  // rank's graph is built in its own; this decides the exchange's type and
+  // where the loss is scaled (loss_scaler.h: plan_loss_scaling).
+  std::vector<common::Precision> rank_precisions;
   // Online re-balancing of the split (rebalancer.h); without profiles on
   // rank 0 the split stays, but every rank's compute time per step is still
   // shared and recorded in the metrics' step records.
@@ -170,10 +175,10 @@ BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
 // The device allocations training makes beside the network, each in bytes
 // per parameter (NetworkOptions::allocations_after_network): the
 // optimizer's state and, where it has one, the gradient allreduce's
-// staging over `ranks` (staging_bytes_per_parameter). Throws what
-// wire_type throws.
+// staging over the job's ranks, computing in `ranks` (every rank's
+// precision; staging_bytes_per_parameter). Throws what wire_type throws.
 std::vector<size_t> training_allocations_per_parameter(GradientAllreduce allreduce,
-                                                       common::Precision precision, int ranks);
+                                                       std::span<const common::Precision> ranks);
 
 struct TrainResult {
   int64_t steps = 0;

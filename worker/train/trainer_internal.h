@@ -93,6 +93,7 @@ class Trainer {
  private:
   int64_t prepare_network();
   void print_setup();
+  void print_precisions();
   void install_bucket_hooks();
   void switch_split(const SplitSwitch& to);
   struct NetworkState {
@@ -133,6 +134,10 @@ class Trainer {
   Communicator* const comm_;
   TrainObserver* const observer_;
   JobShape job_;  // its split changes when the job re-balances
+  // Every rank's precision, in rank order (TrainerOptions::rank_precisions),
+  // and where loss scaling applies among them.
+  const std::vector<common::Precision> precisions_;
+  const LossScalingPlan scaling_;
   const BatchStaging staging_;  // TrainerOptions::gather_ahead and prefetch_input decided
   ConvPlan conv_plan_;  // the conv kernels net_ runs
   std::unique_ptr<Network> net_;
@@ -147,7 +152,7 @@ class Trainer {
   BatchGatherer gatherer_;
   Rebalancer rebalancer_;
   std::optional<InputThrottle> throttle_;  // TrainerOptions::input_rate_limit
-  std::optional<LossScaler> scaler_;  // train.loss_scaling on
+  std::optional<LossScaler> scaler_;  // scaling_.job: some rank scales its loss
   TrainResult result_;
   // Rank 0 with a checkpoint_dir: its hold on the folder, and the run id
   // its checkpoints carry (made afresh, or the resumed checkpoint's).

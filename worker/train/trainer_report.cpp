@@ -8,6 +8,30 @@
 
 namespace vtrain::worker::trainer_internal {
 
+// Where the ranks compute in different precisions: each one's, the type
+// the gradients travel in and where the loss is scaled.
+void Trainer::print_precisions() {
+  if (std::all_of(precisions_.begin(), precisions_.end(),
+                  [&](common::Precision p) { return p == precisions_.front(); })) {
+    return;
+  }
+  std::vector<std::string> each, scaled;
+  for (size_t r = 0; r < precisions_.size(); ++r) {
+    each.push_back(common::precision_name(precisions_[r]));
+    if (plan_loss_scaling(options_.loss_scaling, precisions_, static_cast<int>(r)).here) {
+      scaled.push_back(std::to_string(r));
+    }
+  }
+  progress_.line(format("precision per rank: %s; gradients exchanged in %s; loss scaled on %s",
+                        common::join(each, ", ").c_str(), common::dtype_name(allreduce_.wire()),
+                        scaled.empty() ? "no rank"
+                                       : ("rank " + common::join(scaled, ", ") +
+                                          (scaling_.divide_after_exchange
+                                               ? ""
+                                               : " (unscaled before the exchange)"))
+                                             .c_str()));
+}
+
 void Trainer::print_setup() {
   const std::string split_text = balancer::join_batches(job_.split);
   progress_.line(format("model: %d layers, %lld parameters, %s; batch %lld (per rank: %s), %lld "
@@ -19,6 +43,7 @@ void Trainer::print_setup() {
                         common::format_mib(backend_.device_bytes_in_use()).c_str(),
                         common::format_mib(net_->workspace_bytes()).c_str()));
   for (const std::string& line : net_->algorithm_summary()) progress_.line("  " + line);
+  print_precisions();
   if (parallel() && options_.batch_norm_comm != nullptr && net_->buffer_count() > 0) {
     progress_.line(format("batch norm: synchronised, statistics of the global batch of %lld "
                           "over %d ranks",

@@ -14,23 +14,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 
 namespace vtrain::worker::cpu {
 
 namespace {
-
-std::string cpu_model_name() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
-  }
-  return "unknown CPU";
-}
 
 // The CPUs this process may run on when only some of the online ones (a
 // rankfile, taskset, a SLURM cpuset); empty when every one.
@@ -105,7 +92,7 @@ CpuBackend::CpuBackend(const BackendOptions& options)
   const dnnl::version_t* v = dnnl::version();
   info_.backend = "cpu";
   info_.cpus = allowed_cpus();
-  info_.name = cpu_model_name() + slice_suffix(info_.cpus, quota);
+  info_.name = common::cpu_model_name() + slice_suffix(info_.cpus, quota);
   info_.threads = omp_get_max_threads();
   info_.library_version = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
                           "." + std::to_string(v->patch);

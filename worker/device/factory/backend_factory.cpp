@@ -4,6 +4,7 @@
 
 #include "worker/device/backend.h"
 #include "worker/device/cpu/cpu_backend.h"
+#include "worker/device/test_only/half_emulation.h"
 #ifdef VTRAIN_HAVE_CUDA
 #include "worker/device/cuda/cuda_backend.h"
 #endif
@@ -30,7 +31,9 @@ LayoutRule layout_rule_for(const std::string& kind, LayoutChoice choice,
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
   if (options.kind == "cpu" || (options.kind == "auto" && !gpu_available())) {
-    return cpu::make_cpu_backend(options);
+    std::unique_ptr<Backend> cpu = cpu::make_cpu_backend(options);
+    // A testing aid (half_emulation.h): half types the CPU lacks, emulated.
+    return half_emulation_requested() ? emulate_half(std::move(cpu)) : std::move(cpu);
   }
   if (options.kind == "cuda" || options.kind == "auto") {
 #ifdef VTRAIN_HAVE_CUDA

@@ -1,0 +1,83 @@
+// The test-only half emulation (worker/device/test_only/half_emulation.h):
+// it offers bf16 and fp16 on any CPU, names its device so, and computes an
+// op on half tensors exactly as the CPU backend's f32 op on the widened
+// inputs, rounded once.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/half.h"
+#include "worker/device/backend.h"
+#include "worker/device/test_only/half_emulation.h"
+
+namespace vtrain::worker {
+namespace {
+
+using common::DataType;
+
+// Device memory for one tensor, freed with the fixture's backend.
+struct Buffer {
+  Backend& backend;
+  Tensor tensor;
+  Buffer(Backend& b, TensorDesc desc) : backend(b), tensor{desc, b.allocate_device(desc.bytes())} {}
+  ~Buffer() { backend.free_device(tensor.data); }
+};
+
+std::vector<float> random_floats(size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(-2.0f, 2.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+TEST(HalfEmulation, OffersBothHalfTypesAndSaysSoInTheDeviceName) {
+  const auto emulated = emulate_half(make_backend({.kind = "cpu", .threads = 1}));
+  EXPECT_FALSE(emulated->precision_unavailable(common::Precision::kBf16));
+  EXPECT_FALSE(emulated->precision_unavailable(common::Precision::kFp16));
+  EXPECT_TRUE(emulated->precision_unavailable(common::Precision::kTf32));
+  EXPECT_TRUE(emulated->device_info().name.ends_with(kHalfEmulationSuffix));
+}
+
+// An inner product in each half type: the emulation's output is the f32
+// op's on the rounded inputs and weights, rounded once, bit for bit.
+TEST(HalfEmulation, AnOpIsTheF32OpOnTheRoundedInputsRoundedOnce) {
+  const auto emulated = emulate_half(make_backend({.kind = "cpu", .threads = 1}));
+  const auto plain = make_backend({.kind = "cpu", .threads = 1});
+  const Shape in{4, 3, 5, 5}, out{4, 7, 1, 1};
+  const std::vector<float> x = random_floats(in.elements(), 1);
+  const std::vector<float> w = random_floats(7 * in.per_sample(), 2);
+  const std::vector<float> b = random_floats(7, 3);
+  for (DataType type : {DataType::kBF16, DataType::kF16}) {
+    SCOPED_TRACE(common::dtype_name(type));
+    // Expected: the plain backend's f32 op on the rounded values, rounded.
+    auto rounded = [&](std::vector<float> v) {
+      for (float& f : v) f = common::round_to(type, f);
+      return v;
+    };
+    Buffer fx(*plain, {in, Layout::kPlain, DataType::kF32});
+    Buffer fy(*plain, {out, Layout::kPlain, DataType::kF32});
+    plain->upload(rounded(x).data(), fx.tensor);
+    const std::vector<float> rw = rounded(w), rb = rounded(b);
+    plain->inner_product_forward(fx.tensor, rw.data(), rb.data(), fy.tensor);
+    std::vector<float> expected(static_cast<size_t>(out.elements()));
+    plain->download(fy.tensor, expected.data());
+    expected = rounded(expected);
+
+    Buffer hx(*emulated, {in, Layout::kPlain, type}), hy(*emulated, {out, Layout::kPlain, type});
+    Buffer hw(*emulated, {{7, in.c, in.h, in.w}, Layout::kPlain, type});
+    Buffer hb(*emulated, vector_desc(7, type));
+    emulated->upload(x.data(), hx.tensor);
+    emulated->upload(w.data(), hw.tensor);
+    emulated->upload(b.data(), hb.tensor);
+    emulated->inner_product_forward(hx.tensor, hw.tensor.data, hb.tensor.data, hy.tensor);
+    std::vector<float> got(static_cast<size_t>(out.elements()));
+    emulated->download(hy.tensor, got.data());
+    EXPECT_EQ(got, expected);
+  }
+}
+
+}  // namespace
+}  // namespace vtrain::worker
