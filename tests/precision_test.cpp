@@ -153,7 +153,7 @@ worker::TrainerOptions trainer_options(const std::string& checkpoint_dir, int64_
   o.batch = 32;
   o.epochs = epochs;
   o.schedule.base_lr = 0.05;
-  o.momentum = 0.9f;
+  o.optimizer.momentum = 0.9f;
   o.evaluate = false;
   o.progress = worker::Progress::Mode::kOff;
   o.checkpoint_dir = checkpoint_dir;

@@ -119,6 +119,17 @@ void Trainer::end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_po
     result_.test_loss = e.loss;
     record.add("test_loss", e.loss).add("test_accuracy", e.accuracy);
     summary += format(", test loss %.4f acc %.4f", e.loss, e.accuracy);
+    if (ema_) {
+      // The average in the weights' place for its evaluation, then the weights back.
+      const std::vector<float> weights = net_->download_parameters();
+      net_->upload_parameters(ema_->download());
+      const Evaluation a = evaluate(*net_, test_set_, norm_, job_.eval_chunk, eval_stage_, comm_);
+      net_->upload_parameters(weights);
+      result_.ema_test_accuracy = a.accuracy;
+      result_.ema_test_loss = a.loss;
+      record.add("ema_test_loss", a.loss).add("ema_test_accuracy", a.accuracy);
+      summary += format(", ema test loss %.4f acc %.4f", a.loss, a.accuracy);
+    }
   }
   summary += format(" (%.1f s)", seconds_since(start));
   progress_.line(summary);
@@ -174,6 +185,9 @@ void Trainer::write_end_record() {
       .add("prefetched_batches", r.prefetched_batches)
       .add("loss_scale", r.loss_scale);
   if (r.test_accuracy >= 0) end.add("test_accuracy", r.test_accuracy).add("test_loss", r.test_loss);
+  if (r.ema_test_accuracy >= 0) {
+    end.add("ema_test_accuracy", r.ema_test_accuracy).add("ema_test_loss", r.ema_test_loss);
+  }
   metrics_.write(end);
 }
 
@@ -201,11 +215,12 @@ void Trainer::print_summary() {
                          : "",
         sp.plans, sp.replans, 1000.0 * sp.plan_seconds));
   }
+  std::string accuracy;
+  if (r.test_accuracy >= 0) accuracy = format(", test accuracy %.4f", r.test_accuracy);
+  if (r.ema_test_accuracy >= 0) accuracy += format(" (ema %.4f)", r.ema_test_accuracy);
   progress_.line(format("done: %lld steps, %.0f img/s, peak device memory %s%s%s",
                         static_cast<long long>(r.steps), r.images_per_second,
-                        common::format_mib(r.peak_device_bytes).c_str(),
-                        r.test_accuracy >= 0 ? format(", test accuracy %.4f", r.test_accuracy).c_str()
-                                             : "",
+                        common::format_mib(r.peak_device_bytes).c_str(), accuracy.c_str(),
                         comm_text.c_str()));
 }
 
