@@ -455,9 +455,9 @@ void check_used_by(const Field& f, worker::OptimizerKind type,
 
 // optimizer.betas: [beta1, beta2], each in [0, 1).
 void read_betas(const Field& f, OptimizerConfig& opt) {
-  if (!f.node().IsSequence() || f.node().size() != 2) {
-    f.fail("expected a list [beta1, beta2] of numbers in [0, 1), got " + describe_node(f.node()));
-  }
+  const std::string expected = "expected a list [beta1, beta2] of numbers in [0, 1), got ";
+  if (!f.node().IsSequence()) f.fail(expected + describe_node(f.node()));
+  if (f.node().size() != 2) f.fail(expected + "a list of " + std::to_string(f.node().size()));
   const std::vector<Field> items = f.items("[beta1, beta2]");
   opt.beta1 = to_number(items[0], between(0, 1, false, true));
   opt.beta2 = to_number(items[1], between(0, 1, false, true));

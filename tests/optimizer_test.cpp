@@ -282,12 +282,21 @@ TEST(Optimizer, StateBytesPerParameterCountTheMoments) {
 TEST(Optimizer, ParameterTensorsSplitWeightsBiasAndBatchNorm) {
   using worker::LayerSpec;
   using worker::LayerType;
-  std::vector<LayerSpec> layers(4);
-  layers[0] = {.name = "data", .type = LayerType::kInput};
-  layers[1] = {.name = "c", .type = LayerType::kConv, .inputs = {"data"}, .out = 2,
-               .kernel_h = 3, .kernel_w = 3};
-  layers[2] = {.name = "bn", .type = LayerType::kBatchNorm, .inputs = {"c"}};
-  layers[3] = {.name = "fc", .type = LayerType::kFc, .inputs = {"bn"}, .out = 3, .bias = false};
+  const auto layer = [](const char* name, LayerType type, std::vector<std::string> inputs) {
+    LayerSpec s;
+    s.name = name;
+    s.type = type;
+    s.inputs = std::move(inputs);
+    return s;
+  };
+  std::vector<LayerSpec> layers = {layer("data", LayerType::kInput, {}),
+                                   layer("c", LayerType::kConv, {"data"}),
+                                   layer("bn", LayerType::kBatchNorm, {"c"}),
+                                   layer("fc", LayerType::kFc, {"bn"})};
+  layers[1].out = 2;
+  layers[1].kernel_h = layers[1].kernel_w = 3;
+  layers[3].out = 3;
+  layers[3].bias = false;
   const worker::Graph graph = worker::Graph::build(layers, {1, 1, 4, 4});
   // conv 2x1x3x3 + 2, batch norm 2 + 2, fc 3x(2x2x2).
   const std::vector<worker::ParamRange> ranges = {{1, 0, 20}, {2, 20, 4}, {3, 24, 24}};

@@ -89,7 +89,7 @@ struct OptimizerSettings {
   float eps = 1e-8f;          // adamw
   float trust = 0.001f;       // lars: the trust coefficient
   // Tensors of these kinds get no weight decay (and under lars no trust ratio).
-  std::vector<ParamKind> no_decay;
+  std::vector<ParamKind> no_decay = {};
   // > 0: the gradient is scaled down to this global L2 norm when above it.
   double clip_norm = 0.0;
 };
