@@ -440,11 +440,12 @@ CheckpointConfig read_checkpoint(const Field& field) {
   return ckpt;
 }
 
-// A key that only some optimizer types read: set under another type it
-// would silently do nothing, so it is refused.
-void check_used_by(const Field& f, worker::OptimizerKind type,
+// A key that only some optimizer types read: set to other than its default
+// under another type it would silently do nothing, so it is refused (its
+// default, such as momentum 0, which --set can still give, is not).
+void check_used_by(const Field& f, bool changed, worker::OptimizerKind type,
                    std::initializer_list<worker::OptimizerKind> users) {
-  if (!f || std::find(users.begin(), users.end(), type) != users.end()) return;
+  if (!f || !changed || std::find(users.begin(), users.end(), type) != users.end()) return;
   std::string names;
   for (const worker::OptimizerKind k : users) {
     names += (names.empty() ? "" : " or ") + std::string(common::name_of(worker::kOptimizerKindNames, k));
@@ -491,11 +492,15 @@ OptimizerConfig read_optimizer(const Field& field) {
     }
   }
   if (Field f = section["clip_norm"]) opt.clip_norm = to_number(f, at_least(0));
-  check_used_by(section["momentum"], opt.type, {OptimizerKind::kSgd, OptimizerKind::kLars});
-  check_used_by(section["nesterov"], opt.type, {OptimizerKind::kSgd, OptimizerKind::kLars});
-  check_used_by(section["betas"], opt.type, {OptimizerKind::kAdamW});
-  check_used_by(section["eps"], opt.type, {OptimizerKind::kAdamW});
-  check_used_by(section["trust"], opt.type, {OptimizerKind::kLars});
+  const OptimizerConfig defaults;
+  const auto sgd_or_lars = {OptimizerKind::kSgd, OptimizerKind::kLars};
+  check_used_by(section["momentum"], opt.momentum != defaults.momentum, opt.type, sgd_or_lars);
+  check_used_by(section["nesterov"], opt.nesterov, opt.type, sgd_or_lars);
+  check_used_by(section["betas"],
+                opt.beta1 != defaults.beta1 || opt.beta2 != defaults.beta2, opt.type,
+                {OptimizerKind::kAdamW});
+  check_used_by(section["eps"], opt.eps != defaults.eps, opt.type, {OptimizerKind::kAdamW});
+  check_used_by(section["trust"], opt.trust != defaults.trust, opt.type, {OptimizerKind::kLars});
   if (Field f = section["schedule"]) opt.schedule = to_choice(f, worker::kScheduleKindNames);
   if (Field f = section["step_epochs"]) opt.step_epochs = to_int(f, at_least(1));
   if (Field f = section["gamma"]) opt.gamma = to_number(f, between(0, 1, true, false));

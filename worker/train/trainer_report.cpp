@@ -82,20 +82,25 @@ void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
                  log_point);
   if (!log_point) return;
   const MemoryStats memory = net_->memory_stats();
-  metrics_.write(JsonRecord()
-                     .add("event", "step")
-                     .add("step", step)
-                     .add("epoch", epoch + 1)
-                     .add("loss", loss)
-                     .add("accuracy", accuracy)
-                     .add("lr", totals.lr)
-                     .add("images_per_second", ips)
-                     .add("step_ms", 1e3 * totals.seconds)
-                     .add("device_bytes", static_cast<int64_t>(backend_.device_bytes_in_use()))
-                     .add("memory_step_peak_bytes", static_cast<int64_t>(memory.step_peak))
-                     .add("memory_step_average_bytes", memory.step_average)
-                     .add("compute_ms", rebalancer_.compute_ms())
-                     .add("split", std::span<const int64_t>(job_.split)));
+  JsonRecord record;
+  record.add("event", "step")
+      .add("step", step)
+      .add("epoch", epoch + 1)
+      .add("loss", loss)
+      .add("accuracy", accuracy)
+      .add("lr", totals.lr)
+      .add("images_per_second", ips)
+      .add("step_ms", 1e3 * totals.seconds)
+      .add("device_bytes", static_cast<int64_t>(backend_.device_bytes_in_use()))
+      .add("memory_step_peak_bytes", static_cast<int64_t>(memory.step_peak))
+      .add("memory_step_average_bytes", memory.step_average)
+      .add("compute_ms", rebalancer_.compute_ms())
+      .add("split", std::span<const int64_t>(job_.split));
+  // The norm clip_norm measured (before clipping).
+  if (options_.optimizer.clip_norm > 0) {
+    record.add("gradient_norm", optimizer_.last_gradient_norm());
+  }
+  metrics_.write(record);
 }
 
 // The epoch's summary line and record, with a test-set evaluation if asked.
