@@ -124,6 +124,11 @@ struct TrainConfig {
   // ranks that do not answer and ends the job (worker/train/step_watch.h);
   // 0: wait for ever.
   double step_timeout = 600;
+  // Label smoothing s in [0, 1): the loss's target is (1 - s) * onehot + s / classes.
+  double label_smoothing = 0.0;
+  // Decay of an exponential moving average of the weights, evaluated beside
+  // them and kept in checkpoints; 0 = none.
+  double ema = 0.0;
 };
 
 struct BalanceConfig {
@@ -166,9 +171,17 @@ struct CheckpointConfig {
 };
 
 struct OptimizerConfig {
+  worker::OptimizerKind type = worker::OptimizerKind::kSgd;  // sgd | adamw | lars
   double lr = 0.01;
-  double momentum = 0.0;
-  double weight_decay = 0.0;
+  double momentum = 0.0;          // sgd, lars
+  bool nesterov = false;          // sgd, lars: Nesterov momentum (needs momentum > 0)
+  double weight_decay = 0.0;      // sgd, lars: L2 in the gradient; adamw: decoupled
+  double beta1 = 0.9;             // adamw: optimizer.betas [beta1, beta2]
+  double beta2 = 0.999;
+  double eps = 1e-8;              // adamw
+  double trust = 0.001;           // lars: the trust coefficient
+  std::vector<worker::ParamKind> no_decay;  // batchnorm, bias: no weight decay (nor LARS ratio)
+  double clip_norm = 0.0;         // > 0: clip the global gradient L2 norm to this; 0 = off
   worker::ScheduleKind schedule = worker::ScheduleKind::kNone;
   int64_t step_epochs = 1;        // step: multiply lr by gamma every step_epochs epochs
   double gamma = 0.1;

@@ -157,6 +157,8 @@ void emit_training(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "log_every" << YAML::Value << train.log_every;
   out << YAML::Key << "evaluate" << YAML::Value << train.evaluate;
   out << YAML::Key << "step_timeout" << YAML::Value << train.step_timeout;
+  out << YAML::Key << "label_smoothing" << YAML::Value << format_number(train.label_smoothing);
+  out << YAML::Key << "ema" << YAML::Value << format_number(train.ema);
   out << YAML::Key << "allreduce_bucket" << YAML::Value << format_size(train.allreduce_bucket);
   emit_precision_choice(out, train.precision_choice);
   out << YAML::Key << "precisions" << YAML::Value << YAML::Flow << YAML::BeginSeq;
@@ -174,9 +176,27 @@ void emit_training(YAML::Emitter& out, const Config& config) {
 
   const OptimizerConfig& opt = config.optimizer;
   out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "type" << YAML::Value << common::name_of(worker::kOptimizerKindNames, opt.type);
   out << YAML::Key << "lr" << YAML::Value << format_number(opt.lr);
-  out << YAML::Key << "momentum" << YAML::Value << format_number(opt.momentum);
   out << YAML::Key << "weight_decay" << YAML::Value << format_number(opt.weight_decay);
+  // Only the keys the type reads: the others are refused under it.
+  if (opt.type != worker::OptimizerKind::kAdamW) {
+    out << YAML::Key << "momentum" << YAML::Value << format_number(opt.momentum);
+    out << YAML::Key << "nesterov" << YAML::Value << opt.nesterov;
+  } else {
+    out << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq
+        << format_number(opt.beta1) << format_number(opt.beta2) << YAML::EndSeq;
+    out << YAML::Key << "eps" << YAML::Value << format_number(opt.eps);
+  }
+  if (opt.type == worker::OptimizerKind::kLars) {
+    out << YAML::Key << "trust" << YAML::Value << format_number(opt.trust);
+  }
+  out << YAML::Key << "no_decay" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const worker::ParamKind kind : opt.no_decay) {
+    out << common::name_of(worker::kNoDecayNames, kind);
+  }
+  out << YAML::EndSeq;
+  out << YAML::Key << "clip_norm" << YAML::Value << format_number(opt.clip_norm);
   out << YAML::Key << "schedule" << YAML::Value << worker::schedule_kind_name(opt.schedule);
   out << YAML::Key << "step_epochs" << YAML::Value << opt.step_epochs;
   out << YAML::Key << "gamma" << YAML::Value << format_number(opt.gamma);

@@ -390,7 +390,7 @@ TrainConfig read_train(const Field& field) {
   const Section section(field);
   section.allow({"batch", "epochs", "max_steps", "seed", "log_every", "evaluate",
                  "allreduce_bucket", "precision", "precisions", "loss_scaling", "gradient_allreduce",
-                 "step_timeout"});
+                 "step_timeout", "label_smoothing", "ema"});
   TrainConfig train;
   if (Field f = section["batch"]) train.batch = to_dimension(f, 1);
   if (Field f = section["epochs"]) train.epochs = to_int(f, at_least(1));
@@ -399,6 +399,10 @@ TrainConfig read_train(const Field& field) {
   if (Field f = section["log_every"]) train.log_every = to_int(f, at_least(1));
   if (Field f = section["evaluate"]) train.evaluate = to_bool(f);
   if (Field f = section["step_timeout"]) train.step_timeout = to_number(f, at_least(0));
+  if (Field f = section["label_smoothing"]) {
+    train.label_smoothing = to_number(f, between(0, 1, false, true));
+  }
+  if (Field f = section["ema"]) train.ema = to_number(f, between(0, 1, false, true));
   if (Field f = section["precision"]) train.precision_choice = read_precision_choice(f);
   if (train.precision_choice.form == PrecisionChoice::Form::kOne) {
     train.precision = train.precision_choice.one;
@@ -520,14 +524,67 @@ CheckpointConfig read_checkpoint(const Field& field) {
   return ckpt;
 }
 
+// A key that only some optimizer types read: set to other than its default
+// under another type it would silently do nothing, so it is refused (its
+// default, such as momentum 0, which --set can still give, is not).
+void check_used_by(const Field& f, bool changed, worker::OptimizerKind type,
+                   std::initializer_list<worker::OptimizerKind> users) {
+  if (!f || !changed || std::find(users.begin(), users.end(), type) != users.end()) return;
+  std::string names;
+  for (const worker::OptimizerKind k : users) {
+    names += (names.empty() ? "" : " or ") + std::string(common::name_of(worker::kOptimizerKindNames, k));
+  }
+  f.fail("only used with optimizer.type " + names + " (this config's type is " +
+         common::name_of(worker::kOptimizerKindNames, type) + ")");
+}
+
+// optimizer.betas: [beta1, beta2], each in [0, 1).
+void read_betas(const Field& f, OptimizerConfig& opt) {
+  const std::string expected = "expected a list [beta1, beta2] of numbers in [0, 1), got ";
+  if (!f.node().IsSequence()) f.fail(expected + describe_node(f.node()));
+  if (f.node().size() != 2) f.fail(expected + "a list of " + std::to_string(f.node().size()));
+  const std::vector<Field> items = f.items("[beta1, beta2]");
+  opt.beta1 = to_number(items[0], between(0, 1, false, true));
+  opt.beta2 = to_number(items[1], between(0, 1, false, true));
+}
+
 OptimizerConfig read_optimizer(const Field& field) {
+  using worker::OptimizerKind;
   const Section section(field);
-  section.allow(
-      {"lr", "momentum", "weight_decay", "schedule", "step_epochs", "gamma", "warmup_steps"});
+  section.allow({"type", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps", "trust",
+                 "no_decay", "clip_norm", "schedule", "step_epochs", "gamma", "warmup_steps"});
   OptimizerConfig opt;
+  if (Field f = section["type"]) opt.type = to_choice(f, worker::kOptimizerKindNames);
   if (Field f = section["lr"]) opt.lr = to_number(f, above(0));
   if (Field f = section["momentum"]) opt.momentum = to_number(f, between(0, 1, false, true));
+  if (Field f = section["nesterov"]) {
+    opt.nesterov = to_bool(f);
+    if (opt.nesterov && opt.momentum == 0) f.fail("true needs optimizer.momentum > 0");
+  }
   if (Field f = section["weight_decay"]) opt.weight_decay = to_number(f, at_least(0));
+  if (Field f = section["betas"]) read_betas(f, opt);
+  if (Field f = section["eps"]) opt.eps = to_number(f, above(0));
+  if (Field f = section["trust"]) opt.trust = to_number(f, above(0));
+  if (Field f = section["no_decay"]) {
+    for (const Field& item : f.items("a list of parameter kinds (batchnorm, bias)")) {
+      const worker::ParamKind kind = to_choice(item, worker::kNoDecayNames);
+      if (std::find(opt.no_decay.begin(), opt.no_decay.end(), kind) != opt.no_decay.end()) {
+        item.fail("'" + std::string(common::name_of(worker::kNoDecayNames, kind)) +
+                  "' listed twice");
+      }
+      opt.no_decay.push_back(kind);
+    }
+  }
+  if (Field f = section["clip_norm"]) opt.clip_norm = to_number(f, at_least(0));
+  const OptimizerConfig defaults;
+  const auto sgd_or_lars = {OptimizerKind::kSgd, OptimizerKind::kLars};
+  check_used_by(section["momentum"], opt.momentum != defaults.momentum, opt.type, sgd_or_lars);
+  check_used_by(section["nesterov"], opt.nesterov, opt.type, sgd_or_lars);
+  check_used_by(section["betas"],
+                opt.beta1 != defaults.beta1 || opt.beta2 != defaults.beta2, opt.type,
+                {OptimizerKind::kAdamW});
+  check_used_by(section["eps"], opt.eps != defaults.eps, opt.type, {OptimizerKind::kAdamW});
+  check_used_by(section["trust"], opt.trust != defaults.trust, opt.type, {OptimizerKind::kLars});
   if (Field f = section["schedule"]) opt.schedule = to_choice(f, worker::kScheduleKindNames);
   if (Field f = section["step_epochs"]) opt.step_epochs = to_int(f, at_least(1));
   if (Field f = section["gamma"]) opt.gamma = to_number(f, between(0, 1, true, false));

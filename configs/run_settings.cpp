@@ -12,8 +12,9 @@ namespace vtrain::config {
 namespace {
 
 // Sections whose keys define what a run trains: the model, the data and the
-// optimizer. train.batch and train.seed do too, but every checkpoint holds
-// them as fields of its own (checked by check_checkpoint_resumable).
+// optimizer; of train, the loss's label_smoothing and the ema. train.batch
+// and train.seed do too, but every checkpoint holds them as fields of its
+// own (checked by check_checkpoint_resumable).
 constexpr std::array<const char*, 3> kDefiningSections = {"model", "data", "optimizer"};
 
 // Keys of those sections that do not: how the data is staged, where its
@@ -52,6 +53,10 @@ std::vector<worker::RunSetting> run_settings(const Config& config, const worker:
   const YAML::Node dump = YAML::Load(to_yaml(config));
   std::vector<worker::RunSetting> settings;
   for (const char* section : kDefiningSections) add_leaves(dump[section], section, settings);
+  // The loss and what the checkpoints keep beside the weights.
+  for (const char* key : {"label_smoothing", "ema"}) {
+    add_leaves(dump["train"][key], std::string("train.") + key, settings);
+  }
   settings.push_back({"training set", common::format("%lld samples of %s, %lld classes",
                                                      static_cast<long long>(train.count),
                                                      train.sample.str().c_str(),

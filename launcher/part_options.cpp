@@ -33,8 +33,19 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
   o.schedule.step_epochs = cfg.optimizer.step_epochs;
   o.schedule.gamma = cfg.optimizer.gamma;
   o.schedule.warmup_steps = cfg.optimizer.warmup_steps;
-  o.momentum = static_cast<float>(cfg.optimizer.momentum);
-  o.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
+  const config::OptimizerConfig& opt = cfg.optimizer;
+  o.optimizer = {.kind = opt.type,
+                 .momentum = static_cast<float>(opt.momentum),
+                 .nesterov = opt.nesterov,
+                 .weight_decay = static_cast<float>(opt.weight_decay),
+                 .beta1 = static_cast<float>(opt.beta1),
+                 .beta2 = static_cast<float>(opt.beta2),
+                 .eps = static_cast<float>(opt.eps),
+                 .trust = static_cast<float>(opt.trust),
+                 .no_decay = opt.no_decay,
+                 .clip_norm = opt.clip_norm};
+  o.label_smoothing = static_cast<float>(cfg.train.label_smoothing);
+  o.ema = static_cast<float>(cfg.train.ema);
   o.conv_algorithm = cfg.conv.algorithm;
   o.memory_policy = cfg.memory.policy;
   o.memory_planner = cfg.memory.planner;
@@ -72,7 +83,8 @@ worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_ba
   o.memory_policy = cfg.memory.policy;
   o.memory_planner = cfg.memory.planner;
   o.allocations_after_network = worker::training_allocations_per_parameter(
-      cfg.train.gradient_allreduce, planned_precisions(cfg, ranks));
+      cfg.optimizer.type, cfg.train.ema > 0, cfg.train.gradient_allreduce,
+      planned_precisions(cfg, ranks));
   return o;
 }
 

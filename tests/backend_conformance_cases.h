@@ -197,11 +197,14 @@ struct SoftmaxCase {
   int64_t n, classes;
   float scale;
   unsigned seed;
+  float label_smoothing = 0.0f;
 };
 
 inline const SoftmaxCase kSoftmaxCases[] = {{"n16_c10", 16, 10, 1.0f / 16, 19},
                                             {"n37_c3", 37, 3, 1.0f / 64, 13},
                                             {"n37_c10", 37, 10, 1.0f / 64, 23},
-                                            {"n37_c100", 37, 100, 1.0f / 64, 29}};
+                                            {"n37_c100", 37, 100, 1.0f / 64, 29},
+                                            {"n37_c10_smoothed", 37, 10, 1.0f / 64, 31, 0.1f},
+                                            {"n16_c100_smoothed", 16, 100, 1.0f / 16, 37, 0.3f}};
 
 }  // namespace vtrain::backend_test

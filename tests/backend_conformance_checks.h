@@ -362,7 +362,7 @@ inline void check_softmax_cross_entropy(Backend& b, const SoftmaxCase& sc, DataT
     labels[i] = i % 3 == 0 ? int32_t(std::max_element(row, row + classes) - row) : any_class(rng);
   }
   const reference::SoftmaxXent ref =
-      reference::softmax_cross_entropy(n, classes, logits, labels, sc.scale);
+      reference::softmax_cross_entropy(n, classes, logits, labels, sc.scale, sc.label_smoothing);
   ASSERT_GT(ref.correct, 0);
   ASSERT_LT(ref.correct, n);
   const double loss_tol = t.loss_relative * ref.loss_sum + t.loss_per_sample * n;
@@ -374,12 +374,12 @@ inline void check_softmax_cross_entropy(Backend& b, const SoftmaxCase& sc, DataT
   DeviceTensor dlt(b, desc({n, classes, 1, 1}, Layout::kPlain, type));
   b.fill(dlt.tensor, kNaN);
   const worker::LossStats stats =
-      b.softmax_cross_entropy(lt.tensor, labels_ptr, sc.scale, &dlt.tensor);
+      b.softmax_cross_entropy(lt.tensor, labels_ptr, sc.scale, &dlt.tensor, sc.label_smoothing);
   EXPECT_NEAR(stats.loss_sum, ref.loss_sum, loss_tol);
   EXPECT_EQ(stats.correct, ref.correct);
   expect_close(from_device(b, dlt.tensor), rounded(type, ref.dlogits), dlogits_rtol, "dlogits");
   const worker::LossStats again =
-      b.softmax_cross_entropy(lt.tensor, labels_ptr, sc.scale, nullptr);
+      b.softmax_cross_entropy(lt.tensor, labels_ptr, sc.scale, nullptr, sc.label_smoothing);
   EXPECT_EQ(again.loss_sum, stats.loss_sum) << "without dlogits";
   EXPECT_EQ(again.correct, ref.correct) << "without dlogits";
 

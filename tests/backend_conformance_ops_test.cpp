@@ -22,6 +22,7 @@ namespace {
 
 using backend_test::PrintTo;  // names the cases in gtest's output
 
+using worker::AdamWStep;
 using worker::SgdStep;
 
 // ========================================================= inner product
@@ -146,6 +147,8 @@ const SgdCase kSgdCases[] = {
     {"n100003_random_velocity", 100003, 1, false, {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f}},
     {"n1000_unscaling_gradients", 1000, 2, false,
      {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f, .grad_scale = 0x1p-10f}},
+    {"n100003_nesterov", 100003, 3, false,
+     {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f, .nesterov = true}},
 };
 
 class SgdConformance : public OnEveryBackend<SgdCase> {};
@@ -171,6 +174,91 @@ TEST_P(SgdConformance, MomentumAndWeightDecayStepsMatchTheReference) {
 }
 
 VTRAIN_ON_EVERY_BACKEND(SgdConformance, kSgdCases);
+
+struct AdamWCase {
+  const char* name;
+  int64_t count;
+  int steps;
+  AdamWStep step;  // its .step is the first step's count
+};
+
+const AdamWCase kAdamWCases[] = {
+    {"n1000_three_steps_from_rest", 1000, 3, {.lr = 1e-3f, .weight_decay = 0.01f}},
+    {"n100003_late_steps_unscaling", 100003, 2,
+     {.lr = 3e-4f, .beta1 = 0.8f, .beta2 = 0.99f, .eps = 1e-6f, .weight_decay = 0.05f,
+      .grad_scale = 0x1p-10f, .step = 41}},
+};
+
+class AdamWConformance : public OnEveryBackend<AdamWCase> {};
+
+TEST_P(AdamWConformance, StepsMatchTheReference) {
+  Backend& b = backend();
+  const AdamWCase& ac = param();
+  std::mt19937 rng(21);
+  Vec w = random_vec(rng, ac.count);
+  // From rest at step 1; a later step starts from moments of a run.
+  Vec m = ac.step.step == 1 ? Vec(size_t(ac.count), 0.0f) : random_vec(rng, ac.count);
+  Vec v(size_t(ac.count), 0.0f);
+  if (ac.step.step > 1) {
+    for (float& x : v) x = 1e-3f * float(rng() % 1000) / 1000.0f;
+  }
+  const DeviceBuffer wd = to_device(b, w), md = to_device(b, m), vd = to_device(b, v);
+  AdamWStep step = ac.step;
+  for (int i = 1; i <= ac.steps; ++i, ++step.step) {
+    const Vec g = random_vec(rng, ac.count);
+    const DeviceBuffer gd = to_device(b, g);
+    b.adamw_update(wd.floats(), gd.floats(), md.floats(), vd.floats(), ac.count, step);
+    reference::adamw_update(w, g, m, v, step);
+    const std::string after = " after step " + std::to_string(step.step);
+    expect_close(from_device(b, md.floats(), ac.count), m, 1e-6, "m" + after);
+    expect_close(from_device(b, vd.floats(), ac.count), v, 1e-6, "v" + after);
+    expect_close(from_device(b, wd.floats(), ac.count), w, 1e-6, "weights" + after);
+  }
+}
+
+VTRAIN_ON_EVERY_BACKEND(AdamWConformance, kAdamWCases);
+
+struct ReductionCase {
+  const char* name;
+  std::vector<int64_t> offsets;  // segments of one buffer
+};
+
+const ReductionCase kReductionCases[] = {
+    {"one_segment_n100003", {0, 100003}},
+    {"segments_with_an_empty_one", {0, 7, 7, 5000, 70001}},
+};
+
+class OptimizerReductionConformance : public OnEveryBackend<ReductionCase> {};
+
+// Sums of squares (gradient clipping, LARS): close to the double
+// reference, and the same bits on every call.
+TEST_P(OptimizerReductionConformance, SumSquaresMatchesTheReferenceBitForBitAcrossCalls) {
+  Backend& b = backend();
+  const ReductionCase& rc = param();
+  std::mt19937 rng(22);
+  const Vec x = random_vec(rng, rc.offsets.back());
+  const DeviceBuffer xd = to_device(b, x);
+  b.reserve_scratch(b.sum_squares_scratch_bytes(rc.offsets.size() - 1));
+  const std::vector<double> got = b.sum_squares(xd.floats(), rc.offsets);
+  const std::vector<double> want = reference::sum_squares(x, rc.offsets);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12 * (1 + want[i])) << i;
+  EXPECT_EQ(b.sum_squares(xd.floats(), rc.offsets), got);
+}
+
+TEST_P(OptimizerReductionConformance, MovingAverageMatchesTheReference) {
+  Backend& b = backend();
+  std::mt19937 rng(23);
+  const int64_t count = param().offsets.back();
+  Vec average = random_vec(rng, count);
+  const Vec x = random_vec(rng, count);
+  const DeviceBuffer ad = to_device(b, average), xd = to_device(b, x);
+  b.moving_average(ad.floats(), xd.floats(), count, 0.999f);
+  reference::moving_average(average, x, 0.999f);
+  expect_close(from_device(b, ad.floats(), count), average, 1e-6, "average");
+}
+
+VTRAIN_ON_EVERY_BACKEND(OptimizerReductionConformance, kReductionCases);
 
 struct ScaleCase {
   const char* name;

@@ -255,5 +255,80 @@ TEST(CheckpointRun, ProgressOffStillPrintsTheLogLines) {
   EXPECT_CONTAINS(r.output, "checkpoint: wrote " + dir + "/ckpt-0000000010.vtc");
 }
 
+// `path` (a version 5 checkpoint of an SGD run without train.ema) as the
+// vtrain before version 5 wrote it: without the second moment, the update
+// count and the weight average, and without the settings that came with
+// them (an older vtrain had none of optimizer.type and the rest).
+void make_version_four(const std::string& path) {
+  const std::string file = test_support::read_file(path);
+  size_t at = 12;  // magic, version
+  const auto u64 = [&] {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= uint64_t(uint8_t(file[at + i])) << (8 * i);
+    at += 8;
+    return v;
+  };
+  const auto str = [&] {
+    const uint64_t n = u64();
+    at += n;
+    return file.substr(at - n, n);
+  };
+  const auto put = [](std::string& out, uint64_t v) {
+    for (int i = 0; i < 8; ++i) out.push_back(char(v >> (8 * i)));
+  };
+  std::string bytes = file.substr(0, 12);
+  const std::string run_id = str();
+  put(bytes, run_id.size());
+  bytes += run_id;
+  std::vector<std::pair<std::string, std::string>> kept;
+  for (uint64_t i = 0, count = u64(); i < count; ++i) {
+    std::string key = str(), value = str();
+    const bool newer = key == "optimizer.type" || key == "optimizer.nesterov" ||
+                       key == "optimizer.no_decay" || key == "optimizer.clip_norm" ||
+                       key.starts_with("train.");
+    if (!newer) kept.emplace_back(std::move(key), std::move(value));
+  }
+  put(bytes, kept.size());
+  for (const auto& [key, value] : kept) {
+    put(bytes, key.size());
+    bytes += key;
+    put(bytes, value.size());
+    bytes += value;
+  }
+  bytes += file.substr(at);
+  bytes.erase(bytes.size() - 4 - 24, 24);  // two empty arrays and an i64, before the CRC
+  bytes[8] = 4;
+  const uLong crc = crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size() - 4);
+  for (int i = 0; i < 4; ++i) bytes[bytes.size() - 4 + i] = static_cast<char>(crc >> (8 * i));
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// A version 4 checkpoint holds an SGD run's state: resuming it under AdamW
+// is refused (no second moment) and changes nothing; under train.ema the
+// average starts from the restored weights, saying so.
+TEST(CheckpointRun, AVersionFourCheckpointResumesWhereItsStateSuffices) {
+  const TempDir tmp;
+  const std::string dir = tmp.path("ck");
+  ASSERT_EQ(test_support::run_vtrain(train(dir, 5, "0.01")).exit_code, 0);
+  const std::string path = dir + "/ckpt-0000000005.vtc";
+  make_version_four(path);
+  const std::string before = test_support::read_file(path);
+  // The settings of version 5 (optimizer.type among them) are compared only
+  // where the checkpoint has them: this one predates them.
+  const RunResult adamw = test_support::run_vtrain(
+      train(dir, 8, "0.01", "--resume --set optimizer.type=adamw"));
+  EXPECT_EQ(adamw.exit_code, 1) << adamw.output;
+  EXPECT_NE(adamw.output.find(path + " holds no AdamW second moment"), std::string::npos)
+      << adamw.output;
+  EXPECT_EQ(test_support::read_file(path), before);
+  const RunResult ema =
+      test_support::run_vtrain(train(dir, 8, "0.01", "--resume --progress line --set train.ema=0.9"));
+  EXPECT_EQ(ema.exit_code, 0) << ema.output;
+  EXPECT_NE(ema.output.find("ema: " + path + " holds no weight average; it starts from the "
+                            "restored weights"),
+            std::string::npos)
+      << ema.output;
+}
+
 }  // namespace
 }  // namespace vtrain

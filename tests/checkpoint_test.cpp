@@ -90,6 +90,9 @@ Checkpoint small_checkpoint(int64_t step = 7) {
   c.buffers = {0.5f, 4.0f};
   c.velocity = {0.0f, -0.0f, 3.0f};
   c.loss_scaler = LossScalerState{.scale = 0x1p12, .clean_steps = 5, .skipped_steps = 9};
+  c.second_moment = {0.25f, 1e-8f, 4.0f};
+  c.optimizer_updates = 6;
+  c.weight_average = {1.5f, -2.0f, 0.0f};
   c.run_id = "r1";
   c.settings = {{"optimizer.lr", "0.05"}};
   return c;
@@ -107,15 +110,22 @@ struct SmallLayout {
   static constexpr size_t kBufferCount = kParameterCount + 8 + 3 * 4;
   static constexpr size_t kVelocityCount = kBufferCount + 8 + 2 * 4;
   static constexpr size_t kLossScalerFlag = kVelocityCount + 8 + 3 * 4;
-  static constexpr size_t kSize = kLossScalerFlag + 4 + 3 * 8 + 4;
+  static constexpr size_t kSecondMomentCount = kLossScalerFlag + 4 + 3 * 8;
+  static constexpr size_t kOptimizerUpdates = kSecondMomentCount + 8 + 3 * 4;
+  static constexpr size_t kWeightAverageCount = kOptimizerUpdates + 8;
+  static constexpr size_t kSize = kWeightAverageCount + 8 + 3 * 4 + 4;
 };
 
-// small_checkpoint()'s file as an older vtrain wrote it: version 3 without
-// the run's identity, version 2 also without the loss scaler.
+// small_checkpoint()'s file as an older vtrain wrote it: version 4 without
+// the second moment, the update count and the weight average, version 3
+// also without the run's identity, version 2 also without the loss scaler.
 Bytes older_version(Bytes file, uint32_t version) {
+  if (version < 5) file.erase(file.begin() + SmallLayout::kSecondMomentCount, file.end() - 4);
   if (version < 3) file.erase(file.begin() + SmallLayout::kLossScalerFlag, file.end() - 4);
-  file.erase(file.begin() + SmallLayout::kRunIdLength,
-             file.begin() + SmallLayout::kSignatureLength);
+  if (version < 4) {
+    file.erase(file.begin() + SmallLayout::kRunIdLength,
+               file.begin() + SmallLayout::kSignatureLength);
+  }
   store_le(file, 8, version, 4);
   fix_crc(file);
   return file;
@@ -140,6 +150,9 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   // More than one 1 MiB I/O chunk, so chunk boundaries are crossed.
   for (uint32_t i = 0; i < 300'000; ++i) c.buffers.push_back(std::bit_cast<float>(i * 2654435761u));
   c.velocity = {-0.0f, 1e-30f};
+  c.second_moment = {std::bit_cast<float>(0x7FC00001u), 0.0f};
+  c.optimizer_updates = std::numeric_limits<int64_t>::min();
+  c.weight_average = {-0.0f, std::bit_cast<float>(0x00000001u)};
   c.loss_scaler = LossScalerState{.scale = 0x1p-24, .clean_steps = -1,
                                   .skipped_steps = std::numeric_limits<int64_t>::max()};
 
@@ -158,6 +171,9 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   EXPECT_EQ(bits(back.parameters), bits(c.parameters));
   EXPECT_EQ(bits(back.buffers), bits(c.buffers));
   EXPECT_EQ(bits(back.velocity), bits(c.velocity));
+  EXPECT_EQ(bits(back.second_moment), bits(c.second_moment));
+  EXPECT_EQ(back.optimizer_updates, c.optimizer_updates);
+  EXPECT_EQ(bits(back.weight_average), bits(c.weight_average));
   EXPECT_EQ(back.loss_scaler, c.loss_scaler);
   EXPECT_EQ(back.run_id, "");
   EXPECT_TRUE(back.settings.empty());
@@ -182,11 +198,13 @@ TEST(Checkpoint, FileIsTheDocumentedLittleEndianLayout) {
   c.parameters = {1.0f};
   c.velocity = {-2.0f};
   c.loss_scaler = LossScalerState{.scale = 1024, .clean_steps = 3, .skipped_steps = 4};
+  c.second_moment = {0.5f};
+  c.optimizer_updates = 0x0708;
   c.run_id = "id";
   c.settings = {{"k", "vw"}};
 
   Bytes expected = {'V', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
-  put_le(expected, 4, 4);
+  put_le(expected, 5, 4);
   put_le(expected, 2, 8);  // run_id
   expected.push_back('i');
   expected.push_back('d');
@@ -216,6 +234,10 @@ TEST(Checkpoint, FileIsTheDocumentedLittleEndianLayout) {
   put_le(expected, 0x4090000000000000, 8);  // 1024.0 as a double
   put_le(expected, 3, 8);
   put_le(expected, 4, 8);
+  put_le(expected, 1, 8);  // second_moment {0.5}
+  put_le(expected, 0x3F000000, 4);
+  put_le(expected, 0x0708, 8);  // optimizer_updates
+  put_le(expected, 0, 8);       // no weight_average
   put_le(expected, crc32_z(0, expected.data(), expected.size()), 4);
 
   EXPECT_EQ(read_bytes(save_checkpoint(dir.path(), c, 1)), expected);
@@ -296,7 +318,8 @@ TEST(Checkpoint, EveryFlippedByteIsReported) {
            in(SmallLayout::kKeyLength, 8) || in(SmallLayout::kValueLength, 8) ||
            in(SmallLayout::kSignatureLength, 8) ||
            in(SmallLayout::kSplitCount, 8) || in(SmallLayout::kParameterCount, 8) || in(SmallLayout::kBufferCount, 8) ||
-           in(SmallLayout::kVelocityCount, 8) || in(SmallLayout::kLossScalerFlag, 4);
+           in(SmallLayout::kVelocityCount, 8) || in(SmallLayout::kLossScalerFlag, 4) ||
+           in(SmallLayout::kSecondMomentCount, 8) || in(SmallLayout::kWeightAverageCount, 8);
   };
   const std::string path = dir.path("flipped.vtc");
   for (size_t offset = 0; offset < file.size(); ++offset) {
@@ -328,7 +351,7 @@ TEST(Checkpoint, NewerVersionIsRefused) {
   fix_crc(file);
   write_bytes(path, file);
   EXPECT_EQ(checkpoint_error([&] { load_checkpoint(path); }),
-            path + ": version 9 is newer than this vtrain's 4");
+            path + ": version 9 is newer than this vtrain's 5");
 }
 
 // A version 1 file (written before the global sample position and the split
@@ -368,8 +391,26 @@ TEST(Checkpoint, VersionOneIsStillRead) {
   EXPECT_NO_THROW(check_checkpoint_resumable(c, path, 48, 42));
   EXPECT_EQ(c.loss_scaler, std::nullopt);
   EXPECT_EQ(c.run_id, "");
-  // Saved again, it is a version 4 file.
-  EXPECT_EQ(read_bytes(save_checkpoint(dir.path("again"), c, 1))[8], 4);
+  EXPECT_EQ(c.optimizer_updates, 9);  // SGD's: one update a step
+  // Saved again, it is a version 5 file.
+  EXPECT_EQ(read_bytes(save_checkpoint(dir.path("again"), c, 1))[8], 5);
+}
+
+// A version 4 file (an SGD run's, before the optimizers' other state and
+// train.ema) loads with no second moment or weight average, and one
+// update per step.
+TEST(Checkpoint, VersionFourIsStillReadWithoutTheNewOptimizerState) {
+  const TempDir dir;
+  const std::string path = dir.path("ckpt-0000000007.vtc");
+  write_bytes(path, older_version(read_bytes(save_checkpoint(dir.path("v5"), small_checkpoint(), 1)), 4));
+  const Checkpoint c = load_checkpoint(path);
+  EXPECT_EQ(c.run_id, "r1");
+  EXPECT_EQ(c.settings, small_checkpoint().settings);
+  EXPECT_EQ(c.loss_scaler, small_checkpoint().loss_scaler);
+  EXPECT_EQ(c.velocity, small_checkpoint().velocity);
+  EXPECT_TRUE(c.second_moment.empty());
+  EXPECT_EQ(c.optimizer_updates, 7);
+  EXPECT_TRUE(c.weight_average.empty());
 }
 
 // A version 2 file is a version 3 one without the loss_scaler field: it
@@ -440,6 +481,20 @@ TEST(Checkpoint, MatchChecksNameWhatDiffers) {
   EXPECT_EQ(checkpoint_error(
                 [&] { check_checkpoint_matches(short_velocity, path, "lenet:abc", 3, 2); }),
             path + " holds 2 velocity values, this model has 3");
+  Checkpoint short_moment = c;
+  short_moment.second_moment.pop_back();
+  EXPECT_EQ(checkpoint_error(
+                [&] { check_checkpoint_matches(short_moment, path, "lenet:abc", 3, 2); }),
+            path + " holds 2 second moment values, this model has 3");
+  Checkpoint long_average = c;
+  long_average.weight_average.push_back(1.0f);
+  EXPECT_EQ(checkpoint_error(
+                [&] { check_checkpoint_matches(long_average, path, "lenet:abc", 3, 2); }),
+            path + " holds 4 weight average values, this model has 3");
+  Checkpoint sgd = c;  // without either: a run of SGD without train.ema
+  sgd.second_moment.clear();
+  sgd.weight_average.clear();
+  EXPECT_NO_THROW(check_checkpoint_matches(sgd, path, "lenet:abc", 3, 2));
 }
 
 TEST(Checkpoint, BadArgumentsWriteNothing) {
@@ -536,7 +591,7 @@ Checkpoint of_run(const std::string& run, int64_t step) {
 TEST(Checkpoint, VersionThreeIsReadAsAnUnknownRun) {
   const TempDir dir;
   const std::string path = dir.path("ckpt-0000000007.vtc");
-  write_bytes(path, older_version(read_bytes(save_checkpoint(dir.path("v4"), small_checkpoint(), 1)), 3));
+  write_bytes(path, older_version(read_bytes(save_checkpoint(dir.path("v5"), small_checkpoint(), 1)), 3));
   const Checkpoint c = load_checkpoint(path);
   EXPECT_EQ(c.run_id, "");
   EXPECT_TRUE(c.settings.empty());

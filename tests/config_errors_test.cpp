@@ -32,7 +32,7 @@ TEST(ConfigErrorTest, UnknownNestedKey) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: 3\n  bach: 3\n"),
             "t.yaml:7: train.bach: unknown key (allowed: batch, epochs, max_steps, seed, "
             "log_every, evaluate, allreduce_bucket, precision, precisions, loss_scaling, "
-            "gradient_allreduce, step_timeout)");
+            "gradient_allreduce, step_timeout, label_smoothing, ema)");
 }
 
 TEST(ConfigErrorTest, KeyOfAnotherDataKind) {
@@ -80,6 +80,50 @@ TEST(ConfigErrorTest, WrongTypes) {
 TEST(ConfigErrorTest, NegativeBatch) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: -3\n"),
             "t.yaml:6: train.batch: expected an integer >= 1, got -3");
+}
+
+// The optimizers' and the recipe's keys: bad values name the key and the
+// range; a key the chosen optimizer.type does not read is refused.
+TEST(ConfigErrorTest, OptimizerAndRecipeKeys) {
+  const std::string m = kMinimal;
+  EXPECT_EQ(error_of(m + "optimizer: {type: adam}\n"),
+            "t.yaml:5: optimizer.type: unknown value 'adam' (allowed: sgd, adamw, lars)");
+  EXPECT_EQ(error_of(m + "optimizer: {type: adamw, betas: [0.9, 1]}\n"),
+            "t.yaml:5: optimizer.betas[1]: expected a number in [0, 1), got 1");
+  EXPECT_EQ(error_of(m + "optimizer: {type: adamw, betas: [-0.1, 0.9]}\n"),
+            "t.yaml:5: optimizer.betas[0]: expected a number in [0, 1), got -0.1");
+  EXPECT_EQ(error_of(m + "optimizer: {type: adamw, betas: [0.9]}\n"),
+            "t.yaml:5: optimizer.betas: expected a list [beta1, beta2] of numbers in [0, 1), got "
+            "a list of 1");
+  EXPECT_EQ(error_of(m + "optimizer: {type: adamw, eps: 0}\n"),
+            "t.yaml:5: optimizer.eps: expected a number > 0, got 0");
+  EXPECT_EQ(error_of(m + "optimizer: {type: lars, trust: -1}\n"),
+            "t.yaml:5: optimizer.trust: expected a number > 0, got -1");
+  EXPECT_EQ(error_of(m + "optimizer: {no_decay: [batchnorm, weights]}\n"),
+            "t.yaml:5: optimizer.no_decay[1]: unknown value 'weights' (allowed: batchnorm, bias)");
+  EXPECT_EQ(error_of(m + "optimizer: {no_decay: [bias, bias]}\n"),
+            "t.yaml:5: optimizer.no_decay[1]: 'bias' listed twice");
+  EXPECT_EQ(error_of(m + "optimizer: {clip_norm: -1}\n"),
+            "t.yaml:5: optimizer.clip_norm: expected a number >= 0, got -1");
+  EXPECT_EQ(error_of(m + "optimizer: {nesterov: true}\n"),
+            "t.yaml:5: optimizer.nesterov: true needs optimizer.momentum > 0");
+  EXPECT_EQ(error_of(m + "optimizer: {betas: [0.9, 0.99]}\n"),
+            "t.yaml:5: optimizer.betas: only used with optimizer.type adamw (this config's type "
+            "is sgd)");
+  EXPECT_EQ(error_of(m + "optimizer: {type: adamw, momentum: 0.9}\n"),
+            "t.yaml:5: optimizer.momentum: only used with optimizer.type sgd or lars (this "
+            "config's type is adamw)");
+  EXPECT_EQ(error_of(m + "optimizer: {type: sgd, trust: 0.01}\n"),
+            "t.yaml:5: optimizer.trust: only used with optimizer.type lars (this config's type "
+            "is sgd)");
+  EXPECT_EQ(error_of(m + "train: {label_smoothing: 1}\n"),
+            "t.yaml:5: train.label_smoothing: expected a number in [0, 1), got 1");
+  EXPECT_EQ(error_of(m + "train: {label_smoothing: -0.1}\n"),
+            "t.yaml:5: train.label_smoothing: expected a number in [0, 1), got -0.1");
+  EXPECT_EQ(error_of(m + "train: {ema: 1}\n"),
+            "t.yaml:5: train.ema: expected a number in [0, 1), got 1");
+  EXPECT_EQ(error_of(m, {"optimizer.type=lars", "optimizer.trust=0"}),
+            "--set optimizer.trust: expected a number > 0, got 0");
 }
 
 TEST(ConfigErrorTest, OutOfRangeNumbers) {
@@ -275,7 +319,7 @@ TEST(ConfigErrorTest, SetWithUnknownKey) {
   EXPECT_EQ(error_of(kMinimal, {"train.bogus=1"}),
             "--set train.bogus: unknown key (allowed: batch, epochs, max_steps, seed, log_every, "
             "evaluate, allreduce_bucket, precision, precisions, loss_scaling, gradient_allreduce, "
-            "step_timeout)");
+            "step_timeout, label_smoothing, ema)");
   EXPECT_EQ(
       error_of(kMinimal, {"bogus.x=1"}),
       "--set bogus: unknown key (allowed: model, data, train, optimizer, device, conv, output, "

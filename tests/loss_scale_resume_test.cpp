@@ -53,7 +53,7 @@ struct Job {
     o.epochs = 2;
     o.max_steps = max_steps;
     o.schedule.base_lr = 0.01;
-    o.momentum = 0.9f;
+    o.optimizer.momentum = 0.9f;
     o.evaluate = false;
     o.progress = worker::Progress::Mode::kLines;
     o.checkpoint_dir = dir;

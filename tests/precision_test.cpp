@@ -32,17 +32,20 @@ using test_support::bitwise_equal;
 using test_support::relative_difference;
 using test_support::TrainRun;
 
-worker::Graph graph_of(const std::string& preset, int64_t side, Precision precision) {
+worker::Graph graph_of(const std::string &preset, int64_t side,
+                       Precision precision) {
   const worker::Shape input{1, 3, side, side};
-  return worker::Graph::build(worker::preset_layers(preset, {input, 10}), input, precision);
+  return worker::Graph::build(worker::preset_layers(preset, {input, 10}), input,
+                              precision);
 }
 
 class Bf16Test : public ::testing::Test {
- protected:
+protected:
   void SetUp() override {
     // One thread: the same floating-point path on every run.
     backend_ = worker::make_backend({.kind = "cpu", .threads = 1});
-    if (std::optional<std::string> why = backend_->precision_unavailable(Precision::kBf16)) {
+    if (std::optional<std::string> why =
+            backend_->precision_unavailable(Precision::kBf16)) {
       GTEST_SKIP() << *why;
     }
   }
@@ -66,15 +69,18 @@ TEST_F(Bf16Test, ActivationsTakeHalfTheBytesAndTheWeightsGainAHalfCopy) {
   const worker::Graph bf16 = graph_of("resnet18", 8, Precision::kBf16);
   const worker::Network a(fp32, *backend_, options());
   const worker::Network b(bf16, *backend_, options());
-  const memory::MemoryModel& ma = a.memory_model();
-  const memory::MemoryModel& mb = b.memory_model();
+  const memory::MemoryModel &ma = a.memory_model();
+  const memory::MemoryModel &mb = b.memory_model();
   ASSERT_EQ(ma.layers.size(), mb.layers.size());
   for (size_t i = 0; i < ma.layers.size(); ++i) {
-    EXPECT_EQ(mb.layers[i].output_bytes * 2, ma.layers[i].output_bytes) << ma.layers[i].name;
+    EXPECT_EQ(mb.layers[i].output_bytes * 2, ma.layers[i].output_bytes)
+        << ma.layers[i].name;
   }
-  auto bytes_of = [](const memory::MemoryModel& m, const std::string& name) -> size_t {
-    for (const auto& [what, bytes] : m.persistent) {
-      if (what == name) return bytes;
+  auto bytes_of = [](const memory::MemoryModel &m,
+                     const std::string &name) -> size_t {
+    for (const auto &[what, bytes] : m.persistent) {
+      if (what == name)
+        return bytes;
     }
     return 0;
   };
@@ -84,13 +90,14 @@ TEST_F(Bf16Test, ActivationsTakeHalfTheBytesAndTheWeightsGainAHalfCopy) {
   const size_t ranges = b.param_ranges().size();
   size_t copied = 0, copied_ranges = 0, batch_norms = 0;
   for (size_t i = 0; i < ranges; ++i) {
-    const worker::ParamRange& r = b.param_ranges()[i];
+    const worker::ParamRange &r = b.param_ranges()[i];
     if (bf16.layer(r.layer).type == worker::LayerType::kBatchNorm) {
       EXPECT_EQ(b.compute_offset(i), -1) << bf16.layer(r.layer).name;
       ++batch_norms;
       continue;
     }
-    EXPECT_EQ(b.compute_offset(i) * 2 % worker::Network::kComputeAlignBytes, 0) << i;
+    EXPECT_EQ(b.compute_offset(i) * 2 % worker::Network::kComputeAlignBytes, 0)
+        << i;
     copied += static_cast<size_t>(r.count);
     ++copied_ranges;
   }
@@ -107,13 +114,16 @@ TEST_F(Bf16Test, ActivationsTakeHalfTheBytesAndTheWeightsGainAHalfCopy) {
 TEST_F(Bf16Test, MemoryPlansKeepTheNumbersAndPredictThePeak) {
   const worker::Graph graph = graph_of("resnet18", 8, Precision::kBf16);
   const TrainRun none = test_support::train_steps(*backend_, graph, options());
-  const memory::MemoryModel model = worker::Network(graph, *backend_, options()).memory_model();
+  const memory::MemoryModel model =
+      worker::Network(graph, *backend_, options()).memory_model();
   const std::vector<bool> can = memory::plannable(model);
-  std::vector<memory::TensorAction> actions(model.layers.size(), memory::TensorAction::kKeep);
+  std::vector<memory::TensorAction> actions(model.layers.size(),
+                                            memory::TensorAction::kKeep);
   int k = 0;
   for (size_t l = 0; l < actions.size(); ++l) {
-    if (!can[l]) continue;
-    actions[l] = ++k % 3 == 0   ? memory::TensorAction::kOffload
+    if (!can[l])
+      continue;
+    actions[l] = ++k % 3 == 0 ? memory::TensorAction::kOffload
                  : k % 3 == 1 ? memory::TensorAction::kRecompute
                               : memory::TensorAction::kKeep;
   }
@@ -147,13 +157,14 @@ TEST_F(Bf16Test, StepsFollowFp32WithoutBeingFp32) {
   EXPECT_LT(d, 2e-2);
 }
 
-worker::TrainerOptions trainer_options(const std::string& checkpoint_dir, int64_t epochs) {
+worker::TrainerOptions trainer_options(const std::string &checkpoint_dir,
+                                       int64_t epochs) {
   worker::TrainerOptions o;
   o.conv_algorithm = "direct";
   o.batch = 32;
   o.epochs = epochs;
   o.schedule.base_lr = 0.05;
-  o.momentum = 0.9f;
+  o.optimizer.momentum = 0.9f;
   o.evaluate = false;
   o.progress = worker::Progress::Mode::kOff;
   o.checkpoint_dir = checkpoint_dir;
@@ -166,28 +177,35 @@ TEST_F(Bf16Test, LeNetLearnsAndItsCheckpointResumesInFp32) {
   const worker::Shape input{1, 1, 16, 16};
   const worker::Dataset train = worker::make_synthetic(input, 4, 768, 3);
   const auto lenet = [&](Precision p) {
-    return worker::Graph::build(worker::preset_layers("lenet", {input, 4}), input, p);
+    return worker::Graph::build(worker::preset_layers("lenet", {input, 4}),
+                                input, p);
   };
   test_support::TempDir dir;
-  const worker::Graph bf16 = lenet(Precision::kBf16), fp32 = lenet(Precision::kFp32);
+  const worker::Graph bf16 = lenet(Precision::kBf16),
+                      fp32 = lenet(Precision::kFp32);
   const worker::ChannelStats norm = worker::channel_stats(train);
-  const worker::TrainResult half =
-      worker::train(bf16, *backend_, train, {}, norm, trainer_options(dir.path("ck"), 2));
+  const worker::TrainResult half = worker::train(
+      bf16, *backend_, train, {}, norm, trainer_options(dir.path("ck"), 2));
   const worker::TrainResult full =
       worker::train(fp32, *backend_, train, {}, norm, trainer_options("", 2));
   ASSERT_EQ(half.steps, 48);
-  const auto mean = [](const std::vector<double>& v, size_t first) {
+  const auto mean = [](const std::vector<double> &v, size_t first) {
     double sum = 0;
-    for (size_t i = first; i < first + 8; ++i) sum += v[i];
+    for (size_t i = first; i < first + 8; ++i)
+      sum += v[i];
     return sum / 8;
   };
-  const double first = mean(half.step_losses, 0), last = mean(half.step_losses, 40);
-  EXPECT_LT(last, 0.5 * first) << "bf16 loss did not fall: first " << first << ", last " << last;
-  EXPECT_NEAR(first, mean(full.step_losses, 0), 0.05 * mean(full.step_losses, 0));
+  const double first = mean(half.step_losses, 0),
+               last = mean(half.step_losses, 40);
+  EXPECT_LT(last, 0.5 * first)
+      << "bf16 loss did not fall: first " << first << ", last " << last;
+  EXPECT_NEAR(first, mean(full.step_losses, 0),
+              0.05 * mean(full.step_losses, 0));
 
   worker::TrainerOptions resume = trainer_options(dir.path("ck"), 3);
   resume.resume = worker::ResumeSetting::kRequired;
-  const worker::TrainResult resumed = worker::train(fp32, *backend_, train, {}, norm, resume);
+  const worker::TrainResult resumed =
+      worker::train(fp32, *backend_, train, {}, norm, resume);
   EXPECT_FALSE(resumed.resumed_from.empty());
   EXPECT_EQ(resumed.steps, 72);
 }
@@ -209,16 +227,18 @@ TEST(Precision, TheCpuRefusesFp16AndTf32NamingWhatItRuns) {
     try {
       worker::Network net(graph, *backend, {});
       ADD_FAILURE() << common::precision_name(p) << " was accepted";
-    } catch (const worker::BackendError& e) {
-      EXPECT_NE(std::string(e.what()).find(common::precision_name(p)), std::string::npos)
+    } catch (const worker::BackendError &e) {
+      EXPECT_NE(std::string(e.what()).find(common::precision_name(p)),
+                std::string::npos)
           << e.what();
-      EXPECT_NE(std::string(e.what()).find("fp32"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("fp32"), std::string::npos)
+          << e.what();
     }
   }
 }
 
-}  // namespace
-}  // namespace vtrain
+} // namespace
+} // namespace vtrain
 
 namespace vtrain {
 namespace {
@@ -230,13 +250,13 @@ TEST(LossScaler, HalvesOnOverflowDoublesAfterCleanStepsAndStaysInRange) {
   EXPECT_TRUE(s.after_step(true));
   EXPECT_TRUE(s.after_step(true));
   EXPECT_EQ(s.scale(), 1024);
-  EXPECT_TRUE(s.after_step(true));  // the third clean step in a row
+  EXPECT_TRUE(s.after_step(true)); // the third clean step in a row
   EXPECT_EQ(s.scale(), 2048);
   EXPECT_FALSE(s.after_step(false));
   EXPECT_EQ(s.scale(), 1024);
   EXPECT_TRUE(s.after_step(true));
   EXPECT_TRUE(s.after_step(true));
-  EXPECT_FALSE(s.after_step(false));  // an overflow restarts the count
+  EXPECT_FALSE(s.after_step(false)); // an overflow restarts the count
   EXPECT_TRUE(s.after_step(true));
   EXPECT_TRUE(s.after_step(true));
   EXPECT_EQ(s.scale(), 512);
@@ -261,22 +281,25 @@ struct ScaledRun {
 // LeNet on 16x16 synthetic data, fp32 (loss scaling is precision-agnostic
 // arithmetic, so this runs on every machine); `pixel_scale` multiplies the
 // inputs (large inputs make the scaled gradients overflow).
-ScaledRun lenet_run(const worker::LossScalingSettings& scaling, int64_t max_steps,
-                    float pixel_scale = 1) {
+ScaledRun lenet_run(const worker::LossScalingSettings &scaling,
+                    int64_t max_steps, float pixel_scale = 1) {
   const worker::Shape input{1, 1, 16, 16};
   const worker::Dataset train = worker::make_synthetic(input, 4, 256, 3);
   const worker::Graph graph =
       worker::Graph::build(worker::preset_layers("lenet", {input, 4}), input);
   auto backend = worker::make_backend({.kind = "cpu", .threads = 1});
   worker::ChannelStats norm = worker::channel_stats(train);
-  for (float& s : norm.stddev) s /= pixel_scale;
+  for (float &s : norm.stddev)
+    s /= pixel_scale;
   test_support::TempDir dir;
   worker::TrainerOptions o = trainer_options(dir.path("ck"), 1);
   o.max_steps = max_steps;
   o.loss_scaling = scaling;
   ScaledRun run;
   run.result = worker::train(graph, *backend, train, {}, norm, o);
-  run.params = worker::load_checkpoint(*worker::latest_checkpoint(dir.path("ck"))).parameters;
+  run.params =
+      worker::load_checkpoint(*worker::latest_checkpoint(dir.path("ck")))
+          .parameters;
   return run;
 }
 
@@ -285,10 +308,11 @@ ScaledRun lenet_run(const worker::LossScalingSettings& scaling, int64_t max_step
 TEST(LossScaling, PowerOfTwoScalesChangeNoBitOfTheWeights) {
   const ScaledRun off = lenet_run({.mode = common::AutoOnOff::kOff}, 8);
   const ScaledRun on = lenet_run(
-      {.mode = common::AutoOnOff::kOn, .initial = 1024, .growth_interval = 3}, 8);
+      {.mode = common::AutoOnOff::kOn, .initial = 1024, .growth_interval = 3},
+      8);
   EXPECT_TRUE(bitwise_equal(off.params, on.params));
   EXPECT_EQ(on.result.skipped_steps, 0);
-  EXPECT_EQ(on.result.loss_scale, 1024 * 4);  // doubled after steps 3 and 6
+  EXPECT_EQ(on.result.loss_scale, 1024 * 4); // doubled after steps 3 and 6
   EXPECT_EQ(off.result.loss_scale, 0);
   // auto is off in fp32.
   const ScaledRun automatic = lenet_run({}, 8);
@@ -307,18 +331,19 @@ TEST(LossScaling, OverflowedStepsAreSkippedAndTheScaleHalves) {
   net_options.max_batch = 1;
   net_options.conv_algorithm = "direct";
   worker::Network net(graph, *backend, net_options);
-  net.init_parameters(trainer_options("", 1).seed);  // as train() initialises
+  net.init_parameters(trainer_options("", 1).seed); // as train() initialises
   const std::vector<float> initial = net.download_parameters();
-  const ScaledRun scaled = lenet_run(
-      {.mode = common::AutoOnOff::kOn, .initial = 0x1p127, .growth_interval = 100}, 3,
-      1000);
+  const ScaledRun scaled = lenet_run({.mode = common::AutoOnOff::kOn,
+                                      .initial = 0x1p127,
+                                      .growth_interval = 100},
+                                     3, 1000);
   EXPECT_EQ(scaled.result.skipped_steps, 3);
   EXPECT_EQ(scaled.result.loss_scale, 0x1p124);
   EXPECT_TRUE(bitwise_equal(initial, scaled.params));
 }
 
-}  // namespace
-}  // namespace vtrain
+} // namespace
+} // namespace vtrain
 
 namespace vtrain {
 namespace {
@@ -329,25 +354,30 @@ using common::Precision;
 // auto; with every rank scaling the sum is divided at the update, with
 // some the scaling ranks unscale before the exchange; every rank keeps
 // the scaler where any scales (one scale, one skip decision).
-TEST(LossScaling, ThePlanPerRankScalesWhereFp16ComputesAndUnscalesBeforeAMixedExchange) {
+TEST(LossScaling,
+     ThePlanPerRankScalesWhereFp16ComputesAndUnscalesBeforeAMixedExchange) {
   const worker::LossScalingSettings automatic;
-  const std::vector<Precision> mixed = {Precision::kFp32, Precision::kBf16, Precision::kFp16};
+  const std::vector<Precision> mixed = {Precision::kFp32, Precision::kBf16,
+                                        Precision::kFp16};
   for (int r = 0; r < 3; ++r) {
-    const worker::LossScalingPlan p = worker::plan_loss_scaling(automatic, mixed, r);
+    const worker::LossScalingPlan p =
+        worker::plan_loss_scaling(automatic, mixed, r);
     EXPECT_TRUE(p.job) << r;
     EXPECT_EQ(p.here, r == 2) << r;
     EXPECT_FALSE(p.divide_after_exchange) << r;
     EXPECT_EQ(p.unscale_before_exchange, r == 2) << r;
   }
   const std::vector<Precision> all_fp16(2, Precision::kFp16);
-  const worker::LossScalingPlan uniform = worker::plan_loss_scaling(automatic, all_fp16, 1);
+  const worker::LossScalingPlan uniform =
+      worker::plan_loss_scaling(automatic, all_fp16, 1);
   EXPECT_TRUE(uniform.here && uniform.divide_after_exchange);
   EXPECT_FALSE(uniform.unscale_before_exchange);
   const std::vector<Precision> no_fp16 = {Precision::kFp32, Precision::kBf16};
   EXPECT_FALSE(worker::plan_loss_scaling(automatic, no_fp16, 0).job);
   worker::LossScalingSettings on;
   on.mode = common::AutoOnOff::kOn;
-  const worker::LossScalingPlan forced = worker::plan_loss_scaling(on, no_fp16, 0);
+  const worker::LossScalingPlan forced =
+      worker::plan_loss_scaling(on, no_fp16, 0);
   EXPECT_TRUE(forced.here && forced.divide_after_exchange);
 }
 
@@ -361,13 +391,23 @@ TEST(GradientAllreduce, HalfTravelsOnlyWhereEveryRankSharesOneHalfType) {
   const std::vector<Precision> fp32(2, Precision::kFp32);
   EXPECT_EQ(wire_type(GradientAllreduce::kHalf, bf16), common::DataType::kBF16);
   EXPECT_EQ(wire_type(GradientAllreduce::kHalf, mixed), common::DataType::kF32);
-  EXPECT_EQ(wire_type(GradientAllreduce::kHalf, with_fp32), common::DataType::kF32);
+  EXPECT_EQ(wire_type(GradientAllreduce::kHalf, with_fp32),
+            common::DataType::kF32);
   EXPECT_EQ(wire_type(GradientAllreduce::kFp32, bf16), common::DataType::kF32);
-  EXPECT_THROW(wire_type(GradientAllreduce::kHalf, fp32), std::invalid_argument);
+  EXPECT_THROW(wire_type(GradientAllreduce::kHalf, fp32),
+               std::invalid_argument);
   // No staging buffer is planned where the exchange falls back to f32.
-  EXPECT_EQ(worker::training_allocations_per_parameter(GradientAllreduce::kHalf, mixed).size(), 1u);
-  EXPECT_EQ(worker::training_allocations_per_parameter(GradientAllreduce::kHalf, bf16).size(), 2u);
+  EXPECT_EQ(
+      worker::training_allocations_per_parameter(
+          worker::OptimizerKind::kSgd, false, GradientAllreduce::kHalf, mixed)
+          .size(),
+      1u);
+  EXPECT_EQ(
+      worker::training_allocations_per_parameter(
+          worker::OptimizerKind::kSgd, false, GradientAllreduce::kHalf, bf16)
+          .size(),
+      2u);
 }
 
-}  // namespace
-}  // namespace vtrain
+} // namespace
+} // namespace vtrain

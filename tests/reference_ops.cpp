@@ -473,7 +473,8 @@ std::vector<Vec> concat_backward(const std::vector<Shape>& shapes, const Vec& dy
 // ------------------------------------------------------------------- loss
 
 SoftmaxXent softmax_cross_entropy(int64_t n, int64_t classes, const Vec& logits,
-                                  const std::vector<int32_t>& labels, float scale) {
+                                  const std::vector<int32_t>& labels, float scale,
+                                  float label_smoothing) {
   check_size("softmax_cross_entropy", "logits", logits, n * classes);
   if (static_cast<int64_t>(labels.size()) != n) {
     throw std::invalid_argument(
@@ -498,12 +499,13 @@ SoftmaxXent softmax_cross_entropy(int64_t n, int64_t classes, const Vec& logits,
     double sum_exp = 0.0;
     for (int64_t j = 0; j < classes; ++j) sum_exp += std::exp(double(z[j]) - max);
     const double log_sum_exp = max + std::log(sum_exp);
-    out.loss_sum += log_sum_exp - z[label];
     if (arg_max == label) ++out.correct;
     for (int64_t j = 0; j < classes; ++j) {
+      const double q = (j == label ? 1.0 - label_smoothing : 0.0) +
+                       double(label_smoothing) / double(classes);
+      out.loss_sum += q * (log_sum_exp - z[j]);
       const double softmax = std::exp(double(z[j]) - log_sum_exp);
-      out.dlogits[i * classes + j] =
-          static_cast<float>((softmax - (j == label ? 1.0 : 0.0)) * scale);
+      out.dlogits[i * classes + j] = static_cast<float>((softmax - q) * scale);
     }
   }
   return out;
@@ -517,9 +519,38 @@ void sgd_update(Vec& w, const Vec& g, Vec& v, const worker::SgdStep& step) {
   // Float arithmetic in the documented order: the same rounding a backend's
   // elementwise kernel performs, so the comparison can be tight.
   for (size_t i = 0; i < w.size(); ++i) {
-    v[i] = step.momentum * v[i] + (g[i] * step.grad_scale + step.weight_decay * w[i]);
-    w[i] -= step.lr * v[i];
+    const float d = g[i] * step.grad_scale + step.weight_decay * w[i];
+    v[i] = step.momentum * v[i] + d;
+    w[i] -= step.lr * (step.nesterov ? d + step.momentum * v[i] : v[i]);
   }
+}
+
+void adamw_update(Vec& w, const Vec& g, Vec& m, Vec& v, const worker::AdamWStep& step) {
+  check_size("adamw_update", "g", g, static_cast<int64_t>(w.size()));
+  check_size("adamw_update", "m", m, static_cast<int64_t>(w.size()));
+  check_size("adamw_update", "v", v, static_cast<int64_t>(w.size()));
+  const worker::AdamWFactors f = worker::adamw_factors(step);
+  for (size_t i = 0; i < w.size(); ++i) {
+    const float d = g[i] * step.grad_scale;
+    m[i] = step.beta1 * m[i] + (1.0f - step.beta1) * d;
+    v[i] = step.beta2 * v[i] + (1.0f - step.beta2) * d * d;
+    w[i] = w[i] * f.decay - f.step_size * (m[i] / (std::sqrt(v[i]) / f.sqrt_correction2 + step.eps));
+  }
+}
+
+void moving_average(Vec& average, const Vec& x, float decay) {
+  check_size("moving_average", "x", x, static_cast<int64_t>(average.size()));
+  for (size_t i = 0; i < x.size(); ++i) average[i] += (1.0f - decay) * (x[i] - average[i]);
+}
+
+std::vector<double> sum_squares(const Vec& x, const std::vector<int64_t>& offsets) {
+  std::vector<double> sums;
+  for (size_t s = 0; s + 1 < offsets.size(); ++s) {
+    double sum = 0.0;
+    for (int64_t i = offsets[s]; i < offsets[s + 1]; ++i) sum += double(x[i]) * double(x[i]);
+    sums.push_back(sum);
+  }
+  return sums;
 }
 
 }  // namespace vtrain::reference

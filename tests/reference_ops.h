@@ -75,15 +75,23 @@ Vec add(const Vec& a, const Vec& b);
 Vec concat(const std::vector<Shape>& shapes, const std::vector<Vec>& xs);
 std::vector<Vec> concat_backward(const std::vector<Shape>& shapes, const Vec& dy);
 
+// With label smoothing s the target is q = (1 - s) * onehot + s / classes.
 struct SoftmaxXent {
-  double loss_sum = 0;
+  double loss_sum = 0;  // sum over samples of -sum_j q[j] log softmax[j]
   int64_t correct = 0;
-  Vec dlogits;  // (softmax - onehot) * scale
+  Vec dlogits;  // (softmax - q) * scale
 };
 SoftmaxXent softmax_cross_entropy(int64_t n, int64_t classes, const Vec& logits,
-                                  const std::vector<int32_t>& labels, float scale);
+                                  const std::vector<int32_t>& labels, float scale,
+                                  float label_smoothing = 0.0f);
 
-// In place: v = momentum * v + g + wd * w; w -= lr * v.
+// In place, as SgdStep and AdamWStep (worker/device/backend.h) say, in
+// float arithmetic in that order (a backend's kernel rounds the same way).
 void sgd_update(Vec& w, const Vec& g, Vec& v, const worker::SgdStep& step);
+void adamw_update(Vec& w, const Vec& g, Vec& m, Vec& v, const worker::AdamWStep& step);
+// average += (1 - decay) * (x - average).
+void moving_average(Vec& average, const Vec& x, float decay);
+// Per segment [offsets[i], offsets[i + 1]): the sum of x^2, in double.
+std::vector<double> sum_squares(const Vec& x, const std::vector<int64_t>& offsets);
 
 }  // namespace vtrain::reference

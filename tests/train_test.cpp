@@ -66,7 +66,7 @@ TEST(Train, LossFallsOnSyntheticData) {
   options.batch = 32;
   options.epochs = 2;
   options.schedule.base_lr = 0.05;
-  options.momentum = 0.9f;
+  options.optimizer.momentum = 0.9f;
   options.evaluate = false;
   options.progress = worker::Progress::Mode::kOff;
   const worker::TrainResult r =

@@ -157,12 +157,40 @@ struct LossStats {
   int64_t correct = 0;    // samples whose arg-max equals the label
 };
 
+// One step of SGD with momentum, torch.optim.SGD's form (dampening 0):
+// d = g * grad_scale + weight_decay * w; v = momentum * v + d; then
+// w -= lr * v, or with nesterov w -= lr * (d + momentum * v).
 struct SgdStep {
   float lr = 0.01f;
-  float momentum = 0.0f;      // v = momentum * v + (g * grad_scale + weight_decay * w); w -= lr * v
+  float momentum = 0.0f;
   float weight_decay = 0.0f;
   float grad_scale = 1.0f;    // loss scaling's 1/S: the gradients were computed scaled by S
+  bool nesterov = false;
 };
+
+// One step of AdamW, torch.optim.AdamW's form (amsgrad off): with
+// d = g * grad_scale, w *= 1 - lr * weight_decay (decoupled decay);
+// m = beta1 * m + (1 - beta1) * d; v = beta2 * v + (1 - beta2) * d^2;
+// w -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps).
+struct AdamWStep {
+  float lr = 0.001f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float grad_scale = 1.0f;
+  int64_t step = 1;  // updates taken, this one included (>= 1): the bias corrections'
+};
+
+// AdamWStep's factors, computed once per step in double and then rounded,
+// the same for every backend: decay = 1 - lr * weight_decay, step_size =
+// lr / (1 - beta1^step), sqrt_correction2 = sqrt(1 - beta2^step).
+struct AdamWFactors {
+  float decay = 1.0f;
+  float step_size = 0.0f;
+  float sqrt_correction2 = 1.0f;
+};
+AdamWFactors adamw_factors(const AdamWStep& step);
 
 enum class StreamKind { kCompute, kMemory };
 
@@ -346,14 +374,29 @@ class Backend {
                                float beta) = 0;
 
   // Softmax cross-entropy over logits {n, classes, 1, 1}. labels are device
-  // int32 in [0, classes). dlogits (may be null) = (softmax - onehot) * scale.
+  // int32 in [0, classes). With label smoothing s the target is
+  // q = (1 - s) * onehot + s / classes: the loss of a sample is
+  // -sum_j q[j] log softmax[j], and dlogits (may be null) = (softmax - q) * scale.
   // Returns the loss sum and arg-max hits over the n samples (synchronises).
   virtual LossStats softmax_cross_entropy(const Tensor& logits, const int32_t* labels,
-                                          float scale, const Tensor* dlogits) = 0;
+                                          float scale, const Tensor* dlogits,
+                                          float label_smoothing = 0.0f) = 0;
 
-  // Elementwise over `count` floats: v = momentum * v + g * grad_scale + wd * w; w -= lr * v.
+  // Elementwise over `count` floats, the optimizers' updates (SgdStep,
+  // AdamWStep above say what each computes). velocity, m and v are state
+  // the caller keeps between steps.
   virtual void sgd_update(float* w, const float* g, float* velocity, int64_t count,
                           const SgdStep& step) = 0;
+  virtual void adamw_update(float* w, const float* g, float* m, float* v, int64_t count,
+                            const AdamWStep& step) = 0;
+  // average += (1 - decay) * (x - average) over `count` floats: one step of
+  // an exponential moving average of x.
+  virtual void moving_average(float* average, const float* x, int64_t count, float decay) = 0;
+  // The sum of squares of each segment [offsets[i], offsets[i + 1]) of x,
+  // in double and in an order fixed by the segment alone (the same bits on
+  // every call, whatever the threads): gradient and weight norms.
+  // Synchronises; returns offsets.size() - 1 values.
+  virtual std::vector<double> sum_squares(const float* x, std::span<const int64_t> offsets) = 0;
   // x *= alpha over `count` floats.
   virtual void scale(float* x, int64_t count, float alpha) = 0;
   // Whether none of `count` floats is infinite or NaN (loss scaling's
@@ -382,6 +425,8 @@ class Backend {
   // concat_forward, and concat_backward of each input's slice.
   virtual size_t concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) = 0;
   virtual size_t softmax_scratch_bytes(const TensorDesc& logits) = 0;
+  // sum_squares over this many segments.
+  virtual size_t sum_squares_scratch_bytes(size_t segments) = 0;
   // Grows the scratch to at least `bytes` now (throws BackendError when the
   // device cannot provide them); it never shrinks while the backend lives.
   virtual void reserve_scratch(size_t bytes) = 0;

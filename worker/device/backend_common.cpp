@@ -1,7 +1,17 @@
 // Backend-independent helpers declared in worker/device/backend.h.
 #include "worker/device/backend.h"
 
+#include <cmath>
+
 namespace vtrain::worker {
+
+AdamWFactors adamw_factors(const AdamWStep& step) {
+  const double lr = step.lr;
+  const double t = static_cast<double>(step.step);
+  return {static_cast<float>(1.0 - lr * step.weight_decay),
+          static_cast<float>(lr / (1.0 - std::pow(static_cast<double>(step.beta1), t))),
+          static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(step.beta2), t)))};
+}
 
 int64_t window_output(int64_t in, int64_t window, int64_t stride, int64_t pad) {
   return (in + 2 * pad - window) / stride + 1;

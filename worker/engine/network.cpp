@@ -357,9 +357,9 @@ void Network::drop_prefetch() {
   prefetch_.reset();
 }
 
-LossStats Network::train_step(int64_t n, float loss_scale) {
+LossStats Network::train_step(int64_t n, float loss_scale, float label_smoothing) {
   refresh_compute_params();
-  const LossStats stats = interpreter_->train_step(n, loss_scale);
+  const LossStats stats = interpreter_->train_step(n, loss_scale, label_smoothing);
   compute_params_stale_ = true;  // the update that follows changes them again
   return stats;
 }

@@ -183,7 +183,8 @@ class Network {
   // loss = scale * sum of per-sample losses, backward. Gradients are
   // overwritten (not accumulated across steps). on_gradients_ready, if set,
   // is called during backward once a layer's parameter gradients are final.
-  LossStats train_step(int64_t n, float loss_scale);
+  // label_smoothing: Backend::softmax_cross_entropy's (train.label_smoothing).
+  LossStats train_step(int64_t n, float loss_scale, float label_smoothing = 0.0f);
   // A training step in which this rank has no samples: with
   // sum_over_ranks, makes the collectives the other ranks' train_step makes
   // (forward in graph order, then backward in reverse, as every schedule

@@ -308,7 +308,8 @@ LossStats ScheduleInterpreter::run_loss(int t, int64_t n, bool training, float l
   }
   const Tensor dlogits = view(t, static_cast<float*>(slot(TensorKind::kGradient, t)), n);
   const auto start = Clock::now();
-  const LossStats stats = backend_.softmax_cross_entropy(logits, labels_, loss_scale, &dlogits);
+  const LossStats stats =
+      backend_.softmax_cross_entropy(logits, labels_, loss_scale, &dlogits, label_smoothing_);
   grad_written_[t] = true;
   if (call_times_) {
     backend_.synchronize(StreamKind::kCompute);
@@ -373,8 +374,9 @@ void ScheduleInterpreter::abandon_step() {
   if (pool_->in_step()) pool_->end_step();
 }
 
-LossStats ScheduleInterpreter::train_step(int64_t n, float loss_scale) {
+LossStats ScheduleInterpreter::train_step(int64_t n, float loss_scale, float label_smoothing) {
   const auto start = Clock::now();
+  label_smoothing_ = label_smoothing;
   if (call_times_) {
     memory::StepCosts times;
     times.forward_seconds.assign(graph_.size(), 0.0);

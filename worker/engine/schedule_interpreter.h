@@ -63,7 +63,9 @@ class ScheduleInterpreter {
   // One training step / evaluation at batch n (1..max_batch, else
   // std::invalid_argument). On an error, whatever the step allocated goes
   // back to the pools before it propagates.
-  LossStats train_step(int64_t n, float loss_scale);
+  // The training loss is label-smoothed by label_smoothing
+  // (Backend::softmax_cross_entropy); evaluation's is plain.
+  LossStats train_step(int64_t n, float loss_scale, float label_smoothing = 0.0f);
   // With `logits`, evaluate also downloads the loss's input there (plain
   // f32, n x classes): it is read at the loss, before a layer-wise
   // schedule releases it.
@@ -138,6 +140,7 @@ class ScheduleInterpreter {
   int32_t* labels_ = nullptr;
   std::vector<bool> grad_written_;  // per step: gradient holds a value already
   size_t offloaded_bytes_ = 0;      // this step
+  float label_smoothing_ = 0.0f;  // the training step's, for run_loss
   // Memory-stream copies issued since the last sync (for the trace).
   struct PendingCopy {
     std::string name;

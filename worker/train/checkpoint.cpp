@@ -31,7 +31,9 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr std::array<uint8_t, 8> kMagic = {'V', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
-constexpr uint32_t kVersion = 4;  // 2 added epoch_sample and split, 3 loss_scaler, 4 the run
+// 2 added epoch_sample and split, 3 loss_scaler, 4 the run, 5 the optimizer's
+// second moment and update count and the weight average.
+constexpr uint32_t kVersion = 5;
 constexpr size_t kHeaderBytes = kMagic.size() + 4;  // magic, version
 constexpr size_t kTrailerBytes = 4;                 // CRC-32
 constexpr int64_t kMaxStep = 9'999'999'999;         // the most 10 digits hold
@@ -324,6 +326,9 @@ void write_checkpoint(common::OutputFile& file, const Checkpoint& ckpt) {
     out.i64(s->clean_steps);
     out.i64(s->skipped_steps);
   }
+  out.floats(ckpt.second_moment);
+  out.i64(ckpt.optimizer_updates);
+  out.floats(ckpt.weight_average);
   out.finish();
 }
 
@@ -484,6 +489,13 @@ Checkpoint load_checkpoint(const std::string& path) {
   ckpt.buffers = in.floats("buffers");
   ckpt.velocity = in.floats("velocity");
   if (version >= 3) ckpt.loss_scaler = read_loss_scaler(in);
+  if (version >= 5) {
+    ckpt.second_moment = in.floats("second_moment");
+    ckpt.optimizer_updates = in.i64("optimizer_updates");
+    ckpt.weight_average = in.floats("weight_average");
+  } else {
+    ckpt.optimizer_updates = ckpt.step;  // SGD's: every step updated
+  }
   if (in.remaining() != 0) {
     throw in.error(std::to_string(in.remaining()) +
                    " bytes of trailing garbage after the last field");

@@ -2,16 +2,19 @@
 // crash never leaves a torn file, and validated on load; and the rules by
 // which a run starts in, continues from and prunes its checkpoint folder.
 //
-// File format (version 4, little-endian): magic "VTRAINCK", u32 version,
+// File format (version 5, little-endian): magic "VTRAINCK", u32 version,
 // the run's identity (run_id, then the settings as a u64 count of key and
 // value strings), then the other fields of Checkpoint in order (strings and
 // arrays length-prefixed with u64; loss_scaler as a u32 0 or 1, then if 1
-// the scale as the bits of an IEEE-754 double and the two counts as i64),
+// the scale as the bits of an IEEE-754 double and the two counts as i64;
+// then second_moment, optimizer_updates as i64 and weight_average),
 // then a CRC-32 (zlib) of every byte before it. The identity comes first so
 // that pruning and the start of a run can tell whose a file is from its
 // first bytes. Version 1 files, which lack epoch_sample and split, version
-// 1 and 2 files, which lack loss_scaler, and version 1 to 3 files, which
-// lack the identity (they belong to an unknown run), are still read. Files
+// 1 and 2 files, which lack loss_scaler, version 1 to 3 files, which
+// lack the identity (they belong to an unknown run), and version 1 to 4
+// files, which lack the second moment, the update count and the weight
+// average (an SGD run's, without train.ema), are still read. Files
 // are named ckpt-<step, 10 digits>.vtc inside the checkpoint directory.
 //
 // Runs and folders: a run started afresh makes a run id; every checkpoint
@@ -83,7 +86,14 @@ struct Checkpoint {
   std::vector<int64_t> split;    // per-rank batches of the run that wrote it; empty from version 1
   std::vector<float> parameters;  // Network::download_parameters()
   std::vector<float> buffers;     // Network::download_buffers()
-  std::vector<float> velocity;    // Sgd::download_velocity()
+  // Optimizer::download_state(): first = velocity, second = second_moment,
+  // updates = optimizer_updates.
+  std::vector<float> velocity;       // sgd, lars: the velocity; adamw: the first moment m
+  std::vector<float> second_moment;  // adamw: v; empty otherwise and from version 1 to 4 files
+  int64_t optimizer_updates = 0;     // updates applied (version 1 to 4 files: step)
+  // train.ema's moving average of the parameters; empty without one and
+  // from version 1 to 4 files.
+  std::vector<float> weight_average;
   // Dynamic loss scaling's state when the run that wrote it scaled its
   // loss; nullopt without loss scaling and from version 1 and 2 files. It
   // does not depend on the precision: any run with loss scaling continues it.
@@ -129,7 +139,7 @@ std::string checkpoint_at(const std::string& path);
 // Reads and validates a checkpoint: magic, version, lengths against the file
 // size, CRC. Throws CheckpointError naming the file and the problem
 // ("truncated", "CRC mismatch", "not a vtrain checkpoint", "version 9 is
-// newer than this vtrain's 4").
+// newer than this vtrain's 5").
 Checkpoint load_checkpoint(const std::string& path);
 
 // Rank 0's hold on a run's checkpoint folder, from the run's start to its
@@ -177,7 +187,8 @@ RunStart plan_run_start(const std::string& dir, ResumeSetting mode);
 
 // Throws CheckpointError naming `path` when `ckpt` does not belong to a
 // model with `signature` and these parameter/buffer counts (the velocity must
-// hold one value per parameter).
+// hold one value per parameter, the second moment and the weight average
+// one each or none).
 void check_checkpoint_matches(const Checkpoint& ckpt, const std::string& path,
                               const std::string& signature, int64_t parameters,
                               int64_t buffers);

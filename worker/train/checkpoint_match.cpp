@@ -32,9 +32,16 @@ void check_checkpoint_matches(const Checkpoint& ckpt, const std::string& path,
   if (static_cast<int64_t>(ckpt.buffers.size()) != buffers) {
     throw CheckpointError(count_mismatch(path, "buffer", ckpt.buffers.size(), buffers));
   }
-  // SGD keeps one velocity value per parameter.
+  // Every optimizer keeps one velocity (or first moment) value per parameter.
   if (static_cast<int64_t>(ckpt.velocity.size()) != parameters) {
     throw CheckpointError(count_mismatch(path, "velocity", ckpt.velocity.size(), parameters));
+  }
+  // AdamW's second moment and train.ema's average: one per parameter or none.
+  for (const auto& [values, what] : {std::pair{&ckpt.second_moment, "second moment"},
+                                     std::pair{&ckpt.weight_average, "weight average"}}) {
+    if (!values->empty() && static_cast<int64_t>(values->size()) != parameters) {
+      throw CheckpointError(count_mismatch(path, what, values->size(), parameters));
+    }
   }
 }
 

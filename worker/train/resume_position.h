@@ -19,12 +19,13 @@ struct ResumePosition {
   int64_t step_in_epoch = 0;  // steps of that epoch already done
   int64_t world_size = 0;     // ranks of the run that wrote it
   std::optional<LossScalerState> loss_scaler;  // nullopt: the checkpoint holds none
+  int64_t optimizer_updates = 0;  // Checkpoint::optimizer_updates
 };
 
 ResumePosition resume_position(const Checkpoint& ckpt);
 
 // The counts, then a flag for the loss scale and, when set, its scale
-// (exactly) and counts.
+// (exactly) and counts; then the optimizer's update count.
 template <>
 struct WireFormat<ResumePosition> {
   static constexpr const char* kName = "resume position";

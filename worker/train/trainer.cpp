@@ -51,8 +51,8 @@ NetworkOptions network_options(const JobShape& job, std::span<const common::Prec
   net.memory_planner = options.memory_planner;
   // The optimizer's state and the allreduce's staging buffer come after the network.
   if (!optimizer_allocated) {
-    net.allocations_after_network =
-        training_allocations_per_parameter(options.gradient_allreduce, precisions);
+    net.allocations_after_network = training_allocations_per_parameter(
+        options.optimizer.kind, options.ema > 0, options.gradient_allreduce, precisions);
   }
   if (Communicator* comm = options.batch_norm_comm; comm != nullptr && job.ranks > 1) {
     net.sum_over_ranks = [comm](std::vector<double>& values) { comm->allreduce_sum(values); };
@@ -91,7 +91,10 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       net_(std::make_unique<Network>(
           graph, backend,
           network_options(job_, precisions_, options, conv_plan_, staging_.prefetch_input))),
-      sgd_(backend, prepare_network(), options.momentum, options.weight_decay),
+      optimizer_(backend, prepare_network(), options.optimizer),
+      ema_(options.ema > 0 ? std::make_unique<WeightAverage>(backend, net_->parameters(),
+                                                             net_->parameter_count(), options.ema)
+                           : nullptr),
       schedule_(schedule_for(job_, options)),
       progress_(leader() ? options.progress : Progress::Mode::kSilent),
       allreduce_(backend, options.comm,
@@ -122,15 +125,15 @@ Trainer::~Trainer() {
 }
 
 // Attaches the trace and initialises the parameters before the optimizer
-// allocates its state; returns the parameter count for it.
-int64_t Trainer::prepare_network() {
+// allocates its state; returns the parameter tensors for it.
+std::vector<ParamTensor> Trainer::prepare_network() {
   if (!options_.trace_path.empty()) {
     trace_ = std::make_unique<memory::ChromeTrace>(
         job_.rank, format("rank %d (%s)", job_.rank, backend_.device_info().backend.c_str()));
     net_->set_trace(trace_.get());
   }
   net_->init_parameters(options_.seed);
-  return net_->parameter_count();
+  return parameter_tensors(graph_, net_->param_ranges());
 }
 
 // Launches each gradient bucket's allreduce as soon as backward has
@@ -251,8 +254,10 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   check_finite(totals.loss_sum / static_cast<double>(job_.batch));
   totals.lr = schedule_.at(at_.step);
   if (const std::optional<float> grad_scale = gradient_scale()) {
-    sgd_.step(net_->parameters(), net_->gradients(), static_cast<float>(totals.lr), *grad_scale);
+    optimizer_.step(net_->parameters(), net_->gradients(), static_cast<float>(totals.lr),
+                    *grad_scale);
   }
+  if (ema_) ema_->update(net_->parameters());
   totals.seconds = seconds_since(start);
   ++at_.step;
   const int64_t run_steps = at_.step - resumed_.step;
@@ -333,7 +338,8 @@ StepTotals Trainer::compute(const std::vector<int64_t>& order, int64_t i) {
   // Among ranks that do not scale, this one's gradients go out unscaled.
   allreduce_.set_prescale(scaling_.unscale_before_exchange ? static_cast<float>(1.0 / scale) : 1.0f);
   const LossStats s =
-      net_->train_step(job_.my_batch, static_cast<float>(scale / static_cast<double>(job_.batch)));
+      net_->train_step(job_.my_batch, static_cast<float>(scale / static_cast<double>(job_.batch)),
+                       options_.label_smoothing);
   // Backward is issued; on a GPU it runs while the next batch copies.
   if (staging_.prefetch_input) {
     if (const Staging* next = gatherer_.finish_ahead()) {
@@ -436,9 +442,11 @@ BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
   return s;
 }
 
-std::vector<size_t> training_allocations_per_parameter(GradientAllreduce allreduce,
+std::vector<size_t> training_allocations_per_parameter(OptimizerKind optimizer, bool ema,
+                                                       GradientAllreduce allreduce,
                                                        std::span<const common::Precision> ranks) {
-  std::vector<size_t> allocations = {Sgd::kStateBytesPerParameter};
+  std::vector<size_t> allocations = {Optimizer::state_bytes_per_parameter(optimizer)};
+  if (ema) allocations.push_back(WeightAverage::kStateBytesPerParameter);
   if (const size_t staging = staging_bytes_per_parameter(wire_type(allreduce, ranks),
                                                          static_cast<int>(ranks.size()))) {
     allocations.push_back(staging);

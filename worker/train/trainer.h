@@ -65,8 +65,9 @@ struct TrainerOptions {
   int64_t log_every = 50;        // steps between log lines and step metrics
   bool evaluate = true;          // test accuracy after every epoch
   LrSchedule schedule;           // steps_per_epoch and total_steps are filled in by the trainer
-  float momentum = 0.0f;
-  float weight_decay = 0.0f;
+  OptimizerSettings optimizer;   // optimizer.* but the schedule
+  float label_smoothing = 0.0f;  // train.label_smoothing
+  float ema = 0.0f;              // train.ema: the weight average's decay; 0 = none
   // train.loss_scaling (loss_scaler.h); auto: on under precision fp16.
   LossScalingSettings loss_scaling;
   std::string conv_algorithm = "auto";
@@ -173,11 +174,13 @@ BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
                            int64_t sample_values, const Backend& backend);
 
 // The device allocations training makes beside the network, each in bytes
-// per parameter (NetworkOptions::allocations_after_network): the
-// optimizer's state and, where it has one, the gradient allreduce's
+// per parameter (NetworkOptions::allocations_after_network): the state of
+// an `optimizer` (Optimizer::state_bytes_per_parameter), the weight
+// average with `ema`, and, where it has one, the gradient allreduce's
 // staging over the job's ranks, computing in `ranks` (every rank's
 // precision; staging_bytes_per_parameter). Throws what wire_type throws.
-std::vector<size_t> training_allocations_per_parameter(GradientAllreduce allreduce,
+std::vector<size_t> training_allocations_per_parameter(OptimizerKind optimizer, bool ema,
+                                                       GradientAllreduce allreduce,
                                                        std::span<const common::Precision> ranks);
 
 struct TrainResult {
@@ -186,6 +189,8 @@ struct TrainResult {
   double test_accuracy = -1;          // last evaluation, -1 if none ran
   double test_top5_accuracy = -1;     // its top-5 accuracy (evaluate.h), -1 if none ran
   double test_loss = -1;
+  double ema_test_accuracy = -1;      // the same with train.ema's average; -1 if none
+  double ema_test_loss = -1;
   double images_per_second = 0;       // training steps only (evaluation excluded)
   size_t peak_device_bytes = 0;
   MemoryStats memory;                 // the network's memory part after the last step

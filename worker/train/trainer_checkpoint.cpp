@@ -21,7 +21,9 @@ void Trainer::restore() {
   std::string path;
   ResumePosition position;
   std::string change;  // rank 0: what differs from the run that wrote it
-  std::vector<float> params, buffers, velocity;
+  std::vector<float> params, buffers;
+  OptimizerState state;
+  std::vector<float> average;
   if (leader()) {
     folder_ = std::make_unique<CheckpointFolder>(options_.checkpoint_dir);
     for (const std::string& note : folder_->notes()) progress_.line(note);
@@ -35,6 +37,7 @@ void Trainer::restore() {
                                net_->buffer_count());
       check_checkpoint_resumable(ckpt, path, job_.batch, options_.seed);
       check_checkpoint_settings(ckpt, path, options_.run_settings);
+      check_optimizer_state(ckpt, path);
       if (ckpt.run_id.empty()) {
         progress_.line(format("checkpoint: %s was written by an older vtrain, which did not "
                               "record the run or its settings: only the model, train.batch and "
@@ -46,7 +49,8 @@ void Trainer::restore() {
       }
       params = std::move(ckpt.parameters);
       buffers = std::move(ckpt.buffers);
-      velocity = std::move(ckpt.velocity);
+      state = {std::move(ckpt.velocity), std::move(ckpt.second_moment), ckpt.optimizer_updates};
+      average = std::move(ckpt.weight_average);
       position = resume_position(ckpt);
       change = resume_change(ckpt, job_.split);
     }
@@ -56,12 +60,16 @@ void Trainer::restore() {
   if (comm_) {
     comm_->broadcast(params, 0);
     comm_->broadcast(buffers, 0);
-    comm_->broadcast(velocity, 0);
+    comm_->broadcast(state.first, 0);
+    comm_->broadcast(state.second, 0);
+    comm_->broadcast(average, 0);
     broadcast_message(*comm_, position, 0);
   }
+  state.updates = position.optimizer_updates;
   net_->upload_parameters(params);
   net_->upload_buffers(buffers);
-  sgd_.upload_velocity(velocity);
+  optimizer_.upload_state(state);
+  restore_weight_average(average, path);
   at_ = {position.step, position.epoch, position.step_in_epoch};
   result_.resumed_world_size = position.world_size;
   result_.resumed_from = path;
@@ -100,6 +108,35 @@ void Trainer::apply_initial_weights() {
   net_->upload_parameters(params);
   net_->upload_buffers(buffers);
   if (!init.note.empty()) progress_.line(init.note);
+}
+
+// The optimizer's state in `ckpt` must be this run's optimizer's: AdamW
+// needs its second moment (a checkpoint of an SGD run, or of a vtrain
+// before version 5, has none), the others have none.
+void Trainer::check_optimizer_state(const Checkpoint& ckpt, const std::string& path) const {
+  const bool needs = optimizer_.settings().kind == OptimizerKind::kAdamW;
+  if (needs == !ckpt.second_moment.empty()) return;
+  const char* type = common::name_of(kOptimizerKindNames, optimizer_.settings().kind);
+  throw CheckpointError(
+      needs ? path + " holds no AdamW second moment (written by a run with another "
+                     "optimizer.type, or by a vtrain before checkpoint version 5); this run's "
+                     "optimizer.type is adamw"
+            : path + " holds an AdamW second moment; this run's optimizer.type is " + type);
+}
+
+// train.ema's average goes on from the checkpoint's; a checkpoint without
+// one (a run without train.ema, an older vtrain's) starts it afresh from
+// the restored weights.
+void Trainer::restore_weight_average(const std::vector<float>& average, const std::string& path) {
+  if (!ema_) return;
+  if (average.empty()) {
+    progress_.line(format("ema: %s holds no weight average; it starts from the restored weights",
+                          path.c_str()));
+    ema_ = std::make_unique<WeightAverage>(backend_, net_->parameters(), net_->parameter_count(),
+                                           options_.ema);
+    return;
+  }
+  ema_->upload(average);
 }
 
 // A resumed run whose checkpoint is at or past the step this run ends at
@@ -177,7 +214,11 @@ void Trainer::checkpoint(const Position& at) {
   ckpt.split = job_.split;
   ckpt.parameters = net_->download_parameters();
   ckpt.buffers = net_->download_buffers();
-  ckpt.velocity = sgd_.download_velocity();
+  OptimizerState state = optimizer_.download_state();
+  ckpt.velocity = std::move(state.first);
+  ckpt.second_moment = std::move(state.second);
+  ckpt.optimizer_updates = state.updates;
+  if (ema_) ckpt.weight_average = ema_->download();
   if (scaler_) ckpt.loss_scaler = scaler_->state();
   ckpt.run_id = run_id_;
   ckpt.settings = options_.run_settings;

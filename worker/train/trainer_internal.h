@@ -91,7 +91,7 @@ class Trainer {
   TrainResult run();
 
  private:
-  int64_t prepare_network();
+  std::vector<ParamTensor> prepare_network();
   void print_setup();
   void print_precisions();
   void install_bucket_hooks();
@@ -105,6 +105,8 @@ class Trainer {
   void apply_initial_weights();
   TrainResult already_finished();
   void restore_loss_scale(const std::optional<LossScalerState>& saved, const std::string& path);
+  void check_optimizer_state(const Checkpoint& ckpt, const std::string& path) const;
+  void restore_weight_average(const std::vector<float>& average, const std::string& path);
   bool epoch(int64_t epoch);
   const std::vector<int64_t>& order_of(int64_t epoch);  // epoch_permutation's
   StepTotals step(const std::vector<int64_t>& order, int64_t i);
@@ -141,8 +143,9 @@ class Trainer {
   const BatchStaging staging_;  // TrainerOptions::gather_ahead and prefetch_input decided
   ConvPlan conv_plan_;  // the conv kernels net_ runs
   std::unique_ptr<Network> net_;
-  std::unique_ptr<memory::ChromeTrace> trace_;  // before sgd_: prepare_network() sets it
-  Sgd sgd_;
+  std::unique_ptr<memory::ChromeTrace> trace_;  // before optimizer_: prepare_network() sets it
+  Optimizer optimizer_;
+  std::unique_ptr<WeightAverage> ema_;  // train.ema; null without
   const LrSchedule schedule_;
   Progress progress_;
   MetricsFile metrics_;  // opened by run(): truncated afresh, appended to on a resume

@@ -80,20 +80,25 @@ void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
                  log_point);
   if (!log_point) return;
   const MemoryStats memory = net_->memory_stats();
-  metrics_.write(JsonRecord()
-                     .add("event", "step")
-                     .add("step", step)
-                     .add("epoch", epoch + 1)
-                     .add("loss", loss)
-                     .add("accuracy", accuracy)
-                     .add("lr", totals.lr)
-                     .add("images_per_second", ips)
-                     .add("step_ms", 1e3 * totals.seconds)
-                     .add("device_bytes", static_cast<int64_t>(backend_.device_bytes_in_use()))
-                     .add("memory_step_peak_bytes", static_cast<int64_t>(memory.step_peak))
-                     .add("memory_step_average_bytes", memory.step_average)
-                     .add("compute_ms", rebalancer_.compute_ms())
-                     .add("split", std::span<const int64_t>(job_.split)));
+  JsonRecord record;
+  record.add("event", "step")
+      .add("step", step)
+      .add("epoch", epoch + 1)
+      .add("loss", loss)
+      .add("accuracy", accuracy)
+      .add("lr", totals.lr)
+      .add("images_per_second", ips)
+      .add("step_ms", 1e3 * totals.seconds)
+      .add("device_bytes", static_cast<int64_t>(backend_.device_bytes_in_use()))
+      .add("memory_step_peak_bytes", static_cast<int64_t>(memory.step_peak))
+      .add("memory_step_average_bytes", memory.step_average)
+      .add("compute_ms", rebalancer_.compute_ms())
+      .add("split", std::span<const int64_t>(job_.split));
+  // The norm clip_norm measured (before clipping).
+  if (options_.optimizer.clip_norm > 0) {
+    record.add("gradient_norm", optimizer_.last_gradient_norm());
+  }
+  metrics_.write(record);
 }
 
 // The epoch's summary line and record, with a test-set evaluation if asked.
@@ -122,6 +127,18 @@ void Trainer::end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_po
         .add("test_top5_accuracy", e.top5_accuracy());
     summary += format(", test loss %.4f acc %.4f top-5 %.4f", e.loss(), e.accuracy(),
                       e.top5_accuracy());
+    if (ema_) {
+      // The average in the weights' place for its evaluation, then the weights back.
+      const std::vector<float> weights = net_->download_parameters();
+      net_->upload_parameters(ema_->download());
+      const EvaluationCounts a = evaluate(*net_, test_set_, norm_, eval_stage_,
+                                          {.chunk = job_.eval_chunk, .comm = comm_});
+      net_->upload_parameters(weights);
+      result_.ema_test_accuracy = a.accuracy();
+      result_.ema_test_loss = a.loss();
+      record.add("ema_test_loss", a.loss()).add("ema_test_accuracy", a.accuracy());
+      summary += format(", ema test loss %.4f acc %.4f", a.loss(), a.accuracy());
+    }
   }
   summary += format(" (%.1f s)", seconds_since(start));
   progress_.line(summary);
@@ -181,6 +198,9 @@ void Trainer::write_end_record() {
         .add("test_top5_accuracy", r.test_top5_accuracy)
         .add("test_loss", r.test_loss);
   }
+  if (r.ema_test_accuracy >= 0) {
+    end.add("ema_test_accuracy", r.ema_test_accuracy).add("ema_test_loss", r.ema_test_loss);
+  }
   metrics_.write(end);
 }
 
@@ -208,13 +228,14 @@ void Trainer::print_summary() {
                          : "",
         sp.plans, sp.replans, 1000.0 * sp.plan_seconds));
   }
+  std::string accuracy;
+  if (r.test_accuracy >= 0) {
+    accuracy = format(", test accuracy %.4f (top-5 %.4f)", r.test_accuracy, r.test_top5_accuracy);
+  }
+  if (r.ema_test_accuracy >= 0) accuracy += format(" (ema %.4f)", r.ema_test_accuracy);
   progress_.line(format("done: %lld steps, %.0f img/s, peak device memory %s%s%s",
                         static_cast<long long>(r.steps), r.images_per_second,
-                        common::format_mib(r.peak_device_bytes).c_str(),
-                        r.test_accuracy >= 0 ? format(", test accuracy %.4f (top-5 %.4f)",
-                                                      r.test_accuracy, r.test_top5_accuracy)
-                                                   .c_str()
-                                             : "",
+                        common::format_mib(r.peak_device_bytes).c_str(), accuracy.c_str(),
                         comm_text.c_str()));
 }
 

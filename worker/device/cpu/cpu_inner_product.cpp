@@ -244,7 +244,8 @@ size_t CpuBackend::softmax_scratch_bytes(const TensorDesc& logits) {
 }
 
 LossStats CpuBackend::softmax_cross_entropy(const Tensor& logits, const int32_t* labels,
-                                            float scale, const Tensor* dlogits) {
+                                            float scale, const Tensor* dlogits,
+                                            float label_smoothing) {
   if (dlogits) {
     check_same_dtype("softmax_cross_entropy", {logits.desc, dlogits->desc});
     if (dlogits->desc.layout != logits.desc.layout) {
@@ -279,11 +280,20 @@ LossStats CpuBackend::softmax_cross_entropy(const Tensor& logits, const int32_t*
     double denom = 0.0;
     for (int64_t j = 0; j < k; ++j) denom += std::exp(static_cast<double>(z[j]) - zmax);
     const double log_denom = std::log(denom);
-    loss += log_denom - (static_cast<double>(z[label]) - zmax);
+    // The target: 1 - s on the label, s / k spread over every class.
+    const double spread = static_cast<double>(label_smoothing) / static_cast<double>(k);
+    const double on_label = 1.0 - static_cast<double>(label_smoothing);
+    loss += on_label * (log_denom - (static_cast<double>(z[label]) - zmax));
+    if (label_smoothing != 0.0f) {
+      double logits_sum = 0.0;
+      for (int64_t j = 0; j < k; ++j) logits_sum += static_cast<double>(z[j]) - zmax;
+      loss += spread * (static_cast<double>(k) * log_denom - logits_sum);
+    }
     if (d) {
       for (int64_t j = 0; j < k; ++j) {
         const double p = std::exp(static_cast<double>(z[j]) - zmax - log_denom);
-        d[i * k + j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * scale);
+        const double q = (j == label ? on_label : 0.0) + spread;
+        d[i * k + j] = static_cast<float>((p - q) * scale);
       }
     }
   }
@@ -294,12 +304,66 @@ LossStats CpuBackend::softmax_cross_entropy(const Tensor& logits, const int32_t*
 void CpuBackend::sgd_update(float* w, const float* g, float* velocity, int64_t count,
                             const SgdStep& step) {
   const float lr = step.lr, mu = step.momentum, wd = step.weight_decay, gs = step.grad_scale;
+  if (step.nesterov) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < count; ++i) {
+      const float d = g[i] * gs + wd * w[i];
+      const float v = mu * velocity[i] + d;
+      velocity[i] = v;
+      w[i] -= lr * (d + mu * v);
+    }
+    return;
+  }
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) {
     const float v = mu * velocity[i] + g[i] * gs + wd * w[i];
     velocity[i] = v;
     w[i] -= lr * v;
   }
+}
+
+void CpuBackend::adamw_update(float* w, const float* g, float* m, float* v, int64_t count,
+                              const AdamWStep& step) {
+  const AdamWFactors f = adamw_factors(step);
+  const float b1 = step.beta1, b2 = step.beta2, eps = step.eps, gs = step.grad_scale;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const float d = g[i] * gs;
+    const float mi = b1 * m[i] + (1.0f - b1) * d;
+    const float vi = b2 * v[i] + (1.0f - b2) * d * d;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = w[i] * f.decay - f.step_size * (mi / (std::sqrt(vi) / f.sqrt_correction2 + eps));
+  }
+}
+
+void CpuBackend::moving_average(float* average, const float* x, int64_t count, float decay) {
+  const float rate = 1.0f - decay;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) average[i] += rate * (x[i] - average[i]);
+}
+
+// Chunks of a fixed size summed each in order, then the chunks' sums in
+// order: the threads only decide who sums a chunk, never the order.
+std::vector<double> CpuBackend::sum_squares(const float* x, std::span<const int64_t> offsets) {
+  constexpr int64_t kChunk = 4096;
+  std::vector<double> sums(offsets.empty() ? 0 : offsets.size() - 1, 0.0);
+  for (size_t s = 0; s < sums.size(); ++s) {
+    const float* segment = x + offsets[s];
+    const int64_t count = offsets[s + 1] - offsets[s];
+    const int64_t chunks = (count + kChunk - 1) / kChunk;
+    std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double sum = 0.0;
+      for (int64_t i = c * kChunk; i < std::min(count, (c + 1) * kChunk); ++i) {
+        sum += static_cast<double>(segment[i]) * segment[i];
+      }
+      partial[static_cast<size_t>(c)] = sum;
+    }
+    for (const double p : partial) sums[s] += p;
+  }
+  return sums;
 }
 
 void CpuBackend::scale(float* x, int64_t count, float alpha) {

@@ -397,9 +397,13 @@ class CudaBackend final : public Backend {
   void concat_backward(const Tensor& dy, int64_t channel_offset, const Tensor& dx,
                        float beta) override;
   LossStats softmax_cross_entropy(const Tensor& logits, const int32_t* labels, float scale,
-                                  const Tensor* dlogits) override;
+                                  const Tensor* dlogits, float label_smoothing = 0.0f) override;
   void sgd_update(float* w, const float* g, float* velocity, int64_t count,
                   const SgdStep& step) override;
+  void adamw_update(float* w, const float* g, float* m, float* v, int64_t count,
+                    const AdamWStep& step) override;
+  void moving_average(float* average, const float* x, int64_t count, float decay) override;
+  std::vector<double> sum_squares(const float* x, std::span<const int64_t> offsets) override;
   void scale(float* x, int64_t count, float alpha) override;
   bool all_finite(const float* x, int64_t count) override;
 
@@ -433,6 +437,7 @@ class CudaBackend final : public Backend {
   size_t softmax_scratch_bytes(const TensorDesc& logits) override {
     return softmax_result_bytes(logits.shape.n);
   }
+  size_t sum_squares_scratch_bytes(size_t segments) override;
   void reserve_scratch(size_t bytes) override { scratch(bytes); }
   size_t scratch_bytes() const override { return scratch_bytes_; }
 

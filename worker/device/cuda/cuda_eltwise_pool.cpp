@@ -1,6 +1,8 @@
 // CUDA backend: relu, add / accumulate, scale, SGD, pooling and concat.
 #include "worker/device/cuda/cuda_backend_impl.h"
 
+#include <cstring>
+
 namespace vtrain::worker::cuda {
 
 // ----------------------------------------------------------------- eltwise
@@ -86,8 +88,53 @@ void CudaBackend::scale(float* x, int64_t count, float alpha) {
 void CudaBackend::sgd_update(float* w, const float* g, float* velocity, int64_t count,
                              const SgdStep& step) {
   cuda::sgd_update(w, g, velocity, count, step.lr, step.momentum, step.weight_decay,
-                   step.grad_scale,
-                   compute_.get());
+                   step.grad_scale, step.nesterov, compute_.get());
+}
+
+void CudaBackend::adamw_update(float* w, const float* g, float* m, float* v, int64_t count,
+                               const AdamWStep& step) {
+  const AdamWFactors f = adamw_factors(step);
+  cuda::adamw_update(w, g, m, v, count, step.beta1, step.beta2, step.eps, step.grad_scale,
+                     f.decay, f.step_size, f.sqrt_correction2, compute_.get());
+}
+
+void CudaBackend::moving_average(float* average, const float* x, int64_t count, float decay) {
+  cuda::moving_average(average, x, count, decay, compute_.get());
+}
+
+// The segment offsets, then the partial sums, in the ops' scratch.
+size_t CudaBackend::sum_squares_scratch_bytes(size_t segments) {
+  if (segments == 0) return 0;
+  return (segments + 1) * sizeof(int64_t) +
+         segments * static_cast<size_t>(cuda::kSumSquaresBlocks) * sizeof(double);
+}
+
+std::vector<double> CudaBackend::sum_squares(const float* x, std::span<const int64_t> offsets) {
+  const size_t segments = offsets.empty() ? 0 : offsets.size() - 1;
+  std::vector<double> sums(segments, 0.0);
+  if (segments == 0) return sums;
+  const std::string what = "sum_squares over " + std::to_string(segments) + " segment(s)";
+  const size_t offset_bytes = offsets.size() * sizeof(int64_t);
+  const size_t partial_bytes = sum_squares_scratch_bytes(segments) - offset_bytes;
+  char* device = scratch(offset_bytes + partial_bytes);
+  char* host = pinned_staging(offset_bytes + partial_bytes);
+  std::memcpy(host, offsets.data(), offset_bytes);
+  VTRAIN_CUDA_CHECK(
+      cudaMemcpyAsync(device, host, offset_bytes, cudaMemcpyHostToDevice, compute_.get()), what);
+  auto* partials = reinterpret_cast<double*>(device + offset_bytes);
+  cuda::sum_squares(x, reinterpret_cast<const int64_t*>(device),
+                    static_cast<int64_t>(segments), partials, compute_.get());
+  VTRAIN_CUDA_CHECK(cudaMemcpyAsync(host + offset_bytes, partials, partial_bytes,
+                                    cudaMemcpyDeviceToHost, compute_.get()),
+                    what);
+  sync_compute(what);
+  const auto* host_partials = reinterpret_cast<const double*>(host + offset_bytes);
+  for (size_t s = 0; s < segments; ++s) {
+    for (int64_t b = 0; b < cuda::kSumSquaresBlocks; ++b) {
+      sums[s] += host_partials[s * cuda::kSumSquaresBlocks + static_cast<size_t>(b)];
+    }
+  }
+  return sums;
 }
 
 // ----------------------------------------------------------------- pooling

@@ -137,7 +137,8 @@ void CudaBackend::inner_product_backward_weights(const Tensor& x, const Tensor& 
 }
 
 LossStats CudaBackend::softmax_cross_entropy(const Tensor& logits, const int32_t* labels,
-                                             float scale, const Tensor* dlogits) {
+                                             float scale, const Tensor* dlogits,
+                                             float label_smoothing) {
   // Stored as plain is enough: the logits of a global pool keep its
   // input's layout, NHWC, which at one pixel is the plain layout's storage.
   if (!stored_as_plain(logits.desc) || (dlogits && !stored_as_plain(dlogits->desc))) {
@@ -161,7 +162,7 @@ LossStats CudaBackend::softmax_cross_entropy(const Tensor& logits, const int32_t
   int32_t* bad = correct + n;
   const std::string what = "softmax_cross_entropy " + logits.shape().str();
   VTRAIN_CUDA_CHECK(cudaMemsetAsync(bad, 0, 2 * sizeof(int32_t), compute_.get()), what);
-  cuda::softmax_cross_entropy(element(type), logits.data, labels, n, k, scale,
+  cuda::softmax_cross_entropy(element(type), logits.data, labels, n, k, scale, label_smoothing,
                               dlogits ? dlogits->data : nullptr, loss, correct, bad,
                               compute_.get());
   char* host = pinned_staging(result_bytes);

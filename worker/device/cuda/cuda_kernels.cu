@@ -164,8 +164,8 @@ __global__ void copy_rows_kernel(const T* src, int64_t src_pitch, T* dst, int64_
 // One warp per row.
 template <typename T>
 __global__ void softmax_xent_kernel(const T* logits, const int32_t* labels, int64_t n,
-                                    int64_t classes, float scale, T* dlogits, double* loss,
-                                    int32_t* correct, int32_t* bad_label) {
+                                    int64_t classes, float scale, float smoothing, T* dlogits,
+                                    double* loss, int32_t* correct, int32_t* bad_label) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = static_cast<int>(threadIdx.x % kWarp);
   if (row >= n) return;
@@ -213,25 +213,81 @@ __global__ void softmax_xent_kernel(const T* logits, const int32_t* labels, int6
     denom += __shfl_xor_sync(0xffffffffu, denom, offset);
   }
   const double log_denom = log(denom);
+  // The target: 1 - smoothing on the label, smoothing / classes on every class.
+  const double spread = static_cast<double>(smoothing) / static_cast<double>(classes);
+  const double on_label = 1.0 - static_cast<double>(smoothing);
+  double logits_sum = 0.0;
+  if (smoothing != 0.0f) {
+    for (int64_t j = lane; j < classes; j += kWarp) {
+      logits_sum += static_cast<double>(to_float(z[j])) - zmax;
+    }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      logits_sum += __shfl_xor_sync(0xffffffffu, logits_sum, offset);
+    }
+  }
   if (lane == 0) {
-    loss[row] = log_denom - (static_cast<double>(to_float(z[label])) - zmax);
+    double l = on_label * (log_denom - (static_cast<double>(to_float(z[label])) - zmax));
+    if (smoothing != 0.0f) l += spread * (static_cast<double>(classes) * log_denom - logits_sum);
+    loss[row] = l;
     correct[row] = best_j == label ? 1 : 0;
   }
   if (d) {
     for (int64_t j = lane; j < classes; j += kWarp) {
       const double p = exp(static_cast<double>(to_float(z[j])) - zmax - log_denom);
-      d[j] = from_float<T>(static_cast<float>((p - (j == label ? 1.0 : 0.0)) * scale));
+      const double q = (j == label ? on_label : 0.0) + spread;
+      d[j] = from_float<T>(static_cast<float>((p - q) * scale));
     }
   }
 }
 
 __global__ void sgd_kernel(float* w, const float* g, float* v, int64_t count, float lr,
-                           float momentum, float weight_decay, float grad_scale) {
+                           float momentum, float weight_decay, float grad_scale, bool nesterov) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
-    const float vi = momentum * v[i] + g[i] * grad_scale + weight_decay * w[i];
+    const float d = g[i] * grad_scale + weight_decay * w[i];
+    const float vi = momentum * v[i] + d;
     v[i] = vi;
-    w[i] -= lr * vi;
+    w[i] -= lr * (nesterov ? d + momentum * vi : vi);
   }
+}
+
+__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, int64_t count,
+                             float beta1, float beta2, float eps, float grad_scale, float decay,
+                             float step_size, float sqrt_correction2) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    const float d = g[i] * grad_scale;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * d;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * d * d;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = w[i] * decay - step_size * (mi / (sqrtf(vi) / sqrt_correction2 + eps));
+  }
+}
+
+__global__ void moving_average_kernel(float* average, const float* x, int64_t count,
+                                      float rate) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    average[i] += rate * (x[i] - average[i]);
+  }
+}
+
+// Block (x, y) sums the squares of its grid-stride share of segment y into
+// partials[y * gridDim.x + x], through a fixed tree in shared memory: the
+// same order on every launch.
+__global__ void sum_squares_kernel(const float* x, const int64_t* offsets, double* partials) {
+  __shared__ double sums[kThreads];
+  const int64_t begin = offsets[blockIdx.y], end = offsets[blockIdx.y + 1];
+  double sum = 0.0;
+  for (int64_t i = begin + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    sum += static_cast<double>(x[i]) * x[i];
+  }
+  sums[threadIdx.x] = sum;
+  __syncthreads();
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.y * gridDim.x + blockIdx.x] = sums[0];
 }
 
 __global__ void inverse_std_to_variance_kernel(const float* inv_std, float* var, int64_t count,
@@ -674,26 +730,52 @@ void copy_rows(Element type, const void* src, int64_t src_pitch, void* dst, int6
 }
 
 void softmax_cross_entropy(Element type, const void* logits, const int32_t* labels, int64_t n,
-                           int64_t classes, float scale, void* dlogits, double* loss,
-                           int32_t* correct, int32_t* bad_label, cudaStream_t stream) {
+                           int64_t classes, float scale, float smoothing, void* dlogits,
+                           double* loss, int32_t* correct, int32_t* bad_label,
+                           cudaStream_t stream) {
   if (n == 0) return;
   constexpr int kRowsPerBlock = kThreads / kWarp;
   const auto blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
   with_type(type, [&](auto t) {
     using T = decltype(t);
     softmax_xent_kernel<T><<<blocks, kThreads, 0, stream>>>(
-        static_cast<const T*>(logits), labels, n, classes, scale, static_cast<T*>(dlogits), loss,
-        correct, bad_label);
+        static_cast<const T*>(logits), labels, n, classes, scale, smoothing,
+        static_cast<T*>(dlogits), loss, correct, bad_label);
   });
   check_launch("softmax_xent_kernel");
 }
 
 void sgd_update(float* w, const float* g, float* v, int64_t count, float lr, float momentum,
-                float weight_decay, float grad_scale, cudaStream_t stream) {
+                float weight_decay, float grad_scale, bool nesterov, cudaStream_t stream) {
   if (count == 0) return;
   sgd_kernel<<<blocks_for(count), kThreads, 0, stream>>>(w, g, v, count, lr, momentum,
-                                                         weight_decay, grad_scale);
+                                                         weight_decay, grad_scale, nesterov);
   check_launch("sgd_kernel");
+}
+
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t count, float beta1,
+                  float beta2, float eps, float grad_scale, float decay, float step_size,
+                  float sqrt_correction2, cudaStream_t stream) {
+  if (count == 0) return;
+  adamw_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
+      w, g, m, v, count, beta1, beta2, eps, grad_scale, decay, step_size, sqrt_correction2);
+  check_launch("adamw_kernel");
+}
+
+void moving_average(float* average, const float* x, int64_t count, float decay,
+                    cudaStream_t stream) {
+  if (count == 0) return;
+  moving_average_kernel<<<blocks_for(count), kThreads, 0, stream>>>(average, x, count,
+                                                                    1.0f - decay);
+  check_launch("moving_average_kernel");
+}
+
+void sum_squares(const float* x, const int64_t* offsets, int64_t segments, double* partials,
+                 cudaStream_t stream) {
+  if (segments == 0) return;
+  const dim3 grid(kSumSquaresBlocks, static_cast<unsigned>(segments));
+  sum_squares_kernel<<<grid, kThreads, 0, stream>>>(x, offsets, partials);
+  check_launch("sum_squares_kernel");
 }
 
 void inverse_std_to_variance(const float* inv_std, float* var, int64_t count, float eps,

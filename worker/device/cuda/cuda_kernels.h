@@ -77,13 +77,30 @@ void copy_rows(Element type, const void* src, int64_t src_pitch, void* dst, int6
 // (softmax - onehot) * scale. A label outside [0, classes) sets
 // bad_label[0] = 1 and bad_label[1] = the label (both untouched otherwise)
 // and zeroes that row's outputs.
+// With label smoothing (`smoothing`) the target is (1 - smoothing) * onehot
+// + smoothing / classes, in the loss and in dlogits (Backend's contract).
 void softmax_cross_entropy(Element type, const void* logits, const int32_t* labels, int64_t n,
-                           int64_t classes, float scale, void* dlogits, double* loss,
-                           int32_t* correct, int32_t* bad_label, cudaStream_t stream);
+                           int64_t classes, float scale, float smoothing, void* dlogits,
+                           double* loss, int32_t* correct, int32_t* bad_label,
+                           cudaStream_t stream);
 
-// v = momentum * v + g * grad_scale + weight_decay * w; w -= lr * v.
+// The optimizers' updates (worker/device/backend.h: SgdStep, AdamWStep;
+// adamw_update takes AdamWFactors' values) and an exponential moving average.
 void sgd_update(float* w, const float* g, float* v, int64_t count, float lr, float momentum,
-                float weight_decay, float grad_scale, cudaStream_t stream);
+                float weight_decay, float grad_scale, bool nesterov, cudaStream_t stream);
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t count, float beta1,
+                  float beta2, float eps, float grad_scale, float decay, float step_size,
+                  float sqrt_correction2, cudaStream_t stream);
+void moving_average(float* average, const float* x, int64_t count, float decay,
+                    cudaStream_t stream);
+
+// Sums of squares of x over `segments` segments [offsets[i], offsets[i + 1])
+// (offsets: device memory), in double: segment i's kSumSquaresBlocks
+// partial sums land in partials[i * kSumSquaresBlocks ...], each in a fixed
+// order; the caller adds them in order.
+inline constexpr int64_t kSumSquaresBlocks = 64;
+void sum_squares(const float* x, const int64_t* offsets, int64_t segments, double* partials,
+                 cudaStream_t stream);
 
 // Batch-norm statistics: cuDNN keeps 1 / sqrt(var + eps), the Backend
 // contract the variance itself.

@@ -278,19 +278,34 @@ class HalfEmulation final : public Backend {
     dx_wide.store();
   }
   LossStats softmax_cross_entropy(const Tensor& logits, const int32_t* labels, float scale,
-                                  const Tensor* dlogits) override {
+                                  const Tensor* dlogits, float label_smoothing) override {
     if (dlogits == nullptr) {
-      return inner_->softmax_cross_entropy(Wide(*this, logits).tensor(), labels, scale, nullptr);
+      return inner_->softmax_cross_entropy(Wide(*this, logits).tensor(), labels, scale, nullptr,
+                                           label_smoothing);
     }
     Wide d_wide(*this, *dlogits, false);
-    const LossStats s =
-        inner_->softmax_cross_entropy(Wide(*this, logits).tensor(), labels, scale, &d_wide.tensor());
+    const LossStats s = inner_->softmax_cross_entropy(Wide(*this, logits).tensor(), labels, scale,
+                                                      &d_wide.tensor(), label_smoothing);
     d_wide.store();
     return s;
   }
+  // The optimizer's ops read and write f32 master state: passed through.
   void sgd_update(float* w, const float* g, float* velocity, int64_t count,
                   const SgdStep& step) override {
     inner_->sgd_update(w, g, velocity, count, step);
+  }
+  void adamw_update(float* w, const float* g, float* m, float* v, int64_t count,
+                    const AdamWStep& step) override {
+    inner_->adamw_update(w, g, m, v, count, step);
+  }
+  void moving_average(float* average, const float* x, int64_t count, float decay) override {
+    inner_->moving_average(average, x, count, decay);
+  }
+  std::vector<double> sum_squares(const float* x, std::span<const int64_t> offsets) override {
+    return inner_->sum_squares(x, offsets);
+  }
+  size_t sum_squares_scratch_bytes(size_t segments) override {
+    return inner_->sum_squares_scratch_bytes(segments);
   }
   void scale(float* x, int64_t count, float alpha) override { inner_->scale(x, count, alpha); }
   bool all_finite(const float* x, int64_t count) override { return inner_->all_finite(x, count); }
