@@ -1,6 +1,7 @@
 #include "worker/train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -71,7 +72,8 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       comm_(options.comm),
       observer_(options.observer),
       job_(job_shape(graph, train_set, options)),
-      staging_(batch_staging(options, job_.my_batch, train_set.sample.per_sample(), backend)),
+      staging_(batch_staging(options, job_.my_batch, train_set.sample.per_sample(), backend,
+                             train_set.files != nullptr)),
       conv_plan_(options.conv_plan),
       net_(std::make_unique<Network>(
           graph, backend,
@@ -82,7 +84,11 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       allreduce_(backend, options.comm,
                  plan_buckets(net_->param_ranges(), options.allreduce_bucket),
                  wire_type(options.gradient_allreduce, graph.precision())),
-      gatherer_(train_set, norm, staging_.gather_ahead, &pinned_),
+      pool_(options.data_workers > 0 && transforms_samples(train_set)
+                ? std::make_unique<DecodePool>(options.data_workers)
+                : nullptr),
+      gatherer_(train_set, norm, staging_.gather_ahead, &pinned_,
+                {options.seed, options.prefetch_batches, pool_.get()}),
       rebalancer_(options.rebalance, job_.rank, job_.ranks, job_.batch),
       scaler_(make_loss_scaler(options.loss_scaling, graph.precision())) {
   // Peak device memory counts from here: what training holds, not the
@@ -203,6 +209,7 @@ const std::vector<int64_t>& Trainer::order_of(int64_t epoch) {
 // their allreduce, the global loss and stop signal, the update.
 StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   if (observer_) observer_->on_step_start(step_event());
+  input_wait_ = 0;
   // A rank without samples has no compute time to report; now and then it
   // times a probe instead (its own span: spans do not nest).
   const bool probing = parallel() && job_.my_batch == 0 && rebalancer_.probes_at(at_.step);
@@ -236,6 +243,7 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   if (trace_ && run_steps == options_.trace_steps) net_->set_trace(nullptr);
   if (run_steps > 1) {  // the first step also creates every primitive
     train_seconds_ += totals.seconds;
+    result_.input_wait_seconds += input_wait_;
     timed_images_ += job_.batch;
   }
   if (to) switch_split(*to);
@@ -301,11 +309,17 @@ StepTotals Trainer::compute(const std::vector<int64_t>& order, int64_t i) {
     return std::span<const int64_t>(samples).subspan(
         static_cast<size_t>(at * job_.batch + job_.my_offset), static_cast<size_t>(job_.my_batch));
   };
-  result_.prefetched_batches += upload_staged(*net_, gatherer_.take(slice(order, i))) ? 1 : 0;
-  if (at_.step + 1 < job_.total_steps) {
-    gatherer_.gather_ahead(i + 1 < job_.steps_per_epoch ? slice(order, i + 1)
-                                                        : slice(order_of(at_.epoch + 1), 0));
+  result_.prefetched_batches +=
+      upload_staged(*net_, gatherer_.take({slice(order, i), at_.epoch})) ? 1 : 0;
+  input_wait_ = gatherer_.last_wait_seconds();
+  // The batches of the steps that follow, into the next epochs as needed.
+  std::array<BatchRef, 64> next;
+  size_t ahead = 0;
+  for (int64_t k = 1; k <= options_.prefetch_batches && at_.step + k < job_.total_steps; ++k, ++ahead) {
+    const int64_t epoch = at_.epoch + (i + k) / job_.steps_per_epoch;
+    next[ahead] = {slice(order_of(epoch), (i + k) % job_.steps_per_epoch), epoch};
   }
+  gatherer_.gather_ahead(std::span<const BatchRef>(next.data(), ahead));
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   const LossStats s =
       net_->train_step(job_.my_batch, static_cast<float>(scale / static_cast<double>(job_.batch)));
@@ -398,10 +412,10 @@ namespace vtrain::worker {
 // thread; the device copy where the device's memory is not the host's (on
 // the CPU it would only add a copy).
 BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
-                           int64_t sample_values, const Backend& backend) {
+                           int64_t sample_values, const Backend& backend, bool decodes) {
   BatchStaging s;
   s.gather_ahead = options.gather_ahead == common::AutoOnOff::kAuto
-                       ? rank_batch * sample_values >= BatchGatherer::kMinPixels
+                       ? decodes || rank_batch * sample_values >= BatchGatherer::kMinPixels
                        : options.gather_ahead == common::AutoOnOff::kOn;
   s.prefetch_input = s.gather_ahead && options.prefetch_input != common::AutoOnOff::kOff &&
                      (options.prefetch_input == common::AutoOnOff::kOn ||
