@@ -28,10 +28,18 @@ void render_file(const Dataset& data, int64_t index, const PixelNorm& norm, Samp
                  SampleScratch& scratch) {
   const Shape& s = data.sample;
   data.files->read(index, scratch.bytes);
+  // One reference captured: the planner fits std::function's own storage,
+  // so no allocation per sample.
+  const struct {
+    const Dataset& data;
+    SampleDraw draw;
+    int64_t index;
+  } sample{data, draw, index};
   try {
     const DecodedWindow decoded =
-        scratch.decoder.decode(scratch.bytes, s.c, s.w, s.h, [&](int64_t width, int64_t height) {
-          return plan_window(data.transform, width, height, s.w, s.h, draw, index);
+        scratch.decoder.decode(scratch.bytes, s.c, s.w, s.h, [&sample](int64_t width, int64_t height) {
+          const Shape& out = sample.data.sample;
+          return plan_window(sample.data.transform, width, height, out.w, out.h, sample.draw, sample.index);
         });
     render_window(decoded.view, decoded.window, norm, s.h, s.w, image, scratch.resample);
   } catch (const DataError& e) {

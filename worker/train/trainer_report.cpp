@@ -14,9 +14,10 @@ struct Evaluation {
   double accuracy = 0;
 };
 
-// Each rank evaluates a contiguous share of the test set; the sums are added.
+// Each rank evaluates a contiguous share of the test set (decoded on
+// `pool` where there is one); the sums are added.
 Evaluation evaluate(Network& net, const Dataset& data, const ChannelStats& norm, int64_t chunk,
-                    Staging& stage, Communicator* comm) {
+                    Staging& stage, Communicator* comm, DecodePool* pool) {
   const int rank = comm ? comm->rank() : 0, ranks = comm ? comm->size() : 1;
   const int64_t first = data.count * rank / ranks, last = data.count * (rank + 1) / ranks;
   std::vector<double> sums{0.0, 0.0};  // loss, correct
@@ -24,7 +25,7 @@ Evaluation evaluate(Network& net, const Dataset& data, const ChannelStats& norm,
     const int64_t n = std::min(chunk, last - at);
     stage.indices.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) stage.indices[i] = at + i;
-    gather_staged(data, norm, stage);
+    gather_staged(data, norm, stage, 0, pool);
     upload_staged(net, stage);
     const LossStats s = net.evaluate(n);
     sums[0] += s.loss_sum;
@@ -128,7 +129,7 @@ void Trainer::end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_po
                                totals.correct / seen);
   if (options_.evaluate && test_set_.count > 0) {
     share_batch_norm_statistics();
-    const Evaluation e = evaluate(*net_, test_set_, norm_, job_.eval_chunk, eval_stage_, comm_);
+    const Evaluation e = evaluate(*net_, test_set_, norm_, job_.eval_chunk, eval_stage_, comm_, pool_.get());
     result_.test_accuracy = e.accuracy;
     result_.test_loss = e.loss;
     record.add("test_loss", e.loss).add("test_accuracy", e.accuracy);
