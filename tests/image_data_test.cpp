@@ -37,7 +37,8 @@ std::vector<uint8_t> picture(int64_t width, int64_t height, int64_t channels, in
       const double dx = static_cast<double>(x) - width / 2.0, dy = static_cast<double>(y) - height / 2.0;
       const bool disc = dx * dx + dy * dy < (width * height) / 10.0;
       for (int64_t c = 0; c < channels; ++c) {
-        const double v = disc ? 200 - 40 * c : (255.0 * x / width + 80.0 * c + 30.0 * seed) * 0.5 + 60.0 * y / height;
+        const double v =
+            disc ? 200 - 40 * c : (255.0 * x / width + 80.0 * c + 30.0 * seed) * 0.5 + 60.0 * y / height;
         p[(y * width + x) * channels + c] = static_cast<uint8_t>(std::clamp(v, 0.0, 255.0));
       }
     }
@@ -61,7 +62,8 @@ std::vector<uint8_t> pixels_of(const ImageView& v) {
   std::vector<uint8_t> out;
   for (int64_t y = 0; y < v.height; ++y) {
     for (int64_t x = 0; x < v.width; ++x) {
-      for (int64_t c = 0; c < v.channels; ++c) out.push_back(v.data[x * v.x_step + y * v.y_step + c * v.c_step]);
+      for (int64_t c = 0; c < v.channels; ++c)
+        out.push_back(v.data[x * v.x_step + y * v.y_step + c * v.c_step]);
     }
   }
   return out;
@@ -70,7 +72,8 @@ std::vector<uint8_t> pixels_of(const ImageView& v) {
 double max_difference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   EXPECT_EQ(a.size(), b.size());
   double d = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::abs(double(a[i]) - double(b[i])));
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    d = std::max(d, std::abs(double(a[i]) - double(b[i])));
   return d;
 }
 
@@ -109,7 +112,8 @@ TEST(ImageDecode, JpegBaselineProgressiveGreyAndCmykDecodeCloseToTheSource) {
     ASSERT_EQ(v.height, 48);
     std::vector<float> a(rgb.begin(), rgb.end());
     const std::vector<uint8_t> got = pixels_of(v);
-    EXPECT_LT(mean_difference(a, std::vector<float>(got.begin(), got.end())), 3.0) << "progressive " << progressive;
+    EXPECT_LT(mean_difference(a, std::vector<float>(got.begin(), got.end())), 3.0)
+        << "progressive " << progressive;
   }
   // Grey JPEG to grey and to RGB (three equal channels).
   const std::vector<uint8_t> grey = picture(40, 40, 1);
@@ -141,8 +145,8 @@ TEST(ImageDecode, AWindowDecodedAloneMatchesTheWholeImage) {
   const CropWindow window{101, 77, 64, 48, false};
   const DecodedWindow part = decoder.decode(jpeg, 3, 64, 48, [&](int64_t, int64_t) { return window; });
   EXPECT_EQ(part.scale, 1);
-  EXPECT_LT(part.view.width, 320);   // columns cropped (to whole iMCUs)
-  EXPECT_LE(part.view.height, 49);   // only the window's rows
+  EXPECT_LT(part.view.width, 320);  // columns cropped (to whole iMCUs)
+  EXPECT_LE(part.view.height, 49);  // only the window's rows
   ResampleScratch scratch;
   std::vector<float> from_part(3 * 48 * 64), from_whole(3 * 48 * 64);
   render_window(part.view, part.window, kRaw3, 48, 64, from_part.data(), scratch);
@@ -159,8 +163,8 @@ TEST(ImageDecode, LargeWindowsDecodeAtAReducedScale) {
   const std::vector<uint8_t> jpeg = encode_jpeg(interleaved(rgb.data(), 512, 384, 3), 90);
   ImageDecoder decoder;
   const CropWindow window{0, 0, 512, 384, false};
-  for (auto [out_w, out_h, scale] : {std::tuple{64, 48, 8}, std::tuple{128, 96, 4}, std::tuple{256, 192, 2},
-                                     std::tuple{300, 200, 1}}) {
+  for (auto [out_w, out_h, scale] :
+       {std::tuple{64, 48, 8}, std::tuple{128, 96, 4}, std::tuple{256, 192, 2}, std::tuple{300, 200, 1}}) {
     const DecodedWindow d = decoder.decode(jpeg, 3, out_w, out_h, [&](int64_t, int64_t) { return window; });
     EXPECT_EQ(d.scale, scale) << out_w;
     EXPECT_EQ(d.full_width, 512);
@@ -431,7 +435,8 @@ TEST(ImageFolder, OtherFilesAreAnErrorNamingThemOrSkippedWithACount) {
 TEST(ImageFolder, AListFileGivesPathsAndLabelsAndNamesABadLine) {
   test_support::TempDir dir;
   write_folder(dir.path("imgs"), 2, 2);
-  std::ofstream(dir.path("list.txt")) << "# path label\nimgs/class-0/img000.png 7\nimgs/class-1/img001.png 2\n";
+  std::ofstream(dir.path("list.txt"))
+      << "# path label\nimgs/class-0/img000.png 7\nimgs/class-1/img001.png 2\n";
   const Dataset data = open_image_folder({"", dir.path("list.txt"), false}, {1, 1, 16, 16});
   EXPECT_EQ(data.count, 2);
   EXPECT_EQ(data.labels, (std::vector<int32_t>{7, 2}));
@@ -501,7 +506,8 @@ TEST(Shards, StaleIndexCorruptTarAndUnlabelledImagesAreNamed) {
   };
   {  // the shard grew after its index was written
     std::ofstream(shard, std::ios::app) << std::string(512, '\0');
-    EXPECT_NE(error_of(shard).find(shard + ".idx:1: written for a shard of"), std::string::npos) << error_of(shard);
+    EXPECT_NE(error_of(shard).find(shard + ".idx:1: written for a shard of"), std::string::npos)
+        << error_of(shard);
   }
   fs::remove(shard + ".idx");
   std::vector<uint8_t> bytes = read_file(shard);
@@ -522,7 +528,8 @@ TEST(Shards, StaleIndexCorruptTarAndUnlabelledImagesAreNamed) {
     tar.add("k1.png", png);
     tar.finish();
   }
-  EXPECT_NE(error_of(dir.path("nolabel.tar")).find("member k1.png has no label (expected k1.cls)"), std::string::npos)
+  EXPECT_NE(error_of(dir.path("nolabel.tar")).find("member k1.png has no label (expected k1.cls)"),
+            std::string::npos)
       << error_of(dir.path("nolabel.tar"));
 }
 
@@ -547,7 +554,8 @@ TEST(Shards, ACorruptMemberIsADataErrorNamingShardAndMember) {
     gather_batch(data, {&zero, 1}, {{0, 0, 0}, {1, 1, 1}}, image.data(), &label);
     FAIL() << "half a JPEG decoded";
   } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find(dir.path("c.tar") + ": member a/x.jpg: corrupt JPEG"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find(dir.path("c.tar") + ": member a/x.jpg: corrupt JPEG"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -602,11 +610,12 @@ TEST(DecodePool, GathersFilesAsOneThreadDoesAndMeasuresItsRate) {
     EXPECT_NE(std::string(e.what()).find(data.files->describe(5)), std::string::npos) << e.what();
   }
   std::vector<int64_t> good = {0, 1, 2};
-  EXPECT_NO_THROW(pool.gather(data, good, pixel_norm(norm.mean, norm.stddev), {4, 1}, pooled.data(), lb.data()));
+  EXPECT_NO_THROW(
+      pool.gather(data, good, pixel_norm(norm.mean, norm.stddev), {4, 1}, pooled.data(), lb.data()));
 }
 
 TEST(DecodePool, DefaultWorkersLeaveTheComputeItsCores) {
-  EXPECT_EQ(default_decode_workers(true, 2, 2, 1), 1);     // this CI box: compute takes both
+  EXPECT_EQ(default_decode_workers(true, 2, 2, 1), 1);  // this CI box: compute takes both
   EXPECT_EQ(default_decode_workers(true, 32, 8, 1), 24);
   EXPECT_EQ(default_decode_workers(false, 64, 1, 8), 7);  // 8 GPUs on 64 cores: 8 each, one runs the loop
   EXPECT_EQ(default_decode_workers(false, 4, 1, 8), 1);

@@ -23,12 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using mpi_runs::compare;
-using mpi_runs::Difference;
-using mpi_runs::final_parameters;
-using mpi_runs::launch;
-using mpi_runs::logged_losses;
-using mpi_runs::mpirun;
 using mpi_runs::run;
 using mpi_runs::TempDir;
 
@@ -68,8 +62,9 @@ class ImageFolderRuns : public ::testing::Test {
 
   // `steps` steps of this config with checkpoints in `ckpt_dir`.
   std::string args(const std::string& ckpt_dir, int steps, const std::string& extra = "") const {
-    return test_support::vtrain_binary() + " " + config_ + " --progress off --set train.max_steps=" +
-           std::to_string(steps) + " --set train.evaluate=false --set conv.algorithm=direct" +
+    return test_support::vtrain_binary() + " " + config_ +
+           " --progress off --set train.max_steps=" + std::to_string(steps) +
+           " --set train.evaluate=false --set conv.algorithm=direct" +
            " --set device.threads=1 --set data.workers=2 --set checkpoint.dir=" + ckpt_dir + " " + extra;
   }
 
@@ -102,14 +97,15 @@ class ImageFolderRuns : public ::testing::Test {
 TEST_F(ImageFolderRuns, AnUnevenSplitTrainsAsOneRank) {
   std::string out;
   ASSERT_EQ(run(args(dir_ / "one", 20), &out), 0) << out;
-  ASSERT_EQ(run(mpirun(3) + args(dir_ / "three", 20, "--set balance.split=manual --set balance.manual=[7,0,41]"),
+  ASSERT_EQ(run(mpi_runs::mpirun(3) +
+                    args(dir_ / "three", 20, "--set balance.split=manual --set balance.manual=[7,0,41]"),
                 &out),
             0)
       << out;
-  const std::vector<float> one = final_parameters(dir_ / "one");
-  const std::vector<float> three = final_parameters(dir_ / "three");
+  const std::vector<float> one = mpi_runs::final_parameters(dir_ / "one");
+  const std::vector<float> three = mpi_runs::final_parameters(dir_ / "three");
   ASSERT_FALSE(one.empty());
-  const Difference d = compare(one, three);
+  const mpi_runs::Difference d = mpi_runs::compare(one, three);
   std::printf("image folder, augmented, 20 steps: 7/0/41 vs 1 rank max abs %.3g (relative %.3g)\n", d.max_abs,
               d.relative);
   EXPECT_LE(d.relative, kTolerance);
@@ -121,34 +117,42 @@ TEST_F(ImageFolderRuns, AResumedRunRepeatsTheUninterruptedOneBitwise) {
     const std::string tag = std::to_string(ranks);
     std::string out;
     const std::string log = " --set train.log_every=1 --metrics ";
-    ASSERT_EQ(run(launch(ranks) + args(dir_ / ("full" + tag), 24, log + dir_ / ("full" + tag + ".jsonl")), &out),
-              0)
+    ASSERT_EQ(
+        run(mpi_runs::launch(ranks) + args(dir_ / ("full" + tag), 24, log + dir_ / ("full" + tag + ".jsonl")),
+            &out),
+        0)
         << out;
-    ASSERT_EQ(run(launch(ranks) + args(dir_ / ("part" + tag), 13, log + dir_ / ("a" + tag + ".jsonl")), &out), 0)
+    ASSERT_EQ(
+        run(mpi_runs::launch(ranks) + args(dir_ / ("part" + tag), 13, log + dir_ / ("a" + tag + ".jsonl")),
+            &out),
+        0)
         << out;
-    ASSERT_EQ(run(launch(ranks) + args(dir_ / ("part" + tag), 24, "--resume" + log + dir_ / ("b" + tag + ".jsonl")),
+    ASSERT_EQ(run(mpi_runs::launch(ranks) +
+                      args(dir_ / ("part" + tag), 24, "--resume" + log + dir_ / ("b" + tag + ".jsonl")),
                   &out),
               0)
         << out;
-    std::vector<std::string> pieced = logged_losses(dir_ / ("a" + tag + ".jsonl"));
-    for (const std::string& l : logged_losses(dir_ / ("b" + tag + ".jsonl"))) pieced.push_back(l);
-    EXPECT_EQ(pieced, logged_losses(dir_ / ("full" + tag + ".jsonl")));
-    EXPECT_EQ(final_parameters(dir_ / ("part" + tag)), final_parameters(dir_ / ("full" + tag)));
+    std::vector<std::string> pieced = mpi_runs::logged_losses(dir_ / ("a" + tag + ".jsonl"));
+    for (const std::string& l : mpi_runs::logged_losses(dir_ / ("b" + tag + ".jsonl"))) pieced.push_back(l);
+    EXPECT_EQ(pieced, mpi_runs::logged_losses(dir_ / ("full" + tag + ".jsonl")));
+    EXPECT_EQ(mpi_runs::final_parameters(dir_ / ("part" + tag)),
+              mpi_runs::final_parameters(dir_ / ("full" + tag)));
   }
 }
 
 // 2 ranks stop mid-epoch; 1 and 3 ranks continue into the next epoch.
 TEST_F(ImageFolderRuns, ACheckpointOfTwoRanksContinuesOnOneAndThree) {
   std::string out;
-  ASSERT_EQ(run(mpirun(2) + args(dir_ / "first", 7), &out), 0) << out;
+  ASSERT_EQ(run(mpi_runs::mpirun(2) + args(dir_ / "first", 7), &out), 0) << out;
   for (int m : {1, 3}) {
     SCOPED_TRACE(std::to_string(m) + " ranks");
     const std::string full = dir_ / ("full" + std::to_string(m));
-    ASSERT_EQ(run(launch(m) + args(full, 16), &out), 0) << out;
+    ASSERT_EQ(run(mpi_runs::launch(m) + args(full, 16), &out), 0) << out;
     const std::string ckpt = dir_ / ("to" + std::to_string(m));
     fs::copy(dir_ / "first", ckpt, fs::copy_options::recursive);
-    ASSERT_EQ(run(launch(m) + args(ckpt, 16, "--resume"), &out), 0) << out;
-    const Difference d = compare(final_parameters(full), final_parameters(ckpt));
+    ASSERT_EQ(run(mpi_runs::launch(m) + args(ckpt, 16, "--resume"), &out), 0) << out;
+    const mpi_runs::Difference d =
+        mpi_runs::compare(mpi_runs::final_parameters(full), mpi_runs::final_parameters(ckpt));
     std::printf("2 -> %d ranks: vs uninterrupted max abs %.3g (relative %.3g)\n", m, d.max_abs, d.relative);
     EXPECT_LE(d.relative, kTolerance);
   }
@@ -158,18 +162,20 @@ TEST_F(ImageFolderRuns, ACheckpointOfTwoRanksContinuesOnOneAndThree) {
 TEST(InMemoryAugmentation, AnUnevenSplitTrainsAsOneRank) {
   TempDir dir;
   std::string out;
-  const std::string augment = "--set optimizer.momentum=0.9 --set \"data.train_transform={crop: random, pad: 4, flip: true}\"";
+  const std::string augment =
+      "--set optimizer.momentum=0.9 --set \"data.train_transform={crop: random, pad: 4, flip: true}\"";
   const std::string& model = mpi_runs::kSmoothLeNetConfig;
   ASSERT_EQ(run(mpi_runs::train_args(dir / "one", 20, augment, model), &out), 0) << out;
-  ASSERT_EQ(run(mpirun(3) + mpi_runs::train_args(dir / "three", 20,
-                                                 augment + " --set balance.split=manual --set balance.manual=[7,0,41]",
-                                                 model),
+  ASSERT_EQ(run(mpi_runs::mpirun(3) +
+                    mpi_runs::train_args(
+                        dir / "three", 20,
+                        augment + " --set balance.split=manual --set balance.manual=[7,0,41]", model),
                 &out),
             0)
       << out;
-  const std::vector<float> one = final_parameters(dir / "one");
+  const std::vector<float> one = mpi_runs::final_parameters(dir / "one");
   ASSERT_FALSE(one.empty());
-  const Difference d = compare(one, final_parameters(dir / "three"));
+  const mpi_runs::Difference d = mpi_runs::compare(one, mpi_runs::final_parameters(dir / "three"));
   std::printf("synthetic, random crop + flip, 20 steps: 7/0/41 vs 1 rank max abs %.3g (relative %.3g)\n",
               d.max_abs, d.relative);
   EXPECT_LE(d.relative, kTolerance);

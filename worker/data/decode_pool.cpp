@@ -14,7 +14,8 @@ int default_decode_workers(bool cpu_backend, int hardware_threads, int compute_t
 }
 
 DecodePool::DecodePool(int workers) {
-  if (workers < 1) throw std::invalid_argument("DecodePool: workers must be >= 1, got " + std::to_string(workers));
+  if (workers < 1)
+    throw std::invalid_argument("DecodePool: workers must be >= 1, got " + std::to_string(workers));
   for (int w = 0; w < workers; ++w) scratch_.push_back(std::make_unique<SampleScratch>());
   for (int w = 0; w < workers; ++w) threads_.emplace_back([this, w] { run(w); });
 }

@@ -68,8 +68,7 @@ struct JpegRegion {
 };
 
 // Each returns false with jpeg.message set when libjpeg failed.
-bool read_jpeg_header(jpeg_decompress_struct& cinfo, std::jmp_buf& jump,
-                      std::span<const uint8_t> bytes) {
+bool read_jpeg_header(jpeg_decompress_struct& cinfo, std::jmp_buf& jump, std::span<const uint8_t> bytes) {
   if (setjmp(jump)) {
     jpeg_abort_decompress(&cinfo);
     return false;
@@ -79,8 +78,7 @@ bool read_jpeg_header(jpeg_decompress_struct& cinfo, std::jmp_buf& jump,
   return true;
 }
 
-bool decode_jpeg_region(jpeg_decompress_struct& cinfo, std::jmp_buf& jump, JpegRegion& r,
-                        uint8_t* out) {
+bool decode_jpeg_region(jpeg_decompress_struct& cinfo, std::jmp_buf& jump, JpegRegion& r, uint8_t* out) {
   if (setjmp(jump)) {
     jpeg_abort_decompress(&cinfo);
     return false;
@@ -103,7 +101,9 @@ bool decode_jpeg_region(jpeg_decompress_struct& cinfo, std::jmp_buf& jump, JpegR
 }
 
 // Scaled size as libjpeg computes it.
-JDIMENSION scaled(JDIMENSION size, int scale) { return (size + static_cast<JDIMENSION>(scale) - 1) / static_cast<JDIMENSION>(scale); }
+JDIMENSION scaled(JDIMENSION size, int scale) {
+  return (size + static_cast<JDIMENSION>(scale) - 1) / static_cast<JDIMENSION>(scale);
+}
 
 // CMYK (Adobe's files store it inverted) to RGB or grey, in place.
 void convert_cmyk(uint8_t* pixels, int64_t count, int64_t channels, bool inverted) {
@@ -183,7 +183,8 @@ std::vector<uint8_t> encode_jpeg(const ImageView& image, int quality, bool progr
 
 ImageFormat sniff_image(std::span<const uint8_t> bytes) {
   static constexpr uint8_t kPng[8] = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A};
-  if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF) return ImageFormat::kJpeg;
+  if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF)
+    return ImageFormat::kJpeg;
   if (bytes.size() >= 8 && std::equal(kPng, kPng + 8, bytes.begin())) return ImageFormat::kPng;
   return ImageFormat::kUnknown;
 }
@@ -191,8 +192,8 @@ ImageFormat sniff_image(std::span<const uint8_t> bytes) {
 ImageDecoder::ImageDecoder() : jpeg_(std::make_unique<Jpeg>()) {}
 ImageDecoder::~ImageDecoder() = default;
 
-DecodedWindow ImageDecoder::decode(std::span<const uint8_t> bytes, int64_t channels,
-                                   int64_t out_width, int64_t out_height, const Planner& plan) {
+DecodedWindow ImageDecoder::decode(std::span<const uint8_t> bytes, int64_t channels, int64_t out_width,
+                                   int64_t out_height, const Planner& plan) {
   if (channels != 1 && channels != 3) {
     throw DataError("images decode to 1 (grey) or 3 (RGB) channels, not " + std::to_string(channels));
   }
@@ -215,8 +216,8 @@ ImageView ImageDecoder::decode_full(std::span<const uint8_t> bytes, int64_t chan
   return decode(bytes, channels, INT32_MAX, INT32_MAX, whole).view;
 }
 
-DecodedWindow ImageDecoder::decode_jpeg(std::span<const uint8_t> bytes, int64_t channels,
-                                        int64_t out_width, int64_t out_height, const Planner& plan) {
+DecodedWindow ImageDecoder::decode_jpeg(std::span<const uint8_t> bytes, int64_t channels, int64_t out_width,
+                                        int64_t out_height, const Planner& plan) {
   Jpeg& j = *jpeg_;
   jpeg_decompress_struct& cinfo = j.cinfo;
   if (!read_jpeg_header(cinfo, j.jump, bytes)) throw DataError(std::string("corrupt JPEG: ") + j.message);
@@ -234,7 +235,8 @@ DecodedWindow ImageDecoder::decode_jpeg(std::span<const uint8_t> bytes, int64_t 
   // The largest DCT scale-down that keeps the window at least the output's size.
   JpegRegion r;
   for (int s : {8, 4, 2}) {
-    if (window.width / s >= static_cast<double>(out_width) && window.height / s >= static_cast<double>(out_height)) {
+    if (window.width / s >= static_cast<double>(out_width) &&
+        window.height / s >= static_cast<double>(out_height)) {
       r.scale = s;
       break;
     }
@@ -270,7 +272,8 @@ DecodedWindow ImageDecoder::decode_jpeg(std::span<const uint8_t> bytes, int64_t 
   return out;
 }
 
-DecodedWindow ImageDecoder::decode_png(std::span<const uint8_t> bytes, int64_t channels, const Planner& plan) {
+DecodedWindow ImageDecoder::decode_png(std::span<const uint8_t> bytes, int64_t channels,
+                                       const Planner& plan) {
   png_image image{};
   image.version = PNG_IMAGE_VERSION;
   if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {

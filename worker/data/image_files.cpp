@@ -127,7 +127,8 @@ ImageFormat file_format(const std::string& path) {
 bool accept_image(const std::string& path, bool skip, int64_t& skipped) {
   if (file_format(path) != ImageFormat::kUnknown) return true;
   if (!skip) {
-    throw DataError(path + ": not a JPEG or PNG image (by its first bytes); remove it, or set "
+    throw DataError(path +
+                    ": not a JPEG or PNG image (by its first bytes); remove it, or set "
                     "data.skip_unreadable: true to skip such files");
   }
   ++skipped;
@@ -154,7 +155,8 @@ void walk_sorted(const fs::path& dir, std::vector<std::string>& files) {
 
 void read_folders(const ImageFolderOptions& o, Dataset& data, ImageFiles& files, int64_t& skipped) {
   std::error_code ec;
-  if (!fs::is_directory(o.dir, ec)) throw DataError(o.dir + ": not a folder (expected <class>/<image> inside)");
+  if (!fs::is_directory(o.dir, ec))
+    throw DataError(o.dir + ": not a folder (expected <class>/<image> inside)");
   const std::vector<fs::path> classes = sorted_entries(o.dir, true);
   if (classes.empty()) throw DataError(o.dir + ": has no class folders (expected <class>/<image> inside)");
   for (size_t label = 0; label < classes.size(); ++label) {
@@ -184,8 +186,8 @@ void read_list(const ImageFolderOptions& o, Dataset& data, ImageFiles& files, in
     std::string path, extra;
     int64_t label = -1;
     if (!(words >> path >> label) || (words >> extra) || label < 0 || label > INT32_MAX) {
-      throw DataError(o.list + ":" + std::to_string(number) + ": expected 'path label' (a label >= 0), got '" +
-                      line + "'");
+      throw DataError(o.list + ":" + std::to_string(number) +
+                      ": expected 'path label' (a label >= 0), got '" + line + "'");
     }
     const std::string full = fs::path(path).is_absolute() ? path : (base / path).string();
     if (!accept_image(full, o.skip_unreadable, skipped)) continue;

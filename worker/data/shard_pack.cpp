@@ -29,7 +29,8 @@ class JpegShrinker {
     const int64_t h = std::max<int64_t>(1, std::lround(full.height * f));
     planar_.resize(static_cast<size_t>(3 * w * h));
     const PixelNorm identity{{1, 1, 1}, {0, 0, 0}};
-    render_window(full, {0, 0, double(full.width), double(full.height)}, identity, h, w, planar_.data(), scratch_);
+    render_window(full, {0, 0, double(full.width), double(full.height)}, identity, h, w, planar_.data(),
+                  scratch_);
     pixels_.resize(planar_.size());
     for (int64_t c = 0; c < 3; ++c) {
       for (int64_t j = 0; j < w * h; ++j) {
@@ -74,7 +75,8 @@ class SampleEncoder {
       throw DataError(data_.files->describe(i) + ": " + e.what());
     }
     const ImageFormat format = sniff_image(bytes);
-    if (format == ImageFormat::kUnknown) throw DataError(data_.files->describe(i) + ": not a JPEG or PNG image");
+    if (format == ImageFormat::kUnknown)
+      throw DataError(data_.files->describe(i) + ": not a JPEG or PNG image");
     return format == ImageFormat::kJpeg ? ".jpg" : ".png";
   }
 
@@ -96,7 +98,8 @@ PackResult pack_shards(const Dataset& data, const PackOptions& o) {
   if (o.samples_per_shard < 1) throw DataError("pack: samples per shard must be at least 1");
   if (data.count == 0) throw DataError("pack: the dataset is empty");
   if (data.files == nullptr && data.sample.c != 1 && data.sample.c != 3) {
-    throw DataError("pack: in-memory samples of " + std::to_string(data.sample.c) + " channels (1 or 3 are stored)");
+    throw DataError("pack: in-memory samples of " + std::to_string(data.sample.c) +
+                    " channels (1 or 3 are stored)");
   }
   SampleEncoder encoder(data, o);
   PackResult result;

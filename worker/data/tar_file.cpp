@@ -42,7 +42,8 @@ int64_t header_number(const uint8_t* field, size_t width) {
 }
 
 std::string header_text(const uint8_t* field, size_t width) {
-  return std::string(reinterpret_cast<const char*>(field), strnlen(reinterpret_cast<const char*>(field), width));
+  return std::string(reinterpret_cast<const char*>(field),
+                     strnlen(reinterpret_cast<const char*>(field), width));
 }
 
 bool checksum_ok(const uint8_t* h) {
@@ -95,11 +96,13 @@ class TarReader {
       std::array<uint8_t, kBlock> h{};
       read(h.data(), kBlock, at_);
       if (std::all_of(h.begin(), h.end(), [](uint8_t b) { return b == 0; })) return std::nullopt;
-      if (!checksum_ok(h.data())) fail("corrupt tar header at byte " + std::to_string(at_) + " (bad checksum)");
+      if (!checksum_ok(h.data()))
+        fail("corrupt tar header at byte " + std::to_string(at_) + " (bad checksum)");
       const int64_t size = header_number(h.data() + 124, 12);
       if (size < 0) fail("corrupt tar header at byte " + std::to_string(at_) + " (bad size field)");
       std::string name = header_text(h.data(), 100);
-      if (std::memcmp(h.data() + 257, "ustar", 5) == 0 && h[345] != 0) name = header_text(h.data() + 345, 155) + "/" + name;
+      if (std::memcmp(h.data() + 257, "ustar", 5) == 0 && h[345] != 0)
+        name = header_text(h.data() + 345, 155) + "/" + name;
       if (!long_name.empty()) name = long_name;
       const int64_t data = at_ + kBlock;
       if (data + size > size_) {
@@ -188,13 +191,15 @@ std::vector<ShardSample> scan_shard(const std::string& path) {
     auto [it, added] = keys.try_emplace(key);
     if (added) order.push_back(key);
     if (image) {
-      if (it->second.image) tar.fail("key " + key + " has two images (" + it->second.image->name + ", " + m->name + ")");
+      if (it->second.image)
+        tar.fail("key " + key + " has two images (" + it->second.image->name + ", " + m->name + ")");
       it->second.image = *m;
     } else {
       std::string text(static_cast<size_t>(std::min<int64_t>(m->size, 64)), '\0');
       tar.read(text.data(), static_cast<int64_t>(text.size()), m->offset);
       it->second.label = parse_label(text);
-      if (!it->second.label || m->size > 64) tar.fail("member " + m->name + ": expected a label (a number >= 0), got '" + text + "'");
+      if (!it->second.label || m->size > 64)
+        tar.fail("member " + m->name + ": expected a label (a number >= 0), got '" + text + "'");
       it->second.cls = m->name;
     }
   }
@@ -237,8 +242,7 @@ std::optional<std::vector<ShardSample>> read_shard_index(const std::string& shar
     std::istringstream words(line);
     ShardSample s;
     if (!(words >> s.offset >> s.size >> s.label) || !std::getline(words >> std::ws, s.member) ||
-        s.member.empty() || s.offset < 0 || s.size < 0 ||
-        s.label < 0 || s.offset + s.size > bytes) {
+        s.member.empty() || s.offset < 0 || s.size < 0 || s.label < 0 || s.offset + s.size > bytes) {
       throw fail(number, "expected '<offset> <size> <label> <member>' within the shard, got '" + line + "'");
     }
     samples.push_back(std::move(s));
@@ -295,11 +299,13 @@ int64_t TarWriter::finish() {
   return at_;
 }
 
-void write_shard_index(const std::string& shard, int64_t shard_bytes, const std::vector<ShardSample>& samples) {
+void write_shard_index(const std::string& shard, int64_t shard_bytes,
+                       const std::vector<ShardSample>& samples) {
   const std::string path = shard_index_path(shard);
   std::ofstream out(path + ".tmp");
   out << "vtrain-shard-index 1 " << shard_bytes << "\n";
-  for (const ShardSample& s : samples) out << s.offset << ' ' << s.size << ' ' << s.label << ' ' << s.member << '\n';
+  for (const ShardSample& s : samples)
+    out << s.offset << ' ' << s.size << ' ' << s.label << ' ' << s.member << '\n';
   out.close();
   if (!out) throw DataError(path + ".tmp: cannot write");
   std::filesystem::rename(path + ".tmp", path);

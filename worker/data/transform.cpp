@@ -60,8 +60,8 @@ CropWindow center(const TransformOptions& o, int64_t width, int64_t height, int6
 }
 
 // A window of the output's size anywhere in the padded image.
-CropWindow random_padded(const TransformOptions& o, int64_t width, int64_t height,
-                         int64_t out_width, int64_t out_height, Rng& rng) {
+CropWindow random_padded(const TransformOptions& o, int64_t width, int64_t height, int64_t out_width,
+                         int64_t out_height, Rng& rng) {
   auto offset = [&](int64_t size, int64_t out) {
     const int64_t room = std::max<int64_t>(0, size + 2 * o.pad - out);
     return static_cast<double>(static_cast<int64_t>(rng.below(static_cast<uint64_t>(room) + 1)) - o.pad);
@@ -159,8 +159,8 @@ PixelNorm pixel_norm(const std::vector<float>& mean, const std::vector<float>& s
   return norm;
 }
 
-void render_window(const ImageView& src, const CropWindow& window, const PixelNorm& norm,
-                   int64_t out_height, int64_t out_width, float* dst, ResampleScratch& s) {
+void render_window(const ImageView& src, const CropWindow& window, const PixelNorm& norm, int64_t out_height,
+                   int64_t out_width, float* dst, ResampleScratch& s) {
   const int64_t channels = src.channels;
   if (static_cast<int64_t>(norm.scale.size()) != channels) {
     throw std::invalid_argument("render_window: normalisation for " + std::to_string(norm.scale.size()) +
