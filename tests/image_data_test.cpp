@@ -177,6 +177,35 @@ TEST(ImageDecode, LargeWindowsDecodeAtAReducedScale) {
   }
 }
 
+// Pillow's JPEGs (libjpeg's encoder, as most files are written) in every
+// colour form decode to the pixels Pillow decodes them to, bit for bit:
+// RGB, progressive, grey, and Adobe CMYK (inverted ink).
+TEST(ImageDecode, PillowsJpegsDecodeToPillowsPixels) {
+  if (const std::string why = test_support::test_python_missing("PIL"); !why.empty()) GTEST_SKIP() << why;
+  test_support::TempDir dir;
+  const std::string script = dir.path("make.py");
+  std::ofstream(script) << R"(import sys
+from PIL import Image
+im = Image.new("RGB", (61, 43))
+im.putdata([((x * 4) % 256, (y * 6) % 256, (x * y) % 256) for y in range(43) for x in range(61)])
+out = sys.argv[1]
+for name, image, options in (("rgb", im, {}), ("progressive", im, {"progressive": True}),
+                             ("grey", im.convert("L"), {}), ("cmyk", im.convert("CMYK"), {})):
+    image.save(f"{out}/{name}.jpg", quality=92, **options)
+    with open(f"{out}/{name}.rgb", "wb") as f:
+        f.write(Image.open(f"{out}/{name}.jpg").convert("RGB").tobytes())
+)";
+  std::string out;
+  ASSERT_EQ(test_support::run_command(test_support::test_python() + " " + script + " " + dir.path(), &out), 0)
+      << out;
+  ImageDecoder decoder;
+  for (const char* name : {"rgb", "progressive", "grey", "cmyk"}) {
+    const std::vector<uint8_t> jpeg = read_file(dir.path(std::string(name) + ".jpg"));
+    const std::vector<uint8_t> expected = read_file(dir.path(std::string(name) + ".rgb"));
+    EXPECT_EQ(pixels_of(decoder.decode_full(jpeg, 3)), expected) << name;
+  }
+}
+
 TEST(ImageDecode, OtherBytesAreRefused) {
   ImageDecoder decoder;
   const std::vector<uint8_t> text = {'h', 'e', 'l', 'l', 'o'};
