@@ -9,7 +9,9 @@ N/5 test images upscaled (bicubic) to ImageNet-like sizes, each side drawn
 in 300..500 px (aspect 0.75..1.33), RGB, JPEG quality 90 (Pillow/libjpeg
 4:2:0): the input-pipeline benchmark's files.
 --small: OUT/small/{train,test}/<class>/<i>.png, every image at 28x28 grey,
-lossless: the accuracy-parity run against the IDX files.
+lossless, and OUT/small/{train,test}.txt listing them ("path label") in the
+IDX files' order: the accuracy-parity run against the IDX files (the list
+gives the same sample order; the folders alone give ImageFolder's).
 The sizes are drawn from a fixed seed, so OUT is the same every time."""
 import argparse
 import gzip
@@ -33,6 +35,7 @@ def read_idx(images, labels):
 
 
 def write(samples, root, large, rng):
+    lines = []
     for i, (image, label) in enumerate(samples):
         folder = os.path.join(root, str(label))
         os.makedirs(folder, exist_ok=True)
@@ -43,6 +46,10 @@ def write(samples, root, large, rng):
             image.resize(size, Image.BICUBIC).convert("RGB").save(os.path.join(folder, f"{i:06d}.jpg"), quality=90)
         else:
             image.save(os.path.join(folder, f"{i:06d}.png"))
+            lines.append(f"{label}/{i:06d}.png {label}\n")
+    if lines:
+        with open(root + ".txt", "w") as f:
+            f.writelines(lines)
 
 
 def main():
