@@ -67,7 +67,12 @@ struct DataConfig {
   // cifar10: the five data_batch_N.bin files and test_batch.bin
   std::vector<std::string> train_files;
   std::vector<std::string> test_files;
-  // synthetic
+  // imagefolder: <dir>/<class>/<image>, or list files of "path label" lines
+  std::string train_dir, test_dir, train_list, test_list;
+  bool skip_unreadable = false;  // skip files that are not JPEG or PNG (counted) instead of failing
+  // shards: WebDataset tar files, brace patterns allowed
+  std::vector<std::string> train_shards, test_shards;
+  // synthetic; for imagefolder and shards the network's input images are transformed to
   worker::Shape shape{1, 1, 28, 28};           // data.shape: [C, H, W]
   int64_t classes = 10;
   int64_t train_size = 1024;
@@ -78,6 +83,13 @@ struct DataConfig {
   // device meanwhile: auto (gather where a rank's batch holds 2^20 values
   // or more, copy where the device is a GPU), on (both, always), off.
   common::AutoOnOff prefetch = common::AutoOnOff::kAuto;
+  // Per-sample transforms (worker/data/transform.h); image files default to
+  // a centre crop, in-memory data to none.
+  worker::TransformOptions train_transform, test_transform;
+  // Decoding threads per rank; 0 = auto (worker/data/decode_pool.h).
+  int64_t workers = 0;
+  // Batches decoded ahead of the step that needs them.
+  int64_t prefetch_batches = 2;
 };
 
 // train.precision in the config: one precision (`bf16`), `auto` (per

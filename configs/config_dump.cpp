@@ -107,9 +107,21 @@ void emit_data(YAML::Emitter& out, const Config& config) {
   } else if (data.kind == worker::DataKind::kCifar10) {
     out << YAML::Key << "train_files" << YAML::Value << data.train_files;
     out << YAML::Key << "test_files" << YAML::Value << data.test_files;
-  } else {
+  } else if (data.kind == worker::DataKind::kImageFolder) {
+    for (auto [key, value] : {std::pair{"train_dir", &data.train_dir}, std::pair{"test_dir", &data.test_dir},
+                              std::pair{"train_list", &data.train_list}, std::pair{"test_list", &data.test_list}}) {
+      if (!value->empty()) out << YAML::Key << key << YAML::Value << *value;
+    }
+    out << YAML::Key << "skip_unreadable" << YAML::Value << data.skip_unreadable;
+  } else if (data.kind == worker::DataKind::kShards) {
+    out << YAML::Key << "train_shards" << YAML::Value << data.train_shards;
+    out << YAML::Key << "test_shards" << YAML::Value << data.test_shards;
+  }
+  if (data.kind != worker::DataKind::kIdx && data.kind != worker::DataKind::kCifar10) {
     out << YAML::Key << "shape" << YAML::Value << YAML::Flow << YAML::BeginSeq << data.shape.c
         << data.shape.h << data.shape.w << YAML::EndSeq;
+  }
+  if (data.kind == worker::DataKind::kSynthetic) {
     out << YAML::Key << "classes" << YAML::Value << data.classes;
     out << YAML::Key << "train_size" << YAML::Value << data.train_size;
     out << YAML::Key << "test_size" << YAML::Value << data.test_size;
@@ -122,6 +134,19 @@ void emit_data(YAML::Emitter& out, const Config& config) {
   }
   out << YAML::Key << "prefetch" << YAML::Value
       << common::name_of(common::kAutoOnOffNames, data.prefetch);
+  for (auto [key, t] : {std::pair{"train_transform", &data.train_transform},
+                        std::pair{"test_transform", &data.test_transform}}) {
+    out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginMap;
+    out << YAML::Key << "crop" << YAML::Value << common::name_of(worker::kCropKindNames, t->crop);
+    out << YAML::Key << "flip" << YAML::Value << t->flip;
+    out << YAML::Key << "scale" << YAML::Value << YAML::BeginSeq << t->scale_min << t->scale_max << YAML::EndSeq;
+    out << YAML::Key << "ratio" << YAML::Value << YAML::BeginSeq << t->ratio_min << t->ratio_max << YAML::EndSeq;
+    out << YAML::Key << "pad" << YAML::Value << t->pad;
+    out << YAML::Key << "resize" << YAML::Value << t->resize;
+    out << YAML::EndMap;
+  }
+  out << YAML::Key << "workers" << YAML::Value << data.workers;
+  out << YAML::Key << "prefetch_batches" << YAML::Value << data.prefetch_batches;
   out << YAML::EndMap;
 }
 

@@ -48,6 +48,67 @@ int64_t data_channels(const DataConfig& data) {
   return data.shape.c;
 }
 
+bool image_files(const DataConfig& data) {
+  return data.kind == worker::DataKind::kImageFolder || data.kind == worker::DataKind::kShards;
+}
+
+// [lo, hi] with lo <= hi, each within `bounds`.
+std::pair<double, double> to_range(const Field& field, const Bounds& bounds) {
+  const std::vector<Field> items = field.items("a list [lo, hi]");
+  if (items.size() != 2) field.fail("expected a list [lo, hi], got a list of " + std::to_string(items.size()));
+  const double lo = to_number(items[0], bounds), hi = to_number(items[1], bounds);
+  if (hi < lo) field.fail("expected lo <= hi, got [" + format_number(lo) + ", " + format_number(hi) + "]");
+  return {lo, hi};
+}
+
+// data.train_transform / data.test_transform: {crop, flip, scale, ratio, pad, resize}.
+worker::TransformOptions read_transform(const Field& field, worker::CropKind default_crop) {
+  worker::TransformOptions t;
+  t.crop = default_crop;
+  if (!field) return t;
+  const Section section(field);
+  section.allow({"crop", "flip", "scale", "ratio", "pad", "resize"});
+  if (Field f = section["crop"]) t.crop = to_choice(f, worker::kCropKindNames);
+  if (Field f = section["flip"]) t.flip = to_bool(f);
+  if (Field f = section["scale"]) std::tie(t.scale_min, t.scale_max) = to_range(f, between(0, 1, true, false));
+  if (Field f = section["ratio"]) std::tie(t.ratio_min, t.ratio_max) = to_range(f, above(0));
+  if (Field f = section["pad"]) t.pad = to_int(f, between(0, 4096, false, false));
+  if (Field f = section["resize"]) t.resize = to_int(f, between(0, 1 << 30, false, false));  // 0: auto
+  return t;
+}
+
+// data.shape: [C, H, W].
+worker::Shape to_shape(const Field& shape) {
+  const std::vector<Field> dims = shape.items("a list [C, H, W]");
+  if (dims.size() != 3) {
+    shape.fail("expected a list [C, H, W], got a list of " + std::to_string(dims.size()));
+  }
+  return worker::Shape{1, to_dimension(dims[0], 1), to_dimension(dims[1], 1), to_dimension(dims[2], 1)};
+}
+
+// imagefolder: a folder or a list per split (a list's paths are relative to
+// the folder when both are given).
+void read_image_folders(const Section& section, DataConfig& data) {
+  for (auto [dir_key, list_key, dir, list] :
+       {std::tuple{"train_dir", "train_list", &data.train_dir, &data.train_list},
+        std::tuple{"test_dir", "test_list", &data.test_dir, &data.test_list}}) {
+    const Field dir_field = section[dir_key];
+    const Field list_field = section[list_key];
+    if (!dir_field && !list_field) {
+      dir_field.fail(std::string("missing (kind imagefolder needs ") + dir_key + " or " + list_key + ")");
+    }
+    if (dir_field) *dir = to_path(dir_field);
+    if (list_field) *list = to_path(list_field);
+  }
+  if (Field f = section["skip_unreadable"]) data.skip_unreadable = to_bool(f);
+}
+
+// A list of shard patterns, or one.
+std::vector<std::string> to_patterns(const Field& field) {
+  if (field.node().IsScalar()) return {to_path(field)};
+  return to_paths(field);
+}
+
 DataConfig read_data(const Field& field) {
   const Section section(field);
   DataConfig data;
@@ -59,13 +120,25 @@ DataConfig read_data(const Field& field) {
     kind_keys = {"train_images", "train_labels", "test_images", "test_labels"};
   } else if (data.kind == worker::DataKind::kCifar10) {
     kind_keys = {"train_files", "test_files"};
+  } else if (data.kind == worker::DataKind::kImageFolder) {
+    kind_keys = {"train_dir", "test_dir", "train_list", "test_list", "skip_unreadable", "shape"};
+  } else if (data.kind == worker::DataKind::kShards) {
+    kind_keys = {"train_shards", "test_shards", "shape"};
   } else {
     kind_keys = {"shape", "classes", "train_size", "test_size"};
   }
   Keys allowed = {"kind"};
   allowed.insert(allowed.end(), kind_keys.begin(), kind_keys.end());
-  allowed.insert(allowed.end(), {"mean", "std", "prefetch"});
+  allowed.insert(allowed.end(), {"mean", "std", "prefetch", "train_transform", "test_transform", "workers",
+                                 "prefetch_batches"});
   section.allow(allowed, "for kind " + kind_name);
+  // Before the kind's required keys, so that a transform's own errors show
+  // whatever else is missing.
+  const worker::CropKind crop = image_files(data) ? worker::CropKind::kCenter : worker::CropKind::kNone;
+  data.train_transform = read_transform(section["train_transform"], crop);
+  data.test_transform = read_transform(section["test_transform"], crop);
+  if (Field f = section["workers"]) data.workers = to_int(f, between(0, 1024, false, false));
+  if (Field f = section["prefetch_batches"]) data.prefetch_batches = to_int(f, between(1, 64, false, false));
 
   if (data.kind == worker::DataKind::kIdx) {
     const std::string why =
@@ -78,15 +151,18 @@ DataConfig read_data(const Field& field) {
     const std::string why = "kind cifar10 needs train_files and test_files";
     data.train_files = to_paths(section.required("train_files", why));
     data.test_files = to_paths(section.required("test_files", why));
-  } else {
-    if (Field shape = section["shape"]) {
-      const std::vector<Field> dims = shape.items("a list [C, H, W]");
-      if (dims.size() != 3) {
-        shape.fail("expected a list [C, H, W], got a list of " + std::to_string(dims.size()));
-      }
-      data.shape = worker::Shape{1, to_dimension(dims[0], 1), to_dimension(dims[1], 1),
-                                 to_dimension(dims[2], 1)};
-    }
+  } else if (data.kind == worker::DataKind::kImageFolder) {
+    read_image_folders(section, data);
+  } else if (data.kind == worker::DataKind::kShards) {
+    const std::string why = "kind shards needs train_shards and test_shards";
+    data.train_shards = to_patterns(section.required("train_shards", why));
+    data.test_shards = to_patterns(section.required("test_shards", why));
+  }
+  if (image_files(data)) {
+    data.shape = {1, 3, 224, 224};
+    if (Field shape = section["shape"]) data.shape = to_shape(shape);
+  } else if (data.kind == worker::DataKind::kSynthetic) {
+    if (Field shape = section["shape"]) data.shape = to_shape(shape);
     if (Field classes = section["classes"]) data.classes = to_dimension(classes, 2);
     if (Field size = section["train_size"]) data.train_size = to_int(size, at_least(1));
     if (Field size = section["test_size"]) data.test_size = to_int(size, at_least(1));

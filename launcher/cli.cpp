@@ -13,7 +13,7 @@
 namespace vtrain::launcher {
 namespace {
 
-const char* kCommands[] = {"train",    "profile", "balance", "check", "db",
+const char* kCommands[] = {"train",    "profile", "balance", "check", "db",     "data",
                            "evaluate", "predict", "export",  "help",  "version"};
 
 bool is_command(const std::string& s) {
@@ -175,6 +175,37 @@ bool parse_export_option(const std::string& a, ArgReader& in, CliArgs& cli) {
   return true;
 }
 
+// data's own options (--out, --batch shared with balance's meaning of a
+// file and a batch); false when `a` is none of them.
+bool parse_data_option(const std::string& a, ArgReader& in, CliArgs& cli) {
+  auto number = [&](int64_t most) {
+    const int64_t n = positive_integer(a, in.value(a));
+    if (n > most) throw UsageError(a + " expects at most " + std::to_string(most) + ", got " + std::to_string(n));
+    return n;
+  };
+  if (a == "--out" && cli.data_action == "pack") {
+    cli.out = in.value(a);
+  } else if (a == "--split") {
+    cli.split = in.value(a);
+    if (cli.split != "train" && cli.split != "test") throw UsageError("--split must be train or test, got '" + cli.split + "'");
+  } else if (a == "--shard-samples" && cli.data_action == "pack") {
+    cli.shard_samples = number(int64_t{1} << 30);
+  } else if (a == "--max-side" && cli.data_action == "pack") {
+    cli.max_side = number(1 << 16);
+  } else if (a == "--quality" && cli.data_action == "pack") {
+    cli.quality = static_cast<int>(number(100));
+  } else if (a == "--workers" && cli.data_action == "bench") {
+    cli.workers = static_cast<int>(number(1024));
+  } else if (a == "--batches" && cli.data_action == "bench") {
+    cli.batches = number(int64_t{1} << 20);
+  } else if (a == "--batch" && cli.data_action == "bench") {
+    cli.batch = number(int64_t{1} << 20);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 bool runs_a_checkpoint(const std::string& command) {
   return command == "evaluate" || command == "predict" || command == "export";
 }
@@ -217,6 +248,8 @@ bool parse_option(const std::string& a, ArgReader& in, CliArgs& cli) {
     return parse_export_option(a, in, cli);
   } else if (runs_a_checkpoint(command)) {
     return parse_model_option(a, in, cli);
+  } else if (command == "data") {
+    return parse_data_option(a, in, cli);
   } else {
     return command == "balance" && parse_balance_option(a, in, cli);
   }
@@ -248,6 +281,9 @@ void check_complete(const CliArgs& cli) {
       throw UsageError("export needs --format FORMAT (" + export_formats() + ")");
     }
     if (cli.out.empty()) throw UsageError("export needs --out FILE (the model file to write)");
+  }
+  if (cli.command == "data" && cli.data_action == "pack" && cli.out.empty()) {
+    throw UsageError("data pack needs --out PREFIX (shards are written as PREFIX-000000.tar, ...)");
   }
   if (cli.command == "balance" && cli.db.empty()) {
     throw UsageError("balance needs --db FILE (the perf DB that `vtrain profile` filled)");
@@ -283,6 +319,18 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
       return cli;
     }
     cli.db_action = action;
+  }
+  if (cli.command == "data") {
+    const std::string action = in.done() ? "" : in.next();
+    if (action == "--help" || action == "-h") {
+      cli.help_topic = cli.command;
+      cli.command = "help";
+      return cli;
+    }
+    if (action != "pack" && action != "bench") {
+      throw UsageError("data needs an action: pack or bench (see vtrain data --help)");
+    }
+    cli.data_action = action;
   }
   while (!in.done()) {
     const std::string& a = in.next();
@@ -368,6 +416,10 @@ Usage:
                  [--workspace SIZE] [--out PLAN]   plan a split offline (what-if)
   vtrain db stats --db FILE        what the perf DB holds
   vtrain db export --db FILE --table NAME [--format csv|jsonl]
+  vtrain data pack CONFIG --out PREFIX [--split S] [--shard-samples N] [--max-side N]
+                 [--quality Q]     the config's data (image folder, IDX, CIFAR-10) into tar shards
+  vtrain data bench CONFIG [--split S] [--workers N] [--batch B] [--batches N]
+                                   the input pipeline alone: images/s of decode + transform
   vtrain check CONFIG [options]    validate the config, build the model, print a summary
   vtrain evaluate CONFIG --checkpoint PATH [--json] [--confusion FILE]
                                    score a checkpoint on the test set (loss, top-1,
@@ -593,14 +645,33 @@ data is loaded to size the model, as training does).
   --out FILE      the file to write, whole or not at all
 Exit codes: 0 written, 1 a checkpoint or file that cannot be read or
 written, 2 a usage or config error.
+  )";
+  }
+  if (topic == "data") {
+    return R"(vtrain data pack CONFIG --out PREFIX [--split train|test] [--shard-samples N]
+                 [--max-side N] [--quality Q] [--set KEY=VALUE]...
+vtrain data bench CONFIG [--split train|test] [--workers N] [--batch B] [--batches N]
+                 [--set KEY=VALUE]...
+
+pack: writes the data CONFIG's data section names (its training set, or
+the test set with --split test) as WebDataset tar shards PREFIX-000000.tar,
+... of --shard-samples samples (default 10000), each <key>.jpg|.png with
+<key>.cls, and an index PREFIX-000000.tar.idx per shard that lets any rank
+seek to its samples. Image files are copied; --max-side N stores JPEGs whose
+larger side exceeds N resized to N (re-encoded at --quality, default 90), so
+that every epoch decodes less; IDX and CIFAR-10 samples are stored as PNG.
+bench: runs the input pipeline alone (read, decode, the split's transform,
+normalise; no training) over --batches batches (default 20) of --batch
+samples (default train.batch) on --workers decoding threads (default
+data.workers's) and prints the images per second.
 )";
   }
   if (topic == "version") return "vtrain --version: prints the version\n";
   if (topic == "evaluate") return kEvaluateHelp;
   if (topic == "predict") return kPredictHelp;
   throw UsageError("no help for '" + topic +
-                   "' (commands: train, profile, balance, check, db, evaluate, predict, export, "
-                   "help, version)");
+                   "' (commands: train, profile, balance, check, db, data, evaluate, predict, "
+                   "export, help, version)");
 }
 
 }  // namespace vtrain::launcher

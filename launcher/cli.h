@@ -56,6 +56,13 @@ struct CliArgs {
   std::string out;                     // balance: --out FILE (write the plan); export: the model file
   std::string fronts;                  // balance: --fronts FILE (Pareto fronts as CSV)
   double allreduce_ms = 0;             // balance: --allreduce-ms MS (added to every step)
+  std::string data_action;             // data: "pack" or "bench"
+  std::string split = "train";         // data: --split train|test
+  int64_t shard_samples = 10000;       // data pack: --shard-samples N
+  int64_t max_side = 0;                // data pack: --max-side N (0: store as is)
+  int quality = 90;                    // data pack: --quality Q (resized JPEGs)
+  int workers = 0;                     // data bench: --workers N (0: data.workers's default)
+  int64_t batches = 20;                // data bench: --batches N
 };
 
 // The formats `vtrain export --format` writes.

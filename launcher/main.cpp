@@ -21,6 +21,7 @@
 #include "configs/config_limits.h"
 #include "configs/rank_precision.h"
 #include "launcher/cli.h"
+#include "launcher/data_command.h"
 #include "launcher/db_command.h"
 #include "launcher/evaluate_command.h"
 #include "launcher/export_command.h"
@@ -38,6 +39,7 @@
 #include "worker/comm/device_infos.h"
 #include "worker/comm/peer_probe.h"
 #include "worker/data/data.h"
+#include "worker/data/image_files.h"
 #include "worker/engine/graph.h"
 #include "worker/engine/network.h"
 #include "worker/profile/planning.h"
@@ -70,8 +72,26 @@ worker::Dataset take(const worker::Dataset& all, int64_t first, int64_t count) {
   return part;
 }
 
-Datasets load_data(const Config& cfg) {
+// Image folders and shards: the sample lists (files skipped, if any, said once per rank).
+Datasets open_image_files(const config::DataConfig& d) {
+  if (d.kind == worker::DataKind::kShards) {
+    return {worker::open_shards(d.train_shards, d.shape), worker::open_shards(d.test_shards, d.shape)};
+  }
+  int64_t skipped_train = 0, skipped_test = 0;
+  Datasets data{worker::open_image_folder({d.train_dir, d.train_list, d.skip_unreadable}, d.shape, &skipped_train),
+                worker::open_image_folder({d.test_dir, d.test_list, d.skip_unreadable}, d.shape, &skipped_test)};
+  if (skipped_train + skipped_test > 0) {
+    std::printf("data: skipped %lld training and %lld test files that are not JPEG or PNG\n",
+                static_cast<long long>(skipped_train), static_cast<long long>(skipped_test));
+  }
+  return data;
+}
+
+Datasets load_stored_data(const Config& cfg) {
   const config::DataConfig& d = cfg.data;
+  if (d.kind == worker::DataKind::kImageFolder || d.kind == worker::DataKind::kShards) {
+    return open_image_files(d);
+  }
   if (d.kind == worker::DataKind::kIdx) {
     return {worker::load_idx(d.train_images, d.train_labels),
             worker::load_idx(d.test_images, d.test_labels)};
@@ -111,6 +131,26 @@ std::function<worker::InitialWeights()> initial_weights(const Config& cfg,
   return [&cfg, &graph, skip] {
     return model_io::read_initial_weights(cfg.model.init, graph, cfg.model.preset, skip);
   };
+}
+
+// data.workers, or its default for this rank's device and the ranks
+// sharing its host (worker::default_decode_workers); 0 where the data needs
+// no decoding.
+int data_workers(const Config& cfg, const std::vector<worker::DeviceInfo>& cluster, int rank) {
+  if (cfg.data.workers > 0) return static_cast<int>(cfg.data.workers);
+  const worker::DeviceInfo& mine = cluster[static_cast<size_t>(rank)];
+  const auto on_host = std::count_if(cluster.begin(), cluster.end(),
+                                     [&](const worker::DeviceInfo& d) { return d.host == mine.host; });
+  return worker::default_decode_workers(mine.backend == "cpu", common::hardware_threads(), mine.threads,
+                                        static_cast<int>(on_host));
+}
+
+// The data with the config's transforms.
+Datasets load_data(const Config& cfg) {
+  Datasets data = load_stored_data(cfg);
+  data.train.transform = cfg.data.train_transform;
+  data.test.transform = cfg.data.test_transform;
+  return data;
 }
 
 // This machine, for the config checks: its backend runs on the host unless
@@ -416,6 +456,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
     }
     return costs.costs;
   };
+  options.data_workers = data_workers(cfg, cluster, comm.rank());
   options.trace_path = cli.trace;
   options.comm = gradient_comm.get();
   options.batch_norm_comm = batch_norm_comm.get();
@@ -607,6 +648,16 @@ int run(int argc, char** argv) {
       const Datasets data = load_data(cfg);
       return run_export(cli, build_graph(cfg, data, 1), normalisation(cfg, data.train),
                         cfg.model.preset);
+    }
+    if (cli.command == "data") {
+      const Config cfg = load(cli);
+      const Datasets data = load_data(cfg);
+      // The pipeline alone: every core unless told otherwise.
+      const int workers = cli.workers > 0             ? cli.workers
+                          : cfg.data.workers > 0      ? static_cast<int>(cfg.data.workers)
+                                                      : common::hardware_threads();
+      return run_data(cli, cli.split == "test" ? data.test : data.train,
+                      cli.batch > 0 ? cli.batch : cfg.train.batch, workers);
     }
     if (cli.command == "balance") {
       const Config cfg = load(cli);

@@ -64,6 +64,7 @@ worker::TrainerOptions trainer_options(const config::Config& cfg) {
   o.gradient_allreduce = cfg.train.gradient_allreduce;
   o.gather_ahead = cfg.data.prefetch;
   o.prefetch_input = cfg.data.prefetch;
+  o.prefetch_batches = static_cast<int>(cfg.data.prefetch_batches);
   return o;
 }
 
@@ -116,7 +117,9 @@ PlanningCosts planning_costs(const config::Config& cfg, const worker::Graph& gra
 bool input_staging(const config::Config& cfg, const worker::Graph& graph,
                    const worker::Backend& backend, int64_t rank_batch) {
   const int64_t sample_values = graph.output_shape(graph.input_index()).per_sample();
-  return worker::batch_staging(trainer_options(cfg), rank_batch, sample_values, backend)
+  const bool decodes =
+      cfg.data.kind == worker::DataKind::kImageFolder || cfg.data.kind == worker::DataKind::kShards;
+  return worker::batch_staging(trainer_options(cfg), rank_batch, sample_values, backend, decodes)
       .prefetch_input;
 }
 

@@ -38,7 +38,8 @@ TEST(ConfigErrorTest, UnknownNestedKey) {
 TEST(ConfigErrorTest, KeyOfAnotherDataKind) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "  train_images: x.gz\n"),
             "t.yaml:5: data.train_images: unknown key for kind synthetic "
-            "(allowed: kind, shape, classes, train_size, test_size, mean, std, prefetch)");
+            "(allowed: kind, shape, classes, train_size, test_size, mean, std, prefetch, train_transform, "
+            "test_transform, workers, prefetch_batches)");
 }
 
 TEST(ConfigErrorTest, KeyOfAnotherLayerType) {

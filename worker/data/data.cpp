@@ -1,5 +1,8 @@
 #include "worker/data/data.h"
 
+#include "worker/data/gather.h"
+#include "worker/data/random.h"
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -16,60 +19,7 @@
 namespace vtrain::worker {
 namespace {
 
-// ---------------------------------------------------------------------------
-// Random numbers. Everything here is written out by hand instead of using
-// <random> distributions, whose algorithms the standard leaves to each
-// library: ranks built against different standard libraries must still draw
-// the same permutation and the same synthetic data.
-
-// SplitMix64 finaliser: a bijective 64-bit mix.
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-uint64_t splitmix64(uint64_t& state) {
-  state += 0x9E3779B97F4A7C15ULL;
-  return mix64(state);
-}
-
-// xoshiro256**, keyed by (seed, stream). The stream is added after hashing the
-// seed, so the streams of one seed never collide with each other and
-// (seed, stream) pairs are not interchangeable.
-class Rng {
- public:
-  Rng(uint64_t seed, uint64_t stream) {
-    uint64_t sm = mix64(mix64(seed) + stream);
-    for (uint64_t& word : s_) word = splitmix64(sm);
-  }
-
-  uint64_t next() {
-    const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-    const uint64_t t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = rotl(s_[3], 45);
-    return result;
-  }
-
-  // Uniform in [0, bound), bound > 0, without modulo bias: draws below
-  // 2^64 mod bound are rejected so every residue is equally likely.
-  uint64_t below(uint64_t bound) {
-    const uint64_t threshold = (0 - bound) % bound;
-    for (;;) {
-      const uint64_t r = next();
-      if (r >= threshold) return r % bound;
-    }
-  }
-
- private:
-  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  std::array<uint64_t, 4> s_{};
-};
+using data_random::Rng;
 
 // ---------------------------------------------------------------------------
 // Files.
@@ -486,6 +436,7 @@ ChannelStats channel_stats(const Dataset& data) {
   const int64_t channels = data.sample.c;
   const int64_t plane = data.sample.h * data.sample.w;
   if (data.count == 0) throw std::invalid_argument("channel_stats: the dataset is empty");
+  if (data.files) return file_channel_stats(data);
 
   // A histogram per channel: counting is exact and fast, and the two-pass mean
   // and variance over 256 bins then cost nothing and lose no precision.
@@ -518,6 +469,10 @@ ChannelStats channel_stats(const Dataset& data) {
 
 void gather_batch(const Dataset& data, std::span<const int64_t> indices, const ChannelStats& norm,
                   float* images, int32_t* labels) {
+  if (transforms_samples(data)) {
+    gather_batch(data, indices, norm, SampleDraw{}, images, labels);
+    return;
+  }
   const int64_t channels = data.sample.c;
   const int64_t plane = data.sample.h * data.sample.w;
   const int64_t per_sample = channels * plane;

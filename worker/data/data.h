@@ -1,17 +1,22 @@
-// Datasets: IDX (MNIST / Fashion-MNIST, gzip or plain), CIFAR-10 binary, and
-// synthetic data of any shape; seeded per-epoch shuffling; batch gathering.
+// Datasets: IDX (MNIST / Fashion-MNIST, gzip or plain), CIFAR-10 binary,
+// synthetic data of any shape, and image files (image folders and tar
+// shards, worker/data/image_files.h); seeded per-epoch shuffling; batch
+// gathering.
 //
-// Images are kept as 8-bit pixels (value / 255 is the intensity) and turned
-// into standardised floats only when a batch is gathered.
+// In-memory images are kept as 8-bit pixels (value / 255 is the intensity);
+// image files stay on disk. Either is turned into standardised floats, through
+// the dataset's transform, only when a batch is gathered.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "common/name_table.h"
+#include "worker/data/transform.h"
 #include "worker/device/tensor.h"
 
 namespace vtrain::worker {
@@ -27,10 +32,16 @@ class DataError : public std::runtime_error {
 enum class DataKind {
   kIdx,        // MNIST / Fashion-MNIST IDX files (load_idx)
   kCifar10,    // CIFAR-10 binary batches (load_cifar10)
-  kSynthetic,  // generated (make_synthetic)
+  kSynthetic,    // generated (make_synthetic)
+  kImageFolder,  // JPEG / PNG files in <class> folders or a list (open_image_folder)
+  kShards,       // WebDataset tar shards (open_shards)
 };
 inline constexpr auto kDataKindNames = std::to_array<common::Named<DataKind>>(
-    {{DataKind::kIdx, "idx"}, {DataKind::kCifar10, "cifar10"}, {DataKind::kSynthetic, "synthetic"}});
+    {{DataKind::kIdx, "idx"},
+     {DataKind::kCifar10, "cifar10"},
+     {DataKind::kSynthetic, "synthetic"},
+     {DataKind::kImageFolder, "imagefolder"},
+     {DataKind::kShards, "shards"}});
 inline const char* data_kind_name(DataKind kind) { return common::name_of(kDataKindNames, kind); }
 
 // Where samples [first, first + count) of a dataset came from: records
@@ -41,13 +52,20 @@ struct LabelSource {
   int64_t count = 0;
 };
 
+class ImageFiles;  // worker/data/image_files.h
+
 struct Dataset {
-  Shape sample{1, 1, 1, 1};     // per-sample shape (n = 1)
+  Shape sample{1, 1, 1, 1};     // per-sample shape (n = 1): the network's input
   int64_t classes = 0;          // labels are in [0, classes)
   int64_t count = 0;            // samples
   std::vector<uint8_t> pixels;  // count * sample.per_sample(), NCHW
   std::vector<int32_t> labels;  // count
   std::vector<LabelSource> sources;  // the label files in sample order; empty for synthetic data
+  // Image files: where sample i's encoded image lies (pixels stays empty).
+  std::shared_ptr<const ImageFiles> files;
+  // What a sample goes through on its way into a batch; crop none without
+  // flip on an in-memory image of the sample's size leaves it as stored.
+  TransformOptions transform;
 };
 
 // IDX image file (magic 0x00000803, n x rows x cols) and label file (magic
@@ -74,7 +92,10 @@ Dataset make_synthetic(const Shape& sample, int64_t classes, int64_t count, uint
 void check_labels(const Dataset& data, int64_t classes);
 
 // Per-channel mean and (population) standard deviation of value / 255 over
-// the dataset. Throws std::invalid_argument for an empty dataset.
+// the dataset; for image files over up to kStatsSamples samples spread
+// evenly through it, as its transform renders them in epoch 0 of seed 0.
+// Throws std::invalid_argument for an empty dataset.
+inline constexpr int64_t kStatsSamples = 1000;
 struct ChannelStats {
   std::vector<float> mean;
   std::vector<float> stddev;
@@ -88,6 +109,13 @@ ChannelStats channel_stats(const Dataset& data);
 // outside [0, count).
 void gather_batch(const Dataset& data, std::span<const int64_t> indices,
                   const ChannelStats& norm, float* images, int32_t* labels);
+
+// The same through data.transform, each sample's random choices drawn from
+// (draw.seed, draw.epoch, its index in the dataset). Image files are read
+// and decoded here; a file that cannot be is a DataError naming it. Uses a
+// decoder and buffers of the calling thread (worker/data/gather.h).
+void gather_batch(const Dataset& data, std::span<const int64_t> indices,
+                  const ChannelStats& norm, SampleDraw draw, float* images, int32_t* labels);
 
 // The permutation of [0, count) used in `epoch`: a pure function of
 // (seed, epoch, count), so every rank draws the same one.

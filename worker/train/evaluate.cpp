@@ -144,7 +144,7 @@ EvaluationCounts evaluate(Network& net, const Dataset& data, const ChannelStats&
     const int64_t n = std::min(options.chunk, last - at);
     stage.indices.resize(static_cast<size_t>(n));
     std::iota(stage.indices.begin(), stage.indices.end(), at);
-    gather_staged(data, norm, stage);
+    gather_staged(data, norm, stage, 0, options.pool);
     upload_staged(net, stage);
     logits.resize(static_cast<size_t>(n * classes));
     net.evaluate(n, logits.data());

@@ -90,6 +90,9 @@ struct EvaluationOptions {
   // The job's ranks (collective: every rank calls evaluate with the same
   // data and units); null: this process scores everything.
   Communicator* comm = nullptr;
+  // Decodes samples that need more than a copy (image files, transforms)
+  // on its threads; null: the calling thread does.
+  DecodePool* pool = nullptr;
 };
 
 // Scores `net` (in inference mode: batch norm with its running statistics)

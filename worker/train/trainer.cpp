@@ -1,6 +1,7 @@
 #include "worker/train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -86,7 +87,8 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       job_(job_shape(graph, train_set, options)),
       precisions_(rank_precisions(graph, options, job_.ranks)),
       scaling_(plan_loss_scaling(options.loss_scaling, precisions_, job_.rank)),
-      staging_(batch_staging(options, job_.my_batch, train_set.sample.per_sample(), backend)),
+      staging_(batch_staging(options, job_.my_batch, train_set.sample.per_sample(), backend,
+                             train_set.files != nullptr)),
       conv_plan_(options.conv_plan),
       net_(std::make_unique<Network>(
           graph, backend,
@@ -100,7 +102,11 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       allreduce_(backend, options.comm,
                  plan_buckets(net_->param_ranges(), options.allreduce_bucket),
                  wire_type(options.gradient_allreduce, precisions_)),
-      gatherer_(train_set, norm, staging_.gather_ahead, &pinned_),
+      pool_(options.data_workers > 0 && transforms_samples(train_set)
+                ? std::make_unique<DecodePool>(options.data_workers)
+                : nullptr),
+      gatherer_(train_set, norm, staging_.gather_ahead, &pinned_,
+                {options.seed, options.prefetch_batches, pool_.get()}),
       rebalancer_(options.rebalance, job_.rank, job_.ranks, job_.batch),
       throttle_(options.input_rate_limit ? std::optional<InputThrottle>(*options.input_rate_limit)
                                          : std::nullopt),
@@ -226,21 +232,28 @@ const std::vector<int64_t>& Trainer::order_of(int64_t epoch) {
 // their allreduce, the global loss and stop signal, the update.
 StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   if (observer_) observer_->on_step_start(step_event());
+  input_wait_ = 0;
   // A rank without samples has no compute time to report; now and then it
   // times a probe instead (its own span: spans do not nest).
   const bool probing = parallel() && job_.my_batch == 0 && rebalancer_.probes_at(at_.step);
   double probe_ms = 0;
   const auto start = Clock::now();
-  // The wait for this step's input (a throttled rank's; the in-memory
-  // gather itself runs inside compute()).
-  const double input_wait_ms = throttle_ && job_.my_batch > 0 ? throttle_->wait(job_.my_batch) : 0.0;
+  // The wait for this step's input: a throttled rank's here, and inside
+  // compute() the wait for the batch the gatherer decodes ahead.
+  const double throttle_ms = throttle_ && job_.my_batch > 0 ? throttle_->wait(job_.my_batch) : 0.0;
   // Only the re-balancer reads the compute time, and only with several
   // ranks: one rank spares the span's sync (on a GPU, a host wait).
   if (parallel() && !probing) backend_.begin_compute_span();
   StepTotals totals = job_.my_batch > 0 ? compute(order, i)
                                         : contribute_zero_gradients(probing ? &probe_ms : nullptr);
   if (observer_) observer_->on_compute_done(step_event(), seconds_since(start));
-  const double compute_ms = parallel() && !probing ? backend_.end_compute_span_ms() : 0.0;
+  // The gatherer's wait ran inside the compute span: the re-balancer gets
+  // it as input time, not as compute time.
+  const double gather_wait_ms = 1e3 * input_wait_;
+  const double compute_ms =
+      parallel() && !probing ? std::max(0.0, backend_.end_compute_span_ms() - gather_wait_ms) : 0.0;
+  const double input_wait_ms = throttle_ms + gather_wait_ms;
+  input_wait_ = input_wait_ms / 1e3;
   allreduce_.complete(net_->gradients());
   totals.stop = options_.stop_signal && options_.stop_signal->load() != 0;
   std::optional<SplitSwitch> to;
@@ -264,6 +277,7 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   if (trace_ && run_steps == options_.trace_steps) net_->set_trace(nullptr);
   if (run_steps > 1) {  // the first step also creates every primitive
     train_seconds_ += totals.seconds;
+    result_.input_wait_seconds += input_wait_;
     timed_images_ += job_.batch;
   }
   if (to) switch_split(*to);
@@ -329,11 +343,17 @@ StepTotals Trainer::compute(const std::vector<int64_t>& order, int64_t i) {
     return std::span<const int64_t>(samples).subspan(
         static_cast<size_t>(at * job_.batch + job_.my_offset), static_cast<size_t>(job_.my_batch));
   };
-  result_.prefetched_batches += upload_staged(*net_, gatherer_.take(slice(order, i))) ? 1 : 0;
-  if (at_.step + 1 < job_.total_steps) {
-    gatherer_.gather_ahead(i + 1 < job_.steps_per_epoch ? slice(order, i + 1)
-                                                        : slice(order_of(at_.epoch + 1), 0));
+  result_.prefetched_batches +=
+      upload_staged(*net_, gatherer_.take({slice(order, i), at_.epoch})) ? 1 : 0;
+  input_wait_ = gatherer_.last_wait_seconds();
+  // The batches of the steps that follow, into the next epochs as needed.
+  std::array<BatchRef, 64> next;
+  size_t ahead = 0;
+  for (int64_t k = 1; k <= options_.prefetch_batches && at_.step + k < job_.total_steps; ++k, ++ahead) {
+    const int64_t epoch = at_.epoch + (i + k) / job_.steps_per_epoch;
+    next[ahead] = {slice(order_of(epoch), (i + k) % job_.steps_per_epoch), epoch};
   }
+  gatherer_.gather_ahead(std::span<const BatchRef>(next.data(), ahead));
   const double scale = scaler_ && scaling_.here ? scaler_->scale() : 1.0;
   // Among ranks that do not scale, this one's gradients go out unscaled.
   allreduce_.set_prescale(scaling_.unscale_before_exchange ? static_cast<float>(1.0 / scale) : 1.0f);
@@ -431,10 +451,10 @@ namespace vtrain::worker {
 // thread; the device copy where the device's memory is not the host's (on
 // the CPU it would only add a copy).
 BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
-                           int64_t sample_values, const Backend& backend) {
+                           int64_t sample_values, const Backend& backend, bool decodes) {
   BatchStaging s;
   s.gather_ahead = options.gather_ahead == common::AutoOnOff::kAuto
-                       ? rank_batch * sample_values >= BatchGatherer::kMinPixels
+                       ? decodes || rank_batch * sample_values >= BatchGatherer::kMinPixels
                        : options.gather_ahead == common::AutoOnOff::kOn;
   s.prefetch_input = s.gather_ahead && options.prefetch_input != common::AutoOnOff::kOff &&
                      (options.prefetch_input == common::AutoOnOff::kOn ||

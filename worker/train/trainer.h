@@ -15,6 +15,7 @@
 #include "worker/device/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/data/data.h"
+#include "worker/data/decode_pool.h"
 #include "worker/engine/graph.h"
 #include "worker/train/bucket_allreduce.h"
 #include "worker/train/checkpoint.h"
@@ -161,6 +162,12 @@ struct TrainerOptions {
   // Limits this rank's input to this many images/s (InputThrottle,
   // input_rate.h: VTRAIN_INPUT_RATE_LIMIT); nullopt = as fast as it comes.
   std::optional<double> input_rate_limit;
+  // Decoding threads for training data that needs more than a copy (image
+  // files, transforms; data.workers decided): 0 = none, the gathering
+  // thread decodes alone.
+  int data_workers = 0;
+  // Batches gathered ahead at most (data.prefetch_batches).
+  int prefetch_batches = 1;
 };
 
 // How a rank stages its batches (TrainerOptions::gather_ahead and
@@ -170,8 +177,9 @@ struct BatchStaging {
   bool gather_ahead = false;
   bool prefetch_input = false;  // NetworkOptions::prefetch_input
 };
+// Image files (`decodes`) are always worth gathering ahead under auto.
 BatchStaging batch_staging(const TrainerOptions& options, int64_t rank_batch,
-                           int64_t sample_values, const Backend& backend);
+                           int64_t sample_values, const Backend& backend, bool decodes = false);
 
 // The device allocations training makes beside the network, each in bytes
 // per parameter (NetworkOptions::allocations_after_network): the state of
@@ -206,7 +214,15 @@ struct TrainResult {
   int64_t prefetched_batches = 0;     // steps whose batch was copied during the step before
   double loss_scale = 0;              // loss scaling's scale after the last step; 0 if off
   std::vector<int64_t> final_split;   // the split of the last step
+  double input_wait_seconds = 0;      // this rank's steps waited for their batches (timed steps)
+  bool input_bound = false;           // the input wait was over kInputBoundRunShare of the step time
+  InputRate input_rate;               // this rank's decoding pool, if it has one
 };
+
+// The share of the training time spent waiting for input above which the
+// end summary calls a run input-bound (the re-balancer counts a rank's
+// wait from a lower share, rebalancer.h's kInputBoundShare).
+inline constexpr double kInputBoundRunShare = 0.1;
 
 // Trains `graph` on `backend`, as this rank's part of the job when
 // options.comm is set. `test` may have count 0 (then no evaluation). Throws

@@ -152,6 +152,7 @@ class Trainer {
   BucketAllreduce allreduce_;  // the gradient buckets
   PinnedMemory pinned_{backend_};  // before the staging it holds
   Staging eval_stage_{&pinned_};
+  std::unique_ptr<DecodePool> pool_;  // TrainerOptions::data_workers; before the gatherer that uses it
   BatchGatherer gatherer_;
   Rebalancer rebalancer_;
   std::optional<InputThrottle> throttle_;  // TrainerOptions::input_rate_limit
@@ -168,6 +169,7 @@ class Trainer {
   std::optional<TimingBatch> probe_batch_;   // what an idle rank's probes run on
   double train_seconds_ = 0;
   int64_t timed_images_ = 0;
+  double input_wait_ = 0;  // seconds this step waited for its batch
 };
 
 }  // namespace vtrain::worker::trainer_internal

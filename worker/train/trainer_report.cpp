@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "worker/train/evaluate.h"
+#include "worker/data/gather.h"
 #include "worker/train/trainer_internal.h"
 
 namespace vtrain::worker::trainer_internal {
@@ -55,6 +56,15 @@ void Trainer::print_setup() {
                         m.policy.c_str(), m.planner.c_str(), common::format_mib(m.reservation).c_str(),
                         common::format_mib(m.capacity).c_str(), common::format_mib(m.persistent_bytes).c_str(),
                         common::format_mib(m.host_reservation).c_str()));
+  if (transforms_samples(train_set_)) {
+    progress_.line(format("data: %lld training samples, transform %s; test transform %s; %s, %d batch(es) "
+                          "ahead (data.workers, data.prefetch_batches)",
+                          static_cast<long long>(train_set_.count), train_set_.transform.str().c_str(),
+                          test_set_.transform.str().c_str(),
+                          pool_ ? format("%d decoding thread(s)", pool_->workers()).c_str()
+                                : "decoded on the gathering thread",
+                          staging_.gather_ahead ? options_.prefetch_batches : 0));
+  }
   if (staging_.gather_ahead) {
     progress_.line(staging_.prefetch_input
                        ? "data: each next batch gathered on a thread and copied to the device "
@@ -72,11 +82,14 @@ void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
       train_seconds_ > 0 ? static_cast<double>(timed_images_) / train_seconds_ : 0;
   const int64_t step = at_.step;
   const bool log_point = step % options_.log_every == 0 || step == job_.total_steps;
-  progress_.step(format("epoch %lld/%lld step %lld/%lld loss %.4f acc %.3f lr %.4g %.0f img/s",
+  // Where batches are decoded the line also says how long this rank's step waited for its input.
+  const std::string wait =
+      transforms_samples(train_set_) ? format(" input wait %.1f ms", 1e3 * input_wait_) : std::string();
+  progress_.step(format("epoch %lld/%lld step %lld/%lld loss %.4f acc %.3f lr %.4g %.0f img/s%s",
                         static_cast<long long>(epoch + 1), static_cast<long long>(options_.epochs),
                         static_cast<long long>(i + 1),
                         static_cast<long long>(job_.steps_per_epoch), loss, accuracy, totals.lr,
-                        ips),
+                        ips, wait.c_str()),
                  log_point);
   if (!log_point) return;
   const MemoryStats memory = net_->memory_stats();
@@ -89,6 +102,7 @@ void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
       .add("lr", totals.lr)
       .add("images_per_second", ips)
       .add("step_ms", 1e3 * totals.seconds)
+      .add("input_wait_ms", 1e3 * input_wait_)
       .add("device_bytes", static_cast<int64_t>(backend_.device_bytes_in_use()))
       .add("memory_step_peak_bytes", static_cast<int64_t>(memory.step_peak))
       .add("memory_step_average_bytes", memory.step_average)
@@ -118,7 +132,7 @@ void Trainer::end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_po
   if (options_.evaluate && test_set_.count > 0) {
     share_batch_norm_statistics();
     const EvaluationCounts e = evaluate(*net_, test_set_, norm_, eval_stage_,
-                                        {.chunk = job_.eval_chunk, .comm = comm_});
+                                        {.chunk = job_.eval_chunk, .comm = comm_, .pool = pool_.get()});
     result_.test_accuracy = e.accuracy();
     result_.test_top5_accuracy = e.top5_accuracy();
     result_.test_loss = e.loss();
@@ -132,7 +146,7 @@ void Trainer::end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_po
       const std::vector<float> weights = net_->download_parameters();
       net_->upload_parameters(ema_->download());
       const EvaluationCounts a = evaluate(*net_, test_set_, norm_, eval_stage_,
-                                          {.chunk = job_.eval_chunk, .comm = comm_});
+                                          {.chunk = job_.eval_chunk, .comm = comm_, .pool = pool_.get()});
       net_->upload_parameters(weights);
       result_.ema_test_accuracy = a.accuracy();
       result_.ema_test_loss = a.loss();
@@ -157,6 +171,8 @@ void Trainer::finish() {
   result_.final_split = job_.split;
   result_.loss_scale = scaler_ ? scaler_->scale() : 0.0;
   result_.skipped_steps = scaler_ ? scaler_->skipped_steps() : 0;
+  result_.input_bound = train_seconds_ > 0 && result_.input_wait_seconds > kInputBoundRunShare * train_seconds_;
+  if (pool_) result_.input_rate = pool_->measured_rate();
   if (trace_) {
     net_->set_trace(nullptr);
     std::vector<std::string> parts = parallel()
@@ -201,6 +217,10 @@ void Trainer::write_end_record() {
   if (r.ema_test_accuracy >= 0) {
     end.add("ema_test_accuracy", r.ema_test_accuracy).add("ema_test_loss", r.ema_test_loss);
   }
+  if (transforms_samples(train_set_)) {
+    end.add("input_wait_seconds", r.input_wait_seconds).add("input_bound", static_cast<int64_t>(r.input_bound));
+    if (r.input_rate.images > 0) end.add("input_images_per_second", r.input_rate.images_per_second);
+  }
   metrics_.write(end);
 }
 
@@ -233,6 +253,19 @@ void Trainer::print_summary() {
     accuracy = format(", test accuracy %.4f (top-5 %.4f)", r.test_accuracy, r.test_top5_accuracy);
   }
   if (r.ema_test_accuracy >= 0) accuracy += format(" (ema %.4f)", r.ema_test_accuracy);
+  if (transforms_samples(train_set_) && train_seconds_ > 0) {
+    const double share = r.input_wait_seconds / train_seconds_;
+    progress_.line(format("data: steps waited %.2f s for input of %.2f s (%.0f%%): %s%s",
+                          r.input_wait_seconds, train_seconds_, 100.0 * share,
+                          r.input_bound ? "input-bound (more data.workers, or shards packed with "
+                                          "--max-side, would speed it up)"
+                                        : "not input-bound",
+                          r.input_rate.images > 0
+                              ? format("; decoding pool %d thread(s), %.0f img/s", r.input_rate.workers,
+                                       r.input_rate.images_per_second)
+                                    .c_str()
+                              : ""));
+  }
   progress_.line(format("done: %lld steps, %.0f img/s, peak device memory %s%s%s",
                         static_cast<long long>(r.steps), r.images_per_second,
                         common::format_mib(r.peak_device_bytes).c_str(), accuracy.c_str(),
