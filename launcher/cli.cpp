@@ -290,7 +290,7 @@ void check_complete(const CliArgs& cli) {
   }
   if (cli.command == "predict" && cli.inputs.empty()) {
     throw UsageError("predict needs at least one INPUT after the config (test:INDEX or "
-                     "train:INDEX: a sample of the config's data)");
+                     "train:INDEX: a sample of the config's data; or a JPEG or PNG file)");
   }
 }
 
@@ -391,17 +391,20 @@ const char* const kPredictHelp =
 Runs the model of a checkpoint on each INPUT and prints its K most likely
 classes (default 5) with their probabilities (softmax of the scores) and
 names where the data has them (CIFAR-10's classes), else class indexes.
-INPUT is a sample of CONFIG's data:
-  test:INDEX    sample INDEX of the test set (from 0)
+INPUT is a sample of CONFIG's data or an image file:
+  test:INDEX    sample INDEX of the test set (from 0); its label is shown
   train:INDEX   sample INDEX of the training set
-normalised as training and evaluation normalise it; its label is shown.
+  FILE          a JPEG or PNG file, through data.test_transform (resized and
+                cropped to the model's input, as the test set is)
+each normalised as training and evaluation normalise it.
   --checkpoint PATH   the checkpoint file, or a folder: its newest
   --top K             classes shown per input (at most the model's classes)
   --batch B           inputs per forward pass (default train.batch)
   --json              print one JSON object (docs/evaluate.md)
 Exit codes: 0 success, 1 runtime failure (no checkpoint at PATH, a
-checkpoint of another model), 2 usage or config error (an INPUT of another
-form, an INDEX outside the data).
+checkpoint of another model, a FILE that is not a readable JPEG or PNG),
+2 usage or config error (an INPUT of none of these forms, an INDEX outside
+the data).
 )";
 
 std::string help_text(const std::string& topic) {
@@ -425,7 +428,7 @@ Usage:
                                    score a checkpoint on the test set (loss, top-1,
                                    top-5, per class; mpirun -np N splits the set)
   vtrain predict CONFIG --checkpoint PATH INPUT... [--top K] [--json]
-                                   the top classes of samples (INPUT: test:N, train:N)
+                                   the top classes of samples (INPUT: test:N, train:N, FILE)
   vtrain export CONFIG --checkpoint PATH --format onnx|safetensors --out FILE
                                    write a trained model for other tools
   vtrain help [COMMAND]            this help, or a command's

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "common/text.h"
 #include "configs/config_limits.h"
 #include "launcher/part_options.h"
+#include "worker/data/image_files.h"
 #include "worker/device/pinned_memory.h"
 #include "worker/engine/network.h"
 #include "worker/train/batch_gatherer.h"
@@ -167,18 +169,41 @@ struct PredictInput {
   std::string text;
   const worker::Dataset* data = nullptr;
   int64_t index = 0;
+  int32_t label = -1;  // the sample's own; -1 for an image file, which has none
+};
+
+// The image files named on the command line, as a dataset of the
+// network's input shape that goes through the config's evaluation
+// transform (data.test_transform), as the test set does.
+struct ImageInputs {
+  std::shared_ptr<worker::ImageFiles> files = std::make_shared<worker::ImageFiles>();
+  worker::Dataset data;
+  explicit ImageInputs(const TrainedModelSetup& setup) {
+    data.sample = setup.test.sample;
+    data.classes = setup.graph.classes();
+    data.transform = setup.cfg.data.test_transform;
+    data.files = files;
+  }
 };
 
 // The one place an INPUT is read. Its forms: test:INDEX and train:INDEX, a
-// sample of the config's data. (An image file, once the data can decode
-// one, is a third form, read here.)
-PredictInput predict_input(const std::string& arg, const TrainedModelSetup& setup) {
+// sample of the config's data; or the path of a JPEG or PNG file, added to
+// `images` (decoded when the batch is gathered: a file that is neither is
+// a data error naming it).
+PredictInput predict_input(const std::string& arg, const TrainedModelSetup& setup,
+                           ImageInputs& images) {
   const size_t colon = arg.find(':');
   const std::string set = arg.substr(0, colon);
   if (colon == std::string::npos || (set != "test" && set != "train")) {
-    throw UsageError("predict: INPUT '" + arg + "' is none of the forms predict reads: "
-                     "test:INDEX or train:INDEX (sample INDEX of the config's test or "
-                     "training data, from 0)");
+    std::error_code error;
+    if (!std::filesystem::is_regular_file(arg, error)) {
+      throw UsageError("predict: INPUT '" + arg + "' is none of the forms predict reads: "
+                       "test:INDEX or train:INDEX (sample INDEX of the config's test or "
+                       "training data, from 0), or the path of a JPEG or PNG file");
+    }
+    images.files->add_file(arg);
+    images.data.labels.push_back(0);  // the loss step needs one; not shown
+    return {arg, &images.data, images.data.count++, -1};
   }
   const worker::Dataset& data = set == "test" ? setup.test : setup.train;
   const std::string digits = arg.substr(colon + 1);
@@ -190,13 +215,14 @@ PredictInput predict_input(const std::string& arg, const TrainedModelSetup& setu
                      std::to_string(data.count - 1) + " (the " + set + " data has " +
                      std::to_string(data.count) + " samples)");
   }
-  return {arg, &data, index};
+  return {arg, &data, index, data.labels[static_cast<size_t>(index)]};
 }
 
-// The inputs' scores, n x classes, in `chunk`s of the network's batch.
+// The inputs' scores, n x classes, in `chunk`s of the network's batch;
+// each sample through its dataset's transform, as evaluation gathers it.
 std::vector<float> predict_scores(worker::Network& net, const std::vector<PredictInput>& inputs,
                                   const worker::ChannelStats& norm, worker::Staging& stage,
-                                  int64_t chunk) {
+                                  int64_t chunk, uint64_t seed) {
   const int64_t classes = net.graph().classes();
   const int64_t per_sample = inputs.front().data->sample.per_sample();
   const auto count = static_cast<int64_t>(inputs.size());
@@ -210,19 +236,13 @@ std::vector<float> predict_scores(worker::Network& net, const std::vector<Predic
       const PredictInput& in = inputs[static_cast<size_t>(at + i)];
       stage.indices[i] = in.index;
       worker::gather_batch(*in.data, std::span<const int64_t>(&in.index, 1), norm,
-                           stage.images.data() + i * per_sample, stage.labels.data() + i);
+                           worker::SampleDraw{seed, 0}, stage.images.data() + i * per_sample,
+                           stage.labels.data() + i);
     }
     worker::upload_staged(net, stage);
     net.evaluate(n, scores.data() + at * classes);
   }
   return scores;
-}
-
-// The labels of the inputs (a sample's own), in order.
-std::vector<int32_t> input_labels(const std::vector<PredictInput>& inputs) {
-  std::vector<int32_t> labels;
-  for (const PredictInput& in : inputs) labels.push_back(in.data->labels[static_cast<size_t>(in.index)]);
-  return labels;
 }
 
 }  // namespace
@@ -264,16 +284,17 @@ int run_evaluate(const CliArgs& cli, const TrainedModelSetup& setup, worker::Com
 }
 
 int run_predict(const CliArgs& cli, const TrainedModelSetup& setup) {
+  ImageInputs images(setup);
   std::vector<PredictInput> inputs;
-  for (const std::string& arg : cli.inputs) inputs.push_back(predict_input(arg, setup));
+  for (const std::string& arg : cli.inputs) inputs.push_back(predict_input(arg, setup, images));
   const int64_t chunk = forward_batch(cli, setup.cfg, static_cast<int64_t>(inputs.size()));
   const auto backend = worker::make_backend(backend_options(setup.cfg));
   const std::unique_ptr<worker::Network> net = inference_network(setup, *backend, chunk);
   const LoadedCheckpoint from = load_model_state(cli.checkpoint, *net, nullptr);
   worker::PinnedMemory pinned(*backend);
   worker::Staging stage(&pinned);
-  const std::vector<float> scores = predict_scores(*net, inputs, setup.norm, stage, chunk);
-  const std::vector<int32_t> labels = input_labels(inputs);
+  const std::vector<float> scores =
+      predict_scores(*net, inputs, setup.norm, stage, chunk, setup.cfg.train.seed);
   const int64_t classes = setup.graph.classes();
   const std::vector<std::string> names = class_names(setup.cfg);
   std::vector<JsonRecord> predictions;
@@ -283,15 +304,19 @@ int run_predict(const CliArgs& cli, const TrainedModelSetup& setup) {
     const std::vector<double> p = worker::softmax(z);
     const std::vector<int64_t> top = worker::ranked_classes(z, cli.top);
     std::vector<JsonRecord> ranked;
-    if (!cli.json) std::printf("%s: label %s\n", inputs[i].text.c_str(), class_text(names, labels[i]).c_str());
+    const int32_t label = inputs[i].label;
+    if (!cli.json) {
+      std::printf("%s: label %s\n", inputs[i].text.c_str(),
+                  label >= 0 ? class_text(names, label).c_str() : "- (an image file)");
+    }
     for (int64_t c : top) {
       ranked.push_back(class_record(names, c).add("probability", p[static_cast<size_t>(c)]));
       if (!cli.json) std::printf("  %-10.4g %s\n", p[static_cast<size_t>(c)], class_text(names, c).c_str());
     }
-    predictions.push_back(JsonRecord()
-                              .add("input", inputs[i].text)
-                              .add("label", static_cast<int64_t>(labels[i]))
-                              .add("top", std::span<const JsonRecord>(ranked)));
+    JsonRecord prediction;
+    prediction.add("input", inputs[i].text);
+    if (label >= 0) prediction.add("label", static_cast<int64_t>(label));
+    predictions.push_back(prediction.add("top", std::span<const JsonRecord>(ranked)));
   }
   if (cli.json) {
     std::printf("%s\n", JsonRecord()

@@ -103,6 +103,33 @@ TEST_F(DataCli, ABrokenImageEndsTheRunNamingIt) {
   EXPECT_NE(r.output.find(victim.string() + ": corrupt JPEG"), std::string::npos) << r.output;
 }
 
+// predict reads an image file through the evaluation transform, as the
+// test set's own sample: test:0 is test/c0/0.jpg (the folder's sorted walk).
+TEST_F(DataCli, PredictOnAnImageFileEqualsItsTestSample) {
+  const std::string ckpt = dir_.path("ckpt");
+  const auto trained = run_vtrain(folder_ + " --progress off --set train.epochs=1 --set checkpoint.dir=" + ckpt);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string image = (fs::path(dir_.path("test")) / "c0" / "0.jpg").string();
+  const auto r = run_vtrain("predict " + folder_ + " --checkpoint " + ckpt + " --json --top 2 test:0 " + image);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // {"input": "test:0", "label": 0, "top": [...]}, {"input": IMAGE, "top": [...]}: no label for a file.
+  const size_t first = r.output.find("\"top\": ["), second = r.output.find("\"top\": [", first + 1);
+  ASSERT_NE(second, std::string::npos) << r.output;
+  const std::string a = r.output.substr(first, r.output.find(']', first) - first);
+  const std::string b = r.output.substr(second, r.output.find(']', second) - second);
+  EXPECT_EQ(a, b) << r.output;
+  EXPECT_NE(r.output.find("{\"input\": \"" + image + "\", \"top\""), std::string::npos) << r.output;
+
+  const std::string text = dir_.path("notes.txt");
+  std::ofstream(text) << "not an image";
+  const auto bad = run_vtrain("predict " + folder_ + " --checkpoint " + ckpt + " " + text);
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find(text), std::string::npos) << bad.output;
+  const auto missing = run_vtrain("predict " + folder_ + " --checkpoint " + ckpt + " " + dir_.path("no.jpg"));
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("or the path of a JPEG or PNG file"), std::string::npos) << missing.output;
+}
+
 TEST_F(DataCli, UsageAndConfigErrorsSayWhatIsExpected) {
   auto expect = [&](const std::string& args, int code, const std::string& text) {
     const auto r = run_vtrain(args);
