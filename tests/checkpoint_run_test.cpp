@@ -133,12 +133,13 @@ TEST(CheckpointRun, AFolderOfTwoRunsIsNotResumed) {
   EXPECT_EQ(contents_of(dir), before);
 }
 
-// Rewrites a checkpoint of format 4 as an older vtrain wrote it (format 3:
-// no run id or settings), so that a test can hold a folder of an older run.
-// False for a file that is not of format 4.
+// Rewrites a checkpoint of format 5 as an older vtrain wrote it (format 3:
+// no run id or settings, no optimizer state beyond the velocity), so that
+// a test can hold a folder of an older run. False for a file that is not
+// of format 5 or holds more than SGD's state.
 bool make_format_three(const std::string& path) {
   std::string bytes = test_support::read_file(path);
-  if (bytes.size() < 32 || bytes[8] != 4) return false;
+  if (bytes.size() < 64 || bytes[8] != 5) return false;
   const auto u64_at = [&](size_t at) {
     uint64_t v = 0;
     for (int i = 0; i < 8 && at + i < bytes.size(); ++i) {
@@ -146,6 +147,11 @@ bool make_format_three(const std::string& path) {
     }
     return v;
   };
+  // Format 5's tail, before the CRC: an SGD run without train.ema has no
+  // second moment (count 0), its update count, no weight average (count 0).
+  const size_t tail = bytes.size() - 4 - 24;
+  if (u64_at(tail) != 0 || u64_at(tail + 16) != 0) return false;
+  bytes.erase(tail, 24);
   uint64_t end = 12 + 8 + u64_at(12);  // after the run id
   const uint64_t settings = u64_at(end);
   end += 8;
@@ -153,7 +159,7 @@ bool make_format_three(const std::string& path) {
   if (end >= bytes.size()) return false;
   bytes.erase(12, end - 12);
   bytes[8] = 3;
-  bytes.resize(bytes.size() - 4);
+  bytes.resize(bytes.size() - 4);  // the CRC
   const uLong crc = crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size());
   for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>(crc >> (8 * i)));
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
@@ -167,7 +173,7 @@ TEST(CheckpointRun, AnOlderVtrainsCheckpointResumesAndIsNotPruned) {
   const std::string dir = tmp.path("ck");
   ASSERT_EQ(test_support::run_vtrain(train(dir, 10, "0.01")).exit_code, 0);
   for (const std::string& name : checkpoint_names(dir)) {
-    ASSERT_TRUE(make_format_three(dir + "/" + name)) << name << " is not of format 4";
+    ASSERT_TRUE(make_format_three(dir + "/" + name)) << name << " is not of format 5 (an SGD run's)";
   }
   const RunResult r = test_support::run_vtrain(train(dir, 30, "0.01", "--resume"));
   ASSERT_EQ(r.exit_code, 0) << r.output;

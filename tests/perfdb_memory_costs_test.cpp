@@ -156,9 +156,10 @@ std::string older_file(const TempDir& dir, int version) {
     db.record_step_measurements(db.upsert_device(gpu()), std::vector{step(64, 30.0)});
   }
   // Version 3 is version 4 without the step's activation columns (and 5
-  // without the copies' compute share); version 2 also lacks the two tables.
+  // without the copies' compute share, 7 without input_rates); version 2
+  // also lacks the two tables.
   SqlShell(path).exec(
-      std::string(version == 2 ? "DROP TABLE copy_bandwidth; DROP TABLE layer_measurements; "
+      "DROP TABLE input_rates; " + std::string(version == 2 ? "DROP TABLE copy_bandwidth; DROP TABLE layer_measurements; "
                                : "ALTER TABLE copy_bandwidth DROP COLUMN compute_share; ") +
       "ALTER TABLE step_measurements DROP COLUMN kept_bytes; "
       "ALTER TABLE step_measurements DROP COLUMN offloaded_bytes; "
@@ -217,7 +218,8 @@ TEST(PerfDbMemoryCosts, Version4FilesKeepTheirLayerRowsAndTakeTheTimeOutsideTheC
       "UNIQUE (device_id, model, batch, layer_index)); "
       "INSERT INTO old SELECT * FROM layer_measurements; DROP TABLE layer_measurements; "
       "ALTER TABLE old RENAME TO layer_measurements; "
-      "ALTER TABLE copy_bandwidth DROP COLUMN compute_share; UPDATE schema_version SET version = 4");
+      "ALTER TABLE copy_bandwidth DROP COLUMN compute_share; DROP TABLE input_rates; "
+      "UPDATE schema_version SET version = 4");
   const Rows ids = SqlShell(path).query("SELECT id, layer_name FROM layer_measurements ORDER BY id");
   PerfDb db(path);
   EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
@@ -244,7 +246,8 @@ TEST(PerfDbMemoryCosts, Version5CopyBandwidthsAreKeptWithoutAComputeShare) {
     db.record_copy_bandwidth(db.upsert_device(gpu()), std::vector{copy(CopyDirection::kToHost, 9e9)});
   }
   SqlShell(path).exec(
-      "ALTER TABLE copy_bandwidth DROP COLUMN compute_share; UPDATE schema_version SET version = 5");
+      "ALTER TABLE copy_bandwidth DROP COLUMN compute_share; DROP TABLE input_rates; "
+      "UPDATE schema_version SET version = 5");
   PerfDb db(path);
   EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
   const DeviceId g = db.find_devices("NVIDIA H200").at(0).id;
