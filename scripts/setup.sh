@@ -71,10 +71,11 @@ echo "setup: built build/vtrain"
 if ((run_tests)); then
   # ONNX Runtime, the ONNX checker and safetensors come from PyPI, into a
   # venv beside Debian's packages (numpy kept below 2: Debian's torch is
-  # built against numpy 1). The tests find it as build/pyenv/bin/python.
+  # built against numpy 1; versions pinned to those tested). The tests find it
+  # as build/pyenv/bin/python.
   if ! build/pyenv/bin/python -c "import onnxruntime, onnx, safetensors" 2>/dev/null; then
     /usr/bin/python3 -m venv --system-site-packages build/pyenv
-    build/pyenv/bin/pip install -q "numpy<2" onnxruntime onnx safetensors
+    build/pyenv/bin/pip install -q "numpy<2" onnxruntime==1.32.0 onnx==1.23.2 safetensors==0.8.0
   fi
   # Open MPI refuses root unless told; CI runs as root.
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
