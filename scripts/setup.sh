@@ -28,7 +28,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libyaml-cpp-dev libsqlite3-dev libglpk-dev
   libopenmpi-dev openmpi-bin libdnnl-dev ocl-icd-opencl-dev libgtest-dev zlib1g-dev
-  libturbojpeg0-dev libpng-dev nlohmann-json3-dev libonnx-dev libprotobuf-dev
+  libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev nlohmann-json3-dev libonnx-dev libprotobuf-dev
   dataset-fashion-mnist
 )
 # What the tests use besides: the sqlite3 and GLPK shells, python3 for the
