@@ -16,9 +16,12 @@ namespace vtrain::launcher {
 int run_export(const CliArgs& cli, const worker::Graph& graph, const worker::ChannelStats& norm,
                const std::string& preset) {
   const std::string path = worker::checkpoint_at(cli.checkpoint);
+  worker::Checkpoint ckpt = worker::load_checkpoint(path);
+  worker::check_checkpoint_matches(ckpt, path, graph.signature(), graph.parameter_count(),
+                                   worker::buffer_count(graph));
   if (cli.format == "safetensors") {
     const model_io::ExportSummary written =
-        model_io::export_safetensors(graph, preset, path, cli.out);
+        model_io::export_safetensors(graph, preset, ckpt, cli.out);
     std::printf("exported %s as safetensors (%lld tensors, %s, %s names) to %s\n", path.c_str(),
                 static_cast<long long>(written.tensors), common::format_bytes(written.bytes).c_str(),
                 written.torchvision ? "torchvision" : "vtrain", cli.out.c_str());
@@ -26,10 +29,6 @@ int run_export(const CliArgs& cli, const worker::Graph& graph, const worker::Cha
   }
   // parse_cli admits only kExportFormats.
   if (cli.format != "onnx") throw std::logic_error("export: format '" + cli.format + "' unhandled");
-  worker::Checkpoint ckpt = worker::load_checkpoint(path);
-  int64_t buffers = 0;
-  for (const worker::LayerTensor& t : worker::layer_tensors(graph)) buffers += t.buffer ? t.count : 0;
-  worker::check_checkpoint_matches(ckpt, path, graph.signature(), graph.parameter_count(), buffers);
   const worker::FlatWeights weights{std::move(ckpt.parameters), std::move(ckpt.buffers)};
   model_io::write_onnx(cli.out, graph, weights, {norm.mean, norm.stddev});
   std::printf("exported %s (step %lld) as ONNX opset %lld to %s\n", path.c_str(),

@@ -1,31 +1,15 @@
 #include "model_io/weights_export.h"
 
-#include <map>
 #include <vector>
 
 #include "model_io/safetensors.h"
 #include "model_io/weight_names.h"
-#include "worker/train/checkpoint.h"
 
 namespace vtrain::model_io {
-namespace {
-
-int64_t buffer_elements(const std::vector<ModelTensor>& tensors) {
-  int64_t n = 0;
-  for (const ModelTensor& t : tensors) {
-    if (t.kind == WeightKind::kBuffer) n += t.elements();
-  }
-  return n;
-}
-
-}  // namespace
 
 ExportSummary export_safetensors(const worker::Graph& graph, const std::string& preset,
-                                 const std::string& checkpoint, const std::string& out) {
+                                 const worker::Checkpoint& ckpt, const std::string& out) {
   const std::vector<ModelTensor> named = model_tensors(graph, preset);
-  const worker::Checkpoint ckpt = worker::load_checkpoint(checkpoint);
-  worker::check_checkpoint_matches(ckpt, checkpoint, graph.signature(), graph.parameter_count(),
-                                   buffer_elements(named));
   const int64_t batches = ckpt.step;  // every step updates the running statistics once
   std::vector<TensorToWrite> tensors;
   for (const ModelTensor& t : named) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "worker/engine/graph.h"
+#include "worker/train/checkpoint.h"
 
 namespace vtrain::model_io {
 
@@ -17,15 +18,14 @@ struct ExportSummary {
   bool torchvision = false;  // written with torchvision's names
 };
 
-// Reads the checkpoint at `checkpoint` (a file), checks that it belongs to
-// `graph` (the model its config builds; worker::CheckpointError naming the
-// file otherwise), and writes its parameters and batch-norm running
-// statistics to `out` as F32 tensors; with torchvision's names each batch
-// norm also gets num_batches_tracked (I64), the checkpoint's step count.
-// The metadata holds {"format": "pt"} (what safetensors.torch writes), the
-// naming, the step and the model signature. `out` is written whole or not
-// at all (common::OutputError).
+// Writes the parameters and batch-norm running statistics of `ckpt` (a
+// checkpoint of `graph`, checked by the caller: check_checkpoint_matches)
+// to `out` as F32 tensors; with torchvision's names each batch norm also
+// gets num_batches_tracked (I64), the checkpoint's step count. The metadata
+// holds {"format": "pt"} (what safetensors.torch writes), the naming, the
+// step and the model signature. `out` is written whole or not at all
+// (common::OutputError).
 ExportSummary export_safetensors(const worker::Graph& graph, const std::string& preset,
-                                 const std::string& checkpoint, const std::string& out);
+                                 const worker::Checkpoint& ckpt, const std::string& out);
 
 }  // namespace vtrain::model_io

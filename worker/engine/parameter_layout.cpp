@@ -60,6 +60,12 @@ std::vector<LayerTensor> layer_tensors(const Graph& graph) {
   return out;
 }
 
+int64_t buffer_count(const Graph& graph) {
+  int64_t n = 0;
+  for (const LayerTensor& t : layer_tensors(graph)) n += t.buffer ? t.count : 0;
+  return n;
+}
+
 FlatWeights flatten_weights(const Graph& graph, const std::vector<NamedTensor>& tensors,
                             const std::string& source) {
   std::map<std::string, const NamedTensor*> given;

@@ -34,6 +34,10 @@ struct LayerTensor {
 // Every weight tensor of `graph`, in the arrays' order.
 std::vector<LayerTensor> layer_tensors(const Graph& graph);
 
+// The floats of `graph`'s buffers (its batch norms' running statistics):
+// what a network's or a checkpoint's buffers hold.
+int64_t buffer_count(const Graph& graph);
+
 // A weight tensor by name, as a file holds it.
 struct NamedTensor {
   std::string name;
