@@ -431,9 +431,11 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   }
   std::fflush(stdout);
   SplitProblem solved_on;  // rank 0, auto split: for re-balancing
-  // The data held in memory is gathered on one thread; its rate (and a
-  // throttle's) goes into the split.
-  worker::GatherRateSource gather_rate(data.train, norm);
+  // The input as training will make it (the decoding pool of data.workers
+  // threads, the training transform); its rate (and a throttle's) goes
+  // into the split.
+  const int workers = data_workers(cfg, cluster, comm.rank());
+  worker::GatherRateSource gather_rate(data.train, norm, workers, cfg.train.seed);
   const RankInput input{&gather_rate, input_key(cfg, data.train.sample),
                         worker::input_rate_limit_from_environment(comm.rank())};
   const std::optional<balancer::TrainingPlan> plan = job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, cluster, precisions, split,
@@ -456,7 +458,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
     }
     return costs.costs;
   };
-  options.data_workers = data_workers(cfg, cluster, comm.rank());
+  options.data_workers = workers;
   options.trace_path = cli.trace;
   options.comm = gradient_comm.get();
   options.batch_norm_comm = batch_norm_comm.get();
@@ -541,7 +543,8 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   const worker::ProfileReport r = worker::profile(graph, *backend, db, device, options);
   // The input's rate too, for a split that prices it (balance.input_aware).
   const worker::ChannelStats norm = normalisation(cfg, data.train);
-  worker::GatherRateSource gather_rate(data.train, norm);
+  worker::GatherRateSource gather_rate(data.train, norm, data_workers(cfg, cluster, comm.rank()),
+                                       cfg.train.seed);
   const double input_rate =
       stored_input_rate(db, info, {&gather_rate, input_key(cfg, data.train.sample), std::nullopt},
                         options.batches.front())
