@@ -133,11 +133,21 @@ std::function<worker::InitialWeights()> initial_weights(const Config& cfg,
   };
 }
 
-// data.workers, or its default for this rank's device and the ranks
-// sharing its host (worker::default_decode_workers); 0 where the data needs
-// no decoding.
+// data.workers (this rank's entry of a per-rank list), or its default for
+// this rank's device and the ranks sharing its host
+// (worker::default_decode_workers). A list whose length is not the rank
+// count is a config error.
 int data_workers(const Config& cfg, const std::vector<worker::DeviceInfo>& cluster, int rank) {
-  if (cfg.data.workers > 0) return static_cast<int>(cfg.data.workers);
+  int64_t asked = cfg.data.workers;
+  if (const std::vector<int64_t>& per_rank = cfg.data.workers_per_rank; !per_rank.empty()) {
+    if (per_rank.size() != cluster.size()) {
+      throw config::ConfigError(cfg.path + ": data.workers: has " + std::to_string(per_rank.size()) +
+                                " per-rank values but the job has " + std::to_string(cluster.size()) +
+                                " ranks");
+    }
+    asked = per_rank[static_cast<size_t>(rank)];
+  }
+  if (asked > 0) return static_cast<int>(asked);
   const worker::DeviceInfo& mine = cluster[static_cast<size_t>(rank)];
   const auto on_host = std::count_if(cluster.begin(), cluster.end(),
                                      [&](const worker::DeviceInfo& d) { return d.host == mine.host; });
