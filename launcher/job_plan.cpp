@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -260,29 +261,87 @@ worker::ProfileOptions kernels_alone_at(worker::ProfileOptions po, int64_t batch
   return po;
 }
 
-// This rank's input rate in images/s, limited to input.limit.
-double rank_input_rate(perfdb::PerfDb& db, const worker::DeviceInfo& info, const RankInput& input,
-                       int64_t batch) {
-  const double rate = stored_input_rate(db, info, input, batch).images_per_second;
-  return input.limit ? std::min(rate, *input.limit) : rate;
-}
+// Every rank's input as the split prices it, on every rank (rank order).
+struct RankInputs {
+  std::vector<double> rates;             // images/s, VTRAIN_INPUT_RATE_LIMIT applied; 0 = not priced
+  std::vector<double> cpu_ms_per_image;  // CPU time its decoding takes per image (the unlimited
+                                         // rate: a throttle takes no core)
+  std::vector<double> cores;             // cores of its host, or the CPUs it is pinned to
+};
 
-// Every rank's input rate (images/s, 0 = not priced), on every rank.
-std::vector<double> input_rates(perfdb::PerfDb& db, const worker::DeviceInfo& info,
-                                const RankInput& input, int64_t batch, worker::Communicator& comm) {
-  std::vector<double> rates(static_cast<size_t>(comm.size()), 0.0);
-  if (input.source) rates[static_cast<size_t>(comm.rank())] = rank_input_rate(db, info, input, batch);
-  comm.allreduce_sum(rates);
+// Collective. A rank measures its rate (where the perf DB has none) while
+// the other ranks of its host wait: the rate is its pool's with the host's
+// cores to itself, what the key means; sharing them is the split's to
+// price (balancer::HostShare).
+RankInputs rank_inputs(perfdb::PerfDb& db, const worker::DeviceInfo& info, const RankInput& input,
+                       int64_t batch, const std::vector<worker::DeviceInfo>& cluster,
+                       worker::Communicator& comm) {
+  const auto n = static_cast<size_t>(comm.size()), me = static_cast<size_t>(comm.rank());
+  int turn = 0, turns = 0;  // this rank's turn on its host, and the most ranks a host has
+  std::map<std::string, int> seen;  // ranks met so far per host
+  for (size_t r = 0; r < n; ++r) {
+    const int at = seen[cluster[r].host]++;
+    turns = std::max(turns, at + 1);
+    if (r == me) turn = at;
+  }
+  std::vector<double> slots(3 * n, 0.0);
+  for (int t = 0; t < turns; ++t) {
+    if (t == turn && input.source) {
+      const perfdb::InputRateMeasurement m = stored_input_rate(db, info, input, batch);
+      slots[me] = input.limit ? std::min(m.images_per_second, *input.limit) : m.images_per_second;
+      const int busy = std::min(m.key.workers, m.host_cores);  // the decoding threads' cores
+      slots[n + me] = 1e3 * busy / m.images_per_second;
+    }
+    comm.barrier();
+  }
+  slots[2 * n + me] =
+      info.cpus.empty() ? common::hardware_threads() : static_cast<double>(info.cpus.size());
+  comm.allreduce_sum(slots);
+  RankInputs out{{slots.begin(), slots.begin() + static_cast<long>(n)},
+                 {slots.begin() + static_cast<long>(n), slots.begin() + static_cast<long>(2 * n)},
+                 {slots.begin() + static_cast<long>(2 * n), slots.end()}};
   if (comm.rank() == 0 && input.source) {
     std::string text;
-    for (size_t r = 0; r < rates.size(); ++r) {
-      text += common::format("%s%zu %.0f", text.empty() ? "" : ", ", r, rates[r]);
+    for (size_t r = 0; r < n; ++r) {
+      text += common::format("%s%zu %.0f", text.empty() ? "" : ", ", r, out.rates[r]);
     }
     std::printf("profile: input rates (images/s, VTRAIN_INPUT_RATE_LIMIT applied) per rank: %s\n",
                 text.c_str());
     std::fflush(stdout);
   }
-  return rates;
+  return out;
+}
+
+// Which cores each rank's compute and decoding share (balancer::HostShare):
+// CPU ranks of one host, or pinned to the same CPUs, share them; a GPU
+// rank computes off them. The k ranks of a group were profiled together,
+// so each one's compute ran on at most cores / k of them.
+std::vector<balancer::HostShare> host_shares(const std::vector<worker::DeviceInfo>& cluster,
+                                             const RankInputs& inputs) {
+  std::vector<std::string> groups;
+  std::vector<int> members;
+  std::vector<balancer::HostShare> out(cluster.size());
+  for (size_t r = 0; r < cluster.size(); ++r) {
+    const worker::DeviceInfo& d = cluster[r];
+    if (d.backend != "cpu") continue;
+    std::string group = d.host;
+    for (int cpu : d.cpus) group += " " + std::to_string(cpu);
+    const auto at = std::find(groups.begin(), groups.end(), group);
+    out[r].host = static_cast<int>(at - groups.begin());
+    if (at == groups.end()) {
+      groups.push_back(group);
+      members.push_back(0);
+    }
+    ++members[static_cast<size_t>(out[r].host)];
+  }
+  for (size_t r = 0; r < cluster.size(); ++r) {
+    if (out[r].host < 0) continue;
+    out[r].cores = inputs.cores[r];
+    const int sharing = members[static_cast<size_t>(out[r].host)];
+    out[r].compute_cores = std::min(static_cast<double>(cluster[r].threads), inputs.cores[r] / sharing);
+    out[r].input_cpu_ms_per_image = inputs.cpu_ms_per_image[r];
+  }
+  return out;
 }
 
 // Training: profile in place, solve on rank 0. Returns the plan's text on
@@ -336,9 +395,13 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
 
   // Every rank's input rate (also under balance.input_aware: false, which
   // chooses the split without it: the plan then says what binds).
-  const std::vector<double> rates =
-      balance ? input_rates(db, info, input, (cfg.train.batch + comm.size() - 1) / comm.size(), comm)
-          : std::vector<double>(static_cast<size_t>(comm.size()), 0.0);
+  const size_t ranks = cluster.size();
+  const int64_t even_share = (cfg.train.batch + comm.size() - 1) / comm.size();
+  const RankInputs inputs =
+      balance ? rank_inputs(db, info, input, even_share, cluster, comm)
+              : RankInputs{std::vector<double>(ranks, 0.0), std::vector<double>(ranks, 0.0),
+                           std::vector<double>(ranks, 1.0)};
+  const std::vector<balancer::HostShare> shares_of_cores = host_shares(cluster, inputs);
 
   // Rank 0 learns every rank's row in the perf DB.
   const std::vector<perfdb::DeviceId> ids = worker::gather_messages(comm, id, 0);
@@ -354,7 +417,8 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       d.memory_bytes = cluster[r].memory_bytes;
       d.layout = worker::layout_rule_for(cluster[r].backend, cfg.device.layout, precisions[r]);
       d.name = worker::device_label(cluster[r]);
-      d.input_rate = rates[r];
+      d.input_rate = inputs.rates[r];
+      d.host_share = shares_of_cores[r];
       if (mixed) d.precision = precisions[r];
       devices.push_back(std::move(d));
     }
