@@ -190,20 +190,24 @@ DeviceSpec parse_device_spec(const std::string& entry) {
 }
 
 // The input rate of `workers` decoding workers on `host` for the dataset
-// `dataset` (its kind and file): the perf DB's measured rate per worker
-// (its row with the most workers), times the workers up to the host's
-// cores. A usage error where the DB has no rate of that dataset there.
+// `dataset` (its kind and file) through its transform: the perf DB's
+// measured rate per worker (its row with the most workers), times the
+// workers up to the host's cores. A usage error where the DB has no rate
+// of that dataset and transform there.
 double scaled_input_rate(perfdb::PerfDb& db, const std::string& host, const perfdb::InputKey& dataset,
                          int workers, const std::string& entry, const std::string& path) {
   std::optional<perfdb::InputRateMeasurement> best;
   for (const perfdb::InputRateMeasurement& m : db.input_rates(host)) {
-    if (m.key.dataset_kind != dataset.dataset_kind || m.key.dataset != dataset.dataset) continue;
+    if (m.key.dataset_kind != dataset.dataset_kind || m.key.dataset != dataset.dataset ||
+        m.key.transform != dataset.transform) {
+      continue;
+    }
     if (!best || m.key.workers > best->key.workers) best = m;
   }
   if (!best) {
     throw UsageError("--devices: entry '" + entry + "': " + path + " has no input rate of this dataset (" +
                      dataset.dataset_kind + (dataset.dataset.empty() ? "" : " " + dataset.dataset) +
-                     ") on host '" + host + "' to scale (train there with balance.split: auto first, or give "
+                     ", transform " + dataset.transform + ") on host '" + host + "' to scale (train there with balance.split: auto first, or give "
                      "[input=IMAGES_PER_S])");
   }
   const int usable = std::min(workers, best->host_cores);
@@ -590,7 +594,8 @@ std::optional<worker::ConvPlan> replan_kernels(const config::Config& cfg, const 
   return worker::ConvPlan{worker::conv_executions(mine), mine.workspace_bytes};
 }
 
-int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph) {
+int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph,
+                const std::string& input_transform) {
   // Offline planning only reads: the file is neither created nor changed.
   perfdb::PerfDb db(cli.db, {.mode = perfdb::OpenMode::kReadOnly});
   std::vector<worker::PlanDevice> devices;
@@ -613,8 +618,10 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
       add(record, entry.precision);
       if (spec.input_rate) devices.back().input_rate = *spec.input_rate;
       if (spec.workers) {
-        devices.back().input_rate = scaled_input_rate(db, record.device.host, input_key(cfg, cfg.data.shape),
-                                                      *spec.workers, trim(raw), cli.db);
+        perfdb::InputKey dataset = input_key(cfg, cfg.data.shape);
+        dataset.transform = input_transform;
+        devices.back().input_rate =
+            scaled_input_rate(db, record.device.host, dataset, *spec.workers, trim(raw), cli.db);
       }
     }
   } else {

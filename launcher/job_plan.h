@@ -97,6 +97,10 @@ std::optional<worker::ConvPlan> replan_kernels(const config::Config& cfg, const 
                                                const worker::SplitSwitch& to);
 
 // `vtrain balance`: prints (and with --out writes) a plan from the perf DB.
-int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph);
+// `input_transform` is the training input's signature
+// (worker::input_transform), which a --devices [workers=N] rate is looked
+// up with.
+int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph,
+                const std::string& input_transform);
 
 }  // namespace vtrain::launcher

@@ -675,7 +675,7 @@ int run(int argc, char** argv) {
     if (cli.command == "balance") {
       const Config cfg = load(cli);
       const Datasets data = load_data(cfg);
-      return run_balance(cli, cfg, build_graph(cfg, data, 1));
+      return run_balance(cli, cfg, build_graph(cfg, data, 1), worker::input_transform(data.train));
     }
     if (cli.command == "predict") return run_predict(cli, trained_model_setup(cli, 1));
     auto comm = worker::make_mpi_communicator();

@@ -24,8 +24,8 @@ GatherRateSource::GatherRateSource(const Dataset& data, const ChannelStats& norm
 
 int GatherRateSource::workers() const { return std::max(pool_workers_, 1); }
 
-std::string GatherRateSource::transform() const {
-  return transforms_samples(data_) ? data_.transform.str() + " + normalise" : "normalise";
+std::string input_transform(const Dataset& data) {
+  return transforms_samples(data) ? data.transform.str() + " + normalise" : "normalise";
 }
 
 double GatherRateSource::measure_images_per_second(int64_t batch, int batches) {

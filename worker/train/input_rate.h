@@ -15,6 +15,12 @@
 
 namespace vtrain::worker {
 
+// The signature of `data`'s training input (InputRateSource::transform):
+// "normalise" for samples only normalised; else data.transform.str() and
+// " + normalise" (e.g. "random_resized (scale 0.08-1, ratio 0.75-1.333) +
+// flip + normalise").
+std::string input_transform(const Dataset& data);
+
 // A rank's training input as training makes it (common::InputRateSource):
 // batches gathered through data.transform by the trainer's path
 // (gather_staged), on a decoding pool of `pool_workers` threads where the
@@ -28,10 +34,7 @@ class GatherRateSource : public common::InputRateSource {
   GatherRateSource(const Dataset& data, const ChannelStats& norm, int pool_workers = 0, uint64_t seed = 0);
   // The pool's threads, or 1 without a pool.
   int workers() const override;
-  // "normalise" for samples only normalised; else data.transform.str()
-  // and " + normalise" (e.g. "random_resized (scale 0.08-1, ratio
-  // 0.75-1.333) + flip + normalise").
-  std::string transform() const override;
+  std::string transform() const override { return input_transform(data_); }
   double measure_images_per_second(int64_t batch, int batches) override;
 
  private:
