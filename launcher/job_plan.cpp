@@ -45,6 +45,25 @@ perfdb::InputRateMeasurement stored_input_rate(perfdb::PerfDb& db, const worker:
   return m;
 }
 
+perfdb::InputRateMeasurement stored_input_rate_in_turn(perfdb::PerfDb& db, const worker::DeviceInfo& info,
+                                                       const RankInput& input, int64_t batch,
+                                                       const std::vector<worker::DeviceInfo>& cluster,
+                                                       worker::Communicator& comm) {
+  int turn = 0, turns = 0;  // this rank's turn on its host, and the most ranks a host has
+  std::map<std::string, int> seen;  // ranks met so far per host
+  for (size_t r = 0; r < cluster.size(); ++r) {
+    const int at = seen[cluster[r].host]++;
+    turns = std::max(turns, at + 1);
+    if (static_cast<int>(r) == comm.rank()) turn = at;
+  }
+  perfdb::InputRateMeasurement mine;
+  for (int t = 0; t < turns; ++t) {
+    if (t == turn) mine = stored_input_rate(db, info, input, batch);
+    comm.barrier();
+  }
+  return mine;
+}
+
 namespace {
 
 // `vtrain balance --fronts`: every kernel's Pareto front, one row a point.
@@ -273,30 +292,17 @@ struct RankInputs {
   std::vector<double> cores;             // cores of its host, or the CPUs it is pinned to
 };
 
-// Collective. A rank measures its rate (where the perf DB has none) while
-// the other ranks of its host wait: the rate is its pool's with the host's
-// cores to itself, what the key means; sharing them is the split's to
-// price (balancer::HostShare).
+// Collective (stored_input_rate_in_turn where `input` has a source).
 RankInputs rank_inputs(perfdb::PerfDb& db, const worker::DeviceInfo& info, const RankInput& input,
                        int64_t batch, const std::vector<worker::DeviceInfo>& cluster,
                        worker::Communicator& comm) {
   const auto n = static_cast<size_t>(comm.size()), me = static_cast<size_t>(comm.rank());
-  int turn = 0, turns = 0;  // this rank's turn on its host, and the most ranks a host has
-  std::map<std::string, int> seen;  // ranks met so far per host
-  for (size_t r = 0; r < n; ++r) {
-    const int at = seen[cluster[r].host]++;
-    turns = std::max(turns, at + 1);
-    if (r == me) turn = at;
-  }
   std::vector<double> slots(3 * n, 0.0);
-  for (int t = 0; t < turns; ++t) {
-    if (t == turn && input.source) {
-      const perfdb::InputRateMeasurement m = stored_input_rate(db, info, input, batch);
-      slots[me] = input.limit ? std::min(m.images_per_second, *input.limit) : m.images_per_second;
-      const int busy = std::min(m.key.workers, m.host_cores);  // the decoding threads' cores
-      slots[n + me] = 1e3 * busy / m.images_per_second;
-    }
-    comm.barrier();
+  if (input.source) {
+    const perfdb::InputRateMeasurement m = stored_input_rate_in_turn(db, info, input, batch, cluster, comm);
+    slots[me] = input.limit ? std::min(m.images_per_second, *input.limit) : m.images_per_second;
+    const int busy = std::min(m.key.workers, m.host_cores);  // the decoding threads' cores
+    slots[n + me] = 1e3 * busy / m.images_per_second;
   }
   slots[2 * n + me] =
       info.cpus.empty() ? common::hardware_threads() : static_cast<double>(info.cpus.size());

@@ -556,8 +556,8 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   worker::GatherRateSource gather_rate(data.train, norm, data_workers(cfg, cluster, comm.rank()),
                                        cfg.train.seed);
   const double input_rate =
-      stored_input_rate(db, info, {&gather_rate, input_key(cfg, data.train.sample), std::nullopt},
-                        options.batches.front())
+      stored_input_rate_in_turn(db, info, {&gather_rate, input_key(cfg, data.train.sample), std::nullopt},
+                                options.batches.front(), cluster, comm)
           .images_per_second;
   char line[512];
   std::snprintf(line, sizeof line,
