@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "common/text.h"
 #include "balancer/internal/reachable_totals.h"
@@ -445,6 +446,40 @@ std::vector<int64_t> solve_with_glpk(std::span<const DeviceProfile> devices,
   return batch;
 }
 
+// Each host's bound on the step (host_ms, see batch_split.h) at the
+// split: the devices of a host whose bound exceeds their own step (less
+// the exchange every step pays, which the decoding overlaps) are predicted
+// at it and bind on its cores.
+void apply_host_cores(std::span<const DeviceProfile> devices, const std::vector<std::vector<Candidate>>& candidates,
+                      const BatchSplitOptions& options, BatchSplit& split) {
+  std::map<int, double> host_ms;  // per host: the CPU time of its devices' steps over its cores
+  for (size_t d = 0; d < devices.size(); ++d) {
+    const HostShare& share = devices[d].host_share;
+    if (share.host < 0 || split.batch[d] == 0) continue;
+    if (!(share.cores > 0) || !std::isfinite(share.compute_cores) || share.compute_cores < 0 ||
+        !std::isfinite(share.input_cpu_ms_per_image) || share.input_cpu_ms_per_image < 0) {
+      throw BalancerError("device " + devices[d].name +
+                          ": host share needs cores > 0 and finite non-negative compute cores and CPU time per image");
+    }
+    for (const Candidate& c : candidates[d]) {
+      if (c.batch != split.batch[d]) continue;
+      const double compute = c.compute_ms - devices[d].allreduce_ms;
+      host_ms[share.host] += (share.compute_cores * compute +
+                              static_cast<double>(c.batch) * share.input_cpu_ms_per_image) /
+                             share.cores;
+    }
+  }
+  for (size_t d = 0; d < devices.size(); ++d) {
+    const auto host = host_ms.find(devices[d].host_share.host);
+    if (host == host_ms.end() || split.batch[d] == 0) continue;
+    const double bound = host->second - options.allreduce_ms;
+    if (bound > split.time_ms[d]) {
+      split.time_ms[d] = bound;
+      split.binding[d] = Binding::kCores;
+    }
+  }
+}
+
 }  // namespace
 
 BatchSplit plan_batch_split(std::span<const DeviceProfile> devices, int64_t global_batch,
@@ -476,7 +511,6 @@ BatchSplit plan_batch_split(std::span<const DeviceProfile> devices, int64_t glob
   split.time_ms.assign(devices.size(), 0);
   split.input_ms.assign(devices.size(), 0);
   split.binding.assign(devices.size(), Binding::kCompute);
-  double slowest = 0;
   for (size_t d = 0; d < devices.size(); ++d) {
     if (batch[d] == 0) {
       split.idle_devices.push_back(devices[d].name);
@@ -490,9 +524,9 @@ BatchSplit plan_batch_split(std::span<const DeviceProfile> devices, int64_t glob
       split.input_ms[d] = input_ms(devices[d].input_rate, c.batch);
       if (c.input_ms > c.compute_ms) split.binding[d] = Binding::kInput;
     }
-    slowest = std::max(slowest, split.time_ms[d]);
   }
-  split.step_time_ms = slowest + options.allreduce_ms;
+  apply_host_cores(devices, candidates, options, split);
+  split.step_time_ms = *std::max_element(split.time_ms.begin(), split.time_ms.end()) + options.allreduce_ms;
   split.even_split_time_ms = even_split_time(candidates, global_batch, options);
   split.ideal_step_time_ms = ideal_step_time(devices, candidates, global_batch, options);
   return split;

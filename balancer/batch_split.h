@@ -42,6 +42,21 @@
 // (T + A is the step): a convex piecewise-linear compute and a linear
 // input term stay linear in x. input_rate 0 means input never binds (data
 // in memory).
+//
+// Cores, which a CPU device's compute and its input's decoding share with
+// each other and with the other devices of its host (HostShare): however
+// the work is scheduled, a step cannot take less than the CPU time all of
+// them need together over the host's cores,
+//
+//   host_ms = sum over the host's devices g of
+//             (compute_cores_g * compute_g(b_g) + b_g * input_cpu_ms_per_image_g) / cores
+//
+// which binds only where their threads outnumber the cores (a small node
+// decoding beside its compute). The split's predicted step is the larger of
+// the slowest device's step plus A and every host's host_ms; devices of a
+// host whose host_ms is larger are predicted at it and bind on "cores".
+// The split is still chosen per device (the solvers' structure); host_ms
+// makes its prediction true where cores are short.
 #pragma once
 
 #include <chrono>
@@ -63,6 +78,20 @@ struct StepSample {
   uint64_t peak_memory_bytes = 0;  // peak device memory of that step
 };
 
+// The cores a device shares with its input's decoding and the other
+// devices of its host (see the top of this file).
+struct HostShare {
+  int host = -1;         // devices with the same host >= 0 share its cores; -1: the device
+                         // computes off the host's cores (a GPU), none shared
+  double cores = 0;      // cores of the host (or of the CPUs its devices are pinned to), > 0
+  double compute_cores = 0;   // cores its compute keeps busy while it runs: its threads, at
+                              // most its share of the cores where several devices' compute
+                              // shares them (as the profile, which measures them together, saw)
+  double input_cpu_ms_per_image = 0;   // CPU time decoding takes per image: the decoding
+                                       // threads over the images/s they deliver together
+                                       // (0: input in memory, or simulated)
+};
+
 struct DeviceProfile {
   std::string name;                   // for messages and the idle list, e.g. "rank 2 (Tesla K20Xm)"
   std::vector<StepSample> steps;      // at most one per batch size, any order
@@ -71,13 +100,14 @@ struct DeviceProfile {
                                       // its step time when it trains (>= 0)
   double input_rate = 0;              // images/s its input delivers, decoded ahead of
                                       // compute; 0 = unlimited (input never binds)
+  HostShare host_share;               // the cores it shares; host -1: none
 };
 
 // What sets a device's step time at its batch: its compute (with its
-// exposed allreduce) or its input.
-enum class Binding { kCompute, kInput };
+// exposed allreduce), its input, or its host's cores (HostShare).
+enum class Binding { kCompute, kInput, kCores };
 inline constexpr auto kBindingNames = std::to_array<common::Named<Binding>>(
-    {{Binding::kCompute, "compute"}, {Binding::kInput, "input"}});
+    {{Binding::kCompute, "compute"}, {Binding::kInput, "input"}, {Binding::kCores, "cores"}});
 
 // A device's input time in ms for `batch` samples at `input_rate` images/s;
 // 0 when the rate is 0 (unlimited).
@@ -138,7 +168,8 @@ struct BatchSplitOptions {
 struct BatchSplit {
   std::vector<int64_t> batch;             // per device, in input order; 0 = does not train
   std::vector<double> time_ms;            // per device: predicted step time incl. its
-                                          // allreduce_ms and input; 0 for an idle device
+                                          // allreduce_ms, input and host's cores (less
+                                          // options.allreduce_ms); 0 for an idle device
   std::vector<double> input_ms;           // per device: its input time at its batch (0:
                                           // idle or unlimited input), 1000 b / input_rate
   std::vector<Binding> binding;           // per device: what sets its time (kCompute when idle)

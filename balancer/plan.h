@@ -19,7 +19,7 @@
 //       batch: 64
 //       predicted_ms: 41.2
 //       input_rate: 400             # optional: images/s its input delivers (priced in the split)
-//       binds: input                # optional: compute | input, what sets its predicted step
+//       binds: input                # optional: compute | input | cores, what sets its predicted step
 //       workspace_bytes: 1048576    # the rank's workspace buffer
 //       kernels:
 //         - {layer: conv1, kind: Forward, workspace_offset: 0, workspace_bytes: 4096,
@@ -69,7 +69,7 @@ struct RankPlan {
                                         // was chosen on, its exposed allreduce included
   std::optional<double> input_rate;     // images/s its input delivers, where the split
                                         // priced it (DeviceProfile::input_rate)
-  std::optional<Binding> binds;         // what sets predicted_ms: its compute or its input
+  std::optional<Binding> binds;         // what sets predicted_ms: its compute, its input or its host's cores
   uint64_t workspace_bytes = 0;         // the rank's workspace buffer
   std::optional<common::ActivationBytes> activations;  // its memory plan, when measured at
                                                        // its batch

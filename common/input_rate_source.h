@@ -5,9 +5,10 @@
 // per perf DB key (host, workers, dataset, input shape, transform) and
 // stores it there; the batch split reads it back.
 //
-// Implementations: worker::GatherRateSource (worker/train/input_rate.h)
-// for data held in memory, which gathers batches on the trainer's thread;
-// a decoding pool implements it with its own workers and transform.
+// Implementation: worker::GatherRateSource (worker/train/input_rate.h),
+// which makes batches as training does: on a decoding pool of the rank's
+// data.workers through the training transform where the samples need one,
+// else on one thread.
 #pragma once
 
 #include <cstdint>

@@ -88,6 +88,9 @@ struct DataConfig {
   worker::TransformOptions train_transform, test_transform;
   // Decoding threads per rank; 0 = auto (worker/data/decode_pool.h).
   int64_t workers = 0;
+  // data.workers written as a list: entry r is rank r's (0 = auto); the
+  // job must have as many ranks. Empty: `workers` for every rank.
+  std::vector<int64_t> workers_per_rank;
   // Batches decoded ahead of the step that needs them.
   int64_t prefetch_batches = 2;
 };

@@ -145,7 +145,12 @@ void emit_data(YAML::Emitter& out, const Config& config) {
     out << YAML::Key << "resize" << YAML::Value << t->resize;
     out << YAML::EndMap;
   }
-  out << YAML::Key << "workers" << YAML::Value << data.workers;
+  out << YAML::Key << "workers" << YAML::Value;
+  if (data.workers_per_rank.empty()) {
+    out << data.workers;
+  } else {
+    out << YAML::Flow << data.workers_per_rank;
+  }
   out << YAML::Key << "prefetch_batches" << YAML::Value << data.prefetch_batches;
   out << YAML::EndMap;
 }

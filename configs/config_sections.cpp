@@ -109,6 +109,19 @@ std::vector<std::string> to_patterns(const Field& field) {
   return to_paths(field);
 }
 
+// data.workers: one count for every rank, or a list of one per rank.
+void read_workers(const Field& field, DataConfig& data) {
+  const auto range = between(0, 1024, false, false);
+  if (!field.node().IsSequence()) {
+    data.workers = to_int(field, range);
+    return;
+  }
+  for (const Field& item : field.items("a list of worker counts, one per rank")) {
+    data.workers_per_rank.push_back(to_int(item, range));
+  }
+  if (data.workers_per_rank.empty()) field.fail("expected a worker count per rank, got an empty list");
+}
+
 DataConfig read_data(const Field& field) {
   const Section section(field);
   DataConfig data;
@@ -137,7 +150,7 @@ DataConfig read_data(const Field& field) {
   const worker::CropKind crop = image_files(data) ? worker::CropKind::kCenter : worker::CropKind::kNone;
   data.train_transform = read_transform(section["train_transform"], crop);
   data.test_transform = read_transform(section["test_transform"], crop);
-  if (Field f = section["workers"]) data.workers = to_int(f, between(0, 1024, false, false));
+  if (Field f = section["workers"]) read_workers(f, data);
   if (Field f = section["prefetch_batches"]) data.prefetch_batches = to_int(f, between(1, 64, false, false));
 
   if (data.kind == worker::DataKind::kIdx) {

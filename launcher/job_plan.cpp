@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -42,6 +43,25 @@ perfdb::InputRateMeasurement stored_input_rate(perfdb::PerfDb& db, const worker:
   m.host_cores = std::max(1, common::hardware_threads());
   db.record_input_rate(m);
   return m;
+}
+
+perfdb::InputRateMeasurement stored_input_rate_in_turn(perfdb::PerfDb& db, const worker::DeviceInfo& info,
+                                                       const RankInput& input, int64_t batch,
+                                                       const std::vector<worker::DeviceInfo>& cluster,
+                                                       worker::Communicator& comm) {
+  int turn = 0, turns = 0;  // this rank's turn on its host, and the most ranks a host has
+  std::map<std::string, int> seen;  // ranks met so far per host
+  for (size_t r = 0; r < cluster.size(); ++r) {
+    const int at = seen[cluster[r].host]++;
+    turns = std::max(turns, at + 1);
+    if (static_cast<int>(r) == comm.rank()) turn = at;
+  }
+  perfdb::InputRateMeasurement mine;
+  for (int t = 0; t < turns; ++t) {
+    if (t == turn) mine = stored_input_rate(db, info, input, batch);
+    comm.barrier();
+  }
+  return mine;
 }
 
 namespace {
@@ -189,20 +209,24 @@ DeviceSpec parse_device_spec(const std::string& entry) {
 }
 
 // The input rate of `workers` decoding workers on `host` for the dataset
-// `dataset` (its kind and file): the perf DB's measured rate per worker
-// (its row with the most workers), times the workers up to the host's
-// cores. A usage error where the DB has no rate of that dataset there.
+// `dataset` (its kind and file) through its transform: the perf DB's
+// measured rate per worker (its row with the most workers), times the
+// workers up to the host's cores. A usage error where the DB has no rate
+// of that dataset and transform there.
 double scaled_input_rate(perfdb::PerfDb& db, const std::string& host, const perfdb::InputKey& dataset,
                          int workers, const std::string& entry, const std::string& path) {
   std::optional<perfdb::InputRateMeasurement> best;
   for (const perfdb::InputRateMeasurement& m : db.input_rates(host)) {
-    if (m.key.dataset_kind != dataset.dataset_kind || m.key.dataset != dataset.dataset) continue;
+    if (m.key.dataset_kind != dataset.dataset_kind || m.key.dataset != dataset.dataset ||
+        m.key.transform != dataset.transform) {
+      continue;
+    }
     if (!best || m.key.workers > best->key.workers) best = m;
   }
   if (!best) {
     throw UsageError("--devices: entry '" + entry + "': " + path + " has no input rate of this dataset (" +
                      dataset.dataset_kind + (dataset.dataset.empty() ? "" : " " + dataset.dataset) +
-                     ") on host '" + host + "' to scale (train there with balance.split: auto first, or give "
+                     ", transform " + dataset.transform + ") on host '" + host + "' to scale (train there with balance.split: auto first, or give "
                      "[input=IMAGES_PER_S])");
   }
   const int usable = std::min(workers, best->host_cores);
@@ -260,29 +284,74 @@ worker::ProfileOptions kernels_alone_at(worker::ProfileOptions po, int64_t batch
   return po;
 }
 
-// This rank's input rate in images/s, limited to input.limit.
-double rank_input_rate(perfdb::PerfDb& db, const worker::DeviceInfo& info, const RankInput& input,
-                       int64_t batch) {
-  const double rate = stored_input_rate(db, info, input, batch).images_per_second;
-  return input.limit ? std::min(rate, *input.limit) : rate;
-}
+// Every rank's input as the split prices it, on every rank (rank order).
+struct RankInputs {
+  std::vector<double> rates;             // images/s, VTRAIN_INPUT_RATE_LIMIT applied; 0 = not priced
+  std::vector<double> cpu_ms_per_image;  // CPU time its decoding takes per image (the unlimited
+                                         // rate: a throttle takes no core)
+  std::vector<double> cores;             // cores of its host, or the CPUs it is pinned to
+};
 
-// Every rank's input rate (images/s, 0 = not priced), on every rank.
-std::vector<double> input_rates(perfdb::PerfDb& db, const worker::DeviceInfo& info,
-                                const RankInput& input, int64_t batch, worker::Communicator& comm) {
-  std::vector<double> rates(static_cast<size_t>(comm.size()), 0.0);
-  if (input.source) rates[static_cast<size_t>(comm.rank())] = rank_input_rate(db, info, input, batch);
-  comm.allreduce_sum(rates);
+// Collective (stored_input_rate_in_turn where `input` has a source).
+RankInputs rank_inputs(perfdb::PerfDb& db, const worker::DeviceInfo& info, const RankInput& input,
+                       int64_t batch, const std::vector<worker::DeviceInfo>& cluster,
+                       worker::Communicator& comm) {
+  const auto n = static_cast<size_t>(comm.size()), me = static_cast<size_t>(comm.rank());
+  std::vector<double> slots(3 * n, 0.0);
+  if (input.source) {
+    const perfdb::InputRateMeasurement m = stored_input_rate_in_turn(db, info, input, batch, cluster, comm);
+    slots[me] = input.limit ? std::min(m.images_per_second, *input.limit) : m.images_per_second;
+    const int busy = std::min(m.key.workers, m.host_cores);  // the decoding threads' cores
+    slots[n + me] = 1e3 * busy / m.images_per_second;
+  }
+  slots[2 * n + me] =
+      info.cpus.empty() ? common::hardware_threads() : static_cast<double>(info.cpus.size());
+  comm.allreduce_sum(slots);
+  RankInputs out{{slots.begin(), slots.begin() + static_cast<long>(n)},
+                 {slots.begin() + static_cast<long>(n), slots.begin() + static_cast<long>(2 * n)},
+                 {slots.begin() + static_cast<long>(2 * n), slots.end()}};
   if (comm.rank() == 0 && input.source) {
     std::string text;
-    for (size_t r = 0; r < rates.size(); ++r) {
-      text += common::format("%s%zu %.0f", text.empty() ? "" : ", ", r, rates[r]);
+    for (size_t r = 0; r < n; ++r) {
+      text += common::format("%s%zu %.0f", text.empty() ? "" : ", ", r, out.rates[r]);
     }
     std::printf("profile: input rates (images/s, VTRAIN_INPUT_RATE_LIMIT applied) per rank: %s\n",
                 text.c_str());
     std::fflush(stdout);
   }
-  return rates;
+  return out;
+}
+
+// Which cores each rank's compute and decoding share (balancer::HostShare):
+// CPU ranks of one host, or pinned to the same CPUs, share them; a GPU
+// rank computes off them. The k ranks of a group were profiled together,
+// so each one's compute ran on at most cores / k of them.
+std::vector<balancer::HostShare> host_shares(const std::vector<worker::DeviceInfo>& cluster,
+                                             const RankInputs& inputs) {
+  std::vector<std::string> groups;
+  std::vector<int> members;
+  std::vector<balancer::HostShare> out(cluster.size());
+  for (size_t r = 0; r < cluster.size(); ++r) {
+    const worker::DeviceInfo& d = cluster[r];
+    if (d.backend != "cpu") continue;
+    std::string group = d.host;
+    for (int cpu : d.cpus) group += " " + std::to_string(cpu);
+    const auto at = std::find(groups.begin(), groups.end(), group);
+    out[r].host = static_cast<int>(at - groups.begin());
+    if (at == groups.end()) {
+      groups.push_back(group);
+      members.push_back(0);
+    }
+    ++members[static_cast<size_t>(out[r].host)];
+  }
+  for (size_t r = 0; r < cluster.size(); ++r) {
+    if (out[r].host < 0) continue;
+    out[r].cores = inputs.cores[r];
+    const int sharing = members[static_cast<size_t>(out[r].host)];
+    out[r].compute_cores = std::min(static_cast<double>(cluster[r].threads), inputs.cores[r] / sharing);
+    out[r].input_cpu_ms_per_image = inputs.cpu_ms_per_image[r];
+  }
+  return out;
 }
 
 // Training: profile in place, solve on rank 0. Returns the plan's text on
@@ -336,9 +405,13 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
 
   // Every rank's input rate (also under balance.input_aware: false, which
   // chooses the split without it: the plan then says what binds).
-  const std::vector<double> rates =
-      balance ? input_rates(db, info, input, (cfg.train.batch + comm.size() - 1) / comm.size(), comm)
-          : std::vector<double>(static_cast<size_t>(comm.size()), 0.0);
+  const size_t ranks = cluster.size();
+  const int64_t even_share = (cfg.train.batch + comm.size() - 1) / comm.size();
+  const RankInputs inputs =
+      balance ? rank_inputs(db, info, input, even_share, cluster, comm)
+              : RankInputs{std::vector<double>(ranks, 0.0), std::vector<double>(ranks, 0.0),
+                           std::vector<double>(ranks, 1.0)};
+  const std::vector<balancer::HostShare> shares_of_cores = host_shares(cluster, inputs);
 
   // Rank 0 learns every rank's row in the perf DB.
   const std::vector<perfdb::DeviceId> ids = worker::gather_messages(comm, id, 0);
@@ -354,7 +427,8 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       d.memory_bytes = cluster[r].memory_bytes;
       d.layout = worker::layout_rule_for(cluster[r].backend, cfg.device.layout, precisions[r]);
       d.name = worker::device_label(cluster[r]);
-      d.input_rate = rates[r];
+      d.input_rate = inputs.rates[r];
+      d.host_share = shares_of_cores[r];
       if (mixed) d.precision = precisions[r];
       devices.push_back(std::move(d));
     }
@@ -526,7 +600,8 @@ std::optional<worker::ConvPlan> replan_kernels(const config::Config& cfg, const 
   return worker::ConvPlan{worker::conv_executions(mine), mine.workspace_bytes};
 }
 
-int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph) {
+int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph,
+                const std::string& input_transform) {
   // Offline planning only reads: the file is neither created nor changed.
   perfdb::PerfDb db(cli.db, {.mode = perfdb::OpenMode::kReadOnly});
   std::vector<worker::PlanDevice> devices;
@@ -549,8 +624,10 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
       add(record, entry.precision);
       if (spec.input_rate) devices.back().input_rate = *spec.input_rate;
       if (spec.workers) {
-        devices.back().input_rate = scaled_input_rate(db, record.device.host, input_key(cfg, cfg.data.shape),
-                                                      *spec.workers, trim(raw), cli.db);
+        perfdb::InputKey dataset = input_key(cfg, cfg.data.shape);
+        dataset.transform = input_transform;
+        devices.back().input_rate =
+            scaled_input_rate(db, record.device.host, dataset, *spec.workers, trim(raw), cli.db);
       }
     }
   } else {

@@ -57,6 +57,14 @@ struct RankInput {
 // and recorded first where the DB has none (input.limit not applied).
 perfdb::InputRateMeasurement stored_input_rate(perfdb::PerfDb& db, const worker::DeviceInfo& info,
                                                const RankInput& input, int64_t batch);
+// stored_input_rate on every rank, the ranks of a host one after another
+// (the others wait): a rate is its pool's with the host's cores to itself,
+// what its key means; sharing them is the split's to price
+// (balancer::HostShare). `cluster` is every rank's device. Collective.
+perfdb::InputRateMeasurement stored_input_rate_in_turn(perfdb::PerfDb& db, const worker::DeviceInfo& info,
+                                                       const RankInput& input, int64_t batch,
+                                                       const std::vector<worker::DeviceInfo>& cluster,
+                                                       worker::Communicator& comm);
 
 // The plan every rank follows, or nullopt when the config asks for none
 // (split even/manual with undivided workspaces and no --plan). Collective:
@@ -97,6 +105,10 @@ std::optional<worker::ConvPlan> replan_kernels(const config::Config& cfg, const 
                                                const worker::SplitSwitch& to);
 
 // `vtrain balance`: prints (and with --out writes) a plan from the perf DB.
-int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph);
+// `input_transform` is the training input's signature
+// (worker::input_transform), which a --devices [workers=N] rate is looked
+// up with.
+int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Graph& graph,
+                const std::string& input_transform);
 
 }  // namespace vtrain::launcher

@@ -133,11 +133,21 @@ std::function<worker::InitialWeights()> initial_weights(const Config& cfg,
   };
 }
 
-// data.workers, or its default for this rank's device and the ranks
-// sharing its host (worker::default_decode_workers); 0 where the data needs
-// no decoding.
+// data.workers (this rank's entry of a per-rank list), or its default for
+// this rank's device and the ranks sharing its host
+// (worker::default_decode_workers). A list whose length is not the rank
+// count is a config error.
 int data_workers(const Config& cfg, const std::vector<worker::DeviceInfo>& cluster, int rank) {
-  if (cfg.data.workers > 0) return static_cast<int>(cfg.data.workers);
+  int64_t asked = cfg.data.workers;
+  if (const std::vector<int64_t>& per_rank = cfg.data.workers_per_rank; !per_rank.empty()) {
+    if (per_rank.size() != cluster.size()) {
+      throw config::ConfigError(cfg.path + ": data.workers: has " + std::to_string(per_rank.size()) +
+                                " per-rank values but the job has " + std::to_string(cluster.size()) +
+                                " ranks");
+    }
+    asked = per_rank[static_cast<size_t>(rank)];
+  }
+  if (asked > 0) return static_cast<int>(asked);
   const worker::DeviceInfo& mine = cluster[static_cast<size_t>(rank)];
   const auto on_host = std::count_if(cluster.begin(), cluster.end(),
                                      [&](const worker::DeviceInfo& d) { return d.host == mine.host; });
@@ -431,9 +441,11 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   }
   std::fflush(stdout);
   SplitProblem solved_on;  // rank 0, auto split: for re-balancing
-  // The data held in memory is gathered on one thread; its rate (and a
-  // throttle's) goes into the split.
-  worker::GatherRateSource gather_rate(data.train, norm);
+  // The input as training will make it (the decoding pool of data.workers
+  // threads, the training transform); its rate (and a throttle's) goes
+  // into the split.
+  const int workers = data_workers(cfg, cluster, comm.rank());
+  worker::GatherRateSource gather_rate(data.train, norm, workers, cfg.train.seed);
   const RankInput input{&gather_rate, input_key(cfg, data.train.sample),
                         worker::input_rate_limit_from_environment(comm.rank())};
   const std::optional<balancer::TrainingPlan> plan = job_plan(cli, cfg, graph, *backend, comm, *gradient_comm, cluster, precisions, split,
@@ -456,7 +468,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
     }
     return costs.costs;
   };
-  options.data_workers = data_workers(cfg, cluster, comm.rank());
+  options.data_workers = workers;
   options.trace_path = cli.trace;
   options.comm = gradient_comm.get();
   options.batch_norm_comm = batch_norm_comm.get();
@@ -541,10 +553,11 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   const worker::ProfileReport r = worker::profile(graph, *backend, db, device, options);
   // The input's rate too, for a split that prices it (balance.input_aware).
   const worker::ChannelStats norm = normalisation(cfg, data.train);
-  worker::GatherRateSource gather_rate(data.train, norm);
+  worker::GatherRateSource gather_rate(data.train, norm, data_workers(cfg, cluster, comm.rank()),
+                                       cfg.train.seed);
   const double input_rate =
-      stored_input_rate(db, info, {&gather_rate, input_key(cfg, data.train.sample), std::nullopt},
-                        options.batches.front())
+      stored_input_rate_in_turn(db, info, {&gather_rate, input_key(cfg, data.train.sample), std::nullopt},
+                                options.batches.front(), cluster, comm)
           .images_per_second;
   char line[512];
   std::snprintf(line, sizeof line,
@@ -662,7 +675,7 @@ int run(int argc, char** argv) {
     if (cli.command == "balance") {
       const Config cfg = load(cli);
       const Datasets data = load_data(cfg);
-      return run_balance(cli, cfg, build_graph(cfg, data, 1));
+      return run_balance(cli, cfg, build_graph(cfg, data, 1), worker::input_transform(data.train));
     }
     if (cli.command == "predict") return run_predict(cli, trained_model_setup(cli, 1));
     auto comm = worker::make_mpi_communicator();

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "common/text.h"
 #include "perfdb/perf_db.h"
 #include "worker/engine/layer_timing.h"
 #include "worker/engine/optimizer.h"
@@ -147,6 +148,19 @@ balancer::BatchSplitOptions split_options(const config::Config& cfg) {
   return o;
 }
 
+namespace {
+
+// An image folder's training set as the config names it: its folder, its
+// list file, or both ("LIST in DIR": a list's paths are relative to the
+// folder).
+std::string image_folder_identity(const config::DataConfig& data) {
+  if (data.train_list.empty()) return data.train_dir;
+  if (data.train_dir.empty()) return data.train_list;
+  return data.train_list + " in " + data.train_dir;
+}
+
+}  // namespace
+
 perfdb::InputKey input_key(const config::Config& cfg, const worker::Shape& sample) {
   perfdb::InputKey key;
   key.dataset_kind = worker::data_kind_name(cfg.data.kind);
@@ -156,6 +170,8 @@ perfdb::InputKey input_key(const config::Config& cfg, const worker::Shape& sampl
       key.dataset = cfg.data.train_files.empty() ? "" : cfg.data.train_files.front();
       break;
     case worker::DataKind::kSynthetic: break;  // generated: its shape tells it apart
+    case worker::DataKind::kImageFolder: key.dataset = image_folder_identity(cfg.data); break;
+    case worker::DataKind::kShards: key.dataset = common::join(cfg.data.train_shards, ","); break;
   }
   key.channels = sample.c;
   key.height = sample.h;

@@ -70,7 +70,8 @@ balancer::BatchSplitOptions split_options(const config::Config& cfg);
 // How the split prices a device's step: balance.workspace(_limit), memory.policy.
 worker::StepPricing step_pricing(const config::Config& cfg);
 // The dataset's part of a rank's input rate key in the perf DB (data.kind,
-// its training file, the samples' [C, H, W] `sample`).
+// which training set: its file, folder, list or shard patterns; the
+// samples' [C, H, W] `sample`).
 perfdb::InputKey input_key(const config::Config& cfg, const worker::Shape& sample);
 
 }  // namespace vtrain::launcher

@@ -292,6 +292,21 @@ TEST(BalanceCli, ADevicesInputRateOrWorkersArePriced) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_CONTAINS(r.output, "compute binds");
 
+  // A rate measured through another transform is not this input's: with
+  // only that one in the DB there is nothing to scale.
+  const std::string other = dir.path("other.db");
+  ASSERT_EQ(test_support::run_command(test_support::vtrain_binary() + " profile " + test_support::source_dir() +
+                                          "/configs/synthetic-lenet.yaml --db " + other +
+                                          " --set profile.batches=[8,16,24] --set profile.repeats=1"
+                                          " --set profile.warmup=0 --set data.workers=2"
+                                          " --set 'data.train_transform={crop: random, pad: 4}'",
+                                      &out),
+            0)
+      << out;
+  r = balance("--db " + other + " --batch 32 --devices '" + label + "[workers=1]," + label + "'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "has no input rate of this dataset (synthetic, transform normalise)");
+
   r = balance("--db " + db + " --batch 32 --devices '" + label + "[cores=8]," + label + "'");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_CONTAINS(r.output, "--devices: entry '" + label +

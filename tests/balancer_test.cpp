@@ -570,15 +570,58 @@ std::vector<DeviceProfile> equal_compute_slow_input() {
   return devices;
 }
 
+// The input tests' options: granularity 16, the split chosen on compute
+// alone (balance.input_aware: false).
+BatchSplitOptions compute_only(BatchSplitSolver solver) {
+  BatchSplitOptions options;
+  options.solver = solver;
+  options.granularity = 16;
+  options.input_aware = false;
+  return options;
+}
+
+// Devices that share a host's cores (HostShare) cannot run faster than
+// the CPU time their compute and decoding need together over those cores:
+// the split's prediction says so, and those devices bind on "cores".
+TEST(BatchSplit, DevicesSharingAHostsCoresArePredictedAtTheirCpuTime) {
+  std::vector<DeviceProfile> devices = equal_compute_slow_input();
+  // Both on one host of 2 cores, 1 compute core each; the starved one's
+  // decoding costs 4 ms of CPU a sample (2 threads at 500 images/s), the
+  // other's is in memory.
+  for (DeviceProfile& d : devices) d.host_share = {.host = 0, .cores = 2, .compute_cores = 1};
+  devices[1].host_share.input_cpu_ms_per_image = 4;
+  for (BatchSplitSolver solver : {BatchSplitSolver::kThresholdSearch, BatchSplitSolver::kGlpk}) {
+    BatchSplitOptions options = compute_only(solver);
+    // 64 + 64: compute 64 ms each, decoding 256 ms of CPU: (64 + 64 + 256) / 2.
+    const BatchSplit blind = plan_batch_split(devices, 128, options);
+    ASSERT_EQ(blind.batch, (std::vector<int64_t>{64, 64}));
+    EXPECT_DOUBLE_EQ(blind.step_time_ms, 192);
+    EXPECT_EQ(blind.binding, (std::vector<Binding>{Binding::kCores, Binding::kCores}));
+    // The exchange every step pays: decoding overlaps it, so the bound is
+    // on the whole step.
+    options.allreduce_ms = 10;
+    EXPECT_DOUBLE_EQ(plan_batch_split(devices, 128, options).step_time_ms, 192);
+    // Where the cores suffice (the starved one on a host of its own with 4
+    // cores: (64 + 256) / 4 = 80 ms), nothing changes.
+    devices[1].host_share.host = 1;
+    devices[1].host_share.cores = 4;
+    options.allreduce_ms = 0;
+    const BatchSplit apart = plan_batch_split(devices, 128, options);
+    EXPECT_DOUBLE_EQ(apart.step_time_ms, 128);
+    EXPECT_EQ(apart.binding, (std::vector<Binding>{Binding::kCompute, Binding::kInput}));
+    devices[1].host_share.host = 0;
+    devices[1].host_share.cores = 2;
+  }
+  devices[0].host_share.cores = 0;
+  EXPECT_CONTAINS(error_message<BalancerError>([&] { plan_batch_split(devices, 128, {}); }), "cores > 0");
+}
+
 TEST(BatchSplit, InputThatBindsMovesWorkAwayFromTheDevice) {
   const std::vector<DeviceProfile> devices = equal_compute_slow_input();
   for (BatchSplitSolver solver : {BatchSplitSolver::kThresholdSearch, BatchSplitSolver::kGlpk}) {
-    BatchSplitOptions options;
-    options.solver = solver;
-    options.granularity = 16;
     // Compute alone sees two equal devices: 64 + 64, and the starved one
     // then waits 128 ms for its input.
-    options.input_aware = false;
+    BatchSplitOptions options = compute_only(solver);
     const BatchSplit blind = plan_batch_split(devices, 128, options);
     EXPECT_EQ(blind.batch, (std::vector<int64_t>{64, 64}));
     EXPECT_DOUBLE_EQ(blind.step_time_ms, 128);

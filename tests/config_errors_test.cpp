@@ -149,6 +149,10 @@ TEST(ConfigErrorTest, OutOfRangeNumbers) {
             "t.yaml:5: balance.rebalance.probe_every: expected an integer >= 0, got -5");
   EXPECT_EQ(error_of(std::string(kMinimal) + "profile: {step_rounds: 0}\n"),
             "t.yaml:5: profile.step_rounds: expected an integer in [1, 100], got 0");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "  workers: [1, 2000]\n"),
+            "t.yaml:5: data.workers[1]: expected an integer in [0, 1024], got 2000");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "  workers: []\n"),
+            "t.yaml:5: data.workers: expected a worker count per rank, got an empty list");
 }
 
 TEST(ConfigErrorTest, BadEnumValue) {

@@ -346,7 +346,8 @@ TEST(ConfigTest, ToYamlReadsBackToTheSameConfig) {
     - {name: pool, type: pool, mode: avg, kernel: 2}
     - {name: gap, type: pool, global: true}
     - {name: fc, type: fc, out: 10}
-data: {kind: synthetic, shape: [3, 8, 8], mean: [0.1, 0.2, 0.3], std: [1, 2, 3], prefetch: on}
+data: {kind: synthetic, shape: [3, 8, 8], mean: [0.1, 0.2, 0.3], std: [1, 2, 3], prefetch: on,
+       workers: [1, 4]}
 train: {batch: 16, seed: 7, evaluate: false, precision: bf16, gradient_allreduce: half,
         loss_scaling: {mode: on, initial: 256, growth_interval: 50}}
 optimizer: {lr: 0.05, momentum: 0.9, weight_decay: 5e-4, schedule: cosine}
@@ -388,6 +389,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   EXPECT_EQ(b.data.mean, a.data.mean);
   EXPECT_EQ(b.data.stddev, a.data.stddev);
   EXPECT_EQ(b.data.prefetch, common::AutoOnOff::kOn);
+  EXPECT_EQ(b.data.workers_per_rank, (std::vector<int64_t>{1, 4}));
   EXPECT_EQ(b.train.seed, 7u);
   EXPECT_FALSE(b.train.evaluate);
   EXPECT_EQ(b.train.precision, common::Precision::kBf16);

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,57 @@ TEST_F(DataCli, PredictOnAnImageFileEqualsItsTestSample) {
   const auto missing = run_vtrain("predict " + folder_ + " --checkpoint " + ckpt + " " + dir_.path("no.jpg"));
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_NE(missing.output.find("or the path of a JPEG or PNG file"), std::string::npos) << missing.output;
+}
+
+// `vtrain profile` stores the rank's input rate; `db export --table
+// input_rates` shows its rows, one per line after the CSV header.
+std::vector<std::string> input_rate_rows(const std::string& db) {
+  const auto r = run_vtrain("db export --table input_rates --db " + db);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> rows;
+  std::istringstream lines(r.output);
+  std::string line;
+  std::getline(lines, line);  // the header
+  while (std::getline(lines, line)) {
+    if (!line.empty()) rows.push_back(line);
+  }
+  return rows;
+}
+
+// Two image folders are two datasets: each gets its own measured rate.
+TEST_F(DataCli, TwoImageFoldersGetTwoInputRates) {
+  const std::string db = dir_.path("perf.db");
+  const std::string profile = " --progress off --set conv.algorithm=direct --set data.workers=1 --db " + db;
+  ASSERT_EQ(run_vtrain("profile " + folder_ + profile).exit_code, 0);
+  const auto other = run_vtrain("profile " + folder_ + profile + " --set data.train_dir=" + dir_.path("test"));
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  const std::vector<std::string> rows = input_rate_rows(db);
+  ASSERT_EQ(rows.size(), 2u) << ::testing::PrintToString(rows);
+  EXPECT_NE(rows[0].find(dir_.path("train")), std::string::npos) << rows[0];
+  EXPECT_NE(rows[1].find(dir_.path("test")), std::string::npos) << rows[1];
+}
+
+// The rate is the decoding pool's at data.workers threads through the
+// training transform: another worker count is measured again, and each
+// row names the transform.
+TEST_F(DataCli, TheInputRateIsTheDecodingPoolsAtItsWorkers) {
+  const std::string db = dir_.path("perf.db");
+  const std::string profile = "profile " + folder_ + " --progress off --set conv.algorithm=direct --db " + db;
+  ASSERT_EQ(run_vtrain(profile + " --set data.workers=1").exit_code, 0);
+  ASSERT_EQ(run_vtrain(profile + " --set data.workers=3").exit_code, 0);
+  const std::vector<std::string> rows = input_rate_rows(db);
+  ASSERT_EQ(rows.size(), 2u) << ::testing::PrintToString(rows);
+  // id,host,workers,...: the third column.
+  auto workers = [](const std::string& row) {
+    const size_t at = row.find(',', row.find(',') + 1) + 1;
+    return row.substr(at, row.find(',', at) - at);
+  };
+  EXPECT_EQ(workers(rows[0]), "1") << rows[0];
+  EXPECT_EQ(workers(rows[1]), "3") << rows[1];
+  for (const std::string& row : rows) {
+    EXPECT_NE(row.find("random_resized (scale 0.08-1, ratio 0.75-1.333) + flip + normalise"), std::string::npos)
+        << row;
+  }
 }
 
 TEST_F(DataCli, UsageAndConfigErrorsSayWhatIsExpected) {

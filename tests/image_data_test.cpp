@@ -643,6 +643,35 @@ TEST(DecodePool, GathersFilesAsOneThreadDoesAndMeasuresItsRate) {
       pool.gather(data, good, pixel_norm(norm.mean, norm.stddev), {4, 1}, pooled.data(), lb.data()));
 }
 
+// The pool reads a batch's images in storage order (each shard front to
+// back, shard after shard), not in the batch's order: with one worker and
+// two broken members, the failure names the one that lies first.
+TEST(DecodePool, ReadsABatchInStorageOrder) {
+  test_support::TempDir dir;
+  const Dataset source = make_synthetic({1, 1, 16, 16}, 2, 20, 5);
+  const PackResult packed = pack_shards(source, {.out_prefix = dir.path("s"), .samples_per_shard = 10});
+  ASSERT_EQ(packed.shards.size(), 2u);
+  const Dataset data = open_shards({dir.path("s-{000000..000001}.tar")}, {1, 1, 16, 16});
+  EXPECT_LT(data.files->location(3), data.files->location(4));
+  EXPECT_LT(data.files->location(9), data.files->location(10));
+  for (int64_t broken : {3, 15}) {
+    const ImageFiles::Location at = data.files->location(broken);
+    std::fstream shard(packed.shards[static_cast<size_t>(at.shard)], std::ios::in | std::ios::out | std::ios::binary);
+    shard.seekp(at.offset);
+    shard.write("\0\0\0\0\0\0\0\0", 8);
+  }
+  DecodePool pool(1);
+  const std::vector<int64_t> batch = {15, 7, 3};
+  std::vector<float> images(3 * 256);
+  std::vector<int32_t> labels(3);
+  try {
+    pool.gather(data, batch, pixel_norm({0}, {1}), {}, images.data(), labels.data());
+    FAIL() << "broken members decoded";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find(data.files->describe(3)), std::string::npos) << e.what();
+  }
+}
+
 TEST(DecodePool, DefaultWorkersLeaveTheComputeItsCores) {
   EXPECT_EQ(default_decode_workers(true, 2, 2, 1), 1);  // this CI box: compute takes both
   EXPECT_EQ(default_decode_workers(true, 32, 8, 1), 24);

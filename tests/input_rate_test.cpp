@@ -150,5 +150,35 @@ TEST(InputRateMpi, AThrottledRankGetsFewerSamplesAndItsInputBinds) {
   EXPECT_NE(output.find("input: 50 images/s"), std::string::npos) << output;
 }
 
+// data.workers as a list gives each rank its own decoding pool, and each
+// rank's rate is measured with its own: the perf DB holds one rate per
+// worker count. A list of another length than the job's ranks is a config
+// error naming the key.
+TEST(InputRateMpi, EachRankMeasuresItsOwnDataWorkers) {
+  test_support::TempDir dir;
+  const std::string db = dir.path("perf.db");
+  const std::string run = test_support::mpirun(2, "--bind-to none") + test_support::vtrain_binary() + " " +
+                          source_dir() +
+                          "/configs/synthetic-lenet.yaml --progress off --set train.evaluate=false"
+                          " --set conv.algorithm=direct --set device.threads=1 --set train.batch=32"
+                          " --set train.max_steps=2 --set balance.split=auto --set balance.allreduce=none"
+                          " --set profile.repeats=1 --set profile.warmup=0"
+                          " --set 'data.train_transform={crop: random, pad: 4, flip: true}'"
+                          " --set profile.db=" + db;
+  std::string output;
+  ASSERT_EQ(test_support::run_command(run + " --set 'data.workers=[1, 2]'", &output), 0) << output;
+  ASSERT_EQ(test_support::run_command(test_support::vtrain_binary() + " db export --table input_rates --db " + db +
+                                          " --format jsonl",
+                                      &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("\"workers\":1,"), std::string::npos) << output;
+  EXPECT_NE(output.find("\"workers\":2,"), std::string::npos) << output;
+  EXPECT_NE(output.find("random (pad 4) + flip + normalise"), std::string::npos) << output;
+  EXPECT_EQ(test_support::run_command(run + " --set 'data.workers=[1, 2, 3]'", &output), 2) << output;
+  EXPECT_NE(output.find("data.workers: has 3 per-rank values but the job has 2 ranks"), std::string::npos)
+      << output;
+}
+
 }  // namespace
 }  // namespace vtrain

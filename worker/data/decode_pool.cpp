@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <utility>
+
+#include "worker/data/image_files.h"
 
 namespace vtrain::worker {
 
@@ -29,12 +32,29 @@ DecodePool::~DecodePool() {
   for (std::thread& t : threads_) t.join();
 }
 
+namespace {
+
+// The positions of `indices` in the order their bytes lie in the storage
+// (ImageFiles::location), into `order`; as given for data in memory.
+void read_order(const Dataset& data, std::span<const int64_t> indices, std::vector<int32_t>& order) {
+  order.resize(indices.size());
+  std::iota(order.begin(), order.end(), 0);
+  if (!data.files) return;
+  const ImageFiles& files = *data.files;
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return files.location(indices[a]) < files.location(indices[b]);
+  });
+}
+
+}  // namespace
+
 void DecodePool::gather(const Dataset& data, std::span<const int64_t> indices, const PixelNorm& norm,
                         SampleDraw draw, float* images, int32_t* labels) {
   std::lock_guard serial(gather_mutex_);
   const auto start = std::chrono::steady_clock::now();
+  read_order(data, indices, order_);
   std::unique_lock lock(mutex_);
-  job_ = {&data, indices, &norm, draw, images, labels};
+  job_ = {&data, indices, order_, &norm, draw, images, labels};
   next_sample_ = 0;
   busy_ = workers();
   error_ = nullptr;
@@ -65,7 +85,7 @@ void DecodePool::run(int worker) {
     const int64_t per_sample = job.data->sample.per_sample();
     const auto count = static_cast<int64_t>(job.indices.size());
     while (next_sample_ < count && !error_) {
-      const int64_t b = next_sample_++;
+      const int64_t b = job.order[static_cast<size_t>(next_sample_++)];
       lock.unlock();
       try {
         gather_sample(*job.data, job.indices[b], *job.norm, job.draw, job.images + b * per_sample,

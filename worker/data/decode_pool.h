@@ -42,7 +42,10 @@ class DecodePool {
   int workers() const { return static_cast<int>(threads_.size()); }
 
   // Gathers samples `indices` of `data` (gather_sample) into `images` and
-  // `labels`, spread over the workers; returns when all are written.
+  // `labels`, spread over the workers; returns when all are written. Image
+  // files are read in storage order (ImageFiles::location: a shard front
+  // to back), whatever the batch's order: the order a sample is decoded in
+  // never changes its pixels, and a shard on NFS or a disk is read ahead.
   // Rethrows the first failure (a DataError names the file). One gather at
   // a time (calls from several threads are serialised).
   void gather(const Dataset& data, std::span<const int64_t> indices, const PixelNorm& norm,
@@ -55,6 +58,7 @@ class DecodePool {
   struct Job {
     const Dataset* data = nullptr;
     std::span<const int64_t> indices;
+    std::span<const int32_t> order;  // positions in `indices`, in the order they are claimed
     const PixelNorm* norm = nullptr;
     SampleDraw draw;
     float* images = nullptr;
@@ -73,6 +77,7 @@ class DecodePool {
   bool stopping_ = false;
   int64_t images_ = 0;
   double seconds_ = 0;
+  std::vector<int32_t> order_;  // the job's claim order (reused: no allocation per batch)
   std::vector<std::unique_ptr<SampleScratch>> scratch_;
   std::vector<std::thread> threads_;  // last: started once the rest exists
 };

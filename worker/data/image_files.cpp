@@ -48,6 +48,11 @@ std::string ImageFiles::describe(int64_t i) const {
   return shards_[e.shard] + ": member " + members_[e.name];
 }
 
+ImageFiles::Location ImageFiles::location(int64_t i) const {
+  const Entry& e = entries_.at(static_cast<size_t>(i));
+  return e.shard < 0 ? Location{-1, i} : Location{e.shard, e.offset};
+}
+
 void ImageFiles::read(int64_t i, std::vector<uint8_t>& bytes) const {
   const Entry& e = entries_.at(static_cast<size_t>(i));
   if (e.shard >= 0) {

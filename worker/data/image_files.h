@@ -27,6 +27,15 @@ class ImageFiles {
   void read(int64_t i, std::vector<uint8_t>& bytes) const;
   // "path" for a file, "shard.tar: member key.jpg" for a shard member.
   std::string describe(int64_t i) const;
+  // Where sample i's bytes lie, ordered as reading the storage front to
+  // back meets them: a shard member's shard and byte offset; a file's
+  // shard -1 and its number (the folder's sorted walk).
+  struct Location {
+    int32_t shard = -1;
+    int64_t offset = 0;
+    friend auto operator<=>(const Location&, const Location&) = default;
+  };
+  Location location(int64_t i) const;
 
   // An image in its own file.
   void add_file(std::string path);

@@ -154,6 +154,7 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb:
     p.name = d.name;
     p.memory_capacity_bytes = d.memory_bytes;
     p.input_rate = d.input_rate;
+    p.host_share = d.host_share;
     const std::map<int64_t, perfdb::StepMeasurement> by_batch =
         steps_by_batch(db, graph, d, pricing.memory_policy);
     if (by_batch.empty()) {

@@ -29,6 +29,7 @@ struct PlanDevice {
   std::function<Layout(int64_t)> layout;      // its backend's preferred_layout (layout_rule_for)
   double input_rate = 0;                      // images/s its input delivers; 0 = not priced
                                               // (balancer::DeviceProfile::input_rate)
+  balancer::HostShare host_share;             // the cores it shares (host -1: none)
   // The precision it computes in (train.precision per rank); nullopt: the
   // graph's. Its kernels, layers and steps are looked up in that one.
   std::optional<common::Precision> precision;

@@ -2,26 +2,48 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
+#include <memory_resource>
 #include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
+#include "worker/data/decode_pool.h"
+#include "worker/data/gather.h"
+#include "worker/train/batch_gatherer.h"
+
 namespace vtrain::worker {
+
+GatherRateSource::GatherRateSource(const Dataset& data, const ChannelStats& norm, int pool_workers,
+                                   uint64_t seed)
+    : data_(data),
+      norm_(norm),
+      pool_workers_(pool_workers > 0 && transforms_samples(data) ? pool_workers : 0),
+      seed_(seed) {}
+
+int GatherRateSource::workers() const { return std::max(pool_workers_, 1); }
+
+std::string input_transform(const Dataset& data) {
+  return transforms_samples(data) ? data.transform.str() + " + normalise" : "normalise";
+}
 
 double GatherRateSource::measure_images_per_second(int64_t batch, int batches) {
   if (batch < 1 || batches < 1 || data_.count < 1) {
     throw std::invalid_argument("measuring the gather rate needs a batch, batches and samples >= 1");
   }
-  std::vector<float> images(static_cast<size_t>(batch * data_.sample.per_sample()));
-  std::vector<int32_t> labels(static_cast<size_t>(batch));
-  std::vector<int64_t> indices(static_cast<size_t>(batch));
+  // The pool lives for the measurement only: training makes its own.
+  const std::unique_ptr<DecodePool> pool =
+      pool_workers_ > 0 ? std::make_unique<DecodePool>(pool_workers_) : nullptr;
+  const std::vector<int64_t> order = epoch_permutation(seed_, 0, data_.count);
+  Staging stage(std::pmr::get_default_resource());
+  stage.indices.resize(static_cast<size_t>(batch));
   std::vector<double> rates;
   int64_t next = 0;
   for (int b = 0; b < batches; ++b) {
-    for (int64_t& i : indices) i = next++ % data_.count;
+    for (int64_t& i : stage.indices) i = order[static_cast<size_t>(next++ % data_.count)];
     const auto start = std::chrono::steady_clock::now();
-    gather_batch(data_, indices, norm_, images.data(), labels.data());
+    gather_staged(data_, norm_, stage, seed_, pool.get());
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     rates.push_back(static_cast<double>(batch) / std::max(seconds, 1e-9));
   }

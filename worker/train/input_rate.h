@@ -15,20 +15,33 @@
 
 namespace vtrain::worker {
 
-// The in-memory datasets' input: gather_batch on one thread (the trainer's
-// or its gather-ahead thread), transform "normalise". Measures the real
-// gather rate over batches of consecutive samples from the start of the
-// dataset (wrapping around). `data` and `norm` must outlive it.
+// The signature of `data`'s training input (InputRateSource::transform):
+// "normalise" for samples only normalised; else data.transform.str() and
+// " + normalise" (e.g. "random_resized (scale 0.08-1, ratio 0.75-1.333) +
+// flip + normalise").
+std::string input_transform(const Dataset& data);
+
+// A rank's training input as training makes it (common::InputRateSource):
+// batches gathered through data.transform by the trainer's path
+// (gather_staged), on a decoding pool of `pool_workers` threads where the
+// samples need more than a copy (image files or a transform) and
+// pool_workers > 0, as TrainerOptions::data_workers makes the trainer do;
+// otherwise on one thread. The batches are consecutive slices of epoch
+// 0's permutation for `seed` (wrapping around), the samples training
+// starts with. `data` and `norm` must outlive it.
 class GatherRateSource : public common::InputRateSource {
  public:
-  GatherRateSource(const Dataset& data, const ChannelStats& norm) : data_(data), norm_(norm) {}
-  int workers() const override { return 1; }
-  std::string transform() const override { return "normalise"; }
+  GatherRateSource(const Dataset& data, const ChannelStats& norm, int pool_workers = 0, uint64_t seed = 0);
+  // The pool's threads, or 1 without a pool.
+  int workers() const override;
+  std::string transform() const override { return input_transform(data_); }
   double measure_images_per_second(int64_t batch, int batches) override;
 
  private:
   const Dataset& data_;
   const ChannelStats& norm_;
+  int pool_workers_;  // 0: no pool
+  uint64_t seed_;
 };
 
 // The environment variable of the throttle: "RANK:IMAGES_PER_S", several

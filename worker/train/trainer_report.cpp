@@ -107,6 +107,7 @@ void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
       .add("memory_step_peak_bytes", static_cast<int64_t>(memory.step_peak))
       .add("memory_step_average_bytes", memory.step_average)
       .add("compute_ms", rebalancer_.compute_ms())
+      .add("input_wait_ms_per_rank", rebalancer_.input_wait_ms())
       .add("split", std::span<const int64_t>(job_.split));
   // The norm clip_norm measured (before clipping).
   if (options_.optimizer.clip_norm > 0) {
