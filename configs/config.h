@@ -104,14 +104,11 @@ struct PrecisionChoice {
   std::vector<std::pair<std::string, common::Precision>> by_device;  // kByDevice, in file order
 };
 
-struct TrainConfig {
-  int64_t batch = 64;          // global mini-batch B (all ranks together)
-  int64_t epochs = 1;
-  int64_t max_steps = 0;       // stop after this many steps; 0 = no limit
-  uint64_t seed = 1;           // initialisation and shuffling
-  int64_t log_every = 50;      // steps between progress lines / metric records
-  bool evaluate = true;        // test accuracy after every epoch
-  uint64_t allreduce_bucket = 4 << 20;  // bytes of gradients per allreduce (several ranks)
+// train.*: what the training loop reads (worker::TrainSettings: batch,
+// epochs, max_steps, seed, log_every, evaluate, allreduce_bucket,
+// loss_scaling, gradient_allreduce, label_smoothing, ema), and what the
+// launcher decides with before it.
+struct TrainConfig : worker::TrainSettings {
   // train.precision as written: one precision for every rank, auto, one
   // per rank, or one per device name (configs/rank_precision.h).
   PrecisionChoice precision_choice;
@@ -124,23 +121,11 @@ struct TrainConfig {
   // The loader sets it for one precision; for the other forms the launcher
   // resolves it on each rank's device (resolve_rank_precision).
   common::Precision precision = common::Precision::kFp32;
-  // Dynamic loss scaling (worker/train/loss_scaler.h): mode auto | on | off
-  // (auto: on under fp16), initial scale, growth_interval.
-  worker::LossScalingSettings loss_scaling;
-  // fp32 | half: the type gradient buckets are allreduced in; half is the
-  // precision's half type, summed in f32 (worker/train/bucket_allreduce.h),
-  // and needs precision bf16 or fp16.
-  worker::GradientAllreduce gradient_allreduce = worker::GradientAllreduce::kFp32;
   // Seconds a rank of a job of several waits for a step (from one step's
   // start to the next's) before it takes a rank or host for lost, names the
   // ranks that do not answer and ends the job (worker/train/step_watch.h);
   // 0: wait for ever.
   double step_timeout = 600;
-  // Label smoothing s in [0, 1): the loss's target is (1 - s) * onehot + s / classes.
-  double label_smoothing = 0.0;
-  // Decay of an exponential moving average of the weights, evaluated beside
-  // them and kept in checkpoints; 0 = none.
-  double ema = 0.0;
 };
 
 struct BalanceConfig {
@@ -174,13 +159,9 @@ struct ProfileConfig {
 // to about an eighth of one round's spread); a larger count is a slip.
 inline constexpr int64_t kMaxStepRounds = 100;
 
-struct CheckpointConfig {
-  std::string dir;                // where checkpoints go; empty = none
-  int64_t every = 0;              // steps between checkpoints; 0 = only at the end and on a signal
-  int64_t keep = 3;               // newest checkpoints kept
-  // never | auto | required (worker/train/checkpoint.h: ResumeSetting)
-  worker::ResumeSetting resume = worker::ResumeSetting::kNever;
-};
+// checkpoint.*: dir, every, keep, resume (never | auto | required), as
+// the trainer reads them.
+using CheckpointConfig = worker::CheckpointSettings;
 
 struct OptimizerConfig {
   worker::OptimizerKind type = worker::OptimizerKind::kSgd;  // sgd | adamw | lars

@@ -445,41 +445,40 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   print_cluster(comm, cluster, precisions, split);
   std::fflush(stdout);
 
-  worker::TrainerOptions options = trainer_options(cfg);
-  options.rank_precisions = precisions;
-  options.memory_costs_at = [&cfg, &graph, &backend,
-                             rank = comm.rank()](const worker::NetworkOptions& net) {
-    PlanningCosts costs = planning_costs(cfg, graph, *backend, net);
-    if (rank == 0 && costs.costs) {
-      std::printf("memory: planning batch %lld with costs %s\n",
-                  static_cast<long long>(net.max_batch), costs.source.c_str());
-    }
-    return costs.costs;
-  };
-  options.data_workers = data_workers(cfg, cluster, comm.rank());
-  options.trace_path = cli.trace;
-  options.comm = gradient_comm.get();
-  options.batch_norm_comm = batch_norm_comm.get();
-  options.split = split;
+  worker::TrainerContext context{
+      .comm = gradient_comm.get(),
+      .split = split,
+      .batch_norm_comm = batch_norm_comm.get(),
+      .rank_precisions = precisions,
+      .rebalance_profiles = std::move(solved_on.profiles),
+      .rebalance_split_options = solved_on.options,
+      .memory_costs_at = [&cfg, &graph, &backend,
+                          rank = comm.rank()](const worker::NetworkOptions& net) {
+        PlanningCosts costs = planning_costs(cfg, graph, *backend, net);
+        if (rank == 0 && costs.costs) {
+          std::printf("memory: planning batch %lld with costs %s\n",
+                      static_cast<long long>(net.max_batch), costs.source.c_str());
+        }
+        return costs.costs;
+      },
+      .trace_path = cli.trace,
+      .input_rate_limit = input.limit,
+      .data_workers = data_workers(cfg, cluster, comm.rank()),
+      .run_settings = config::run_settings(cfg, data.train),
+      .initial_weights = initial_weights(cfg, graph),
+      .stop_signal = &stop_signal};
   if (plan) {
     const balancer::RankPlan& mine = plan->ranks[comm.rank()];
-    options.conv_plan = {worker::conv_executions(mine), mine.workspace_bytes};
+    context.conv_plan = {worker::conv_executions(mine), mine.workspace_bytes};
     // Only an auto split re-balances (every rank decides alike: the call is
     // collective).
     if (cfg.balance.split == balancer::SplitMode::kAuto) {
-      options.replan_kernels = [&cfg, &graph, &backend, &comm,
+      context.replan_kernels = [&cfg, &graph, &backend, &comm,
                                 &solved_on](const worker::SplitSwitch& to) {
         return replan_kernels(cfg, graph, *backend, comm, solved_on, to);
       };
     }
   }
-  options.rebalance.profiles = std::move(solved_on.profiles);
-  options.rebalance.split_options = solved_on.options;
-  options.input_rate_limit = input.limit;
-  if (cli.resume) options.resume = worker::ResumeSetting::kRequired;
-  options.run_settings = config::run_settings(cfg, data.train);
-  options.initial_weights = initial_weights(cfg, graph);
-  options.stop_signal = &stop_signal;
   // A testing aid (VTRAIN_FAIL_* in the environment, see the header).
   std::optional<worker::FailureInjection> injected_failure =
       worker::FailureInjection::from_environment(comm.rank());
@@ -490,9 +489,9 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   if (injected_slowdown) observers.add(&*injected_slowdown);
   const WatchedSteps watch = watch_steps(cfg, comm, cluster);
   if (watch.watch) observers.add(watch.watch.get());
-  if (!observers.empty()) options.observer = &observers;
-  const worker::TrainResult result =
-      worker::train(graph, *backend, data.train, data.test, norm, options);
+  if (!observers.empty()) context.observer = &observers;
+  const worker::TrainResult result = worker::train(graph, *backend, data.train, data.test, norm,
+                                                   trainer_options(cfg, cli.resume), context);
   if (result.stopped_by_signal != 0) {
     // Every rank decides alike: only rank 0 writes (and knows) the checkpoint.
     if (cfg.checkpoint.dir.empty()) {

@@ -57,6 +57,14 @@ inline constexpr auto kResumeSettingNames = std::to_array<common::Named<ResumeSe
      {ResumeSetting::kAuto, "auto"},
      {ResumeSetting::kRequired, "required"}});
 
+// checkpoint.* in the config (config::CheckpointConfig is this struct).
+struct CheckpointSettings {
+  std::string dir;        // where checkpoints go; empty = none
+  int64_t every = 0;      // steps between checkpoints; 0 = only at the end and on a signal
+  int64_t keep = 3;       // of this run's own checkpoints, the newest kept
+  ResumeSetting resume = ResumeSetting::kNever;
+};
+
 // One config value that defines a run ("optimizer.lr", "0.05"), as text.
 struct RunSetting {
   std::string key;
