@@ -220,17 +220,6 @@ Config for_rank(Config cfg, int rank, int ranks) {
   return config::with_rank_precision(cfg, config::rank_precision(cfg, rank, ranks, *probe));
 }
 
-// Every rank's train.precision, in rank order. Collective.
-std::vector<common::Precision> gather_precisions(worker::Communicator& comm,
-                                                 common::Precision mine) {
-  std::vector<double> codes(static_cast<size_t>(comm.size()), 0.0);
-  codes[static_cast<size_t>(comm.rank())] = static_cast<double>(mine);
-  comm.allreduce_sum(codes);
-  std::vector<common::Precision> all;
-  for (double c : codes) all.push_back(static_cast<common::Precision>(static_cast<int>(c)));
-  return all;
-}
-
 // The network training would build on this device for the largest rank
 // batch (the batch check counts), so that what training refuses for memory
 // check refuses alike: a capacity no schedule fits throws the planner's
@@ -411,7 +400,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   config::check_backend(cfg, graph, *backend, largest_rank_batch(cfg, comm.size()));
   const std::vector<worker::DeviceInfo> cluster =
       worker::gather_device_infos(comm, backend->device_info());
-  const std::vector<common::Precision> precisions = gather_precisions(comm, graph.precision());
+  const std::vector<common::Precision> precisions = worker::gather_precisions(comm, graph.precision());
   // Gradients go over NCCL when several ranks train on GPUs, else over MPI.
   std::string comm_note;
   const auto gradient_comm = worker::make_gradient_communicator(*backend, cluster, &comm_note);
@@ -519,7 +508,7 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   config::check_backend(cfg, graph, *backend, largest_rank_batch(cfg, comm.size()));
   const worker::DeviceInfo info = backend->device_info();
   const std::vector<worker::DeviceInfo> cluster = worker::gather_device_infos(comm, info);
-  print_cluster(comm, cluster, gather_precisions(comm, graph.precision()),
+  print_cluster(comm, cluster, worker::gather_precisions(comm, graph.precision()),
                 balancer::even_split(cfg.train.batch, comm.size()));
 
   worker::ProfileOptions options = profile_options(cfg, graph, *backend);
