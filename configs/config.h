@@ -163,9 +163,10 @@ inline constexpr int64_t kMaxStepRounds = 100;
 // the trainer reads them.
 using CheckpointConfig = worker::CheckpointSettings;
 
-struct OptimizerConfig {
+// optimizer.*: the schedule (worker::ScheduleSettings: lr, schedule,
+// step_epochs, gamma, warmup_steps) and the optimizer.
+struct OptimizerConfig : worker::ScheduleSettings {
   worker::OptimizerKind type = worker::OptimizerKind::kSgd;  // sgd | adamw | lars
-  double lr = 0.01;
   double momentum = 0.0;          // sgd, lars
   bool nesterov = false;          // sgd, lars: Nesterov momentum (needs momentum > 0)
   double weight_decay = 0.0;      // sgd, lars: L2 in the gradient; adamw: decoupled
@@ -175,10 +176,6 @@ struct OptimizerConfig {
   double trust = 0.001;           // lars: the trust coefficient
   std::vector<worker::ParamKind> no_decay;  // batchnorm, bias: no weight decay (nor LARS ratio)
   double clip_norm = 0.0;         // > 0: clip the global gradient L2 norm to this; 0 = off
-  worker::ScheduleKind schedule = worker::ScheduleKind::kNone;
-  int64_t step_epochs = 1;        // step: multiply lr by gamma every step_epochs epochs
-  double gamma = 0.1;
-  int64_t warmup_steps = 0;       // linear warm-up from 0 over this many steps
 };
 
 struct DeviceConfig {

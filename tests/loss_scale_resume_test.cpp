@@ -52,7 +52,7 @@ struct Job {
     o.train.batch = 32;
     o.train.epochs = 2;
     o.train.max_steps = max_steps;
-    o.schedule.base_lr = 0.01;
+    o.schedule.lr = 0.01;
     o.optimizer.momentum = 0.9f;
     o.train.evaluate = false;
     o.progress = worker::Progress::Mode::kLines;

@@ -163,7 +163,7 @@ worker::TrainerOptions trainer_options(const std::string &checkpoint_dir,
   o.conv_algorithm = "direct";
   o.train.batch = 32;
   o.train.epochs = epochs;
-  o.schedule.base_lr = 0.05;
+  o.schedule.lr = 0.05;
   o.optimizer.momentum = 0.9f;
   o.train.evaluate = false;
   o.progress = worker::Progress::Mode::kOff;

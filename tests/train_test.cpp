@@ -65,7 +65,7 @@ TEST(Train, LossFallsOnSyntheticData) {
   options.conv_algorithm = "direct";
   options.train.batch = 32;
   options.train.epochs = 2;
-  options.schedule.base_lr = 0.05;
+  options.schedule.lr = 0.05;
   options.optimizer.momentum = 0.9f;
   options.train.evaluate = false;
   options.progress = worker::Progress::Mode::kOff;
@@ -102,7 +102,7 @@ TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
       options.train.batch = 24;  // 8 steps per epoch, 8 samples left over
       options.train.epochs = 3;
       options.train.max_steps = 20;
-      options.schedule.base_lr = 0.05;
+      options.schedule.lr = 0.05;
       options.train.evaluate = evaluate;
       options.conv_algorithm = "direct";
       options.progress = worker::Progress::Mode::kOff;
@@ -168,7 +168,7 @@ struct SmallRun {
   SmallRun() {
     options.train.batch = 32;
     options.train.max_steps = 6;
-    options.schedule.base_lr = 0.05;
+    options.schedule.lr = 0.05;
     options.train.evaluate = false;
     options.conv_algorithm = "direct";
     options.progress = worker::Progress::Mode::kOff;
@@ -271,7 +271,7 @@ TEST(Train, FailureInjectionReadsTheEnvironment) {
 // finishing with garbage weights.
 TEST(Train, NonFiniteLossStopsTheRunNamingTheStep) {
   SmallRun run;
-  run.options.schedule.base_lr = 1e308;
+  run.options.schedule.lr = 1e308;
   RecordingObserver observer;
   run.context.observer = &observer;
   try {

@@ -59,10 +59,7 @@ NetworkOptions network_options(const JobShape& job, std::span<const common::Prec
 }
 
 LrSchedule schedule_for(const JobShape& job, const TrainerOptions& options) {
-  LrSchedule schedule = options.schedule;
-  schedule.steps_per_epoch = job.steps_per_epoch;
-  schedule.total_steps = job.total_steps;
-  return schedule;
+  return {options.schedule, job.steps_per_epoch, job.total_steps};
 }
 
 }  // namespace

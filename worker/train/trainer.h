@@ -92,9 +92,7 @@ struct TrainSettings {
 struct TrainerOptions {
   TrainSettings train;           // train.*
   OptimizerSettings optimizer;   // optimizer.* but the schedule
-  // optimizer.lr, schedule, step_epochs, gamma, warmup_steps;
-  // steps_per_epoch and total_steps are filled in by the trainer.
-  LrSchedule schedule;
+  ScheduleSettings schedule;     // optimizer.lr, schedule, step_epochs, gamma, warmup_steps
   std::string conv_algorithm = "auto";  // conv.algorithm: "auto" or a backend's algorithm name
   // Memory (memory.policy and memory.planner in the config; see network.h).
   memory::Policy memory_policy = memory::Policy::kNone;
