@@ -260,7 +260,7 @@ std::string where_at(const Config& config, const std::string& key);
 std::string to_yaml(const Config& config);
 
 // The values that define what a run trains, for its checkpoints
-// (worker::TrainerOptions::run_settings): every key of model.*, data.* and
+// (worker::TrainerContext::run_settings): every key of model.*, data.* and
 // optimizer.* as the dump writes it ("optimizer.lr" = "0.05"), except
 // data.prefetch and the data's file paths and test set, and a "training
 // set" entry for what `train` holds ("60000 samples of 1x28x28, 10

@@ -400,7 +400,8 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   config::check_backend(cfg, graph, *backend, largest_rank_batch(cfg, comm.size()));
   const std::vector<worker::DeviceInfo> cluster =
       worker::gather_device_infos(comm, backend->device_info());
-  const std::vector<common::Precision> precisions = worker::gather_precisions(comm, graph.precision());
+  const std::vector<common::Precision> precisions =
+      worker::gather_precisions(comm, graph.precision());
   // Gradients go over NCCL when several ranks train on GPUs, else over MPI.
   std::string comm_note;
   const auto gradient_comm = worker::make_gradient_communicator(*backend, cluster, &comm_note);

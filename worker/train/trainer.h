@@ -100,7 +100,8 @@ struct TrainerOptions {
   // output.metrics: JSON lines; empty = none (written by rank 0). A run
   // started afresh creates or truncates it, a resumed run appends to it.
   std::string metrics_path;
-  Progress::Mode progress = Progress::Mode::kLines;  // output.progress; rank 0, other ranks stay silent
+  // output.progress: rank 0 reports so, other ranks stay silent.
+  Progress::Mode progress = Progress::Mode::kLines;
   // checkpoint.* (rank 0 writes; every rank resumes from the same file).
   // Rank 0 holds checkpoint.dir for the run (CheckpointFolder) and starts
   // in it as plan_run_start says for its resume (checkpoint.h).

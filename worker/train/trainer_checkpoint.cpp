@@ -222,7 +222,8 @@ void Trainer::checkpoint(const Position& at) {
   if (scaler_) ckpt.loss_scaler = scaler_->state();
   ckpt.run_id = run_id_;
   ckpt.settings = context_.run_settings;
-  result_.last_checkpoint = save_checkpoint(options_.checkpoint.dir, ckpt, options_.checkpoint.keep);
+  result_.last_checkpoint =
+      save_checkpoint(options_.checkpoint.dir, ckpt, options_.checkpoint.keep);
   progress_.line("checkpoint: wrote " + result_.last_checkpoint);
 }
 

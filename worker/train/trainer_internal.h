@@ -153,7 +153,8 @@ class Trainer {
   BucketAllreduce allreduce_;  // the gradient buckets
   PinnedMemory pinned_{backend_};  // before the staging it holds
   Staging eval_stage_{&pinned_};
-  std::unique_ptr<DecodePool> pool_;  // TrainerContext::data_workers; before the gatherer that uses it
+  // TrainerContext::data_workers; before the gatherer that uses it
+  std::unique_ptr<DecodePool> pool_;
   BatchGatherer gatherer_;
   Rebalancer rebalancer_;
   std::optional<InputThrottle> throttle_;  // TrainerContext::input_rate_limit

@@ -86,7 +86,8 @@ void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
   const std::string wait =
       transforms_samples(train_set_) ? format(" input wait %.1f ms", 1e3 * input_wait_) : std::string();
   progress_.step(format("epoch %lld/%lld step %lld/%lld loss %.4f acc %.3f lr %.4g %.0f img/s%s",
-                        static_cast<long long>(epoch + 1), static_cast<long long>(options_.train.epochs),
+                        static_cast<long long>(epoch + 1),
+                        static_cast<long long>(options_.train.epochs),
                         static_cast<long long>(i + 1),
                         static_cast<long long>(job_.steps_per_epoch), loss, accuracy, totals.lr,
                         ips, wait.c_str()),
@@ -127,8 +128,8 @@ void Trainer::end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_po
       .add("seconds", seconds_since(start));
   std::string summary = format("epoch %lld/%lld: train loss %.4f acc %.4f",
                                static_cast<long long>(epoch + 1),
-                               static_cast<long long>(options_.train.epochs), totals.loss_sum / seen,
-                               totals.correct / seen);
+                               static_cast<long long>(options_.train.epochs),
+                               totals.loss_sum / seen, totals.correct / seen);
   if (options_.train.evaluate && test_set_.count > 0) {
     share_batch_norm_statistics();
     const EvaluationCounts e = evaluate(*net_, test_set_, norm_, eval_stage_,
