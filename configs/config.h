@@ -107,14 +107,11 @@ struct PrecisionChoice {
   std::vector<std::pair<std::string, common::Precision>> by_device;  // kByDevice, in file order
 };
 
-struct TrainConfig {
-  int64_t batch = 64;          // global mini-batch B (all ranks together)
-  int64_t epochs = 1;
-  int64_t max_steps = 0;       // stop after this many steps; 0 = no limit
-  uint64_t seed = 1;           // initialisation and shuffling
-  int64_t log_every = 50;      // steps between progress lines / metric records
-  bool evaluate = true;        // test accuracy after every epoch
-  uint64_t allreduce_bucket = 4 << 20;  // bytes of gradients per allreduce (several ranks)
+// train.*: what the training loop reads (worker::TrainSettings: batch,
+// epochs, max_steps, seed, log_every, evaluate, allreduce_bucket,
+// loss_scaling, gradient_allreduce, label_smoothing, ema), and what the
+// launcher decides with before it.
+struct TrainConfig : worker::TrainSettings {
   // train.precision as written: one precision for every rank, auto, one
   // per rank, or one per device name (configs/rank_precision.h).
   PrecisionChoice precision_choice;
@@ -127,23 +124,11 @@ struct TrainConfig {
   // The loader sets it for one precision; for the other forms the launcher
   // resolves it on each rank's device (resolve_rank_precision).
   common::Precision precision = common::Precision::kFp32;
-  // Dynamic loss scaling (worker/train/loss_scaler.h): mode auto | on | off
-  // (auto: on under fp16), initial scale, growth_interval.
-  worker::LossScalingSettings loss_scaling;
-  // fp32 | half: the type gradient buckets are allreduced in; half is the
-  // precision's half type, summed in f32 (worker/train/bucket_allreduce.h),
-  // and needs precision bf16 or fp16.
-  worker::GradientAllreduce gradient_allreduce = worker::GradientAllreduce::kFp32;
   // Seconds a rank of a job of several waits for a step (from one step's
   // start to the next's) before it takes a rank or host for lost, names the
   // ranks that do not answer and ends the job (worker/train/step_watch.h);
   // 0: wait for ever.
   double step_timeout = 600;
-  // Label smoothing s in [0, 1): the loss's target is (1 - s) * onehot + s / classes.
-  double label_smoothing = 0.0;
-  // Decay of an exponential moving average of the weights, evaluated beside
-  // them and kept in checkpoints; 0 = none.
-  double ema = 0.0;
 };
 
 struct BalanceConfig {
@@ -177,17 +162,14 @@ struct ProfileConfig {
 // to about an eighth of one round's spread); a larger count is a slip.
 inline constexpr int64_t kMaxStepRounds = 100;
 
-struct CheckpointConfig {
-  std::string dir;                // where checkpoints go; empty = none
-  int64_t every = 0;              // steps between checkpoints; 0 = only at the end and on a signal
-  int64_t keep = 3;               // newest checkpoints kept
-  // never | auto | required (worker/train/checkpoint.h: ResumeSetting)
-  worker::ResumeSetting resume = worker::ResumeSetting::kNever;
-};
+// checkpoint.*: dir, every, keep, resume (never | auto | required), as
+// the trainer reads them.
+using CheckpointConfig = worker::CheckpointSettings;
 
-struct OptimizerConfig {
+// optimizer.*: the schedule (worker::ScheduleSettings: lr, schedule,
+// step_epochs, gamma, warmup_steps) and the optimizer.
+struct OptimizerConfig : worker::ScheduleSettings {
   worker::OptimizerKind type = worker::OptimizerKind::kSgd;  // sgd | adamw | lars
-  double lr = 0.01;
   double momentum = 0.0;          // sgd, lars
   bool nesterov = false;          // sgd, lars: Nesterov momentum (needs momentum > 0)
   double weight_decay = 0.0;      // sgd, lars: L2 in the gradient; adamw: decoupled
@@ -197,10 +179,6 @@ struct OptimizerConfig {
   double trust = 0.001;           // lars: the trust coefficient
   std::vector<worker::ParamKind> no_decay;  // batchnorm, bias: no weight decay (nor LARS ratio)
   double clip_norm = 0.0;         // > 0: clip the global gradient L2 norm to this; 0 = off
-  worker::ScheduleKind schedule = worker::ScheduleKind::kNone;
-  int64_t step_epochs = 1;        // step: multiply lr by gamma every step_epochs epochs
-  double gamma = 0.1;
-  int64_t warmup_steps = 0;       // linear warm-up from 0 over this many steps
 };
 
 struct DeviceConfig {
@@ -285,7 +263,7 @@ std::string where_at(const Config& config, const std::string& key);
 std::string to_yaml(const Config& config);
 
 // The values that define what a run trains, for its checkpoints
-// (worker::TrainerOptions::run_settings): every key of model.*, data.* and
+// (worker::TrainerContext::run_settings): every key of model.*, data.* and
 // optimizer.* as the dump writes it ("optimizer.lr" = "0.05"), except
 // data.prefetch and the data's file paths and test set, and a "training
 // set" entry for what `train` holds ("60000 samples of 1x28x28, 10

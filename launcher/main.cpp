@@ -230,17 +230,6 @@ Config for_rank(Config cfg, int rank, int ranks) {
   return config::with_rank_precision(cfg, config::rank_precision(cfg, rank, ranks, *probe));
 }
 
-// Every rank's train.precision, in rank order. Collective.
-std::vector<common::Precision> gather_precisions(worker::Communicator& comm,
-                                                 common::Precision mine) {
-  std::vector<double> codes(static_cast<size_t>(comm.size()), 0.0);
-  codes[static_cast<size_t>(comm.rank())] = static_cast<double>(mine);
-  comm.allreduce_sum(codes);
-  std::vector<common::Precision> all;
-  for (double c : codes) all.push_back(static_cast<common::Precision>(static_cast<int>(c)));
-  return all;
-}
-
 // The network training would build on this device for the largest rank
 // batch (the batch check counts), so that what training refuses for memory
 // check refuses alike: a capacity no schedule fits throws the planner's
@@ -421,7 +410,8 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   config::check_backend(cfg, graph, *backend, largest_rank_batch(cfg, comm.size()));
   const std::vector<worker::DeviceInfo> cluster =
       worker::gather_device_infos(comm, backend->device_info());
-  const std::vector<common::Precision> precisions = gather_precisions(comm, graph.precision());
+  const std::vector<common::Precision> precisions =
+      worker::gather_precisions(comm, graph.precision());
   // Gradients go over NCCL when several ranks train on GPUs, else over MPI.
   std::string comm_note;
   const auto gradient_comm = worker::make_gradient_communicator(*backend, cluster, &comm_note);
@@ -457,41 +447,40 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   print_cluster(comm, cluster, precisions, split);
   std::fflush(stdout);
 
-  worker::TrainerOptions options = trainer_options(cfg);
-  options.rank_precisions = precisions;
-  options.memory_costs_at = [&cfg, &graph, &backend,
-                             rank = comm.rank()](const worker::NetworkOptions& net) {
-    PlanningCosts costs = planning_costs(cfg, graph, *backend, net);
-    if (rank == 0 && costs.costs) {
-      std::printf("memory: planning batch %lld with costs %s\n",
-                  static_cast<long long>(net.max_batch), costs.source.c_str());
-    }
-    return costs.costs;
-  };
-  options.data_workers = workers;
-  options.trace_path = cli.trace;
-  options.comm = gradient_comm.get();
-  options.batch_norm_comm = batch_norm_comm.get();
-  options.split = split;
+  worker::TrainerContext context{
+      .comm = gradient_comm.get(),
+      .split = split,
+      .batch_norm_comm = batch_norm_comm.get(),
+      .rank_precisions = precisions,
+      .rebalance_profiles = std::move(solved_on.profiles),
+      .rebalance_split_options = solved_on.options,
+      .memory_costs_at = [&cfg, &graph, &backend,
+                          rank = comm.rank()](const worker::NetworkOptions& net) {
+        PlanningCosts costs = planning_costs(cfg, graph, *backend, net);
+        if (rank == 0 && costs.costs) {
+          std::printf("memory: planning batch %lld with costs %s\n",
+                      static_cast<long long>(net.max_batch), costs.source.c_str());
+        }
+        return costs.costs;
+      },
+      .trace_path = cli.trace,
+      .input_rate_limit = input.limit,
+      .data_workers = workers,
+      .run_settings = config::run_settings(cfg, data.train),
+      .initial_weights = initial_weights(cfg, graph),
+      .stop_signal = &stop_signal};
   if (plan) {
     const balancer::RankPlan& mine = plan->ranks[comm.rank()];
-    options.conv_plan = {worker::conv_executions(mine), mine.workspace_bytes};
+    context.conv_plan = {worker::conv_executions(mine), mine.workspace_bytes};
     // Only an auto split re-balances (every rank decides alike: the call is
     // collective).
     if (cfg.balance.split == balancer::SplitMode::kAuto) {
-      options.replan_kernels = [&cfg, &graph, &backend, &comm,
+      context.replan_kernels = [&cfg, &graph, &backend, &comm,
                                 &solved_on](const worker::SplitSwitch& to) {
         return replan_kernels(cfg, graph, *backend, comm, solved_on, to);
       };
     }
   }
-  options.rebalance.profiles = std::move(solved_on.profiles);
-  options.rebalance.split_options = solved_on.options;
-  options.input_rate_limit = input.limit;
-  if (cli.resume) options.resume = worker::ResumeSetting::kRequired;
-  options.run_settings = config::run_settings(cfg, data.train);
-  options.initial_weights = initial_weights(cfg, graph);
-  options.stop_signal = &stop_signal;
   // A testing aid (VTRAIN_FAIL_* in the environment, see the header).
   std::optional<worker::FailureInjection> injected_failure =
       worker::FailureInjection::from_environment(comm.rank());
@@ -502,9 +491,9 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   if (injected_slowdown) observers.add(&*injected_slowdown);
   const WatchedSteps watch = watch_steps(cfg, comm, cluster);
   if (watch.watch) observers.add(watch.watch.get());
-  if (!observers.empty()) options.observer = &observers;
-  const worker::TrainResult result =
-      worker::train(graph, *backend, data.train, data.test, norm, options);
+  if (!observers.empty()) context.observer = &observers;
+  const worker::TrainResult result = worker::train(graph, *backend, data.train, data.test, norm,
+                                                   trainer_options(cfg, cli.resume), context);
   if (result.stopped_by_signal != 0) {
     // Every rank decides alike: only rank 0 writes (and knows) the checkpoint.
     if (cfg.checkpoint.dir.empty()) {
@@ -532,7 +521,7 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   config::check_backend(cfg, graph, *backend, largest_rank_batch(cfg, comm.size()));
   const worker::DeviceInfo info = backend->device_info();
   const std::vector<worker::DeviceInfo> cluster = worker::gather_device_infos(comm, info);
-  print_cluster(comm, cluster, gather_precisions(comm, graph.precision()),
+  print_cluster(comm, cluster, worker::gather_precisions(comm, graph.precision()),
                 balancer::even_split(cfg.train.batch, comm.size()));
 
   worker::ProfileOptions options = profile_options(cfg, graph, *backend);

@@ -20,52 +20,35 @@ worker::BackendOptions backend_options(const config::Config& cfg) {
           .graph_engines = cfg.conv.graph_engines};
 }
 
-worker::TrainerOptions trainer_options(const config::Config& cfg) {
-  worker::TrainerOptions o;
-  o.batch = cfg.train.batch;
-  o.epochs = cfg.train.epochs;
-  o.max_steps = cfg.train.max_steps;
-  o.seed = cfg.train.seed;
-  o.log_every = cfg.train.log_every;
-  o.evaluate = cfg.train.evaluate;
-  o.allreduce_bucket = cfg.train.allreduce_bucket;
-  o.schedule.base_lr = cfg.optimizer.lr;
-  o.schedule.kind = cfg.optimizer.schedule;
-  o.schedule.step_epochs = cfg.optimizer.step_epochs;
-  o.schedule.gamma = cfg.optimizer.gamma;
-  o.schedule.warmup_steps = cfg.optimizer.warmup_steps;
+worker::TrainerOptions trainer_options(const config::Config& cfg, bool resume_required) {
   const config::OptimizerConfig& opt = cfg.optimizer;
-  o.optimizer = {.kind = opt.type,
-                 .momentum = static_cast<float>(opt.momentum),
-                 .nesterov = opt.nesterov,
-                 .weight_decay = static_cast<float>(opt.weight_decay),
-                 .beta1 = static_cast<float>(opt.beta1),
-                 .beta2 = static_cast<float>(opt.beta2),
-                 .eps = static_cast<float>(opt.eps),
-                 .trust = static_cast<float>(opt.trust),
-                 .no_decay = opt.no_decay,
-                 .clip_norm = opt.clip_norm};
-  o.label_smoothing = static_cast<float>(cfg.train.label_smoothing);
-  o.ema = static_cast<float>(cfg.train.ema);
-  o.conv_algorithm = cfg.conv.algorithm;
-  o.memory_policy = cfg.memory.policy;
-  o.memory_planner = cfg.memory.planner;
-  o.metrics_path = cfg.output.metrics;
-  o.progress = worker::Progress::mode_for(cfg.output.progress);
-  o.checkpoint_dir = cfg.checkpoint.dir;
-  o.checkpoint_every = cfg.checkpoint.every;
-  o.checkpoint_keep = static_cast<int>(cfg.checkpoint.keep);
-  o.resume = cfg.checkpoint.resume;
-  o.rebalance.settings = cfg.balance.rebalance;
+  worker::TrainerOptions o{
+      .train = cfg.train,
+      .optimizer = {.kind = opt.type,
+                    .momentum = static_cast<float>(opt.momentum),
+                    .nesterov = opt.nesterov,
+                    .weight_decay = static_cast<float>(opt.weight_decay),
+                    .beta1 = static_cast<float>(opt.beta1),
+                    .beta2 = static_cast<float>(opt.beta2),
+                    .eps = static_cast<float>(opt.eps),
+                    .trust = static_cast<float>(opt.trust),
+                    .no_decay = opt.no_decay,
+                    .clip_norm = opt.clip_norm},
+      .schedule = opt,
+      .conv_algorithm = cfg.conv.algorithm,
+      .memory_policy = cfg.memory.policy,
+      .memory_planner = cfg.memory.planner,
+      .metrics_path = cfg.output.metrics,
+      .progress = worker::Progress::mode_for(cfg.output.progress),
+      .checkpoint = cfg.checkpoint,
+      .rebalance = cfg.balance.rebalance,
+      .gather_ahead = cfg.data.prefetch,
+      .prefetch_input = cfg.data.prefetch,
+      .prefetch_batches = static_cast<int>(cfg.data.prefetch_batches)};
+  if (resume_required) o.checkpoint.resume = worker::ResumeSetting::kRequired;
   // Only an auto split re-balances (rank 0 has curves to re-solve on); the
   // other ranks must know too, or idle ones would probe for nothing.
-  o.rebalance.settings.enabled =
-      cfg.balance.rebalance.enabled && cfg.balance.split == balancer::SplitMode::kAuto;
-  o.loss_scaling = cfg.train.loss_scaling;
-  o.gradient_allreduce = cfg.train.gradient_allreduce;
-  o.gather_ahead = cfg.data.prefetch;
-  o.prefetch_input = cfg.data.prefetch;
-  o.prefetch_batches = static_cast<int>(cfg.data.prefetch_batches);
+  o.rebalance.enabled = o.rebalance.enabled && cfg.balance.split == balancer::SplitMode::kAuto;
   return o;
 }
 
@@ -79,15 +62,8 @@ std::vector<common::Precision> planned_precisions(const config::Config& cfg, int
 }
 
 worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch, int ranks) {
-  worker::NetworkOptions o;
-  o.max_batch = max_batch;
-  o.conv_algorithm = cfg.conv.algorithm;
-  o.memory_policy = cfg.memory.policy;
-  o.memory_planner = cfg.memory.planner;
-  o.allocations_after_network = worker::training_allocations_per_parameter(
-      cfg.optimizer.type, cfg.train.ema > 0, cfg.train.gradient_allreduce,
-      planned_precisions(cfg, ranks));
-  return o;
+  return worker::training_network_options(trainer_options(cfg), max_batch,
+                                          planned_precisions(cfg, ranks));
 }
 
 PlanningCosts planning_costs(const config::Config& cfg, const worker::Graph& graph,

@@ -20,9 +20,11 @@ namespace vtrain::launcher {
 // device.*
 worker::BackendOptions backend_options(const config::Config& cfg);
 
-// train.*, optimizer.*, conv.*, memory.*, output.metrics/progress and
-// checkpoint.* (--resume overrides checkpoint.resume with required).
-worker::TrainerOptions trainer_options(const config::Config& cfg);
+// train.*, optimizer.*, conv.algorithm, memory.*, output.metrics/progress,
+// checkpoint.*, balance.rebalance and data.prefetch(_batches); with
+// `resume_required` (vtrain train --resume) checkpoint.resume is required.
+// What only exists at run time goes into a worker::TrainerContext.
+worker::TrainerOptions trainer_options(const config::Config& cfg, bool resume_required = false);
 
 // The precisions the ranks of a `ranks`-rank job are planned in where they
 // are not known yet (`vtrain check`, a rank's memory room): a per-rank
@@ -31,9 +33,8 @@ worker::TrainerOptions trainer_options(const config::Config& cfg);
 std::vector<common::Precision> planned_precisions(const config::Config& cfg, int ranks);
 
 // The network one rank of `ranks` trains with a batch of up to `max_batch`
-// samples: conv.algorithm, memory.policy and memory.planner, room left for
-// the optimizer's state and the gradient allreduce's staging (what
-// training allocates beside it). What `vtrain check` plans with.
+// samples (worker::training_network_options on trainer_options, the ranks
+// in planned_precisions): what `vtrain check` plans with.
 worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch,
                                        int ranks = 1);
 

@@ -49,24 +49,24 @@ struct Job {
   worker::TrainerOptions options(const std::string& dir, int64_t max_steps) const {
     worker::TrainerOptions o;
     o.conv_algorithm = "direct";
-    o.batch = 32;
-    o.epochs = 2;
-    o.max_steps = max_steps;
-    o.schedule.base_lr = 0.01;
+    o.train.batch = 32;
+    o.train.epochs = 2;
+    o.train.max_steps = max_steps;
+    o.schedule.lr = 0.01;
     o.optimizer.momentum = 0.9f;
-    o.evaluate = false;
+    o.train.evaluate = false;
     o.progress = worker::Progress::Mode::kLines;
-    o.checkpoint_dir = dir;
-    o.checkpoint_every = kCheckpointStep;
-    o.checkpoint_keep = 10;
-    o.loss_scaling = {.mode = common::AutoOnOff::kOn, .initial = kInitial,
+    o.checkpoint.dir = dir;
+    o.checkpoint.every = kCheckpointStep;
+    o.checkpoint.keep = 10;
+    o.train.loss_scaling = {.mode = common::AutoOnOff::kOn, .initial = kInitial,
                       .growth_interval = 2};
     return o;
   }
 
   worker::TrainerOptions resuming(const std::string& dir, int64_t max_steps) const {
     worker::TrainerOptions o = options(dir, max_steps);
-    o.resume = worker::ResumeSetting::kRequired;
+    o.checkpoint.resume = worker::ResumeSetting::kRequired;
     return o;
   }
 
@@ -141,7 +141,7 @@ TEST(LossScaleResume, WithoutASavedScaleTheScalerStartsAtInitial) {
   ASSERT_NE(saved.loss_scaler->scale, kInitial);
 
   worker::TrainerOptions off = job.resuming(folder_with(tmp, "off", saved), kCheckpointStep);
-  off.loss_scaling.mode = common::AutoOnOff::kOff;
+  off.train.loss_scaling.mode = common::AutoOnOff::kOff;
   std::string printed;
   EXPECT_EQ(job.run(off, &printed).loss_scale, 0);
   EXPECT_NE(printed.find("loss scaling: off in this run; the checkpoint's scale"),

@@ -663,17 +663,18 @@ TEST_F(NetworkTest, PlanThatDoesNotMatchTheModelIsAClearError) {
 }
 
 TEST_F(NetworkTest, LrSchedules) {
-  LrSchedule s{.base_lr = 0.1, .kind = ScheduleKind::kStep, .step_epochs = 2, .gamma = 0.5,
-               .steps_per_epoch = 10, .total_steps = 100};
+  LrSchedule s{{.lr = 0.1, .schedule = ScheduleKind::kStep, .step_epochs = 2, .gamma = 0.5},
+               /*steps_per_epoch=*/10,
+               /*total_steps=*/100};
   EXPECT_DOUBLE_EQ(s.at(0), 0.1);
   EXPECT_DOUBLE_EQ(s.at(19), 0.1);
   EXPECT_DOUBLE_EQ(s.at(20), 0.05);
   EXPECT_DOUBLE_EQ(s.at(45), 0.025);
-  s.kind = ScheduleKind::kCosine;
+  s.schedule = ScheduleKind::kCosine;
   EXPECT_DOUBLE_EQ(s.at(0), 0.1);
   EXPECT_NEAR(s.at(50), 0.05, 1e-12);
   EXPECT_NEAR(s.at(100), 0.0, 1e-12);
-  s.kind = ScheduleKind::kNone;
+  s.schedule = ScheduleKind::kNone;
   s.warmup_steps = 4;
   EXPECT_DOUBLE_EQ(s.at(0), 0.025);
   EXPECT_DOUBLE_EQ(s.at(3), 0.1);

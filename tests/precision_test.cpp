@@ -161,13 +161,13 @@ worker::TrainerOptions trainer_options(const std::string &checkpoint_dir,
                                        int64_t epochs) {
   worker::TrainerOptions o;
   o.conv_algorithm = "direct";
-  o.batch = 32;
-  o.epochs = epochs;
-  o.schedule.base_lr = 0.05;
+  o.train.batch = 32;
+  o.train.epochs = epochs;
+  o.schedule.lr = 0.05;
   o.optimizer.momentum = 0.9f;
-  o.evaluate = false;
+  o.train.evaluate = false;
   o.progress = worker::Progress::Mode::kOff;
-  o.checkpoint_dir = checkpoint_dir;
+  o.checkpoint.dir = checkpoint_dir;
   return o;
 }
 
@@ -203,7 +203,7 @@ TEST_F(Bf16Test, LeNetLearnsAndItsCheckpointResumesInFp32) {
               0.05 * mean(full.step_losses, 0));
 
   worker::TrainerOptions resume = trainer_options(dir.path("ck"), 3);
-  resume.resume = worker::ResumeSetting::kRequired;
+  resume.checkpoint.resume = worker::ResumeSetting::kRequired;
   const worker::TrainResult resumed =
       worker::train(fp32, *backend_, train, {}, norm, resume);
   EXPECT_FALSE(resumed.resumed_from.empty());
@@ -293,8 +293,8 @@ ScaledRun lenet_run(const worker::LossScalingSettings &scaling,
     s /= pixel_scale;
   test_support::TempDir dir;
   worker::TrainerOptions o = trainer_options(dir.path("ck"), 1);
-  o.max_steps = max_steps;
-  o.loss_scaling = scaling;
+  o.train.max_steps = max_steps;
+  o.train.loss_scaling = scaling;
   ScaledRun run;
   run.result = worker::train(graph, *backend, train, {}, norm, o);
   run.params =
@@ -331,7 +331,7 @@ TEST(LossScaling, OverflowedStepsAreSkippedAndTheScaleHalves) {
   net_options.max_batch = 1;
   net_options.conv_algorithm = "direct";
   worker::Network net(graph, *backend, net_options);
-  net.init_parameters(trainer_options("", 1).seed); // as train() initialises
+  net.init_parameters(trainer_options("", 1).train.seed); // as train() initialises
   const std::vector<float> initial = net.download_parameters();
   const ScaledRun scaled = lenet_run({.mode = common::AutoOnOff::kOn,
                                       .initial = 0x1p127,

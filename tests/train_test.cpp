@@ -63,11 +63,11 @@ TEST(Train, LossFallsOnSyntheticData) {
   auto backend = worker::make_backend({.kind = "cpu", .threads = 2});
   worker::TrainerOptions options;
   options.conv_algorithm = "direct";
-  options.batch = 32;
-  options.epochs = 2;
-  options.schedule.base_lr = 0.05;
+  options.train.batch = 32;
+  options.train.epochs = 2;
+  options.schedule.lr = 0.05;
   options.optimizer.momentum = 0.9f;
-  options.evaluate = false;
+  options.train.evaluate = false;
   options.progress = worker::Progress::Mode::kOff;
   const worker::TrainResult r =
       worker::train(graph, *backend, train, worker::Dataset{}, worker::channel_stats(train), options);
@@ -99,11 +99,11 @@ TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
     for (int ahead : {0, 1, 2, 3}) {
       worker::Backend& backend = ahead == 3 ? *lazy : *eager;
       worker::TrainerOptions options;
-      options.batch = 24;  // 8 steps per epoch, 8 samples left over
-      options.epochs = 3;
-      options.max_steps = 20;
-      options.schedule.base_lr = 0.05;
-      options.evaluate = evaluate;
+      options.train.batch = 24;  // 8 steps per epoch, 8 samples left over
+      options.train.epochs = 3;
+      options.train.max_steps = 20;
+      options.schedule.lr = 0.05;
+      options.train.evaluate = evaluate;
       options.conv_algorithm = "direct";
       options.progress = worker::Progress::Mode::kOff;
       using enum common::AutoOnOff;
@@ -163,18 +163,19 @@ struct SmallRun {
                                              {1, 1, 16, 16});
   std::unique_ptr<worker::Backend> backend = worker::make_backend({.kind = "cpu"});
   worker::TrainerOptions options;
+  worker::TrainerContext context;
 
   SmallRun() {
-    options.batch = 32;
-    options.max_steps = 6;
-    options.schedule.base_lr = 0.05;
-    options.evaluate = false;
+    options.train.batch = 32;
+    options.train.max_steps = 6;
+    options.schedule.lr = 0.05;
+    options.train.evaluate = false;
     options.conv_algorithm = "direct";
     options.progress = worker::Progress::Mode::kOff;
   }
   worker::TrainResult run() {
     return worker::train(graph, *backend, train, worker::Dataset{}, worker::channel_stats(train),
-                         options);
+                         options, context);
   }
 };
 
@@ -194,7 +195,7 @@ class RecordingObserver : public worker::TrainObserver {
 TEST(Train, ObserverSeesEveryStepStart) {
   SmallRun run;
   RecordingObserver observer;
-  run.options.observer = &observer;
+  run.context.observer = &observer;
   EXPECT_EQ(run.run().steps, 6);
   EXPECT_EQ(observer.steps, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
   // One process launches no allreduce in backward.
@@ -209,7 +210,7 @@ TEST(Train, InjectedFailureThrowsAtItsStep) {
     worker::FailureInjection failure(3, where);
     // Steps 0..2 run; the failure comes at the start of step 3 (in backward
     // too: one process launches no allreduce to fail after).
-    run.options.observer = &failure;
+    run.context.observer = &failure;
     try {
       run.run();
       ADD_FAILURE() << "no injected failure";
@@ -270,9 +271,9 @@ TEST(Train, FailureInjectionReadsTheEnvironment) {
 // finishing with garbage weights.
 TEST(Train, NonFiniteLossStopsTheRunNamingTheStep) {
   SmallRun run;
-  run.options.schedule.base_lr = 1e308;
+  run.options.schedule.lr = 1e308;
   RecordingObserver observer;
-  run.options.observer = &observer;
+  run.context.observer = &observer;
   try {
     run.run();
     ADD_FAILURE() << "a diverged run finished";

@@ -129,6 +129,9 @@ TEST(Wire, EveryMessageRoundTrips) {
     EXPECT_EQ(back.world_size, 3);
     EXPECT_EQ(back.loss_scaler, scaler);
   }
+  for (const auto& [precision, name] : common::kPrecisionNames) {
+    EXPECT_EQ(decode_message<common::Precision>(encode_message(precision)), precision) << name;
+  }
   Checkpoint ckpt;
   ckpt.step = 12;
   ckpt.epoch = 2;
@@ -156,6 +159,13 @@ TEST(Wire, ShortOrMalformedMessagesAreErrorsNamingTheMessage) {
                               .host = "node",
                               .device_key = "",
                               .cpus = {0, 1}});
+  expect_cuts_fail(common::Precision::kBf16);
+  // A precision travels as its name: a code (what ranks once summed as
+  // doubles) or an unknown name is an error listing the known ones.
+  EXPECT_EQ(decode_error<common::Precision>("1:2"),
+            "precision: field precision: expected one of fp32, tf32, bf16, fp16, got '2'");
+  EXPECT_EQ(decode_error<common::Precision>("4:fp64"),
+            "precision: field precision: expected one of fp32, tf32, bf16, fp16, got 'fp64'");
   EXPECT_EQ(decode_error<perfdb::DeviceId>("3:abc"),
             "perf DB device id: field value: expected a number, got 'abc'");
   EXPECT_EQ(decode_error<SplitShares>("7:2:481:x"),
@@ -195,6 +205,13 @@ TEST(Wire, CollectivesCarryTypedMessagesAndNameTheSender) {
   EXPECT_EQ(mine.batch, (std::vector<int64_t>{4, 4}));
   ScriptedComm cut(1, {"4:1:8", "", ""});
   EXPECT_THROW(broadcast_message(cut, shares, 0), WireError);
+
+  // Every rank's precision on every rank, in rank order.
+  ScriptedComm precisions(0, {"", encode_message(common::Precision::kBf16),
+                              encode_message(common::Precision::kFp16)});
+  EXPECT_EQ(gather_precisions(precisions, common::Precision::kFp32),
+            (std::vector<common::Precision>{common::Precision::kFp32, common::Precision::kBf16,
+                                            common::Precision::kFp16}));
 
   // Every rank's text on every rank, whatever it holds.
   ScriptedComm texts(0, {"", "model: a\nsteps: 2\n", std::string("\0:|", 3)});

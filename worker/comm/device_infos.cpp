@@ -26,11 +26,23 @@ DeviceInfo WireFormat<DeviceInfo>::read(WireReader& in) {
   return info;
 }
 
+void WireFormat<common::Precision>::write(WireWriter& out, common::Precision precision) {
+  out.name(common::kPrecisionNames, precision);
+}
+
+common::Precision WireFormat<common::Precision>::read(WireReader& in) {
+  return in.named("precision", common::kPrecisionNames);
+}
+
 std::string encode_device_info(const DeviceInfo& info) { return encode_message(info); }
 
 DeviceInfo decode_device_info(const std::string& text) { return decode_message<DeviceInfo>(text); }
 
 std::vector<DeviceInfo> gather_device_infos(Communicator& comm, const DeviceInfo& mine) {
+  return all_gather_messages(comm, mine);
+}
+
+std::vector<common::Precision> gather_precisions(Communicator& comm, common::Precision mine) {
   return all_gather_messages(comm, mine);
 }
 

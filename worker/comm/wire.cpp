@@ -49,6 +49,12 @@ void WireReader::not_a(std::string_view field, const char* kind, const std::stri
                   ", got '" + got + "'");
 }
 
+void WireReader::not_one_of(std::string_view field, const std::vector<std::string>& known,
+                            const std::string& got) const {
+  throw WireError(message_ + ": field " + std::string(field) + ": expected one of " +
+                  common::join(known, ", ") + ", got '" + got + "'");
+}
+
 std::vector<std::string> all_gather_texts(Communicator& comm, const std::string& text) {
   WireWriter all;
   for (const std::string& one : comm.gather(text, 0)) all.text(one);

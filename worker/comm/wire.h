@@ -8,14 +8,18 @@
 #pragma once
 
 #include <charconv>
+#include <array>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "common/name_table.h"
 #include "worker/comm/communicator.h"
 
 namespace vtrain::worker {
@@ -38,6 +42,11 @@ class WireWriter {
   }
   void real(double value);  // exactly: the shortest text that reads back to `value`
   void flag(bool value) { text(value ? "1" : "0"); }
+  // An enum as its name in `table` (common/name_table.h).
+  template <class E, size_t N>
+  void name(const std::array<common::Named<E>, N>& table, E value) {
+    text(common::name_of(table, value));
+  }
   // The whole list as one field of LENGTH:NUMBER entries.
   template <std::integral Int>
   void numbers(const std::vector<Int>& values) {
@@ -70,6 +79,14 @@ class WireReader {
   }
   double real(std::string_view field) { return parsed<double>(field, "real number"); }
   bool flag(std::string_view field);
+  // A field written by WireWriter::name: a name in `table`; any other text
+  // throws WireError listing the known names.
+  template <class E, size_t N>
+  E named(std::string_view field, const std::array<common::Named<E>, N>& table) {
+    const std::string got = text(field);
+    if (const std::optional<E> value = common::find_named(table, got)) return *value;
+    not_one_of(field, common::names_of(table), got);
+  }
   // A field written by WireWriter::numbers; `each` names its entries.
   template <std::integral Int>
   std::vector<Int> numbers(std::string_view field, std::string_view each) {
@@ -97,6 +114,8 @@ class WireReader {
     return value;
   }
   [[noreturn]] void not_a(std::string_view field, const char* kind, const std::string& got) const;
+  [[noreturn]] void not_one_of(std::string_view field, const std::vector<std::string>& known,
+                               const std::string& got) const;
 
   std::string_view bytes_;
   std::string message_;

@@ -17,11 +17,11 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
 }
 
 double LrSchedule::at(int64_t step) const {
-  double lr = base_lr;
-  if (kind == ScheduleKind::kStep) {
+  double lr = this->lr;
+  if (schedule == ScheduleKind::kStep) {
     const int64_t epoch = step / std::max<int64_t>(steps_per_epoch, 1);
     lr *= std::pow(gamma, static_cast<double>(epoch / std::max<int64_t>(step_epochs, 1)));
-  } else if (kind == ScheduleKind::kCosine) {
+  } else if (schedule == ScheduleKind::kCosine) {
     const double t = std::clamp(static_cast<double>(step) /
                                     static_cast<double>(std::max<int64_t>(total_steps, 1)),
                                 0.0, 1.0);

@@ -32,12 +32,18 @@ inline const char* schedule_kind_name(ScheduleKind kind) {
 // Throws std::invalid_argument listing the names for anything else.
 ScheduleKind parse_schedule_kind(const std::string& name);
 
-struct LrSchedule {
-  double base_lr = 0.01;
-  ScheduleKind kind = ScheduleKind::kNone;
-  int64_t step_epochs = 1;
+// The learning-rate schedule as the config's optimizer section holds it
+// (config::OptimizerConfig extends this struct).
+struct ScheduleSettings {
+  double lr = 0.01;                             // optimizer.lr: the base learning rate
+  ScheduleKind schedule = ScheduleKind::kNone;  // optimizer.schedule: none | step | cosine
+  int64_t step_epochs = 1;    // step: multiply lr by gamma every step_epochs epochs
   double gamma = 0.1;
-  int64_t warmup_steps = 0;   // linear ramp from base_lr / warmup_steps
+  int64_t warmup_steps = 0;   // linear ramp from lr / warmup_steps over this many steps
+};
+
+// A schedule over one run: its settings and the run's length.
+struct LrSchedule : ScheduleSettings {
   int64_t steps_per_epoch = 1;
   int64_t total_steps = 1;    // cosine reaches 0 here
 

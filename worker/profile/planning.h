@@ -118,7 +118,7 @@ std::optional<std::string> plan_precision_mismatch(const balancer::TrainingPlan&
 std::optional<std::string> plan_device_mismatch(const balancer::TrainingPlan& plan, int rank,
                                                 const std::string& device);
 
-// One rank's part of a plan, for NetworkOptions / TrainerOptions.
+// One rank's part of a plan, for NetworkOptions / TrainerContext::conv_plan.
 std::vector<ConvLayerExecution> conv_executions(const balancer::RankPlan& rank);
 
 // What the ranks of a training job tell each other while planning it

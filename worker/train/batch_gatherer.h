@@ -48,7 +48,7 @@ bool upload_staged(Network& net, const Staging& stage);
 
 // How a BatchGatherer gathers.
 struct GatherSettings {
-  uint64_t seed = 0;         // the transforms' random choices (TrainerOptions::seed)
+  uint64_t seed = 0;         // the transforms' random choices (TrainSettings::seed, train.seed)
   int prefetch_batches = 1;  // batches gathered ahead at most (data.prefetch_batches)
   DecodePool* pool = nullptr;  // decoding threads; null: the gathering thread alone
 };

@@ -24,7 +24,7 @@
 // earlier run with the same config: nothing is overwritten or pruned, and
 // a later --resume cannot pick up a stranger's file); pruning removes only
 // the run's own files. The settings are the config values that define
-// what the run trains (TrainerOptions::run_settings); a resume with other
+// what the run trains (TrainerContext::run_settings); a resume with other
 // values is refused naming them.
 //
 // Elastic resume: a checkpoint holds nothing that depends on how many ranks
@@ -56,6 +56,14 @@ inline constexpr auto kResumeSettingNames = std::to_array<common::Named<ResumeSe
     {{ResumeSetting::kNever, "never"},
      {ResumeSetting::kAuto, "auto"},
      {ResumeSetting::kRequired, "required"}});
+
+// checkpoint.* in the config (config::CheckpointConfig is this struct).
+struct CheckpointSettings {
+  std::string dir;        // where checkpoints go; empty = none
+  int64_t every = 0;      // steps between checkpoints; 0 = only at the end and on a signal
+  int64_t keep = 3;       // of this run's own checkpoints, the newest kept
+  ResumeSetting resume = ResumeSetting::kNever;
+};
 
 // One config value that defines a run ("optimizer.lr", "0.05"), as text.
 struct RunSetting {
@@ -101,7 +109,7 @@ struct Checkpoint {
   // The run it belongs to (new_run_id() at the run's fresh start, kept by
   // its resumes); empty from version 1 to 3 files: an unknown run.
   std::string run_id;
-  // The run's defining config values (TrainerOptions::run_settings); empty
+  // The run's defining config values (TrainerContext::run_settings); empty
   // from version 1 to 3 files.
   std::vector<RunSetting> settings;
 };

@@ -55,22 +55,25 @@ JobShape with_split(const JobShape& job, const std::vector<int64_t>& split) {
   return out;
 }
 
-JobShape job_shape(const Graph& graph, const Dataset& train_set, const TrainerOptions& options) {
+JobShape job_shape(const Graph& graph, const Dataset& train_set, const TrainerOptions& options,
+                   const TrainerContext& context) {
   check_data_fits_model(graph, train_set);
   JobShape job;
-  job.rank = options.comm ? options.comm->rank() : 0;
-  job.ranks = options.comm ? options.comm->size() : 1;
-  job.batch = options.batch;
-  job.evaluates = options.evaluate;
-  job = with_split(job, options.split.empty() ? balancer::even_split(job.batch, job.ranks)
-                                              : options.split);
+  job.rank = context.comm ? context.comm->rank() : 0;
+  job.ranks = context.comm ? context.comm->size() : 1;
+  job.batch = options.train.batch;
+  job.evaluates = options.train.evaluate;
+  job = with_split(job, context.split.empty() ? balancer::even_split(job.batch, job.ranks)
+                                              : context.split);
   job.steps_per_epoch = train_set.count / job.batch;
   if (job.steps_per_epoch < 1) {
     throw std::invalid_argument("the training set has " + std::to_string(train_set.count) +
                                 " samples, fewer than one batch of " + std::to_string(job.batch));
   }
-  job.total_steps = job.steps_per_epoch * options.epochs;
-  if (options.max_steps > 0) job.total_steps = std::min(job.total_steps, options.max_steps);
+  job.total_steps = job.steps_per_epoch * options.train.epochs;
+  if (options.train.max_steps > 0) {
+    job.total_steps = std::min(job.total_steps, options.train.max_steps);
+  }
   return job;
 }
 

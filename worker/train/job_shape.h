@@ -22,16 +22,18 @@ struct JobShape {
   int64_t my_offset = 0;       // where this rank's slice of a batch begins
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
-  bool evaluates = true;       // TrainerOptions::evaluate
+  bool evaluates = true;       // train.evaluate (TrainSettings::evaluate)
   int64_t eval_chunk = 0;      // test samples per evaluation upload: my_batch, or on a
                                // rank without samples up to 64 (1 without evaluation)
 };
 
 // The shape of this rank's part of training `graph` on `train_set` with
-// `options`. Throws std::invalid_argument saying what does not fit: samples
+// `options` (the batch, epochs, max_steps, evaluate) in `context`'s job (its
+// communicator's ranks, its split). Throws std::invalid_argument saying what does not fit: samples
 // or classes against the model, a split that does not match the ranks or
 // the batch, a training set smaller than one batch.
-JobShape job_shape(const Graph& graph, const Dataset& train_set, const TrainerOptions& options);
+JobShape job_shape(const Graph& graph, const Dataset& train_set, const TrainerOptions& options,
+                   const TrainerContext& context);
 
 // `job` with another split of the same batch (online re-balancing): this
 // rank's batch, offset and evaluation chunk follow it. Throws

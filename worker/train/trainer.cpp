@@ -22,95 +22,90 @@ std::optional<LossScaler> make_loss_scaler(const LossScalingSettings& s,
   return LossScaler(s.initial, s.growth_interval);
 }
 
-// TrainerOptions::rank_precisions, or the graph's on every rank.
-std::vector<common::Precision> rank_precisions(const Graph& graph, const TrainerOptions& options,
+// TrainerContext::rank_precisions, or the graph's on every rank.
+std::vector<common::Precision> rank_precisions(const Graph& graph, const TrainerContext& context,
                                                int ranks) {
-  if (options.rank_precisions.empty()) {
+  if (context.rank_precisions.empty()) {
     return std::vector<common::Precision>(static_cast<size_t>(ranks), graph.precision());
   }
-  if (static_cast<int>(options.rank_precisions.size()) != ranks) {
+  if (static_cast<int>(context.rank_precisions.size()) != ranks) {
     throw std::invalid_argument("rank_precisions: " +
-                                std::to_string(options.rank_precisions.size()) +
+                                std::to_string(context.rank_precisions.size()) +
                                 " precisions for " + std::to_string(ranks) + " ranks");
   }
-  return options.rank_precisions;
+  return context.rank_precisions;
 }
 
 // A rank with no samples still needs a network for the parameter buffers
 // and for its share of the evaluation. A network built after the optimizer
 // (a larger batch after a re-balance) finds its state in use already.
 NetworkOptions network_options(const JobShape& job, std::span<const common::Precision> precisions,
-                               const TrainerOptions& options, const ConvPlan& kernels,
-                               bool prefetch_input, bool optimizer_allocated = false) {
-  NetworkOptions net;
-  net.max_batch = network_batch(job);
+                               const TrainerOptions& options, const TrainerContext& context,
+                               const ConvPlan& kernels, bool prefetch_input,
+                               bool optimizer_allocated = false) {
+  NetworkOptions net = training_network_options(options, network_batch(job), precisions);
   net.prefetch_input = prefetch_input;
-  net.conv_algorithm = options.conv_algorithm;
   net.conv_executions = kernels.executions;
   net.conv_workspace_bytes = kernels.workspace_bytes;
-  net.memory_policy = options.memory_policy;
-  net.memory_planner = options.memory_planner;
-  // The optimizer's state and the allreduce's staging buffer come after the network.
-  if (!optimizer_allocated) {
-    net.allocations_after_network = training_allocations_per_parameter(
-        options.optimizer.kind, options.ema > 0, options.gradient_allreduce, precisions);
-  }
-  if (Communicator* comm = options.batch_norm_comm; comm != nullptr && job.ranks > 1) {
+  if (optimizer_allocated) net.allocations_after_network.clear();
+  if (Communicator* comm = context.batch_norm_comm; comm != nullptr && job.ranks > 1) {
     net.sum_over_ranks = [comm](std::vector<double>& values) { comm->allreduce_sum(values); };
   }
   // Last: costs measured in place are measured on a network like this one.
-  if (options.memory_costs_at) {
-    if (auto costs = options.memory_costs_at(net)) net.memory_costs = std::move(*costs);
+  if (context.memory_costs_at) {
+    if (auto costs = context.memory_costs_at(net)) net.memory_costs = std::move(*costs);
   }
   return net;
 }
 
 LrSchedule schedule_for(const JobShape& job, const TrainerOptions& options) {
-  LrSchedule schedule = options.schedule;
-  schedule.steps_per_epoch = job.steps_per_epoch;
-  schedule.total_steps = job.total_steps;
-  return schedule;
+  return {options.schedule, job.steps_per_epoch, job.total_steps};
 }
 
 }  // namespace
 
 Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
-                 const Dataset& test_set, const ChannelStats& norm, const TrainerOptions& options)
+                 const Dataset& test_set, const ChannelStats& norm, const TrainerOptions& options,
+                 const TrainerContext& context)
     : graph_(graph),
       backend_(backend),
       train_set_(train_set),
       test_set_(test_set),
       norm_(norm),
       options_(options),
-      comm_(options.comm),
-      observer_(options.observer),
-      job_(job_shape(graph, train_set, options)),
-      precisions_(rank_precisions(graph, options, job_.ranks)),
-      scaling_(plan_loss_scaling(options.loss_scaling, precisions_, job_.rank)),
+      context_(context),
+      comm_(context.comm),
+      observer_(context.observer),
+      job_(job_shape(graph, train_set, options, context)),
+      precisions_(rank_precisions(graph, context, job_.ranks)),
+      scaling_(plan_loss_scaling(options.train.loss_scaling, precisions_, job_.rank)),
       staging_(batch_staging(options, job_.my_batch, train_set.sample.per_sample(), backend,
                              train_set.files != nullptr)),
-      conv_plan_(options.conv_plan),
+      conv_plan_(context.conv_plan),
       net_(std::make_unique<Network>(
           graph, backend,
-          network_options(job_, precisions_, options, conv_plan_, staging_.prefetch_input))),
+          network_options(job_, precisions_, options, context, conv_plan_,
+                          staging_.prefetch_input))),
       optimizer_(backend, prepare_network(), options.optimizer),
-      ema_(options.ema > 0 ? std::make_unique<WeightAverage>(backend, net_->parameters(),
-                                                             net_->parameter_count(), options.ema)
-                           : nullptr),
+      ema_(options.train.ema > 0
+               ? std::make_unique<WeightAverage>(backend, net_->parameters(),
+                                                 net_->parameter_count(), options.train.ema)
+               : nullptr),
       schedule_(schedule_for(job_, options)),
       progress_(leader() ? options.progress : Progress::Mode::kSilent),
-      allreduce_(backend, options.comm,
-                 plan_buckets(net_->param_ranges(), options.allreduce_bucket),
-                 wire_type(options.gradient_allreduce, precisions_)),
-      pool_(options.data_workers > 0 && transforms_samples(train_set)
-                ? std::make_unique<DecodePool>(options.data_workers)
+      allreduce_(backend, context.comm,
+                 plan_buckets(net_->param_ranges(), options.train.allreduce_bucket),
+                 wire_type(options.train.gradient_allreduce, precisions_)),
+      pool_(context.data_workers > 0 && transforms_samples(train_set)
+                ? std::make_unique<DecodePool>(context.data_workers)
                 : nullptr),
       gatherer_(train_set, norm, staging_.gather_ahead, &pinned_,
-                {options.seed, options.prefetch_batches, pool_.get()}),
-      rebalancer_(options.rebalance, job_.rank, job_.ranks, job_.batch),
-      throttle_(options.input_rate_limit ? std::optional<InputThrottle>(*options.input_rate_limit)
+                {options.train.seed, options.prefetch_batches, pool_.get()}),
+      rebalancer_({options.rebalance, context.rebalance_profiles, context.rebalance_split_options},
+                  job_.rank, job_.ranks, job_.batch),
+      throttle_(context.input_rate_limit ? std::optional<InputThrottle>(*context.input_rate_limit)
                                          : std::nullopt),
-      scaler_(make_loss_scaler(options.loss_scaling, scaling_)) {
+      scaler_(make_loss_scaler(options.train.loss_scaling, scaling_)) {
   // Peak device memory counts from here: what training holds, not the
   // buffers conv.algorithm auto timed its candidates in (freed by now).
   backend_.reset_peak();
@@ -133,12 +128,12 @@ Trainer::~Trainer() {
 // Attaches the trace and initialises the parameters before the optimizer
 // allocates its state; returns the parameter tensors for it.
 std::vector<ParamTensor> Trainer::prepare_network() {
-  if (!options_.trace_path.empty()) {
+  if (!context_.trace_path.empty()) {
     trace_ = std::make_unique<memory::ChromeTrace>(
         job_.rank, format("rank %d (%s)", job_.rank, backend_.device_info().backend.c_str()));
     net_->set_trace(trace_.get());
   }
-  net_->init_parameters(options_.seed);
+  net_->init_parameters(options_.train.seed);
   return parameter_tensors(graph_, net_->param_ranges());
 }
 
@@ -169,7 +164,7 @@ TrainResult Trainer::run() {
   }
   DrainOnUnwind drain{parallel() ? comm_ : nullptr};
   bool stopped = false;
-  for (int64_t e = at_.epoch; e < options_.epochs && at_.step < job_.total_steps; ++e) {
+  for (int64_t e = at_.epoch; e < options_.train.epochs && at_.step < job_.total_steps; ++e) {
     if (!epoch(e)) {
       stopped = true;
       break;
@@ -207,11 +202,11 @@ bool Trainer::epoch(int64_t epoch) {
     log_step(epoch, i, s);
     if (s.stop) {
       checkpoint(at_);
-      result_.stopped_by_signal = options_.stop_signal ? options_.stop_signal->load() : 0;
+      result_.stopped_by_signal = context_.stop_signal ? context_.stop_signal->load() : 0;
       if (result_.stopped_by_signal == 0) result_.stopped_by_signal = -1;  // another rank's
       return false;
     }
-    if (options_.checkpoint_every > 0 && at_.step % options_.checkpoint_every == 0 &&
+    if (options_.checkpoint.every > 0 && at_.step % options_.checkpoint.every == 0 &&
         at_.step < job_.total_steps) {
       checkpoint(at_);
     }
@@ -224,7 +219,7 @@ bool Trainer::epoch(int64_t epoch) {
 // its first batch ahead.
 const std::vector<int64_t>& Trainer::order_of(int64_t epoch) {
   auto [it, inserted] = orders_.try_emplace(epoch);
-  if (inserted) it->second = epoch_permutation(options_.seed, epoch, train_set_.count);
+  if (inserted) it->second = epoch_permutation(options_.train.seed, epoch, train_set_.count);
   return it->second;
 }
 
@@ -255,7 +250,7 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   const double input_wait_ms = throttle_ms + gather_wait_ms;
   input_wait_ = input_wait_ms / 1e3;
   allreduce_.complete(net_->gradients());
-  totals.stop = options_.stop_signal && options_.stop_signal->load() != 0;
+  totals.stop = context_.stop_signal && context_.stop_signal->load() != 0;
   std::optional<SplitSwitch> to;
   if (parallel()) {
     std::vector<double> sums{totals.loss_sum, totals.correct, totals.stop ? 1.0 : 0.0};
@@ -274,7 +269,7 @@ StepTotals Trainer::step(const std::vector<int64_t>& order, int64_t i) {
   totals.seconds = seconds_since(start);
   ++at_.step;
   const int64_t run_steps = at_.step - resumed_.step;
-  if (trace_ && run_steps == options_.trace_steps) net_->set_trace(nullptr);
+  if (trace_ && run_steps == context_.trace_steps) net_->set_trace(nullptr);
   if (run_steps > 1) {  // the first step also creates every primitive
     train_seconds_ += totals.seconds;
     result_.input_wait_seconds += input_wait_;
@@ -298,11 +293,11 @@ void Trainer::switch_split(const SplitSwitch& to) {
   metrics_.write(switch_record(to, at_.step + 1));
   job_ = with_split(job_, to.split);
   ++result_.rebalances;
-  const bool replans = static_cast<bool>(options_.replan_kernels);
+  const bool replans = static_cast<bool>(context_.replan_kernels);
   std::optional<NetworkState> state;
   if (replans && job_.my_batch > 0) state = release_network();
   std::optional<ConvPlan> kernels;
-  if (replans) kernels = options_.replan_kernels(to);  // collective: every rank calls it
+  if (replans) kernels = context_.replan_kernels(to);  // collective: every rank calls it
   if (state) {
     if (kernels) conv_plan_ = std::move(*kernels);
     rebuild_network(*state, kernels ? " on the conv kernels planned for it" : "");
@@ -324,10 +319,11 @@ void Trainer::rebuild_network(const NetworkState& state, const char* how) {
   net_.reset();  // the device holds one network at a time
   net_ = std::make_unique<Network>(
       graph_, backend_,
-      network_options(job_, precisions_, options_, conv_plan_, staging_.prefetch_input, true));
+      network_options(job_, precisions_, options_, context_, conv_plan_, staging_.prefetch_input,
+                      true));
   net_->upload_parameters(state.parameters);
   net_->upload_buffers(state.buffers);
-  if (trace_ && at_.step - resumed_.step < options_.trace_steps) net_->set_trace(trace_.get());
+  if (trace_ && at_.step - resumed_.step < context_.trace_steps) net_->set_trace(trace_.get());
   install_bucket_hooks();
   net_batch_ = network_batch(job_);
   progress_.line(format("rebalance: rebuilt the network for batch %lld%s",
@@ -359,7 +355,7 @@ StepTotals Trainer::compute(const std::vector<int64_t>& order, int64_t i) {
   allreduce_.set_prescale(scaling_.unscale_before_exchange ? static_cast<float>(1.0 / scale) : 1.0f);
   const LossStats s =
       net_->train_step(job_.my_batch, static_cast<float>(scale / static_cast<double>(job_.batch)),
-                       options_.label_smoothing);
+                       options_.train.label_smoothing);
   // Backward is issued; on a GPU it runs while the next batch copies.
   if (staging_.prefetch_input) {
     if (const Staging* next = gatherer_.finish_ahead()) {
@@ -474,10 +470,24 @@ std::vector<size_t> training_allocations_per_parameter(OptimizerKind optimizer, 
   return allocations;
 }
 
+NetworkOptions training_network_options(const TrainerOptions& options, int64_t max_batch,
+                                        std::span<const common::Precision> precisions) {
+  NetworkOptions net;
+  net.max_batch = max_batch;
+  net.conv_algorithm = options.conv_algorithm;
+  net.memory_policy = options.memory_policy;
+  net.memory_planner = options.memory_planner;
+  // The optimizer's state and the allreduce's staging buffer come after the network.
+  net.allocations_after_network = training_allocations_per_parameter(
+      options.optimizer.kind, options.train.ema > 0, options.train.gradient_allreduce, precisions);
+  return net;
+}
+
 TrainResult train(const Graph& graph, Backend& backend, const Dataset& train_set,
-                  const Dataset& test_set, const ChannelStats& norm,
-                  const TrainerOptions& options) {
-  return trainer_internal::Trainer(graph, backend, train_set, test_set, norm, options).run();
+                  const Dataset& test_set, const ChannelStats& norm, const TrainerOptions& options,
+                  const TrainerContext& context) {
+  return trainer_internal::Trainer(graph, backend, train_set, test_set, norm, options, context)
+      .run();
 }
 
 }  // namespace vtrain::worker

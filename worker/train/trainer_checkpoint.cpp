@@ -17,7 +17,7 @@ namespace vtrain::worker::trainer_internal {
 // global (a step and a sample of the epoch's order), so the ranks and
 // their split may differ from the run that wrote it.
 void Trainer::restore() {
-  if (options_.checkpoint_dir.empty()) return;
+  if (options_.checkpoint.dir.empty()) return;
   std::string path;
   ResumePosition position;
   std::string change;  // rank 0: what differs from the run that wrote it
@@ -25,9 +25,9 @@ void Trainer::restore() {
   OptimizerState state;
   std::vector<float> average;
   if (leader()) {
-    folder_ = std::make_unique<CheckpointFolder>(options_.checkpoint_dir);
+    folder_ = std::make_unique<CheckpointFolder>(options_.checkpoint.dir);
     for (const std::string& note : folder_->notes()) progress_.line(note);
-    const RunStart start = plan_run_start(options_.checkpoint_dir, options_.resume);
+    const RunStart start = plan_run_start(options_.checkpoint.dir, options_.checkpoint.resume);
     path = start.resume_from;
     run_id_ = new_run_id();  // a resume keeps the checkpoint's, where it has one
     if (!start.note.empty()) progress_.line(start.note);
@@ -35,8 +35,8 @@ void Trainer::restore() {
       Checkpoint ckpt = load_checkpoint(path);
       check_checkpoint_matches(ckpt, path, graph_.signature(), net_->parameter_count(),
                                net_->buffer_count());
-      check_checkpoint_resumable(ckpt, path, job_.batch, options_.seed);
-      check_checkpoint_settings(ckpt, path, options_.run_settings);
+      check_checkpoint_resumable(ckpt, path, job_.batch, options_.train.seed);
+      check_checkpoint_settings(ckpt, path, context_.run_settings);
       check_optimizer_state(ckpt, path);
       if (ckpt.run_id.empty()) {
         progress_.line(format("checkpoint: %s was written by an older vtrain, which did not "
@@ -99,8 +99,8 @@ void overwrite(std::vector<float>& values, const std::vector<WeightRange>& range
 // model.init over the seeded initialisation (prepare_network), before the
 // first step; the layers it leaves out keep their fresh values.
 void Trainer::apply_initial_weights() {
-  if (!options_.initial_weights) return;
-  const InitialWeights init = options_.initial_weights();
+  if (!context_.initial_weights) return;
+  const InitialWeights init = context_.initial_weights();
   std::vector<float> params = net_->download_parameters();
   std::vector<float> buffers = net_->download_buffers();
   overwrite(params, init.parameters);
@@ -133,7 +133,7 @@ void Trainer::restore_weight_average(const std::vector<float>& average, const st
     progress_.line(format("ema: %s holds no weight average; it starts from the restored weights",
                           path.c_str()));
     ema_ = std::make_unique<WeightAverage>(backend_, net_->parameters(), net_->parameter_count(),
-                                           options_.ema);
+                                           options_.train.ema);
     return;
   }
   ema_->upload(average);
@@ -150,8 +150,8 @@ TrainResult Trainer::already_finished() {
                         "written. Raise train.epochs or train.max_steps to train on",
                         result_.resumed_from.c_str(), static_cast<long long>(at_.step),
                         static_cast<long long>(job_.total_steps),
-                        static_cast<long long>(options_.epochs),
-                        static_cast<long long>(options_.max_steps)));
+                        static_cast<long long>(options_.train.epochs),
+                        static_cast<long long>(options_.train.max_steps)));
   return result_;
 }
 
@@ -197,7 +197,7 @@ void Trainer::share_batch_norm_statistics() {
 }
 
 void Trainer::checkpoint(const Position& at) {
-  if (options_.checkpoint_dir.empty()) return;
+  if (options_.checkpoint.dir.empty()) return;
   // Batch-norm running statistics: every rank's are the same when
   // synchronised, else each rank's follow its own samples; the checkpoint
   // (like evaluation) uses rank 0's.
@@ -207,7 +207,7 @@ void Trainer::checkpoint(const Position& at) {
   ckpt.step = at.step;
   ckpt.epoch = at.epoch;
   ckpt.step_in_epoch = at.in_epoch;
-  ckpt.seed = options_.seed;
+  ckpt.seed = options_.train.seed;
   ckpt.world_size = job_.ranks;
   ckpt.global_batch = job_.batch;
   ckpt.epoch_sample = at.in_epoch * job_.batch;
@@ -221,8 +221,9 @@ void Trainer::checkpoint(const Position& at) {
   if (ema_) ckpt.weight_average = ema_->download();
   if (scaler_) ckpt.loss_scaler = scaler_->state();
   ckpt.run_id = run_id_;
-  ckpt.settings = options_.run_settings;
-  result_.last_checkpoint = save_checkpoint(options_.checkpoint_dir, ckpt, options_.checkpoint_keep);
+  ckpt.settings = context_.run_settings;
+  result_.last_checkpoint =
+      save_checkpoint(options_.checkpoint.dir, ckpt, options_.checkpoint.keep);
   progress_.line("checkpoint: wrote " + result_.last_checkpoint);
 }
 

@@ -84,7 +84,7 @@ struct DrainOnUnwind {
 class Trainer {
  public:
   Trainer(const Graph& graph, Backend& backend, const Dataset& train_set, const Dataset& test_set,
-          const ChannelStats& norm, const TrainerOptions& options);
+          const ChannelStats& norm, const TrainerOptions& options, const TrainerContext& context);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -133,10 +133,11 @@ class Trainer {
   const Dataset& test_set_;
   const ChannelStats& norm_;
   const TrainerOptions& options_;
+  const TrainerContext& context_;
   Communicator* const comm_;
   TrainObserver* const observer_;
   JobShape job_;  // its split changes when the job re-balances
-  // Every rank's precision, in rank order (TrainerOptions::rank_precisions),
+  // Every rank's precision, in rank order (TrainerContext::rank_precisions),
   // and where loss scaling applies among them.
   const std::vector<common::Precision> precisions_;
   const LossScalingPlan scaling_;
@@ -152,10 +153,11 @@ class Trainer {
   BucketAllreduce allreduce_;  // the gradient buckets
   PinnedMemory pinned_{backend_};  // before the staging it holds
   Staging eval_stage_{&pinned_};
-  std::unique_ptr<DecodePool> pool_;  // TrainerOptions::data_workers; before the gatherer that uses it
+  // TrainerContext::data_workers; before the gatherer that uses it
+  std::unique_ptr<DecodePool> pool_;
   BatchGatherer gatherer_;
   Rebalancer rebalancer_;
-  std::optional<InputThrottle> throttle_;  // TrainerOptions::input_rate_limit
+  std::optional<InputThrottle> throttle_;  // TrainerContext::input_rate_limit
   std::optional<LossScaler> scaler_;  // scaling_.job: some rank scales its loss
   TrainResult result_;
   // Rank 0 with a checkpoint_dir: its hold on the folder, and the run id

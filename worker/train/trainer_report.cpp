@@ -19,7 +19,7 @@ void Trainer::print_precisions() {
   std::vector<std::string> each, scaled;
   for (size_t r = 0; r < precisions_.size(); ++r) {
     each.push_back(common::precision_name(precisions_[r]));
-    if (plan_loss_scaling(options_.loss_scaling, precisions_, static_cast<int>(r)).here) {
+    if (plan_loss_scaling(options_.train.loss_scaling, precisions_, static_cast<int>(r)).here) {
       scaled.push_back(std::to_string(r));
     }
   }
@@ -45,7 +45,7 @@ void Trainer::print_setup() {
                         common::format_mib(net_->workspace_bytes()).c_str()));
   for (const std::string& line : net_->algorithm_summary()) progress_.line("  " + line);
   print_precisions();
-  if (parallel() && options_.batch_norm_comm != nullptr && net_->buffer_count() > 0) {
+  if (parallel() && context_.batch_norm_comm != nullptr && net_->buffer_count() > 0) {
     progress_.line(format("batch norm: synchronised, statistics of the global batch of %lld "
                           "over %d ranks",
                           static_cast<long long>(job_.batch), job_.ranks));
@@ -81,12 +81,13 @@ void Trainer::log_step(int64_t epoch, int64_t i, const StepTotals& totals) {
   const double ips =
       train_seconds_ > 0 ? static_cast<double>(timed_images_) / train_seconds_ : 0;
   const int64_t step = at_.step;
-  const bool log_point = step % options_.log_every == 0 || step == job_.total_steps;
+  const bool log_point = step % options_.train.log_every == 0 || step == job_.total_steps;
   // Where batches are decoded the line also says how long this rank's step waited for its input.
   const std::string wait =
       transforms_samples(train_set_) ? format(" input wait %.1f ms", 1e3 * input_wait_) : std::string();
   progress_.step(format("epoch %lld/%lld step %lld/%lld loss %.4f acc %.3f lr %.4g %.0f img/s%s",
-                        static_cast<long long>(epoch + 1), static_cast<long long>(options_.epochs),
+                        static_cast<long long>(epoch + 1),
+                        static_cast<long long>(options_.train.epochs),
                         static_cast<long long>(i + 1),
                         static_cast<long long>(job_.steps_per_epoch), loss, accuracy, totals.lr,
                         ips, wait.c_str()),
@@ -128,9 +129,9 @@ void Trainer::end_epoch(int64_t epoch, const EpochTotals& totals, Clock::time_po
       .add("seconds", seconds_since(start));
   std::string summary = format("epoch %lld/%lld: train loss %.4f acc %.4f",
                                static_cast<long long>(epoch + 1),
-                               static_cast<long long>(options_.epochs), totals.loss_sum / seen,
-                               totals.correct / seen);
-  if (options_.evaluate && test_set_.count > 0) {
+                               static_cast<long long>(options_.train.epochs),
+                               totals.loss_sum / seen, totals.correct / seen);
+  if (options_.train.evaluate && test_set_.count > 0) {
     share_batch_norm_statistics();
     const EvaluationCounts e = evaluate(*net_, test_set_, norm_, eval_stage_,
                                         {.chunk = job_.eval_chunk, .comm = comm_, .pool = pool_.get()});
@@ -180,8 +181,8 @@ void Trainer::finish() {
                                          ? comm_->gather(trace_->events_json(), 0)
                                          : std::vector<std::string>{trace_->events_json()};
     if (leader()) {
-      memory::write_trace_file(options_.trace_path, memory::merge_chrome_traces(parts));
-      progress_.line("trace: " + options_.trace_path);
+      memory::write_trace_file(context_.trace_path, memory::merge_chrome_traces(parts));
+      progress_.line("trace: " + context_.trace_path);
     }
   }
   if (comm_) {
