@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "configs/model_graph.h"
 #include "perfdb/perf_db.h"
 #include "worker/engine/layer_timing.h"
 #include "worker/engine/optimizer.h"
@@ -21,6 +22,7 @@ worker::BackendOptions backend_options(const config::Config& cfg) {
 
 worker::TrainerOptions trainer_options(const config::Config& cfg) {
   worker::TrainerOptions o;
+  o.settings = config::compute_settings(cfg);
   o.batch = cfg.train.batch;
   o.epochs = cfg.train.epochs;
   o.max_steps = cfg.train.max_steps;
@@ -79,6 +81,7 @@ std::vector<common::Precision> planned_precisions(const config::Config& cfg, int
 
 worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch, int ranks) {
   worker::NetworkOptions o;
+  o.settings = config::compute_settings(cfg);
   o.max_batch = max_batch;
   o.conv_algorithm = cfg.conv.algorithm;
   o.memory_policy = cfg.memory.policy;
@@ -97,7 +100,9 @@ PlanningCosts planning_costs(const config::Config& cfg, const worker::Graph& gra
     try {
       perfdb::PerfDb db(cfg.profile.db, {.mode = perfdb::OpenMode::kReadOnly});
       if (const auto device = db.find_device(worker::perfdb_device(backend.device_info()))) {
-        if (auto costs = worker::profiled_step_costs(db, *device, graph, net.max_batch).costs) {
+        if (auto costs =
+                worker::profiled_step_costs(db, *device, graph, net.settings, net.max_batch)
+                    .costs) {
           return {std::move(costs), "profiled in " + cfg.profile.db};
         }
       }
@@ -126,6 +131,7 @@ bool input_staging(const config::Config& cfg, const worker::Graph& graph,
 worker::ProfileOptions profile_options(const config::Config& cfg, const worker::Graph& graph,
                                        const worker::Backend& backend) {
   worker::ProfileOptions o;
+  o.settings = config::compute_settings(cfg);
   o.input_staging = [&cfg = std::as_const(cfg), &graph, &backend](int64_t batch) {
     return input_staging(cfg, graph, backend, batch);
   };

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "perfdb/internal/sqlite.h"
+#include "perfdb/perf_db.h"
 
 namespace vtrain::perfdb::internal {
 
@@ -19,6 +20,17 @@ std::optional<int> inspect_schema(Connection& connection, bool quick_check);
 // Throws PerfDbError unless `version` is one this code reads and writes (or,
 // with allow_older, can upgrade from).
 void check_schema_version(const Connection& connection, int version, bool allow_older);
+
+// Binds `model` to parameters first..first+3, the columns (model,
+// precision, layout, fuse_relu) it is stored in, each setting by its name
+// in the config.
+inline void bind_model(Statement& statement, int first, const ModelKey& model) {
+  const common::ComputeSettings& s = model.settings;
+  statement.bind(first, std::string_view(model.signature));
+  statement.bind(first + 1, std::string_view(common::precision_name(s.precision)));
+  statement.bind(first + 2, std::string_view(common::name_of(common::kLayoutChoiceNames, s.layout)));
+  statement.bind(first + 3, std::string_view(common::name_of(common::kAutoOnOffNames, s.fuse_relu)));
+}
 
 // Brings the database from `version` (nullopt: empty) up to kSchemaVersion.
 // Call it inside a write transaction, so a failed upgrade leaves nothing.

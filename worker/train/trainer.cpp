@@ -22,11 +22,10 @@ std::optional<LossScaler> make_loss_scaler(const LossScalingSettings& s,
   return LossScaler(s.initial, s.growth_interval);
 }
 
-// TrainerOptions::rank_precisions, or the graph's on every rank.
-std::vector<common::Precision> rank_precisions(const Graph& graph, const TrainerOptions& options,
-                                               int ranks) {
+// TrainerOptions::rank_precisions, or this rank's on every rank.
+std::vector<common::Precision> rank_precisions(const TrainerOptions& options, int ranks) {
   if (options.rank_precisions.empty()) {
-    return std::vector<common::Precision>(static_cast<size_t>(ranks), graph.precision());
+    return std::vector<common::Precision>(static_cast<size_t>(ranks), options.settings.precision);
   }
   if (static_cast<int>(options.rank_precisions.size()) != ranks) {
     throw std::invalid_argument("rank_precisions: " +
@@ -43,6 +42,7 @@ NetworkOptions network_options(const JobShape& job, std::span<const common::Prec
                                const TrainerOptions& options, const ConvPlan& kernels,
                                bool prefetch_input, bool optimizer_allocated = false) {
   NetworkOptions net;
+  net.settings = options.settings;
   net.max_batch = network_batch(job);
   net.prefetch_input = prefetch_input;
   net.conv_algorithm = options.conv_algorithm;
@@ -85,7 +85,7 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       comm_(options.comm),
       observer_(options.observer),
       job_(job_shape(graph, train_set, options)),
-      precisions_(rank_precisions(graph, options, job_.ranks)),
+      precisions_(rank_precisions(options, job_.ranks)),
       scaling_(plan_loss_scaling(options.loss_scaling, precisions_, job_.rank)),
       staging_(batch_staging(options, job_.my_batch, train_set.sample.per_sample(), backend,
                              train_set.files != nullptr)),

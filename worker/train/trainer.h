@@ -71,6 +71,9 @@ struct TrainerOptions {
   float ema = 0.0f;              // train.ema: the weight average's decay; 0 = none
   // train.loss_scaling (loss_scaler.h); auto: on under precision fp16.
   LossScalingSettings loss_scaling;
+  // How this rank computes the graph: its precision (train.precision), the
+  // layout its backend was made with (device.layout), conv.fuse_relu.
+  ComputeSettings settings;
   std::string conv_algorithm = "auto";
   // This rank's convolution kernels from the plan solved at start.
   ConvPlan conv_plan;
@@ -110,8 +113,8 @@ struct TrainerOptions {
   // every rank shares with f32 accumulation (bucket_allreduce.h: wire_type).
   GradientAllreduce gradient_allreduce = GradientAllreduce::kFp32;
   // Every rank's train.precision, in rank order, where ranks differ (a
-  // precision per rank); empty: every rank computes in the graph's. Each
-  // rank's graph is built in its own; this decides the exchange's type and
+  // precision per rank); empty: every rank computes in settings.precision.
+  // Each rank computes in its own; this decides the exchange's type and
   // where the loss is scaled (loss_scaler.h: plan_loss_scaling).
   std::vector<common::Precision> rank_precisions;
   // Online re-balancing of the split (rebalancer.h); without profiles on
