@@ -971,8 +971,8 @@ TEST_F(CudaBackendTest, BiasPairedWithReluTrainsLikeTheConvolutionsOwn) {
     std::vector<float> params[2];
     using enum common::AutoOnOff;
     for (const common::AutoOnOff fuse : {kOff, kAuto}) {
-      g.set_fuse_relu(fuse);
       NetworkOptions o;
+      o.settings = {.layout = layout, .fuse_relu = fuse};
       o.max_batch = 4;
       o.conv_algorithm = "algo_1";
       EXPECT_EQ(Network(g, *b, o).bias_relu_pairs() > 0, fuse == kAuto);

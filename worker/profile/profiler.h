@@ -18,6 +18,7 @@
 #include "worker/engine/graph.h"
 #include "worker/engine/network.h"
 #include "worker/profile/profile_peers.h"
+#include "worker/profile/step_costs.h"
 
 namespace vtrain::worker {
 
