@@ -197,15 +197,10 @@ CREATE TABLE step_measurements_v8 (
   precision TEXT NOT NULL,           -- train.precision: fp32, tf32, bf16, fp16
   layout TEXT NOT NULL,              -- device.layout: auto, nchw, nhwc
   fuse_relu TEXT NOT NULL,           -- conv.fuse_relu: auto, on, off
-  batch INTEGER NOT NULL,            -- per-rank batch
-  memory_policy TEXT NOT NULL,
-  workspace_plan TEXT NOT NULL,      -- workspace-plan signature; '' = none
-  time_ms REAL NOT NULL,             -- upload, forward, backward, update
-  peak_device_bytes INTEGER NOT NULL,
-  measured_at INTEGER NOT NULL,      -- Unix seconds
-  kept_bytes INTEGER,                -- where the step kept its activations;
-  offloaded_bytes INTEGER,           -- NULL: recorded before version 4
-  recomputed_bytes INTEGER,
+  batch INTEGER NOT NULL, memory_policy TEXT NOT NULL, workspace_plan TEXT NOT NULL,
+  time_ms REAL NOT NULL, peak_device_bytes INTEGER NOT NULL, measured_at INTEGER NOT NULL,
+  kept_bytes INTEGER, offloaded_bytes INTEGER,
+  recomputed_bytes INTEGER,          -- batch to recomputed_bytes as in version 4 (perfdb/README.md)
   UNIQUE (device_id, model, precision, layout, fuse_relu, batch, memory_policy, workspace_plan)
 );
 INSERT INTO step_measurements_v8 SELECT id, device_id, model, 'fp32', 'auto', 'auto', batch,
@@ -216,17 +211,11 @@ ALTER TABLE step_measurements_v8 RENAME TO step_measurements;
 CREATE TABLE layer_measurements_v8 (
   id INTEGER PRIMARY KEY,
   device_id INTEGER NOT NULL REFERENCES devices (id),
-  model TEXT NOT NULL,               -- model signature (the architecture alone)
-  precision TEXT NOT NULL,           -- train.precision: fp32, tf32, bf16, fp16
-  layout TEXT NOT NULL,              -- device.layout: auto, nchw, nhwc
-  fuse_relu TEXT NOT NULL,           -- conv.fuse_relu: auto, on, off
-  batch INTEGER NOT NULL,            -- per-rank batch
-  layer_index INTEGER NOT NULL CHECK (layer_index >= -2),  -- graph index; -1 = the loss,
-                                                           -- -2 = outside the layer calls
-  layer_name TEXT NOT NULL,
-  forward_ms REAL NOT NULL,          -- median, training mode
-  backward_ms REAL NOT NULL,         -- median
-  measured_at INTEGER NOT NULL,      -- Unix seconds
+  model TEXT NOT NULL, precision TEXT NOT NULL, layout TEXT NOT NULL, fuse_relu TEXT NOT NULL,
+                                     -- the model and how it was computed, as in step_measurements
+  batch INTEGER NOT NULL, layer_index INTEGER NOT NULL CHECK (layer_index >= -2),
+  layer_name TEXT NOT NULL, forward_ms REAL NOT NULL, backward_ms REAL NOT NULL,
+  measured_at INTEGER NOT NULL,      -- batch to measured_at as in version 5 (perfdb/README.md)
   UNIQUE (device_id, model, precision, layout, fuse_relu, batch, layer_index)
 );
 INSERT INTO layer_measurements_v8 SELECT id, device_id, model, 'fp32', 'auto', 'auto', batch,
