@@ -825,9 +825,10 @@ TEST_F(CudaBackendTest, LeNetLossFallsInHalfPrecision) {
     ++ran;
     const Graph graph =
         Graph::build(preset_layers("lenet", {.input = {1, 1, 28, 28}, .classes = 10}),
-                     {1, 1, 28, 28}, precision);
+                     {1, 1, 28, 28});
     const int64_t n = 32;
     NetworkOptions options;
+    options.settings.precision = precision;
     options.max_batch = n;
     options.conv_algorithm = "auto";
     // A backend of the job's precision, as vtrain makes: its layout rule
