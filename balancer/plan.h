@@ -5,9 +5,9 @@
 //
 //   vtrain_plan: 2
 //   model: "<the model's signature, Graph::signature()>"
-//   precision: fp32                 # how it is computed (common::ComputeSettings): rank 0's
-//   layout: auto                    #   train.precision, device.layout, conv.fuse_relu;
-//   fuse_relu: auto                 #   each optional, the config's default when absent
+//   precision: fp32                 # how it is computed, a field per setting
+//   layout: auto                    #   (common::setting_texts), rank 0's; each
+//   fuse_relu: auto                 #   optional, the config's default when absent
 //   global_batch: 96
 //   memory_policy: none
 //   workspace_policy: wd            # undivided | wr | wd

@@ -43,9 +43,24 @@ void read_model(const Section& top, int format, TrainingPlan& plan) {
     return;
   }
   plan.model = to_string(model);
-  if (Field f = top["precision"]) plan.settings.precision = to_choice(f, common::kPrecisionNames);
-  if (Field f = top["layout"]) plan.settings.layout = to_choice(f, common::kLayoutChoiceNames);
-  if (Field f = top["fuse_relu"]) plan.settings.fuse_relu = to_choice(f, common::kAutoOnOffNames);
+  for (const common::SettingText& setting : common::setting_texts(plan.settings)) {
+    if (Field f = top[setting.name]) {
+      try {
+        common::set_setting(plan.settings, setting.name, to_string(f));
+      } catch (const std::invalid_argument& e) {
+        f.fail(e.what());
+      }
+    }
+  }
+}
+
+// The top-level keys: a field per setting (common::setting_texts) beside these.
+Keys top_keys() {
+  Keys keys = {"vtrain_plan", "model", "global_batch", "memory_policy", "workspace_policy",
+               "workspace_limit", "predicted_step_ms", "split_ms", "even_split_ms",
+               "ideal_step_ms", "ranks"};
+  for (const common::SettingText& setting : common::setting_texts({})) keys.push_back(setting.name);
+  return keys;
 }
 
 PlannedKernel read_planned_kernel(const Field& field, const RankPlan& rank) {
@@ -122,9 +137,7 @@ TrainingPlan parse_plan(const std::string& yaml_text, const std::string& origin)
   Source source{origin, fs::path(origin).parent_path(), {}};
   const YAML::Node root = load_document(yaml_text, origin, "plan");
   const Section top(Field(source, root, true, "", 0));
-  top.allow({"vtrain_plan", "model", "precision", "layout", "fuse_relu", "global_batch",
-             "memory_policy", "workspace_policy", "workspace_limit", "predicted_step_ms",
-             "split_ms", "even_split_ms", "ideal_step_ms", "ranks"});
+  top.allow(top_keys());
   TrainingPlan plan;
   const Field version = top.required("vtrain_plan", "the plan format version; is this a plan?");
   // Read into the current form: plan.version stays kPlanVersion.
@@ -170,11 +183,9 @@ std::string plan_to_yaml(const TrainingPlan& plan) {
   out << YAML::BeginMap;
   out << YAML::Key << "vtrain_plan" << YAML::Value << plan.version;
   out << YAML::Key << "model" << YAML::Value << YAML::DoubleQuoted << plan.model;
-  out << YAML::Key << "precision" << YAML::Value << common::precision_name(plan.settings.precision);
-  out << YAML::Key << "layout" << YAML::Value
-      << common::name_of(common::kLayoutChoiceNames, plan.settings.layout);
-  out << YAML::Key << "fuse_relu" << YAML::Value
-      << common::name_of(common::kAutoOnOffNames, plan.settings.fuse_relu);
+  for (const common::SettingText& setting : common::setting_texts(plan.settings)) {
+    out << YAML::Key << setting.name << YAML::Value << std::string(setting.value);
+  }
   out << YAML::Key << "global_batch" << YAML::Value << plan.global_batch;
   out << YAML::Key << "memory_policy" << YAML::Value << plan.memory_policy;
   out << YAML::Key << "workspace_policy" << YAML::Value << workspace_policy_name(plan.workspace_policy);

@@ -1,6 +1,7 @@
 #include "common/compute_settings.h"
 
 #include <stdexcept>
+#include <string>
 
 namespace vtrain::common {
 namespace {
@@ -23,6 +24,33 @@ void read_suffix(std::string_view suffix, ComputeSettings& settings) {
 }
 
 }  // namespace
+
+std::array<SettingText, kSettingCount> setting_texts(const ComputeSettings& settings) {
+  return {{{"precision", precision_name(settings.precision)},
+           {"layout", name_of(kLayoutChoiceNames, settings.layout)},
+           {"fuse_relu", name_of(kAutoOnOffNames, settings.fuse_relu)}}};
+}
+
+void set_setting(ComputeSettings& settings, std::string_view name, std::string_view value) {
+  using Error = std::invalid_argument;
+  if (name == "precision") {
+    settings.precision = parse_named<Error>(kPrecisionNames, value, "precision");
+  } else if (name == "layout") {
+    settings.layout = parse_named<Error>(kLayoutChoiceNames, value, "layout");
+  } else if (name == "fuse_relu") {
+    settings.fuse_relu = parse_named<Error>(kAutoOnOffNames, value, "fuse_relu value");
+  } else {
+    throw Error("unknown setting '" + std::string(name) + "'");
+  }
+}
+
+std::string describe(const ComputeSettings& settings) {
+  std::string text;
+  for (const SettingText& s : setting_texts(settings)) {
+    text += (text.empty() ? "" : ", ") + std::string(s.name) + " " + std::string(s.value);
+  }
+  return text;
+}
 
 SuffixedModelKey parse_suffixed_model_key(std::string_view key) {
   const size_t at = key.find('@');

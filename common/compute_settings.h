@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -40,6 +41,25 @@ struct ComputeSettings {
   DataType activation_type() const { return storage_type(precision); }
   friend bool operator==(const ComputeSettings&, const ComputeSettings&) = default;
 };
+
+// One setting as the stores keep it, each in a place of its own: the perf
+// DB's column and the plan file's field are named `name`, and hold the
+// value's name in the config. The list below is the one place that names
+// the settings for them: a new setting is an entry here, its config key,
+// and a perf DB migration adding its column.
+struct SettingText {
+  const char* name;        // "precision", "layout", "fuse_relu"
+  std::string_view value;  // "bf16", "nhwc", "on"
+};
+inline constexpr size_t kSettingCount = 3;
+// Every setting of `settings`, in the order of the perf DB's columns.
+std::array<SettingText, kSettingCount> setting_texts(const ComputeSettings& settings);
+// Sets the setting named `name` to the value named `value`. Throws
+// std::invalid_argument for an unknown setting or value ("unknown layout
+// 'nhcw' (known: auto, nchw, nhwc)").
+void set_setting(ComputeSettings& settings, std::string_view name, std::string_view value);
+// For messages: "precision bf16, layout nhwc, fuse_relu on".
+std::string describe(const ComputeSettings& settings);
 
 // A model key as vtrain wrote it before the settings were typed (perf DB
 // schema 7 and older, plan format 1): the model's signature followed by

@@ -358,10 +358,7 @@ std::vector<KernelMeasurement> PerfDb::kernel_measurements(DeviceId device, cons
 }
 
 std::string describe_model(const ModelKey& model) {
-  const common::ComputeSettings& s = model.settings;
-  return model.signature + " (" + common::precision_name(s.precision) + ", layout " +
-         common::name_of(common::kLayoutChoiceNames, s.layout) + ", fuse_relu " +
-         common::name_of(common::kAutoOnOffNames, s.fuse_relu) + ")";
+  return model.signature + " (" + common::describe(model.settings) + ")";
 }
 
 std::vector<StepMeasurement> PerfDb::step_measurements(DeviceId device, const ModelKey& model,

@@ -128,11 +128,12 @@ struct KernelSample {
 struct ModelKey {
   std::string signature;              // model signature (stable text naming layers and
                                       // shapes, worker::Graph::signature()), not empty
-  common::ComputeSettings settings;   // precision, layout and fusion it was computed with
+  common::ComputeSettings settings{};  // precision, layout and fusion it was computed with
   friend bool operator==(const ModelKey&, const ModelKey&) = default;
 };
 
-// The key as people read it: "<signature> (fp32, layout auto, fuse_relu auto)".
+// The key as people read it: "<signature> (precision fp32, layout auto,
+// fuse_relu auto)".
 std::string describe_model(const ModelKey& model);
 
 // Forward plus backward of a whole model on one device at one batch size.

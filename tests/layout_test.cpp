@@ -252,7 +252,7 @@ TEST(LayoutTraining, ModelKeysKeepForcedLayoutsApart) {
   EXPECT_NE(plain, nhwc);
   EXPECT_NE(nhwc, nchw);
   EXPECT_EQ(perfdb::describe_model(nhwc),
-            graph.signature() + " (fp32, layout nhwc, fuse_relu auto)");
+            graph.signature() + " (precision fp32, layout nhwc, fuse_relu auto)");
 }
 
 // Where a convolution's bias is added (conv.fuse_relu) moves time between

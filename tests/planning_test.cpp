@@ -161,7 +161,8 @@ TEST(PlanFile, BadPlansNameTheLineAndKey) {
   EXPECT_EQ(error(replaced("vtrain_plan: 2", "vtrain_plan: 7")),
             "p.yaml:2: vtrain_plan: plan format version 7 is not supported (this vtrain reads "
             "versions 1 to 2)");
-  EXPECT_NE(error(replaced("layout: nhwc", "layout: nhcw")).find("p.yaml:5: layout: unknown value"),
+  EXPECT_NE(error(replaced("layout: nhwc", "layout: nhcw"))
+                .find("p.yaml:5: layout: unknown layout 'nhcw' (known: auto, nchw, nhwc)"),
             std::string::npos)
       << error(replaced("layout: nhwc", "layout: nhcw"));
   EXPECT_EQ(error(replaced("global_batch: 12", "global_batch: 13")).substr(0, 8), "p.yaml:1");
@@ -459,7 +460,7 @@ TEST_F(PlanningTest, MissingMeasurementsAndMismatchesAreClearErrors) {
       worker::plan_mismatch(plan, graph_, {.layout = common::LayoutChoice::kNhwc}, 2, 24);
   ASSERT_TRUE(layout.has_value());
   EXPECT_NE(layout->find("this config's is " + graph_.signature() +
-                         " (fp32, layout nhwc, fuse_relu auto)"),
+                         " (precision fp32, layout nhwc, fuse_relu auto)"),
             std::string::npos)
       << *layout;
   EXPECT_TRUE(

@@ -21,15 +21,14 @@ std::optional<int> inspect_schema(Connection& connection, bool quick_check);
 // with allow_older, can upgrade from).
 void check_schema_version(const Connection& connection, int version, bool allow_older);
 
-// Binds `model` to parameters first..first+3, the columns (model,
-// precision, layout, fuse_relu) it is stored in, each setting by its name
-// in the config.
+// Binds `model` to parameters first..first + common::kSettingCount, the
+// columns it is stored in: model, then each setting
+// (common::setting_texts) by its name in the config.
 inline void bind_model(Statement& statement, int first, const ModelKey& model) {
-  const common::ComputeSettings& s = model.settings;
   statement.bind(first, std::string_view(model.signature));
-  statement.bind(first + 1, std::string_view(common::precision_name(s.precision)));
-  statement.bind(first + 2, std::string_view(common::name_of(common::kLayoutChoiceNames, s.layout)));
-  statement.bind(first + 3, std::string_view(common::name_of(common::kAutoOnOffNames, s.fuse_relu)));
+  for (const common::SettingText& s : common::setting_texts(model.settings)) {
+    statement.bind(++first, s.value);
+  }
 }
 
 // Brings the database from `version` (nullopt: empty) up to kSchemaVersion.

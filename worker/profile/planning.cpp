@@ -264,8 +264,8 @@ std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, con
   const perfdb::ModelKey planned{plan.model, plan.settings};
   const perfdb::ModelKey ours = model_key(graph, job);
   if (planned != ours) {
-    return "the plan was made for another model, train.precision, device.layout or "
-           "conv.fuse_relu (it was made for " + perfdb::describe_model(planned) +
+    return "the plan was made for another model or another way of computing it (it was "
+           "made for " + perfdb::describe_model(planned) +
            ", this config's is " + perfdb::describe_model(ours) + ")";
   }
   if (static_cast<int>(plan.ranks.size()) != ranks) {
