@@ -1,6 +1,6 @@
 // The model a config describes, built for the data's sample shape, and
-// how the config says to compute it (train.precision, device.layout,
-// conv.fuse_relu): two values, the graph being the model alone. Errors
+// how the config says to compute it (common::ComputeSettings): two
+// values, the graph being the model alone. Errors
 // are ConfigErrors naming FILE:LINE and the key (config.h: fail_at).
 #pragma once
 
@@ -17,8 +17,8 @@ namespace vtrain::config {
 // or the preset and the key that set the input size (data.shape, data.kind).
 worker::Graph build_model(const Config& config, const worker::Shape& input);
 
-// How the config computes its model: train.precision, device.layout,
-// conv.fuse_relu.
+// How the config computes its model: each common::ComputeSettings field
+// from the key its comment names.
 common::ComputeSettings compute_settings(const Config& config);
 
 // Fails naming `layer` of the model built for `input` (empty: the model as

@@ -122,9 +122,9 @@ struct KernelSample {
 };
 
 // What a model's step and layer times are keyed on: the architecture and
-// how it was computed, each a column of its own (model, precision, layout,
-// fuse_relu): a model measured in bf16 or with another layout is another
-// row.
+// how it was computed, each a column of its own (model, then one per
+// setting, common::setting_texts): a model measured in bf16 or with
+// another layout is another row.
 struct ModelKey {
   std::string signature;              // model signature (stable text naming layers and
                                       // shapes, worker::Graph::signature()), not empty
@@ -132,8 +132,7 @@ struct ModelKey {
   friend bool operator==(const ModelKey&, const ModelKey&) = default;
 };
 
-// The key as people read it: "<signature> (precision fp32, layout auto,
-// fuse_relu auto)".
+// The key as people read it: "<signature> (<common::describe(settings)>)".
 std::string describe_model(const ModelKey& model);
 
 // Forward plus backward of a whole model on one device at one batch size.

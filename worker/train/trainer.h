@@ -71,8 +71,8 @@ struct TrainerOptions {
   float ema = 0.0f;              // train.ema: the weight average's decay; 0 = none
   // train.loss_scaling (loss_scaler.h); auto: on under precision fp16.
   LossScalingSettings loss_scaling;
-  // How this rank computes the graph: its precision (train.precision), the
-  // layout its backend was made with (device.layout), conv.fuse_relu.
+  // How this rank computes the graph (its own precision; the layout its
+  // backend was made with).
   ComputeSettings settings;
   std::string conv_algorithm = "auto";
   // This rank's convolution kernels from the plan solved at start.
