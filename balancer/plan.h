@@ -3,9 +3,11 @@
 // and broadcasts the text) or offline by `vtrain balance --out`, and given
 // back with `vtrain train --plan FILE`.
 //
-//   vtrain_plan: 1
-//   model: <Graph::profile_key(): the model's signature, @precision unless fp32, @layout unless
-//           auto, @fuse_relu=on|off unless auto>
+//   vtrain_plan: 2
+//   model: "<the model's signature, Graph::signature()>"
+//   precision: fp32                 # how it is computed, a field per setting
+//   layout: auto                    #   (common::setting_texts), rank 0's; each
+//   fuse_relu: auto                 #   optional, the config's default when absent
 //   global_batch: 96
 //   memory_policy: none
 //   workspace_policy: wd            # undivided | wr | wd
@@ -28,7 +30,9 @@
 // Reading checks types, ranges and internal consistency (calls sum to the
 // rank's batch, segments lie inside the rank's workspace, batches sum to
 // global_batch) and names file:line and key path on error; whether the plan
-// fits a model and a cluster is for the caller (plan_mismatch()).
+// fits a model and a cluster is for the caller (plan_mismatch()). Version 1
+// plans, whose `model:` held the settings as "@" suffixes
+// ("<signature>@bf16@nhwc@fuse_relu=on"), read as the same fields.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +43,7 @@
 #include "balancer/batch_split.h"
 #include "balancer/workspace_plan.h"
 #include "common/activation_bytes.h"
+#include "common/compute_settings.h"
 #include "common/conv_kind.h"
 #include "common/input_error.h"
 
@@ -47,7 +52,7 @@ namespace vtrain::balancer {
 // A malformed plan file (file:line and key path in the message).
 using PlanError = common::InputError;
 
-inline constexpr int kPlanVersion = 1;
+inline constexpr int kPlanVersion = 2;
 
 struct PlannedKernel {
   std::string layer;                        // conv layer name
@@ -60,10 +65,10 @@ struct PlannedKernel {
 
 struct RankPlan {
   std::string device;                   // device name (for people and checks)
-  // train.precision the rank computes in, where ranks differ ("bf16");
-  // empty: the precision of the plan's model key (plans of one precision,
-  // and those written before a precision per rank)
-  std::string precision;
+  // train.precision the rank computes in, where ranks differ; nullopt:
+  // the plan's settings.precision (plans of one precision, and those
+  // written before a precision per rank)
+  std::optional<common::Precision> precision;
   int64_t batch = 0;                    // per-rank batch; 0 = the rank does not train
   double predicted_ms = 0;              // predicted step time (0 when idle): what the split
                                         // was chosen on, its exposed allreduce included
@@ -78,7 +83,8 @@ struct RankPlan {
 
 struct TrainingPlan {
   int version = kPlanVersion;
-  std::string model;                    // Graph::profile_key(), in rank 0's precision
+  std::string model;                    // the model's signature (Graph::signature())
+  common::ComputeSettings settings;     // how it is computed, in rank 0's precision
   int64_t global_batch = 0;
   std::string memory_policy = "none";
   WorkspacePolicy workspace_policy = WorkspacePolicy::kUndivided;

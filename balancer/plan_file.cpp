@@ -25,6 +25,44 @@ MicroBatch read_call(const Field& field) {
   return {to_string(parts[0], "an algorithm name"), to_int(parts[1], at_least(1))};
 }
 
+// The oldest plan format this code reads: version 1 held the settings as
+// suffixes of `model` (common::parse_suffixed_model_key).
+constexpr int kFirstReadVersion = 1;
+
+// `model` and how it is computed: fields of their own since version 2.
+void read_model(const Section& top, int format, TrainingPlan& plan) {
+  const Field model = top.required("model", "the model signature the plan was made for");
+  if (format == 1) {
+    try {
+      common::SuffixedModelKey key = common::parse_suffixed_model_key(to_string(model));
+      plan.model = std::move(key.signature);
+      plan.settings = key.settings;
+    } catch (const std::invalid_argument& e) {
+      model.fail(e.what());
+    }
+    return;
+  }
+  plan.model = to_string(model);
+  for (const common::SettingText& setting : common::setting_texts(plan.settings)) {
+    if (Field f = top[setting.name]) {
+      try {
+        common::set_setting(plan.settings, setting.name, to_string(f));
+      } catch (const std::invalid_argument& e) {
+        f.fail(e.what());
+      }
+    }
+  }
+}
+
+// The top-level keys: a field per setting (common::setting_texts) beside these.
+Keys top_keys() {
+  Keys keys = {"vtrain_plan", "model", "global_batch", "memory_policy", "workspace_policy",
+               "workspace_limit", "predicted_step_ms", "split_ms", "even_split_ms",
+               "ideal_step_ms", "ranks"};
+  for (const common::SettingText& setting : common::setting_texts({})) keys.push_back(setting.name);
+  return keys;
+}
+
 PlannedKernel read_planned_kernel(const Field& field, const RankPlan& rank) {
   const Section section(field);
   section.allow({"layer", "kind", "calls", "workspace_offset", "workspace_bytes", "time_ms"});
@@ -60,7 +98,7 @@ RankPlan read_rank_plan(const Field& field) {
                  "workspace_bytes", "activations", "kernels"});
   RankPlan r;
   if (Field f = section["device"]) r.device = to_string(f);
-  if (Field f = section["precision"]) r.precision = common::precision_name(to_choice(f, common::kPrecisionNames));
+  if (Field f = section["precision"]) r.precision = to_choice(f, common::kPrecisionNames);
   r.batch = to_int(section.required("batch", "the rank's per-step batch"), at_least(0));
   if (Field f = section["predicted_ms"]) r.predicted_ms = to_number(f, at_least(0));
   if (Field f = section["input_rate"]) r.input_rate = to_number(f, above(0));
@@ -99,17 +137,17 @@ TrainingPlan parse_plan(const std::string& yaml_text, const std::string& origin)
   Source source{origin, fs::path(origin).parent_path(), {}};
   const YAML::Node root = load_document(yaml_text, origin, "plan");
   const Section top(Field(source, root, true, "", 0));
-  top.allow({"vtrain_plan", "model", "global_batch", "memory_policy", "workspace_policy",
-             "workspace_limit", "predicted_step_ms", "split_ms", "even_split_ms", "ideal_step_ms",
-             "ranks"});
+  top.allow(top_keys());
   TrainingPlan plan;
   const Field version = top.required("vtrain_plan", "the plan format version; is this a plan?");
-  plan.version = static_cast<int>(to_int(version, at_least(1)));
-  if (plan.version != kPlanVersion) {
-    version.fail("plan format version " + std::to_string(plan.version) + " is not supported " +
-                 "(this vtrain reads version " + std::to_string(kPlanVersion) + ")");
+  // Read into the current form: plan.version stays kPlanVersion.
+  const int format = static_cast<int>(to_int(version, at_least(1)));
+  if (format < kFirstReadVersion || format > kPlanVersion) {
+    version.fail("plan format version " + std::to_string(format) + " is not supported " +
+                 "(this vtrain reads versions " + std::to_string(kFirstReadVersion) + " to " +
+                 std::to_string(kPlanVersion) + ")");
   }
-  plan.model = to_string(top.required("model", "the model signature the plan was made for"));
+  read_model(top, format, plan);
   const Field global = top.required("global_batch", "the job's global batch");
   plan.global_batch = to_int(global, at_least(1));
   if (Field f = top["memory_policy"]) plan.memory_policy = to_string(f);
@@ -145,6 +183,9 @@ std::string plan_to_yaml(const TrainingPlan& plan) {
   out << YAML::BeginMap;
   out << YAML::Key << "vtrain_plan" << YAML::Value << plan.version;
   out << YAML::Key << "model" << YAML::Value << YAML::DoubleQuoted << plan.model;
+  for (const common::SettingText& setting : common::setting_texts(plan.settings)) {
+    out << YAML::Key << setting.name << YAML::Value << std::string(setting.value);
+  }
   out << YAML::Key << "global_batch" << YAML::Value << plan.global_batch;
   out << YAML::Key << "memory_policy" << YAML::Value << plan.memory_policy;
   out << YAML::Key << "workspace_policy" << YAML::Value << workspace_policy_name(plan.workspace_policy);
@@ -157,7 +198,9 @@ std::string plan_to_yaml(const TrainingPlan& plan) {
   for (const RankPlan& r : plan.ranks) {
     out << YAML::BeginMap;
     out << YAML::Key << "device" << YAML::Value << YAML::DoubleQuoted << r.device;
-    if (!r.precision.empty()) out << YAML::Key << "precision" << YAML::Value << r.precision;
+    if (r.precision) {
+      out << YAML::Key << "precision" << YAML::Value << common::precision_name(*r.precision);
+    }
     out << YAML::Key << "batch" << YAML::Value << r.batch;
     out << YAML::Key << "predicted_ms" << YAML::Value << r.predicted_ms;
     if (r.input_rate) out << YAML::Key << "input_rate" << YAML::Value << *r.input_rate;

@@ -156,7 +156,8 @@ memory::StepCosts measured_costs(worker::Backend& backend, const worker::Graph& 
                                  const Settings& s) {
   const worker::CopyBandwidth bandwidth = worker::measure_copy_bandwidth(backend);
   if (s.isolated) {
-    return worker::measure_graph_step_costs(graph, backend, s.batch, bandwidth, s.algorithm);
+    return worker::measure_graph_step_costs(graph, {}, backend, s.batch, bandwidth,
+                                            s.algorithm);
   }
   worker::NetworkOptions o;
   o.max_batch = s.batch;

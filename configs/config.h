@@ -192,7 +192,7 @@ struct ConvConfig {
   std::string algorithm = "auto";  // "auto" or a backend algorithm name (cpu: direct, winograd, im2col_gemm)
   bool cudnn_graph = true;         // CUDA, half precision: also cuDNN's graph-API engines
   int graph_engines = worker::kDefaultGraphEngines;  // ... the heuristic's first this many per configuration
-  // a conv's bias added by the relu after it (Graph::set_fuse_relu)
+  // a conv's bias added by the relu after it (common::ComputeSettings::fuse_relu)
   common::AutoOnOff fuse_relu = common::AutoOnOff::kAuto;
 };
 

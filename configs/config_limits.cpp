@@ -2,6 +2,7 @@
 // Sizes are computed in double: the dimensions a config may give (each up to
 // 2^31 - 1) multiply beyond int64, and a bound needs no exact count.
 #include "configs/config_limits.h"
+#include "configs/internal/config_parts.h"
 #include "configs/rank_precision.h"
 
 #include <algorithm>
@@ -17,6 +18,9 @@
 namespace vtrain::config {
 namespace {
 
+using internal::chw;
+using internal::input_key;
+
 constexpr double kFloatBytes = sizeof(float);
 
 // Bytes as text; sizes past what uint64 holds (only a config can ask for
@@ -27,18 +31,8 @@ std::string bytes_text(double bytes) {
   return common::format_bytes(static_cast<uint64_t>(bytes));
 }
 
-std::string chw(const worker::Shape& s) {
-  return std::to_string(s.c) + "x" + std::to_string(s.h) + "x" + std::to_string(s.w);
-}
-
 double per_sample(const worker::Shape& s) {
   return static_cast<double>(s.c) * static_cast<double>(s.h) * static_cast<double>(s.w);
-}
-
-// The key that set the model's input size: data.shape for synthetic data,
-// else the dataset kind (IDX and CIFAR-10 files fix their shape).
-std::string input_key(const Config& config) {
-  return config.data.kind == worker::DataKind::kSynthetic ? "data.shape" : "data.kind";
 }
 
 void check_threads(const Config& config, const Machine& machine) {
@@ -87,36 +81,6 @@ void check_dataset(const Config& config, const Machine& machine) {
               common::format_bytes(machine.memory_bytes) + " of memory");
 }
 
-
-// Where a layer of the model came from: "model.layers[i]" for an explicit
-// layer, "model.preset" for a preset's.
-std::string layer_key(const Config& config, const std::string& name) {
-  for (size_t i = 0; i < config.model.layers.size(); ++i) {
-    if (config.model.layers[i].name == name) return "model.layers[" + std::to_string(i) + "]";
-  }
-  return "model.preset";
-}
-
-// Fails naming `layer` (empty: the model as a whole): "FILE:LINE:
-// model.layers[i] (name): what", for a preset "FILE:LINE: model.preset:
-// preset 'p' for input CxHxW (data.shape): layer 'name': what", for an
-// ONNX file "FILE:LINE: model.onnx: ONNX_FILE: layer 'name': what".
-[[noreturn]] void fail_model(const Config& config, const worker::Shape& input,
-                             const std::string& layer, const std::string& what) {
-  if (!config.model.preset.empty()) {
-    fail_at(config, "model.preset",
-            "preset '" + config.model.preset + "' for input " + chw(input) + " (" +
-                input_key(config) + ")" + (layer.empty() ? "" : ": layer '" + layer + "'") +
-                ": " + what);
-  }
-  if (!config.model.onnx.empty()) {
-    fail_at(config, "model.onnx",
-            config.model.onnx + (layer.empty() ? "" : ": layer '" + layer + "'") + ": " + what);
-  }
-  const std::string key = layer.empty() ? "model.layers" : layer_key(config, layer);
-  const std::string where = where_at(config, key);
-  throw ConfigError(where + (layer.empty() ? "" : " (" + layer + ")") + ": " + what);
-}
 
 }  // namespace
 
@@ -170,28 +134,6 @@ void check_machine(const Config& config, const Machine& machine) {
   check_dataset(config, machine);
 }
 
-worker::Graph build_model(const Config& config, const worker::Shape& input) {
-  try {
-    std::vector<worker::LayerSpec> layers = config.model.layers;
-    if (!config.model.preset.empty()) {
-      layers = worker::preset_layers(config.model.preset, {input, config.model.classes});
-    }
-    const worker::Shape& declared = config.model.onnx_input;
-    if (!config.model.onnx.empty() &&
-        (declared.c != input.c || declared.h != input.h || declared.w != input.w)) {
-      fail_at(config, "model.onnx",
-              config.model.onnx + " takes inputs of " + chw(declared) + ", but the data's "
-              "samples are " + chw(input) + " (" + input_key(config) + ")");
-    }
-    worker::Graph graph = worker::Graph::build(std::move(layers), input, config.train.precision);
-    graph.set_layout_choice(config.device.layout);
-    graph.set_fuse_relu(config.conv.fuse_relu);
-    return graph;
-  } catch (const worker::GraphError& error) {
-    fail_model(config, input, error.layer(), error.detail());
-  }
-}
-
 void check_model_fits(const Config& config, const worker::Graph& graph, const Machine& machine,
                       int64_t rank_batch) {
   // A smaller device.memory_limit is the network's to refuse when it
@@ -212,9 +154,11 @@ void check_model_fits(const Config& config, const worker::Graph& graph, const Ma
   // Parameters and their gradients live on the device for the whole run,
   // with a half copy of the parameters under a half precision; activations
   // take the precision's element size.
-  const auto activation_bytes = static_cast<double>(common::element_bytes(graph.activation_type()));
+  const common::Precision precision = config.train.precision;
+  const auto activation_bytes =
+      static_cast<double>(common::element_bytes(common::storage_type(precision)));
   const double parameter_bytes =
-      (2 * kFloatBytes + (common::is_half(graph.precision()) ? activation_bytes : 0)) * parameters;
+      (2 * kFloatBytes + (common::is_half(precision) ? activation_bytes : 0)) * parameters;
   if (parameter_bytes > memory) {
     const worker::LayerSpec& layer = graph.layer(largest_layer_at);
     fail_model(config, graph.output_shape(0), layer.name,
@@ -237,11 +181,12 @@ void check_model_fits(const Config& config, const worker::Graph& graph, const Ma
 
 void check_backend(const Config& config, const worker::Graph& graph, worker::Backend& backend,
                    int64_t rank_batch) {
-  if (const auto why = backend.precision_unavailable(graph.precision())) {
+  const common::ComputeSettings settings = compute_settings(config);
+  if (const auto why = backend.precision_unavailable(settings.precision)) {
     fail_at(config, "train.precision", *why + "; " + offers_text(backend));
   }
-  if (const auto why =
-          worker::conv_algorithm_refusal(graph, backend, config.conv.algorithm, rank_batch)) {
+  if (const auto why = worker::conv_algorithm_refusal(graph, settings, backend,
+                                                      config.conv.algorithm, rank_batch)) {
     fail_at(config, "conv.algorithm", *why);
   }
 }

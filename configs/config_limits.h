@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "configs/config.h"
+#include "configs/model_graph.h"
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
 
@@ -29,11 +30,6 @@ constexpr int kMaxThreadsPerHardwareThread = 4;
 // device.memory_limit against the memory (CPU device), and the bytes a
 // synthetic dataset takes (samples and class prototypes) against the memory.
 void check_machine(const Config& config, const Machine& machine);
-
-// The model as training builds it for per-sample `input` (a preset expanded
-// for it), checked: graph errors name "FILE:LINE: model.layers[i] (name)",
-// or the preset and the key that set the input size (data.shape, data.kind).
-worker::Graph build_model(const Config& config, const worker::Shape& input);
 
 // The last layer must give one score per class, at least `classes` x 1 x 1
 // (the data's classes); an error names that layer's file line or the preset.

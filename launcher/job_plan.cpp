@@ -15,12 +15,14 @@
 #include "balancer/batch_split.h"
 #include "common/machine.h"
 #include "common/text.h"
+#include "configs/model_graph.h"
 #include "launcher/part_options.h"
 #include "perfdb/perf_db.h"
 #include "worker/comm/device_infos.h"
 #include "worker/comm/wire.h"
 #include "worker/profile/planning.h"
 #include "worker/profile/profiler.h"
+#include "worker/profile/step_costs.h"
 #include "worker/train/trainer.h"
 
 namespace vtrain::launcher {
@@ -433,7 +435,8 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       devices.push_back(std::move(d));
     }
     if (balance) {
-      SplitProblem problem{worker::device_profiles(graph, db, devices, step_pricing(cfg)),
+      SplitProblem problem{worker::device_profiles(graph, config::compute_settings(cfg), db,
+                                                   devices, step_pricing(cfg)),
                            split_options(cfg), devices};
       // Every step pays the exchange once, idle ranks taking part: a cost
       // of the split, not of a device (a device sitting out saves none).
@@ -456,7 +459,8 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
   if (comm.rank() != 0) return "";
   // Undivided kernels take the fastest algorithm whose workspace fits the
   // limit, as plain cuDNN with a workspace limit would.
-  balancer::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split, step_pricing(cfg));
+  balancer::TrainingPlan plan = worker::plan_workspaces(graph, config::compute_settings(cfg), db,
+                                                        devices, split, step_pricing(cfg));
   plan.memory_policy = memory::policy_name(cfg.memory.policy);
   return balancer::plan_to_yaml(plan);
 }
@@ -521,10 +525,11 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
   comm.broadcast(text, 0);
   balancer::TrainingPlan plan = balancer::parse_plan(text, origin);
   if (auto why =
-          worker::plan_mismatch(plan, graph, comm.size(), cfg.train.batch, cfg.memory.policy)) {
+          worker::plan_mismatch(plan, graph, config::compute_settings(cfg), comm.size(),
+                                cfg.train.batch, cfg.memory.policy)) {
     throw config::ConfigError(origin + ": " + *why);
   }
-  if (auto why = worker::plan_precision_mismatch(plan, comm.rank(), graph.precision())) {
+  if (auto why = worker::plan_precision_mismatch(plan, comm.rank(), cfg.train.precision)) {
     throw config::ConfigError(origin + ": " + *why);
   }
   if (auto why = worker::plan_device_mismatch(plan, comm.rank(),
@@ -583,7 +588,8 @@ std::optional<worker::ConvPlan> replan_kernels(const config::Config& cfg, const 
       split.time_ms = to.rank_ms;
       split.step_time_ms = to.predicted_ms;
       balancer::TrainingPlan plan =
-          worker::plan_workspaces(graph, db, problem.devices, split, step_pricing(cfg));
+          worker::plan_workspaces(graph, config::compute_settings(cfg), db, problem.devices,
+                                  split, step_pricing(cfg));
       plan.memory_policy = memory::policy_name(cfg.memory.policy);
       text = balancer::plan_to_yaml(plan);
       print_and_save(plan, cfg.output.plan);
@@ -632,8 +638,8 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     }
   } else {
     for (const perfdb::DeviceRecord& r : db.devices()) {
-      if (!worker::profiled_steps(db, r.id, graph.profile_key(), cfg.memory.policy,
-                                  r.device.memory_bytes)
+      const perfdb::ModelKey model = worker::model_key(graph, config::compute_settings(cfg));
+      if (!worker::profiled_steps(db, r.id, model, cfg.memory.policy, r.device.memory_bytes)
                .empty()) {
         add(r, std::nullopt);
       }
@@ -654,10 +660,13 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
   worker::StepPricing pricing = step_pricing(cfg);
   if (cli.policy) pricing.workspace.policy = *cli.policy;
   if (!cli.workspace.empty()) pricing.workspace.limit = config::parse_size(cli.workspace);
-  const balancer::BatchSplit split = worker::plan_split(graph, db, devices, batch, options, pricing);
+  const common::ComputeSettings settings = config::compute_settings(cfg);
+  const balancer::BatchSplit split =
+      worker::plan_split(graph, settings, db, devices, batch, options, pricing);
   std::vector<worker::FrontPoint> fronts;
-  balancer::TrainingPlan plan = worker::plan_workspaces(graph, db, devices, split, pricing,
-                                                      cli.fronts.empty() ? nullptr : &fronts);
+  balancer::TrainingPlan plan = worker::plan_workspaces(graph, settings, db, devices, split,
+                                                        pricing,
+                                                        cli.fronts.empty() ? nullptr : &fronts);
   plan.memory_policy = memory::policy_name(cfg.memory.policy);
   print_and_save(plan, cli.out);
   if (!cli.fronts.empty()) {

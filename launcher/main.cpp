@@ -312,7 +312,7 @@ int run_check(const CliArgs& cli) {
               data.train.sample.str().c_str(), static_cast<long long>(data.train.classes));
   std::printf("model: %d layers, %lld parameters, %s\n", graph.size(),
               static_cast<long long>(graph.parameter_count()),
-              common::precision_name(graph.precision()));
+              common::precision_name(cfg.train.precision));
   for (int i = 0; i < graph.size(); ++i) {
     const worker::LayerSpec& l = graph.layer(i);
     std::string inputs;
@@ -327,7 +327,8 @@ int run_check(const CliArgs& cli) {
               device.name.c_str(), device.threads, device.threads == 1 ? "" : "s",
               common::format_bytes(device.memory_bytes).c_str(), device.library_version.c_str());
   std::vector<worker::Layout> used;  // the activations' layouts, in layer order
-  for (const worker::TensorDesc& d : worker::activation_descs(graph, *backend, 1)) {
+  for (const worker::TensorDesc& d :
+       worker::activation_descs(graph, config::compute_settings(cfg), *backend, 1)) {
     if (std::find(used.begin(), used.end(), d.layout) == used.end()) used.push_back(d.layout);
   }
   std::string layouts;
@@ -411,7 +412,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   const std::vector<worker::DeviceInfo> cluster =
       worker::gather_device_infos(comm, backend->device_info());
   const std::vector<common::Precision> precisions =
-      worker::gather_precisions(comm, graph.precision());
+      worker::gather_precisions(comm, cfg.train.precision);
   // Gradients go over NCCL when several ranks train on GPUs, else over MPI.
   std::string comm_note;
   const auto gradient_comm = worker::make_gradient_communicator(*backend, cluster, &comm_note);
@@ -521,7 +522,7 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   config::check_backend(cfg, graph, *backend, largest_rank_batch(cfg, comm.size()));
   const worker::DeviceInfo info = backend->device_info();
   const std::vector<worker::DeviceInfo> cluster = worker::gather_device_infos(comm, info);
-  print_cluster(comm, cluster, worker::gather_precisions(comm, graph.precision()),
+  print_cluster(comm, cluster, worker::gather_precisions(comm, cfg.train.precision),
                 balancer::even_split(cfg.train.batch, comm.size()));
 
   worker::ProfileOptions options = profile_options(cfg, graph, *backend);

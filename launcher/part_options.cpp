@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "common/text.h"
+#include "configs/model_graph.h"
 #include "perfdb/perf_db.h"
 #include "worker/engine/layer_timing.h"
 #include "worker/engine/optimizer.h"
@@ -35,6 +36,7 @@ worker::TrainerOptions trainer_options(const config::Config& cfg, bool resume_re
                     .no_decay = opt.no_decay,
                     .clip_norm = opt.clip_norm},
       .schedule = opt,
+      .settings = config::compute_settings(cfg),
       .conv_algorithm = cfg.conv.algorithm,
       .memory_policy = cfg.memory.policy,
       .memory_planner = cfg.memory.planner,
@@ -74,7 +76,9 @@ PlanningCosts planning_costs(const config::Config& cfg, const worker::Graph& gra
     try {
       perfdb::PerfDb db(cfg.profile.db, {.mode = perfdb::OpenMode::kReadOnly});
       if (const auto device = db.find_device(worker::perfdb_device(backend.device_info()))) {
-        if (auto costs = worker::profiled_step_costs(db, *device, graph, net.max_batch).costs) {
+        if (auto costs =
+                worker::profiled_step_costs(db, *device, graph, net.settings, net.max_batch)
+                    .costs) {
           return {std::move(costs), "profiled in " + cfg.profile.db};
         }
       }
@@ -103,6 +107,7 @@ bool input_staging(const config::Config& cfg, const worker::Graph& graph,
 worker::ProfileOptions profile_options(const config::Config& cfg, const worker::Graph& graph,
                                        const worker::Backend& backend) {
   worker::ProfileOptions o;
+  o.settings = config::compute_settings(cfg);
   o.input_staging = [&cfg = std::as_const(cfg), &graph, &backend](int64_t batch) {
     return input_staging(cfg, graph, backend, batch);
   };

@@ -118,10 +118,10 @@ std::optional<CopyBandwidthMeasurement> PerfDb::find_copy_bandwidth(DeviceId dev
   });
 }
 
-void PerfDb::record_layer_measurements(DeviceId device, std::string_view model, int64_t batch,
+void PerfDb::record_layer_measurements(DeviceId device, const ModelKey& model, int64_t batch,
                                        std::span<const LayerMeasurement> layers) {
   impl_->begin("record layer measurements");
-  if (model.empty()) impl_->invalid("model must not be empty");
+  if (model.signature.empty()) impl_->invalid("model must not be empty");
   if (batch < 1) impl_->invalid("batch must be >= 1, got " + std::to_string(batch));
   const std::string why = complaint_about(layers, "layer", [](const LayerMeasurement& m) {
     return "layer_index " + std::to_string(m.layer_index);
@@ -133,35 +133,37 @@ void PerfDb::record_layer_measurements(DeviceId device, std::string_view model, 
     impl_->require_device(device);
     for (const LayerMeasurement& m : layers) {
       StatementUse insert(impl_->cached(
-          "INSERT INTO layer_measurements (device_id, model, batch, layer_index, layer_name, "
-          "forward_ms, backward_ms, measured_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
-          "ON CONFLICT (device_id, model, batch, layer_index) DO UPDATE SET "
+          "INSERT INTO layer_measurements (device_id, model, precision, layout, fuse_relu, batch, "
+          "layer_index, layer_name, forward_ms, backward_ms, measured_at) "
+          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
+          "ON CONFLICT (device_id, model, precision, layout, fuse_relu, batch, layer_index) "
+          "DO UPDATE SET "
           "layer_name = excluded.layer_name, forward_ms = excluded.forward_ms, "
           "backward_ms = excluded.backward_ms, measured_at = excluded.measured_at"));
       insert->bind(1, device.value);
-      insert->bind(2, model);
-      insert->bind(3, batch);
-      insert->bind(4, m.layer_index);
-      insert->bind(5, std::string_view(m.layer_name));
-      insert->bind(6, m.forward_ms);
-      insert->bind(7, m.backward_ms);
-      insert->bind(8, m.measured_at != 0 ? m.measured_at : now);
+      bind_model(*insert, 2, model);
+      insert->bind(6, batch);
+      insert->bind(7, m.layer_index);
+      insert->bind(8, std::string_view(m.layer_name));
+      insert->bind(9, m.forward_ms);
+      insert->bind(10, m.backward_ms);
+      insert->bind(11, m.measured_at != 0 ? m.measured_at : now);
       insert->run();
     }
   });
 }
 
-std::vector<LayerMeasurement> PerfDb::layer_measurements(DeviceId device, std::string_view model,
+std::vector<LayerMeasurement> PerfDb::layer_measurements(DeviceId device, const ModelKey& model,
                                                          int64_t batch) {
   impl_->begin("list layer measurements");
   return impl_->transact(Txn::kRead, [&] {
     StatementUse select(impl_->cached(
         "SELECT layer_index, layer_name, forward_ms, backward_ms, measured_at "
-        "FROM layer_measurements WHERE device_id = ?1 AND model = ?2 AND batch = ?3 "
-        "ORDER BY layer_index"));
+        "FROM layer_measurements WHERE device_id = ?1 AND batch = ?2 AND model = ?3 AND "
+        "precision = ?4 AND layout = ?5 AND fuse_relu = ?6 ORDER BY layer_index"));
     select->bind(1, device.value);
-    select->bind(2, model);
-    select->bind(3, batch);
+    select->bind(2, batch);
+    bind_model(*select, 3, model);
     std::vector<LayerMeasurement> found;
     while (select->step()) {
       found.push_back({select->column_int(0), select->column_text(1), select->column_double(2),

@@ -136,7 +136,7 @@ std::string complaint_about(const KernelSample& sample) {
 }
 
 std::string complaint_about(const StepMeasurement& step) {
-  if (step.model.empty()) return "model must not be empty";
+  if (step.model.signature.empty()) return "model must not be empty";
   if (step.batch < 1) return "batch must be >= 1, got " + std::to_string(step.batch);
   if (step.memory_policy.empty()) return "memory_policy must not be empty";
   if (!valid_time(step.time_ms)) {
@@ -288,28 +288,30 @@ void PerfDb::record_step_measurements(DeviceId device, std::span<const StepMeasu
     impl_->require_device(device);
     for (const StepMeasurement& step : steps) {
       StatementUse insert(impl_->cached(
-          "INSERT INTO step_measurements (device_id, model, batch, memory_policy, workspace_plan, time_ms, "
-          "peak_device_bytes, measured_at, kept_bytes, offloaded_bytes, recomputed_bytes) "
-          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
-          "ON CONFLICT (device_id, model, batch, memory_policy, workspace_plan) DO UPDATE SET "
+          "INSERT INTO step_measurements (device_id, model, precision, layout, fuse_relu, batch, "
+          "memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at, kept_bytes, "
+          "offloaded_bytes, recomputed_bytes) "
+          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) "
+          "ON CONFLICT (device_id, model, precision, layout, fuse_relu, batch, memory_policy, "
+          "workspace_plan) DO UPDATE SET "
           "time_ms = excluded.time_ms, peak_device_bytes = excluded.peak_device_bytes, "
           "measured_at = excluded.measured_at, kept_bytes = excluded.kept_bytes, "
           "offloaded_bytes = excluded.offloaded_bytes, "
           "recomputed_bytes = excluded.recomputed_bytes"));
       insert->bind(1, device.value);
-      insert->bind(2, std::string_view(step.model));
-      insert->bind(3, step.batch);
-      insert->bind(4, std::string_view(step.memory_policy));
-      insert->bind(5, std::string_view(step.workspace_plan));
-      insert->bind(6, step.time_ms);
-      insert->bind(7, static_cast<int64_t>(step.peak_device_bytes));
-      insert->bind(8, step.measured_at != 0 ? step.measured_at : now);
+      bind_model(*insert, 2, step.model);
+      insert->bind(6, step.batch);
+      insert->bind(7, std::string_view(step.memory_policy));
+      insert->bind(8, std::string_view(step.workspace_plan));
+      insert->bind(9, step.time_ms);
+      insert->bind(10, static_cast<int64_t>(step.peak_device_bytes));
+      insert->bind(11, step.measured_at != 0 ? step.measured_at : now);
       if (const auto& a = step.activations) {
-        insert->bind(9, static_cast<int64_t>(a->kept));
-        insert->bind(10, static_cast<int64_t>(a->offloaded));
-        insert->bind(11, static_cast<int64_t>(a->recomputed));
+        insert->bind(12, static_cast<int64_t>(a->kept));
+        insert->bind(13, static_cast<int64_t>(a->offloaded));
+        insert->bind(14, static_cast<int64_t>(a->recomputed));
       } else {
-        for (int column : {9, 10, 11}) insert->bind(column, std::optional<double>());
+        for (int column : {12, 13, 14}) insert->bind(column, std::optional<double>());
       }
       insert->run();
     }
@@ -355,31 +357,36 @@ std::vector<KernelMeasurement> PerfDb::kernel_measurements(DeviceId device, cons
   });
 }
 
-std::vector<StepMeasurement> PerfDb::step_measurements(DeviceId device, std::string_view model,
+std::string describe_model(const ModelKey& model) {
+  return model.signature + " (" + common::describe(model.settings) + ")";
+}
+
+std::vector<StepMeasurement> PerfDb::step_measurements(DeviceId device, const ModelKey& model,
                                                        std::string_view memory_policy) {
   impl_->begin("list step measurements");
   return impl_->transact(Txn::kRead, [&] {
     StatementUse select(impl_->cached(
-        "SELECT model, batch, memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at, "
-        "kept_bytes, offloaded_bytes, recomputed_bytes FROM step_measurements WHERE device_id = ?1 AND model = ?2 AND memory_policy = ?3 "
+        "SELECT batch, memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at, "
+        "kept_bytes, offloaded_bytes, recomputed_bytes FROM step_measurements WHERE device_id = ?1 "
+        "AND memory_policy = ?2 AND model = ?3 AND precision = ?4 AND layout = ?5 AND fuse_relu = ?6 "
         "ORDER BY batch, workspace_plan"));
     select->bind(1, device.value);
-    select->bind(2, model);
-    select->bind(3, memory_policy);
+    select->bind(2, memory_policy);
+    bind_model(*select, 3, model);
     std::vector<StepMeasurement> found;
     while (select->step()) {
       StepMeasurement& step = found.emplace_back();
-      step.model = select->column_text(0);
-      step.batch = select->column_int(1);
-      step.memory_policy = select->column_text(2);
-      step.workspace_plan = select->column_text(3);
-      step.time_ms = select->column_double(4);
-      step.peak_device_bytes = static_cast<uint64_t>(select->column_int(5));
-      step.measured_at = select->column_int(6);
-      if (select->column_type(7) != SQLITE_NULL) {
-        step.activations = common::ActivationBytes{static_cast<uint64_t>(select->column_int(7)),
-                                               static_cast<uint64_t>(select->column_int(8)),
-                                               static_cast<uint64_t>(select->column_int(9))};
+      step.model = model;
+      step.batch = select->column_int(0);
+      step.memory_policy = select->column_text(1);
+      step.workspace_plan = select->column_text(2);
+      step.time_ms = select->column_double(3);
+      step.peak_device_bytes = static_cast<uint64_t>(select->column_int(4));
+      step.measured_at = select->column_int(5);
+      if (select->column_type(6) != SQLITE_NULL) {
+        step.activations = common::ActivationBytes{static_cast<uint64_t>(select->column_int(6)),
+                                               static_cast<uint64_t>(select->column_int(7)),
+                                               static_cast<uint64_t>(select->column_int(8))};
       }
     }
     return found;

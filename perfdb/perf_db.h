@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/activation_bytes.h"
+#include "common/compute_settings.h"
 #include "common/conv_kind.h"
 
 namespace vtrain::perfdb {
@@ -45,7 +46,7 @@ class PerfDbError : public std::runtime_error {
 
 // The schema version this code creates and writes. Opening a file with an
 // older version upgrades it in place; a newer version is an error.
-inline constexpr int kSchemaVersion = 7;
+inline constexpr int kSchemaVersion = 8;
 
 // ------------------------------------------------------------------ records
 
@@ -120,10 +121,24 @@ struct KernelSample {
   KernelMeasurement measurement;
 };
 
+// What a model's step and layer times are keyed on: the architecture and
+// how it was computed, each a column of its own (model, then one per
+// setting, common::setting_texts): a model measured in bf16 or with
+// another layout is another row.
+struct ModelKey {
+  std::string signature;              // model signature (stable text naming layers and
+                                      // shapes, worker::Graph::signature()), not empty
+  common::ComputeSettings settings{};  // precision, layout and fusion it was computed with
+  friend bool operator==(const ModelKey&, const ModelKey&) = default;
+};
+
+// The key as people read it: "<signature> (<common::describe(settings)>)".
+std::string describe_model(const ModelKey& model);
+
 // Forward plus backward of a whole model on one device at one batch size.
 // Key: (device, model, batch, memory_policy, workspace_plan).
 struct StepMeasurement {
-  std::string model;            // model signature (stable text naming layers and shapes)
+  ModelKey model;               // the model and how it was computed
   int64_t batch = 1;            // per-rank batch
   std::string memory_policy;    // memory.policy's name, e.g. "none", "conv", "dyn"; a
                                 // per-tensor policy adds its capacity: "auto@<bytes>"
@@ -338,12 +353,12 @@ class PerfDb {
   // batch, layer_index). Throws for an unknown device, an empty model, a
   // batch below 1, an invalid field or a layer_index given twice, recording
   // nothing.
-  void record_layer_measurements(DeviceId device, std::string_view model, int64_t batch,
+  void record_layer_measurements(DeviceId device, const ModelKey& model, int64_t batch,
                                  std::span<const LayerMeasurement> layers);
 
   // The layers recorded for (device, model, batch), ordered by layer_index
   // (the loss first); empty when there is none.
-  std::vector<LayerMeasurement> layer_measurements(DeviceId device, std::string_view model,
+  std::vector<LayerMeasurement> layer_measurements(DeviceId device, const ModelKey& model,
                                                    int64_t batch);
 
   // Records an input rate; it replaces any earlier one with the same key.
@@ -368,7 +383,7 @@ class PerfDb {
 
   // Every step of a model under a memory policy on one device, ordered by
   // (batch, workspace_plan); empty when there is none.
-  std::vector<StepMeasurement> step_measurements(DeviceId device, std::string_view model,
+  std::vector<StepMeasurement> step_measurements(DeviceId device, const ModelKey& model,
                                                  std::string_view memory_policy);
 
   // All devices, ordered by id.

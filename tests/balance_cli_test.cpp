@@ -242,6 +242,38 @@ TEST(BalanceCli, EachDeviceAtItsOwnPrecision) {
   EXPECT_CONTAINS(r.output, "unknown precision 'fp8' after '@' (known: fp32, tf32, bf16, fp16)");
 }
 
+// How the model is computed travels as typed values end to end: `vtrain
+// profile` under a forced layout and bias pairing records them in the perf
+// DB's own columns (`db export` shows them), `vtrain balance` with the same
+// settings finds those rows and writes them as the plan's fields, and a
+// config that computes otherwise finds no steps of its own.
+TEST(BalanceCli, ComputeSettingsAreColumnsInTheDbAndFieldsInThePlan) {
+  TempDir dir;
+  const std::string db = dir.path("perf.db");
+  const std::string forced = "--set device.layout=nchw --set conv.fuse_relu=on";
+  profile_lenet(db, "[8]", "--set device.threads=1 " + forced);
+  std::string csv;
+  ASSERT_EQ(test_support::run_command(test_support::vtrain_binary() + " db export --db " + db +
+                                          " --table step_measurements",
+                                      &csv),
+            0)
+      << csv;
+  EXPECT_CONTAINS(csv, "id,device_id,model,precision,layout,fuse_relu,batch,");
+  EXPECT_CONTAINS(csv, ",fp32,nchw,on,8,");
+  EXPECT_EQ(csv.find('@'), std::string::npos) << csv;
+
+  const std::string plan = dir.path("plan.yaml");
+  BalanceRun r = balance("--db " + db + " --batch 8 --set device.threads=1 " + forced +
+                         " --out " + plan);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string text = read_file(plan);
+  EXPECT_CONTAINS(text, "precision: fp32\nlayout: nchw\nfuse_relu: on\n");
+
+  r = balance("--db " + db + " --batch 8 --set device.threads=1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_CONTAINS(r.output, "has no step measurements of this model");
+}
+
 TEST(BalanceCli, ANameOfOneDeviceAloneNeedsNoThreadCount) {
   TempDir dir;
   const std::string db = dir.path("perf.db");

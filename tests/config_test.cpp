@@ -119,11 +119,12 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_FALSE(c.conv.cudnn_graph);
   EXPECT_EQ(c.conv.graph_engines, 16);
   EXPECT_EQ(c.conv.fuse_relu, common::AutoOnOff::kOff);
-  // The settings that change what a step computes reach the model, and the
-  // key its perf DB timings are kept under.
-  const worker::Graph model = build_model(c, c.data.shape);
-  EXPECT_EQ(model.fuse_relu(), common::AutoOnOff::kOff);
-  EXPECT_EQ(model.profile_key(), model.signature() + "@nhwc@fuse_relu=off");
+  // The settings that change how a step computes, beside the model (whose
+  // signature they leave alone).
+  const common::ComputeSettings settings = compute_settings(c);
+  EXPECT_EQ(settings.precision, c.train.precision);
+  EXPECT_EQ(settings.layout, common::LayoutChoice::kNhwc);
+  EXPECT_EQ(settings.fuse_relu, common::AutoOnOff::kOff);
   EXPECT_EQ(c.output.metrics, "/tmp/m.jsonl");
   EXPECT_EQ(c.output.progress, worker::ProgressSetting::kLine);
 }

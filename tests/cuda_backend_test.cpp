@@ -825,9 +825,10 @@ TEST_F(CudaBackendTest, LeNetLossFallsInHalfPrecision) {
     ++ran;
     const Graph graph =
         Graph::build(preset_layers("lenet", {.input = {1, 1, 28, 28}, .classes = 10}),
-                     {1, 1, 28, 28}, precision);
+                     {1, 1, 28, 28});
     const int64_t n = 32;
     NetworkOptions options;
+    options.settings.precision = precision;
     options.max_batch = n;
     options.conv_algorithm = "auto";
     // A backend of the job's precision, as vtrain makes: its layout rule
@@ -971,8 +972,8 @@ TEST_F(CudaBackendTest, BiasPairedWithReluTrainsLikeTheConvolutionsOwn) {
     std::vector<float> params[2];
     using enum common::AutoOnOff;
     for (const common::AutoOnOff fuse : {kOff, kAuto}) {
-      g.set_fuse_relu(fuse);
       NetworkOptions o;
+      o.settings = {.layout = layout, .fuse_relu = fuse};
       o.max_batch = 4;
       o.conv_algorithm = "algo_1";
       EXPECT_EQ(Network(g, *b, o).bias_relu_pairs() > 0, fuse == kAuto);

@@ -107,8 +107,9 @@ inline void check_input_prefetch(worker::Backend& backend, common::Precision pre
   using worker::Network;
   const worker::Shape input{1, 3, 16, 16};
   const worker::Graph g =
-      worker::Graph::build(worker::preset_layers("lenet", {input, 4}), input, precision);
+      worker::Graph::build(worker::preset_layers("lenet", {input, 4}), input);
   worker::NetworkOptions o;
+  o.settings.precision = precision;
   o.max_batch = 8;
   o.conv_algorithm = "auto";
   {

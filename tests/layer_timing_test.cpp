@@ -49,7 +49,7 @@ TEST(LayerTiming, OneEntryPerLayerEachPositiveButTheData) {
   const size_t before = backend->device_bytes_in_use();
   const CopyBandwidth bandwidth{1e9, 2e9, 4096};
   const memory::StepCosts costs =
-      measure_graph_step_costs(graph, *backend, 4, bandwidth, "auto", kQuick);
+      measure_graph_step_costs(graph, {}, *backend, 4, bandwidth, "auto", kQuick);
   test_support::expect_every_layer_timed(graph, costs);
   EXPECT_EQ(costs.to_host_bytes_per_second, 1e9);
   EXPECT_EQ(costs.to_device_bytes_per_second, 2e9);
@@ -67,7 +67,7 @@ TEST(LayerTiming, AConvolutionTakesLongerThanTheReluOfItsOutput) {
       {64, 32, 32});
   // 64 x 64 x 9 multiply-adds per output element against one comparison.
   const memory::StepCosts costs =
-      measure_graph_step_costs(graph, *backend, 4, {}, "auto", {1, 3, TimingStatistic::kMedian});
+      measure_graph_step_costs(graph, {}, *backend, 4, {}, "auto", {1, 3, TimingStatistic::kMedian});
   EXPECT_GT(costs.forward_seconds[1], costs.forward_seconds[2]);
   EXPECT_GT(costs.backward_seconds[1], costs.backward_seconds[2]);
 }
@@ -126,7 +126,7 @@ TEST(LayerTiming, ATooSmallDeviceNamesTheLayerAlikeEveryTimeAndKeepsNothing) {
     // AVX-512 (c1's 3 input channels take 16) and by 8 on AVX2 (bn1 first).
     auto backend = make_backend({.kind = "cpu", .threads = 1, .memory_limit = 256 << 10});
     const std::string message = test_support::error_message<memory::OutOfMemoryError>(
-        [&] { measure_graph_step_costs(graph, *backend, 64, {}, "direct", kQuick); });
+        [&] { measure_graph_step_costs(graph, {}, *backend, 64, {}, "direct", kQuick); });
     EXPECT_EQ(backend->device_bytes_in_use(), backend->scratch_bytes());
     return message;
   };
@@ -194,7 +194,7 @@ TEST(LayerTiming, BackwardWritesGradientsAsATrainingStepDoes) {
       layers.push_back(std::make_unique<RecordingLayer>(graph.layer(i), i != 2 || a_can_add));
       rec.push_back(static_cast<RecordingLayer*>(layers.back().get()));
     }
-    measure_step_costs(graph, layers, activation_descs(graph, *backend, 2), *backend, 2, {},
+    measure_step_costs(graph, layers, activation_descs(graph, {}, *backend, 2), *backend, 2, {},
                        kQuick);
     // c1's input is the data: no gradient is written.
     EXPECT_EQ(rec[1]->needs_grad, std::vector<bool>{false});
@@ -222,7 +222,7 @@ TEST(LayerTiming, MismatchedInputsAreRefused) {
   auto backend = make_backend({.kind = "cpu", .threads = 1});
   const Graph graph = every_type();
   std::vector<std::unique_ptr<Layer>> none;
-  EXPECT_THROW(measure_step_costs(graph, none, activation_descs(graph, *backend, 1), *backend, 1,
+  EXPECT_THROW(measure_step_costs(graph, none, activation_descs(graph, {}, *backend, 1), *backend, 1,
                                   {}, kQuick),
                std::invalid_argument);
 }

@@ -21,6 +21,7 @@
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
 #include "worker/engine/network.h"
+#include "worker/profile/step_costs.h"
 
 namespace vtrain {
 namespace {
@@ -239,29 +240,29 @@ TEST(LayoutTraining, NhwcMemoryPlansKeepTheNumbersAndPredictThePeak) {
 }
 
 // A job's timings are keyed by the layout it forces: NHWC steps are not
-// the blocked layouts' steps. auto keeps the keys that predate the choice.
-TEST(LayoutTraining, ProfileKeysKeepForcedLayoutsApart) {
-  worker::Graph graph = test_support::preset_graph("lenet", 28);
-  const std::string plain_key = graph.profile_key();
-  EXPECT_EQ(plain_key, graph.signature());
-  graph.set_layout_choice(LayoutChoice::kNhwc);
-  EXPECT_EQ(graph.profile_key(), graph.signature() + "@nhwc");
-  graph.set_layout_choice(LayoutChoice::kNchw);
-  EXPECT_EQ(graph.profile_key(), graph.signature() + "@nchw");
+// the blocked layouts' steps. The model's signature stays; the perf DB's
+// layout column tells them apart.
+TEST(LayoutTraining, ModelKeysKeepForcedLayoutsApart) {
+  const worker::Graph graph = test_support::preset_graph("lenet", 28);
+  const perfdb::ModelKey plain = worker::model_key(graph, {});
+  const perfdb::ModelKey nhwc = worker::model_key(graph, {.layout = LayoutChoice::kNhwc});
+  const perfdb::ModelKey nchw = worker::model_key(graph, {.layout = LayoutChoice::kNchw});
+  EXPECT_EQ(plain.signature, graph.signature());
+  EXPECT_EQ(nhwc.signature, graph.signature());
+  EXPECT_NE(plain, nhwc);
+  EXPECT_NE(nhwc, nchw);
+  EXPECT_EQ(perfdb::describe_model(nhwc),
+            graph.signature() + " (precision fp32, layout nhwc, fuse_relu auto)");
 }
 
 // Where a convolution's bias is added (conv.fuse_relu) moves time between
-// layers and changes a step's: a forced setting keys its own timings, auto
-// (on where the backend gains from it) keeps the keys that predate it.
-TEST(LayoutTraining, ProfileKeysKeepForcedBiasPairingsApart) {
-  worker::Graph graph = test_support::preset_graph("vgg-small", 32);
-  graph.set_fuse_relu(common::AutoOnOff::kOn);
-  EXPECT_EQ(graph.profile_key(), graph.signature() + "@fuse_relu=on");
-  graph.set_layout_choice(LayoutChoice::kNhwc);
-  graph.set_fuse_relu(common::AutoOnOff::kOff);
-  EXPECT_EQ(graph.profile_key(), graph.signature() + "@nhwc@fuse_relu=off");
-  graph.set_fuse_relu(common::AutoOnOff::kAuto);
-  EXPECT_EQ(graph.profile_key(), graph.signature() + "@nhwc");
+// layers and changes a step's: each setting keys its own timings.
+TEST(LayoutTraining, ModelKeysKeepForcedBiasPairingsApart) {
+  const worker::Graph graph = test_support::preset_graph("vgg-small", 32);
+  const perfdb::ModelKey on = worker::model_key(graph, {.fuse_relu = common::AutoOnOff::kOn});
+  EXPECT_NE(on, worker::model_key(graph, {}));
+  EXPECT_NE(on, worker::model_key(graph, {.fuse_relu = common::AutoOnOff::kOff}));
+  EXPECT_EQ(on.settings.fuse_relu, common::AutoOnOff::kOn);
 }
 
 }  // namespace

@@ -87,6 +87,7 @@ class NetworkTest : public ::testing::Test {
   //
   // In the CPU's own layouts (blocked where its vector width allows), then
   // with every activation channels last (device.layout nhwc).
+  // With the fixture's fuse_relu_ (conv.fuse_relu) on every network.
   void check_gradients(const Graph& graph, const std::string& algorithm = "direct",
                        int64_t n = 3) {
     check_gradients_in(*backend_, graph, algorithm, n);
@@ -98,6 +99,7 @@ class NetworkTest : public ::testing::Test {
   void check_gradients_in(Backend& backend, const Graph& graph, const std::string& algorithm,
                           int64_t n) {
     NetworkOptions o = options(n, algorithm);
+    o.settings.fuse_relu = fuse_relu_;
     Network net(graph, backend, o);
     net.init_parameters(7);
     fill_batch(backend, net, n, 11);
@@ -139,6 +141,7 @@ class NetworkTest : public ::testing::Test {
   }
 
   std::unique_ptr<Backend> backend_;
+  common::AutoOnOff fuse_relu_ = common::AutoOnOff::kAuto;
   double eps_scale_ = 3e-4;  // finite-difference step relative to the parameter
 };
 
@@ -166,8 +169,9 @@ TEST_F(NetworkTest, ConvBiasPairsWithTheReluThatAloneReadsIt) {
                          {1, 3, 8, 8});
   using enum common::AutoOnOff;
   for (const auto& [fuse, pairs] : {std::pair{kOn, 1}, std::pair{kAuto, 0}, std::pair{kOff, 0}}) {
-    g.set_fuse_relu(fuse);
-    const Network net(g, *backend_, options(4, "direct"));
+    NetworkOptions o = options(4, "direct");
+    o.settings.fuse_relu = fuse;
+    const Network net(g, *backend_, o);
     EXPECT_EQ(net.bias_relu_pairs(), pairs) << common::name_of(common::kAutoOnOffNames, fuse);
     const std::vector<std::string> summary = net.algorithm_summary();
     const bool said = std::find(summary.begin(), summary.end(),
@@ -184,7 +188,7 @@ TEST_F(NetworkTest, PairedBiasAndReluGradients) {
                           L("r1", LayerType::kRelu, {"c1"}), conv("c2", "r1", 20, 3, 0, 2),
                           L("r2", LayerType::kRelu, {"c2"}), fc("fc", "r2", 5)},
                          {1, 3, 9, 9});
-  g.set_fuse_relu(common::AutoOnOff::kOn);
+  fuse_relu_ = common::AutoOnOff::kOn;
   check_gradients(g);
 }
 
@@ -199,8 +203,8 @@ TEST_F(NetworkTest, PairedBiasTrainsLikeTheConvolutionsOwn) {
     std::vector<float> params[2];
     using enum common::AutoOnOff;
     for (const common::AutoOnOff fuse : {kOff, kOn}) {
-      g.set_fuse_relu(fuse);
       NetworkOptions o = options(8, "direct");
+      o.settings.fuse_relu = fuse;
       o.memory_policy = policy;
       EXPECT_EQ(Network(g, *backend_, o).bias_relu_pairs() > 0, fuse == kOn);
       params[fuse == kOn] = test_support::train_steps(*backend_, g, o, 4).params;
@@ -237,7 +241,7 @@ TEST_F(NetworkTest, EveryConvolutionAlgorithmGivesTheSameGradients) {
     // oneDNN's winograd needs AVX-512: elsewhere the refusal says so, and
     // there is nothing to check (direct and im2col_gemm run everywhere).
     if (algo == "winograd") {
-      if (const auto refused = conv_algorithm_refusal(g, *backend_, algo, 3)) {
+      if (const auto refused = conv_algorithm_refusal(g, {}, *backend_, algo, 3)) {
         std::printf("winograd not checked on this CPU: %s\n", refused->c_str());
         continue;
       }
@@ -694,7 +698,7 @@ TEST_F(NetworkTest, EveryLayerTypeHasANameAndARegistryEntry) {
        conv("c2", "p1", 8, 1), L("sum", LayerType::kAdd, {"c2", "p1"}),
        L("cat", LayerType::kConcat, {"sum", "p1"}), fc("fc", "cat", 3)},
       {1, 2, 6, 6});
-  const std::vector<TensorDesc> descs = activation_descs(g, *backend_, 2);
+  const std::vector<TensorDesc> descs = activation_descs(g, {}, *backend_, 2);
   const std::string algorithm = "direct";
   std::vector<bool> built(kLayerTypeCount, false);
   for (int i = 0; i < g.size(); ++i) {

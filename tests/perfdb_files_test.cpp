@@ -171,7 +171,7 @@ TEST(PerfDbReadOnly, ReadsAndNeverWrites) {
   const std::string before = read_bytes(path);
   PerfDb db(path, kReadOnly);
   ASSERT_EQ(db.devices().size(), 1u);
-  EXPECT_EQ(db.step_measurements(DeviceId{1}, "resnet18/cifar10", "none").size(), 1u);
+  EXPECT_EQ(db.step_measurements(DeviceId{1}, ModelKey{"resnet18/cifar10"}, "none").size(), 1u);
   EXPECT_EQ(error_of([&] { db.upsert_device(cpu()); }),
             "perf DB " + path + ": upsert device: the perf DB was opened read-only");
   EXPECT_EQ(read_bytes(path), before);
@@ -283,7 +283,7 @@ TEST(PerfDbUpgrade, Version6GetsAnEmptyInputRatesTableAndKeepsItsRows) {
   ASSERT_TRUE(SqlShell(path).query("SELECT name FROM sqlite_master WHERE name = 'input_rates'").empty());
 
   PerfDb db(path);
-  EXPECT_EQ(db.stats().schema_version, 7);
+  EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
   EXPECT_EQ(db.stats().input_rates, 0);
   const auto devices = db.find_devices(gpu().name);
   ASSERT_EQ(devices.size(), 1u);
@@ -309,6 +309,107 @@ TEST(PerfDbUpgrade, Version6GetsAnEmptyInputRatesTableAndKeepsItsRows) {
   EXPECT_EQ(shell.query("SELECT workers, images_per_second FROM input_rates ORDER BY workers"),
             (Rows{{"1", "950.0"}, {"4", "3400.0"}}));
   EXPECT_EQ(shell.query("PRAGMA integrity_check"), (Rows{{"ok"}}));
+}
+
+// step_measurements and layer_measurements as version 7 wrote them: the
+// settings a model was computed with as "@" suffixes of `model`.
+constexpr const char* kVersion7ModelTables = R"sql(
+DROP TABLE step_measurements;
+DROP TABLE layer_measurements;
+CREATE TABLE step_measurements (
+  id INTEGER PRIMARY KEY, device_id INTEGER NOT NULL REFERENCES devices (id),
+  model TEXT NOT NULL, batch INTEGER NOT NULL, memory_policy TEXT NOT NULL,
+  workspace_plan TEXT NOT NULL, time_ms REAL NOT NULL, peak_device_bytes INTEGER NOT NULL,
+  measured_at INTEGER NOT NULL, kept_bytes INTEGER, offloaded_bytes INTEGER,
+  recomputed_bytes INTEGER,
+  UNIQUE (device_id, model, batch, memory_policy, workspace_plan));
+CREATE TABLE layer_measurements (
+  id INTEGER PRIMARY KEY, device_id INTEGER NOT NULL REFERENCES devices (id),
+  model TEXT NOT NULL, batch INTEGER NOT NULL,
+  layer_index INTEGER NOT NULL CHECK (layer_index >= -2), layer_name TEXT NOT NULL,
+  forward_ms REAL NOT NULL, backward_ms REAL NOT NULL, measured_at INTEGER NOT NULL,
+  UNIQUE (device_id, model, batch, layer_index));
+UPDATE schema_version SET version = 7;
+)sql";
+
+// A version 7 file whose model keys carry "@" suffixes, holding `rows`
+// (INSERT statements) on device 1.
+std::string version7_file(TempDir& dir, const std::string& rows) {
+  const std::string path = dir.path("v7.db");
+  {
+    PerfDb db(path);
+    EXPECT_EQ(db.upsert_device(gpu("old-node")), DeviceId{1});
+  }
+  SqlShell(path).exec(std::string(kVersion7ModelTables) + rows);
+  return path;
+}
+
+TEST(PerfDbUpgrade, Version7SuffixedModelKeysBecomeTypedColumns) {
+  TempDir dir;
+  const std::string path = version7_file(dir, R"sql(
+INSERT INTO step_measurements VALUES
+  (31, 1, 'abc@bf16@nhwc@fuse_relu=on', 64, 'none', 'auto+update', 50.5, 7000, 1600000001,
+   10, 0, 0),
+  (32, 1, 'abc', 64, 'none', 'auto+update', 80.25, 9000, 1600000002, NULL, NULL, NULL),
+  (33, 1, 'abc@fuse_relu=off', 64, 'none', 'auto+update', 81.0, 9100, 1600000003,
+   NULL, NULL, NULL);
+INSERT INTO layer_measurements VALUES
+  (41, 1, 'abc@fp16', 32, 1, 'conv1', 1.5, 3.0, 1600000004),
+  (42, 1, 'abc@nchw', 32, 1, 'conv1', 2.5, 4.0, 1600000005);
+)sql");
+
+  PerfDb db(path);
+  EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
+  using common::AutoOnOff;
+  using common::LayoutChoice;
+  using common::Precision;
+  const ModelKey bf16_nhwc_fused{"abc", {Precision::kBf16, LayoutChoice::kNhwc, AutoOnOff::kOn}};
+  const auto fused = db.step_measurements(DeviceId{1}, bf16_nhwc_fused, "none");
+  ASSERT_EQ(fused.size(), 1u);
+  EXPECT_EQ(fused[0].model, bf16_nhwc_fused);
+  EXPECT_EQ(fused[0].time_ms, 50.5);
+  EXPECT_EQ(fused[0].measured_at, 1600000001);
+  ASSERT_TRUE(fused[0].activations.has_value());
+  EXPECT_EQ(fused[0].activations->kept, 10u);
+  const auto plain = db.step_measurements(DeviceId{1}, ModelKey{"abc"}, "none");
+  ASSERT_EQ(plain.size(), 1u);
+  EXPECT_EQ(plain[0].time_ms, 80.25);
+  EXPECT_EQ(db.step_measurements(DeviceId{1}, ModelKey{"abc", {.fuse_relu = AutoOnOff::kOff}},
+                                 "none")
+                .at(0)
+                .time_ms,
+            81.0);
+  EXPECT_EQ(db.layer_measurements(DeviceId{1}, ModelKey{"abc", {.precision = Precision::kFp16}}, 32)
+                .at(0)
+                .forward_ms,
+            1.5);
+  EXPECT_EQ(db.layer_measurements(DeviceId{1}, ModelKey{"abc", {.layout = LayoutChoice::kNchw}}, 32)
+                .at(0)
+                .forward_ms,
+            2.5);
+  EXPECT_TRUE(db.layer_measurements(DeviceId{1}, ModelKey{"abc"}, 32).empty());
+
+  // The same rows and ids, the settings in columns of their own.
+  SqlShell shell(path);
+  EXPECT_EQ(shell.query("SELECT id, model, precision, layout, fuse_relu, time_ms "
+                        "FROM step_measurements ORDER BY id"),
+            (Rows{{"31", "abc", "bf16", "nhwc", "on", "50.5"},
+                  {"32", "abc", "fp32", "auto", "auto", "80.25"},
+                  {"33", "abc", "fp32", "auto", "off", "81.0"}}));
+  EXPECT_EQ(shell.query("SELECT id, model, precision, layout, fuse_relu "
+                        "FROM layer_measurements ORDER BY id"),
+            (Rows{{"41", "abc", "fp16", "auto", "auto"}, {"42", "abc", "fp32", "nchw", "auto"}}));
+  EXPECT_EQ(shell.query("PRAGMA integrity_check"), (Rows{{"ok"}}));
+  EXPECT_TRUE(shell.query("PRAGMA foreign_key_check").empty());
+}
+
+TEST(PerfDbUpgrade, Version7KeyWithASuffixVtrainNeverWroteIsRefusedUntouched) {
+  TempDir dir;
+  const std::string path = version7_file(dir, R"sql(
+INSERT INTO layer_measurements VALUES (41, 1, 'abc@fp64', 32, 1, 'conv1', 1.5, 3.0, 1);
+)sql");
+  expect_rejected_untouched(path, path + " is not a valid vtrain perf DB: layer_measurements "
+                                         "row 41: model 'abc@fp64': unknown suffix '@fp64'");
 }
 
 TEST(PerfDb, InvalidInputRatesAreRefusedNamingTheField) {
@@ -341,7 +442,7 @@ TEST(PerfDbUpgrade, Version1IsUpgradedAndKeepsItsRows) {
   EXPECT_EQ(old->workspace_bytes, 1048576u);
   EXPECT_EQ(old->measured_at, 1600000000);
 
-  auto steps = db.step_measurements(DeviceId{5}, "resnet18/cifar10", "none");
+  auto steps = db.step_measurements(DeviceId{5}, ModelKey{"resnet18/cifar10"}, "none");
   ASSERT_EQ(steps.size(), 1u);
   EXPECT_EQ(steps[0].workspace_plan, "");
   EXPECT_EQ(steps[0].time_ms, 120.5);
@@ -350,7 +451,7 @@ TEST(PerfDbUpgrade, Version1IsUpgradedAndKeepsItsRows) {
 
   // Version 2 writes work on the upgraded file: a plan is a new key.
   db.record_step_measurements(DeviceId{5}, std::vector{step(64, 100.0, "ws=64MiB")});
-  EXPECT_EQ(db.step_measurements(DeviceId{5}, "resnet18/cifar10", "none").size(), 2u);
+  EXPECT_EQ(db.step_measurements(DeviceId{5}, ModelKey{"resnet18/cifar10"}, "none").size(), 2u);
   db.record_kernel_measurements(DeviceId{5}, std::vector{sample(conv(), "winograd", 32, 4.0)});
   EXPECT_EQ(db.find_kernel_measurement(DeviceId{5}, conv(), "winograd", 32)->time_iqr_ms, 0.4);
 

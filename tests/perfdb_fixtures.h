@@ -99,7 +99,7 @@ inline KernelSample sample(const KernelSignature& kernel, const std::string& alg
 
 inline StepMeasurement step(int64_t batch, double time_ms, const std::string& plan = "") {
   StepMeasurement s;
-  s.model = "resnet18/cifar10";
+  s.model = ModelKey{"resnet18/cifar10"};
   s.batch = batch;
   s.memory_policy = "none";
   s.workspace_plan = plan;
@@ -139,7 +139,7 @@ inline void write_and_read_back(PerfDb& db) {
   EXPECT_EQ(forward[2].micro_batch, 64);
   EXPECT_EQ(db.kernel_measurements(device, conv(KernelKind::kBackwardData)).size(), 1u);
 
-  const auto steps = db.step_measurements(device, "resnet18/cifar10", "none");
+  const auto steps = db.step_measurements(device, ModelKey{"resnet18/cifar10"}, "none");
   ASSERT_EQ(steps.size(), 2u);  // ordered by batch
   EXPECT_EQ(steps[0].batch, 32);
   EXPECT_EQ(steps[0].time_ms, 16.0);

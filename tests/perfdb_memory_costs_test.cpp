@@ -57,9 +57,9 @@ TEST(PerfDbMemoryCosts, CopyBandwidthRoundTripsAndIsReplaced) {
 TEST(PerfDbMemoryCosts, LayerMeasurementsRoundTripPerModelAndBatch) {
   PerfDb db(":memory:");
   const DeviceId g = db.upsert_device(gpu());
-  db.record_layer_measurements(g, "lenet", 64, lenet_layers());
-  db.record_layer_measurements(g, "lenet", 32, lenet_layers(0.5));
-  const auto at64 = db.layer_measurements(g, "lenet", 64);
+  db.record_layer_measurements(g, ModelKey{"lenet"}, 64, lenet_layers());
+  db.record_layer_measurements(g, ModelKey{"lenet"}, 32, lenet_layers(0.5));
+  const auto at64 = db.layer_measurements(g, ModelKey{"lenet"}, 64);
   ASSERT_EQ(at64.size(), 4u);  // ordered by layer_index, the loss first
   EXPECT_EQ(at64[0].layer_index, kLossLayer);
   EXPECT_EQ(at64[0].layer_name, "loss");
@@ -67,15 +67,15 @@ TEST(PerfDbMemoryCosts, LayerMeasurementsRoundTripPerModelAndBatch) {
   EXPECT_EQ(at64[2].forward_ms, 1.5);
   EXPECT_EQ(at64[2].backward_ms, 3.0);
   EXPECT_GT(at64[2].measured_at, 0);
-  EXPECT_EQ(db.layer_measurements(g, "lenet", 32)[2].forward_ms, 0.75);
-  EXPECT_TRUE(db.layer_measurements(g, "lenet", 16).empty());
-  EXPECT_TRUE(db.layer_measurements(g, "vgg16", 64).empty());
+  EXPECT_EQ(db.layer_measurements(g, ModelKey{"lenet"}, 32)[2].forward_ms, 0.75);
+  EXPECT_TRUE(db.layer_measurements(g, ModelKey{"lenet"}, 16).empty());
+  EXPECT_TRUE(db.layer_measurements(g, ModelKey{"vgg16"}, 64).empty());
 
   // Measuring again replaces rows on (device, model, batch, layer).
   std::vector<LayerMeasurement> again = lenet_layers(2.0);
   again[2].measured_at = 1700000000;
-  db.record_layer_measurements(g, "lenet", 64, again);
-  const auto replaced = db.layer_measurements(g, "lenet", 64);
+  db.record_layer_measurements(g, ModelKey{"lenet"}, 64, again);
+  const auto replaced = db.layer_measurements(g, ModelKey{"lenet"}, 64);
   ASSERT_EQ(replaced.size(), 4u);
   EXPECT_EQ(replaced[2].forward_ms, 3.0);
   EXPECT_EQ(replaced[2].measured_at, 1700000000);
@@ -89,20 +89,20 @@ TEST(PerfDbMemoryCosts, AnInvalidRowRecordsNothing) {
   const DeviceId g = db.upsert_device(gpu());
   std::vector<LayerMeasurement> layers = lenet_layers();
   layers[3].backward_ms = -1;
-  EXPECT_EQ(error_of([&] { db.record_layer_measurements(g, "lenet", 64, layers); }),
+  EXPECT_EQ(error_of([&] { db.record_layer_measurements(g, ModelKey{"lenet"}, 64, layers); }),
             "perf DB :memory:: record layer measurements: layer 3: backward_ms must be finite "
             "and >= 0, got -1.000000");
   layers = lenet_layers();
   layers[3].layer_index = 1;
-  EXPECT_EQ(error_of([&] { db.record_layer_measurements(g, "lenet", 64, layers); }),
+  EXPECT_EQ(error_of([&] { db.record_layer_measurements(g, ModelKey{"lenet"}, 64, layers); }),
             "perf DB :memory:: record layer measurements: layer_index 1 is given twice");
   layers[3].layer_index = -3;
-  EXPECT_EQ(error_of([&] { db.record_layer_measurements(g, "lenet", 64, layers); }),
+  EXPECT_EQ(error_of([&] { db.record_layer_measurements(g, ModelKey{"lenet"}, 64, layers); }),
             "perf DB :memory:: record layer measurements: layer 3: layer_index must be >= -2 "
             "(the time outside layer calls), got -3");
-  EXPECT_EQ(error_of([&] { db.record_layer_measurements(g, "lenet", 0, lenet_layers()); }),
+  EXPECT_EQ(error_of([&] { db.record_layer_measurements(g, ModelKey{"lenet"}, 0, lenet_layers()); }),
             "perf DB :memory:: record layer measurements: batch must be >= 1, got 0");
-  EXPECT_EQ(error_of([&] { db.record_layer_measurements(DeviceId{99}, "lenet", 8, lenet_layers()); }),
+  EXPECT_EQ(error_of([&] { db.record_layer_measurements(DeviceId{99}, ModelKey{"lenet"}, 8, lenet_layers()); }),
             "perf DB :memory:: record layer measurements: unknown device id 99 (known ids: 1); "
             "register it with upsert_device first");
   EXPECT_EQ(error_of([&] {
@@ -141,7 +141,7 @@ TEST(PerfDbMemoryCosts, ATransactionThatFailsHalfwayLeavesNoRow) {
   SqlShell(path).exec(
       "CREATE TRIGGER no_relu BEFORE INSERT ON layer_measurements WHEN NEW.layer_name = 'relu1' "
       "BEGIN SELECT RAISE(ABORT, 'relu1 refused'); END;");
-  EXPECT_NE(error_of([&] { db.record_layer_measurements(g, "lenet", 64, lenet_layers()); })
+  EXPECT_NE(error_of([&] { db.record_layer_measurements(g, ModelKey{"lenet"}, 64, lenet_layers()); })
                 .find("relu1 refused"),
             std::string::npos);
   EXPECT_EQ(SqlShell(path).query("SELECT count(*) FROM layer_measurements"), (Rows{{"0"}}));
@@ -174,10 +174,10 @@ TEST(PerfDbMemoryCosts, Version2FilesAreUpgradedKeepingTheirRows) {
   PerfDb db(path);
   EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
   const DeviceId g = db.find_devices("NVIDIA H200").at(0).id;
-  EXPECT_EQ(db.step_measurements(g, "resnet18/cifar10", "none").size(), 1u);
-  db.record_layer_measurements(g, "lenet", 64, lenet_layers());
+  EXPECT_EQ(db.step_measurements(g, ModelKey{"resnet18/cifar10"}, "none").size(), 1u);
+  db.record_layer_measurements(g, ModelKey{"lenet"}, 64, lenet_layers());
   db.record_copy_bandwidth(g, std::vector{copy(CopyDirection::kToDevice, 5e9)});
-  EXPECT_EQ(db.layer_measurements(g, "lenet", 64).size(), 4u);
+  EXPECT_EQ(db.layer_measurements(g, ModelKey{"lenet"}, 64).size(), 4u);
   SqlShell shell(path);
   EXPECT_EQ(shell.query("SELECT version FROM schema_version"),
             (Rows{{std::to_string(kSchemaVersion)}}));
@@ -190,11 +190,11 @@ TEST(PerfDbMemoryCosts, AStepsActivationPlacementRoundTripsAndOldRowsHaveNone) {
   PerfDb db(path);
   EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
   const DeviceId g = db.find_devices("NVIDIA H200").at(0).id;
-  EXPECT_FALSE(db.step_measurements(g, "resnet18/cifar10", "none").at(0).activations);
+  EXPECT_FALSE(db.step_measurements(g, ModelKey{"resnet18/cifar10"}, "none").at(0).activations);
   StepMeasurement planned = step(128, 70.0);
   planned.activations = common::ActivationBytes{100, 20, 3};
   db.record_step_measurements(g, std::vector{planned});
-  const auto steps = db.step_measurements(g, "resnet18/cifar10", "none");
+  const auto steps = db.step_measurements(g, ModelKey{"resnet18/cifar10"}, "none");
   ASSERT_EQ(steps.size(), 2u);
   EXPECT_EQ(steps[1].activations, (common::ActivationBytes{100, 20, 3}));
   planned.activations->kept = uint64_t{1} << 63;
@@ -208,7 +208,7 @@ TEST(PerfDbMemoryCosts, Version4FilesKeepTheirLayerRowsAndTakeTheTimeOutsideTheC
   const std::string path = dir.path("v4.db");
   {
     PerfDb db(path);
-    db.record_layer_measurements(db.upsert_device(gpu()), "lenet", 64, lenet_layers());
+    db.record_layer_measurements(db.upsert_device(gpu()), ModelKey{"lenet"}, 64, lenet_layers());
   }
   SqlShell(path).exec(
       "CREATE TABLE old (id INTEGER PRIMARY KEY, device_id INTEGER NOT NULL REFERENCES "
@@ -216,7 +216,8 @@ TEST(PerfDbMemoryCosts, Version4FilesKeepTheirLayerRowsAndTakeTheTimeOutsideTheC
       "CHECK (layer_index >= -1), layer_name TEXT NOT NULL, forward_ms REAL NOT NULL, "
       "backward_ms REAL NOT NULL, measured_at INTEGER NOT NULL, "
       "UNIQUE (device_id, model, batch, layer_index)); "
-      "INSERT INTO old SELECT * FROM layer_measurements; DROP TABLE layer_measurements; "
+      "INSERT INTO old SELECT id, device_id, model, batch, layer_index, layer_name, forward_ms, "
+      "backward_ms, measured_at FROM layer_measurements; DROP TABLE layer_measurements; "
       "ALTER TABLE old RENAME TO layer_measurements; "
       "ALTER TABLE copy_bandwidth DROP COLUMN compute_share; DROP TABLE input_rates; "
       "UPDATE schema_version SET version = 4");
@@ -224,11 +225,11 @@ TEST(PerfDbMemoryCosts, Version4FilesKeepTheirLayerRowsAndTakeTheTimeOutsideTheC
   PerfDb db(path);
   EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
   const DeviceId g = db.find_devices("NVIDIA H200").at(0).id;
-  EXPECT_EQ(db.layer_measurements(g, "lenet", 64).size(), 4u);
-  db.record_layer_measurements(g, "lenet", 64,
+  EXPECT_EQ(db.layer_measurements(g, ModelKey{"lenet"}, 64).size(), 4u);
+  db.record_layer_measurements(g, ModelKey{"lenet"}, 64,
                                std::vector<LayerMeasurement>{
                                    {kOutsideCallsLayer, "outside layer calls", 0.4, 0, 0}});
-  EXPECT_EQ(db.layer_measurements(g, "lenet", 64).front().layer_index, kOutsideCallsLayer);
+  EXPECT_EQ(db.layer_measurements(g, ModelKey{"lenet"}, 64).front().layer_index, kOutsideCallsLayer);
   SqlShell shell(path);
   EXPECT_EQ(shell.query("SELECT id, layer_name FROM layer_measurements WHERE layer_index >= -1 "
                         "ORDER BY id"),
@@ -263,14 +264,15 @@ TEST(PerfDbMemoryCosts, Version5CopyBandwidthsAreKeptWithoutAComputeShare) {
 TEST(PerfDbMemoryCosts, TheNewTablesExport) {
   PerfDb db(":memory:");
   const DeviceId g = db.upsert_device(gpu());
-  db.record_layer_measurements(g, "lenet", 64, lenet_layers());
+  db.record_layer_measurements(g, ModelKey{"lenet"}, 64, lenet_layers());
   db.record_copy_bandwidth(g, std::vector{copy(CopyDirection::kToHost, 12e9)});
   std::ostringstream layers, bandwidth;
   db.export_table(Table::kLayerMeasurements, ExportFormat::kCsv, layers);
-  EXPECT_TRUE(layers.str().starts_with("id,device_id,model,batch,layer_index,layer_name,"
-                                       "forward_ms,backward_ms,measured_at\n"))
+  EXPECT_TRUE(layers.str().starts_with("id,device_id,model,precision,layout,fuse_relu,batch,"
+                                       "layer_index,layer_name,forward_ms,backward_ms,"
+                                       "measured_at\n"))
       << layers.str();
-  EXPECT_NE(layers.str().find(",lenet,64,1,conv1,1.5,3,"), std::string::npos) << layers.str();
+  EXPECT_NE(layers.str().find(",lenet,fp32,auto,auto,64,1,conv1,1.5,3,"), std::string::npos) << layers.str();
   db.export_table(Table::kCopyBandwidth, ExportFormat::kCsv, bandwidth);
   EXPECT_NE(bandwidth.str().find(",to_host,67108864,1.2e+10,"), std::string::npos)
       << bandwidth.str();

@@ -56,7 +56,7 @@ TEST(PerfDb, RoundTripThroughAFile) {
   const auto devices = again.find_devices("NVIDIA H200");
   ASSERT_EQ(devices.size(), 1u);
   EXPECT_EQ(again.kernel_measurements(devices[0].id, conv()).size(), 3u);
-  EXPECT_EQ(again.step_measurements(devices[0].id, "resnet18/cifar10", "none").size(), 2u);
+  EXPECT_EQ(again.step_measurements(devices[0].id, ModelKey{"resnet18/cifar10"}, "none").size(), 2u);
   // Rollback journal, never WAL; no journal left behind.
   EXPECT_EQ(SqlShell(path).query("PRAGMA journal_mode"), (Rows{{"delete"}}));
   EXPECT_FALSE(fs::exists(path + "-journal"));
@@ -90,12 +90,12 @@ TEST(PerfDb, UpsertsAreIdempotent) {
 
   db.record_step_measurements(id, std::vector{step(64, 30.0)});
   db.record_step_measurements(id, std::vector{step(64, 28.0)});
-  const auto steps = db.step_measurements(id, "resnet18/cifar10", "none");
+  const auto steps = db.step_measurements(id, ModelKey{"resnet18/cifar10"}, "none");
   ASSERT_EQ(steps.size(), 1u);
   EXPECT_EQ(steps[0].time_ms, 28.0);
   // The workspace plan is part of a step's key.
   db.record_step_measurements(id, std::vector{step(64, 25.0, "ws=64MiB")});
-  EXPECT_EQ(db.step_measurements(id, "resnet18/cifar10", "none").size(), 2u);
+  EXPECT_EQ(db.step_measurements(id, ModelKey{"resnet18/cifar10"}, "none").size(), 2u);
 
   const Stats stats = db.stats();
   EXPECT_EQ(stats.devices, 2);
@@ -116,7 +116,7 @@ TEST(PerfDb, MissesAreEmptyNotErrors) {
   EXPECT_FALSE(db.find_kernel_measurement(device, conv(KernelKind::kForward, 3), "winograd", 64));
   EXPECT_FALSE(db.find_kernel_measurement(DeviceId{999}, conv(), "winograd", 64));
   EXPECT_TRUE(db.kernel_measurements(DeviceId{999}, conv()).empty());
-  EXPECT_TRUE(db.step_measurements(device, "resnet18/cifar10", "none").empty());
+  EXPECT_TRUE(db.step_measurements(device, ModelKey{"resnet18/cifar10"}, "none").empty());
   EXPECT_TRUE(db.find_devices("Tesla K80").empty());
 }
 

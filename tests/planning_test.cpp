@@ -38,6 +38,7 @@ worker::Graph small_graph() {
 balancer::TrainingPlan sample_plan() {
   balancer::TrainingPlan p;
   p.model = "m";
+  p.settings = {common::Precision::kBf16, common::LayoutChoice::kNhwc, common::AutoOnOff::kOn};
   p.global_batch = 12;
   p.workspace_policy = balancer::WorkspacePolicy::kWd;
   p.workspace_limit = 4096;
@@ -55,6 +56,7 @@ balancer::TrainingPlan sample_plan() {
   r0.kernels.push_back({"c1", common::ConvKind::kBackwardFilter, {{"direct", 8}}, 1024, 3072, 0.5});
   balancer::RankPlan r1;
   r1.device = "slow";
+  r1.precision = common::Precision::kFp16;
   r1.batch = 4;
   r1.kernels.push_back({"c1", common::ConvKind::kForward, {{"direct", 4}}, 0, 0, 1.0});
   p.ranks = {r0, r1};
@@ -74,6 +76,10 @@ TEST(PlanFile, RoundTripsThroughYamlAndDisk) {
   EXPECT_EQ(q.ideal_step_ms, 2.0);
   EXPECT_EQ(q.ranks[0].activations, (common::ActivationBytes{100, 20, 3}));
   EXPECT_FALSE(q.ranks[1].activations);
+  EXPECT_EQ(q.model, "m");
+  EXPECT_EQ(q.settings, p.settings);
+  EXPECT_EQ(q.ranks[0].precision, std::nullopt);
+  EXPECT_EQ(q.ranks[1].precision, common::Precision::kFp16);
   TempDir dir;
   balancer::save_plan(p, dir.path("plan.yaml"));
   EXPECT_EQ(balancer::plan_to_yaml(balancer::load_plan(dir.path("plan.yaml"))), text);
@@ -81,6 +87,35 @@ TEST(PlanFile, RoundTripsThroughYamlAndDisk) {
                           std::filesystem::directory_iterator()),
             1)
       << "a temporary was left beside " << dir.path("plan.yaml");
+}
+
+// Version 1 plans held how the model is computed as "@" suffixes of
+// `model`: they read as the same typed fields, and write back as version 2.
+TEST(PlanFile, Version1ModelSuffixesReadAsTypedFields) {
+  const std::string v1 =
+      "vtrain_plan: 1\nmodel: \"m@bf16@nhwc@fuse_relu=on\"\nglobal_batch: 4\n"
+      "ranks:\n  - device: \"d\"\n    batch: 4\n";
+  const balancer::TrainingPlan q = balancer::parse_plan(v1, "old.yaml");
+  EXPECT_EQ(q.model, "m");
+  EXPECT_EQ(q.settings, (common::ComputeSettings{common::Precision::kBf16,
+                                                 common::LayoutChoice::kNhwc,
+                                                 common::AutoOnOff::kOn}));
+  const std::string written = balancer::plan_to_yaml(q);
+  EXPECT_NE(written.find("vtrain_plan: 2\nmodel: \"m\"\nprecision: bf16\nlayout: nhwc\n"
+                         "fuse_relu: on\n"),
+            std::string::npos)
+      << written;
+  const balancer::TrainingPlan plain = balancer::parse_plan(
+      "vtrain_plan: 1\nmodel: m\nglobal_batch: 4\nranks: [{batch: 4}]\n", "old.yaml");
+  EXPECT_EQ(plain.model, "m");
+  EXPECT_EQ(plain.settings, common::ComputeSettings{});
+  EXPECT_EQ(error_message<balancer::PlanError>([] {
+              balancer::parse_plan("vtrain_plan: 1\nmodel: m@fp64\nglobal_batch: 4\n"
+                                   "ranks: [{batch: 4}]\n",
+                                   "old.yaml");
+            }),
+            "old.yaml:2: model: unknown suffix '@fp64' (known: a precision, a layout or "
+            "fuse_relu=on|off)");
 }
 
 TEST(DescribePlan, TwoHundredRanksKeepEveryLineWhole) {
@@ -123,9 +158,13 @@ TEST(PlanFile, BadPlansNameTheLineAndKey) {
   };
   EXPECT_EQ(error("model: m\n"),
             "p.yaml: vtrain_plan: missing (the plan format version; is this a plan?)");
-  EXPECT_EQ(error(replaced("vtrain_plan: 1", "vtrain_plan: 7")),
+  EXPECT_EQ(error(replaced("vtrain_plan: 2", "vtrain_plan: 7")),
             "p.yaml:2: vtrain_plan: plan format version 7 is not supported (this vtrain reads "
-            "version 1)");
+            "versions 1 to 2)");
+  EXPECT_NE(error(replaced("layout: nhwc", "layout: nhcw"))
+                .find("p.yaml:5: layout: unknown layout 'nhcw' (known: auto, nchw, nhwc)"),
+            std::string::npos)
+      << error(replaced("layout: nhwc", "layout: nhcw"));
   EXPECT_EQ(error(replaced("global_batch: 12", "global_batch: 13")).substr(0, 8), "p.yaml:1");
   EXPECT_NE(error(replaced("global_batch: 12", "global_batch: 13"))
                 .find("ranks: the ranks' batches sum to 12, global_batch is 13"),
@@ -170,11 +209,11 @@ class PlanningTest : public ::testing::Test {
     const perfdb::DeviceId id = db_->upsert_device(d);
     std::vector<perfdb::StepMeasurement> steps;
     for (int64_t b : {4, 8, 12, 16, 20, 24}) {
-      steps.push_back({graph_.signature(), b, "none", worker::kProfiledStepPlan,
+      steps.push_back({worker::model_key(graph_, {}), b, "none", worker::kProfiledStepPlan,
                        factor * (1.0 + 0.5 * b), static_cast<uint64_t>(b) << 20, 0, {}});
       // A row of an older profiler (forward + backward only), which sorts
       // first: the planner must not take it.
-      steps.push_back({graph_.signature(), b, "none", "auto", 1000.0, 1, 0, {}});
+      steps.push_back({worker::model_key(graph_, {}), b, "none", "auto", 1000.0, 1, 0, {}});
       const worker::PlanDevice plain{name, id, d.memory_bytes,
                                      [](int64_t) { return worker::Layout::kPlain; }};
       std::vector<perfdb::KernelSample> samples;
@@ -195,26 +234,27 @@ class PlanningTest : public ::testing::Test {
     db_->record_step_measurements(id, steps);
     return {name, id, d.memory_bytes, [](int64_t) { return worker::Layout::kPlain; }};
   }
-  // The algorithms the workspace plan of `graph` on the fast device alone
-  // at batch 16 calls.
-  std::set<std::string> algorithms_planned(const worker::Graph& graph,
+  // The algorithms the workspace plan of graph_ computed in `precision` on
+  // the fast device alone at batch 16 calls.
+  std::set<std::string> algorithms_planned(common::Precision precision,
                                            const worker::StepPricing& pricing = {}) {
     balancer::BatchSplit split;
     split.batch = {16};
     const std::vector<worker::PlanDevice> devices{fast_};
     std::set<std::string> algorithms;
     const balancer::TrainingPlan plan =
-        worker::plan_workspaces(graph, *db_, devices, split, pricing);
+        worker::plan_workspaces(graph_, {.precision = precision}, *db_, devices, split, pricing);
     for (const auto& k : plan.ranks[0].kernels) {
       for (const auto& call : k.calls) algorithms.insert(call.algorithm);
     }
     return algorithms;
   }
-  // The conv kernels of `graph` (graph_ if null) at batch b.
-  std::vector<perfdb::KernelSignature> kernels(const worker::PlanDevice& d, int64_t b,
-                                               const worker::Graph* graph = nullptr) {
-    const worker::Graph& g = graph ? *graph : graph_;
-    const auto descs = worker::activation_descs(g, d.layout, b);
+  // The conv kernels of graph_ computed in `precision` at batch b.
+  std::vector<perfdb::KernelSignature> kernels(
+      const worker::PlanDevice& d, int64_t b,
+      common::Precision precision = common::Precision::kFp32) {
+    const worker::Graph& g = graph_;
+    const auto descs = worker::activation_descs(g, {.precision = precision}, d.layout, b);
     std::vector<perfdb::KernelSignature> out;
     for (int i = 0; i < g.size(); ++i) {
       if (g.layer(i).type != worker::LayerType::kConv) continue;
@@ -227,11 +267,11 @@ class PlanningTest : public ::testing::Test {
     }
     return out;
   }
-  // For every conv kernel of `graph` (null: graph_) on the fast device at
-  // batch 16, a row per (algorithm, ms) of an undivided call.
-  void add_rows(std::vector<perfdb::KernelSample>& samples, const worker::Graph* graph,
+  // For every conv kernel of graph_ computed in `precision` on the fast
+  // device at batch 16, a row per (algorithm, ms) of an undivided call.
+  void add_rows(std::vector<perfdb::KernelSample>& samples, common::Precision precision,
                 std::initializer_list<std::pair<const char*, double>> rows) {
-    for (const auto& k : kernels(fast_, 16, graph)) {
+    for (const auto& k : kernels(fast_, 16, precision)) {
       for (const auto& [algorithm, ms] : rows) {
         samples.push_back({k, {algorithm, 16, ms, std::nullopt, 0, 0}});
       }
@@ -246,15 +286,15 @@ class PlanningTest : public ::testing::Test {
 
 TEST_F(PlanningTest, FastDeviceGetsTheLargerShareAndThePlanFitsTheModel) {
   const std::vector<worker::PlanDevice> devices{fast_, slow_};
-  const balancer::BatchSplit split = worker::plan_split(graph_, *db_, devices, 24, {.granularity = 4});
+  const balancer::BatchSplit split = worker::plan_split(graph_, {}, *db_, devices, 24, {.granularity = 4});
   // t_fast(b) = 1 + b/2, t_slow(b) = 2 + b: 16 + 8 gives 9 and 10, the best.
   EXPECT_EQ(split.batch, (std::vector<int64_t>{16, 8}));
   ASSERT_TRUE(split.even_split_time_ms.has_value());
   EXPECT_DOUBLE_EQ(*split.even_split_time_ms, 14.0);
 
   const balancer::TrainingPlan plan =
-      worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kUndivided, 0});
-  EXPECT_EQ(worker::plan_mismatch(plan, graph_, 2, 24), std::nullopt);
+      worker::plan_workspaces(graph_, {}, *db_, devices, split, {balancer::WorkspacePolicy::kUndivided, 0});
+  EXPECT_EQ(worker::plan_mismatch(plan, graph_, {}, 2, 24), std::nullopt);
   EXPECT_EQ(plan.global_batch, 24);
   // c1's backward-data never runs (its input is the data): 5 kernels.
   ASSERT_EQ(plan.ranks[0].kernels.size(), 5u);
@@ -288,12 +328,10 @@ TEST_F(PlanningTest, FastDeviceGetsTheLargerShareAndThePlanFitsTheModel) {
 // to FMA math.
 TEST_F(PlanningTest, Tf32AlgorithmsArePlannedForTf32JobsOnly) {
   std::vector<perfdb::KernelSample> samples;
-  add_rows(samples, nullptr, {{"direct/tf32", 0.01}});
+  add_rows(samples, common::Precision::kFp32, {{"direct/tf32", 0.01}});
   db_->record_kernel_measurements(fast_.id, samples);
-  EXPECT_EQ(algorithms_planned(graph_), std::set<std::string>{"winograd"});
-  const worker::Graph tf32 =
-      worker::Graph::build(graph_.layers(), {1, 3, 8, 8}, common::Precision::kTf32);
-  EXPECT_EQ(algorithms_planned(tf32), std::set<std::string>{"direct/tf32"});
+  EXPECT_EQ(algorithms_planned(common::Precision::kFp32), std::set<std::string>{"winograd"});
+  EXPECT_EQ(algorithms_planned(common::Precision::kTf32), std::set<std::string>{"direct/tf32"});
   EXPECT_TRUE(worker::conv_algorithm_allowed("implicit_gemm", common::Precision::kFp32));
   EXPECT_FALSE(worker::conv_algorithm_allowed("implicit_gemm/tf32", common::Precision::kFp32));
   EXPECT_FALSE(worker::conv_algorithm_allowed("implicit_gemm/tf32", common::Precision::kBf16));
@@ -305,25 +343,23 @@ TEST_F(PlanningTest, Tf32AlgorithmsArePlannedForTf32JobsOnly) {
 // compute), bf16 ones as "<name>/pseudo_bf16". A plan picks among its own
 // precision's only, whatever else a shared perf DB holds for the kernel.
 TEST_F(PlanningTest, HalfAlgorithmsArePlannedForTheirPrecisionOnly) {
-  const worker::Graph fp16 =
-      worker::Graph::build(graph_.layers(), {1, 3, 8, 8}, common::Precision::kFp16);
-  const worker::Graph bf16 =
-      worker::Graph::build(graph_.layers(), {1, 3, 8, 8}, common::Precision::kBf16);
-  // Each graph's kernels with its own configurations, and the fastest rows
+  const common::Precision fp16 = common::Precision::kFp16;
+  const common::Precision bf16 = common::Precision::kBf16;
+  // Each precision's kernels with its own configurations, and the fastest rows
   // with another precision's names.
   std::vector<perfdb::KernelSample> samples;
-  add_rows(samples, &fp16,
+  add_rows(samples, fp16,
            {{"direct/pseudo_half", 0.03}, {"direct/true_half", 0.02},
             {"direct/pseudo_bf16", 0.001}, {"direct/tf32", 0.001}});
-  add_rows(samples, &bf16,
+  add_rows(samples, bf16,
            {{"direct/pseudo_bf16", 0.02}, {"direct/true_half", 0.001},
             {"direct/pseudo_half", 0.001}});
   // An fp32 job's kernels: a half name beside them is never its choice.
-  add_rows(samples, nullptr, {{"direct/true_half", 0.001}});
+  add_rows(samples, common::Precision::kFp32, {{"direct/true_half", 0.001}});
   db_->record_kernel_measurements(fast_.id, samples);
   EXPECT_EQ(algorithms_planned(fp16), std::set<std::string>{"direct/true_half"});
   EXPECT_EQ(algorithms_planned(bf16), std::set<std::string>{"direct/pseudo_bf16"});
-  EXPECT_EQ(algorithms_planned(graph_), std::set<std::string>{"winograd"});
+  EXPECT_EQ(algorithms_planned(common::Precision::kFp32), std::set<std::string>{"winograd"});
   for (const std::string name : {"implicit_gemm/pseudo_half", "implicit_gemm/true_half"}) {
     EXPECT_TRUE(worker::conv_algorithm_allowed(name, common::Precision::kFp16)) << name;
     for (const auto p : {common::Precision::kFp32, common::Precision::kTf32,
@@ -348,10 +384,9 @@ TEST_F(PlanningTest, HalfAlgorithmsArePlannedForTheirPrecisionOnly) {
 // shared perf DB are planned only for a job that offers them: a job
 // without them would not find the algorithm its plan names.
 TEST_F(PlanningTest, GraphEnginesArePlannedOnlyWhereTheJobOffersThem) {
-  const worker::Graph bf16 =
-      worker::Graph::build(graph_.layers(), {1, 3, 8, 8}, common::Precision::kBf16);
+  const common::Precision bf16 = common::Precision::kBf16;
   std::vector<perfdb::KernelSample> samples;
-  add_rows(samples, &bf16,
+  add_rows(samples, bf16,
            {{"direct/pseudo_bf16", 0.02}, {"eng12_k2=1_k3=0/pseudo_bf16", 0.005}});
   db_->record_kernel_measurements(fast_.id, samples);
   EXPECT_EQ(algorithms_planned(bf16), std::set<std::string>{"direct/pseudo_bf16"});
@@ -371,14 +406,14 @@ TEST_F(PlanningTest, WorkspacePoliciesStayWithinTheirLimits) {
   balancer::BatchSplit split;
   split.batch = {16, 8};
   // WR, 4 KiB per kernel: winograd fits 4 images per call.
-  const balancer::TrainingPlan wr = worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kWr, 4096});
+  const balancer::TrainingPlan wr = worker::plan_workspaces(graph_, {}, *db_, devices, split, {balancer::WorkspacePolicy::kWr, 4096});
   for (const auto& k : wr.ranks[0].kernels) {
     EXPECT_LE(k.workspace_bytes, 4096u);
     EXPECT_EQ(k.calls.front(), (balancer::MicroBatch{"winograd", 4})) << k.layer << " " << common::conv_kind_name(k.kind);
   }
   // WD, 20 KiB for all five kernels of rank 0: segments disjoint and inside.
   const balancer::TrainingPlan wd =
-      worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kWd, 20 << 10});
+      worker::plan_workspaces(graph_, {}, *db_, devices, split, {balancer::WorkspacePolicy::kWd, 20 << 10});
   for (const auto& r : wd.ranks) {
     EXPECT_LE(r.workspace_bytes, 20u << 10);
     std::vector<std::pair<uint64_t, uint64_t>> segments;
@@ -396,7 +431,7 @@ TEST_F(PlanningTest, WorkspacePoliciesStayWithinTheirLimits) {
             balancer::plan_to_yaml(wd));
   // A budget below every kernel's least workspace config: infeasible (direct needs none,
   // so this holds only when it is removed; here 0 bytes still fits all-direct).
-  const balancer::TrainingPlan tight = worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kWd, 1});
+  const balancer::TrainingPlan tight = worker::plan_workspaces(graph_, {}, *db_, devices, split, {balancer::WorkspacePolicy::kWd, 1});
   for (const auto& k : tight.ranks[0].kernels) EXPECT_EQ(k.calls.front().algorithm, "direct");
 }
 
@@ -405,23 +440,34 @@ TEST_F(PlanningTest, MissingMeasurementsAndMismatchesAreClearErrors) {
   balancer::BatchSplit split;
   split.batch = {20, 6};  // 6 was never measured
   EXPECT_NE(error_message<std::runtime_error>([&] {
-              worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kUndivided, 0});
+              worker::plan_workspaces(graph_, {}, *db_, devices, split, {balancer::WorkspacePolicy::kUndivided, 0});
             }).find("device slow: no measurements of c1/Forward at batch 6"),
             std::string::npos);
   split.batch = {16, 8};
   const balancer::TrainingPlan plan =
-      worker::plan_workspaces(graph_, *db_, devices, split, {balancer::WorkspacePolicy::kUndivided, 0});
-  EXPECT_EQ(worker::plan_mismatch(plan, graph_, 3, 24), "the plan has 2 ranks, the job has 3");
-  EXPECT_EQ(worker::plan_mismatch(plan, graph_, 2, 24, memory::Policy::kConv),
+      worker::plan_workspaces(graph_, {}, *db_, devices, split, {balancer::WorkspacePolicy::kUndivided, 0});
+  EXPECT_EQ(worker::plan_mismatch(plan, graph_, {}, 3, 24), "the plan has 2 ranks, the job has 3");
+  EXPECT_EQ(worker::plan_mismatch(plan, graph_, {}, 2, 24, memory::Policy::kConv),
             "the plan was made for memory.policy none, the config's memory.policy is conv");
-  EXPECT_EQ(worker::plan_mismatch(plan, graph_, 2, 32),
+  EXPECT_EQ(worker::plan_mismatch(plan, graph_, {}, 2, 32),
             "the plan's global_batch is 24, the config's train.batch is 32");
   balancer::TrainingPlan other = plan;
   other.model = "something else";
-  EXPECT_NE(worker::plan_mismatch(other, graph_, 2, 24)->find("another model"), std::string::npos);
+  EXPECT_NE(worker::plan_mismatch(other, graph_, {}, 2, 24)->find("another model"), std::string::npos);
+  // How the model is computed is the plan's too: a config that forces a
+  // layout or the bias-relu pairing ran other steps than the plan priced.
+  const std::optional<std::string> layout =
+      worker::plan_mismatch(plan, graph_, {.layout = common::LayoutChoice::kNhwc}, 2, 24);
+  ASSERT_TRUE(layout.has_value());
+  EXPECT_NE(layout->find("this config's is " + graph_.signature() +
+                         " (precision fp32, layout nhwc, fuse_relu auto)"),
+            std::string::npos)
+      << *layout;
+  EXPECT_TRUE(
+      worker::plan_mismatch(plan, graph_, {.fuse_relu = common::AutoOnOff::kOn}, 2, 24).has_value());
   other = plan;
   other.ranks[1].kernels.pop_back();
-  EXPECT_EQ(worker::plan_mismatch(other, graph_, 2, 24),
+  EXPECT_EQ(worker::plan_mismatch(other, graph_, {}, 2, 24),
             "rank 1: the plan does not configure c2 BackwardFilter");
   // Each rank runs on the device the plan timed for it.
   EXPECT_EQ(worker::plan_device_mismatch(plan, 0, "fast"), std::nullopt);
@@ -446,7 +492,7 @@ TEST_F(PlanningTest, MissingMeasurementsAndMismatchesAreClearErrors) {
   const worker::PlanDevice none{"never profiled", db_->upsert_device(unknown), 1 << 30,
                                 [](int64_t) { return worker::Layout::kPlain; }};
   EXPECT_NE(error_message<std::runtime_error>([&] {
-              worker::plan_split(graph_, *db_, {fast_, none}, 24, {});
+              worker::plan_split(graph_, {}, *db_, {fast_, none}, 24, {});
             }).find("device never profiled has no step measurements of this model"),
             std::string::npos);
 }
@@ -461,7 +507,7 @@ TEST_F(PlanningTest, AMemoryPlanLetsALimitedFastDeviceTakeMore) {
     std::vector<perfdb::StepMeasurement> steps;
     for (int64_t b : {4, 8, 12, 16, 20, 24}) {
       perfdb::StepMeasurement s;
-      s.model = graph_.signature();
+      s.model = worker::model_key(graph_, {});
       s.batch = b;
       s.memory_policy = worker::step_policy_key(memory::Policy::kAuto, d.memory_bytes);
       s.workspace_plan = worker::kProfiledStepPlan;
@@ -480,16 +526,16 @@ TEST_F(PlanningTest, AMemoryPlanLetsALimitedFastDeviceTakeMore) {
   const balancer::BatchSplitOptions options{.granularity = 4};
 
   // Without a memory plan the fast device holds 8: 8 + 16 gives 5 and 18.
-  const auto excluded = worker::plan_split(graph_, *db_, devices, 24, options);
+  const auto excluded = worker::plan_split(graph_, {}, *db_, devices, 24, options);
   EXPECT_EQ(excluded.batch, (std::vector<int64_t>{8, 16}));
   EXPECT_DOUBLE_EQ(excluded.step_time_ms, 18.0);
   // With it, 16 + 8: 9 x 1.2 = 10.8 and 10.
   const worker::StepPricing joint{{}, memory::Policy::kAuto};
-  const auto split = worker::plan_split(graph_, *db_, devices, 24, options, joint);
+  const auto split = worker::plan_split(graph_, {}, *db_, devices, 24, options, joint);
   EXPECT_EQ(split.batch, (std::vector<int64_t>{16, 8}));
   EXPECT_DOUBLE_EQ(split.step_time_ms, 10.8);
 
-  const balancer::TrainingPlan plan = worker::plan_workspaces(graph_, *db_, devices, split, joint);
+  const balancer::TrainingPlan plan = worker::plan_workspaces(graph_, {}, *db_, devices, split, joint);
   // The plan predicts what the split was chosen on, and says where each
   // rank's activations go at its batch.
   EXPECT_DOUBLE_EQ(plan.predicted_step_ms, 10.8);
@@ -512,11 +558,11 @@ TEST_F(PlanningTest, AMemoryPlanLetsALimitedFastDeviceTakeMore) {
 TEST_F(PlanningTest, TheSplitPricesTheWorkspacePlanAndThePlanPredictsIt) {
   const std::vector<worker::PlanDevice> devices{fast_, slow_};
   const worker::StepPricing limited{{balancer::WorkspacePolicy::kWr, 4096}, memory::Policy::kNone};
-  const auto unlimited = worker::plan_split(graph_, *db_, devices, 24, {.granularity = 4});
-  const auto split = worker::plan_split(graph_, *db_, devices, 24, {.granularity = 4}, limited);
+  const auto unlimited = worker::plan_split(graph_, {}, *db_, devices, 24, {.granularity = 4});
+  const auto split = worker::plan_split(graph_, {}, *db_, devices, 24, {.granularity = 4}, limited);
   // Winograd within 4 KiB runs in calls of 4 at most: slower than undivided.
   EXPECT_GT(split.step_time_ms, unlimited.step_time_ms);
-  const balancer::TrainingPlan plan = worker::plan_workspaces(graph_, *db_, devices, split, limited);
+  const balancer::TrainingPlan plan = worker::plan_workspaces(graph_, {}, *db_, devices, split, limited);
   EXPECT_DOUBLE_EQ(plan.predicted_step_ms, split.step_time_ms);
   for (size_t r = 0; r < devices.size(); ++r) {
     EXPECT_DOUBLE_EQ(plan.ranks[r].predicted_ms, split.time_ms[r]);

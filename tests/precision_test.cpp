@@ -20,6 +20,7 @@
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
 #include "worker/engine/network.h"
+#include "worker/profile/step_costs.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/trainer.h"
 
@@ -32,11 +33,9 @@ using test_support::bitwise_equal;
 using test_support::relative_difference;
 using test_support::TrainRun;
 
-worker::Graph graph_of(const std::string &preset, int64_t side,
-                       Precision precision) {
+worker::Graph graph_of(const std::string &preset, int64_t side) {
   const worker::Shape input{1, 3, side, side};
-  return worker::Graph::build(worker::preset_layers(preset, {input, 10}), input,
-                              precision);
+  return worker::Graph::build(worker::preset_layers(preset, {input, 10}), input);
 }
 
 class Bf16Test : public ::testing::Test {
@@ -49,8 +48,11 @@ protected:
       GTEST_SKIP() << *why;
     }
   }
-  static worker::NetworkOptions options(Policy policy = Policy::kNone) {
+  // Networks in bf16 unless `precision` says otherwise.
+  static worker::NetworkOptions options(Precision precision = Precision::kBf16,
+                                        Policy policy = Policy::kNone) {
     worker::NetworkOptions o;
+    o.settings.precision = precision;
     o.max_batch = 4;
     o.conv_algorithm = "direct";
     o.memory_policy = policy;
@@ -65,10 +67,9 @@ protected:
 // fc kernels read gain one half copy beside the fp32 master copy,
 // gradients and buffers; batch norm's, read in f32, none.
 TEST_F(Bf16Test, ActivationsTakeHalfTheBytesAndTheWeightsGainAHalfCopy) {
-  const worker::Graph fp32 = graph_of("resnet18", 8, Precision::kFp32);
-  const worker::Graph bf16 = graph_of("resnet18", 8, Precision::kBf16);
-  const worker::Network a(fp32, *backend_, options());
-  const worker::Network b(bf16, *backend_, options());
+  const worker::Graph graph = graph_of("resnet18", 8);
+  const worker::Network a(graph, *backend_, options(Precision::kFp32));
+  const worker::Network b(graph, *backend_, options());
   const memory::MemoryModel &ma = a.memory_model();
   const memory::MemoryModel &mb = b.memory_model();
   ASSERT_EQ(ma.layers.size(), mb.layers.size());
@@ -91,8 +92,8 @@ TEST_F(Bf16Test, ActivationsTakeHalfTheBytesAndTheWeightsGainAHalfCopy) {
   size_t copied = 0, copied_ranges = 0, batch_norms = 0;
   for (size_t i = 0; i < ranges; ++i) {
     const worker::ParamRange &r = b.param_ranges()[i];
-    if (bf16.layer(r.layer).type == worker::LayerType::kBatchNorm) {
-      EXPECT_EQ(b.compute_offset(i), -1) << bf16.layer(r.layer).name;
+    if (graph.layer(r.layer).type == worker::LayerType::kBatchNorm) {
+      EXPECT_EQ(b.compute_offset(i), -1) << graph.layer(r.layer).name;
       ++batch_norms;
       continue;
     }
@@ -112,7 +113,7 @@ TEST_F(Bf16Test, ActivationsTakeHalfTheBytesAndTheWeightsGainAHalfCopy) {
 // As in fp32 (recompute_test): keeping, offloading or recomputing
 // activations changes no number, and the simulated peak is the measured one.
 TEST_F(Bf16Test, MemoryPlansKeepTheNumbersAndPredictThePeak) {
-  const worker::Graph graph = graph_of("resnet18", 8, Precision::kBf16);
+  const worker::Graph graph = graph_of("resnet18", 8);
   const TrainRun none = test_support::train_steps(*backend_, graph, options());
   const memory::MemoryModel model =
       worker::Network(graph, *backend_, options()).memory_model();
@@ -147,10 +148,10 @@ TEST_F(Bf16Test, MemoryPlansKeepTheNumbersAndPredictThePeak) {
 // largest weight after one step here, and PyTorch's CPU autocast to bf16 by
 // 0.58 on the same setup.
 TEST_F(Bf16Test, StepsFollowFp32WithoutBeingFp32) {
-  const TrainRun fp32 = test_support::train_steps(
-      *backend_, graph_of("vgg-small", 16, Precision::kFp32), options(), 3);
-  const TrainRun bf16 = test_support::train_steps(
-      *backend_, graph_of("vgg-small", 16, Precision::kBf16), options(), 3);
+  const worker::Graph graph = graph_of("vgg-small", 16);
+  const TrainRun fp32 =
+      test_support::train_steps(*backend_, graph, options(Precision::kFp32), 3);
+  const TrainRun bf16 = test_support::train_steps(*backend_, graph, options(), 3);
   ASSERT_EQ(fp32.params.size(), bf16.params.size());
   const double d = relative_difference(fp32.params, bf16.params);
   EXPECT_GT(d, 0.0);
@@ -158,8 +159,10 @@ TEST_F(Bf16Test, StepsFollowFp32WithoutBeingFp32) {
 }
 
 worker::TrainerOptions trainer_options(const std::string &checkpoint_dir,
-                                       int64_t epochs) {
+                                       int64_t epochs,
+                                       Precision precision = Precision::kFp32) {
   worker::TrainerOptions o;
+  o.settings.precision = precision;
   o.conv_algorithm = "direct";
   o.train.batch = 32;
   o.train.epochs = epochs;
@@ -176,18 +179,15 @@ worker::TrainerOptions trainer_options(const std::string &checkpoint_dir,
 TEST_F(Bf16Test, LeNetLearnsAndItsCheckpointResumesInFp32) {
   const worker::Shape input{1, 1, 16, 16};
   const worker::Dataset train = worker::make_synthetic(input, 4, 768, 3);
-  const auto lenet = [&](Precision p) {
-    return worker::Graph::build(worker::preset_layers("lenet", {input, 4}),
-                                input, p);
-  };
+  const worker::Graph lenet =
+      worker::Graph::build(worker::preset_layers("lenet", {input, 4}), input);
   test_support::TempDir dir;
-  const worker::Graph bf16 = lenet(Precision::kBf16),
-                      fp32 = lenet(Precision::kFp32);
   const worker::ChannelStats norm = worker::channel_stats(train);
-  const worker::TrainResult half = worker::train(
-      bf16, *backend_, train, {}, norm, trainer_options(dir.path("ck"), 2));
+  const worker::TrainResult half =
+      worker::train(lenet, *backend_, train, {}, norm,
+                    trainer_options(dir.path("ck"), 2, Precision::kBf16));
   const worker::TrainResult full =
-      worker::train(fp32, *backend_, train, {}, norm, trainer_options("", 2));
+      worker::train(lenet, *backend_, train, {}, norm, trainer_options("", 2));
   ASSERT_EQ(half.steps, 48);
   const auto mean = [](const std::vector<double> &v, size_t first) {
     double sum = 0;
@@ -205,17 +205,22 @@ TEST_F(Bf16Test, LeNetLearnsAndItsCheckpointResumesInFp32) {
   worker::TrainerOptions resume = trainer_options(dir.path("ck"), 3);
   resume.checkpoint.resume = worker::ResumeSetting::kRequired;
   const worker::TrainResult resumed =
-      worker::train(fp32, *backend_, train, {}, norm, resume);
+      worker::train(lenet, *backend_, train, {}, norm, resume);
   EXPECT_FALSE(resumed.resumed_from.empty());
   EXPECT_EQ(resumed.steps, 72);
 }
 
-TEST(Precision, ProfileKeysKeepPrecisionsApartAndFp32KeysUnchanged) {
-  const worker::Graph fp32 = graph_of("lenet", 28, Precision::kFp32);
-  const worker::Graph bf16 = graph_of("lenet", 28, Precision::kBf16);
-  EXPECT_EQ(fp32.signature(), bf16.signature());
-  EXPECT_EQ(fp32.profile_key(), fp32.signature());
-  EXPECT_EQ(bf16.profile_key(), bf16.signature() + "@bf16");
+// The perf DB keeps a model's precisions apart in a column of their own;
+// the model's key is its signature whatever the precision.
+TEST(Precision, ModelKeysKeepPrecisionsApartInTheirOwnColumn) {
+  const worker::Graph graph = graph_of("lenet", 28);
+  const common::ComputeSettings bf16{.precision = Precision::kBf16};
+  const perfdb::ModelKey fp32_key = worker::model_key(graph, {});
+  const perfdb::ModelKey bf16_key = worker::model_key(graph, bf16);
+  EXPECT_EQ(fp32_key.signature, graph.signature());
+  EXPECT_EQ(bf16_key.signature, graph.signature());
+  EXPECT_NE(fp32_key, bf16_key);
+  EXPECT_EQ(bf16_key.settings.precision, Precision::kBf16);
   EXPECT_EQ(bf16.activation_type(), common::DataType::kBF16);
 }
 
@@ -223,9 +228,11 @@ TEST(Precision, ProfileKeysKeepPrecisionsApartAndFp32KeysUnchanged) {
 TEST(Precision, TheCpuRefusesFp16AndTf32NamingWhatItRuns) {
   auto backend = worker::make_backend({.kind = "cpu", .threads = 1});
   for (Precision p : {Precision::kFp16, Precision::kTf32}) {
-    const worker::Graph graph = graph_of("lenet", 28, p);
+    const worker::Graph graph = graph_of("lenet", 28);
+    worker::NetworkOptions options;
+    options.settings.precision = p;
     try {
-      worker::Network net(graph, *backend, {});
+      worker::Network net(graph, *backend, options);
       ADD_FAILURE() << common::precision_name(p) << " was accepted";
     } catch (const worker::BackendError &e) {
       EXPECT_NE(std::string(e.what()).find(common::precision_name(p)),

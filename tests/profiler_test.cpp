@@ -53,7 +53,7 @@ TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
   options.warmup = 0;
   options.repeats = 2;
   // An older profiler's step row (forward + backward only) is not a cache hit.
-  const perfdb::StepMeasurement old{graph.signature(), 4, "none", "auto", 1.0, 1, 0, {}};
+  const perfdb::StepMeasurement old{model_key(graph, {}), 4, "none", "auto", 1.0, 1, 0, {}};
   db.record_step_measurements(device, std::span(&old, 1));
   const ProfileReport first = profile(graph, *backend, db, device, options);
   // LeNet: conv1 (Forward, BackwardFilter; its input is the data) and conv2
@@ -65,7 +65,7 @@ TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
   EXPECT_EQ(stats.step_measurements, 3);  // the old row is kept, not used
   // Every measurement is positive and its workspace is what the backend
   // reports for that algorithm and micro-batch.
-  const auto steps = profiled_steps(db, device, graph.signature(), memory::Policy::kNone, 0);
+  const auto steps = profiled_steps(db, device, model_key(graph, {}), memory::Policy::kNone, 0);
   ASSERT_EQ(steps.size(), 2u);
   // The step's peak holds at least the weights, their gradients and the
   // optimizer's velocity, the state a training step keeps.
@@ -115,8 +115,8 @@ TEST(Profiler, StepsAreRecordedUnderTheirMemoryPolicy) {
     EXPECT_EQ(profile(graph, *backend, db, device, options).step_measured, 1)
         << memory::policy_name(policy);
   }
-  const auto none = db.step_measurements(device, graph.signature(), "none");
-  const auto all = db.step_measurements(device, graph.signature(), "all");
+  const auto none = db.step_measurements(device, model_key(graph, {}), "none");
+  const auto all = db.step_measurements(device, model_key(graph, {}), "all");
   ASSERT_EQ(none.size(), 1u);
   ASSERT_EQ(all.size(), 1u);
   EXPECT_LT(all[0].peak_device_bytes, none[0].peak_device_bytes);
@@ -153,7 +153,7 @@ TEST(Profiler, StepPeakCountsTheInputStagingTrainingHolds) {
     ASSERT_EQ(report.step_measured, 1);
     // Timed as training runs it: the batch copied during the step before.
     EXPECT_EQ(report.step_copied_ahead, staging ? 1 : 0);
-    const auto steps = db.step_measurements(device, graph.signature(), "none");
+    const auto steps = db.step_measurements(device, model_key(graph, {}), "none");
     ASSERT_EQ(steps.size(), 1u);
     peak[staging] = steps[0].peak_device_bytes;
     if (staging) {
@@ -291,7 +291,7 @@ TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
     arrivals = 0;
     const ProfileReport r = profile(graph, *backend, db, device, options);
     EXPECT_EQ(r.step_measured, 2) << rounds << " rounds";
-    const auto steps = db.step_measurements(device, graph.signature(), "none");
+    const auto steps = db.step_measurements(device, model_key(graph, {}), "none");
     ASSERT_EQ(steps.size(), 2u) << rounds << " rounds";
     for (const auto& step : steps) EXPECT_GT(step.time_ms, 0);
     agreements_at[rounds] = agreements;
@@ -311,7 +311,7 @@ TEST(Profiler, TogetherPeersArriveOnceForAnItemTheirDeviceCannotHold) {
   perfdb::PerfDb alone(":memory:");
   const perfdb::DeviceId roomy_id = alone.upsert_device(perfdb_device(roomy->device_info()));
   profile(graph, *roomy, alone, roomy_id, options);
-  const auto steps = alone.step_measurements(roomy_id, graph.signature(), "none");
+  const auto steps = alone.step_measurements(roomy_id, model_key(graph, {}), "none");
   ASSERT_EQ(steps.size(), 2u);
   const size_t small_peak = std::min(steps[0].peak_device_bytes, steps[1].peak_device_bytes);
   const size_t large_peak = std::max(steps[0].peak_device_bytes, steps[1].peak_device_bytes);

@@ -176,12 +176,12 @@ TEST(StepCallTimes, TheProfilerRecordsTheStepsCallsUnlessItOffloaded) {
     o.repeats = 3;
     o.memory_policy = policy;
     profile(graph, *backend, db, device, o);
-    const StepCostsLookup found = profiled_step_costs(db, device, graph, 4);
+    const StepCostsLookup found = profiled_step_costs(db, device, graph, {}, 4);
     ASSERT_TRUE(found.costs) << found.missing;
     test_support::expect_every_layer_timed(graph, *found.costs);
     bool outside = false;
     for (const perfdb::LayerMeasurement& row :
-         db.layer_measurements(device, graph.profile_key(), 4)) {
+         db.layer_measurements(device, model_key(graph, {}), 4)) {
       outside = outside || row.layer_index == perfdb::kOutsideCallsLayer;
     }
     EXPECT_EQ(outside, policy == memory::Policy::kNone) << memory::policy_name(policy);

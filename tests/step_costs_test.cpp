@@ -59,12 +59,12 @@ TEST_F(StepCostsTest, TheProfilerRecordsBandwidthOnceAndLayersPerBatch) {
   without.layer_costs = false;
   const ProfileReport none = profile(graph_, *backend_, db_, device_, without);
   EXPECT_EQ(none.layer_costs_measured + none.copy_measured, 0);
-  EXPECT_FALSE(profiled_step_costs(db_, device_, graph_, 16).costs.has_value());
+  EXPECT_FALSE(profiled_step_costs(db_, device_, graph_, {}, 16).costs.has_value());
 }
 
 TEST_F(StepCostsTest, ProfiledCostsHaveOneEntryPerLayer) {
   profile(graph_, *backend_, db_, device_, layers_only({4}));
-  const StepCostsLookup lookup = profiled_step_costs(db_, device_, graph_, 4);
+  const StepCostsLookup lookup = profiled_step_costs(db_, device_, graph_, {}, 4);
   ASSERT_TRUE(lookup.costs.has_value()) << lookup.missing;
   EXPECT_EQ(lookup.missing, "");
   const memory::StepCosts& c = *lookup.costs;
@@ -72,7 +72,7 @@ TEST_F(StepCostsTest, ProfiledCostsHaveOneEntryPerLayer) {
   EXPECT_GT(c.to_host_bytes_per_second, 0);
   EXPECT_GT(c.to_device_bytes_per_second, 0);
   // The rows hold what was measured, in ms, named after the layers.
-  const auto rows = db_.layer_measurements(device_, graph_.signature(), 4);
+  const auto rows = db_.layer_measurements(device_, model_key(graph_, {}), 4);
   ASSERT_EQ(rows.size(), static_cast<size_t>(graph_.size() + 1));
   EXPECT_EQ(rows[0].layer_name, "loss");
   EXPECT_EQ(rows[2].layer_name, graph_.layer(1).name);
@@ -80,7 +80,7 @@ TEST_F(StepCostsTest, ProfiledCostsHaveOneEntryPerLayer) {
 }
 
 TEST_F(StepCostsTest, WhatIsMissingIsNamed) {
-  EXPECT_EQ(profiled_step_costs(db_, device_, graph_, 8).missing,
+  EXPECT_EQ(profiled_step_costs(db_, device_, graph_, {}, 8).missing,
             "the copy bandwidth to_host and to_device; layer times of data, conv1, pool1, "
             "conv2, pool2, ... (9 in all) at batch 8");
   const perfdb::CopyBandwidthMeasurement to_device{perfdb::CopyDirection::kToDevice, 4096, 1e9, 0,
@@ -93,8 +93,8 @@ TEST_F(StepCostsTest, WhatIsMissingIsNamed) {
   std::vector<perfdb::LayerMeasurement> rows = layer_rows(graph_, some);
   rows.erase(rows.begin());
   rows.resize(rows.size() - 2);
-  db_.record_layer_measurements(device_, graph_.signature(), 8, rows);
-  EXPECT_EQ(profiled_step_costs(db_, device_, graph_, 8).missing,
+  db_.record_layer_measurements(device_, model_key(graph_, {}), 8, rows);
+  EXPECT_EQ(profiled_step_costs(db_, device_, graph_, {}, 8).missing,
             "the copy bandwidth to_host; layer times of " + graph_.layer(graph_.size() - 2).name +
                 ", " + graph_.layer(graph_.size() - 1).name + ", the loss at batch 8");
 }
@@ -115,11 +115,11 @@ TEST(StepCostsOldRows, ACopyBandwidthWithoutItsComputeShareIsMeasuredAgain) {
   perfdb::PerfDb db(path);
   const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
   EXPECT_FALSE(holds_copy_bandwidth(db, device));
-  EXPECT_EQ(profiled_step_costs(db, device, graph, 4).missing,
+  EXPECT_EQ(profiled_step_costs(db, device, graph, {}, 4).missing,
             "the copy bandwidth to_host (its compute share: measured before schema version 6) "
             "and to_device (its compute share: measured before schema version 6)");
   EXPECT_EQ(profile(graph, *backend, db, device, layers_only({4})).copy_measured, 1);
-  const StepCostsLookup lookup = profiled_step_costs(db, device, graph, 4);
+  const StepCostsLookup lookup = profiled_step_costs(db, device, graph, {}, 4);
   ASSERT_TRUE(lookup.costs.has_value()) << lookup.missing;
   EXPECT_GE(lookup.costs->copy_compute_share, 0);
   EXPECT_LE(lookup.costs->copy_compute_share, 1);

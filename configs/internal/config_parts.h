@@ -18,4 +18,10 @@ Config read_sections(const common::yaml::Field& root);
 void apply_override(YAML::Node& root, const std::string& arg,
                     std::vector<std::string>& overridden);
 
+// A per-sample shape as "CxHxW" (model_graph.cpp).
+std::string chw(const worker::Shape& s);
+// The key that set the model's input size: data.shape for synthetic data,
+// else data.kind (IDX and CIFAR-10 files fix their shape).
+std::string input_key(const Config& config);
+
 }  // namespace vtrain::config::internal

@@ -1,6 +1,7 @@
 #include "perfdb/internal/schema.h"
 
 #include <iterator>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,7 +14,10 @@ namespace {
 struct Migration {
   int to;
   const char* sql;
+  void (*rewrite_rows)(Connection&) = nullptr;  // after `sql`: what SQL cannot say
 };
+
+void split_model_keys(Connection& connection);
 
 // The comments inside CREATE TABLE are kept by SQLite, so `.schema` in the
 // sqlite3 shell shows them.
@@ -179,6 +183,46 @@ CREATE TABLE input_rates (
   UNIQUE (host, workers, dataset_kind, dataset, channels, height, width, transform)
 );
 )sql"},
+    // Version 8: how a model was computed gets typed columns of its own
+    // (precision, layout, fuse_relu) in the two tables keyed on a model,
+    // where it was "@" suffixes on the model's key; model keeps the
+    // signature alone. The tables are rebuilt (their UNIQUE changes), ids
+    // and rows kept; split_model_keys then moves the suffixes into the
+    // columns.
+    {8, R"sql(
+CREATE TABLE step_measurements_v8 (
+  id INTEGER PRIMARY KEY,
+  device_id INTEGER NOT NULL REFERENCES devices (id),
+  model TEXT NOT NULL,               -- model signature (the architecture alone)
+  precision TEXT NOT NULL,           -- train.precision: fp32, tf32, bf16, fp16
+  layout TEXT NOT NULL,              -- device.layout: auto, nchw, nhwc
+  fuse_relu TEXT NOT NULL,           -- conv.fuse_relu: auto, on, off
+  batch INTEGER NOT NULL, memory_policy TEXT NOT NULL, workspace_plan TEXT NOT NULL,
+  time_ms REAL NOT NULL, peak_device_bytes INTEGER NOT NULL, measured_at INTEGER NOT NULL,
+  kept_bytes INTEGER, offloaded_bytes INTEGER,
+  recomputed_bytes INTEGER,          -- batch to recomputed_bytes as in version 4 (perfdb/README.md)
+  UNIQUE (device_id, model, precision, layout, fuse_relu, batch, memory_policy, workspace_plan)
+);
+INSERT INTO step_measurements_v8 SELECT id, device_id, model, 'fp32', 'auto', 'auto', batch,
+  memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at, kept_bytes,
+  offloaded_bytes, recomputed_bytes FROM step_measurements;
+DROP TABLE step_measurements;
+ALTER TABLE step_measurements_v8 RENAME TO step_measurements;
+CREATE TABLE layer_measurements_v8 (
+  id INTEGER PRIMARY KEY,
+  device_id INTEGER NOT NULL REFERENCES devices (id),
+  model TEXT NOT NULL, precision TEXT NOT NULL, layout TEXT NOT NULL, fuse_relu TEXT NOT NULL,
+                                     -- the model and how it was computed, as in step_measurements
+  batch INTEGER NOT NULL, layer_index INTEGER NOT NULL CHECK (layer_index >= -2),
+  layer_name TEXT NOT NULL, forward_ms REAL NOT NULL, backward_ms REAL NOT NULL,
+  measured_at INTEGER NOT NULL,      -- batch to measured_at as in version 5 (perfdb/README.md)
+  UNIQUE (device_id, model, precision, layout, fuse_relu, batch, layer_index)
+);
+INSERT INTO layer_measurements_v8 SELECT id, device_id, model, 'fp32', 'auto', 'auto', batch,
+  layer_index, layer_name, forward_ms, backward_ms, measured_at FROM layer_measurements;
+DROP TABLE layer_measurements;
+ALTER TABLE layer_measurements_v8 RENAME TO layer_measurements;
+)sql", split_model_keys},
 };
 
 static_assert(std::size(kMigrations) == static_cast<size_t>(kSchemaVersion),
@@ -186,6 +230,36 @@ static_assert(std::size(kMigrations) == static_cast<size_t>(kSchemaVersion),
 
 [[noreturn]] void not_valid(const Connection& connection, const std::string& why) {
   throw PerfDbError(connection.path() + " is not a valid vtrain perf DB: " + why);
+}
+
+// Version 8's rows: a model key "<signature>@bf16@nhwc@fuse_relu=on" (as
+// versions up to 7 wrote it) becomes model "<signature>" with precision
+// bf16, layout nhwc, fuse_relu on. A suffix vtrain never wrote fails the
+// upgrade naming the table, row and key, and the file is left as it was.
+void split_model_keys(Connection& connection) {
+  for (const char* table : {"step_measurements", "layer_measurements"}) {
+    const std::string name(table);
+    // Read first, then write: no row changes under a running scan.
+    std::vector<std::pair<int64_t, std::string>> suffixed;
+    Statement select(connection, "SELECT id, model FROM " + name + " WHERE instr(model, '@') > 0");
+    while (select.step()) suffixed.emplace_back(select.column_int(0), select.column_text(1));
+    Statement update(connection, "UPDATE " + name +
+                                     " SET model = ?2, precision = ?3, layout = ?4, "
+                                     "fuse_relu = ?5 WHERE id = ?1");
+    for (const auto& [id, key] : suffixed) {
+      common::SuffixedModelKey parsed;
+      try {
+        parsed = common::parse_suffixed_model_key(key);
+      } catch (const std::invalid_argument& e) {
+        not_valid(connection, name + " row " + std::to_string(id) + ": model '" + key +
+                                  "': " + e.what());
+      }
+      StatementUse use(update);
+      update.bind(1, id);
+      bind_model(update, 2, ModelKey{parsed.signature, parsed.settings});
+      update.run();
+    }
+  }
 }
 
 }  // namespace
@@ -253,6 +327,7 @@ void migrate(Connection& connection, std::optional<int> version) {
   for (const Migration& migration : kMigrations) {
     if (migration.to <= at) continue;
     connection.exec(migration.sql);
+    if (migration.rewrite_rows) migration.rewrite_rows(connection);
     Statement set(connection, "UPDATE schema_version SET version = ?1");
     set.bind(1, int64_t{migration.to});
     set.run();

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "perfdb/internal/sqlite.h"
+#include "perfdb/perf_db.h"
 
 namespace vtrain::perfdb::internal {
 
@@ -19,6 +20,16 @@ std::optional<int> inspect_schema(Connection& connection, bool quick_check);
 // Throws PerfDbError unless `version` is one this code reads and writes (or,
 // with allow_older, can upgrade from).
 void check_schema_version(const Connection& connection, int version, bool allow_older);
+
+// Binds `model` to parameters first..first + common::kSettingCount, the
+// columns it is stored in: model, then each setting
+// (common::setting_texts) by its name in the config.
+inline void bind_model(Statement& statement, int first, const ModelKey& model) {
+  statement.bind(first, std::string_view(model.signature));
+  for (const common::SettingText& s : common::setting_texts(model.settings)) {
+    statement.bind(++first, s.value);
+  }
+}
 
 // Brings the database from `version` (nullopt: empty) up to kSchemaVersion.
 // Call it inside a write transaction, so a failed upgrade leaves nothing.

@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/compute_settings.h"
 #include "common/conv_kind.h"
 #include "common/precision.h"
 #include "worker/device/tensor.h"
@@ -433,17 +434,10 @@ class Backend {
   virtual size_t scratch_bytes() const = 0;  // the scratch's current size
 };
 
-// The activation layout a job asks for (device.layout): the backend's own
-// choice, or one forced.
-enum class LayoutChoice : uint8_t {
-  kAuto,  // the CPU: its ISA's channel block (nChw16c / nChw8c); a GPU:
-          // NHWC under bf16 / fp16 (tensor cores' layout) for channels in
-          // groups of 8, NCHW otherwise
-  kNchw,  // plain NCHW everywhere
-  kNhwc,  // channels last everywhere
-};
-inline constexpr auto kLayoutChoiceNames = std::to_array<common::Named<LayoutChoice>>(
-    {{LayoutChoice::kAuto, "auto"}, {LayoutChoice::kNchw, "nchw"}, {LayoutChoice::kNhwc, "nhwc"}});
+// The activation layout a job asks for (device.layout), with the other
+// settings of how a model is computed (common/compute_settings.h).
+using common::LayoutChoice;
+using common::kLayoutChoiceNames;
 
 // The layout rule of every backend, also what the offline planner assumes
 // for a rank it cannot ask: the layout of an activation of `channels`

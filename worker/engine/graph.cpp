@@ -317,8 +317,7 @@ LayerType parse_layer_type(const std::string& name) {
   return common::parse_named<GraphError>(kLayerTypeNames, name, "layer type");
 }
 
-Graph Graph::build(std::vector<LayerSpec> layers, const Shape& input,
-                   common::Precision precision) {
+Graph Graph::build(std::vector<LayerSpec> layers, const Shape& input) {
   if (input.c <= 0 || input.h <= 0 || input.w <= 0) {
     throw GraphError("graph input shape must be positive, got " + chw(input));
   }
@@ -332,7 +331,6 @@ Graph Graph::build(std::vector<LayerSpec> layers, const Shape& input,
   check_single_sink(layers, order, readers);
 
   Graph g;
-  g.precision_ = precision;
   std::vector<int> position(n);
   for (int k = 0; k < n; ++k) position[order[k]] = k;
   g.layers_.reserve(n);
@@ -411,24 +409,6 @@ std::string Graph::signature() const {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(text)));
   return hex;
-}
-
-std::string Graph::profile_key() const {
-  // One append at a time: "@" + name trips a GCC 12 -Wrestrict false positive.
-  std::string key = signature();
-  if (precision_ != common::Precision::kFp32) {
-    key += '@';
-    key += common::precision_name(precision_);
-  }
-  if (layout_choice_ != LayoutChoice::kAuto) {
-    key += '@';
-    key += common::name_of(kLayoutChoiceNames, layout_choice_);
-  }
-  if (fuse_relu_ != common::AutoOnOff::kAuto) {
-    key += "@fuse_relu=";
-    key += common::name_of(common::kAutoOnOffNames, fuse_relu_);
-  }
-  return key;
 }
 
 }  // namespace vtrain::worker

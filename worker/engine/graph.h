@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/compute_settings.h"
 #include "common/name_table.h"
 #include "worker/device/backend.h"
 #include "worker/device/tensor.h"
@@ -102,18 +103,18 @@ struct LayerSpec {
   float bn_momentum = 0.1f;
 };
 
+// How a graph is computed (precision, layout, fusion), kept beside it.
+using common::ComputeSettings;
+
 class Graph {
  public:
   // Validates and orders `layers`. `input` is the per-sample data shape (n
   // ignored). Errors name the layer (and its config line when known): unknown
   // or duplicate names, missing inputs, wrong input counts, cycles, shape
   // mismatches at joins, windows larger than their input, no or several sinks.
-  //
-  // `precision` (train.precision) is part of the computation: activations
-  // and their gradients are stored in its type (activation_type()), and the
-  // perf DB keeps its timings apart (profile_key()).
-  static Graph build(std::vector<LayerSpec> layers, const Shape& input,
-                     common::Precision precision = common::Precision::kFp32);
+  // The graph is only the model: how it is computed (precision, layout,
+  // fusion) is a common::ComputeSettings beside it.
+  static Graph build(std::vector<LayerSpec> layers, const Shape& input);
 
   // Layers in a topological order (input first; stable w.r.t. the given order),
   // with a global pool's window filled in.
@@ -137,40 +138,12 @@ class Graph {
   // give equal strings. Checkpoints key on it (fp32 master weights resume in
   // any precision).
   std::string signature() const;
-  common::Precision precision() const { return precision_; }
-  // The same model computed in `precision` (a rank of a job whose ranks
-  // differ in precision, as the planner prices it).
-  Graph with_precision(common::Precision precision) const {
-    Graph g = *this;
-    g.precision_ = precision;
-    return g;
-  }
-  DataType activation_type() const { return common::storage_type(precision_); }
-  // The activation layout the job asks for (device.layout): its timings are
-  // not those of another layout.
-  void set_layout_choice(LayoutChoice choice) { layout_choice_ = choice; }
-  LayoutChoice layout_choice() const { return layout_choice_; }
-  // conv.fuse_relu: whether a convolution with a bias whose only reader is a
-  // relu leaves the bias to it, which adds it in forward and sums its
-  // gradient in backward (Network pairs them): auto where the backend gains
-  // from it (Backend::pairs_bias_with_relu). It moves time from one layer
-  // to another and changes a step's, so it is part of profile_key().
-  void set_fuse_relu(common::AutoOnOff setting) { fuse_relu_ = setting; }
-  common::AutoOnOff fuse_relu() const { return fuse_relu_; }
-  // What the perf DB keys a model's layer and step timings on, and a plan's
-  // `model:`: the signature, with "@<precision>" unless fp32, "@<layout>"
-  // unless auto and "@fuse_relu=<on|off>" unless auto (auto's keys
-  // predate these settings: each device's rows are what auto does there).
-  std::string profile_key() const;
 
  private:
   std::vector<LayerSpec> layers_;
   std::vector<std::vector<int>> inputs_;
   std::vector<std::vector<int>> consumers_;
   std::vector<Shape> shapes_;
-  common::Precision precision_ = common::Precision::kFp32;
-  LayoutChoice layout_choice_ = LayoutChoice::kAuto;
-  common::AutoOnOff fuse_relu_ = common::AutoOnOff::kAuto;
 };
 
 // Presets: "lenet", "vgg-small", "alexnet", "overfeat", "googlenet", "vgg16",

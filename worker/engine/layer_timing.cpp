@@ -411,12 +411,13 @@ memory::StepCosts measure_step_costs(const Graph& graph,
   return with_copies(std::move(costs), bandwidth);
 }
 
-memory::StepCosts measure_graph_step_costs(const Graph& graph, Backend& backend, int64_t n,
+memory::StepCosts measure_graph_step_costs(const Graph& graph, const ComputeSettings& settings,
+                                           Backend& backend, int64_t n,
                                            const CopyBandwidth& bandwidth,
                                            const std::string& conv_algorithm,
                                            const KernelTimingOptions& timing) {
-  require_precision(backend, graph);
-  const std::vector<TensorDesc> out_desc = activation_descs(graph, backend, n);
+  require_precision(backend, settings.precision);
+  const std::vector<TensorDesc> out_desc = activation_descs(graph, settings, backend, n);
   std::vector<std::unique_ptr<Layer>> layers;
   for (int i = 0; i < graph.size(); ++i) {
     const std::vector<int>& in = graph.inputs(i);

@@ -75,9 +75,11 @@ memory::StepCosts measure_step_costs(const Graph& graph,
                                      uint64_t plan_workspace_bytes = 0);
 
 // The same for a graph with no network (the profiler): its layers are made
-// at batch n as a network makes them, conv layers with `conv_algorithm`
-// (tuned, when "auto", within the device memory free now), then measured.
-memory::StepCosts measure_graph_step_costs(const Graph& graph, Backend& backend, int64_t n,
+// at batch n as a network makes them under `settings`, conv layers with
+// `conv_algorithm` (tuned, when "auto", within the device memory free
+// now), then measured.
+memory::StepCosts measure_graph_step_costs(const Graph& graph, const ComputeSettings& settings,
+                                           Backend& backend, int64_t n,
                                            const CopyBandwidth& bandwidth,
                                            const std::string& conv_algorithm = "auto",
                                            const KernelTimingOptions& timing = {});

@@ -13,12 +13,13 @@
 
 namespace vtrain::worker {
 
-std::vector<TensorDesc> activation_descs(const Graph& graph, const Backend& backend, int64_t n) {
+std::vector<TensorDesc> activation_descs(const Graph& graph, const ComputeSettings& settings,
+                                         const Backend& backend, int64_t n) {
   return activation_descs(
-      graph, [&](int64_t channels) { return backend.preferred_layout(channels); }, n);
+      graph, settings, [&](int64_t channels) { return backend.preferred_layout(channels); }, n);
 }
 
-std::vector<TensorDesc> activation_descs(const Graph& graph,
+std::vector<TensorDesc> activation_descs(const Graph& graph, const ComputeSettings& settings,
                                          const std::function<Layout(int64_t)>& preferred_layout,
                                          int64_t n) {
   std::vector<TensorDesc> descs(graph.size());
@@ -37,21 +38,23 @@ std::vector<TensorDesc> activation_descs(const Graph& graph,
       case LayerType::kAdd:
       case LayerType::kConcat: layout = preferred_layout(shape.c); break;
     }
-    descs[i] = {shape, layout, graph.activation_type()};
+    descs[i] = {shape, layout, settings.activation_type()};
   }
   return descs;
 }
 
-void require_precision(const Backend& backend, const Graph& graph) {
-  if (std::optional<std::string> why = backend.precision_unavailable(graph.precision())) {
+void require_precision(const Backend& backend, common::Precision precision) {
+  if (std::optional<std::string> why = backend.precision_unavailable(precision)) {
     throw BackendError(*why);
   }
 }
 
-std::optional<std::string> conv_algorithm_refusal(const Graph& graph, Backend& backend,
-                                                  const std::string& algorithm, int64_t n) {
+std::optional<std::string> conv_algorithm_refusal(const Graph& graph,
+                                                  const ComputeSettings& settings,
+                                                  Backend& backend, const std::string& algorithm,
+                                                  int64_t n) {
   if (algorithm == "auto") return std::nullopt;
-  const std::vector<TensorDesc> descs = activation_descs(graph, backend, n);
+  const std::vector<TensorDesc> descs = activation_descs(graph, settings, backend, n);
   std::vector<ConvAlgorithmChoice> choices;
   for (int i = 0; i < graph.size(); ++i) {
     if (graph.layer(i).type != LayerType::kConv) continue;
@@ -100,13 +103,13 @@ const ConvLayerExecution* execution_of(const NetworkOptions& options, const std:
 Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& options)
     : graph_(graph), backend_(backend), options_(options) {
   if (options.max_batch < 1) throw std::invalid_argument("Network: max_batch must be >= 1");
-  require_precision(backend, graph);
-  out_desc_ = activation_descs(graph, backend, options.max_batch);
+  require_precision(backend, options.settings.precision);
+  out_desc_ = activation_descs(graph, options.settings, backend, options.max_batch);
   check_conv_executions(graph, options);
   make_layers();
   check_named_algorithm();
   // Parameter layout (the memory part allocates the buffers below).
-  const int64_t align = kComputeAlignBytes / static_cast<int64_t>(element_bytes(graph.activation_type()));
+  const int64_t align = kComputeAlignBytes / static_cast<int64_t>(element_bytes(options.settings.activation_type()));
   for (int i = 0; i < graph.size(); ++i) {
     if (const int64_t c = layers_[i]->param_count()) {
       param_ranges_.push_back({i, param_count_, c});
@@ -199,7 +202,7 @@ void Network::make_layers() {
 }
 
 void Network::pair_bias_with_relu() {
-  const common::AutoOnOff setting = graph_.fuse_relu();
+  const common::AutoOnOff setting = options_.settings.fuse_relu;
   if (setting == common::AutoOnOff::kOff ||
       (setting == common::AutoOnOff::kAuto && !backend_.pairs_bias_with_relu())) {
     return;
@@ -240,7 +243,7 @@ void Network::bind_layers() {
   if (options_.prefetch_input) {
     input_staging_ = static_cast<float*>(interpreter_->persistent("input_staging"));
   }
-  const DataType compute_type = graph_.activation_type();
+  const DataType compute_type = options_.settings.activation_type();
   compute_params_ = has_compute_copy() ? interpreter_->persistent("compute_params") : nullptr;
   int64_t p = 0, b = 0;
   size_t range = 0;
@@ -270,15 +273,15 @@ void Network::init_parameters(uint64_t seed) {
 
 void* Network::compute_range(size_t range) const {
   return static_cast<char*>(compute_params_) +
-         compute_offsets_[range] * static_cast<int64_t>(element_bytes(graph_.activation_type()));
+         compute_offsets_[range] * static_cast<int64_t>(element_bytes(options_.settings.activation_type()));
 }
 
 bool Network::has_compute_copy() const {
-  return graph_.activation_type() != DataType::kF32 && compute_count_ > 0;
+  return options_.settings.activation_type() != DataType::kF32 && compute_count_ > 0;
 }
 
 TensorDesc Network::compute_params_desc() const {
-  return vector_desc(compute_count_, graph_.activation_type());
+  return vector_desc(compute_count_, options_.settings.activation_type());
 }
 
 // Range by range: each starts aligned in the compute copy (the padding
@@ -290,7 +293,7 @@ void Network::refresh_compute_params() {
       if (compute_offsets_[i] < 0) continue;
       const ParamRange& r = param_ranges_[i];
       backend_.convert(Tensor{vector_desc(r.count), params_ + r.offset},
-                       Tensor{vector_desc(r.count, graph_.activation_type()), compute_range(i)});
+                       Tensor{vector_desc(r.count, options_.settings.activation_type()), compute_range(i)});
     }
   }
   compute_params_stale_ = false;

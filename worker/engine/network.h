@@ -46,6 +46,8 @@ class Layer;
 class ScheduleInterpreter;
 
 struct NetworkOptions {
+  ComputeSettings settings;                // how the graph is computed: precision, layout
+                                           // (the backend's, which it was made with), fusion
   int64_t max_batch = 64;                  // largest batch a step or evaluation will use
   std::string conv_algorithm = "auto";     // "auto": time every algorithm per layer and kind at
                                            // construction and keep the fastest; or a name,
@@ -115,26 +117,29 @@ struct MemoryStats {
   memory::StaticPlanReport static_plan;
 };
 
-// Descriptors of every layer's output at batch n, in the graph's
+// Descriptors of every layer's output at batch n, in `settings`'
 // activation type: the layout each gets on
 // `backend` (conv/add/concat outputs in the backend's preferred layout,
 // element-wise layers keep their input's, data and fc outputs plain).
-std::vector<TensorDesc> activation_descs(const Graph& graph, const Backend& backend, int64_t n);
+std::vector<TensorDesc> activation_descs(const Graph& graph, const ComputeSettings& settings,
+                                         const Backend& backend, int64_t n);
 // The same for a device known only by its layout rule (offline planning).
-std::vector<TensorDesc> activation_descs(const Graph& graph,
+std::vector<TensorDesc> activation_descs(const Graph& graph, const ComputeSettings& settings,
                                          const std::function<Layout(int64_t)>& preferred_layout,
                                          int64_t n);
 
-// Throws BackendError with the backend's reason when it cannot run the
-// graph's precision: before anything builds or times the graph's layers
-// (a network, the profiler, layer timing).
-void require_precision(const Backend& backend, const Graph& graph);
+// Throws BackendError with the backend's reason when it cannot run
+// `precision`: before anything builds or times a graph's layers (a
+// network, the profiler, layer timing).
+void require_precision(const Backend& backend, common::Precision precision);
 
 // Why a named conv.algorithm (not "auto") runs on none of the graph's
 // convolutions on `backend` at batch n, naming what they offer instead
 // (the error a network gives); nothing when one offers it.
-std::optional<std::string> conv_algorithm_refusal(const Graph& graph, Backend& backend,
-                                                  const std::string& algorithm, int64_t n);
+std::optional<std::string> conv_algorithm_refusal(const Graph& graph,
+                                                  const ComputeSettings& settings,
+                                                  Backend& backend, const std::string& algorithm,
+                                                  int64_t n);
 
 // A contiguous range of the flat parameter buffer owned by one layer.
 struct ParamRange {
@@ -270,7 +275,7 @@ class Network {
  private:
   void make_layers();
   void check_named_algorithm() const;
-  // Once the layers are bound, as graph_.fuse_relu() says: the relu adds
+  // Once the layers are bound, as options_.settings.fuse_relu says: the relu adds
   // the bias (Backend::bias_relu_forward, relu_backward_bias).
   void pair_bias_with_relu();
   bool has_compute_copy() const;           // a half precision with conv or fc parameters

@@ -10,6 +10,7 @@
 #include "common/text.h"
 #include "worker/device/backend.h"
 #include "worker/profile/profiler.h"
+#include "worker/profile/step_costs.h"
 
 namespace vtrain::worker {
 namespace {
@@ -25,13 +26,15 @@ struct KernelAt {
   perfdb::KernelSignature signature;
 };
 
-// `graph` as `device` computes it (PlanDevice::precision).
-Graph on_device(const Graph& graph, const PlanDevice& device) {
-  return device.precision ? graph.with_precision(*device.precision) : graph;
+// The job's settings as `device` computes them (PlanDevice::precision).
+ComputeSettings on_device(ComputeSettings settings, const PlanDevice& device) {
+  if (device.precision) settings.precision = *device.precision;
+  return settings;
 }
 
-std::vector<KernelAt> kernels_at(const Graph& graph, const PlanDevice& device, int64_t batch) {
-  const std::vector<TensorDesc> descs = activation_descs(graph, device.layout, batch);
+std::vector<KernelAt> kernels_at(const Graph& graph, const ComputeSettings& settings,
+                                 const PlanDevice& device, int64_t batch) {
+  const std::vector<TensorDesc> descs = activation_descs(graph, settings, device.layout, batch);
   std::vector<KernelAt> out;
   for (const ConvKernelSite& k : conv_kernel_sites(graph, descs)) {
     out.push_back({graph.layer(k.layer).name, k.kind, kernel_signature(k.kind, k.problem)});
@@ -47,16 +50,17 @@ struct RankWorkspace {
   double fastest_ms = 0;     // their fastest undivided time (what a measured step ran)
 };
 
-RankWorkspace plan_rank_workspace(const Graph& model, perfdb::PerfDb& db, const PlanDevice& device,
-                                  int64_t batch, const WorkspaceRequest& workspace, int rank_index,
+RankWorkspace plan_rank_workspace(const Graph& graph, const ComputeSettings& job,
+                                  perfdb::PerfDb& db, const PlanDevice& device, int64_t batch,
+                                  const WorkspaceRequest& workspace, int rank_index,
                                   std::vector<FrontPoint>* fronts) {
   using balancer::WorkspacePolicy;
-  const Graph graph = on_device(model, device);
+  const ComputeSettings settings = on_device(job, device);
   RankWorkspace out;
   out.rank.device = device.name;
-  if (device.precision) out.rank.precision = common::precision_name(*device.precision);
+  out.rank.precision = device.precision;
   out.rank.batch = batch;
-  const std::vector<KernelAt> sites = kernels_at(graph, device, batch);
+  const std::vector<KernelAt> sites = kernels_at(graph, settings, device, batch);
   std::vector<balancer::ConvKernel> kernels;
   for (const KernelAt& site : sites) {
     balancer::ConvKernel k;
@@ -65,7 +69,7 @@ RankWorkspace plan_rank_workspace(const Graph& model, perfdb::PerfDb& db, const 
     double fastest = -1;
     for (const perfdb::KernelMeasurement& m : db.kernel_measurements(device.id, site.signature)) {
       if (m.micro_batch > batch ||
-          !conv_algorithm_allowed(m.algorithm, graph.precision(), workspace.graph_engines)) {
+          !conv_algorithm_allowed(m.algorithm, settings.precision, workspace.graph_engines)) {
         continue;
       }
       if (m.micro_batch == batch && (fastest < 0 || m.time_ms < fastest)) fastest = m.time_ms;
@@ -126,11 +130,12 @@ RankWorkspace plan_rank_workspace(const Graph& model, perfdb::PerfDb& db, const 
 
 // The profiler's steps of `graph` on `device` by batch.
 std::map<int64_t, perfdb::StepMeasurement> steps_by_batch(perfdb::PerfDb& db, const Graph& graph,
+                                                          const ComputeSettings& settings,
                                                           const PlanDevice& device,
                                                           memory::Policy memory_policy) {
   std::map<int64_t, perfdb::StepMeasurement> out;
   for (perfdb::StepMeasurement& s :
-       profiled_steps(db, device.id, on_device(graph, device).profile_key(), memory_policy,
+       profiled_steps(db, device.id, model_key(graph, on_device(settings, device)), memory_policy,
                       device.memory_bytes)) {
     out.emplace(s.batch, std::move(s));
   }
@@ -145,7 +150,9 @@ bool changes_kernels(const WorkspaceRequest& workspace) {
 
 }  // namespace
 
-std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb::PerfDb& db,
+std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph,
+                                                     const ComputeSettings& settings,
+                                                     perfdb::PerfDb& db,
                                                      const std::vector<PlanDevice>& devices,
                                                      const StepPricing& pricing) {
   std::vector<balancer::DeviceProfile> profiles;
@@ -156,7 +163,7 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb:
     p.input_rate = d.input_rate;
     p.host_share = d.host_share;
     const std::map<int64_t, perfdb::StepMeasurement> by_batch =
-        steps_by_batch(db, graph, d, pricing.memory_policy);
+        steps_by_batch(db, graph, settings, d, pricing.memory_policy);
     if (by_batch.empty()) {
       const std::string at =
           d.precision ? std::string(" in ") + common::precision_name(*d.precision) : "";
@@ -170,7 +177,7 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb:
       if (changes_kernels(pricing.workspace)) {
         try {
           const RankWorkspace w =
-              plan_rank_workspace(graph, db, d, batch, pricing.workspace, 0, nullptr);
+              plan_rank_workspace(graph, settings, db, d, batch, pricing.workspace, 0, nullptr);
           time_ms = std::max(0.0, time_ms - w.fastest_ms + w.chosen_ms);
         } catch (const balancer::InfeasibleError&) {
           continue;  // the budget cannot hold this batch's kernels
@@ -184,15 +191,17 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb:
   return profiles;
 }
 
-balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
+balancer::BatchSplit plan_split(const Graph& graph, const ComputeSettings& settings,
+                                perfdb::PerfDb& db,
                                 const std::vector<PlanDevice>& devices, int64_t global_batch,
                                 const balancer::BatchSplitOptions& options,
                                 const StepPricing& pricing) {
-  return balancer::plan_batch_split(device_profiles(graph, db, devices, pricing), global_batch,
-                                    options);
+  return balancer::plan_batch_split(device_profiles(graph, settings, db, devices, pricing),
+                                    global_batch, options);
 }
 
-balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
+balancer::TrainingPlan plan_workspaces(const Graph& graph, const ComputeSettings& settings,
+                                     perfdb::PerfDb& db,
                                      const std::vector<PlanDevice>& devices,
                                      const balancer::BatchSplit& split,
                                      const StepPricing& pricing,
@@ -207,7 +216,8 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
     throw std::invalid_argument("workspace policy wd needs a total workspace budget");
   }
   balancer::TrainingPlan plan;
-  plan.model = devices.empty() ? graph.profile_key() : on_device(graph, devices[0]).profile_key();
+  plan.model = graph.signature();
+  plan.settings = devices.empty() ? settings : on_device(settings, devices[0]);
   plan.workspace_policy = workspace.policy;
   plan.workspace_limit = workspace.limit;
   plan.even_split_ms = split.even_split_time_ms;
@@ -218,11 +228,11 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
     if (split.batch[g] == 0) {
       balancer::RankPlan idle;  // no samples, no kernels
       idle.device = device.name;
-      if (device.precision) idle.precision = common::precision_name(*device.precision);
+      idle.precision = device.precision;
       plan.ranks.push_back(std::move(idle));
       continue;
     }
-    RankWorkspace w = plan_rank_workspace(graph, db, device, split.batch[g], workspace,
+    RankWorkspace w = plan_rank_workspace(graph, settings, db, device, split.batch[g], workspace,
                                           static_cast<int>(g), fronts);
     balancer::RankPlan& rank = w.rank;
     plan.global_batch += rank.batch;
@@ -234,7 +244,7 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
       rank.input_rate = device.input_rate;
       rank.binds = g < split.binding.size() ? split.binding[g] : balancer::Binding::kCompute;
     }
-    const auto steps = steps_by_batch(db, graph, device, pricing.memory_policy);
+    const auto steps = steps_by_batch(db, graph, settings, device, pricing.memory_policy);
     if (const auto at = steps.find(rank.batch); at != steps.end()) {
       rank.activations = at->second.activations;
     }
@@ -246,17 +256,18 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
 }
 
 std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, const Graph& graph,
-                                         int ranks, int64_t global_batch,
-                                         memory::Policy memory_policy) {
-  // The key is in rank 0's precision; where ranks differ, each rank's
-  // own is checked by plan_precision_mismatch.
-  const std::string& first = plan.ranks.empty() ? std::string() : plan.ranks[0].precision;
-  const Graph model =
-      first.empty() ? graph : graph.with_precision(common::parse_named<std::invalid_argument>(common::kPrecisionNames, first, "precision"));
-  if (plan.model != model.profile_key()) {
-    return "the plan was made for another model, train.precision or device.layout (its model key " +
-           plan.model +
-           " differs from this config's " + model.profile_key() + ")";
+                                         const ComputeSettings& settings, int ranks,
+                                         int64_t global_batch, memory::Policy memory_policy) {
+  // The settings are rank 0's; where ranks differ in precision, each
+  // rank's own is checked by plan_precision_mismatch.
+  ComputeSettings job = settings;
+  if (!plan.ranks.empty() && plan.ranks[0].precision) job.precision = *plan.ranks[0].precision;
+  const perfdb::ModelKey planned{plan.model, plan.settings};
+  const perfdb::ModelKey ours = model_key(graph, job);
+  if (planned != ours) {
+    return "the plan was made for another model or another way of computing it (it was "
+           "made for " + perfdb::describe_model(planned) +
+           ", this config's is " + perfdb::describe_model(ours) + ")";
   }
   if (static_cast<int>(plan.ranks.size()) != ranks) {
     return "the plan has " + std::to_string(plan.ranks.size()) + " ranks, the job has " +
@@ -276,7 +287,7 @@ std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, con
     const balancer::RankPlan& rank = plan.ranks[r];
     if (rank.batch == 0) continue;
     std::vector<std::string> expected, given;
-    for (const KernelAt& k : kernels_at(graph, any, rank.batch)) {
+    for (const KernelAt& k : kernels_at(graph, settings, any, rank.batch)) {
       expected.push_back(k.layer + " " + conv_kind_name(k.kind));
     }
     for (const balancer::PlannedKernel& k : rank.kernels) given.push_back(k.layer + " " + conv_kind_name(k.kind));
@@ -334,9 +345,10 @@ std::optional<std::string> plan_device_mismatch(const balancer::TrainingPlan& pl
 
 std::optional<std::string> plan_precision_mismatch(const balancer::TrainingPlan& plan, int rank,
                                                    common::Precision precision) {
-  const std::string& planned = plan.ranks.at(static_cast<size_t>(rank)).precision;
-  if (planned.empty() || planned == common::precision_name(precision)) return std::nullopt;
-  return "rank " + std::to_string(rank) + " was planned to compute in " + planned +
+  const std::optional<common::Precision> planned = plan.ranks.at(static_cast<size_t>(rank)).precision;
+  if (!planned || *planned == precision) return std::nullopt;
+  return "rank " + std::to_string(rank) + " was planned to compute in " +
+         common::precision_name(*planned) +
          ", but it computes in " + common::precision_name(precision) +
          " (train.precision; plan again for these precisions)";
 }
@@ -361,7 +373,7 @@ std::vector<ConvLayerExecution> conv_executions(const balancer::RankPlan& rank) 
 namespace {
 // ", bf16" after a rank's device where the plan names its precision.
 std::string precision_note(const balancer::RankPlan& rank) {
-  return rank.precision.empty() ? "" : ", " + rank.precision;
+  return rank.precision ? std::string(", ") + common::precision_name(*rank.precision) : "";
 }
 }  // namespace
 

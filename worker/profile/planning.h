@@ -31,7 +31,8 @@ struct PlanDevice {
                                               // (balancer::DeviceProfile::input_rate)
   balancer::HostShare host_share;             // the cores it shares (host -1: none)
   // The precision it computes in (train.precision per rank); nullopt: the
-  // graph's. Its kernels, layers and steps are looked up in that one.
+  // job's (ComputeSettings::precision). Its kernels, layers and steps are
+  // looked up in that one.
   std::optional<common::Precision> precision;
 };
 
@@ -48,6 +49,9 @@ struct StepPricing {
   memory::Policy memory_policy = memory::Policy::kNone;  // memory.policy
 };
 
+// Every function below plans `graph` computed under `settings` (each
+// device in its own precision where PlanDevice::precision says).
+//
 // What the batch split solves over: per device, its step time and peak
 // memory at each batch the perf DB holds a step measurement of, priced as
 // `pricing` says. The steps were measured under pricing.memory_policy at
@@ -59,13 +63,16 @@ struct StepPricing {
 // whose kernels the budget cannot hold. Throws std::runtime_error naming
 // the device when it has no steps (profile it first) or lacks the kernel
 // measurements the workspace plan needs.
-std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph, perfdb::PerfDb& db,
+std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph,
+                                                     const ComputeSettings& settings,
+                                                     perfdb::PerfDb& db,
                                                      const std::vector<PlanDevice>& devices,
                                                      const StepPricing& pricing);
 
 // The batch split over device_profiles(). Throws balancer::InfeasibleError
 // / BalancerError and what device_profiles throws.
-balancer::BatchSplit plan_split(const Graph& graph, perfdb::PerfDb& db,
+balancer::BatchSplit plan_split(const Graph& graph, const ComputeSettings& settings,
+                                perfdb::PerfDb& db,
                                 const std::vector<PlanDevice>& devices, int64_t global_batch,
                                 const balancer::BatchSplitOptions& options,
                                 const StepPricing& pricing = {});
@@ -93,7 +100,8 @@ struct FrontPoint {
 
 // With `fronts`, also every kernel's Pareto front over the options the
 // workspace policy may use (wr: calls within the limit).
-balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
+balancer::TrainingPlan plan_workspaces(const Graph& graph, const ComputeSettings& settings,
+                                     perfdb::PerfDb& db,
                                      const std::vector<PlanDevice>& devices,
                                      const balancer::BatchSplit& split,
                                      const StepPricing& pricing,
@@ -101,7 +109,8 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, perfdb::PerfDb& db,
 
 // Why `plan` does not fit this model and job, or nullopt when it does.
 std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, const Graph& graph,
-                                         int ranks, int64_t global_batch,
+                                         const ComputeSettings& settings, int ranks,
+                                         int64_t global_batch,
                                          memory::Policy memory_policy = memory::Policy::kNone);
 
 // Why rank `rank`, computing in `precision`, cannot follow `plan` (it

@@ -42,8 +42,9 @@ struct KernelSite {
   ConvProblem problem;  // at batch 1
 };
 
-std::vector<KernelSite> kernel_sites(const Graph& graph, const Backend& backend) {
-  const std::vector<TensorDesc> descs = activation_descs(graph, backend, 1);
+std::vector<KernelSite> kernel_sites(const Graph& graph, const ComputeSettings& settings,
+                                     const Backend& backend) {
+  const std::vector<TensorDesc> descs = activation_descs(graph, settings, backend, 1);
   std::vector<KernelSite> sites;
   std::set<std::string> seen;  // deep nets repeat shapes: measure each once
   for (const ConvKernelSite& k : conv_kernel_sites(graph, descs)) {
@@ -67,7 +68,7 @@ std::string item_settings(const Graph& graph, const std::vector<KernelSite>& sit
   return common::format(
       "model: %s\nconv kernels: %zu\nprofile.batches: %s\nmicro-batches "
       "(profile.micro_batches): %s\nlayer costs: %s\nsteps: %s\n",
-      graph.profile_key().c_str(), sites.size(), common::format_list(options.batches).c_str(),
+      perfdb::describe_model(model_key(graph, options.settings)).c_str(), sites.size(), common::format_list(options.batches).c_str(),
       common::format_list(micro_batches).c_str(), options.layer_costs ? "yes" : "no",
       steps.c_str());
 }
@@ -197,12 +198,13 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
                                          const ProfileOptions& options, const WorkTurns& turns) {
   const size_t base = backend.device_bytes_in_use();
   NetworkOptions net_options;
+  net_options.settings = options.settings;
   net_options.max_batch = b;
   net_options.memory_policy = options.memory_policy;
   net_options.allocations_after_network = {Sgd::kStateBytesPerParameter};
   net_options.prefetch_input = options.input_staging && options.input_staging(b);
   if (memory::plans_per_tensor(options.memory_policy)) {
-    StepCostsLookup found = profiled_step_costs(db, device, graph, b);
+    StepCostsLookup found = profiled_step_costs(db, device, graph, options.settings, b);
     if (found.costs.has_value()) net_options.memory_costs = std::move(found.costs.value());
   }
   // Before the network: its destructor waits for a copy still reading it.
@@ -253,7 +255,7 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
     backend.synchronize(StreamKind::kCompute);
   });
   perfdb::StepMeasurement& step = measured.step;
-  step.model = graph.profile_key();
+  step.model = model_key(graph, options.settings);
   step.batch = b;
   step.memory_policy = step_policy_key(options.memory_policy, backend.device_info().memory_bytes);
   step.workspace_plan = kProfiledStepPlan;
@@ -307,7 +309,7 @@ std::string step_policy_key(memory::Policy memory_policy, uint64_t capacity_byte
 }
 
 std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::DeviceId device,
-                                                    const std::string& model,
+                                                    const perfdb::ModelKey& model,
                                                     memory::Policy memory_policy,
                                                     uint64_t capacity_bytes) {
   std::vector<perfdb::StepMeasurement> steps =
@@ -387,10 +389,14 @@ void profile_layer_costs(ProfileRun& run) {
   }
   for (int64_t b : run.options.batches) {
     const Turn turn = run.turns.play(
-        [&] { return ItemState{true, holds_layer_costs(run.db, run.device, run.graph, b)}; },
+        [&] {
+          return ItemState{
+              true, holds_layer_costs(run.db, run.device, run.graph, run.options.settings, b)};
+        },
         [&] {
           try {
-            record_layer_costs(run.graph, run.backend, run.db, run.device, b, timing);
+            record_layer_costs(run.graph, run.options.settings, run.backend, run.db, run.device, b,
+                               timing);
             ++run.report.layer_costs_measured;
           } catch (const memory::OutOfMemoryError&) {
             // Layer by layer needs less than a step; the step says it too.
@@ -415,8 +421,8 @@ struct StepRounds {
 StepRounds time_step_rounds(ProfileRun& run) {
   const ProfileOptions& options = run.options;
   const std::vector<perfdb::StepMeasurement> known =
-      profiled_steps(run.db, run.device, run.graph.profile_key(), options.memory_policy,
-                     run.backend.device_info().memory_bytes);
+      profiled_steps(run.db, run.device, model_key(run.graph, options.settings),
+                     options.memory_policy, run.backend.device_info().memory_bytes);
   StepRounds rounds;
   const auto measure = [&](int64_t b, bool first_round) {
     std::optional<MeasuredStep> measured =
@@ -469,7 +475,7 @@ void record_median_steps(ProfileRun& run, StepRounds& rounds) {
     ++run.report.step_measured;
     if (measured.copied_ahead) ++run.report.step_copied_ahead;
     if (run.options.layer_costs && measured.calls) {
-      run.db.record_layer_measurements(run.device, run.graph.profile_key(), b,
+      run.db.record_layer_measurements(run.device, model_key(run.graph, run.options.settings), b,
                                        layer_rows(run.graph, *measured.calls));
     }
   }
@@ -480,10 +486,10 @@ void record_median_steps(ProfileRun& run, StepRounds& rounds) {
 
 ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
                       perfdb::DeviceId device, const ProfileOptions& options) {
-  require_precision(backend, graph);
+  require_precision(backend, options.settings.precision);
   const auto start = Clock::now();
   const BatchesOf batches_of = micro_batches_of(options);
-  const std::vector<KernelSite> sites = kernel_sites(graph, backend);
+  const std::vector<KernelSite> sites = kernel_sites(graph, options.settings, backend);
   require_same_items(options.peers, item_settings(graph, sites, batches_of, options));
   ProfileRun run{graph, backend, db, device, options, WorkTurns(options.peers), {}};
   profile_kernels(run, sites, batches_of);

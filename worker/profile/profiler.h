@@ -18,6 +18,7 @@
 #include "worker/engine/graph.h"
 #include "worker/engine/network.h"
 #include "worker/profile/profile_peers.h"
+#include "worker/profile/step_costs.h"
 
 namespace vtrain::worker {
 
@@ -26,6 +27,8 @@ namespace vtrain::worker {
 using balancer::MicroBatchPolicy;
 
 struct ProfileOptions {
+  ComputeSettings settings;          // how the graph is computed: measured and recorded so
+                                     // (the backend's layout must be settings.layout)
   std::vector<int64_t> batches{64};  // candidate per-rank batch sizes
   MicroBatchPolicy micro_batches = MicroBatchPolicy::kUndivided;
   int warmup = 1;                    // untimed runs before the timed ones
@@ -98,11 +101,11 @@ inline constexpr const char* kProfiledStepPlan = "auto+update";
 // of one device with different device.memory_limit run different steps.
 std::string step_policy_key(memory::Policy memory_policy, uint64_t capacity_bytes);
 
-// The profiler's step measurements of `model` under `memory_policy` on
+// The profiler's step measurements of `model` (model_key()) under `memory_policy` on
 // `device` of `capacity_bytes` (those under kProfiledStepPlan), ordered by
 // batch.
 std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::DeviceId device,
-                                                    const std::string& model,
+                                                    const perfdb::ModelKey& model,
                                                     memory::Policy memory_policy,
                                                     uint64_t capacity_bytes);
 

@@ -34,15 +34,22 @@ std::vector<std::string> missing_layers(const Graph& graph,
 
 std::map<int64_t, perfdb::LayerMeasurement> rows_by_layer(perfdb::PerfDb& db,
                                                           perfdb::DeviceId device,
-                                                          const Graph& graph, int64_t batch) {
+                                                          const Graph& graph,
+                                                          const ComputeSettings& settings,
+                                                          int64_t batch) {
   std::map<int64_t, perfdb::LayerMeasurement> rows;
-  for (perfdb::LayerMeasurement& row : db.layer_measurements(device, graph.profile_key(), batch)) {
+  for (perfdb::LayerMeasurement& row :
+       db.layer_measurements(device, model_key(graph, settings), batch)) {
     rows.emplace(row.layer_index, std::move(row));
   }
   return rows;
 }
 
 }  // namespace
+
+perfdb::ModelKey model_key(const Graph& graph, const ComputeSettings& settings) {
+  return {graph.signature(), settings};
+}
 
 std::vector<perfdb::LayerMeasurement> layer_rows(const Graph& graph,
                                                  const memory::StepCosts& costs) {
@@ -60,7 +67,8 @@ std::vector<perfdb::LayerMeasurement> layer_rows(const Graph& graph,
 }
 
 StepCostsLookup profiled_step_costs(perfdb::PerfDb& db, perfdb::DeviceId device,
-                                    const Graph& graph, int64_t batch) {
+                                    const Graph& graph, const ComputeSettings& settings,
+                                    int64_t batch) {
   memory::StepCosts costs;
   std::vector<std::string> missing_copies;
   for (CopyDirection direction : kDirections) {
@@ -77,7 +85,7 @@ StepCostsLookup profiled_step_costs(perfdb::PerfDb& db, perfdb::DeviceId device,
     // One share for both ways: the larger, should two measurements differ.
     costs.copy_compute_share = std::max(costs.copy_compute_share, *found->compute_share);
   }
-  const auto rows = rows_by_layer(db, device, graph, batch);
+  const auto rows = rows_by_layer(db, device, graph, settings, batch);
   const std::vector<std::string> missing = missing_layers(graph, rows);
   StepCostsLookup lookup;
   if (!missing_copies.empty()) {
@@ -120,16 +128,17 @@ void record_copy_bandwidth(Backend& backend, perfdb::PerfDb& db, perfdb::DeviceI
 }
 
 bool holds_layer_costs(perfdb::PerfDb& db, perfdb::DeviceId device, const Graph& graph,
-                       int64_t batch) {
-  return missing_layers(graph, rows_by_layer(db, device, graph, batch)).empty();
+                       const ComputeSettings& settings, int64_t batch) {
+  return missing_layers(graph, rows_by_layer(db, device, graph, settings, batch)).empty();
 }
 
-void record_layer_costs(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
-                        perfdb::DeviceId device, int64_t batch,
+void record_layer_costs(const Graph& graph, const ComputeSettings& settings, Backend& backend,
+                        perfdb::PerfDb& db, perfdb::DeviceId device, int64_t batch,
                         const KernelTimingOptions& timing) {
-  const memory::StepCosts costs = measure_graph_step_costs(graph, backend, batch, {}, "auto",
-                                                           timing);
-  db.record_layer_measurements(device, graph.profile_key(), batch, layer_rows(graph, costs));
+  const memory::StepCosts costs =
+      measure_graph_step_costs(graph, settings, backend, batch, {}, "auto", timing);
+  db.record_layer_measurements(device, model_key(graph, settings), batch,
+                               layer_rows(graph, costs));
 }
 
 }  // namespace vtrain::worker

@@ -22,11 +22,11 @@ std::optional<LossScaler> make_loss_scaler(const LossScalingSettings& s,
   return LossScaler(s.initial, s.growth_interval);
 }
 
-// TrainerContext::rank_precisions, or the graph's on every rank.
-std::vector<common::Precision> rank_precisions(const Graph& graph, const TrainerContext& context,
+// TrainerContext::rank_precisions, or this rank's on every rank.
+std::vector<common::Precision> rank_precisions(const TrainerOptions& options, const TrainerContext& context,
                                                int ranks) {
   if (context.rank_precisions.empty()) {
-    return std::vector<common::Precision>(static_cast<size_t>(ranks), graph.precision());
+    return std::vector<common::Precision>(static_cast<size_t>(ranks), options.settings.precision);
   }
   if (static_cast<int>(context.rank_precisions.size()) != ranks) {
     throw std::invalid_argument("rank_precisions: " +
@@ -77,7 +77,7 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       comm_(context.comm),
       observer_(context.observer),
       job_(job_shape(graph, train_set, options, context)),
-      precisions_(rank_precisions(graph, context, job_.ranks)),
+      precisions_(rank_precisions(options, context, job_.ranks)),
       scaling_(plan_loss_scaling(options.train.loss_scaling, precisions_, job_.rank)),
       staging_(batch_staging(options, job_.my_batch, train_set.sample.per_sample(), backend,
                              train_set.files != nullptr)),
@@ -473,6 +473,7 @@ std::vector<size_t> training_allocations_per_parameter(OptimizerKind optimizer, 
 NetworkOptions training_network_options(const TrainerOptions& options, int64_t max_batch,
                                         std::span<const common::Precision> precisions) {
   NetworkOptions net;
+  net.settings = options.settings;
   net.max_batch = max_batch;
   net.conv_algorithm = options.conv_algorithm;
   net.memory_policy = options.memory_policy;

@@ -93,6 +93,9 @@ struct TrainerOptions {
   TrainSettings train;           // train.*
   OptimizerSettings optimizer;   // optimizer.* but the schedule
   ScheduleSettings schedule;     // optimizer.lr, schedule, step_epochs, gamma, warmup_steps
+  // How this rank computes the graph: train.precision (its own), device.layout,
+  // conv.fuse_relu (config::compute_settings).
+  ComputeSettings settings;
   std::string conv_algorithm = "auto";  // conv.algorithm: "auto" or a backend's algorithm name
   // Memory (memory.policy and memory.planner in the config; see network.h).
   memory::Policy memory_policy = memory::Policy::kNone;
@@ -142,7 +145,7 @@ struct TrainerContext {
   // Null: each rank normalises its own samples (local).
   Communicator* batch_norm_comm = nullptr;
   // Every rank's train.precision, in rank order, where ranks differ (a
-  // precision per rank); empty: every rank computes in the graph's. Each
+  // precision per rank); empty: every rank computes in settings.precision. Each
   // rank's graph is built in its own; this decides the exchange's type and
   // where the loss is scaled (loss_scaler.h: plan_loss_scaling).
   std::vector<common::Precision> rank_precisions;

@@ -38,7 +38,7 @@ void Trainer::print_setup() {
   progress_.line(format("model: %d layers, %lld parameters, %s; batch %lld (per rank: %s), %lld "
                         "steps/epoch; device memory %s in use (workspace %s)",
                         graph_.size(), static_cast<long long>(net_->parameter_count()),
-                        common::precision_name(graph_.precision()),
+                        common::precision_name(options_.settings.precision),
                         static_cast<long long>(job_.batch), split_text.c_str(),
                         static_cast<long long>(job_.steps_per_epoch),
                         common::format_mib(backend_.device_bytes_in_use()).c_str(),
@@ -199,7 +199,7 @@ void Trainer::write_end_record() {
       .add("final_loss", r.final_loss)
       .add("images_per_second", r.images_per_second)
       .add("peak_device_bytes", static_cast<int64_t>(r.peak_device_bytes))
-      .add("precision", common::precision_name(graph_.precision()))
+      .add("precision", common::precision_name(options_.settings.precision))
       .add("memory_policy", r.memory.policy)
       .add("memory_step_peak_bytes", static_cast<int64_t>(r.memory.step_peak))
       .add("memory_step_average_bytes", r.memory.step_average)
