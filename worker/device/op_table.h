@@ -13,7 +13,7 @@
 //   relu_backward(y, dy, dx)           relu_backward_bias(y, dy, dx, dbias)
 //   relu_scratch_bytes(x) -> size_t
 //   pooling_forward(desc, x, y, state) pooling_backward(desc, x, y, dy, dx, state)
-//   pooling_state_bytes(desc) -> size_t, pooling_scratch_bytes(desc) -> size_t
+//   pooling_state_bytes(desc, x, y) -> size_t, pooling_scratch_bytes(desc, x, y) -> size_t
 //   inner_product_forward(x, w, bias, y)
 //   inner_product_backward_data(dy, w, dx)
 //   inner_product_backward_weights(x, dy, dw, dbias, beta)
@@ -250,7 +250,7 @@ OpBytes op_bytes(Kernels& k, const OpDesc& op) {
           },
           [&](const ActivationDesc& d) -> OpBytes { return {k.relu_scratch_bytes(d.x), 0}; },
           [&](const PoolDesc& d) -> OpBytes {
-            return {k.pooling_scratch_bytes(d), k.pooling_state_bytes(d)};
+            return {k.pooling_scratch_bytes(d, d.x, d.y), k.pooling_state_bytes(d, d.x, d.y)};
           },
           [&](const InnerProductDesc& d) -> OpBytes {
             return {k.inner_product_scratch_bytes(d.x, d.y.shape.c, d.bias), 0};
