@@ -40,6 +40,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -272,6 +273,33 @@ OpBytes op_bytes(Kernels& k, const OpDesc& op) {
           },
           // The optimizers' elementwise updates and all_finite need no scratch.
           [](const auto&) -> OpBytes { return {}; },
+      },
+      op);
+}
+
+// f(desc) for each TensorDesc of `op` (OpDesc or const OpDesc): what a
+// wrapper that rewrites tensors (the half emulation) or asks of their type
+// walks.
+template <class Op, class F>
+void for_each_tensor_desc(Op& op, F&& f) {
+  std::visit(
+      [&](auto& d) {
+        using D = std::decay_t<decltype(d)>;
+        if constexpr (std::is_same_v<D, ConvDesc>) {
+          f(d.problem.x), f(d.problem.y);
+        } else if constexpr (std::is_same_v<D, ActivationDesc> || std::is_same_v<D, BatchNormDesc>) {
+          f(d.x);
+        } else if constexpr (std::is_same_v<D, PoolDesc> || std::is_same_v<D, InnerProductDesc>) {
+          f(d.x), f(d.y);
+        } else if constexpr (std::is_same_v<D, BinaryDesc>) {
+          f(d.a), f(d.b), f(d.y);
+        } else if constexpr (std::is_same_v<D, ConcatDesc>) {
+          for (auto& x : d.xs) f(x);
+          f(d.y);
+        } else if constexpr (std::is_same_v<D, SoftmaxCrossEntropyDesc>) {
+          f(d.logits);
+        }
+        // The optimizers' and reductions' arrays are f32, not tensors.
       },
       op);
 }
