@@ -159,19 +159,11 @@ const char* inner_product_kind_name(InnerProductKind kind) {
 
 // The element type of an op's activations (f32 for the optimizers' arrays).
 DataType op_dtype(const OpDesc& op) {
-  return std::visit(
-      op_table_detail::Overload{
-          [](const ConvDesc& d) { return d.problem.x.dtype; },
-          [](const ActivationDesc& d) { return d.x.dtype; },
-          [](const PoolDesc& d) { return d.x.dtype; },
-          [](const InnerProductDesc& d) { return d.x.dtype; },
-          [](const BatchNormDesc& d) { return d.x.dtype; },
-          [](const BinaryDesc& d) { return d.a.dtype; },
-          [](const ConcatDesc& d) { return d.y.dtype; },
-          [](const SoftmaxCrossEntropyDesc& d) { return d.logits.dtype; },
-          [](const auto&) { return DataType::kF32; },
-      },
-      op);
+  std::optional<DataType> type;
+  for_each_tensor_desc(op, [&](const TensorDesc& d) {
+    if (!type) type = d.dtype;
+  });
+  return type.value_or(DataType::kF32);
 }
 
 }  // namespace
