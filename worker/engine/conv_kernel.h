@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "worker/device/backend.h"
+#include "worker/device/op_calls.h"
 #include "worker/engine/graph.h"
 
 namespace vtrain::worker {

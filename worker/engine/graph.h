@@ -106,6 +106,11 @@ struct LayerSpec {
 // How a graph is computed (precision, layout, fusion), kept beside it.
 using common::ComputeSettings;
 
+// A conv or pool layer's window as the device's descriptors take it.
+inline Window window_of(const LayerSpec& layer) {
+  return {layer.kernel_h, layer.kernel_w, layer.stride_h, layer.stride_w, layer.pad_h, layer.pad_w};
+}
+
 class Graph {
  public:
   // Validates and orders `layers`. `input` is the per-sample data shape (n
