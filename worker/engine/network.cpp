@@ -31,6 +31,12 @@ std::vector<TensorDesc> activation_descs(const Graph& graph,
       case LayerType::kFc: layout = Layout::kPlain; break;
       // Element-wise layers keep their input's layout: no reorder between them.
       case LayerType::kRelu:
+      case LayerType::kSilu:
+      case LayerType::kGelu:
+      case LayerType::kSigmoid:
+      case LayerType::kRelu6:
+      case LayerType::kDropout:
+      case LayerType::kMul:  // its broadcast factor is C x 1 x 1, the same in every layout
       case LayerType::kBatchNorm:
       case LayerType::kPool: layout = descs[graph.inputs(i)[0]].layout; break;
       case LayerType::kConv:
@@ -46,6 +52,7 @@ void require_precision(const Backend& backend, const Graph& graph) {
   if (std::optional<std::string> why = backend.precision_unavailable(graph.precision())) {
     throw BackendError(*why);
   }
+  for (const LayerSpec& spec : graph.layers()) require_kernels(spec);
 }
 
 std::optional<std::string> conv_algorithm_refusal(const Graph& graph, Backend& backend,

@@ -126,7 +126,8 @@ std::vector<TensorDesc> activation_descs(const Graph& graph,
                                          int64_t n);
 
 // Throws BackendError with the backend's reason when it cannot run the
-// graph's precision: before anything builds or times the graph's layers
+// graph's precision, or naming the first layer that has no kernels yet
+// (require_kernels): before anything builds or times the graph's layers
 // (a network, the profiler, layer timing).
 void require_precision(const Backend& backend, const Graph& graph);
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "worker/engine/layers/layer_registry.h"
+
 namespace vtrain::worker {
 
 PoolParams pool_params(const LayerSpec& pool) {
@@ -46,6 +48,14 @@ size_t layer_scratch_bytes(const Graph& graph, int i, const std::vector<TensorDe
       for (int k : in) xs.push_back(out[k]);
       return backend.concat_scratch_bytes(xs, y);
     }
+    case LayerType::kSilu:
+    case LayerType::kGelu:
+    case LayerType::kSigmoid:
+    case LayerType::kRelu6:
+    case LayerType::kMul:
+    case LayerType::kDropout:
+      require_kernels(spec);  // throws: no backend runs them yet
+      return 0;
   }
   return 0;
 }

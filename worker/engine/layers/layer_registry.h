@@ -34,7 +34,14 @@ LayerFactory layer_factory(LayerType type);
 // The operator of site's layer, from its type's factory.
 std::unique_ptr<Layer> make_layer(const LayerSite& site);
 
-// The factories, one per layer type (each in its layer's file).
+// Throws BackendError naming `spec` when the model level knows its type or
+// its settings but no backend runs them yet: the activations silu, gelu,
+// sigmoid and relu6, mul, dropout and grouped convolutions (issue 43: their
+// kernels come as op descriptors of the device interface).
+void require_kernels(const LayerSpec& spec);
+
+// The factories, one per layer type (each in its layer's file; the layer
+// types without kernels share one that calls require_kernels).
 std::unique_ptr<Layer> make_input_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_conv_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_relu_layer(const LayerSite& site);
