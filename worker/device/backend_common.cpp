@@ -1,7 +1,11 @@
-// Backend-independent helpers declared in worker/device/backend.h.
+// Backend-independent helpers declared in worker/device/backend.h, ops.h
+// and op_table.h.
 #include "worker/device/backend.h"
 
 #include <cmath>
+#include <variant>
+
+#include "worker/device/op_table.h"
 
 namespace vtrain::worker {
 
@@ -13,13 +17,11 @@ AdamWFactors adamw_factors(const AdamWStep& step) {
           static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(step.beta2), t)))};
 }
 
-int64_t window_output(int64_t in, int64_t window, int64_t stride, int64_t pad) {
-  return (in + 2 * pad - window) / stride + 1;
-}
-
-Shape ConvProblem::output_shape() const {
-  return {x.shape.n, k, window_output(x.shape.h, r, stride_h, pad_h),
-          window_output(x.shape.w, s, stride_w, pad_w)};
+Shape Window::output_shape(const Shape& x, int64_t channels) const {
+  const auto along = [](int64_t in, int64_t kernel, int64_t stride, int64_t pad) {
+    return (in + 2 * pad - kernel) / stride + 1;
+  };
+  return {x.n, channels, along(x.h, kernel_h, stride_h, pad_h), along(x.w, kernel_w, stride_w, pad_w)};
 }
 
 ConvProblem ConvProblem::with_batch(int64_t n) const {
@@ -31,9 +33,9 @@ ConvProblem ConvProblem::with_batch(int64_t n) const {
 
 std::string ConvProblem::str() const {
   return "x=" + x.shape.str() + "(" + layout_name(x.layout) + ") w=" + weight_shape().str() +
-         " y=" + y.shape.str() + "(" + layout_name(y.layout) + ") pad=" + std::to_string(pad_h) +
-         "," + std::to_string(pad_w) + " stride=" + std::to_string(stride_h) + "," +
-         std::to_string(stride_w) +
+         " y=" + y.shape.str() + "(" + layout_name(y.layout) + ") pad=" +
+         std::to_string(window.pad_h) + "," + std::to_string(window.pad_w) +
+         " stride=" + std::to_string(window.stride_h) + "," + std::to_string(window.stride_w) +
          (x.dtype == DataType::kF32 ? "" : std::string(" ") + dtype_name(x.dtype));
 }
 
@@ -128,6 +130,83 @@ void check_concat_slice(const Shape& dy, int64_t channel_offset, const Shape& dx
     throw BackendError("concat_backward: slice " + dx.str() + " at channel " +
                        std::to_string(channel_offset) + " does not fit " + dy.str());
   }
+}
+
+namespace {
+
+const char* direction_name(Direction d) { return d == Direction::kForward ? "forward" : "backward"; }
+
+const char* batch_norm_kind_name(BatchNormKind kind) {
+  switch (kind) {
+    case BatchNormKind::kForwardTraining: return "training";
+    case BatchNormKind::kForwardInference: return "inference";
+    case BatchNormKind::kBackward: return "backward";
+    case BatchNormKind::kSums: return "sums";
+    case BatchNormKind::kBackwardSums: return "backward_sums";
+    case BatchNormKind::kBackwardData: return "backward_data";
+  }
+  return "?";
+}
+
+const char* inner_product_kind_name(InnerProductKind kind) {
+  switch (kind) {
+    case InnerProductKind::kForward: return "forward";
+    case InnerProductKind::kBackwardData: return "backward_data";
+    case InnerProductKind::kBackwardWeights: return "backward_weights";
+  }
+  return "?";
+}
+
+// The element type of an op's activations (f32 for the optimizers' arrays).
+DataType op_dtype(const OpDesc& op) {
+  std::optional<DataType> type;
+  for_each_tensor_desc(op, [&](const TensorDesc& d) {
+    if (!type) type = d.dtype;
+  });
+  return type.value_or(DataType::kF32);
+}
+
+}  // namespace
+
+std::string op_name(const OpDesc& op) {
+  return std::visit(
+      op_table_detail::Overload{
+          [](const ConvDesc& d) { return std::string("conv ") + conv_kind_name(d.kind); },
+          [](const ActivationDesc& d) {
+            return std::string("relu ") + direction_name(d.direction) + (d.bias ? " (bias)" : "");
+          },
+          [](const PoolDesc& d) {
+            return std::string(d.kind == PoolKind::kMax ? "max" : "average") + " pooling " +
+                   direction_name(d.direction);
+          },
+          [](const InnerProductDesc& d) {
+            return std::string("inner_product ") + inner_product_kind_name(d.kind);
+          },
+          [](const BatchNormDesc& d) {
+            return std::string("batch_norm ") + batch_norm_kind_name(d.kind);
+          },
+          [](const BinaryDesc& d) {
+            return std::string(d.kind == BinaryKind::kAdd ? "add" : "accumulate");
+          },
+          [](const ConcatDesc& d) { return std::string("concat ") + direction_name(d.direction); },
+          [](const SoftmaxCrossEntropyDesc&) { return std::string("softmax_cross_entropy"); },
+          [](const SgdDesc&) { return std::string("sgd"); },
+          [](const AdamWDesc&) { return std::string("adamw"); },
+          [](const MovingAverageDesc&) { return std::string("moving_average"); },
+          [](const ScaleDesc&) { return std::string("scale"); },
+          [](const SumSquaresDesc&) { return std::string("sum_squares"); },
+          [](const AllFiniteDesc&) { return std::string("all_finite"); },
+      },
+      op);
+}
+
+std::optional<std::string> dtype_unsupported(const Device& device, const OpDesc& op) {
+  const DataType type = op_dtype(op);
+  if (type == DataType::kF32) return std::nullopt;
+  const auto why = device.precision_unavailable(type == DataType::kBF16 ? common::Precision::kBf16
+                                                                        : common::Precision::kFp16);
+  if (!why) return std::nullopt;
+  return op_name(op) + " in " + dtype_name(type) + ": " + *why;
 }
 
 }  // namespace vtrain::worker

@@ -119,6 +119,11 @@ struct LayerSpec {
   float dropout_p = 0.5f;
 };
 
+// A conv or pool layer's window as the device's descriptors take it.
+inline Window window_of(const LayerSpec& layer) {
+  return {layer.kernel_h, layer.kernel_w, layer.stride_h, layer.stride_w, layer.pad_h, layer.pad_w};
+}
+
 class Graph {
  public:
   // Validates and orders `layers`. `input` is the per-sample data shape (n

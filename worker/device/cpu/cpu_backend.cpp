@@ -328,4 +328,6 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
   return std::make_unique<CpuBackend>(options);
 }
 
+void CpuBackend::run(const OpDesc& op, const OpArgs& args) { run_op(*this, op, args); }
+
 }  // namespace vtrain::worker::cpu

@@ -26,6 +26,7 @@
 #include "common/host_stream.h"
 #include "worker/device/cpu/cpu_backend.h"
 #include "worker/device/cpu/im2col_gemm.h"
+#include "worker/device/op_table.h"
 
 namespace vtrain::worker::cpu {
 
@@ -210,84 +211,92 @@ class CpuBackend final : public Backend {
     std::memcpy(device, host, static_cast<size_t>(count) * sizeof(int32_t));
   }
 
-  std::vector<ConvAlgoInfo> conv_algorithms(ConvKind kind, const ConvProblem& p,
-                                            bool accumulate) override;
+  // The op surface (backend.h): descriptors to the kernels below (op_table.h).
+  std::optional<std::string> supports(const OpDesc& op) const override {
+    return dtype_unsupported(*this, op);
+  }
+  // oneDNN's convolution adds its bias for free: no fused form saves work.
+  bool prefers(const OpDesc&) const override { return false; }
+  OpBytes scratch_bytes(const OpDesc& op) override { return op_bytes(*this, op); }
+  void run(const OpDesc& op, const OpArgs& args) override;
+  std::vector<ConvAlgoInfo> conv_algorithms(const ConvDesc& op) override;
   std::string conv_algorithm_name(ConvKind kind, ConvAlgo algo) const override;
+
+  // The kernels, one per descriptor kind (op_table.h names them).
   size_t conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
-                        bool accumulate) override {
+                        bool accumulate) {
     return conv_plan(kind, algo, p, accumulate, /*has_bias=*/true).workspace;
   }
   void conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const void* w,
                     const void* bias, const Tensor& y, float beta, void* workspace,
-                    size_t workspace_bytes) override;
+                    size_t workspace_bytes);
   void conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy, const void* w,
                           const Tensor& dx, float beta, void* workspace,
-                          size_t workspace_bytes) override;
+                          size_t workspace_bytes);
   void conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const Tensor& x,
                             const Tensor& dy, float* dw, float* dbias, float beta,
-                            void* workspace, size_t workspace_bytes) override;
+                            void* workspace, size_t workspace_bytes);
 
-  void relu_forward(const Tensor& x, const Tensor& y) override;
-  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
-  void bias_relu_forward(const Tensor& x, const void* bias, const Tensor& y) override;
+  void relu_forward(const Tensor& x, const Tensor& y);
+  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);
+  void bias_relu_forward(const Tensor& x, const void* bias, const Tensor& y);
   void relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx,
-                          float* dbias) override;
-  bool pairs_bias_with_relu() const override { return false; }
-  size_t pooling_state_bytes(const PoolParams& p, const TensorDesc& x,
-                             const TensorDesc& y) override;
-  void pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y,
-                       void* state) override;
-  void pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y, const Tensor& dy,
-                        const Tensor& dx, const void* state) override;
+                          float* dbias);
+  size_t pooling_state_bytes(const PoolDesc& p, const TensorDesc& x,
+                             const TensorDesc& y);
+  void pooling_forward(const PoolDesc& p, const Tensor& x, const Tensor& y,
+                       void* state);
+  void pooling_backward(const PoolDesc& p, const Tensor& x, const Tensor& y, const Tensor& dy,
+                        const Tensor& dx, const void* state);
   void inner_product_forward(const Tensor& x, const void* w, const void* bias,
-                             const Tensor& y) override;
-  void inner_product_backward_data(const Tensor& dy, const void* w, const Tensor& dx) override;
+                             const Tensor& y);
+  void inner_product_backward_data(const Tensor& dy, const void* w, const Tensor& dx);
   void inner_product_backward_weights(const Tensor& x, const Tensor& dy, float* dw,
-                                      float* dbias, float beta) override;
+                                      float* dbias, float beta);
   void batch_norm_forward_training(const Tensor& x, const Tensor& y, const float* scale_shift,
                                    float* save_mean, float* save_var, float* running_mean,
-                                   float* running_var, float momentum, float eps) override;
+                                   float* running_var, float momentum, float eps);
   void batch_norm_forward_inference(const Tensor& x, const Tensor& y, const float* scale_shift,
                                     const float* running_mean, const float* running_var,
-                                    float eps) override;
+                                    float eps);
   void batch_norm_backward(const Tensor& x, const Tensor& dy, const float* scale_shift,
                            const float* save_mean, const float* save_var, const Tensor& dx,
-                           float* dscale_shift, float beta, float eps) override;
-  std::vector<double> batch_norm_sums(const Tensor& x) override;
+                           float* dscale_shift, float beta, float eps);
+  std::vector<double> batch_norm_sums(const Tensor& x);
   std::vector<double> batch_norm_backward_sums(const Tensor& x, const Tensor& dy,
                                                const float* mean, const float* var,
-                                               float eps) override;
+                                               float eps);
   void batch_norm_backward_data(const Tensor& x, const Tensor& dy, const float* scale_shift,
                                 const float* mean, const float* var, const float* dy_means,
-                                const Tensor& dx, float eps) override;
-  void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
-  void accumulate(const Tensor& x, const Tensor& y, float beta) override;
-  void concat_forward(std::span<const Tensor> xs, const Tensor& y) override;
+                                const Tensor& dx, float eps);
+  void add(const Tensor& a, const Tensor& b, const Tensor& y);
+  void accumulate(const Tensor& x, const Tensor& y, float beta);
+  void concat_forward(std::span<const Tensor> xs, const Tensor& y);
   void concat_backward(const Tensor& dy, int64_t channel_offset, const Tensor& dx,
-                       float beta) override;
+                       float beta);
   LossStats softmax_cross_entropy(const Tensor& logits, const int32_t* labels, float scale,
-                                  const Tensor* dlogits, float label_smoothing = 0.0f) override;
+                                  const Tensor* dlogits, float label_smoothing = 0.0f);
   void sgd_update(float* w, const float* g, float* velocity, int64_t count,
-                  const SgdStep& step) override;
+                  const SgdStep& step);
   void adamw_update(float* w, const float* g, float* m, float* v, int64_t count,
-                    const AdamWStep& step) override;
-  void moving_average(float* average, const float* x, int64_t count, float decay) override;
-  std::vector<double> sum_squares(const float* x, std::span<const int64_t> offsets) override;
-  void scale(float* x, int64_t count, float alpha) override;
-  bool all_finite(const float* x, int64_t count) override;
+                    const AdamWStep& step);
+  void moving_average(float* average, const float* x, int64_t count, float decay);
+  std::vector<double> sum_squares(const float* x, std::span<const int64_t> offsets);
+  void scale(float* x, int64_t count, float alpha);
+  bool all_finite(const float* x, int64_t count);
 
-  size_t relu_scratch_bytes(const TensorDesc& x) override;
-  size_t pooling_scratch_bytes(const PoolParams& p, const TensorDesc& x,
-                               const TensorDesc& y) override;
-  size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) override;
-  size_t batch_norm_scratch_bytes(const TensorDesc& x, float eps) override;
+  size_t relu_scratch_bytes(const TensorDesc& x);
+  size_t pooling_scratch_bytes(const PoolDesc& p, const TensorDesc& x,
+                               const TensorDesc& y);
+  size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias);
+  size_t batch_norm_scratch_bytes(const TensorDesc& x, float eps);
   size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
-                           const TensorDesc& y) override;
-  size_t concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) override;
-  size_t softmax_scratch_bytes(const TensorDesc& logits) override;
-  size_t sum_squares_scratch_bytes(size_t) override { return 0; }
+                           const TensorDesc& y);
+  size_t concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y);
+  size_t softmax_scratch_bytes(const TensorDesc& logits);
+  size_t sum_squares_scratch_bytes(size_t) { return 0; }
   void reserve_scratch(size_t bytes) override { scratch(bytes); }
-  size_t scratch_bytes() const override { return scratch_bytes_; }
+  size_t scratch_reserved() const override { return scratch_bytes_; }
 
  private:
   // Cached primitive descriptors, shared by each op and its scratch query.
@@ -295,10 +304,10 @@ class CpuBackend final : public Backend {
   const dnnl::eltwise_backward::primitive_desc& relu_bwd_pd(const TensorDesc& y);
   const dnnl::binary::primitive_desc& bias_relu_pd(const TensorDesc& x);
   const dnnl::reduction::primitive_desc& channel_sum_pd(const TensorDesc& x);
-  const dnnl::pooling_forward::primitive_desc& pool_fwd_pd(const PoolParams& p,
+  const dnnl::pooling_forward::primitive_desc& pool_fwd_pd(const PoolDesc& p,
                                                            const TensorDesc& x,
                                                            const TensorDesc& y);
-  const dnnl::pooling_backward::primitive_desc& pool_bwd_pd(const PoolParams& p,
+  const dnnl::pooling_backward::primitive_desc& pool_bwd_pd(const PoolDesc& p,
                                                             const TensorDesc& x,
                                                             const TensorDesc& y,
                                                             const TensorDesc& dx,

@@ -60,8 +60,10 @@ bool computes_in_f32(ConvAlgo algo) {
 
 }  // namespace
 
-std::vector<ConvAlgoInfo> CpuBackend::conv_algorithms(ConvKind kind, const ConvProblem& p,
-                                                      bool accumulate) {
+std::vector<ConvAlgoInfo> CpuBackend::conv_algorithms(const ConvDesc& op) {
+  const ConvKind kind = op.kind;
+  const ConvProblem& p = op.problem;
+  const bool accumulate = op.beta != 0.0f;
   std::vector<ConvAlgoInfo> algos;
   for (ConvAlgo algo : {kDirect, kWinograd, kIm2colGemm, kDirectPseudoBf16, kWinogradPseudoBf16}) {
     if (computes_in_f32(algo) && p.x.dtype != DataType::kBF16) continue;
@@ -128,8 +130,8 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
                        conv_algorithm_name(kind, algo) + " is for bf16 problems, not " + p.str());
   }
   const dnnl::algorithm alg = dnnl_algorithm(algo);
-  const memory::dims strides{p.stride_h, p.stride_w};
-  const memory::dims pad{p.pad_h, p.pad_w};
+  const memory::dims strides{p.window.stride_h, p.window.stride_w};
+  const memory::dims pad{p.window.pad_h, p.window.pad_w};
   const Shape w_shape = p.weight_shape();
   // Activations, the weights and the forward bias in the problem's type,
   // which the primitive computes in unless the algorithm computes in f32
@@ -218,8 +220,8 @@ ConvPlan CpuBackend::build_im2col_conv(ConvKind kind, const ConvProblem& p, bool
   ConvPlan plan;
   plan.im2col = true;
   const Shape y = p.output_shape();
-  plan.geometry = {p.x.shape.n, p.x.shape.c, p.x.shape.h, p.x.shape.w, p.r, p.s, p.pad_h,
-                   p.pad_w, p.stride_h, p.stride_w, y.h, y.w};
+  plan.geometry = {p.x.shape.n, p.x.shape.c, p.x.shape.h, p.x.shape.w, p.window.kernel_h, p.window.kernel_w, p.window.pad_h,
+                   p.window.pad_w, p.window.stride_h, p.window.stride_w, y.h, y.w};
   size_t cursor = 0;
   const size_t cols_bytes =
       static_cast<size_t>(plan.geometry.rows() * plan.geometry.cols()) * sizeof(float);

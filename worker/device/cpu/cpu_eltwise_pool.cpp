@@ -116,7 +116,7 @@ void CpuBackend::bias_relu_forward(const Tensor& x, const void* bias, const Tens
 }
 
 // Two primitives: oneDNN has no fused one, and on the CPU a convolution's
-// bias is free in its kernel (pairs_bias_with_relu is false).
+// bias is free in its kernel (prefers() is false).
 void CpuBackend::relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx,
                                     float* dbias) {
   relu_backward(y, dy, dx);
@@ -143,40 +143,40 @@ dnnl::algorithm pool_alg(PoolKind kind) {
                                 : dnnl::algorithm::pooling_avg_exclude_padding;
 }
 
-std::string pool_key(const PoolParams& p, const TensorDesc& x, const TensorDesc& y) {
-  return std::to_string(static_cast<int>(p.kind)) + "k" + std::to_string(p.kh) + "x" +
-         std::to_string(p.kw) + "s" + std::to_string(p.stride_h) + "x" +
-         std::to_string(p.stride_w) + "p" + std::to_string(p.pad_h) + "x" +
-         std::to_string(p.pad_w) + shape_key(x) + shape_key(y);
+std::string pool_key(const PoolDesc& p, const TensorDesc& x, const TensorDesc& y) {
+  return std::to_string(static_cast<int>(p.kind)) + "k" + std::to_string(p.window.kernel_h) + "x" +
+         std::to_string(p.window.kernel_w) + "s" + std::to_string(p.window.stride_h) + "x" +
+         std::to_string(p.window.stride_w) + "p" + std::to_string(p.window.pad_h) + "x" +
+         std::to_string(p.window.pad_w) + shape_key(x) + shape_key(y);
 }
 
 // Right/bottom padding that makes oneDNN's output size equal floor-mode's.
-memory::dims pool_pad_r(const PoolParams& p, const Shape& x, const Shape& y) {
-  return {(y.h - 1) * p.stride_h + p.kh - x.h - p.pad_h,
-          (y.w - 1) * p.stride_w + p.kw - x.w - p.pad_w};
+memory::dims pool_pad_r(const PoolDesc& p, const Shape& x, const Shape& y) {
+  return {(y.h - 1) * p.window.stride_h + p.window.kernel_h - x.h - p.window.pad_h,
+          (y.w - 1) * p.window.stride_w + p.window.kernel_w - x.w - p.window.pad_w};
 }
 
 }  // namespace
 
 // The forward primitive descriptor of a pooling; backward uses it as hint.
 static dnnl::pooling_forward::primitive_desc make_pool_fwd(const dnnl::engine& engine,
-                                                           const PoolParams& p,
+                                                           const PoolDesc& p,
                                                            const TensorDesc& x,
                                                            const TensorDesc& y) {
   dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_training, pool_alg(p.kind), md_of(x),
-                                md_of(y), {p.stride_h, p.stride_w}, {p.kh, p.kw},
-                                {p.pad_h, p.pad_w}, pool_pad_r(p, x.shape, y.shape));
+                                md_of(y), {p.window.stride_h, p.window.stride_w}, {p.window.kernel_h, p.window.kernel_w},
+                                {p.window.pad_h, p.window.pad_w}, pool_pad_r(p, x.shape, y.shape));
   return dnnl::pooling_forward::primitive_desc(d, user_scratchpad_attr(), engine);
 }
 
-const dnnl::pooling_forward::primitive_desc& CpuBackend::pool_fwd_pd(const PoolParams& p,
+const dnnl::pooling_forward::primitive_desc& CpuBackend::pool_fwd_pd(const PoolDesc& p,
                                                                       const TensorDesc& x,
                                                                       const TensorDesc& y) {
   return cached<dnnl::pooling_forward::primitive_desc>(
       "pool_f" + pool_key(p, x, y), [&] { return make_pool_fwd(engine_, p, x, y); });
 }
 
-const dnnl::pooling_backward::primitive_desc& CpuBackend::pool_bwd_pd(const PoolParams& p,
+const dnnl::pooling_backward::primitive_desc& CpuBackend::pool_bwd_pd(const PoolDesc& p,
                                                                        const TensorDesc& x,
                                                                        const TensorDesc& y,
                                                                        const TensorDesc& dx,
@@ -184,13 +184,13 @@ const dnnl::pooling_backward::primitive_desc& CpuBackend::pool_bwd_pd(const Pool
   const auto& fwd = pool_fwd_pd(p, x, y);
   return cached<dnnl::pooling_backward::primitive_desc>("pool_b" + pool_key(p, dx, dy), [&] {
     dnnl::pooling_backward::desc d(pool_alg(p.kind), md_of(dx), md_of(dy),
-                                   {p.stride_h, p.stride_w}, {p.kh, p.kw}, {p.pad_h, p.pad_w},
+                                   {p.window.stride_h, p.window.stride_w}, {p.window.kernel_h, p.window.kernel_w}, {p.window.pad_h, p.window.pad_w},
                                    pool_pad_r(p, x.shape, y.shape));
     return dnnl::pooling_backward::primitive_desc(d, user_scratchpad_attr(), engine_, fwd);
   });
 }
 
-size_t CpuBackend::pooling_state_bytes(const PoolParams& p, const TensorDesc& x,
+size_t CpuBackend::pooling_state_bytes(const PoolDesc& p, const TensorDesc& x,
                                        const TensorDesc& y) {
   try {
     return pool_fwd_pd(p, x, y).workspace_desc().get_size();
@@ -199,7 +199,7 @@ size_t CpuBackend::pooling_state_bytes(const PoolParams& p, const TensorDesc& x,
   }
 }
 
-size_t CpuBackend::pooling_scratch_bytes(const PoolParams& p, const TensorDesc& x,
+size_t CpuBackend::pooling_scratch_bytes(const PoolDesc& p, const TensorDesc& x,
                                          const TensorDesc& y) {
   try {
     return std::max(pool_fwd_pd(p, x, y).scratchpad_desc().get_size(),
@@ -209,7 +209,7 @@ size_t CpuBackend::pooling_scratch_bytes(const PoolParams& p, const TensorDesc& 
   }
 }
 
-void CpuBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y,
+void CpuBackend::pooling_forward(const PoolDesc& p, const Tensor& x, const Tensor& y,
                                  void* state) {
   check_same_dtype("pooling_forward", {x.desc, y.desc});
   try {
@@ -227,7 +227,7 @@ void CpuBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Ten
   }
 }
 
-void CpuBackend::pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y,
+void CpuBackend::pooling_backward(const PoolDesc& p, const Tensor& x, const Tensor& y,
                                   const Tensor& dy, const Tensor& dx, const void* state) {
   check_same_dtype("pooling_backward", {x.desc, y.desc, dy.desc, dx.desc});
   try {

@@ -4,11 +4,13 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "common/half_convert.h"
+#include "worker/device/op_table.h"
 
 namespace vtrain::worker {
 namespace {
@@ -98,245 +100,316 @@ class HalfEmulation final : public Backend {
     inner_->upload_labels(host, device, count);
   }
 
-  std::vector<ConvAlgoInfo> conv_algorithms(ConvKind kind, const ConvProblem& p,
-                                            bool accumulate) override {
-    return inner_->conv_algorithms(kind, wide(p), accumulate);
+  // ------------------------------------------------------------ the ops
+  // Descriptors of emulated types are asked of the wrapped backend in f32;
+  // run() passes a call through untouched unless its tensors are of an
+  // emulated type, and otherwise intercepts it in the kernels below
+  // (op_table.h), each widening, running the wrapped op, and rounding.
+  std::optional<std::string> supports(const OpDesc& op) const override {
+    return inner_->supports(wide(op));
+  }
+  bool prefers(const OpDesc& op) const override { return inner_->prefers(wide(op)); }
+  OpBytes scratch_bytes(const OpDesc& op) override { return inner_->scratch_bytes(wide(op)); }
+  std::vector<ConvAlgoInfo> conv_algorithms(const ConvDesc& op) override {
+    return inner_->conv_algorithms(std::get<ConvDesc>(wide(op)));
   }
   std::string conv_algorithm_name(ConvKind kind, ConvAlgo algo) const override {
     return inner_->conv_algorithm_name(kind, algo);
   }
-  size_t conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
-                        bool accumulate) override {
-    return inner_->conv_workspace(kind, algo, wide(p), accumulate);
+  void run(const OpDesc& op, const OpArgs& args) override {
+    bool any = false;
+    for_each_tensor_desc(op, [&](const TensorDesc& d) { any = any || emulated(d.dtype); });
+    if (!any) return inner_->run(op, args);
+    run_op(*this, op, args);
   }
+  void reserve_scratch(size_t bytes) override { inner_->reserve_scratch(bytes); }
+  size_t scratch_reserved() const override { return inner_->scratch_reserved(); }
+
+  // The kernels op_table.h calls for emulated calls.
   void conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const void* w,
                     const void* bias, const Tensor& y, float beta, void* workspace,
-                    size_t workspace_bytes) override {
+                    size_t workspace_bytes) {
     const DataType t = x.desc.dtype;
     Wide y_wide(*this, y, beta != 0);
-    inner_->conv_forward(algo, wide(p), Wide(*this, x).tensor(),
-                         WideArray(*this, w, t, p.weight_shape().elements()).data(),
-                         WideArray(*this, bias, t, p.k).data(), y_wide.tensor(), beta, workspace,
-                         workspace_bytes);
+    const WideArray w_wide(*this, w, t, p.weight_shape().elements());
+    const WideArray bias_wide(*this, bias, t, p.k);
+    inner_->run(ConvDesc{ConvKind::kForward, wide(p), algo, beta, bias != nullptr},
+                ConvArgs{.x = Wide(*this, x).tensor().data,
+                         .w = w_wide.data(),
+                         .bias = bias_wide.data(),
+                         .y = y_wide.tensor().data,
+                         .workspace = workspace,
+                         .workspace_bytes = workspace_bytes});
     y_wide.store();
   }
   void conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy, const void* w,
                           const Tensor& dx, float beta, void* workspace,
-                          size_t workspace_bytes) override {
+                          size_t workspace_bytes) {
     Wide dx_wide(*this, dx, beta != 0);
-    inner_->conv_backward_data(algo, wide(p), Wide(*this, dy).tensor(),
-                               WideArray(*this, w, dy.desc.dtype, p.weight_shape().elements()).data(),
-                               dx_wide.tensor(), beta, workspace, workspace_bytes);
+    const WideArray w_wide(*this, w, dy.desc.dtype, p.weight_shape().elements());
+    inner_->run(ConvDesc{ConvKind::kBackwardData, wide(p), algo, beta},
+                ConvArgs{.w = w_wide.data(),
+                         .dy = Wide(*this, dy).tensor().data,
+                         .dx = dx_wide.tensor().data,
+                         .workspace = workspace,
+                         .workspace_bytes = workspace_bytes});
     dx_wide.store();
   }
   void conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const Tensor& x,
                             const Tensor& dy, float* dw, float* dbias, float beta,
-                            void* workspace, size_t workspace_bytes) override {
-    inner_->conv_backward_filter(algo, wide(p), Wide(*this, x).tensor(), Wide(*this, dy).tensor(),
-                                 dw, dbias, beta, workspace, workspace_bytes);
+                            void* workspace, size_t workspace_bytes) {
+    inner_->run(ConvDesc{ConvKind::kBackwardFilter, wide(p), algo, beta, dbias != nullptr},
+                ConvArgs{.x = Wide(*this, x).tensor().data,
+                         .dy = Wide(*this, dy).tensor().data,
+                         .dw = dw,
+                         .dbias = dbias,
+                         .workspace = workspace,
+                         .workspace_bytes = workspace_bytes});
   }
 
-  void relu_forward(const Tensor& x, const Tensor& y) override {
+  void relu_forward(const Tensor& x, const Tensor& y) { bias_relu_forward(x, nullptr, y); }
+  // Forward with or without the bias (null).
+  void bias_relu_forward(const Tensor& x, const void* bias, const Tensor& y) {
     Wide y_wide(*this, y, false);
-    inner_->relu_forward(Wide(*this, x).tensor(), y_wide.tensor());
+    const Wide x_wide(*this, x);
+    const WideArray bias_wide(*this, bias, x.desc.dtype, x.shape().c);
+    inner_->run(ActivationDesc{.x = x_wide.tensor().desc, .bias = bias != nullptr},
+                ActivationArgs{.x = x_wide.tensor().data, .y = y_wide.tensor().data,
+                               .bias = bias_wide.data()});
     y_wide.store();
   }
-  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override {
+  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+    relu_backward_bias(y, dy, dx, nullptr);
+  }
+  // Backward with or without the bias gradient (null).
+  void relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx, float* dbias) {
     const Wide dy_wide(*this, dy);
     Wide dx_wide(*this, dx, false);
-    inner_->relu_backward(Wide(*this, y).tensor(), dy_wide.tensor(), dx_wide.tensor());
-    dx_wide.store();
-  }
-  void bias_relu_forward(const Tensor& x, const void* bias, const Tensor& y) override {
-    Wide y_wide(*this, y, false);
-    inner_->bias_relu_forward(Wide(*this, x).tensor(),
-                              WideArray(*this, bias, x.desc.dtype, x.shape().c).data(),
-                              y_wide.tensor());
-    y_wide.store();
-  }
-  void relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx,
-                          float* dbias) override {
-    const Wide dy_wide(*this, dy);
-    Wide dx_wide(*this, dx, false);
-    inner_->relu_backward_bias(Wide(*this, y).tensor(), dy_wide.tensor(), dx_wide.tensor(), dbias);
-    dx_wide.store();
-  }
-  bool pairs_bias_with_relu() const override { return inner_->pairs_bias_with_relu(); }
-
-  size_t pooling_state_bytes(const PoolParams& p, const TensorDesc& x,
-                             const TensorDesc& y) override {
-    return inner_->pooling_state_bytes(p, wide(x), wide(y));
-  }
-  void pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y,
-                       void* state) override {
-    Wide y_wide(*this, y, false);
-    inner_->pooling_forward(p, Wide(*this, x).tensor(), y_wide.tensor(), state);
-    y_wide.store();
-  }
-  void pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y, const Tensor& dy,
-                        const Tensor& dx, const void* state) override {
-    Wide dx_wide(*this, dx, false);
-    inner_->pooling_backward(p, Wide(*this, x).tensor(), Wide(*this, y).tensor(),
-                             Wide(*this, dy).tensor(), dx_wide.tensor(), state);
+    const Wide y_wide(*this, y);
+    inner_->run(ActivationDesc{.direction = Direction::kBackward,
+                               .x = y_wide.tensor().desc,
+                               .bias = dbias != nullptr},
+                ActivationArgs{.y = y_wide.tensor().data,
+                               .dy = dy_wide.tensor().data,
+                               .dx = dx_wide.tensor().data,
+                               .dbias = dbias});
     dx_wide.store();
   }
 
-  void inner_product_forward(const Tensor& x, const void* w, const void* bias,
-                             const Tensor& y) override {
+  void pooling_forward(const PoolDesc& p, const Tensor& x, const Tensor& y, void* state) {
+    Wide y_wide(*this, y, false);
+    const Wide x_wide(*this, x);
+    inner_->run(PoolDesc{p.kind, Direction::kForward, x_wide.tensor().desc, y_wide.tensor().desc,
+                         p.window},
+                PoolArgs{.x = x_wide.tensor().data, .y = y_wide.tensor().data, .state = state});
+    y_wide.store();
+  }
+  void pooling_backward(const PoolDesc& p, const Tensor& x, const Tensor& y, const Tensor& dy,
+                        const Tensor& dx, const void* state) {
+    Wide dx_wide(*this, dx, false);
+    const Wide x_wide(*this, x), y_wide(*this, y);
+    inner_->run(PoolDesc{p.kind, Direction::kBackward, x_wide.tensor().desc,
+                         y_wide.tensor().desc, p.window},
+                PoolArgs{.x = x_wide.tensor().data,
+                         .y = y_wide.tensor().data,
+                         .dy = Wide(*this, dy).tensor().data,
+                         .dx = dx_wide.tensor().data,
+                         .state = const_cast<void*>(state)});
+    dx_wide.store();
+  }
+
+  void inner_product_forward(const Tensor& x, const void* w, const void* bias, const Tensor& y) {
     const int64_t out = y.shape().c;
     const DataType t = x.desc.dtype;
     Wide y_wide(*this, y, false);
-    inner_->inner_product_forward(Wide(*this, x).tensor(),
-                                  WideArray(*this, w, t, out * x.shape().per_sample()).data(),
-                                  WideArray(*this, bias, t, out).data(), y_wide.tensor());
+    const Wide x_wide(*this, x);
+    const WideArray w_wide(*this, w, t, out * x.shape().per_sample());
+    const WideArray bias_wide(*this, bias, t, out);
+    inner_->run(InnerProductDesc{InnerProductKind::kForward, x_wide.tensor().desc,
+                                 y_wide.tensor().desc, bias != nullptr},
+                InnerProductArgs{.x = x_wide.tensor().data,
+                                 .w = w_wide.data(),
+                                 .bias = bias_wide.data(),
+                                 .y = y_wide.tensor().data});
     y_wide.store();
   }
-  void inner_product_backward_data(const Tensor& dy, const void* w, const Tensor& dx) override {
+  void inner_product_backward_data(const Tensor& dy, const void* w, const Tensor& dx) {
     const int64_t weights = dy.shape().c * dx.shape().per_sample();
     Wide dx_wide(*this, dx, false);
-    inner_->inner_product_backward_data(Wide(*this, dy).tensor(),
-                                        WideArray(*this, w, dy.desc.dtype, weights).data(),
-                                        dx_wide.tensor());
+    const Wide dy_wide(*this, dy);
+    const WideArray w_wide(*this, w, dy.desc.dtype, weights);
+    inner_->run(InnerProductDesc{InnerProductKind::kBackwardData, dx_wide.tensor().desc,
+                                 dy_wide.tensor().desc},
+                InnerProductArgs{.w = w_wide.data(),
+                                 .dy = dy_wide.tensor().data,
+                                 .dx = dx_wide.tensor().data});
     dx_wide.store();
   }
   void inner_product_backward_weights(const Tensor& x, const Tensor& dy, float* dw, float* dbias,
-                                      float beta) override {
-    inner_->inner_product_backward_weights(Wide(*this, x).tensor(), Wide(*this, dy).tensor(), dw,
-                                           dbias, beta);
+                                      float beta) {
+    const Wide x_wide(*this, x), dy_wide(*this, dy);
+    inner_->run(InnerProductDesc{InnerProductKind::kBackwardWeights, x_wide.tensor().desc,
+                                 dy_wide.tensor().desc, dbias != nullptr, beta},
+                InnerProductArgs{.x = x_wide.tensor().data,
+                                 .dy = dy_wide.tensor().data,
+                                 .dw = dw,
+                                 .dbias = dbias});
   }
 
   void batch_norm_forward_training(const Tensor& x, const Tensor& y, const float* scale_shift,
                                    float* save_mean, float* save_var, float* running_mean,
-                                   float* running_var, float momentum, float eps) override {
+                                   float* running_var, float momentum, float eps) {
     Wide y_wide(*this, y, false);
-    inner_->batch_norm_forward_training(Wide(*this, x).tensor(), y_wide.tensor(), scale_shift,
-                                        save_mean, save_var, running_mean, running_var, momentum,
-                                        eps);
+    const Wide x_wide(*this, x);
+    inner_->run(BatchNormDesc{BatchNormKind::kForwardTraining, x_wide.tensor().desc, eps, momentum},
+                BatchNormArgs{.x = x_wide.tensor().data,
+                              .y = y_wide.tensor().data,
+                              .scale_shift = scale_shift,
+                              .mean = save_mean,
+                              .var = save_var,
+                              .running_mean = running_mean,
+                              .running_var = running_var});
     y_wide.store();
   }
   void batch_norm_forward_inference(const Tensor& x, const Tensor& y, const float* scale_shift,
-                                    const float* running_mean, const float* running_var,
-                                    float eps) override {
+                                    const float* mean, const float* var, float eps) {
     Wide y_wide(*this, y, false);
-    inner_->batch_norm_forward_inference(Wide(*this, x).tensor(), y_wide.tensor(), scale_shift,
-                                         running_mean, running_var, eps);
+    const Wide x_wide(*this, x);
+    inner_->run(BatchNormDesc{BatchNormKind::kForwardInference, x_wide.tensor().desc, eps},
+                BatchNormArgs{.x = x_wide.tensor().data,
+                              .y = y_wide.tensor().data,
+                              .scale_shift = scale_shift,
+                              .mean = const_cast<float*>(mean),
+                              .var = const_cast<float*>(var)});
     y_wide.store();
   }
   void batch_norm_backward(const Tensor& x, const Tensor& dy, const float* scale_shift,
                            const float* save_mean, const float* save_var, const Tensor& dx,
-                           float* dscale_shift, float beta, float eps) override {
-    const Wide dy_wide(*this, dy);
+                           float* dscale_shift, float beta, float eps) {
+    const Wide dy_wide(*this, dy), x_wide(*this, x);
     Wide dx_wide(*this, dx, false);
-    inner_->batch_norm_backward(Wide(*this, x).tensor(), dy_wide.tensor(), scale_shift, save_mean,
-                                save_var, dx_wide.tensor(), dscale_shift, beta, eps);
+    inner_->run(BatchNormDesc{BatchNormKind::kBackward, x_wide.tensor().desc, eps, 0.0f, beta},
+                BatchNormArgs{.x = x_wide.tensor().data,
+                              .dy = dy_wide.tensor().data,
+                              .dx = dx_wide.tensor().data,
+                              .scale_shift = scale_shift,
+                              .mean = const_cast<float*>(save_mean),
+                              .var = const_cast<float*>(save_var),
+                              .dscale_shift = dscale_shift});
     dx_wide.store();
   }
-  std::vector<double> batch_norm_sums(const Tensor& x) override {
-    return inner_->batch_norm_sums(Wide(*this, x).tensor());
+  std::vector<double> batch_norm_sums(const Tensor& x) {
+    const Wide x_wide(*this, x);
+    std::vector<double> sums;
+    inner_->run(BatchNormDesc{BatchNormKind::kSums, x_wide.tensor().desc},
+                BatchNormArgs{.x = x_wide.tensor().data, .sums = &sums});
+    return sums;
   }
   std::vector<double> batch_norm_backward_sums(const Tensor& x, const Tensor& dy,
-                                               const float* mean, const float* var,
-                                               float eps) override {
-    return inner_->batch_norm_backward_sums(Wide(*this, x).tensor(), Wide(*this, dy).tensor(),
-                                            mean, var, eps);
+                                               const float* mean, const float* var, float eps) {
+    const Wide x_wide(*this, x), dy_wide(*this, dy);
+    std::vector<double> sums;
+    inner_->run(BatchNormDesc{BatchNormKind::kBackwardSums, x_wide.tensor().desc, eps},
+                BatchNormArgs{.x = x_wide.tensor().data,
+                              .dy = dy_wide.tensor().data,
+                              .mean = const_cast<float*>(mean),
+                              .var = const_cast<float*>(var),
+                              .sums = &sums});
+    return sums;
   }
   void batch_norm_backward_data(const Tensor& x, const Tensor& dy, const float* scale_shift,
                                 const float* mean, const float* var, const float* dy_means,
-                                const Tensor& dx, float eps) override {
-    const Wide dy_wide(*this, dy);
+                                const Tensor& dx, float eps) {
+    const Wide dy_wide(*this, dy), x_wide(*this, x);
     Wide dx_wide(*this, dx, false);
-    inner_->batch_norm_backward_data(Wide(*this, x).tensor(), dy_wide.tensor(), scale_shift, mean,
-                                     var, dy_means, dx_wide.tensor(), eps);
+    inner_->run(BatchNormDesc{BatchNormKind::kBackwardData, x_wide.tensor().desc, eps},
+                BatchNormArgs{.x = x_wide.tensor().data,
+                              .dy = dy_wide.tensor().data,
+                              .dx = dx_wide.tensor().data,
+                              .scale_shift = scale_shift,
+                              .mean = const_cast<float*>(mean),
+                              .var = const_cast<float*>(var),
+                              .dy_means = dy_means});
     dx_wide.store();
   }
 
-  void add(const Tensor& a, const Tensor& b, const Tensor& y) override {
+  void add(const Tensor& a, const Tensor& b, const Tensor& y) {
     const Wide a_wide(*this, a), b_wide(*this, b);
     Wide y_wide(*this, y, false);
-    inner_->add(a_wide.tensor(), b_wide.tensor(), y_wide.tensor());
+    inner_->run(BinaryDesc{BinaryKind::kAdd, a_wide.tensor().desc, b_wide.tensor().desc,
+                           y_wide.tensor().desc},
+                BinaryArgs{a_wide.tensor().data, b_wide.tensor().data, y_wide.tensor().data});
     y_wide.store();
   }
-  void accumulate(const Tensor& x, const Tensor& y, float beta) override {
+  void accumulate(const Tensor& x, const Tensor& y, float beta) {
     const Wide x_wide(*this, x);
     Wide y_wide(*this, y, beta != 0);
-    inner_->accumulate(x_wide.tensor(), y_wide.tensor(), beta);
+    inner_->run(BinaryDesc{BinaryKind::kAccumulate, x_wide.tensor().desc, y_wide.tensor().desc,
+                           y_wide.tensor().desc, beta},
+                BinaryArgs{.a = x_wide.tensor().data, .y = y_wide.tensor().data});
     y_wide.store();
   }
-  void concat_forward(std::span<const Tensor> xs, const Tensor& y) override {
+  void concat_forward(std::span<const Tensor> xs, const Tensor& y) {
     std::vector<Wide> wides;
     wides.reserve(xs.size());
-    std::vector<Tensor> inputs;
-    for (const Tensor& x : xs) inputs.push_back(wides.emplace_back(*this, x).tensor());
+    ConcatDesc desc;
+    std::vector<void*> inputs;
+    for (const Tensor& x : xs) {
+      const Tensor& t = wides.emplace_back(*this, x).tensor();
+      desc.xs.push_back(t.desc);
+      inputs.push_back(t.data);
+    }
     Wide y_wide(*this, y, false);
-    inner_->concat_forward(inputs, y_wide.tensor());
+    desc.y = y_wide.tensor().desc;
+    inner_->run(desc, ConcatArgs{.xs = inputs, .y = y_wide.tensor().data});
     y_wide.store();
   }
-  void concat_backward(const Tensor& dy, int64_t channel_offset, const Tensor& dx,
-                       float beta) override {
+  void concat_backward(const Tensor& dy, int64_t channel_offset, const Tensor& dx, float beta) {
     Wide dx_wide(*this, dx, beta != 0);
-    inner_->concat_backward(Wide(*this, dy).tensor(), channel_offset, dx_wide.tensor(), beta);
+    const Wide dy_wide(*this, dy);
+    inner_->run(ConcatDesc{Direction::kBackward, {dx_wide.tensor().desc}, dy_wide.tensor().desc,
+                           channel_offset, beta},
+                ConcatArgs{.dy = dy_wide.tensor().data, .dx = dx_wide.tensor().data});
     dx_wide.store();
   }
   LossStats softmax_cross_entropy(const Tensor& logits, const int32_t* labels, float scale,
-                                  const Tensor* dlogits, float label_smoothing) override {
-    if (dlogits == nullptr) {
-      return inner_->softmax_cross_entropy(Wide(*this, logits).tensor(), labels, scale, nullptr,
-                                           label_smoothing);
-    }
-    Wide d_wide(*this, *dlogits, false);
-    const LossStats s = inner_->softmax_cross_entropy(Wide(*this, logits).tensor(), labels, scale,
-                                                      &d_wide.tensor(), label_smoothing);
-    d_wide.store();
-    return s;
+                                  const Tensor* dlogits, float label_smoothing) {
+    const Wide logits_wide(*this, logits);
+    std::optional<Wide> d_wide;
+    if (dlogits) d_wide.emplace(*this, *dlogits, false);
+    LossStats stats;
+    inner_->run(SoftmaxCrossEntropyDesc{logits_wide.tensor().desc, dlogits != nullptr, scale,
+                                        label_smoothing},
+                SoftmaxCrossEntropyArgs{logits_wide.tensor().data, labels,
+                                        d_wide ? d_wide->tensor().data : nullptr, &stats});
+    if (d_wide) d_wide->store();
+    return stats;
   }
-  // The optimizer's ops read and write f32 master state: passed through.
-  void sgd_update(float* w, const float* g, float* velocity, int64_t count,
-                  const SgdStep& step) override {
-    inner_->sgd_update(w, g, velocity, count, step);
+  // The optimizers' ops read and write f32 master state and have no tensor
+  // of a half type: run() passes them through before the table is reached.
+  void sgd_update(float* w, const float* g, float* velocity, int64_t count, const SgdStep& step) {
+    inner_->run(SgdDesc{count, step}, SgdArgs{w, g, velocity});
   }
   void adamw_update(float* w, const float* g, float* m, float* v, int64_t count,
-                    const AdamWStep& step) override {
-    inner_->adamw_update(w, g, m, v, count, step);
+                    const AdamWStep& step) {
+    inner_->run(AdamWDesc{count, step}, AdamWArgs{w, g, m, v});
   }
-  void moving_average(float* average, const float* x, int64_t count, float decay) override {
-    inner_->moving_average(average, x, count, decay);
+  void moving_average(float* average, const float* x, int64_t count, float decay) {
+    inner_->run(MovingAverageDesc{count, decay}, MovingAverageArgs{average, x});
   }
-  std::vector<double> sum_squares(const float* x, std::span<const int64_t> offsets) override {
-    return inner_->sum_squares(x, offsets);
+  void scale(float* x, int64_t count, float alpha) {
+    inner_->run(ScaleDesc{count, alpha}, ScaleArgs{x});
   }
-  size_t sum_squares_scratch_bytes(size_t segments) override {
-    return inner_->sum_squares_scratch_bytes(segments);
+  std::vector<double> sum_squares(const float* x, std::span<const int64_t> offsets) {
+    std::vector<double> sums;
+    inner_->run(SumSquaresDesc{offsets.size() - 1}, SumSquaresArgs{x, offsets, &sums});
+    return sums;
   }
-  void scale(float* x, int64_t count, float alpha) override { inner_->scale(x, count, alpha); }
-  bool all_finite(const float* x, int64_t count) override { return inner_->all_finite(x, count); }
-
-  size_t relu_scratch_bytes(const TensorDesc& x) override {
-    return inner_->relu_scratch_bytes(wide(x));
+  bool all_finite(const float* x, int64_t count) {
+    bool finite = false;
+    inner_->run(AllFiniteDesc{count}, AllFiniteArgs{x, &finite});
+    return finite;
   }
-  size_t pooling_scratch_bytes(const PoolParams& p, const TensorDesc& x,
-                               const TensorDesc& y) override {
-    return inner_->pooling_scratch_bytes(p, wide(x), wide(y));
-  }
-  size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) override {
-    return inner_->inner_product_scratch_bytes(wide(x), out, bias);
-  }
-  size_t batch_norm_scratch_bytes(const TensorDesc& x, float eps) override {
-    return inner_->batch_norm_scratch_bytes(wide(x), eps);
-  }
-  size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
-                           const TensorDesc& y) override {
-    return inner_->add_scratch_bytes(wide(a), wide(b), wide(y));
-  }
-  size_t concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) override {
-    std::vector<TensorDesc> inputs;
-    for (const TensorDesc& x : xs) inputs.push_back(wide(x));
-    return inner_->concat_scratch_bytes(inputs, wide(y));
-  }
-  size_t softmax_scratch_bytes(const TensorDesc& logits) override {
-    return inner_->softmax_scratch_bytes(wide(logits));
-  }
-  void reserve_scratch(size_t bytes) override { inner_->reserve_scratch(bytes); }
-  size_t scratch_bytes() const override { return inner_->scratch_bytes(); }
 
  private:
   bool emulated(DataType type) const {
@@ -351,6 +424,10 @@ class HalfEmulation final : public Backend {
     p.x = wide(p.x);
     p.y = wide(p.y);
     return p;
+  }
+  OpDesc wide(OpDesc op) const {
+    for_each_tensor_desc(op, [&](TensorDesc& d) { d = wide(d); });
+    return op;
   }
 
   // A tensor as the wrapped backend computes on it: itself, or for an
