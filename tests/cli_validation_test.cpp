@@ -219,12 +219,12 @@ TEST_F(CliValidation, LayersWithoutKernelsAreRefusedNamingTheLayer) {
   const std::string path =
       write(layers_config("    - {name: data, type: input}\n"
                           "    - {name: c, type: conv, out: 4, kernel: 3}\n"
-                          "    - {name: s, type: silu}\n"
+                          "    - {name: d, type: dropout, p: 0.1}\n"
                           "    - {name: fc, type: fc, out: 10}\n"));
   const RunResult r = run_vtrain("train --progress off " + path);
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_CONTAINS(r.output, "error: layer 's' (line 5): layer type 'silu' is part of the model "
-                            "format but has no kernels on any backend yet");
+  EXPECT_CONTAINS(r.output, "error: layer 'd' (line 5): layer type 'dropout' is part of the "
+                            "model format but has no kernels on any backend yet");
   const std::string resnext = write(with(with(synthetic_config(), "lenet", "resnext50_32x4d"),
                                           "[1, 28, 28]", "[3, 32, 32]"));
   const RunResult grouped = run_vtrain("train --progress off " + resnext);
@@ -232,6 +232,23 @@ TEST_F(CliValidation, LayersWithoutKernelsAreRefusedNamingTheLayer) {
   EXPECT_CONTAINS(grouped.output, "error: layer 'layer1.0.conv2': a grouped convolution (groups "
                                   "32) is part of the model format but has no kernels on any "
                                   "backend yet");
+}
+
+// silu, gelu, sigmoid and relu6 run: a model of each trains, its loss finite.
+TEST_F(CliValidation, TheNewActivationsTrain) {
+  const std::string path =
+      write(layers_config("    - {name: data, type: input}\n"
+                          "    - {name: c1, type: conv, out: 8, kernel: 3, pad: 1}\n"
+                          "    - {name: a1, type: silu}\n"
+                          "    - {name: c2, type: conv, out: 16, kernel: 3, stride: 2}\n"
+                          "    - {name: a2, type: gelu}\n"
+                          "    - {name: a3, type: relu6}\n"
+                          "    - {name: gap, type: pool, mode: avg, global: true}\n"
+                          "    - {name: a4, type: sigmoid}\n"
+                          "    - {name: fc, type: fc, out: 10}\n"));
+  const RunResult r = run_vtrain("train --progress off " + path + " --set train.max_steps=3");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("nan"), std::string::npos) << r.output;
 }
 
 TEST_F(CliValidation, GroupsAndMulShapesAreCheckedAgainstTheInputs) {

@@ -10,10 +10,6 @@ namespace {
 // The model level knows these types; no backend runs them yet.
 bool has_kernels(LayerType type) {
   switch (type) {
-    case LayerType::kSilu:
-    case LayerType::kGelu:
-    case LayerType::kSigmoid:
-    case LayerType::kRelu6:
     case LayerType::kMul:
     case LayerType::kDropout: return false;
     default: return true;
@@ -43,10 +39,10 @@ constexpr std::array<LayerFactoryEntry, kLayerTypeCount> kLayerFactories = {{
     {LayerType::kBatchNorm, make_batch_norm_layer},
     {LayerType::kAdd, make_add_layer},
     {LayerType::kConcat, make_concat_layer},
-    {LayerType::kSilu, make_layer_without_kernels},
-    {LayerType::kGelu, make_layer_without_kernels},
-    {LayerType::kSigmoid, make_layer_without_kernels},
-    {LayerType::kRelu6, make_layer_without_kernels},
+    {LayerType::kSilu, make_activation_layer},
+    {LayerType::kGelu, make_activation_layer},
+    {LayerType::kSigmoid, make_activation_layer},
+    {LayerType::kRelu6, make_activation_layer},
     {LayerType::kMul, make_layer_without_kernels},
     {LayerType::kDropout, make_layer_without_kernels},
 }};
