@@ -234,7 +234,18 @@ TEST_F(CliValidation, LayersWithoutKernelsAreRefusedNamingTheLayer) {
                                   "backend yet");
 }
 
-// silu, gelu, sigmoid and relu6 run: a model of each trains, its loss finite.
+// The "final_loss" of a metrics file's end record, as written.
+std::string final_loss(const std::string& metrics) {
+  const std::string text = test_support::read_file(metrics);
+  const size_t at = text.find("\"final_loss\": ");
+  if (at == std::string::npos) return "no final_loss in " + metrics;
+  return text.substr(at + 14, text.find_first_of(",}", at) - at - 14);
+}
+
+// silu, gelu, sigmoid and relu6 run: a model of each trains, its loss
+// finite; under memonger, which recomputes cheap layers instead of keeping
+// their outputs, to the same loss as under none (their backward reads what
+// describe_backward says).
 TEST_F(CliValidation, TheNewActivationsTrain) {
   const std::string path =
       write(layers_config("    - {name: data, type: input}\n"
@@ -246,9 +257,17 @@ TEST_F(CliValidation, TheNewActivationsTrain) {
                           "    - {name: gap, type: pool, mode: avg, global: true}\n"
                           "    - {name: a4, type: sigmoid}\n"
                           "    - {name: fc, type: fc, out: 10}\n"));
-  const RunResult r = run_vtrain("train --progress off " + path + " --set train.max_steps=3");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output.find("nan"), std::string::npos) << r.output;
+  std::string losses[2];
+  for (int recompute = 0; recompute < 2; ++recompute) {
+    const std::string metrics = dir_.path("m" + std::to_string(recompute) + ".jsonl");
+    const RunResult r = run_vtrain("train --progress off " + path + " --metrics " + metrics +
+                                   " --set train.max_steps=3 --set memory.policy=" +
+                                   (recompute ? "memonger" : "none"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("nan"), std::string::npos) << r.output;
+    losses[recompute] = final_loss(metrics);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
 }
 
 TEST_F(CliValidation, GroupsAndMulShapesAreCheckedAgainstTheInputs) {
