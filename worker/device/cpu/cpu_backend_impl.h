@@ -307,6 +307,10 @@ class CpuBackend final : public Backend {
   // Cached primitive descriptors, shared by each op and its scratch query.
   const dnnl::eltwise_forward::primitive_desc& relu_fwd_pd(const TensorDesc& x);
   const dnnl::eltwise_backward::primitive_desc& relu_bwd_pd(const TensorDesc& y);
+  // dx = dy * f'(saved): saved is x (DNNL_ARG_SRC) or, for the *_use_dst
+  // algorithms, y (DNNL_ARG_DST).
+  void eltwise_backward(const dnnl::eltwise_backward::primitive_desc& pd, int saved_arg,
+                        const void* saved, const Tensor& dy, const Tensor& dx);
   const dnnl::eltwise_forward::primitive_desc& activation_fwd_pd(ActivationKind kind,
                                                                  const TensorDesc& x);
   const dnnl::eltwise_backward::primitive_desc& activation_bwd_pd(ActivationKind kind,

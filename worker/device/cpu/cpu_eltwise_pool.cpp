@@ -102,12 +102,7 @@ void CpuBackend::activation_backward(ActivationKind kind, const Tensor& x, const
   const std::string what = std::string(activation_name(kind)) + "_backward";
   check_same_desc(what.c_str(), {{"x", x.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
   try {
-    const auto& pd = activation_bwd_pd(kind, x.desc);
-    execute(dnnl::eltwise_backward(pd),
-            {{DNNL_ARG_SRC, mem(pd.src_desc(), x.data)},
-             {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy.data)},
-             {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), dx.data)},
-             {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
+    eltwise_backward(activation_bwd_pd(kind, x.desc), DNNL_ARG_SRC, x.data, dy, dx);
   } catch (const dnnl::error& e) {
     rethrow(what + " " + x.shape().str(), e);
   }
@@ -140,6 +135,16 @@ const dnnl::reduction::primitive_desc& CpuBackend::channel_sum_pd(const TensorDe
                             plain_md({1, x.shape.c, 1, 1}), 0.0f, 0.0f);
     return dnnl::reduction::primitive_desc(d, user_scratchpad_attr(), engine_);
   });
+}
+
+void CpuBackend::eltwise_backward(const dnnl::eltwise_backward::primitive_desc& pd,
+                                  int saved_arg, const void* saved, const Tensor& dy,
+                                  const Tensor& dx) {
+  execute(dnnl::eltwise_backward(pd),
+          {{saved_arg, mem(pd.src_desc(), saved)},
+           {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy.data)},
+           {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), dx.data)},
+           {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
 }
 
 size_t CpuBackend::relu_scratch_bytes(const TensorDesc& x) {
@@ -176,12 +181,7 @@ void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
 void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
   check_same_desc("relu_backward", {{"y", y.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
   try {
-    const auto& pd = relu_bwd_pd(y.desc);
-    execute(dnnl::eltwise_backward(pd),
-            {{DNNL_ARG_DST, mem(pd.src_desc(), y.data)},
-             {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy.data)},
-             {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), dx.data)},
-             {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
+    eltwise_backward(relu_bwd_pd(y.desc), DNNL_ARG_DST, y.data, dy, dx);
   } catch (const dnnl::error& e) {
     rethrow("relu_backward " + y.shape().str(), e);
   }
