@@ -56,7 +56,7 @@ double forward_seconds(const worker::Graph& graph, int i, int64_t n) {
   if (l.type == worker::LayerType::kInput) return 0;
   const worker::Shape& in = graph.output_shape(graph.inputs(i).front());
   if (l.type == worker::LayerType::kConv) {
-    const double flops = 2.0 * n * out.c * in.c * l.kernel_h * l.kernel_w * out.h * out.w;
+    const double flops = 2.0 * n * out.c * (in.c / l.groups) * l.kernel_h * l.kernel_w * out.h * out.w;
     return flops / kFlops;
   }
   if (l.type == worker::LayerType::kFc) return 2.0 * n * in.per_sample() * out.c / kFlops;

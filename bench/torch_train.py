@@ -3,6 +3,11 @@
 SGD recipe as vtrain's fmnist configs, timed the same way (training steps only,
 the first step excluded). Prints one line: `images_per_second <float>`.
 
+For bench/bench_models_cpu.py, --model also takes torchvision's
+mobilenet_v2 and efficientnet_b0 (without stochastic depth, as vtrain's
+presets), trained on random data of --shape CxHxW; below 64x64 their stem
+conv runs at stride 1, vtrain's small-input rule.
+
 Run with Debian's Python (/usr/bin/python3, where python3-torch installs)."""
 import argparse
 import gzip
@@ -129,6 +134,33 @@ def vgg16(classes=10, in_channels=3, side=224):
     return nn.Sequential(*layers)
 
 
+# torchvision's models that vtrain has as presets of the same name.
+TORCHVISION_MODELS = ["mobilenet_v2", "efficientnet_b0"]
+
+
+def torchvision_model(name, classes, side):
+    import torchvision
+    kwargs = {"stochastic_depth_prob": 0.0} if name == "efficientnet_b0" else {}
+    model = getattr(torchvision.models, name)(num_classes=classes, **kwargs)
+    if side < 64:  # vtrain's small-input rule (worker/engine/presets.cpp)
+        model.features[0][0].stride = (1, 1)
+    return model
+
+
+def synthetic_data(shape, classes, samples):
+    """Random normal images of `shape` (C, H, W) with random labels."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn((samples,) + shape, generator=generator)
+    return x, torch.randint(0, classes, (samples,), generator=generator)
+
+
+def fmnist_data(folder):
+    images = load_idx(f"{folder}/train-images-idx3-ubyte.gz")
+    labels = torch.from_numpy(load_idx(f"{folder}/train-labels-idx1-ubyte.gz").copy())
+    x = torch.from_numpy(images.astype(np.float32) / 255.0)
+    return (x - x.mean()) / x.std(), labels
+
+
 def load_idx(path):
     with gzip.open(path, "rb") as f:
         data = f.read()
@@ -141,7 +173,10 @@ def load_idx(path):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=["lenet", "vgg-small"], required=True)
+    p.add_argument("--model", choices=["lenet", "vgg-small"] + TORCHVISION_MODELS, required=True)
+    p.add_argument("--shape", default="3x32x32",
+                   help="CxHxW of the random data of a torchvision model")
+    p.add_argument("--classes", type=int, default=10)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--threads", type=int, default=2)
@@ -153,11 +188,13 @@ def main():
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    images = load_idx(f"{a.data}/train-images-idx3-ubyte.gz")
-    labels = torch.from_numpy(load_idx(f"{a.data}/train-labels-idx1-ubyte.gz").copy())
-    x = torch.from_numpy(images.astype(np.float32) / 255.0)
-    x = (x - x.mean()) / x.std()
-    model = lenet() if a.model == "lenet" else vgg_small()
+    if a.model in TORCHVISION_MODELS:
+        shape = tuple(int(d) for d in a.shape.split("x"))
+        x, labels = synthetic_data(shape, a.classes, a.steps * a.batch)
+        model = torchvision_model(a.model, a.classes, min(shape[1:]))
+    else:
+        x, labels = fmnist_data(a.data)
+        model = lenet() if a.model == "lenet" else vgg_small()
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     perm = torch.randperm(x.shape[0])

@@ -59,6 +59,10 @@ void emit_layer(YAML::Emitter& out, const worker::LayerSpec& layer) {
   if (layer.type == LayerType::kConv || layer.type == LayerType::kFc) {
     out << YAML::Key << "bias" << YAML::Value << layer.bias;
   }
+  if (layer.type == LayerType::kConv) out << YAML::Key << "groups" << YAML::Value << layer.groups;
+  if (layer.type == LayerType::kDropout) {
+    out << YAML::Key << "p" << YAML::Value << format_number(layer.dropout_p);
+  }
   if (layer.type == LayerType::kBatchNorm) {
     out << YAML::Key << "eps" << YAML::Value << format_number(layer.bn_eps);
     out << YAML::Key << "momentum" << YAML::Value << format_number(layer.bn_momentum);

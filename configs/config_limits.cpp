@@ -111,7 +111,7 @@ double layer_parameters(const worker::Graph& graph, int i) {
   const double bias = spec.bias ? out : 0;
   switch (spec.type) {
     case worker::LayerType::kConv:
-      return out * static_cast<double>(in.c) * static_cast<double>(spec.kernel_h) *
+      return out * static_cast<double>(in.c / spec.groups) * static_cast<double>(spec.kernel_h) *
                  static_cast<double>(spec.kernel_w) + bias;
     case worker::LayerType::kFc: return out * per_sample(in) + bias;
     case worker::LayerType::kBatchNorm: return 2.0 * static_cast<double>(in.c);

@@ -206,13 +206,19 @@ Keys layer_keys(worker::LayerType type) {
   using worker::LayerType;
   switch (type) {
     case LayerType::kInput: return {};
-    case LayerType::kConv: return {"out", "kernel", "stride", "pad", "bias"};
+    case LayerType::kConv: return {"out", "kernel", "stride", "pad", "bias", "groups"};
     case LayerType::kRelu: return {};
     case LayerType::kPool: return {"mode", "kernel", "stride", "pad", "global"};
     case LayerType::kFc: return {"out", "bias"};
     case LayerType::kBatchNorm: return {"eps", "momentum"};
     case LayerType::kAdd: return {};
     case LayerType::kConcat: return {};
+    case LayerType::kSilu:
+    case LayerType::kGelu:
+    case LayerType::kSigmoid:
+    case LayerType::kRelu6:
+    case LayerType::kMul: return {};
+    case LayerType::kDropout: return {"p"};
   }
   return {};
 }
@@ -294,6 +300,11 @@ worker::LayerSpec read_layer(const Field& item, const std::string& previous,
     layer.out = to_dimension(section.required("out", "a " + type_name + " layer needs out"), 1);
   }
   if (Field bias = section["bias"]) layer.bias = to_bool(bias);
+  // Whether groups divides the channels needs the input's shape: Graph::build checks it.
+  if (Field groups = section["groups"]) layer.groups = to_dimension(groups, 1);
+  if (Field p = section["p"]) {
+    layer.dropout_p = static_cast<float>(to_number(p, between(0, 1, false, true)));
+  }
 
   if (layer.type == LayerType::kPool) {
     if (Field mode = section["mode"]) {

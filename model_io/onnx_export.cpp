@@ -172,7 +172,9 @@ class GraphWriter {
       case LayerType::kConv: {
         std::vector<std::string> in = {input_4d(i, 0), y + ".weight"};
         if (l.bias) in.push_back(y + ".bias");
-        window(node("Conv", y, in, y), l);
+        onnx::NodeProto& n = node("Conv", y, in, y);
+        window(n, l);
+        if (l.groups != 1) add_int(n, "group", l.groups);
         return;
       }
       case LayerType::kBatchNorm: {
@@ -227,6 +229,14 @@ class GraphWriter {
       case LayerType::kConcat:
         add_int(node("Concat", y, join_inputs(i), y), "axis", 1);
         return;
+      case LayerType::kSilu:
+      case LayerType::kGelu:
+      case LayerType::kSigmoid:
+      case LayerType::kRelu6:
+      case LayerType::kMul:
+      case LayerType::kDropout:
+        throw OnnxError("layer '" + y + "': type '" + worker::layer_type_name(l.type) +
+                        "' has no ONNX export yet");
     }
     throw std::logic_error("write_onnx: layer '" + y + "' of an unhandled type");
   }

@@ -71,14 +71,22 @@ int64_t ModelTensor::elements() const {
 }
 
 bool torchvision_architecture(const std::string& preset) {
-  return preset == "resnet18" || preset == "resnet50" || preset == "vgg16" || preset == "alexnet";
+  for (const char* name : {"resnet18", "resnet50", "resnext50_32x4d", "vgg16", "alexnet",
+                           "mobilenet_v2", "efficientnet_b0"}) {
+    if (preset == name) return true;
+  }
+  return false;
 }
 
 std::string module_name(const std::string& layer, const std::string& preset) {
   std::string module = layer;
   if (preset == "vgg16") module = vgg16_module(layer);
   if (preset == "alexnet") module = alexnet_module(layer);
-  if (preset == "resnet18" || preset == "resnet50") module = resnet_module(layer);
+  if (preset == "resnet18" || preset == "resnet50" || preset == "resnext50_32x4d") {
+    module = resnet_module(layer);
+  }
+  // mobilenet_v2's and efficientnet_b0's layers carry torchvision's module
+  // names already (worker/engine/presets.cpp).
   if (module.empty()) {
     throw std::logic_error("model_io: preset " + preset + " has no torchvision module for layer " +
                            layer);

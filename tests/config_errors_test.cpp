@@ -283,7 +283,8 @@ TEST(ConfigErrorTest, UnknownLayerTypeListsKnownOnes) {
                      "dense, out: 10}\n"
                      "data: {kind: synthetic}\n"),
             "t.yaml:4: model.layers[1].type: unknown layer type 'dense' "
-            "(known: input, conv, relu, pool, fc, batchnorm, add, concat)");
+            "(known: input, conv, relu, pool, fc, batchnorm, add, concat, silu, gelu, sigmoid, "
+            "relu6, mul, dropout)");
 }
 
 TEST(ConfigErrorTest, BadKernelListLength) {
@@ -316,6 +317,16 @@ TEST(ConfigErrorTest, LayerProblems) {
   EXPECT_EQ(error_of("model:\n  layers:\n    - data\n" + data),
             "t.yaml:3: model.layers[0]: expected a map such as {name: conv1, type: conv, ...}, got "
             "'data'");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: data, type: input}\n"
+                     "    - {name: d, type: dropout, p: 1}\n" + data),
+            "t.yaml:4: model.layers[1].p: expected a number in [0, 1), got 1");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: data, type: input}\n"
+                     "    - {name: c, type: conv, out: 4, kernel: 3, groups: 0}\n" + data),
+            "t.yaml:4: model.layers[1].groups: expected an integer >= 1, got 0");
+  EXPECT_EQ(error_of("model:\n  layers:\n    - {name: data, type: input}\n"
+                     "    - {name: r, type: relu6, p: 0.5}\n" + data),
+            "t.yaml:4: model.layers[1].p: unknown key for a relu6 layer (allowed: name, type, "
+            "inputs)");
   EXPECT_EQ(error_of("model:\n  layers: []\n" + data),
             "t.yaml:2: model.layers: expected a list of layers, got an empty list");
 }

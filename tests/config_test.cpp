@@ -227,6 +227,45 @@ data:
   EXPECT_EQ(layers[9].out, 10);
 }
 
+TEST(ConfigTest, LayersOfIssue43) {
+  const Config c = parse(R"(model:
+  layers:
+    - {name: data, type: input}
+    - {name: c, type: conv, out: 8, kernel: 3, pad: 1}
+    - {name: dw, type: conv, out: 8, kernel: 3, pad: 1, groups: 8, bias: false}
+    - {name: s, type: silu}
+    - {name: g, type: gelu}
+    - {name: r6, type: relu6}
+    - {name: gap, type: pool, mode: avg, global: true}
+    - {name: gate, type: sigmoid}
+    - {name: se, type: mul, inputs: [r6, gate]}
+    - {name: drop, type: dropout, p: 0.25}
+    - {name: d2, type: dropout}
+    - {name: fc, type: fc, out: 10}
+data:
+  kind: synthetic
+)");
+  const auto& layers = c.model.layers;
+  ASSERT_EQ(layers.size(), 12u);
+  EXPECT_EQ(layers[1].groups, 1);
+  EXPECT_EQ(layers[2].groups, 8);
+  EXPECT_EQ(layers[3].type, LayerType::kSilu);
+  EXPECT_EQ(layers[4].type, LayerType::kGelu);
+  EXPECT_EQ(layers[5].type, LayerType::kRelu6);
+  EXPECT_EQ(layers[7].type, LayerType::kSigmoid);
+  EXPECT_EQ(layers[8].type, LayerType::kMul);
+  EXPECT_EQ(layers[8].inputs, (std::vector<std::string>{"r6", "gate"}));
+  EXPECT_EQ(layers[9].type, LayerType::kDropout);
+  EXPECT_FLOAT_EQ(layers[9].dropout_p, 0.25f);
+  EXPECT_FLOAT_EQ(layers[10].dropout_p, 0.5f);  // PyTorch's default
+  // And back through the dump.
+  const Config b = parse(to_yaml(c));
+  ASSERT_EQ(b.model.layers.size(), layers.size());
+  EXPECT_EQ(b.model.layers[2].groups, 8);
+  EXPECT_FLOAT_EQ(b.model.layers[9].dropout_p, 0.25f);
+  EXPECT_EQ(b.model.layers[8].type, LayerType::kMul);
+}
+
 TEST(ConfigTest, RelativePathsResolveAgainstTheConfigFolder) {
   const TempDir dir;
   const fs::path file = dir.write("sub/run.yaml", R"(model: {preset: lenet}

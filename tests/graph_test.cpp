@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include "tests/test_support.h"
 
 namespace vtrain::worker {
 namespace {
@@ -100,20 +103,20 @@ std::vector<std::string> names(const Graph& g) {
 }
 
 TEST(LayerType, NamesRoundTrip) {
-  for (LayerType t : {LayerType::kInput, LayerType::kConv, LayerType::kRelu, LayerType::kPool,
-                      LayerType::kFc, LayerType::kBatchNorm, LayerType::kAdd, LayerType::kConcat}) {
+  for (size_t i = 0; i < kLayerTypeCount; ++i) {
+    const LayerType t = static_cast<LayerType>(i);
     EXPECT_EQ(parse_layer_type(layer_type_name(t)), t);
   }
 }
 
 TEST(LayerType, UnknownNameListsKnownOnes) {
   try {
-    parse_layer_type("dropout");
+    parse_layer_type("swish");
     FAIL() << "expected GraphError";
   } catch (const GraphError& e) {
     EXPECT_STREQ(e.what(),
-                 "unknown layer type 'dropout' (known: input, conv, relu, pool, fc, batchnorm, "
-                 "add, concat)");
+                 "unknown layer type 'swish' (known: input, conv, relu, pool, fc, batchnorm, "
+                 "add, concat, silu, gelu, sigmoid, relu6, mul, dropout)");
   }
 }
 
@@ -376,6 +379,126 @@ TEST(Graph, SignatureChangesWithEveryParameter) {
   for (const std::string& v : variants) EXPECT_TRUE(seen.insert(v).second) << v;
 }
 
+// ------------------------------------------ grouped conv, activations, mul, dropout
+
+LayerSpec grouped(const std::string& name, const std::string& from, int64_t out, int64_t groups) {
+  LayerSpec s = conv(name, from, out, 3, 1, 1);
+  s.groups = groups;
+  return s;
+}
+
+LayerSpec mul(const std::string& name, const std::string& a, const std::string& b) {
+  return join(name, LayerType::kMul, {a, b});
+}
+
+LayerSpec dropout(const std::string& name, const std::string& from, float p) {
+  LayerSpec s = unary(name, LayerType::kDropout, from);
+  s.dropout_p = p;
+  return s;
+}
+
+TEST(NewLayers, ActivationsAndDropoutKeepTheShape) {
+  std::vector<LayerSpec> layers = {input_layer(), conv("c", "data", 4, 3, 1, 1)};
+  std::string from = "c";
+  for (LayerType t : {LayerType::kSilu, LayerType::kGelu, LayerType::kSigmoid, LayerType::kRelu6}) {
+    layers.push_back(unary(layer_type_name(t), t, from));
+    from = layer_type_name(t);
+  }
+  layers.push_back(dropout("drop", from, 0.2f));
+  layers.push_back(fc("fc", "drop", 3));
+  const Graph g = Graph::build(layers, kImage);
+  for (const char* name : {"silu", "gelu", "sigmoid", "relu6", "drop"}) {
+    EXPECT_EQ(g.output_shape(g.find(name)), (Shape{1, 4, 8, 8})) << name;
+  }
+  EXPECT_EQ(g.parameter_count(), 4 * 3 * 9 + 4 + 3 * 4 * 64 + 3);
+}
+
+TEST(NewLayers, GroupedConvCountsOneGroupsInputsPerOutput) {
+  // 6 -> 12 channels in 3 groups: each output reads 2 inputs; depthwise 12 -> 12.
+  const Graph g = Graph::build({input_layer(), conv("c", "data", 6, 1), grouped("g", "c", 12, 3),
+                                grouped("dw", "g", 12, 12), fc("fc", "dw", 2)},
+                               kImage);
+  EXPECT_EQ(g.output_shape(g.find("dw")), (Shape{1, 12, 8, 8}));
+  EXPECT_EQ(g.layer_parameter_count(g.find("g")), 12 * 2 * 9 + 12);
+  EXPECT_EQ(g.layer_parameter_count(g.find("dw")), 12 * 1 * 9 + 12);
+  EXPECT_EQ(g.parameter_count(), (6 * 3 + 6) + (12 * 2 * 9 + 12) + (12 * 9 + 12) +
+                                     (2 * 12 * 64 + 2));
+}
+
+TEST(NewLayers, GroupsMustDivideBothChannelCounts) {
+  EXPECT_EQ(build_error({input_layer(), conv("c", "data", 6, 1), grouped("g", "c", 8, 4),
+                         fc("fc", "g", 2)}),
+            "layer 'g': groups 4 must divide the input channels, got 6x8x8 from 'c'");
+  EXPECT_EQ(build_error({input_layer(), conv("c", "data", 6, 1), grouped("g", "c", 9, 2),
+                         fc("fc", "g", 2)}),
+            "layer 'g': groups must be positive and divide out 9, got 2");
+  LayerSpec zero = grouped("g", "c", 6, 0);
+  zero.source_line = 7;
+  EXPECT_EQ(build_error({input_layer(), conv("c", "data", 6, 1), zero, fc("fc", "g", 2)}),
+            "layer 'g' (line 7): groups must be positive and divide out 6, got 0");
+}
+
+TEST(NewLayers, MulBroadcastsAPerChannelGate) {
+  // Squeeze-excitation: x * sigmoid(fc2(pool(x))), the gate 4x1x1.
+  LayerSpec gap = pool("gap", "x", 8, 1);
+  gap.global = true;
+  gap.pool = PoolKind::kAverage;
+  const Graph g = Graph::build({input_layer(), conv("x", "data", 4, 3, 1, 1), gap,
+                                conv("fc2", "gap", 4, 1), unary("gate", LayerType::kSigmoid, "fc2"),
+                                mul("se", "x", "gate"), mul("sq", "se", "x"), fc("fc", "sq", 2)},
+                               kImage);
+  EXPECT_EQ(g.output_shape(g.find("se")), (Shape{1, 4, 8, 8}));
+  EXPECT_EQ(g.output_shape(g.find("sq")), (Shape{1, 4, 8, 8}));
+  EXPECT_EQ(g.inputs(g.find("se")), (std::vector<int>{g.find("x"), g.find("gate")}));
+}
+
+TEST(NewLayers, MulRefusesShapesThatDoNotBroadcast) {
+  LayerSpec gap = pool("gap", "x", 8, 1);
+  gap.global = true;
+  LayerSpec bad = mul("m", "gap", "x");  // the broadcast factor must come second
+  bad.source_line = 12;
+  EXPECT_EQ(build_error({input_layer(), conv("x", "data", 4, 3, 1, 1), gap, bad, fc("fc", "m", 2)}),
+            "layer 'm' (line 12): mul needs its second input shaped like the first or 4x1x1 (one "
+            "value per channel), got gap 4x1x1, x 4x8x8");
+  EXPECT_EQ(build_error({input_layer(), conv("x", "data", 4, 3, 1, 1), conv("y", "data", 5, 3, 1, 1),
+                         mul("m", "x", "y"), fc("fc", "m", 2)}),
+            "layer 'm': mul needs its second input shaped like the first or 4x1x1 (one value per "
+            "channel), got x 4x8x8, y 5x8x8");
+  EXPECT_EQ(build_error({input_layer(), conv("x", "data", 4, 3, 1, 1),
+                         join("m", LayerType::kMul, {"x"}), fc("fc", "m", 2)}),
+            "layer 'm': mul takes exactly 2 input(s), got 1");
+}
+
+TEST(NewLayers, DropoutProbabilityIsInZeroToOne) {
+  for (float p : {0.0f, 0.5f, 0.999f}) {
+    EXPECT_EQ(build_error({input_layer(), dropout("d", "data", p), fc("fc", "d", 2)}), "") << p;
+  }
+  EXPECT_EQ(build_error({input_layer(), dropout("d", "data", 1.0f), fc("fc", "d", 2)}),
+            "layer 'd': p must be in [0, 1), got 1.000000");
+  EXPECT_EQ(build_error({input_layer(), dropout("d", "data", -0.1f), fc("fc", "d", 2)}),
+            "layer 'd': p must be in [0, 1), got -0.100000");
+}
+
+TEST(NewLayers, SignatureShowsGroupsDropoutAndActivation) {
+  auto signature = [](const std::vector<LayerSpec>& layers) {
+    return Graph::build(layers, kImage).signature();
+  };
+  auto net = [](LayerSpec middle) {
+    return std::vector<LayerSpec>{input_layer(), conv("c", "data", 4, 3, 1, 1), std::move(middle),
+                                  fc("fc", "m", 2)};
+  };
+  const std::string plain = signature(net(grouped("m", "c", 4, 1)));
+  EXPECT_NE(signature(net(grouped("m", "c", 4, 2))), plain);
+  EXPECT_NE(signature(net(grouped("m", "c", 4, 4))), signature(net(grouped("m", "c", 4, 2))));
+  EXPECT_NE(signature(net(dropout("m", "c", 0.1f))), signature(net(dropout("m", "c", 0.2f))));
+  EXPECT_NE(signature(net(unary("m", LayerType::kSilu, "c"))),
+            signature(net(unary("m", LayerType::kGelu, "c"))));
+  // groups = 1 leaves an ungrouped conv's signature (and the checkpoints
+  // and perf-DB rows keyed on it) as it was: this is main's value.
+  EXPECT_EQ(signature({input_layer(), conv("c", "data", 4, 3, 1, 1), fc("fc", "c", 2)}),
+            "ee67ea0674e456fb");
+}
+
 // --------------------------------------------------------------- presets
 
 struct PresetCase {
@@ -420,7 +543,9 @@ int count_layers(const Graph& g, LayerType type) {
 TEST(Presets, NamesAreStableAndComplete) {
   EXPECT_EQ(preset_names(), (std::vector<std::string>{"lenet", "vgg-small", "alexnet", "overfeat",
                                                       "googlenet", "vgg16", "vgg116", "vgg216",
-                                                      "vgg316", "vgg416", "resnet18", "resnet50"}));
+                                                      "vgg316", "vgg416", "resnet18", "resnet50",
+                                                      "resnext50_32x4d", "mobilenet_v2",
+                                                      "efficientnet_b0"}));
 }
 
 TEST(Presets, UnknownNameListsKnownOnes) {
@@ -430,7 +555,8 @@ TEST(Presets, UnknownNameListsKnownOnes) {
   } catch (const GraphError& e) {
     EXPECT_STREQ(e.what(),
                  "unknown model preset 'resnet101' (known: lenet, vgg-small, alexnet, overfeat, "
-                 "googlenet, vgg16, vgg116, vgg216, vgg316, vgg416, resnet18, resnet50)");
+                 "googlenet, vgg16, vgg116, vgg216, vgg316, vgg416, resnet18, resnet50, "
+                 "resnext50_32x4d, mobilenet_v2, efficientnet_b0)");
   }
 }
 
@@ -444,6 +570,42 @@ TEST(Presets, ReferenceParameterCountsAt224) {
   EXPECT_EQ(imagenet_preset("vgg16").parameter_count(), 138'357'544);
   EXPECT_EQ(imagenet_preset("resnet18").parameter_count(), 11'689'512);
   EXPECT_EQ(imagenet_preset("resnet50").parameter_count(), 25'557'032);
+  // torchvision's counts (sum of p.numel() over model.parameters()).
+  EXPECT_EQ(imagenet_preset("resnext50_32x4d").parameter_count(), 25'028'904);
+  EXPECT_EQ(imagenet_preset("mobilenet_v2").parameter_count(), 3'504'872);
+  EXPECT_EQ(imagenet_preset("efficientnet_b0").parameter_count(), 5'288'548);
+}
+
+// The same counts from the torchvision this machine has, at two class
+// counts (at 224x224: on small inputs ResNeXt's stem conv is 3x3, not 7x7).
+TEST(Presets, ParameterCountsEqualInstalledTorchvision) {
+  if (const std::string why = test_support::test_python_missing("torch, torchvision");
+      !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  const std::vector<std::string> names = {"resnext50_32x4d", "mobilenet_v2", "efficientnet_b0"};
+  const std::vector<int64_t> class_counts = {1000, 10};
+  // One interpreter for all: importing torch takes seconds.
+  std::string script = "import torchvision\nfor name in ['resnext50_32x4d', 'mobilenet_v2', "
+                       "'efficientnet_b0']:\n  for classes in [1000, 10]:\n    m = "
+                       "getattr(torchvision.models, name)(num_classes=classes)\n    "
+                       "print(sum(p.numel() for p in m.parameters()))\n";
+  std::string output;
+  ASSERT_EQ(test_support::run_command(test_support::test_python() + " -c \"" + script + "\"",
+                                      &output),
+            0)
+      << output;
+  std::istringstream lines(output);
+  for (const std::string& name : names) {
+    for (int64_t classes : class_counts) {
+      SCOPED_TRACE(name + ", " + std::to_string(classes) + " classes");
+      std::string torchvision_count;
+      ASSERT_TRUE(std::getline(lines, torchvision_count)) << output;
+      const Shape input{1, 3, 224, 224};
+      const Graph g = Graph::build(preset_layers(name, {input, classes}), input);
+      EXPECT_EQ(std::to_string(g.parameter_count()), torchvision_count);
+    }
+  }
 }
 
 TEST(Presets, LenetMatchesCaffe) {
@@ -491,6 +653,40 @@ TEST(Presets, ResnetJoins) {
   EXPECT_EQ(g.consumer_count(g.find("layer1.1.relu")), 2);
 }
 
+// ResNet-50's bottleneck now builds ResNeXt's too: its signature at 224 is
+// still the one main had before (checkpoints and perf-DB rows key on it).
+TEST(Presets, Resnet50IsUnchanged) {
+  EXPECT_EQ(imagenet_preset("resnet50").signature(), "28647573b4a5a2be");
+}
+
+TEST(Presets, TorchvisionMobileNetsAndResNeXt) {
+  const Graph mobilenet = imagenet_preset("mobilenet_v2");
+  // Residual joins where a block keeps its shape: 1 + 2 + 3 + 2 + 2 blocks.
+  EXPECT_EQ(count_layers(mobilenet, LayerType::kAdd), 10);
+  EXPECT_EQ(count_layers(mobilenet, LayerType::kRelu6), 35);
+  EXPECT_EQ(mobilenet.output_shape(mobilenet.find("features.18.2")), (Shape{1, 1280, 7, 7}));
+  const LayerSpec& dw = mobilenet.layer(mobilenet.find("features.2.conv.1.0"));
+  EXPECT_EQ(dw.groups, 96);
+  EXPECT_EQ(mobilenet.layer(mobilenet.find("classifier.0")).dropout_p, 0.2f);
+
+  const Graph efficientnet = imagenet_preset("efficientnet_b0");
+  EXPECT_EQ(count_layers(efficientnet, LayerType::kAdd), 9);
+  EXPECT_EQ(count_layers(efficientnet, LayerType::kMul), 16);  // one SE per MBConv
+  EXPECT_EQ(count_layers(efficientnet, LayerType::kSigmoid), 16);
+  EXPECT_EQ(efficientnet.output_shape(efficientnet.find("features.8.2")), (Shape{1, 1280, 7, 7}));
+  // The first stage's SE squeezes a quarter of the block's input: 32 / 4.
+  EXPECT_EQ(efficientnet.output_shape(efficientnet.find("features.1.0.block.1.fc1")),
+            (Shape{1, 8, 1, 1}));
+  EXPECT_EQ(efficientnet.layer(efficientnet.find("features.3.0.block.1.0")).kernel_h, 5);
+
+  const Graph resnext = imagenet_preset("resnext50_32x4d");
+  EXPECT_EQ(count_layers(resnext, LayerType::kAdd), 16);
+  const LayerSpec& conv2 = resnext.layer(resnext.find("layer1.0.conv2"));
+  EXPECT_EQ(conv2.groups, 32);
+  EXPECT_EQ(conv2.out, 128);  // 64 planes * 4 / 64 * 32 groups
+  EXPECT_EQ(resnext.output_shape(resnext.find("layer4.2.relu")), (Shape{1, 2048, 7, 7}));
+}
+
 TEST(Presets, SmallInputStems) {
   const Shape cifar{1, 3, 32, 32};
   const Graph resnet = Graph::build(preset_layers("resnet18", {cifar, 10}), cifar);
@@ -502,6 +698,15 @@ TEST(Presets, SmallInputStems) {
   // 28 -> 14 -> 7 -> 3 -> 1: the fifth pool would not fit and is left out.
   EXPECT_EQ(vgg.find("pool5"), -1);
   EXPECT_EQ(vgg.output_shape(vgg.find("relu5_3")), (Shape{1, 512, 1, 1}));
+  // The 3x3 stems of the mobile nets at stride 1: 32 / 16 = 2.
+  const Graph mobilenet = Graph::build(preset_layers("mobilenet_v2", {cifar, 10}), cifar);
+  EXPECT_EQ(mobilenet.layer(mobilenet.find("features.0.0")).stride_h, 1);
+  EXPECT_EQ(mobilenet.output_shape(mobilenet.find("features.18.2")), (Shape{1, 1280, 2, 2}));
+  const Graph efficientnet = Graph::build(preset_layers("efficientnet_b0", {cifar, 10}), cifar);
+  EXPECT_EQ(efficientnet.output_shape(efficientnet.find("features.8.2")), (Shape{1, 1280, 2, 2}));
+  const Graph resnext = Graph::build(preset_layers("resnext50_32x4d", {cifar, 10}), cifar);
+  EXPECT_EQ(resnext.find("maxpool"), -1);
+  EXPECT_EQ(resnext.output_shape(resnext.find("layer4.2.relu")), (Shape{1, 2048, 4, 4}));
 }
 
 TEST(Presets, VeryDeepVggsHaveTheirNamedDepth) {

@@ -696,7 +696,10 @@ TEST_F(NetworkTest, EveryLayerTypeHasANameAndARegistryEntry) {
       {L("data", LayerType::kInput, {}), conv("c1", "data", 8, 3, 1), bn,
        L("r1", LayerType::kRelu, {"bn"}), pool("p1", "r1", PoolKind::kMax, 2, 2),
        conv("c2", "p1", 8, 1), L("sum", LayerType::kAdd, {"c2", "p1"}),
-       L("cat", LayerType::kConcat, {"sum", "p1"}), fc("fc", "cat", 3)},
+       L("cat", LayerType::kConcat, {"sum", "p1"}), L("silu", LayerType::kSilu, {"cat"}),
+       L("gelu", LayerType::kGelu, {"silu"}), L("sigmoid", LayerType::kSigmoid, {"gelu"}),
+       L("relu6", LayerType::kRelu6, {"sigmoid"}), L("mul", LayerType::kMul, {"relu6", "cat"}),
+       L("dropout", LayerType::kDropout, {"mul"}), fc("fc", "dropout", 3)},
       {1, 2, 6, 6});
   const std::vector<TensorDesc> descs = activation_descs(g, {}, *backend_, 2);
   const std::string algorithm = "direct";
@@ -705,8 +708,17 @@ TEST_F(NetworkTest, EveryLayerTypeHasANameAndARegistryEntry) {
     const std::vector<int>& in = g.inputs(i);
     const LayerSite site{g, i, *backend_, in.empty() ? nullptr : &descs[in[0]], descs[i],
                          algorithm, nullptr};
-    const std::unique_ptr<Layer> layer = make_layer(site);
     const LayerType type = g.layer(i).type;
+    // mul and dropout are in the model format ahead of their kernels:
+    // their factory refuses them naming the layer.
+    if (type == LayerType::kMul || type == LayerType::kDropout) {
+      EXPECT_EQ(test_support::error_message<BackendError>([&] { make_layer(site); }),
+                "layer '" + g.layer(i).name + "': layer type '" + layer_type_name(type) +
+                    "' is part of the model format but has no kernels on any backend yet");
+      built[static_cast<size_t>(type)] = true;
+      continue;
+    }
+    const std::unique_ptr<Layer> layer = make_layer(site);
     ASSERT_NE(layer, nullptr) << g.layer(i).name;
     EXPECT_EQ(layer->spec().type, type);
     EXPECT_EQ(layer->as_conv() != nullptr, type == LayerType::kConv) << g.layer(i).name;

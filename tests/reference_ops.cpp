@@ -416,6 +416,218 @@ Vec add(const Vec& a, const Vec& b) {
   return y;
 }
 
+// ------------------------------------------------ the layers of issue 43
+
+double activation(Activation f, double x) {
+  switch (f) {
+    case Activation::kSilu: return x / (1.0 + std::exp(-x));
+    case Activation::kGelu: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case Activation::kSigmoid: return 1.0 / (1.0 + std::exp(-x));
+    case Activation::kRelu6: return std::min(std::max(x, 0.0), 6.0);
+  }
+  throw std::invalid_argument("reference::activation: unknown activation");
+}
+
+double activation_derivative(Activation f, double x) {
+  const double sigmoid = 1.0 / (1.0 + std::exp(-x));
+  switch (f) {
+    // d/dx x s(x) = s(x) + x s(x) (1 - s(x))
+    case Activation::kSilu: return sigmoid * (1.0 + x * (1.0 - sigmoid));
+    // d/dx x Phi(x) = Phi(x) + x phi(x)
+    case Activation::kGelu: {
+      const double pi = std::acos(-1.0);
+      return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) +
+             x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * pi);
+    }
+    case Activation::kSigmoid: return sigmoid * (1.0 - sigmoid);
+    // The kinks at 0 and 6 take the derivative of the flat side, as PyTorch's
+    // hardtanh backward does.
+    case Activation::kRelu6: return x > 0.0 && x < 6.0 ? 1.0 : 0.0;
+  }
+  throw std::invalid_argument("reference::activation_derivative: unknown activation");
+}
+
+Vec activation_forward(Activation f, const Vec& x) {
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = static_cast<float>(activation(f, x[i]));
+  return y;
+}
+
+Vec activation_backward(Activation f, const Vec& x, const Vec& dy) {
+  check_size("activation_backward", "dy", dy, static_cast<int64_t>(x.size()));
+  Vec dx(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    dx[i] = static_cast<float>(activation_derivative(f, x[i]) * dy[i]);
+  }
+  return dx;
+}
+
+namespace {
+
+// Offset into b of element i of a: the same element, or its (n, c) value
+// when b is n x c x 1 x 1 (and a is not).
+int64_t mul_b_index(const Shape& a_shape, const Shape& b_shape, int64_t i) {
+  if (b_shape == a_shape) return i;
+  return i / (a_shape.h * a_shape.w);
+}
+
+void check_mul(const char* op, const Shape& a_shape, const Shape& b_shape, const Vec& a,
+               const Vec& b) {
+  check_size(op, "a", a, a_shape.elements());
+  check_size(op, "b", b, b_shape.elements());
+  const bool broadcast = b_shape.n == a_shape.n && b_shape.c == a_shape.c && b_shape.h == 1 &&
+                         b_shape.w == 1;
+  if (b_shape != a_shape && !broadcast) {
+    throw std::invalid_argument(std::string("reference::") + op + ": b " + b_shape.str() +
+                                " neither equals nor broadcasts to a " + a_shape.str());
+  }
+}
+
+}  // namespace
+
+Vec mul_forward(const Shape& a_shape, const Shape& b_shape, const Vec& a, const Vec& b) {
+  check_mul("mul_forward", a_shape, b_shape, a, b);
+  Vec y(a.size());
+  for (int64_t i = 0; i < a_shape.elements(); ++i) {
+    y[i] = static_cast<float>(double(a[i]) * b[mul_b_index(a_shape, b_shape, i)]);
+  }
+  return y;
+}
+
+MulBackward mul_backward(const Shape& a_shape, const Shape& b_shape, const Vec& a, const Vec& b,
+                         const Vec& dy) {
+  check_mul("mul_backward", a_shape, b_shape, a, b);
+  check_size("mul_backward", "dy", dy, a_shape.elements());
+  MulBackward g;
+  g.da.resize(a.size());
+  std::vector<double> db(b.size(), 0.0);
+  for (int64_t i = 0; i < a_shape.elements(); ++i) {
+    const int64_t j = mul_b_index(a_shape, b_shape, i);
+    g.da[i] = static_cast<float>(double(dy[i]) * b[j]);
+    db[j] += double(dy[i]) * a[i];
+  }
+  g.db.assign(db.begin(), db.end());
+  return g;
+}
+
+namespace {
+
+// Channels [k * c, (k + 1) * c) of every sample of an NCHW tensor with
+// `channels` channels and `plane` elements per channel.
+Vec channel_slice(const Vec& v, int64_t n, int64_t channels, int64_t plane, int64_t k, int64_t c) {
+  Vec out;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto first = v.begin() + (i * channels + k * c) * plane;
+    out.insert(out.end(), first, first + c * plane);
+  }
+  return out;
+}
+
+// The inverse of channel_slice: writes `part` into `v`.
+void put_channel_slice(Vec& v, const Vec& part, int64_t n, int64_t channels, int64_t plane,
+                       int64_t k, int64_t c) {
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(part.begin() + i * c * plane, c * plane, v.begin() + (i * channels + k * c) * plane);
+  }
+}
+
+// A grouped convolution cut into its groups: `one` is the problem of one
+// group (1 / count of the input and output channels), and the parts of
+// group k of x-, y-, weight- and bias-shaped tensors are read and written
+// through it.
+struct ConvGroups {
+  ConvProblem whole, one;
+  int64_t count;
+
+  ConvGroups(const ConvProblem& p, int64_t groups) : whole(p), one(p), count(groups) {
+    if (groups < 1 || p.x.shape.c % groups != 0 || p.k % groups != 0) {
+      throw std::invalid_argument("reference grouped conv: groups " + std::to_string(groups) +
+                                  " must divide channels " + std::to_string(p.x.shape.c) +
+                                  " and " + std::to_string(p.k));
+    }
+    one.x.shape.c /= groups;
+    one.k /= groups;
+    one.y.shape = one.output_shape();
+  }
+
+  Vec x_part(const Vec& x, int64_t k) const {
+    const Shape& s = whole.x.shape;
+    return channel_slice(x, s.n, s.c, s.h * s.w, k, one.x.shape.c);
+  }
+  void put_x_part(Vec& x, const Vec& part, int64_t k) const {
+    const Shape& s = whole.x.shape;
+    put_channel_slice(x, part, s.n, s.c, s.h * s.w, k, one.x.shape.c);
+  }
+  Vec y_part(const Vec& y, int64_t k) const {
+    const Shape s = whole.output_shape();
+    return channel_slice(y, s.n, s.c, s.h * s.w, k, one.k);
+  }
+  void put_y_part(Vec& y, const Vec& part, int64_t k) const {
+    const Shape s = whole.output_shape();
+    put_channel_slice(y, part, s.n, s.c, s.h * s.w, k, one.k);
+  }
+  // Group k's filters: the weights are {whole.k, one.x.shape.c, r, s}.
+  Vec w_part(const Vec& w, int64_t k) const {
+    const int64_t size = one.weight_shape().elements();
+    check_size("grouped conv", "w", w, count * size);
+    return Vec(w.begin() + k * size, w.begin() + (k + 1) * size);
+  }
+  Vec bias_part(const Vec& bias, int64_t k) const {
+    if (bias.empty()) return {};
+    return Vec(bias.begin() + k * one.k, bias.begin() + (k + 1) * one.k);
+  }
+};
+
+}  // namespace
+
+// A grouped convolution is `groups` independent convolutions on channel
+// slices: each function below runs the plain one per group.
+Vec grouped_conv_forward(const ConvProblem& p, int64_t groups, const Vec& x, const Vec& w,
+                         const Vec& bias) {
+  const ConvGroups g(p, groups);
+  Vec y(static_cast<size_t>(p.output_shape().elements()));
+  for (int64_t k = 0; k < groups; ++k) {
+    g.put_y_part(y, conv_forward(g.one, g.x_part(x, k), g.w_part(w, k), g.bias_part(bias, k)), k);
+  }
+  return y;
+}
+
+Vec grouped_conv_backward_data(const ConvProblem& p, int64_t groups, const Vec& dy, const Vec& w) {
+  const ConvGroups g(p, groups);
+  Vec dx(static_cast<size_t>(p.x.shape.elements()));
+  for (int64_t k = 0; k < groups; ++k) {
+    g.put_x_part(dx, conv_backward_data(g.one, g.y_part(dy, k), g.w_part(w, k)), k);
+  }
+  return dx;
+}
+
+Vec grouped_conv_backward_filter(const ConvProblem& p, int64_t groups, const Vec& x,
+                                 const Vec& dy, Vec* dbias) {
+  const ConvGroups g(p, groups);
+  Vec dw;
+  if (dbias) dbias->clear();
+  for (int64_t k = 0; k < groups; ++k) {
+    Vec dbias_k;
+    const Vec dw_k =
+        conv_backward_filter(g.one, g.x_part(x, k), g.y_part(dy, k), dbias ? &dbias_k : nullptr);
+    dw.insert(dw.end(), dw_k.begin(), dw_k.end());
+    if (dbias) dbias->insert(dbias->end(), dbias_k.begin(), dbias_k.end());
+  }
+  return dw;
+}
+
+Vec dropout_apply(const Vec& x, const std::vector<uint8_t>& keep, float p) {
+  if (keep.size() != x.size()) {
+    throw std::invalid_argument("reference::dropout_apply: keep has " +
+                                std::to_string(keep.size()) + " elements, expected " +
+                                std::to_string(x.size()));
+  }
+  const double scale = 1.0 / (1.0 - double(p));
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = keep[i] ? static_cast<float>(x[i] * scale) : 0.0f;
+  return y;
+}
+
 namespace {
 
 // Checks that the inputs agree on n, h, w and returns the concatenated shape.

@@ -71,6 +71,42 @@ BatchNormBackward batch_norm_backward(const Shape& s, const Vec& x, const Vec& d
                                       float eps);
 
 Vec add(const Vec& a, const Vec& b);
+
+// ------------------------------------------------ the layers of issue 43
+
+// The element-wise activations, as functions of double: f(x) and f'(x).
+// gelu is the erf form, x * Phi(x) (PyTorch's default, not its tanh
+// approximation).
+enum class Activation { kSilu, kGelu, kSigmoid, kRelu6 };
+double activation(Activation f, double x);
+double activation_derivative(Activation f, double x);
+// y = f(x) and dx = f'(x) * dy, element by element.
+Vec activation_forward(Activation f, const Vec& x);
+Vec activation_backward(Activation f, const Vec& x, const Vec& dy);
+
+// y = a * b; b is shaped like a, or one value per sample and channel
+// (b_shape = n x c x 1 x 1), broadcast over H and W.
+Vec mul_forward(const Shape& a_shape, const Shape& b_shape, const Vec& a, const Vec& b);
+struct MulBackward {
+  Vec da;  // dy * b
+  Vec db;  // dy * a, summed over H and W when b is broadcast
+};
+MulBackward mul_backward(const Shape& a_shape, const Shape& b_shape, const Vec& a, const Vec& b,
+                         const Vec& dy);
+
+// Convolution with `groups` groups: output channel k reads only input
+// channels of its group, g = k / (p.k / groups), with weights
+// {p.k, p.x.shape.c / groups, r, s}. groups = 1 is conv_forward.
+Vec grouped_conv_forward(const ConvProblem& p, int64_t groups, const Vec& x, const Vec& w,
+                         const Vec& bias);
+Vec grouped_conv_backward_data(const ConvProblem& p, int64_t groups, const Vec& dy, const Vec& w);
+// Returns dw; fills dbias (k entries) if non-null.
+Vec grouped_conv_backward_filter(const ConvProblem& p, int64_t groups, const Vec& x,
+                                 const Vec& dy, Vec* dbias);
+
+// Inverted dropout with a given mask (keep[i] 1 or 0): y = x * keep / (1 - p).
+// Its backward is the same map applied to dy.
+Vec dropout_apply(const Vec& x, const std::vector<uint8_t>& keep, float p);
 // Concatenation along channels of NCHW tensors with equal n, h, w.
 Vec concat(const std::vector<Shape>& shapes, const std::vector<Vec>& xs);
 std::vector<Vec> concat_backward(const std::vector<Shape>& shapes, const Vec& dy);

@@ -466,5 +466,156 @@ TEST(ReferenceSoftmaxXent, CountsArgMaxHits) {
   EXPECT_EQ(softmax_cross_entropy(n, classes, logits, labels, 1.0f).correct, expected_correct);
 }
 
+// ------------------------------------------------ the layers of issue 43
+
+constexpr Activation kActivations[] = {Activation::kSilu, Activation::kGelu, Activation::kSigmoid,
+                                       Activation::kRelu6};
+
+TEST(ReferenceActivation, KnownValues) {
+  // sigmoid(1) = 0.7310585786300049, Phi(1) = 0.8413447460685429.
+  EXPECT_DOUBLE_EQ(activation(Activation::kSigmoid, 0.0), 0.5);
+  EXPECT_NEAR(activation(Activation::kSigmoid, 1.0), 0.7310585786300049, 1e-15);
+  EXPECT_NEAR(activation(Activation::kSilu, 1.0), 0.7310585786300049, 1e-15);
+  EXPECT_NEAR(activation(Activation::kSilu, -1.0), -0.2689414213699951, 1e-15);
+  EXPECT_NEAR(activation(Activation::kGelu, 1.0), 0.8413447460685429, 1e-15);
+  EXPECT_NEAR(activation(Activation::kGelu, -1.0), -0.15865525393145707, 1e-15);
+  // The tanh approximation gives 0.8411919906082768 at 1: the erf form differs.
+  EXPECT_GT(std::fabs(activation(Activation::kGelu, 1.0) - 0.8411919906082768), 1e-4);
+  EXPECT_EQ(activation(Activation::kRelu6, -2.0), 0.0);
+  EXPECT_EQ(activation(Activation::kRelu6, 3.5), 3.5);
+  EXPECT_EQ(activation(Activation::kRelu6, 7.0), 6.0);
+}
+
+TEST(ReferenceActivation, DerivativesMatchCentralDifferencesInDouble) {
+  for (Activation f : kActivations) {
+    // Away from relu6's kinks at 0 and 6.
+    for (double x : {-4.3, -1.7, -0.4, 0.3, 1.1, 2.9, 5.2, 7.5}) {
+      const double h = 1e-5;
+      const double numeric = (activation(f, x + h) - activation(f, x - h)) / (2 * h);
+      EXPECT_NEAR(activation_derivative(f, x), numeric, 1e-8)
+          << "activation " << static_cast<int>(f) << " at " << x;
+    }
+  }
+  EXPECT_EQ(activation_derivative(Activation::kRelu6, 0.0), 0.0);
+  EXPECT_EQ(activation_derivative(Activation::kRelu6, 6.0), 0.0);
+}
+
+TEST(ReferenceGradient, Activations) {
+  std::mt19937 rng(11);
+  for (Activation f : kActivations) {
+    SCOPED_TRACE(static_cast<int>(f));
+    // Spread over relu6's range, away from its kinks.
+    Vec x = random_away_from_zero(rng, 64, 0.05f);
+    for (float& v : x) v = v * 3.0f + (v > 0 ? 2.0f : 0.0f);
+    for (float& v : x) ASSERT_GT(std::fabs(v - 6.0f), 0.05f);
+    const Vec r = random_vec(rng, 64);
+    expect_gradient(
+        "dx", [&](const Vec& xv) { return weighted_sum(activation_forward(f, xv), r); }, x,
+        activation_backward(f, x, r), 1e-2f, 1e-3);
+  }
+}
+
+TEST(ReferenceMul, BroadcastsAPerChannelFactorOverTheMap) {
+  const Shape a_shape{1, 2, 1, 3};
+  const Vec a = {1, 2, 3, 4, 5, 6};
+  expect_vec_near(mul_forward(a_shape, {1, 2, 1, 1}, a, {10, -1}), {10, 20, 30, -4, -5, -6}, 0);
+  expect_vec_near(mul_forward(a_shape, a_shape, a, a), {1, 4, 9, 16, 25, 36}, 0);
+  // The broadcast factor's gradient sums dy * a over the map.
+  const MulBackward g = mul_backward(a_shape, {1, 2, 1, 1}, a, {10, -1}, {1, 1, 1, 1, 0, 2});
+  expect_vec_near(g.da, {10, 10, 10, -1, 0, -2}, 0);
+  expect_vec_near(g.db, {6, 16}, 0);
+  EXPECT_THROW(mul_forward(a_shape, {1, 1, 1, 3}, a, {1, 2, 3}), std::invalid_argument);
+}
+
+TEST(ReferenceGradient, MulBothInputsPlainAndBroadcast) {
+  std::mt19937 rng(12);
+  const Shape a_shape{2, 3, 4, 5};
+  for (const Shape& b_shape : {a_shape, Shape{2, 3, 1, 1}}) {
+    SCOPED_TRACE(b_shape.str());
+    const Vec a = random_vec(rng, a_shape.elements());
+    const Vec b = random_vec(rng, b_shape.elements());
+    const Vec r = random_vec(rng, a_shape.elements());
+    const MulBackward g = mul_backward(a_shape, b_shape, a, b, r);
+    expect_gradient(
+        "da", [&](const Vec& av) { return weighted_sum(mul_forward(a_shape, b_shape, av, b), r); },
+        a, g.da, 1e-2f, 1e-3);
+    expect_gradient(
+        "db", [&](const Vec& bv) { return weighted_sum(mul_forward(a_shape, b_shape, a, bv), r); },
+        b, g.db, 1e-2f, 1e-3);
+  }
+}
+
+TEST(ReferenceGroupedConv, DepthwiseFiltersEachChannelAlone) {
+  // Two channels, one 1x2 filter each: out[c] = w[c][0] x[c][j] + w[c][1] x[c][j + 1].
+  const ConvProblem p = make_conv({1, 2, 1, 3}, 2, 1, 2, 0, 0, 1, 1);
+  const Vec x = {1, 2, 3, 10, 20, 30};
+  expect_vec_near(grouped_conv_forward(p, 2, x, {1, 1, 2, -1}, {0.5f, 0}), {3.5, 5.5, 0, 10}, 0);
+}
+
+TEST(ReferenceGroupedConv, OneGroupIsThePlainConvolution) {
+  std::mt19937 rng(13);
+  const ConvProblem p = make_conv({2, 4, 5, 5}, 6, 3, 3, 1, 1, 2, 2);
+  const Vec x = random_vec(rng, p.x.shape.elements());
+  const Vec w = random_vec(rng, p.weight_shape().elements());
+  const Vec b = random_vec(rng, p.k);
+  EXPECT_EQ(grouped_conv_forward(p, 1, x, w, b), conv_forward(p, x, w, b));
+}
+
+TEST(ReferenceGroupedConv, EqualsAPlainConvolutionWithBlockDiagonalWeights) {
+  // Two groups of 4 -> 3 channels: the dense 8 -> 6 filter with zeros off
+  // the diagonal blocks computes the same.
+  std::mt19937 rng(14);
+  const int64_t groups = 2;
+  const ConvProblem p = make_conv({2, 4, 5, 4}, 6, 3, 2, 1, 0, 1, 1);
+  const Vec x = random_vec(rng, p.x.shape.elements());
+  const int64_t cg = p.x.shape.c / groups, kg = p.k / groups;
+  const Vec w = random_vec(rng, p.k * cg * p.r * p.s);
+  Vec dense(static_cast<size_t>(p.weight_shape().elements()), 0.0f);
+  for (int64_t k = 0; k < p.k; ++k) {
+    const int64_t g = k / kg;
+    for (int64_t c = 0; c < cg; ++c) {
+      for (int64_t t = 0; t < p.r * p.s; ++t) {
+        dense[(k * p.x.shape.c + g * cg + c) * p.r * p.s + t] = w[(k * cg + c) * p.r * p.s + t];
+      }
+    }
+  }
+  const Vec grouped = grouped_conv_forward(p, groups, x, w, {});
+  const Vec plain = conv_forward(p, x, dense, {});
+  ASSERT_EQ(grouped.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_NEAR(grouped[i], plain[i], 1e-6) << i;
+}
+
+TEST(ReferenceGradient, GroupedConvDataFilterAndBias) {
+  std::mt19937 rng(15);
+  struct Case {
+    ConvProblem p;
+    int64_t groups;
+  };
+  for (const Case& c : {Case{make_conv({2, 4, 5, 5}, 6, 3, 3, 1, 1, 1, 1), 2},
+                        Case{make_conv({1, 6, 6, 5}, 6, 3, 3, 1, 1, 2, 2), 6},    // depthwise
+                        Case{make_conv({2, 3, 5, 5}, 6, 5, 5, 2, 2, 1, 1), 3}}) {  // multiplier 2
+    const ConvProblem& p = c.p;
+    SCOPED_TRACE(p.str() + " groups " + std::to_string(c.groups));
+    const Vec x = random_vec(rng, p.x.shape.elements());
+    const Vec w = random_vec(rng, p.k * (p.x.shape.c / c.groups) * p.r * p.s);
+    const Vec b = random_vec(rng, p.k);
+    const Vec r = random_vec(rng, p.y.shape.elements());
+    auto loss = [&](const Vec& xv, const Vec& wv, const Vec& bv) {
+      return weighted_sum(grouped_conv_forward(p, c.groups, xv, wv, bv), r);
+    };
+    Vec dbias;
+    const Vec dw = grouped_conv_backward_filter(p, c.groups, x, r, &dbias);
+    expect_gradient("dx", [&](const Vec& v) { return loss(v, w, b); }, x,
+                    grouped_conv_backward_data(p, c.groups, r, w), 1e-2f, 1e-3);
+    expect_gradient("dw", [&](const Vec& v) { return loss(x, v, b); }, w, dw, 1e-2f, 1e-3);
+    expect_gradient("dbias", [&](const Vec& v) { return loss(x, w, v); }, b, dbias, 1e-2f, 1e-3);
+  }
+}
+
+TEST(ReferenceDropout, ScalesKeptElementsAndZeroesTheRest) {
+  expect_vec_near(dropout_apply({1, 2, 3, 4}, {1, 0, 1, 1}, 0.2f), {1.25, 0, 3.75, 5}, 1e-6);
+  EXPECT_THROW(dropout_apply({1, 2}, {1}, 0.5f), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace vtrain::reference

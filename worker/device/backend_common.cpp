@@ -168,12 +168,24 @@ DataType op_dtype(const OpDesc& op) {
 
 }  // namespace
 
+const char* activation_name(ActivationKind kind) {
+  switch (kind) {
+    case ActivationKind::kRelu: return "relu";
+    case ActivationKind::kSilu: return "silu";
+    case ActivationKind::kGelu: return "gelu";
+    case ActivationKind::kSigmoid: return "sigmoid";
+    case ActivationKind::kRelu6: return "relu6";
+  }
+  return "?";
+}
+
 std::string op_name(const OpDesc& op) {
   return std::visit(
       op_table_detail::Overload{
           [](const ConvDesc& d) { return std::string("conv ") + conv_kind_name(d.kind); },
           [](const ActivationDesc& d) {
-            return std::string("relu ") + direction_name(d.direction) + (d.bias ? " (bias)" : "");
+            return std::string(activation_name(d.kind)) + " " + direction_name(d.direction) +
+                   (d.bias ? " (bias)" : "");
           },
           [](const PoolDesc& d) {
             return std::string(d.kind == PoolKind::kMax ? "max" : "average") + " pooling " +

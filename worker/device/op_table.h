@@ -12,6 +12,8 @@
 //   relu_forward(x, y)                 bias_relu_forward(x, bias, y)
 //   relu_backward(y, dy, dx)           relu_backward_bias(y, dy, dx, dbias)
 //   relu_scratch_bytes(x) -> size_t
+//   activation_forward(kind, x, y)     activation_backward(kind, x, dy, dx)
+//   activation_scratch_bytes(kind, x) -> size_t   (every kind but relu)
 //   pooling_forward(desc, x, y, state) pooling_backward(desc, x, y, dy, dx, state)
 //   pooling_state_bytes(desc, x, y) -> size_t, pooling_scratch_bytes(desc, x, y) -> size_t
 //   inner_product_forward(x, w, bias, y)
@@ -120,6 +122,14 @@ void run_op(Kernels& k, const OpDesc& op, const OpArgs& any_args) {
           },
           [&](const ActivationDesc& d) {
             const ActivationArgs& a = args_of(d, op, any_args);
+            if (d.kind != ActivationKind::kRelu) {
+              if (d.bias) throw BackendError(op_name(op) + ": a bias pairs with relu only");
+              if (d.direction == Direction::kForward) {
+                return k.activation_forward(d.kind, view(d.x, a.x), view(d.y, a.y));
+              }
+              return k.activation_backward(d.kind, view(d.x, a.x), view(d.dy, a.dy),
+                                           view(d.dx, a.dx));
+            }
             if (d.direction == Direction::kForward) {
               if (d.bias) return k.bias_relu_forward(view(d.x, a.x), a.bias, view(d.y, a.y));
               return k.relu_forward(view(d.x, a.x), view(d.y, a.y));
@@ -250,6 +260,7 @@ OpBytes op_bytes(Kernels& k, const OpDesc& op) {
             return {k.conv_workspace(d.kind, d.algo, d.problem, d.beta != 0.0f), 0};
           },
           [&](const ActivationDesc& d) -> OpBytes {
+            if (d.kind != ActivationKind::kRelu) return {k.activation_scratch_bytes(d.kind, d.x), 0};
             return {k.relu_scratch_bytes(d.direction == Direction::kForward ? d.x : d.y), 0};
           },
           [&](const PoolDesc& d) -> OpBytes {

@@ -150,17 +150,26 @@ struct ConvArgs {
 
 // ----------------------------------------------------------------- activation
 
-// The activation functions (SiLU, GELU, sigmoid, ReLU6 will join here).
-enum class ActivationKind : uint8_t { kRelu };
+// The activation functions:
+//   kRelu     max(x, 0)
+//   kSilu     x * sigmoid(x)
+//   kGelu     x * Phi(x), Phi the standard normal CDF (the erf form)
+//   kSigmoid  1 / (1 + exp(-x))
+//   kRelu6    min(max(x, 0), 6); its derivative is 1 on (0, 6), else 0
+//             (PyTorch's; at exactly 6 a backend may pass dy)
+enum class ActivationKind : uint8_t { kRelu, kSilu, kGelu, kSigmoid, kRelu6 };
+// "relu", "silu", "gelu", "sigmoid", "relu6".
+const char* activation_name(ActivationKind kind);
 
-// Forward: y = act(x), or with `bias` y = act(x + bias[c]) (the bias in x's
-// type, rounded to it once as a bias add would round; y not aliasing x).
-// Backward: dx = dy * act'(from y) (relu: dy where y > 0, else 0; dx may
-// alias dy), and with `bias` also dbias[c] = the sum of dx over n, h and w,
-// in f32, overwritten (the bias gradient of the convolution before it).
-// Each tensor has its descriptor (forward x and y, backward y, dy and dx),
-// and they must agree: the backend names any difference. The bias-paired
-// form is the fusion pass's alternative to a convolution's bias epilogue.
+// Forward: y = act(x), or with `bias` (relu only) y = act(x + bias[c]) (the
+// bias in x's type, rounded to it once as a bias add would round; y not
+// aliasing x). Backward: dx = dy * act'(x): relu reads y (dy where y > 0,
+// else 0; dx may alias dy), the other kinds read x. With `bias` also
+// dbias[c] = the sum of dx over n, h and w, in f32, overwritten (the bias
+// gradient of the convolution before it). Each tensor has its descriptor
+// (forward x and y; backward dy, dx and y for relu, x for the others), and
+// they must agree: the backend names any difference. The bias-paired form
+// is the fusion pass's alternative to a convolution's bias epilogue.
 struct ActivationDesc {
   ActivationKind kind = ActivationKind::kRelu;
   Direction direction = Direction::kForward;
@@ -168,7 +177,7 @@ struct ActivationDesc {
   bool bias = false;
 };
 struct ActivationArgs {
-  const void* x = nullptr;     // forward
+  const void* x = nullptr;     // forward; backward of every kind but relu
   void* y = nullptr;           // forward: written; backward: read
   const void* dy = nullptr;    // backward
   void* dx = nullptr;          // backward

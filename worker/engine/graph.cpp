@@ -60,6 +60,7 @@ std::pair<size_t, size_t> input_count_range(LayerType type) {
     case LayerType::kInput: return {0, 0};
     case LayerType::kAdd:
     case LayerType::kConcat: return {2, SIZE_MAX};
+    case LayerType::kMul: return {2, 2};
     default: return {1, 1};
   }
 }
@@ -76,6 +77,14 @@ void check_parameters(const LayerSpec& spec) {
       spec.type == LayerType::kConv || (spec.type == LayerType::kPool && !spec.global);
   if ((spec.type == LayerType::kConv || spec.type == LayerType::kFc) && spec.out <= 0) {
     fail(spec, "out must be positive, got " + std::to_string(spec.out));
+  }
+  if (spec.type == LayerType::kConv && (spec.groups <= 0 || spec.out % spec.groups != 0)) {
+    fail(spec, "groups must be positive and divide out " + std::to_string(spec.out) + ", got " +
+                   std::to_string(spec.groups));
+  }
+  // The negated test also refuses a NaN.
+  if (spec.type == LayerType::kDropout && !(spec.dropout_p >= 0.0f && spec.dropout_p < 1.0f)) {
+    fail(spec, "p must be in [0, 1), got " + std::to_string(spec.dropout_p));
   }
   if (!windowed) return;
   if (spec.kernel_h <= 0 || spec.kernel_w <= 0) {
@@ -119,12 +128,33 @@ std::string join_shapes(const LayerSpec& spec, const std::vector<Shape>& in) {
   return s;
 }
 
+// A grouped convolution splits its input channels like its output channels.
+Shape conv_shape(const LayerSpec& spec, const Shape& in) {
+  if (in.c % spec.groups != 0) {
+    fail(spec, "groups " + std::to_string(spec.groups) + " must divide the input channels, got " +
+                   chw(in) + " from '" + spec.inputs[0] + "'");
+  }
+  return window_shape(spec, in, spec.out);
+}
+
+// The product's second factor is either the first's shape or one value per
+// channel (C x 1 x 1), which every position of that channel shares.
+Shape mul_shape(const LayerSpec& spec, const std::vector<Shape>& in) {
+  const Shape& a = in[0];
+  const Shape& b = in[1];
+  if (b != a && !(b.c == a.c && b.h == 1 && b.w == 1)) {
+    fail(spec, "mul needs its second input shaped like the first or " + std::to_string(a.c) +
+                   "x1x1 (one value per channel), got " + join_shapes(spec, in));
+  }
+  return a;
+}
+
 // Output shape of `spec` from its inputs' shapes. Normalises a global pool's
 // window to the input plane so later code reads one kind of pool.
 Shape infer_shape(LayerSpec& spec, const std::vector<Shape>& in, const Shape& data) {
   switch (spec.type) {
     case LayerType::kInput: return {1, data.c, data.h, data.w};
-    case LayerType::kConv: return window_shape(spec, in[0], spec.out);
+    case LayerType::kConv: return conv_shape(spec, in[0]);
     case LayerType::kPool:
       if (spec.global) {
         spec.kernel_h = in[0].h;
@@ -135,7 +165,13 @@ Shape infer_shape(LayerSpec& spec, const std::vector<Shape>& in, const Shape& da
       return window_shape(spec, in[0], in[0].c);
     case LayerType::kFc: return {1, spec.out, 1, 1};
     case LayerType::kRelu:
+    case LayerType::kSilu:
+    case LayerType::kGelu:
+    case LayerType::kSigmoid:
+    case LayerType::kRelu6:
+    case LayerType::kDropout:
     case LayerType::kBatchNorm: return in[0];
+    case LayerType::kMul: return mul_shape(spec, in);
     case LayerType::kAdd:
       for (const Shape& s : in) {
         if (s != in[0]) {
@@ -360,19 +396,22 @@ int Graph::find(const std::string& name) const {
 
 int64_t Graph::parameter_count() const {
   int64_t total = 0;
-  for (int i = 0; i < size(); ++i) {
-    const LayerSpec& spec = layers_[i];
-    // Only layers with one input carry parameters.
-    const Shape& in = inputs_[i].empty() ? shapes_[i] : shapes_[inputs_[i][0]];
-    const int64_t bias = spec.bias ? spec.out : 0;
-    switch (spec.type) {
-      case LayerType::kConv: total += spec.out * in.c * spec.kernel_h * spec.kernel_w + bias; break;
-      case LayerType::kFc: total += spec.out * in.per_sample() + bias; break;
-      case LayerType::kBatchNorm: total += 2 * in.c; break;
-      default: break;
-    }
-  }
+  for (int i = 0; i < size(); ++i) total += layer_parameter_count(i);
   return total;
+}
+
+int64_t Graph::layer_parameter_count(int i) const {
+  const LayerSpec& spec = layers_[i];
+  // Only layers with one input carry parameters.
+  const Shape& in = inputs_[i].empty() ? shapes_[i] : shapes_[inputs_[i][0]];
+  const int64_t bias = spec.bias ? spec.out : 0;
+  switch (spec.type) {
+    case LayerType::kConv:
+      return spec.out * (in.c / spec.groups) * spec.kernel_h * spec.kernel_w + bias;
+    case LayerType::kFc: return spec.out * in.per_sample() + bias;
+    case LayerType::kBatchNorm: return 2 * in.c;
+    default: return 0;
+  }
 }
 
 std::string Graph::signature() const {
@@ -397,6 +436,12 @@ std::string Graph::signature() const {
     }
     if (s.type == LayerType::kConv || s.type == LayerType::kFc) {
       text += " o" + std::to_string(s.out) + (s.bias ? " b" : " nb");
+    }
+    // Only when grouped, so that the signatures of existing models (and the
+    // checkpoints and perf-DB rows keyed on them) stay what they were.
+    if (s.type == LayerType::kConv && s.groups != 1) text += " g" + std::to_string(s.groups);
+    if (s.type == LayerType::kDropout) {
+      text += " p" + std::to_string(std::bit_cast<uint32_t>(s.dropout_p));
     }
     if (s.type == LayerType::kBatchNorm) {
       // Bit patterns, so that every change of eps or momentum shows.

@@ -42,13 +42,19 @@ class GraphError : public std::runtime_error {
 
 enum class LayerType {
   kInput,      // the data; no inputs
-  kConv,       // convolution (+ bias)
+  kConv,       // convolution (+ bias), grouped when groups > 1
   kRelu,
   kPool,       // max or average pooling (global: window = input size)
   kFc,         // inner product (+ bias), flattens C x H x W
   kBatchNorm,  // per-channel, learnable scale and shift
   kAdd,        // elementwise sum of two or more inputs (ResNet joins)
   kConcat,     // channel concatenation of two or more inputs (GoogLeNet joins)
+  kSilu,       // x * sigmoid(x) (EfficientNet)
+  kGelu,       // x * Phi(x), Phi the normal CDF (the erf form, not the tanh approximation)
+  kSigmoid,    // 1 / (1 + exp(-x)) (squeeze-excitation gates)
+  kRelu6,      // min(max(x, 0), 6) (MobileNetV2)
+  kMul,        // a * b; b broadcast over H and W when it is C x 1 x 1 (squeeze-excitation)
+  kDropout,    // inverted dropout: zeroes with probability p, scales the rest by 1 / (1 - p)
 };
 
 // Every layer type with its name in a config, in enum order (entry i is
@@ -63,6 +69,12 @@ inline constexpr auto kLayerTypeNames = std::to_array<common::Named<LayerType>>(
     {LayerType::kBatchNorm, "batchnorm"},
     {LayerType::kAdd, "add"},
     {LayerType::kConcat, "concat"},
+    {LayerType::kSilu, "silu"},
+    {LayerType::kGelu, "gelu"},
+    {LayerType::kSigmoid, "sigmoid"},
+    {LayerType::kRelu6, "relu6"},
+    {LayerType::kMul, "mul"},
+    {LayerType::kDropout, "dropout"},
 });
 inline constexpr size_t kLayerTypeCount = kLayerTypeNames.size();
 
@@ -76,7 +88,7 @@ constexpr bool in_layer_type_order(const std::array<Entry, N>& table) {
 }
 static_assert(in_layer_type_order(kLayerTypeNames));
 
-// "input", "conv", "relu", "pool", "fc", "batchnorm", "add", "concat".
+// "input", "conv", "relu", ..., "dropout": kLayerTypeNames' entry.
 const char* layer_type_name(LayerType type);
 // Throws GraphError listing the known names.
 LayerType parse_layer_type(const std::string& name);
@@ -94,6 +106,9 @@ struct LayerSpec {
   int64_t kernel_h = 1, kernel_w = 1;
   int64_t stride_h = 1, stride_w = 1;
   int64_t pad_h = 0, pad_w = 0;
+  // conv: input and output channels fall into this many groups, each
+  // group's outputs reading only its inputs (depthwise: groups = channels)
+  int64_t groups = 1;
   // pool
   PoolKind pool = PoolKind::kMax;
   bool global = false;              // window covers the whole input plane (Graph::build
@@ -101,6 +116,8 @@ struct LayerSpec {
   // batchnorm
   float bn_eps = 1e-5f;
   float bn_momentum = 0.1f;
+  // dropout: the probability of zeroing an element, in [0, 1)
+  float dropout_p = 0.5f;
 };
 
 // How a graph is computed (precision, layout, fusion), kept beside it.
@@ -139,6 +156,8 @@ class Graph {
   int64_t classes() const { return shapes_.back().per_sample(); }
   // Parameter count (weights + biases + batch-norm scale/shift).
   int64_t parameter_count() const;
+  // Parameters of layer i alone (0 for layers without any).
+  int64_t layer_parameter_count(int i) const;
   // Short signature of the architecture (layer types, shapes): equal graphs
   // give equal strings. Checkpoints key on it (fp32 master weights resume in
   // any precision).
@@ -152,7 +171,8 @@ class Graph {
 };
 
 // Presets: "lenet", "vgg-small", "alexnet", "overfeat", "googlenet", "vgg16",
-// "vgg116", "vgg216", "vgg316", "vgg416", "resnet18", "resnet50".
+// "vgg116", "vgg216", "vgg316", "vgg416", "resnet18", "resnet50",
+// "resnext50_32x4d", "mobilenet_v2", "efficientnet_b0".
 struct PresetOptions {
   Shape input{1, 1, 28, 28};  // per-sample shape (n ignored)
   int64_t classes = 10;

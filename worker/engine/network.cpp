@@ -33,6 +33,12 @@ std::vector<TensorDesc> activation_descs(const Graph& graph, const ComputeSettin
       case LayerType::kFc: layout = Layout::kPlain; break;
       // Element-wise layers keep their input's layout: no reorder between them.
       case LayerType::kRelu:
+      case LayerType::kSilu:
+      case LayerType::kGelu:
+      case LayerType::kSigmoid:
+      case LayerType::kRelu6:
+      case LayerType::kDropout:
+      case LayerType::kMul:  // its broadcast factor is C x 1 x 1, the same in every layout
       case LayerType::kBatchNorm:
       case LayerType::kPool: layout = descs[graph.inputs(i)[0]].layout; break;
       case LayerType::kConv:
@@ -44,10 +50,11 @@ std::vector<TensorDesc> activation_descs(const Graph& graph, const ComputeSettin
   return descs;
 }
 
-void require_precision(const Backend& backend, common::Precision precision) {
+void require_precision(const Backend& backend, const Graph& graph, common::Precision precision) {
   if (std::optional<std::string> why = backend.precision_unavailable(precision)) {
     throw BackendError(*why);
   }
+  for (const LayerSpec& spec : graph.layers()) require_kernels(spec);
 }
 
 std::optional<std::string> conv_algorithm_refusal(const Graph& graph,
@@ -104,7 +111,7 @@ const ConvLayerExecution* execution_of(const NetworkOptions& options, const std:
 Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& options)
     : graph_(graph), backend_(backend), options_(options) {
   if (options.max_batch < 1) throw std::invalid_argument("Network: max_batch must be >= 1");
-  require_precision(backend, options.settings.precision);
+  require_precision(backend, graph, options.settings.precision);
   out_desc_ = activation_descs(graph, options.settings, backend, options.max_batch);
   check_conv_executions(graph, options);
   make_layers();

@@ -129,9 +129,10 @@ std::vector<TensorDesc> activation_descs(const Graph& graph, const ComputeSettin
                                          int64_t n);
 
 // Throws BackendError with the backend's reason when it cannot run
-// `precision`: before anything builds or times a graph's layers (a
-// network, the profiler, layer timing).
-void require_precision(const Backend& backend, common::Precision precision);
+// `precision`, or naming the first layer of the graph that has no kernels
+// yet (require_kernels): before anything builds or times a graph's layers
+// (a network, the profiler, layer timing).
+void require_precision(const Backend& backend, const Graph& graph, common::Precision precision);
 
 // Why a named conv.algorithm (not "auto") runs on none of the graph's
 // convolutions on `backend` at batch n, naming what they offer instead

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "worker/engine/layers/layer_registry.h"
+
 namespace vtrain::worker {
 
 namespace {
@@ -21,7 +23,11 @@ size_t layer_scratch_bytes(const Graph& graph, int i, const std::vector<TensorDe
       return 0;
     // Each family's scratch query covers its every kind (bias-paired relu,
     // backward, training and inference, either beta).
-    case LayerType::kRelu: return scratch(ActivationDesc{.x = out[in[0]], .y = y});
+    case LayerType::kRelu:
+    case LayerType::kSilu:
+    case LayerType::kGelu:
+    case LayerType::kSigmoid:
+    case LayerType::kRelu6: return scratch(ActivationDesc{.kind = activation_kind(spec.type), .x = out[in[0]], .y = y});
     case LayerType::kPool:
       return scratch(PoolDesc{spec.pool, Direction::kForward, out[in[0]], y, window_of(spec)});
     case LayerType::kFc:
@@ -40,6 +46,10 @@ size_t layer_scratch_bytes(const Graph& graph, int i, const std::vector<TensorDe
       for (int k : in) xs.push_back(out[k]);
       return scratch(ConcatDesc{.xs = xs, .y = y});
     }
+    case LayerType::kMul:
+    case LayerType::kDropout:
+      require_kernels(spec);  // throws: no backend runs them yet
+      return 0;
   }
   return 0;
 }

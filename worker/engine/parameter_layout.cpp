@@ -41,7 +41,7 @@ std::vector<LayerTensor> layer_tensors(const Graph& graph) {
     const std::string& n = spec.name;
     switch (spec.type) {
       case LayerType::kConv:
-        add(out, params, i, n + ".weight", {spec.out, in.c, spec.kernel_h, spec.kernel_w}, false);
+        add(out, params, i, n + ".weight", {spec.out, in.c / spec.groups, spec.kernel_h, spec.kernel_w}, false);
         if (spec.bias) add(out, params, i, n + ".bias", {spec.out}, false);
         break;
       case LayerType::kFc:

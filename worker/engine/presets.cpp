@@ -8,8 +8,10 @@
 //  - Stem: the ImageNet nets whose stem downsamples by 4 or more (alexnet,
 //    overfeat, googlenet, resnet*) switch to a CIFAR-style stem when the
 //    smaller input side is below kSmallInput: a 3x3 stride-1 pad-1 conv in
-//    place of the large strided one; googlenet and resnet also drop the max
-//    pools of their stems. The rest of the net is unchanged.
+//    place of the large strided one; googlenet and resnet* (resnext too)
+//    also drop the max pools of their stems. mobilenet_v2 and
+//    efficientnet_b0, whose stem already is a 3x3 conv, keep it at stride 1.
+//    The rest of the net is unchanged.
 //  - Pools: a pool whose window does not fit its (padded) input map is left
 //    out, so deep pool stacks (VGG's five 2x2 pools on 28x28) stop at 1x1.
 //    At the design resolution every pool fits, so none is dropped.
@@ -52,10 +54,11 @@ class NetBuilder {
   const Shape& shape(const std::string& name) const { return shapes_.at(name); }
 
   std::string conv(const std::string& name, const std::string& from, int64_t out, Window w,
-                   bool bias = true) {
+                   bool bias = true, int64_t groups = 1) {
     LayerSpec& spec = add(name, LayerType::kConv, {from});
     spec.out = out;
     spec.bias = bias;
+    spec.groups = groups;
     set_window(spec, w);
     shapes_[name] = windowed(shape(from), w, out);
     return name;
@@ -67,6 +70,24 @@ class NetBuilder {
 
   std::string batchnorm(const std::string& name, const std::string& from) {
     return same_shape(name, LayerType::kBatchNorm, from);
+  }
+
+  // An element-wise layer of one input: an activation, batch norm, dropout.
+  std::string unary(const std::string& name, LayerType type, const std::string& from) {
+    return same_shape(name, type, from);
+  }
+
+  std::string dropout(const std::string& name, const std::string& from, float p) {
+    same_shape(name, LayerType::kDropout, from);
+    layers_.back().dropout_p = p;
+    return name;
+  }
+
+  // x scaled by `gate` (C x 1 x 1, or x's shape).
+  std::string mul(const std::string& name, const std::string& x, const std::string& gate) {
+    add(name, LayerType::kMul, {x, gate});
+    shapes_[name] = shape(x);
+    return name;
   }
 
   std::string pool(const std::string& name, const std::string& from, PoolKind kind, Window w) {
@@ -335,15 +356,31 @@ std::string basic_block(NetBuilder& b, const std::string& prefix, const std::str
   return b.relu(prefix + "relu", b.add_join(prefix + "add", {y, sc}));
 }
 
-// torchvision's (v1.5) bottleneck: the stride sits on the 3x3 conv.
-std::string bottleneck_block(NetBuilder& b, const std::string& prefix, const std::string& from,
-                             int64_t planes, int64_t stride) {
+// torchvision's (v1.5) bottleneck: the stride sits on the 3x3 conv, which
+// is grouped in ResNeXt: its width is planes * width_per_group / 64 per
+// group (ResNet: one group of 64, so planes).
+std::string bottleneck(NetBuilder& b, const std::string& prefix, const std::string& from,
+                       int64_t planes, int64_t stride, int64_t groups, int64_t width_per_group) {
   constexpr int64_t kExpansion = 4;
-  std::string y = b.relu(prefix + "relu1", conv_bn(b, prefix, "1", from, planes, {1}));
-  y = b.relu(prefix + "relu2", conv_bn(b, prefix, "2", y, planes, {3, stride, 1}));
+  const int64_t width = planes * width_per_group / 64 * groups;
+  std::string y = b.relu(prefix + "relu1", conv_bn(b, prefix, "1", from, width, {1}));
+  y = b.batchnorm(prefix + "bn2",
+                  b.conv(prefix + "conv2", y, width, {3, stride, 1}, false, groups));
+  y = b.relu(prefix + "relu2", y);
   y = conv_bn(b, prefix, "3", y, planes * kExpansion, {1});
   const std::string sc = shortcut(b, prefix, from, planes * kExpansion, stride);
   return b.relu(prefix + "relu", b.add_join(prefix + "add", {y, sc}));
+}
+
+std::string bottleneck_block(NetBuilder& b, const std::string& prefix, const std::string& from,
+                             int64_t planes, int64_t stride) {
+  return bottleneck(b, prefix, from, planes, stride, 1, 64);
+}
+
+// ResNeXt-50's 32x4d block: 32 groups of 4 channels per 64 planes.
+std::string resnext_32x4d_block(NetBuilder& b, const std::string& prefix,
+                                const std::string& from, int64_t planes, int64_t stride) {
+  return bottleneck(b, prefix, from, planes, stride, 32, 4);
 }
 
 using Block = std::string (*)(NetBuilder&, const std::string&, const std::string&, int64_t,
@@ -379,12 +416,158 @@ std::vector<LayerSpec> resnet50(const PresetOptions& o) {
   return resnet(o, bottleneck_block, {3, 4, 6, 3});
 }
 
+std::vector<LayerSpec> resnext50_32x4d(const PresetOptions& o) {
+  return resnet(o, resnext_32x4d_block, {3, 4, 6, 3});
+}
+
+// torchvision's Conv2dNormActivation: conv (no bias, "same" padding) +
+// batch norm + `activation`, named <prefix>0, 1, 2 as its Sequential is.
+std::string conv_norm_act(NetBuilder& b, const std::string& prefix, const std::string& from,
+                          int64_t out, int64_t kernel, int64_t stride, int64_t groups,
+                          LayerType activation) {
+  const std::string c =
+      b.conv(prefix + "0", from, out, {kernel, stride, (kernel - 1) / 2}, false, groups);
+  return b.unary(prefix + "2", activation, b.batchnorm(prefix + "1", c));
+}
+
+// The same without activation: conv <prefix>0, batch norm <prefix>1.
+std::string conv_norm(NetBuilder& b, const std::string& prefix, const std::string& from,
+                      int64_t out) {
+  return b.batchnorm(prefix + "1", b.conv(prefix + "0", from, out, {1}, false));
+}
+
+// The stride of a stem 3x3 conv: 1 on small inputs (the file comment).
+int64_t stem_stride(const PresetOptions& o) { return small_input(o) ? 1 : 2; }
+
+// The head of MobileNetV2 and EfficientNet: global average pool, then
+// dropout 0.2 and the logits as torchvision's classifier.0 and .1.
+std::vector<LayerSpec> pooled_classifier(NetBuilder b, const std::string& from,
+                                         int64_t classes) {
+  const std::string x = b.dropout("classifier.0", b.global_average_pool("avgpool", from), 0.2f);
+  b.fc("classifier.1", x, classes);
+  return std::move(b).finish();
+}
+
+// torchvision's use_res_connect: a residual join when the block keeps the
+// shape (stride 1, in = out).
+std::string residual(NetBuilder& b, const std::string& prefix, const std::string& from,
+                     const std::string& y, int64_t stride) {
+  if (stride != 1 || b.shape(from).c != b.shape(y).c) return y;
+  return b.add_join(prefix + "add", {y, from});
+}
+
+// MobileNetV2's inverted residual (torchvision's InvertedResidual): a 1x1
+// expansion (left out when t = 1), a 3x3 depthwise conv, both with ReLU6,
+// then a linear 1x1 projection; layers named as in its `conv` Sequential.
+std::string inverted_residual(NetBuilder& b, const std::string& prefix, const std::string& from,
+                              int64_t out, int64_t stride, int64_t expand_ratio) {
+  const int64_t hidden = b.shape(from).c * expand_ratio;
+  std::string x = from;
+  int k = 0;
+  const std::string p = prefix + "conv.";
+  if (expand_ratio != 1) {
+    x = conv_norm_act(b, p + std::to_string(k++) + ".", x, hidden, 1, 1, 1, LayerType::kRelu6);
+  }
+  x = conv_norm_act(b, p + std::to_string(k++) + ".", x, hidden, 3, stride, hidden,
+                    LayerType::kRelu6);
+  const std::string project = p + std::to_string(k);
+  x = b.batchnorm(p + std::to_string(k + 1), b.conv(project, x, out, {1}, false));
+  return residual(b, prefix, from, x, stride);
+}
+
+// torchvision's MobileNetV2 at width 1.0 (Sandler et al. 2018, Table 2):
+// every channel count is already a multiple of 8, so its rounding changes
+// nothing. Small inputs: the stem conv at stride 1.
+std::vector<LayerSpec> mobilenet_v2(const PresetOptions& o) {
+  struct Stage {
+    int64_t expand, out, blocks, stride;
+  };
+  constexpr std::array<Stage, 7> kStages = {{
+      {1, 16, 1, 1}, {6, 24, 2, 2}, {6, 32, 3, 2}, {6, 64, 4, 2},
+      {6, 96, 3, 1}, {6, 160, 3, 2}, {6, 320, 1, 1},
+  }};
+  NetBuilder b(o);
+  std::string x =
+      conv_norm_act(b, "features.0.", "data", 32, 3, stem_stride(o), 1, LayerType::kRelu6);
+  int feature = 1;
+  for (const Stage& stage : kStages) {
+    for (int64_t k = 0; k < stage.blocks; ++k) {
+      x = inverted_residual(b, "features." + std::to_string(feature++) + ".", x, stage.out,
+                            k == 0 ? stage.stride : 1, stage.expand);
+    }
+  }
+  x = conv_norm_act(b, "features." + std::to_string(feature) + ".", x, 1280, 1, 1, 1,
+                    LayerType::kRelu6);
+  return pooled_classifier(std::move(b), x, o.classes);
+}
+
+// Squeeze-excitation (torchvision's SqueezeExcitation with SiLU): the
+// channel means through two 1x1 convs (with bias) and a sigmoid gate the
+// input; the mul carries the module's name, the module's output.
+std::string squeeze_excitation(NetBuilder& b, const std::string& name, const std::string& from,
+                               int64_t squeeze) {
+  const std::string p = name + ".";
+  const int64_t channels = b.shape(from).c;
+  std::string s = b.global_average_pool(p + "avgpool", from);
+  s = b.unary(p + "activation", LayerType::kSilu, b.conv(p + "fc1", s, squeeze, {1}));
+  s = b.unary(p + "scale_activation", LayerType::kSigmoid, b.conv(p + "fc2", s, channels, {1}));
+  return b.mul(name, from, s);
+}
+
+// EfficientNet's MBConv (torchvision's, without stochastic depth): a 1x1
+// expansion (left out when t = 1), a depthwise conv, squeeze-excitation to
+// a quarter of the block's input channels, a linear 1x1 projection; SiLU
+// throughout; layers named as in its `block` Sequential.
+std::string mb_conv(NetBuilder& b, const std::string& prefix, const std::string& from,
+                    int64_t out, int64_t kernel, int64_t stride, int64_t expand_ratio) {
+  const int64_t in = b.shape(from).c;
+  const int64_t expanded = in * expand_ratio;
+  const std::string p = prefix + "block.";
+  int k = 0;
+  std::string x = from;
+  if (expanded != in) {
+    x = conv_norm_act(b, p + std::to_string(k++) + ".", x, expanded, 1, 1, 1, LayerType::kSilu);
+  }
+  x = conv_norm_act(b, p + std::to_string(k++) + ".", x, expanded, kernel, stride, expanded,
+                    LayerType::kSilu);
+  x = squeeze_excitation(b, p + std::to_string(k++), x, std::max<int64_t>(1, in / 4));
+  x = conv_norm(b, p + std::to_string(k) + ".", x, out);
+  return residual(b, prefix, from, x, stride);
+}
+
+// torchvision's EfficientNet-B0 (Tan and Le 2019, Table 1): width and depth
+// multipliers 1, so its channel rounding changes nothing. Without
+// stochastic depth. Small inputs: the stem conv at stride 1.
+std::vector<LayerSpec> efficientnet_b0(const PresetOptions& o) {
+  struct Stage {
+    int64_t expand, kernel, stride, out, blocks;
+  };
+  constexpr std::array<Stage, 7> kStages = {{
+      {1, 3, 1, 16, 1}, {6, 3, 2, 24, 2}, {6, 5, 2, 40, 2}, {6, 3, 2, 80, 3},
+      {6, 5, 1, 112, 3}, {6, 5, 2, 192, 4}, {6, 3, 1, 320, 1},
+  }};
+  NetBuilder b(o);
+  std::string x =
+      conv_norm_act(b, "features.0.", "data", 32, 3, stem_stride(o), 1, LayerType::kSilu);
+  for (size_t s = 0; s < kStages.size(); ++s) {
+    const Stage& stage = kStages[s];
+    for (int64_t k = 0; k < stage.blocks; ++k) {
+      const std::string prefix =
+          "features." + std::to_string(s + 1) + "." + std::to_string(k) + ".";
+      x = mb_conv(b, prefix, x, stage.out, stage.kernel, k == 0 ? stage.stride : 1,
+                  stage.expand);
+    }
+  }
+  x = conv_norm_act(b, "features.8.", x, 4 * 320, 1, 1, 1, LayerType::kSilu);
+  return pooled_classifier(std::move(b), x, o.classes);
+}
+
 struct Preset {
   const char* name;
   std::vector<LayerSpec> (*build)(const PresetOptions&);
 };
 
-constexpr std::array<Preset, 12> kPresets = {{
+constexpr std::array<Preset, 15> kPresets = {{
     {"lenet", lenet},
     {"vgg-small", vgg_small},
     {"alexnet", alexnet},
@@ -397,6 +580,9 @@ constexpr std::array<Preset, 12> kPresets = {{
     {"vgg416", [](const PresetOptions& o) { return vgg_deepened(o, 4); }},
     {"resnet18", resnet18},
     {"resnet50", resnet50},
+    {"resnext50_32x4d", resnext50_32x4d},
+    {"mobilenet_v2", mobilenet_v2},
+    {"efficientnet_b0", efficientnet_b0},
 }};
 
 }  // namespace

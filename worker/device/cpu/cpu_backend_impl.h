@@ -286,6 +286,11 @@ class CpuBackend final : public Backend {
   bool all_finite(const float* x, int64_t count);
 
   size_t relu_scratch_bytes(const TensorDesc& x);
+  // silu, gelu, sigmoid, relu6: oneDNN's eltwise algorithms, backward from x.
+  void activation_forward(ActivationKind kind, const Tensor& x, const Tensor& y);
+  void activation_backward(ActivationKind kind, const Tensor& x, const Tensor& dy,
+                           const Tensor& dx);
+  size_t activation_scratch_bytes(ActivationKind kind, const TensorDesc& x);
   size_t pooling_scratch_bytes(const PoolDesc& p, const TensorDesc& x,
                                const TensorDesc& y);
   size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias);
@@ -302,6 +307,14 @@ class CpuBackend final : public Backend {
   // Cached primitive descriptors, shared by each op and its scratch query.
   const dnnl::eltwise_forward::primitive_desc& relu_fwd_pd(const TensorDesc& x);
   const dnnl::eltwise_backward::primitive_desc& relu_bwd_pd(const TensorDesc& y);
+  // dx = dy * f'(saved): saved is x (DNNL_ARG_SRC) or, for the *_use_dst
+  // algorithms, y (DNNL_ARG_DST).
+  void eltwise_backward(const dnnl::eltwise_backward::primitive_desc& pd, int saved_arg,
+                        const void* saved, const Tensor& dy, const Tensor& dx);
+  const dnnl::eltwise_forward::primitive_desc& activation_fwd_pd(ActivationKind kind,
+                                                                 const TensorDesc& x);
+  const dnnl::eltwise_backward::primitive_desc& activation_bwd_pd(ActivationKind kind,
+                                                                  const TensorDesc& x);
   const dnnl::binary::primitive_desc& bias_relu_pd(const TensorDesc& x);
   const dnnl::reduction::primitive_desc& channel_sum_pd(const TensorDesc& x);
   const dnnl::pooling_forward::primitive_desc& pool_fwd_pd(const PoolDesc& p,

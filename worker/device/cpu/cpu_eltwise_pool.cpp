@@ -1,4 +1,4 @@
-// CPU backend: relu, pooling, add / accumulate and concat.
+// CPU backend: relu and the other activations, pooling, add / accumulate and concat.
 #include "worker/device/cpu/cpu_backend_impl.h"
 
 #include <algorithm>
@@ -28,6 +28,86 @@ const dnnl::eltwise_backward::primitive_desc& CpuBackend::relu_bwd_pd(const Tens
   });
 }
 
+namespace {
+
+// oneDNN's eltwise algorithm and its alpha, beta for an activation other
+// than relu. Backward reads x (src) for all of them.
+struct Eltwise {
+  dnnl::algorithm algorithm;
+  float alpha = 0.0f, beta = 0.0f;
+};
+
+Eltwise eltwise_of(ActivationKind kind) {
+  switch (kind) {
+    case ActivationKind::kSilu: return {dnnl::algorithm::eltwise_swish, 1.0f};  // x * sigmoid(1 x)
+    case ActivationKind::kGelu: return {dnnl::algorithm::eltwise_gelu_erf};
+    case ActivationKind::kSigmoid: return {dnnl::algorithm::eltwise_logistic};
+    // clip_v2's derivative is 1 strictly inside (alpha, beta), as PyTorch's hardtanh.
+    case ActivationKind::kRelu6: return {dnnl::algorithm::eltwise_clip_v2, 0.0f, 6.0f};
+    case ActivationKind::kRelu: break;
+  }
+  throw BackendError(std::string("cpu backend: ") + activation_name(kind) +
+                     " runs as relu_forward, not as an eltwise of its own");
+}
+
+}  // namespace
+
+const dnnl::eltwise_forward::primitive_desc& CpuBackend::activation_fwd_pd(ActivationKind kind,
+                                                                           const TensorDesc& x) {
+  const Eltwise e = eltwise_of(kind);
+  return cached<dnnl::eltwise_forward::primitive_desc>(
+      std::string(activation_name(kind)) + "_f" + shape_key(x), [&] {
+        dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_training, e.algorithm, md_of(x),
+                                      e.alpha, e.beta);
+        return dnnl::eltwise_forward::primitive_desc(d, user_scratchpad_attr(), engine_);
+      });
+}
+
+const dnnl::eltwise_backward::primitive_desc& CpuBackend::activation_bwd_pd(ActivationKind kind,
+                                                                            const TensorDesc& x) {
+  const Eltwise e = eltwise_of(kind);
+  return cached<dnnl::eltwise_backward::primitive_desc>(
+      std::string(activation_name(kind)) + "_b" + shape_key(x), [&] {
+        const memory::desc md = md_of(x);
+        dnnl::eltwise_backward::desc d(e.algorithm, md, md, e.alpha, e.beta);
+        return dnnl::eltwise_backward::primitive_desc(d, user_scratchpad_attr(), engine_,
+                                                      activation_fwd_pd(kind, x));
+      });
+}
+
+size_t CpuBackend::activation_scratch_bytes(ActivationKind kind, const TensorDesc& x) {
+  try {
+    return std::max(activation_fwd_pd(kind, x).scratchpad_desc().get_size(),
+                    activation_bwd_pd(kind, x).scratchpad_desc().get_size());
+  } catch (const dnnl::error& e) {
+    rethrow(std::string(activation_name(kind)) + " " + x.shape.str(), e);
+  }
+}
+
+void CpuBackend::activation_forward(ActivationKind kind, const Tensor& x, const Tensor& y) {
+  const std::string what = std::string(activation_name(kind)) + "_forward";
+  check_same_desc(what.c_str(), {{"x", x.desc}, {"y", y.desc}});
+  try {
+    const auto& pd = activation_fwd_pd(kind, x.desc);
+    execute(dnnl::eltwise_forward(pd),
+            {{DNNL_ARG_SRC, mem(pd.src_desc(), x.data)}, {DNNL_ARG_DST, mem(pd.dst_desc(), y.data)},
+             {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
+  } catch (const dnnl::error& e) {
+    rethrow(what + " " + x.shape().str(), e);
+  }
+}
+
+void CpuBackend::activation_backward(ActivationKind kind, const Tensor& x, const Tensor& dy,
+                                     const Tensor& dx) {
+  const std::string what = std::string(activation_name(kind)) + "_backward";
+  check_same_desc(what.c_str(), {{"x", x.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
+  try {
+    eltwise_backward(activation_bwd_pd(kind, x.desc), DNNL_ARG_SRC, x.data, dy, dx);
+  } catch (const dnnl::error& e) {
+    rethrow(what + " " + x.shape().str(), e);
+  }
+}
+
 // The bias as a {1, C, 1, 1} tensor of x's type, added per channel; relu
 // as a post-op.
 const dnnl::binary::primitive_desc& CpuBackend::bias_relu_pd(const TensorDesc& x) {
@@ -55,6 +135,16 @@ const dnnl::reduction::primitive_desc& CpuBackend::channel_sum_pd(const TensorDe
                             plain_md({1, x.shape.c, 1, 1}), 0.0f, 0.0f);
     return dnnl::reduction::primitive_desc(d, user_scratchpad_attr(), engine_);
   });
+}
+
+void CpuBackend::eltwise_backward(const dnnl::eltwise_backward::primitive_desc& pd,
+                                  int saved_arg, const void* saved, const Tensor& dy,
+                                  const Tensor& dx) {
+  execute(dnnl::eltwise_backward(pd),
+          {{saved_arg, mem(pd.src_desc(), saved)},
+           {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy.data)},
+           {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), dx.data)},
+           {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
 }
 
 size_t CpuBackend::relu_scratch_bytes(const TensorDesc& x) {
@@ -91,12 +181,7 @@ void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
 void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
   check_same_desc("relu_backward", {{"y", y.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
   try {
-    const auto& pd = relu_bwd_pd(y.desc);
-    execute(dnnl::eltwise_backward(pd),
-            {{DNNL_ARG_DST, mem(pd.src_desc(), y.data)},
-             {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy.data)},
-             {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), dx.data)},
-             {DNNL_ARG_SCRATCHPAD, scratchpad(pd.scratchpad_desc())}});
+    eltwise_backward(relu_bwd_pd(y.desc), DNNL_ARG_DST, y.data, dy, dx);
   } catch (const dnnl::error& e) {
     rethrow("relu_backward " + y.shape().str(), e);
   }

@@ -200,6 +200,30 @@ class HalfEmulation final : public Backend {
     dx_wide.store();
   }
 
+  // silu, gelu, sigmoid, relu6: the backward reads x.
+  void activation_forward(ActivationKind kind, const Tensor& x, const Tensor& y) {
+    Wide y_wide(*this, y, false);
+    const Wide x_wide(*this, x);
+    inner_->run(ActivationDesc{.kind = kind, .x = x_wide.tensor().desc, .y = y_wide.tensor().desc},
+                ActivationArgs{.x = x_wide.tensor().data, .y = y_wide.tensor().data});
+    y_wide.store();
+  }
+  void activation_backward(ActivationKind kind, const Tensor& x, const Tensor& dy,
+                           const Tensor& dx) {
+    const Wide dy_wide(*this, dy);
+    Wide dx_wide(*this, dx, false);
+    const Wide x_wide(*this, x);
+    inner_->run(ActivationDesc{.kind = kind,
+                               .direction = Direction::kBackward,
+                               .x = x_wide.tensor().desc,
+                               .dy = dy_wide.tensor().desc,
+                               .dx = dx_wide.tensor().desc},
+                ActivationArgs{.x = x_wide.tensor().data,
+                               .dy = dy_wide.tensor().data,
+                               .dx = dx_wide.tensor().data});
+    dx_wide.store();
+  }
+
   void pooling_forward(const PoolDesc& p, const Tensor& x, const Tensor& y, void* state) {
     Wide y_wide(*this, y, false);
     const Wide x_wide(*this, x);

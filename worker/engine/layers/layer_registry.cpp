@@ -1,9 +1,27 @@
 #include "worker/engine/layers/layer_registry.h"
 
 #include <array>
+#include <stdexcept>
+#include <string>
 
 namespace vtrain::worker {
 namespace {
+
+// The model level knows these types; no backend runs them yet.
+bool has_kernels(LayerType type) {
+  switch (type) {
+    case LayerType::kMul:
+    case LayerType::kDropout: return false;
+    default: return true;
+  }
+}
+
+// The factory of the types without kernels: it never returns.
+std::unique_ptr<Layer> make_layer_without_kernels(const LayerSite& site) {
+  require_kernels(site.spec());
+  throw std::logic_error("make_layer_without_kernels: layer '" + site.spec().name +
+                         "' has kernels");
+}
 
 struct LayerFactoryEntry {
   LayerType value;
@@ -21,11 +39,32 @@ constexpr std::array<LayerFactoryEntry, kLayerTypeCount> kLayerFactories = {{
     {LayerType::kBatchNorm, make_batch_norm_layer},
     {LayerType::kAdd, make_add_layer},
     {LayerType::kConcat, make_concat_layer},
+    {LayerType::kSilu, make_activation_layer},
+    {LayerType::kGelu, make_activation_layer},
+    {LayerType::kSigmoid, make_activation_layer},
+    {LayerType::kRelu6, make_activation_layer},
+    {LayerType::kMul, make_layer_without_kernels},
+    {LayerType::kDropout, make_layer_without_kernels},
 }};
 static_assert(in_layer_type_order(kLayerFactories),
               "kLayerFactories needs one entry per LayerType, in enum order");
 
 }  // namespace
+
+void require_kernels(const LayerSpec& spec) {
+  std::string what;
+  if (!has_kernels(spec.type)) {
+    what = std::string("layer type '") + layer_type_name(spec.type) + "'";
+  } else if (spec.type == LayerType::kConv && spec.groups != 1) {
+    what = "a grouped convolution (groups " + std::to_string(spec.groups) + ")";
+  } else {
+    return;
+  }
+  std::string where = "layer '" + spec.name + "'";
+  if (spec.source_line > 0) where += " (line " + std::to_string(spec.source_line) + ")";
+  throw BackendError(where + ": " + what +
+                     " is part of the model format but has no kernels on any backend yet");
+}
 
 LayerFactory layer_factory(LayerType type) {
   return kLayerFactories.at(static_cast<size_t>(type)).make;

@@ -34,10 +34,22 @@ LayerFactory layer_factory(LayerType type);
 // The operator of site's layer, from its type's factory.
 std::unique_ptr<Layer> make_layer(const LayerSite& site);
 
-// The factories, one per layer type (each in its layer's file).
+// Throws BackendError naming `spec` when the model level knows its type or
+// its settings but no backend runs them yet: mul, dropout and grouped
+// convolutions (issue 43: their kernels come as op descriptors of the
+// device interface).
+void require_kernels(const LayerSpec& spec);
+
+// The ActivationKind of relu, silu, gelu, sigmoid and relu6 layers; throws
+// std::logic_error for other types.
+ActivationKind activation_kind(LayerType type);
+
+// The factories, one per layer type (each in its layer's file; the layer
+// types without kernels share one that calls require_kernels).
 std::unique_ptr<Layer> make_input_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_conv_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_relu_layer(const LayerSite& site);
+std::unique_ptr<Layer> make_activation_layer(const LayerSite& site);  // silu, gelu, sigmoid, relu6
 std::unique_ptr<Layer> make_pool_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_fc_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_batch_norm_layer(const LayerSite& site);
