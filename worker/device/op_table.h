@@ -227,7 +227,7 @@ void run_op(Kernels& k, const OpDesc& op, const OpArgs& any_args) {
           },
           [&](const SumSquaresDesc& d) {
             const SumSquaresArgs& a = args_of(d, op, any_args);
-            if (a.offsets.size() != d.segments + 1) {
+            if (a.offsets.size() != d.segments + 1 && !(a.offsets.empty() && d.segments == 0)) {
               throw BackendError(op_name(op) + ": " + std::to_string(d.segments) +
                                  " segments need " + std::to_string(d.segments + 1) +
                                  " offsets, got " + std::to_string(a.offsets.size()));

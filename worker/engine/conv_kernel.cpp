@@ -2,25 +2,29 @@
 
 #include <algorithm>
 
+#include "worker/engine/op_scratch.h"
+
 namespace vtrain::worker {
 void run_conv_call(Backend& backend, ConvKind kind, const ConvProblem& q, ConvAlgo algo,
                    const ConvOperands& o, int64_t first, float beta, void* workspace,
                    size_t workspace_bytes) {
   const int64_t m = q.x.shape.n;
-  switch (kind) {
-    case ConvKind::kForward:
-      backend.conv_forward(algo, q, o.x.samples(first, m), o.w, o.bias, o.y.samples(first, m),
-                           beta, workspace, workspace_bytes);
-      break;
-    case ConvKind::kBackwardData:
-      backend.conv_backward_data(algo, q, o.dy.samples(first, m), o.w, o.dx.samples(first, m),
-                                 beta, workspace, workspace_bytes);
-      break;
-    case ConvKind::kBackwardFilter:
-      backend.conv_backward_filter(algo, q, o.x.samples(first, m), o.dy.samples(first, m), o.dw,
-                                   o.dbias, beta, workspace, workspace_bytes);
-      break;
-  }
+  // This call's samples of a tensor the kind uses (the others are unset).
+  const auto at = [&](const Tensor& t) { return t.data ? t.samples(first, m).data : nullptr; };
+  // The bias epilogue where the layer keeps its bias (the fusion pass may
+  // have left it to the relu after it: then both are null).
+  const bool bias = kind == ConvKind::kBackwardFilter ? o.dbias != nullptr : o.bias != nullptr;
+  backend.run(ConvDesc{kind, q, algo, beta, bias},
+              ConvArgs{.x = at(o.x),
+                       .w = o.w,
+                       .bias = o.bias,
+                       .y = at(o.y),
+                       .dy = at(o.dy),
+                       .dx = at(o.dx),
+                       .dw = o.dw,
+                       .dbias = o.dbias,
+                       .workspace = workspace,
+                       .workspace_bytes = workspace_bytes});
 }
 
 void run_conv_kernel(Backend& backend, ConvKind kind, const ConvProblem& p,
@@ -38,7 +42,7 @@ void run_conv_kernel(Backend& backend, ConvKind kind, const ConvProblem& p,
     const int64_t m = std::min(step.size, n - first);
     const ConvProblem q = p.with_batch(m);
     const float call_beta = sums_over_micro_batches(kind) && first > 0 ? 1.0f : beta;
-    const size_t need = backend.conv_workspace(kind, step.algo, q, call_beta != 0.0f);
+    const size_t need = backend.scratch_bytes(ConvDesc{kind, q, step.algo, call_beta}).scratch;
     if (need > workspace_bytes) {
       throw BackendError(std::string(conv_kind_name(kind)) + " " + q.str() + " with " +
                          backend.conv_algorithm_name(kind, step.algo) + " needs " +
@@ -51,17 +55,7 @@ void run_conv_kernel(Backend& backend, ConvKind kind, const ConvProblem& p,
 }
 
 ConvProblem conv_problem(const LayerSpec& conv, const TensorDesc& x, const TensorDesc& y) {
-  ConvProblem p;
-  p.x = x;
-  p.y = y;
-  p.k = conv.out;
-  p.r = conv.kernel_h;
-  p.s = conv.kernel_w;
-  p.pad_h = conv.pad_h;
-  p.pad_w = conv.pad_w;
-  p.stride_h = conv.stride_h;
-  p.stride_w = conv.stride_w;
-  return p;
+  return {x, y, conv.out, window_of(conv)};
 }
 
 std::vector<ConvKind> conv_kernels_of(const Graph& graph, int layer) {

@@ -107,8 +107,7 @@ Shape window_shape(const LayerSpec& spec, const Shape& in, int64_t channels) {
                    ") is larger than its padded input " + chw(in) + " from '" + spec.inputs[0] +
                    "'");
   }
-  return {1, channels, window_output(in.h, spec.kernel_h, spec.stride_h, spec.pad_h),
-          window_output(in.w, spec.kernel_w, spec.stride_w, spec.pad_w)};
+  return window_of(spec).output_shape({1, in.c, in.h, in.w}, channels);
 }
 
 std::string join_shapes(const LayerSpec& spec, const std::vector<Shape>& in) {

@@ -102,6 +102,11 @@ struct LayerSpec {
   float bn_momentum = 0.1f;
 };
 
+// A conv or pool layer's window as the device's descriptors take it.
+inline Window window_of(const LayerSpec& layer) {
+  return {layer.kernel_h, layer.kernel_w, layer.stride_h, layer.stride_w, layer.pad_h, layer.pad_w};
+}
+
 class Graph {
  public:
   // Validates and orders `layers`. `input` is the per-sample data shape (n

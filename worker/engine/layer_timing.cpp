@@ -15,6 +15,7 @@
 #include "worker/engine/layers/conv_layer.h"
 #include "worker/engine/layers/layer_registry.h"
 #include "worker/engine/network.h"
+#include "worker/device/op_calls.h"
 
 namespace vtrain::worker {
 namespace {
@@ -217,7 +218,7 @@ class LayerBench {
     } else {
       const Tensor aside = scratch_like(dx.desc);
       op(aside, 0.0f);
-      backend_.accumulate(aside, dx, 1.0f);
+      accumulate(backend_, aside, dx, 1.0f);
     }
     written_[k] = true;
   }
@@ -247,7 +248,7 @@ double time_loss(const TensorDesc& logits_desc, Backend& backend, int64_t n,
   backend.upload_labels(zeros.data(), labels, n);
   const float scale = 1.0f / static_cast<float>(n);
   return time_kernel(backend, timing, [&] {
-           backend.softmax_cross_entropy(logits, labels, scale, &dlogits);
+           softmax_cross_entropy(backend, logits, labels, scale, &dlogits);
          }).seconds;
 }
 
@@ -259,13 +260,19 @@ TensorDesc product_rows(int64_t features) {
   return {{kProductBatch, features, 1, 1}, Layout::kPlain, DataType::kF32};
 }
 
+// The backend scratch the product needs (the scratch query covers its
+// every inner-product kind).
+size_t product_scratch(Backend& backend, int64_t features) {
+  const TensorDesc rows = product_rows(features);
+  return backend.scratch_bytes(InnerProductDesc{InnerProductKind::kForward, rows, rows}).scratch;
+}
+
 // Device bytes of the product: input and output of kProductBatch rows, the
 // square weights, and what the backend's scratch grows by for it.
 size_t product_bytes(Backend& backend, int64_t features) {
-  const size_t scratch = backend.inner_product_scratch_bytes(product_rows(features), features,
-                                                             false);
+  const size_t scratch = product_scratch(backend, features);
   return static_cast<size_t>(2 * kProductBatch * features + features * features) * sizeof(float) +
-         (scratch > backend.scratch_bytes() ? scratch - backend.scratch_bytes() : 0);
+         (scratch > backend.scratch_reserved() ? scratch - backend.scratch_reserved() : 0);
 }
 
 // The share of the copies' time that a compute-bound call on every thread
@@ -277,8 +284,7 @@ double measure_compute_share(Backend& backend, const CopyBandwidth& bandwidth, v
   const std::string why = measuring(backend, "the copies' share of the compute", need);
   DeviceBlocks blocks(backend, why);
   try {
-    backend.reserve_scratch(
-        backend.inner_product_scratch_bytes(product_rows(features), features, false));
+    backend.reserve_scratch(product_scratch(backend, features));
   } catch (const BackendError& e) {
     throw memory::OutOfMemoryError(why + ": " + e.what());
   }
@@ -288,7 +294,7 @@ double measure_compute_share(Backend& backend, const CopyBandwidth& bandwidth, v
   using Clock = std::chrono::steady_clock;
   const auto product = [&](int calls) {
     const auto start = Clock::now();
-    for (int k = 0; k < calls; ++k) backend.inner_product_forward(x, w, nullptr, y);
+    for (int k = 0; k < calls; ++k) inner_product_forward(backend, x, w, nullptr, y);
     backend.synchronize(StreamKind::kCompute);
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
@@ -340,9 +346,7 @@ CopyBandwidth copies_of(const memory::StepCosts& costs) {
 }
 
 size_t copy_measurement_scratch(Backend& backend) {
-  return std::max(backend.scratch_bytes(),
-                  backend.inner_product_scratch_bytes(product_rows(kMostFeatures), kMostFeatures,
-                                                      false));
+  return std::max(backend.scratch_reserved(), product_scratch(backend, kMostFeatures));
 }
 
 CopyBandwidth measure_copy_bandwidth(Backend& backend, size_t bytes, int repeats) {

@@ -6,6 +6,7 @@
 #include "common/text.h"
 #include "memory/memory_error.h"
 #include "worker/engine/layers/conv_layer.h"
+#include "worker/engine/fusion_pass.h"
 #include "worker/engine/op_scratch.h"
 #include "worker/engine/layers/layer_registry.h"
 #include "worker/engine/layers/relu_layer.h"
@@ -150,7 +151,7 @@ Network::~Network() {
 // device too small for it is refused like one too small for the pool.
 void Network::reserve_op_scratch() {
   const size_t need = op_scratch_bytes(graph_, out_desc_, backend_);
-  const size_t held = backend_.scratch_bytes();
+  const size_t held = backend_.scratch_reserved();
   const size_t device = backend_.device_info().memory_bytes;
   const size_t in_use = backend_.device_bytes_in_use();
   if (need > held && device < in_use + (need - held)) {
@@ -199,19 +200,11 @@ void Network::make_layers() {
 }
 
 void Network::pair_bias_with_relu() {
-  const common::AutoOnOff setting = graph_.fuse_relu();
-  if (setting == common::AutoOnOff::kOff ||
-      (setting == common::AutoOnOff::kAuto && !backend_.pairs_bias_with_relu())) {
-    return;
-  }
-  for (int i = 0; i < graph_.size(); ++i) {
-    auto* relu = layers_[i]->as_relu();
-    if (!relu) continue;
-    const int in = graph_.inputs(i)[0];
-    auto* conv = layers_[in]->as_conv();
-    if (!conv || !conv->has_bias() || graph_.consumer_count(in) != 1) continue;
-    conv->leave_bias_to_relu();
-    relu->take_bias_of(*conv);
+  // The pass chose conv and relu layers by their specs' types.
+  for (const FusedPair& pair : fuse_conv_bias_relu(graph_, out_desc_, backend_, graph_.fuse_relu())) {
+    ConvLayer& conv = *layers_[pair.from]->as_conv();
+    conv.leave_bias_to_relu();
+    layers_[pair.into]->as_relu()->take_bias_of(conv);
     ++bias_relu_pairs_;
   }
 }

@@ -270,8 +270,8 @@ class Network {
  private:
   void make_layers();
   void check_named_algorithm() const;
-  // Once the layers are bound, as graph_.fuse_relu() says: the relu adds
-  // the bias (Backend::bias_relu_forward, relu_backward_bias).
+  // Once the layers are bound, what the fusion pass decides (fusion_pass.h,
+  // under graph_.fuse_relu()): the relu adds the bias (ActivationDesc::bias).
   void pair_bias_with_relu();
   bool has_compute_copy() const;           // a half precision with conv or fc parameters
   TensorDesc compute_params_desc() const;  // the half compute copy of the parameters

@@ -65,7 +65,7 @@ size_t Network::room() const {
         "no device memory left for the network: the device serves " +
         common::format_bytes_fixed(device) + " (device.memory_limit or its memory), " +
         common::format_bytes_fixed(in_use) + " are in use (" +
-        common::format_bytes_fixed(backend_.scratch_bytes()) + " of it the ops' scratch) and the " +
+        common::format_bytes_fixed(backend_.scratch_reserved()) + " of it the ops' scratch) and the " +
         "optimizer's state needs " +
         common::format_bytes_fixed(after));
   }
@@ -223,7 +223,7 @@ std::string Network::with_least_limit(const std::string& message) const {
     const auto held = [&](size_t scratch) {
       return scratch == 0 ? 0 : backend_.allocation_bytes(scratch);
     };
-    in_use += held(copy_measurement_scratch(backend_)) - held(backend_.scratch_bytes());
+    in_use += held(copy_measurement_scratch(backend_)) - held(backend_.scratch_reserved());
   }
   const size_t after = allocations_after();
   const size_t limit = *least + in_use + after;

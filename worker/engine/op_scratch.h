@@ -10,9 +10,6 @@
 
 namespace vtrain::worker {
 
-// A pool layer's window as the backend takes it.
-PoolParams pool_params(const LayerSpec& pool);
-
 // The most bytes of backend scratch any one op of a training or evaluation
 // step needs: each layer's forward and backward, the accumulation of a
 // gradient from several consumers, and the loss on the last layer's output.

@@ -8,6 +8,7 @@
 #include "worker/engine/graph.h"
 #include "worker/engine/layers/layer.h"
 #include "worker/engine/network.h"
+#include "worker/device/op_calls.h"
 
 namespace vtrain::worker {
 
@@ -71,7 +72,7 @@ Optimizer::Optimizer(Backend& backend, std::vector<ParamTensor> tensors,
   for (const Group& g : groups_) group_offsets_.push_back(g.offset + g.count);
   if (settings_.clip_norm > 0 || settings_.kind == OptimizerKind::kLars) {
     // The norms' reduction needs this once per step: reserved now, not mid-run.
-    backend_.reserve_scratch(backend_.sum_squares_scratch_bytes(groups_.size()));
+    backend_.reserve_scratch(backend_.scratch_bytes(SumSquaresDesc{groups_.size()}).scratch);
   }
   first_ = allocate_state();
   if (settings_.kind == OptimizerKind::kAdamW) second_ = allocate_state();
@@ -116,7 +117,7 @@ float Optimizer::clipped_scale(const float* grads, float grad_scale) {
   last_norm_ = 0.0;
   if (settings_.clip_norm <= 0) return grad_scale;
   const std::vector<double> sums =
-      backend_.sum_squares(grads, std::vector<int64_t>{0, count_});
+      sum_squares(backend_, grads, std::vector<int64_t>{0, count_});
   last_norm_ = std::sqrt(sums[0]) * grad_scale;
   const double coef = settings_.clip_norm / (last_norm_ + 1e-6);
   return coef < 1.0 ? static_cast<float>(grad_scale * coef) : grad_scale;
@@ -135,14 +136,16 @@ void Optimizer::step(float* params, const float* grads, float lr, float grad_sca
     float* w = params + g.offset;
     const float* d = grads + g.offset;
     if (settings_.kind == OptimizerKind::kAdamW) {
-      backend_.adamw_update(w, d, first_ + g.offset, second_ + g.offset, g.count,
-                            {.lr = lr, .beta1 = settings_.beta1, .beta2 = settings_.beta2,
-                             .eps = settings_.eps, .weight_decay = wd, .grad_scale = scale,
-                             .step = updates_});
+      backend_.run(AdamWDesc{g.count,
+                             {.lr = lr, .beta1 = settings_.beta1, .beta2 = settings_.beta2,
+                              .eps = settings_.eps, .weight_decay = wd, .grad_scale = scale,
+                              .step = updates_}},
+                   AdamWArgs{w, d, first_ + g.offset, second_ + g.offset});
     } else {
-      backend_.sgd_update(w, d, first_ + g.offset, g.count,
-                          {.lr = lr, .momentum = settings_.momentum, .weight_decay = wd,
-                           .grad_scale = scale, .nesterov = settings_.nesterov});
+      backend_.run(SgdDesc{g.count,
+                           {.lr = lr, .momentum = settings_.momentum, .weight_decay = wd,
+                            .grad_scale = scale, .nesterov = settings_.nesterov}},
+                   SgdArgs{w, d, first_ + g.offset});
     }
   }
 }
@@ -152,8 +155,8 @@ void Optimizer::step(float* params, const float* grads, float lr, float grad_sca
 // (1 where either norm is 0), and SGD with momentum then steps on
 // ratio * (g + weight_decay * w). Tensors in no_decay take plain SGD.
 void Optimizer::lars_step(float* params, const float* grads, float lr, float grad_scale) {
-  const std::vector<double> w2 = backend_.sum_squares(params, group_offsets_);
-  const std::vector<double> g2 = backend_.sum_squares(grads, group_offsets_);
+  const std::vector<double> w2 = sum_squares(backend_, params, group_offsets_);
+  const std::vector<double> g2 = sum_squares(backend_, grads, group_offsets_);
   for (size_t i = 0; i < groups_.size(); ++i) {
     const Group& g = groups_[i];
     double ratio = 1.0;
@@ -163,11 +166,12 @@ void Optimizer::lars_step(float* params, const float* grads, float lr, float gra
       ratio = settings_.trust * w_norm / (g_norm + settings_.weight_decay * w_norm);
     }
     const float wd = g.decays ? settings_.weight_decay : 0.0f;
-    backend_.sgd_update(params + g.offset, grads + g.offset, first_ + g.offset, g.count,
-                        {.lr = lr, .momentum = settings_.momentum,
-                         .weight_decay = static_cast<float>(wd * ratio),
-                         .grad_scale = static_cast<float>(grad_scale * ratio),
-                         .nesterov = settings_.nesterov});
+    backend_.run(SgdDesc{g.count,
+                         {.lr = lr, .momentum = settings_.momentum,
+                          .weight_decay = static_cast<float>(wd * ratio),
+                          .grad_scale = static_cast<float>(grad_scale * ratio),
+                          .nesterov = settings_.nesterov}},
+                 SgdArgs{params + g.offset, grads + g.offset, first_ + g.offset});
   }
 }
 
@@ -207,7 +211,7 @@ WeightAverage::WeightAverage(Backend& backend, const float* params, int64_t coun
   average_ = static_cast<float*>(backend.allocate_device(vector_desc(count_).bytes()));
   backend.fill(Tensor{vector_desc(count_), average_}, 0.0f);
   // 0 + 1 * (params - 0): an exact copy.
-  backend.moving_average(average_, params, count_, 0.0f);
+  update(params, 0.0f);
 }
 
 WeightAverage::~WeightAverage() { backend_.free_device(average_); }

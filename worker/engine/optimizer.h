@@ -179,7 +179,7 @@ class WeightAverage {
   WeightAverage(const WeightAverage&) = delete;
   WeightAverage& operator=(const WeightAverage&) = delete;
 
-  void update(const float* params) { backend_.moving_average(average_, params, count_, decay_); }
+  void update(const float* params) { update(params, decay_); }
   const float* values() const { return average_; }
   int64_t size() const { return count_; }
   std::vector<float> download() const;
@@ -187,6 +187,10 @@ class WeightAverage {
   void upload(const std::vector<float>& values);
 
  private:
+  void update(const float* params, float decay) {
+    backend_.run(MovingAverageDesc{count_, decay}, MovingAverageArgs{average_, params});
+  }
+
   Backend& backend_;
   int64_t count_;
   float decay_;

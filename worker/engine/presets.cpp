@@ -141,8 +141,8 @@ class NetBuilder {
   }
 
   static Shape windowed(const Shape& in, Window w, int64_t channels) {
-    return {1, channels, window_output(in.h, w.kernel, w.stride, w.pad),
-            window_output(in.w, w.kernel, w.stride, w.pad)};
+    const worker::Window window{w.kernel, w.kernel, w.stride, w.stride, w.pad, w.pad};
+    return window.output_shape({1, in.c, in.h, in.w}, channels);
   }
 
   std::vector<LayerSpec> layers_;

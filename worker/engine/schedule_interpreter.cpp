@@ -1,4 +1,5 @@
 #include "worker/engine/schedule_interpreter.h"
+#include "worker/device/op_calls.h"
 
 #include <algorithm>
 #include <chrono>
@@ -196,7 +197,7 @@ void ScheduleInterpreter::emit_grad(int i, int k, int64_t n, bool can_add,
   } else {
     const Tensor tmp = scratch_for(i, dx.desc);
     op(tmp, 0.0f);
-    backend_.accumulate(tmp, dx, 1.0f);
+    accumulate(backend_, tmp, dx, 1.0f);
   }
   grad_written_[producer] = true;
 }
@@ -304,12 +305,12 @@ LossStats ScheduleInterpreter::run_loss(int t, int64_t n, bool training, float l
   const Tensor logits = view(t, output(t), n);
   if (!training) {
     if (logits_out_ != nullptr) backend_.download(logits, logits_out_);
-    return backend_.softmax_cross_entropy(logits, labels_, loss_scale, nullptr);
+    return softmax_cross_entropy(backend_, logits, labels_, loss_scale, nullptr);
   }
   const Tensor dlogits = view(t, static_cast<float*>(slot(TensorKind::kGradient, t)), n);
   const auto start = Clock::now();
   const LossStats stats =
-      backend_.softmax_cross_entropy(logits, labels_, loss_scale, &dlogits, label_smoothing_);
+      softmax_cross_entropy(backend_, logits, labels_, loss_scale, &dlogits, label_smoothing_);
   grad_written_[t] = true;
   if (call_times_) {
     backend_.synchronize(StreamKind::kCompute);

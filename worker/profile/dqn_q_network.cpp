@@ -7,6 +7,7 @@
 
 #include "worker/engine/rng.h"
 #include "worker/profile/dqn_q_network_internal.h"
+#include "worker/device/op_calls.h"
 
 namespace vtrain::worker {
 
@@ -113,23 +114,23 @@ void QNetwork::edge_terms(Pass& pass, int states) {
   pass.edge_w.emplace(*buffers_, m, 1);
   pass.edge_w->upload(edge_weight_);
   Matrix edge_pre(*buffers_, m, p);
-  backend_.inner_product_forward(**pass.edge_w, weight(kW4), nullptr, *edge_pre);
+  inner_product_forward(backend_, **pass.edge_w, weight(kW4), nullptr, *edge_pre);
   pass.edge_h.emplace(*buffers_, m, p);
-  backend_.relu_forward(*edge_pre, **pass.edge_h);
+  relu_forward(backend_, *edge_pre, **pass.edge_h);
   const std::vector<float> h = pass.edge_h->download();
   std::vector<float> e(static_cast<size_t>(n) * p, 0.0f);
   for (int64_t k = 0; k < m; ++k) add_row(&e[edge_target_[k] * p], &h[k * p], static_cast<int>(p));
   pass.e.emplace(*buffers_, n, p);
   pass.e->upload(e);
   Matrix e3(*buffers_, n, p);
-  backend_.inner_product_forward(**pass.e, weight(kW3), nullptr, *e3);
+  inner_product_forward(backend_, **pass.e, weight(kW3), nullptr, *e3);
   const std::vector<float> one = e3.download();
   std::vector<float> spread;
   spread.reserve(one.size() * states);
   for (int b = 0; b < states; ++b) spread.insert(spread.end(), one.begin(), one.end());
   Matrix tiled(*buffers_, static_cast<int64_t>(n) * states, p);
   tiled.upload(spread);
-  backend_.add(**pass.c, *tiled, **pass.c);
+  add(backend_, **pass.c, *tiled, **pass.c);
 }
 
 void QNetwork::embed(Pass& pass, const QBatch& batch) {
@@ -137,19 +138,19 @@ void QNetwork::embed(Pass& pass, const QBatch& batch) {
   pass.x.emplace(*buffers_, rows, shape_.features);
   pass.x->upload(batch.features);
   pass.c.emplace(*buffers_, rows, p);
-  backend_.inner_product_forward(**pass.x, weight(kW1), nullptr, **pass.c);
+  inner_product_forward(backend_, **pass.x, weight(kW1), nullptr, **pass.c);
   edge_terms(pass, batch.states);
   pass.s.emplace_back(*buffers_, rows, p);  // s^1 = ReLU(C): s^0 = 0
-  backend_.relu_forward(**pass.c, *pass.s.back());
+  relu_forward(backend_, **pass.c, *pass.s.back());
   for (int t = 1; t < shape_.iterations; ++t) {
     pass.agg.emplace_back(*buffers_, rows, p);
     pass.agg.back().upload(
         neighbour_sum(graph_, pass.s.back().download(), batch.states, static_cast<int>(p), false));
     Matrix pre(*buffers_, rows, p);
-    backend_.inner_product_forward(*pass.agg.back(), weight(kW2), nullptr, *pre);
-    backend_.add(**pass.c, *pre, *pre);
+    inner_product_forward(backend_, *pass.agg.back(), weight(kW2), nullptr, *pre);
+    add(backend_, **pass.c, *pre, *pre);
     pass.s.emplace_back(*buffers_, rows, p);
-    backend_.relu_forward(*pre, *pass.s.back());
+    relu_forward(backend_, *pre, *pass.s.back());
   }
 }
 
@@ -175,9 +176,9 @@ void QNetwork::score(Pass& pass, const QBatch& batch) {
   pass.sa.emplace(*buffers_, queries, p);
   pass.sa->upload(sa);
   Matrix g1(*buffers_, batch.states, p), g2(*buffers_, batch.states, p), h8(*buffers_, queries, p);
-  backend_.inner_product_forward(**pass.sum, weight(kW5), nullptr, *g1);
-  backend_.inner_product_forward(**pass.sc, weight(kW6), nullptr, *g2);
-  backend_.inner_product_forward(**pass.sa, weight(kW8), nullptr, *h8);
+  inner_product_forward(backend_, **pass.sum, weight(kW5), nullptr, *g1);
+  inner_product_forward(backend_, **pass.sc, weight(kW6), nullptr, *g2);
+  inner_product_forward(backend_, **pass.sa, weight(kW8), nullptr, *h8);
   // g of each query's state, then [g, W8 s_a].
   const std::vector<float> g1_host = g1.download(), g2_host = g2.download();
   std::vector<float> g1q(sa.size()), g2q(sa.size());
@@ -189,11 +190,11 @@ void QNetwork::score(Pass& pass, const QBatch& batch) {
   g1m.upload(g1q);
   g2m.upload(g2q);
   const Tensor parts[] = {*g1m, *g2m, *h8};
-  backend_.concat_forward(parts, *z);
+  concat_forward(backend_, parts, *z);
   pass.hr.emplace(*buffers_, queries, 3 * p);
-  backend_.relu_forward(*z, **pass.hr);
+  relu_forward(backend_, *z, **pass.hr);
   Matrix q(*buffers_, queries, 1);
-  backend_.inner_product_forward(**pass.hr, weight(kW7), nullptr, *q);
+  inner_product_forward(backend_, **pass.hr, weight(kW7), nullptr, *q);
   pass.q = q.download();
 }
 
@@ -231,7 +232,7 @@ void QNetwork::step(float learning_rate, float max_norm) {
     double norm = 0;
     for (float g : gradients()) norm += static_cast<double>(g) * g;
     norm = std::sqrt(norm);
-    if (norm > max_norm) backend_.scale(grads_, count_, static_cast<float>(max_norm / norm));
+    if (norm > max_norm) backend_.run(ScaleDesc{count_, static_cast<float>(max_norm / norm)}, ScaleArgs{grads_});
   }
   sgd_->step(params_, grads_, learning_rate);
 }

@@ -2,6 +2,7 @@
 // the T iterations of Eq. 1, into the weight gradients.
 #include "worker/profile/dqn_q_network.h"
 #include "worker/profile/dqn_q_network_internal.h"
+#include "worker/device/op_calls.h"
 
 namespace vtrain::worker {
 
@@ -9,17 +10,17 @@ void QNetwork::backward_score(Pass& pass, const QBatch& batch, const std::vector
   const int p = shape_.embedding, n = graph_.nodes(), queries = batch.queries();
   Matrix dq(*buffers_, queries, 1);
   dq.upload(dq_host);
-  backend_.inner_product_backward_weights(**pass.hr, *dq, gradient(kW7), nullptr, 0.0f);
+  inner_product_backward_weights(backend_, **pass.hr, *dq, gradient(kW7), nullptr, 0.0f);
   Matrix dz(*buffers_, queries, 3 * p);
-  backend_.inner_product_backward_data(*dq, weight(kW7), *dz);
-  backend_.relu_backward(**pass.hr, *dz, *dz);
+  inner_product_backward_data(backend_, *dq, weight(kW7), *dz);
+  relu_backward(backend_, **pass.hr, *dz, *dz);
   Matrix dg1q(*buffers_, queries, p), dg2q(*buffers_, queries, p), dh8(*buffers_, queries, p);
-  backend_.concat_backward(*dz, 0, *dg1q, 0.0f);
-  backend_.concat_backward(*dz, p, *dg2q, 0.0f);
-  backend_.concat_backward(*dz, 2 * p, *dh8, 0.0f);
-  backend_.inner_product_backward_weights(**pass.sa, *dh8, gradient(kW8), nullptr, 0.0f);
+  concat_backward(backend_, *dz, 0, *dg1q, 0.0f);
+  concat_backward(backend_, *dz, p, *dg2q, 0.0f);
+  concat_backward(backend_, *dz, 2 * p, *dh8, 0.0f);
+  inner_product_backward_weights(backend_, **pass.sa, *dh8, gradient(kW8), nullptr, 0.0f);
   Matrix dsa(*buffers_, queries, p);
-  backend_.inner_product_backward_data(*dh8, weight(kW8), *dsa);
+  inner_product_backward_data(backend_, *dh8, weight(kW8), *dsa);
 
   // Each query's share of g back to its state.
   const std::vector<float> dg1q_host = dg1q.download(), dg2q_host = dg2q.download();
@@ -31,11 +32,11 @@ void QNetwork::backward_score(Pass& pass, const QBatch& batch, const std::vector
   Matrix dg1(*buffers_, batch.states, p), dg2(*buffers_, batch.states, p);
   dg1.upload(dg1_host);
   dg2.upload(dg2_host);
-  backend_.inner_product_backward_weights(**pass.sum, *dg1, gradient(kW5), nullptr, 0.0f);
-  backend_.inner_product_backward_weights(**pass.sc, *dg2, gradient(kW6), nullptr, 0.0f);
+  inner_product_backward_weights(backend_, **pass.sum, *dg1, gradient(kW5), nullptr, 0.0f);
+  inner_product_backward_weights(backend_, **pass.sc, *dg2, gradient(kW6), nullptr, 0.0f);
   Matrix dsum(*buffers_, batch.states, p), dsc(*buffers_, batch.states, p);
-  backend_.inner_product_backward_data(*dg1, weight(kW5), *dsum);
-  backend_.inner_product_backward_data(*dg2, weight(kW6), *dsc);
+  inner_product_backward_data(backend_, *dg1, weight(kW5), *dsum);
+  inner_product_backward_data(backend_, *dg2, weight(kW6), *dsc);
 
   // d s^T: every node of a state from the sum, s_c and s_a from their rows.
   const std::vector<float> dsum_host = dsum.download(), dsc_host = dsc.download();
@@ -60,19 +61,19 @@ void QNetwork::backward_embed(Pass& pass, const QBatch& batch, std::vector<float
   for (int t = last; t >= 0; --t) {
     // s^{t+1} = ReLU(C + W2 agg^t): ds becomes the pre-activation's gradient.
     ds.upload(ds_host);
-    backend_.relu_backward(*pass.s[t], *ds, *ds);
-    backend_.accumulate(*ds, *dc, t == last ? 0.0f : 1.0f);
+    relu_backward(backend_, *pass.s[t], *ds, *ds);
+    accumulate(backend_, *ds, *dc, t == last ? 0.0f : 1.0f);
     if (t == 0) break;  // s^0 = 0: nothing flows further
-    backend_.inner_product_backward_weights(*pass.agg[t - 1], *ds, gradient(kW2), nullptr,
+    inner_product_backward_weights(backend_, *pass.agg[t - 1], *ds, gradient(kW2), nullptr,
                                             t == last ? 0.0f : 1.0f);
     Matrix dagg(*buffers_, rows, p);
-    backend_.inner_product_backward_data(*ds, weight(kW2), *dagg);
+    inner_product_backward_data(backend_, *ds, weight(kW2), *dagg);
     ds_host = neighbour_sum(graph_, dagg.download(), batch.states, p, true);
   }
   if (last == 0) {
     backend_.fill(Tensor{vector_desc(static_cast<int64_t>(p) * p), gradient(kW2)}, 0.0f);
   }
-  backend_.inner_product_backward_weights(**pass.x, *dc, gradient(kW1), nullptr, 0.0f);
+  inner_product_backward_weights(backend_, **pass.x, *dc, gradient(kW1), nullptr, 0.0f);
   backward_edge_terms(pass, dc, batch.states);
 }
 
@@ -90,8 +91,8 @@ void QNetwork::backward_edge_terms(Pass& pass, const Matrix& dc, int states) {
   }
   Matrix de3(*buffers_, n, p), de(*buffers_, n, p);
   de3.upload(de3_host);
-  backend_.inner_product_backward_weights(**pass.e, *de3, gradient(kW3), nullptr, 0.0f);
-  backend_.inner_product_backward_data(*de3, weight(kW3), *de);
+  inner_product_backward_weights(backend_, **pass.e, *de3, gradient(kW3), nullptr, 0.0f);
+  inner_product_backward_data(backend_, *de3, weight(kW3), *de);
   const std::vector<float> de_host = de.download();
   std::vector<float> dh_host(static_cast<size_t>(m) * p);
   for (int64_t k = 0; k < m; ++k) {
@@ -99,8 +100,8 @@ void QNetwork::backward_edge_terms(Pass& pass, const Matrix& dc, int states) {
   }
   Matrix dh(*buffers_, m, p);
   dh.upload(dh_host);
-  backend_.relu_backward(**pass.edge_h, *dh, *dh);
-  backend_.inner_product_backward_weights(**pass.edge_w, *dh, gradient(kW4), nullptr, 0.0f);
+  relu_backward(backend_, **pass.edge_h, *dh, *dh);
+  inner_product_backward_weights(backend_, **pass.edge_w, *dh, gradient(kW4), nullptr, 0.0f);
 }
 
 }  // namespace vtrain::worker

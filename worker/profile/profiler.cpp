@@ -18,6 +18,7 @@
 #include "worker/engine/optimizer.h"
 #include "worker/profile/profile_peers.h"
 #include "worker/profile/step_costs.h"
+#include "worker/device/op_calls.h"
 
 namespace vtrain::worker {
 namespace {
@@ -88,7 +89,7 @@ struct KernelItem {
                            (w_shape.elements() + p.k) * sizeof(float);
     const size_t free = free_device_bytes(backend);
     if (tensors + kAllocationSlack > free) return;
-    algos = backend.conv_algorithms(site.kind, p, sums_over_micro_batches(site.kind));
+    algos = conv_algorithms(backend, site.kind, p, sums_over_micro_batches(site.kind));
     std::erase_if(algos, [&](const ConvAlgoInfo& a) {
       return tensors + a.workspace_bytes + kAllocationSlack > free;
     });
@@ -129,13 +130,13 @@ struct KernelItem {
     const auto run = [&](ConvAlgo algo) {
       switch (site.kind) {
         case ConvKind::kForward:
-          backend.conv_forward(algo, p, xt, w, bias, yt, 0.0f, ws, workspace);
+          conv_forward(backend, algo, p, xt, w, bias, yt, 0.0f, ws, workspace);
           break;
         case ConvKind::kBackwardData:
-          backend.conv_backward_data(algo, p, yt, w, xt, 0.0f, ws, workspace);
+          conv_backward_data(backend, algo, p, yt, w, xt, 0.0f, ws, workspace);
           break;
         case ConvKind::kBackwardFilter:
-          backend.conv_backward_filter(algo, p, xt, yt, dw, dbias, beta, ws, workspace);
+          conv_backward_filter(backend, algo, p, xt, yt, dw, dbias, beta, ws, workspace);
           break;
       }
     };
@@ -286,12 +287,12 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
   sig.h = p.x.shape.h;
   sig.w = p.x.shape.w;
   sig.k = p.k;
-  sig.r = p.r;
-  sig.s = p.s;
-  sig.pad_h = p.pad_h;
-  sig.pad_w = p.pad_w;
-  sig.stride_h = p.stride_h;
-  sig.stride_w = p.stride_w;
+  sig.r = p.window.kernel_h;  // the perf DB's columns keep cuDNN's names
+  sig.s = p.window.kernel_w;
+  sig.pad_h = p.window.pad_h;
+  sig.pad_w = p.window.pad_w;
+  sig.stride_h = p.window.stride_h;
+  sig.stride_w = p.window.stride_w;
   sig.dtype = dtype_name(p.x.dtype);
   sig.layout = std::string(layout_name(p.x.layout)) + "->" + layout_name(p.y.layout);
   return sig;

@@ -52,7 +52,7 @@ void BucketAllreduce::launch(int b, float* gradients) {
   const Bucket& bucket = plan_.buckets[static_cast<size_t>(b)];
   float* sums = gradients + bucket.offset;
   launched_.push_back(b);
-  if (prescale_ != 1.0f && bucket.count > 0) backend_.scale(sums, bucket.count, prescale_);
+  if (prescale_ != 1.0f && bucket.count > 0) backend_.run(ScaleDesc{bucket.count, prescale_}, ScaleArgs{sums});
   if (staging_ == nullptr || bucket.count == 0) {
     comm_->allreduce_async(sums, bucket.count);
     return;

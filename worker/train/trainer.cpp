@@ -11,6 +11,7 @@
 
 #include "worker/train/gradient_buckets.h"
 #include "worker/train/trainer_internal.h"
+#include "worker/device/op_calls.h"
 
 namespace vtrain::worker::trainer_internal {
 namespace {
@@ -416,7 +417,7 @@ double Trainer::probe() {
 std::optional<float> Trainer::gradient_scale() {
   if (!scaler_) return 1.0f;
   const double scale = scaler_->scale();
-  const bool finite = backend_.all_finite(net_->gradients(), net_->parameter_count());
+  const bool finite = all_finite(backend_, net_->gradients(), net_->parameter_count());
   if (!scaler_->after_step(finite)) {
     progress_.line(format("loss scaling: the gradients of step %lld overflowed at scale %g; "
                           "update skipped, scale now %g",

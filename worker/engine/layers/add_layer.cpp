@@ -1,5 +1,6 @@
 // Element-wise sum of two or more inputs (ResNet joins).
 #include "worker/engine/layers/layer_registry.h"
+#include "worker/device/op_calls.h"
 
 namespace vtrain::worker {
 namespace {
@@ -8,13 +9,13 @@ class AddLayer final : public Layer {
  public:
   using Layer::Layer;
   void forward(LayerCall& call, bool) override {
-    call.backend.add(call.in[0], call.in[1], call.out);
-    for (size_t i = 2; i < call.in.size(); ++i) call.backend.add(call.out, call.in[i], call.out);
+    add(call.backend, call.in[0], call.in[1], call.out);
+    for (size_t i = 2; i < call.in.size(); ++i) add(call.backend, call.out, call.in[i], call.out);
   }
   void backward(LayerCall& call) override {
     for (int i = 0; i < static_cast<int>(call.in.size()); ++i) {
       call.emit_grad(i, true, [&](const Tensor& dx, float beta) {
-        call.backend.accumulate(call.dout, dx, beta);
+        accumulate(call.backend, call.dout, dx, beta);
       });
     }
   }

@@ -38,8 +38,7 @@ class BatchNormLayer final : public Layer {
   void forward(LayerCall& call, bool training) override {
     float* running = buffers();
     if (!training) {
-      call.backend.batch_norm_forward_inference(call.in[0], call.out, params(), running,
-                                                running + c_, spec().bn_eps);
+      normalise(call, running);
       return;
     }
     synchronised_ = static_cast<bool>(call.sum_over_ranks);
@@ -66,13 +65,25 @@ class BatchNormLayer final : public Layer {
     if (synchronised_) {
       const float* dy_means = global_dy_means(call);
       op = [&, dy_means](const Tensor& dx, float) {
-        call.backend.batch_norm_backward_data(x, call.dout, params(), saved_, saved_ + c_,
-                                              dy_means, dx, spec().bn_eps);
+        call.backend.run(desc(BatchNormKind::kBackwardData, x.desc),
+                         BatchNormArgs{.x = x.data,
+                                       .dy = call.dout.data,
+                                       .dx = dx.data,
+                                       .scale_shift = params(),
+                                       .mean = saved_,
+                                       .var = saved_ + c_,
+                                       .dy_means = dy_means});
       };
     } else {
       op = [&](const Tensor& dx, float) {
-        call.backend.batch_norm_backward(x, call.dout, params(), saved_, saved_ + c_, dx,
-                                         grads(), 0.0f, spec().bn_eps);
+        call.backend.run(desc(BatchNormKind::kBackward, x.desc),
+                         BatchNormArgs{.x = x.data,
+                                       .dy = call.dout.data,
+                                       .dx = dx.data,
+                                       .scale_shift = params(),
+                                       .mean = saved_,
+                                       .var = saved_ + c_,
+                                       .dscale_shift = grads()});
       };
     }
     // gamma and beta need gradients even where the input does not, and
@@ -96,27 +107,45 @@ class BatchNormLayer final : public Layer {
   }
 
  private:
+  // This layer's batch norm of `kind` on x (beta 0: the gradients are overwritten).
+  BatchNormDesc desc(BatchNormKind kind, const TensorDesc& x) const {
+    return {kind, x, spec().bn_eps, spec().bn_momentum, 0.0f};
+  }
+
   // Training-mode forward: batch statistics into the saved state, running
   // statistics (mean, then variance) updated at `running`.
   void forward_training(LayerCall& call, float* running) {
-    call.backend.batch_norm_forward_training(call.in[0], call.out, params(), saved_, saved_ + c_,
-                                             running, running + c_, spec().bn_momentum,
-                                             spec().bn_eps);
+    call.backend.run(desc(BatchNormKind::kForwardTraining, call.in[0].desc),
+                     BatchNormArgs{.x = call.in[0].data,
+                                   .y = call.out.data,
+                                   .scale_shift = params(),
+                                   .mean = saved_,
+                                   .var = saved_ + c_,
+                                   .running_mean = running,
+                                   .running_var = running + c_});
   }
 
   void forward_synchronised(LayerCall& call) {
     const Shape& s = call.in[0].shape();
-    std::vector<double> sums = call.backend.batch_norm_sums(call.in[0]);
+    std::vector<double> sums;
+    call.backend.run(desc(BatchNormKind::kSums, call.in[0].desc),
+                     BatchNormArgs{.x = call.in[0].data, .sums = &sums});
     sums.push_back(static_cast<double>(s.n * s.h * s.w));
     call.sum_over_ranks(sums);
     upload_floats(call.backend, global_statistics(sums), saved_);
     normalise(call);
   }
 
-  // y from x with the saved (global) mean and variance.
-  void normalise(LayerCall& call) {
-    call.backend.batch_norm_forward_inference(call.in[0], call.out, params(), saved_,
-                                              saved_ + c_, spec().bn_eps);
+  // y from x with the mean and variance at `stats` (then the variance):
+  // the saved (global) ones by default, or the running ones.
+  void normalise(LayerCall& call, float* stats = nullptr) {
+    if (!stats) stats = saved_;
+    call.backend.run(desc(BatchNormKind::kForwardInference, call.in[0].desc),
+                     BatchNormArgs{.x = call.in[0].data,
+                                   .y = call.out.data,
+                                   .scale_shift = params(),
+                                   .mean = stats,
+                                   .var = stats + c_});
   }
 
   // From the sums over all ranks (of x, of x^2, then the element count):
@@ -145,8 +174,13 @@ class BatchNormLayer final : public Layer {
   // allreduce adds the ranks' up), and the global batch's means of dy and
   // dy * xhat into the second state area, which it returns.
   const float* global_dy_means(LayerCall& call) {
-    std::vector<double> sums = call.backend.batch_norm_backward_sums(
-        call.in[0], call.dout, saved_, saved_ + c_, spec().bn_eps);
+    std::vector<double> sums;
+    call.backend.run(desc(BatchNormKind::kBackwardSums, call.in[0].desc),
+                     BatchNormArgs{.x = call.in[0].data,
+                                   .dy = call.dout.data,
+                                   .mean = saved_,
+                                   .var = saved_ + c_,
+                                   .sums = &sums});
     std::vector<float> local(2 * c_);
     for (int64_t i = 0; i < c_; ++i) {
       local[i] = static_cast<float>(sums[c_ + i]);  // d gamma: sum of dy * xhat

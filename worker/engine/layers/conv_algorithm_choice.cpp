@@ -24,7 +24,7 @@ ConvAlgorithmChoice::ConvAlgorithmChoice(Backend& backend, const ConvProblem& pr
     : layer_(layer) {
   for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
     auto& options = candidates_[static_cast<int>(kind)];
-    options = backend.conv_algorithms(kind, problem, adds_to_shared_input_gradient(kind));
+    options = conv_algorithms(backend, kind, problem, adds_to_shared_input_gradient(kind));
     if (options.empty()) {
       throw std::runtime_error("layer '" + layer + "': no " + conv_kind_name(kind) +
                                " convolution algorithm for " + problem.str());

@@ -15,7 +15,7 @@ ConvAlgo resolve_call(Backend& backend, const std::string& where, ConvKind kind,
                        " images (expected 1.." + std::to_string(problem.x.shape.n) + ")");
   }
   const ConvProblem q = problem.with_batch(call.size);
-  const auto offered = backend.conv_algorithms(kind, q, adds_to_shared_input_gradient(kind));
+  const auto offered = conv_algorithms(backend, kind, q, adds_to_shared_input_gradient(kind));
   auto it = std::find_if(offered.begin(), offered.end(),
                          [&](const ConvAlgoInfo& a) { return a.name == call.algorithm; });
   if (it == offered.end()) {

@@ -1,5 +1,6 @@
 // Fully connected (inner product, + bias); flattens C x H x W.
 #include "worker/engine/layers/layer_registry.h"
+#include "worker/device/op_calls.h"
 
 #include <cmath>
 
@@ -20,14 +21,14 @@ class FcLayer final : public Layer {
     upload_floats(backend, host, params());
   }
   void forward(LayerCall& call, bool) override {
-    call.backend.inner_product_forward(call.in[0], compute_params(), compute_bias(), call.out);
+    inner_product_forward(call.backend, call.in[0], compute_params(), compute_bias(), call.out);
   }
   void backward(LayerCall& call) override {
-    call.backend.inner_product_backward_weights(call.in[0], call.dout, grads(), bias(grads()),
+    inner_product_backward_weights(call.backend, call.in[0], call.dout, grads(), bias(grads()),
                                                 0.0f);
     call.gradients_ready();
     call.emit_grad(0, false, [&](const Tensor& dx, float) {
-      call.backend.inner_product_backward_data(call.dout, compute_params(), dx);
+      inner_product_backward_data(call.backend, call.dout, compute_params(), dx);
     });
   }
   void describe_backward(memory::LayerNode& node) const override {

@@ -9,15 +9,21 @@ namespace {
 class PoolLayer final : public Layer {
  public:
   PoolLayer(const LayerSpec& s, Backend& backend, const TensorDesc& x, const TensorDesc& y)
-      : Layer(s), params_(pool_params(s)), state_bytes_(backend.pooling_state_bytes(params_, x, y)) {}
+      : Layer(s), state_bytes_(backend.scratch_bytes(desc(Direction::kForward, x, y)).state) {}
   size_t state_bytes() const override { return state_bytes_; }
   void bind_state(void* state) override { state_ = state; }
   void forward(LayerCall& call, bool) override {
-    call.backend.pooling_forward(params_, call.in[0], call.out, state_);
+    call.backend.run(desc(Direction::kForward, call.in[0].desc, call.out.desc),
+                     PoolArgs{.x = call.in[0].data, .y = call.out.data, .state = state_});
   }
   void backward(LayerCall& call) override {
     call.emit_grad(0, false, [&](const Tensor& dx, float) {
-      call.backend.pooling_backward(params_, call.in[0], call.out, call.dout, dx, state_);
+      call.backend.run(desc(Direction::kBackward, call.in[0].desc, call.out.desc),
+                       PoolArgs{.x = call.in[0].data,
+                                .y = call.out.data,
+                                .dy = call.dout.data,
+                                .dx = dx.data,
+                                .state = state_});
     });
   }
   void describe_backward(memory::LayerNode& node) const override {
@@ -26,7 +32,10 @@ class PoolLayer final : public Layer {
   }
 
  private:
-  PoolParams params_;
+  PoolDesc desc(Direction direction, const TensorDesc& x, const TensorDesc& y) const {
+    return {spec().pool, direction, x, y, window_of(spec())};
+  }
+
   size_t state_bytes_ = 0;
   void* state_ = nullptr;
 };

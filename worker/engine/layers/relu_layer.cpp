@@ -5,22 +5,22 @@
 namespace vtrain::worker {
 
 void ReluLayer::forward(LayerCall& call, bool) {
-  if (conv_) {
-    call.backend.bias_relu_forward(call.in[0], conv_->compute_bias(), call.out);
-  } else {
-    call.backend.relu_forward(call.in[0], call.out);
-  }
+  call.backend.run(ActivationDesc{.x = call.in[0].desc, .bias = conv_ != nullptr},
+                   ActivationArgs{.x = call.in[0].data,
+                                  .y = call.out.data,
+                                  .bias = conv_ ? conv_->compute_bias() : nullptr});
 }
 
 // The convolution's output has this layer as its only reader, so dx is all
 // of its gradient: the bias gradient is its sum.
 void ReluLayer::backward(LayerCall& call) {
   call.emit_grad(0, false, [&](const Tensor& dx, float) {
-    if (conv_) {
-      call.backend.relu_backward_bias(call.out, call.dout, dx, conv_->bias_gradient());
-    } else {
-      call.backend.relu_backward(call.out, call.dout, dx);
-    }
+    call.backend.run(
+        ActivationDesc{.direction = Direction::kBackward, .x = call.out.desc, .bias = conv_ != nullptr},
+        ActivationArgs{.y = call.out.data,
+                       .dy = call.dout.data,
+                       .dx = dx.data,
+                       .dbias = conv_ ? conv_->bias_gradient() : nullptr});
   });
 }
 
