@@ -55,8 +55,7 @@ ConvProblem small_problem() {
   ConvProblem p;
   p.x = {{2, 3, 8, 8}};
   p.k = 4;
-  p.r = p.s = 3;
-  p.pad_h = p.pad_w = 1;
+  p.window = {3, 3, 1, 1, 1, 1};
   p.y = {p.output_shape()};
   return p;
 }
@@ -104,7 +103,7 @@ TEST(ConvAlgorithmChoice, ANamedAlgorithmTakesTheFormTheProblemsTypesOffer) {
   p.y = {p.output_shape(), p.x.layout};
   const auto names = [&](ConvKind kind) {
     std::vector<std::string> out;
-    for (const ConvAlgoInfo& a : backend->conv_algorithms(kind, p, false)) out.push_back(a.name);
+    for (const ConvAlgoInfo& a : conv_algorithms(*backend, kind, p, false)) out.push_back(a.name);
     return out;
   };
   ConvProblem bf16 = p;

@@ -83,7 +83,7 @@ struct Tolerances {
   // output's scale off the double reference.
   double conv(const std::string& algorithm, const ConvProblem& p) const {
     const bool winograd = algorithm.find("winograd") != std::string::npos;
-    if (winograd && std::max(p.r, p.s) > 3) return conv_large_winograd;
+    if (winograd && std::max(p.window.kernel_h, p.window.kernel_w) > 3) return conv_large_winograd;
     if (winograd || algorithm.find("fft") != std::string::npos) return conv_transform;
     return kSumRtol;
   }
@@ -199,12 +199,12 @@ inline double half_conv_rtol(const Tolerances& t, const std::string& algorithm,
   // H100 (cuDNN 9.19) 1.03-1.13x over the bound above on one element of
   // LeNet's 5x5 convolutions, PSEUDO_HALF and PSEUDO_BF16 alike.
   if (kind == ConvKind::kBackwardData && algorithm.starts_with("algo_0/")) {
-    rtol += 2 * std::sqrt(static_cast<double>(p.r * p.s)) * u;
+    rtol += 2 * std::sqrt(static_cast<double>(p.window.kernel_h * p.window.kernel_w)) * u;
   }
   if (algorithm.ends_with(worker::kTrueHalfAlgorithmSuffix)) {
     const Shape& y = p.y.shape;
-    const int64_t terms = kind == ConvKind::kForward        ? p.x.shape.c * p.r * p.s
-                          : kind == ConvKind::kBackwardData ? p.k * p.r * p.s
+    const int64_t terms = kind == ConvKind::kForward        ? p.x.shape.c * p.window.kernel_h * p.window.kernel_w
+                          : kind == ConvKind::kBackwardData ? p.k * p.window.kernel_h * p.window.kernel_w
                                                             : y.n * y.h * y.w;
     rtol += 2 * std::sqrt(static_cast<double>(terms)) * u;
   }

@@ -17,7 +17,7 @@
 namespace vtrain::backend_test {
 
 using worker::PoolKind;
-using worker::PoolParams;
+using worker::PoolDesc;
 
 // ============================================================== convolution
 
@@ -53,7 +53,7 @@ inline const ReluCase kReluCases[] = {{"n2c20_6x6", {2, 20, 6, 6}},
 
 struct PoolCase {
   std::string name;
-  PoolParams params;
+  PoolDesc params;
   Shape x;
   bool ties = false;  // x holds five values only, so most windows tie
 };
@@ -62,14 +62,14 @@ struct PoolCase {
 // sizes that divide and that do not; and max 2x2 with ties (as after a
 // ReLU), where the gradient goes to each window's first maximum.
 inline std::vector<PoolCase> pool_cases() {
-  const PoolParams k2s2{.kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2};
-  const PoolParams k3s2p1{.kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+  const PoolDesc k2s2{.window = {2, 2, 2, 2, 0, 0}};
+  const PoolDesc k3s2p1{.window = {3, 3, 2, 2, 1, 1}};
   std::vector<PoolCase> cases;
   for (PoolKind kind : {PoolKind::kMax, PoolKind::kAverage}) {
-    for (PoolParams p : {k2s2, k3s2p1}) {
+    for (PoolDesc p : {k2s2, k3s2p1}) {
       p.kind = kind;
       const std::string name = std::string(kind == PoolKind::kMax ? "max" : "avg") + "_k" +
-                               std::to_string(p.kh) + "s2p" + std::to_string(p.pad_h);
+                               std::to_string(p.window.kernel_h) + "s2p" + std::to_string(p.window.pad_h);
       for (const Shape& x : {Shape{2, 20, 12, 12}, Shape{2, 16, 13, 13}, Shape{2, 5, 9, 9}}) {
         cases.push_back({name + "_c" + std::to_string(x.c) + "_" + std::to_string(x.h) + "x" +
                              std::to_string(x.w),

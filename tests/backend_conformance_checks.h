@@ -35,13 +35,13 @@ int check_half_conv_algorithms(Backend& b, ConvKind op, const ConvProblem& p, co
   int ran = 0;
   for (const bool accumulate : {false, true}) {
     const float beta = accumulate ? 1.0f : 0.0f;
-    const std::vector<ConvAlgoInfo> algos = b.conv_algorithms(op, p, accumulate);
+    const std::vector<ConvAlgoInfo> algos = conv_algorithms(b, op, p, accumulate);
     EXPECT_FALSE(algos.empty()) << conv_kind_name(op) << " lists no algorithm for " << p.str();
     for (const ConvAlgoInfo& info : algos) {
       if (!wanted(info)) continue;
       const std::string what = std::string(conv_kind_name(op)) + "/" + info.name +
                                " beta=" + std::to_string(int(beta));
-      EXPECT_EQ(info.workspace_bytes, b.conv_workspace(op, info.algo, p, accumulate)) << what;
+      EXPECT_EQ(info.workspace_bytes, conv_workspace(b, op, info.algo, p, accumulate)) << what;
       const double rtol = half_conv_rtol(t, info.name, p, op);
       const std::vector<Vec> got = run_conv(b, op, info, p, d, beta, previous);
       for (size_t i = 0; i < reference.size(); ++i) {
@@ -74,7 +74,7 @@ inline void check_bias_relu(Backend& b, const ReluCase& rc, DataType type) {
     const DeviceTensor xt = to_device(b, x, desc(shape, layout, type));
     DeviceTensor yt(b, desc(shape, layout, type));
     b.fill(yt.tensor, kNaN);
-    b.bias_relu_forward(xt.tensor, bias_t.get(), yt.tensor);
+    bias_relu_forward(b, xt.tensor, bias_t.get(), yt.tensor);
     expect_equal(from_device(b, yt.tensor), y_ref, "bias relu y");
     for (const bool alias : {false, true}) {
       const DeviceTensor dyt = to_device(b, dy, desc(shape, layout, type));
@@ -83,7 +83,7 @@ inline void check_bias_relu(Backend& b, const ReluCase& rc, DataType type) {
       const Tensor& dx = alias ? dyt.tensor : dxt.tensor;
       DeviceBuffer dbias(b, shape.c * sizeof(float));
       b.fill(flat(dbias.floats(), shape.c), kNaN);
-      b.relu_backward_bias(yt.tensor, dyt.tensor, dx, dbias.floats());
+      relu_backward_bias(b, yt.tensor, dyt.tensor, dx, dbias.floats());
       const std::string what = alias ? " (dx aliasing dy)" : "";
       expect_equal(from_device(b, dx), dx_ref, "bias relu dx" + what);
       expect_close(from_device(b, dbias.floats(), shape.c), dbias_ref, 1e-5, "dbias" + what);
@@ -105,14 +105,14 @@ inline void check_relu(Backend& b, const ReluCase& rc, DataType type) {
     const DeviceTensor xt = to_device(b, x, desc(shape, layout, type));
     DeviceTensor yt(b, desc(shape, layout, type));
     b.fill(yt.tensor, kNaN);
-    b.relu_forward(xt.tensor, yt.tensor);
+    relu_forward(b, xt.tensor, yt.tensor);
     expect_equal(from_device(b, yt.tensor), y_ref, "relu y");
     const DeviceTensor dyt = to_device(b, dy, desc(shape, layout, type));
     DeviceTensor dxt(b, desc(shape, layout, type));
     b.fill(dxt.tensor, kNaN);
-    b.relu_backward(yt.tensor, dyt.tensor, dxt.tensor);
+    relu_backward(b, yt.tensor, dyt.tensor, dxt.tensor);
     expect_equal(from_device(b, dxt.tensor), dx_ref, "relu dx");
-    b.relu_backward(yt.tensor, dyt.tensor, dyt.tensor);
+    relu_backward(b, yt.tensor, dyt.tensor, dyt.tensor);
     expect_equal(from_device(b, dyt.tensor), dx_ref, "relu dx aliasing dy");
   }
   check_bias_relu(b, rc, type);
@@ -148,7 +148,7 @@ inline void check_concat(Backend& b, const ConcatCase& cc, DataType type) {
     }
     DeviceTensor yt(b, desc(ys, y_layout, type));
     b.fill(yt.tensor, kNaN);
-    b.concat_forward(views, yt.tensor);
+    concat_forward(b, views, yt.tensor);
     expect_equal(from_device(b, yt.tensor), reference::concat(shapes, xs), "concat y");
 
     const DeviceTensor dyt = to_device(b, dy, desc(ys, y_layout, type));
@@ -159,7 +159,7 @@ inline void check_concat(Backend& b, const ConcatCase& cc, DataType type) {
         const DeviceTensor dx =
             to_device(b, previous, desc(shapes[i], input_layout(shapes[i].c), type));
         if (beta == 0.0f) b.fill(dx.tensor, kNaN);
-        b.concat_backward(dyt.tensor, offset, dx.tensor, beta);
+        concat_backward(b, dyt.tensor, offset, dx.tensor, beta);
         expect_equal(from_device(b, dx.tensor),
                      beta == 1.0f ? rounded(type, reference::add(dxs_ref[i], previous))
                                   : dxs_ref[i],
@@ -190,7 +190,7 @@ inline void check_batch_norm(Backend& b, const BatchNormCase& bc, DataType type,
     const DeviceBuffer running_mean = to_device(b, d.running_mean0);
     const DeviceBuffer running_var = to_device(b, d.running_var0);
     b.fill(yt.tensor, kNaN);
-    b.batch_norm_forward_training(xt.tensor, yt.tensor, ss.floats(), save_mean.floats(),
+    batch_norm_forward_training(b, xt.tensor, yt.tensor, ss.floats(), save_mean.floats(),
                                   save_var.floats(), running_mean.floats(), running_var.floats(),
                                   d.momentum, d.eps);
     expect_close(from_device(b, yt.tensor), d.fwd.y, y_rtol, "bn training y");
@@ -207,7 +207,7 @@ inline void check_batch_norm(Backend& b, const BatchNormCase& bc, DataType type,
     const DeviceBuffer rv0 = to_device(b, d.running_var0);
     DeviceTensor inf(b, desc(s, layout, type));
     b.fill(inf.tensor, kNaN);
-    b.batch_norm_forward_inference(xt.tensor, inf.tensor, ss.floats(), rm0.floats(), rv0.floats(),
+    batch_norm_forward_inference(b, xt.tensor, inf.tensor, ss.floats(), rm0.floats(), rv0.floats(),
                                    d.eps);
     expect_close(from_device(b, inf.tensor),
                  rounded(type, reference::batch_norm_forward_inference(
@@ -215,7 +215,7 @@ inline void check_batch_norm(Backend& b, const BatchNormCase& bc, DataType type,
                                    d.eps)),
                  y_rtol, "bn inference y");
     b.fill(inf.tensor, kNaN);
-    b.batch_norm_forward_inference(xt.tensor, inf.tensor, ss.floats(), running_mean.floats(),
+    batch_norm_forward_inference(b, xt.tensor, inf.tensor, ss.floats(), running_mean.floats(),
                                    running_var.floats(), d.eps);
     expect_close(from_device(b, inf.tensor),
                  rounded(type, reference::batch_norm_forward_inference(
@@ -230,7 +230,7 @@ inline void check_batch_norm(Backend& b, const BatchNormCase& bc, DataType type,
     for (float beta : {0.0f, 1.0f}) {
       const std::string what = " beta=" + std::to_string(int(beta));
       b.fill(dxt.tensor, kNaN);
-      b.batch_norm_backward(xt.tensor, dyt.tensor, ss.floats(), save_mean.floats(),
+      batch_norm_backward(b, xt.tensor, dyt.tensor, ss.floats(), save_mean.floats(),
                             save_var.floats(), dxt.tensor, dss.floats(), beta, d.eps);
       expect_close(from_device(b, dxt.tensor), d.back.dx, dx_rtol,
                    "bn dx" + what);
@@ -254,11 +254,10 @@ inline std::vector<double> add_up(const std::vector<double>& a, const std::vecto
 // within forward_rtol / backward_rtol.
 inline void check_pooling(Backend& b, const PoolCase& pc, DataType type, bool exact_max,
                           double forward_rtol, double backward_rtol) {
-  const PoolParams& p = pc.params;
+  const PoolDesc& p = pc.params;
   const Shape& xs = pc.x;
   std::mt19937 rng(12);
-  const Shape ys{xs.n, xs.c, worker::window_output(xs.h, p.kh, p.stride_h, p.pad_h),
-                 worker::window_output(xs.w, p.kw, p.stride_w, p.pad_w)};
+  const Shape ys = p.window.output_shape(xs, xs.c);
   Vec x = rounded(type, random_vec(rng, xs.elements()));
   if (pc.ties) {
     for (float& v : x) v = std::round(v * 2.0f) / 2.0f;
@@ -267,14 +266,14 @@ inline void check_pooling(Backend& b, const PoolCase& pc, DataType type, bool ex
   const Vec y_ref = rounded(type, reference::pooling_forward(p, xs, x));
   const Vec dx_ref = rounded(type, reference::pooling_backward(p, xs, x, dy));
   const bool exact_forward = p.kind == PoolKind::kMax && exact_max;
-  const bool exact_backward = exact_forward && p.kh <= p.stride_h;
+  const bool exact_backward = exact_forward && p.window.kernel_h <= p.window.stride_h;
   for (Layout layout : layouts_for(b, xs.c)) {
     SCOPED_TRACE(layout_name(layout));
     const DeviceTensor xt = to_device(b, x, desc(xs, layout, type));
     DeviceTensor yt(b, desc(ys, layout, type));
-    DeviceBuffer state(b, b.pooling_state_bytes(p, xt.tensor.desc, yt.tensor.desc));
+    DeviceBuffer state(b, pooling_state_bytes(b, p, xt.tensor.desc, yt.tensor.desc));
     b.fill(yt.tensor, kNaN);
-    b.pooling_forward(p, xt.tensor, yt.tensor, state.get());
+    pooling_forward(b, p, xt.tensor, yt.tensor, state.get());
     if (exact_forward) {
       expect_equal(from_device(b, yt.tensor), y_ref, "pool y");
     } else {
@@ -283,7 +282,7 @@ inline void check_pooling(Backend& b, const PoolCase& pc, DataType type, bool ex
     const DeviceTensor dyt = to_device(b, dy, desc(ys, layout, type));
     DeviceTensor dxt(b, desc(xs, layout, type));
     b.fill(dxt.tensor, kNaN);
-    b.pooling_backward(p, xt.tensor, yt.tensor, dyt.tensor, dxt.tensor, state.get());
+    pooling_backward(b, p, xt.tensor, yt.tensor, dyt.tensor, dxt.tensor, state.get());
     if (exact_backward) {
       expect_equal(from_device(b, dxt.tensor), dx_ref, "pool dx");
     } else {
@@ -319,26 +318,26 @@ inline void check_inner_product(Backend& b, const InnerProductCase& ic, DataType
     const DeviceTensor xt = to_device(b, x, desc(xs, layout, type));
     DeviceTensor yt(b, desc(ys, Layout::kPlain, type));
     b.fill(yt.tensor, kNaN);
-    b.inner_product_forward(xt.tensor, wd.get(), bd.get(), yt.tensor);
+    inner_product_forward(b, xt.tensor, wd.get(), bd.get(), yt.tensor);
     expect_close(from_device(b, yt.tensor), y_ref, rtol, "fc y");
     b.fill(yt.tensor, kNaN);
-    b.inner_product_forward(xt.tensor, wd.get(), nullptr, yt.tensor);
+    inner_product_forward(b, xt.tensor, wd.get(), nullptr, yt.tensor);
     expect_close(from_device(b, yt.tensor), y_no_bias_ref, rtol, "fc y without bias");
 
     const DeviceTensor dyt = to_device(b, dy, desc(ys, Layout::kPlain, type));
     DeviceTensor dxt(b, desc(xs, layout, type));
     b.fill(dxt.tensor, kNaN);
-    b.inner_product_backward_data(dyt.tensor, wd.get(), dxt.tensor);
+    inner_product_backward_data(b, dyt.tensor, wd.get(), dxt.tensor);
     expect_close(from_device(b, dxt.tensor), dx_ref, rtol, "fc dx");
 
     DeviceBuffer dw(b, weights * sizeof(float));
     DeviceBuffer db(b, out * sizeof(float));
     b.fill(flat(dw.floats(), weights), kNaN);
     b.fill(flat(db.floats(), out), kNaN);
-    b.inner_product_backward_weights(xt.tensor, dyt.tensor, dw.floats(), db.floats(), 0.0f);
+    inner_product_backward_weights(b, xt.tensor, dyt.tensor, dw.floats(), db.floats(), 0.0f);
     expect_close(from_device(b, dw.floats(), weights), dw_ref, kSumRtol, "fc dw");
     expect_close(from_device(b, db.floats(), out), db_ref, kSumRtol, "fc dbias");
-    b.inner_product_backward_weights(xt.tensor, dyt.tensor, dw.floats(), db.floats(), 1.0f);
+    inner_product_backward_weights(b, xt.tensor, dyt.tensor, dw.floats(), db.floats(), 1.0f);
     expect_close(from_device(b, dw.floats(), weights), plus(dw_ref, dw_ref), kSumRtol,
                  "fc dw beta=1");
     expect_close(from_device(b, db.floats(), out), plus(db_ref, db_ref), kSumRtol,
@@ -374,19 +373,19 @@ inline void check_softmax_cross_entropy(Backend& b, const SoftmaxCase& sc, DataT
   DeviceTensor dlt(b, desc({n, classes, 1, 1}, Layout::kPlain, type));
   b.fill(dlt.tensor, kNaN);
   const worker::LossStats stats =
-      b.softmax_cross_entropy(lt.tensor, labels_ptr, sc.scale, &dlt.tensor, sc.label_smoothing);
+      softmax_cross_entropy(b, lt.tensor, labels_ptr, sc.scale, &dlt.tensor, sc.label_smoothing);
   EXPECT_NEAR(stats.loss_sum, ref.loss_sum, loss_tol);
   EXPECT_EQ(stats.correct, ref.correct);
   expect_close(from_device(b, dlt.tensor), rounded(type, ref.dlogits), dlogits_rtol, "dlogits");
   const worker::LossStats again =
-      b.softmax_cross_entropy(lt.tensor, labels_ptr, sc.scale, nullptr, sc.label_smoothing);
+      softmax_cross_entropy(b, lt.tensor, labels_ptr, sc.scale, nullptr, sc.label_smoothing);
   EXPECT_EQ(again.loss_sum, stats.loss_sum) << "without dlogits";
   EXPECT_EQ(again.correct, ref.correct) << "without dlogits";
 
   labels[n / 2] = int32_t(classes);
   b.upload_labels(labels.data(), labels_ptr, n);
   EXPECT_CONTAINS(test_support::error_message<worker::BackendError>(
-                      [&] { b.softmax_cross_entropy(lt.tensor, labels_ptr, sc.scale, nullptr); }),
+                      [&] { softmax_cross_entropy(b, lt.tensor, labels_ptr, sc.scale, nullptr); }),
                   "label " + std::to_string(classes) + " outside [0, " + std::to_string(classes) +
                       ")");
 }

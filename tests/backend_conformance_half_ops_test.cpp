@@ -61,7 +61,7 @@ TEST_P(HalfSyncBatchNormConformance, RanksSumsGiveTheWholeBatchStatisticsAndGrad
     const DeviceTensor dyt = to_device(b, d.dy, typed(s, layout));
     const Tensor x0 = xt.tensor.samples(0, first), x1 = xt.tensor.samples(first, n - first);
     const Tensor dy0 = dyt.tensor.samples(0, first), dy1 = dyt.tensor.samples(first, n - first);
-    const std::vector<double> sums = add_up(b.batch_norm_sums(x0), b.batch_norm_sums(x1));
+    const std::vector<double> sums = add_up(batch_norm_sums(b, x0), batch_norm_sums(b, x1));
     Vec mean(c), var(c);
     for (int64_t i = 0; i < c; ++i) {
       mean[i] = float(sums[i] / m);
@@ -72,8 +72,8 @@ TEST_P(HalfSyncBatchNormConformance, RanksSumsGiveTheWholeBatchStatisticsAndGrad
 
     const DeviceBuffer mean_d = to_device(b, mean), var_d = to_device(b, var);
     const std::vector<double> dsums =
-        add_up(b.batch_norm_backward_sums(x0, dy0, mean_d.floats(), var_d.floats(), d.eps),
-               b.batch_norm_backward_sums(x1, dy1, mean_d.floats(), var_d.floats(), d.eps));
+        add_up(batch_norm_backward_sums(b, x0, dy0, mean_d.floats(), var_d.floats(), d.eps),
+               batch_norm_backward_sums(b, x1, dy1, mean_d.floats(), var_d.floats(), d.eps));
     Vec dbeta(c), dgamma(c), dy_means(2 * c);
     for (int64_t i = 0; i < c; ++i) {
       dbeta[i] = float(dsums[i]);
@@ -87,7 +87,7 @@ TEST_P(HalfSyncBatchNormConformance, RanksSumsGiveTheWholeBatchStatisticsAndGrad
     DeviceTensor dxt(b, typed(s, layout));
     b.fill(dxt.tensor, kNaN);
     for (const auto& [xr, dyr, at] : {std::tuple{x0, dy0, int64_t{0}}, {x1, dy1, first}}) {
-      b.batch_norm_backward_data(xr, dyr, ss.floats(), mean_d.floats(), var_d.floats(),
+      batch_norm_backward_data(b, xr, dyr, ss.floats(), mean_d.floats(), var_d.floats(),
                                  means_d.floats(), dxt.tensor.samples(at, xr.shape().n), d.eps);
     }
     expect_close(from_device(b, dxt.tensor), d.back.dx, sum_rtol(), "dx of both ranks' halves");
@@ -118,17 +118,17 @@ TEST_P(HalfAddConformance, AddAndAccumulateExactAfterRounding) {
       const DeviceTensor ct = to_device(b, c, typed(s, ly));
       DeviceTensor yt(b, typed(s, ly));
       b.fill(yt.tensor, kNaN);
-      b.add(at.tensor, ct.tensor, yt.tensor);
+      add(b, at.tensor, ct.tensor, yt.tensor);
       expect_equal(from_device(b, yt.tensor), sum, "a + c");
       b.fill(yt.tensor, kNaN);
-      b.accumulate(at.tensor, yt.tensor, 0.0f);
+      accumulate(b, at.tensor, yt.tensor, 0.0f);
       expect_equal(from_device(b, yt.tensor), a, "accumulate beta=0");
-      b.accumulate(at.tensor, ct.tensor, 1.0f);
+      accumulate(b, at.tensor, ct.tensor, 1.0f);
       expect_equal(from_device(b, ct.tensor), sum, "accumulate beta=1");
     }
     const DeviceTensor at = to_device(b, a, typed(s, la));
     const DeviceTensor ct = to_device(b, c, typed(s, la));
-    b.add(at.tensor, ct.tensor, at.tensor);
+    add(b, at.tensor, ct.tensor, at.tensor);
     expect_equal(from_device(b, at.tensor), sum, "a += c (y aliases a)");
   }
 }

@@ -187,16 +187,16 @@ TEST_P(HalfTransferConformance, CallsMixingTypesNameBoth) {
     EXPECT_CONTAINS(message, "f32") << op;
     EXPECT_CONTAINS(message, type_name) << op;
   };
-  expect_refused("add", [&] { b.add(f32.tensor, half.tensor, half.tensor); });
+  expect_refused("add", [&] { add(b, f32.tensor, half.tensor, half.tensor); });
   for (float beta : {0.0f, 1.0f}) {
-    expect_refused("accumulate", [&] { b.accumulate(half.tensor, f32.tensor, beta); });
+    expect_refused("accumulate", [&] { accumulate(b, half.tensor, f32.tensor, beta); });
   }
-  const PoolParams pool;
+  const PoolDesc pool;
   const Shape pooled{s.n, s.c, s.h / 2, s.w / 2};
   const DeviceTensor y = filled(b, typed(pooled));
-  DeviceBuffer state(b, b.pooling_state_bytes(pool, f32.tensor.desc, desc(pooled)));
+  DeviceBuffer state(b, pooling_state_bytes(b, pool, f32.tensor.desc, desc(pooled)));
   expect_refused("pooling_forward",
-                 [&] { b.pooling_forward(pool, f32.tensor, y.tensor, state.get()); });
+                 [&] { pooling_forward(b, pool, f32.tensor, y.tensor, state.get()); });
 }
 
 // =================================================== the CPU's ISA check

@@ -74,16 +74,16 @@ TEST_P(AddConformance, AnyLayoutsAndAliased) {
         const DeviceTensor ct = to_device(b, c, desc(s, lc));
         DeviceTensor yt(b, desc(s, ly));
         b.fill(yt.tensor, kNaN);
-        b.add(at.tensor, ct.tensor, yt.tensor);
+        add(b, at.tensor, ct.tensor, yt.tensor);
         expect_equal(from_device(b, yt.tensor), sum, "a + c");
       }
     }
     SCOPED_TRACE(layout_name(la));
     const DeviceTensor at = to_device(b, a, desc(s, la));
     const DeviceTensor ct = to_device(b, c, desc(s, la));
-    b.add(at.tensor, ct.tensor, at.tensor);
+    add(b, at.tensor, ct.tensor, at.tensor);
     expect_equal(from_device(b, at.tensor), sum, "a += c (y aliases a)");
-    b.add(at.tensor, ct.tensor, ct.tensor);
+    add(b, at.tensor, ct.tensor, ct.tensor);
     expect_equal(from_device(b, ct.tensor), reference::add(sum, c), "c = a + c (y aliases c)");
   }
 }
@@ -101,10 +101,10 @@ TEST_P(AddConformance, AccumulateOverwritesOrAdds) {
       const DeviceTensor xt = to_device(b, x, desc(s, lx));
       DeviceTensor yt(b, desc(s, ly));
       b.fill(yt.tensor, kNaN);
-      b.accumulate(xt.tensor, yt.tensor, 0.0f);
+      accumulate(b, xt.tensor, yt.tensor, 0.0f);
       expect_equal(from_device(b, yt.tensor), x, "beta=0");
       b.upload(y0.data(), yt.tensor);
-      b.accumulate(xt.tensor, yt.tensor, 1.0f);
+      accumulate(b, xt.tensor, yt.tensor, 1.0f);
       expect_equal(from_device(b, yt.tensor), reference::add(x, y0), "beta=1");
     }
   }
@@ -164,7 +164,7 @@ TEST_P(SgdConformance, MomentumAndWeightDecayStepsMatchTheReference) {
   for (int i = 1; i <= sc.steps; ++i) {
     const Vec g = random_vec(rng, sc.count);
     const DeviceBuffer gd = to_device(b, g);
-    b.sgd_update(wd.floats(), gd.floats(), vd.floats(), sc.count, sc.step);
+    sgd_update(b, wd.floats(), gd.floats(), vd.floats(), sc.count, sc.step);
     reference::sgd_update(w, g, v, sc.step);
     expect_close(from_device(b, vd.floats(), sc.count), v, 1e-6,
                  "velocity after step " + std::to_string(i));
@@ -207,7 +207,7 @@ TEST_P(AdamWConformance, StepsMatchTheReference) {
   for (int i = 1; i <= ac.steps; ++i, ++step.step) {
     const Vec g = random_vec(rng, ac.count);
     const DeviceBuffer gd = to_device(b, g);
-    b.adamw_update(wd.floats(), gd.floats(), md.floats(), vd.floats(), ac.count, step);
+    adamw_update(b, wd.floats(), gd.floats(), md.floats(), vd.floats(), ac.count, step);
     reference::adamw_update(w, g, m, v, step);
     const std::string after = " after step " + std::to_string(step.step);
     expect_close(from_device(b, md.floats(), ac.count), m, 1e-6, "m" + after);
@@ -238,12 +238,12 @@ TEST_P(OptimizerReductionConformance, SumSquaresMatchesTheReferenceBitForBitAcro
   std::mt19937 rng(22);
   const Vec x = random_vec(rng, rc.offsets.back());
   const DeviceBuffer xd = to_device(b, x);
-  b.reserve_scratch(b.sum_squares_scratch_bytes(rc.offsets.size() - 1));
-  const std::vector<double> got = b.sum_squares(xd.floats(), rc.offsets);
+  b.reserve_scratch(b.scratch_bytes(worker::SumSquaresDesc{rc.offsets.size() - 1}).scratch);
+  const std::vector<double> got = sum_squares(b, xd.floats(), rc.offsets);
   const std::vector<double> want = reference::sum_squares(x, rc.offsets);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12 * (1 + want[i])) << i;
-  EXPECT_EQ(b.sum_squares(xd.floats(), rc.offsets), got);
+  EXPECT_EQ(sum_squares(b, xd.floats(), rc.offsets), got);
 }
 
 TEST_P(OptimizerReductionConformance, MovingAverageMatchesTheReference) {
@@ -253,7 +253,7 @@ TEST_P(OptimizerReductionConformance, MovingAverageMatchesTheReference) {
   Vec average = random_vec(rng, count);
   const Vec x = random_vec(rng, count);
   const DeviceBuffer ad = to_device(b, average), xd = to_device(b, x);
-  b.moving_average(ad.floats(), xd.floats(), count, 0.999f);
+  moving_average(b, ad.floats(), xd.floats(), count, 0.999f);
   reference::moving_average(average, x, 0.999f);
   expect_close(from_device(b, ad.floats(), count), average, 1e-6, "average");
 }
@@ -275,7 +275,7 @@ TEST_P(ScaleConformance, MultipliesInPlaceExactly) {
   std::mt19937 rng(21);
   const Vec x = random_vec(rng, param().count);
   const DeviceBuffer xd = to_device(b, x);
-  b.scale(xd.floats(), param().count, param().alpha);
+  scale(b, xd.floats(), param().count, param().alpha);
   Vec expected = x;
   for (float& e : expected) e *= param().alpha;
   expect_equal(from_device(b, xd.floats(), param().count), expected,
@@ -302,7 +302,7 @@ TEST_P(AllFiniteConformance, FindsOneNonFiniteAnywhere) {
   Vec x = random_vec(rng, n);
   x[0] = std::numeric_limits<float>::max();
   x[static_cast<size_t>(n - 1)] = -std::numeric_limits<float>::max();
-  EXPECT_TRUE(b.all_finite(to_device(b, x).floats(), n));
+  EXPECT_TRUE(all_finite(b, to_device(b, x).floats(), n));
   const float bad[] = {std::numeric_limits<float>::quiet_NaN(),
                        std::numeric_limits<float>::infinity(),
                        -std::numeric_limits<float>::infinity()};
@@ -310,7 +310,7 @@ TEST_P(AllFiniteConformance, FindsOneNonFiniteAnywhere) {
     for (const float v : bad) {
       Vec y = x;
       y[static_cast<size_t>(at)] = v;
-      EXPECT_FALSE(b.all_finite(to_device(b, y).floats(), n)) << v << " at " << at;
+      EXPECT_FALSE(all_finite(b, to_device(b, y).floats(), n)) << v << " at " << at;
     }
   }
 }

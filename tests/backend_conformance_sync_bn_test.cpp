@@ -49,7 +49,7 @@ TEST_P(SyncBatchNormConformance, RanksSumsGiveTheWholeBatchStatisticsAndGradient
     const Tensor dy0 = dyt.tensor.samples(0, sc.first);
     const Tensor dy1 = dyt.tensor.samples(sc.first, n - sc.first);
 
-    const std::vector<double> sums = add_up(b.batch_norm_sums(x0), b.batch_norm_sums(x1));
+    const std::vector<double> sums = add_up(batch_norm_sums(b, x0), batch_norm_sums(b, x1));
     Vec mean(c), var(c);
     for (int64_t i = 0; i < c; ++i) {
       mean[i] = float(sums[i] / m);
@@ -60,8 +60,8 @@ TEST_P(SyncBatchNormConformance, RanksSumsGiveTheWholeBatchStatisticsAndGradient
 
     const DeviceBuffer mean_d = to_device(b, mean), var_d = to_device(b, var);
     const std::vector<double> dsums =
-        add_up(b.batch_norm_backward_sums(x0, dy0, mean_d.floats(), var_d.floats(), eps),
-               b.batch_norm_backward_sums(x1, dy1, mean_d.floats(), var_d.floats(), eps));
+        add_up(batch_norm_backward_sums(b, x0, dy0, mean_d.floats(), var_d.floats(), eps),
+               batch_norm_backward_sums(b, x1, dy1, mean_d.floats(), var_d.floats(), eps));
     Vec dbeta(c), dgamma(c), dy_means(2 * c);
     for (int64_t i = 0; i < c; ++i) {
       dbeta[i] = float(dsums[i]);
@@ -76,7 +76,7 @@ TEST_P(SyncBatchNormConformance, RanksSumsGiveTheWholeBatchStatisticsAndGradient
     b.fill(dxt.tensor, kNaN);
     for (const auto& [xr, dyr, first] : {std::tuple{x0, dy0, int64_t{0}}, {x1, dy1, sc.first}}) {
       const Tensor dxr = dxt.tensor.samples(first, xr.shape().n);
-      b.batch_norm_backward_data(xr, dyr, ss.floats(), mean_d.floats(), var_d.floats(),
+      batch_norm_backward_data(b, xr, dyr, ss.floats(), mean_d.floats(), var_d.floats(),
                                  means_d.floats(), dxr, eps);
     }
     expect_close(from_device(b, dxt.tensor), back.dx, tolerance().batch_norm_dx,

@@ -23,7 +23,14 @@ namespace {
 using backend_test::PrintTo;  // names the cases in gtest's output
 
 using worker::PoolKind;
-using worker::PoolParams;
+using worker::ActivationDesc;
+using worker::BatchNormDesc;
+using worker::BinaryDesc;
+using worker::BinaryKind;
+using worker::ConcatDesc;
+using worker::Direction;
+using worker::PoolDesc;
+using worker::SoftmaxCrossEntropyDesc;
 using worker::TensorDesc;
 
 // ============================================================== convolution
@@ -57,19 +64,19 @@ class ConvConformance : public OnEveryBackend<ConvCase> {
       SCOPED_TRACE(p.str());
       for (const bool accumulate : {false, true}) {
         const float beta = accumulate ? 1.0f : 0.0f;
-        const std::vector<ConvAlgoInfo> algos = b.conv_algorithms(op, p, accumulate);
+        const std::vector<ConvAlgoInfo> algos = conv_algorithms(b, op, p, accumulate);
         ASSERT_FALSE(algos.empty()) << conv_kind_name(op) << " lists no algorithm";
         std::vector<Vec> on_cpu;
         if (base_kind(kind()) != "cpu") {
           Backend& cpu = shared_backend("cpu");
-          on_cpu = run_conv(cpu, op, cpu.conv_algorithms(op, p, accumulate).front(), p, d,
+          on_cpu = run_conv(cpu, op, conv_algorithms(cpu, op, p, accumulate).front(), p, d,
                             beta, previous);
         }
         for (const ConvAlgoInfo& info : algos) {
           const std::string what = std::string(conv_kind_name(op)) + "/" + info.name +
                                    " beta=" + std::to_string(int(beta));
           EXPECT_EQ(info.name, b.conv_algorithm_name(op, info.algo)) << what;
-          EXPECT_EQ(info.workspace_bytes, b.conv_workspace(op, info.algo, p, accumulate)) << what;
+          EXPECT_EQ(info.workspace_bytes, conv_workspace(b, op, info.algo, p, accumulate)) << what;
           const double rtol = tolerance().conv(info.name, p);
           const std::vector<Vec> got = run_conv(b, op, info, p, d, beta, previous);
           for (size_t i = 0; i < reference.size(); ++i) {
@@ -103,20 +110,20 @@ TEST_P(ConvConformance, WithoutBiasOrDbias) {
   const DeviceTensor x = to_device(b, d.x, p.x);
   const DeviceTensor dy = to_device(b, d.dy, p.y);
   const DeviceBuffer w = to_device(b, d.w);
-  for (const ConvAlgoInfo& info : b.conv_algorithms(ConvKind::kForward, p, false)) {
+  for (const ConvAlgoInfo& info : conv_algorithms(b, ConvKind::kForward, p, false)) {
     DeviceBuffer ws(b, info.workspace_bytes);
     DeviceTensor y(b, p.y);
     b.fill(y.tensor, kNaN);
-    b.conv_forward(info.algo, p, x.tensor, w.floats(), nullptr, y.tensor, 0.0f, ws.get(),
+    conv_forward(b, info.algo, p, x.tensor, w.floats(), nullptr, y.tensor, 0.0f, ws.get(),
                    info.workspace_bytes);
     expect_close(from_device(b, y.tensor), y_ref, tolerance().conv(info.name, p),
                  "Forward/" + info.name + " no bias");
   }
-  for (const ConvAlgoInfo& info : b.conv_algorithms(ConvKind::kBackwardFilter, p, false)) {
+  for (const ConvAlgoInfo& info : conv_algorithms(b, ConvKind::kBackwardFilter, p, false)) {
     DeviceBuffer ws(b, info.workspace_bytes);
     DeviceBuffer dw(b, d.dw_ref.size() * sizeof(float));
     b.fill(flat(dw.floats(), int64_t(d.dw_ref.size())), kNaN);
-    b.conv_backward_filter(info.algo, p, x.tensor, dy.tensor, dw.floats(), nullptr, 0.0f, ws.get(),
+    conv_backward_filter(b, info.algo, p, x.tensor, dy.tensor, dw.floats(), nullptr, 0.0f, ws.get(),
                            info.workspace_bytes);
     expect_close(from_device(b, dw.floats(), int64_t(d.dw_ref.size())), d.dw_ref,
                  tolerance().conv(info.name, p), "BackwardFilter/" + info.name + " no dbias");
@@ -151,10 +158,13 @@ VTRAIN_ON_EVERY_BACKEND(PoolConformance, pool_cases());
 // Each op's scratch query covers what its calls take: with the queried bytes
 // reserved (as a network does before it sizes its pool), no call grows the
 // scratch, so no step allocates device memory outside the plan. Each case
-// runs on a backend of its own, so that its scratch starts empty.
+// runs on a backend of its own, so that its scratch starts empty. A case
+// is its descriptors (what the backend is asked about) and the calls they
+// describe; a descriptor the backend does not support (Backend::supports)
+// skips the case with the backend's reason.
 struct ScratchCase {
   const char* name;
-  size_t (*query)(Backend&);
+  std::vector<worker::OpDesc> (*ops)(Backend&);
   void (*calls)(Backend&);
 };
 
@@ -165,33 +175,41 @@ std::vector<TensorDesc> concat_parts(Backend& b) {
   return {desc({2, 3, 5, 5}, b.preferred_layout(3)), desc({2, 13, 5, 5}, b.preferred_layout(13))};
 }
 TensorDesc concat_out(Backend& b) { return desc({2, 16, 5, 5}, b.preferred_layout(16)); }
-const PoolParams kScratchPool;
+const PoolDesc kScratchPool;
+using Ops = std::vector<worker::OpDesc>;
 constexpr int64_t kFcOut = 120;
 constexpr int64_t kFcWeights = kFcOut * 50 * 16;
+// The inner product of x onto kFcOut outputs, with a bias.
+worker::InnerProductDesc fc_desc(const TensorDesc& x) {
+  return {worker::InnerProductKind::kForward, x, desc({x.shape.n, kFcOut, 1, 1}), true};
+}
 
 const ScratchCase kScratchCases[] = {
-    {"relu", [](Backend& b) { return b.relu_scratch_bytes(x16(b)); },
+    {"relu", [](Backend& b) -> Ops { return {ActivationDesc{.x = x16(b)}}; },
      [](Backend& b) {
        DeviceTensor x = filled(b, x16(b)), y = filled(b, x16(b));
-       b.relu_forward(x.tensor, y.tensor);
-       b.relu_backward(y.tensor, x.tensor, x.tensor);
+       relu_forward(b, x.tensor, y.tensor);
+       relu_backward(b, y.tensor, x.tensor, x.tensor);
      }},
-    {"pooling", [](Backend& b) { return b.pooling_scratch_bytes(kScratchPool, x16(b), y16(b)); },
+    {"pooling",
+     [](Backend& b) -> Ops {
+       return {PoolDesc{kScratchPool.kind, Direction::kForward, x16(b), y16(b), kScratchPool.window}};
+     },
      [](Backend& b) {
        DeviceTensor x = filled(b, x16(b)), y = filled(b, y16(b)), dx = filled(b, x16(b));
-       DeviceBuffer state(b, b.pooling_state_bytes(kScratchPool, x16(b), y16(b)));
-       b.pooling_forward(kScratchPool, x.tensor, y.tensor, state.get());
-       b.pooling_backward(kScratchPool, x.tensor, y.tensor, y.tensor, dx.tensor, state.get());
+       DeviceBuffer state(b, pooling_state_bytes(b, kScratchPool, x16(b), y16(b)));
+       pooling_forward(b, kScratchPool, x.tensor, y.tensor, state.get());
+       pooling_backward(b, kScratchPool, x.tensor, y.tensor, y.tensor, dx.tensor, state.get());
      }},
-    {"inner_product", [](Backend& b) { return b.inner_product_scratch_bytes(x50(b), kFcOut, true); },
+    {"inner_product", [](Backend& b) -> Ops { return {fc_desc(x50(b))}; },
      [](Backend& b) {
        DeviceTensor x = filled(b, x50(b)), y = filled(b, desc({4, kFcOut, 1, 1}));
        DeviceTensor w = filled(b, desc({kFcWeights + kFcOut, 1, 1, 1}));
-       b.inner_product_forward(x.tensor, w.tensor.data, w.tensor.data, y.tensor);
-       b.inner_product_backward_data(y.tensor, w.tensor.data, x.tensor);
+       inner_product_forward(b, x.tensor, w.tensor.data, w.tensor.data, y.tensor);
+       inner_product_backward_data(b, y.tensor, w.tensor.data, x.tensor);
        for (float beta : {0.0f, 1.0f}) {
          float* dw = w.tensor.f32("test");
-         b.inner_product_backward_weights(x.tensor, y.tensor, dw, dw + kFcWeights, beta);
+         inner_product_backward_weights(b, x.tensor, y.tensor, dw, dw + kFcWeights, beta);
        }
        // Blocked inputs take blocked weights: the plain user weights are
        // reordered. A channels-last input is either read through a plain
@@ -199,56 +217,57 @@ const ScratchCase kScratchCases[] = {
        // at least the copy.
        const TensorDesc in = x50(b);
        if (in.layout == Layout::kBlocked8 || in.layout == Layout::kBlocked16) {
-         EXPECT_GT(b.inner_product_scratch_bytes(in, kFcOut, true),
+         EXPECT_GT(b.scratch_bytes(fc_desc(in)).scratch,
                    size_t(kFcWeights) * sizeof(float));
        } else if (in.layout == Layout::kNhwc) {
-         EXPECT_GE(b.inner_product_scratch_bytes(in, kFcOut, true),
+         EXPECT_GE(b.scratch_bytes(fc_desc(in)).scratch,
                    size_t(TensorDesc{in.shape, Layout::kPlain, in.dtype}.bytes()));
        }
      }},
-    {"batch_norm", [](Backend& b) { return b.batch_norm_scratch_bytes(x16(b), 1e-5f); },
+    {"batch_norm", [](Backend& b) -> Ops { return {BatchNormDesc{.x = x16(b), .eps = 1e-5f}}; },
      [](Backend& b) {
        DeviceTensor x = filled(b, x16(b)), y = filled(b, x16(b));
        DeviceTensor p = filled(b, desc({6 * 16, 1, 1, 1}));
        float* f = p.tensor.f32("test");
-       b.batch_norm_forward_training(x.tensor, y.tensor, f, f + 32, f + 48, f + 64, f + 80, 0.1f,
+       batch_norm_forward_training(b, x.tensor, y.tensor, f, f + 32, f + 48, f + 64, f + 80, 0.1f,
                                      1e-5f);
-       b.batch_norm_forward_inference(x.tensor, y.tensor, f, f + 64, f + 80, 1e-5f);
+       batch_norm_forward_inference(b, x.tensor, y.tensor, f, f + 64, f + 80, 1e-5f);
        for (float beta : {0.0f, 1.0f}) {
-         b.batch_norm_backward(x.tensor, y.tensor, f, f + 32, f + 48, y.tensor, f + 64, beta,
+         batch_norm_backward(b, x.tensor, y.tensor, f, f + 32, f + 48, y.tensor, f + 64, beta,
                                1e-5f);
        }
      }},
     {"add_and_accumulate",
-     [](Backend& b) {
+     [](Backend& b) -> Ops {
        const TensorDesc plain16 = desc(x16(b).shape);
-       return std::max(b.add_scratch_bytes(plain16, x16(b), x16(b)),
-                       b.add_scratch_bytes(x16(b), plain16, x16(b)));
+       return {BinaryDesc{BinaryKind::kAdd, plain16, x16(b), x16(b)},
+               BinaryDesc{BinaryKind::kAccumulate, plain16, x16(b), x16(b), 1.0f}};
      },
      [](Backend& b) {
        DeviceTensor a = filled(b, desc(x16(b).shape)), y = filled(b, x16(b));
-       b.add(a.tensor, y.tensor, y.tensor);
-       b.accumulate(a.tensor, y.tensor, 1.0f);
+       add(b, a.tensor, y.tensor, y.tensor);
+       accumulate(b, a.tensor, y.tensor, 1.0f);
      }},
-    {"concat", [](Backend& b) { return b.concat_scratch_bytes(concat_parts(b), concat_out(b)); },
+    {"concat", [](Backend& b) -> Ops { return {ConcatDesc{.xs = concat_parts(b), .y = concat_out(b)}}; },
      [](Backend& b) {
        const std::vector<TensorDesc> parts = concat_parts(b);
        DeviceTensor x0 = filled(b, parts[0]), x1 = filled(b, parts[1]);
        DeviceTensor y = filled(b, concat_out(b));
        const std::vector<Tensor> xs{x0.tensor, x1.tensor};
-       b.concat_forward(xs, y.tensor);
-       b.concat_backward(y.tensor, 0, x0.tensor, 1.0f);
-       b.concat_backward(y.tensor, 3, x1.tensor, 0.0f);
+       concat_forward(b, xs, y.tensor);
+       concat_backward(b, y.tensor, 0, x0.tensor, 1.0f);
+       concat_backward(b, y.tensor, 3, x1.tensor, 0.0f);
      }},
-    {"softmax_cross_entropy", [](Backend& b) { return b.softmax_scratch_bytes(desc({4, 10, 1, 1})); },
+    {"softmax_cross_entropy",
+     [](Backend& b) -> Ops { return {SoftmaxCrossEntropyDesc{desc({4, 10, 1, 1})}}; },
      [](Backend& b) {
        DeviceTensor logits = filled(b, desc({4, 10, 1, 1})), dlogits = filled(b, desc({4, 10, 1, 1}));
        const std::vector<int32_t> labels{0, 3, 9, 5};
        DeviceBuffer device_labels(b, labels.size() * sizeof(int32_t));
        auto* l = static_cast<int32_t*>(device_labels.get());
        b.upload_labels(labels.data(), l, 4);
-       b.softmax_cross_entropy(logits.tensor, l, 0.25f, &dlogits.tensor);
-       b.softmax_cross_entropy(logits.tensor, l, 0.25f, nullptr);
+       softmax_cross_entropy(b, logits.tensor, l, 0.25f, &dlogits.tensor);
+       softmax_cross_entropy(b, logits.tensor, l, 0.25f, nullptr);
      }},
 };
 
@@ -256,12 +275,18 @@ class ScratchConformance : public OnEveryBackend<ScratchCase> {};
 
 TEST_P(ScratchConformance, QueryCoversEveryCall) {
   const std::unique_ptr<Backend> b = worker::make_backend(suite_options(kind()));
-  const size_t bytes = param().query(*b);
+  size_t bytes = 0;
+  for (const worker::OpDesc& op : param().ops(*b)) {
+    if (const std::optional<std::string> why = b->supports(op)) {
+      GTEST_SKIP() << "backend " << kind() << ": " << *why;
+    }
+    bytes = std::max(bytes, b->scratch_bytes(op).scratch);
+  }
   b->reserve_scratch(bytes);
-  EXPECT_EQ(b->scratch_bytes(), bytes) << param().name;
+  EXPECT_EQ(b->scratch_reserved(), bytes) << param().name;
   const size_t in_use = b->device_bytes_in_use();
   param().calls(*b);
-  EXPECT_EQ(b->scratch_bytes(), bytes)
+  EXPECT_EQ(b->scratch_reserved(), bytes)
       << param().name << ": a call needed more scratch than its query said";
   EXPECT_EQ(b->device_bytes_in_use(), in_use) << param().name;
 }

@@ -24,6 +24,94 @@
 
 #include "tests/reference_ops.h"
 #include "worker/device/backend.h"
+#include "worker/device/op_calls.h"
+
+// The ops the tests call with tensors beyond op_calls.h's, each one
+// descriptor and run() (found by argument-dependent lookup).
+namespace vtrain::worker {
+
+inline void pooling_forward(Backend& b, const PoolDesc& p, const Tensor& x, const Tensor& y,
+                            void* state) {
+  b.run(PoolDesc{p.kind, Direction::kForward, x.desc, y.desc, p.window},
+        PoolArgs{.x = x.data, .y = y.data, .state = state});
+}
+inline void pooling_backward(Backend& b, const PoolDesc& p, const Tensor& x, const Tensor& y,
+                             const Tensor& dy, const Tensor& dx, const void* state) {
+  b.run(PoolDesc{p.kind, Direction::kBackward, x.desc, y.desc, p.window},
+        PoolArgs{.x = x.data, .y = y.data, .dy = dy.data, .dx = dx.data,
+                 .state = const_cast<void*>(state)});
+}
+inline size_t pooling_state_bytes(Backend& b, const PoolDesc& p, const TensorDesc& x,
+                                  const TensorDesc& y) {
+  return b.scratch_bytes(PoolDesc{p.kind, Direction::kForward, x, y, p.window}).state;
+}
+inline size_t conv_workspace(Backend& b, ConvKind kind, ConvAlgo algo, const ConvProblem& p,
+                             bool accumulate) {
+  return b.scratch_bytes(ConvDesc{kind, p, algo, accumulate ? 1.0f : 0.0f}).scratch;
+}
+inline void batch_norm_forward_training(Backend& b, const Tensor& x, const Tensor& y,
+                                        const float* scale_shift, float* save_mean,
+                                        float* save_var, float* running_mean, float* running_var,
+                                        float momentum, float eps) {
+  b.run(BatchNormDesc{BatchNormKind::kForwardTraining, x.desc, eps, momentum},
+        BatchNormArgs{.x = x.data, .y = y.data, .scale_shift = scale_shift, .mean = save_mean,
+                      .var = save_var, .running_mean = running_mean, .running_var = running_var});
+}
+inline void batch_norm_forward_inference(Backend& b, const Tensor& x, const Tensor& y,
+                                         const float* scale_shift, const float* mean,
+                                         const float* var, float eps) {
+  b.run(BatchNormDesc{BatchNormKind::kForwardInference, x.desc, eps},
+        BatchNormArgs{.x = x.data, .y = y.data, .scale_shift = scale_shift,
+                      .mean = const_cast<float*>(mean), .var = const_cast<float*>(var)});
+}
+inline void batch_norm_backward(Backend& b, const Tensor& x, const Tensor& dy,
+                                const float* scale_shift, const float* mean, const float* var,
+                                const Tensor& dx, float* dscale_shift, float beta, float eps) {
+  b.run(BatchNormDesc{BatchNormKind::kBackward, x.desc, eps, 0.0f, beta},
+        BatchNormArgs{.x = x.data, .dy = dy.data, .dx = dx.data, .scale_shift = scale_shift,
+                      .mean = const_cast<float*>(mean), .var = const_cast<float*>(var),
+                      .dscale_shift = dscale_shift});
+}
+inline std::vector<double> batch_norm_sums(Backend& b, const Tensor& x) {
+  std::vector<double> sums;
+  b.run(BatchNormDesc{BatchNormKind::kSums, x.desc}, BatchNormArgs{.x = x.data, .sums = &sums});
+  return sums;
+}
+inline std::vector<double> batch_norm_backward_sums(Backend& b, const Tensor& x, const Tensor& dy,
+                                                    const float* mean, const float* var,
+                                                    float eps) {
+  std::vector<double> sums;
+  b.run(BatchNormDesc{BatchNormKind::kBackwardSums, x.desc, eps},
+        BatchNormArgs{.x = x.data, .dy = dy.data, .mean = const_cast<float*>(mean),
+                      .var = const_cast<float*>(var), .sums = &sums});
+  return sums;
+}
+inline void batch_norm_backward_data(Backend& b, const Tensor& x, const Tensor& dy,
+                                     const float* scale_shift, const float* mean,
+                                     const float* var, const float* dy_means, const Tensor& dx,
+                                     float eps) {
+  b.run(BatchNormDesc{BatchNormKind::kBackwardData, x.desc, eps},
+        BatchNormArgs{.x = x.data, .dy = dy.data, .dx = dx.data, .scale_shift = scale_shift,
+                      .mean = const_cast<float*>(mean), .var = const_cast<float*>(var),
+                      .dy_means = dy_means});
+}
+inline void sgd_update(Backend& b, float* w, const float* g, float* velocity, int64_t count,
+                       const SgdStep& step) {
+  b.run(SgdDesc{count, step}, SgdArgs{w, g, velocity});
+}
+inline void adamw_update(Backend& b, float* w, const float* g, float* m, float* v, int64_t count,
+                         const AdamWStep& step) {
+  b.run(AdamWDesc{count, step}, AdamWArgs{w, g, m, v});
+}
+inline void moving_average(Backend& b, float* average, const float* x, int64_t count,
+                           float decay) {
+  b.run(MovingAverageDesc{count, decay}, MovingAverageArgs{average, x});
+}
+inline void scale(Backend& b, float* x, int64_t count, float alpha) {
+  b.run(ScaleDesc{count, alpha}, ScaleArgs{x});
+}
+
+}  // namespace vtrain::worker
 
 namespace vtrain::backend_test {
 
@@ -222,12 +310,7 @@ inline ConvProblem conv_problem(const ConvCase& cc, Layout x_layout = Layout::kP
   ConvProblem p{.x = desc({cc.n, cc.c, cc.h, cc.w}, x_layout, type),
                 .y = {},
                 .k = cc.k,
-                .r = cc.r,
-                .s = cc.r,
-                .pad_h = cc.pad,
-                .pad_w = cc.pad,
-                .stride_h = cc.stride,
-                .stride_w = cc.stride};
+                .window = {cc.r, cc.r, cc.stride, cc.stride, cc.pad, cc.pad}};
   p.y = desc(p.output_shape(), y_layout, type);
   return p;
 }
@@ -288,14 +371,14 @@ inline std::vector<Vec> run_conv(Backend& b, ConvKind kind, const ConvAlgoInfo& 
       const DeviceTensor x = to_device(b, d.x, p.x);
       const DeviceBuffer bias = to_device(b, d.bias, p.x.dtype);
       const DeviceTensor y = to_device(b, start(previous[0]), p.y);
-      b.conv_forward(info.algo, p, x.tensor, w.get(), bias.get(), y.tensor, beta,
+      conv_forward(b, info.algo, p, x.tensor, w.get(), bias.get(), y.tensor, beta,
                      workspace.get(), info.workspace_bytes);
       return {from_device(b, y.tensor)};
     }
     case ConvKind::kBackwardData: {
       const DeviceTensor dy = to_device(b, d.dy, p.y);
       const DeviceTensor dx = to_device(b, start(previous[0]), p.x);
-      b.conv_backward_data(info.algo, p, dy.tensor, w.get(), dx.tensor, beta, workspace.get(),
+      conv_backward_data(b, info.algo, p, dy.tensor, w.get(), dx.tensor, beta, workspace.get(),
                            info.workspace_bytes);
       return {from_device(b, dx.tensor)};
     }
@@ -304,7 +387,7 @@ inline std::vector<Vec> run_conv(Backend& b, ConvKind kind, const ConvAlgoInfo& 
       const DeviceTensor dy = to_device(b, d.dy, p.y);
       const DeviceBuffer dw = to_device(b, start(previous[0]));
       const DeviceBuffer db = to_device(b, start(previous[1]));
-      b.conv_backward_filter(info.algo, p, x.tensor, dy.tensor, dw.floats(), db.floats(), beta,
+      conv_backward_filter(b, info.algo, p, x.tensor, dy.tensor, dw.floats(), db.floats(), beta,
                              workspace.get(), info.workspace_bytes);
       return {from_device(b, dw.floats(), p.weight_shape().elements()),
               from_device(b, db.floats(), p.k)};

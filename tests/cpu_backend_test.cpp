@@ -92,7 +92,7 @@ TEST(CpuBackend, ListsDirectIm2colAndWinogradWhereItApplies) {
       for (ConvKind kind : kConvKinds) {
         for (bool accumulate : {false, true}) {
           const std::vector<std::string> names =
-              algorithm_names(cpu().conv_algorithms(kind, p, accumulate));
+              algorithm_names(conv_algorithms(cpu(), kind, p, accumulate));
           EXPECT_TRUE(contains(names, "direct"))
               << conv_kind_name(kind) << " lists " << joined(names) << ", no \"direct\"";
           EXPECT_TRUE(contains(names, "im2col_gemm"))
@@ -146,10 +146,10 @@ TEST(CpuBackend, Bf16ProblemsAlsoComputeInF32) {
     d.dw_ref = reference::conv_backward_filter(p, d.x, d.dy, &d.dbias_ref);
     for (ConvKind kind : kConvKinds) {
       const std::vector<std::string> f32_names =
-          algorithm_names(cpu().conv_algorithms(kind, f32, false));
+          algorithm_names(conv_algorithms(cpu(), kind, f32, false));
       EXPECT_FALSE(contains(f32_names, direct) || contains(f32_names, winograd))
           << conv_kind_name(kind) << ": f32 lists " << joined(f32_names);
-      const std::vector<ConvAlgoInfo> algos = cpu().conv_algorithms(kind, p, false);
+      const std::vector<ConvAlgoInfo> algos = conv_algorithms(cpu(), kind, p, false);
       const std::vector<std::string> names = algorithm_names(algos);
       EXPECT_TRUE(contains(names, direct)) << conv_kind_name(kind) << " lists " << joined(names);
       EXPECT_EQ(contains(names, winograd), contains(f32_names, "winograd"))
@@ -162,7 +162,7 @@ TEST(CpuBackend, Bf16ProblemsAlsoComputeInF32) {
         for (const Vec& r : d.reference_of(kind)) previous.push_back(integers(r.size(), 8));
         for (const float beta : {0.0f, 1.0f}) {
           const ConvAlgoInfo sized{info.algo, info.name,
-                                   cpu().conv_workspace(kind, info.algo, p, beta != 0.0f)};
+                                   conv_workspace(cpu(), kind, info.algo, p, beta != 0.0f)};
           const std::vector<Vec> got = run_conv(cpu(), kind, sized, p, d, beta, previous);
           const std::vector<Vec> reference = d.reference_of(kind);
           for (size_t i = 0; i < got.size(); ++i) {
@@ -202,9 +202,9 @@ TEST(CpuBackend, Im2colWorkspaceGrowsWithBatch) {
   const ConvProblem p8 = p1.with_batch(8);
   for (ConvKind kind : kConvKinds) {
     std::optional<size_t> ws1, ws8;
-    for (const ConvAlgoInfo& info : cpu().conv_algorithms(kind, p1, false))
+    for (const ConvAlgoInfo& info : conv_algorithms(cpu(), kind, p1, false))
       if (info.name == "im2col_gemm") ws1 = info.workspace_bytes;
-    for (const ConvAlgoInfo& info : cpu().conv_algorithms(kind, p8, false))
+    for (const ConvAlgoInfo& info : conv_algorithms(cpu(), kind, p8, false))
       if (info.name == "im2col_gemm") ws8 = info.workspace_bytes;
     ASSERT_TRUE(ws1 && ws8) << conv_kind_name(kind) << ": im2col_gemm not listed";
     EXPECT_GT(*ws8, *ws1) << conv_kind_name(kind) << ": n=1 " << *ws1 << " B, n=8 " << *ws8 << " B";
@@ -215,9 +215,9 @@ TEST(CpuBackend, WorkspaceOfUnsupportedAlgorithmThrows) {
   // Find winograd's id on a problem it supports, then ask for a stride-2 one.
   const ConvProblem supported = conv_problem(kListingCases[4].conv);
   const ConvProblem strided = conv_problem(kListingCases[6].conv);
-  for (const ConvAlgoInfo& info : cpu().conv_algorithms(ConvKind::kForward, supported, false)) {
+  for (const ConvAlgoInfo& info : conv_algorithms(cpu(), ConvKind::kForward, supported, false)) {
     if (info.name != "winograd") continue;
-    EXPECT_THROW(cpu().conv_workspace(ConvKind::kForward, info.algo, strided, false), BackendError);
+    EXPECT_THROW(conv_workspace(cpu(), ConvKind::kForward, info.algo, strided, false), BackendError);
     return;
   }
   GTEST_SKIP() << "winograd not listed on this CPU; nothing unsupported to ask for";
@@ -236,7 +236,7 @@ TEST(CpuBackend, InnerProductOutputMustBePlain) {
   const DeviceBuffer wd = to_device(cpu(), Vec(static_cast<size_t>(120 * 50 * 16), 0.0f));
   DeviceTensor yt(cpu(), desc({4, 120, 1, 1}, y_layout));
   try {
-    cpu().inner_product_forward(xt.tensor, wd.floats(), nullptr, yt.tensor);
+    inner_product_forward(cpu(), xt.tensor, wd.floats(), nullptr, yt.tensor);
     FAIL() << "expected BackendError";
   } catch (const BackendError& e) {
     EXPECT_NE(std::string(e.what()).find("must be plain"), std::string::npos) << e.what();
@@ -249,7 +249,7 @@ TEST(CpuBackend, SoftmaxCrossEntropyLogitsMustBePlain) {
   if (layout == Layout::kPlain) GTEST_SKIP() << "plain is preferred for 10 channels";
   DeviceTensor logits(cpu(), desc({2, 10, 1, 1}, layout));
   DeviceBuffer labels(cpu(), 2 * sizeof(int32_t));
-  EXPECT_THROW(cpu().softmax_cross_entropy(logits.tensor, static_cast<const int32_t*>(labels.get()),
+  EXPECT_THROW(softmax_cross_entropy(cpu(), logits.tensor, static_cast<const int32_t*>(labels.get()),
                                            1.0f, nullptr),
                BackendError);
 }
@@ -260,11 +260,11 @@ TEST(CpuBackend, MismatchedDescriptorsAreNamed) {
   const DeviceTensor x(cpu(), desc({2, 16, 4, 4}, Layout::kPlain, DataType::kBF16));
   const DeviceTensor y(cpu(), desc({2, 16, 4, 4}));
   EXPECT_EQ(test_support::error_message<BackendError>(
-                [&] { cpu().relu_forward(x.tensor, y.tensor); }),
+                [&] { relu_forward(cpu(), x.tensor, y.tensor); }),
             "cpu backend: relu_forward: x is bf16, y is f32");
   const DeviceTensor dx(cpu(), desc({2, 16, 4, 5}, Layout::kBlocked8));
   EXPECT_EQ(test_support::error_message<BackendError>(
-                [&] { cpu().relu_backward(y.tensor, y.tensor, dx.tensor); }),
+                [&] { relu_backward(cpu(), y.tensor, y.tensor, dx.tensor); }),
             "cpu backend: relu_backward: y is 2x16x4x4, dx is 2x16x4x5; y is plain, dx is nChw8c");
 }
 

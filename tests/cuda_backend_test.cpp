@@ -155,7 +155,7 @@ TEST_F(CudaBackendTest, CopyAsyncRoundTripOnTheMemoryStreamWithEvents) {
   b.copy_async(device.get(), host_in, bytes, StreamKind::kMemory);  // prefetch
   const Event copied_in = b.record_event(StreamKind::kMemory);
   b.wait_event(StreamKind::kCompute, copied_in);
-  b.scale(device.floats(), count, 2.0f);  // compute uses the prefetched data
+  scale(b, device.floats(), count, 2.0f);  // compute uses the prefetched data
   const Event scaled = b.record_event(StreamKind::kCompute);
   b.wait_event(StreamKind::kMemory, scaled);
   b.copy_async(host_out, device.get(), bytes, StreamKind::kMemory);  // offload
@@ -259,8 +259,8 @@ TEST_F(CudaBackendTest, MicroBatchedConvolutionEqualsUndivided) {
   const DeviceBuffer bias = to_device(b, d.bias);
   const ConvProblem half = p.with_batch(3);
   for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
-    const ConvAlgoInfo whole_algo = b.conv_algorithms(kind, p, false).front();
-    const ConvAlgoInfo half_algo = b.conv_algorithms(kind, half, false).back();
+    const ConvAlgoInfo whole_algo = conv_algorithms(b, kind, p, false).front();
+    const ConvAlgoInfo half_algo = conv_algorithms(b, kind, half, false).back();
     DeviceBuffer ws(b, std::max(whole_algo.workspace_bytes, half_algo.workspace_bytes));
     const size_t ws_bytes = std::max(whole_algo.workspace_bytes, half_algo.workspace_bytes);
     const std::string what =
@@ -268,10 +268,10 @@ TEST_F(CudaBackendTest, MicroBatchedConvolutionEqualsUndivided) {
     switch (kind) {
       case ConvKind::kForward: {
         DeviceTensor whole(b, p.y), parts(b, p.y);
-        b.conv_forward(whole_algo.algo, p, x.tensor, w.floats(), bias.floats(), whole.tensor, 0.0f,
+        conv_forward(b, whole_algo.algo, p, x.tensor, w.floats(), bias.floats(), whole.tensor, 0.0f,
                        ws.get(), ws_bytes);
         for (int64_t first : {0, 3}) {
-          b.conv_forward(half_algo.algo, half, x.tensor.samples(first, 3), w.floats(),
+          conv_forward(b, half_algo.algo, half, x.tensor.samples(first, 3), w.floats(),
                          bias.floats(), parts.tensor.samples(first, 3), 0.0f, ws.get(), ws_bytes);
         }
         expect_close(from_device(b, parts.tensor), from_device(b, whole.tensor), kTransformRtol,
@@ -280,10 +280,10 @@ TEST_F(CudaBackendTest, MicroBatchedConvolutionEqualsUndivided) {
       }
       case ConvKind::kBackwardData: {
         DeviceTensor whole(b, p.x), parts(b, p.x);
-        b.conv_backward_data(whole_algo.algo, p, dy.tensor, w.floats(), whole.tensor, 0.0f,
+        conv_backward_data(b, whole_algo.algo, p, dy.tensor, w.floats(), whole.tensor, 0.0f,
                              ws.get(), ws_bytes);
         for (int64_t first : {0, 3}) {
-          b.conv_backward_data(half_algo.algo, half, dy.tensor.samples(first, 3), w.floats(),
+          conv_backward_data(b, half_algo.algo, half, dy.tensor.samples(first, 3), w.floats(),
                                parts.tensor.samples(first, 3), 0.0f, ws.get(), ws_bytes);
         }
         expect_close(from_device(b, parts.tensor), from_device(b, whole.tensor), kTransformRtol,
@@ -296,10 +296,10 @@ TEST_F(CudaBackendTest, MicroBatchedConvolutionEqualsUndivided) {
         DeviceBuffer whole_db(b, p.k * sizeof(float)), parts_db(b, p.k * sizeof(float));
         b.fill(flat(parts_dw.floats(), dw_count), kNaN);
         b.fill(flat(parts_db.floats(), p.k), kNaN);
-        b.conv_backward_filter(whole_algo.algo, p, x.tensor, dy.tensor, whole_dw.floats(),
+        conv_backward_filter(b, whole_algo.algo, p, x.tensor, dy.tensor, whole_dw.floats(),
                                whole_db.floats(), 0.0f, ws.get(), ws_bytes);
         for (int64_t first : {0, 3}) {
-          b.conv_backward_filter(half_algo.algo, half, x.tensor.samples(first, 3),
+          conv_backward_filter(b, half_algo.algo, half, x.tensor.samples(first, 3),
                                  dy.tensor.samples(first, 3), parts_dw.floats(), parts_db.floats(),
                                  first == 0 ? 0.0f : 1.0f, ws.get(), ws_bytes);
         }
@@ -321,12 +321,12 @@ TEST_F(CudaBackendTest, ConvolutionErrorsNameTheProblem) {
   EXPECT_CONTAINS(test_support::error_message<BackendError>(
                       [&] { b.conv_algorithm_name(ConvKind::kForward, 99); }),
                   "implicit_gemm");
-  const ConvAlgoInfo info = b.conv_algorithms(ConvKind::kForward, p, false).front();
+  const ConvAlgoInfo info = conv_algorithms(b, ConvKind::kForward, p, false).front();
   DeviceTensor x(b, p.x), y(b, p.y);
   DeviceBuffer w(b, p.weight_shape().elements() * sizeof(float));
   if (info.workspace_bytes > 0) {
     EXPECT_CONTAINS(test_support::error_message<BackendError>([&] {
-                      b.conv_forward(info.algo, p, x.tensor, w.floats(), nullptr, y.tensor, 0.0f,
+                      conv_forward(b, info.algo, p, x.tensor, w.floats(), nullptr, y.tensor, 0.0f,
                                      nullptr, info.workspace_bytes - 1);
                     }),
                     "workspace");
@@ -334,10 +334,10 @@ TEST_F(CudaBackendTest, ConvolutionErrorsNameTheProblem) {
   ConvProblem blocked = p;
   blocked.x.layout = Layout::kBlocked8;
   EXPECT_CONTAINS(test_support::error_message<BackendError>(
-                      [&] { b.conv_algorithms(ConvKind::kForward, blocked, false); }),
+                      [&] { conv_algorithms(b, ConvKind::kForward, blocked, false); }),
                   "nChw8c");
   EXPECT_THROW(
-      b.conv_forward(info.algo, p, x.tensor, w.floats(), nullptr, y.tensor, 0.5f, nullptr, 0),
+      conv_forward(b, info.algo, p, x.tensor, w.floats(), nullptr, y.tensor, 0.5f, nullptr, 0),
       BackendError);
 }
 
@@ -359,21 +359,21 @@ TEST_F(CudaBackendTest, Tf32OffersTensorCoreVariantsWithinTf32RoundingOfTheRefer
   const DeviceBuffer w = to_device(b, d.w);
   const DeviceBuffer bias = to_device(b, d.bias);
   for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
-    const std::vector<ConvAlgoInfo> algos = b.conv_algorithms(kind, p, false);
+    const std::vector<ConvAlgoInfo> algos = conv_algorithms(b, kind, p, false);
     const auto variants = std::count_if(algos.begin(), algos.end(), [](const ConvAlgoInfo& a) {
       return a.name.ends_with("/tf32");
     });
     EXPECT_GT(variants, 0) << conv_kind_name(kind);
-    for (const ConvAlgoInfo& a : gpu().conv_algorithms(kind, p, false)) {
+    for (const ConvAlgoInfo& a : conv_algorithms(gpu(), kind, p, false)) {
       EXPECT_FALSE(a.name.ends_with("/tf32")) << a.name;
     }
   }
   int ran = 0;
-  for (const ConvAlgoInfo& a : b.conv_algorithms(ConvKind::kForward, p, false)) {
+  for (const ConvAlgoInfo& a : conv_algorithms(b, ConvKind::kForward, p, false)) {
     if (!a.name.ends_with("/tf32")) continue;
     DeviceTensor y(b, p.y);
     DeviceBuffer ws(b, std::max<size_t>(a.workspace_bytes, 1));
-    b.conv_forward(a.algo, p, x.tensor, w.floats(), bias.floats(), y.tensor, 0.0f, ws.get(),
+    conv_forward(b, a.algo, p, x.tensor, w.floats(), bias.floats(), y.tensor, 0.0f, ws.get(),
                    a.workspace_bytes);
     expect_close(from_device(b, y.tensor), d.y_ref, 1e-2, a.name);
     ++ran;
@@ -411,23 +411,23 @@ void expect_half_configurations(DataType type, const std::vector<std::string_vie
   const ConvProblem p32 = backend_test::conv_problem(cc);
   const ConvData d(p);
   for (ConvKind kind : kConvKinds) {
-    const std::vector<ConvAlgoInfo> algos = b.conv_algorithms(kind, p, false);
+    const std::vector<ConvAlgoInfo> algos = conv_algorithms(b, kind, p, false);
     ASSERT_FALSE(algos.empty()) << conv_kind_name(kind) << " " << p.str();
     for (const ConvAlgoInfo& a : algos) {
       EXPECT_TRUE(std::any_of(suffixes.begin(), suffixes.end(),
                               [&](std::string_view s) { return has_suffix(a, s); }))
           << conv_kind_name(kind) << " " << a.name;
     }
-    for (const ConvAlgoInfo& a : b.conv_algorithms(kind, p32, false)) {
+    for (const ConvAlgoInfo& a : conv_algorithms(b, kind, p32, false)) {
       for (std::string_view s : suffixes) EXPECT_FALSE(has_suffix(a, s)) << a.name;
     }
     const std::string refused = test_support::error_message<BackendError>(
-        [&] { b.conv_workspace(kind, algos.front().algo, p32, false); });
+        [&] { conv_workspace(b, kind, algos.front().algo, p32, false); });
     EXPECT_CONTAINS(refused, dtype_name(type));
     EXPECT_CONTAINS(refused, "f32");
   }
   std::vector<int> ran(suffixes.size(), 0);
-  for (const ConvAlgoInfo& a : b.conv_algorithms(ConvKind::kForward, p, false)) {
+  for (const ConvAlgoInfo& a : conv_algorithms(b, ConvKind::kForward, p, false)) {
     const std::vector<Vec> y =
         run_conv(b, ConvKind::kForward, a, p, d, 0.0f, d.reference_of(ConvKind::kForward));
     expect_close(y[0], d.y_ref, half_conv_rtol(tolerances("cuda"), a.name, p, ConvKind::kForward),
@@ -486,7 +486,7 @@ TEST_F(CudaBackendTest, GraphEnginesRunEveryKindInBothLayoutsWithinHalfRoundingO
               return is_graph_engine(a.name);
             });
         EXPECT_GT(engines, 0) << conv_kind_name(kind) << ": no graph engine offered";
-        for (const ConvAlgoInfo& a : gpu().conv_algorithms(kind, p, false)) {
+        for (const ConvAlgoInfo& a : conv_algorithms(gpu(), kind, p, false)) {
           EXPECT_FALSE(is_graph_engine(a.name)) << a.name << " without cudnn_graph";
         }
       }
@@ -506,7 +506,7 @@ TEST_F(CudaBackendTest, GraphEnginesOfferTheConfiguredNumberPerVariant) {
   // Engines offered per variant suffix ("/pseudo_bf16", ...), the most of any.
   const auto most_per_variant = [&](Backend& b, ConvKind kind) {
     std::map<std::string, int> per;
-    for (const ConvAlgoInfo& a : b.conv_algorithms(kind, p, false)) {
+    for (const ConvAlgoInfo& a : conv_algorithms(b, kind, p, false)) {
       if (is_graph_engine(a.name)) ++per[a.name.substr(a.name.find('/'))];
     }
     int most = 0;
@@ -546,7 +546,7 @@ TEST_F(CudaBackendTest, HalfWeightGradientStaysF32AndAccumulatesOverMicroBatches
     const int64_t dw_count = p.weight_shape().elements();
     const DeviceTensor x = to_device(b, d.x, p.x);
     const DeviceTensor dy = to_device(b, d.dy, p.y);
-    for (const ConvAlgoInfo& a : b.conv_algorithms(ConvKind::kBackwardFilter, half, true)) {
+    for (const ConvAlgoInfo& a : conv_algorithms(b, ConvKind::kBackwardFilter, half, true)) {
       SCOPED_TRACE(a.name);
       EXPECT_GE(a.workspace_bytes, static_cast<size_t>(dw_count) * element_bytes(type));
       DeviceBuffer ws(b, a.workspace_bytes);
@@ -554,7 +554,7 @@ TEST_F(CudaBackendTest, HalfWeightGradientStaysF32AndAccumulatesOverMicroBatches
       b.fill(flat(dw.floats(), dw_count), kNaN);
       b.fill(flat(db.floats(), p.k), kNaN);
       for (int64_t first : {0, 3}) {
-        b.conv_backward_filter(a.algo, half, x.tensor.samples(first, 3),
+        conv_backward_filter(b, a.algo, half, x.tensor.samples(first, 3),
                                dy.tensor.samples(first, 3), dw.floats(), db.floats(),
                                first == 0 ? 0.0f : 1.0f, ws.get(), a.workspace_bytes);
       }
@@ -604,7 +604,7 @@ TEST_F(CudaBackendTest, ChannelSumsOverManyChunksMatchTheHost) {
           }
         }
       }
-      const ConvAlgoInfo a = b.conv_algorithms(ConvKind::kBackwardFilter, p, true).front();
+      const ConvAlgoInfo a = conv_algorithms(b, ConvKind::kBackwardFilter, p, true).front();
       const Vec dw_before(static_cast<size_t>(p.weight_shape().elements()), 0.0f);
       const Vec db_before(static_cast<size_t>(p.k), 3.0f);
       for (float beta : {0.0f, 1.0f}) {
@@ -618,7 +618,7 @@ TEST_F(CudaBackendTest, ChannelSumsOverManyChunksMatchTheHost) {
       }
       // The synchronised batch norm's sums of x and x^2 over the same tensor.
       const DeviceTensor dyt = to_device(b, d.dy, p.y);
-      const std::vector<double> sums = b.batch_norm_sums(dyt.tensor);
+      const std::vector<double> sums = batch_norm_sums(b, dyt.tensor);
       ASSERT_EQ(sums.size(), static_cast<size_t>(2 * ys.c));
       for (int64_t c = 0; c < ys.c; ++c) {
         EXPECT_NEAR(sums[c], want[c], 1e-9 * want[c]) << "sum, channel " << c;
@@ -633,7 +633,7 @@ TEST_F(CudaBackendTest, ChannelSumsOverManyChunksMatchTheHost) {
     const DeviceTensor xt = to_device(b, x, desc(xs, Layout::kPlain, type));
     const DeviceTensor dyt = to_device(b, dy, desc(ys, Layout::kPlain, type));
     DeviceBuffer dw(b, 60 * sizeof(float)), db(b, 10 * sizeof(float));
-    b.inner_product_backward_weights(xt.tensor, dyt.tensor, dw.floats(), db.floats(), 0.0f);
+    inner_product_backward_weights(b, xt.tensor, dyt.tensor, dw.floats(), db.floats(), 0.0f);
     const Vec got = from_device(b, db.floats(), 10);
     // f32 sums in cuDNN's bias gradient, in float in an order of its own:
     // 1.8e-6 of the sum off on an H200 (one missed element moves it 1.3e-4).
@@ -668,8 +668,8 @@ TEST_F(CudaBackendTest, ReluPropagatesNaNAndZeroesTheRestBitForBit) {
         const DeviceTensor xt = to_device(b, x, desc(shape, layout, type));
         const DeviceTensor dyt = to_device(b, dy, desc(shape, layout, type));
         DeviceTensor yt(b, desc(shape, layout, type)), dxt(b, desc(shape, layout, type));
-        b.relu_forward(xt.tensor, yt.tensor);
-        b.relu_backward(yt.tensor, dyt.tensor, dxt.tensor);
+        relu_forward(b, xt.tensor, yt.tensor);
+        relu_backward(b, yt.tensor, dyt.tensor, dxt.tensor);
         const Vec y = from_device(b, yt.tensor), dx = from_device(b, dxt.tensor);
         for (size_t i = 0; i < x.size(); ++i) {
           const float want_y = x[i] <= 0.0f ? 0.0f : x[i];  // NaN <= 0 is false
@@ -720,16 +720,16 @@ TEST_F(CudaBackendTest, TiledMaxPoolingMatchesTheReferenceAndPropagatesNaN) {
         const DeviceTensor xt = to_device(b, x, desc(shape, layout, type));
         const DeviceTensor dyt = to_device(b, dy, desc(out, layout, type));
         DeviceTensor yt(b, desc(out, layout, type)), dxt(b, desc(shape, layout, type));
-        b.pooling_forward(pool, xt.tensor, yt.tensor, nullptr);
-        b.pooling_backward(pool, xt.tensor, yt.tensor, dyt.tensor, dxt.tensor, nullptr);
+        pooling_forward(b, pool, xt.tensor, yt.tensor, nullptr);
+        pooling_backward(b, pool, xt.tensor, yt.tensor, dyt.tensor, dxt.tensor, nullptr);
         expect_equal(from_device(b, yt.tensor), y_ref, "y");
         expect_equal(from_device(b, dxt.tensor), dx_ref, "dx");
 
         // Element (0, 0, 1, 1) is in window (0, 0, 0, 0), not its first.
         x[static_cast<size_t>(shape.w + 1)] = kNaN;
         const DeviceTensor nan_x = to_device(b, x, desc(shape, layout, type));
-        b.pooling_forward(pool, nan_x.tensor, yt.tensor, nullptr);
-        b.pooling_backward(pool, nan_x.tensor, yt.tensor, dyt.tensor, dxt.tensor, nullptr);
+        pooling_forward(b, pool, nan_x.tensor, yt.tensor, nullptr);
+        pooling_backward(b, pool, nan_x.tensor, yt.tensor, dyt.tensor, dxt.tensor, nullptr);
         EXPECT_TRUE(std::isnan(from_device(b, yt.tensor)[0]));
         const Vec dx = from_device(b, dxt.tensor);
         EXPECT_EQ(dx[static_cast<size_t>(shape.w + 1)], dy[0]);
@@ -925,19 +925,19 @@ TEST_F(CudaBackendTest, BiasReluOpsMatchTheConvolutionsOwnBitForBit) {
       const ConvProblem p =
           backend_test::conv_problem({"pair", 8, 14, 14, 64, 1, 0, 1, 4}, layout, layout, type);
       const ConvData d(p);
-      const ConvAlgoInfo fwd = b.conv_algorithms(ConvKind::kForward, p, false).front();
-      const ConvAlgoInfo bwd = b.conv_algorithms(ConvKind::kBackwardFilter, p, false).front();
+      const ConvAlgoInfo fwd = conv_algorithms(b, ConvKind::kForward, p, false).front();
+      const ConvAlgoInfo bwd = conv_algorithms(b, ConvKind::kBackwardFilter, p, false).front();
       DeviceBuffer ws(b, std::max(fwd.workspace_bytes, bwd.workspace_bytes));
       const DeviceTensor x = to_device(b, d.x, p.x);
       const DeviceBuffer w = to_device(b, d.w, type);
       const DeviceBuffer bias = to_device(b, d.bias, type);
       DeviceTensor y(b, p.y), unpaired(b, p.y), paired(b, p.y);
-      b.conv_forward(fwd.algo, p, x.tensor, w.get(), bias.get(), y.tensor, 0.0f, ws.get(),
+      conv_forward(b, fwd.algo, p, x.tensor, w.get(), bias.get(), y.tensor, 0.0f, ws.get(),
                      fwd.workspace_bytes);
-      b.relu_forward(y.tensor, unpaired.tensor);
-      b.conv_forward(fwd.algo, p, x.tensor, w.get(), nullptr, y.tensor, 0.0f, ws.get(),
+      relu_forward(b, y.tensor, unpaired.tensor);
+      conv_forward(b, fwd.algo, p, x.tensor, w.get(), nullptr, y.tensor, 0.0f, ws.get(),
                      fwd.workspace_bytes);
-      b.bias_relu_forward(y.tensor, bias.get(), paired.tensor);
+      bias_relu_forward(b, y.tensor, bias.get(), paired.tensor);
       const Vec relu_out = from_device(b, unpaired.tensor);
       EXPECT_TRUE(test_support::bitwise_equal(relu_out, from_device(b, paired.tensor)));
       EXPECT_GT(std::count(relu_out.begin(), relu_out.end(), 0.0f), 0);  // relu had work
@@ -947,10 +947,10 @@ TEST_F(CudaBackendTest, BiasReluOpsMatchTheConvolutionsOwnBitForBit) {
       DeviceTensor dx_unpaired(b, p.y), dx_paired(b, p.y);
       DeviceBuffer dw(b, p.weight_shape().elements() * sizeof(float));
       DeviceBuffer db_unpaired(b, p.k * sizeof(float)), db_paired(b, p.k * sizeof(float));
-      b.relu_backward(unpaired.tensor, dy.tensor, dx_unpaired.tensor);
-      b.conv_backward_filter(bwd.algo, p, x.tensor, dx_unpaired.tensor, dw.floats(),
+      relu_backward(b, unpaired.tensor, dy.tensor, dx_unpaired.tensor);
+      conv_backward_filter(b, bwd.algo, p, x.tensor, dx_unpaired.tensor, dw.floats(),
                              db_unpaired.floats(), 0.0f, ws.get(), bwd.workspace_bytes);
-      b.relu_backward_bias(unpaired.tensor, dy.tensor, dx_paired.tensor, db_paired.floats());
+      relu_backward_bias(b, unpaired.tensor, dy.tensor, dx_paired.tensor, db_paired.floats());
       EXPECT_TRUE(test_support::bitwise_equal(from_device(b, dx_unpaired.tensor),
                                               from_device(b, dx_paired.tensor)));
       EXPECT_TRUE(test_support::bitwise_equal(from_device(b, db_unpaired.floats(), p.k),

@@ -10,6 +10,7 @@
 
 #include "common/half.h"
 #include "worker/device/backend.h"
+#include "worker/device/op_calls.h"
 #include "worker/device/test_only/half_emulation.h"
 
 namespace vtrain::worker {
@@ -61,7 +62,7 @@ TEST(HalfEmulation, AnOpIsTheF32OpOnTheRoundedInputsRoundedOnce) {
     Buffer fy(*plain, {out, Layout::kPlain, DataType::kF32});
     plain->upload(rounded(x).data(), fx.tensor);
     const std::vector<float> rw = rounded(w), rb = rounded(b);
-    plain->inner_product_forward(fx.tensor, rw.data(), rb.data(), fy.tensor);
+    inner_product_forward(*plain, fx.tensor, rw.data(), rb.data(), fy.tensor);
     std::vector<float> expected(static_cast<size_t>(out.elements()));
     plain->download(fy.tensor, expected.data());
     expected = rounded(expected);
@@ -72,7 +73,7 @@ TEST(HalfEmulation, AnOpIsTheF32OpOnTheRoundedInputsRoundedOnce) {
     emulated->upload(x.data(), hx.tensor);
     emulated->upload(w.data(), hw.tensor);
     emulated->upload(b.data(), hb.tensor);
-    emulated->inner_product_forward(hx.tensor, hw.tensor.data, hb.tensor.data, hy.tensor);
+    inner_product_forward(*emulated, hx.tensor, hw.tensor.data, hb.tensor.data, hy.tensor);
     std::vector<float> got(static_cast<size_t>(out.elements()));
     emulated->download(hy.tensor, got.data());
     EXPECT_EQ(got, expected);

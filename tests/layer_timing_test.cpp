@@ -54,7 +54,7 @@ TEST(LayerTiming, OneEntryPerLayerEachPositiveButTheData) {
   EXPECT_EQ(costs.to_host_bytes_per_second, 1e9);
   EXPECT_EQ(costs.to_device_bytes_per_second, 2e9);
   // Every buffer went back (the ops' own scratch, which only grows, aside).
-  EXPECT_EQ(backend->device_bytes_in_use(), before + backend->scratch_bytes());
+  EXPECT_EQ(backend->device_bytes_in_use(), before + backend->scratch_reserved());
 }
 
 TEST(LayerTiming, AConvolutionTakesLongerThanTheReluOfItsOutput) {
@@ -82,8 +82,8 @@ TEST(LayerTiming, CopyBandwidthIsPositiveEachWayAndFitsTheDevice) {
   EXPECT_LE(b.compute_share, 1);
   // Nothing is kept but the backend's own scratch (the product's weights
   // in the primitive's format).
-  EXPECT_EQ(backend->device_bytes_in_use(), backend->scratch_bytes());
-  EXPECT_LE(backend->scratch_bytes(), size_t{128} << 10);
+  EXPECT_EQ(backend->device_bytes_in_use(), backend->scratch_reserved());
+  EXPECT_LE(backend->scratch_reserved(), size_t{128} << 10);
 
   // Under a 64 KiB device the copies shrink to what is free beside the
   // compute share's product (in at most half of it).
@@ -91,7 +91,7 @@ TEST(LayerTiming, CopyBandwidthIsPositiveEachWayAndFitsTheDevice) {
   const size_t copied = measure_copy_bandwidth(*small, size_t{1} << 20, 1).bytes;
   EXPECT_GE(copied, size_t{16} << 10);
   EXPECT_LT(copied, size_t{64} << 10);
-  EXPECT_EQ(small->device_bytes_in_use(), small->scratch_bytes());
+  EXPECT_EQ(small->device_bytes_in_use(), small->scratch_reserved());
   auto tiny = make_backend({.kind = "cpu", .threads = 1, .memory_limit = 1024});
   // What the smallest product needs depends on the ISA's weight format.
   const std::string message = test_support::error_message<memory::OutOfMemoryError>(
@@ -127,7 +127,7 @@ TEST(LayerTiming, ATooSmallDeviceNamesTheLayerAlikeEveryTimeAndKeepsNothing) {
     auto backend = make_backend({.kind = "cpu", .threads = 1, .memory_limit = 256 << 10});
     const std::string message = test_support::error_message<memory::OutOfMemoryError>(
         [&] { measure_graph_step_costs(graph, *backend, 64, {}, "direct", kQuick); });
-    EXPECT_EQ(backend->device_bytes_in_use(), backend->scratch_bytes());
+    EXPECT_EQ(backend->device_bytes_in_use(), backend->scratch_reserved());
     return message;
   };
   const std::string first = failure();
@@ -214,7 +214,7 @@ TEST(LayerTiming, BackwardWritesGradientsAsATrainingStepDoes) {
       EXPECT_TRUE(rec[i]->saw_storage && rec[i]->trained) << graph.layer(i).name;
       EXPECT_FALSE(rec[i]->bound()) << graph.layer(i).name << " is still bound";
     }
-    EXPECT_EQ(backend->device_bytes_in_use(), backend->scratch_bytes());
+    EXPECT_EQ(backend->device_bytes_in_use(), backend->scratch_reserved());
   }
 }
 

@@ -452,8 +452,8 @@ class MicroBatchTest : public NetworkTest {
     p.x = {{7, 16, 9, 9}, layout};
     p.y = {{7, 16, 9, 9}, layout};
     p.k = 16;
-    p.r = p.s = 3;
-    p.pad_h = p.pad_w = 1;
+    p.window.kernel_h = p.window.kernel_w = 3;
+    p.window.pad_h = p.window.pad_w = 1;
     return p;
   }
   float* device_floats(const std::vector<float>& host, const TensorDesc& desc) {
@@ -492,8 +492,8 @@ class MicroBatchTest : public NetworkTest {
     for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
       for (const ConvStep& s : steps[static_cast<int>(kind)]) {
         for (bool accumulate : {false, true}) {
-          ws = std::max(ws, backend_->conv_workspace(kind, s.algo, p.with_batch(s.size),
-                                                     accumulate));
+          const worker::ConvDesc op{kind, p.with_batch(s.size), s.algo, accumulate ? 1.0f : 0.0f};
+          ws = std::max(ws, backend_->scratch_bytes(op).scratch);
         }
       }
     }
@@ -530,7 +530,7 @@ TEST_F(MicroBatchTest, EveryKindAndAlgorithmMicroBatchedEqualsUndivided) {
   const ConvProblem p = problem();
   int compared = 0;
   for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
-    const auto algos = backend_->conv_algorithms(kind, p, kind == ConvKind::kBackwardData);
+    const auto algos = conv_algorithms(*backend_, kind, p, kind == ConvKind::kBackwardData);
     ASSERT_GE(algos.size(), 2u) << conv_kind_name(kind);
     for (const ConvAlgoInfo& a : algos) {
       // The reference runs every kind undivided with the same algorithm;
@@ -557,7 +557,7 @@ TEST_F(MicroBatchTest, MixedAlgorithmsAndRepeatedCallsCoverTheBatch) {
   const ConvProblem p = problem();
   std::vector<ConvStep> whole[3], mixed[3];
   for (int k = 0; k < 3; ++k) {
-    const auto algos = backend_->conv_algorithms(static_cast<ConvKind>(k), p, k == 1);
+    const auto algos = conv_algorithms(*backend_, static_cast<ConvKind>(k), p, k == 1);
     whole[k] = {{algos[0].algo, 7}};
     // 2 + 2 + 2 + 1: the pattern repeats and the last call is cut.
     mixed[k] = {{algos.back().algo, 2}, {algos[0].algo, 2}};
@@ -570,7 +570,7 @@ TEST_F(MicroBatchTest, MixedAlgorithmsAndRepeatedCallsCoverTheBatch) {
 
 TEST_F(MicroBatchTest, TooSmallAWorkspaceIsAClearError) {
   const ConvProblem p = problem();
-  for (const ConvAlgoInfo& a : backend_->conv_algorithms(ConvKind::kBackwardFilter, p, false)) {
+  for (const ConvAlgoInfo& a : conv_algorithms(*backend_, ConvKind::kBackwardFilter, p, false)) {
     if (a.workspace_bytes == 0) continue;
     const std::vector<ConvStep> steps{{a.algo, 7}};
     ConvOperands o;

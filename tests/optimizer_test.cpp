@@ -355,14 +355,14 @@ TEST(LabelSmoothing, LossAndGradientMatchAHandComputation) {
   backend->upload_labels(&label, labels, 1);
   backend->upload(logits.data(), {desc, z});
   const worker::Tensor dlogits{desc, dz};
-  const worker::LossStats s = backend->softmax_cross_entropy({desc, z}, labels, 0.5f, &dlogits, 0.3f);
+  const worker::LossStats s = softmax_cross_entropy(*backend, {desc, z}, labels, 0.5f, &dlogits, 0.3f);
   EXPECT_NEAR(s.loss_sum, 1.4076059644, 1e-9);
   std::vector<float> d(3);
   backend->download(dlogits, d.data());
   const double want[] = {-0.5552715289, 0.5652409558, -0.0099694268};
   for (int j = 0; j < 3; ++j) EXPECT_NEAR(d[j], 0.5 * want[j], 1e-7) << j;
   // Smoothing 0 is the plain cross-entropy: 2.4076059644 - 1.
-  EXPECT_NEAR(backend->softmax_cross_entropy({desc, z}, labels, 1.0f, nullptr).loss_sum,
+  EXPECT_NEAR(softmax_cross_entropy(*backend, {desc, z}, labels, 1.0f, nullptr).loss_sum,
               1.4076059644, 1e-9);
   backend->free_device(labels);
   backend->free_device(dz);

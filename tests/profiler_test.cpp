@@ -77,7 +77,7 @@ TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
   ConvProblem conv2;
   conv2.x = {{6, 20, 6, 6}, backend->preferred_layout(20)};
   conv2.k = 50;
-  conv2.r = conv2.s = 5;
+  conv2.window.kernel_h = conv2.window.kernel_w = 5;
   conv2.y = {conv2.output_shape(), backend->preferred_layout(50)};
   const auto measured = db.kernel_measurements(device, kernel_signature(ConvKind::kForward, conv2));
   std::set<int64_t> micro;
@@ -85,7 +85,7 @@ TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
     micro.insert(m.micro_batch);
     EXPECT_GT(m.time_ms, 0);
     const ConvProblem piece = conv2.with_batch(m.micro_batch);
-    for (const ConvAlgoInfo& a : backend->conv_algorithms(ConvKind::kForward, piece, false)) {
+    for (const ConvAlgoInfo& a : conv_algorithms(*backend, ConvKind::kForward, piece, false)) {
       if (a.name == m.algorithm) {
         EXPECT_EQ(m.workspace_bytes, a.workspace_bytes) << a.name;
       }
@@ -317,7 +317,7 @@ TEST(Profiler, TogetherPeersArriveOnceForAnItemTheirDeviceCannotHold) {
   const size_t large_peak = std::max(steps[0].peak_device_bytes, steps[1].peak_device_bytes);
   ASSERT_LT(small_peak, large_peak);
 
-  const size_t limit = roomy->scratch_bytes() + (small_peak + large_peak) / 2;
+  const size_t limit = roomy->scratch_reserved() + (small_peak + large_peak) / 2;
   auto limited = make_backend({.kind = "cpu", .threads = 1, .memory_limit = limit});
   int agreements = 0, arrivals = 0, with_work = 0;
   options.peers = {.index = 1,

@@ -45,9 +45,8 @@ void for_each_in_window(int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t 
   }
 }
 
-Shape pool_output_shape(const PoolParams& p, const Shape& x) {
-  return {x.n, x.c, worker::window_output(x.h, p.kh, p.stride_h, p.pad_h),
-          worker::window_output(x.w, p.kw, p.stride_w, p.pad_w)};
+Shape pool_output_shape(const PoolDesc& p, const Shape& x) {
+  return p.window.output_shape(x, x.c);
 }
 
 // Channel statistics accumulate over N, H and W.
@@ -70,10 +69,10 @@ Vec conv_forward(const ConvProblem& p, const Vec& x, const Vec& w, const Vec& bi
         for (int64_t ow = 0; ow < ys.w; ++ow) {
           double sum = bias.empty() ? 0.0 : bias[k];
           for (int64_t c = 0; c < xs.c; ++c) {
-            for_each_in_window(oh, ow, p.r, p.s, p.stride_h, p.stride_w, p.pad_h, p.pad_w, xs.h,
+            for_each_in_window(oh, ow, p.window.kernel_h, p.window.kernel_w, p.window.stride_h, p.window.stride_w, p.window.pad_h, p.window.pad_w, xs.h,
                                xs.w, [&](int64_t ih, int64_t iw, int64_t r, int64_t s) {
                                  sum += double(x[at(xs, n, c, ih, iw)]) *
-                                        w[((k * xs.c + c) * p.r + r) * p.s + s];
+                                        w[((k * xs.c + c) * p.window.kernel_h + r) * p.window.kernel_w + s];
                                });
           }
           y[at(ys, n, k, oh, ow)] = static_cast<float>(sum);
@@ -97,10 +96,10 @@ Vec conv_backward_data(const ConvProblem& p, const Vec& dy, const Vec& w) {
         for (int64_t ow = 0; ow < ys.w; ++ow) {
           const double g = dy[at(ys, n, k, oh, ow)];
           for (int64_t c = 0; c < xs.c; ++c) {
-            for_each_in_window(oh, ow, p.r, p.s, p.stride_h, p.stride_w, p.pad_h, p.pad_w, xs.h,
+            for_each_in_window(oh, ow, p.window.kernel_h, p.window.kernel_w, p.window.stride_h, p.window.stride_w, p.window.pad_h, p.window.pad_w, xs.h,
                                xs.w, [&](int64_t ih, int64_t iw, int64_t r, int64_t s) {
                                  dx[at(xs, n, c, ih, iw)] +=
-                                     g * w[((k * xs.c + c) * p.r + r) * p.s + s];
+                                     g * w[((k * xs.c + c) * p.window.kernel_h + r) * p.window.kernel_w + s];
                                });
           }
         }
@@ -124,9 +123,9 @@ Vec conv_backward_filter(const ConvProblem& p, const Vec& x, const Vec& dy, Vec*
           const double g = dy[at(ys, n, k, oh, ow)];
           db[k] += g;
           for (int64_t c = 0; c < xs.c; ++c) {
-            for_each_in_window(oh, ow, p.r, p.s, p.stride_h, p.stride_w, p.pad_h, p.pad_w, xs.h,
+            for_each_in_window(oh, ow, p.window.kernel_h, p.window.kernel_w, p.window.stride_h, p.window.stride_w, p.window.pad_h, p.window.pad_w, xs.h,
                                xs.w, [&](int64_t ih, int64_t iw, int64_t r, int64_t s) {
-                                 dw[((k * xs.c + c) * p.r + r) * p.s + s] +=
+                                 dw[((k * xs.c + c) * p.window.kernel_h + r) * p.window.kernel_w + s] +=
                                      g * x[at(xs, n, c, ih, iw)];
                                });
           }
@@ -180,11 +179,11 @@ namespace {
 
 // Offset (in x) of the element max pooling selects for output (n, c, oh, ow):
 // the first maximum in row-major window order, padding excluded.
-int64_t max_position(const PoolParams& p, const Shape& xs, const Vec& x, int64_t n, int64_t c,
+int64_t max_position(const PoolDesc& p, const Shape& xs, const Vec& x, int64_t n, int64_t c,
                      int64_t oh, int64_t ow) {
   int64_t best = -1;
   float best_value = -std::numeric_limits<float>::infinity();
-  for_each_in_window(oh, ow, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w, xs.h, xs.w,
+  for_each_in_window(oh, ow, p.window.kernel_h, p.window.kernel_w, p.window.stride_h, p.window.stride_w, p.window.pad_h, p.window.pad_w, xs.h, xs.w,
                      [&](int64_t ih, int64_t iw, int64_t, int64_t) {
                        const int64_t i = at(xs, n, c, ih, iw);
                        if (best < 0 || x[i] > best_value) {
@@ -196,16 +195,16 @@ int64_t max_position(const PoolParams& p, const Shape& xs, const Vec& x, int64_t
 }
 
 // Window elements inside the input: the divisor of average pooling.
-int64_t window_count(const PoolParams& p, const Shape& xs, int64_t oh, int64_t ow) {
+int64_t window_count(const PoolDesc& p, const Shape& xs, int64_t oh, int64_t ow) {
   int64_t count = 0;
-  for_each_in_window(oh, ow, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w, xs.h, xs.w,
+  for_each_in_window(oh, ow, p.window.kernel_h, p.window.kernel_w, p.window.stride_h, p.window.stride_w, p.window.pad_h, p.window.pad_w, xs.h, xs.w,
                      [&](int64_t, int64_t, int64_t, int64_t) { ++count; });
   return count;
 }
 
 }  // namespace
 
-Vec pooling_forward(const PoolParams& p, const Shape& xs, const Vec& x) {
+Vec pooling_forward(const PoolDesc& p, const Shape& xs, const Vec& x) {
   check_size("pooling_forward", "x", x, xs.elements());
   const Shape ys = pool_output_shape(p, xs);
   Vec y(static_cast<size_t>(ys.elements()));
@@ -219,7 +218,7 @@ Vec pooling_forward(const PoolParams& p, const Shape& xs, const Vec& x) {
           } else {
             double sum = 0.0;
             for_each_in_window(
-                oh, ow, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w, xs.h, xs.w,
+                oh, ow, p.window.kernel_h, p.window.kernel_w, p.window.stride_h, p.window.stride_w, p.window.pad_h, p.window.pad_w, xs.h, xs.w,
                 [&](int64_t ih, int64_t iw, int64_t, int64_t) { sum += x[at(xs, n, c, ih, iw)]; });
             value = static_cast<float>(sum / double(window_count(p, xs, oh, ow)));
           }
@@ -231,7 +230,7 @@ Vec pooling_forward(const PoolParams& p, const Shape& xs, const Vec& x) {
   return y;
 }
 
-Vec pooling_backward(const PoolParams& p, const Shape& xs, const Vec& x, const Vec& dy) {
+Vec pooling_backward(const PoolDesc& p, const Shape& xs, const Vec& x, const Vec& dy) {
   check_size("pooling_backward", "x", x, xs.elements());
   const Shape ys = pool_output_shape(p, xs);
   check_size("pooling_backward", "dy", dy, ys.elements());
@@ -245,7 +244,7 @@ Vec pooling_backward(const PoolParams& p, const Shape& xs, const Vec& x, const V
             dx[max_position(p, xs, x, n, c, oh, ow)] += g;
           } else {
             const double share = g / double(window_count(p, xs, oh, ow));
-            for_each_in_window(oh, ow, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w, xs.h,
+            for_each_in_window(oh, ow, p.window.kernel_h, p.window.kernel_w, p.window.stride_h, p.window.stride_w, p.window.pad_h, p.window.pad_w, xs.h,
                                xs.w, [&](int64_t ih, int64_t iw, int64_t, int64_t) {
                                  dx[at(xs, n, c, ih, iw)] += share;
                                });

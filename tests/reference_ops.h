@@ -19,7 +19,7 @@
 namespace vtrain::reference {
 
 using worker::ConvProblem;
-using worker::PoolParams;
+using worker::PoolDesc;
 using worker::Shape;
 using Vec = std::vector<float>;
 
@@ -42,8 +42,8 @@ Vec channel_sums(const Shape& shape, const Vec& x);
 
 // Max pooling ties pick the first maximum in row-major window order; average
 // pooling divides by the number of window elements inside the input.
-Vec pooling_forward(const PoolParams& p, const Shape& x_shape, const Vec& x);
-Vec pooling_backward(const PoolParams& p, const Shape& x_shape, const Vec& x, const Vec& dy);
+Vec pooling_forward(const PoolDesc& p, const Shape& x_shape, const Vec& x);
+Vec pooling_backward(const PoolDesc& p, const Shape& x_shape, const Vec& x, const Vec& dy);
 
 // w is {out, in} with in = x.c * x.h * x.w.
 Vec inner_product_forward(const Shape& x_shape, const Vec& x, int64_t out, const Vec& w,

@@ -97,12 +97,7 @@ ConvProblem make_conv(Shape x, int64_t k, int64_t r, int64_t s, int64_t pad_h, i
   ConvProblem p{.x = TensorDesc{.shape = x},
                 .y = {},
                 .k = k,
-                .r = r,
-                .s = s,
-                .pad_h = pad_h,
-                .pad_w = pad_w,
-                .stride_h = stride_h,
-                .stride_w = stride_w};
+                .window = {r, s, stride_h, stride_w, pad_h, pad_w}};
   p.y.shape = p.output_shape();
   return p;
 }
@@ -171,13 +166,7 @@ TEST(ReferenceRelu, ClampsNegativesAndMasksGradient) {
 TEST(ReferencePooling, MaxAndAverageWithPaddingExcluded) {
   const Shape xs{1, 1, 3, 3};
   const Vec x = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-  PoolParams p{.kind = PoolKind::kAverage,
-               .kh = 3,
-               .kw = 3,
-               .stride_h = 2,
-               .stride_w = 2,
-               .pad_h = 1,
-               .pad_w = 1};
+  PoolDesc p{.kind = PoolKind::kAverage, .window = {3, 3, 2, 2, 1, 1}};
   // Every window holds four in-bounds elements: divide by 4, not 9.
   expect_vec_near(pooling_forward(p, xs, x), {3, 4, 6, 7}, 1e-6);
   expect_vec_near(pooling_backward(p, xs, x, {4, 4, 4, 4}), {1, 2, 1, 2, 4, 2, 1, 2, 1}, 1e-6);
@@ -187,14 +176,14 @@ TEST(ReferencePooling, MaxAndAverageWithPaddingExcluded) {
 }
 
 TEST(ReferencePooling, MaxTiesPickTheFirstInRowMajorOrder) {
-  const PoolParams p;  // max, 2x2, stride 2
+  const PoolDesc p;  // max, 2x2, stride 2
   const Shape xs{1, 1, 2, 2};
   expect_vec_near(pooling_backward(p, xs, {7, 7, 7, 7}, {1}), {1, 0, 0, 0}, 0);
   expect_vec_near(pooling_backward(p, xs, {1, 3, 3, 2}, {1}), {0, 1, 0, 0}, 0);
 }
 
 TEST(ReferencePooling, OddInputDropsTheLastRowAndColumn) {
-  const PoolParams p;  // 2x2 stride 2 over 3x3 gives 1x1
+  const PoolDesc p;  // 2x2 stride 2 over 3x3 gives 1x1
   const Shape xs{1, 1, 3, 3};
   const Vec x = {1, 2, 30, 4, 5, 60, 70, 80, 90};
   expect_vec_near(pooling_forward(p, xs, x), {5}, 0);
@@ -355,23 +344,16 @@ TEST(ReferenceGradient, Relu) {
 
 TEST(ReferenceGradient, Pooling) {
   std::mt19937 rng(4);
-  const PoolParams k2s2{.kind = PoolKind::kMax, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2};
-  const PoolParams k3s2p1{.kind = PoolKind::kMax,
-                          .kh = 3,
-                          .kw = 3,
-                          .stride_h = 2,
-                          .stride_w = 2,
-                          .pad_h = 1,
-                          .pad_w = 1};
+  const PoolDesc k2s2{.kind = PoolKind::kMax, .window = {2, 2, 2, 2, 0, 0}};
+  const PoolDesc k3s2p1{.kind = PoolKind::kMax, .window = {3, 3, 2, 2, 1, 1}};
   for (PoolKind kind : {PoolKind::kMax, PoolKind::kAverage}) {
-    for (PoolParams p : {k2s2, k3s2p1}) {
+    for (PoolDesc p : {k2s2, k3s2p1}) {
       p.kind = kind;
       for (const Shape xs : {Shape{2, 2, 4, 4}, Shape{1, 3, 5, 5}, Shape{1, 2, 6, 7}}) {
         SCOPED_TRACE(std::string(kind == PoolKind::kMax ? "max " : "avg ") + "k" +
-                     std::to_string(p.kh) + " x " + xs.str());
+                     std::to_string(p.window.kernel_h) + " x " + xs.str());
         const Vec x = random_distinct(rng, xs.elements(), 0.05f);
-        const Shape ys{xs.n, xs.c, worker::window_output(xs.h, p.kh, p.stride_h, p.pad_h),
-                       worker::window_output(xs.w, p.kw, p.stride_w, p.pad_w)};
+        const Shape ys = p.window.output_shape(xs, xs.c);
         const Vec r = random_vec(rng, ys.elements());
         expect_gradient(
             "dx", [&](const Vec& xv) { return weighted_sum(pooling_forward(p, xs, xv), r); }, x,

@@ -15,6 +15,12 @@
 namespace vtrain::worker {
 
 // ------------------------------------------------------------ convolution
+// The backend's algorithms for `kind` of `p`, each with its workspace,
+// `accumulate` where calls may run with beta 1.
+inline std::vector<ConvAlgoInfo> conv_algorithms(Backend& b, ConvKind kind, const ConvProblem& p,
+                                                 bool accumulate) {
+  return b.conv_algorithms(ConvDesc{kind, p, 0, accumulate ? 1.0f : 0.0f});
+}
 inline void conv_forward(Backend& b, ConvAlgo algo, const ConvProblem& p, const Tensor& x,
                          const void* w, const void* bias, const Tensor& y, float beta,
                          void* workspace, size_t workspace_bytes) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "worker/device/backend.h"
+#include "worker/device/op_calls.h"
 #include "worker/engine/graph.h"
 
 namespace vtrain::worker {
@@ -66,13 +67,6 @@ inline bool adds_to_shared_input_gradient(ConvKind kind) {
 // BackwardFilter run as micro-batches sums dW and dbias over them: beta 1
 // after the first call.
 inline bool sums_over_micro_batches(ConvKind kind) { return kind == ConvKind::kBackwardFilter; }
-
-// The backend's algorithms for `kind` of `p`, each with its workspace,
-// `accumulate` where calls may run with beta 1 (the reasons above).
-inline std::vector<ConvAlgoInfo> conv_algorithms(Backend& backend, ConvKind kind,
-                                                 const ConvProblem& p, bool accumulate) {
-  return backend.conv_algorithms(ConvDesc{kind, p, 0, accumulate ? 1.0f : 0.0f});
-}
 
 // Runs `kind` of problem p (p.x.shape.n images) as the calls `steps`, in
 // order, each on its slice of the samples; when the steps cover fewer images
