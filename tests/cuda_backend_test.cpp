@@ -113,6 +113,18 @@ TEST_F(CudaBackendTest, DescribesTheDevice) {
   EXPECT_EQ(pooling_state_bytes(gpu(), {}, desc({2, 3, 4, 4}), desc({2, 3, 2, 2})), 0u);
 }
 
+// A convolution's bias is a pass over the activations here: the fusion
+// pass's rule under auto pairs it with the relu after it (prefers()), and
+// nothing else is preferred.
+TEST_F(CudaBackendTest, PrefersTheBiasPairedReluOnly) {
+  const TensorDesc x = desc({2, 8, 4, 4});
+  EXPECT_TRUE(gpu().prefers(ActivationDesc{.x = x, .bias = true}));
+  EXPECT_TRUE(
+      gpu().prefers(ActivationDesc{.direction = Direction::kBackward, .x = x, .bias = true}));
+  EXPECT_FALSE(gpu().prefers(ActivationDesc{.x = x}));
+  EXPECT_FALSE(gpu().prefers(BinaryDesc{.a = x, .b = x, .y = x}));
+}
+
 TEST_F(CudaBackendTest, FactoryPicksCudaForAutoWhenAGpuIsVisible) {
   EXPECT_TRUE(gpu_available());
   EXPECT_EQ(make_backend({.kind = "auto"})->device_info().backend, "cuda");
