@@ -48,7 +48,7 @@ class ConvConformance : public OnEveryBackend<ConvCase> {
  protected:
   // Every algorithm listed for `op` in every layout pair, with beta = 0
   // (the algorithms and workspaces listed without accumulation) and beta = 1
-  // (those listed with it): each reports the workspace conv_workspace() says
+  // (those listed with it): each reports the workspace scratch_bytes() of its descriptor says
   // and its name, and computes reference + beta * previous contents. A
   // backend other than the CPU also matches the CPU backend's result.
   void check_every_algorithm(ConvKind op) {
@@ -185,7 +185,7 @@ worker::InnerProductDesc fc_desc(const TensorDesc& x) {
 }
 
 const ScratchCase kScratchCases[] = {
-    {"relu", [](Backend& b) -> Ops { return {ActivationDesc{.x = x16(b)}}; },
+    {"relu", [](Backend& b) -> Ops { return {ActivationDesc{.x = x16(b), .y = x16(b)}}; },
      [](Backend& b) {
        DeviceTensor x = filled(b, x16(b)), y = filled(b, x16(b));
        relu_forward(b, x.tensor, y.tensor);

@@ -37,7 +37,7 @@ inline void pooling_forward(Backend& b, const PoolDesc& p, const Tensor& x, cons
 }
 inline void pooling_backward(Backend& b, const PoolDesc& p, const Tensor& x, const Tensor& y,
                              const Tensor& dy, const Tensor& dx, const void* state) {
-  b.run(PoolDesc{p.kind, Direction::kBackward, x.desc, y.desc, p.window},
+  b.run(PoolDesc{p.kind, Direction::kBackward, x.desc, y.desc, p.window, dy.desc, dx.desc},
         PoolArgs{.x = x.data, .y = y.data, .dy = dy.data, .dx = dx.data,
                  .state = const_cast<void*>(state)});
 }
@@ -53,21 +53,21 @@ inline void batch_norm_forward_training(Backend& b, const Tensor& x, const Tenso
                                         const float* scale_shift, float* save_mean,
                                         float* save_var, float* running_mean, float* running_var,
                                         float momentum, float eps) {
-  b.run(BatchNormDesc{BatchNormKind::kForwardTraining, x.desc, eps, momentum},
+  b.run(BatchNormDesc{BatchNormKind::kForwardTraining, x.desc, eps, momentum, 0.0f, y.desc},
         BatchNormArgs{.x = x.data, .y = y.data, .scale_shift = scale_shift, .mean = save_mean,
                       .var = save_var, .running_mean = running_mean, .running_var = running_var});
 }
 inline void batch_norm_forward_inference(Backend& b, const Tensor& x, const Tensor& y,
                                          const float* scale_shift, const float* mean,
                                          const float* var, float eps) {
-  b.run(BatchNormDesc{BatchNormKind::kForwardInference, x.desc, eps},
+  b.run(BatchNormDesc{BatchNormKind::kForwardInference, x.desc, eps, 0.0f, 0.0f, y.desc},
         BatchNormArgs{.x = x.data, .y = y.data, .scale_shift = scale_shift,
                       .mean = const_cast<float*>(mean), .var = const_cast<float*>(var)});
 }
 inline void batch_norm_backward(Backend& b, const Tensor& x, const Tensor& dy,
                                 const float* scale_shift, const float* mean, const float* var,
                                 const Tensor& dx, float* dscale_shift, float beta, float eps) {
-  b.run(BatchNormDesc{BatchNormKind::kBackward, x.desc, eps, 0.0f, beta},
+  b.run(BatchNormDesc{BatchNormKind::kBackward, x.desc, eps, 0.0f, beta, {}, dy.desc, dx.desc},
         BatchNormArgs{.x = x.data, .dy = dy.data, .dx = dx.data, .scale_shift = scale_shift,
                       .mean = const_cast<float*>(mean), .var = const_cast<float*>(var),
                       .dscale_shift = dscale_shift});
@@ -81,7 +81,7 @@ inline std::vector<double> batch_norm_backward_sums(Backend& b, const Tensor& x,
                                                     const float* mean, const float* var,
                                                     float eps) {
   std::vector<double> sums;
-  b.run(BatchNormDesc{BatchNormKind::kBackwardSums, x.desc, eps},
+  b.run(BatchNormDesc{BatchNormKind::kBackwardSums, x.desc, eps, 0.0f, 0.0f, {}, dy.desc},
         BatchNormArgs{.x = x.data, .dy = dy.data, .mean = const_cast<float*>(mean),
                       .var = const_cast<float*>(var), .sums = &sums});
   return sums;
@@ -90,7 +90,7 @@ inline void batch_norm_backward_data(Backend& b, const Tensor& x, const Tensor& 
                                      const float* scale_shift, const float* mean,
                                      const float* var, const float* dy_means, const Tensor& dx,
                                      float eps) {
-  b.run(BatchNormDesc{BatchNormKind::kBackwardData, x.desc, eps},
+  b.run(BatchNormDesc{BatchNormKind::kBackwardData, x.desc, eps, 0.0f, 0.0f, {}, dy.desc, dx.desc},
         BatchNormArgs{.x = x.data, .dy = dy.data, .dx = dx.data, .scale_shift = scale_shift,
                       .mean = const_cast<float*>(mean), .var = const_cast<float*>(var),
                       .dy_means = dy_means});

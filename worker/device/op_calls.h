@@ -45,19 +45,23 @@ inline void conv_backward_filter(Backend& b, ConvAlgo algo, const ConvProblem& p
 
 // ------------------------------------------------------------- activation
 inline void relu_forward(Backend& b, const Tensor& x, const Tensor& y) {
-  b.run(ActivationDesc{.x = x.desc}, ActivationArgs{.x = x.data, .y = y.data});
+  b.run(ActivationDesc{.x = x.desc, .y = y.desc}, ActivationArgs{.x = x.data, .y = y.data});
 }
 inline void relu_backward(Backend& b, const Tensor& y, const Tensor& dy, const Tensor& dx) {
-  b.run(ActivationDesc{.direction = Direction::kBackward, .x = y.desc},
+  b.run(ActivationDesc{.direction = Direction::kBackward, .y = y.desc, .dy = dy.desc, .dx = dx.desc},
         ActivationArgs{.y = y.data, .dy = dy.data, .dx = dx.data});
 }
 inline void bias_relu_forward(Backend& b, const Tensor& x, const void* bias, const Tensor& y) {
-  b.run(ActivationDesc{.x = x.desc, .bias = true},
+  b.run(ActivationDesc{.x = x.desc, .y = y.desc, .bias = true},
         ActivationArgs{.x = x.data, .y = y.data, .bias = bias});
 }
 inline void relu_backward_bias(Backend& b, const Tensor& y, const Tensor& dy, const Tensor& dx,
                                float* dbias) {
-  b.run(ActivationDesc{.direction = Direction::kBackward, .x = y.desc, .bias = true},
+  b.run(ActivationDesc{.direction = Direction::kBackward,
+                       .y = y.desc,
+                       .dy = dy.desc,
+                       .dx = dx.desc,
+                       .bias = true},
         ActivationArgs{.y = y.data, .dy = dy.data, .dx = dx.data, .dbias = dbias});
 }
 

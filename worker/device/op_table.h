@@ -121,22 +121,22 @@ void run_op(Kernels& k, const OpDesc& op, const OpArgs& any_args) {
           [&](const ActivationDesc& d) {
             const ActivationArgs& a = args_of(d, op, any_args);
             if (d.direction == Direction::kForward) {
-              if (d.bias) return k.bias_relu_forward(view(d.x, a.x), a.bias, view(d.x, a.y));
-              return k.relu_forward(view(d.x, a.x), view(d.x, a.y));
+              if (d.bias) return k.bias_relu_forward(view(d.x, a.x), a.bias, view(d.y, a.y));
+              return k.relu_forward(view(d.x, a.x), view(d.y, a.y));
             }
             if (d.bias) {
-              return k.relu_backward_bias(view(d.x, a.y), view(d.x, a.dy), view(d.x, a.dx),
+              return k.relu_backward_bias(view(d.y, a.y), view(d.dy, a.dy), view(d.dx, a.dx),
                                           a.dbias);
             }
-            return k.relu_backward(view(d.x, a.y), view(d.x, a.dy), view(d.x, a.dx));
+            return k.relu_backward(view(d.y, a.y), view(d.dy, a.dy), view(d.dx, a.dx));
           },
           [&](const PoolDesc& d) {
             const PoolArgs& a = args_of(d, op, any_args);
             if (d.direction == Direction::kForward) {
               return k.pooling_forward(d, view(d.x, a.x), view(d.y, a.y), a.state);
             }
-            return k.pooling_backward(d, view(d.x, a.x), view(d.y, a.y), view(d.y, a.dy),
-                                      view(d.x, a.dx), a.state);
+            return k.pooling_backward(d, view(d.x, a.x), view(d.y, a.y), view(d.dy, a.dy),
+                                      view(d.dx, a.dx), a.state);
           },
           [&](const InnerProductDesc& d) {
             const InnerProductArgs& a = args_of(d, op, any_args);
@@ -156,25 +156,25 @@ void run_op(Kernels& k, const OpDesc& op, const OpArgs& any_args) {
             const Tensor x = view(d.x, a.x);
             switch (d.kind) {
               case BatchNormKind::kForwardTraining:
-                return k.batch_norm_forward_training(x, view(d.x, a.y), a.scale_shift, a.mean,
+                return k.batch_norm_forward_training(x, view(d.y, a.y), a.scale_shift, a.mean,
                                                      a.var, a.running_mean, a.running_var,
                                                      d.momentum, d.eps);
               case BatchNormKind::kForwardInference:
-                return k.batch_norm_forward_inference(x, view(d.x, a.y), a.scale_shift, a.mean,
+                return k.batch_norm_forward_inference(x, view(d.y, a.y), a.scale_shift, a.mean,
                                                       a.var, d.eps);
               case BatchNormKind::kBackward:
-                return k.batch_norm_backward(x, view(d.x, a.dy), a.scale_shift, a.mean, a.var,
-                                             view(d.x, a.dx), a.dscale_shift, d.beta, d.eps);
+                return k.batch_norm_backward(x, view(d.dy, a.dy), a.scale_shift, a.mean, a.var,
+                                             view(d.dx, a.dx), a.dscale_shift, d.beta, d.eps);
               case BatchNormKind::kSums:
                 result(a.sums, op) = k.batch_norm_sums(x);
                 return;
               case BatchNormKind::kBackwardSums:
                 result(a.sums, op) =
-                    k.batch_norm_backward_sums(x, view(d.x, a.dy), a.mean, a.var, d.eps);
+                    k.batch_norm_backward_sums(x, view(d.dy, a.dy), a.mean, a.var, d.eps);
                 return;
               case BatchNormKind::kBackwardData:
-                return k.batch_norm_backward_data(x, view(d.x, a.dy), a.scale_shift, a.mean,
-                                                  a.var, a.dy_means, view(d.x, a.dx), d.eps);
+                return k.batch_norm_backward_data(x, view(d.dy, a.dy), a.scale_shift, a.mean,
+                                                  a.var, a.dy_means, view(d.dx, a.dx), d.eps);
             }
           },
           [&](const BinaryDesc& d) {
@@ -249,7 +249,9 @@ OpBytes op_bytes(Kernels& k, const OpDesc& op) {
           [&](const ConvDesc& d) -> OpBytes {
             return {k.conv_workspace(d.kind, d.algo, d.problem, d.beta != 0.0f), 0};
           },
-          [&](const ActivationDesc& d) -> OpBytes { return {k.relu_scratch_bytes(d.x), 0}; },
+          [&](const ActivationDesc& d) -> OpBytes {
+            return {k.relu_scratch_bytes(d.direction == Direction::kForward ? d.x : d.y), 0};
+          },
           [&](const PoolDesc& d) -> OpBytes {
             return {k.pooling_scratch_bytes(d, d.x, d.y), k.pooling_state_bytes(d, d.x, d.y)};
           },
@@ -287,9 +289,26 @@ void for_each_tensor_desc(Op& op, F&& f) {
         using D = std::decay_t<decltype(d)>;
         if constexpr (std::is_same_v<D, ConvDesc>) {
           f(d.problem.x), f(d.problem.y);
-        } else if constexpr (std::is_same_v<D, ActivationDesc> || std::is_same_v<D, BatchNormDesc>) {
+        } else if constexpr (std::is_same_v<D, ActivationDesc>) {
+          if (d.direction == Direction::kForward) {
+            f(d.x), f(d.y);
+          } else {
+            f(d.y), f(d.dy), f(d.dx);
+          }
+        } else if constexpr (std::is_same_v<D, BatchNormDesc>) {
           f(d.x);
-        } else if constexpr (std::is_same_v<D, PoolDesc> || std::is_same_v<D, InnerProductDesc>) {
+          switch (d.kind) {
+            case BatchNormKind::kForwardTraining:
+            case BatchNormKind::kForwardInference: f(d.y); break;
+            case BatchNormKind::kBackward:
+            case BatchNormKind::kBackwardData: f(d.dy), f(d.dx); break;
+            case BatchNormKind::kBackwardSums: f(d.dy); break;
+            case BatchNormKind::kSums: break;
+          }
+        } else if constexpr (std::is_same_v<D, PoolDesc>) {
+          f(d.x), f(d.y);
+          if (d.direction == Direction::kBackward) f(d.dy), f(d.dx);
+        } else if constexpr (std::is_same_v<D, InnerProductDesc>) {
           f(d.x), f(d.y);
         } else if constexpr (std::is_same_v<D, BinaryDesc>) {
           f(d.a), f(d.b), f(d.y);

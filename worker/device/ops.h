@@ -158,12 +158,13 @@ enum class ActivationKind : uint8_t { kRelu };
 // Backward: dx = dy * act'(from y) (relu: dy where y > 0, else 0; dx may
 // alias dy), and with `bias` also dbias[c] = the sum of dx over n, h and w,
 // in f32, overwritten (the bias gradient of the convolution before it).
-// x, y, dy and dx share the descriptor `x`. The bias-paired form is the
-// fusion pass's alternative to a convolution's bias epilogue.
+// Each tensor has its descriptor (forward x and y, backward y, dy and dx),
+// and they must agree: the backend names any difference. The bias-paired
+// form is the fusion pass's alternative to a convolution's bias epilogue.
 struct ActivationDesc {
   ActivationKind kind = ActivationKind::kRelu;
   Direction direction = Direction::kForward;
-  TensorDesc x;
+  TensorDesc x, y, dy, dx;
   bool bias = false;
 };
 struct ActivationArgs {
@@ -181,13 +182,14 @@ enum class PoolKind { kMax, kAverage };  // average excludes padding
 
 // Forward: y = pool(x) over the window, leaving `state` (scratch_bytes()'s
 // state: a max pool's indices, 0 bytes where none) for the backward.
-// Backward: dx from dy, x, y and the forward's state. dx has x's
-// descriptor, dy y's.
+// Backward: dx from dy, x, y and the forward's state (dx shaped as x, dy
+// as y; backward only).
 struct PoolDesc {
   PoolKind kind = PoolKind::kMax;
   Direction direction = Direction::kForward;
   TensorDesc x, y;
   Window window{2, 2, 2, 2, 0, 0};
+  TensorDesc dy, dx;
 };
 struct PoolArgs {
   const void* x = nullptr;
@@ -247,13 +249,16 @@ enum class BatchNormKind : uint8_t {
 };
 
 // Batch normalisation over N, H, W per channel. scale_shift holds gamma[C]
-// then beta[C]. x, y, dy and dx share the descriptor `x`.
+// then beta[C]. Each tensor a kind uses has its descriptor (forward x and
+// y; kBackward and kBackwardData x, dy and dx; kBackwardSums x and dy;
+// kSums x), and they must agree.
 struct BatchNormDesc {
   BatchNormKind kind = BatchNormKind::kForwardTraining;
   TensorDesc x;
   float eps = 1e-5f;
   float momentum = 0.1f;  // forward training
   float beta = 0.0f;      // backward: 0 or 1
+  TensorDesc y, dy, dx;
 };
 struct BatchNormArgs {
   const void* x = nullptr;

@@ -11,7 +11,7 @@ std::vector<FusedPair> fuse_conv_bias_relu(const Graph& graph, const std::vector
     const int in = graph.inputs(i)[0];
     const LayerSpec& conv = graph.layer(in);
     if (conv.type != LayerType::kConv || !conv.bias || graph.consumer_count(in) != 1) continue;
-    const ActivationDesc fused{.x = descs[i], .bias = true};
+    const ActivationDesc fused{.x = descs[in], .y = descs[i], .bias = true};
     if (backend.supports(fused)) continue;
     if (setting == common::AutoOnOff::kAuto && !backend.prefers(fused)) continue;
     pairs.push_back({in, i});

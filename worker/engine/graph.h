@@ -158,7 +158,7 @@ class Graph {
   // conv.fuse_relu: whether a convolution with a bias whose only reader is a
   // relu leaves the bias to it, which adds it in forward and sums its
   // gradient in backward (Network pairs them): auto where the backend gains
-  // from it (Backend::pairs_bias_with_relu). It moves time from one layer
+  // from it (Backend::prefers; worker/engine/fusion_pass.h). It moves time from one layer
   // to another and changes a step's, so it is part of profile_key().
   void set_fuse_relu(common::AutoOnOff setting) { fuse_relu_ = setting; }
   common::AutoOnOff fuse_relu() const { return fuse_relu_; }

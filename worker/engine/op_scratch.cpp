@@ -21,7 +21,7 @@ size_t layer_scratch_bytes(const Graph& graph, int i, const std::vector<TensorDe
       return 0;
     // Each family's scratch query covers its every kind (bias-paired relu,
     // backward, training and inference, either beta).
-    case LayerType::kRelu: return scratch(ActivationDesc{.x = y});
+    case LayerType::kRelu: return scratch(ActivationDesc{.x = out[in[0]], .y = y});
     case LayerType::kPool:
       return scratch(PoolDesc{spec.pool, Direction::kForward, out[in[0]], y, window_of(spec)});
     case LayerType::kFc:

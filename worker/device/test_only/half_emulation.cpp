@@ -173,7 +173,9 @@ class HalfEmulation final : public Backend {
     Wide y_wide(*this, y, false);
     const Wide x_wide(*this, x);
     const WideArray bias_wide(*this, bias, x.desc.dtype, x.shape().c);
-    inner_->run(ActivationDesc{.x = x_wide.tensor().desc, .bias = bias != nullptr},
+    inner_->run(ActivationDesc{.x = x_wide.tensor().desc,
+                               .y = y_wide.tensor().desc,
+                               .bias = bias != nullptr},
                 ActivationArgs{.x = x_wide.tensor().data, .y = y_wide.tensor().data,
                                .bias = bias_wide.data()});
     y_wide.store();
@@ -187,7 +189,9 @@ class HalfEmulation final : public Backend {
     Wide dx_wide(*this, dx, false);
     const Wide y_wide(*this, y);
     inner_->run(ActivationDesc{.direction = Direction::kBackward,
-                               .x = y_wide.tensor().desc,
+                               .y = y_wide.tensor().desc,
+                               .dy = dy_wide.tensor().desc,
+                               .dx = dx_wide.tensor().desc,
                                .bias = dbias != nullptr},
                 ActivationArgs{.y = y_wide.tensor().data,
                                .dy = dy_wide.tensor().data,
@@ -207,12 +211,13 @@ class HalfEmulation final : public Backend {
   void pooling_backward(const PoolDesc& p, const Tensor& x, const Tensor& y, const Tensor& dy,
                         const Tensor& dx, const void* state) {
     Wide dx_wide(*this, dx, false);
-    const Wide x_wide(*this, x), y_wide(*this, y);
+    const Wide x_wide(*this, x), y_wide(*this, y), dy_wide(*this, dy);
     inner_->run(PoolDesc{p.kind, Direction::kBackward, x_wide.tensor().desc,
-                         y_wide.tensor().desc, p.window},
+                         y_wide.tensor().desc, p.window, dy_wide.tensor().desc,
+                         dx_wide.tensor().desc},
                 PoolArgs{.x = x_wide.tensor().data,
                          .y = y_wide.tensor().data,
-                         .dy = Wide(*this, dy).tensor().data,
+                         .dy = dy_wide.tensor().data,
                          .dx = dx_wide.tensor().data,
                          .state = const_cast<void*>(state)});
     dx_wide.store();
@@ -261,7 +266,8 @@ class HalfEmulation final : public Backend {
                                    float* running_var, float momentum, float eps) {
     Wide y_wide(*this, y, false);
     const Wide x_wide(*this, x);
-    inner_->run(BatchNormDesc{BatchNormKind::kForwardTraining, x_wide.tensor().desc, eps, momentum},
+    inner_->run(BatchNormDesc{BatchNormKind::kForwardTraining, x_wide.tensor().desc, eps, momentum,
+                              0.0f, y_wide.tensor().desc},
                 BatchNormArgs{.x = x_wide.tensor().data,
                               .y = y_wide.tensor().data,
                               .scale_shift = scale_shift,
@@ -275,7 +281,8 @@ class HalfEmulation final : public Backend {
                                     const float* mean, const float* var, float eps) {
     Wide y_wide(*this, y, false);
     const Wide x_wide(*this, x);
-    inner_->run(BatchNormDesc{BatchNormKind::kForwardInference, x_wide.tensor().desc, eps},
+    inner_->run(BatchNormDesc{BatchNormKind::kForwardInference, x_wide.tensor().desc, eps, 0.0f,
+                              0.0f, y_wide.tensor().desc},
                 BatchNormArgs{.x = x_wide.tensor().data,
                               .y = y_wide.tensor().data,
                               .scale_shift = scale_shift,
@@ -288,7 +295,8 @@ class HalfEmulation final : public Backend {
                            float* dscale_shift, float beta, float eps) {
     const Wide dy_wide(*this, dy), x_wide(*this, x);
     Wide dx_wide(*this, dx, false);
-    inner_->run(BatchNormDesc{BatchNormKind::kBackward, x_wide.tensor().desc, eps, 0.0f, beta},
+    inner_->run(BatchNormDesc{BatchNormKind::kBackward, x_wide.tensor().desc, eps, 0.0f, beta, {},
+                              dy_wide.tensor().desc, dx_wide.tensor().desc},
                 BatchNormArgs{.x = x_wide.tensor().data,
                               .dy = dy_wide.tensor().data,
                               .dx = dx_wide.tensor().data,
@@ -309,7 +317,8 @@ class HalfEmulation final : public Backend {
                                                const float* mean, const float* var, float eps) {
     const Wide x_wide(*this, x), dy_wide(*this, dy);
     std::vector<double> sums;
-    inner_->run(BatchNormDesc{BatchNormKind::kBackwardSums, x_wide.tensor().desc, eps},
+    inner_->run(BatchNormDesc{BatchNormKind::kBackwardSums, x_wide.tensor().desc, eps, 0.0f, 0.0f,
+                              {}, dy_wide.tensor().desc},
                 BatchNormArgs{.x = x_wide.tensor().data,
                               .dy = dy_wide.tensor().data,
                               .mean = const_cast<float*>(mean),
@@ -322,7 +331,8 @@ class HalfEmulation final : public Backend {
                                 const Tensor& dx, float eps) {
     const Wide dy_wide(*this, dy), x_wide(*this, x);
     Wide dx_wide(*this, dx, false);
-    inner_->run(BatchNormDesc{BatchNormKind::kBackwardData, x_wide.tensor().desc, eps},
+    inner_->run(BatchNormDesc{BatchNormKind::kBackwardData, x_wide.tensor().desc, eps, 0.0f, 0.0f,
+                              {}, dy_wide.tensor().desc, dx_wide.tensor().desc},
                 BatchNormArgs{.x = x_wide.tensor().data,
                               .dy = dy_wide.tensor().data,
                               .dx = dx_wide.tensor().data,

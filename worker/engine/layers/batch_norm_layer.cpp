@@ -62,28 +62,23 @@ class BatchNormLayer final : public Layer {
   void backward(LayerCall& call) override {
     const Tensor& x = call.in[0];
     std::function<void(const Tensor&, float)> op;
+    // Both backwards read x, dy, gamma and the saved statistics.
+    const auto args = [&](const Tensor& dx) {
+      return BatchNormArgs{.x = x.data, .dy = call.dout.data, .dx = dx.data,
+                           .scale_shift = params(), .mean = saved_, .var = saved_ + c_};
+    };
     if (synchronised_) {
       const float* dy_means = global_dy_means(call);
       op = [&, dy_means](const Tensor& dx, float) {
-        call.backend.run(desc(BatchNormKind::kBackwardData, x.desc),
-                         BatchNormArgs{.x = x.data,
-                                       .dy = call.dout.data,
-                                       .dx = dx.data,
-                                       .scale_shift = params(),
-                                       .mean = saved_,
-                                       .var = saved_ + c_,
-                                       .dy_means = dy_means});
+        BatchNormArgs a = args(dx);
+        a.dy_means = dy_means;
+        call.backend.run(desc(BatchNormKind::kBackwardData, x.desc, dx.desc, call.dout.desc), a);
       };
     } else {
       op = [&](const Tensor& dx, float) {
-        call.backend.run(desc(BatchNormKind::kBackward, x.desc),
-                         BatchNormArgs{.x = x.data,
-                                       .dy = call.dout.data,
-                                       .dx = dx.data,
-                                       .scale_shift = params(),
-                                       .mean = saved_,
-                                       .var = saved_ + c_,
-                                       .dscale_shift = grads()});
+        BatchNormArgs a = args(dx);
+        a.dscale_shift = grads();
+        call.backend.run(desc(BatchNormKind::kBackward, x.desc, dx.desc, call.dout.desc), a);
       };
     }
     // gamma and beta need gradients even where the input does not, and
@@ -107,15 +102,20 @@ class BatchNormLayer final : public Layer {
   }
 
  private:
-  // This layer's batch norm of `kind` on x (beta 0: the gradients are overwritten).
-  BatchNormDesc desc(BatchNormKind kind, const TensorDesc& x) const {
-    return {kind, x, spec().bn_eps, spec().bn_momentum, 0.0f};
+  // This layer's batch norm of `kind` from x to y (forward) or dy to dx
+  // (beta 0: the gradients are overwritten).
+  BatchNormDesc desc(BatchNormKind kind, const TensorDesc& x, const TensorDesc& y_or_dx = {},
+                     const TensorDesc& dy = {}) const {
+    const bool forward =
+        kind == BatchNormKind::kForwardTraining || kind == BatchNormKind::kForwardInference;
+    return {kind,       x,  spec().bn_eps, spec().bn_momentum, 0.0f, forward ? y_or_dx : TensorDesc{},
+            dy,         forward ? TensorDesc{} : y_or_dx};
   }
 
   // Training-mode forward: batch statistics into the saved state, running
   // statistics (mean, then variance) updated at `running`.
   void forward_training(LayerCall& call, float* running) {
-    call.backend.run(desc(BatchNormKind::kForwardTraining, call.in[0].desc),
+    call.backend.run(desc(BatchNormKind::kForwardTraining, call.in[0].desc, call.out.desc),
                      BatchNormArgs{.x = call.in[0].data,
                                    .y = call.out.data,
                                    .scale_shift = params(),
@@ -140,7 +140,7 @@ class BatchNormLayer final : public Layer {
   // the saved (global) ones by default, or the running ones.
   void normalise(LayerCall& call, float* stats = nullptr) {
     if (!stats) stats = saved_;
-    call.backend.run(desc(BatchNormKind::kForwardInference, call.in[0].desc),
+    call.backend.run(desc(BatchNormKind::kForwardInference, call.in[0].desc, call.out.desc),
                      BatchNormArgs{.x = call.in[0].data,
                                    .y = call.out.data,
                                    .scale_shift = params(),
@@ -175,7 +175,7 @@ class BatchNormLayer final : public Layer {
   // dy * xhat into the second state area, which it returns.
   const float* global_dy_means(LayerCall& call) {
     std::vector<double> sums;
-    call.backend.run(desc(BatchNormKind::kBackwardSums, call.in[0].desc),
+    call.backend.run(desc(BatchNormKind::kBackwardSums, call.in[0].desc, {}, call.dout.desc),
                      BatchNormArgs{.x = call.in[0].data,
                                    .dy = call.dout.data,
                                    .mean = saved_,

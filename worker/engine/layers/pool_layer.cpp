@@ -18,7 +18,10 @@ class PoolLayer final : public Layer {
   }
   void backward(LayerCall& call) override {
     call.emit_grad(0, false, [&](const Tensor& dx, float) {
-      call.backend.run(desc(Direction::kBackward, call.in[0].desc, call.out.desc),
+      PoolDesc backward = desc(Direction::kBackward, call.in[0].desc, call.out.desc);
+      backward.dy = call.dout.desc;
+      backward.dx = dx.desc;
+      call.backend.run(backward,
                        PoolArgs{.x = call.in[0].data,
                                 .y = call.out.data,
                                 .dy = call.dout.data,

@@ -5,7 +5,7 @@
 namespace vtrain::worker {
 
 void ReluLayer::forward(LayerCall& call, bool) {
-  call.backend.run(ActivationDesc{.x = call.in[0].desc, .bias = conv_ != nullptr},
+  call.backend.run(ActivationDesc{.x = call.in[0].desc, .y = call.out.desc, .bias = conv_ != nullptr},
                    ActivationArgs{.x = call.in[0].data,
                                   .y = call.out.data,
                                   .bias = conv_ ? conv_->compute_bias() : nullptr});
@@ -16,7 +16,11 @@ void ReluLayer::forward(LayerCall& call, bool) {
 void ReluLayer::backward(LayerCall& call) {
   call.emit_grad(0, false, [&](const Tensor& dx, float) {
     call.backend.run(
-        ActivationDesc{.direction = Direction::kBackward, .x = call.out.desc, .bias = conv_ != nullptr},
+        ActivationDesc{.direction = Direction::kBackward,
+                       .y = call.out.desc,
+                       .dy = call.dout.desc,
+                       .dx = dx.desc,
+                       .bias = conv_ != nullptr},
         ActivationArgs{.y = call.out.data,
                        .dy = call.dout.data,
                        .dx = dx.data,

@@ -1,5 +1,5 @@
 // ReLU activation; its backward reads its own output. Paired with the
-// convolution before it (Network, conv.fuse_relu), it also adds that
+// convolution before it (fusion_pass.h, conv.fuse_relu), it also adds that
 // convolution's bias in forward and writes its gradient in backward, one
 // pass over the activations each way instead of two.
 #pragma once
