@@ -118,10 +118,16 @@ TEST_F(CudaBackendTest, DescribesTheDevice) {
 // nothing else is preferred.
 TEST_F(CudaBackendTest, PrefersTheBiasPairedReluOnly) {
   const TensorDesc x = desc({2, 8, 4, 4});
-  EXPECT_TRUE(gpu().prefers(ActivationDesc{.x = x, .bias = true}));
-  EXPECT_TRUE(
-      gpu().prefers(ActivationDesc{.direction = Direction::kBackward, .x = x, .bias = true}));
-  EXPECT_FALSE(gpu().prefers(ActivationDesc{.x = x}));
+  ActivationDesc forward;
+  forward.x = forward.y = x;
+  EXPECT_FALSE(gpu().prefers(forward));
+  forward.bias = true;
+  EXPECT_TRUE(gpu().prefers(forward));
+  ActivationDesc backward;
+  backward.direction = Direction::kBackward;
+  backward.y = backward.dy = backward.dx = x;
+  backward.bias = true;
+  EXPECT_TRUE(gpu().prefers(backward));
   EXPECT_FALSE(gpu().prefers(BinaryDesc{.a = x, .b = x, .y = x}));
 }
 
