@@ -15,6 +15,7 @@
 
 #include "tests/test_support.h"
 #include "worker/device/backend.h"
+#include "worker/device/op_calls.h"
 #include "worker/engine/kernel_timing.h"
 #include "worker/engine/layers/conv_algorithm_choice.h"
 
