@@ -110,7 +110,25 @@ TEST_F(CudaBackendTest, DescribesTheDevice) {
                           .layout = LayoutChoice::kNchw})
                 ->preferred_layout(64),
             Layout::kPlain);
-  EXPECT_EQ(gpu().pooling_state_bytes({}, desc({2, 3, 4, 4}), desc({2, 3, 2, 2})), 0u);
+  EXPECT_EQ(pooling_state_bytes(gpu(), {}, desc({2, 3, 4, 4}), desc({2, 3, 2, 2})), 0u);
+}
+
+// A convolution's bias is a pass over the activations here: the fusion
+// pass's rule under auto pairs it with the relu after it (prefers()), and
+// nothing else is preferred.
+TEST_F(CudaBackendTest, PrefersTheBiasPairedReluOnly) {
+  const TensorDesc x = desc({2, 8, 4, 4});
+  ActivationDesc forward;
+  forward.x = forward.y = x;
+  EXPECT_FALSE(gpu().prefers(forward));
+  forward.bias = true;
+  EXPECT_TRUE(gpu().prefers(forward));
+  ActivationDesc backward;
+  backward.direction = Direction::kBackward;
+  backward.y = backward.dy = backward.dx = x;
+  backward.bias = true;
+  EXPECT_TRUE(gpu().prefers(backward));
+  EXPECT_FALSE(gpu().prefers(BinaryDesc{.a = x, .b = x, .y = x}));
 }
 
 TEST_F(CudaBackendTest, FactoryPicksCudaForAutoWhenAGpuIsVisible) {
@@ -381,8 +399,8 @@ TEST_F(CudaBackendTest, Tf32OffersTensorCoreVariantsWithinTf32RoundingOfTheRefer
     const DeviceTensor x32 = to_device(gpu(), d.x, p.x);
     const DeviceBuffer w32 = to_device(gpu(), d.w);
     EXPECT_CONTAINS(test_support::error_message<BackendError>([&] {
-                      gpu().conv_forward(a.algo, p, x32.tensor, w32.floats(), nullptr, y32.tensor,
-                                         0.0f, ws.get(), a.workspace_bytes);
+                      conv_forward(gpu(), a.algo, p, x32.tensor, w32.floats(), nullptr,
+                                   y32.tensor, 0.0f, ws.get(), a.workspace_bytes);
                     }),
                     "TF32");
   }
@@ -696,21 +714,25 @@ TEST_F(CudaBackendTest, TiledMaxPoolingMatchesTheReferenceAndPropagatesNaN) {
   Backend& b = gpu();
   std::mt19937 rng(13);
   // 2x2 stride 2 (VGG's), and 3x3 stride 3.
-  const PoolParams two{}, three{.kh = 3, .kw = 3, .stride_h = 3, .stride_w = 3};
+  const PoolDesc two{};
+  PoolDesc three;
+  three.window = {3, 3, 3, 3, 0, 0};
   struct PoolCase {
     Shape shape;
-    PoolParams pool;
+    PoolDesc pool;
   };
   for (const PoolCase& pc : {PoolCase{{4, 16, 32, 32}, two}, PoolCase{{2, 3, 6, 10}, two},
                              PoolCase{{2, 16, 9, 12}, three}}) {
     const Shape& shape = pc.shape;
-    const PoolParams& pool = pc.pool;
+    const PoolDesc& pool = pc.pool;
+    const Window& win = pool.window;
     for (DataType type : {DataType::kF32, DataType::kBF16}) {
       if (type != DataType::kF32 && half_unavailable(type)) continue;
       for (Layout layout : {Layout::kPlain, Layout::kNhwc}) {
-        SCOPED_TRACE(shape.str() + " " + std::to_string(pool.kh) + "x" + std::to_string(pool.kw) +
-                     " " + dtype_name(type) + " " + layout_name(layout));
-        const Shape out{shape.n, shape.c, shape.h / pool.kh, shape.w / pool.kw};
+        SCOPED_TRACE(shape.str() + " " + std::to_string(win.kernel_h) + "x" +
+                     std::to_string(win.kernel_w) + " " + dtype_name(type) + " " +
+                     layout_name(layout));
+        const Shape out{shape.n, shape.c, shape.h / win.kernel_h, shape.w / win.kernel_w};
         // Few distinct values: many ties, which go to the first maximum.
         Vec x = random_vec(rng, shape.elements(), -2.0f, 2.0f);
         for (float& v : x) v = std::round(v * 2.0f) / 2.0f;

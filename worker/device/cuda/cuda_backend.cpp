@@ -513,6 +513,8 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   return std::make_unique<CudaBackend>(options);
 }
 
+void CudaBackend::run(const OpDesc& op, const OpArgs& args) { run_op(*this, op, args); }
+
 int cuda_device_count() {
   int count = 0;
   // Without libcuda.so the runtime reports cudaErrorInsufficientDriver here.

@@ -45,6 +45,7 @@
 #include "worker/device/cuda/cuda_check.h"
 #include "worker/device/cuda/cuda_device.h"
 #include "worker/device/cuda/cuda_kernels.h"
+#include "worker/device/op_table.h"
 
 namespace vtrain::worker::cuda {
 
@@ -343,103 +344,106 @@ class CudaBackend final : public Backend {
   void fill(const Tensor& dst, float value) override;
   void upload_labels(const int32_t* host, int32_t* device, int64_t count) override;
 
-  std::vector<ConvAlgoInfo> conv_algorithms(ConvKind kind, const ConvProblem& p,
-                                            bool accumulate) override;
+  // The op surface (backend.h): descriptors to the kernels below (op_table.h).
+  std::optional<std::string> supports(const OpDesc& op) const override {
+    return dtype_unsupported(*this, op);
+  }
+  // A convolution's bias is a pass over the activations each way here (as
+  // the relu after it is): the bias-paired relu saves one. No other fused
+  // form is preferred.
+  bool prefers(const OpDesc& op) const override {
+    const auto* activation = std::get_if<ActivationDesc>(&op);
+    return activation && activation->bias;
+  }
+  OpBytes scratch_bytes(const OpDesc& op) override { return op_bytes(*this, op); }
+  void run(const OpDesc& op, const OpArgs& args) override;
+  std::vector<ConvAlgoInfo> conv_algorithms(const ConvDesc& op) override;
   std::string conv_algorithm_name(ConvKind kind, ConvAlgo algo) const override;
-  size_t conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
-                        bool accumulate) override;
+
+  // The kernels, one per descriptor kind (op_table.h names them).
+  size_t conv_workspace(ConvKind kind, ConvAlgo algo, const ConvProblem& p, bool accumulate);
   void conv_forward(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const void* w,
                     const void* bias, const Tensor& y, float beta, void* workspace,
-                    size_t workspace_bytes) override;
+                    size_t workspace_bytes);
   void conv_backward_data(ConvAlgo algo, const ConvProblem& p, const Tensor& dy, const void* w,
-                          const Tensor& dx, float beta, void* workspace,
-                          size_t workspace_bytes) override;
+                          const Tensor& dx, float beta, void* workspace, size_t workspace_bytes);
   void conv_backward_filter(ConvAlgo algo, const ConvProblem& p, const Tensor& x, const Tensor& dy,
                             float* dw, float* dbias, float beta, void* workspace,
-                            size_t workspace_bytes) override;
+                            size_t workspace_bytes);
 
-  void relu_forward(const Tensor& x, const Tensor& y) override;
-  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
-  void bias_relu_forward(const Tensor& x, const void* bias, const Tensor& y) override;
-  void relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx,
-                          float* dbias) override;
-  bool pairs_bias_with_relu() const override { return true; }
-  size_t pooling_state_bytes(const PoolParams&, const TensorDesc&, const TensorDesc&) override {
+  void relu_forward(const Tensor& x, const Tensor& y);
+  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);
+  void bias_relu_forward(const Tensor& x, const void* bias, const Tensor& y);
+  void relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx, float* dbias);
+  size_t pooling_state_bytes(const PoolDesc&, const TensorDesc&, const TensorDesc&) {
     return 0;  // cuDNN's pooling backward recomputes the maxima from x and y
   }
-  void pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y, void* state) override;
-  void pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y, const Tensor& dy,
-                        const Tensor& dx, const void* state) override;
-  void inner_product_forward(const Tensor& x, const void* w, const void* bias,
-                             const Tensor& y) override;
-  void inner_product_backward_data(const Tensor& dy, const void* w, const Tensor& dx) override;
+  void pooling_forward(const PoolDesc& p, const Tensor& x, const Tensor& y, void* state);
+  void pooling_backward(const PoolDesc& p, const Tensor& x, const Tensor& y, const Tensor& dy,
+                        const Tensor& dx, const void* state);
+  void inner_product_forward(const Tensor& x, const void* w, const void* bias, const Tensor& y);
+  void inner_product_backward_data(const Tensor& dy, const void* w, const Tensor& dx);
   void inner_product_backward_weights(const Tensor& x, const Tensor& dy, float* dw, float* dbias,
-                                      float beta) override;
+                                      float beta);
   void batch_norm_forward_training(const Tensor& x, const Tensor& y, const float* scale_shift,
                                    float* save_mean, float* save_var, float* running_mean,
-                                   float* running_var, float momentum, float eps) override;
+                                   float* running_var, float momentum, float eps);
   void batch_norm_forward_inference(const Tensor& x, const Tensor& y, const float* scale_shift,
-                                    const float* running_mean, const float* running_var,
-                                    float eps) override;
+                                    const float* running_mean, const float* running_var, float eps);
   void batch_norm_backward(const Tensor& x, const Tensor& dy, const float* scale_shift,
                            const float* save_mean, const float* save_var, const Tensor& dx,
-                           float* dscale_shift, float beta, float eps) override;
-  std::vector<double> batch_norm_sums(const Tensor& x) override;
+                           float* dscale_shift, float beta, float eps);
+  std::vector<double> batch_norm_sums(const Tensor& x);
   std::vector<double> batch_norm_backward_sums(const Tensor& x, const Tensor& dy,
-                                               const float* mean, const float* var,
-                                               float eps) override;
+                                               const float* mean, const float* var, float eps);
   void batch_norm_backward_data(const Tensor& x, const Tensor& dy, const float* scale_shift,
                                 const float* mean, const float* var, const float* dy_means,
-                                const Tensor& dx, float eps) override;
-  void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
-  void accumulate(const Tensor& x, const Tensor& y, float beta) override;
-  void concat_forward(std::span<const Tensor> xs, const Tensor& y) override;
-  void concat_backward(const Tensor& dy, int64_t channel_offset, const Tensor& dx,
-                       float beta) override;
+                                const Tensor& dx, float eps);
+  void add(const Tensor& a, const Tensor& b, const Tensor& y);
+  void accumulate(const Tensor& x, const Tensor& y, float beta);
+  void concat_forward(std::span<const Tensor> xs, const Tensor& y);
+  void concat_backward(const Tensor& dy, int64_t channel_offset, const Tensor& dx, float beta);
   LossStats softmax_cross_entropy(const Tensor& logits, const int32_t* labels, float scale,
-                                  const Tensor* dlogits, float label_smoothing = 0.0f) override;
-  void sgd_update(float* w, const float* g, float* velocity, int64_t count,
-                  const SgdStep& step) override;
+                                  const Tensor* dlogits, float label_smoothing = 0.0f);
+  void sgd_update(float* w, const float* g, float* velocity, int64_t count, const SgdStep& step);
   void adamw_update(float* w, const float* g, float* m, float* v, int64_t count,
-                    const AdamWStep& step) override;
-  void moving_average(float* average, const float* x, int64_t count, float decay) override;
-  std::vector<double> sum_squares(const float* x, std::span<const int64_t> offsets) override;
-  void scale(float* x, int64_t count, float alpha) override;
-  bool all_finite(const float* x, int64_t count) override;
+                    const AdamWStep& step);
+  void moving_average(float* average, const float* x, int64_t count, float decay);
+  std::vector<double> sum_squares(const float* x, std::span<const int64_t> offsets);
+  void scale(float* x, int64_t count, float alpha);
+  bool all_finite(const float* x, int64_t count);
 
   // relu needs none; relu_backward_bias the partial sums of its bias
   // gradient. cuDNN's pooling needs none.
-  size_t relu_scratch_bytes(const TensorDesc& x) override {
+  size_t relu_scratch_bytes(const TensorDesc& x) {
     const Shape& s = x.shape;
-    return static_cast<size_t>(
-        bias_gradient_partial_bytes(s.n, s.c, s.h * s.w, channels_last(x)));
+    return static_cast<size_t>(bias_gradient_partial_bytes(s.n, s.c, s.h * s.w, channels_last(x)));
   }
-  size_t pooling_scratch_bytes(const PoolParams&, const TensorDesc&, const TensorDesc&) override {
+  size_t pooling_scratch_bytes(const PoolDesc&, const TensorDesc&, const TensorDesc&) {
     return 0;
   }
-  size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias) override;
-  size_t batch_norm_scratch_bytes(const TensorDesc& x, float) override {
+  size_t inner_product_scratch_bytes(const TensorDesc& x, int64_t out, bool bias);
+  size_t batch_norm_scratch_bytes(const TensorDesc& x, float) {
     return std::max(bn_call_bytes(x.shape.c, bn_persistent_workspace(x)), bn_sums_call_bytes(x));
   }
-  size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b,
-                           const TensorDesc& y) override {
+  size_t add_scratch_bytes(const TensorDesc& a, const TensorDesc& b, const TensorDesc& y) {
     return add_staging_bytes(a, b, y);
   }
   // An input in another layout than y is reordered in the scratch (forward);
   // its gradient goes through two copies (backward, concat_backward).
-  size_t concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) override {
+  size_t concat_scratch_bytes(std::span<const TensorDesc> xs, const TensorDesc& y) {
     size_t bytes = 0;
     for (const TensorDesc& x : xs) {
       if (x.layout != y.layout) bytes = std::max(bytes, 2 * align_up(x.bytes()));
     }
     return bytes;
   }
-  size_t softmax_scratch_bytes(const TensorDesc& logits) override {
+  size_t softmax_scratch_bytes(const TensorDesc& logits) {
     return softmax_result_bytes(logits.shape.n);
   }
-  size_t sum_squares_scratch_bytes(size_t segments) override;
+  size_t sum_squares_scratch_bytes(size_t segments);
   void reserve_scratch(size_t bytes) override { scratch(bytes); }
-  size_t scratch_bytes() const override { return scratch_bytes_; }
+  size_t scratch_reserved() const override { return scratch_bytes_; }
 
  private:
   // Batch norm keeps cuDNN's 1 / sqrt(var + eps) per channel in scratch.
@@ -568,7 +572,7 @@ class CudaBackend final : public Backend {
   void graph_execute(ConvKind kind, ConvAlgo algo, const ConvProblem& p, float beta,
                      const void* a, const void* b, void* out, void* workspace,
                      size_t workspace_bytes);
-  cudnnPoolingDescriptor_t pool_desc(const PoolParams& p);
+  cudnnPoolingDescriptor_t pool_desc(const PoolDesc& p);
   void check_conv(const char* op, const ConvProblem& p, const Tensor& x, const Tensor& y,
                   ConvKind kind, ConvAlgo algo, size_t workspace_bytes);
   // A convolution's filters w (KCRS) as cuDNN takes them with activations

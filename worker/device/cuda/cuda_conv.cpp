@@ -152,9 +152,10 @@ const ConvDescriptors& CudaBackend::conv_descriptors(const ConvProblem& p, Layou
     VTRAIN_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&raw_conv), what);
     ConvDescriptor conv(raw_conv);
     VTRAIN_CUDA_CHECK(
-        cudnnSetConvolution2dDescriptor(raw_conv, to_int(p.pad_h, what), to_int(p.pad_w, what),
-                                        to_int(p.stride_h, what), to_int(p.stride_w, what), 1, 1,
-                                        CUDNN_CROSS_CORRELATION, compute),
+        cudnnSetConvolution2dDescriptor(
+            raw_conv, to_int(p.window.pad_h, what), to_int(p.window.pad_w, what),
+            to_int(p.window.stride_h, what), to_int(p.window.stride_w, what), 1, 1,
+            CUDNN_CROSS_CORRELATION, compute),
         what);
     return conv;
   };
@@ -164,11 +165,12 @@ const ConvDescriptors& CudaBackend::conv_descriptors(const ConvProblem& p, Layou
   return conv_descs_.emplace(key, std::move(d)).first->second;
 }
 
-cudnnPoolingDescriptor_t CudaBackend::pool_desc(const PoolParams& p) {
-  const std::string key = std::to_string(static_cast<int>(p.kind)) + "/" + std::to_string(p.kh) +
-                          "x" + std::to_string(p.kw) + "/" + std::to_string(p.stride_h) + "x" +
-                          std::to_string(p.stride_w) + "/" + std::to_string(p.pad_h) + "x" +
-                          std::to_string(p.pad_w);
+cudnnPoolingDescriptor_t CudaBackend::pool_desc(const PoolDesc& p) {
+  const Window& win = p.window;
+  const std::string key = std::to_string(static_cast<int>(p.kind)) + "/" +
+                          std::to_string(win.kernel_h) + "x" + std::to_string(win.kernel_w) + "/" +
+                          std::to_string(win.stride_h) + "x" + std::to_string(win.stride_w) + "/" +
+                          std::to_string(win.pad_h) + "x" + std::to_string(win.pad_w);
   auto it = pool_descs_.find(key);
   if (it != pool_descs_.end()) return it->second.get();
   const std::string what = "pooling " + key;
@@ -181,9 +183,10 @@ cudnnPoolingDescriptor_t CudaBackend::pool_desc(const PoolParams& p) {
                                       ? CUDNN_POOLING_MAX_DETERMINISTIC
                                       : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
   VTRAIN_CUDA_CHECK(
-      cudnnSetPooling2dDescriptor(raw, mode, CUDNN_PROPAGATE_NAN, to_int(p.kh, what),
-                                  to_int(p.kw, what), to_int(p.pad_h, what), to_int(p.pad_w, what),
-                                  to_int(p.stride_h, what), to_int(p.stride_w, what)),
+      cudnnSetPooling2dDescriptor(raw, mode, CUDNN_PROPAGATE_NAN, to_int(win.kernel_h, what),
+                                  to_int(win.kernel_w, what), to_int(win.pad_h, what),
+                                  to_int(win.pad_w, what), to_int(win.stride_h, what),
+                                  to_int(win.stride_w, what)),
       what);
   return pool_descs_.emplace(key, std::move(desc)).first->second.get();
 }
@@ -265,8 +268,10 @@ std::vector<int> CudaBackend::ranked_algorithms(ConvKind kind, const ConvDescrip
 // cuDNN's heuristic ranking per variant of the problem's element type,
 // best first within each: f32 in FMA math, then (under tf32) in TF32 math;
 // f16 in PSEUDO_HALF then TRUE_HALF; bf16 in PSEUDO_BFLOAT16.
-std::vector<ConvAlgoInfo> CudaBackend::conv_algorithms(ConvKind kind, const ConvProblem& p,
-                                                       bool accumulate) {
+std::vector<ConvAlgoInfo> CudaBackend::conv_algorithms(const ConvDesc& op) {
+  const ConvKind kind = op.kind;
+  const ConvProblem& p = op.problem;
+  const bool accumulate = op.beta != 0.0f;
   const ConvDescriptors& d = conv_descriptors(p, conv_layout(kind, p));
   const std::string what = std::string(conv_kind_name(kind)) + " algorithms for " + p.str();
   std::vector<ConvAlgoInfo> algos;

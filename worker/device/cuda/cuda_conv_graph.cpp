@@ -141,8 +141,8 @@ BackendDescriptor make_graph(const GraphTarget& target, ConvKind kind, const Con
       keep.emplace_back(make_descriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, what));
   const int64_t dims = 2;
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  const std::array<int64_t, 2> dilation{1, 1}, stride{p.stride_h, p.stride_w},
-      pad{p.pad_h, p.pad_w};
+  const std::array<int64_t, 2> dilation{1, 1}, stride{p.window.stride_h, p.window.stride_w},
+      pad{p.window.pad_h, p.window.pad_w};
   set_attribute(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, what);
   set_attribute(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode,
                 what);

@@ -156,19 +156,22 @@ static void require_one_layout(const char* op, std::initializer_list<const Tenso
 }
 
 // Whether p's windows tile x exactly, and y is the shape they make.
-static bool tiled_max_pool(const PoolParams& p, const Shape& x, const Shape& y) {
-  return p.kind == PoolKind::kMax && p.kh == p.stride_h && p.kw == p.stride_w && p.pad_h == 0 &&
-         p.pad_w == 0 && x.h % p.kh == 0 && x.w % p.kw == 0 && y.n == x.n && y.c == x.c &&
-         y.h == x.h / p.kh && y.w == x.w / p.kw;
+static bool tiled_max_pool(const PoolDesc& p, const Shape& x, const Shape& y) {
+  const Window& win = p.window;
+  return p.kind == PoolKind::kMax && win.kernel_h == win.stride_h &&
+         win.kernel_w == win.stride_w && win.pad_h == 0 && win.pad_w == 0 &&
+         x.h % win.kernel_h == 0 && x.w % win.kernel_w == 0 && y.n == x.n && y.c == x.c &&
+         y.h == x.h / win.kernel_h && y.w == x.w / win.kernel_w;
 }
 
-void CudaBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Tensor& y, void*) {
+void CudaBackend::pooling_forward(const PoolDesc& p, const Tensor& x, const Tensor& y, void*) {
   require_one_layout("pooling_forward", {&x, &y});
   const DataType type = call_type("pooling_forward", {x.desc, y.desc});
   const Shape& s = x.shape();
   if (tiled_max_pool(p, s, y.shape())) {
-    cuda::max_pool_forward_tiled(element(type), x.data, y.data, s.n, s.c, s.h, s.w, p.kh, p.kw,
-                                 channels_last(x.desc), compute_.get());
+    cuda::max_pool_forward_tiled(element(type), x.data, y.data, s.n, s.c, s.h, s.w,
+                                 p.window.kernel_h, p.window.kernel_w, channels_last(x.desc),
+                                 compute_.get());
     return;
   }
   const float one = 1.0f, zero = 0.0f;
@@ -177,14 +180,15 @@ void CudaBackend::pooling_forward(const PoolParams& p, const Tensor& x, const Te
                     "pooling_forward " + x.shape().str() + " -> " + y.shape().str());
 }
 
-void CudaBackend::pooling_backward(const PoolParams& p, const Tensor& x, const Tensor& y,
+void CudaBackend::pooling_backward(const PoolDesc& p, const Tensor& x, const Tensor& y,
                                    const Tensor& dy, const Tensor& dx, const void*) {
   require_one_layout("pooling_backward", {&x, &y, &dy, &dx});
   const DataType type = call_type("pooling_backward", {x.desc, y.desc, dy.desc, dx.desc});
   const Shape& s = x.shape();
   if (tiled_max_pool(p, s, dy.shape())) {
     cuda::max_pool_backward_tiled(element(type), x.data, dy.data, dx.data, s.n, s.c, s.h, s.w,
-                                  p.kh, p.kw, channels_last(x.desc), compute_.get());
+                                  p.window.kernel_h, p.window.kernel_w, channels_last(x.desc),
+                                  compute_.get());
     return;
   }
   const float one = 1.0f, zero = 0.0f;
