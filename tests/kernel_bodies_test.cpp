@@ -5,7 +5,8 @@
 // standing in for bf16 / f16 in packs of 1 and 8), and the results are
 // compared with references written from the logical coordinates: reorder
 // and fill between NCHW, nChw8c, nChw16c and NHWC (padding channels zeroed),
-// the bias add, relu (NaN, signed zeros, infinities, bit for bit), and max
+// the bias add, relu (NaN, signed zeros, infinities, bit for bit), silu,
+// gelu, sigmoid and relu6 (against the references in double), and max
 // pooling over tiling windows forward and backward (first maximum, ties,
 // NaN). Plain C++: every build, GPU or not. What the device's conversions
 // round is checked on a GPU (cuda_backend_test, backend_conformance_test).
@@ -23,6 +24,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "tests/reference_ops.h"
 
 namespace vtrain::worker::cuda {
 namespace {
@@ -227,6 +230,68 @@ TEST(KernelBodies, ReluPropagatesNaNAndZeroesTheRestBitForBit) {
   check(std::integral_constant<int, 1>{}, uint32_t{});
   check(std::integral_constant<int, 4>{}, uint32_t{});
   check(std::integral_constant<int, 4>{}, int64_t{});
+}
+
+// ------------------------------------------------ the other activations
+
+// Each activation's bodies in float against the references in double
+// (tests/reference_ops.h), in packs of 1 and 4: within float's rounding of
+// exp and erf. relu6's kinks (0 and 6) are left out of the derivative: a
+// backend may pass dy at exactly 6 (ops.h).
+TEST(KernelBodies, ActivationsMatchTheReferencesInDouble) {
+  const std::vector<float> values = {-30.0f, -8.0f, -3.0f, -1.0f, -0.25f, -1e-3f, 0.0f, 1e-3f,
+                                     0.1f,   0.5f,  1.0f,  2.5f,  5.5f,   6.0f,   6.5f, 30.0f};
+  struct Case {
+    Activation body;
+    reference::Activation reference;
+    const char* name;
+  };
+  const Case cases[] = {{Activation::kSilu, reference::Activation::kSilu, "silu"},
+                        {Activation::kGelu, reference::Activation::kGelu, "gelu"},
+                        {Activation::kSigmoid, reference::Activation::kSigmoid, "sigmoid"},
+                        {Activation::kRelu6, reference::Activation::kRelu6, "relu6"}};
+  auto check = [&](const Case& c, auto v_tag) {
+    constexpr int V = decltype(v_tag)::value;
+    SCOPED_TRACE(std::string(c.name) + ", V " + std::to_string(V));
+    const size_t count = values.size();
+    Aligned<float> x(count), y(count, 7.0f), dy(count), dx(count, 7.0f);
+    for (size_t i = 0; i < count; ++i) {
+      x[i] = values[i];
+      dy[i] = 0.5f + 0.25f * static_cast<float>(i);
+    }
+    for (uint32_t i = 0; i < count / V; ++i) {
+      activation_forward_at<HostConvert, float, V>(i, c.body, x.data(), y.data());
+      activation_backward_at<HostConvert, float, V>(i, c.body, x.data(), dy.data(), dx.data());
+    }
+    for (size_t i = 0; i < count; ++i) {
+      const double want_y = reference::activation(c.reference, values[i]);
+      EXPECT_NEAR(y[i], want_y, 1e-6 * std::max(1.0, std::abs(want_y))) << "f(" << values[i] << ")";
+      if (c.body == Activation::kRelu6 && (values[i] == 0.0f || values[i] == 6.0f)) continue;
+      const double want_dx = dy[i] * reference::activation_derivative(c.reference, values[i]);
+      EXPECT_NEAR(dx[i], want_dx, 1e-6 * std::max(1.0, std::abs(want_dx)))
+          << "f'(" << values[i] << ")";
+    }
+  };
+  for (const Case& c : cases) {
+    check(c, std::integral_constant<int, 1>{});
+    check(c, std::integral_constant<int, 4>{});
+  }
+}
+
+// NaN passes through every activation's forward; dx may alias dy.
+TEST(KernelBodies, ActivationsPropagateNaNAndMayWriteOverDy) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const Activation a :
+       {Activation::kSilu, Activation::kGelu, Activation::kSigmoid, Activation::kRelu6}) {
+    Aligned<float> x(4, nan), y(4, 0.0f);
+    activation_forward_at<HostConvert, float, 4>(uint32_t{0}, a, x.data(), y.data());
+    for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(std::isnan(y[i])) << static_cast<int>(a);
+    Aligned<float> at(4, 1.0f), g(4, 2.0f);
+    activation_backward_at<HostConvert, float, 4>(uint32_t{0}, a, at.data(), g.data(), g.data());
+    const float want = static_cast<float>(2.0 * reference::activation_derivative(
+                                                    static_cast<reference::Activation>(a), 1.0));
+    for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(g[i], want, 1e-6f) << static_cast<int>(a);
+  }
 }
 
 // ------------------------------------------------------ tiled max pooling

@@ -375,6 +375,11 @@ class CudaBackend final : public Backend {
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);
   void bias_relu_forward(const Tensor& x, const void* bias, const Tensor& y);
   void relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx, float* dbias);
+  // silu, gelu, sigmoid, relu6 (our elementwise kernels; backward reads x).
+  void activation_forward(ActivationKind kind, const Tensor& x, const Tensor& y);
+  void activation_backward(ActivationKind kind, const Tensor& x, const Tensor& dy,
+                           const Tensor& dx);
+  size_t activation_scratch_bytes(ActivationKind, const TensorDesc&) { return 0; }
   size_t pooling_state_bytes(const PoolDesc&, const TensorDesc&, const TensorDesc&) {
     return 0;  // cuDNN's pooling backward recomputes the maxima from x and y
   }

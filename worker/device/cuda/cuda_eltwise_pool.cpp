@@ -1,7 +1,11 @@
-// CUDA backend: relu, add / accumulate, scale, SGD, pooling and concat.
+// CUDA backend: relu and the other activations, add / accumulate, scale, SGD,
+// pooling and concat.
 #include "worker/device/cuda/cuda_backend_impl.h"
 
 #include <cstring>
+#include <string>
+
+#include "worker/device/cuda/kernel_bodies.h"
 
 namespace vtrain::worker::cuda {
 
@@ -47,6 +51,49 @@ void CudaBackend::relu_backward_bias(const Tensor& y, const Tensor& dy, const Te
   cuda::relu_backward_bias(element(type), y.data, dy.data, dx.data, s.n, s.c, s.h * s.w,
                            channels_last(y.desc), dbias, scratch(relu_scratch_bytes(y.desc)),
                            compute_.get());
+}
+
+namespace {
+
+cuda::Activation activation_of(ActivationKind kind) {
+  switch (kind) {
+    case ActivationKind::kSilu: return cuda::Activation::kSilu;
+    case ActivationKind::kGelu: return cuda::Activation::kGelu;
+    case ActivationKind::kSigmoid: return cuda::Activation::kSigmoid;
+    case ActivationKind::kRelu6: return cuda::Activation::kRelu6;
+    case ActivationKind::kRelu: break;
+  }
+  throw BackendError(std::string("cuda backend: ") + activation_name(kind) +
+                     " runs as relu_forward, not as an activation kernel of its own");
+}
+
+}  // namespace
+
+// silu, gelu, sigmoid and relu6 in our kernels (kernel_bodies.h), in float
+// and rounded once, elementwise over the storage as relu. Each maps 0 to 0
+// but sigmoid, which would write 0.5 into a channel-blocked layout's
+// padding channels: it is refused there.
+void CudaBackend::activation_forward(ActivationKind kind, const Tensor& x, const Tensor& y) {
+  const std::string op = std::string(activation_name(kind)) + "_forward";
+  check_same_desc(op.c_str(), {{"x", x.desc}, {"y", y.desc}});
+  const DataType type = call_type(op.c_str(), {x.desc});
+  if (kind == ActivationKind::kSigmoid && x.desc.storage_elements() != x.shape().elements()) {
+    throw BackendError("cuda backend: " + op + ": layout " + layout_name(x.desc.layout) +
+                       " pads the channels of " + x.shape().str() +
+                       ", which sigmoid(0) = 0.5 would fill; use nchw or nhwc");
+  }
+  cuda::activation_forward(activation_of(kind), element(type), x.data, y.data,
+                           x.desc.storage_elements(), compute_.get());
+}
+
+// dx = dy * f'(x); dx may alias dy.
+void CudaBackend::activation_backward(ActivationKind kind, const Tensor& x, const Tensor& dy,
+                                      const Tensor& dx) {
+  const std::string op = std::string(activation_name(kind)) + "_backward";
+  check_same_desc(op.c_str(), {{"x", x.desc}, {"dy", dy.desc}, {"dx", dx.desc}});
+  const DataType type = call_type(op.c_str(), {x.desc});
+  cuda::activation_backward(activation_of(kind), element(type), x.data, dy.data, dx.data,
+                            x.desc.storage_elements(), compute_.get());
 }
 
 // add and accumulate sum in float and round once to the tensors' type.

@@ -125,6 +125,21 @@ __global__ void relu_backward_kernel(const T* y, const T* dy, T* dx, I vectors) 
   }
 }
 
+template <typename T, int V, typename I>
+__global__ void activation_forward_kernel(Activation a, const T* x, T* y, I vectors) {
+  for (I i = first_index_as<I>(); i < vectors; i += index_stride_as<I>()) {
+    activation_forward_at<DeviceConvert, T, V>(i, a, x, y);
+  }
+}
+
+template <typename T, int V, typename I>
+__global__ void activation_backward_kernel(Activation a, const T* x, const T* dy, T* dx,
+                                           I vectors) {
+  for (I i = first_index_as<I>(); i < vectors; i += index_stride_as<I>()) {
+    activation_backward_at<DeviceConvert, T, V>(i, a, x, dy, dx);
+  }
+}
+
 template <typename T>
 __global__ void add_kernel(const T* a, const T* b, T* y, int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
@@ -688,6 +703,35 @@ void relu_backward(Element type, const void* y, const void* dy, void* dx, int64_
         static_cast<I>(vectors));
   });
   check_launch("relu_backward_kernel");
+}
+
+void activation_forward(Activation a, Element type, const void* x, void* y, int64_t count,
+                        cudaStream_t stream) {
+  if (count == 0) return;
+  with_shape(type, packs_fit(type, count, {x, y}), count, [&](auto t, auto v, auto index) {
+    using T = decltype(t);
+    using I = decltype(index);
+    constexpr int V = decltype(v)::value;
+    const int64_t vectors = count / V;
+    activation_forward_kernel<T, V, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
+        a, static_cast<const T*>(x), static_cast<T*>(y), static_cast<I>(vectors));
+  });
+  check_launch("activation_forward_kernel");
+}
+
+void activation_backward(Activation a, Element type, const void* x, const void* dy, void* dx,
+                         int64_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  with_shape(type, packs_fit(type, count, {x, dy, dx}), count, [&](auto t, auto v, auto index) {
+    using T = decltype(t);
+    using I = decltype(index);
+    constexpr int V = decltype(v)::value;
+    const int64_t vectors = count / V;
+    activation_backward_kernel<T, V, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
+        a, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx),
+        static_cast<I>(vectors));
+  });
+  check_launch("activation_backward_kernel");
 }
 
 void accumulate(Element x_type, const void* x, Element y_type, void* y, float beta,

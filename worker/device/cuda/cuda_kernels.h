@@ -154,6 +154,15 @@ void relu_backward_bias(Element type, const void* y, const void* dy, void* dx, i
 void relu_forward(Element type, const void* x, void* y, int64_t count, cudaStream_t stream);
 void relu_backward(Element type, const void* y, const void* dy, void* dx, int64_t count,
                    cudaStream_t stream);
+enum class Activation : int;  // kernel_bodies.h
+
+// silu, gelu, sigmoid or relu6 (kernel_bodies.h: Activation) over `count`
+// elements of `type` in any layout: y = f(x), and dx = dy * f'(x) (dx may
+// alias dy), in float, rounded once.
+void activation_forward(Activation a, Element type, const void* x, void* y, int64_t count,
+                        cudaStream_t stream);
+void activation_backward(Activation a, Element type, const void* x, const void* dy, void* dx,
+                         int64_t count, cudaStream_t stream);
 
 // Max pooling where the windows tile x {n, c, h, w} of `type` (NCHW, or
 // NHWC where channels_last): kernel = stride, no padding, h and w multiples

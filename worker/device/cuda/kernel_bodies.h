@@ -1,11 +1,11 @@
 // What one thread of the CUDA backend's memory-bound kernels does for one
 // index of its grid-stride loop: reorder and fill between channel-blocked
-// layouts, the bias add, relu, and max pooling over windows that tile the
-// input. Plain C++, compiled by nvcc into the kernels (cuda_kernels.cu) and
-// by the host compiler for the tests (kernel_bodies_test), which run every
-// index of a launch on the host and compare with the reference: the index
-// arithmetic, the 16-byte packs and NaN's propagation are checked on
-// machines without a GPU. The kernels' speed is for bench_cuda_ops.
+// layouts, the bias add, relu and the other activations, and max pooling
+// over windows that tile the input. Plain C++, compiled by nvcc into the
+// kernels (cuda_kernels.cu) and by the host compiler for the tests
+// (kernel_bodies_test), which run every index of a launch on the host and
+// compare with the reference: the index arithmetic, the 16-byte packs and
+// NaN's propagation are checked on machines without a GPU. The kernels' speed is for bench_cuda_ops.
 //
 // Element types: T is the stored type; C converts (C::to_float(T) -> float,
 // C::template from_float<T>(float) -> T): in the kernels the device's
@@ -147,6 +147,84 @@ VTRAIN_KERNEL_BODY void relu_backward_at(I i, const T* y, const T* dy, T* dx) {
 VTRAIN_UNROLL
   for (int l = 0; l < V; ++l) {
     if (C::to_float(a.v[l]) <= 0.0f) g.v[l] = zero;
+  }
+  store_pack<T, V>(dx + i * V, g);
+}
+
+// ------------------------------------------------ the other activations
+
+// silu, gelu (the erf form), sigmoid and relu6 (ActivationKind but relu,
+// which has its bodies above): the value and the derivative at x, in float.
+// Backward reads x: dx = dy * f'(x). relu6's derivative is 1 strictly inside
+// (0, 6), as PyTorch's hardtanh; NaN passes through the forward of each.
+enum class Activation : int { kSilu, kGelu, kSigmoid, kRelu6 };
+
+VTRAIN_KERNEL_BODY float body_exp(float x) {
+#if defined(__CUDA_ARCH__)
+  return expf(x);
+#else
+  return std::exp(x);
+#endif
+}
+VTRAIN_KERNEL_BODY float body_erf(float x) {
+#if defined(__CUDA_ARCH__)
+  return erff(x);
+#else
+  return std::erf(x);
+#endif
+}
+VTRAIN_KERNEL_BODY float sigmoid_of(float x) { return 1.0f / (1.0f + body_exp(-x)); }
+
+VTRAIN_KERNEL_BODY float activation_value(Activation a, float x) {
+  constexpr float kInvSqrt2 = 0.70710678118654752f;
+  switch (a) {
+    case Activation::kSilu: return x * sigmoid_of(x);
+    case Activation::kGelu: return 0.5f * x * (1.0f + body_erf(x * kInvSqrt2));
+    case Activation::kSigmoid: return sigmoid_of(x);
+    case Activation::kRelu6: return is_nan(x) ? x : (x <= 0.0f ? 0.0f : (x < 6.0f ? x : 6.0f));
+  }
+  return x;
+}
+
+VTRAIN_KERNEL_BODY float activation_derivative(Activation a, float x) {
+  constexpr float kInvSqrt2 = 0.70710678118654752f;
+  constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+  switch (a) {
+    case Activation::kSilu: {
+      const float s = sigmoid_of(x);
+      return s * (1.0f + x * (1.0f - s));
+    }
+    case Activation::kGelu:
+      return 0.5f * (1.0f + body_erf(x * kInvSqrt2)) + x * kInvSqrt2Pi * body_exp(-0.5f * x * x);
+    case Activation::kSigmoid: {
+      const float s = sigmoid_of(x);
+      return s * (1.0f - s);
+    }
+    case Activation::kRelu6: return x > 0.0f && x < 6.0f ? 1.0f : 0.0f;
+  }
+  return 1.0f;
+}
+
+// y = f(x) over V elements; y may alias x.
+template <typename C, typename T, int V, typename I>
+VTRAIN_KERNEL_BODY void activation_forward_at(I i, Activation a, const T* x, T* y) {
+  Pack<T, V> p = load_pack<T, V>(x + i * V);
+VTRAIN_UNROLL
+  for (int l = 0; l < V; ++l) {
+    p.v[l] = C::template from_float<T>(activation_value(a, C::to_float(p.v[l])));
+  }
+  store_pack<T, V>(y + i * V, p);
+}
+
+// dx = dy * f'(x) over V elements; dx may alias dy.
+template <typename C, typename T, int V, typename I>
+VTRAIN_KERNEL_BODY void activation_backward_at(I i, Activation a, const T* x, const T* dy, T* dx) {
+  const Pack<T, V> in = load_pack<T, V>(x + i * V);
+  Pack<T, V> g = load_pack<T, V>(dy + i * V);
+VTRAIN_UNROLL
+  for (int l = 0; l < V; ++l) {
+    g.v[l] = C::template from_float<T>(C::to_float(g.v[l]) *
+                                       activation_derivative(a, C::to_float(in.v[l])));
   }
   store_pack<T, V>(dx + i * V, g);
 }
