@@ -35,7 +35,7 @@ struct ComputeSettings {
   Precision precision = Precision::kFp32;  // train.precision
   LayoutChoice layout = LayoutChoice::kAuto;  // device.layout
   AutoOnOff fuse_relu = AutoOnOff::kAuto;  // conv.fuse_relu: auto where the backend
-                                           // gains from it (Backend::pairs_bias_with_relu)
+                                           // gains from it (Backend::prefers)
 
   // The type activations and their gradients are stored in.
   DataType activation_type() const { return storage_type(precision); }

@@ -569,13 +569,14 @@ TEST(ReferenceGroupedConv, EqualsAPlainConvolutionWithBlockDiagonalWeights) {
   const ConvProblem p = make_conv({2, 4, 5, 4}, 6, 3, 2, 1, 0, 1, 1);
   const Vec x = random_vec(rng, p.x.shape.elements());
   const int64_t cg = p.x.shape.c / groups, kg = p.k / groups;
-  const Vec w = random_vec(rng, p.k * cg * p.r * p.s);
+  const int64_t taps = p.window.kernel_h * p.window.kernel_w;
+  const Vec w = random_vec(rng, p.k * cg * taps);
   Vec dense(static_cast<size_t>(p.weight_shape().elements()), 0.0f);
   for (int64_t k = 0; k < p.k; ++k) {
     const int64_t g = k / kg;
     for (int64_t c = 0; c < cg; ++c) {
-      for (int64_t t = 0; t < p.r * p.s; ++t) {
-        dense[(k * p.x.shape.c + g * cg + c) * p.r * p.s + t] = w[(k * cg + c) * p.r * p.s + t];
+      for (int64_t t = 0; t < taps; ++t) {
+        dense[(k * p.x.shape.c + g * cg + c) * taps + t] = w[(k * cg + c) * taps + t];
       }
     }
   }
@@ -597,7 +598,8 @@ TEST(ReferenceGradient, GroupedConvDataFilterAndBias) {
     const ConvProblem& p = c.p;
     SCOPED_TRACE(p.str() + " groups " + std::to_string(c.groups));
     const Vec x = random_vec(rng, p.x.shape.elements());
-    const Vec w = random_vec(rng, p.k * (p.x.shape.c / c.groups) * p.r * p.s);
+    const Vec w = random_vec(
+        rng, p.k * (p.x.shape.c / c.groups) * p.window.kernel_h * p.window.kernel_w);
     const Vec b = random_vec(rng, p.k);
     const Vec r = random_vec(rng, p.y.shape.elements());
     auto loss = [&](const Vec& xv, const Vec& wv, const Vec& bv) {
