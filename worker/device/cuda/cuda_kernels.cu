@@ -677,61 +677,69 @@ void add_bias(Element type, const void* x, void* y, const void* bias, int64_t n,
   check_launch("add_bias_kernel");
 }
 
-void relu_forward(Element type, const void* x, void* y, int64_t count, cudaStream_t stream) {
+namespace {
+
+// An elementwise kernel over `count` elements of `type`, in 16-byte packs
+// where every pointer allows (packs_fit), else one at a time:
+// launch(T{}, V, I{}, vectors) starts it over `vectors` packs; then the
+// launch named `name` is checked.
+template <typename F>
+void launch_elementwise(Element type, int64_t count, std::initializer_list<const void*> pointers,
+                        const char* name, F&& launch) {
   if (count == 0) return;
-  with_shape(type, packs_fit(type, count, {x, y}), count, [&](auto t, auto v, auto index) {
+  with_shape(type, packs_fit(type, count, pointers), count, [&](auto t, auto v, auto index) {
+    launch(t, v, index, count / decltype(v)::value);
+  });
+  check_launch(name);
+}
+
+}  // namespace
+
+void relu_forward(Element type, const void* x, void* y, int64_t count, cudaStream_t stream) {
+  launch_elementwise(type, count, {x, y}, "relu_forward_kernel",
+                     [&](auto t, auto v, auto index, int64_t vectors) {
     using T = decltype(t);
     using I = decltype(index);
-    constexpr int V = decltype(v)::value;
-    const int64_t vectors = count / V;
-    relu_forward_kernel<T, V, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
+    relu_forward_kernel<T, decltype(v)::value, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
         static_cast<const T*>(x), static_cast<T*>(y), static_cast<I>(vectors));
   });
-  check_launch("relu_forward_kernel");
 }
 
 void relu_backward(Element type, const void* y, const void* dy, void* dx, int64_t count,
                    cudaStream_t stream) {
-  if (count == 0) return;
-  with_shape(type, packs_fit(type, count, {y, dy, dx}), count, [&](auto t, auto v, auto index) {
+  launch_elementwise(type, count, {y, dy, dx}, "relu_backward_kernel",
+                     [&](auto t, auto v, auto index, int64_t vectors) {
     using T = decltype(t);
     using I = decltype(index);
-    constexpr int V = decltype(v)::value;
-    const int64_t vectors = count / V;
-    relu_backward_kernel<T, V, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
+    relu_backward_kernel<T, decltype(v)::value, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
         static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx),
         static_cast<I>(vectors));
   });
-  check_launch("relu_backward_kernel");
 }
 
 void activation_forward(Activation a, Element type, const void* x, void* y, int64_t count,
                         cudaStream_t stream) {
-  if (count == 0) return;
-  with_shape(type, packs_fit(type, count, {x, y}), count, [&](auto t, auto v, auto index) {
+  launch_elementwise(type, count, {x, y}, "activation_forward_kernel",
+                     [&](auto t, auto v, auto index, int64_t vectors) {
     using T = decltype(t);
     using I = decltype(index);
-    constexpr int V = decltype(v)::value;
-    const int64_t vectors = count / V;
-    activation_forward_kernel<T, V, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
-        a, static_cast<const T*>(x), static_cast<T*>(y), static_cast<I>(vectors));
+    activation_forward_kernel<T, decltype(v)::value, I>
+        <<<blocks_for(vectors), kThreads, 0, stream>>>(a, static_cast<const T*>(x),
+                                                       static_cast<T*>(y), static_cast<I>(vectors));
   });
-  check_launch("activation_forward_kernel");
 }
 
 void activation_backward(Activation a, Element type, const void* x, const void* dy, void* dx,
                          int64_t count, cudaStream_t stream) {
-  if (count == 0) return;
-  with_shape(type, packs_fit(type, count, {x, dy, dx}), count, [&](auto t, auto v, auto index) {
+  launch_elementwise(type, count, {x, dy, dx}, "activation_backward_kernel",
+                     [&](auto t, auto v, auto index, int64_t vectors) {
     using T = decltype(t);
     using I = decltype(index);
-    constexpr int V = decltype(v)::value;
-    const int64_t vectors = count / V;
-    activation_backward_kernel<T, V, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
-        a, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx),
-        static_cast<I>(vectors));
+    activation_backward_kernel<T, decltype(v)::value, I>
+        <<<blocks_for(vectors), kThreads, 0, stream>>>(
+            a, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx),
+            static_cast<I>(vectors));
   });
-  check_launch("activation_backward_kernel");
 }
 
 void accumulate(Element x_type, const void* x, Element y_type, void* y, float beta,
