@@ -79,6 +79,17 @@ void expect_same_weights(const worker::Checkpoint& a, const worker::Checkpoint& 
   EXPECT_TRUE(a.velocity == b.velocity) << "velocity differs";
 }
 
+// C: 3 steps of seed 5, resumed from a step-0 checkpoint of `start`'s
+// weights in `tmp`/c, must end with what run B (in `tmp`/b) ended with.
+void expect_resumed_run_equals_b(const TempDir& tmp, const worker::Checkpoint& start) {
+  write_start(tmp.path("c"), start, 16, 5);
+  const RunResult c = test_support::run_vtrain(
+      dag_run("--set train.seed=5 --set train.max_steps=3 --resume --set checkpoint.dir=" +
+              tmp.path("c")));
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  expect_same_weights(newest(tmp.path("b")), newest(tmp.path("c")));
+}
+
 // A: 8 steps of the DAG into `dir`/a, exported to `dir`/a.safetensors.
 std::string trained_dag(const TempDir& tmp) {
   const RunResult a = test_support::run_vtrain(
@@ -100,12 +111,7 @@ TEST(WeightsInit, ARunFromAnExportTrainsAsOneResumedFromItsWeights) {
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_CONTAINS(b.output, "model.init: 19 tensors from " + file);
   // C: resumed from a step-0 checkpoint of A's weights.
-  write_start(tmp.path("c"), a, 16, 5);
-  const RunResult c = test_support::run_vtrain(
-      dag_run("--set train.seed=5 --set train.max_steps=3 --resume --set checkpoint.dir=" +
-              tmp.path("c")));
-  ASSERT_EQ(c.exit_code, 0) << c.output;
-  expect_same_weights(newest(tmp.path("b")), newest(tmp.path("c")));
+  expect_resumed_run_equals_b(tmp, a);
 }
 
 TEST(WeightsInit, SkippedLayersKeepTheirFreshInitialisation) {
@@ -146,12 +152,7 @@ TEST(WeightsInit, SkippedLayersKeepTheirFreshInitialisation) {
               to.begin() + t.offset);
   }
   ASSERT_EQ(skipped, 6);  // fc weight and bias, bn1's four
-  write_start(tmp.path("c"), start, 16, 5);
-  const RunResult c = test_support::run_vtrain(
-      dag_run("--set train.seed=5 --set train.max_steps=3 --resume --set checkpoint.dir=" +
-              tmp.path("c")));
-  ASSERT_EQ(c.exit_code, 0) << c.output;
-  expect_same_weights(newest(tmp.path("b")), newest(tmp.path("c")));
+  expect_resumed_run_equals_b(tmp, start);
 }
 
 // A requeued or elastic run continues its checkpoint: model.init is not
