@@ -509,7 +509,8 @@ TEST_F(PlanningTest, AMemoryPlanLetsALimitedFastDeviceTakeMore) {
       perfdb::StepMeasurement s;
       s.model = worker::model_key(graph_, {});
       s.batch = b;
-      s.memory_policy = worker::step_policy_key(memory::Policy::kAuto, d.memory_bytes);
+      s.memory_policy = "auto";
+      s.policy_capacity_bytes = worker::step_policy_capacity(memory::Policy::kAuto, d.memory_bytes);
       s.workspace_plan = worker::kProfiledStepPlan;
       const bool offloads = limited && b > 8;
       s.time_ms = factor * (1.0 + 0.5 * b) * (offloads ? 1.2 : 1.0);
