@@ -53,7 +53,12 @@ TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
   options.warmup = 0;
   options.repeats = 2;
   // An older profiler's step row (forward + backward only) is not a cache hit.
-  const perfdb::StepMeasurement old{model_key(graph, {}), 4, "none", "auto", 1.0, 1, 0, {}};
+  const perfdb::StepMeasurement old{.model = model_key(graph, {}),
+                                    .batch = 4,
+                                    .memory_policy = "none",
+                                    .workspace_plan = "auto",
+                                    .time_ms = 1.0,
+                                    .peak_device_bytes = 1};
   db.record_step_measurements(device, std::span(&old, 1));
   const ProfileReport first = profile(graph, *backend, db, device, options);
   // LeNet: conv1 (Forward, BackwardFilter; its input is the data) and conv2
