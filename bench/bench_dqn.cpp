@@ -97,7 +97,7 @@ std::optional<memory::MemoryPlan> dqn(const memory::MemoryModel& model,
   worker::DqnOptions o;
   o.episodes = s.episodes;
   o.time_budget_seconds = s.budget;
-  const auto backend = worker::make_backend({.kind = "cpu", .threads = 1});
+  const auto backend = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   try {
     const worker::DqnRun run = worker::train_dqn(model, costs, capacity, planner, o, *backend);
     note = std::to_string(run.episodes) + " episodes, best in " + std::to_string(run.best_episode) +
@@ -113,7 +113,7 @@ void bench_net(const std::string& name, const Settings& s) {
   const worker::Shape input{1, 3, s.size, s.size};
   const worker::Graph graph =
       worker::Graph::build(worker::preset_layers(name, {input, 1000}), input);
-  const auto backend = worker::make_backend({.kind = "cpu"});
+  const auto backend = worker::make_backend({.kind = worker::BackendKind::kCpu});
   worker::NetworkOptions no;
   no.max_batch = s.batch;
   no.conv_algorithm = "direct";

@@ -55,7 +55,7 @@ struct Settings {
   int64_t deep_batch = 8;
   int deep_steps = 2;
   std::string trace_dir;           // one Chrome trace per run; empty = none
-  std::string backend = "cpu";     // device.backend: cpu or cuda
+  worker::BackendKind backend = worker::BackendKind::kCpu;  // device.backend: cpu or cuda
   std::string deep_algorithm = "direct";  // conv.algorithm for vgg416 (cuda: a cuDNN name)
 };
 
@@ -166,7 +166,7 @@ Settings parse_settings(int argc, char** argv) {
     } else if (arg == "--trace-dir") {
       s.trace_dir = next();
     } else if (arg == "--backend") {
-      s.backend = next();
+      s.backend = worker::parse_backend_kind(next());
     } else if (arg == "--deep-algorithm") {
       s.deep_algorithm = next();
     } else {

@@ -182,7 +182,7 @@ struct OptimizerConfig : worker::ScheduleSettings {
 };
 
 struct DeviceConfig {
-  std::string backend = "auto";   // "auto", "cpu" or "cuda"
+  worker::BackendKind backend = worker::BackendKind::kAuto;  // auto, cpu or cuda
   int threads = 0;                // CPU threads; 0 = all cores
   uint64_t memory_limit = 0;      // bytes; 0 = the device's memory
   worker::LayoutChoice layout = worker::LayoutChoice::kAuto;  // activations: auto, nchw, nhwc

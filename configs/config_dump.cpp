@@ -241,7 +241,8 @@ void emit_training(YAML::Emitter& out, const Config& config) {
 // device, conv, memory and output.
 void emit_device(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "device" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "backend" << YAML::Value << config.device.backend;
+  out << YAML::Key << "backend" << YAML::Value
+      << common::name_of(worker::kBackendKindNames, config.device.backend);
   out << YAML::Key << "threads" << YAML::Value << config.device.threads;
   out << YAML::Key << "memory_limit" << YAML::Value << format_size(config.device.memory_limit);
   out << YAML::Key << "layout" << YAML::Value

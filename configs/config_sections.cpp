@@ -696,7 +696,7 @@ DeviceConfig read_device(const Field& field) {
   const Section section(field);
   section.allow({"backend", "threads", "memory_limit", "layout"});
   DeviceConfig device;
-  if (Field f = section["backend"]) device.backend = to_choice(f, {"auto", "cpu", "cuda"});
+  if (Field f = section["backend"]) device.backend = to_choice(f, worker::kBackendKindNames);
   if (Field f = section["threads"]) {
     device.threads =
         static_cast<int>(to_int(f, between(0, std::numeric_limits<int>::max(), false, false)));

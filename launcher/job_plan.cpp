@@ -427,7 +427,8 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       worker::PlanDevice d;
       d.id = ids[r];
       d.memory_bytes = cluster[r].memory_bytes;
-      d.layout = worker::layout_rule_for(cluster[r].backend, cfg.device.layout, precisions[r]);
+      d.layout = worker::layout_rule_for(worker::parse_backend_kind(cluster[r].backend),
+                                         cfg.device.layout, precisions[r]);
       d.name = worker::device_label(cluster[r]);
       d.input_rate = inputs.rates[r];
       d.host_share = shares_of_cores[r];
@@ -615,8 +616,8 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     worker::PlanDevice d;
     d.id = rec.id;
     d.memory_bytes = rec.device.memory_bytes;
-    d.layout = worker::layout_rule_for(rec.device.backend, cfg.device.layout,
-                                       precision.value_or(cfg.train.precision));
+    d.layout = worker::layout_rule_for(worker::parse_backend_kind(rec.device.backend),
+                                       cfg.device.layout, precision.value_or(cfg.train.precision));
     d.name = perfdb::device_label(rec.device);  // as the rank that runs on it will name its device
     d.precision = precision;
     devices.push_back(std::move(d));

@@ -166,8 +166,8 @@ Datasets load_data(const Config& cfg) {
 // This machine, for the config checks: its backend runs on the host unless
 // it is (or `auto` finds) a GPU.
 config::Machine this_machine(const Config& cfg) {
-  const bool host = cfg.device.backend == "cpu" ||
-                    (cfg.device.backend == "auto" && !worker::gpu_available());
+  const bool host = cfg.device.backend == worker::BackendKind::kCpu ||
+                    (cfg.device.backend == worker::BackendKind::kAuto && !worker::gpu_available());
   return {common::hardware_threads(), common::usable_memory_bytes(), host};
 }
 

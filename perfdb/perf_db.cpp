@@ -139,6 +139,13 @@ std::string complaint_about(const StepMeasurement& step) {
   if (step.model.signature.empty()) return "model must not be empty";
   if (step.batch < 1) return "batch must be >= 1, got " + std::to_string(step.batch);
   if (step.memory_policy.empty()) return "memory_policy must not be empty";
+  if (step.memory_policy.find('@') != std::string::npos) {
+    return "memory_policy must be the policy's name alone (the capacity goes in "
+           "policy_capacity_bytes), got '" + step.memory_policy + "'";
+  }
+  if (step.policy_capacity_bytes > kMaxStoredUnsigned) {
+    return "policy_capacity_bytes does not fit a 64-bit signed integer";
+  }
   if (!valid_time(step.time_ms)) {
     return "time_ms must be finite and >= 0, got " + std::to_string(step.time_ms);
   }
@@ -290,10 +297,10 @@ void PerfDb::record_step_measurements(DeviceId device, std::span<const StepMeasu
       StatementUse insert(impl_->cached(
           "INSERT INTO step_measurements (device_id, model, precision, layout, fuse_relu, batch, "
           "memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at, kept_bytes, "
-          "offloaded_bytes, recomputed_bytes) "
-          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) "
+          "offloaded_bytes, recomputed_bytes, policy_capacity_bytes) "
+          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) "
           "ON CONFLICT (device_id, model, precision, layout, fuse_relu, batch, memory_policy, "
-          "workspace_plan) DO UPDATE SET "
+          "policy_capacity_bytes, workspace_plan) DO UPDATE SET "
           "time_ms = excluded.time_ms, peak_device_bytes = excluded.peak_device_bytes, "
           "measured_at = excluded.measured_at, kept_bytes = excluded.kept_bytes, "
           "offloaded_bytes = excluded.offloaded_bytes, "
@@ -313,6 +320,7 @@ void PerfDb::record_step_measurements(DeviceId device, std::span<const StepMeasu
       } else {
         for (int column : {12, 13, 14}) insert->bind(column, std::optional<double>());
       }
+      insert->bind(15, static_cast<int64_t>(step.policy_capacity_bytes));
       insert->run();
     }
   });
@@ -362,16 +370,18 @@ std::string describe_model(const ModelKey& model) {
 }
 
 std::vector<StepMeasurement> PerfDb::step_measurements(DeviceId device, const ModelKey& model,
-                                                       std::string_view memory_policy) {
+                                                       std::string_view memory_policy,
+                                                       uint64_t policy_capacity_bytes) {
   impl_->begin("list step measurements");
   return impl_->transact(Txn::kRead, [&] {
     StatementUse select(impl_->cached(
         "SELECT batch, memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at, "
         "kept_bytes, offloaded_bytes, recomputed_bytes FROM step_measurements WHERE device_id = ?1 "
         "AND memory_policy = ?2 AND model = ?3 AND precision = ?4 AND layout = ?5 AND fuse_relu = ?6 "
-        "ORDER BY batch, workspace_plan"));
+        "AND policy_capacity_bytes = ?7 ORDER BY batch, workspace_plan"));
     select->bind(1, device.value);
     select->bind(2, memory_policy);
+    select->bind(7, static_cast<int64_t>(policy_capacity_bytes));
     bind_model(*select, 3, model);
     std::vector<StepMeasurement> found;
     while (select->step()) {
@@ -379,6 +389,7 @@ std::vector<StepMeasurement> PerfDb::step_measurements(DeviceId device, const Mo
       step.model = model;
       step.batch = select->column_int(0);
       step.memory_policy = select->column_text(1);
+      step.policy_capacity_bytes = policy_capacity_bytes;
       step.workspace_plan = select->column_text(2);
       step.time_ms = select->column_double(3);
       step.peak_device_bytes = static_cast<uint64_t>(select->column_int(4));

@@ -136,12 +136,15 @@ struct ModelKey {
 std::string describe_model(const ModelKey& model);
 
 // Forward plus backward of a whole model on one device at one batch size.
-// Key: (device, model, batch, memory_policy, workspace_plan).
+// Key: (device, model, batch, memory_policy, policy_capacity_bytes,
+// workspace_plan).
 struct StepMeasurement {
   ModelKey model;               // the model and how it was computed
   int64_t batch = 1;            // per-rank batch
-  std::string memory_policy;    // memory.policy's name, e.g. "none", "conv", "dyn"; a
-                                // per-tensor policy adds its capacity: "auto@<bytes>"
+  std::string memory_policy;    // memory.policy's name alone, e.g. "none", "conv", "dyn"
+  uint64_t policy_capacity_bytes = 0;  // the device capacity the policy planned for where
+                                       // its plan depends on it (memory::plans_for_capacity:
+                                       // "dyn", "auto", ...); 0 for the other policies
   std::string workspace_plan;   // signature of the workspace/micro-batch plan; "" = none
   double time_ms = 0;           // upload (as training makes it: copied ahead where it is),
                                 // forward, backward, update (no exchange), ms
@@ -334,7 +337,8 @@ class PerfDb {
   void record_kernel_measurements(DeviceId device, std::span<const KernelSample> samples);
 
   // Records all steps in one transaction; each replaces any earlier one with
-  // the same (device, model, batch, memory_policy, workspace_plan).
+  // the same (device, model, batch, memory_policy, policy_capacity_bytes,
+  // workspace_plan).
   void record_step_measurements(DeviceId device, std::span<const StepMeasurement> steps);
 
   // Records the device's copy bandwidth (one or both directions) in one
@@ -381,10 +385,13 @@ class PerfDb {
   // micro_batch); empty when there is none.
   std::vector<KernelMeasurement> kernel_measurements(DeviceId device, const KernelSignature& kernel);
 
-  // Every step of a model under a memory policy on one device, ordered by
-  // (batch, workspace_plan); empty when there is none.
+  // Every step of a model under a memory policy (planned for
+  // `policy_capacity_bytes`, 0 for a policy whose plan does not depend on the
+  // capacity) on one device, ordered by (batch, workspace_plan); empty when
+  // there is none.
   std::vector<StepMeasurement> step_measurements(DeviceId device, const ModelKey& model,
-                                                 std::string_view memory_policy);
+                                                 std::string_view memory_policy,
+                                                 uint64_t policy_capacity_bytes = 0);
 
   // All devices, ordered by id.
   std::vector<DeviceRecord> devices();

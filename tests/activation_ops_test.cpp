@@ -35,7 +35,9 @@ class DeviceTensor {
 
 class ActivationOps : public ::testing::Test {
  protected:
-  void SetUp() override { backend_ = make_backend({.kind = "cpu", .threads = 1}); }
+  void SetUp() override {
+    backend_ = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
+  }
 
   // y = act(x) on the device, x given plain; y returned plain.
   Vec forward(ActivationKind kind, const TensorDesc& desc, const Vec& x) {

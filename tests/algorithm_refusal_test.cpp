@@ -24,7 +24,7 @@ namespace {
 
 std::unique_ptr<Backend> cpu() {
   BackendOptions options;
-  options.kind = "cpu";
+  options.kind = worker::BackendKind::kCpu;
   options.threads = 1;
   return make_backend(options);
 }

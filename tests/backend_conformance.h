@@ -36,9 +36,9 @@ inline std::string base_kind(const std::string& kind) {
   return kind.ends_with(kNhwcKindSuffix) ? kind.substr(0, kind.size() - 5) : kind;
 }
 inline worker::BackendOptions suite_options(const std::string& kind) {
-  return {.kind = base_kind(kind),
+  return {.kind = worker::parse_backend_kind(base_kind(kind)),
           .layout = kind.ends_with(kNhwcKindSuffix) ? worker::LayoutChoice::kNhwc
-                                                     : worker::LayoutChoice::kAuto};
+                                                    : worker::LayoutChoice::kAuto};
 }
 
 // Why the backend of `kind` cannot run here, or nothing when it can.

@@ -210,7 +210,7 @@ TEST(HalfPrecisionAvailability, CpuRefusesBf16NamingTheIsaWhenOneDnnIsCappedAtAv
     GTEST_SKIP() << "needs DNNL_MAX_CPU_ISA=AVX2 in the environment before oneDNN starts; ctest "
                     "runs it so as HalfConformance.CpuBf16RefusedWithOneDnnCappedAtAvx2";
   }
-  const std::unique_ptr<Backend> cpu = worker::make_backend({.kind = "cpu"});
+  const std::unique_ptr<Backend> cpu = worker::make_backend({.kind = worker::BackendKind::kCpu});
   const std::optional<std::string> why = cpu->precision_unavailable(common::Precision::kBf16);
   ASSERT_TRUE(why.has_value()) << "bf16 accepted with oneDNN capped at AVX2";
   EXPECT_CONTAINS(*why, "AVX2");

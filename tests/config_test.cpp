@@ -50,7 +50,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.01);
   EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.0);
   EXPECT_EQ(c.optimizer.schedule, worker::ScheduleKind::kNone);
-  EXPECT_EQ(c.device.backend, "auto");
+  EXPECT_EQ(c.device.backend, worker::BackendKind::kAuto);
   EXPECT_EQ(c.device.layout, worker::LayoutChoice::kAuto);
   EXPECT_EQ(c.device.threads, 0);
   EXPECT_EQ(c.device.memory_limit, 0u);
@@ -111,7 +111,7 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_EQ(c.optimizer.step_epochs, 2);
   EXPECT_DOUBLE_EQ(c.optimizer.gamma, 0.5);
   EXPECT_EQ(c.optimizer.warmup_steps, 10);
-  EXPECT_EQ(c.device.backend, "cpu");
+  EXPECT_EQ(c.device.backend, worker::BackendKind::kCpu);
   EXPECT_EQ(c.device.threads, 4);
   EXPECT_EQ(c.device.memory_limit, 1'500'000'000u);
   EXPECT_EQ(c.device.layout, worker::LayoutChoice::kNhwc);
@@ -688,6 +688,7 @@ TEST(ConfigTest, NameTablesRoundTrip) {
   expect_table_round_trips(worker::kResumeSettingNames);
   expect_table_round_trips(worker::kScheduleKindNames);
   expect_table_round_trips(worker::kLayoutChoiceNames);
+  expect_table_round_trips(worker::kBackendKindNames);
   expect_table_round_trips(common::kAutoOnOffNames);
   EXPECT_STREQ(common::name_of(memory::kPolicyNames, static_cast<memory::Policy>(99)), "?");
 }

@@ -33,7 +33,7 @@ namespace {
 std::vector<double> shares_with(int threads) {
   std::vector<double> shares;
   for (int k = 0; k < 3; ++k) {
-    auto backend = make_backend({.kind = "cpu", .threads = threads});
+    auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = threads});
     shares.push_back(measure_copy_bandwidth(*backend, size_t{16} << 20, 5).compute_share);
   }
   std::sort(shares.begin(), shares.end());

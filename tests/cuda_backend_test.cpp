@@ -59,11 +59,13 @@ constexpr double kTransformRtol = 1e-3;
 
 // Backends shared by the tests, created on first use (never without a GPU).
 Backend& gpu() {
-  static const std::unique_ptr<Backend> backend = cuda::make_cuda_backend({.kind = "cuda"});
+  static const std::unique_ptr<Backend> backend =
+      cuda::make_cuda_backend({.kind = worker::BackendKind::kCuda});
   return *backend;
 }
 Backend& cpu() {
-  static const std::unique_ptr<Backend> backend = make_backend({.kind = "cpu", .threads = 2});
+  static const std::unique_ptr<Backend> backend =
+      make_backend({.kind = worker::BackendKind::kCpu, .threads = 2});
   return *backend;
 }
 
@@ -100,12 +102,14 @@ TEST_F(CudaBackendTest, DescribesTheDevice) {
   EXPECT_EQ(gpu().preferred_layout(64), Layout::kPlain);  // fp32: NCHW
   // Half precision keeps activations channels last (tensor cores' layout),
   // device.layout forces either.
-  EXPECT_EQ(make_backend({.kind = "cuda", .precision = common::Precision::kFp16})
-                ->preferred_layout(64),
+  EXPECT_EQ(
+      make_backend({.kind = worker::BackendKind::kCuda, .precision = common::Precision::kFp16})
+          ->preferred_layout(64),
+      Layout::kNhwc);
+  EXPECT_EQ(make_backend({.kind = worker::BackendKind::kCuda, .layout = LayoutChoice::kNhwc})
+                ->preferred_layout(3),
             Layout::kNhwc);
-  EXPECT_EQ(make_backend({.kind = "cuda", .layout = LayoutChoice::kNhwc})->preferred_layout(3),
-            Layout::kNhwc);
-  EXPECT_EQ(make_backend({.kind = "cuda",
+  EXPECT_EQ(make_backend({.kind = worker::BackendKind::kCuda,
                           .precision = common::Precision::kBf16,
                           .layout = LayoutChoice::kNchw})
                 ->preferred_layout(64),
@@ -133,12 +137,13 @@ TEST_F(CudaBackendTest, PrefersTheBiasPairedReluOnly) {
 
 TEST_F(CudaBackendTest, FactoryPicksCudaForAutoWhenAGpuIsVisible) {
   EXPECT_TRUE(gpu_available());
-  EXPECT_EQ(make_backend({.kind = "auto"})->device_info().backend, "cuda");
-  EXPECT_EQ(make_backend({.kind = "cuda"})->device_info().backend, "cuda");
+  EXPECT_EQ(make_backend({.kind = worker::BackendKind::kAuto})->device_info().backend, "cuda");
+  EXPECT_EQ(make_backend({.kind = worker::BackendKind::kCuda})->device_info().backend, "cuda");
 }
 
 TEST_F(CudaBackendTest, CountsDeviceMemoryAndEnforcesTheLimit) {
-  const auto b = cuda::make_cuda_backend({.kind = "cuda", .memory_limit = 1 << 20});
+  const auto b =
+      cuda::make_cuda_backend({.kind = worker::BackendKind::kCuda, .memory_limit = 1 << 20});
   EXPECT_EQ(b->device_info().memory_bytes, size_t{1} << 20);
   void* a = b->allocate_device(1000);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
@@ -365,8 +370,8 @@ TEST_F(CudaBackendTest, ConvolutionErrorsNameTheProblem) {
 // inputs, f32 sums) of the reference. An fp32 backend offers none and
 // refuses to run one.
 TEST_F(CudaBackendTest, Tf32OffersTensorCoreVariantsWithinTf32RoundingOfTheReference) {
-  const std::unique_ptr<Backend> tf32 =
-      cuda::make_cuda_backend({.kind = "cuda", .precision = common::Precision::kTf32});
+  const std::unique_ptr<Backend> tf32 = cuda::make_cuda_backend(
+      {.kind = worker::BackendKind::kCuda, .precision = common::Precision::kTf32});
   if (const std::optional<std::string> why = tf32->precision_unavailable(common::Precision::kTf32)) {
     GTEST_SKIP() << *why;
   }
@@ -487,7 +492,7 @@ TEST_F(CudaBackendTest, Bf16ConvolutionsOfferPseudoBf16WithinBf16RoundingOfTheRe
 // with beta 0 and 1; a backend without the option offers none.
 TEST_F(CudaBackendTest, GraphEnginesRunEveryKindInBothLayoutsWithinHalfRoundingOfTheReference) {
   const std::unique_ptr<Backend> graph =
-      cuda::make_cuda_backend({.kind = "cuda", .cudnn_graph = true});
+      cuda::make_cuda_backend({.kind = worker::BackendKind::kCuda, .cudnn_graph = true});
   int types = 0;
   for (DataType type : {DataType::kBF16, DataType::kF16}) {
     if (half_unavailable(type)) continue;
@@ -531,9 +536,10 @@ TEST_F(CudaBackendTest, GraphEnginesOfferTheConfiguredNumberPerVariant) {
     for (const auto& [suffix, count] : per) most = std::max(most, count);
     return most;
   };
-  const auto one = cuda::make_cuda_backend({.kind = "cuda", .cudnn_graph = true, .graph_engines = 1});
-  const auto eight =
-      cuda::make_cuda_backend({.kind = "cuda", .cudnn_graph = true, .graph_engines = 8});
+  const auto one = cuda::make_cuda_backend(
+      {.kind = worker::BackendKind::kCuda, .cudnn_graph = true, .graph_engines = 1});
+  const auto eight = cuda::make_cuda_backend(
+      {.kind = worker::BackendKind::kCuda, .cudnn_graph = true, .graph_engines = 8});
   int more = 0;
   for (ConvKind kind : kConvKinds) {
     SCOPED_TRACE(conv_kind_name(kind));
@@ -858,8 +864,8 @@ TEST_F(CudaBackendTest, LeNetLossFallsInHalfPrecision) {
     // 8), the default path; and channels last (NHWC) forced.
     for (const LayoutChoice layout : {LayoutChoice::kAuto, LayoutChoice::kNhwc}) {
       SCOPED_TRACE(layout == LayoutChoice::kAuto ? "layout auto" : "layout nhwc");
-      const std::unique_ptr<Backend> own =
-          cuda::make_cuda_backend({.kind = "cuda", .precision = precision, .layout = layout});
+      const std::unique_ptr<Backend> own = cuda::make_cuda_backend(
+          {.kind = worker::BackendKind::kCuda, .precision = precision, .layout = layout});
       Backend& b = *own;
       Network net(graph, b, options);
       const LossWindow loss = train_lenet(b, net, n);
@@ -883,7 +889,7 @@ TEST_F(CudaBackendTest, PrefetchedInputIsTheBatchUploaded) {
     if (gpu().precision_unavailable(precision)) continue;
     SCOPED_TRACE(common::precision_name(precision));
     const std::unique_ptr<Backend> own =
-        cuda::make_cuda_backend({.kind = "cuda", .precision = precision});
+        cuda::make_cuda_backend({.kind = worker::BackendKind::kCuda, .precision = precision});
     test_support::check_input_prefetch(*own, precision);
   }
 }
@@ -990,7 +996,8 @@ TEST_F(CudaBackendTest, BiasPairedWithReluTrainsLikeTheConvolutionsOwn) {
   Graph g = test_support::preset_graph("vgg-small", 16);
   for (const LayoutChoice layout : {LayoutChoice::kNhwc, LayoutChoice::kAuto}) {
     SCOPED_TRACE(layout == LayoutChoice::kNhwc ? "nhwc" : "nchw");
-    const std::unique_ptr<Backend> b = cuda::make_cuda_backend({.kind = "cuda", .layout = layout});
+    const std::unique_ptr<Backend> b =
+        cuda::make_cuda_backend({.kind = worker::BackendKind::kCuda, .layout = layout});
     std::vector<float> params[2];
     using enum common::AutoOnOff;
     for (const common::AutoOnOff fuse : {kOff, kAuto}) {

@@ -154,7 +154,9 @@ DqnOptions test_options(uint64_t seed = 7) {
   return o;
 }
 
-std::unique_ptr<Backend> cpu() { return make_backend({.kind = "cpu", .threads = 1}); }
+std::unique_ptr<Backend> cpu() {
+  return make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
+}
 
 // The loss of Eq. 4 as the network computes it, in double on the host.
 double loss_of(QNetwork& net, const QBatch& batch, const std::vector<float>& targets) {

@@ -190,7 +190,7 @@ class TinyNetwork : public ::testing::Test {
  protected:
   static constexpr int64_t kClasses = 7;
   void SetUp() override {
-    backend_ = make_backend({.kind = "cpu", .threads = 1});
+    backend_ = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
     LayerSpec in, fc;
     in.name = "data";
     fc.name = "fc";

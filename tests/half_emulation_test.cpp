@@ -35,7 +35,8 @@ std::vector<float> random_floats(size_t n, unsigned seed) {
 }
 
 TEST(HalfEmulation, OffersBothHalfTypesAndSaysSoInTheDeviceName) {
-  const auto emulated = emulate_half(make_backend({.kind = "cpu", .threads = 1}));
+  const auto emulated =
+      emulate_half(make_backend({.kind = worker::BackendKind::kCpu, .threads = 1}));
   EXPECT_FALSE(emulated->precision_unavailable(common::Precision::kBf16));
   EXPECT_FALSE(emulated->precision_unavailable(common::Precision::kFp16));
   EXPECT_TRUE(emulated->precision_unavailable(common::Precision::kTf32));
@@ -45,8 +46,9 @@ TEST(HalfEmulation, OffersBothHalfTypesAndSaysSoInTheDeviceName) {
 // An inner product in each half type: the emulation's output is the f32
 // op's on the rounded inputs and weights, rounded once, bit for bit.
 TEST(HalfEmulation, AnOpIsTheF32OpOnTheRoundedInputsRoundedOnce) {
-  const auto emulated = emulate_half(make_backend({.kind = "cpu", .threads = 1}));
-  const auto plain = make_backend({.kind = "cpu", .threads = 1});
+  const auto emulated =
+      emulate_half(make_backend({.kind = worker::BackendKind::kCpu, .threads = 1}));
+  const auto plain = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Shape in{4, 3, 5, 5}, out{4, 7, 1, 1};
   const std::vector<float> x = random_floats(in.elements(), 1);
   const std::vector<float> w = random_floats(7 * in.per_sample(), 2);

@@ -68,7 +68,8 @@ class HostStaged : public ::testing::Test {
   void TearDown() override {
     for (void* p : held_) backend_->free_device(p);
   }
-  std::unique_ptr<Backend> backend_ = make_backend({.kind = "cpu", .threads = 1});
+  std::unique_ptr<Backend> backend_ =
+      make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   std::vector<const void*> seen_;
   TwinRank* twin_ = new TwinRank(&seen_);
   std::unique_ptr<Communicator> comm_ =

@@ -44,7 +44,7 @@ Graph every_type() {
 }
 
 TEST(LayerTiming, OneEntryPerLayerEachPositiveButTheData) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Graph graph = every_type();
   const size_t before = backend->device_bytes_in_use();
   const CopyBandwidth bandwidth{1e9, 2e9, 4096};
@@ -58,7 +58,7 @@ TEST(LayerTiming, OneEntryPerLayerEachPositiveButTheData) {
 }
 
 TEST(LayerTiming, AConvolutionTakesLongerThanTheReluOfItsOutput) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Graph graph = Graph::build(
       {layer_spec("data", LayerType::kInput, {}),
        layer_spec("conv", LayerType::kConv, {"data"}, 64, 3),
@@ -73,7 +73,7 @@ TEST(LayerTiming, AConvolutionTakesLongerThanTheReluOfItsOutput) {
 }
 
 TEST(LayerTiming, CopyBandwidthIsPositiveEachWayAndFitsTheDevice) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const CopyBandwidth b = measure_copy_bandwidth(*backend, size_t{1} << 20, 3);
   EXPECT_GT(b.to_host_bytes_per_second, 0);
   EXPECT_GT(b.to_device_bytes_per_second, 0);
@@ -87,12 +87,13 @@ TEST(LayerTiming, CopyBandwidthIsPositiveEachWayAndFitsTheDevice) {
 
   // Under a 64 KiB device the copies shrink to what is free beside the
   // compute share's product (in at most half of it).
-  auto small = make_backend({.kind = "cpu", .threads = 1, .memory_limit = 64 << 10});
+  auto small =
+      make_backend({.kind = worker::BackendKind::kCpu, .threads = 1, .memory_limit = 64 << 10});
   const size_t copied = measure_copy_bandwidth(*small, size_t{1} << 20, 1).bytes;
   EXPECT_GE(copied, size_t{16} << 10);
   EXPECT_LT(copied, size_t{64} << 10);
   EXPECT_EQ(small->device_bytes_in_use(), small->scratch_reserved());
-  auto tiny = make_backend({.kind = "cpu", .threads = 1, .memory_limit = 1024});
+  auto tiny = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1, .memory_limit = 1024});
   // What the smallest product needs depends on the ISA's weight format.
   const std::string message = test_support::error_message<memory::OutOfMemoryError>(
       [&] { measure_copy_bandwidth(*tiny, size_t{1} << 20, 1); });
@@ -124,7 +125,8 @@ TEST(LayerTiming, ATooSmallDeviceNamesTheLayerAlikeEveryTimeAndKeepsNothing) {
     // Room for a layer's tensors at batch 1, not at batch 64. Which layer
     // runs out first depends on the CPU: oneDNN blocks channels by 16 on
     // AVX-512 (c1's 3 input channels take 16) and by 8 on AVX2 (bn1 first).
-    auto backend = make_backend({.kind = "cpu", .threads = 1, .memory_limit = 256 << 10});
+    auto backend =
+        make_backend({.kind = worker::BackendKind::kCpu, .threads = 1, .memory_limit = 256 << 10});
     const std::string message = test_support::error_message<memory::OutOfMemoryError>(
         [&] { measure_graph_step_costs(graph, {}, *backend, 64, {}, "direct", kQuick); });
     EXPECT_EQ(backend->device_bytes_in_use(), backend->scratch_reserved());
@@ -187,7 +189,7 @@ TEST(LayerTiming, BackwardWritesGradientsAsATrainingStepDoes) {
        layer_spec("fc", LayerType::kFc, {"sum"}, 3)},
       {1, 4, 4});
   for (const bool a_can_add : {false, true}) {
-    auto backend = make_backend({.kind = "cpu", .threads = 1});
+    auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
     std::vector<std::unique_ptr<Layer>> layers;
     std::vector<RecordingLayer*> rec;
     for (int i = 0; i < graph.size(); ++i) {
@@ -219,7 +221,7 @@ TEST(LayerTiming, BackwardWritesGradientsAsATrainingStepDoes) {
 }
 
 TEST(LayerTiming, MismatchedInputsAreRefused) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Graph graph = every_type();
   std::vector<std::unique_ptr<Layer>> none;
   EXPECT_THROW(measure_step_costs(graph, none, activation_descs(graph, {}, *backend, 1), *backend, 1,

@@ -74,33 +74,41 @@ TEST(LayoutRule, AForcedChoiceHoldsForEveryDeviceAndChannelCount) {
 TEST(LayoutRule, ThePlannersRuleIsTheBackendsOwn) {
   for (LayoutChoice choice : {LayoutChoice::kAuto, LayoutChoice::kNchw, LayoutChoice::kNhwc}) {
     for (Precision p : {Precision::kFp32, Precision::kBf16}) {
-      const LayoutRule rule = worker::layout_rule_for("cpu", choice, p);
-      const auto cpu = worker::make_backend({.kind = "cpu", .precision = p, .layout = choice});
+      const LayoutRule rule = worker::layout_rule_for(worker::BackendKind::kCpu, choice, p);
+      const auto cpu = worker::make_backend(
+          {.kind = worker::BackendKind::kCpu, .precision = p, .layout = choice});
       for (int64_t channels : {3, 8, 12, 16, 64}) {
         EXPECT_EQ(rule(channels), cpu->preferred_layout(channels))
             << worker::layout_name(rule(channels)) << " for " << channels << " channels";
       }
       if (worker::gpu_available()) {
-        const auto gpu = worker::make_backend({.kind = "cuda", .precision = p, .layout = choice});
-        EXPECT_EQ(worker::layout_rule_for("cuda", choice, p)(64), gpu->preferred_layout(64));
+        const auto gpu = worker::make_backend(
+            {.kind = worker::BackendKind::kCuda, .precision = p, .layout = choice});
+        EXPECT_EQ(worker::layout_rule_for(worker::BackendKind::kCuda, choice, p)(64),
+                  gpu->preferred_layout(64));
       }
     }
   }
-  EXPECT_THROW(worker::layout_rule_for("tpu", LayoutChoice::kAuto, Precision::kFp32),
-               worker::BackendError);
+  // auto names no one backend: the planner must know which a rank made.
+  EXPECT_THROW(
+      worker::layout_rule_for(worker::BackendKind::kAuto, LayoutChoice::kAuto, Precision::kFp32),
+      worker::BackendError);
 }
 
 // OpenMP's thread count belongs to the process: a CPU backend made for a
 // moment with one thread (as planners make them) hands the count back when
 // it goes, so the backend that trains keeps its threads.
 TEST(CpuThreads, AShortLivedBackendLeavesTheThreadCountAsItFoundIt) {
-  const int before = worker::make_backend({.kind = "cpu"})->device_info().threads;
-  { const auto one = worker::make_backend({.kind = "cpu", .threads = 1}); }
-  EXPECT_EQ(worker::make_backend({.kind = "cpu"})->device_info().threads, before);
+  const int before =
+      worker::make_backend({.kind = worker::BackendKind::kCpu})->device_info().threads;
+  { const auto one = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1}); }
+  EXPECT_EQ(worker::make_backend({.kind = worker::BackendKind::kCpu})->device_info().threads,
+            before);
   // A backend of all threads made while one of threads 1 lives has them all
   // (it used to inherit the 1 OpenMP was left at).
-  const auto one = worker::make_backend({.kind = "cpu", .threads = 1});
-  EXPECT_EQ(worker::make_backend({.kind = "cpu"})->device_info().threads, before);
+  const auto one = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
+  EXPECT_EQ(worker::make_backend({.kind = worker::BackendKind::kCpu})->device_info().threads,
+            before);
 }
 
 // NHWC is one channel block of every channel: no padding, and channel c of
@@ -112,7 +120,8 @@ TEST(NhwcLayout, StoresChannelsLastWithoutPadding) {
   EXPECT_EQ(d.storage_elements(), s.elements());
   EXPECT_STREQ(worker::layout_name(Layout::kNhwc), "nhwc");
 
-  const std::unique_ptr<worker::Backend> cpu = worker::make_backend({.kind = "cpu"});
+  const std::unique_ptr<worker::Backend> cpu =
+      worker::make_backend({.kind = worker::BackendKind::kCpu});
   std::vector<float> x(static_cast<size_t>(s.elements()));
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
   backend_test::DeviceTensor t(*cpu, d);
@@ -137,7 +146,7 @@ TEST(NhwcLayout, StoresChannelsLastWithoutPadding) {
 
 std::unique_ptr<worker::Backend> cpu_in(LayoutChoice layout) {
   // One thread: the same floating-point path on every run.
-  return worker::make_backend({.kind = "cpu", .threads = 1, .layout = layout});
+  return worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1, .layout = layout});
 }
 
 // oneDNN's primitive cache ignores the strides of size-1 dimensions, so an

@@ -37,7 +37,8 @@ struct Job {
   worker::Dataset train = worker::make_synthetic(input, 4, 256, 3);
   worker::Graph graph = worker::Graph::build(worker::preset_layers("lenet", {input, 4}), input);
   worker::ChannelStats norm = scaled_stats(train);
-  std::unique_ptr<worker::Backend> backend = worker::make_backend({.kind = "cpu", .threads = 1});
+  std::unique_ptr<worker::Backend> backend =
+      worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
 
   // Inputs 1000x larger: the scaled gradients overflow at the largest scales.
   static worker::ChannelStats scaled_stats(const worker::Dataset& data) {

@@ -223,7 +223,8 @@ TEST(Dsa, BestFitIsWithinAFewPercentOfTheMipOnSmallTraces) {
 class PoolTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    backend_ = worker::make_backend({.kind = "cpu", .threads = 1, .memory_limit = 8 << 20});
+    backend_ = worker::make_backend(
+        {.kind = worker::BackendKind::kCpu, .threads = 1, .memory_limit = 8 << 20});
   }
   std::unique_ptr<worker::Backend> backend_;
 };

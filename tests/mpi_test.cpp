@@ -195,7 +195,7 @@ TEST(Mpi, ResumedRunRepeatsTheUninterruptedRunBitwiseWithEveryOptimizer) {
 // to fp32 training (measured here: 0.017 against 0.054 of the largest
 // weight). They are not identical: the option does something.
 TEST(Mpi, HalfGradientAllreduceFollowsFp32UnderBf16) {
-  auto backend = worker::make_backend({.kind = "cpu", .threads = 1});
+  auto backend = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   if (auto why = backend->precision_unavailable(common::Precision::kBf16)) GTEST_SKIP() << *why;
   TempDir dir;
   std::string out;

@@ -64,7 +64,9 @@ NetworkOptions options(int64_t max_batch, const std::string& algorithm = "auto")
 
 class NetworkTest : public ::testing::Test {
  protected:
-  void SetUp() override { backend_ = make_backend({.kind = "cpu", .threads = 2}); }
+  void SetUp() override {
+    backend_ = make_backend({.kind = worker::BackendKind::kCpu, .threads = 2});
+  }
 
   // Writes a deterministic random batch and labels into the network.
   void fill_batch(Network& net, int64_t n, uint32_t seed) { fill_batch(*backend_, net, n, seed); }
@@ -91,8 +93,8 @@ class NetworkTest : public ::testing::Test {
   void check_gradients(const Graph& graph, const std::string& algorithm = "direct",
                        int64_t n = 3) {
     check_gradients_in(*backend_, graph, algorithm, n);
-    const std::unique_ptr<Backend> nhwc =
-        make_backend({.kind = "cpu", .threads = 2, .layout = LayoutChoice::kNhwc});
+    const std::unique_ptr<Backend> nhwc = make_backend(
+        {.kind = worker::BackendKind::kCpu, .threads = 2, .layout = LayoutChoice::kNhwc});
     SCOPED_TRACE("nhwc");
     check_gradients_in(*nhwc, graph, algorithm, n);
   }
@@ -311,11 +313,13 @@ TEST_F(NetworkTest, TheAllocationsAfterTheNetworkAreCountedAsTheBackendServesThe
   // the backend's 64-byte units.
   ASSERT_NE(parameters * sizeof(float) % 64, 0u) << parameters;
   {
-    const auto exact = make_backend({.kind = "cpu", .threads = 2, .memory_limit = least});
+    const auto exact =
+        make_backend({.kind = worker::BackendKind::kCpu, .threads = 2, .memory_limit = least});
     Network net(g, *exact, o);
     EXPECT_NO_THROW(Sgd(*exact, net.parameter_count(), 0.9f, 0.0f));
   }
-  const auto less = make_backend({.kind = "cpu", .threads = 2, .memory_limit = least - 1});
+  const auto less =
+      make_backend({.kind = worker::BackendKind::kCpu, .threads = 2, .memory_limit = least - 1});
   const std::string message =
       test_support::error_message<memory::OutOfMemoryError>([&] { Network(g, *less, o); });
   EXPECT_NE(message.find("it fits a device.memory_limit of "), std::string::npos) << message;
@@ -332,7 +336,8 @@ TEST_F(NetworkTest, AutoRefusesAModelTooBigBeforeTimingItsConvolutions) {
   // Room for the timing's tensors of c1 (input, output, input gradient,
   // weights), not for a step, which keeps its output and output gradient
   // beside the fc's input gradient.
-  const auto device = make_backend({.kind = "cpu", .threads = 2, .memory_limit = 40 << 20});
+  const auto device =
+      make_backend({.kind = worker::BackendKind::kCpu, .threads = 2, .memory_limit = 40 << 20});
   const auto refusal = [&](const std::string& algorithm) {
     return test_support::error_message<memory::OutOfMemoryError>(
         [&] { Network(g, *device, options(16, algorithm)); });
@@ -417,7 +422,7 @@ TEST_F(NetworkTest, SmallerBatchUsesLeadingSamples) {
 TEST_F(NetworkTest, PrefetchedInputIsTheBatchUploaded) {
   for (const bool lazy : {false, true}) {
     const std::unique_ptr<Backend> b =
-        make_backend({.kind = "cpu", .threads = 2, .lazy_memory_stream = lazy});
+        make_backend({.kind = worker::BackendKind::kCpu, .threads = 2, .lazy_memory_stream = lazy});
     for (const common::Precision precision : {common::Precision::kFp32, common::Precision::kBf16}) {
       SCOPED_TRACE(std::string(common::precision_name(precision)) + (lazy ? ", lazy" : ""));
       if (b->precision_unavailable(precision)) continue;  // bf16 without the ISA

@@ -44,7 +44,7 @@ struct Model {
   Model(const std::string& config, const std::vector<std::string>& overrides = {})
       : cfg(config::load_config(config, overrides)),
         graph(config::build_model(cfg, cfg.data.shape)),
-        backend(worker::make_backend({.kind = "cpu", .threads = 2})) {
+        backend(worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 2})) {
     worker::NetworkOptions o;
     o.max_batch = kBatch;
     o.conv_algorithm = "direct";

@@ -127,7 +127,7 @@ struct Reference {
 class OptimizerRun {
  public:
   explicit OptimizerRun(const OptimizerSettings& s, float loss_scale = 1.0f)
-      : backend_(worker::make_backend({.kind = "cpu", .threads = 1})),
+      : backend_(worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1})),
         loss_scale_(loss_scale),
         params_(backend_->allocate_device(kCount * sizeof(float))),
         grads_(backend_->allocate_device(kCount * sizeof(float))),
@@ -315,7 +315,7 @@ TEST(Optimizer, ParameterTensorsSplitWeightsBiasAndBatchNorm) {
 }
 
 TEST(WeightAverage, StartsAtTheWeightsAndFollowsThem) {
-  auto backend = worker::make_backend({.kind = "cpu", .threads = 1});
+  auto backend = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   std::vector<float> w = {1.0f, -2.0f, 0.5f};
   void* params = backend->allocate_device(3 * sizeof(float));
   const worker::Tensor t{worker::vector_desc(3), params};
@@ -345,7 +345,7 @@ TEST(WeightAverage, StartsAtTheWeightsAndFollowsThem) {
 // 0.0900305732); gradient = softmax - target = (-0.5552715289,
 // 0.5652409558, -0.0099694268), times the loss scale.
 TEST(LabelSmoothing, LossAndGradientMatchAHandComputation) {
-  auto backend = worker::make_backend({.kind = "cpu", .threads = 1});
+  auto backend = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const std::vector<float> logits = {1.0f, 2.0f, 0.0f};
   const worker::TensorDesc desc{{1, 3, 1, 1}, worker::Layout::kPlain, worker::DataType::kF32};
   void* z = backend->allocate_device(desc.bytes());

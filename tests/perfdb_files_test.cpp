@@ -19,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -401,6 +402,60 @@ INSERT INTO layer_measurements VALUES
             (Rows{{"41", "abc", "fp16", "auto", "auto"}, {"42", "abc", "fp32", "nchw", "auto"}}));
   EXPECT_EQ(shell.query("PRAGMA integrity_check"), (Rows{{"ok"}}));
   EXPECT_TRUE(shell.query("PRAGMA foreign_key_check").empty());
+}
+
+// Version 7 recorded the capacity a policy planned for as a suffix of
+// memory_policy ("auto@<bytes>"); it becomes a column of its own, part of
+// the key: the same policy planned for another capacity is another row.
+TEST(PerfDbUpgrade, Version7PolicyCapacitySuffixesBecomeATypedColumn) {
+  TempDir dir;
+  const std::string path = version7_file(dir, R"sql(
+INSERT INTO step_measurements VALUES
+  (51, 1, 'abc', 64, 'auto@123456', 'auto+update', 60.5, 7000, 1600000001, 10, 20, 0),
+  (52, 1, 'abc', 64, 'auto@654321', 'auto+update', 55.0, 7100, 1600000002, 10, 0, 0),
+  (53, 1, 'abc@bf16', 64, 'dyn@123456', 'auto+update', 40.0, 6000, 1600000003, NULL, NULL, NULL),
+  (54, 1, 'abc', 64, 'none', 'auto+update', 50.0, 9000, 1600000004, NULL, NULL, NULL);
+)sql");
+
+  PerfDb db(path);
+  EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
+  const auto small = db.step_measurements(DeviceId{1}, ModelKey{"abc"}, "auto", 123456);
+  ASSERT_EQ(small.size(), 1u);
+  EXPECT_EQ(small[0].memory_policy, "auto");
+  EXPECT_EQ(small[0].policy_capacity_bytes, 123456u);
+  EXPECT_EQ(small[0].time_ms, 60.5);
+  ASSERT_TRUE(small[0].activations.has_value());
+  EXPECT_EQ(small[0].activations->offloaded, 20u);
+  EXPECT_EQ(db.step_measurements(DeviceId{1}, ModelKey{"abc"}, "auto", 654321).at(0).time_ms, 55.0);
+  EXPECT_TRUE(db.step_measurements(DeviceId{1}, ModelKey{"abc"}, "auto").empty());
+  const ModelKey bf16{"abc", {.precision = common::Precision::kBf16}};
+  EXPECT_EQ(db.step_measurements(DeviceId{1}, bf16, "dyn", 123456).at(0).time_ms, 40.0);
+  EXPECT_EQ(db.step_measurements(DeviceId{1}, ModelKey{"abc"}, "none").at(0).time_ms, 50.0);
+
+  // A new row under the same policy and capacity replaces the migrated one.
+  StepMeasurement again = small[0];
+  again.time_ms = 61.0;
+  db.record_step_measurements(DeviceId{1}, std::span(&again, 1));
+
+  SqlShell shell(path);
+  EXPECT_EQ(shell.query("SELECT id, model, precision, memory_policy, policy_capacity_bytes, time_ms "
+                        "FROM step_measurements ORDER BY id"),
+            (Rows{{"51", "abc", "fp32", "auto", "123456", "61.0"},
+                  {"52", "abc", "fp32", "auto", "654321", "55.0"},
+                  {"53", "abc", "bf16", "dyn", "123456", "40.0"},
+                  {"54", "abc", "fp32", "none", "0", "50.0"}}));
+  EXPECT_EQ(shell.query("PRAGMA integrity_check"), (Rows{{"ok"}}));
+}
+
+TEST(PerfDbUpgrade, Version7PolicyWithACapacityThatIsNoByteCountIsRefusedUntouched) {
+  TempDir dir;
+  const std::string path = version7_file(dir, R"sql(
+INSERT INTO step_measurements VALUES
+  (61, 1, 'abc', 64, 'auto@12GiB', 'auto+update', 60.5, 7000, 1, NULL, NULL, NULL);
+)sql");
+  expect_rejected_untouched(path, path + " is not a valid vtrain perf DB: step_measurements row 61: "
+                                         "memory_policy 'auto@12GiB': expected "
+                                         "<policy>@<capacity bytes>, a positive integer");
 }
 
 TEST(PerfDbUpgrade, Version7KeyWithASuffixVtrainNeverWroteIsRefusedUntouched) {

@@ -153,6 +153,13 @@ TEST(PerfDb, RejectsBadInputAndRecordsNothing) {
                 std::to_string(device.value) + "); register it with upsert_device first");
   error = error_of([&] { db.record_step_measurements(DeviceId{42}, std::vector{step(8, 1.0)}); });
   EXPECT_CONTAINS(error, "unknown device id 42");
+  // The capacity a policy planned for is a column of its own, never a
+  // suffix of the policy's name.
+  StepMeasurement suffixed = step(8, 1.0);
+  suffixed.memory_policy = "auto@123456";
+  error = error_of([&] { db.record_step_measurements(device, std::vector{suffixed}); });
+  EXPECT_CONTAINS(error, "step 0: memory_policy must be the policy's name alone (the capacity goes "
+                         "in policy_capacity_bytes), got 'auto@123456'");
 
   const Stats stats = db.stats();
   EXPECT_EQ(stats.kernels, 0);

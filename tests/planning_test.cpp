@@ -209,11 +209,11 @@ class PlanningTest : public ::testing::Test {
     const perfdb::DeviceId id = db_->upsert_device(d);
     std::vector<perfdb::StepMeasurement> steps;
     for (int64_t b : {4, 8, 12, 16, 20, 24}) {
-      steps.push_back({worker::model_key(graph_, {}), b, "none", worker::kProfiledStepPlan,
+      steps.push_back({worker::model_key(graph_, {}), b, "none", 0, worker::kProfiledStepPlan,
                        factor * (1.0 + 0.5 * b), static_cast<uint64_t>(b) << 20, 0, {}});
       // A row of an older profiler (forward + backward only), which sorts
       // first: the planner must not take it.
-      steps.push_back({worker::model_key(graph_, {}), b, "none", "auto", 1000.0, 1, 0, {}});
+      steps.push_back({worker::model_key(graph_, {}), b, "none", 0, "auto", 1000.0, 1, 0, {}});
       const worker::PlanDevice plain{name, id, d.memory_bytes,
                                      [](int64_t) { return worker::Layout::kPlain; }};
       std::vector<perfdb::KernelSample> samples;
@@ -509,7 +509,8 @@ TEST_F(PlanningTest, AMemoryPlanLetsALimitedFastDeviceTakeMore) {
       perfdb::StepMeasurement s;
       s.model = worker::model_key(graph_, {});
       s.batch = b;
-      s.memory_policy = worker::step_policy_key(memory::Policy::kAuto, d.memory_bytes);
+      s.memory_policy = "auto";
+      s.policy_capacity_bytes = worker::step_policy_capacity(memory::Policy::kAuto, d.memory_bytes);
       s.workspace_plan = worker::kProfiledStepPlan;
       const bool offloads = limited && b > 8;
       s.time_ms = factor * (1.0 + 0.5 * b) * (offloads ? 1.2 : 1.0);

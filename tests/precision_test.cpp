@@ -42,7 +42,7 @@ class Bf16Test : public ::testing::Test {
 protected:
   void SetUp() override {
     // One thread: the same floating-point path on every run.
-    backend_ = worker::make_backend({.kind = "cpu", .threads = 1});
+    backend_ = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
     if (std::optional<std::string> why =
             backend_->precision_unavailable(Precision::kBf16)) {
       GTEST_SKIP() << *why;
@@ -226,7 +226,7 @@ TEST(Precision, ModelKeysKeepPrecisionsApartInTheirOwnColumn) {
 
 // A backend that cannot run a precision refuses the network with its reason.
 TEST(Precision, TheCpuRefusesFp16AndTf32NamingWhatItRuns) {
-  auto backend = worker::make_backend({.kind = "cpu", .threads = 1});
+  auto backend = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   for (Precision p : {Precision::kFp16, Precision::kTf32}) {
     const worker::Graph graph = graph_of("lenet", 28);
     worker::NetworkOptions options;
@@ -294,7 +294,7 @@ ScaledRun lenet_run(const worker::LossScalingSettings &scaling,
   const worker::Dataset train = worker::make_synthetic(input, 4, 256, 3);
   const worker::Graph graph =
       worker::Graph::build(worker::preset_layers("lenet", {input, 4}), input);
-  auto backend = worker::make_backend({.kind = "cpu", .threads = 1});
+  auto backend = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   worker::ChannelStats norm = worker::channel_stats(train);
   for (float &s : norm.stddev)
     s /= pixel_scale;
@@ -333,7 +333,7 @@ TEST(LossScaling, OverflowedStepsAreSkippedAndTheScaleHalves) {
   const worker::Shape input{1, 1, 16, 16};
   const worker::Graph graph =
       worker::Graph::build(worker::preset_layers("lenet", {input, 4}), input);
-  auto backend = worker::make_backend({.kind = "cpu", .threads = 1});
+  auto backend = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   worker::NetworkOptions net_options;
   net_options.max_batch = 1;
   net_options.conv_algorithm = "direct";

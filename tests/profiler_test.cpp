@@ -43,7 +43,7 @@ TEST(Profiler, MicroBatchPolicyNames) {
 }
 
 TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   perfdb::PerfDb db(":memory:");
   const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
   const Graph graph = small_graph();
@@ -53,7 +53,12 @@ TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
   options.warmup = 0;
   options.repeats = 2;
   // An older profiler's step row (forward + backward only) is not a cache hit.
-  const perfdb::StepMeasurement old{model_key(graph, {}), 4, "none", "auto", 1.0, 1, 0, {}};
+  const perfdb::StepMeasurement old{.model = model_key(graph, {}),
+                                    .batch = 4,
+                                    .memory_policy = "none",
+                                    .workspace_plan = "auto",
+                                    .time_ms = 1.0,
+                                    .peak_device_bytes = 1};
   db.record_step_measurements(device, std::span(&old, 1));
   const ProfileReport first = profile(graph, *backend, db, device, options);
   // LeNet: conv1 (Forward, BackwardFilter; its input is the data) and conv2
@@ -105,7 +110,7 @@ TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
 // the balancer checks that a batch fits the device under that policy:
 // layer-wise allocation with offloading needs less than the baseline.
 TEST(Profiler, StepsAreRecordedUnderTheirMemoryPolicy) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   perfdb::PerfDb db(":memory:");
   const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
   const Graph graph = Graph::build(preset_layers("vgg-small", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
@@ -129,7 +134,7 @@ TEST(Profiler, StepsAreRecordedUnderTheirMemoryPolicy) {
 // as the balancer checks it against the device: the batch's floats more;
 // and its time as training's steps run, the batch copied ahead.
 TEST(Profiler, StepPeakCountsTheInputStagingTrainingHolds) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Graph graph = small_graph();
   constexpr int64_t kBatch = 16;
   size_t peak[2] = {0, 0};
@@ -166,7 +171,7 @@ TEST(Profiler, StepPeakCountsTheInputStagingTrainingHolds) {
 }
 
 TEST(Profiler, IdenticalDevicesSplitTheWork) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   TempDir dir;
   const Graph graph = small_graph();
   ProfileOptions options = timed_once({4});
@@ -226,7 +231,7 @@ TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
   EXPECT_EQ(turns.take(look(false, false)), Turn::kSkip);
   EXPECT_EQ(agreements, 4);  // once per item, whatever this process does with it
 
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   TempDir dir;
   const Graph graph = small_graph();
   perfdb::PerfDb db(dir.path("together.db"));
@@ -262,7 +267,7 @@ TEST(Profiler, ProcessesProfilingTogetherMeasureWhatAnyMemberNeeds) {
 // each batch is recorded once (its median round). Together peers keep step
 // in the later rounds with one agreement per batch, as in the first.
 TEST(Profiler, StepRoundsRecordEachBatchOnceAndKeepTogetherPeersInStep) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Graph graph = small_graph();
   ProfileOptions options = timed_once({4, 8});
   options.layer_costs = false;
@@ -307,7 +312,7 @@ TEST(Profiler, TogetherPeersArriveOnceForAnItemTheirDeviceCannotHold) {
   options.layer_costs = false;
   // The peak of each step alone, to set a limit between them (beside the
   // backend's own scratch).
-  auto roomy = make_backend({.kind = "cpu", .threads = 1});
+  auto roomy = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   perfdb::PerfDb alone(":memory:");
   const perfdb::DeviceId roomy_id = alone.upsert_device(perfdb_device(roomy->device_info()));
   profile(graph, *roomy, alone, roomy_id, options);
@@ -318,7 +323,8 @@ TEST(Profiler, TogetherPeersArriveOnceForAnItemTheirDeviceCannotHold) {
   ASSERT_LT(small_peak, large_peak);
 
   const size_t limit = roomy->scratch_reserved() + (small_peak + large_peak) / 2;
-  auto limited = make_backend({.kind = "cpu", .threads = 1, .memory_limit = limit});
+  auto limited =
+      make_backend({.kind = worker::BackendKind::kCpu, .threads = 1, .memory_limit = limit});
   int agreements = 0, arrivals = 0, with_work = 0;
   options.peers = {.index = 1,
                    .count = 2,
@@ -350,7 +356,7 @@ TEST(Profiler, TogetherPeersArriveOnceForAnItemTheirDeviceCannotHold) {
 // are stopped before the first item, every one with the same message
 // naming the setting and both ranks; the same settings pass.
 TEST(Profiler, TogetherPeersWithOtherItemsAreRefusedNamingTheSetting) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Graph graph = small_graph();
   ProfileOptions options = timed_once({4, 8});
   std::string other;  // the other member's settings; empty: this one's

@@ -78,7 +78,7 @@ class RecomputeTest : public ::testing::TestWithParam<Preset> {
  protected:
   void SetUp() override {
     // One thread: the runs stay fast on a machine busy with other work.
-    backend_ = worker::make_backend({.kind = "cpu", .threads = 1});
+    backend_ = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
     graph_.emplace(test_support::preset_graph(GetParam().name, GetParam().side));
     // The model every policy plans over (conv algorithms fixed: "direct").
     model_ = worker::Network(*graph_, *backend_, options()).memory_model();
@@ -226,7 +226,9 @@ INSTANTIATE_TEST_SUITE_P(Presets, RecomputeTest,
 
 class PlanOptionsTest : public ::testing::Test {
  protected:
-  void SetUp() override { backend_ = worker::make_backend({.kind = "cpu", .threads = 1}); }
+  void SetUp() override {
+    backend_ = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
+  }
   worker::NetworkOptions options(Policy policy) const {
     worker::NetworkOptions o;
     o.max_batch = 2;

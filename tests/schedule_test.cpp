@@ -214,7 +214,9 @@ using test_support::TrainRun;
 
 class EngineTest : public ::testing::Test {
  protected:
-  void SetUp() override { backend_ = worker::make_backend({.kind = "cpu", .threads = 2}); }
+  void SetUp() override {
+    backend_ = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 2});
+  }
 
   worker::Graph graph(const std::string& preset, int64_t side) {
     return test_support::preset_graph(preset, side);
@@ -295,7 +297,8 @@ TEST_F(EngineTest, ResNetTrainsToBitIdenticalWeightsUnderEveryPolicy) {
 // slow: a prefetch the backward did not wait for, or an offload a release
 // did not, would read what was there before.
 TEST_F(EngineTest, EveryPolicyAndPlannerWaitsForItsCopies) {
-  backend_ = worker::make_backend({.kind = "cpu", .threads = 2, .lazy_memory_stream = true});
+  backend_ = worker::make_backend(
+      {.kind = worker::BackendKind::kCpu, .threads = 2, .lazy_memory_stream = true});
   expect_bit_identical("vgg-small", 16, true);
   expect_bit_identical("resnet18", 8, false);
 }
@@ -341,7 +344,7 @@ TEST_F(EngineTest, AutoTuningUnderAMemoryLimitSkipsAlgorithmsThatCannotFit) {
   o.poison_freed = false;
   size_t need = 0, tuning_peak = 0;
   {
-    auto fresh = worker::make_backend({.kind = "cpu", .threads = 2});
+    auto fresh = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 2});
     o.conv_algorithm = "direct";
     need = worker::Network(g, *fresh, o).memory_stats().reservation;
     fresh->reset_peak();
@@ -351,7 +354,8 @@ TEST_F(EngineTest, AutoTuningUnderAMemoryLimitSkipsAlgorithmsThatCannotFit) {
   }
   const size_t limit = need + need / 2;
   ASSERT_GT(tuning_peak, limit) << "the test needs an algorithm whose workspace cannot fit";
-  auto small = worker::make_backend({.kind = "cpu", .threads = 2, .memory_limit = limit});
+  auto small = worker::make_backend(
+      {.kind = worker::BackendKind::kCpu, .threads = 2, .memory_limit = limit});
   worker::Network net(g, *small, o);
   net.init_parameters(1);
   small->fill(net.input(64), 0.5f);

@@ -33,7 +33,7 @@ NetworkOptions keep_everything(int64_t batch) {
 }
 
 TEST(StepCallTimes, EveryCallOfEveryStepIsTimedWithinTheStep) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Graph graph = test_support::preset_graph("vgg-small", 16);
   Network net(graph, *backend, keep_everything(4));
   net.init_parameters(1);
@@ -60,7 +60,7 @@ TEST(StepCallTimes, EveryCallOfEveryStepIsTimedWithinTheStep) {
 }
 
 TEST(StepCallTimes, RecordingChangesNoNumberUnderARecomputingPlan) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Graph graph = test_support::preset_graph("resnet18", 8);
   NetworkOptions o = keep_everything(4);
   o.conv_algorithm = "direct";  // auto would choose by timing
@@ -109,7 +109,7 @@ TEST(StepCallTimes, MediansPerCall) {
 }
 
 TEST(StepCallTimes, MeasuredInStepsWithTheGivenBandwidthAndParametersKept) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Graph graph = test_support::preset_graph("lenet", 16);
   Network net(graph, *backend, keep_everything(4));
   net.init_parameters(1);
@@ -127,7 +127,7 @@ TEST(StepCallTimes, MeasuredInStepsWithTheGivenBandwidthAndParametersKept) {
 // is freed again; each layer alone where the plan offloads; refused where
 // there is nothing to measure.
 TEST(StepCallTimes, InPlaceCostsAreTimedInStepsUnlessThePlanOffloads) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Graph graph = test_support::preset_graph("vgg-small", 16);
   NetworkOptions o = keep_everything(4);
   o.memory_policy = memory::Policy::kAuto;
@@ -165,7 +165,7 @@ TEST(StepCallTimes, InPlaceCostsAreTimedInStepsUnlessThePlanOffloads) {
 // the time outside the calls) where the step offloads nothing; under vDNN
 // "all" (every activation offloaded) they stay the layers timed alone.
 TEST(StepCallTimes, TheProfilerRecordsTheStepsCallsUnlessItOffloaded) {
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Graph graph = test_support::preset_graph("lenet", 16);
   for (memory::Policy policy : {memory::Policy::kNone, memory::Policy::kAll}) {
     perfdb::PerfDb db(":memory:");

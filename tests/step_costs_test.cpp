@@ -34,7 +34,8 @@ ProfileOptions layers_only(std::vector<int64_t> batches) {
 
 class StepCostsTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Backend> backend_ = make_backend({.kind = "cpu", .threads = 1});
+  std::unique_ptr<Backend> backend_ =
+      make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   perfdb::PerfDb db_{":memory:"};
   perfdb::DeviceId device_ = db_.upsert_device(perfdb_device(backend_->device_info()));
   Graph graph_ = small_graph();
@@ -104,7 +105,7 @@ TEST_F(StepCostsTest, WhatIsMissingIsNamed) {
 TEST(StepCostsOldRows, ACopyBandwidthWithoutItsComputeShareIsMeasuredAgain) {
   test_support::TempDir dir;
   const std::string path = dir.path("perf.db");
-  auto backend = make_backend({.kind = "cpu", .threads = 1});
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
   const Graph graph = small_graph();
   {
     perfdb::PerfDb db(path);

@@ -99,7 +99,7 @@ TEST_P(TorchvisionWeights, TorchvisionLoadsTheExportAndGivesVtrainsLogits) {
   ASSERT_TRUE(model_io::torchvision_architecture(c.preset));
 
   worker::BackendOptions backend_options;
-  backend_options.kind = "cpu";
+  backend_options.kind = worker::BackendKind::kCpu;
   const auto backend = worker::make_backend(backend_options);
   worker::NetworkOptions options;
   options.max_batch = kBatch;

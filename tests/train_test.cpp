@@ -60,7 +60,7 @@ TEST(Train, LossFallsOnSyntheticData) {
   const worker::Graph graph = worker::Graph::build(
       worker::preset_layers("lenet", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
   // Fixed threads and algorithm: the same floating-point path on every run.
-  auto backend = worker::make_backend({.kind = "cpu", .threads = 2});
+  auto backend = worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 2});
   worker::TrainerOptions options;
   options.conv_algorithm = "direct";
   options.train.batch = 32;
@@ -89,8 +89,8 @@ TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
   const worker::Dataset test = worker::make_synthetic({1, 1, 16, 16}, 4, 40, 6);
   const worker::Graph graph = worker::Graph::build(
       worker::preset_layers("lenet", {{1, 1, 16, 16}, 4}), {1, 1, 16, 16});
-  auto eager = worker::make_backend({.kind = "cpu"});
-  auto lazy = worker::make_backend({.kind = "cpu", .lazy_memory_stream = true});
+  auto eager = worker::make_backend({.kind = worker::BackendKind::kCpu});
+  auto lazy = worker::make_backend({.kind = worker::BackendKind::kCpu, .lazy_memory_stream = true});
   for (bool evaluate : {false, true}) {
     SCOPED_TRACE(evaluate ? "evaluating after each epoch" : "no evaluation");
     std::vector<double> losses[4];
@@ -134,7 +134,7 @@ TEST(Train, GatheringAndPrefetchingAheadGiveTheSameLosses) {
 // data.prefetch decided: gathering ahead from 2^20 values a rank's batch
 // (auto), the device copy only with it and, under auto, not on the CPU.
 TEST(Train, BatchStagingFollowsTheOptionsAndTheBatch) {
-  auto backend = worker::make_backend({.kind = "cpu"});
+  auto backend = worker::make_backend({.kind = worker::BackendKind::kCpu});
   const int64_t sample = 3 * 224 * 224;  // 2^20 values in 7 such samples
   using enum common::AutoOnOff;
   auto staging = [&](common::AutoOnOff gather, common::AutoOnOff prefetch,
@@ -161,7 +161,8 @@ struct SmallRun {
   worker::Dataset train = worker::make_synthetic({1, 1, 16, 16}, 4, 256, 7);
   worker::Graph graph = worker::Graph::build(worker::preset_layers("lenet", {{1, 1, 16, 16}, 4}),
                                              {1, 1, 16, 16});
-  std::unique_ptr<worker::Backend> backend = worker::make_backend({.kind = "cpu"});
+  std::unique_ptr<worker::Backend> backend =
+      worker::make_backend({.kind = worker::BackendKind::kCpu});
   worker::TrainerOptions options;
   worker::TrainerContext context;
 

@@ -130,7 +130,7 @@ TEST(WeightsInit, SkippedLayersKeepTheirFreshInitialisation) {
   const config::Config cfg = config::load_config(dag_config(), {});
   const worker::Graph graph = config::build_model(cfg, {1, 1, 28, 28});
   worker::BackendOptions backend_options;
-  backend_options.kind = "cpu";
+  backend_options.kind = worker::BackendKind::kCpu;
   const auto backend = worker::make_backend(backend_options);
   worker::NetworkOptions options;
   options.max_batch = 1;

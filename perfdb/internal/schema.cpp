@@ -1,8 +1,10 @@
 #include "perfdb/internal/schema.h"
 
+#include <charconv>
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -17,7 +19,7 @@ struct Migration {
   void (*rewrite_rows)(Connection&) = nullptr;  // after `sql`: what SQL cannot say
 };
 
-void split_model_keys(Connection& connection);
+void split_suffixed_keys(Connection& connection);
 
 // The comments inside CREATE TABLE are kept by SQLite, so `.schema` in the
 // sqlite3 shell shows them.
@@ -186,8 +188,10 @@ CREATE TABLE input_rates (
     // Version 8: how a model was computed gets typed columns of its own
     // (precision, layout, fuse_relu) in the two tables keyed on a model,
     // where it was "@" suffixes on the model's key; model keeps the
-    // signature alone. The tables are rebuilt (their UNIQUE changes), ids
-    // and rows kept; split_model_keys then moves the suffixes into the
+    // signature alone. Likewise the capacity a step's memory policy planned
+    // for (policy_capacity_bytes), where it was a "@<bytes>" suffix on
+    // memory_policy. The tables are rebuilt (their UNIQUE changes), ids and
+    // rows kept; split_suffixed_keys then moves the suffixes into the
     // columns.
     {8, R"sql(
 CREATE TABLE step_measurements_v8 (
@@ -197,14 +201,21 @@ CREATE TABLE step_measurements_v8 (
   precision TEXT NOT NULL,           -- train.precision: fp32, tf32, bf16, fp16
   layout TEXT NOT NULL,              -- device.layout: auto, nchw, nhwc
   fuse_relu TEXT NOT NULL,           -- conv.fuse_relu: auto, on, off
-  batch INTEGER NOT NULL, memory_policy TEXT NOT NULL, workspace_plan TEXT NOT NULL,
+  batch INTEGER NOT NULL,            -- per-rank batch
+  memory_policy TEXT NOT NULL,       -- memory.policy's name
+  policy_capacity_bytes INTEGER NOT NULL CHECK (policy_capacity_bytes >= 0),
+                                     -- the device capacity the policy planned for where its
+                                     -- plan depends on it (dyn, auto, ...); 0 for the others
+  workspace_plan TEXT NOT NULL,
   time_ms REAL NOT NULL, peak_device_bytes INTEGER NOT NULL, measured_at INTEGER NOT NULL,
   kept_bytes INTEGER, offloaded_bytes INTEGER,
-  recomputed_bytes INTEGER,          -- batch to recomputed_bytes as in version 4 (perfdb/README.md)
-  UNIQUE (device_id, model, precision, layout, fuse_relu, batch, memory_policy, workspace_plan)
+  recomputed_bytes INTEGER,          -- workspace_plan to recomputed_bytes as in version 4
+                                     -- (perfdb/README.md)
+  UNIQUE (device_id, model, precision, layout, fuse_relu, batch, memory_policy,
+          policy_capacity_bytes, workspace_plan)
 );
 INSERT INTO step_measurements_v8 SELECT id, device_id, model, 'fp32', 'auto', 'auto', batch,
-  memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at, kept_bytes,
+  memory_policy, 0, workspace_plan, time_ms, peak_device_bytes, measured_at, kept_bytes,
   offloaded_bytes, recomputed_bytes FROM step_measurements;
 DROP TABLE step_measurements;
 ALTER TABLE step_measurements_v8 RENAME TO step_measurements;
@@ -222,7 +233,7 @@ INSERT INTO layer_measurements_v8 SELECT id, device_id, model, 'fp32', 'auto', '
   layer_index, layer_name, forward_ms, backward_ms, measured_at FROM layer_measurements;
 DROP TABLE layer_measurements;
 ALTER TABLE layer_measurements_v8 RENAME TO layer_measurements;
-)sql", split_model_keys},
+)sql", split_suffixed_keys},
 };
 
 static_assert(std::size(kMigrations) == static_cast<size_t>(kSchemaVersion),
@@ -260,6 +271,40 @@ void split_model_keys(Connection& connection) {
       update.run();
     }
   }
+}
+
+// Version 8's steps: a memory_policy "auto@8589934592" (as versions up to 7
+// wrote a policy whose plan depends on the capacity) becomes memory_policy
+// "auto" with policy_capacity_bytes 8589934592. A suffix that is not a
+// positive byte count fails the upgrade naming the row and the value.
+void split_policy_capacities(Connection& connection) {
+  std::vector<std::pair<int64_t, std::string>> suffixed;
+  Statement select(connection,
+                   "SELECT id, memory_policy FROM step_measurements WHERE instr(memory_policy, '@') > 0");
+  while (select.step()) suffixed.emplace_back(select.column_int(0), select.column_text(1));
+  Statement update(connection,
+                   "UPDATE step_measurements SET memory_policy = ?2, policy_capacity_bytes = ?3 "
+                   "WHERE id = ?1");
+  for (const auto& [id, key] : suffixed) {
+    const size_t at = key.find('@');
+    const std::string_view digits = std::string_view(key).substr(at + 1);
+    int64_t capacity = 0;
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), capacity);
+    if (at == 0 || error != std::errc() || end != digits.data() + digits.size() || capacity < 1) {
+      not_valid(connection, "step_measurements row " + std::to_string(id) + ": memory_policy '" + key +
+                                "': expected <policy>@<capacity bytes>, a positive integer");
+    }
+    StatementUse use(update);
+    update.bind(1, id);
+    update.bind(2, std::string_view(key).substr(0, at));
+    update.bind(3, capacity);
+    update.run();
+  }
+}
+
+void split_suffixed_keys(Connection& connection) {
+  split_model_keys(connection);
+  split_policy_capacities(connection);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -96,8 +97,22 @@ struct LayoutRule {
 // candidates too. Each costs a plan and its timing at profile time only.
 inline constexpr int kDefaultGraphEngines = 10;
 
+// Which backend a process runs on (device.backend). A DeviceInfo names a
+// made backend by its name here ("cpu", "cuda"), never "auto".
+enum class BackendKind {
+  kAuto,  // cuda if a GPU is visible, else cpu
+  kCpu,
+  kCuda,
+};
+inline constexpr auto kBackendKindNames = std::to_array<common::Named<BackendKind>>(
+    {{BackendKind::kAuto, "auto"}, {BackendKind::kCpu, "cpu"}, {BackendKind::kCuda, "cuda"}});
+
+// The kind named `name` (a DeviceInfo's or perf DB device's backend).
+// Throws BackendError "unknown backend kind 'NAME' (known: auto, cpu, cuda)".
+BackendKind parse_backend_kind(std::string_view name);
+
 struct BackendOptions {
-  std::string kind = "auto";  // "auto" (cuda if a GPU is visible, else cpu), "cpu", "cuda"
+  BackendKind kind = BackendKind::kAuto;
   int threads = 0;            // CPU threads; 0 = all cores the process may run on, no more than
                               // its cgroup CPU quota keeps busy (common/cgroup_limits.h)
   size_t memory_limit = 0;    // device bytes the backend may serve; 0 = the device's memory
@@ -121,14 +136,14 @@ struct BackendOptions {
   bool lazy_memory_stream = false;
 };
 
-// The layout rule a backend of `kind` ("cpu": this machine's CPU; "cuda")
+// The layout rule a backend of `kind` (kCpu: this machine's CPU; kCuda)
 // follows under `choice` and `precision`, without making one (what the
-// offline planner assumes for a rank). Throws BackendError for other kinds.
-LayoutRule layout_rule_for(const std::string& kind, LayoutChoice choice,
-                           common::Precision precision);
+// offline planner assumes for a rank). Throws BackendError for kAuto, which
+// names no one backend.
+LayoutRule layout_rule_for(BackendKind kind, LayoutChoice choice, common::Precision precision);
 
 // The only place that knows which backends were built. Throws BackendError
-// naming the known kinds for an unknown or unavailable one.
+// for an unavailable one, naming the built ones.
 std::unique_ptr<Backend> make_backend(const BackendOptions& options);
 
 // Whether a GPU backend is built and a GPU is visible.

@@ -242,7 +242,7 @@ DqnRun train_dqn(const memory::MemoryModel& model, const memory::StepCosts& cost
 memory::MemoryPlan plan_dqn(const memory::MemoryModel& model, const memory::StepCosts& costs,
                             size_t capacity, memory::Planner planner, const DqnOptions& options) {
   const std::unique_ptr<Backend> backend =
-      make_backend({.kind = "cpu", .threads = 1, .memory_limit = 0});
+      make_backend({.kind = worker::BackendKind::kCpu, .threads = 1, .memory_limit = 0});
   return train_dqn(model, costs, capacity, planner, options, *backend).plan;
 }
 

@@ -57,7 +57,7 @@ struct StepPricing {
 // `pricing` says. The steps were measured under pricing.memory_policy at
 // the device's capacity (so under a per-tensor policy such as auto a batch
 // above what fits without offload is there with its plan's time: see
-// profiler.h's step_policy_key) with the fastest undivided conv kernels;
+// profiler.h's step_policy_capacity) with the fastest undivided conv kernels;
 // a workspace request that changes the kernels replaces their time by the
 // workspace plan's (plan_workspaces) at that batch, and leaves out a batch
 // whose kernels the budget cannot hold. Throws std::runtime_error naming

@@ -258,7 +258,9 @@ std::optional<MeasuredStep> measure_step(const Graph& graph, Backend& backend, p
   perfdb::StepMeasurement& step = measured.step;
   step.model = model_key(graph, options.settings);
   step.batch = b;
-  step.memory_policy = step_policy_key(options.memory_policy, backend.device_info().memory_bytes);
+  step.memory_policy = memory::policy_name(options.memory_policy);
+  step.policy_capacity_bytes =
+      step_policy_capacity(options.memory_policy, backend.device_info().memory_bytes);
   step.workspace_plan = kProfiledStepPlan;
   step.time_ms = t.median_ms;
   step.peak_device_bytes = backend.device_bytes_peak() - base;
@@ -300,13 +302,8 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
   return sig;
 }
 
-std::string step_policy_key(memory::Policy memory_policy, uint64_t capacity_bytes) {
-  std::string key = memory::policy_name(memory_policy);
-  if (memory::plans_for_capacity(memory_policy)) {
-    key += '@';  // not "@" + to_string(...): a GCC 12 -Wrestrict false positive
-    key += std::to_string(capacity_bytes);
-  }
-  return key;
+uint64_t step_policy_capacity(memory::Policy memory_policy, uint64_t capacity_bytes) {
+  return memory::plans_for_capacity(memory_policy) ? capacity_bytes : 0;
 }
 
 std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::DeviceId device,
@@ -314,7 +311,8 @@ std::vector<perfdb::StepMeasurement> profiled_steps(perfdb::PerfDb& db, perfdb::
                                                     memory::Policy memory_policy,
                                                     uint64_t capacity_bytes) {
   std::vector<perfdb::StepMeasurement> steps =
-      db.step_measurements(device, model, step_policy_key(memory_policy, capacity_bytes));
+      db.step_measurements(device, model, memory::policy_name(memory_policy),
+                           step_policy_capacity(memory_policy, capacity_bytes));
   std::erase_if(steps, [](const perfdb::StepMeasurement& s) {
     return s.workspace_plan != kProfiledStepPlan;
   });

@@ -95,11 +95,11 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& probl
 // forward and backward only) are neither used nor taken as cached.
 inline constexpr const char* kProfiledStepPlan = "auto+update";
 
-// The memory_policy a step is recorded under: the policy's name, and for a
-// policy whose plan depends on the capacity (memory::plans_for_capacity)
-// also the device capacity it planned for, "auto@8589934592": two processes
-// of one device with different device.memory_limit run different steps.
-std::string step_policy_key(memory::Policy memory_policy, uint64_t capacity_bytes);
+// The policy_capacity_bytes a step is recorded under: for a policy whose
+// plan depends on the capacity (memory::plans_for_capacity) the device
+// capacity it planned for (two processes of one device with different
+// device.memory_limit run different steps), 0 for the others.
+uint64_t step_policy_capacity(memory::Policy memory_policy, uint64_t capacity_bytes);
 
 // The profiler's step measurements of `model` (model_key()) under `memory_policy` on
 // `device` of `capacity_bytes` (those under kProfiledStepPlan), ordered by

@@ -1,6 +1,7 @@
 // The one place that knows which backends are built: the CUDA backend
 // (worker/device/cuda) only where VTRAIN_HAVE_CUDA is defined.
 #include <string>
+#include <string_view>
 
 #include "worker/device/backend.h"
 #include "worker/device/cpu/cpu_backend.h"
@@ -22,27 +23,37 @@ std::optional<std::string> why_no_gpu() {
 #endif
 }
 
-LayoutRule layout_rule_for(const std::string& kind, LayoutChoice choice,
-                           common::Precision precision) {
-  if (kind == "cpu") return cpu::layout_rule(choice, precision);
-  if (kind == "cuda") return {.choice = choice, .gpu = true, .precision = precision};
-  throw BackendError("unknown backend kind '" + kind + "' (known: cpu, cuda)");
+BackendKind parse_backend_kind(std::string_view name) {
+  return common::parse_named<BackendError>(kBackendKindNames, name, "backend kind");
+}
+
+LayoutRule layout_rule_for(BackendKind kind, LayoutChoice choice, common::Precision precision) {
+  switch (kind) {
+    case BackendKind::kCpu:
+      return cpu::layout_rule(choice, precision);
+    case BackendKind::kCuda:
+      return {.choice = choice, .gpu = true, .precision = precision};
+    case BackendKind::kAuto:
+      break;
+  }
+  throw BackendError(
+      "the layout rule of backend kind auto is unknown until a backend is made "
+      "(cpu or cuda: a device's DeviceInfo::backend)");
 }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
-  if (options.kind == "cpu" || (options.kind == "auto" && !gpu_available())) {
-    std::unique_ptr<Backend> cpu = cpu::make_cpu_backend(options);
+  const bool cpu =
+      options.kind == BackendKind::kCpu || (options.kind == BackendKind::kAuto && !gpu_available());
+  if (cpu) {
+    std::unique_ptr<Backend> backend = cpu::make_cpu_backend(options);
     // A testing aid (half_emulation.h): half types the CPU lacks, emulated.
-    return half_emulation_requested() ? emulate_half(std::move(cpu)) : std::move(cpu);
+    return half_emulation_requested() ? emulate_half(std::move(backend)) : std::move(backend);
   }
-  if (options.kind == "cuda" || options.kind == "auto") {
 #ifdef VTRAIN_HAVE_CUDA
-    return cuda::make_cuda_backend(options);  // a clear error when no GPU is visible
+  return cuda::make_cuda_backend(options);  // a clear error when no GPU is visible
 #else
-    throw BackendError("backend 'cuda' is not available in this build (built backends: cpu)");
+  throw BackendError("backend 'cuda' is not available in this build (built backends: cpu)");
 #endif
-  }
-  throw BackendError("unknown backend '" + options.kind + "' (known: auto, cpu, cuda)");
 }
 
 }  // namespace vtrain::worker
