@@ -450,7 +450,7 @@ void max_batches(worker::Backend& backend, const Settings& s) {
 int main(int argc, char** argv) {
   const Settings s = parse_settings(argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress as it comes, also into a file
-  const auto backend = worker::make_backend({.kind = s.backend});
+  const auto backend = worker::make_backend({.kind = worker::parse_backend_kind(s.backend)});
   FILE* csv = s.csv.empty() ? nullptr : std::fopen(s.csv.c_str(), "w");
   if (csv) std::fprintf(csv, "net,capacity,plan,sim_ms,sim_mib,solve_ms,meas_ms,meas_mib\n");
   for (const std::string& name : s.nets) run_net(*backend, name, s, csv);
