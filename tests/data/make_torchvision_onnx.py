@@ -13,12 +13,16 @@ them, for vtrain's model.onnx import tests (tests/onnx_test.cpp).
   make_torchvision_onnx.py mobile OUT.onnx       a small net with a depthwise and a
                                                  grouped nn.Conv2d, torchvision's
                                                  SqueezeExcitation and nn.Dropout
+  make_torchvision_onnx.py mobile_eval OUT.onnx  the same net with the same weights,
+                                                 exported in eval mode
 
 All take 3 x 32 x 32 inputs: eval mode, torch.onnx.export at opset 17 with
-do_constant_folding and a free batch dimension; `mobile` keeps its dropout in
+do_constant_folding and a free batch dimension. `mobile` keeps its dropout in
 training mode (TrainingMode.PRESERVE), so that the file has the Dropout node
-a model exported for training carries. Run with Debian's python3-torch and
-python3-torchvision.
+a model exported for training carries; with training_mode true that node
+drops at random wherever a runtime does not optimise it away, so
+`mobile_eval` (no Dropout node, batch norms folded) is what ONNX Runtime runs
+as the reference. Run with Debian's python3-torch and python3-torchvision.
 """
 import sys
 
@@ -68,10 +72,11 @@ def mobile_net(num_classes=10):
 
 def main():
     models = {"resnet18": lambda: torchvision.models.resnet18(num_classes=10),
-              "tiny": TinyResNet, "activations": activations_net, "mobile": mobile_net}
+              "tiny": TinyResNet, "activations": activations_net, "mobile": mobile_net,
+              "mobile_eval": mobile_net}
     if len(sys.argv) != 3 or sys.argv[1] not in models:
         sys.exit(__doc__)
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # the same weights in every file of one kind
     model = models[sys.argv[1]]()
     # Running statistics other than 0 / 1, so that the import's batch norm is tested.
     with torch.no_grad():
