@@ -9,9 +9,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <optional>
 #include <map>
 #include <numbers>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -36,10 +36,11 @@ static_assert(std::endian::native == std::endian::little,
 // read only as part of GELU's erf form (read_gelu).
 const std::vector<std::string>& supported_ops() {
   static const std::vector<std::string> ops = {
-      "Conv",     "BatchNormalization", "Relu",    "Clip",      "Sigmoid",    "Mul",
-      "Div",      "Erf",                "MaxPool", "AveragePool", "GlobalAveragePool",
-      "GlobalMaxPool", "ReduceMean",    "Flatten", "Reshape",   "Gemm",       "Add",
-      "Concat",   "Identity",           "Dropout", "Constant"};
+      "Conv",       "BatchNormalization", "Relu",        "Clip",          "Sigmoid",
+      "Mul",        "Div",                "Erf",         "MaxPool",       "AveragePool",
+      "GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "Flatten",     "Reshape",
+      "Gemm",       "Add",                "Concat",      "Identity",      "Dropout",
+      "Constant"};
   return ops;
 }
 
@@ -137,7 +138,8 @@ class GraphReader {
 
   // Node n's inputs but `known` (n reading two tensors, one of them
   // `known`): the other, or nullopt.
-  static std::optional<std::string> other_input(const onnx::NodeProto& n, const std::string& known) {
+  static std::optional<std::string> other_input(const onnx::NodeProto& n,
+                                                const std::string& known) {
     if (n.input_size() != 2) return std::nullopt;
     if (n.input(0) == known) return n.input(1);
     if (n.input(1) == known) return n.input(0);
@@ -391,7 +393,9 @@ class GraphReader {
     if (op == "Sigmoid") return read_sigmoid(n);
     if (op == "Mul") return read_mul(n);
     if (op == "Div") return read_gelu(n);
-    if (op == "Erf") fail(n, std::string("an Erf is read only as part of GELU's erf form, ") + kGeluForm);
+    if (op == "Erf") {
+      fail(n, std::string("an Erf is read only as part of GELU's erf form, ") + kGeluForm);
+    }
     if (op == "Add" || op == "Concat") return read_join(n);
     if (op == "ReduceMean") return read_reduce_mean(n);
     read_pool(n);
@@ -477,8 +481,9 @@ class GraphReader {
     } else if (lo == 0.0f && hi == kInf) {
       type = LayerType::kRelu;
     } else {
-      fail(n, common::format("only Clip to [0, 6] (ReLU6) or [0, inf) (ReLU) is supported, got [%g, %g]",
-                         static_cast<double>(lo), static_cast<double>(hi)));
+      fail(n, common::format(
+                  "only Clip to [0, 6] (ReLU6) or [0, inf) (ReLU) is supported, got [%g, %g]",
+                  static_cast<double>(lo), static_cast<double>(hi)));
     }
     add_layer(n.name(), type, {layer_input(n, 0)}, n.output(0));
   }

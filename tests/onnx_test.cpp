@@ -561,7 +561,9 @@ worker::Graph imported_graph(const TempDir& dir, const std::string& file) {
 // The layer types of a graph, in order.
 std::vector<std::string> layer_types(const worker::Graph& graph) {
   std::vector<std::string> types;
-  for (const worker::LayerSpec& l : graph.layers()) types.push_back(worker::layer_type_name(l.type));
+  for (const worker::LayerSpec& l : graph.layers()) {
+    types.push_back(worker::layer_type_name(l.type));
+  }
   return types;
 }
 
