@@ -36,9 +36,12 @@ struct Preprocessing {
 };
 
 // Writes `graph` with `weights` (its flat parameters and buffers) to
-// `path` as an ONNX model: one node per layer (Conv, BatchNormalization in
-// its inference form, Relu, MaxPool, AveragePool, GlobalAveragePool,
-// GlobalMaxPool, Flatten + Gemm, Add, Concat), named after the layer;
+// `path` as an ONNX model: a node per layer (Conv, BatchNormalization in
+// its inference form, Relu, Sigmoid, Clip for relu6, MaxPool, AveragePool,
+// GlobalAveragePool, GlobalMaxPool, Flatten + Gemm, Add, Concat, Mul,
+// Dropout in its inference form) or the few PyTorch writes for it below
+// opset 20 (silu: Sigmoid + Mul; gelu: Div, Erf, Add, Mul, Mul), named
+// after the layer;
 // the input (the input layer's name) N x C x H x W with N free, the output
 // (the last layer's name) N x classes. The model passes
 // onnx::checker::check_model before a byte is written; the file is
@@ -56,8 +59,9 @@ struct OnnxModel {
 };
 
 // Reads `path` (at most kMaxOnnxBytes): the graph's nodes become layers
-// (Dropout, Identity and a flattening Reshape or Flatten disappear into
-// their neighbours), its initializers the weights. The result is checked
+// (Identity and a flattening Reshape or Flatten disappear into their
+// neighbours; PyTorch's forms of SiLU and GELU become one layer each), its
+// initializers the weights. The result is checked
 // whole before it is returned: the layers build a Graph for the declared
 // input, and the weights fit it (flatten_weights). Throws OnnxError naming
 // the file (and the node) for anything else: nothing is returned half read.

@@ -5,6 +5,7 @@
 
 #include <bit>
 #include <cstdio>
+#include <numbers>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -28,6 +29,7 @@ constexpr const char* kFlattenSuffix = "/flatten";      // N x C x H x W -> N x 
 constexpr const char* kUnflattenSuffix = "/unflatten";  // N x F -> N x F x 1 x 1
 constexpr const char* kShapeSuffix = "/unflatten_shape";
 constexpr const char* kPartialSumSuffix = "/sum";       // an add of 3+ inputs, pair by pair
+constexpr const char* kSigmoidSuffix = "/sigmoid";      // silu: x * sigmoid(x)
 
 // The metadata_props keys (docs/onnx.md).
 constexpr const char* kMetaInputShape = "input_shape";  // "C,H,W"
@@ -154,6 +156,37 @@ class GraphWriter {
     return names;
   }
 
+  // Layer i's one input as it is (an elementwise layer's output keeps its
+  // input's rank).
+  std::string elementwise_input(int i) {
+    const int from = graph_.inputs(i)[0];
+    flat_[i] = flat_[from];
+    return graph_.layer(from).name;
+  }
+
+  // A float scalar initializer called `name`; returns the name.
+  std::string scalar(const std::string& name, float value) {
+    onnx::TensorProto* t = out_.add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    t->add_float_data(value);
+    return name;
+  }
+
+  // GELU in its erf form as PyTorch writes it below opset 20 (ONNX's Gelu
+  // op is opset 20), so that a reader that knows PyTorch's form knows ours:
+  // y = x * (1 + erf(x / sqrt 2)) * 0.5.
+  void write_gelu(const std::string& x, const std::string& y) {
+    const std::string scaled = y + "/div", erf = y + "/erf", plus_one = y + "/add",
+                      times_x = y + "/mul";
+    node("Div", scaled, {x, scalar(y + "/sqrt2", static_cast<float>(std::numbers::sqrt2))},
+         scaled);
+    node("Erf", erf, {scaled}, erf);
+    node("Add", plus_one, {erf, scalar(y + "/one", 1.0f)}, plus_one);
+    node("Mul", times_x, {x, plus_one}, times_x);
+    node("Mul", y, {times_x, scalar(y + "/half", 0.5f)}, y);
+  }
+
   void window(onnx::NodeProto& n, const LayerSpec& l) {
     add_ints(n, "kernel_shape", {l.kernel_h, l.kernel_w});
     add_ints(n, "strides", {l.stride_h, l.stride_w});
@@ -186,12 +219,9 @@ class GraphWriter {
         add_float(n, "momentum", 1.0f - l.bn_momentum);  // ONNX keeps this much of the old value
         return;
       }
-      case LayerType::kRelu: {
-        const int from = graph_.inputs(i)[0];
-        flat_[i] = flat_[from];
-        node("Relu", y, {graph_.layer(from).name}, y);
+      case LayerType::kRelu:
+        node("Relu", y, {elementwise_input(i)}, y);
         return;
-      }
       case LayerType::kPool: {
         const std::string x = input_4d(i, 0);
         const bool max = l.pool == worker::PoolKind::kMax;
@@ -229,14 +259,29 @@ class GraphWriter {
       case LayerType::kConcat:
         add_int(node("Concat", y, join_inputs(i), y), "axis", 1);
         return;
-      case LayerType::kSilu:
+      case LayerType::kSilu: {
+        const std::string x = elementwise_input(i);
+        node("Sigmoid", y + kSigmoidSuffix, {x}, y + kSigmoidSuffix);
+        node("Mul", y, {x, y + kSigmoidSuffix}, y);
+        return;
+      }
       case LayerType::kGelu:
+        write_gelu(elementwise_input(i), y);
+        return;
       case LayerType::kSigmoid:
+        node("Sigmoid", y, {elementwise_input(i)}, y);
+        return;
       case LayerType::kRelu6:
+        node("Clip", y, {elementwise_input(i), scalar(y + "/min", 0.0f), scalar(y + "/max", 6.0f)},
+             y);
+        return;
       case LayerType::kMul:
+        node("Mul", y, join_inputs(i), y);
+        return;
       case LayerType::kDropout:
-        throw OnnxError("layer '" + y + "': type '" + worker::layer_type_name(l.type) +
-                        "' has no ONNX export yet");
+        // Without training_mode the inference form: the identity.
+        node("Dropout", y, {elementwise_input(i), scalar(y + "/ratio", l.dropout_p)}, y);
+        return;
     }
     throw std::logic_error("write_onnx: layer '" + y + "' of an unhandled type");
   }

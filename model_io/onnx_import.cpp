@@ -2,11 +2,16 @@
 // their weights; the whole result is checked before it is handed out.
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
+#include <numbers>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -27,14 +32,21 @@ static_assert(std::endian::native == std::endian::little,
               "ONNX raw_data is little-endian: read it byte-swapped on this machine");
 
 // The op types read_onnx turns into layers, or into nothing (aliases of
-// their input, constants), in the order errors list them.
+// their input, constants), in the order errors list them. Div and Erf are
+// read only as part of GELU's erf form (read_gelu).
 const std::vector<std::string>& supported_ops() {
   static const std::vector<std::string> ops = {
-      "Conv",    "BatchNormalization", "Relu",     "MaxPool", "AveragePool", "GlobalAveragePool",
-      "GlobalMaxPool", "Flatten",      "Reshape",  "Gemm",    "Add",         "Concat",
-      "Identity", "Dropout",           "Constant"};
+      "Conv",       "BatchNormalization", "Relu",        "Clip",          "Sigmoid",
+      "Mul",        "Div",                "Erf",         "MaxPool",       "AveragePool",
+      "GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "Flatten",     "Reshape",
+      "Gemm",       "Add",                "Concat",      "Identity",      "Dropout",
+      "Constant"};
   return ops;
 }
+
+// GELU's erf form as PyTorch exports nn.GELU() below opset 20:
+// Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5).
+constexpr const char* kGeluForm = "x * (1 + erf(x / sqrt(2))) * 0.5";
 
 // Attributes each op may carry; others are refused rather than ignored
 // (one vtrain would not honour changes the numbers).
@@ -51,6 +63,8 @@ const std::map<std::string, std::set<std::string>>& allowed_attributes() {
       {"Flatten", {"axis"}},
       {"Reshape", {"allowzero"}},
       {"Dropout", {"seed", "ratio", "is_test"}},
+      {"Clip", {"min", "max"}},  // attributes below opset 11, inputs from it on
+      {"ReduceMean", {"axes", "keepdims"}},
       {"Constant", {"value"}},
   };
   return allowed;
@@ -65,8 +79,11 @@ class GraphReader {
 
   OnnxModel read() {
     for (const onnx::TensorProto& t : graph_.initializer()) constants_[t.name()] = &t;
+    index_tensors();
     read_input();
-    for (const onnx::NodeProto& n : graph_.node()) read_node(n);
+    for (const onnx::NodeProto& n : graph_.node()) {
+      if (!part_of_pattern_.contains(&n)) read_node(n);
+    }
     if (graph_.output_size() != 1) {
       fail("the graph has " + std::to_string(graph_.output_size()) +
            " outputs; vtrain trains a model with one (the logits)");
@@ -83,6 +100,74 @@ class GraphReader {
   [[noreturn]] void fail(const std::string& what) const { throw OnnxError(path_ + ": " + what); }
   [[noreturn]] void fail(const onnx::NodeProto& n, const std::string& what) const {
     fail("node '" + n.name() + "' (" + n.op_type() + "): " + what);
+  }
+
+  // Who reads each tensor, the constants, and the shapes shape inference
+  // found (parse_model ran it), for the patterns that span nodes: a
+  // pattern's constants may come after its first node (read_node checks
+  // each Constant node in its turn).
+  void index_tensors() {
+    for (const onnx::NodeProto& n : graph_.node()) {
+      for (const std::string& in : n.input()) {
+        if (!in.empty()) readers_[in].push_back(&n);
+      }
+      const onnx::AttributeProto* value = attribute(n, "value");
+      if (n.op_type() == "Constant" && n.output_size() == 1 && value && value->has_t()) {
+        constants_[n.output(0)] = &value->t();
+      }
+    }
+    for (const onnx::ValueInfoProto& o : graph_.output()) graph_outputs_.insert(o.name());
+    for (const onnx::ValueInfoProto& v : graph_.value_info()) {
+      std::vector<int64_t> dims;
+      for (const onnx::TensorShapeProto_Dimension& d : v.type().tensor_type().shape().dim()) {
+        dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+      }
+      if (v.type().tensor_type().has_shape()) shapes_[v.name()] = std::move(dims);
+    }
+  }
+
+  // The one node that reads `tensor`, when exactly one does and the tensor
+  // is not also a graph output: a pattern may then swallow the tensor.
+  const onnx::NodeProto* sole_reader(const std::string& tensor) const {
+    const auto it = readers_.find(tensor);
+    if (it == readers_.end() || it->second.size() != 1 || graph_outputs_.contains(tensor)) {
+      return nullptr;
+    }
+    return it->second.front();
+  }
+
+  // Node n's inputs but `known` (n reading two tensors, one of them
+  // `known`): the other, or nullopt.
+  static std::optional<std::string> other_input(const onnx::NodeProto& n,
+                                                const std::string& known) {
+    if (n.input_size() != 2) return std::nullopt;
+    if (n.input(0) == known) return n.input(1);
+    if (n.input(1) == known) return n.input(0);
+    return std::nullopt;
+  }
+
+  // The value of a float constant holding one value, or nullopt.
+  std::optional<float> scalar(const std::string& tensor) const {
+    const auto it = constants_.find(tensor);
+    if (it == constants_.end()) return std::nullopt;
+    const onnx::TensorProto& t = *it->second;
+    if (t.data_type() != onnx::TensorProto::FLOAT || product(dims_of(t)) != 1 ||
+        t.data_location() == onnx::TensorProto::EXTERNAL) {
+      return std::nullopt;
+    }
+    if (t.has_raw_data()) {
+      if (t.raw_data().size() != sizeof(float)) return std::nullopt;
+      float v;
+      std::memcpy(&v, t.raw_data().data(), sizeof v);
+      return v;
+    }
+    if (t.float_data_size() != 1) return std::nullopt;
+    return t.float_data(0);
+  }
+
+  bool is_scalar(const std::string& tensor, double value) const {
+    const std::optional<float> v = scalar(tensor);
+    return v && std::abs(static_cast<double>(*v) - value) <= 1e-6 * std::abs(value);
   }
 
   // The one graph input that is not an initializer: N x C x H x W floats.
@@ -294,12 +379,7 @@ class GraphReader {
       constants_[n.output(0)] = &value->t();
       return;
     }
-    if (op == "Dropout") {
-      require(n, n.output_size() == 1 || n.output(1).empty() || !used_later(n.output(1)),
-              "its mask output is used");
-      alias(n);
-      return;
-    }
+    if (op == "Dropout") return read_dropout(n);
     require_outputs(n, 1);
     if (op == "Identity" || op == "Flatten" || op == "Reshape") return read_alias(n);
     if (op == "Conv") return read_conv(n);
@@ -309,8 +389,153 @@ class GraphReader {
       add_layer(n.name(), LayerType::kRelu, {layer_input(n, 0)}, n.output(0));
       return;
     }
+    if (op == "Clip") return read_clip(n);
+    if (op == "Sigmoid") return read_sigmoid(n);
+    if (op == "Mul") return read_mul(n);
+    if (op == "Div") return read_gelu(n);
+    if (op == "Erf") {
+      fail(n, std::string("an Erf is read only as part of GELU's erf form, ") + kGeluForm);
+    }
     if (op == "Add" || op == "Concat") return read_join(n);
+    if (op == "ReduceMean") return read_reduce_mean(n);
     read_pool(n);
+  }
+
+  // Sigmoid(x), or SiLU when its one reader is Mul(x, Sigmoid(x)) (as
+  // PyTorch exports nn.SiLU below opset 24, in either order): the silu
+  // layer is then named after the Mul, whose output it is.
+  void read_sigmoid(const onnx::NodeProto& n) {
+    const std::string x = layer_input(n, 0);
+    const onnx::NodeProto* mul = sole_reader(n.output(0));
+    if (mul && mul->op_type() == "Mul" && other_input(*mul, n.output(0)) == n.input(0) &&
+        mul->output_size() == 1) {
+      add_layer(mul->name(), LayerType::kSilu, {x}, mul->output(0));
+      part_of_pattern_.insert(mul);
+      return;
+    }
+    add_layer(n.name(), LayerType::kSigmoid, {x}, n.output(0));
+  }
+
+  // GELU's erf form, from its first node Div(x, sqrt 2); the layer is
+  // named after the last Mul, whose output it is.
+  void read_gelu(const onnx::NodeProto& div) {
+    const std::vector<const onnx::NodeProto*> parts = gelu_nodes(div);
+    if (parts.empty()) {
+      fail(div, std::string("a Div is read only as part of GELU's erf form, ") + kGeluForm +
+                    " (as PyTorch exports nn.GELU())");
+    }
+    for (const onnx::NodeProto* part : parts) {
+      require_outputs(*part, 1);
+      part_of_pattern_.insert(part);
+    }
+    add_layer(parts.back()->name(), LayerType::kGelu, {layer_input(div, 0)},
+              parts.back()->output(0));
+  }
+
+  // The Erf, Add, Mul, Mul that follow `div` in GELU's erf form, each the
+  // one reader of the tensor before it (operands in either order); empty
+  // where the nodes are anything else.
+  std::vector<const onnx::NodeProto*> gelu_nodes(const onnx::NodeProto& div) const {
+    if (div.input_size() != 2 || !is_scalar(div.input(1), std::numbers::sqrt2)) return {};
+    const std::string& x = div.input(0);
+    // The one reader of `tensor` if it is a `op` whose other input passes `other`.
+    const auto next = [&](const std::string& tensor, const char* op, const auto& other) {
+      const onnx::NodeProto* n = sole_reader(tensor);
+      if (!n || n->op_type() != op) return static_cast<const onnx::NodeProto*>(nullptr);
+      if (op == std::string("Erf")) return n;
+      const std::optional<std::string> o = other_input(*n, tensor);
+      return o && other(*o) ? n : nullptr;
+    };
+    const auto any = [](const std::string&) { return true; };
+    const onnx::NodeProto* erf = next(div.output(0), "Erf", any);
+    if (!erf) return {};
+    const onnx::NodeProto* add =
+        next(erf->output(0), "Add", [&](const std::string& t) { return is_scalar(t, 1.0); });
+    if (!add) return {};
+    const onnx::NodeProto* times_x =
+        next(add->output(0), "Mul", [&](const std::string& t) { return t == x; });
+    if (!times_x) return {};
+    const onnx::NodeProto* half =
+        next(times_x->output(0), "Mul", [&](const std::string& t) { return is_scalar(t, 0.5); });
+    if (!half) return {};
+    return {erf, add, times_x, half};
+  }
+
+  // Clip(x, 0, 6) is relu6 (PyTorch's nn.ReLU6), Clip(x, 0) relu; the
+  // bounds are inputs from opset 11 on, attributes before.
+  void read_clip(const onnx::NodeProto& n) {
+    const auto bound = [&](int k, const char* name, float unbounded) {
+      if (n.input_size() > k && !n.input(k).empty()) {
+        const std::optional<float> v = scalar(n.input(k));
+        require(n, v.has_value(), std::string("its ") + name + " must be a float constant");
+        return *v;
+      }
+      return float_attribute(n, name, unbounded);
+    };
+    constexpr float kInf = std::numeric_limits<float>::infinity();
+    const float lo = bound(1, "min", -kInf);
+    const float hi = bound(2, "max", kInf);
+    LayerType type;
+    if (lo == 0.0f && hi == 6.0f) {
+      type = LayerType::kRelu6;
+    } else if (lo == 0.0f && hi == kInf) {
+      type = LayerType::kRelu;
+    } else {
+      fail(n, common::format(
+                  "only Clip to [0, 6] (ReLU6) or [0, inf) (ReLU) is supported, got [%g, %g]",
+                  static_cast<double>(lo), static_cast<double>(hi)));
+    }
+    add_layer(n.name(), type, {layer_input(n, 0)}, n.output(0));
+  }
+
+  // Mul of two layers' outputs: vtrain's mul takes the one broadcast over
+  // H and W (squeeze-excitation's N x C x 1 x 1 gate) second, where
+  // torchvision writes `scale * input`.
+  void read_mul(const onnx::NodeProto& n) {
+    require(n, n.input_size() == 2, "needs two inputs");
+    std::string a = layer_input(n, 0);
+    std::string b = layer_input(n, 1);
+    if (per_channel(n.input(0)) && !per_channel(n.input(1))) std::swap(a, b);
+    add_layer(n.name(), LayerType::kMul, {a, b}, n.output(0));
+  }
+
+  // Whether shape inference found `tensor` N x C x 1 x 1.
+  bool per_channel(const std::string& tensor) const {
+    const auto it = shapes_.find(tensor);
+    return it != shapes_.end() && it->second.size() == 4 && it->second[2] == 1 &&
+           it->second[3] == 1;
+  }
+
+  // ReduceMean over H and W (timm's squeeze-excitation, x.mean((2, 3))):
+  // a global average pool.
+  void read_reduce_mean(const onnx::NodeProto& n) {
+    std::vector<int64_t> axes = ints_attribute(n, "axes", {});
+    for (int64_t& a : axes) a = a < 0 ? a + 4 : a;
+    std::sort(axes.begin(), axes.end());
+    require(n, axes == std::vector<int64_t>{2, 3},
+            "only a mean over H and W (axes [2, 3]) is supported, got axes " +
+                worker::shape_text(ints_attribute(n, "axes", {})));
+    LayerSpec& spec = add_layer(n.name(), LayerType::kPool, {layer_input(n, 0)}, n.output(0));
+    spec.pool = worker::PoolKind::kAverage;
+    spec.global = true;
+  }
+
+  // Dropout(x, ratio, training_mode) or, below opset 12, its ratio
+  // attribute: a dropout layer of p = ratio. vtrain drops in training and
+  // passes through in evaluation whatever training_mode says.
+  void read_dropout(const onnx::NodeProto& n) {
+    require(n, n.output_size() == 1 || n.output(1).empty() || !used_later(n.output(1)),
+            "its mask output is used");
+    float p = float_attribute(n, "ratio", 0.5f);
+    if (n.input_size() > 1 && !n.input(1).empty()) {
+      const std::optional<float> ratio = scalar(n.input(1));
+      require(n, ratio.has_value(), "its ratio must be a float constant");
+      p = *ratio;
+    }
+    require(n, n.input_size() < 3 || n.input(2).empty() || constants_.contains(n.input(2)),
+            "its training_mode must be a constant");
+    LayerSpec& spec = add_layer(n.name(), LayerType::kDropout, {layer_input(n, 0)}, n.output(0));
+    spec.dropout_p = p;
   }
 
   bool used_later(const std::string& tensor) const {
@@ -332,6 +557,11 @@ class GraphReader {
   // vtrain an fc flattens its input itself, and a layer's output of F
   // values is already F x 1 x 1, so none of them is a layer.
   void read_alias(const onnx::NodeProto& n) {
+    if (n.op_type() == "Identity" && constants_.contains(n.input(0))) {
+      // PyTorch's exporter shares equal initializers this way.
+      constants_[n.output(0)] = constants_.at(n.input(0));
+      return;
+    }
     if (n.op_type() == "Flatten") {
       require(n, int_attribute(n, "axis", 1) == 1, "only axis 1 (flatten all but the batch)");
     } else if (n.op_type() == "Reshape") {
@@ -346,9 +576,8 @@ class GraphReader {
   }
 
   void read_conv(const onnx::NodeProto& n) {
-    require(n, int_attribute(n, "group", 1) == 1,
-            "group " + std::to_string(int_attribute(n, "group", 1)) +
-                " (a grouped convolution) is not supported");
+    const int64_t groups = int_attribute(n, "group", 1);
+    require(n, groups >= 1, "group " + std::to_string(groups) + " must be positive");
     const std::string x = layer_input(n, 0);
     const onnx::TensorProto& w = constant(n, 1);
     const std::vector<int64_t> wdims = dims_of(w);
@@ -356,6 +585,7 @@ class GraphReader {
                                       ", not out x in x kh x kw");
     LayerSpec& spec = add_layer(n.name(), LayerType::kConv, {x}, n.output(0));
     spec.out = wdims[0];
+    spec.groups = groups;  // Graph::build checks that it divides both channel counts
     spec.bias = n.input_size() > 2 && !n.input(2).empty();
     read_window(n, spec, {wdims[2], wdims[3]});
     require(n, spec.kernel_h == wdims[2] && spec.kernel_w == wdims[3],
@@ -368,13 +598,22 @@ class GraphReader {
     }
   }
 
+  // ONNX's momentum is the share of the old running value kept, vtrain's
+  // (PyTorch's) the share of the new. A float near 1 holds that complement
+  // to about 6e-8 only (0.9f is 1 - 0.100000024), so it is rounded to 7
+  // decimals: a momentum of up to 7 decimals (0.1, 0.01, 0.003) comes back
+  // as the float it was, and with it the graph's signature.
+  static float momentum_from_onnx(float onnx_momentum) {
+    const double complement = 1.0 - static_cast<double>(onnx_momentum);
+    return static_cast<float>(std::round(complement * 1e7) / 1e7);
+  }
+
   void read_batch_norm(const onnx::NodeProto& n) {
     require(n, int_attribute(n, "training_mode", 0) == 0, "training_mode 1 is not supported");
     require(n, int_attribute(n, "spatial", 1) == 1, "spatial 0 is not supported");
     LayerSpec& spec = add_layer(n.name(), LayerType::kBatchNorm, {layer_input(n, 0)}, n.output(0));
     spec.bn_eps = float_attribute(n, "epsilon", 1e-5f);
-    // ONNX's momentum is the share of the old running value kept.
-    spec.bn_momentum = 1.0f - float_attribute(n, "momentum", 0.9f);
+    spec.bn_momentum = momentum_from_onnx(float_attribute(n, "momentum", 0.9f));
     const std::string name = spec.name;
     const char* roles[] = {".weight", ".bias", ".running_mean", ".running_var"};
     for (int k = 0; k < 4; ++k) {
@@ -452,6 +691,10 @@ class GraphReader {
   std::map<std::string, const onnx::TensorProto*> constants_;  // initializers and Constant outputs
   std::map<std::string, std::string> layer_of_;  // tensor -> the layer that computes it
   std::set<std::string> names_;                  // layer names taken
+  std::map<std::string, std::vector<const onnx::NodeProto*>> readers_;  // tensor -> its readers
+  std::set<std::string> graph_outputs_;
+  std::map<std::string, std::vector<int64_t>> shapes_;  // inferred; -1 for a free dimension
+  std::set<const onnx::NodeProto*> part_of_pattern_;    // read with an earlier node (SiLU, GELU)
 };
 
 onnx::ModelProto parse_model(const std::string& path) {
@@ -473,6 +716,14 @@ onnx::ModelProto parse_model(const std::string& path) {
     onnx::checker::check_model(model);
   } catch (const onnx::checker::ValidationError& e) {
     throw OnnxError(path + ": the ONNX checker refuses it: " + e.what());
+  }
+  // The shapes of the tensors between nodes (value_info), where the file
+  // lacks them: they tell which factor of a Mul is broadcast. Node-level
+  // failures leave shapes out rather than throw (error_mode 0).
+  try {
+    onnx::shape_inference::InferShapes(model);
+  } catch (const std::exception& e) {
+    throw OnnxError(path + ": ONNX shape inference refuses it: " + e.what());
   }
   return model;
 }
