@@ -35,6 +35,14 @@ inline const ConvCase kConvCases[] = {
     {"c8k12_3x3_stride2_n2", 8, 11, 11, 12, 3, 1, 2, 2},
     {"c24k8_1x1_n2", 24, 7, 7, 8, 1, 0, 1, 2},
     {"c3k8_7x7_stride2_pad3_n2", 3, 20, 20, 8, 7, 3, 2, 2},
+    // Grouped (ResNeXt's 3x3) and depthwise (MobileNet's 3x3, stride 1 and
+    // 2, channels a multiple of the CPU's blocks and not), groups last.
+    {"c16k32_3x3_pad1_g4_n2", 16, 9, 9, 32, 3, 1, 1, 2, 4},
+    {"c12k6_1x1_g3_n2", 12, 5, 5, 6, 1, 0, 1, 2, 3},
+    {"dw_c32_3x3_pad1_n2", 32, 10, 10, 32, 3, 1, 1, 2, 32},
+    {"dw_c24_3x3_pad1_stride2_n3", 24, 11, 11, 24, 3, 1, 2, 3, 24},
+    {"dw_c5_3x3_pad1_stride2_n2", 5, 9, 9, 5, 3, 1, 2, 2, 5},
+    {"dw_c16k32_5x5_pad2_n1", 16, 8, 8, 32, 5, 2, 1, 1, 16},
 };
 
 // ================================================================ relu

@@ -302,6 +302,7 @@ struct ConvCase {
   int64_t k, r;     // output channels, square filter size
   int64_t pad, stride;
   int64_t n;  // batch
+  int64_t groups = 1;
 };
 
 
@@ -310,7 +311,8 @@ inline ConvProblem conv_problem(const ConvCase& cc, Layout x_layout = Layout::kP
   ConvProblem p{.x = desc({cc.n, cc.c, cc.h, cc.w}, x_layout, type),
                 .y = {},
                 .k = cc.k,
-                .window = {cc.r, cc.r, cc.stride, cc.stride, cc.pad, cc.pad}};
+                .window = {cc.r, cc.r, cc.stride, cc.stride, cc.pad, cc.pad},
+                .groups = cc.groups};
   p.y = desc(p.output_shape(), y_layout, type);
   return p;
 }

@@ -82,5 +82,52 @@ TEST(HalfEmulation, AnOpIsTheF32OpOnTheRoundedInputsRoundedOnce) {
   }
 }
 
+// A depthwise convolution (groups = channels, stride 2, with a bias) in
+// each half type: the emulation passes the groups on, its output is the f32
+// op's on the rounded inputs, rounded once, bit for bit.
+TEST(HalfEmulation, ADepthwiseConvolutionIsTheF32OneRoundedOnce) {
+  const auto emulated =
+      emulate_half(make_backend({.kind = worker::BackendKind::kCpu, .threads = 1}));
+  const auto plain = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
+  auto problem = [](DataType type) {
+    ConvProblem p{.x = {{2, 8, 7, 7}, Layout::kPlain, type}, .k = 8,
+                  .window = {3, 3, 2, 2, 1, 1}, .groups = 8};
+    p.y = {p.output_shape(), Layout::kPlain, type};
+    return p;
+  };
+  const ConvProblem f32 = problem(DataType::kF32);
+  const std::vector<float> x = random_floats(f32.x.shape.elements(), 4);
+  const std::vector<float> w = random_floats(f32.weight_shape().elements(), 5);
+  const std::vector<float> b = random_floats(8, 6);
+  // y of p on `backend` from x, w and b as `backend` stores p's type.
+  auto forward = [&](Backend& backend, const ConvProblem& p, const std::vector<float>& xs,
+                     const std::vector<float>& ws, const std::vector<float>& bs) {
+    Buffer bx(backend, p.x), by(backend, p.y);
+    Buffer bw(backend, {p.weight_shape(), Layout::kPlain, p.x.dtype});
+    Buffer bb(backend, vector_desc(8, p.x.dtype));
+    backend.upload(xs.data(), bx.tensor);
+    backend.upload(ws.data(), bw.tensor);
+    backend.upload(bs.data(), bb.tensor);
+    const ConvAlgoInfo algo = conv_algorithms(backend, ConvKind::kForward, p, false).front();
+    Buffer workspace(backend, {{static_cast<int64_t>(algo.workspace_bytes) + 1, 1, 1, 1},
+                               Layout::kPlain, DataType::kBF16});
+    conv_forward(backend, algo.algo, p, bx.tensor, bw.tensor.data, bb.tensor.data, by.tensor,
+                 0.0f, workspace.tensor.data, algo.workspace_bytes);
+    std::vector<float> y(static_cast<size_t>(p.y.shape.elements()));
+    backend.download(by.tensor, y.data());
+    return y;
+  };
+  for (DataType type : {DataType::kBF16, DataType::kF16}) {
+    SCOPED_TRACE(common::dtype_name(type));
+    auto rounded = [&](std::vector<float> v) {
+      for (float& f : v) f = common::round_to(type, f);
+      return v;
+    };
+    const std::vector<float> expected =
+        rounded(forward(*plain, f32, rounded(x), rounded(w), rounded(b)));
+    EXPECT_EQ(forward(*emulated, problem(type), x, w, b), expected);
+  }
+}
+
 }  // namespace
 }  // namespace vtrain::worker

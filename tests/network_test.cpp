@@ -252,6 +252,48 @@ TEST_F(NetworkTest, EveryConvolutionAlgorithmGivesTheSameGradients) {
   }
 }
 
+// Grouped (4 groups) and depthwise convolutions (stride 1 with a bias,
+// stride 2 without, as MobileNet's), a pointwise 1x1 after them, with every
+// algorithm that offers them (oneDNN's direct, im2col_gemm's per-group
+// GEMMs; oneDNN's winograd has no groups).
+TEST_F(NetworkTest, GroupedAndDepthwiseConvGradients) {
+  LayerSpec grouped = conv("g", "c0", 16, 3, 1);
+  grouped.groups = 4;
+  LayerSpec dw1 = conv("dw1", "r0", 16, 3, 1);
+  dw1.groups = 16;
+  LayerSpec dw2 = conv("dw2", "dw1", 16, 3, 1, 2);
+  dw2.groups = 16;
+  dw2.bias = false;
+  const Graph g = Graph::build({L("data", LayerType::kInput, {}), conv("c0", "data", 8, 3, 1),
+                                grouped, L("r0", LayerType::kRelu, {"g"}), dw1, dw2,
+                                conv("pw", "dw2", 8, 1), fc("fc", "pw", 4)},
+                               {1, 3, 9, 9});
+  for (const std::string algo : {"direct", "im2col_gemm"}) {
+    SCOPED_TRACE(algo);
+    check_gradients(g, algo);
+  }
+}
+
+// The network holds a grouped convolution's true parameter count
+// (k * c / groups * r * s + k), the graph's, and its memory model's
+// parameter and gradient tensors are that many floats.
+TEST_F(NetworkTest, GroupedConvParametersAreCountedAtTheirTrueSize) {
+  LayerSpec dw = conv("dw", "c0", 32, 3, 1);
+  dw.groups = 32;
+  const Graph g = Graph::build({L("data", LayerType::kInput, {}), conv("c0", "data", 32, 1),
+                                dw, fc("fc", "dw", 4)},
+                               {1, 3, 8, 8});
+  const Network net(g, *backend_, options(2, "direct"));
+  const int64_t expected = (32 * 3 + 32) + (32 * 1 * 3 * 3 + 32) + (32 * 8 * 8 * 4 + 4);
+  EXPECT_EQ(g.parameter_count(), expected);
+  EXPECT_EQ(net.parameter_count(), expected);
+  for (const memory::PersistentTensor& t : net.memory_model().persistent) {
+    if (t.name == "params" || t.name == "grads") {
+      EXPECT_EQ(t.bytes, static_cast<size_t>(expected) * sizeof(float)) << t.name;
+    }
+  }
+}
+
 TEST_F(NetworkTest, PoolingGradients) {
   for (PoolKind kind : {PoolKind::kMax, PoolKind::kAverage}) {
     SCOPED_TRACE(kind == PoolKind::kMax ? "max" : "average");

@@ -57,6 +57,7 @@ int64_t per_channel_count(const Shape& s) { return s.n * s.h * s.w; }
 // ------------------------------------------------------------- convolution
 
 Vec conv_forward(const ConvProblem& p, const Vec& x, const Vec& w, const Vec& bias) {
+  if (p.groups != 1) return grouped_conv_forward(p, p.groups, x, w, bias);
   const Shape xs = p.x.shape;
   const Shape ys = p.output_shape();
   check_size("conv_forward", "x", x, xs.elements());
@@ -84,6 +85,7 @@ Vec conv_forward(const ConvProblem& p, const Vec& x, const Vec& w, const Vec& bi
 }
 
 Vec conv_backward_data(const ConvProblem& p, const Vec& dy, const Vec& w) {
+  if (p.groups != 1) return grouped_conv_backward_data(p, p.groups, dy, w);
   const Shape xs = p.x.shape;
   const Shape ys = p.output_shape();
   check_size("conv_backward_data", "dy", dy, ys.elements());
@@ -110,6 +112,7 @@ Vec conv_backward_data(const ConvProblem& p, const Vec& dy, const Vec& w) {
 }
 
 Vec conv_backward_filter(const ConvProblem& p, const Vec& x, const Vec& dy, Vec* dbias) {
+  if (p.groups != 1) return grouped_conv_backward_filter(p, p.groups, x, dy, dbias);
   const Shape xs = p.x.shape;
   const Shape ys = p.output_shape();
   check_size("conv_backward_filter", "x", x, xs.elements());
@@ -545,6 +548,8 @@ struct ConvGroups {
                                   " must divide channels " + std::to_string(p.x.shape.c) +
                                   " and " + std::to_string(p.k));
     }
+    whole.groups = groups;
+    one.groups = 1;
     one.x.shape.c /= groups;
     one.k /= groups;
     one.y.shape = one.output_shape();

@@ -27,7 +27,8 @@ using Vec = std::vector<float>;
 // even, as the devices round; v itself for kF32).
 Vec rounded(common::DataType type, Vec v);
 
-// y = conv(x, w) + bias (bias may be empty). Shapes from p (layouts ignored).
+// y = conv(x, w) + bias (bias may be empty). Shapes from p (layouts ignored);
+// p.groups > 1 is the grouped convolution below.
 Vec conv_forward(const ConvProblem& p, const Vec& x, const Vec& w, const Vec& bias);
 Vec conv_backward_data(const ConvProblem& p, const Vec& dy, const Vec& w);
 // Returns dw; fills dbias (k entries) if non-null.
@@ -94,9 +95,9 @@ struct MulBackward {
 MulBackward mul_backward(const Shape& a_shape, const Shape& b_shape, const Vec& a, const Vec& b,
                          const Vec& dy);
 
-// Convolution with `groups` groups: output channel k reads only input
-// channels of its group, g = k / (p.k / groups), with weights
-// {p.k, p.x.shape.c / groups, r, s}. groups = 1 is conv_forward.
+// Convolution with `groups` groups (in place of p.groups): output channel k
+// reads only input channels of its group, g = k / (p.k / groups), with
+// weights {p.k, p.x.shape.c / groups, r, s}. groups = 1 is conv_forward.
 Vec grouped_conv_forward(const ConvProblem& p, int64_t groups, const Vec& x, const Vec& w,
                          const Vec& bias);
 Vec grouped_conv_backward_data(const ConvProblem& p, int64_t groups, const Vec& dy, const Vec& w);

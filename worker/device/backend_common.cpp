@@ -36,7 +36,22 @@ std::string ConvProblem::str() const {
          " y=" + y.shape.str() + "(" + layout_name(y.layout) + ") pad=" +
          std::to_string(window.pad_h) + "," + std::to_string(window.pad_w) +
          " stride=" + std::to_string(window.stride_h) + "," + std::to_string(window.stride_w) +
+         (groups == 1 ? "" : " groups=" + std::to_string(groups)) +
          (x.dtype == DataType::kF32 ? "" : std::string(" ") + dtype_name(x.dtype));
+}
+
+std::string ConvProblem::geometry_error() const {
+  if (groups < 1 || x.shape.c % groups != 0 || k % groups != 0) {
+    // Not str(): weight_shape() divides by groups.
+    return "convolution x=" + x.shape.str() + " k=" + std::to_string(k) + ": groups " +
+           std::to_string(groups) +
+           " must divide the input channels " + std::to_string(x.shape.c) +
+           " and the output channels " + std::to_string(k);
+  }
+  if (!(y.shape == output_shape())) {
+    return "convolution " + str() + ": output shape should be " + output_shape().str();
+  }
+  return {};
 }
 
 void check_same_dtype(const char* backend, const char* op,

@@ -96,20 +96,32 @@ bool is_graph_engine(std::string_view name);
 bool conv_algorithm_allowed(std::string_view name, common::Precision p,
                             bool graph_engines = false);
 
-// The geometry of one convolution (dilation 1, one group: grouped and
-// depthwise convolutions will add a `groups` attribute here). x.shape.n is
-// the (micro-)batch.
+// The geometry of one convolution (dilation 1). x.shape.n is the
+// (micro-)batch. With `groups` > 1 the input and output channels fall into
+// that many groups, output channel o reading only the input channels of its
+// group o / (k / groups) (depthwise: groups = x.shape.c); groups divides
+// both channel counts.
 struct ConvProblem {
   TensorDesc x;     // input (backward data: dx)
   TensorDesc y;     // output (backward: dy); shape must equal output_shape()
   int64_t k = 1;    // output channels
   Window window;    // filter height and width, strides, padding
+  int64_t groups = 1;
 
-  Shape weight_shape() const { return {k, x.shape.c, window.kernel_h, window.kernel_w}; }
+  // {k, c / groups, kernel_h, kernel_w}: group g's filters are the rows
+  // g * k / groups onwards (OIHW, which is oneDNN's goihw byte for byte).
+  Shape weight_shape() const {
+    return {k, x.shape.c / groups, window.kernel_h, window.kernel_w};
+  }
   Shape output_shape() const { return window.output_shape(x.shape, k); }
   // The same problem at another batch size (for micro-batches).
   ConvProblem with_batch(int64_t n) const;
-  std::string str() const;  // for error messages and keys
+  std::string str() const;  // for error messages and keys; names groups > 1
+  // Why a backend cannot run this problem whatever its algorithm (y's
+  // shape not output_shape(), groups not dividing both channel counts),
+  // naming the problem; empty when it is well formed.
+  std::string geometry_error() const;
+  bool operator==(const ConvProblem&) const = default;
 };
 
 struct ConvAlgoInfo {
@@ -137,7 +149,7 @@ struct ConvDesc {
 };
 struct ConvArgs {
   const void* x = nullptr;     // forward, backward filter
-  const void* w = nullptr;     // forward, backward data: {k, c, kernel_h, kernel_w} plain
+  const void* w = nullptr;     // forward, backward data: weight_shape() plain
   const void* bias = nullptr;  // forward with bias: k elements
   void* y = nullptr;           // forward
   const void* dy = nullptr;    // backward

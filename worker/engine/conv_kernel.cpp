@@ -55,7 +55,7 @@ void run_conv_kernel(Backend& backend, ConvKind kind, const ConvProblem& p,
 }
 
 ConvProblem conv_problem(const LayerSpec& conv, const TensorDesc& x, const TensorDesc& y) {
-  return {x, y, conv.out, window_of(conv)};
+  return {x, y, conv.out, window_of(conv), conv.groups};
 }
 
 std::vector<ConvKind> conv_kernels_of(const Graph& graph, int layer) {

@@ -79,10 +79,7 @@ std::vector<ConvAlgoInfo> CpuBackend::conv_algorithms(const ConvDesc& op) {
 
 const ConvPlan& CpuBackend::conv_plan(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
                                       bool accumulate, bool has_bias) {
-  if (!(p.y.shape == p.output_shape())) {
-    throw BackendError("convolution " + p.str() + ": output shape should be " +
-                       p.output_shape().str());
-  }
+  if (std::string error = p.geometry_error(); !error.empty()) throw BackendError(error);
   const std::string key = std::to_string(static_cast<int>(kind)) + "/" + std::to_string(algo) +
                           "/" + p.str() + (accumulate ? "/acc" : "/set") +
                           (has_bias ? "/b" : "/nb");
@@ -123,6 +120,19 @@ static void prepare_stage(const dnnl::engine& engine, Stage& s, const memory::de
   }
 }
 
+// The weights (or their gradient) of p in `type` as oneDNN describes them:
+// {k, c, r, s}, or grouped {groups, k / groups, c / groups, r, s} (goihw,
+// the plain {k, c / groups, r, s} byte for byte); `plain` or the
+// primitive's choice (any).
+static memory::desc weights_md(const ConvProblem& p, DataType type, bool plain) {
+  const Shape w = p.weight_shape();
+  if (p.groups == 1) {
+    return {{w.n, w.c, w.h, w.w}, dnnl_type(type), plain ? Tag::oihw : Tag::any};
+  }
+  return {{p.groups, w.n / p.groups, w.c, w.h, w.w}, dnnl_type(type),
+          plain ? Tag::goihw : Tag::any};
+}
+
 ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvProblem& p,
                                      bool accumulate, bool has_bias) {
   if (computes_in_f32(algo) && p.x.dtype != DataType::kBF16) {
@@ -132,7 +142,6 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
   const dnnl::algorithm alg = dnnl_algorithm(algo);
   const memory::dims strides{p.window.stride_h, p.window.stride_w};
   const memory::dims pad{p.window.pad_h, p.window.pad_w};
-  const Shape w_shape = p.weight_shape();
   // Activations, the weights and the forward bias in the problem's type,
   // which the primitive computes in unless the algorithm computes in f32
   // (the stages below then convert them); weight and bias gradients in
@@ -141,9 +150,9 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
   const DataType compute = computes_in_f32(algo) ? DataType::kF32 : type;
   const memory::desc x_any = any_md(p.x.shape, compute);
   const memory::desc y_any = any_md(p.y.shape, compute);
-  const memory::desc w_any = any_md(w_shape, compute);
+  const memory::desc w_any = weights_md(p, compute, false);
   const memory::desc b_md = has_bias ? vector_md(p.k, compute) : memory::desc();
-  const memory::desc dw_any = any_md(w_shape);
+  const memory::desc dw_any = weights_md(p, DataType::kF32, false);
   const memory::desc db_md = has_bias ? vector_md(p.k) : memory::desc();
 
   ConvPlan plan;
@@ -172,7 +181,7 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
         plan.prim = dnnl::convolution_forward(pd);
         plan.scratch_md = pd.scratchpad_desc();
         stage(plan.in0, md_of(p.x), pd.src_desc(), false, false);
-        stage(plan.in1, plain_md(w_shape, type), pd.weights_desc(), false, false);
+        stage(plan.in1, weights_md(p, type, true), pd.weights_desc(), false, false);
         stage(plan.out, md_of(p.y), pd.dst_desc(), true, false);
         if (has_bias) stage(plan.in_bias, vector_md(p.k, type), b_md, false, false);
         break;
@@ -184,7 +193,7 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
         plan.prim = dnnl::convolution_backward_data(pd);
         plan.scratch_md = pd.scratchpad_desc();
         stage(plan.in0, md_of(p.y), pd.diff_dst_desc(), false, false);
-        stage(plan.in1, plain_md(w_shape, type), pd.weights_desc(), false, false);
+        stage(plan.in1, weights_md(p, type, true), pd.weights_desc(), false, false);
         stage(plan.out, md_of(p.x), pd.diff_src_desc(), true, accumulate);
         break;
       }
@@ -197,7 +206,7 @@ ConvPlan CpuBackend::build_dnnl_conv(ConvKind kind, ConvAlgo algo, const ConvPro
         plan.scratch_md = pd.scratchpad_desc();
         stage(plan.in0, md_of(p.x), pd.src_desc(), false, false);
         stage(plan.in1, md_of(p.y), pd.diff_dst_desc(), false, false);
-        stage(plan.out, plain_md(w_shape), pd.diff_weights_desc(), true, accumulate);
+        stage(plan.out, weights_md(p, DataType::kF32, true), pd.diff_weights_desc(), true, accumulate);
         if (has_bias) stage(plan.out_bias, db_md, pd.diff_bias_desc(), true, accumulate);
         break;
       }
@@ -274,7 +283,13 @@ void CpuBackend::run_im2col(ConvKind kind, const ConvPlan& plan, const ConvProbl
   const auto* bias = static_cast<const float*>(bias_in);
   const Shape y_shape = p.output_shape();
   float* cols = reinterpret_cast<float*>(ws + plan.cols_offset);
-  const int64_t K = p.k, CRS = g.rows(), NPQ = g.cols();
+  // One GEMM per group: group i's filters are K rows of CRS weights from
+  // row i * K, its columns the CRS rows of cols from i * CRS (im2col orders
+  // them by input channel), its outputs K rows of NPQ from i * K.
+  const int64_t G = p.groups, K = p.k / G, CRS = g.rows() / G, NPQ = g.cols();
+  const auto per_group = [G](auto&& gemm) {
+    for (int64_t i = 0; i < G; ++i) gemm(i);
+  };
   auto plain_x = [&](const Tensor& t, const Stage& s) -> const float* {
     if (!s.active) return static_cast<const float*>(t.data);
     float* tmp = reinterpret_cast<float*>(ws + s.offset);
@@ -285,10 +300,13 @@ void CpuBackend::run_im2col(ConvKind kind, const ConvPlan& plan, const ConvProbl
     case ConvKind::kForward: {
       im2col(g, plain_x(*x, plan.in0), cols);
       float* yt = reinterpret_cast<float*>(ws + plan.out.offset);  // K x NPQ (CNHW)
-      sgemm('N', 'N', K, NPQ, CRS, w, CRS, cols, NPQ, 0.0f, yt, NPQ);
+      per_group([&](int64_t i) {
+        sgemm('N', 'N', K, NPQ, CRS, w + i * K * CRS, CRS, cols + i * CRS * NPQ, NPQ, 0.0f,
+              yt + i * K * NPQ, NPQ);
+      });
       if (bias) {
 #pragma omp parallel for schedule(static)
-        for (int64_t k = 0; k < K; ++k) {
+        for (int64_t k = 0; k < p.k; ++k) {
           for (int64_t i = 0; i < NPQ; ++i) yt[k * NPQ + i] += bias[k];
         }
       }
@@ -298,7 +316,10 @@ void CpuBackend::run_im2col(ConvKind kind, const ConvPlan& plan, const ConvProbl
     case ConvKind::kBackwardData: {
       float* dyt = reinterpret_cast<float*>(ws + plan.in0.offset);
       reorder(md_of(dy->desc), dy->data, cnhw_md(y_shape), dyt);
-      sgemm('T', 'N', CRS, NPQ, K, w, CRS, dyt, NPQ, 0.0f, cols, NPQ);
+      per_group([&](int64_t i) {
+        sgemm('T', 'N', CRS, NPQ, K, w + i * K * CRS, CRS, dyt + i * K * NPQ, NPQ, 0.0f,
+              cols + i * CRS * NPQ, NPQ);
+      });
       float* dx = plan.out.active ? reinterpret_cast<float*>(ws + plan.out.offset)
                                   : static_cast<float*>(out->data);
       const bool fold_into_user = !plan.out.active;
@@ -315,10 +336,13 @@ void CpuBackend::run_im2col(ConvKind kind, const ConvPlan& plan, const ConvProbl
       im2col(g, plain_x(*x, plan.in0), cols);
       float* dyt = reinterpret_cast<float*>(ws + plan.in1.offset);
       reorder(md_of(dy->desc), dy->data, cnhw_md(y_shape), dyt);
-      sgemm('N', 'T', K, CRS, NPQ, dyt, NPQ, cols, NPQ, beta, dw, CRS);
+      per_group([&](int64_t i) {
+        sgemm('N', 'T', K, CRS, NPQ, dyt + i * K * NPQ, NPQ, cols + i * CRS * NPQ, NPQ, beta,
+              dw + i * K * CRS, CRS);
+      });
       if (dbias) {
 #pragma omp parallel for schedule(static)
-        for (int64_t k = 0; k < K; ++k) {
+        for (int64_t k = 0; k < p.k; ++k) {
           double sum = 0.0;
           for (int64_t i = 0; i < NPQ; ++i) sum += dyt[k * NPQ + i];
           // beta = 0 must not read dbias: it may hold anything, NaN included.

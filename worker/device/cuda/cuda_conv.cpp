@@ -112,15 +112,12 @@ const ConvDescriptors& CudaBackend::conv_descriptors(const ConvProblem& p, Layou
   // Checked before the cache: the key (p.str()) names x's type only, and a
   // y of another type must not find x's descriptors.
   const DataType type = call_type("convolution", {p.x, p.y});
+  if (std::string error = p.geometry_error(); !error.empty()) throw BackendError(error);
   const std::string key = p.str() + " in " + layout_name(layout);
   auto it = conv_descs_.find(key);
   if (it != conv_descs_.end()) return it->second;
   require_cudnn_layout("convolution input", p.x);
   require_cudnn_layout("convolution output", p.y);
-  if (!(p.y.shape == p.output_shape())) {
-    throw BackendError("convolution " + p.str() + ": output shape should be " +
-                       p.output_shape().str());
-  }
   const std::string what = "convolution " + key;
   const cudnnTensorFormat_t format = cudnn_format(layout);
   ConvDescriptors d;
@@ -157,6 +154,8 @@ const ConvDescriptors& CudaBackend::conv_descriptors(const ConvProblem& p, Layou
             to_int(p.window.stride_h, what), to_int(p.window.stride_w, what), 1, 1,
             CUDNN_CROSS_CORRELATION, compute),
         what);
+    // Grouped: the filter descriptor above holds c / groups input channels.
+    VTRAIN_CUDA_CHECK(cudnnSetConvolutionGroupCount(raw_conv, to_int(p.groups, what)), what);
     return conv;
   };
   d.conv = make_conv(CUDNN_DATA_FLOAT);

@@ -55,8 +55,6 @@ void require_kernels(const LayerSpec& spec) {
   std::string what;
   if (!has_kernels(spec.type)) {
     what = std::string("layer type '") + layer_type_name(spec.type) + "'";
-  } else if (spec.type == LayerType::kConv && spec.groups != 1) {
-    what = "a grouped convolution (groups " + std::to_string(spec.groups) + ")";
   } else {
     return;
   }

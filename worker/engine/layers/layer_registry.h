@@ -34,10 +34,9 @@ LayerFactory layer_factory(LayerType type);
 // The operator of site's layer, from its type's factory.
 std::unique_ptr<Layer> make_layer(const LayerSite& site);
 
-// Throws BackendError naming `spec` when the model level knows its type or
-// its settings but no backend runs them yet: mul, dropout and grouped
-// convolutions (issue 43: their kernels come as op descriptors of the
-// device interface).
+// Throws BackendError naming `spec` when the model level knows its type
+// but no backend runs it yet: mul and dropout (issue 43: their kernels
+// come as op descriptors of the device interface).
 void require_kernels(const LayerSpec& spec);
 
 // The ActivationKind of relu, silu, gelu, sigmoid and relu6 layers; throws
