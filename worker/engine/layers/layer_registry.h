@@ -35,7 +35,7 @@ LayerFactory layer_factory(LayerType type);
 std::unique_ptr<Layer> make_layer(const LayerSite& site);
 
 // Throws BackendError naming `spec` when the model level knows its type or
-// its settings but no backend runs them yet: mul, dropout and grouped
+// its settings but no backend runs them yet: dropout and grouped
 // convolutions (issue 43: their kernels come as op descriptors of the
 // device interface).
 void require_kernels(const LayerSpec& spec);
@@ -50,6 +50,7 @@ std::unique_ptr<Layer> make_input_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_conv_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_relu_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_activation_layer(const LayerSite& site);  // silu, gelu, sigmoid, relu6
+std::unique_ptr<Layer> make_mul_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_pool_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_fc_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_batch_norm_layer(const LayerSite& site);
