@@ -287,7 +287,8 @@ std::vector<double> epoch_losses(const std::string& output) {
 // conv, relu, 1x1 conv, sigmoid, and the gate times the block's input) on
 // synthetic data, its training loss going down over four epochs; and under
 // memonger, which recomputes cheap layers (mul among them) instead of
-// keeping their outputs, to the same loss as under none.
+// keeping their outputs, to the same loss as under none (conv.algorithm
+// fixed: auto picks by timing, and two algorithms round differently).
 TEST_F(CliValidation, ASqueezeExcitationBlockTrains) {
   const std::string path =
       write(layers_config("    - {name: data, type: input}\n"
@@ -305,7 +306,8 @@ TEST_F(CliValidation, ASqueezeExcitationBlockTrains) {
     const std::string metrics = dir_.path("m" + std::to_string(recompute) + ".jsonl");
     const RunResult r = run_vtrain("train --progress off " + path + " --metrics " + metrics +
                                    " --set train.max_steps=0 --set train.epochs=4 --set "
-                                   "memory.policy=" + (recompute ? "memonger" : "none"));
+                                   "conv.algorithm=direct --set memory.policy=" +
+                                   (recompute ? "memonger" : "none"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const std::vector<double> epochs = epoch_losses(r.output);
     ASSERT_EQ(epochs.size(), 4u) << r.output;

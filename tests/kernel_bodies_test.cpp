@@ -353,7 +353,9 @@ void check_mul_at(const Dims& d, int64_t block, int64_t b_block) {
       }
     }
     for (size_t at = 0; at < y.size; ++at) {
-      if (!logical[at]) ASSERT_EQ(static_cast<float>(y[at]), 0.0f) << "padding at " << at;
+      if (!logical[at]) {
+        ASSERT_EQ(static_cast<float>(y[at]), 0.0f) << "padding at " << at;
+      }
     }
   }
 }
@@ -414,7 +416,9 @@ void check_mul_sum(const Dims& d, int64_t block, int64_t y_block, int64_t step) 
       }
     }
     for (size_t at = 0; at < y.size; ++at) {
-      if (!logical[at]) ASSERT_EQ(y[at], 0.0f) << "padding at " << at;
+      if (!logical[at]) {
+        ASSERT_EQ(y[at], 0.0f) << "padding at " << at;
+      }
     }
   }
 }

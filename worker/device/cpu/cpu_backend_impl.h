@@ -348,8 +348,6 @@ class CpuBackend final : public Backend {
                                           const TensorDesc& y);
   const dnnl::binary::primitive_desc& mul_pd(const TensorDesc& a, const TensorDesc& b,
                                              const TensorDesc& y, bool accumulate);
-  const dnnl::reduction::primitive_desc& pixel_sum_pd(const TensorDesc& product,
-                                                      const TensorDesc& y, bool accumulate);
 
   const ConvPlan& conv_plan(ConvKind kind, ConvAlgo algo, const ConvProblem& p, bool accumulate,
                             bool has_bias);
