@@ -186,6 +186,23 @@ struct EltwiseCase {
 inline const EltwiseCase kEltwiseCases[] = {{"n2c20_5x5", {2, 20, 5, 5}},
                                             {"n2c9_4x4", {2, 9, 4, 4}}};
 
+// ================================================================== mul
+
+// a * b with b shaped like a, or broadcast (b {n, c, 1, 1}: squeeze-
+// excitation's gate). 20 and 9 channels: blocked layouts pad them; 32: whole
+// 16-byte packs of half and float channels in NHWC.
+struct MulCase {
+  const char* name;
+  Shape a;
+  bool broadcast;
+  Shape b() const { return broadcast ? Shape{a.n, a.c, 1, 1} : a; }
+};
+
+inline const MulCase kMulCases[] = {{"same_n2c20_5x5", {2, 20, 5, 5}, false},
+                                    {"broadcast_n2c20_5x5", {2, 20, 5, 5}, true},
+                                    {"broadcast_n3c9_4x3", {3, 9, 4, 3}, true},
+                                    {"broadcast_n2c32_8x8", {2, 32, 8, 8}, true}};
+
 // =============================================================== concat
 
 struct ConcatCase {

@@ -170,6 +170,65 @@ inline void check_concat(Backend& b, const ConcatCase& cc, DataType type) {
   }
 }
 
+// mul in element type `type` (BinaryKind kMul and kMulSum), with a (and y,
+// dy, da) in each layout of `layouts` and b (and db) in each: forward
+// y = a * b and the backward's calls, da = dy * b and db = dy * a, summed
+// over H and W where b is broadcast, each over a NaN-filled output (beta 0)
+// and added to its previous contents (beta 1); and y written over a.
+// Against the reference in `type` within `rtol`.
+inline void check_mul(Backend& bk, const MulCase& mc, DataType type, double rtol,
+                      const std::vector<Layout>& layouts) {
+  using worker::BinaryKind;
+  const Shape& s = mc.a;
+  const Shape bs = mc.b();
+  std::mt19937 rng(43);
+  const auto input = [&](const Shape& shape) {
+    return rounded(type, random_vec(rng, shape.elements()));
+  };
+  const Vec a = input(s), b = input(bs), dy = input(s), y0 = input(s), db0 = input(bs);
+  const Vec y = reference::mul_forward(s, bs, a, b);
+  const reference::MulBackward g = reference::mul_backward(s, bs, a, b, dy);
+  // out = x0 * x1 (kind) + beta * previous, each tensor in its layout.
+  const auto run = [&](BinaryKind kind, const Vec& x0, Layout l0, const Vec& x1, const Shape& s1,
+                       Layout l1, const Shape& out_shape, Layout lout, const Vec* previous) {
+    const DeviceTensor t0 = to_device(bk, x0, desc(s, l0, type));
+    const DeviceTensor t1 = to_device(bk, x1, desc(s1, l1, type));
+    DeviceTensor out(bk, desc(out_shape, lout, type));
+    if (previous) {
+      bk.upload(previous->data(), out.tensor);
+    } else {
+      bk.fill(out.tensor, kNaN);
+    }
+    bk.run(worker::BinaryDesc{kind, t0.tensor.desc, t1.tensor.desc, out.tensor.desc,
+                              previous ? 1.0f : 0.0f},
+           worker::BinaryArgs{t0.tensor.data, t1.tensor.data, out.tensor.data});
+    return from_device(bk, out.tensor);
+  };
+  const BinaryKind db_kind = mc.broadcast ? BinaryKind::kMulSum : BinaryKind::kMul;
+  for (Layout la : layouts) {
+    for (Layout lb : layouts) {
+      SCOPED_TRACE(std::string("a in ") + layout_name(la) + ", b in " + layout_name(lb));
+      for (const Vec* before : {static_cast<const Vec*>(nullptr), &y0}) {
+        const std::string beta = before ? " beta=1" : " beta=0";
+        const Vec* db_before = before ? &db0 : nullptr;
+        const auto expected = [&](const Vec& exact, const Vec* previous) {
+          return rounded(type, previous ? plus(exact, *previous) : exact);
+        };
+        expect_close(run(BinaryKind::kMul, a, la, b, bs, lb, s, la, before), expected(y, before),
+                     rtol, "y = a * b" + beta);
+        expect_close(run(BinaryKind::kMul, dy, la, b, bs, lb, s, la, before),
+                     expected(g.da, before), rtol, "da = dy * b" + beta);
+        expect_close(run(db_kind, dy, la, a, s, la, bs, lb, db_before), expected(g.db, db_before),
+                     rtol, std::string("db by ") + worker::binary_name(db_kind) + beta);
+      }
+    }
+    const DeviceTensor at = to_device(bk, a, desc(s, la, type));
+    const DeviceTensor bt = to_device(bk, b, desc(bs, la, type));
+    mul(bk, at.tensor, bt.tensor, at.tensor);
+    expect_close(from_device(bk, at.tensor), rounded(type, y), rtol, "y written over a");
+  }
+}
+
 // Batch norm training (y, saved and running statistics), inference with the
 // initial and the updated running statistics, and backward with beta 0 and
 // 1 (beta applies to d(scale_shift) only), in every layout b prefers: y

@@ -135,6 +135,18 @@ TEST_P(HalfAddConformance, AddAndAccumulateExactAfterRounding) {
 
 VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfAddConformance, kEltwiseCases);
 
+// ================================================================== mul
+
+class HalfMulConformance : public InHalfOnEveryBackend<MulCase> {};
+
+// Each product rounded once; the broadcast gradient summed in f32, then
+// rounded; beta 1 rounds the sum with the previous contents once more.
+TEST_P(HalfMulConformance, ForwardAndBackwardEveryLayoutBothBetas) {
+  check_mul(backend(), param(), type(), sum_rtol(), layouts_for(backend(), param().a.c));
+}
+
+VTRAIN_IN_HALF_ON_EVERY_BACKEND(HalfMulConformance, kMulCases);
+
 // =============================================================== concat
 
 class HalfConcatConformance : public InHalfOnEveryBackend<ConcatCase> {};

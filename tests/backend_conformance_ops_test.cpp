@@ -112,6 +112,17 @@ TEST_P(AddConformance, AccumulateOverwritesOrAdds) {
 
 VTRAIN_ON_EVERY_BACKEND(AddConformance, kEltwiseCases);
 
+// ================================================================== mul
+
+class MulConformance : public OnEveryBackend<MulCase> {};
+
+// Plain, the preferred layout and nChw8c, for a and for b each.
+TEST_P(MulConformance, ForwardAndBackwardEveryLayoutBothBetas) {
+  check_mul(backend(), param(), DataType::kF32, kSumRtol, any_layouts(backend(), param().a.c));
+}
+
+VTRAIN_ON_EVERY_BACKEND(MulConformance, kMulCases);
+
 // =============================================================== concat
 
 class ConcatConformance : public OnEveryBackend<ConcatCase> {};

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include "common/machine.h"
@@ -258,6 +259,52 @@ TEST_F(CliValidation, TheNewActivationsTrain) {
                                    (recompute ? "memonger" : "none"));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(r.output.find("nan"), std::string::npos) << r.output;
+    losses[recompute] = final_loss(metrics);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
+// The "train loss" of each epoch's summary line ("epoch 2/4: train loss
+// 2.1032 acc ..."), in order.
+std::vector<double> epoch_losses(const std::string& output) {
+  std::vector<double> losses;
+  const std::regex line(R"(epoch \d+/\d+: train loss ([0-9.]+))");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
+       it != std::sregex_iterator(); ++it) {
+    losses.push_back(std::stod((*it)[1].str()));
+  }
+  return losses;
+}
+
+// mul trains: a squeeze-excitation block (global average pooling, 1x1
+// conv, relu, 1x1 conv, sigmoid, and the gate times the block's input) on
+// synthetic data, its training loss going down over four epochs; and under
+// memonger, which recomputes cheap layers (mul among them) instead of
+// keeping their outputs, to the same loss as under none (conv.algorithm
+// fixed: auto picks by timing, and two algorithms round differently).
+TEST_F(CliValidation, ASqueezeExcitationBlockTrains) {
+  const std::string path =
+      write(layers_config("    - {name: data, type: input}\n"
+                          "    - {name: c1, type: conv, out: 16, kernel: 3, stride: 2}\n"
+                          "    - {name: r1, type: relu}\n"
+                          "    - {name: gap, type: pool, mode: avg, global: true}\n"
+                          "    - {name: s1, type: conv, out: 4, kernel: 1}\n"
+                          "    - {name: sr, type: relu}\n"
+                          "    - {name: s2, type: conv, out: 16, kernel: 1}\n"
+                          "    - {name: gate, type: sigmoid}\n"
+                          "    - {name: se, type: mul, inputs: [r1, gate]}\n"
+                          "    - {name: fc, type: fc, out: 10}\n"));
+  std::string losses[2];
+  for (int recompute = 0; recompute < 2; ++recompute) {
+    const std::string metrics = dir_.path("m" + std::to_string(recompute) + ".jsonl");
+    const RunResult r = run_vtrain("train --progress off " + path + " --metrics " + metrics +
+                                   " --set train.max_steps=0 --set train.epochs=4 --set "
+                                   "conv.algorithm=direct --set memory.policy=" +
+                                   (recompute ? "memonger" : "none"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<double> epochs = epoch_losses(r.output);
+    ASSERT_EQ(epochs.size(), 4u) << r.output;
+    EXPECT_LT(epochs.back(), 0.8 * epochs.front()) << r.output;
     losses[recompute] = final_loss(metrics);
   }
   EXPECT_EQ(losses[0], losses[1]);

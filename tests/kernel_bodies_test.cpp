@@ -6,7 +6,8 @@
 // compared with references written from the logical coordinates: reorder
 // and fill between NCHW, nChw8c, nChw16c and NHWC (padding channels zeroed),
 // the bias add, relu (NaN, signed zeros, infinities, bit for bit), silu,
-// gelu, sigmoid and relu6 (against the references in double), and max
+// gelu, sigmoid and relu6 (against the references in double), the mul
+// layer's products and per-(sample, channel) sums, and max
 // pooling over tiling windows forward and backward (first maximum, ties,
 // NaN). Plain C++: every build, GPU or not. What the device's conversions
 // round is checked on a GPU (cuda_backend_test, backend_conformance_test).
@@ -291,6 +292,147 @@ TEST(KernelBodies, ActivationsPropagateNaNAndMayWriteOverDy) {
     const float want = static_cast<float>(2.0 * reference::activation_derivative(
                                                     static_cast<reference::Activation>(a), 1.0));
     for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(g[i], want, 1e-6f) << static_cast<int>(a);
+  }
+}
+
+// -------------------------------------------------------------- products
+
+// Padded storage elements of {n, c, hw} with channel block `block`.
+int64_t storage_of(const Dims& d, int64_t block) {
+  return d.n * ((d.c + block - 1) / block * block) * d.hw();
+}
+
+// a's and b's logical elements: small integers, exact in float and int16.
+float a_at(int64_t n, int64_t ch, int64_t s) { return static_cast<float>((n + 2 * ch + s) % 7 - 3); }
+float b_at(int64_t n, int64_t ch, int64_t s) { return static_cast<float>((3 * n + ch + 2 * s) % 5 - 2); }
+
+// A tensor of `value_at`'s elements in channel block `block`, padding 99
+// (which no body may read into a result).
+template <typename T, typename F>
+Aligned<T> tensor_of(const Dims& d, int64_t block, F value_at) {
+  Aligned<T> t(static_cast<size_t>(storage_of(d, block)), static_cast<T>(99));
+  for (int64_t n = 0; n < d.n; ++n) {
+    for (int64_t ch = 0; ch < d.c; ++ch) {
+      for (int64_t s = 0; s < d.hw(); ++s) {
+        t[static_cast<size_t>(storage_index(n, ch, s, d.c, d.hw(), block))] =
+            static_cast<T>(value_at(n, ch, s));
+      }
+    }
+  }
+  return t;
+}
+
+// mul_at over every pack of y {n, c, hw} in `block`, b shaped like a
+// (b_block 0) or {n, c, 1, 1} in b_block; beta 0 over 5s and beta 1 onto
+// them: each logical element a * b (+ 5), each padding element 0.
+template <typename T, int V, typename I>
+void check_mul_at(const Dims& d, int64_t block, int64_t b_block) {
+  SCOPED_TRACE(describe(d) + " block " + std::to_string(block) + " b_block " +
+               std::to_string(b_block) + " V " + std::to_string(V));
+  ASSERT_EQ((block == 1 ? d.hw() : block) % V, 0) << "the kernels pack only such shapes";
+  const Dims bd = b_block == 0 ? d : Dims{d.n, d.c, 1, 1};
+  const Aligned<T> a = tensor_of<T>(d, block, a_at);
+  const Aligned<T> b = tensor_of<T>(bd, b_block == 0 ? block : b_block, b_at);
+  const MulShape<I> shape{static_cast<I>(d.c), static_cast<I>(d.hw()), static_cast<I>(block),
+                          static_cast<I>(b_block)};
+  for (const float beta : {0.0f, 1.0f}) {
+    Aligned<T> y(static_cast<size_t>(storage_of(d, block)), static_cast<T>(5));
+    for (I i = 0; i < static_cast<I>(y.size / V); ++i) {
+      mul_at<HostConvert, T, V>(i, a.data(), b.data(), y.data(), beta, shape);
+    }
+    std::vector<bool> logical(y.size, false);
+    for (int64_t n = 0; n < d.n; ++n) {
+      for (int64_t ch = 0; ch < d.c; ++ch) {
+        for (int64_t s = 0; s < d.hw(); ++s) {
+          const auto at = static_cast<size_t>(storage_index(n, ch, s, d.c, d.hw(), block));
+          logical[at] = true;
+          const float factor = b_block == 0 ? b_at(n, ch, s) : b_at(n, ch, 0);
+          ASSERT_EQ(static_cast<float>(y[at]), a_at(n, ch, s) * factor + 5 * beta)
+              << "n " << n << " channel " << ch << " position " << s << " beta " << beta;
+        }
+      }
+    }
+    for (size_t at = 0; at < y.size; ++at) {
+      if (!logical[at]) {
+        ASSERT_EQ(static_cast<float>(y[at]), 0.0f) << "padding at " << at;
+      }
+    }
+  }
+}
+
+TEST(KernelBodies, MulReachesEveryElementsFactorInEveryLayout) {
+  const Dims d{2, 20, 3, 2};
+  for (const int64_t block : {int64_t{1}, int64_t{8}, int64_t{16}, d.c}) {
+    for (const int64_t b_block : {int64_t{0}, int64_t{1}, int64_t{8}, d.c}) {
+      check_mul_at<float, 1, uint32_t>(d, block, b_block);
+      check_mul_at<float, 1, int64_t>(d, block, b_block);
+    }
+  }
+  for (const int64_t b_block : {int64_t{0}, int64_t{16}}) {
+    check_mul_at<float, 4, uint32_t>({2, 6, 2, 4}, 1, b_block);    // 2 packs of pixels
+    check_mul_at<float, 4, uint32_t>({2, 8, 3, 1}, 8, b_block);    // NHWC, 2 packs of channels
+    check_mul_at<float, 4, uint32_t>({2, 12, 3, 3}, 8, b_block);   // nChw8c, 12 padded to 16
+    check_mul_at<int16_t, 8, uint32_t>({3, 20, 2, 2}, 16, b_block);
+    check_mul_at<int16_t, 8, int64_t>({3, 16, 4, 2}, 16, b_block);  // NHWC
+    check_mul_at<int16_t, 8, uint32_t>({2, 3, 4, 2}, 1, b_block);
+  }
+}
+
+// mul_sum_partial split over `step` lanes, the lanes' sums added, then
+// mul_sum_store, for every (n, channel) of y {n, c, 1, 1} in y_block: the
+// sum of a * b over the pixels (+ 5 with beta 1); y's padding 0.
+template <typename I>
+void check_mul_sum(const Dims& d, int64_t block, int64_t y_block, int64_t step) {
+  SCOPED_TRACE(describe(d) + " block " + std::to_string(block) + " y_block " +
+               std::to_string(y_block) + " step " + std::to_string(step));
+  const Aligned<float> a = tensor_of<float>(d, block, a_at);
+  const Aligned<float> b = tensor_of<float>(d, block, b_at);
+  const Dims yd{d.n, d.c, 1, 1};
+  const MulShape<I> shape{static_cast<I>(d.c), static_cast<I>(d.hw()), static_cast<I>(block),
+                          static_cast<I>(y_block)};
+  const int64_t channels = (d.c + y_block - 1) / y_block * y_block;
+  for (const float beta : {0.0f, 1.0f}) {
+    Aligned<float> y(static_cast<size_t>(storage_of(yd, y_block)), 5.0f);
+    for (int64_t n = 0; n < d.n; ++n) {
+      for (int64_t ch = 0; ch < channels; ++ch) {
+        float sum = 0.0f;
+        for (int64_t lane = 0; lane < step && ch < d.c; ++lane) {
+          sum += mul_sum_partial<HostConvert>(a.data(), b.data(), static_cast<I>(n),
+                                              static_cast<I>(ch), static_cast<I>(lane),
+                                              static_cast<I>(step), shape);
+        }
+        mul_sum_store<HostConvert>(y.data(), static_cast<I>(n), static_cast<I>(ch), sum, beta,
+                                   shape);
+      }
+    }
+    std::vector<bool> logical(y.size, false);
+    for (int64_t n = 0; n < d.n; ++n) {
+      for (int64_t ch = 0; ch < d.c; ++ch) {
+        float want = 5 * beta;
+        for (int64_t s = 0; s < d.hw(); ++s) want += a_at(n, ch, s) * b_at(n, ch, s);
+        const auto at = static_cast<size_t>(storage_index(n, ch, 0, d.c, 1, y_block));
+        logical[at] = true;
+        ASSERT_EQ(y[at], want) << "n " << n << " channel " << ch << " beta " << beta;
+      }
+    }
+    for (size_t at = 0; at < y.size; ++at) {
+      if (!logical[at]) {
+        ASSERT_EQ(y[at], 0.0f) << "padding at " << at;
+      }
+    }
+  }
+}
+
+TEST(KernelBodies, MulSumAddsEachSampleAndChannelsPixels) {
+  for (const Dims& d : {Dims{2, 20, 3, 2}, Dims{3, 9, 5, 5}, Dims{1, 16, 1, 1}}) {
+    for (const int64_t block : {int64_t{1}, int64_t{8}, int64_t{16}, d.c}) {
+      for (const int64_t y_block : {int64_t{1}, int64_t{8}, d.c}) {
+        for (const int64_t step : {int64_t{1}, int64_t{4}, int64_t{32}}) {
+          check_mul_sum<uint32_t>(d, block, y_block, step);
+        }
+        check_mul_sum<int64_t>(d, block, y_block, 3);
+      }
+    }
   }
 }
 

@@ -194,6 +194,26 @@ TEST_F(NetworkTest, PairedBiasAndReluGradients) {
   check_gradients(g);
 }
 
+// mul: a squeeze-excitation block (the gate {n, c, 1, 1} broadcast over the
+// block's input, which also feeds the pooling, so that input's gradient
+// adds da to the gate path's) and a same-shaped product of a tensor and
+// its sigmoid (da and db reach one tensor), against central differences of
+// every parameter range behind them, in the CPU's blocked layouts and
+// channels last.
+TEST_F(NetworkTest, MulGradients) {
+  LayerSpec gap = pool("gap", "r1", PoolKind::kAverage, 1, 1);
+  gap.global = true;
+  Graph g = Graph::build(
+      {L("data", LayerType::kInput, {}), conv("c1", "data", 16, 3, 1),
+       L("r1", LayerType::kRelu, {"c1"}), gap, conv("s1", "gap", 4, 1),
+       L("sr", LayerType::kRelu, {"s1"}), conv("s2", "sr", 16, 1),
+       L("gate", LayerType::kSigmoid, {"s2"}), L("se", LayerType::kMul, {"r1", "gate"}),
+       conv("c2", "se", 12, 3, 0, 2), L("t", LayerType::kSigmoid, {"c2"}),
+       L("sq", LayerType::kMul, {"c2", "t"}), fc("fc", "sq", 5)},
+      {1, 3, 9, 9});
+  check_gradients(g);
+}
+
 // Training with the pairs against without, on the same seeds: the same
 // weights to float rounding (the bias sums run in another order). Also
 // under a per-tensor memory policy that times its layers alone in place
@@ -756,9 +776,9 @@ TEST_F(NetworkTest, EveryLayerTypeHasANameAndARegistryEntry) {
     const LayerSite site{g, i, *backend_, in.empty() ? nullptr : &descs[in[0]], descs[i],
                          algorithm, nullptr};
     const LayerType type = g.layer(i).type;
-    // mul and dropout are in the model format ahead of their kernels:
-    // their factory refuses them naming the layer.
-    if (type == LayerType::kMul || type == LayerType::kDropout) {
+    // dropout is in the model format ahead of its kernels: its factory
+    // refuses it naming the layer.
+    if (type == LayerType::kDropout) {
       EXPECT_EQ(test_support::error_message<BackendError>([&] { make_layer(site); }),
                 "layer '" + g.layer(i).name + "': layer type '" + layer_type_name(type) +
                     "' is part of the model format but has no kernels on any backend yet");

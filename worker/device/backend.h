@@ -45,6 +45,10 @@ void check_same_desc(const char* backend, const char* op,
                      std::initializer_list<std::pair<const char*, TensorDesc>> tensors);
 // concat_backward's slice: dx fits dy at `channel_offset` (same n, h, w).
 void check_concat_slice(const Shape& dy, int64_t channel_offset, const Shape& dx);
+// The shapes and types of a kMul or kMulSum (ops.h, BinaryDesc); returns
+// whether b is broadcast over H and W (kMul with b {a.n, a.c, 1, 1} and a
+// larger than one pixel).
+bool check_mul(const char* backend, const BinaryDesc& op);
 
 class Backend : public Device {
  public:

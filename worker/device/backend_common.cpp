@@ -147,6 +147,28 @@ void check_concat_slice(const Shape& dy, int64_t channel_offset, const Shape& dx
   }
 }
 
+bool check_mul(const char* backend, const BinaryDesc& op) {
+  const Shape& a = op.a.shape;
+  const Shape& b = op.b.shape;
+  const Shape& y = op.y.shape;
+  const Shape per_channel{a.n, a.c, 1, 1};
+  const char* name = binary_name(op.kind);
+  const auto fail = [&](const std::string& expected) {
+    throw BackendError(std::string(backend) + ": " + name + ": " + expected + "; got a " +
+                       a.str() + ", b " + b.str() + ", y " + y.str());
+  };
+  check_beta(backend, name, op.beta);
+  check_same_dtype(backend, name, {op.a, op.b, op.y});
+  if (op.kind == BinaryKind::kMulSum) {
+    if (!(b == a) || !(y == per_channel)) fail("b shaped like a and y " + per_channel.str());
+    return false;
+  }
+  if (!(y == a) || !(b == a || b == per_channel)) {
+    fail("y shaped like a and b like a or " + per_channel.str());
+  }
+  return !(b == a);
+}
+
 namespace {
 
 const char* direction_name(Direction d) { return d == Direction::kForward ? "forward" : "backward"; }
@@ -194,6 +216,16 @@ const char* activation_name(ActivationKind kind) {
   return "?";
 }
 
+const char* binary_name(BinaryKind kind) {
+  switch (kind) {
+    case BinaryKind::kAdd: return "add";
+    case BinaryKind::kAccumulate: return "accumulate";
+    case BinaryKind::kMul: return "mul";
+    case BinaryKind::kMulSum: return "mul_sum";
+  }
+  return "?";
+}
+
 std::string op_name(const OpDesc& op) {
   return std::visit(
       op_table_detail::Overload{
@@ -212,9 +244,7 @@ std::string op_name(const OpDesc& op) {
           [](const BatchNormDesc& d) {
             return std::string("batch_norm ") + batch_norm_kind_name(d.kind);
           },
-          [](const BinaryDesc& d) {
-            return std::string(d.kind == BinaryKind::kAdd ? "add" : "accumulate");
-          },
+          [](const BinaryDesc& d) { return std::string(binary_name(d.kind)); },
           [](const ConcatDesc& d) { return std::string("concat ") + direction_name(d.direction); },
           [](const SoftmaxCrossEntropyDesc&) { return std::string("softmax_cross_entropy"); },
           [](const SgdDesc&) { return std::string("sgd"); },

@@ -92,6 +92,18 @@ inline void accumulate(Backend& b, const Tensor& x, const Tensor& y, float beta)
   b.run(BinaryDesc{BinaryKind::kAccumulate, x.desc, y.desc, y.desc, beta},
         BinaryArgs{.a = x.data, .y = y.data});
 }
+// y = a * b + beta * y (b shaped like a, or {n, c, 1, 1} broadcast), and
+// y[n, c] = sum over h, w of a * b + beta * y: BinaryKind kMul and kMulSum.
+inline void mul(Backend& b, const Tensor& x0, const Tensor& x1, const Tensor& y,
+                float beta = 0.0f) {
+  b.run(BinaryDesc{BinaryKind::kMul, x0.desc, x1.desc, y.desc, beta},
+        BinaryArgs{.a = x0.data, .b = x1.data, .y = y.data});
+}
+inline void mul_sum(Backend& b, const Tensor& x0, const Tensor& x1, const Tensor& y,
+                    float beta = 0.0f) {
+  b.run(BinaryDesc{BinaryKind::kMulSum, x0.desc, x1.desc, y.desc, beta},
+        BinaryArgs{.a = x0.data, .b = x1.data, .y = y.data});
+}
 inline void concat_forward(Backend& b, std::span<const Tensor> xs, const Tensor& y) {
   ConcatDesc desc{.y = y.desc};
   std::vector<void*> data;

@@ -29,6 +29,7 @@
 //   batch_norm_backward_data(x, dy, scale_shift, mean, var, dy_means, dx, eps)
 //   batch_norm_scratch_bytes(x, eps) -> size_t
 //   add(a, b, y)  accumulate(x, y, beta)  add_scratch_bytes(a, b, y) -> size_t
+//   mul(a, b, y, beta)  mul_sum(a, b, y, beta)  mul_scratch_bytes(kind, a, b, y) -> size_t
 //   concat_forward(span<const Tensor> xs, y)  concat_backward(dy, offset, dx, beta)
 //   concat_scratch_bytes(span<const TensorDesc> xs, y) -> size_t
 //   softmax_cross_entropy(logits, labels, scale, const Tensor* dlogits, smoothing) -> LossStats
@@ -189,8 +190,14 @@ void run_op(Kernels& k, const OpDesc& op, const OpArgs& any_args) {
           },
           [&](const BinaryDesc& d) {
             const BinaryArgs& a = args_of(d, op, any_args);
-            if (d.kind == BinaryKind::kAccumulate) {
-              return k.accumulate(view(d.a, a.a), view(d.y, a.y), d.beta);
+            switch (d.kind) {
+              case BinaryKind::kAccumulate:
+                return k.accumulate(view(d.a, a.a), view(d.y, a.y), d.beta);
+              case BinaryKind::kMul:
+                return k.mul(view(d.a, a.a), view(d.b, a.b), view(d.y, a.y), d.beta);
+              case BinaryKind::kMulSum:
+                return k.mul_sum(view(d.a, a.a), view(d.b, a.b), view(d.y, a.y), d.beta);
+              case BinaryKind::kAdd: break;
             }
             return k.add(view(d.a, a.a), view(d.b, a.b), view(d.y, a.y));
           },
@@ -273,9 +280,13 @@ OpBytes op_bytes(Kernels& k, const OpDesc& op) {
             return {k.batch_norm_scratch_bytes(d.x, d.eps), 0};
           },
           [&](const BinaryDesc& d) -> OpBytes {
-            return {d.kind == BinaryKind::kAccumulate ? k.add_scratch_bytes(d.y, d.a, d.y)
-                                                      : k.add_scratch_bytes(d.a, d.b, d.y),
-                    0};
+            switch (d.kind) {
+              case BinaryKind::kAccumulate: return {k.add_scratch_bytes(d.y, d.a, d.y), 0};
+              case BinaryKind::kMul:
+              case BinaryKind::kMulSum: return {k.mul_scratch_bytes(d.kind, d.a, d.b, d.y), 0};
+              case BinaryKind::kAdd: break;
+            }
+            return {k.add_scratch_bytes(d.a, d.b, d.y), 0};
           },
           [&](const ConcatDesc& d) -> OpBytes { return {k.concat_scratch_bytes(d.xs, d.y), 0}; },
           [&](const SoftmaxCrossEntropyDesc& d) -> OpBytes {

@@ -300,17 +300,27 @@ struct BatchNormArgs {
 
 // kAdd: y = a + b (any layouts; y may alias a or b).
 // kAccumulate: y = a + beta * y, for accumulating the gradients of tensors
-// with several consumers (b is y's descriptor). (Multiply with broadcast
-// will join here.)
-enum class BinaryKind : uint8_t { kAdd, kAccumulate };
+// with several consumers (b is y's descriptor).
+// kMul: y = a * b + beta * y, y shaped like a. b is shaped like a, or
+//   {a.n, a.c, 1, 1}: one factor per sample and channel, broadcast over H
+//   and W (squeeze-excitation's gate). Any layouts; with beta 0, y may
+//   alias a. The mul layer's backward is this kind too: da = dy * b, and
+//   db = dy * a where b is shaped like a.
+// kMulSum: y[n, c] = the sum over h and w of a * b, + beta * y: a and b
+//   shaped alike, y {a.n, a.c, 1, 1} (any layouts). The gradient of a
+//   broadcast factor, db = sum of dy * a; summed in f32, rounded once.
+// The products are in f32, rounded once to the tensors' type.
+enum class BinaryKind : uint8_t { kAdd, kAccumulate, kMul, kMulSum };
+// "add", "accumulate", "mul", "mul_sum".
+const char* binary_name(BinaryKind kind);
 struct BinaryDesc {
   BinaryKind kind = BinaryKind::kAdd;
   TensorDesc a, b, y;
-  float beta = 0.0f;  // kAccumulate: 0 or 1
+  float beta = 0.0f;  // kAccumulate, kMul, kMulSum: 0 or 1
 };
 struct BinaryArgs {
   const void* a = nullptr;
-  const void* b = nullptr;  // kAdd
+  const void* b = nullptr;  // kAdd, kMul, kMulSum
   void* y = nullptr;
 };
 

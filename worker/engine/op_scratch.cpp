@@ -46,7 +46,16 @@ size_t layer_scratch_bytes(const Graph& graph, int i, const std::vector<TensorDe
       for (int k : in) xs.push_back(out[k]);
       return scratch(ConcatDesc{.xs = xs, .y = y});
     }
-    case LayerType::kMul:
+    case LayerType::kMul: {
+      // y = a * b; backward da = dy * b, and db = dy * a (summed over H and W
+      // where b is broadcast).
+      const TensorDesc& a = out[in[0]];
+      const TensorDesc& b = out[in[1]];
+      const BinaryKind db = b.shape == a.shape ? BinaryKind::kMul : BinaryKind::kMulSum;
+      return std::max({scratch(BinaryDesc{BinaryKind::kMul, a, b, y}),
+                       scratch(BinaryDesc{BinaryKind::kMul, y, b, a}),
+                       scratch(BinaryDesc{db, y, a, b})});
+    }
     case LayerType::kDropout:
       require_kernels(spec);  // throws: no backend runs them yet
       return 0;

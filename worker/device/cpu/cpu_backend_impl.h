@@ -1,8 +1,9 @@
 // Internal to the CPU backend (worker/device/cpu/*.cpp): the CpuBackend
 // class and the oneDNN helpers its op files share. Each op family lives in
 // its own file: cpu_backend.cpp (memory, streams, transfers), cpu_conv.cpp,
-// cpu_eltwise_pool.cpp (relu, pooling, add, concat), cpu_inner_product.cpp
-// (inner product, loss, SGD), cpu_batch_norm.cpp.
+// cpu_eltwise_pool.cpp (relu, pooling, add, concat), cpu_mul.cpp (mul,
+// mul_sum), cpu_inner_product.cpp (inner product, loss, SGD),
+// cpu_batch_norm.cpp.
 //
 // Every primitive runs with a user-provided scratchpad, so all memory it
 // touches is device memory that this backend counts: convolutions use the
@@ -271,6 +272,11 @@ class CpuBackend final : public Backend {
                                 const Tensor& dx, float eps);
   void add(const Tensor& a, const Tensor& b, const Tensor& y);
   void accumulate(const Tensor& x, const Tensor& y, float beta);
+  // kMul and kMulSum (cpu_mul.cpp).
+  void mul(const Tensor& a, const Tensor& b, const Tensor& y, float beta);
+  void mul_sum(const Tensor& a, const Tensor& b, const Tensor& y, float beta);
+  size_t mul_scratch_bytes(BinaryKind kind, const TensorDesc& a, const TensorDesc& b,
+                           const TensorDesc& y);
   void concat_forward(std::span<const Tensor> xs, const Tensor& y);
   void concat_backward(const Tensor& dy, int64_t channel_offset, const Tensor& dx,
                        float beta);
@@ -340,6 +346,8 @@ class CpuBackend final : public Backend {
                                                                       float eps);
   const dnnl::sum::primitive_desc& sum_pd(const TensorDesc& a, const TensorDesc& b,
                                           const TensorDesc& y);
+  const dnnl::binary::primitive_desc& mul_pd(const TensorDesc& a, const TensorDesc& b,
+                                             const TensorDesc& y, bool accumulate);
 
   const ConvPlan& conv_plan(ConvKind kind, ConvAlgo algo, const ConvProblem& p, bool accumulate,
                             bool has_bias);

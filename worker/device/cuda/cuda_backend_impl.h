@@ -3,7 +3,8 @@
 // files share. Each op family lives in its own file: cuda_backend.cpp
 // (lifecycle, memory, streams, transfers), cuda_conv.cpp (descriptors and
 // convolutions), cuda_eltwise_pool.cpp (relu, add, SGD, pooling, concat),
-// cuda_inner_product.cpp (with the loss), cuda_batch_norm.cpp.
+// cuda_mul.cpp (mul, mul_sum), cuda_inner_product.cpp (with the loss),
+// cuda_batch_norm.cpp.
 //
 // All ops run on one compute stream (cuDNN's and cuBLAS's handles are bound
 // to it); the memory stream carries copy_async only. Convolutions use the
@@ -406,6 +407,11 @@ class CudaBackend final : public Backend {
                                 const Tensor& dx, float eps);
   void add(const Tensor& a, const Tensor& b, const Tensor& y);
   void accumulate(const Tensor& x, const Tensor& y, float beta);
+  // kMul and kMulSum in our kernels (cuda_mul.cpp).
+  void mul(const Tensor& a, const Tensor& b, const Tensor& y, float beta);
+  void mul_sum(const Tensor& a, const Tensor& b, const Tensor& y, float beta);
+  static size_t mul_scratch_bytes(BinaryKind kind, const TensorDesc& a, const TensorDesc& b,
+                                  const TensorDesc& y);
   void concat_forward(std::span<const Tensor> xs, const Tensor& y);
   void concat_backward(const Tensor& dy, int64_t channel_offset, const Tensor& dx, float beta);
   LossStats softmax_cross_entropy(const Tensor& logits, const int32_t* labels, float scale,

@@ -140,6 +140,56 @@ __global__ void activation_backward_kernel(Activation a, const T* x, const T* dy
   }
 }
 
+template <typename T, int V, typename I>
+__global__ void mul_kernel(const T* a, const T* b, T* y, float beta, MulShape<I> shape,
+                           I vectors) {
+  for (I i = first_index_as<I>(); i < vectors; i += index_stride_as<I>()) {
+    mul_at<DeviceConvert, T, V>(i, a, b, y, beta, shape);
+  }
+}
+
+// kMulSum over NCHW (block 1): a warp per (n, ch) plane, its lanes along the
+// plane's contiguous pixels, then a butterfly in a fixed order. Channels up
+// to `channels` (y's padded count) so that y's padding is written.
+constexpr int kMulSumWarps = kThreads / kWarp;
+template <typename T>
+__global__ void mul_sum_plane_kernel(const T* a, const T* b, T* y, float beta,
+                                     MulShape<int64_t> s, int64_t channels, int64_t planes) {
+  const int lane = static_cast<int>(threadIdx.x % kWarp);
+  for (int64_t plane = first_index() / kWarp; plane < planes; plane += index_stride() / kWarp) {
+    const int64_t n = plane / channels, ch = plane % channels;
+    float sum = ch < s.c ? mul_sum_partial<DeviceConvert>(a, b, n, ch, int64_t{lane},
+                                                          int64_t{kWarp}, s)
+                         : 0.0f;
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    }
+    if (lane == 0) mul_sum_store<DeviceConvert>(y, n, ch, sum, beta, s);
+  }
+}
+
+// kMulSum over channel-blocked and NHWC tensors: block (n, group of 32
+// channels), its threads 32 channel lanes (adjacent in storage) times 8
+// pixel lanes; the pixel lanes' sums are added in lane order.
+constexpr int kMulSumPixelLanes = kThreads / kWarp;
+template <typename T>
+__global__ void mul_sum_tile_kernel(const T* a, const T* b, T* y, float beta,
+                                    MulShape<int64_t> s, int64_t groups) {
+  __shared__ float sums[kMulSumPixelLanes][kWarp];
+  const int lane_c = static_cast<int>(threadIdx.x % kWarp);
+  const int lane_p = static_cast<int>(threadIdx.x / kWarp);
+  const int64_t n = blockIdx.x / groups;
+  const int64_t ch = blockIdx.x % groups * kWarp + lane_c;
+  sums[lane_p][lane_c] = ch < s.c ? mul_sum_partial<DeviceConvert>(a, b, n, ch, int64_t{lane_p},
+                                                                   int64_t{kMulSumPixelLanes}, s)
+                                  : 0.0f;
+  __syncthreads();
+  if (lane_p != 0 || ch >= (s.c + s.other_block - 1) / s.other_block * s.other_block) return;
+  float sum = 0.0f;
+  for (int p = 0; p < kMulSumPixelLanes; ++p) sum += sums[p][lane_c];
+  mul_sum_store<DeviceConvert>(y, n, ch, sum, beta, s);
+}
+
 template <typename T>
 __global__ void add_kernel(const T* a, const T* b, T* y, int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
@@ -683,11 +733,13 @@ namespace {
 // where every pointer allows (packs_fit), else one at a time:
 // launch(T{}, V, I{}, vectors) starts it over `vectors` packs; then the
 // launch named `name` is checked.
+// `unit`: the run a pack must not cross where that is not the whole count.
 template <typename F>
 void launch_elementwise(Element type, int64_t count, std::initializer_list<const void*> pointers,
-                        const char* name, F&& launch) {
+                        const char* name, F&& launch, int64_t unit = 0) {
   if (count == 0) return;
-  with_shape(type, packs_fit(type, count, pointers), count, [&](auto t, auto v, auto index) {
+  const bool packed = packs_fit(type, unit > 0 ? unit : count, pointers);
+  with_shape(type, packed, count, [&](auto t, auto v, auto index) {
     launch(t, v, index, count / decltype(v)::value);
   });
   check_launch(name);
@@ -740,6 +792,46 @@ void activation_backward(Activation a, Element type, const void* x, const void* 
             a, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx),
             static_cast<I>(vectors));
   });
+}
+
+void mul(Element type, const void* a, const void* b, int64_t b_block, void* y, float beta,
+         const BlockedShape& shape, cudaStream_t stream) {
+  const int64_t hw = shape.h * shape.w;
+  const int64_t unit = shape.block == 1 ? hw : shape.block;  // a pack's run: pixels or channels
+  // A broadcast b is read an element at a time: its alignment does not matter.
+  launch_elementwise(type, shape.storage_elements(), {a, y, b_block == 0 ? b : a}, "mul_kernel",
+                     [&](auto t, auto v, auto index, int64_t vectors) {
+    using T = decltype(t);
+    using I = decltype(index);
+    const MulShape<I> s{static_cast<I>(shape.c), static_cast<I>(hw), static_cast<I>(shape.block),
+                        static_cast<I>(b_block)};
+    mul_kernel<T, decltype(v)::value, I><<<blocks_for(vectors), kThreads, 0, stream>>>(
+        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), beta, s,
+        static_cast<I>(vectors));
+  }, unit);
+}
+
+void mul_sum(Element type, const void* a, const void* b, void* y, int64_t y_block, float beta,
+             const BlockedShape& shape, cudaStream_t stream) {
+  const MulShape<int64_t> s{shape.c, shape.h * shape.w, shape.block, y_block};
+  const int64_t channels = (shape.c + y_block - 1) / y_block * y_block;  // y's, padding included
+  if (shape.n * channels == 0) return;
+  with_type(type, [&](auto t) {
+    using T = decltype(t);
+    const auto* pa = static_cast<const T*>(a);
+    const auto* pb = static_cast<const T*>(b);
+    auto* py = static_cast<T*>(y);
+    if (shape.block == 1) {
+      const int64_t planes = shape.n * channels;
+      mul_sum_plane_kernel<T><<<blocks_for(planes * kWarp), kThreads, 0, stream>>>(
+          pa, pb, py, beta, s, channels, planes);
+    } else {
+      const int64_t groups = (channels + kWarp - 1) / kWarp;
+      mul_sum_tile_kernel<T><<<static_cast<unsigned>(shape.n * groups), kThreads, 0, stream>>>(
+          pa, pb, py, beta, s, groups);
+    }
+  });
+  check_launch("mul_sum_kernel");
 }
 
 void accumulate(Element x_type, const void* x, Element y_type, void* y, float beta,

@@ -164,6 +164,19 @@ void activation_forward(Activation a, Element type, const void* x, void* y, int6
 void activation_backward(Activation a, Element type, const void* x, const void* dy, void* dx,
                          int64_t count, cudaStream_t stream);
 
+// The mul layer's products (kernel_bodies.h: mul_at, mul_sum_partial) over
+// `shape` {n, c, h, w} of `type` in channel block shape.block (padding
+// channels of the output become 0), in float, rounded once:
+// mul: y = a * b + beta * y, a in y's layout; b in it too where b_block is
+// 0, else b is {n, c, 1, 1} with channel block b_block, broadcast over h, w.
+// mul_sum: y[n, c] = the sum over h, w of a * b + beta * y, a and b in one
+// layout, y {n, c, 1, 1} with channel block y_block; a warp or block per
+// (n, c) group, in a fixed order (the same bits every run).
+void mul(Element type, const void* a, const void* b, int64_t b_block, void* y, float beta,
+         const BlockedShape& shape, cudaStream_t stream);
+void mul_sum(Element type, const void* a, const void* b, void* y, int64_t y_block, float beta,
+             const BlockedShape& shape, cudaStream_t stream);
+
 // Max pooling where the windows tile x {n, c, h, w} of `type` (NCHW, or
 // NHWC where channels_last): kernel = stride, no padding, h and w multiples
 // of the kernel; y and dy {n, c, h / kh, w / kw} in x's layout. Each window

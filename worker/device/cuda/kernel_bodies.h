@@ -229,6 +229,73 @@ VTRAIN_UNROLL
   store_pack<T, V>(dx + i * V, g);
 }
 
+// ------------------------------------------------------------- products
+
+// The mul layer's tensors (BinaryKind kMul, kMulSum): {n, c, hw} with
+// channel block `block` (1: NCHW; 8, 16: blocked, channels padded; c:
+// NHWC), and the channel block of b (kMul: 0 where b is shaped like a,
+// else b is {n, c, 1, 1}) or of y (kMulSum's {n, c, 1, 1}).
+template <typename I>
+struct MulShape {
+  I c, hw, block, other_block;
+};
+
+// kMul over the V elements from i * V of y: V pixels of a channel (block
+// 1, hw a multiple of V) or V channels of a pixel (block a multiple of V).
+// y = a * b + beta * y (beta 0 never reads y; y may alias a), in float,
+// rounded once; y's padding channels become 0. a is in y's layout; so is b
+// where other_block is 0, else b is one factor per sample and channel in
+// its own block, read an element at a time.
+template <typename C, typename T, int V, typename I>
+VTRAIN_KERNEL_BODY void mul_at(I i, const T* a, const T* b, T* y, float beta, MulShape<I> s) {
+  const I first = i * V;
+  const Pack<T, V> pa = load_pack<T, V>(a + first);
+  const Pack<T, V> pb = s.other_block == 0 ? load_pack<T, V>(b + first) : pa;
+  const Pack<T, V> py = beta != 0.0f ? load_pack<T, V>(y + first) : pa;
+  const Position<I> p = position_of(first, s.c, s.hw, s.block);
+  Pack<T, V> out;
+VTRAIN_UNROLL
+  for (int l = 0; l < V; ++l) {
+    const I ch = s.block == 1 ? p.c : p.c + static_cast<I>(l);
+    float v = 0.0f;
+    if (ch < s.c) {
+      const float factor =
+          s.other_block == 0
+              ? C::to_float(pb.v[l])
+              : C::to_float(b[offset_of(Position<I>{p.n, ch, I(0)}, s.c, I(1), s.other_block)]);
+      v = C::to_float(pa.v[l]) * factor;
+      if (beta != 0.0f) v += beta * C::to_float(py.v[l]);
+    }
+    out.v[l] = C::template from_float<T>(v);
+  }
+  store_pack<T, V>(y + first, out);
+}
+
+// kMulSum's terms for sample n, channel ch (< c): the sum of a * b over the
+// positions first, first + step, ... below hw, in float, in that order.
+template <typename C, typename T, typename I>
+VTRAIN_KERNEL_BODY float mul_sum_partial(const T* a, const T* b, I n, I ch, I first, I step,
+                                         MulShape<I> s) {
+  const I base = offset_of(Position<I>{n, ch, I(0)}, s.c, s.hw, s.block);
+  float sum = 0.0f;
+  for (I at = first; at < s.hw; at += step) {
+    const I k = base + at * s.block;
+    sum += C::to_float(a[k]) * C::to_float(b[k]);
+  }
+  return sum;
+}
+
+// kMulSum's result for (n, ch) from the sum of its terms: y = sum + beta * y
+// (beta 0 never reads y), rounded once; 0 for a padding channel of y
+// (ch >= c).
+template <typename C, typename T, typename I>
+VTRAIN_KERNEL_BODY void mul_sum_store(T* y, I n, I ch, float sum, float beta, MulShape<I> s) {
+  T& out = y[offset_of(Position<I>{n, ch, I(0)}, s.c, I(1), s.other_block)];
+  float v = 0.0f;
+  if (ch < s.c) v = beta != 0.0f ? sum + beta * C::to_float(out) : sum;
+  out = C::template from_float<T>(v);
+}
+
 // ----------------------------------------------------- tiled max pooling
 
 // A max pooling whose kh x kw windows tile x ({n, c, h, w}, h = oh * kh,

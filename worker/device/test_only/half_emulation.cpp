@@ -383,6 +383,22 @@ class HalfEmulation final : public Backend {
                 BinaryArgs{.a = x_wide.tensor().data, .y = y_wide.tensor().data});
     y_wide.store();
   }
+  void mul(const Tensor& a, const Tensor& b, const Tensor& y, float beta) {
+    wide_product(BinaryKind::kMul, a, b, y, beta);
+  }
+  void mul_sum(const Tensor& a, const Tensor& b, const Tensor& y, float beta) {
+    wide_product(BinaryKind::kMulSum, a, b, y, beta);
+  }
+  // kMul or kMulSum in f32; y widened first where beta adds to it.
+  void wide_product(BinaryKind kind, const Tensor& a, const Tensor& b, const Tensor& y,
+                    float beta) {
+    const Wide a_wide(*this, a), b_wide(*this, b);
+    Wide y_wide(*this, y, beta != 0);
+    inner_->run(BinaryDesc{kind, a_wide.tensor().desc, b_wide.tensor().desc,
+                           y_wide.tensor().desc, beta},
+                BinaryArgs{a_wide.tensor().data, b_wide.tensor().data, y_wide.tensor().data});
+    y_wide.store();
+  }
   void concat_forward(std::span<const Tensor> xs, const Tensor& y) {
     std::vector<Wide> wides;
     wides.reserve(xs.size());

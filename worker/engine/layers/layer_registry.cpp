@@ -10,7 +10,6 @@ namespace {
 // The model level knows these types; no backend runs them yet.
 bool has_kernels(LayerType type) {
   switch (type) {
-    case LayerType::kMul:
     case LayerType::kDropout: return false;
     default: return true;
   }
@@ -43,7 +42,7 @@ constexpr std::array<LayerFactoryEntry, kLayerTypeCount> kLayerFactories = {{
     {LayerType::kGelu, make_activation_layer},
     {LayerType::kSigmoid, make_activation_layer},
     {LayerType::kRelu6, make_activation_layer},
-    {LayerType::kMul, make_layer_without_kernels},
+    {LayerType::kMul, make_mul_layer},
     {LayerType::kDropout, make_layer_without_kernels},
 }};
 static_assert(in_layer_type_order(kLayerFactories),

@@ -35,8 +35,8 @@ LayerFactory layer_factory(LayerType type);
 std::unique_ptr<Layer> make_layer(const LayerSite& site);
 
 // Throws BackendError naming `spec` when the model level knows its type
-// but no backend runs it yet: mul and dropout (issue 43: their kernels
-// come as op descriptors of the device interface).
+// but no backend runs it yet: dropout (issue 43: its kernels come as an op
+// descriptor of the device interface).
 void require_kernels(const LayerSpec& spec);
 
 // The ActivationKind of relu, silu, gelu, sigmoid and relu6 layers; throws
@@ -49,6 +49,7 @@ std::unique_ptr<Layer> make_input_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_conv_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_relu_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_activation_layer(const LayerSite& site);  // silu, gelu, sigmoid, relu6
+std::unique_ptr<Layer> make_mul_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_pool_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_fc_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_batch_norm_layer(const LayerSite& site);
