@@ -219,11 +219,12 @@ TEST_F(CliValidation, LayersWithoutKernelsAreRefusedNamingTheLayer) {
   const std::string path =
       write(layers_config("    - {name: data, type: input}\n"
                           "    - {name: c, type: conv, out: 4, kernel: 3}\n"
-                          "    - {name: d, type: dropout, p: 0.1}\n"
+                          "    - {name: r, type: relu}\n"
+                          "    - {name: d, type: mul, inputs: [c, r]}\n"
                           "    - {name: fc, type: fc, out: 10}\n"));
   const RunResult r = run_vtrain("train --progress off " + path);
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_CONTAINS(r.output, "error: layer 'd' (line 5): layer type 'dropout' is part of the "
+  EXPECT_CONTAINS(r.output, "error: layer 'd' (line 6): layer type 'mul' is part of the "
                             "model format but has no kernels on any backend yet");
   const std::string resnext = write(with(with(synthetic_config(), "lenet", "resnext50_32x4d"),
                                           "[1, 28, 28]", "[3, 32, 32]"));

@@ -714,9 +714,9 @@ TEST_F(NetworkTest, EveryLayerTypeHasANameAndARegistryEntry) {
     const LayerSite site{g, i, *backend_, in.empty() ? nullptr : &descs[in[0]], descs[i],
                          algorithm, nullptr};
     const LayerType type = g.layer(i).type;
-    // mul and dropout are in the model format ahead of their kernels:
-    // their factory refuses them naming the layer.
-    if (type == LayerType::kMul || type == LayerType::kDropout) {
+    // mul is in the model format ahead of its kernels: its factory
+    // refuses it naming the layer.
+    if (type == LayerType::kMul) {
       EXPECT_EQ(test_support::error_message<BackendError>([&] { make_layer(site); }),
                 "layer '" + g.layer(i).name + "': layer type '" + layer_type_name(type) +
                     "' is part of the model format but has no kernels on any backend yet");

@@ -151,7 +151,7 @@ class LayerBench {
         blocks_(backend, measuring(backend,
                                    "layer '" + layer.spec().name + "' at batch " + std::to_string(n),
                                    needs_.total())),
-        call_{backend, n, {}, {}, {}, nullptr, needs_.workspace, {}, {}, {}, {}, {}} {
+        call_{backend, n, {}, {}, {}, nullptr, needs_.workspace, {}, {}, {}, {}, {}, {}} {
     allocate();
     call_.emit_grad = [this](int k, bool can_add,
                              const std::function<void(const Tensor&, float)>& op) {

@@ -360,6 +360,10 @@ void Network::drop_prefetch() {
   prefetch_.reset();
 }
 
+void Network::set_step_context(const StepContext& context) {
+  interpreter_->set_step_context(context);
+}
+
 LossStats Network::train_step(int64_t n, float loss_scale, float label_smoothing) {
   refresh_compute_params();
   const LossStats stats = interpreter_->train_step(n, loss_scale, label_smoothing);

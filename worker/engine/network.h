@@ -191,6 +191,10 @@ class Network {
   // is called during backward once a layer's parameter gradients are final.
   // label_smoothing: Backend::softmax_cross_entropy's (train.label_smoothing).
   LossStats train_step(int64_t n, float loss_scale, float label_smoothing = 0.0f);
+  // The step and this rank's first sample in the global batch that the
+  // following train_step calls compute (LayerCall::step): what dropout's
+  // mask is drawn from. Until set: seed 0, step 0, first sample 0.
+  void set_step_context(const StepContext& context);
   // A training step in which this rank has no samples: with
   // sum_over_ranks, makes the collectives the other ranks' train_step makes
   // (forward in graph order, then backward in reverse, as every schedule

@@ -46,8 +46,9 @@ size_t layer_scratch_bytes(const Graph& graph, int i, const std::vector<TensorDe
       for (int k : in) xs.push_back(out[k]);
       return scratch(ConcatDesc{.xs = xs, .y = y});
     }
-    case LayerType::kMul:
     case LayerType::kDropout:
+      return scratch(DropoutDesc{.x = y, .p = spec.dropout_p});
+    case LayerType::kMul:
       require_kernels(spec);  // throws: no backend runs them yet
       return 0;
   }

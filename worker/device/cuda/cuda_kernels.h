@@ -164,6 +164,14 @@ void activation_forward(Activation a, Element type, const void* x, void* y, int6
 void activation_backward(Activation a, Element type, const void* x, const void* dy, void* dx,
                          int64_t count, cudaStream_t stream);
 
+struct DropoutCall;  // dropout_body.h
+
+// Dropout (DropoutDesc) of a tensor of `shape` (any channel block; padding
+// channels become 0) of `type`: out = in * keep * scale, the mask drawn per
+// element from `call`'s key in logical C x H x W order; out may alias in.
+void dropout(Element type, const void* in, void* out, const BlockedShape& shape,
+             const DropoutCall& call, cudaStream_t stream);
+
 // Max pooling where the windows tile x {n, c, h, w} of `type` (NCHW, or
 // NHWC where channels_last): kernel = stride, no padding, h and w multiples
 // of the kernel; y and dy {n, c, h / kh, w / kw} in x's layout. Each window

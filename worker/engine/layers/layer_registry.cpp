@@ -10,8 +10,7 @@ namespace {
 // The model level knows these types; no backend runs them yet.
 bool has_kernels(LayerType type) {
   switch (type) {
-    case LayerType::kMul:
-    case LayerType::kDropout: return false;
+    case LayerType::kMul: return false;
     default: return true;
   }
 }
@@ -44,7 +43,7 @@ constexpr std::array<LayerFactoryEntry, kLayerTypeCount> kLayerFactories = {{
     {LayerType::kSigmoid, make_activation_layer},
     {LayerType::kRelu6, make_activation_layer},
     {LayerType::kMul, make_layer_without_kernels},
-    {LayerType::kDropout, make_layer_without_kernels},
+    {LayerType::kDropout, make_dropout_layer},
 }};
 static_assert(in_layer_type_order(kLayerFactories),
               "kLayerFactories needs one entry per LayerType, in enum order");

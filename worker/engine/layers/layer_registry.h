@@ -35,7 +35,7 @@ LayerFactory layer_factory(LayerType type);
 std::unique_ptr<Layer> make_layer(const LayerSite& site);
 
 // Throws BackendError naming `spec` when the model level knows its type or
-// its settings but no backend runs them yet: mul, dropout and grouped
+// its settings but no backend runs them yet: mul and grouped
 // convolutions (issue 43: their kernels come as op descriptors of the
 // device interface).
 void require_kernels(const LayerSpec& spec);
@@ -55,5 +55,6 @@ std::unique_ptr<Layer> make_fc_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_batch_norm_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_add_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_concat_layer(const LayerSite& site);
+std::unique_ptr<Layer> make_dropout_layer(const LayerSite& site);
 
 }  // namespace vtrain::worker
