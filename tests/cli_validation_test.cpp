@@ -214,20 +214,6 @@ TEST_F(CliValidation, GraphErrorsNameTheFileLineAndLayer) {
                  "29x29 window (pad 0x0) is larger than its padded input 1x28x28 from 'data'");
 }
 
-// The model format has the layers of issue 43 ahead of their kernels: a
-// run refuses such a model naming the layer, before it trains anything.
-TEST_F(CliValidation, LayersWithoutKernelsAreRefusedNamingTheLayer) {
-  const std::string path =
-      write(layers_config("    - {name: data, type: input}\n"
-                          "    - {name: c, type: conv, out: 4, kernel: 3}\n"
-                          "    - {name: d, type: dropout, p: 0.1}\n"
-                          "    - {name: fc, type: fc, out: 10}\n"));
-  const RunResult r = run_vtrain("train --progress off " + path);
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_CONTAINS(r.output, "error: layer 'd' (line 5): layer type 'dropout' is part of the "
-                            "model format but has no kernels on any backend yet");
-}
-
 // The "final_loss" of a metrics file's end record, as written.
 std::string final_loss(const std::string& metrics) {
   const std::string text = test_support::read_file(metrics);

@@ -5,11 +5,6 @@
 // and small nets with PyTorch's activations, depthwise convolutions,
 // squeeze-excitation and dropout exported by PyTorch come back as vtrain
 // layers and train; broken files are refused naming the file.
-//
-// Models with mul, dropout or a grouped conv cannot be built on this
-// branch's backends yet: their tests of outputs skip with the network's
-// "no kernels yet" error as the reason (model_or_missing_kernels) and run
-// by themselves once the kernels exist.
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
@@ -79,22 +74,6 @@ struct Model {
   std::unique_ptr<worker::Backend> backend;
   std::unique_ptr<worker::Network> net;
 };
-
-// The config's model built for the CPU, or null with *why set to the
-// network's refusal when a layer's kernels have not landed yet (mul,
-// dropout, a grouped conv): a test then skips with that reason, and runs
-// unchanged once the kernels exist. Any other failure is the test's.
-std::unique_ptr<Model> model_or_missing_kernels(const std::string& config,
-                                                const std::vector<std::string>& overrides,
-                                                std::string* why) {
-  try {
-    return std::make_unique<Model>(config, overrides);
-  } catch (const worker::BackendError& e) {
-    *why = e.what();
-    if (why->find("has no kernels on any backend yet") == std::string::npos) throw;
-    return nullptr;
-  }
-}
 
 // kBatch samples of `s`, the same every time.
 std::vector<float> fixed_batch(const worker::Shape& s, int seed) {
@@ -184,10 +163,7 @@ void check_export_and_import(const std::string& config, const std::vector<std::s
   const std::string missing = test_support::test_python_missing("onnxruntime, onnx");
   if (!missing.empty()) GTEST_SKIP() << missing;
   TempDir dir;
-  std::string why;
-  const std::unique_ptr<Model> built = model_or_missing_kernels(config, overrides, &why);
-  if (!built) GTEST_SKIP() << why;
-  Model& m = *built;
+  Model m(config, overrides);
   make_trained_weights(m);
   save(m, dir.path("ckpt"));
   std::string sets;
@@ -637,9 +613,9 @@ TEST(OnnxImport, PyTorchDepthwiseSqueezeExcitationDropoutGiveTheirLayers) {
   EXPECT_EQ(graph.parameter_count(), 1310);
 }
 
-// mul, dropout and groups end to end while they have no kernels: PyTorch's
-// file read through model.onnx and written back by `vtrain export`
-// computes in ONNX Runtime what PyTorch's eval-mode file computes.
+// mul, dropout and groups through vtrain's export alone: PyTorch's file
+// read through model.onnx and written back by `vtrain export` computes in
+// ONNX Runtime what PyTorch's eval-mode file computes.
 TEST(OnnxImport, PyTorchDepthwiseSqueezeExcitationDropoutExportBackAgreesInOnnxRuntime) {
   const std::string no_runtime = test_support::test_python_missing("onnxruntime, onnx");
   if (!no_runtime.empty()) GTEST_SKIP() << no_runtime;
@@ -668,8 +644,6 @@ TEST(OnnxImport, PyTorchDepthwiseSqueezeExcitationDropoutAgreesAndTrains) {
   std::string missing;
   const std::string file = torch_model(dir, "mobile", &missing);
   if (!missing.empty()) GTEST_SKIP() << missing;
-  std::string why;
-  if (!model_or_missing_kernels(onnx_run_config(dir, file, 1), {}, &why)) GTEST_SKIP() << why;
   expect_agrees_and_trains(dir, file, torch_model(dir, "mobile_eval", &missing));
 }
 

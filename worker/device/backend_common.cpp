@@ -253,6 +253,7 @@ std::string op_name(const OpDesc& op) {
           [](const ScaleDesc&) { return std::string("scale"); },
           [](const SumSquaresDesc&) { return std::string("sum_squares"); },
           [](const AllFiniteDesc&) { return std::string("all_finite"); },
+          [](const DropoutDesc& d) { return std::string("dropout ") + direction_name(d.direction); },
       },
       op);
 }

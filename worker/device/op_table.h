@@ -38,6 +38,7 @@
 //   moving_average(average, x, count, decay)  scale(x, count, alpha)
 //   sum_squares(x, offsets) -> std::vector<double>, sum_squares_scratch_bytes(segments)
 //   all_finite(x, count) -> bool
+//   dropout(desc, in, out)             (forward x -> y, backward dy -> dx)
 //
 // Adding an op family adds its line here and its kernels to each backend.
 #pragma once
@@ -74,6 +75,7 @@ template <> struct ArgsOf<MovingAverageDesc> { using type = MovingAverageArgs; }
 template <> struct ArgsOf<ScaleDesc> { using type = ScaleArgs; };
 template <> struct ArgsOf<SumSquaresDesc> { using type = SumSquaresArgs; };
 template <> struct ArgsOf<AllFiniteDesc> { using type = AllFiniteArgs; };
+template <> struct ArgsOf<DropoutDesc> { using type = DropoutArgs; };
 
 inline Tensor view(const TensorDesc& desc, const void* data) {
   return {desc, const_cast<void*>(data)};
@@ -255,6 +257,16 @@ void run_op(Kernels& k, const OpDesc& op, const OpArgs& any_args) {
             const AllFiniteArgs& a = args_of(d, op, any_args);
             result(a.finite, op) = k.all_finite(a.x, d.count);
           },
+          [&](const DropoutDesc& d) {
+            const DropoutArgs& a = args_of(d, op, any_args);
+            if (!(d.p >= 0.0f && d.p < 1.0f)) {
+              throw BackendError(op_name(op) + ": p must be in [0, 1), got " + std::to_string(d.p));
+            }
+            if (d.direction == Direction::kForward) {
+              return k.dropout(d, view(d.x, a.x), view(d.x, a.y));
+            }
+            return k.dropout(d, view(d.x, a.dy), view(d.x, a.dx));
+          },
       },
       op);
 }
@@ -339,6 +351,8 @@ void for_each_tensor_desc(Op& op, F&& f) {
           f(d.y);
         } else if constexpr (std::is_same_v<D, SoftmaxCrossEntropyDesc>) {
           f(d.logits);
+        } else if constexpr (std::is_same_v<D, DropoutDesc>) {
+          f(d.x);
         }
         // The optimizers' and reductions' arrays are f32, not tensors.
       },

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "common/conv_kind.h"
+#include "worker/device/dropout_draw.h"
 #include "worker/device/tensor.h"
 
 namespace vtrain::worker {
@@ -345,6 +346,34 @@ struct ConcatArgs {
   void* dx = nullptr;         // backward
 };
 
+// --------------------------------------------------------------------- dropout
+
+// Inverted dropout with its mask computed on the device from the key
+// (worker/device/dropout_draw.h), never stored: element e (in logical
+// C x H x W order, whatever the layout) of sample s of the call is kept
+// when its draw under (key, first_sample + s) clears p, so the backward,
+// a recomputation, a resume and another rank's share of the batch all see
+// the forward's mask and the op keeps no state.
+//   kForward:  y = x * keep * scale
+//   kBackward: dx = dy * keep * scale
+// scale = 1 / (1 - p); a dropped element is 0 (whatever its input), a kept
+// one is its input times scale in float, rounded once. One descriptor, x,
+// describes both tensors of a call (forward x and y, backward dy and dx);
+// the output may alias the input. No scratch.
+struct DropoutDesc {
+  Direction direction = Direction::kForward;
+  TensorDesc x;
+  float p = 0.5f;            // in [0, 1), else run() throws
+  DropoutKey key;            // seed, step, layer
+  int64_t first_sample = 0;  // the global batch index of the call's sample 0
+};
+struct DropoutArgs {
+  const void* x = nullptr;   // forward
+  void* y = nullptr;         // forward
+  const void* dy = nullptr;  // backward
+  void* dx = nullptr;        // backward
+};
+
 // -------------------------------------------------------------------- the loss
 
 struct LossStats {
@@ -479,11 +508,13 @@ struct AllFiniteArgs {
 // An op as a value: what supports(), scratch_bytes() and run() take.
 using OpDesc = std::variant<ConvDesc, ActivationDesc, PoolDesc, InnerProductDesc, BatchNormDesc,
                             BinaryDesc, ConcatDesc, SoftmaxCrossEntropyDesc, SgdDesc, AdamWDesc,
-                            MovingAverageDesc, ScaleDesc, SumSquaresDesc, AllFiniteDesc>;
+                            MovingAverageDesc, ScaleDesc, SumSquaresDesc, AllFiniteDesc,
+                            DropoutDesc>;
 // The buffers of one call, alternative for alternative with OpDesc.
 using OpArgs = std::variant<ConvArgs, ActivationArgs, PoolArgs, InnerProductArgs, BatchNormArgs,
                             BinaryArgs, ConcatArgs, SoftmaxCrossEntropyArgs, SgdArgs, AdamWArgs,
-                            MovingAverageArgs, ScaleArgs, SumSquaresArgs, AllFiniteArgs>;
+                            MovingAverageArgs, ScaleArgs, SumSquaresArgs, AllFiniteArgs,
+                            DropoutArgs>;
 
 // What scratch_bytes() of a descriptor returns.
 struct OpBytes {

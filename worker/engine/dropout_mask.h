@@ -3,36 +3,17 @@
 // after a resume, and whether the layer's forward runs once or again for a
 // recomputation, the sample sees the same mask.
 //
-// The draws are counter-based: element e of a sample is the hash of the
-// sample's stream and e (dropout_draw), so a device kernel computes any
-// element on its own, in any order, with no state between calls. It is the
-// e-th draw of the splitmix64 generator (rng.h) started at the stream.
+// The draws (worker/device/dropout_draw.h, which the backends' kernels
+// compute element by element) are counter-based: element e of a sample is
+// the hash of the sample's stream and e, in any order, with no state
+// between calls. This header adds the whole mask on the host, for tests.
 #pragma once
 
 #include <cstdint>
 
+#include "worker/device/dropout_draw.h"
+
 namespace vtrain::worker {
-
-// What a mask depends on besides the sample.
-struct DropoutKey {
-  uint64_t seed = 0;  // the run's seed (train.seed)
-  int64_t step = 0;   // the optimizer step the forward belongs to
-  int layer = 0;      // the layer's index in the graph
-};
-
-// The stream of `sample` (its index in the global batch of the step).
-uint64_t dropout_stream(const DropoutKey& key, int64_t sample);
-
-// The 64-bit draw of element `element` of a sample's stream.
-uint64_t dropout_draw(uint64_t stream, int64_t element);
-
-// Whether a draw keeps its element when elements are zeroed with
-// probability p in [0, 1): the draw's top 32 bits against p * 2^32.
-bool dropout_keeps(uint64_t draw, float p);
-
-// The factor kept elements are multiplied by (inverted dropout, as
-// PyTorch): 1 / (1 - p), so the expected output is the input.
-float dropout_scale(float p);
 
 // keep[s * per_sample + e] = 1 if element e of global sample
 // first_sample + s is kept, else 0, for s in [0, samples).

@@ -151,7 +151,7 @@ class LayerBench {
         blocks_(backend, measuring(backend,
                                    "layer '" + layer.spec().name + "' at batch " + std::to_string(n),
                                    needs_.total())),
-        call_{backend, n, {}, {}, {}, nullptr, needs_.workspace, {}, {}, {}, {}, {}} {
+        call_{backend, n, {}, {}, {}, nullptr, needs_.workspace, {}, {}, {}, {}, {}, {}} {
     allocate();
     call_.emit_grad = [this](int k, bool can_add,
                              const std::function<void(const Tensor&, float)>& op) {
@@ -420,7 +420,7 @@ memory::StepCosts measure_graph_step_costs(const Graph& graph, const ComputeSett
                                            const CopyBandwidth& bandwidth,
                                            const std::string& conv_algorithm,
                                            const KernelTimingOptions& timing) {
-  require_precision(backend, graph, settings.precision);
+  require_precision(backend, settings.precision);
   const std::vector<TensorDesc> out_desc = activation_descs(graph, settings, backend, n);
   std::vector<std::unique_ptr<Layer>> layers;
   for (int i = 0; i < graph.size(); ++i) {

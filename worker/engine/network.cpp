@@ -50,11 +50,10 @@ std::vector<TensorDesc> activation_descs(const Graph& graph, const ComputeSettin
   return descs;
 }
 
-void require_precision(const Backend& backend, const Graph& graph, common::Precision precision) {
+void require_precision(const Backend& backend, common::Precision precision) {
   if (std::optional<std::string> why = backend.precision_unavailable(precision)) {
     throw BackendError(*why);
   }
-  for (const LayerSpec& spec : graph.layers()) require_kernels(spec);
 }
 
 std::optional<std::string> conv_algorithm_refusal(const Graph& graph,
@@ -111,7 +110,7 @@ const ConvLayerExecution* execution_of(const NetworkOptions& options, const std:
 Network::Network(const Graph& graph, Backend& backend, const NetworkOptions& options)
     : graph_(graph), backend_(backend), options_(options) {
   if (options.max_batch < 1) throw std::invalid_argument("Network: max_batch must be >= 1");
-  require_precision(backend, graph, options.settings.precision);
+  require_precision(backend, options.settings.precision);
   out_desc_ = activation_descs(graph, options.settings, backend, options.max_batch);
   check_conv_executions(graph, options);
   make_layers();
@@ -358,6 +357,10 @@ void Network::drop_prefetch() {
   if (!prefetch_) return;
   backend_.synchronize(prefetch_->copied);
   prefetch_.reset();
+}
+
+void Network::set_step_context(const StepContext& context) {
+  interpreter_->set_step_context(context);
 }
 
 LossStats Network::train_step(int64_t n, float loss_scale, float label_smoothing) {

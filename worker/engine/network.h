@@ -129,10 +129,9 @@ std::vector<TensorDesc> activation_descs(const Graph& graph, const ComputeSettin
                                          int64_t n);
 
 // Throws BackendError with the backend's reason when it cannot run
-// `precision`, or naming the first layer of the graph that has no kernels
-// yet (require_kernels): before anything builds or times a graph's layers
-// (a network, the profiler, layer timing).
-void require_precision(const Backend& backend, const Graph& graph, common::Precision precision);
+// `precision`: before anything builds or times a graph's layers (a
+// network, the profiler, layer timing).
+void require_precision(const Backend& backend, common::Precision precision);
 
 // Why a named conv.algorithm (not "auto") runs on none of the graph's
 // convolutions on `backend` at batch n, naming what they offer instead
@@ -191,6 +190,10 @@ class Network {
   // is called during backward once a layer's parameter gradients are final.
   // label_smoothing: Backend::softmax_cross_entropy's (train.label_smoothing).
   LossStats train_step(int64_t n, float loss_scale, float label_smoothing = 0.0f);
+  // The step and this rank's first sample in the global batch that the
+  // following train_step calls compute (LayerCall::step): what dropout's
+  // mask is drawn from. Until set: seed 0, step 0, first sample 0.
+  void set_step_context(const StepContext& context);
   // A training step in which this rank has no samples: with
   // sum_over_ranks, makes the collectives the other ranks' train_step makes
   // (forward in graph order, then backward in reverse, as every schedule

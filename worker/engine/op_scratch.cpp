@@ -57,8 +57,7 @@ size_t layer_scratch_bytes(const Graph& graph, int i, const std::vector<TensorDe
                        scratch(BinaryDesc{db, y, a, b})});
     }
     case LayerType::kDropout:
-      require_kernels(spec);  // throws: no backend runs them yet
-      return 0;
+      return scratch(DropoutDesc{.x = y, .p = spec.dropout_p});
   }
   return 0;
 }

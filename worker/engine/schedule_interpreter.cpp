@@ -170,7 +170,8 @@ std::pair<void*, size_t> ScheduleInterpreter::workspace_for(int i, bool backward
 
 LayerCall ScheduleInterpreter::forward_call(int i, int64_t n) {
   const auto [ws, ws_bytes] = workspace_for(i, false);
-  LayerCall call{backend_, n, {}, view(i, output(i), n), {}, ws, ws_bytes, {}, {}, {}, {}, {}};
+  LayerCall call{backend_, n, {}, view(i, output(i), n), {}, ws, ws_bytes, {}, {}, {}, {}, {},
+                 step_context_};
   for (int in : graph_.inputs(i)) call.in.push_back(view(in, output(in), n));
   return call;
 }
@@ -207,7 +208,7 @@ void ScheduleInterpreter::backward_layer(int i, int64_t n) {
   const auto [ws, ws_bytes] = workspace_for(i, true);
   float* dy = static_cast<float*>(slot(TensorKind::kGradient, i));
   LayerCall call{backend_, n, {}, view(i, output(i), n), view(i, dy, n), ws, ws_bytes,
-                 {}, {}, {}, {}, {}};
+                 {}, {}, {}, {}, {}, step_context_};
   for (int in : inputs) call.in.push_back(view(in, output(in), n));
   call.emit_grad = [&](int k, bool can_add, const std::function<void(const Tensor&, float)>& op) {
     emit_grad(i, k, n, can_add, op);

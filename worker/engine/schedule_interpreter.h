@@ -71,6 +71,10 @@ class ScheduleInterpreter {
   // schedule releases it.
   LossStats evaluate(int64_t n, float* logits = nullptr);
 
+  // What the following training steps' layer calls get as their
+  // LayerCall::step (Network::set_step_context).
+  void set_step_context(const StepContext& context) { step_context_ = context; }
+
   // Called during backward once layer i's parameter gradients are final.
   std::function<void(int)> on_layer_gradients_ready;
 
@@ -141,6 +145,7 @@ class ScheduleInterpreter {
   std::vector<bool> grad_written_;  // per step: gradient holds a value already
   size_t offloaded_bytes_ = 0;      // this step
   float label_smoothing_ = 0.0f;  // the training step's, for run_loss
+  StepContext step_context_;      // set_step_context's
   // Memory-stream copies issued since the last sync (for the trace).
   struct PendingCopy {
     std::string name;

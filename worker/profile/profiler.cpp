@@ -485,7 +485,7 @@ void record_median_steps(ProfileRun& run, StepRounds& rounds) {
 
 ProfileReport profile(const Graph& graph, Backend& backend, perfdb::PerfDb& db,
                       perfdb::DeviceId device, const ProfileOptions& options) {
-  require_precision(backend, graph, options.settings.precision);
+  require_precision(backend, options.settings.precision);
   const auto start = Clock::now();
   const BatchesOf batches_of = micro_batches_of(options);
   const std::vector<KernelSite> sites = kernel_sites(graph, options.settings, backend);

@@ -354,6 +354,8 @@ StepTotals Trainer::compute(const std::vector<int64_t>& order, int64_t i) {
   const double scale = scaler_ && scaling_.here ? scaler_->scale() : 1.0;
   // Among ranks that do not scale, this one's gradients go out unscaled.
   allreduce_.set_prescale(scaling_.unscale_before_exchange ? static_cast<float>(1.0 / scale) : 1.0f);
+  // Dropout's masks: this step, and where this rank's slice of its batch begins.
+  net_->set_step_context({options_.train.seed, at_.step, job_.my_offset});
   const LossStats s =
       net_->train_step(job_.my_batch, static_cast<float>(scale / static_cast<double>(job_.batch)),
                        options_.train.label_smoothing);

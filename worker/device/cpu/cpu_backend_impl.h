@@ -3,7 +3,7 @@
 // its own file: cpu_backend.cpp (memory, streams, transfers), cpu_conv.cpp,
 // cpu_eltwise_pool.cpp (relu, pooling, add, concat), cpu_mul.cpp (mul,
 // mul_sum), cpu_inner_product.cpp (inner product, loss, SGD),
-// cpu_batch_norm.cpp.
+// cpu_batch_norm.cpp, cpu_dropout.cpp.
 //
 // Every primitive runs with a user-provided scratchpad, so all memory it
 // touches is device memory that this backend counts: convolutions use the
@@ -290,6 +290,8 @@ class CpuBackend final : public Backend {
   std::vector<double> sum_squares(const float* x, std::span<const int64_t> offsets);
   void scale(float* x, int64_t count, float alpha);
   bool all_finite(const float* x, int64_t count);
+  // cpu_dropout.cpp: forward x -> y or backward dy -> dx (op_table.h).
+  void dropout(const DropoutDesc& d, const Tensor& in, const Tensor& out);
 
   size_t relu_scratch_bytes(const TensorDesc& x);
   // silu, gelu, sigmoid, relu6: oneDNN's eltwise algorithms, backward from x.

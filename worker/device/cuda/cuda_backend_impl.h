@@ -4,7 +4,7 @@
 // (lifecycle, memory, streams, transfers), cuda_conv.cpp (descriptors and
 // convolutions), cuda_eltwise_pool.cpp (relu, add, SGD, pooling, concat),
 // cuda_mul.cpp (mul, mul_sum), cuda_inner_product.cpp (with the loss),
-// cuda_batch_norm.cpp.
+// cuda_batch_norm.cpp, cuda_dropout.cpp.
 //
 // All ops run on one compute stream (cuDNN's and cuBLAS's handles are bound
 // to it); the memory stream carries copy_async only. Convolutions use the
@@ -423,6 +423,8 @@ class CudaBackend final : public Backend {
   std::vector<double> sum_squares(const float* x, std::span<const int64_t> offsets);
   void scale(float* x, int64_t count, float alpha);
   bool all_finite(const float* x, int64_t count);
+  // cuda_dropout.cpp: forward x -> y or backward dy -> dx (op_table.h).
+  void dropout(const DropoutDesc& d, const Tensor& in, const Tensor& out);
 
   // relu needs none; relu_backward_bias the partial sums of its bias
   // gradient. cuDNN's pooling needs none.

@@ -17,6 +17,7 @@
 #include "worker/device/cuda/channel_sum_grid.h"
 #include "worker/device/cuda/cuda_check.h"
 #include "worker/device/cuda/cuda_kernels.h"
+#include "worker/device/cuda/dropout_body.h"
 #include "worker/device/cuda/kernel_bodies.h"
 
 namespace vtrain::worker::cuda {
@@ -832,6 +833,35 @@ void mul_sum(Element type, const void* a, const void* b, void* y, int64_t y_bloc
     }
   });
   check_launch("mul_sum_kernel");
+}
+
+namespace {
+
+template <typename T, typename I>
+__global__ void dropout_kernel(const T* in, T* out, I c, I hw, I block, DropoutCall call,
+                               I count) {
+  for (I i = first_index_as<I>(); i < count; i += index_stride_as<I>()) {
+    dropout_at<DeviceConvert>(i, in, out, c, hw, block, call);
+  }
+}
+
+}  // namespace
+
+void dropout(Element type, const void* in, void* out, const BlockedShape& shape,
+             const DropoutCall& call, cudaStream_t stream) {
+  const int64_t count = shape.storage_elements();
+  if (count == 0) return;
+  with_type(type, [&](auto t) {
+    with_index(count, [&](auto index) {
+      using T = decltype(t);
+      using I = decltype(index);
+      dropout_kernel<T, I><<<blocks_for(count), kThreads, 0, stream>>>(
+          static_cast<const T*>(in), static_cast<T*>(out), static_cast<I>(shape.c),
+          static_cast<I>(shape.h * shape.w), static_cast<I>(shape.block), call,
+          static_cast<I>(count));
+    });
+  });
+  check_launch("dropout_kernel");
 }
 
 void accumulate(Element x_type, const void* x, Element y_type, void* y, float beta,

@@ -177,6 +177,14 @@ void mul(Element type, const void* a, const void* b, int64_t b_block, void* y, f
 void mul_sum(Element type, const void* a, const void* b, void* y, int64_t y_block, float beta,
              const BlockedShape& shape, cudaStream_t stream);
 
+struct DropoutCall;  // dropout_body.h
+
+// Dropout (DropoutDesc) of a tensor of `shape` (any channel block; padding
+// channels become 0) of `type`: out = in * keep * scale, the mask drawn per
+// element from `call`'s key in logical C x H x W order; out may alias in.
+void dropout(Element type, const void* in, void* out, const BlockedShape& shape,
+             const DropoutCall& call, cudaStream_t stream);
+
 // Max pooling where the windows tile x {n, c, h, w} of `type` (NCHW, or
 // NHWC where channels_last): kernel = stride, no padding, h and w multiples
 // of the kernel; y and dy {n, c, h / kh, w / kw} in x's layout. Each window

@@ -435,6 +435,19 @@ class HalfEmulation final : public Backend {
     if (d_wide) d_wide->store();
     return stats;
   }
+  // The mask is drawn from the key on the wrapped backend, in f32.
+  void dropout(const DropoutDesc& d, const Tensor& in, const Tensor& out) {
+    const Wide in_wide(*this, in);
+    Wide out_wide(*this, out, false);
+    DropoutDesc wide_desc = d;
+    wide_desc.x = in_wide.tensor().desc;
+    const bool forward = d.direction == Direction::kForward;
+    inner_->run(wide_desc, DropoutArgs{.x = forward ? in_wide.tensor().data : nullptr,
+                                       .y = forward ? out_wide.tensor().data : nullptr,
+                                       .dy = forward ? nullptr : in_wide.tensor().data,
+                                       .dx = forward ? nullptr : out_wide.tensor().data});
+    out_wide.store();
+  }
   // The optimizers' ops read and write f32 master state and have no tensor
   // of a half type: run() passes them through before the table is reached.
   void sgd_update(float* w, const float* g, float* velocity, int64_t count, const SgdStep& step) {

@@ -24,6 +24,17 @@ class ReluLayer;
 // and collective (every rank makes the same calls in the same order).
 using SumOverRanks = std::function<void(std::vector<double>&)>;
 
+// Which step and which samples a training call computes: what a layer
+// whose numbers depend on the sample draws from (dropout's mask,
+// worker/device/dropout_draw.h), so that a sample gets the same numbers on
+// any rank, after a resume and in a recomputation.
+struct StepContext {
+  uint64_t seed = 0;         // the run's seed (train.seed)
+  int64_t step = 0;          // the optimizer step: the steps done before this one
+  int64_t first_sample = 0;  // the index in the step's global batch of the call's sample 0
+                             // (this rank's offset in the split)
+};
+
 // What a layer sees during one forward or backward call, at batch n.
 struct LayerCall {
   Backend& backend;
@@ -47,6 +58,9 @@ struct LayerCall {
   // up its statistics. Null: this rank's samples alone (one rank, local,
   // evaluation, recomputation, timing runs).
   SumOverRanks sum_over_ranks;
+  // The step and samples of a training call (Network::set_step_context);
+  // the defaults in timing runs.
+  StepContext step;
 };
 
 // A layer's persistent storage, named: its ranges of the network's flat

@@ -7,21 +7,6 @@
 namespace vtrain::worker {
 namespace {
 
-// The model level knows these types; no backend runs them yet.
-bool has_kernels(LayerType type) {
-  switch (type) {
-    case LayerType::kDropout: return false;
-    default: return true;
-  }
-}
-
-// The factory of the types without kernels: it never returns.
-std::unique_ptr<Layer> make_layer_without_kernels(const LayerSite& site) {
-  require_kernels(site.spec());
-  throw std::logic_error("make_layer_without_kernels: layer '" + site.spec().name +
-                         "' has kernels");
-}
-
 struct LayerFactoryEntry {
   LayerType value;
   LayerFactory make;
@@ -43,25 +28,12 @@ constexpr std::array<LayerFactoryEntry, kLayerTypeCount> kLayerFactories = {{
     {LayerType::kSigmoid, make_activation_layer},
     {LayerType::kRelu6, make_activation_layer},
     {LayerType::kMul, make_mul_layer},
-    {LayerType::kDropout, make_layer_without_kernels},
+    {LayerType::kDropout, make_dropout_layer},
 }};
 static_assert(in_layer_type_order(kLayerFactories),
               "kLayerFactories needs one entry per LayerType, in enum order");
 
 }  // namespace
-
-void require_kernels(const LayerSpec& spec) {
-  std::string what;
-  if (!has_kernels(spec.type)) {
-    what = std::string("layer type '") + layer_type_name(spec.type) + "'";
-  } else {
-    return;
-  }
-  std::string where = "layer '" + spec.name + "'";
-  if (spec.source_line > 0) where += " (line " + std::to_string(spec.source_line) + ")";
-  throw BackendError(where + ": " + what +
-                     " is part of the model format but has no kernels on any backend yet");
-}
 
 LayerFactory layer_factory(LayerType type) {
   return kLayerFactories.at(static_cast<size_t>(type)).make;

@@ -34,17 +34,11 @@ LayerFactory layer_factory(LayerType type);
 // The operator of site's layer, from its type's factory.
 std::unique_ptr<Layer> make_layer(const LayerSite& site);
 
-// Throws BackendError naming `spec` when the model level knows its type
-// but no backend runs it yet: dropout (issue 43: its kernels come as an op
-// descriptor of the device interface).
-void require_kernels(const LayerSpec& spec);
-
 // The ActivationKind of relu, silu, gelu, sigmoid and relu6 layers; throws
 // std::logic_error for other types.
 ActivationKind activation_kind(LayerType type);
 
-// The factories, one per layer type (each in its layer's file; the layer
-// types without kernels share one that calls require_kernels).
+// The factories, one per layer type, each in its layer's file.
 std::unique_ptr<Layer> make_input_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_conv_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_relu_layer(const LayerSite& site);
@@ -55,5 +49,6 @@ std::unique_ptr<Layer> make_fc_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_batch_norm_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_add_layer(const LayerSite& site);
 std::unique_ptr<Layer> make_concat_layer(const LayerSite& site);
+std::unique_ptr<Layer> make_dropout_layer(const LayerSite& site);
 
 }  // namespace vtrain::worker
