@@ -31,7 +31,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_TRUE(c.model.layers.empty());
   EXPECT_EQ(c.model.classes, 10);
   EXPECT_EQ(c.model.batch_norm, worker::BatchNormMode::kSync);
-  EXPECT_EQ(c.train.precision, common::Precision::kFp32);
+  EXPECT_EQ(c.compute.precision, common::Precision::kFp32);
   EXPECT_EQ(c.data.kind, worker::DataKind::kSynthetic);
   EXPECT_EQ(c.data.shape, (worker::Shape{1, 1, 28, 28}));
   EXPECT_EQ(c.data.classes, 10);
@@ -51,7 +51,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.0);
   EXPECT_EQ(c.optimizer.schedule, worker::ScheduleKind::kNone);
   EXPECT_EQ(c.device.backend, worker::BackendKind::kAuto);
-  EXPECT_EQ(c.device.layout, worker::LayoutChoice::kAuto);
+  EXPECT_EQ(c.compute.layout, worker::LayoutChoice::kAuto);
   EXPECT_EQ(c.device.threads, 0);
   EXPECT_EQ(c.device.memory_limit, 0u);
   EXPECT_EQ(c.conv.algorithm, "auto");
@@ -114,15 +114,15 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_EQ(c.device.backend, worker::BackendKind::kCpu);
   EXPECT_EQ(c.device.threads, 4);
   EXPECT_EQ(c.device.memory_limit, 1'500'000'000u);
-  EXPECT_EQ(c.device.layout, worker::LayoutChoice::kNhwc);
+  EXPECT_EQ(c.compute.layout, worker::LayoutChoice::kNhwc);
   EXPECT_EQ(c.conv.algorithm, "winograd");
   EXPECT_FALSE(c.conv.cudnn_graph);
   EXPECT_EQ(c.conv.graph_engines, 16);
-  EXPECT_EQ(c.conv.fuse_relu, common::AutoOnOff::kOff);
+  EXPECT_EQ(c.compute.fuse_relu, common::AutoOnOff::kOff);
   // The settings that change how a step computes, beside the model (whose
   // signature they leave alone).
   const common::ComputeSettings settings = compute_settings(c);
-  EXPECT_EQ(settings.precision, c.train.precision);
+  EXPECT_EQ(settings.precision, c.compute.precision);
   EXPECT_EQ(settings.layout, common::LayoutChoice::kNhwc);
   EXPECT_EQ(settings.fuse_relu, common::AutoOnOff::kOff);
   EXPECT_EQ(c.output.metrics, "/tmp/m.jsonl");
@@ -402,7 +402,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   const Config b = parse(text);
   SCOPED_TRACE(text);
   EXPECT_EQ(to_yaml(b), text);
-  EXPECT_EQ(b.device.layout, worker::LayoutChoice::kNhwc);
+  EXPECT_EQ(b.compute.layout, worker::LayoutChoice::kNhwc);
   EXPECT_FALSE(b.conv.cudnn_graph);
   ASSERT_EQ(b.model.layers.size(), a.model.layers.size());
   for (size_t i = 0; i < a.model.layers.size(); ++i) {
@@ -432,7 +432,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   EXPECT_EQ(b.data.workers_per_rank, (std::vector<int64_t>{1, 4}));
   EXPECT_EQ(b.train.seed, 7u);
   EXPECT_FALSE(b.train.evaluate);
-  EXPECT_EQ(b.train.precision, common::Precision::kBf16);
+  EXPECT_EQ(b.compute.precision, common::Precision::kBf16);
   EXPECT_EQ(b.train.loss_scaling.mode, common::AutoOnOff::kOn);
   EXPECT_EQ(b.train.loss_scaling.initial, 256);
   EXPECT_EQ(b.train.loss_scaling.growth_interval, 50);
@@ -578,7 +578,7 @@ TEST(ConfigSections, BalanceAndCheckpoint) {
   c = parse_config(base, "t.yaml", {"train.allreduce_bucket=1MiB"});
   EXPECT_EQ(c.train.allreduce_bucket, 1u << 20);
   c = parse_config(base, "t.yaml", {"train.precision=fp16"});
-  EXPECT_EQ(c.train.precision, common::Precision::kFp16);
+  EXPECT_EQ(c.compute.precision, common::Precision::kFp16);
   // A precision per rank: auto, a list, a map by device name, each read
   // back from the dump as written; the rank's own is resolved later.
   using Form = config::PrecisionChoice::Form;
