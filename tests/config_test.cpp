@@ -148,6 +148,29 @@ TEST(ConfigTest, MemoryLimitTakesUnitsOrBytes) {
             2000u);
 }
 
+// Every run setting the config holds under a plain key (common::kSettings)
+// is read from that key by its row, dumped under it and read back, for
+// each of its values; a value it lacks is refused listing its choices.
+TEST(ConfigTest, EveryRunSettingIsReadAndDumpedUnderItsKey) {
+  for (const common::Setting& setting : common::kSettings) {
+    if (!setting.plain_config_key) continue;
+    const std::string key = setting.config_key;
+    const size_t dot = key.find('.');
+    for (const std::string& value : setting.choices()) {
+      SCOPED_TRACE(key + " " + value);
+      const Config c = parse(std::string(kMinimal) + key.substr(0, dot) + ": {" +
+                             key.substr(dot + 1) + ": " + value + "}\n");
+      EXPECT_EQ(setting.text(c.compute), value);
+      const Config again = parse(to_yaml(c));
+      EXPECT_EQ(again.compute, c.compute);
+    }
+    EXPECT_EQ(error_of(std::string(kMinimal) + key.substr(0, dot) + ": {" + key.substr(dot + 1) +
+                       ": sideways}\n"),
+              "t.yaml:5: " + key + ": unknown value 'sideways' (allowed: " +
+                  common::join(setting.choices()) + ")");
+  }
+}
+
 TEST(ConfigTest, MemoryPolicyNamesTheVdnnSchedulesAndThePerTensorPlanners) {
   for (const char* name :
        {"none", "all", "conv", "dyn", "auto", "memonger", "superneurons", "tflms"}) {
