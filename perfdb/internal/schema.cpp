@@ -307,9 +307,15 @@ void split_model_keys(Connection& connection) {
         not_valid(connection, name + " row " + std::to_string(id) + ": model '" + key +
                                   "': " + e.what());
       }
+      // Version 8's columns, by name: bind_model binds today's, which a
+      // later setting extends.
+      const common::ComputeSettings& s = parsed.settings;
       StatementUse use(update);
       update.bind(1, id);
-      bind_model(update, 2, ModelKey{parsed.signature, parsed.settings});
+      update.bind(2, std::string_view(parsed.signature));
+      update.bind(3, std::string_view(common::precision_name(s.precision)));
+      update.bind(4, std::string_view(common::name_of(common::kLayoutChoiceNames, s.layout)));
+      update.bind(5, std::string_view(common::name_of(common::kAutoOnOffNames, s.fuse_relu)));
       update.run();
     }
   }
