@@ -5,9 +5,9 @@
 //
 //   vtrain_plan: 2
 //   model: "<the model's signature, Graph::signature()>"
-//   precision: fp32                 # how it is computed, a field per setting
-//   layout: auto                    #   (common::setting_texts), rank 0's; each
-//   fuse_relu: auto                 #   optional, the config's default when absent
+//   precision: fp32                 # how it is computed: a field per setting
+//   layout: auto                    #   (common::kSettings), rank 0's; each
+//   ...                             #   optional, the config's default when absent
 //   global_batch: 96
 //   memory_policy: none
 //   workspace_policy: wd            # undivided | wr | wd
@@ -32,7 +32,7 @@
 // global_batch) and names file:line and key path on error; whether the plan
 // fits a model and a cluster is for the caller (plan_mismatch()). Version 1
 // plans, whose `model:` held the settings as "@" suffixes
-// ("<signature>@bf16@nhwc@fuse_relu=on"), read as the same fields.
+// ("<signature>@bf16@nhwc"), read as the same fields.
 #pragma once
 
 #include <cstdint>

@@ -43,10 +43,10 @@ void read_model(const Section& top, int format, TrainingPlan& plan) {
     return;
   }
   plan.model = to_string(model);
-  for (const common::SettingText& setting : common::setting_texts(plan.settings)) {
+  for (const common::Setting& setting : common::kSettings) {
     if (Field f = top[setting.name]) {
       try {
-        common::set_setting(plan.settings, setting.name, to_string(f));
+        common::set_setting(plan.settings, setting, to_string(f));
       } catch (const std::invalid_argument& e) {
         f.fail(e.what());
       }
@@ -54,12 +54,12 @@ void read_model(const Section& top, int format, TrainingPlan& plan) {
   }
 }
 
-// The top-level keys: a field per setting (common::setting_texts) beside these.
+// The top-level keys: a field per setting (common::kSettings) beside these.
 Keys top_keys() {
   Keys keys = {"vtrain_plan", "model", "global_batch", "memory_policy", "workspace_policy",
                "workspace_limit", "predicted_step_ms", "split_ms", "even_split_ms",
                "ideal_step_ms", "ranks"};
-  for (const common::SettingText& setting : common::setting_texts({})) keys.push_back(setting.name);
+  for (const common::Setting& setting : common::kSettings) keys.push_back(setting.name);
   return keys;
 }
 
@@ -183,8 +183,8 @@ std::string plan_to_yaml(const TrainingPlan& plan) {
   out << YAML::BeginMap;
   out << YAML::Key << "vtrain_plan" << YAML::Value << plan.version;
   out << YAML::Key << "model" << YAML::Value << YAML::DoubleQuoted << plan.model;
-  for (const common::SettingText& setting : common::setting_texts(plan.settings)) {
-    out << YAML::Key << setting.name << YAML::Value << std::string(setting.value);
+  for (const common::Setting& setting : common::kSettings) {
+    out << YAML::Key << setting.name << YAML::Value << std::string(setting.text(plan.settings));
   }
   out << YAML::Key << "global_batch" << YAML::Value << plan.global_batch;
   out << YAML::Key << "memory_policy" << YAML::Value << plan.memory_policy;

@@ -25,29 +25,24 @@ void read_suffix(std::string_view suffix, ComputeSettings& settings) {
 
 }  // namespace
 
-std::array<SettingText, kSettingCount> setting_texts(const ComputeSettings& settings) {
-  return {{{"precision", precision_name(settings.precision)},
-           {"layout", name_of(kLayoutChoiceNames, settings.layout)},
-           {"fuse_relu", name_of(kAutoOnOffNames, settings.fuse_relu)}}};
+const Setting* find_setting(std::string_view name) {
+  for (const Setting& setting : kSettings) {
+    if (name == setting.name) return &setting;
+  }
+  return nullptr;
 }
 
-void set_setting(ComputeSettings& settings, std::string_view name, std::string_view value) {
-  using Error = std::invalid_argument;
-  if (name == "precision") {
-    settings.precision = parse_named<Error>(kPrecisionNames, value, "precision");
-  } else if (name == "layout") {
-    settings.layout = parse_named<Error>(kLayoutChoiceNames, value, "layout");
-  } else if (name == "fuse_relu") {
-    settings.fuse_relu = parse_named<Error>(kAutoOnOffNames, value, "fuse_relu value");
-  } else {
-    throw Error("unknown setting '" + std::string(name) + "'");
+void set_setting(ComputeSettings& settings, const Setting& setting, std::string_view value) {
+  if (!setting.parse(settings, value)) {
+    throw std::invalid_argument("unknown " + std::string(setting.name) + " '" + std::string(value) +
+                                "' (known: " + join(setting.choices()) + ")");
   }
 }
 
 std::string describe(const ComputeSettings& settings) {
   std::string text;
-  for (const SettingText& s : setting_texts(settings)) {
-    text += (text.empty() ? "" : ", ") + std::string(s.name) + " " + std::string(s.value);
+  for (const Setting& s : kSettings) {
+    text += (text.empty() ? "" : ", ") + std::string(s.name) + " " + std::string(s.text(settings));
   }
   return text;
 }

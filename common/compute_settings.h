@@ -1,11 +1,8 @@
 // How a job computes its model, apart from the model itself: the settings
 // that change a step's time, its memory or its numbers but not the
 // architecture (the model graph and its signature). Their measurements are
-// kept apart per value: the perf DB's typed columns, a plan's fields.
-//
-//   precision  train.precision: the type activations are stored in, the math
-//   layout     device.layout: the activations' layout the backend uses
-//   fuse_relu  conv.fuse_relu: whether a conv's bias is added by the relu after it
+// kept apart per value: the perf DB's typed columns, a plan's fields, all
+// named by the rows of kSettings below.
 #pragma once
 
 #include <array>
@@ -13,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/name_table.h"
 #include "common/precision.h"
@@ -42,22 +40,54 @@ struct ComputeSettings {
   friend bool operator==(const ComputeSettings&, const ComputeSettings&) = default;
 };
 
-// One setting as the stores keep it, each in a place of its own: the perf
-// DB's column and the plan file's field are named `name`, and hold the
-// value's name in the config. The list below is the one place that names
-// the settings for them: a new setting is an entry here, its config key,
-// and a perf DB migration adding its column.
-struct SettingText {
-  const char* name;        // "precision", "layout", "fuse_relu"
-  std::string_view value;  // "bf16", "nhwc", "on"
+// The run settings, one row each: the one list that names them for the
+// config (its key, read and dumped by the row), the perf DB (a column per
+// row in the tables keyed on a model) and the plan file (a field per row).
+// Adding a setting is its field in ComputeSettings above, its row in
+// kSettings below, a perf DB migration adding its column
+// (perfdb/internal/schema.cpp), the code that acts on it, and its docs.
+struct Setting {
+  const char* name;        // the perf DB's column and the plan's field: "layout"
+  const char* config_key;  // where the config holds it: "device.layout"
+  // Whether the config reads and dumps it by this row; false for
+  // train.precision, whose section also takes a precision per rank.
+  bool plain_config_key;
+  // The value's name in the config: "nhwc".
+  std::string_view (*text)(const ComputeSettings& settings);
+  // Sets the value named `value`; false (nothing set) when none is.
+  bool (*parse)(ComputeSettings& settings, std::string_view value);
+  // Every value's name, in the order messages list them.
+  std::vector<std::string> (*choices)();
 };
-inline constexpr size_t kSettingCount = 3;
-// Every setting of `settings`, in the order of the perf DB's columns.
-std::array<SettingText, kSettingCount> setting_texts(const ComputeSettings& settings);
-// Sets the setting named `name` to the value named `value`. Throws
-// std::invalid_argument for an unknown setting or value ("unknown layout
-// 'nhcw' (known: auto, nchw, nhwc)").
-void set_setting(ComputeSettings& settings, std::string_view name, std::string_view value);
+
+// A row for the ComputeSettings field `Field`, an enum named by the
+// common::Named table `Names`.
+template <auto Field, const auto& Names>
+constexpr Setting named_setting(const char* name, const char* config_key, bool plain_config_key) {
+  return {name, config_key, plain_config_key,
+          [](const ComputeSettings& s) -> std::string_view { return name_of(Names, s.*Field); },
+          [](ComputeSettings& s, std::string_view value) {
+            const auto found = find_named(Names, value);
+            if (found) s.*Field = *found;
+            return found.has_value();
+          },
+          [] { return names_of(Names); }};
+}
+
+// Every run setting, in the order of the perf DB's columns.
+inline constexpr std::array kSettings = {
+    named_setting<&ComputeSettings::precision, kPrecisionNames>("precision", "train.precision", false),
+    named_setting<&ComputeSettings::layout, kLayoutChoiceNames>("layout", "device.layout", true),
+    named_setting<&ComputeSettings::fuse_relu, kAutoOnOffNames>("fuse_relu", "conv.fuse_relu", true),
+};
+inline constexpr size_t kSettingCount = kSettings.size();
+
+// The row named `name`, or nullptr.
+const Setting* find_setting(std::string_view name);
+// Sets `setting` of `settings` to the value named `value`. Throws
+// std::invalid_argument for an unknown value ("unknown layout 'nhcw'
+// (known: auto, nchw, nhwc)").
+void set_setting(ComputeSettings& settings, const Setting& setting, std::string_view value);
 // For messages: "precision bf16, layout nhwc, fuse_relu on".
 std::string describe(const ComputeSettings& settings);
 

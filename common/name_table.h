@@ -64,8 +64,8 @@ E parse_named(const std::array<Named<E>, N>& table, std::string_view name,
               join(names_of(table)) + ")");
 }
 
-// A setting that is auto (the part that owns it decides), on or off:
-// train.loss_scaling.mode, data.prefetch, conv.fuse_relu.
+// A setting that is auto (the part that owns it decides), on or off, such
+// as train.loss_scaling.mode.
 enum class AutoOnOff { kAuto, kOn, kOff };
 inline constexpr auto kAutoOnOffNames = std::to_array<Named<AutoOnOff>>(
     {{AutoOnOff::kAuto, "auto"}, {AutoOnOff::kOn, "on"}, {AutoOnOff::kOff, "off"}});

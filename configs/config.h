@@ -18,6 +18,7 @@
 
 #include "balancer/batch_split.h"
 #include "balancer/workspace_plan.h"
+#include "common/compute_settings.h"
 #include "common/input_error.h"
 #include "common/text.h"
 #include "memory/device_pool.h"
@@ -118,12 +119,6 @@ struct TrainConfig : worker::TrainSettings {
   // train.precisions: what auto may choose, in order of preference.
   std::vector<common::Precision> precisions = {common::Precision::kBf16, common::Precision::kFp16,
                                                common::Precision::kFp32};
-  // This rank's precision, fp32, tf32, bf16 or fp16 (common/precision.h):
-  // the type activations, their gradients and the weights the kernels read
-  // are stored in; master weights, gradients and the optimizer stay fp32.
-  // The loader sets it for one precision; for the other forms the launcher
-  // resolves it on each rank's device (resolve_rank_precision).
-  common::Precision precision = common::Precision::kFp32;
   // Seconds a rank of a job of several waits for a step (from one step's
   // start to the next's) before it takes a rank or host for lost, names the
   // ranks that do not answer and ends the job (worker/train/step_watch.h);
@@ -185,15 +180,12 @@ struct DeviceConfig {
   worker::BackendKind backend = worker::BackendKind::kAuto;  // auto, cpu or cuda
   int threads = 0;                // CPU threads; 0 = all cores
   uint64_t memory_limit = 0;      // bytes; 0 = the device's memory
-  worker::LayoutChoice layout = worker::LayoutChoice::kAuto;  // activations: auto, nchw, nhwc
 };
 
 struct ConvConfig {
   std::string algorithm = "auto";  // "auto" or a backend algorithm name (cpu: direct, winograd, im2col_gemm)
   bool cudnn_graph = true;         // CUDA, half precision: also cuDNN's graph-API engines
   int graph_engines = worker::kDefaultGraphEngines;  // ... the heuristic's first this many per configuration
-  // a conv's bias added by the relu after it (common::ComputeSettings::fuse_relu)
-  common::AutoOnOff fuse_relu = common::AutoOnOff::kAuto;
 };
 
 struct MemoryConfig {
@@ -230,6 +222,14 @@ struct Config {
   CheckpointConfig checkpoint;
   ProfileConfig profile;
   MemoryConfig memory;
+  // How the model is computed: the run settings (common::kSettings), each
+  // read from and dumped to its config key by its row. Its precision is
+  // this rank's (fp32, tf32, bf16 or fp16: the type activations, their
+  // gradients and the weights the kernels read are stored in; master
+  // weights, gradients and the optimizer stay fp32): the loader sets it for
+  // one train.precision; for the other forms the launcher resolves it on
+  // each rank's device (resolve_rank_precision).
+  common::ComputeSettings compute;
 };
 
 // The most a config file may hold: a config with thousands of explicit

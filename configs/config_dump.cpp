@@ -10,6 +10,8 @@ namespace vtrain::config {
 namespace {
 
 using namespace common::yaml;
+using internal::SectionSetting;
+using internal::settings_in;
 
 
 // Sizes in the largest binary unit that divides them exactly, so the dump
@@ -238,6 +240,13 @@ void emit_training(YAML::Emitter& out, const Config& config) {
   out << YAML::EndMap;
 }
 
+// The run settings `section` holds (settings_in), each by its row.
+void emit_settings(YAML::Emitter& out, const std::string& section, const Config& config) {
+  for (const SectionSetting& s : settings_in(section)) {
+    out << YAML::Key << s.key << YAML::Value << std::string(s.setting->text(config.compute));
+  }
+}
+
 // device, conv, memory and output.
 void emit_device(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "device" << YAML::Value << YAML::BeginMap;
@@ -245,16 +254,14 @@ void emit_device(YAML::Emitter& out, const Config& config) {
       << common::name_of(worker::kBackendKindNames, config.device.backend);
   out << YAML::Key << "threads" << YAML::Value << config.device.threads;
   out << YAML::Key << "memory_limit" << YAML::Value << format_size(config.device.memory_limit);
-  out << YAML::Key << "layout" << YAML::Value
-      << common::name_of(worker::kLayoutChoiceNames, config.device.layout);
+  emit_settings(out, "device", config);
   out << YAML::EndMap;
 
   out << YAML::Key << "conv" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "algorithm" << YAML::Value << config.conv.algorithm;
   out << YAML::Key << "cudnn_graph" << YAML::Value << config.conv.cudnn_graph;
   out << YAML::Key << "graph_engines" << YAML::Value << config.conv.graph_engines;
-  out << YAML::Key << "fuse_relu" << YAML::Value
-      << common::name_of(common::kAutoOnOffNames, config.conv.fuse_relu);
+  emit_settings(out, "conv", config);
   out << YAML::EndMap;
 
   out << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;

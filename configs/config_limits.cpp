@@ -154,7 +154,7 @@ void check_model_fits(const Config& config, const worker::Graph& graph, const Ma
   // Parameters and their gradients live on the device for the whole run,
   // with a half copy of the parameters under a half precision; activations
   // take the precision's element size.
-  const common::Precision precision = config.train.precision;
+  const common::Precision precision = config.compute.precision;
   const auto activation_bytes =
       static_cast<double>(common::element_bytes(common::storage_type(precision)));
   const double parameter_bytes =

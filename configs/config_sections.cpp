@@ -504,9 +504,6 @@ TrainConfig read_train(const Field& field) {
   }
   if (Field f = section["ema"]) train.ema = to_number(f, between(0, 1, false, true));
   if (Field f = section["precision"]) train.precision_choice = read_precision_choice(f);
-  if (train.precision_choice.form == PrecisionChoice::Form::kOne) {
-    train.precision = train.precision_choice.one;
-  }
   if (Field f = section["precisions"]) train.precisions = read_precisions(f);
   if (Field f = section["loss_scaling"]) train.loss_scaling = read_loss_scaling(f);
   if (Field f = section["gradient_allreduce"]) {
@@ -515,8 +512,8 @@ TrainConfig read_train(const Field& field) {
     // one half type (worker::wire_type).
     if (train.gradient_allreduce == worker::GradientAllreduce::kHalf &&
         train.precision_choice.form == PrecisionChoice::Form::kOne &&
-        !common::is_half(train.precision)) {
-      const std::string p = common::precision_name(train.precision);
+        !common::is_half(train.precision_choice.one)) {
+      const std::string p = common::precision_name(train.precision_choice.one);
       f.fail("expected fp32 under train.precision " + p + " (half is the half type of " +
              "train.precision bf16 or fp16)");
     }
@@ -692,9 +689,30 @@ OptimizerConfig read_optimizer(const Field& field) {
   return opt;
 }
 
+// `keys` and the keys of the run settings `section` holds (settings_in).
+Keys with_settings(const std::string& section, Keys keys) {
+  for (const SectionSetting& s : settings_in(section)) keys.push_back(s.key);
+  return keys;
+}
+
+// Every run setting under a plain key, each read by its row; the sections
+// that hold them allow their keys (with_settings).
+void read_settings(const Section& top, Config& config) {
+  for (const common::Setting& setting : common::kSettings) {
+    if (!setting.plain_config_key) continue;
+    const std::string key = setting.config_key;
+    const size_t dot = key.find('.');
+    const Field section = top[key.substr(0, dot)];
+    if (!section) continue;
+    if (Field f = Section(section)[key.substr(dot + 1)]) {
+      setting.parse(config.compute, to_choice(f, setting.choices()));
+    }
+  }
+}
+
 DeviceConfig read_device(const Field& field) {
   const Section section(field);
-  section.allow({"backend", "threads", "memory_limit", "layout"});
+  section.allow(with_settings("device", {"backend", "threads", "memory_limit"}));
   DeviceConfig device;
   if (Field f = section["backend"]) device.backend = to_choice(f, worker::kBackendKindNames);
   if (Field f = section["threads"]) {
@@ -702,13 +720,12 @@ DeviceConfig read_device(const Field& field) {
         static_cast<int>(to_int(f, between(0, std::numeric_limits<int>::max(), false, false)));
   }
   if (Field f = section["memory_limit"]) device.memory_limit = to_size(f);
-  if (Field f = section["layout"]) device.layout = to_choice(f, worker::kLayoutChoiceNames);
   return device;
 }
 
 ConvConfig read_conv(const Field& field) {
   const Section section(field);
-  section.allow({"algorithm", "cudnn_graph", "graph_engines", "fuse_relu"});
+  section.allow(with_settings("conv", {"algorithm", "cudnn_graph", "graph_engines"}));
   ConvConfig conv;
   if (Field f = section["algorithm"]) {
     // Any backend's name: the network refuses one that no convolution of
@@ -726,7 +743,6 @@ ConvConfig read_conv(const Field& field) {
   if (Field f = section["graph_engines"]) {
     conv.graph_engines = static_cast<int>(to_int(f, between(1, 64, false, false)));
   }
-  if (Field f = section["fuse_relu"]) conv.fuse_relu = to_choice(f, common::kAutoOnOffNames);
   return conv;
 }
 
@@ -777,7 +793,22 @@ Config read_sections(const Field& root) {
   if (Field f = top["checkpoint"]) config.checkpoint = read_checkpoint(f);
   if (Field f = top["profile"]) config.profile = read_profile(f);
   if (Field f = top["memory"]) config.memory = read_memory(f);
+  if (config.train.precision_choice.form == PrecisionChoice::Form::kOne) {
+    config.compute.precision = config.train.precision_choice.one;
+  }
+  read_settings(top, config);
   return config;
+}
+
+std::vector<SectionSetting> settings_in(const std::string& section) {
+  std::vector<SectionSetting> found;
+  for (const common::Setting& setting : common::kSettings) {
+    const std::string_view key = setting.config_key;
+    if (setting.plain_config_key && key.starts_with(section + ".")) {
+      found.push_back({std::string(key.substr(section.size() + 1)), &setting});
+    }
+  }
+  return found;
 }
 
 }  // namespace vtrain::config::internal

@@ -73,8 +73,6 @@ worker::Graph build_model(const Config& config, const worker::Shape& input) {
   }
 }
 
-common::ComputeSettings compute_settings(const Config& config) {
-  return {config.train.precision, config.device.layout, config.conv.fuse_relu};
-}
+common::ComputeSettings compute_settings(const Config& config) { return config.compute; }
 
 }  // namespace vtrain::config

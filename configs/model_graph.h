@@ -17,8 +17,7 @@ namespace vtrain::config {
 // or the preset and the key that set the input size (data.shape, data.kind).
 worker::Graph build_model(const Config& config, const worker::Shape& input);
 
-// How the config computes its model: each common::ComputeSettings field
-// from the key its comment names.
+// How the config computes its model (Config::compute).
 common::ComputeSettings compute_settings(const Config& config);
 
 // Fails naming `layer` of the model built for `input` (empty: the model as

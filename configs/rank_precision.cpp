@@ -92,7 +92,7 @@ common::Precision check_precisions(const Config& config, int ranks,
 }
 
 Config with_rank_precision(Config config, common::Precision precision) {
-  config.train.precision = precision;
+  config.compute.precision = precision;
   return config;
 }
 

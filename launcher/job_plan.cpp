@@ -428,7 +428,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       d.id = ids[r];
       d.memory_bytes = cluster[r].memory_bytes;
       d.layout = worker::layout_rule_for(worker::parse_backend_kind(cluster[r].backend),
-                                         cfg.device.layout, precisions[r]);
+                                         cfg.compute.layout, precisions[r]);
       d.name = worker::device_label(cluster[r]);
       d.input_rate = inputs.rates[r];
       d.host_share = shares_of_cores[r];
@@ -530,7 +530,7 @@ std::optional<balancer::TrainingPlan> job_plan(const CliArgs& cli, const config:
                                 cfg.train.batch, cfg.memory.policy)) {
     throw config::ConfigError(origin + ": " + *why);
   }
-  if (auto why = worker::plan_precision_mismatch(plan, comm.rank(), cfg.train.precision)) {
+  if (auto why = worker::plan_precision_mismatch(plan, comm.rank(), cfg.compute.precision)) {
     throw config::ConfigError(origin + ": " + *why);
   }
   if (auto why = worker::plan_device_mismatch(plan, comm.rank(),
@@ -617,7 +617,7 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     d.id = rec.id;
     d.memory_bytes = rec.device.memory_bytes;
     d.layout = worker::layout_rule_for(worker::parse_backend_kind(rec.device.backend),
-                                       cfg.device.layout, precision.value_or(cfg.train.precision));
+                                       cfg.compute.layout, precision.value_or(cfg.compute.precision));
     d.name = perfdb::device_label(rec.device);  // as the rank that runs on it will name its device
     d.precision = precision;
     devices.push_back(std::move(d));

@@ -312,7 +312,7 @@ int run_check(const CliArgs& cli) {
               data.train.sample.str().c_str(), static_cast<long long>(data.train.classes));
   std::printf("model: %d layers, %lld parameters, %s\n", graph.size(),
               static_cast<long long>(graph.parameter_count()),
-              common::precision_name(cfg.train.precision));
+              common::precision_name(cfg.compute.precision));
   for (int i = 0; i < graph.size(); ++i) {
     const worker::LayerSpec& l = graph.layer(i);
     std::string inputs;
@@ -334,7 +334,7 @@ int run_check(const CliArgs& cli) {
   std::string layouts;
   for (worker::Layout l : used) layouts += (layouts.empty() ? "" : ", ") + std::string(worker::layout_name(l));
   std::printf("activation layouts: %s (device.layout %s)\n", layouts.c_str(),
-              common::name_of(worker::kLayoutChoiceNames, cfg.device.layout));
+              common::name_of(worker::kLayoutChoiceNames, cfg.compute.layout));
   print_memory_plan(cfg, graph, ranks, *backend);
   if (init) std::printf("%s\n", init().note.c_str());
   std::printf("effective config:\n%s\n", config::to_yaml(cfg).c_str());
@@ -412,7 +412,7 @@ int run_train(const CliArgs& cli, worker::Communicator& comm,
   const std::vector<worker::DeviceInfo> cluster =
       worker::gather_device_infos(comm, backend->device_info());
   const std::vector<common::Precision> precisions =
-      worker::gather_precisions(comm, cfg.train.precision);
+      worker::gather_precisions(comm, cfg.compute.precision);
   // Gradients go over NCCL when several ranks train on GPUs, else over MPI.
   std::string comm_note;
   const auto gradient_comm = worker::make_gradient_communicator(*backend, cluster, &comm_note);
@@ -522,7 +522,7 @@ int run_profile(const CliArgs& cli, worker::Communicator& comm) {
   config::check_backend(cfg, graph, *backend, largest_rank_batch(cfg, comm.size()));
   const worker::DeviceInfo info = backend->device_info();
   const std::vector<worker::DeviceInfo> cluster = worker::gather_device_infos(comm, info);
-  print_cluster(comm, cluster, worker::gather_precisions(comm, cfg.train.precision),
+  print_cluster(comm, cluster, worker::gather_precisions(comm, cfg.compute.precision),
                 balancer::even_split(cfg.train.batch, comm.size()));
 
   worker::ProfileOptions options = profile_options(cfg, graph, *backend);

@@ -15,8 +15,8 @@ worker::BackendOptions backend_options(const config::Config& cfg) {
   return {.kind = cfg.device.backend,
           .threads = cfg.device.threads,
           .memory_limit = static_cast<size_t>(cfg.device.memory_limit),
-          .precision = cfg.train.precision,
-          .layout = cfg.device.layout,
+          .precision = cfg.compute.precision,
+          .layout = cfg.compute.layout,
           .cudnn_graph = cfg.conv.cudnn_graph,
           .graph_engines = cfg.conv.graph_engines};
 }
@@ -60,7 +60,7 @@ std::vector<common::Precision> planned_precisions(const config::Config& cfg, int
       static_cast<int>(choice.per_rank.size()) == ranks) {
     return choice.per_rank;
   }
-  return std::vector<common::Precision>(static_cast<size_t>(ranks), cfg.train.precision);
+  return std::vector<common::Precision>(static_cast<size_t>(ranks), cfg.compute.precision);
 }
 
 worker::NetworkOptions network_options(const config::Config& cfg, int64_t max_batch, int ranks) {

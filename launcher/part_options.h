@@ -29,7 +29,7 @@ worker::TrainerOptions trainer_options(const config::Config& cfg, bool resume_re
 // The precisions the ranks of a `ranks`-rank job are planned in where they
 // are not known yet (`vtrain check`, a rank's memory room): a per-rank
 // train.precision of that length as written, else every rank in this
-// one's (cfg.train.precision, resolved).
+// one's (cfg.compute.precision, resolved).
 std::vector<common::Precision> planned_precisions(const config::Config& cfg, int ranks);
 
 // The network one rank of `ranks` trains with a batch of up to `max_batch`

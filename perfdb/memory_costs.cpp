@@ -10,6 +10,10 @@
 namespace vtrain::perfdb {
 
 using internal::kMaxStoredUnsigned;
+using internal::kModelParameters;
+using internal::model_columns;
+using internal::model_match;
+using internal::parameters;
 using internal::unix_now;
 using internal::valid_time;
 
@@ -132,22 +136,23 @@ void PerfDb::record_layer_measurements(DeviceId device, const ModelKey& model, i
   impl_->transact(Txn::kWrite, [&] {
     impl_->require_device(device);
     for (const LayerMeasurement& m : layers) {
-      StatementUse insert(impl_->cached(
-          "INSERT INTO layer_measurements (device_id, model, precision, layout, fuse_relu, batch, "
-          "layer_index, layer_name, forward_ms, backward_ms, measured_at) "
-          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
-          "ON CONFLICT (device_id, model, precision, layout, fuse_relu, batch, layer_index) "
-          "DO UPDATE SET "
+      // The model's columns come last: their count is the settings'.
+      static const std::string kSql =
+          "INSERT INTO layer_measurements (device_id, batch, layer_index, layer_name, forward_ms, "
+          "backward_ms, measured_at, " + model_columns() + ") VALUES (" +
+          parameters(1, 7 + kModelParameters) + ") ON CONFLICT (device_id, " + model_columns() +
+          ", batch, layer_index) DO UPDATE SET "
           "layer_name = excluded.layer_name, forward_ms = excluded.forward_ms, "
-          "backward_ms = excluded.backward_ms, measured_at = excluded.measured_at"));
+          "backward_ms = excluded.backward_ms, measured_at = excluded.measured_at";
+      StatementUse insert(impl_->cached(kSql.c_str()));
       insert->bind(1, device.value);
-      bind_model(*insert, 2, model);
-      insert->bind(6, batch);
-      insert->bind(7, m.layer_index);
-      insert->bind(8, std::string_view(m.layer_name));
-      insert->bind(9, m.forward_ms);
-      insert->bind(10, m.backward_ms);
-      insert->bind(11, m.measured_at != 0 ? m.measured_at : now);
+      insert->bind(2, batch);
+      insert->bind(3, m.layer_index);
+      insert->bind(4, std::string_view(m.layer_name));
+      insert->bind(5, m.forward_ms);
+      insert->bind(6, m.backward_ms);
+      insert->bind(7, m.measured_at != 0 ? m.measured_at : now);
+      bind_model(*insert, 8, model);
       insert->run();
     }
   });
@@ -157,10 +162,11 @@ std::vector<LayerMeasurement> PerfDb::layer_measurements(DeviceId device, const 
                                                          int64_t batch) {
   impl_->begin("list layer measurements");
   return impl_->transact(Txn::kRead, [&] {
-    StatementUse select(impl_->cached(
+    static const std::string kSql =
         "SELECT layer_index, layer_name, forward_ms, backward_ms, measured_at "
-        "FROM layer_measurements WHERE device_id = ?1 AND batch = ?2 AND model = ?3 AND "
-        "precision = ?4 AND layout = ?5 AND fuse_relu = ?6 ORDER BY layer_index"));
+        "FROM layer_measurements WHERE device_id = ?1 AND batch = ?2 AND " + model_match(3) +
+        " ORDER BY layer_index";
+    StatementUse select(impl_->cached(kSql.c_str()));
     select->bind(1, device.value);
     select->bind(2, batch);
     bind_model(*select, 3, model);

@@ -12,6 +12,10 @@
 namespace vtrain::perfdb {
 
 using internal::kMaxStoredUnsigned;
+using internal::kModelParameters;
+using internal::model_columns;
+using internal::model_match;
+using internal::parameters;
 using internal::unix_now;
 using internal::valid_time;
 
@@ -71,9 +75,10 @@ namespace {
 
 constexpr const char* kKernelWhere =
     "kind = ?1 AND n = ?2 AND c = ?3 AND h = ?4 AND w = ?5 AND k = ?6 AND r = ?7 AND s = ?8 AND "
-    "pad_h = ?9 AND pad_w = ?10 AND stride_h = ?11 AND stride_w = ?12 AND dtype = ?13 AND layout = ?14";
+    "pad_h = ?9 AND pad_w = ?10 AND stride_h = ?11 AND stride_w = ?12 AND dtype = ?13 AND "
+    "input_layout = ?14 AND output_layout = ?15";
 
-// Binds a kernel signature to parameters ?1..?14, in the order of the
+// Binds a kernel signature to parameters ?1..?15, in the order of the
 // kernels table (every kernel statement below uses that order).
 void bind_kernel(Statement& statement, const KernelSignature& kernel) {
   statement.bind(1, std::string_view(common::conv_kind_name(kernel.kind)));
@@ -81,7 +86,8 @@ void bind_kernel(Statement& statement, const KernelSignature& kernel) {
                              kernel.s, kernel.pad_h, kernel.pad_w, kernel.stride_h, kernel.stride_w};
   for (int i = 0; i < 11; ++i) statement.bind(2 + i, numbers[i]);
   statement.bind(13, std::string_view(kernel.dtype));
-  statement.bind(14, std::string_view(kernel.layout));
+  statement.bind(14, std::string_view(kernel.input_layout));
+  statement.bind(15, std::string_view(kernel.output_layout));
 }
 
 KernelMeasurement read_kernel_measurement(const Statement& row) {
@@ -116,7 +122,9 @@ std::string complaint_about(const KernelSignature& k) {
     if (value < 1) return std::string("kernel.") + name + " must be >= 1, got " + std::to_string(value);
   }
   if (k.pad_h < 0 || k.pad_w < 0) return "kernel padding must be >= 0";
-  if (k.dtype.empty() || k.layout.empty()) return "kernel.dtype and kernel.layout must not be empty";
+  if (k.dtype.empty() || k.input_layout.empty() || k.output_layout.empty()) {
+    return "kernel.dtype, kernel.input_layout and kernel.output_layout must not be empty";
+  }
   return {};
 }
 
@@ -165,8 +173,9 @@ std::string complaint_about(const StepMeasurement& step) {
 int64_t PerfDb::Impl::upsert_kernel(const KernelSignature& kernel) {
   {
     StatementUse insert(cached(
-        "INSERT INTO kernels (kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, dtype, layout) "
-        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) ON CONFLICT DO NOTHING"));
+        "INSERT INTO kernels (kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, dtype, "
+        "input_layout, output_layout) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) ON CONFLICT DO NOTHING"));
     bind_kernel(*insert, kernel);
     insert->run();
   }
@@ -294,33 +303,34 @@ void PerfDb::record_step_measurements(DeviceId device, std::span<const StepMeasu
   impl_->transact(Txn::kWrite, [&] {
     impl_->require_device(device);
     for (const StepMeasurement& step : steps) {
-      StatementUse insert(impl_->cached(
-          "INSERT INTO step_measurements (device_id, model, precision, layout, fuse_relu, batch, "
-          "memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at, kept_bytes, "
-          "offloaded_bytes, recomputed_bytes, policy_capacity_bytes) "
-          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) "
-          "ON CONFLICT (device_id, model, precision, layout, fuse_relu, batch, memory_policy, "
-          "policy_capacity_bytes, workspace_plan) DO UPDATE SET "
+      // The model's columns come last: their count is the settings'.
+      static const std::string kSql =
+          "INSERT INTO step_measurements (device_id, batch, memory_policy, workspace_plan, time_ms, "
+          "peak_device_bytes, measured_at, kept_bytes, offloaded_bytes, recomputed_bytes, "
+          "policy_capacity_bytes, " + model_columns() + ") VALUES (" +
+          parameters(1, 11 + kModelParameters) + ") ON CONFLICT (device_id, " + model_columns() +
+          ", batch, memory_policy, policy_capacity_bytes, workspace_plan) DO UPDATE SET "
           "time_ms = excluded.time_ms, peak_device_bytes = excluded.peak_device_bytes, "
           "measured_at = excluded.measured_at, kept_bytes = excluded.kept_bytes, "
           "offloaded_bytes = excluded.offloaded_bytes, "
-          "recomputed_bytes = excluded.recomputed_bytes"));
+          "recomputed_bytes = excluded.recomputed_bytes";
+      StatementUse insert(impl_->cached(kSql.c_str()));
       insert->bind(1, device.value);
-      bind_model(*insert, 2, step.model);
-      insert->bind(6, step.batch);
-      insert->bind(7, std::string_view(step.memory_policy));
-      insert->bind(8, std::string_view(step.workspace_plan));
-      insert->bind(9, step.time_ms);
-      insert->bind(10, static_cast<int64_t>(step.peak_device_bytes));
-      insert->bind(11, step.measured_at != 0 ? step.measured_at : now);
+      insert->bind(2, step.batch);
+      insert->bind(3, std::string_view(step.memory_policy));
+      insert->bind(4, std::string_view(step.workspace_plan));
+      insert->bind(5, step.time_ms);
+      insert->bind(6, static_cast<int64_t>(step.peak_device_bytes));
+      insert->bind(7, step.measured_at != 0 ? step.measured_at : now);
       if (const auto& a = step.activations) {
-        insert->bind(12, static_cast<int64_t>(a->kept));
-        insert->bind(13, static_cast<int64_t>(a->offloaded));
-        insert->bind(14, static_cast<int64_t>(a->recomputed));
+        insert->bind(8, static_cast<int64_t>(a->kept));
+        insert->bind(9, static_cast<int64_t>(a->offloaded));
+        insert->bind(10, static_cast<int64_t>(a->recomputed));
       } else {
-        for (int column : {12, 13, 14}) insert->bind(column, std::optional<double>());
+        for (int column : {8, 9, 10}) insert->bind(column, std::optional<double>());
       }
-      insert->bind(15, static_cast<int64_t>(step.policy_capacity_bytes));
+      insert->bind(11, static_cast<int64_t>(step.policy_capacity_bytes));
+      bind_model(*insert, 12, step.model);
       insert->run();
     }
   });
@@ -335,14 +345,14 @@ std::optional<KernelMeasurement> PerfDb::find_kernel_measurement(DeviceId device
     static const std::string kSql =
         std::string(
             "SELECT algorithm, micro_batch, time_ms, time_iqr_ms, workspace_bytes, measured_at "
-            "FROM kernel_measurements WHERE device_id = ?15 AND algorithm = ?16 AND micro_batch = ?17 AND "
+            "FROM kernel_measurements WHERE device_id = ?16 AND algorithm = ?17 AND micro_batch = ?18 AND "
             "kernel_id = (SELECT id FROM kernels WHERE ") +
         kKernelWhere + ")";
     StatementUse select(impl_->cached(kSql.c_str()));
     bind_kernel(*select, kernel);
-    select->bind(15, device.value);
-    select->bind(16, algorithm);
-    select->bind(17, micro_batch);
+    select->bind(16, device.value);
+    select->bind(17, algorithm);
+    select->bind(18, micro_batch);
     if (!select->step()) return std::nullopt;
     return read_kernel_measurement(*select);
   });
@@ -354,11 +364,11 @@ std::vector<KernelMeasurement> PerfDb::kernel_measurements(DeviceId device, cons
     static const std::string kSql =
         std::string(
             "SELECT algorithm, micro_batch, time_ms, time_iqr_ms, workspace_bytes, measured_at "
-            "FROM kernel_measurements WHERE device_id = ?15 AND kernel_id = (SELECT id FROM kernels WHERE ") +
+            "FROM kernel_measurements WHERE device_id = ?16 AND kernel_id = (SELECT id FROM kernels WHERE ") +
         kKernelWhere + ") ORDER BY algorithm, micro_batch";
     StatementUse select(impl_->cached(kSql.c_str()));
     bind_kernel(*select, kernel);
-    select->bind(15, device.value);
+    select->bind(16, device.value);
     std::vector<KernelMeasurement> found;
     while (select->step()) found.push_back(read_kernel_measurement(*select));
     return found;
@@ -374,15 +384,16 @@ std::vector<StepMeasurement> PerfDb::step_measurements(DeviceId device, const Mo
                                                        uint64_t policy_capacity_bytes) {
   impl_->begin("list step measurements");
   return impl_->transact(Txn::kRead, [&] {
-    StatementUse select(impl_->cached(
+    static const std::string kSql =
         "SELECT batch, memory_policy, workspace_plan, time_ms, peak_device_bytes, measured_at, "
         "kept_bytes, offloaded_bytes, recomputed_bytes FROM step_measurements WHERE device_id = ?1 "
-        "AND memory_policy = ?2 AND model = ?3 AND precision = ?4 AND layout = ?5 AND fuse_relu = ?6 "
-        "AND policy_capacity_bytes = ?7 ORDER BY batch, workspace_plan"));
+        "AND memory_policy = ?2 AND policy_capacity_bytes = ?3 AND " + model_match(4) +
+        " ORDER BY batch, workspace_plan";
+    StatementUse select(impl_->cached(kSql.c_str()));
     select->bind(1, device.value);
     select->bind(2, memory_policy);
-    select->bind(7, static_cast<int64_t>(policy_capacity_bytes));
-    bind_model(*select, 3, model);
+    select->bind(3, static_cast<int64_t>(policy_capacity_bytes));
+    bind_model(*select, 4, model);
     std::vector<StepMeasurement> found;
     while (select->step()) {
       StepMeasurement& step = found.emplace_back();

@@ -46,7 +46,7 @@ class PerfDbError : public std::runtime_error {
 
 // The schema version this code creates and writes. Opening a file with an
 // older version upgrades it in place; a newer version is an error.
-inline constexpr int kSchemaVersion = 8;
+inline constexpr int kSchemaVersion = 9;
 
 // ------------------------------------------------------------------ records
 
@@ -98,7 +98,10 @@ struct KernelSignature {
   int64_t pad_h = 0, pad_w = 0;
   int64_t stride_h = 1, stride_w = 1;
   std::string dtype = "f32";           // element type
-  std::string layout = "NCHW";         // activation layout the kernel ran on
+  // The activation layouts the kernel ran on: the forward convolution's
+  // input x and output y, by worker::layout_name ("plain", "nChw16c", ...).
+  std::string input_layout = "plain";
+  std::string output_layout = "plain";
 
   friend bool operator==(const KernelSignature&, const KernelSignature&) = default;
 };

@@ -31,7 +31,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_TRUE(c.model.layers.empty());
   EXPECT_EQ(c.model.classes, 10);
   EXPECT_EQ(c.model.batch_norm, worker::BatchNormMode::kSync);
-  EXPECT_EQ(c.train.precision, common::Precision::kFp32);
+  EXPECT_EQ(c.compute.precision, common::Precision::kFp32);
   EXPECT_EQ(c.data.kind, worker::DataKind::kSynthetic);
   EXPECT_EQ(c.data.shape, (worker::Shape{1, 1, 28, 28}));
   EXPECT_EQ(c.data.classes, 10);
@@ -51,7 +51,7 @@ TEST(ConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.0);
   EXPECT_EQ(c.optimizer.schedule, worker::ScheduleKind::kNone);
   EXPECT_EQ(c.device.backend, worker::BackendKind::kAuto);
-  EXPECT_EQ(c.device.layout, worker::LayoutChoice::kAuto);
+  EXPECT_EQ(c.compute.layout, worker::LayoutChoice::kAuto);
   EXPECT_EQ(c.device.threads, 0);
   EXPECT_EQ(c.device.memory_limit, 0u);
   EXPECT_EQ(c.conv.algorithm, "auto");
@@ -114,15 +114,15 @@ output: {metrics: /tmp/m.jsonl, progress: line}
   EXPECT_EQ(c.device.backend, worker::BackendKind::kCpu);
   EXPECT_EQ(c.device.threads, 4);
   EXPECT_EQ(c.device.memory_limit, 1'500'000'000u);
-  EXPECT_EQ(c.device.layout, worker::LayoutChoice::kNhwc);
+  EXPECT_EQ(c.compute.layout, worker::LayoutChoice::kNhwc);
   EXPECT_EQ(c.conv.algorithm, "winograd");
   EXPECT_FALSE(c.conv.cudnn_graph);
   EXPECT_EQ(c.conv.graph_engines, 16);
-  EXPECT_EQ(c.conv.fuse_relu, common::AutoOnOff::kOff);
+  EXPECT_EQ(c.compute.fuse_relu, common::AutoOnOff::kOff);
   // The settings that change how a step computes, beside the model (whose
   // signature they leave alone).
   const common::ComputeSettings settings = compute_settings(c);
-  EXPECT_EQ(settings.precision, c.train.precision);
+  EXPECT_EQ(settings.precision, c.compute.precision);
   EXPECT_EQ(settings.layout, common::LayoutChoice::kNhwc);
   EXPECT_EQ(settings.fuse_relu, common::AutoOnOff::kOff);
   EXPECT_EQ(c.output.metrics, "/tmp/m.jsonl");
@@ -146,6 +146,29 @@ TEST(ConfigTest, MemoryLimitTakesUnitsOrBytes) {
             4096u);
   EXPECT_EQ(parse(std::string(kMinimal) + "device: {memory_limit: 2k}\n").device.memory_limit,
             2000u);
+}
+
+// Every run setting the config holds under a plain key (common::kSettings)
+// is read from that key by its row, dumped under it and read back, for
+// each of its values; a value it lacks is refused listing its choices.
+TEST(ConfigTest, EveryRunSettingIsReadAndDumpedUnderItsKey) {
+  for (const common::Setting& setting : common::kSettings) {
+    if (!setting.plain_config_key) continue;
+    const std::string key = setting.config_key;
+    const size_t dot = key.find('.');
+    for (const std::string& value : setting.choices()) {
+      SCOPED_TRACE(key + " " + value);
+      const Config c = parse(std::string(kMinimal) + key.substr(0, dot) + ": {" +
+                             key.substr(dot + 1) + ": " + value + "}\n");
+      EXPECT_EQ(setting.text(c.compute), value);
+      const Config again = parse(to_yaml(c));
+      EXPECT_EQ(again.compute, c.compute);
+    }
+    EXPECT_EQ(error_of(std::string(kMinimal) + key.substr(0, dot) + ": {" + key.substr(dot + 1) +
+                       ": sideways}\n"),
+              "t.yaml:5: " + key + ": unknown value 'sideways' (allowed: " +
+                  common::join(setting.choices()) + ")");
+  }
 }
 
 TEST(ConfigTest, MemoryPolicyNamesTheVdnnSchedulesAndThePerTensorPlanners) {
@@ -402,7 +425,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   const Config b = parse(text);
   SCOPED_TRACE(text);
   EXPECT_EQ(to_yaml(b), text);
-  EXPECT_EQ(b.device.layout, worker::LayoutChoice::kNhwc);
+  EXPECT_EQ(b.compute.layout, worker::LayoutChoice::kNhwc);
   EXPECT_FALSE(b.conv.cudnn_graph);
   ASSERT_EQ(b.model.layers.size(), a.model.layers.size());
   for (size_t i = 0; i < a.model.layers.size(); ++i) {
@@ -432,7 +455,7 @@ output: {metrics: /tmp/x.jsonl, progress: off}
   EXPECT_EQ(b.data.workers_per_rank, (std::vector<int64_t>{1, 4}));
   EXPECT_EQ(b.train.seed, 7u);
   EXPECT_FALSE(b.train.evaluate);
-  EXPECT_EQ(b.train.precision, common::Precision::kBf16);
+  EXPECT_EQ(b.compute.precision, common::Precision::kBf16);
   EXPECT_EQ(b.train.loss_scaling.mode, common::AutoOnOff::kOn);
   EXPECT_EQ(b.train.loss_scaling.initial, 256);
   EXPECT_EQ(b.train.loss_scaling.growth_interval, 50);
@@ -578,7 +601,7 @@ TEST(ConfigSections, BalanceAndCheckpoint) {
   c = parse_config(base, "t.yaml", {"train.allreduce_bucket=1MiB"});
   EXPECT_EQ(c.train.allreduce_bucket, 1u << 20);
   c = parse_config(base, "t.yaml", {"train.precision=fp16"});
-  EXPECT_EQ(c.train.precision, common::Precision::kFp16);
+  EXPECT_EQ(c.compute.precision, common::Precision::kFp16);
   // A precision per rank: auto, a list, a map by device name, each read
   // back from the dump as written; the rank's own is resolved later.
   using Form = config::PrecisionChoice::Form;

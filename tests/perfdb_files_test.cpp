@@ -227,7 +227,7 @@ TEST(PerfDbReadOnly, OlderSchemaIsNotUpgraded) {
 // ------------------------------------------------------------------ upgrade
 
 // The layout vtrain wrote at schema version 1, verbatim: files in the field
-// look like this.
+// look like this (the kernel's layout as the profiler wrote it).
 constexpr const char* kVersion1 = R"sql(
 CREATE TABLE schema_version (version INTEGER NOT NULL);
 INSERT INTO schema_version (version) VALUES (1);
@@ -255,7 +255,7 @@ CREATE TABLE step_measurements (
   time_ms REAL NOT NULL, peak_device_bytes INTEGER NOT NULL, measured_at INTEGER NOT NULL,
   UNIQUE (device_id, model, batch, memory_policy));
 INSERT INTO devices VALUES (5, 'Tesla K80', 'cuda', 12000000000, 'cuDNN 7.6.5', 1, 'old-node');
-INSERT INTO kernels VALUES (3, 'Forward', 64, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 'f32', 'NCHW');
+INSERT INTO kernels VALUES (3, 'Forward', 64, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 'f32', 'plain->plain');
 INSERT INTO kernel_measurements VALUES (11, 5, 3, 'winograd', 32, 4.25, 1048576, 1600000000);
 INSERT INTO step_measurements VALUES (21, 5, 'resnet18/cifar10', 64, 'none', 120.5, 9000000000, 1600000001);
 )sql";
@@ -280,7 +280,8 @@ TEST(PerfDbUpgrade, Version6GetsAnEmptyInputRatesTableAndKeepsItsRows) {
     const DeviceId id = db.upsert_device(gpu("old-node"));
     db.record_step_measurements(id, std::vector{step(64, 120.5)});
   }
-  SqlShell(path).exec("DROP TABLE input_rates; UPDATE schema_version SET version = 6;");
+  SqlShell(path).exec(std::string(kVersion8KernelTables) +
+                      "DROP TABLE input_rates; UPDATE schema_version SET version = 6;");
   ASSERT_TRUE(SqlShell(path).query("SELECT name FROM sqlite_master WHERE name = 'input_rates'").empty());
 
   PerfDb db(path);
@@ -341,7 +342,7 @@ std::string version7_file(TempDir& dir, const std::string& rows) {
     PerfDb db(path);
     EXPECT_EQ(db.upsert_device(gpu("old-node")), DeviceId{1});
   }
-  SqlShell(path).exec(std::string(kVersion7ModelTables) + rows);
+  SqlShell(path).exec(std::string(kVersion8KernelTables) + kVersion7ModelTables + rows);
   return path;
 }
 
@@ -465,6 +466,94 @@ INSERT INTO layer_measurements VALUES (41, 1, 'abc@fp64', 32, 1, 'conv1', 1.5, 3
 )sql");
   expect_rejected_untouched(path, path + " is not a valid vtrain perf DB: layer_measurements "
                                          "row 41: model 'abc@fp64': unknown suffix '@fp64'");
+}
+
+// A version 8 file: kernels keyed on one layout text "<x>-><y>", holding
+// `rows` (INSERT statements) on device 1.
+std::string version8_file(TempDir& dir, const std::string& rows) {
+  const std::string path = dir.path("v8.db");
+  {
+    PerfDb db(path);
+    EXPECT_EQ(db.upsert_device(gpu("old-node")), DeviceId{1});
+  }
+  SqlShell(path).exec(std::string(kVersion8KernelTables) + "UPDATE schema_version SET version = 8;" +
+                      rows);
+  return path;
+}
+
+// Two kernels as the profiler wrote them up to version 8, measured.
+constexpr const char* kVersion8Kernels = R"sql(
+INSERT INTO kernels VALUES (3, 'Forward', 64, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 'bf16', 'nhwc->nhwc');
+INSERT INTO kernels VALUES
+  (4, 'BackwardData', 64, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 'f32', 'plain->nChw16c');
+INSERT INTO kernel_measurements VALUES (11, 1, 3, 'implicit_gemm', 32, 4.25, 1048576, 1600000000, 0.5);
+INSERT INTO kernel_measurements VALUES (12, 1, 4, 'direct', 64, 7.5, 0, 1600000000, NULL);
+)sql";
+
+// What an upgraded kVersion8Kernels holds: each kernel found by its two
+// layouts, none by the others, the rows and ids as they were.
+void expect_version8_kernels_split(const std::string& path) {
+  PerfDb db(path);
+  EXPECT_EQ(db.stats().schema_version, kSchemaVersion);
+  KernelSignature nhwc = conv();
+  nhwc.dtype = "bf16";
+  nhwc.input_layout = nhwc.output_layout = "nhwc";
+  const auto fast = db.find_kernel_measurement(DeviceId{1}, nhwc, "implicit_gemm", 32);
+  ASSERT_TRUE(fast.has_value());
+  EXPECT_EQ(fast->time_ms, 4.25);
+  EXPECT_EQ(fast->time_iqr_ms, 0.5);
+  EXPECT_EQ(fast->workspace_bytes, 1048576u);
+  KernelSignature mixed = conv(KernelKind::kBackwardData);
+  mixed.output_layout = "nChw16c";
+  ASSERT_EQ(db.kernel_measurements(DeviceId{1}, mixed).size(), 1u);
+  EXPECT_EQ(db.kernel_measurements(DeviceId{1}, mixed)[0].time_iqr_ms, std::nullopt);
+  EXPECT_TRUE(db.kernel_measurements(DeviceId{1}, conv(KernelKind::kBackwardData)).empty());
+  // New measurements land on the same kernel rows.
+  db.record_kernel_measurements(DeviceId{1}, std::vector{sample(nhwc, "implicit_gemm", 64, 8.0)});
+  EXPECT_EQ(db.kernel_measurements(DeviceId{1}, nhwc).size(), 2u);
+
+  SqlShell shell(path);
+  EXPECT_EQ(shell.query("SELECT id, dtype, input_layout, output_layout FROM kernels ORDER BY id"),
+            (Rows{{"3", "bf16", "nhwc", "nhwc"}, {"4", "f32", "plain", "nChw16c"}}));
+  EXPECT_EQ(shell.query("SELECT id, kernel_id, algorithm FROM kernel_measurements WHERE id < 13 "
+                        "ORDER BY id"),
+            (Rows{{"11", "3", "implicit_gemm"}, {"12", "4", "direct"}}));
+  EXPECT_TRUE(shell.query("SELECT name FROM sqlite_master WHERE name LIKE '%_v9'").empty());
+  EXPECT_EQ(shell.query("PRAGMA integrity_check"), (Rows{{"ok"}}));
+  EXPECT_TRUE(shell.query("PRAGMA foreign_key_check").empty());
+}
+
+TEST(PerfDbUpgrade, Version8KernelLayoutsBecomeAColumnEach) {
+  TempDir dir;
+  expect_version8_kernels_split(version8_file(dir, kVersion8Kernels));
+}
+
+// 7 -> 8 -> 9 in one open: the model keys and the kernel layouts both split.
+TEST(PerfDbUpgrade, Version7FileIsUpgradedThroughVersion8) {
+  TempDir dir;
+  const std::string path = version7_file(dir, std::string(kVersion8Kernels) + R"sql(
+INSERT INTO step_measurements VALUES
+  (51, 1, 'abc@bf16', 64, 'none', 'auto+update', 40.0, 7000, 1, NULL, NULL, NULL);
+)sql");
+  expect_version8_kernels_split(path);
+  EXPECT_EQ(SqlShell(path).query("SELECT model, precision FROM step_measurements"),
+            (Rows{{"abc", "bf16"}}));
+}
+
+TEST(PerfDbUpgrade, Version8KernelLayoutVtrainNeverWroteIsRefusedUntouched) {
+  // A layout text without the arrow (the API's default before version 9,
+  // never the profiler's), and a side that is no layout's name (nchw is
+  // device.layout's choice, not a layout).
+  for (const std::string layout : {"NCHW", "plain->nchw"}) {
+    SCOPED_TRACE(layout);
+    TempDir dir;
+    const std::string path = version8_file(
+        dir, "INSERT INTO kernels VALUES (3, 'Forward', 64, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 'f32', '" +
+                 layout + "');");
+    expect_rejected_untouched(path, path + " is not a valid vtrain perf DB: kernels row 3: layout '" +
+                                        layout + "': expected <input layout>-><output layout>, each "
+                                        "one of plain, nChw8c, nChw16c, nhwc");
+  }
 }
 
 TEST(PerfDb, InvalidInputRatesAreRefusedNamingTheField) {

@@ -68,6 +68,34 @@ inline void leave_crashed_writers_journal(const std::string& path) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+// Turns the kernel tables of a current file back into version 8's (the
+// last with one `layout` column, "<x>-><y>"), rows and ids kept: for the
+// tests that make an older file from a current one. Version 8's tables
+// are version 1's kernels and version 2's kernel_measurements.
+constexpr const char* kVersion8KernelTables = R"sql(
+CREATE TABLE kernels_v8 (
+  id INTEGER PRIMARY KEY,
+  kind TEXT NOT NULL CHECK (kind IN ('Forward', 'BackwardData', 'BackwardFilter')),
+  n INTEGER NOT NULL, c INTEGER NOT NULL, h INTEGER NOT NULL, w INTEGER NOT NULL,
+  k INTEGER NOT NULL, r INTEGER NOT NULL, s INTEGER NOT NULL,
+  pad_h INTEGER NOT NULL, pad_w INTEGER NOT NULL, stride_h INTEGER NOT NULL, stride_w INTEGER NOT NULL,
+  dtype TEXT NOT NULL, layout TEXT NOT NULL,
+  UNIQUE (kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, dtype, layout));
+INSERT INTO kernels_v8 SELECT id, kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, dtype,
+  input_layout || '->' || output_layout FROM kernels;
+CREATE TABLE kernel_measurements_v8 (
+  id INTEGER PRIMARY KEY, device_id INTEGER NOT NULL REFERENCES devices (id),
+  kernel_id INTEGER NOT NULL REFERENCES kernels_v8 (id), algorithm TEXT NOT NULL,
+  micro_batch INTEGER NOT NULL, time_ms REAL NOT NULL, workspace_bytes INTEGER NOT NULL,
+  measured_at INTEGER NOT NULL, time_iqr_ms REAL,
+  UNIQUE (device_id, kernel_id, algorithm, micro_batch));
+INSERT INTO kernel_measurements_v8 SELECT * FROM kernel_measurements;
+DROP TABLE kernel_measurements;
+DROP TABLE kernels;
+ALTER TABLE kernels_v8 RENAME TO kernels;
+ALTER TABLE kernel_measurements_v8 RENAME TO kernel_measurements;
+)sql";
+
 inline Device gpu(const std::string& host = "node1") {
   return Device{"NVIDIA H200", "cuda", 150'000'000'000, "cuDNN 9.1.0", 1, host};
 }

@@ -159,7 +159,7 @@ std::string older_file(const TempDir& dir, int version) {
   // without the copies' compute share, 7 without input_rates); version 2
   // also lacks the two tables.
   SqlShell(path).exec(
-      "DROP TABLE input_rates; " + std::string(version == 2 ? "DROP TABLE copy_bandwidth; DROP TABLE layer_measurements; "
+      std::string(kVersion8KernelTables) + "DROP TABLE input_rates; " + std::string(version == 2 ? "DROP TABLE copy_bandwidth; DROP TABLE layer_measurements; "
                                : "ALTER TABLE copy_bandwidth DROP COLUMN compute_share; ") +
       "ALTER TABLE step_measurements DROP COLUMN kept_bytes; "
       "ALTER TABLE step_measurements DROP COLUMN offloaded_bytes; "
@@ -211,7 +211,7 @@ TEST(PerfDbMemoryCosts, Version4FilesKeepTheirLayerRowsAndTakeTheTimeOutsideTheC
     db.record_layer_measurements(db.upsert_device(gpu()), ModelKey{"lenet"}, 64, lenet_layers());
   }
   SqlShell(path).exec(
-      "CREATE TABLE old (id INTEGER PRIMARY KEY, device_id INTEGER NOT NULL REFERENCES "
+      std::string(kVersion8KernelTables) + "CREATE TABLE old (id INTEGER PRIMARY KEY, device_id INTEGER NOT NULL REFERENCES "
       "devices (id), model TEXT NOT NULL, batch INTEGER NOT NULL, layer_index INTEGER NOT NULL "
       "CHECK (layer_index >= -1), layer_name TEXT NOT NULL, forward_ms REAL NOT NULL, "
       "backward_ms REAL NOT NULL, measured_at INTEGER NOT NULL, "
@@ -247,6 +247,7 @@ TEST(PerfDbMemoryCosts, Version5CopyBandwidthsAreKeptWithoutAComputeShare) {
     db.record_copy_bandwidth(db.upsert_device(gpu()), std::vector{copy(CopyDirection::kToHost, 9e9)});
   }
   SqlShell(path).exec(
+      std::string(kVersion8KernelTables) +
       "ALTER TABLE copy_bandwidth DROP COLUMN compute_share; DROP TABLE input_rates; "
       "UPDATE schema_version SET version = 5");
   PerfDb db(path);

@@ -13,6 +13,15 @@ namespace vtrain::config::internal {
 // Leaves Config::path and the default profile.db to the caller.
 Config read_sections(const common::yaml::Field& root);
 
+// The run settings (common::kSettings) that `section` holds under a plain
+// key, with that key: {"layout", device.layout's row} for "device", in
+// table order (config_sections.cpp).
+struct SectionSetting {
+  std::string key;
+  const common::Setting* setting;
+};
+std::vector<SectionSetting> settings_in(const std::string& section);
+
 // Applies "a.b.c=value" to the tree (config_overrides.cpp); the key paths it
 // creates are appended to `overridden`, for messages that blame --set.
 void apply_override(YAML::Node& root, const std::string& arg,

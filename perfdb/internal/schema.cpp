@@ -1,5 +1,6 @@
 #include "perfdb/internal/schema.h"
 
+#include <algorithm>
 #include <charconv>
 #include <iterator>
 #include <stdexcept>
@@ -17,9 +18,11 @@ struct Migration {
   int to;
   const char* sql;
   void (*rewrite_rows)(Connection&) = nullptr;  // after `sql`: what SQL cannot say
+  void (*refuse_rows)(Connection&) = nullptr;   // before `sql`: fails on a row it cannot carry
 };
 
 void split_suffixed_keys(Connection& connection);
+void refuse_unsplittable_layouts(Connection& connection);
 
 // The comments inside CREATE TABLE are kept by SQLite, so `.schema` in the
 // sqlite3 shell shows them.
@@ -234,6 +237,45 @@ INSERT INTO layer_measurements_v8 SELECT id, device_id, model, 'fp32', 'auto', '
 DROP TABLE layer_measurements;
 ALTER TABLE layer_measurements_v8 RENAME TO layer_measurements;
 )sql", split_suffixed_keys},
+    // Version 9: a kernel's activation layouts get a column each
+    // (input_layout, output_layout), where layout held both as one text
+    // "<x>-><y>". kernels is rebuilt (its UNIQUE changes), ids and rows
+    // kept; so is kernel_measurements, whose rows reference it, because a
+    // table that rows reference cannot be dropped while foreign keys are
+    // checked. refuse_unsplittable_layouts first refuses a layout vtrain
+    // never wrote.
+    {9, R"sql(
+CREATE TABLE kernels_v9 (
+  id INTEGER PRIMARY KEY,
+  kind TEXT NOT NULL CHECK (kind IN ('Forward', 'BackwardData', 'BackwardFilter')),
+  n INTEGER NOT NULL, c INTEGER NOT NULL, h INTEGER NOT NULL, w INTEGER NOT NULL,
+  k INTEGER NOT NULL, r INTEGER NOT NULL, s INTEGER NOT NULL,
+  pad_h INTEGER NOT NULL, pad_w INTEGER NOT NULL, stride_h INTEGER NOT NULL, stride_w INTEGER NOT NULL,
+  dtype TEXT NOT NULL,               -- kind to dtype as in version 1 (perfdb/README.md)
+  input_layout TEXT NOT NULL,        -- the layout of the convolution's input x: plain, nChw8c,
+                                     -- nChw16c or nhwc (worker/device/tensor.h)
+  output_layout TEXT NOT NULL,       -- the layout of its output y
+  UNIQUE (kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, dtype, input_layout,
+          output_layout)
+);
+INSERT INTO kernels_v9 SELECT id, kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, dtype,
+  substr(layout, 1, instr(layout, '->') - 1), substr(layout, instr(layout, '->') + 2) FROM kernels;
+CREATE TABLE kernel_measurements_v9 (
+  id INTEGER PRIMARY KEY,
+  device_id INTEGER NOT NULL REFERENCES devices (id),
+  kernel_id INTEGER NOT NULL REFERENCES kernels_v9 (id),
+  algorithm TEXT NOT NULL, micro_batch INTEGER NOT NULL, time_ms REAL NOT NULL,
+  workspace_bytes INTEGER NOT NULL, measured_at INTEGER NOT NULL,
+  time_iqr_ms REAL,                  -- algorithm to time_iqr_ms as in version 2 (perfdb/README.md)
+  UNIQUE (device_id, kernel_id, algorithm, micro_batch)
+);
+INSERT INTO kernel_measurements_v9 SELECT id, device_id, kernel_id, algorithm, micro_batch, time_ms,
+  workspace_bytes, measured_at, time_iqr_ms FROM kernel_measurements;
+DROP TABLE kernel_measurements;
+DROP TABLE kernels;
+ALTER TABLE kernels_v9 RENAME TO kernels;
+ALTER TABLE kernel_measurements_v9 RENAME TO kernel_measurements;
+)sql", nullptr, refuse_unsplittable_layouts},
 };
 
 static_assert(std::size(kMigrations) == static_cast<size_t>(kSchemaVersion),
@@ -265,9 +307,15 @@ void split_model_keys(Connection& connection) {
         not_valid(connection, name + " row " + std::to_string(id) + ": model '" + key +
                                   "': " + e.what());
       }
+      // Version 8's columns, by name: bind_model binds today's, which a
+      // later setting extends.
+      const common::ComputeSettings& s = parsed.settings;
       StatementUse use(update);
       update.bind(1, id);
-      bind_model(update, 2, ModelKey{parsed.signature, parsed.settings});
+      update.bind(2, std::string_view(parsed.signature));
+      update.bind(3, std::string_view(common::precision_name(s.precision)));
+      update.bind(4, std::string_view(common::name_of(common::kLayoutChoiceNames, s.layout)));
+      update.bind(5, std::string_view(common::name_of(common::kAutoOnOffNames, s.fuse_relu)));
       update.run();
     }
   }
@@ -307,7 +355,49 @@ void split_suffixed_keys(Connection& connection) {
   split_policy_capacities(connection);
 }
 
+// Version 8's kernels: layout "<x>-><y>", each side a name that
+// worker::layout_name gave up to version 8. Anything else (another text
+// written through the API, never by the profiler) stops the upgrade
+// naming the row and the value.
+void refuse_unsplittable_layouts(Connection& connection) {
+  constexpr std::string_view kWritten[] = {"plain", "nChw8c", "nChw16c", "nhwc"};
+  auto written = [&](std::string_view name) {
+    return std::find(std::begin(kWritten), std::end(kWritten), name) != std::end(kWritten);
+  };
+  Statement select(connection, "SELECT id, layout FROM kernels ORDER BY id");
+  while (select.step()) {
+    const std::string layout = select.column_text(1);
+    const size_t arrow = layout.find("->");
+    if (arrow == std::string::npos || !written(std::string_view(layout).substr(0, arrow)) ||
+        !written(std::string_view(layout).substr(arrow + 2))) {
+      not_valid(connection, "kernels row " + std::to_string(select.column_int(0)) + ": layout '" +
+                                layout + "': expected <input layout>-><output layout>, each one of "
+                                "plain, nChw8c, nChw16c, nhwc");
+    }
+  }
+}
+
 }  // namespace
+
+std::string model_columns() {
+  std::string columns = "model";
+  for (const common::Setting& s : common::kSettings) columns += std::string(", ") + s.name;
+  return columns;
+}
+
+std::string model_match(int first) {
+  std::string match = "model = ?" + std::to_string(first);
+  for (const common::Setting& s : common::kSettings) {
+    match += std::string(" AND ") + s.name + " = ?" + std::to_string(++first);
+  }
+  return match;
+}
+
+std::string parameters(int first, int count) {
+  std::string list;
+  for (int i = 0; i < count; ++i) list += (i == 0 ? "?" : ", ?") + std::to_string(first + i);
+  return list;
+}
 
 std::optional<int> inspect_schema(Connection& connection, bool quick_check) {
   try {
@@ -371,6 +461,7 @@ void migrate(Connection& connection, std::optional<int> version) {
   }
   for (const Migration& migration : kMigrations) {
     if (migration.to <= at) continue;
+    if (migration.refuse_rows) migration.refuse_rows(connection);
     connection.exec(migration.sql);
     if (migration.rewrite_rows) migration.rewrite_rows(connection);
     Statement set(connection, "UPDATE schema_version SET version = ?1");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 
 #include "perfdb/internal/sqlite.h"
 #include "perfdb/perf_db.h"
@@ -21,14 +22,24 @@ std::optional<int> inspect_schema(Connection& connection, bool quick_check);
 // with allow_older, can upgrade from).
 void check_schema_version(const Connection& connection, int version, bool allow_older);
 
-// Binds `model` to parameters first..first + common::kSettingCount, the
-// columns it is stored in: model, then each setting
-// (common::setting_texts) by its name in the config.
+// The columns a ModelKey is stored in, in the tables keyed on a model:
+// "model, precision, layout, ...", a column per setting (common::kSettings).
+std::string model_columns();
+// "model = ?F AND precision = ?F+1 AND ...": those columns matched against
+// parameters `first` (F) onwards, in that order.
+std::string model_match(int first);
+// "?F, ?F+1, ..., ?F+count-1".
+std::string parameters(int first, int count);
+
+// The parameters a ModelKey takes: the signature and each setting.
+inline constexpr int kModelParameters = 1 + static_cast<int>(common::kSettingCount);
+
+// Binds `model` to parameters first..first + kModelParameters - 1, in the
+// order of model_columns(): the signature, then each setting's name for
+// its value in the config.
 inline void bind_model(Statement& statement, int first, const ModelKey& model) {
   statement.bind(first, std::string_view(model.signature));
-  for (const common::SettingText& s : common::setting_texts(model.settings)) {
-    statement.bind(++first, s.value);
-  }
+  for (const common::Setting& s : common::kSettings) statement.bind(++first, s.text(model.settings));
 }
 
 // Brings the database from `version` (nullopt: empty) up to kSchemaVersion.

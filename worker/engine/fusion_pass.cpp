@@ -3,7 +3,8 @@
 namespace vtrain::worker {
 
 std::vector<FusedPair> fuse_conv_bias_relu(const Graph& graph, const std::vector<TensorDesc>& descs,
-                                           const Backend& backend, common::AutoOnOff setting) {
+                                           const Backend& backend, const ComputeSettings& settings) {
+  const common::AutoOnOff setting = settings.fuse_relu;
   std::vector<FusedPair> pairs;
   if (setting == common::AutoOnOff::kOff) return pairs;
   for (int i = 0; i < graph.size(); ++i) {

@@ -11,7 +11,7 @@
 
 #include <vector>
 
-#include "common/name_table.h"
+#include "common/compute_settings.h"
 #include "worker/device/backend.h"
 #include "worker/engine/graph.h"
 
@@ -26,12 +26,12 @@ struct FusedPair {
 };
 
 // The conv-bias-ReLU pairs of `graph` whose activations are `descs`
-// (activation_descs()), under `setting` (conv.fuse_relu): off pairs none;
+// (activation_descs()), under settings.fuse_relu (conv.fuse_relu): off pairs none;
 // on pairs every relu whose input is a convolution with a bias that no
 // other layer reads, where the backend supports the bias-paired relu; auto
 // pairs those where the backend also prefers it (Backend::prefers: it saves
 // a pass over the activations each way).
 std::vector<FusedPair> fuse_conv_bias_relu(const Graph& graph, const std::vector<TensorDesc>& descs,
-                                           const Backend& backend, common::AutoOnOff setting);
+                                           const Backend& backend, const ComputeSettings& settings);
 
 }  // namespace vtrain::worker

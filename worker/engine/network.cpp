@@ -210,7 +210,7 @@ void Network::make_layers() {
 
 void Network::pair_bias_with_relu() {
   // The pass chose conv and relu layers by their specs' types.
-  for (const FusedPair& pair : fuse_conv_bias_relu(graph_, out_desc_, backend_, options_.settings.fuse_relu)) {
+  for (const FusedPair& pair : fuse_conv_bias_relu(graph_, out_desc_, backend_, options_.settings)) {
     ConvLayer& conv = *layers_[pair.from]->as_conv();
     conv.leave_bias_to_relu();
     layers_[pair.into]->as_relu()->take_bias_of(conv);

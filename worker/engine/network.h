@@ -218,7 +218,7 @@ class Network {
   // (train_without_samples also counts as a step here.)
   float* gradients() const { return grads_; }
   int64_t parameter_count() const { return param_count_; }
-  // The relu layers that add their convolution's bias (conv.fuse_relu).
+  // The relu layers that add their convolution's bias (fusion_pass.h).
   int bias_relu_pairs() const { return bias_relu_pairs_; }
   const std::vector<ParamRange>& param_ranges() const { return param_ranges_; }
   // Under a half precision, where param_ranges()[i] starts in the compute
@@ -279,8 +279,8 @@ class Network {
  private:
   void make_layers();
   void check_named_algorithm() const;
-  // Once the layers are bound, what the fusion pass decides (fusion_pass.h,
-  // under options_.settings.fuse_relu): the relu adds the bias (ActivationDesc::bias).
+  // Once the layers are bound, what the fusion pass decides under
+  // options_.settings (fusion_pass.h): the relu adds the bias (ActivationDesc::bias).
   void pair_bias_with_relu();
   bool has_compute_copy() const;           // a half precision with conv or fc parameters
   TensorDesc compute_params_desc() const;  // the half compute copy of the parameters

@@ -298,7 +298,8 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
   sig.stride_h = p.window.stride_h;
   sig.stride_w = p.window.stride_w;
   sig.dtype = dtype_name(p.x.dtype);
-  sig.layout = std::string(layout_name(p.x.layout)) + "->" + layout_name(p.y.layout);
+  sig.input_layout = layout_name(p.x.layout);
+  sig.output_layout = layout_name(p.y.layout);
   return sig;
 }
 

@@ -93,8 +93,8 @@ struct TrainerOptions {
   TrainSettings train;           // train.*
   OptimizerSettings optimizer;   // optimizer.* but the schedule
   ScheduleSettings schedule;     // optimizer.lr, schedule, step_epochs, gamma, warmup_steps
-  // How this rank computes the graph: train.precision (its own), device.layout,
-  // conv.fuse_relu (config::compute_settings).
+  // How this rank computes the graph, its own precision included: the run
+  // settings (common::kSettings, config::compute_settings).
   ComputeSettings settings;
   std::string conv_algorithm = "auto";  // conv.algorithm: "auto" or a backend's algorithm name
   // Memory (memory.policy and memory.planner in the config; see network.h).
