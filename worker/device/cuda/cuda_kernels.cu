@@ -611,6 +611,20 @@ void with_index(int64_t elements, F&& f) {
   }
 }
 
+// launch(T{}, I{}, count) over the storage elements of `shape` (padding
+// included) in `type`, the index type I picked by with_index; then the
+// launch checked under `kernel`'s name.
+template <typename Launch>
+void launch_per_storage_element(Element type, const BlockedShape& shape, const char* kernel,
+                                Launch&& launch) {
+  const int64_t count = shape.storage_elements();
+  if (count == 0) return;
+  with_type(type, [&](auto t) {
+    with_index(count, [&](auto index) { launch(t, index, count); });
+  });
+  check_launch(kernel);
+}
+
 // f(std::integral_constant<int, V>{}): V = 16 / sizeof(T), the elements of
 // a 16-byte pack, where `packed` (else 1).
 template <typename T, typename F>
@@ -685,18 +699,13 @@ void reorder(Element src_type, const void* src, int64_t src_block, Element dst_t
 }
 
 void fill(Element type, void* dst, const BlockedShape& shape, float value, cudaStream_t stream) {
-  const int64_t count = shape.storage_elements();
-  if (count == 0) return;
-  with_type(type, [&](auto t) {
-    with_index(count, [&](auto index) {
-      using T = decltype(t);
-      using I = decltype(index);
-      fill_kernel<T, I><<<blocks_for(count), kThreads, 0, stream>>>(
-          static_cast<T*>(dst), static_cast<I>(shape.c), static_cast<I>(shape.h * shape.w),
-          static_cast<I>(shape.block), value, static_cast<I>(count));
-    });
+  launch_per_storage_element(type, shape, "fill_kernel", [&](auto t, auto index, int64_t count) {
+    using T = decltype(t);
+    using I = decltype(index);
+    fill_kernel<T, I><<<blocks_for(count), kThreads, 0, stream>>>(
+        static_cast<T*>(dst), static_cast<I>(shape.c), static_cast<I>(shape.h * shape.w),
+        static_cast<I>(shape.block), value, static_cast<I>(count));
   });
-  check_launch("fill_kernel");
 }
 
 void add(Element type, const void* a, const void* b, void* y, int64_t count,
@@ -849,19 +858,14 @@ __global__ void dropout_kernel(const T* in, T* out, I c, I hw, I block, DropoutC
 
 void dropout(Element type, const void* in, void* out, const BlockedShape& shape,
              const DropoutCall& call, cudaStream_t stream) {
-  const int64_t count = shape.storage_elements();
-  if (count == 0) return;
-  with_type(type, [&](auto t) {
-    with_index(count, [&](auto index) {
-      using T = decltype(t);
-      using I = decltype(index);
-      dropout_kernel<T, I><<<blocks_for(count), kThreads, 0, stream>>>(
-          static_cast<const T*>(in), static_cast<T*>(out), static_cast<I>(shape.c),
-          static_cast<I>(shape.h * shape.w), static_cast<I>(shape.block), call,
-          static_cast<I>(count));
-    });
+  launch_per_storage_element(type, shape, "dropout_kernel", [&](auto t, auto index, int64_t count) {
+    using T = decltype(t);
+    using I = decltype(index);
+    dropout_kernel<T, I><<<blocks_for(count), kThreads, 0, stream>>>(
+        static_cast<const T*>(in), static_cast<T*>(out), static_cast<I>(shape.c),
+        static_cast<I>(shape.h * shape.w), static_cast<I>(shape.block), call,
+        static_cast<I>(count));
   });
-  check_launch("dropout_kernel");
 }
 
 void accumulate(Element x_type, const void* x, Element y_type, void* y, float beta,
