@@ -97,6 +97,9 @@ struct KernelSignature {
   int64_t k = 1, r = 1, s = 1;         // filters: output channels, height, width
   int64_t pad_h = 0, pad_w = 0;
   int64_t stride_h = 1, stride_w = 1;
+  // Channel groups (worker::ConvProblem::groups): a depthwise c->c conv and
+  // a dense one on the same input are different kernels.
+  int64_t groups = 1;
   std::string dtype = "f32";           // element type
   // The activation layouts the kernel ran on: the forward convolution's
   // input x and output y, by worker::layout_name ("plain", "nChw16c", ...).

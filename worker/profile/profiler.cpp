@@ -297,6 +297,7 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
   sig.pad_w = p.window.pad_w;
   sig.stride_h = p.window.stride_h;
   sig.stride_w = p.window.stride_w;
+  sig.groups = p.groups;
   sig.dtype = dtype_name(p.x.dtype);
   sig.input_layout = layout_name(p.x.layout);
   sig.output_layout = layout_name(p.y.layout);
