@@ -73,7 +73,7 @@ void write_fronts(const std::string& path, const std::vector<worker::FrontPoint>
                   const balancer::TrainingPlan& plan) {
   std::string csv = "rank,device,kernel,workspace_bytes,time_ms,calls,chosen\n";
   for (const worker::FrontPoint& p : fronts) {
-    std::string device = plan.ranks.at(static_cast<size_t>(p.rank)).device;
+    std::string device = plan.ranks.at(static_cast<size_t>(p.rank)).device.text();
     std::replace(device.begin(), device.end(), '"', '\'');
     char time[32];
     std::snprintf(time, sizeof time, "%.6g", p.time_ms);
@@ -143,7 +143,7 @@ perfdb::DeviceRecord device_named(const std::vector<perfdb::DeviceRecord>& known
   const perfdb::DeviceRecord* by_label = nullptr;
   const perfdb::DeviceRecord* by_name = nullptr;
   for (const perfdb::DeviceRecord& r : known) {
-    const std::string label = perfdb::device_label(r.device);
+    const std::string label = perfdb::device_label(r.device).text();
     labels.push_back(label);
     if (label == name) by_label = &r;
     if (r.device.name == name) {
@@ -429,7 +429,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       d.memory_bytes = cluster[r].memory_bytes;
       d.layout = worker::layout_rule_for(worker::parse_backend_kind(cluster[r].backend),
                                          cfg.compute.layout, precisions[r]);
-      d.name = worker::device_label(cluster[r]);
+      d.label = worker::device_label(cluster[r]);
       d.input_rate = inputs.rates[r];
       d.host_share = shares_of_cores[r];
       if (mixed) d.precision = precisions[r];
@@ -618,7 +618,7 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     d.memory_bytes = rec.device.memory_bytes;
     d.layout = worker::layout_rule_for(worker::parse_backend_kind(rec.device.backend),
                                        cfg.compute.layout, precision.value_or(cfg.compute.precision));
-    d.name = perfdb::device_label(rec.device);  // as the rank that runs on it will name its device
+    d.label = perfdb::device_label(rec.device);  // as the rank that runs on it will name its device
     d.precision = precision;
     devices.push_back(std::move(d));
   };

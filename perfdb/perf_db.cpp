@@ -1,7 +1,6 @@
 #include "perfdb/perf_db.h"
 
 #include <algorithm>
-#include <charconv>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -45,30 +44,9 @@ std::string table_names() {
   return out;
 }
 
-namespace {
-
-// " (N threads)" as device_label writes it.
-std::string threads_qualifier(int threads) {
-  return " (" + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)");
-}
-
-}  // namespace
-
-std::string device_label(const Device& device) {
-  if (device.backend != "cpu") return device.name;
-  return device.name + threads_qualifier(device.threads);
-}
-
-std::string_view device_label_name(std::string_view label) {
-  const size_t open = label.rfind(" (");
-  if (open == std::string_view::npos) return label;
-  // A thread count is there when the qualifier is the one device_label
-  // would write for the number it starts with.
-  const std::string_view count = label.substr(open + 2);
-  int threads = 0;
-  std::from_chars(count.data(), count.data() + count.size(), threads);
-  return threads >= 1 && label.substr(open) == threads_qualifier(threads) ? label.substr(0, open)
-                                                                           : label;
+common::DeviceLabel device_label(const Device& device) {
+  if (device.backend != "cpu") return {device.name, std::nullopt};
+  return {device.name, device.threads};
 }
 
 namespace {

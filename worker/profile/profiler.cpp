@@ -281,7 +281,9 @@ perfdb::Device perfdb_device(const DeviceInfo& info) {
           info.host};
 }
 
-std::string device_label(const DeviceInfo& info) { return perfdb::device_label(perfdb_device(info)); }
+common::DeviceLabel device_label(const DeviceInfo& info) {
+  return perfdb::device_label(perfdb_device(info));
+}
 
 perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
   perfdb::KernelSignature sig;
