@@ -29,6 +29,13 @@ namespace vtrain::launcher {
 namespace {
 // Timed batches of an input rate measurement; the median is kept.
 constexpr int kInputRateBatches = 7;
+
+// The job's run settings as a rank computing in `precision` has them.
+common::ComputeSettings in_precision(const config::Config& cfg, common::Precision precision) {
+  common::ComputeSettings settings = config::compute_settings(cfg);
+  settings.precision = precision;
+  return settings;
+}
 }  // namespace
 
 perfdb::InputRateMeasurement stored_input_rate(perfdb::PerfDb& db, const worker::DeviceInfo& info,
@@ -428,7 +435,7 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       d.id = ids[r];
       d.memory_bytes = cluster[r].memory_bytes;
       d.layout = worker::layout_rule_for(worker::parse_backend_kind(cluster[r].backend),
-                                         cfg.compute.layout, precisions[r]);
+                                         in_precision(cfg, precisions[r]));
       d.label = worker::device_label(cluster[r]);
       d.input_rate = inputs.rates[r];
       d.host_share = shares_of_cores[r];
@@ -617,7 +624,7 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     d.id = rec.id;
     d.memory_bytes = rec.device.memory_bytes;
     d.layout = worker::layout_rule_for(worker::parse_backend_kind(rec.device.backend),
-                                       cfg.compute.layout, precision.value_or(cfg.compute.precision));
+                                       in_precision(cfg, precision.value_or(cfg.compute.precision)));
     d.label = perfdb::device_label(rec.device);  // as the rank that runs on it will name its device
     d.precision = precision;
     devices.push_back(std::move(d));
