@@ -3,7 +3,7 @@
 // and broadcasts the text) or offline by `vtrain balance --out`, and given
 // back with `vtrain train --plan FILE`.
 //
-//   vtrain_plan: 2
+//   vtrain_plan: 3
 //   model: "<the model's signature, Graph::signature()>"
 //   precision: fp32                 # how it is computed: a field per setting
 //   layout: auto                    #   (common::kSettings), rank 0's; each
@@ -16,7 +16,8 @@
 //   split_ms: 43.0                  # optional: the split's time from measured steps
 //   even_split_ms: 55.0             # optional: the even split's, the same way
 //   ranks:
-//     - device: "Intel(R) Xeon(R) ..."
+//     - device: "Intel(R) Xeon(R) ..."   # the device's name (common::DeviceLabel)
+//       threads: 8                  # a CPU's: the threads it computes with
 //       precision: bf16             # optional: the rank's own (a precision per rank)
 //       batch: 64
 //       predicted_ms: 41.2
@@ -32,7 +33,9 @@
 // global_batch) and names file:line and key path on error; whether the plan
 // fits a model and a cluster is for the caller (plan_mismatch()). Version 1
 // plans, whose `model:` held the settings as "@" suffixes
-// ("<signature>@bf16@nhwc"), read as the same fields.
+// ("<signature>@bf16@nhwc"), read as the same fields; versions 1 and 2,
+// whose `device:` held a CPU's thread count as " (8 threads)" after the
+// name, read as `device:` and `threads:` (common::DeviceLabel::parse).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +48,7 @@
 #include "common/activation_bytes.h"
 #include "common/compute_settings.h"
 #include "common/conv_kind.h"
+#include "common/device_label.h"
 #include "common/input_error.h"
 
 namespace vtrain::balancer {
@@ -52,7 +56,7 @@ namespace vtrain::balancer {
 // A malformed plan file (file:line and key path in the message).
 using PlanError = common::InputError;
 
-inline constexpr int kPlanVersion = 2;
+inline constexpr int kPlanVersion = 3;
 
 struct PlannedKernel {
   std::string layer;                        // conv layer name
@@ -64,7 +68,8 @@ struct PlannedKernel {
 };
 
 struct RankPlan {
-  std::string device;                   // device name (for people and checks)
+  common::DeviceLabel device;           // the device it was planned on (for people and checks);
+                                        // name "" = none named
   // train.precision the rank computes in, where ranks differ; nullopt:
   // the plan's settings.precision (plans of one precision, and those
   // written before a precision per rank)

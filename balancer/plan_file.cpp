@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "common/files.h"
 #include "common/text_file.h"
@@ -28,6 +29,9 @@ MicroBatch read_call(const Field& field) {
 // The oldest plan format this code reads: version 1 held the settings as
 // suffixes of `model` (common::parse_suffixed_model_key).
 constexpr int kFirstReadVersion = 1;
+// The last one whose `device:` held a CPU's thread count as text after the
+// name ("X (8 threads)", common::DeviceLabel::text).
+constexpr int kLastDeviceTextVersion = 2;
 
 // `model` and how it is computed: fields of their own since version 2.
 void read_model(const Section& top, int format, TrainingPlan& plan) {
@@ -92,12 +96,30 @@ PlannedKernel read_planned_kernel(const Field& field, const RankPlan& rank) {
   return k;
 }
 
-RankPlan read_rank_plan(const Field& field) {
+// A rank's `device:` and, since version 3, `threads:`.
+common::DeviceLabel read_device(const Section& section, int format) {
+  common::DeviceLabel device;
+  if (Field f = section["device"]) {
+    device = format <= kLastDeviceTextVersion ? common::DeviceLabel::parse(to_string(f))
+                                              : common::DeviceLabel{to_string(f), std::nullopt};
+  }
+  if (Field f = section["threads"]) {
+    if (format <= kLastDeviceTextVersion) {
+      f.fail("plan format " + std::to_string(format) +
+             " has no threads (it is part of device:); threads came with format 3");
+    }
+    device.threads = static_cast<int>(
+        to_int(f, between(1, std::numeric_limits<int>::max(), false, false)));
+  }
+  return device;
+}
+
+RankPlan read_rank_plan(const Field& field, int format) {
   const Section section(field);
-  section.allow({"device", "precision", "batch", "predicted_ms", "input_rate", "binds",
+  section.allow({"device", "threads", "precision", "batch", "predicted_ms", "input_rate", "binds",
                  "workspace_bytes", "activations", "kernels"});
   RankPlan r;
-  if (Field f = section["device"]) r.device = to_string(f);
+  r.device = read_device(section, format);
   if (Field f = section["precision"]) r.precision = to_choice(f, common::kPrecisionNames);
   r.batch = to_int(section.required("batch", "the rank's per-step batch"), at_least(0));
   if (Field f = section["predicted_ms"]) r.predicted_ms = to_number(f, at_least(0));
@@ -162,7 +184,7 @@ TrainingPlan parse_plan(const std::string& yaml_text, const std::string& origin)
   const Field ranks = top.required("ranks", "one entry per rank");
   int64_t total = 0;
   for (const Field& r : ranks.items("a list of ranks")) {
-    plan.ranks.push_back(read_rank_plan(r));
+    plan.ranks.push_back(read_rank_plan(r, format));
     total += plan.ranks.back().batch;
   }
   if (plan.ranks.empty()) ranks.fail("expected at least one rank, got an empty list");
@@ -197,7 +219,8 @@ std::string plan_to_yaml(const TrainingPlan& plan) {
   out << YAML::Key << "ranks" << YAML::Value << YAML::BeginSeq;
   for (const RankPlan& r : plan.ranks) {
     out << YAML::BeginMap;
-    out << YAML::Key << "device" << YAML::Value << YAML::DoubleQuoted << r.device;
+    out << YAML::Key << "device" << YAML::Value << YAML::DoubleQuoted << r.device.name;
+    if (r.device.threads) out << YAML::Key << "threads" << YAML::Value << *r.device.threads;
     if (r.precision) {
       out << YAML::Key << "precision" << YAML::Value << common::precision_name(*r.precision);
     }

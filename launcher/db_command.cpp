@@ -44,7 +44,7 @@ int run_db(const CliArgs& cli) {
     std::printf("  device %lld: '%s' (%s, %s, %d threads, host %s): %lld kernel, %lld step, "
                 "%lld layer measurements\n",
                 static_cast<long long>(d.device.id.value),
-                perfdb::device_label(d.device.device).c_str(),
+                perfdb::device_label(d.device.device).text().c_str(),
                 d.device.device.backend.c_str(), d.device.device.library_version.c_str(),
                 d.device.device.threads, d.device.device.host.c_str(),
                 static_cast<long long>(d.kernel_measurements),

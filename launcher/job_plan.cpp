@@ -29,6 +29,13 @@ namespace vtrain::launcher {
 namespace {
 // Timed batches of an input rate measurement; the median is kept.
 constexpr int kInputRateBatches = 7;
+
+// The job's run settings as a rank computing in `precision` has them.
+common::ComputeSettings in_precision(const config::Config& cfg, common::Precision precision) {
+  common::ComputeSettings settings = config::compute_settings(cfg);
+  settings.precision = precision;
+  return settings;
+}
 }  // namespace
 
 perfdb::InputRateMeasurement stored_input_rate(perfdb::PerfDb& db, const worker::DeviceInfo& info,
@@ -73,7 +80,7 @@ void write_fronts(const std::string& path, const std::vector<worker::FrontPoint>
                   const balancer::TrainingPlan& plan) {
   std::string csv = "rank,device,kernel,workspace_bytes,time_ms,calls,chosen\n";
   for (const worker::FrontPoint& p : fronts) {
-    std::string device = plan.ranks.at(static_cast<size_t>(p.rank)).device;
+    std::string device = plan.ranks.at(static_cast<size_t>(p.rank)).device.text();
     std::replace(device.begin(), device.end(), '"', '\'');
     char time[32];
     std::snprintf(time, sizeof time, "%.6g", p.time_ms);
@@ -143,7 +150,7 @@ perfdb::DeviceRecord device_named(const std::vector<perfdb::DeviceRecord>& known
   const perfdb::DeviceRecord* by_label = nullptr;
   const perfdb::DeviceRecord* by_name = nullptr;
   for (const perfdb::DeviceRecord& r : known) {
-    const std::string label = perfdb::device_label(r.device);
+    const std::string label = perfdb::device_label(r.device).text();
     labels.push_back(label);
     if (label == name) by_label = &r;
     if (r.device.name == name) {
@@ -428,8 +435,8 @@ std::string solve_job_plan(const config::Config& cfg, const worker::Graph& graph
       d.id = ids[r];
       d.memory_bytes = cluster[r].memory_bytes;
       d.layout = worker::layout_rule_for(worker::parse_backend_kind(cluster[r].backend),
-                                         cfg.compute.layout, precisions[r]);
-      d.name = worker::device_label(cluster[r]);
+                                         in_precision(cfg, precisions[r]));
+      d.label = worker::device_label(cluster[r]);
       d.input_rate = inputs.rates[r];
       d.host_share = shares_of_cores[r];
       if (mixed) d.precision = precisions[r];
@@ -617,8 +624,8 @@ int run_balance(const CliArgs& cli, const config::Config& cfg, const worker::Gra
     d.id = rec.id;
     d.memory_bytes = rec.device.memory_bytes;
     d.layout = worker::layout_rule_for(worker::parse_backend_kind(rec.device.backend),
-                                       cfg.compute.layout, precision.value_or(cfg.compute.precision));
-    d.name = perfdb::device_label(rec.device);  // as the rank that runs on it will name its device
+                                       in_precision(cfg, precision.value_or(cfg.compute.precision)));
+    d.label = perfdb::device_label(rec.device);  // as the rank that runs on it will name its device
     d.precision = precision;
     devices.push_back(std::move(d));
   };

@@ -15,8 +15,7 @@ worker::BackendOptions backend_options(const config::Config& cfg) {
   return {.kind = cfg.device.backend,
           .threads = cfg.device.threads,
           .memory_limit = static_cast<size_t>(cfg.device.memory_limit),
-          .precision = cfg.compute.precision,
-          .layout = cfg.compute.layout,
+          .settings = config::compute_settings(cfg),
           .cudnn_graph = cfg.conv.cudnn_graph,
           .graph_engines = cfg.conv.graph_engines};
 }

@@ -1,7 +1,6 @@
 #include "perfdb/perf_db.h"
 
 #include <algorithm>
-#include <charconv>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -45,49 +44,29 @@ std::string table_names() {
   return out;
 }
 
-namespace {
-
-// " (N threads)" as device_label writes it.
-std::string threads_qualifier(int threads) {
-  return " (" + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)");
-}
-
-}  // namespace
-
-std::string device_label(const Device& device) {
-  if (device.backend != "cpu") return device.name;
-  return device.name + threads_qualifier(device.threads);
-}
-
-std::string_view device_label_name(std::string_view label) {
-  const size_t open = label.rfind(" (");
-  if (open == std::string_view::npos) return label;
-  // A thread count is there when the qualifier is the one device_label
-  // would write for the number it starts with.
-  const std::string_view count = label.substr(open + 2);
-  int threads = 0;
-  std::from_chars(count.data(), count.data() + count.size(), threads);
-  return threads >= 1 && label.substr(open) == threads_qualifier(threads) ? label.substr(0, open)
-                                                                           : label;
+common::DeviceLabel device_label(const Device& device) {
+  if (device.backend != "cpu") return {device.name, std::nullopt};
+  return {device.name, device.threads};
 }
 
 namespace {
 
 constexpr const char* kKernelWhere =
     "kind = ?1 AND n = ?2 AND c = ?3 AND h = ?4 AND w = ?5 AND k = ?6 AND r = ?7 AND s = ?8 AND "
-    "pad_h = ?9 AND pad_w = ?10 AND stride_h = ?11 AND stride_w = ?12 AND dtype = ?13 AND "
-    "input_layout = ?14 AND output_layout = ?15";
+    "pad_h = ?9 AND pad_w = ?10 AND stride_h = ?11 AND stride_w = ?12 AND groups = ?13 AND "
+    "dtype = ?14 AND input_layout = ?15 AND output_layout = ?16";
 
-// Binds a kernel signature to parameters ?1..?15, in the order of the
+// Binds a kernel signature to parameters ?1..?16, in the order of the
 // kernels table (every kernel statement below uses that order).
 void bind_kernel(Statement& statement, const KernelSignature& kernel) {
   statement.bind(1, std::string_view(common::conv_kind_name(kernel.kind)));
-  const int64_t numbers[] = {kernel.n, kernel.c,     kernel.h,     kernel.w,        kernel.k,       kernel.r,
-                             kernel.s, kernel.pad_h, kernel.pad_w, kernel.stride_h, kernel.stride_w};
-  for (int i = 0; i < 11; ++i) statement.bind(2 + i, numbers[i]);
-  statement.bind(13, std::string_view(kernel.dtype));
-  statement.bind(14, std::string_view(kernel.input_layout));
-  statement.bind(15, std::string_view(kernel.output_layout));
+  const int64_t numbers[] = {kernel.n,     kernel.c,        kernel.h,        kernel.w,
+                             kernel.k,     kernel.r,        kernel.s,        kernel.pad_h,
+                             kernel.pad_w, kernel.stride_h, kernel.stride_w, kernel.groups};
+  for (int i = 0; i < 12; ++i) statement.bind(2 + i, numbers[i]);
+  statement.bind(14, std::string_view(kernel.dtype));
+  statement.bind(15, std::string_view(kernel.input_layout));
+  statement.bind(16, std::string_view(kernel.output_layout));
 }
 
 KernelMeasurement read_kernel_measurement(const Statement& row) {
@@ -117,7 +96,8 @@ DeviceRecord read_device(const Statement& row) {
 std::string complaint_about(const KernelSignature& k) {
   const std::pair<const char*, int64_t> at_least_one[] = {
       {"n", k.n}, {"c", k.c}, {"h", k.h}, {"w", k.w}, {"k", k.k},
-      {"r", k.r}, {"s", k.s}, {"stride_h", k.stride_h}, {"stride_w", k.stride_w}};
+      {"r", k.r}, {"s", k.s}, {"stride_h", k.stride_h}, {"stride_w", k.stride_w},
+      {"groups", k.groups}};
   for (const auto& [name, value] : at_least_one) {
     if (value < 1) return std::string("kernel.") + name + " must be >= 1, got " + std::to_string(value);
   }
@@ -173,9 +153,10 @@ std::string complaint_about(const StepMeasurement& step) {
 int64_t PerfDb::Impl::upsert_kernel(const KernelSignature& kernel) {
   {
     StatementUse insert(cached(
-        "INSERT INTO kernels (kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, dtype, "
-        "input_layout, output_layout) "
-        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) ON CONFLICT DO NOTHING"));
+        "INSERT INTO kernels (kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, groups, "
+        "dtype, input_layout, output_layout) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) "
+        "ON CONFLICT DO NOTHING"));
     bind_kernel(*insert, kernel);
     insert->run();
   }
@@ -345,14 +326,14 @@ std::optional<KernelMeasurement> PerfDb::find_kernel_measurement(DeviceId device
     static const std::string kSql =
         std::string(
             "SELECT algorithm, micro_batch, time_ms, time_iqr_ms, workspace_bytes, measured_at "
-            "FROM kernel_measurements WHERE device_id = ?16 AND algorithm = ?17 AND micro_batch = ?18 AND "
+            "FROM kernel_measurements WHERE device_id = ?17 AND algorithm = ?18 AND micro_batch = ?19 AND "
             "kernel_id = (SELECT id FROM kernels WHERE ") +
         kKernelWhere + ")";
     StatementUse select(impl_->cached(kSql.c_str()));
     bind_kernel(*select, kernel);
-    select->bind(16, device.value);
-    select->bind(17, algorithm);
-    select->bind(18, micro_batch);
+    select->bind(17, device.value);
+    select->bind(18, algorithm);
+    select->bind(19, micro_batch);
     if (!select->step()) return std::nullopt;
     return read_kernel_measurement(*select);
   });
@@ -364,11 +345,11 @@ std::vector<KernelMeasurement> PerfDb::kernel_measurements(DeviceId device, cons
     static const std::string kSql =
         std::string(
             "SELECT algorithm, micro_batch, time_ms, time_iqr_ms, workspace_bytes, measured_at "
-            "FROM kernel_measurements WHERE device_id = ?16 AND kernel_id = (SELECT id FROM kernels WHERE ") +
+            "FROM kernel_measurements WHERE device_id = ?17 AND kernel_id = (SELECT id FROM kernels WHERE ") +
         kKernelWhere + ") ORDER BY algorithm, micro_batch";
     StatementUse select(impl_->cached(kSql.c_str()));
     bind_kernel(*select, kernel);
-    select->bind(16, device.value);
+    select->bind(17, device.value);
     std::vector<KernelMeasurement> found;
     while (select->step()) found.push_back(read_kernel_measurement(*select));
     return found;

@@ -36,6 +36,7 @@
 #include "common/activation_bytes.h"
 #include "common/compute_settings.h"
 #include "common/conv_kind.h"
+#include "common/device_label.h"
 
 namespace vtrain::perfdb {
 
@@ -63,17 +64,13 @@ struct Device {
   std::string host;             // hostname
 };
 
-// The name that tells devices apart where people read or pick one (`vtrain
+// The label that tells devices apart where people read or pick one (`vtrain
 // balance --devices`, plans, `vtrain db stats`): a CPU device's name with
-// its thread count, "AMD EPYC 7763 (2 threads)", because CPU devices that
-// differ only in device.threads share a name and their times differ; a
-// GPU's name as it is. Devices on other hosts or with another library
-// version share a label: they are the same hardware.
-std::string device_label(const Device& device);
-
-// The name in a device_label: `label` without a CPU's thread count
-// ("AMD EPYC 7763 (2 threads)" -> "AMD EPYC 7763"); any other text as it is.
-std::string_view device_label_name(std::string_view label);
+// its thread count, "AMD EPYC 7763 (2 threads)" as text, because CPU
+// devices that differ only in device.threads share a name and their times
+// differ; a GPU's name alone. Devices on other hosts or with another
+// library version share a label: they are the same hardware.
+common::DeviceLabel device_label(const Device& device);
 
 struct DeviceId {
   int64_t value = 0;
@@ -97,6 +94,9 @@ struct KernelSignature {
   int64_t k = 1, r = 1, s = 1;         // filters: output channels, height, width
   int64_t pad_h = 0, pad_w = 0;
   int64_t stride_h = 1, stride_w = 1;
+  // Channel groups (worker::ConvProblem::groups): a depthwise c->c conv and
+  // a dense one on the same input are different kernels.
+  int64_t groups = 1;
   std::string dtype = "f32";           // element type
   // The activation layouts the kernel ran on: the forward convolution's
   // input x and output y, by worker::layout_name ("plain", "nChw16c", ...).

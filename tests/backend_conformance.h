@@ -37,8 +37,8 @@ inline std::string base_kind(const std::string& kind) {
 }
 inline worker::BackendOptions suite_options(const std::string& kind) {
   return {.kind = worker::parse_backend_kind(base_kind(kind)),
-          .layout = kind.ends_with(kNhwcKindSuffix) ? worker::LayoutChoice::kNhwc
-                                                    : worker::LayoutChoice::kAuto};
+          .settings = {.layout = kind.ends_with(kNhwcKindSuffix) ? worker::LayoutChoice::kNhwc
+                                                                 : worker::LayoutChoice::kAuto}};
 }
 
 // Why the backend of `kind` cannot run here, or nothing when it can.

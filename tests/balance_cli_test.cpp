@@ -200,8 +200,8 @@ TEST(BalanceCli, DevicesOfOtherThreadCountsAreToldApart) {
   r = balance("--db " + db + " --batch 16 --devices '" + one + "," + two + "' --out " + plan);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string text = read_file(plan);
-  EXPECT_CONTAINS(text, "- device: \"" + one + "\"");
-  EXPECT_CONTAINS(text, "- device: \"" + two + "\"");
+  EXPECT_CONTAINS(text, "- device: \"" + name + "\"\n    threads: 1\n");
+  EXPECT_CONTAINS(text, "- device: \"" + name + "\"\n    threads: 2\n");
 
   r = balance("--db " + db + " --devices 'Some CPU'");
   EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -307,7 +307,8 @@ TEST(BalanceCli, ADevicesInputRateOrWorkersArePriced) {
             0)
       << out;
   const std::string label =
-      perfdb::device_label(perfdb::PerfDb(db, {.mode = perfdb::OpenMode::kReadOnly}).devices().at(0).device);
+      perfdb::device_label(perfdb::PerfDb(db, {.mode = perfdb::OpenMode::kReadOnly}).devices().at(0).device)
+          .text();
   const std::string plan = dir.path("plan.yaml");
   BalanceRun r = balance("--db " + db + " --batch 32 --devices '" + label + "," + label +
                          "[input=20]' --out " + plan);

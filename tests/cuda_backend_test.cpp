@@ -103,15 +103,15 @@ TEST_F(CudaBackendTest, DescribesTheDevice) {
   // Half precision keeps activations channels last (tensor cores' layout),
   // device.layout forces either.
   EXPECT_EQ(
-      make_backend({.kind = worker::BackendKind::kCuda, .precision = common::Precision::kFp16})
+      make_backend({.kind = worker::BackendKind::kCuda, .settings = {.precision = common::Precision::kFp16}})
           ->preferred_layout(64),
       Layout::kNhwc);
-  EXPECT_EQ(make_backend({.kind = worker::BackendKind::kCuda, .layout = LayoutChoice::kNhwc})
+  EXPECT_EQ(make_backend({.kind = worker::BackendKind::kCuda, .settings = {.layout = LayoutChoice::kNhwc}})
                 ->preferred_layout(3),
             Layout::kNhwc);
   EXPECT_EQ(make_backend({.kind = worker::BackendKind::kCuda,
-                          .precision = common::Precision::kBf16,
-                          .layout = LayoutChoice::kNchw})
+                          .settings = {.precision = common::Precision::kBf16,
+                                       .layout = LayoutChoice::kNchw}})
                 ->preferred_layout(64),
             Layout::kPlain);
   EXPECT_EQ(pooling_state_bytes(gpu(), {}, desc({2, 3, 4, 4}), desc({2, 3, 2, 2})), 0u);
@@ -371,7 +371,7 @@ TEST_F(CudaBackendTest, ConvolutionErrorsNameTheProblem) {
 // refuses to run one.
 TEST_F(CudaBackendTest, Tf32OffersTensorCoreVariantsWithinTf32RoundingOfTheReference) {
   const std::unique_ptr<Backend> tf32 = cuda::make_cuda_backend(
-      {.kind = worker::BackendKind::kCuda, .precision = common::Precision::kTf32});
+      {.kind = worker::BackendKind::kCuda, .settings = {.precision = common::Precision::kTf32}});
   if (const std::optional<std::string> why = tf32->precision_unavailable(common::Precision::kTf32)) {
     GTEST_SKIP() << *why;
   }
@@ -865,7 +865,7 @@ TEST_F(CudaBackendTest, LeNetLossFallsInHalfPrecision) {
     for (const LayoutChoice layout : {LayoutChoice::kAuto, LayoutChoice::kNhwc}) {
       SCOPED_TRACE(layout == LayoutChoice::kAuto ? "layout auto" : "layout nhwc");
       const std::unique_ptr<Backend> own = cuda::make_cuda_backend(
-          {.kind = worker::BackendKind::kCuda, .precision = precision, .layout = layout});
+          {.kind = worker::BackendKind::kCuda, .settings = {.precision = precision, .layout = layout}});
       Backend& b = *own;
       Network net(graph, b, options);
       const LossWindow loss = train_lenet(b, net, n);
@@ -889,7 +889,7 @@ TEST_F(CudaBackendTest, PrefetchedInputIsTheBatchUploaded) {
     if (gpu().precision_unavailable(precision)) continue;
     SCOPED_TRACE(common::precision_name(precision));
     const std::unique_ptr<Backend> own =
-        cuda::make_cuda_backend({.kind = worker::BackendKind::kCuda, .precision = precision});
+        cuda::make_cuda_backend({.kind = worker::BackendKind::kCuda, .settings = {.precision = precision}});
     test_support::check_input_prefetch(*own, precision);
   }
 }
@@ -997,7 +997,7 @@ TEST_F(CudaBackendTest, BiasPairedWithReluTrainsLikeTheConvolutionsOwn) {
   for (const LayoutChoice layout : {LayoutChoice::kNhwc, LayoutChoice::kAuto}) {
     SCOPED_TRACE(layout == LayoutChoice::kNhwc ? "nhwc" : "nchw");
     const std::unique_ptr<Backend> b =
-        cuda::make_cuda_backend({.kind = worker::BackendKind::kCuda, .layout = layout});
+        cuda::make_cuda_backend({.kind = worker::BackendKind::kCuda, .settings = {.layout = layout}});
     std::vector<float> params[2];
     using enum common::AutoOnOff;
     for (const common::AutoOnOff fuse : {kOff, kAuto}) {

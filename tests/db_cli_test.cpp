@@ -92,14 +92,16 @@ TEST(DeviceLabel, ACpuLabelHoldsItsThreadCountAndReadsBack) {
   const Device one{"AMD EPYC (cpus 0,1)", "cpu", 1, "oneDNN", 1, "h"};
   Device two = one;
   two.threads = 2;
-  EXPECT_EQ(device_label(one), "AMD EPYC (cpus 0,1) (1 thread)");
-  EXPECT_EQ(device_label(two), "AMD EPYC (cpus 0,1) (2 threads)");
-  EXPECT_EQ(device_label(gpu()), "NVIDIA H200");
-  EXPECT_EQ(device_label_name(device_label(two)), "AMD EPYC (cpus 0,1)");
+  EXPECT_EQ(device_label(one), (common::DeviceLabel{"AMD EPYC (cpus 0,1)", 1}));
+  EXPECT_EQ(device_label(one).text(), "AMD EPYC (cpus 0,1) (1 thread)");
+  EXPECT_EQ(device_label(two).text(), "AMD EPYC (cpus 0,1) (2 threads)");
+  EXPECT_EQ(device_label(gpu()), (common::DeviceLabel{"NVIDIA H200", std::nullopt}));
+  EXPECT_EQ(device_label(gpu()).text(), "NVIDIA H200");
+  EXPECT_EQ(common::DeviceLabel::parse(device_label(two).text()), device_label(two));
   // Anything else is a name as it is.
   for (const std::string name : {"AMD EPYC (cpus 0,1)", "X (0 threads)", "X (2 thread)",
                                  "X (02 threads)", "X (1 threads)", "NVIDIA H200", "(2 threads)"}) {
-    EXPECT_EQ(device_label_name(name), name);
+    EXPECT_EQ(common::DeviceLabel::parse(name), (common::DeviceLabel{name, std::nullopt}));
   }
 }
 

@@ -74,24 +74,24 @@ TEST(LayoutRule, AForcedChoiceHoldsForEveryDeviceAndChannelCount) {
 TEST(LayoutRule, ThePlannersRuleIsTheBackendsOwn) {
   for (LayoutChoice choice : {LayoutChoice::kAuto, LayoutChoice::kNchw, LayoutChoice::kNhwc}) {
     for (Precision p : {Precision::kFp32, Precision::kBf16}) {
-      const LayoutRule rule = worker::layout_rule_for(worker::BackendKind::kCpu, choice, p);
-      const auto cpu = worker::make_backend(
-          {.kind = worker::BackendKind::kCpu, .precision = p, .layout = choice});
+      const common::ComputeSettings settings{.precision = p, .layout = choice};
+      const LayoutRule rule = worker::layout_rule_for(worker::BackendKind::kCpu, settings);
+      const auto cpu = worker::make_backend({.kind = worker::BackendKind::kCpu, .settings = settings});
       for (int64_t channels : {3, 8, 12, 16, 64}) {
         EXPECT_EQ(rule(channels), cpu->preferred_layout(channels))
             << worker::layout_name(rule(channels)) << " for " << channels << " channels";
       }
       if (worker::gpu_available()) {
-        const auto gpu = worker::make_backend(
-            {.kind = worker::BackendKind::kCuda, .precision = p, .layout = choice});
-        EXPECT_EQ(worker::layout_rule_for(worker::BackendKind::kCuda, choice, p)(64),
+        const auto gpu =
+            worker::make_backend({.kind = worker::BackendKind::kCuda, .settings = settings});
+        EXPECT_EQ(worker::layout_rule_for(worker::BackendKind::kCuda, settings)(64),
                   gpu->preferred_layout(64));
       }
     }
   }
   // auto names no one backend: the planner must know which a rank made.
   EXPECT_THROW(
-      worker::layout_rule_for(worker::BackendKind::kAuto, LayoutChoice::kAuto, Precision::kFp32),
+      worker::layout_rule_for(worker::BackendKind::kAuto, {}),
       worker::BackendError);
 }
 
@@ -146,7 +146,8 @@ TEST(NhwcLayout, StoresChannelsLastWithoutPadding) {
 
 std::unique_ptr<worker::Backend> cpu_in(LayoutChoice layout) {
   // One thread: the same floating-point path on every run.
-  return worker::make_backend({.kind = worker::BackendKind::kCpu, .threads = 1, .layout = layout});
+  return worker::make_backend(
+      {.kind = worker::BackendKind::kCpu, .threads = 1, .settings = {.layout = layout}});
 }
 
 // oneDNN's primitive cache ignores the strides of size-1 dimensions, so an

@@ -94,7 +94,7 @@ class NetworkTest : public ::testing::Test {
                        int64_t n = 3) {
     check_gradients_in(*backend_, graph, algorithm, n);
     const std::unique_ptr<Backend> nhwc = make_backend(
-        {.kind = worker::BackendKind::kCpu, .threads = 2, .layout = LayoutChoice::kNhwc});
+        {.kind = worker::BackendKind::kCpu, .threads = 2, .settings = {.layout = LayoutChoice::kNhwc}});
     SCOPED_TRACE("nhwc");
     check_gradients_in(*nhwc, graph, algorithm, n);
   }

@@ -508,13 +508,17 @@ void expect_version8_kernels_split(const std::string& path) {
   ASSERT_EQ(db.kernel_measurements(DeviceId{1}, mixed).size(), 1u);
   EXPECT_EQ(db.kernel_measurements(DeviceId{1}, mixed)[0].time_iqr_ms, std::nullopt);
   EXPECT_TRUE(db.kernel_measurements(DeviceId{1}, conv(KernelKind::kBackwardData)).empty());
+  // Every kernel before version 9 was a dense convolution (groups 1).
+  KernelSignature depthwise = nhwc;
+  depthwise.groups = 64;
+  EXPECT_TRUE(db.kernel_measurements(DeviceId{1}, depthwise).empty());
   // New measurements land on the same kernel rows.
   db.record_kernel_measurements(DeviceId{1}, std::vector{sample(nhwc, "implicit_gemm", 64, 8.0)});
   EXPECT_EQ(db.kernel_measurements(DeviceId{1}, nhwc).size(), 2u);
 
   SqlShell shell(path);
-  EXPECT_EQ(shell.query("SELECT id, dtype, input_layout, output_layout FROM kernels ORDER BY id"),
-            (Rows{{"3", "bf16", "nhwc", "nhwc"}, {"4", "f32", "plain", "nChw16c"}}));
+  EXPECT_EQ(shell.query("SELECT id, groups, dtype, input_layout, output_layout FROM kernels ORDER BY id"),
+            (Rows{{"3", "1", "bf16", "nhwc", "nhwc"}, {"4", "1", "f32", "plain", "nChw16c"}}));
   EXPECT_EQ(shell.query("SELECT id, kernel_id, algorithm FROM kernel_measurements WHERE id < 13 "
                         "ORDER BY id"),
             (Rows{{"11", "3", "implicit_gemm"}, {"12", "4", "direct"}}));

@@ -120,6 +120,29 @@ TEST(PerfDb, MissesAreEmptyNotErrors) {
   EXPECT_TRUE(db.find_devices("Tesla K80").empty());
 }
 
+// Groups are part of a kernel's key: a depthwise and a dense convolution
+// on one input keep their own rows and times; groups < 1 is refused.
+TEST(PerfDb, KernelsThatDifferOnlyInGroupsKeepTheirOwnTimes) {
+  PerfDb db(":memory:");
+  const DeviceId device = db.upsert_device(gpu());
+  KernelSignature depthwise = conv();
+  depthwise.groups = 64;
+  db.record_kernel_measurements(device, std::vector{sample(conv(), "implicit_gemm", 64, 2.5),
+                                                    sample(depthwise, "implicit_gemm", 64, 0.5)});
+  EXPECT_EQ(db.stats().kernels, 2);
+  EXPECT_EQ(db.find_kernel_measurement(device, conv(), "implicit_gemm", 64)->time_ms, 2.5);
+  EXPECT_EQ(db.find_kernel_measurement(device, depthwise, "implicit_gemm", 64)->time_ms, 0.5);
+  std::ostringstream csv;
+  db.export_table(Table::kKernels, ExportFormat::kCsv, csv);
+  EXPECT_CONTAINS(csv.str(), ",groups,");
+
+  depthwise.groups = 0;
+  EXPECT_CONTAINS(error_of([&] {
+                    db.record_kernel_measurements(device, std::vector{sample(depthwise, "w", 8, 1)});
+                  }),
+                  "sample 0: kernel.groups must be >= 1, got 0");
+}
+
 TEST(PerfDb, FindsDevicesByName) {
   PerfDb db(":memory:");
   const DeviceId a = db.upsert_device(gpu("node1"));

@@ -47,7 +47,7 @@ balancer::TrainingPlan sample_plan() {
   p.even_split_ms = 3.0;
   p.ideal_step_ms = 2.0;
   balancer::RankPlan r0;
-  r0.device = "fast \"gpu\"";
+  r0.device = {"fast \"gpu\"", std::nullopt};
   r0.batch = 8;
   r0.predicted_ms = 2.5;
   r0.workspace_bytes = 4096;
@@ -55,7 +55,7 @@ balancer::TrainingPlan sample_plan() {
   r0.kernels.push_back({"c1", common::ConvKind::kForward, {{"winograd", 4}, {"direct", 4}}, 0, 1024, 1.25});
   r0.kernels.push_back({"c1", common::ConvKind::kBackwardFilter, {{"direct", 8}}, 1024, 3072, 0.5});
   balancer::RankPlan r1;
-  r1.device = "slow";
+  r1.device = {"slow", 4};
   r1.precision = common::Precision::kFp16;
   r1.batch = 4;
   r1.kernels.push_back({"c1", common::ConvKind::kForward, {{"direct", 4}}, 0, 0, 1.0});
@@ -68,7 +68,9 @@ TEST(PlanFile, RoundTripsThroughYamlAndDisk) {
   const std::string text = balancer::plan_to_yaml(p);
   const balancer::TrainingPlan q = balancer::parse_plan(text, "p.yaml");
   EXPECT_EQ(balancer::plan_to_yaml(q), text);
-  EXPECT_EQ(q.ranks[0].device, "fast \"gpu\"");
+  EXPECT_EQ(q.ranks[0].device, (common::DeviceLabel{"fast \"gpu\"", std::nullopt}));
+  EXPECT_EQ(q.ranks[1].device, (common::DeviceLabel{"slow", 4}));
+  EXPECT_NE(text.find("- device: \"slow\"\n    threads: 4\n"), std::string::npos) << text;
   EXPECT_EQ(q.ranks[0].kernels[0].calls, p.ranks[0].kernels[0].calls);
   EXPECT_EQ(q.ranks[0].kernels[1].workspace_offset, 1024u);
   ASSERT_TRUE(q.even_split_ms.has_value());
@@ -90,7 +92,7 @@ TEST(PlanFile, RoundTripsThroughYamlAndDisk) {
 }
 
 // Version 1 plans held how the model is computed as "@" suffixes of
-// `model`: they read as the same typed fields, and write back as version 2.
+// `model`: they read as the same typed fields, and write back as version 3.
 TEST(PlanFile, Version1ModelSuffixesReadAsTypedFields) {
   const std::string v1 =
       "vtrain_plan: 1\nmodel: \"m@bf16@nhwc@fuse_relu=on\"\nglobal_batch: 4\n"
@@ -101,7 +103,7 @@ TEST(PlanFile, Version1ModelSuffixesReadAsTypedFields) {
                                                  common::LayoutChoice::kNhwc,
                                                  common::AutoOnOff::kOn}));
   const std::string written = balancer::plan_to_yaml(q);
-  EXPECT_NE(written.find("vtrain_plan: 2\nmodel: \"m\"\nprecision: bf16\nlayout: nhwc\n"
+  EXPECT_NE(written.find("vtrain_plan: 3\nmodel: \"m\"\nprecision: bf16\nlayout: nhwc\n"
                          "fuse_relu: on\n"),
             std::string::npos)
       << written;
@@ -118,13 +120,50 @@ TEST(PlanFile, Version1ModelSuffixesReadAsTypedFields) {
             "fuse_relu=on|off)");
 }
 
+// Versions 1 and 2 held a CPU's thread count in `device:` after its name
+// (" (2 threads)"): it reads as the device's name and threads, and writes
+// back as version 3's two fields; any other text is a name as it is (a GPU,
+// a plan written before labels held the count). threads: came with
+// version 3, and is refused in an older plan.
+TEST(PlanFile, Version2DeviceLabelsReadAsNameAndThreads) {
+  const std::string v2 =
+      "vtrain_plan: 2\nmodel: m\nglobal_batch: 6\nranks:\n"
+      "  - {device: \"AMD EPYC (cpus 0,1) (2 threads)\", batch: 2}\n"
+      "  - {device: \"AMD EPYC (1 thread)\", batch: 2}\n"
+      "  - {device: \"NVIDIA H200\", batch: 2}\n";
+  for (const std::string& format : {std::string("1"), std::string("2")}) {
+    std::string text = v2;
+    text.replace(text.find('2'), 1, format);
+    const balancer::TrainingPlan q = balancer::parse_plan(text, "old.yaml");
+    EXPECT_EQ(q.ranks[0].device, (common::DeviceLabel{"AMD EPYC (cpus 0,1)", 2})) << format;
+    EXPECT_EQ(q.ranks[1].device, (common::DeviceLabel{"AMD EPYC", 1})) << format;
+    EXPECT_EQ(q.ranks[2].device, (common::DeviceLabel{"NVIDIA H200", std::nullopt})) << format;
+  }
+  const balancer::TrainingPlan q = balancer::parse_plan(v2, "old.yaml");
+  const std::string written = balancer::plan_to_yaml(q);
+  EXPECT_NE(written.find("- device: \"AMD EPYC (cpus 0,1)\"\n    threads: 2\n"), std::string::npos)
+      << written;
+  EXPECT_EQ(balancer::parse_plan(written, "new.yaml").ranks[0].device, q.ranks[0].device);
+  // Format 3 takes the name as it is: the text is no longer parsed.
+  std::string v3 = v2;
+  v3.replace(v3.find('2'), 1, "3");
+  EXPECT_EQ(balancer::parse_plan(v3, "new.yaml").ranks[1].device,
+            (common::DeviceLabel{"AMD EPYC (1 thread)", std::nullopt}));
+  std::string with_threads = v2;
+  with_threads.replace(with_threads.find("batch: 2}"), 9, "threads: 2, batch: 2}");
+  EXPECT_EQ(error_message<balancer::PlanError>(
+                [&] { balancer::parse_plan(with_threads, "old.yaml"); }),
+            "old.yaml:5: ranks[0].threads: plan format 2 has no threads (it is part of device:); "
+            "threads came with format 3");
+}
+
 TEST(DescribePlan, TwoHundredRanksKeepEveryLineWhole) {
   balancer::TrainingPlan p = sample_plan();
   p.global_batch = 0;
   p.ranks.clear();
   for (int r = 0; r < 200; ++r) {
     balancer::RankPlan rank = sample_plan().ranks[0];
-    rank.device = "NVIDIA H100 80GB HBM3 (node " + std::to_string(r) + ")";
+    rank.device = {"NVIDIA H100 80GB HBM3 (node " + std::to_string(r) + ")", std::nullopt};
     rank.kernels.push_back({"c2", common::ConvKind::kForward, {{"a_long_algorithm_name", 1}}, 0, 0, 1.0});
     for (int k = 0; k < 40; ++k) {
       rank.kernels.back().calls.push_back({"algorithm_" + std::to_string(k), 1});
@@ -158,9 +197,12 @@ TEST(PlanFile, BadPlansNameTheLineAndKey) {
   };
   EXPECT_EQ(error("model: m\n"),
             "p.yaml: vtrain_plan: missing (the plan format version; is this a plan?)");
-  EXPECT_EQ(error(replaced("vtrain_plan: 2", "vtrain_plan: 7")),
+  EXPECT_EQ(error(replaced("vtrain_plan: 3", "vtrain_plan: 7")),
             "p.yaml:2: vtrain_plan: plan format version 7 is not supported (this vtrain reads "
-            "versions 1 to 2)");
+            "versions 1 to 3)");
+  EXPECT_NE(error(replaced("threads: 4", "threads: 0")).find("ranks[1].threads: "),
+            std::string::npos)
+      << error(replaced("threads: 4", "threads: 0"));
   EXPECT_NE(error(replaced("layout: nhwc", "layout: nhcw"))
                 .find("p.yaml:5: layout: unknown layout 'nhcw' (known: auto, nchw, nhwc)"),
             std::string::npos)
@@ -214,7 +256,7 @@ class PlanningTest : public ::testing::Test {
       // A row of an older profiler (forward + backward only), which sorts
       // first: the planner must not take it.
       steps.push_back({worker::model_key(graph_, {}), b, "none", 0, "auto", 1000.0, 1, 0, {}});
-      const worker::PlanDevice plain{name, id, d.memory_bytes,
+      const worker::PlanDevice plain{{name}, id, d.memory_bytes,
                                      [](int64_t) { return worker::Layout::kPlain; }};
       std::vector<perfdb::KernelSample> samples;
       for (const auto& k : kernels(plain, b)) {
@@ -232,7 +274,7 @@ class PlanningTest : public ::testing::Test {
       db_->record_kernel_measurements(id, samples);
     }
     db_->record_step_measurements(id, steps);
-    return {name, id, d.memory_bytes, [](int64_t) { return worker::Layout::kPlain; }};
+    return {{name}, id, d.memory_bytes, [](int64_t) { return worker::Layout::kPlain; }};
   }
   // The algorithms the workspace plan of graph_ computed in `precision` on
   // the fast device alone at batch 16 calls.
@@ -470,26 +512,26 @@ TEST_F(PlanningTest, MissingMeasurementsAndMismatchesAreClearErrors) {
   EXPECT_EQ(worker::plan_mismatch(other, graph_, {}, 2, 24),
             "rank 1: the plan does not configure c2 BackwardFilter");
   // Each rank runs on the device the plan timed for it.
-  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, "fast"), std::nullopt);
-  EXPECT_EQ(worker::plan_device_mismatch(plan, 1, "slow"), std::nullopt);
-  EXPECT_EQ(worker::plan_device_mismatch(plan, 1, "fast"),
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, {"fast"}), std::nullopt);
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 1, {"slow"}), std::nullopt);
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 1, {"fast"}),
             "rank 1 was planned for device 'slow', but it runs on 'fast' (plan again for these "
             "devices)");
   // The cores a CPU process is pinned to, and the " #rank" of older
   // offline plans, are not the hardware; a plan that names none is taken.
   balancer::TrainingPlan pinned = plan;
-  pinned.ranks[1].device = "slow (cpus 2,3)";
-  EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, "slow (cpus 0)"), std::nullopt);
-  EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, "slow"), std::nullopt);
-  EXPECT_NE(worker::plan_device_mismatch(pinned, 1, "fast (cpus 2,3)"), std::nullopt);
-  pinned.ranks[1].device = "slow #1";
-  EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, "slow"), std::nullopt);
-  pinned.ranks[1].device = "";
-  EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, "fast"), std::nullopt);
+  pinned.ranks[1].device = {"slow (cpus 2,3)"};
+  EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, {"slow (cpus 0)"}), std::nullopt);
+  EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, {"slow"}), std::nullopt);
+  EXPECT_NE(worker::plan_device_mismatch(pinned, 1, {"fast (cpus 2,3)"}), std::nullopt);
+  pinned.ranks[1].device = {"slow #1"};
+  EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, {"slow"}), std::nullopt);
+  pinned.ranks[1].device = {};
+  EXPECT_EQ(worker::plan_device_mismatch(pinned, 1, {"fast"}), std::nullopt);
   perfdb::Device unknown;
   unknown.name = "never profiled";
   unknown.backend = "cuda";
-  const worker::PlanDevice none{"never profiled", db_->upsert_device(unknown), 1 << 30,
+  const worker::PlanDevice none{{"never profiled"}, db_->upsert_device(unknown), 1 << 30,
                                 [](int64_t) { return worker::Layout::kPlain; }};
   EXPECT_NE(error_message<std::runtime_error>([&] {
               worker::plan_split(graph_, {}, *db_, {fast_, none}, 24, {});
@@ -570,24 +612,40 @@ TEST_F(PlanningTest, TheSplitPricesTheWorkspacePlanAndThePlanPredictsIt) {
   }
 }
 
-// A CPU's label holds its thread count (perfdb::device_label): a plan for
+// A CPU's plan names its thread count (perfdb::device_label): a plan for
 // one thread count is not followed on another, also when the cores the
-// process is pinned to stand before the count; a plan written before labels
-// held the count is followed on any.
-TEST(PlanDeviceMismatch, ThreadCountsInLabelsCount) {
+// process is pinned to stand in the name, and the error says it is the
+// thread count; a plan written before labels held the count is followed on
+// any.
+TEST(PlanDeviceMismatch, ThreadCountsCount) {
   balancer::TrainingPlan plan;
   plan.ranks.resize(1);
-  plan.ranks[0].device = "AMD EPYC (2 threads)";
-  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, "AMD EPYC (2 threads)"), std::nullopt);
-  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, "AMD EPYC (1 thread)"),
+  plan.ranks[0].device = {"AMD EPYC", 2};
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, {"AMD EPYC", 2}), std::nullopt);
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, {"AMD EPYC", 1}),
             "rank 0 was planned for device 'AMD EPYC (2 threads)', but it runs on 'AMD EPYC (1 "
-            "thread)' (plan again for these devices)");
-  plan.ranks[0].device = "AMD EPYC (cpus 0,1) (2 threads)";
-  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, "AMD EPYC (cpus 2,3) (2 threads)"), std::nullopt);
-  EXPECT_NE(worker::plan_device_mismatch(plan, 0, "AMD EPYC (cpus 2,3) (1 thread)"), std::nullopt);
-  plan.ranks[0].device = "AMD EPYC (cpus 0,1)";  // an older plan
-  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, "AMD EPYC (cpus 2) (4 threads)"), std::nullopt);
-  EXPECT_NE(worker::plan_device_mismatch(plan, 0, "Intel Xeon (4 threads)"), std::nullopt);
+            "thread)': its thread count differs (device.threads; plan again for these devices)");
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, {"Intel Xeon", 2}),
+            "rank 0 was planned for device 'AMD EPYC (2 threads)', but it runs on 'Intel Xeon (2 "
+            "threads)' (plan again for these devices)");
+  plan.ranks[0].device = {"AMD EPYC (cpus 0,1)", 2};
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, {"AMD EPYC (cpus 2,3)", 2}), std::nullopt);
+  EXPECT_NE(worker::plan_device_mismatch(plan, 0, {"AMD EPYC (cpus 2,3)", 1}), std::nullopt);
+  plan.ranks[0].device = {"AMD EPYC (cpus 0,1)", std::nullopt};  // an older plan
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, {"AMD EPYC (cpus 2)", 4}), std::nullopt);
+  EXPECT_NE(worker::plan_device_mismatch(plan, 0, {"Intel Xeon", 4}), std::nullopt);
+}
+
+// A format-2 plan for a CPU (its thread count in the device text) is
+// checked as format 3's fields are.
+TEST(PlanDeviceMismatch, Version2PlansAreCheckedOnTheirThreadCount) {
+  const balancer::TrainingPlan plan = balancer::parse_plan(
+      "vtrain_plan: 2\nmodel: m\nglobal_batch: 2\nranks:\n"
+      "  - {device: \"AMD EPYC (cpus 0,1) (2 threads)\", batch: 2}\n",
+      "old.yaml");
+  EXPECT_EQ(worker::plan_device_mismatch(plan, 0, {"AMD EPYC (cpus 2,3)", 2}), std::nullopt);
+  EXPECT_CONTAINS(worker::plan_device_mismatch(plan, 0, {"AMD EPYC (cpus 0,1)", 4}).value_or(""),
+                  "its thread count differs");
 }
 
 }  // namespace

@@ -106,6 +106,52 @@ TEST(Profiler, RecordsEveryKernelAlgorithmAndMicroBatchThenHitsTheCache) {
   EXPECT_EQ(db.stats().kernel_measurements, stats.kernel_measurements);
 }
 
+// A depthwise c->c 3x3 convolution and a dense one on the same input are
+// different kernels: each is measured and kept in a row of its own (they
+// shared one when the kernel key had no groups, the second hitting the
+// first's times as a cache).
+TEST(Profiler, GroupedAndDenseConvolutionsOnOneInputAreKernelsOfTheirOwn) {
+  auto backend = make_backend({.kind = worker::BackendKind::kCpu, .threads = 1});
+  perfdb::PerfDb db(":memory:");
+  const perfdb::DeviceId device = db.upsert_device(perfdb_device(backend->device_info()));
+  auto conv = [](const std::string& name, const std::string& in, int64_t kernel, int64_t groups) {
+    LayerSpec s{.name = name, .type = LayerType::kConv, .inputs = {in}, .out = 8};
+    s.kernel_h = s.kernel_w = kernel;
+    s.pad_h = s.pad_w = kernel / 2;
+    s.groups = groups;
+    return s;
+  };
+  // Both read the stem's output, so their inputs (and outputs) have one
+  // shape and one layout.
+  const Graph graph = Graph::build(
+      {LayerSpec{.name = "data", .type = LayerType::kInput}, conv("stem", "data", 1, 1),
+       conv("dense", "stem", 3, 1), conv("depthwise", "stem", 3, 8),
+       LayerSpec{.name = "join", .type = LayerType::kAdd, .inputs = {"dense", "depthwise"}},
+       LayerSpec{.name = "fc", .type = LayerType::kFc, .inputs = {"join"}, .out = 4}},
+      {1, 8, 8, 8});
+  ProfileOptions options = timed_once({2});
+  options.steps = false;
+  options.layer_costs = false;
+  const ProfileReport report = profile(graph, *backend, db, device, options);
+  // stem: Forward, BackwardFilter (its input is the data); dense and
+  // depthwise: all three each, at the one micro-batch 2.
+  EXPECT_EQ(report.kernel_cached, 0);
+  EXPECT_EQ(db.stats().kernels, 2 + 3 + 3);
+  for (ConvKind kind : {ConvKind::kForward, ConvKind::kBackwardData, ConvKind::kBackwardFilter}) {
+    ConvProblem p;
+    p.x = {{2, 8, 8, 8}, backend->preferred_layout(8)};
+    p.k = 8;
+    p.window = {3, 3, 1, 1, 1, 1};
+    p.y = {p.output_shape(), backend->preferred_layout(8)};
+    const perfdb::KernelSignature dense = kernel_signature(kind, p);
+    p.groups = 8;
+    const perfdb::KernelSignature depthwise = kernel_signature(kind, p);
+    EXPECT_NE(dense, depthwise) << conv_kind_name(kind);
+    EXPECT_FALSE(db.kernel_measurements(device, dense).empty()) << conv_kind_name(kind);
+    EXPECT_FALSE(db.kernel_measurements(device, depthwise).empty()) << conv_kind_name(kind);
+  }
+}
+
 // Steps are measured and recorded under the configured memory policy, so
 // the balancer checks that a batch fits the device under that policy:
 // layer-wise allocation with offloading needs less than the baseline.

@@ -239,7 +239,8 @@ ALTER TABLE layer_measurements_v8 RENAME TO layer_measurements;
 )sql", split_suffixed_keys},
     // Version 9: a kernel's activation layouts get a column each
     // (input_layout, output_layout), where layout held both as one text
-    // "<x>-><y>". kernels is rebuilt (its UNIQUE changes), ids and rows
+    // "<x>-><y>", and its channel groups one (groups; the rows before were
+    // all dense convolutions: 1). kernels is rebuilt (its UNIQUE changes), ids and rows
     // kept; so is kernel_measurements, whose rows reference it, because a
     // table that rows reference cannot be dropped while foreign keys are
     // checked. refuse_unsplittable_layouts first refuses a layout vtrain
@@ -251,14 +252,15 @@ CREATE TABLE kernels_v9 (
   n INTEGER NOT NULL, c INTEGER NOT NULL, h INTEGER NOT NULL, w INTEGER NOT NULL,
   k INTEGER NOT NULL, r INTEGER NOT NULL, s INTEGER NOT NULL,
   pad_h INTEGER NOT NULL, pad_w INTEGER NOT NULL, stride_h INTEGER NOT NULL, stride_w INTEGER NOT NULL,
-  dtype TEXT NOT NULL,               -- kind to dtype as in version 1 (perfdb/README.md)
+  groups INTEGER NOT NULL DEFAULT 1 CHECK (groups >= 1),  -- channel groups; groups = c: depthwise
+  dtype TEXT NOT NULL,               -- the others as in version 1 (perfdb/README.md)
   input_layout TEXT NOT NULL,        -- the layout of the convolution's input x: plain, nChw8c,
                                      -- nChw16c or nhwc (worker/device/tensor.h)
   output_layout TEXT NOT NULL,       -- the layout of its output y
-  UNIQUE (kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, dtype, input_layout,
-          output_layout)
+  UNIQUE (kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, groups, dtype,
+          input_layout, output_layout)
 );
-INSERT INTO kernels_v9 SELECT id, kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, dtype,
+INSERT INTO kernels_v9 SELECT id, kind, n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, 1, dtype,
   substr(layout, 1, instr(layout, '->') - 1), substr(layout, instr(layout, '->') + 2) FROM kernels;
 CREATE TABLE kernel_measurements_v9 (
   id INTEGER PRIMARY KEY,

@@ -120,14 +120,15 @@ struct BackendOptions {
   int threads = 0;            // CPU threads; 0 = all cores the process may run on, no more than
                               // its cgroup CPU quota keeps busy (common/cgroup_limits.h)
   size_t memory_limit = 0;    // device bytes the backend may serve; 0 = the device's memory
-  // The job's train.precision. Under tf32 the CUDA backend also offers each
-  // convolution algorithm in a TF32 tensor-core variant ("<name>/tf32",
-  // timed and chosen like any algorithm) and runs its GEMMs in TF32;
-  // fp32 keeps FMA math throughout. Half tensors need no option: a backend
-  // runs them whatever this says, where precision_unavailable() allows.
-  common::Precision precision = common::Precision::kFp32;
-  // Activations' layout (preferred_layout()).
-  LayoutChoice layout = LayoutChoice::kAuto;
+  // The job's run settings, whole (config::compute_settings). A backend
+  // reads two: `precision` (train.precision; under tf32 the CUDA backend
+  // also offers each convolution algorithm in a TF32 tensor-core variant,
+  // "<name>/tf32", timed and chosen like any algorithm, and runs its GEMMs
+  // in TF32; fp32 keeps FMA math throughout; half tensors need no option:
+  // a backend runs them whatever this says, where precision_unavailable()
+  // allows) and `layout` (device.layout: activations' layout,
+  // preferred_layout(), by layout_rule_for).
+  common::ComputeSettings settings;
   // CUDA: also offer half convolutions as the engine configurations of
   // cuDNN's graph API (conv.cudnn_graph; "eng<index>..." algorithms):
   // the first `graph_engines` of its heuristic's ranking that finalize, per
@@ -141,10 +142,10 @@ struct BackendOptions {
 };
 
 // The layout rule a backend of `kind` (kCpu: this machine's CPU; kCuda)
-// follows under `choice` and `precision`, without making one (what the
-// offline planner assumes for a rank). Throws BackendError for kAuto, which
-// names no one backend.
-LayoutRule layout_rule_for(BackendKind kind, LayoutChoice choice, common::Precision precision);
+// follows under `settings` (its layout and precision), without making one
+// (what the offline planner assumes for a rank). Throws BackendError for
+// kAuto, which names no one backend.
+LayoutRule layout_rule_for(BackendKind kind, const common::ComputeSettings& settings);
 
 // The only place that knows which backends were built. Throws BackendError
 // for an unavailable one, naming the built ones.

@@ -57,7 +57,7 @@ RankWorkspace plan_rank_workspace(const Graph& graph, const ComputeSettings& job
   using balancer::WorkspacePolicy;
   const ComputeSettings settings = on_device(job, device);
   RankWorkspace out;
-  out.rank.device = device.name;
+  out.rank.device = device.label;
   out.rank.precision = device.precision;
   out.rank.batch = batch;
   const std::vector<KernelAt> sites = kernels_at(graph, settings, device, batch);
@@ -77,7 +77,7 @@ RankWorkspace plan_rank_workspace(const Graph& graph, const ComputeSettings& job
       k.options.push_back({m.algorithm, m.micro_batch, m.time_ms, align_up(m.workspace_bytes)});
     }
     if (k.options.empty() || fastest < 0) {
-      throw std::runtime_error("device " + device.name + ": no measurements of " + k.name +
+      throw std::runtime_error("device " + device.label.text() + ": no measurements of " + k.name +
                                " at batch " + std::to_string(batch) + " in " + db.path() +
                                " (profile with profile.batches including " +
                                std::to_string(batch) + ")");
@@ -158,7 +158,7 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph,
   std::vector<balancer::DeviceProfile> profiles;
   for (const PlanDevice& d : devices) {
     balancer::DeviceProfile p;
-    p.name = d.name;
+    p.name = d.label.text();
     p.memory_capacity_bytes = d.memory_bytes;
     p.input_rate = d.input_rate;
     p.host_share = d.host_share;
@@ -167,7 +167,7 @@ std::vector<balancer::DeviceProfile> device_profiles(const Graph& graph,
     if (by_batch.empty()) {
       const std::string at =
           d.precision ? std::string(" in ") + common::precision_name(*d.precision) : "";
-      throw std::runtime_error("device " + d.name + " has no step measurements of this model" +
+      throw std::runtime_error("device " + d.label.text() + " has no step measurements of this model" +
                                at + " under memory.policy " + memory::policy_name(pricing.memory_policy) +
                                " in " + db.path() +
                                " (run `vtrain profile` on it with that policy first)");
@@ -227,7 +227,7 @@ balancer::TrainingPlan plan_workspaces(const Graph& graph, const ComputeSettings
     const PlanDevice& device = devices[g];
     if (split.batch[g] == 0) {
       balancer::RankPlan idle;  // no samples, no kernels
-      idle.device = device.name;
+      idle.device = device.label;
       idle.precision = device.precision;
       plan.ranks.push_back(std::move(idle));
       continue;
@@ -282,7 +282,7 @@ std::optional<std::string> plan_mismatch(const balancer::TrainingPlan& plan, con
     return "the plan's global_batch is " + std::to_string(plan.global_batch) +
            ", the config's train.batch is " + std::to_string(global_batch);
   }
-  const PlanDevice any{"", {}, 0, [](int64_t) { return Layout::kPlain; }, 0};
+  const PlanDevice any{{}, {}, 0, [](int64_t) { return Layout::kPlain; }, 0};
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
     const balancer::RankPlan& rank = plan.ranks[r];
     if (rank.batch == 0) continue;
@@ -328,19 +328,20 @@ std::string hardware_name(std::string name) {
 }  // namespace
 
 std::optional<std::string> plan_device_mismatch(const balancer::TrainingPlan& plan, int rank,
-                                                const std::string& device) {
-  const std::string& planned = plan.ranks.at(static_cast<size_t>(rank)).device;
-  if (planned.empty()) return std::nullopt;
-  const std::string want = hardware_name(planned);
-  const std::string have = hardware_name(device);
+                                                const common::DeviceLabel& device) {
+  const common::DeviceLabel& planned = plan.ranks.at(static_cast<size_t>(rank)).device;
+  if (planned.name.empty()) return std::nullopt;
+  const std::string where = "rank " + std::to_string(rank) + " was planned for device '" +
+                            planned.text() + "', but it runs on '" + device.text() + "'";
+  if (hardware_name(planned.name) != hardware_name(device.name)) {
+    return where + " (plan again for these devices)";
+  }
   // Plans written before a CPU's label held its thread count name none:
   // such a plan is taken for any thread count.
-  const bool names_threads = perfdb::device_label_name(want) != want;
-  if (want == have || (!names_threads && want == perfdb::device_label_name(have))) {
-    return std::nullopt;
+  if (planned.threads && planned.threads != device.threads) {
+    return where + ": its thread count differs (device.threads; plan again for these devices)";
   }
-  return "rank " + std::to_string(rank) + " was planned for device '" + planned +
-         "', but it runs on '" + device + "' (plan again for these devices)";
+  return std::nullopt;
 }
 
 std::optional<std::string> plan_precision_mismatch(const balancer::TrainingPlan& plan, int rank,
@@ -412,7 +413,7 @@ std::string describe_plan(const balancer::TrainingPlan& plan) {
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
     const balancer::RankPlan& rank = plan.ranks[r];
     if (rank.batch == 0) {
-      out += "  rank " + std::to_string(r) + " (" + rank.device + precision_note(rank) +
+      out += "  rank " + std::to_string(r) + " (" + rank.device.text() + precision_note(rank) +
              "): idle, gets no samples\n";
       continue;
     }
@@ -420,7 +421,7 @@ std::string describe_plan(const balancer::TrainingPlan& plan) {
     for (const balancer::PlannedKernel& k : rank.kernels) divided += k.calls.size() > 1;
     out += format("  rank %zu (%s): batch %lld, predicted %.2f ms, workspace %s, %d of %zu conv "
                   "kernels micro-batched\n",
-                  r, (rank.device + precision_note(rank)).c_str(),
+                  r, (rank.device.text() + precision_note(rank)).c_str(),
                   static_cast<long long>(rank.batch), rank.predicted_ms,
                   common::format_mib(rank.workspace_bytes).c_str(), divided, rank.kernels.size());
     if (rank.input_rate) {

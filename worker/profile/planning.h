@@ -23,7 +23,8 @@ namespace vtrain::worker {
 
 // One device of the job (a rank) or of a what-if question.
 struct PlanDevice {
-  std::string name;                           // for messages and the plan
+  common::DeviceLabel label;                  // for messages and the plan (its name and a
+                                              // CPU's threads, perfdb::device_label)
   perfdb::DeviceId id;                        // its rows in the perf DB
   uint64_t memory_bytes = 0;                  // capacity a batch must fit in
   std::function<Layout(int64_t)> layout;      // its backend's preferred_layout (layout_rule_for)
@@ -122,10 +123,9 @@ std::optional<std::string> plan_precision_mismatch(const balancer::TrainingPlan&
 // `plan` (its batch and kernel choices were timed on the device the plan
 // names), or nullopt. The cores a CPU device is pinned to do not count, nor
 // does a plan that names no device; a CPU's thread count counts where the
-// plan names one (older plans do not).
-
+// plan names one (plans written before labels held the count do not).
 std::optional<std::string> plan_device_mismatch(const balancer::TrainingPlan& plan, int rank,
-                                                const std::string& device);
+                                                const common::DeviceLabel& device);
 
 // One rank's part of a plan, for NetworkOptions / TrainerContext::conv_plan.
 std::vector<ConvLayerExecution> conv_executions(const balancer::RankPlan& rank);

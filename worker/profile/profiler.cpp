@@ -281,7 +281,9 @@ perfdb::Device perfdb_device(const DeviceInfo& info) {
           info.host};
 }
 
-std::string device_label(const DeviceInfo& info) { return perfdb::device_label(perfdb_device(info)); }
+common::DeviceLabel device_label(const DeviceInfo& info) {
+  return perfdb::device_label(perfdb_device(info));
+}
 
 perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
   perfdb::KernelSignature sig;
@@ -297,6 +299,7 @@ perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& p) {
   sig.pad_w = p.window.pad_w;
   sig.stride_h = p.window.stride_h;
   sig.stride_w = p.window.stride_w;
+  sig.groups = p.groups;
   sig.dtype = dtype_name(p.x.dtype);
   sig.input_layout = layout_name(p.x.layout);
   sig.output_layout = layout_name(p.y.layout);

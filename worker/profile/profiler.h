@@ -81,9 +81,9 @@ std::string copied_ahead_note(const ProfileReport& report);
 // The perf DB's description of a backend's device.
 perfdb::Device perfdb_device(const DeviceInfo& info);
 
-// The device's name as plans and `vtrain balance --devices` give it
+// The device as plans and `vtrain balance --devices` name it
 // (perfdb::device_label: a CPU's with its thread count).
-std::string device_label(const DeviceInfo& info);
+common::DeviceLabel device_label(const DeviceInfo& info);
 
 // The kernel signature of a convolution problem (n = the layer's batch).
 perfdb::KernelSignature kernel_signature(ConvKind kind, const ConvProblem& problem);

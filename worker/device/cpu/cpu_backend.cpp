@@ -59,7 +59,7 @@ std::string host_name() {
 
 // ----------------------------------------------------------------- lifecycle
 
-LayoutRule layout_rule(LayoutChoice choice, common::Precision precision) {
+LayoutRule layout_rule(const common::ComputeSettings& settings) {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
   int64_t block = 1;
   if (isa == dnnl::cpu_isa::avx512_core || isa == dnnl::cpu_isa::avx512_core_vnni ||
@@ -69,7 +69,7 @@ LayoutRule layout_rule(LayoutChoice choice, common::Precision precision) {
   } else if (isa == dnnl::cpu_isa::avx2 || isa == dnnl::cpu_isa::avx2_vnni) {
     block = 8;
   }
-  return {.choice = choice, .native_block = block, .precision = precision};
+  return {.choice = settings.layout, .native_block = block, .precision = settings.precision};
 }
 
 CpuBackend::CpuBackend(const BackendOptions& options)
@@ -99,7 +99,7 @@ CpuBackend::CpuBackend(const BackendOptions& options)
   info_.host = host_name();
   capacity_ = options.memory_limit > 0 ? options.memory_limit : static_cast<size_t>(common::usable_memory_bytes());
   info_.memory_bytes = capacity_;
-  layout_rule_ = layout_rule(options.layout, options.precision);
+  layout_rule_ = layout_rule(options.settings);
 }
 
 // OpenMP's thread count is the process's: a backend made for a moment

@@ -35,6 +35,6 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);
 // The layout rule of this machine's CPU backend under `choice` and
 // `precision`: blocked by the vector width oneDNN uses here (native_block
 // 16 on AVX-512, 8 on AVX2, else 1).
-LayoutRule layout_rule(LayoutChoice choice, common::Precision precision);
+LayoutRule layout_rule(const common::ComputeSettings& settings);
 
 }  // namespace vtrain::worker::cpu

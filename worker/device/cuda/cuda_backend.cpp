@@ -114,10 +114,11 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
   // unless the job trains in tf32. Half GEMMs with a half output reduce
   // split-K partial sums in float too (by default cuBLAS may reduce them in
   // the output type), so they round once, as the contract says.
-  tf32_ = options.precision == common::Precision::kTf32;
+  tf32_ = options.settings.precision == common::Precision::kTf32;
   cudnn_graph_ = options.cudnn_graph;
   graph_engines_per_variant_ = options.graph_engines;
-  layout_rule_ = {.choice = options.layout, .gpu = true, .precision = options.precision};
+  layout_rule_ = {.choice = options.settings.layout, .gpu = true,
+                  .precision = options.settings.precision};
   compute_capability_ = prop.major * 10 + prop.minor;
   const cublasMath_t math = tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
   VTRAIN_CUDA_CHECK(

@@ -27,12 +27,12 @@ BackendKind parse_backend_kind(std::string_view name) {
   return common::parse_named<BackendError>(kBackendKindNames, name, "backend kind");
 }
 
-LayoutRule layout_rule_for(BackendKind kind, LayoutChoice choice, common::Precision precision) {
+LayoutRule layout_rule_for(BackendKind kind, const common::ComputeSettings& settings) {
   switch (kind) {
     case BackendKind::kCpu:
-      return cpu::layout_rule(choice, precision);
+      return cpu::layout_rule(settings);
     case BackendKind::kCuda:
-      return {.choice = choice, .gpu = true, .precision = precision};
+      return {.choice = settings.layout, .gpu = true, .precision = settings.precision};
     case BackendKind::kAuto:
       break;
   }
