@@ -98,6 +98,30 @@ void perturb_statistics(const worker::Graph& graph, const std::string& preset,
                          });
 }
 
+// He's gain on every conv and fc weight of a net without batch norms
+// (vgg16, alexnet): vtrain's initialisation, torch's default (bounds
+// 1/sqrt(fan_in)), shrinks the signal's variance about sixfold a layer, so
+// that VGG-16's logits would hardly depend on the input; sqrt(6) makes the
+// bounds sqrt(6 / fan_in), which keeps it under ReLU. Batch norms keep it
+// where there are some (perturb_statistics); there the gain would only
+// grow EfficientNet's logits, and the rounding errors of both sides with
+// them.
+void keep_signal(const worker::Graph& graph, const std::string& preset,
+                 std::vector<float>& params) {
+  const std::vector<model_io::ModelTensor> tensors = model_io::model_tensors(graph, preset);
+  for (const model_io::ModelTensor& t : tensors) {
+    if (graph.layer(t.layer).type == worker::LayerType::kBatchNorm) return;
+  }
+  for (const model_io::ModelTensor& t : tensors) {
+    const worker::LayerType type = graph.layer(t.layer).type;
+    if ((type != worker::LayerType::kConv && type != worker::LayerType::kFc) ||
+        !t.vtrain_name.ends_with(".weight")) {
+      continue;
+    }
+    for (int64_t i = 0; i < t.elements(); ++i) params[t.offset + i] *= std::sqrt(6.0f);
+  }
+}
+
 void write_floats(const std::string& path, const std::vector<float>& values) {
   std::ofstream(path, std::ios::binary)
       .write(reinterpret_cast<const char*>(values.data()),
@@ -278,6 +302,7 @@ TEST_P(TorchvisionWeights, TorchvisionLoadsTheExportAndGivesVtrainsLogits) {
   ASSERT_TRUE(model_io::torchvision_architecture(c.preset));
   const std::vector<float> x = m.batch();
   std::vector<float> params = m.net.download_parameters();
+  keep_signal(m.graph, c.preset, params);
   randomise_scales_and_shifts(m.graph, c.preset, params);
   std::vector<float> buffers = batch_statistics(c, params, x);
   perturb_statistics(m.graph, c.preset, buffers);
