@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -47,6 +48,9 @@ struct Case {
   const char* preset;
   int64_t size;  // input height and width
 };
+
+// gtest's name of a case (its bytes, a pointer among them, otherwise).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.preset << " at " << c.size; }
 
 // Batch norms that a comparison of logits sees through, in two steps.
 // randomise_scales_and_shifts: random scales and shifts (a fresh batch
