@@ -143,7 +143,8 @@ std::vector<float> read_floats(const std::string& path) {
 
 // torchvision's side, in two modes. "load": the model loads `weights`
 // (strict) and writes its logits on the batch. "save": a fresh model, its
-// batch norms randomised as randomise_batch_norms does, saves its
+// batch norms randomised as randomise_scales_and_shifts and
+// perturb_statistics do (on its own batch statistics), saves its
 // state_dict to `weights` as a user would (safetensors.torch.save_file) and
 // writes its logits. Below 64x64 vtrain runs mobilenet_v2's and
 // efficientnet_b0's 3x3 stem conv at stride 1 (worker/engine/presets.cpp):
@@ -197,7 +198,9 @@ struct VtrainModel {
                                                std::optional<float> bn_momentum) {
     std::vector<worker::LayerSpec> specs = worker::preset_layers(c.preset, {input, kClasses});
     for (worker::LayerSpec& spec : specs) {
-      if (bn_momentum && spec.type == worker::LayerType::kBatchNorm) spec.bn_momentum = *bn_momentum;
+      if (bn_momentum && spec.type == worker::LayerType::kBatchNorm) {
+        spec.bn_momentum = *bn_momentum;
+      }
     }
     return specs;
   }
