@@ -46,8 +46,8 @@ balancer::TrainingPlan input_bound_plan() {
   plan.global_batch = 96;
   plan.predicted_step_ms = 120;
   plan.ranks.resize(2);
-  plan.ranks[0] = {"cpu a", std::nullopt, 64, 100.0, 2e6, balancer::Binding::kCompute, 0, std::nullopt, {}};
-  plan.ranks[1] = {"cpu b", std::nullopt, 32, 120.0, 400.0, balancer::Binding::kInput, 0, std::nullopt, {}};
+  plan.ranks[0] = {{"cpu a"}, std::nullopt, 64, 100.0, 2e6, balancer::Binding::kCompute, 0, std::nullopt, {}};
+  plan.ranks[1] = {{"cpu b"}, std::nullopt, 32, 120.0, 400.0, balancer::Binding::kInput, 0, std::nullopt, {}};
   return plan;
 }
 

@@ -515,7 +515,8 @@ TEST(Train, BalanceWritesAPlanThatTrainingFollows) {
   // What if a second such device joined? Offline every rank gets a batch
   // that was profiled (8 + 16), not the even 12 + 12 that interpolation
   // would offer and that has no kernel timings.
-  const std::string device = balancer::load_plan(plan).ranks.at(0).device;  // the DB's name
+  const common::DeviceLabel label = balancer::load_plan(plan).ranks.at(0).device;
+  const std::string device = label.text();  // the DB's device, as --devices names it
   const std::string plan3 = dir.file("plan3.yaml");
   r = run_vtrain("balance " + config + " --db " + db + " --devices '" + device + "," + device +
                  "' --batch 24 --out " + plan3 + sets);
@@ -532,10 +533,11 @@ TEST(Train, BalanceWritesAPlanThatTrainingFollows) {
 
   // A plan made for other devices is refused before training starts.
   std::string text = test_support::read_file(plan);
-  text.replace(text.find(device), device.size(), "Tesla K20Xm");
+  text.replace(text.find(label.name), label.name.size(), "Tesla K20Xm");
   r = run_vtrain("train " + config + " --plan " + dir.file("k20.yaml", text) + sets);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("k20.yaml: rank 0 was planned for device 'Tesla K20Xm', but it runs on '" +
+  const std::string k20 = common::DeviceLabel{"Tesla K20Xm", label.threads}.text();
+  EXPECT_NE(r.output.find("k20.yaml: rank 0 was planned for device '" + k20 + "', but it runs on '" +
                           device + "'"),
             std::string::npos)
       << r.output;
