@@ -4,13 +4,14 @@
 // network keep (worker::Checkpoint::parameters and ::buffers).
 //
 // Naming: the presets that are torchvision's architectures (resnet18,
-// resnet50, vgg16, alexnet) get the keys of torchvision's state_dict
+// resnet50, resnext50_32x4d, vgg16, alexnet, mobilenet_v2,
+// efficientnet_b0) get the keys of torchvision's state_dict
 // ("conv1.weight", "layer2.0.downsample.0.weight", "features.0.bias",
 // "classifier.6.weight", "bn1.running_mean", "bn1.num_batches_tracked");
 // every other model gets vtrain's layer names with the same suffixes
 // ("<layer>.weight", "<layer>.bias", "<layer>.running_mean",
 // "<layer>.running_var"). Layouts are torch's, which are vtrain's: conv
-// weights [out, in, kh, kw] (OIHW), fc weights [out, in] with `in` the
+// weights [out, in / groups, kh, kw] (OIHW), fc weights [out, in] with `in` the
 // input's C x H x W flattened in that order.
 #pragma once
 
