@@ -118,11 +118,8 @@ class GraphReader {
     }
     for (const onnx::ValueInfoProto& o : graph_.output()) graph_outputs_.insert(o.name());
     for (const onnx::ValueInfoProto& v : graph_.value_info()) {
-      std::vector<int64_t> dims;
-      for (const onnx::TensorShapeProto_Dimension& d : v.type().tensor_type().shape().dim()) {
-        dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
-      }
-      if (v.type().tensor_type().has_shape()) shapes_[v.name()] = std::move(dims);
+      const onnx::TypeProto_Tensor& type = v.type().tensor_type();
+      if (type.has_shape()) shapes_[v.name()] = dims_of(type.shape());
     }
   }
 
@@ -184,10 +181,7 @@ class GraphReader {
     if (type.elem_type() != onnx::TensorProto::FLOAT) {
       fail("input '" + data->name() + "' is not float32");
     }
-    std::vector<int64_t> dims;
-    for (const onnx::TensorShapeProto_Dimension& d : type.shape().dim()) {
-      dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
-    }
+    const std::vector<int64_t> dims = dims_of(type.shape());
     if (dims.size() != 4 || dims[1] <= 0 || dims[2] <= 0 || dims[3] <= 0) {
       fail("input '" + data->name() + "' must be N x C x H x W with C, H and W fixed, got " +
            worker::shape_text(dims));
@@ -240,6 +234,15 @@ class GraphReader {
     std::vector<int64_t> dims;
     dims.reserve(static_cast<size_t>(t.dims_size()));
     for (int64_t d : t.dims()) dims.push_back(d);
+    return dims;
+  }
+
+  // A value's shape, -1 for a dimension without a fixed value.
+  static std::vector<int64_t> dims_of(const onnx::TensorShapeProto& shape) {
+    std::vector<int64_t> dims;
+    for (const onnx::TensorShapeProto_Dimension& d : shape.dim()) {
+      dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+    }
     return dims;
   }
 
