@@ -92,17 +92,25 @@ inline void accumulate(Backend& b, const Tensor& x, const Tensor& y, float beta)
   b.run(BinaryDesc{BinaryKind::kAccumulate, x.desc, y.desc, y.desc, beta},
         BinaryArgs{.a = x.data, .y = y.data});
 }
-// y = a * b + beta * y (b shaped like a, or {n, c, 1, 1} broadcast), and
-// y[n, c] = sum over h, w of a * b + beta * y: BinaryKind kMul and kMulSum.
+// y = a * b + beta * y (b shaped like a, or {n, c, 1, 1} broadcast):
+// BinaryKind kMul.
 inline void mul(Backend& b, const Tensor& x0, const Tensor& x1, const Tensor& y,
                 float beta = 0.0f) {
   b.run(BinaryDesc{BinaryKind::kMul, x0.desc, x1.desc, y.desc, beta},
         BinaryArgs{.a = x0.data, .b = x1.data, .y = y.data});
 }
-inline void mul_sum(Backend& b, const Tensor& x0, const Tensor& x1, const Tensor& y,
-                    float beta = 0.0f) {
-  b.run(BinaryDesc{BinaryKind::kMulSum, x0.desc, x1.desc, y.desc, beta},
-        BinaryArgs{.a = x0.data, .b = x1.data, .y = y.data});
+// The gradient of mul's factor b, given y = a * b: db = dy * a + beta * db
+// where b is shaped like a (kMul), else summed over H and W into b's
+// {n, c, 1, 1} (kMulSum). The one place that chooses between the two.
+inline BinaryDesc mul_factor_gradient_desc(const TensorDesc& dy, const TensorDesc& a,
+                                           const TensorDesc& db, float beta = 0.0f) {
+  const BinaryKind kind = db.shape == a.shape ? BinaryKind::kMul : BinaryKind::kMulSum;
+  return BinaryDesc{kind, dy, a, db, beta};
+}
+inline void mul_factor_gradient(Backend& b, const Tensor& dy, const Tensor& a, const Tensor& db,
+                                float beta = 0.0f) {
+  b.run(mul_factor_gradient_desc(dy.desc, a.desc, db.desc, beta),
+        BinaryArgs{.a = dy.data, .b = a.data, .y = db.data});
 }
 inline void concat_forward(Backend& b, std::span<const Tensor> xs, const Tensor& y) {
   ConcatDesc desc{.y = y.desc};

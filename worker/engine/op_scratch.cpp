@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "worker/device/op_calls.h"
 #include "worker/engine/layers/layer_registry.h"
 
 namespace vtrain::worker {
@@ -51,10 +52,9 @@ size_t layer_scratch_bytes(const Graph& graph, int i, const std::vector<TensorDe
       // where b is broadcast).
       const TensorDesc& a = out[in[0]];
       const TensorDesc& b = out[in[1]];
-      const BinaryKind db = b.shape == a.shape ? BinaryKind::kMul : BinaryKind::kMulSum;
       return std::max({scratch(BinaryDesc{BinaryKind::kMul, a, b, y}),
                        scratch(BinaryDesc{BinaryKind::kMul, y, b, a}),
-                       scratch(BinaryDesc{db, y, a, b})});
+                       scratch(mul_factor_gradient_desc(y, a, b))});
     }
     case LayerType::kDropout:
       return scratch(DropoutDesc{.x = y, .p = spec.dropout_p});

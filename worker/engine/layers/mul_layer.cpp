@@ -25,11 +25,7 @@ class MulLayer final : public Layer {
       mul(call.backend, call.dout, b, da, beta);
     });
     call.emit_grad(1, true, [&](const Tensor& db, float beta) {
-      if (b.shape() == a.shape()) {
-        mul(call.backend, call.dout, a, db, beta);
-      } else {
-        mul_sum(call.backend, call.dout, a, db, beta);
-      }
+      mul_factor_gradient(call.backend, call.dout, a, db, beta);
     });
   }
 
