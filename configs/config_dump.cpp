@@ -195,6 +195,7 @@ void emit_training(YAML::Emitter& out, const Config& config) {
   out << YAML::Key << "step_timeout" << YAML::Value << train.step_timeout;
   out << YAML::Key << "label_smoothing" << YAML::Value << format_number(train.label_smoothing);
   out << YAML::Key << "ema" << YAML::Value << format_number(train.ema);
+  out << YAML::Key << "target_accuracy" << YAML::Value << format_number(train.target_accuracy);
   out << YAML::Key << "allreduce_bucket" << YAML::Value << format_size(train.allreduce_bucket);
   emit_precision_choice(out, train.precision_choice);
   out << YAML::Key << "precisions" << YAML::Value << YAML::Flow << YAML::BeginSeq;

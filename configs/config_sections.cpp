@@ -490,7 +490,7 @@ TrainConfig read_train(const Field& field) {
   const Section section(field);
   section.allow({"batch", "epochs", "max_steps", "seed", "log_every", "evaluate",
                  "allreduce_bucket", "precision", "precisions", "loss_scaling", "gradient_allreduce",
-                 "step_timeout", "label_smoothing", "ema"});
+                 "step_timeout", "label_smoothing", "ema", "target_accuracy"});
   TrainConfig train;
   if (Field f = section["batch"]) train.batch = to_dimension(f, 1);
   if (Field f = section["epochs"]) train.epochs = to_int(f, at_least(1));
@@ -503,6 +503,12 @@ TrainConfig read_train(const Field& field) {
     train.label_smoothing = to_number(f, between(0, 1, false, true));
   }
   if (Field f = section["ema"]) train.ema = to_number(f, between(0, 1, false, true));
+  if (Field f = section["target_accuracy"]) {
+    train.target_accuracy = to_number(f, between(0, 1, false, false));
+    if (train.target_accuracy > 0 && !train.evaluate) {
+      f.fail("needs train.evaluate: true (the target is the test accuracy after an epoch)");
+    }
+  }
   if (Field f = section["precision"]) train.precision_choice = read_precision_choice(f);
   if (Field f = section["precisions"]) train.precisions = read_precisions(f);
   if (Field f = section["loss_scaling"]) train.loss_scaling = read_loss_scaling(f);

@@ -4,7 +4,8 @@
 // checkpoint, checkpoint.resume: auto starts afresh and says so; a resume
 // with other settings is refused naming them; pruning keeps another run's
 // files; a writer's leftover temporary is removed; a finished run resumed
-// writes nothing; --progress off still prints the log lines. LeNet on a
+// writes nothing; train.target_accuracy ends a run (and its resume) at the
+// epoch that reaches it; --progress off still prints the log lines. LeNet on a
 // little synthetic data, batch 8: each run takes a second or two.
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -12,11 +13,14 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -244,6 +248,74 @@ TEST(CheckpointRun, AFinishedRunResumedWritesNothing) {
                                 "and this run ends at step 10");
   EXPECT_EQ(test_support::read_file(metrics), records);
   EXPECT_EQ(contents_of(dir), before);
+}
+
+// The number after `"key": ` in each metrics record of `event`, in order.
+std::vector<double> metric_values(const std::string& records, const std::string& event,
+                                  const std::string& key) {
+  std::vector<double> values;
+  std::istringstream in(records);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"event\": \"" + event + "\"") == std::string::npos) continue;
+    const size_t at = line.find("\"" + key + "\": ");
+    if (at != std::string::npos) values.push_back(std::atof(line.c_str() + at + key.size() + 4));
+  }
+  return values;
+}
+
+// train.target_accuracy: a run of 4 epochs without it gives the test
+// accuracy after each; the same run with the best of them as its target
+// ends after the first epoch that reached it, with its checkpoint there and
+// the epoch in the end record; the epochs it ran agree with the full run's.
+// A resume of it goes on and stops again at the next epoch that meets the
+// target (or at the end).
+TEST(CheckpointRun, ATargetAccuracyEndsTheRunAfterTheEpochThatReachesIt) {
+  const TempDir tmp;
+  const std::string args = "train " + test_support::source_dir() + "/configs/synthetic-lenet.yaml" +
+                           " --set train.batch=8 --set data.train_size=64 --set data.test_size=64" +
+                           " --set train.epochs=4 --set conv.algorithm=direct --set device.threads=1" +
+                           " --set optimizer.lr=0.02 --progress line";
+  const std::string full_metrics = tmp.path("full.jsonl");
+  const RunResult full = test_support::run_vtrain(args + " --metrics " + full_metrics);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const std::vector<double> accuracy =
+      metric_values(test_support::read_file(full_metrics), "epoch", "test_accuracy");
+  ASSERT_EQ(accuracy.size(), 4u);
+  const double target = *std::max_element(accuracy.begin(), accuracy.end());
+  ASSERT_GT(target, 0.0);
+
+  const std::string dir = tmp.path("ck"), metrics = tmp.path("m.jsonl");
+  const std::string with_target = args + " --set train.target_accuracy=" + std::to_string(target) +
+                                  " --set checkpoint.dir=" + dir + " --metrics " + metrics;
+  // std::to_string rounds to 6 places: the target the run sees.
+  const double seen_target = std::atof(std::to_string(target).c_str());
+  int64_t expected = 0;
+  while (expected < 4 && accuracy[expected] < seen_target) ++expected;
+  ASSERT_LT(expected, 4) << "the best accuracy is the target";
+  ++expected;
+  const RunResult run = test_support::run_vtrain(with_target);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_CONTAINS(run.output, "reached train.target_accuracy");
+  EXPECT_CONTAINS(run.output, "after epoch " + std::to_string(expected) + " of 4: training ends here");
+  const std::string records = test_support::read_file(metrics);
+  const std::vector<double> ran = metric_values(records, "epoch", "test_accuracy");
+  ASSERT_EQ(ran.size(), static_cast<size_t>(expected)) << records;
+  for (size_t e = 0; e < ran.size(); ++e) EXPECT_EQ(ran[e], accuracy[e]) << "epoch " << e + 1;
+  EXPECT_EQ(metric_values(records, "end", "target_epoch"), std::vector<double>{double(expected)});
+  EXPECT_EQ(metric_values(records, "end", "steps"), std::vector<double>{8.0 * expected});
+  EXPECT_TRUE(fs::exists(dir + "/ckpt-" + std::string(10 - std::to_string(8 * expected).size(), '0') +
+                         std::to_string(8 * expected) + ".vtc"))
+      << run.output;
+
+  // Resumed: the epochs after it, up to the next that meets the target.
+  const RunResult resumed = test_support::run_vtrain(with_target + " --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  int64_t next = expected;
+  while (next < 4 && accuracy[next] < seen_target) ++next;
+  const std::vector<double> after = metric_values(test_support::read_file(metrics), "epoch",
+                                                  "test_accuracy");
+  ASSERT_EQ(after.size(), static_cast<size_t>(std::min<int64_t>(next + 1, 4))) << resumed.output;
+  for (size_t e = 0; e < after.size(); ++e) EXPECT_EQ(after[e], accuracy[e]) << "epoch " << e + 1;
 }
 
 // --progress off leaves out the step lines only: "resumed from" and

@@ -32,7 +32,7 @@ TEST(ConfigErrorTest, UnknownNestedKey) {
   EXPECT_EQ(error_of(std::string(kMinimal) + "train:\n  batch: 3\n  bach: 3\n"),
             "t.yaml:7: train.bach: unknown key (allowed: batch, epochs, max_steps, seed, "
             "log_every, evaluate, allreduce_bucket, precision, precisions, loss_scaling, "
-            "gradient_allreduce, step_timeout, label_smoothing, ema)");
+            "gradient_allreduce, step_timeout, label_smoothing, ema, target_accuracy)");
 }
 
 TEST(ConfigErrorTest, KeyOfAnotherDataKind) {
@@ -123,6 +123,11 @@ TEST(ConfigErrorTest, OptimizerAndRecipeKeys) {
             "t.yaml:5: train.label_smoothing: expected a number in [0, 1), got -0.1");
   EXPECT_EQ(error_of(m + "train: {ema: 1}\n"),
             "t.yaml:5: train.ema: expected a number in [0, 1), got 1");
+  EXPECT_EQ(error_of(m + "train: {target_accuracy: 1.5}\n"),
+            "t.yaml:5: train.target_accuracy: expected a number in [0, 1], got 1.5");
+  EXPECT_EQ(error_of(m + "train: {evaluate: false, target_accuracy: 0.9}\n"),
+            "t.yaml:5: train.target_accuracy: needs train.evaluate: true (the target is the test "
+            "accuracy after an epoch)");
   EXPECT_EQ(error_of(m, {"optimizer.type=lars", "optimizer.trust=0"}),
             "--set optimizer.trust: expected a number > 0, got 0");
 }
@@ -335,7 +340,7 @@ TEST(ConfigErrorTest, SetWithUnknownKey) {
   EXPECT_EQ(error_of(kMinimal, {"train.bogus=1"}),
             "--set train.bogus: unknown key (allowed: batch, epochs, max_steps, seed, log_every, "
             "evaluate, allreduce_bucket, precision, precisions, loss_scaling, gradient_allreduce, "
-            "step_timeout, label_smoothing, ema)");
+            "step_timeout, label_smoothing, ema, target_accuracy)");
   EXPECT_EQ(
       error_of(kMinimal, {"bogus.x=1"}),
       "--set bogus: unknown key (allowed: model, data, train, optimizer, device, conv, output, "

@@ -107,6 +107,10 @@ Trainer::Trainer(const Graph& graph, Backend& backend, const Dataset& train_set,
       throttle_(context.input_rate_limit ? std::optional<InputThrottle>(*context.input_rate_limit)
                                          : std::nullopt),
       scaler_(make_loss_scaler(options.train.loss_scaling, scaling_)) {
+  if (options.train.target_accuracy > 0 && test_set.count == 0) {
+    throw std::invalid_argument(
+        "train.target_accuracy: the data has no test set to measure the accuracy on");
+  }
   // Peak device memory counts from here: what training holds, not the
   // buffers conv.algorithm auto timed its candidates in (freed by now).
   backend_.reset_peak();
@@ -170,6 +174,7 @@ TrainResult Trainer::run() {
       stopped = true;
       break;
     }
+    if (reached_target(e)) break;
   }
   if (!stopped) {
     checkpoint({at_.step, at_.step / job_.steps_per_epoch, at_.step % job_.steps_per_epoch});
@@ -183,6 +188,19 @@ TrainResult Trainer::run() {
   write_end_record();
   print_summary();
   return result_;
+}
+
+// Whether `epoch`'s evaluation reached train.target_accuracy: the same on
+// every rank (the evaluation's counts are summed over all of them).
+bool Trainer::reached_target(int64_t epoch) {
+  const double target = options_.train.target_accuracy;
+  if (target <= 0 || result_.test_accuracy < target) return false;
+  result_.target_epoch = epoch + 1;
+  progress_.line(format("test accuracy %.4f reached train.target_accuracy %g after epoch %lld of "
+                        "%lld: training ends here",
+                        result_.test_accuracy, target, static_cast<long long>(epoch + 1),
+                        static_cast<long long>(options_.train.epochs)));
+  return true;
 }
 
 // Runs the steps of `epoch` left to run; false when a stop signal ended

@@ -83,6 +83,10 @@ struct TrainSettings {
   // Decay of an exponential moving average of the weights, evaluated beside
   // them and kept in checkpoints; 0 = none.
   double ema = 0.0;
+  // Training ends after the first epoch whose test accuracy (the weights',
+  // evaluated over every rank's share) is at least this; 0 = every epoch.
+  // Needs `evaluate` and a test set.
+  double target_accuracy = 0.0;
 };
 
 // What the config says about training, section by section: each member is
@@ -238,6 +242,7 @@ struct TrainResult {
   double test_loss = -1;
   double ema_test_accuracy = -1;      // the same with train.ema's average; -1 if none
   double ema_test_loss = -1;
+  int64_t target_epoch = 0;           // the epoch (from 1) that reached train.target_accuracy, or 0
   double images_per_second = 0;       // training steps only (evaluation excluded)
   size_t peak_device_bytes = 0;
   MemoryStats memory;                 // the network's memory part after the last step

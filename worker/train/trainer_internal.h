@@ -108,6 +108,7 @@ class Trainer {
   void check_optimizer_state(const Checkpoint& ckpt, const std::string& path) const;
   void restore_weight_average(const std::vector<float>& average, const std::string& path);
   bool epoch(int64_t epoch);
+  bool reached_target(int64_t epoch);
   const std::vector<int64_t>& order_of(int64_t epoch);  // epoch_permutation's
   StepTotals step(const std::vector<int64_t>& order, int64_t i);
   StepTotals compute(const std::vector<int64_t>& order, int64_t i);

@@ -219,6 +219,7 @@ void Trainer::write_end_record() {
   if (r.ema_test_accuracy >= 0) {
     end.add("ema_test_accuracy", r.ema_test_accuracy).add("ema_test_loss", r.ema_test_loss);
   }
+  if (r.target_epoch > 0) end.add("target_epoch", r.target_epoch);
   if (transforms_samples(train_set_)) {
     end.add("input_wait_seconds", r.input_wait_seconds).add("input_bound", static_cast<int64_t>(r.input_bound));
     if (r.input_rate.images > 0) end.add("input_images_per_second", r.input_rate.images_per_second);
