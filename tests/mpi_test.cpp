@@ -39,40 +39,43 @@ using test_support::source_dir;
 std::string binary() { return test_support::vtrain_binary(); }
 
 // The smooth LeNet (tests/configs/smooth-lenet.yaml): with max pools and
-// ReLUs, rounding alone can move a gradient to another pixel.
+// ReLUs, rounding alone can move a gradient to another pixel. Batch 64 on
+// one rank against the uneven split 7/13/44 over three ranks and
+// 20/0/44, whose idle rank still takes every update.
 void expect_equivalent_splits(const std::string& optimizer) {
   TempDir dir;
   std::string out;
   const std::string& model = mpi_runs::kSmoothLeNetConfig;
-  ASSERT_EQ(run(train_args(dir / "one", 20, optimizer, model), &out), 0) << out;
-  ASSERT_EQ(run(mpirun(2) + train_args(dir / "two", 20, optimizer, model), &out), 0) << out;
-  // An odd uneven split with an idle rank: 7 + 0 + 41 = 48.
-  ASSERT_EQ(run(mpirun(3) + train_args(dir / "three", 20,
-                                       optimizer + " --set balance.split=manual"
-                                                   " --set balance.manual=[7,0,41]",
-                                       model),
-                &out),
-            0)
-      << out;
+  const std::string args = optimizer + " --set train.batch=64";
+  ASSERT_EQ(run(train_args(dir / "one", 20, args, model), &out), 0) << out;
+  for (const char* split : {"7,13,44", "20,0,44"}) {
+    ASSERT_EQ(run(mpirun(3) + train_args(dir / split, 20,
+                                         args + " --set balance.split=manual"
+                                                " --set balance.manual=[" + split + "]",
+                                         model),
+                  &out),
+              0)
+        << out;
+  }
   const std::vector<float> one = final_parameters(dir / "one");
-  const std::vector<float> two = final_parameters(dir / "two");
-  const std::vector<float> three = final_parameters(dir / "three");
+  const std::vector<float> uneven = final_parameters(dir / "7,13,44");
+  const std::vector<float> idle = final_parameters(dir / "20,0,44");
   ASSERT_FALSE(one.empty());
-  ASSERT_EQ(one.size(), two.size());
-  ASSERT_EQ(one.size(), three.size());
-  const Difference d2 = compare(one, two), d3 = compare(one, three);
-  std::printf("after 20 steps vs 1 rank: 2 ranks max abs diff %.3g (relative %.3g), "
-              "3 ranks 7/0/41 max abs diff %.3g (relative %.3g)\n",
-              d2.max_abs, d2.relative, d3.max_abs, d3.relative);
-  EXPECT_LE(d2.relative, 1e-5);
+  ASSERT_EQ(one.size(), uneven.size());
+  ASSERT_EQ(one.size(), idle.size());
+  const Difference d3 = compare(one, uneven), d0 = compare(one, idle);
+  std::printf("after 20 steps vs 1 rank: 7/13/44 max abs diff %.3g (relative %.3g), "
+              "20/0/44 max abs diff %.3g (relative %.3g)\n",
+              d3.max_abs, d3.relative, d0.max_abs, d0.relative);
   EXPECT_LE(d3.relative, 1e-5);
+  EXPECT_LE(d0.relative, 1e-5);
 }
 
-TEST(Mpi, PlainSgdWeightsAgreeForOneTwoAndThreeRanks) {
+TEST(Mpi, PlainSgdWeightsAgreeOnOneRankAndUnevenSplits) {
   expect_equivalent_splits("--set optimizer.momentum=0");
 }
 
-TEST(Mpi, MomentumAndWeightDecayWeightsAgreeForOneTwoAndThreeRanks) {
+TEST(Mpi, MomentumAndWeightDecayWeightsAgreeOnOneRankAndUnevenSplits) {
   expect_equivalent_splits("--set optimizer.momentum=0.9 --set optimizer.weight_decay=5e-4");
 }
 
@@ -96,16 +99,45 @@ const std::string kLarsClipped =
     "--set optimizer.momentum=0.9 --set optimizer.weight_decay=5e-4 --set optimizer.no_decay=[bias] "
     "--set optimizer.clip_norm=0.5";
 
-TEST(Mpi, NesterovWithLabelSmoothingAndEmaWeightsAgreeForOneTwoAndThreeRanks) {
+TEST(Mpi, NesterovWithLabelSmoothingAndEmaWeightsAgreeOnOneRankAndUnevenSplits) {
   expect_equivalent_splits(kNesterovRecipe);
 }
 
-TEST(Mpi, AdamWWeightsAgreeForOneTwoAndThreeRanks) { expect_equivalent_splits(kAdamW); }
+TEST(Mpi, AdamWWeightsAgreeOnOneRankAndUnevenSplits) { expect_equivalent_splits(kAdamW); }
 
 // clip_norm below the gradient's norm for the first 9 steps (its metric
-// gradient_norm: 0.66 to 1.43 there on one rank), so that it clips.
-TEST(Mpi, ClippedLarsWeightsAgreeForOneTwoAndThreeRanks) {
+// gradient_norm: 0.63 to 1.45 there on one rank at batch 64), so that it clips.
+TEST(Mpi, ClippedLarsWeightsAgreeOnOneRankAndUnevenSplits) {
   expect_equivalent_splits(kLarsClipped);
+}
+
+// Recomputation trains bitwise as memory.policy none with every optimizer
+// and recipe knob: memonger recomputes LeNet's conv1, pool1, pool2 and
+// relu3 outputs in backward (`vtrain check` shows the plan), which repeats
+// forward exactly, so the gradients and every update are the same bits.
+TEST(Mpi, RecomputingTrainsBitwiseAsPolicyNoneWithEveryOptimizer) {
+  const std::string recompute = " --set memory.policy=memonger";
+  std::string out;
+  ASSERT_EQ(run(binary() + " check " + source_dir() + "/" + mpi_runs::kLeNetConfig +
+                    " --set train.batch=48" + recompute,
+                &out),
+            0)
+      << out;
+  ASSERT_NE(out.find("4 recomputed"), std::string::npos) << out;
+  for (const std::string& optimizer :
+       {std::string("--set optimizer.momentum=0.9"), kNesterovRecipe, kAdamW, kLarsClipped}) {
+    SCOPED_TRACE(optimizer);
+    TempDir dir;
+    ASSERT_EQ(run(train_args(dir / "none", 12, optimizer), &out), 0) << out;
+    ASSERT_EQ(run(train_args(dir / "recompute", 12, optimizer + recompute), &out), 0) << out;
+    const auto none = worker::load_checkpoint(*worker::latest_checkpoint(dir / "none"));
+    const auto again = worker::load_checkpoint(*worker::latest_checkpoint(dir / "recompute"));
+    ASSERT_FALSE(none.parameters.empty());
+    EXPECT_EQ(again.parameters, none.parameters);
+    EXPECT_EQ(again.velocity, none.velocity);
+    EXPECT_EQ(again.second_moment, none.second_moment);
+    EXPECT_EQ(again.weight_average, none.weight_average);
+  }
 }
 
 TEST(Mpi, OneFailingRankEndsTheJobQuickly) {
