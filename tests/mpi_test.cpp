@@ -140,6 +140,42 @@ TEST(Mpi, RecomputingTrainsBitwiseAsPolicyNoneWithEveryOptimizer) {
   }
 }
 
+// train.target_accuracy on two ranks: the evaluation's counts are summed
+// over both, so both decide alike after the same epoch and the job ends
+// (a rank that went on alone would hang in its next allreduce). The run
+// stops after the first epoch whose logged accuracy reaches the target.
+TEST(Mpi, ATargetAccuracyEndsEveryRankAfterTheSameEpoch) {
+  TempDir dir;
+  std::string out;
+  const std::string metrics = dir / "m.jsonl";
+  ASSERT_EQ(run("timeout 120 " + mpirun(2) + binary() + " " + source_dir() + "/" +
+                    mpi_runs::kLeNetConfig +
+                    " --progress line --set train.batch=8 --set data.train_size=64"
+                    " --set data.test_size=64 --set train.epochs=4 --set conv.algorithm=direct"
+                    " --set device.threads=1 --set optimizer.lr=0.02"
+                    " --set train.target_accuracy=0.5 --set checkpoint.dir=" + dir / "ck" +
+                    " --metrics " + metrics,
+                &out),
+            0)
+      << out;
+  std::ifstream in(metrics);
+  std::vector<double> accuracy;
+  std::string end;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"event\": \"end\"") != std::string::npos) end = line;
+    const size_t at = line.find("\"test_accuracy\": ");
+    if (line.find("\"event\": \"epoch\"") == std::string::npos || at == std::string::npos) continue;
+    accuracy.push_back(std::atof(line.c_str() + at + 17));
+  }
+  ASSERT_FALSE(accuracy.empty()) << out;
+  size_t first = 0;
+  while (first < accuracy.size() && accuracy[first] < 0.5) ++first;
+  ASSERT_LT(first, 4u) << "the model reaches 50% within 4 epochs:\n" << out;
+  EXPECT_EQ(accuracy.size(), first + 1) << out;
+  EXPECT_NE(end.find("\"target_epoch\": " + std::to_string(first + 1)), std::string::npos) << end;
+  EXPECT_NE(out.find("training ends here"), std::string::npos) << out;
+}
+
 TEST(Mpi, OneFailingRankEndsTheJobQuickly) {
   TempDir dir;
   std::string out;
