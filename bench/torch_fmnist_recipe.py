@@ -80,8 +80,8 @@ def main():
     mean, std = x_train.mean().item(), x_train.std().item()
 
     net = model()
-    decay = [p for name, p in net.named_parameters() if p.dim() > 1]
-    no_decay = [p for name, p in net.named_parameters() if p.dim() <= 1]
+    decay = [p for p in net.parameters() if p.dim() > 1]  # conv and fc weights
+    no_decay = [p for p in net.parameters() if p.dim() <= 1]  # batch norm, biases
     opt = torch.optim.SGD([{"params": decay, "weight_decay": 5e-4},
                            {"params": no_decay, "weight_decay": 0.0}],
                           lr=0.1, momentum=0.9, nesterov=True)

@@ -16,14 +16,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "tests/metrics_records.h"
 #include "tests/test_support.h"
 
 namespace vtrain {
@@ -250,19 +250,6 @@ TEST(CheckpointRun, AFinishedRunResumedWritesNothing) {
   EXPECT_EQ(contents_of(dir), before);
 }
 
-// The number after `"key": ` in each metrics record of `event`, in order.
-std::vector<double> metric_values(const std::string& records, const std::string& event,
-                                  const std::string& key) {
-  std::vector<double> values;
-  std::istringstream in(records);
-  for (std::string line; std::getline(in, line);) {
-    if (line.find("\"event\": \"" + event + "\"") == std::string::npos) continue;
-    const size_t at = line.find("\"" + key + "\": ");
-    if (at != std::string::npos) values.push_back(std::atof(line.c_str() + at + key.size() + 4));
-  }
-  return values;
-}
-
 // train.target_accuracy: a run of 4 epochs without it gives the test
 // accuracy after each; the same run with the best of them as its target
 // ends after the first epoch that reached it, with its checkpoint there and
@@ -270,6 +257,7 @@ std::vector<double> metric_values(const std::string& records, const std::string&
 // A resume of it goes on and stops again at the next epoch that meets the
 // target (or at the end).
 TEST(CheckpointRun, ATargetAccuracyEndsTheRunAfterTheEpochThatReachesIt) {
+  using test_support::metric_values;
   const TempDir tmp;
   const std::string args = "train " + test_support::source_dir() + "/configs/synthetic-lenet.yaml" +
                            " --set train.batch=8 --set data.train_size=64 --set data.test_size=64" +
@@ -278,43 +266,43 @@ TEST(CheckpointRun, ATargetAccuracyEndsTheRunAfterTheEpochThatReachesIt) {
   const std::string full_metrics = tmp.path("full.jsonl");
   const RunResult full = test_support::run_vtrain(args + " --metrics " + full_metrics);
   ASSERT_EQ(full.exit_code, 0) << full.output;
-  const std::vector<double> accuracy =
-      metric_values(test_support::read_file(full_metrics), "epoch", "test_accuracy");
+  const std::vector<double> accuracy = metric_values(full_metrics, "epoch", "test_accuracy");
   ASSERT_EQ(accuracy.size(), 4u);
   const double target = *std::max_element(accuracy.begin(), accuracy.end());
   ASSERT_GT(target, 0.0);
+  // The epochs a run has trained, counted from the first, when it goes on
+  // after epoch `from`: up to the first that reaches the target, or all 4.
+  const auto epochs_from = [&](size_t from) {
+    size_t e = from;
+    while (e < 3 && accuracy[e] < target) ++e;
+    return std::min<size_t>(e + 1, 4);
+  };
 
+  char target_text[32];
+  std::snprintf(target_text, sizeof target_text, "%.17g", target);  // exactly the double
   const std::string dir = tmp.path("ck"), metrics = tmp.path("m.jsonl");
-  const std::string with_target = args + " --set train.target_accuracy=" + std::to_string(target) +
+  const std::string with_target = args + " --set train.target_accuracy=" + target_text +
                                   " --set checkpoint.dir=" + dir + " --metrics " + metrics;
-  // std::to_string rounds to 6 places: the target the run sees.
-  const double seen_target = std::atof(std::to_string(target).c_str());
-  int64_t expected = 0;
-  while (expected < 4 && accuracy[expected] < seen_target) ++expected;
-  ASSERT_LT(expected, 4) << "the best accuracy is the target";
-  ++expected;
+  const size_t expected = epochs_from(0);
+  ASSERT_LE(expected, 4u) << "the best accuracy is the target";
   const RunResult run = test_support::run_vtrain(with_target);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_CONTAINS(run.output, "reached train.target_accuracy");
   EXPECT_CONTAINS(run.output, "after epoch " + std::to_string(expected) + " of 4: training ends here");
-  const std::string records = test_support::read_file(metrics);
-  const std::vector<double> ran = metric_values(records, "epoch", "test_accuracy");
-  ASSERT_EQ(ran.size(), static_cast<size_t>(expected)) << records;
+  const std::vector<double> ran = metric_values(metrics, "epoch", "test_accuracy");
+  ASSERT_EQ(ran.size(), expected) << test_support::read_file(metrics);
   for (size_t e = 0; e < ran.size(); ++e) EXPECT_EQ(ran[e], accuracy[e]) << "epoch " << e + 1;
-  EXPECT_EQ(metric_values(records, "end", "target_epoch"), std::vector<double>{double(expected)});
-  EXPECT_EQ(metric_values(records, "end", "steps"), std::vector<double>{8.0 * expected});
-  EXPECT_TRUE(fs::exists(dir + "/ckpt-" + std::string(10 - std::to_string(8 * expected).size(), '0') +
-                         std::to_string(8 * expected) + ".vtc"))
-      << run.output;
+  EXPECT_EQ(metric_values(metrics, "end", "target_epoch"), std::vector<double>{double(expected)});
+  EXPECT_EQ(metric_values(metrics, "end", "steps"), std::vector<double>{8.0 * expected});
+  char checkpoint[32];
+  std::snprintf(checkpoint, sizeof checkpoint, "ckpt-%010zu.vtc", 8 * expected);
+  EXPECT_TRUE(fs::exists(dir + "/" + checkpoint)) << run.output;
 
   // Resumed: the epochs after it, up to the next that meets the target.
   const RunResult resumed = test_support::run_vtrain(with_target + " --resume");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  int64_t next = expected;
-  while (next < 4 && accuracy[next] < seen_target) ++next;
-  const std::vector<double> after = metric_values(test_support::read_file(metrics), "epoch",
-                                                  "test_accuracy");
-  ASSERT_EQ(after.size(), static_cast<size_t>(std::min<int64_t>(next + 1, 4))) << resumed.output;
+  const std::vector<double> after = metric_values(metrics, "epoch", "test_accuracy");
+  ASSERT_EQ(after.size(), epochs_from(expected)) << resumed.output;
   for (size_t e = 0; e < after.size(); ++e) EXPECT_EQ(after[e], accuracy[e]) << "epoch " << e + 1;
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/metrics_records.h"
 #include "tests/test_support.h"
 
 namespace vtrain {
@@ -207,13 +208,10 @@ TEST_F(EvaluateCli, PredictPrintsTheTopClassesOfEachInput) {
 // metrics carry top-5, and the figures match evaluate's of the checkpoint
 // it wrote at the same step.
 TEST_F(EvaluateCli, TrainingReportsTheSameTopOneAndTopFive) {
-  json epoch, end;
-  std::istringstream in(test_support::read_file(metrics()));
-  for (std::string line; std::getline(in, line);) {
-    const json record = json::parse(line);
-    if (record["event"] == "epoch") epoch = record;
-    if (record["event"] == "end") end = record;
-  }
+  const std::vector<json> epochs = test_support::metric_records(metrics(), "epoch");
+  const std::vector<json> ends = test_support::metric_records(metrics(), "end");
+  const json epoch = epochs.empty() ? json::object() : epochs.back();
+  const json end = ends.empty() ? json::object() : ends.back();
   ASSERT_TRUE(epoch.contains("test_top5_accuracy")) << epoch.dump();
   ASSERT_TRUE(end.contains("test_top5_accuracy")) << end.dump();
   const RunResult r = evaluate("--json --batch 8");

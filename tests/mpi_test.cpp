@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/metrics_records.h"
 #include "tests/mpi_runs.h"
 #include "tests/test_support.h"
 #include "balancer/plan.h"
@@ -158,21 +159,15 @@ TEST(Mpi, ATargetAccuracyEndsEveryRankAfterTheSameEpoch) {
                 &out),
             0)
       << out;
-  std::ifstream in(metrics);
-  std::vector<double> accuracy;
-  std::string end;
-  for (std::string line; std::getline(in, line);) {
-    if (line.find("\"event\": \"end\"") != std::string::npos) end = line;
-    const size_t at = line.find("\"test_accuracy\": ");
-    if (line.find("\"event\": \"epoch\"") == std::string::npos || at == std::string::npos) continue;
-    accuracy.push_back(std::atof(line.c_str() + at + 17));
-  }
+  const std::vector<double> accuracy =
+      test_support::metric_values(metrics, "epoch", "test_accuracy");
   ASSERT_FALSE(accuracy.empty()) << out;
   size_t first = 0;
   while (first < accuracy.size() && accuracy[first] < 0.5) ++first;
   ASSERT_LT(first, 4u) << "the model reaches 50% within 4 epochs:\n" << out;
   EXPECT_EQ(accuracy.size(), first + 1) << out;
-  EXPECT_NE(end.find("\"target_epoch\": " + std::to_string(first + 1)), std::string::npos) << end;
+  EXPECT_EQ(test_support::metric_values(metrics, "end", "target_epoch"),
+            std::vector<double>{double(first + 1)});
   EXPECT_NE(out.find("training ends here"), std::string::npos) << out;
 }
 
